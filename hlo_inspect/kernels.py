@@ -1,0 +1,478 @@
+"""The entry computation as the list of kernels it launches, each classified, with HBM bytes and FLOPs.
+
+Byte rule (the same as XLA's cost analysis where XLA's is sound): a kernel reads each distinct operand buffer
+once and writes each output once, at the kernel boundary. Operands reached through `bitcast` are the same buffer.
+A fusion parameter used only by `slice`/`dynamic-slice` inside the fusion is read only for what those take; a
+fusion whose root is a `dynamic-update-slice` into a parameter writes (and does not read) only the update.
+The workspace a cuBLAS/cuDNN custom call returns (its trailing `u8[...]` output) is not traffic. Parameters,
+constants, bitcasts, tuples and get-tuple-element launch nothing.
+
+FLOPs: `dot` and `convolution` exactly (2 per multiply-add); each elementwise arithmetic op 1 per output element;
+`reduce` 1 per input element; data movement 0. Library calls (cuBLAS GEMM, cuDNN attention) are counted from their
+dot dimension numbers; an opaque custom call (a Pallas kernel) has `flops=None`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Iterator
+
+from hlo_inspect.parser import Computation, Instruction, Module, Shape
+from hlo_inspect.source import is_library_file, scope_of
+
+__all__ = ["Kernel", "kernels", "CATEGORIES", "classify"]
+
+# category -> human-readable label.
+CATEGORIES = {
+    "loop": "loop fusion",
+    "reduction": "reduction fusion",
+    "output": "output fusion",
+    "transpose": "transpose fusion",
+    "scatter": "scatter fusion",
+    "triton_gemm": "Triton GEMM fusion",
+    "triton_fusion": "Triton normalization/softmax fusion",
+    "cublas": "cuBLAS GEMM",
+    "cudnn": "cuDNN",
+    "pallas": "Pallas/Triton kernel",
+    "mosaic": "Pallas Mosaic kernel",
+    "cpu_fusion": "CPU library fusion",
+    "custom_fusion": "custom fusion",
+    "custom_call": "other custom call",
+    "dot": "unfused dot",
+    "convolution": "unfused convolution",
+    "copy": "copy",
+    "collective": "collective",
+    "host": "host transfer",
+    "unfused": "unfused op",
+}
+
+# Instructions that launch no device work.
+_NO_WORK = frozenset({
+    "parameter", "constant", "bitcast", "tuple", "get-tuple-element", "after-all", "add-dependency",
+    "opt-barrier", "optimization-barrier", "domain", "partition-id", "replica-id",
+    "all-reduce-done", "all-gather-done", "collective-permute-done", "async-done", "async-update", "copy-done",
+    "send-done", "recv-done",
+})
+_CONTROL_FLOW = frozenset({"while", "conditional", "call"})
+_COLLECTIVES = frozenset({
+    "all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter", "all-to-all",
+    "ragged-all-to-all", "collective-permute", "collective-permute-start", "collective-broadcast",
+})
+_HOST = frozenset({"send", "recv", "infeed", "outfeed", "copy-start"})
+_DATA_MOVEMENT = frozenset({
+    "parameter", "constant", "bitcast", "broadcast", "reshape", "transpose", "slice", "dynamic-slice",
+    "dynamic-update-slice", "concatenate", "pad", "copy", "gather", "scatter", "iota", "tuple",
+    "get-tuple-element", "reverse", "bitcast-convert", "dynamic-reshape", "sort", "after-all",
+    "opt-barrier", "optimization-barrier", "domain", "partition-id", "replica-id", "fusion", "call", "while",
+    "conditional", "custom-call", "get-dimension-size", "set-dimension-size",
+})
+_TRANSCENDENTAL = frozenset({
+    "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic", "tanh", "rsqrt", "sqrt", "cbrt",
+    "power", "sine", "cosine", "tan", "atan2", "erf",
+})
+
+
+@dataclasses.dataclass(eq=False)
+class Kernel:
+    """One launched kernel (or library call) of a compiled program.
+
+    bytes_read / bytes_written: HBM bytes at the kernel boundary for one launch; `launches` is how many times
+    it runs per program execution (a known while-loop trip count, else 1). flops is None when unknown.
+    """
+
+    name: str
+    category: str
+    instruction: Instruction
+    ops: collections.Counter
+    bytes_read: int
+    bytes_written: int
+    flops: int | None
+    transcendentals: int
+    scopes: list[str]
+    source_lines: list[str]
+    loop: str = ""  # name of the enclosing while body ('' at top level)
+    launches: int = 1
+    reads: list[tuple[Instruction, int]] = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def label(self) -> str:
+        return CATEGORIES.get(self.category, self.category)
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def target(self) -> str:
+        """The custom-call target or fusion backend kind, '' for plain fusions/ops."""
+        return self.instruction.custom_call_target or self.instruction.backend_kind
+
+    def __repr__(self) -> str:
+        return (f"Kernel({self.name}, {self.category}, read={self.bytes_read}, written={self.bytes_written}, "
+                f"flops={self.flops})")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Classification.
+
+def classify(inst: Instruction) -> str:
+    """The category key (see CATEGORIES) of an instruction that launches work."""
+    op = inst.opcode
+    if op == "fusion":
+        kind = inst.fusion_kind
+        backend = inst.backend_kind
+        if kind == "kCustom" or backend:
+            if backend in ("__triton_gemm", "__triton_nested_gemm_fusion", "__triton_scaled_dot_fusion"):
+                return "triton_gemm"
+            if backend.startswith("__triton"):
+                return "triton_fusion"
+            if backend.startswith("__cudnn"):
+                return "cudnn"
+            if backend.startswith(("__ynn", "__onednn", "__xnn")):
+                return "cpu_fusion"
+            if backend.startswith("__cub"):
+                return "custom_fusion"
+            return "custom_fusion" if kind == "kCustom" else _plain_fusion_category(inst)
+        return _plain_fusion_category(inst)
+    if op == "custom-call":
+        target = inst.custom_call_target
+        if target.startswith("__cublas$") or target.startswith("__cublasLt"):
+            return "cublas"
+        if target.startswith("__cudnn$"):
+            return "cudnn"
+        if target in ("__gpu$xla.gpu.triton", "triton_kernel_call"):
+            return "pallas"
+        if target.startswith("mosaic_gpu") or target == "tpu_custom_call":
+            return "mosaic"
+        return "custom_call"
+    if op in _COLLECTIVES:
+        return "collective"
+    if op in _HOST:
+        return "host"
+    if op in ("copy", "copy-start"):
+        return "copy"
+    if op in ("dot", "ragged-dot", "scaled-dot"):
+        return "dot"
+    if op == "convolution":
+        return "convolution"
+    return "unfused"
+
+
+def _plain_fusion_category(inst: Instruction) -> str:
+    kind = inst.fusion_kind
+    if kind == "kOutput":
+        return "output"
+    if kind == "kInput":
+        fused_ops = {i.opcode for c in inst.called_computations for i in c.instructions}
+        if "reduce" in fused_ops or "reduce-window" in fused_ops:
+            return "reduction"
+        if "scatter" in fused_ops:
+            return "scatter"
+        if "transpose" in fused_ops or "copy" in fused_ops:
+            return "transpose"
+        return "reduction"
+    return "loop"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bytes.
+
+def _buffer_source(inst: Instruction) -> Instruction:
+    """Follow bitcasts (same buffer, new shape) to the instruction that owns the buffer."""
+    while inst.opcode == "bitcast" and inst.operands:
+        inst = inst.operands[0]
+    return inst
+
+
+def _output_bytes(inst: Instruction) -> int:
+    leaves = list(inst.shape.leaves())
+    if inst.opcode == "custom-call" and inst.shape.is_tuple and len(leaves) > 1:
+        last = leaves[-1]
+        if last.dtype in ("u8", "s8") and len(last.dims) == 1:
+            leaves = leaves[:-1]  # library workspace
+    return sum(Shape(dtype=s.dtype, dims=s.dims).size_bytes for s in leaves)
+
+
+def _fusion_parameter_reads(inst: Instruction) -> dict[int, int]:
+    """Operand index -> bytes read, for fusion parameters used only through slices (or not read at all)."""
+    reads: dict[int, int] = {}
+    if inst.opcode != "fusion" or not inst.called_computations:
+        return reads
+    comp = inst.called_computations[0]
+    users: dict[str, list[Instruction]] = collections.defaultdict(list)
+    for i in comp.instructions:
+        for o in i.operands:
+            users[o.name].append(i)
+    for param in comp.parameters:
+        index = param.parameter_number
+        if index is None:
+            continue
+        param_users = _users_through_bitcasts(param, users)
+        if param_users and all(u.opcode in ("slice", "dynamic-slice") and u.operands and
+                               _buffer_source(u.operands[0]) is param for u in param_users):
+            reads[index] = sum(u.shape.size_bytes for u in param_users)
+        elif param_users and all(u.opcode == "dynamic-update-slice" and u.operands and
+                                 _buffer_source(u.operands[0]) is param and u.is_root for u in param_users):
+            reads[index] = 0  # updated in place: only the update is read and written
+    return reads
+
+
+def _users_through_bitcasts(inst: Instruction, users: dict[str, list[Instruction]]) -> list[Instruction]:
+    out = []
+    for u in users.get(inst.name, []):
+        if u.opcode == "bitcast":
+            out.extend(_users_through_bitcasts(u, users))
+        else:
+            out.append(u)
+    return out
+
+
+def _in_place_update_bytes(inst: Instruction) -> int | None:
+    """For a dynamic-update-slice (fused or not) into its operand: bytes of the update written."""
+    root = inst
+    if inst.opcode == "fusion" and inst.called_computations:
+        root = inst.called_computations[0].root
+    if root.opcode == "dynamic-update-slice" and len(root.operands) > 1:
+        target = _buffer_source(root.operands[0])
+        if target.opcode == "parameter" or inst.opcode == "dynamic-update-slice":
+            return root.operands[1].shape.size_bytes
+    return None
+
+
+def _bytes(inst: Instruction) -> tuple[int, int, list[tuple[Instruction, int]]]:
+    """(bytes_read, bytes_written, [(operand buffer, bytes read)]) of a launched instruction."""
+    partial = _fusion_parameter_reads(inst)
+    seen: dict[int, tuple[Instruction, int]] = {}
+    for index, operand in enumerate(inst.operands):
+        source = _buffer_source(operand)
+        nbytes = partial.get(index, operand.shape.size_bytes)
+        if operand.shape.is_tuple:
+            nbytes = 0  # a tuple operand (while/call state) is plumbing; its leaves are counted by users
+        key = id(source)
+        if key in seen:
+            seen[key] = (source, max(seen[key][1], nbytes))
+        else:
+            seen[key] = (source, nbytes)
+    if inst.opcode in ("slice", "dynamic-slice") and inst.operands:
+        src = _buffer_source(inst.operands[0])
+        seen[id(src)] = (src, inst.shape.size_bytes)
+    update = _in_place_update_bytes(inst)
+    if inst.opcode == "dynamic-update-slice" and inst.operands:
+        src = _buffer_source(inst.operands[0])
+        seen[id(src)] = (src, 0)
+    reads = list(seen.values())
+    written = update if update is not None else _output_bytes(inst)
+    return sum(n for _, n in reads), written, reads
+
+
+# ---------------------------------------------------------------------------------------------------------
+# FLOPs.
+
+def _dot_flops(result: Shape, lhs: Shape, contracting_dims: tuple[int, ...]) -> int:
+    leaf = next(result.leaves())
+    return 2 * leaf.num_elements * math.prod(lhs.dims[d] for d in contracting_dims)
+
+
+def _instruction_flops(inst: Instruction) -> tuple[int, int]:
+    """(flops, transcendentals) of one non-fusion instruction, recursing into called computations."""
+    op = inst.opcode
+    if op in ("dot", "ragged-dot", "scaled-dot"):
+        contracting = tuple(int(x) for x in inst.attrs.get("lhs_contracting_dims", "{}").strip("{}").split(",")
+                            if x.strip())
+        return _dot_flops(inst.shape, inst.operands[0].shape, contracting), 0
+    if op == "convolution":
+        return _convolution_flops(inst), 0
+    if op == "reduce":
+        # Combining n elements into one takes n - 1 applications of the reducer (as XLA counts).
+        inputs = inst.operands[: len(inst.operands) // 2] or inst.operands
+        outputs = sum(s.num_elements for s in inst.shape.leaves())
+        per_element = max(sum(_computation_flops(c)[0] for c in inst.called_computations), 1)
+        return max(sum(o.shape.num_elements for o in inputs) - outputs, 0) * per_element, 0
+    if op == "reduce-window":
+        per_element = max(sum(_computation_flops(c)[0] for c in inst.called_computations), 1)
+        window = math.prod(_int_list_attr(inst.attrs.get("window", ""), "size") or (1,))
+        return next(inst.shape.leaves()).num_elements * window * per_element, 0
+    if op in ("fusion", "call"):
+        total = [0, 0]
+        for comp in inst.called_computations:
+            f, t = _computation_flops(comp)
+            total[0] += f
+            total[1] += t
+        return total[0], total[1]
+    if op in ("map",):
+        return inst.shape.num_elements * sum(_computation_flops(c)[0] for c in inst.called_computations), 0
+    if op in _DATA_MOVEMENT or op in _NO_WORK or op in _COLLECTIVES or op in _HOST:
+        return 0, 0
+    if inst.shape.is_tuple:
+        return 0, 0
+    n = inst.shape.num_elements
+    return (0, n) if op in _TRANSCENDENTAL else (n, 0)  # XLA counts transcendentals apart from flops
+
+
+def _int_list_attr(text: str, key: str) -> tuple[int, ...]:
+    """`{size=3x3 stride=2x2}` with key 'size' -> (3, 3)."""
+    for item in text.strip("{}").split():
+        name, _, value = item.partition("=")
+        if name == key:
+            return tuple(int(v) for v in value.split("x") if v.lstrip("-").isdigit())
+    return ()
+
+
+def _computation_flops(comp: Computation) -> tuple[int, int]:
+    flops = trans = 0
+    for inst in comp.instructions:
+        f, t = _instruction_flops(inst)
+        flops += f
+        trans += t
+    return flops, trans
+
+
+def _convolution_flops(inst: Instruction) -> int:
+    lhs, rhs = inst.operands[0].shape, inst.operands[1].shape
+    labels = inst.attrs.get("dim_labels", "")  # e.g. b01f_01io->b01f
+    groups = int(inst.attrs.get("feature_group_count", "1"))
+    try:
+        kernel_labels = labels.split("_")[1].split("->")[0]
+        kernel_spatial = math.prod(rhs.dims[i] for i, c in enumerate(kernel_labels) if c not in "io")
+        input_features = lhs.dims[labels.split("_")[0].index("f")] // groups
+    except (IndexError, ValueError):
+        return 2 * inst.shape.num_elements * math.prod(rhs.dims[:-1] or (1,))
+    return 2 * next(inst.shape.leaves()).num_elements * kernel_spatial * input_features
+
+
+def _library_flops(inst: Instruction) -> int | None:
+    """FLOPs of a cuBLAS GEMM or cuDNN attention call from its backend_config; None when unknown."""
+    cfg = inst.backend_config if isinstance(inst.backend_config, dict) else {}
+    if "gemm_backend_config" in cfg:
+        dims = cfg["gemm_backend_config"].get("dot_dimension_numbers", {})
+        contracting = tuple(int(d) for d in dims.get("lhs_contracting_dimensions", []))
+        return _dot_flops(inst.shape, inst.operands[0].shape, contracting)
+    if "cudnn_fmha_backend_config" in cfg:
+        fmha = cfg["cudnn_fmha_backend_config"]
+        total = 0
+        for key, lhs_index in (("bmm1_dot_dimension_numbers", 0), ("bmm2_dot_dimension_numbers", None)):
+            dims = fmha.get(key)
+            if not dims:
+                continue
+            q = inst.operands[0].shape  # (B, T, N, H) as given to the call
+            contracting = [int(d) for d in dims.get("lhs_contracting_dimensions", [])]
+            batch = [int(d) for d in dims.get("lhs_batch_dimensions", [])]
+            # bmm1: Q·Kᵀ -> (B, N, T, S); bmm2: P·V -> (B, N, T, H). Both 2·B·N·T·S·H.
+            k = inst.operands[1].shape
+            seq_kv = k.dims[[i for i in range(len(k.dims)) if i not in batch and i not in contracting][0]]
+            rows = math.prod(q.dims[i] for i in range(len(q.dims)) if i not in contracting)
+            total += 2 * rows * seq_kv * math.prod(q.dims[i] for i in contracting)
+        if not total:
+            return None
+        if "Backward" in inst.custom_call_target:
+            total = total * 5 // 2  # five matmuls instead of two
+        if str(fmha.get("mask_type", "")).upper() == "CAUSAL":
+            total //= 2
+        return total
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scopes and source lines.
+
+_PLUMBING = frozenset({"parameter", "tuple", "get-tuple-element"})
+
+
+def _fused_instructions(inst: Instruction) -> Iterator[Instruction]:
+    """The instruction and, for fusions, everything fused inside (nested fusions too; not reducer bodies)."""
+    yield inst
+    if inst.opcode == "fusion":
+        for comp in inst.called_computations:
+            for i in comp.instructions:
+                yield from _fused_instructions(i)
+
+
+def _user_line(module: Module, inst: Instruction) -> str:
+    md = inst.metadata
+    if md.stack_frame_id and module.source:
+        frames = module.source.stack(md.stack_frame_id)
+        for frame in frames:
+            if not is_library_file(frame.file):
+                return f"{frame.file}:{frame.line}"
+        if frames:
+            return f"{frames[0].file}:{frames[0].line}"
+    if md.source_file:
+        return f"{md.source_file}:{md.source_line}"
+    return ""
+
+
+def _provenance(module: Module, inst: Instruction) -> tuple[collections.Counter, list[str], list[str]]:
+    ops: collections.Counter = collections.Counter()
+    scope_counts: collections.Counter = collections.Counter()
+    line_counts: collections.Counter = collections.Counter()
+    for i in _fused_instructions(inst):
+        if i.opcode not in _PLUMBING and not (i is inst and i.opcode == "fusion"):
+            ops[i.opcode] += 1
+        if i.metadata.op_name:
+            for name in i.metadata.op_name.split(";"):
+                scope = scope_of(name)
+                if scope:
+                    scope_counts[scope] += 1
+        line = _user_line(module, i)
+        if line:
+            line_counts[line] += 1
+    return ops, [s for s, _ in scope_counts.most_common()], [l for l, _ in line_counts.most_common()]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Walking the program.
+
+def _trip_count(inst: Instruction) -> int | None:
+    cfg = inst.backend_config
+    if isinstance(cfg, dict):
+        n = cfg.get("known_trip_count", {}).get("n")
+        if n is not None:
+            return int(n)
+    return None
+
+
+def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list[Kernel]) -> None:
+    for inst in comp.instructions:
+        op = inst.opcode
+        if op in _NO_WORK:
+            continue
+        if op in _CONTROL_FLOW:
+            if op == "while":
+                body = next((c for c in inst.called_computations if c.name in inst.attrs.get("body", "")), None)
+                cond = next((c for c in inst.called_computations if c.name in inst.attrs.get("condition", "")),
+                            None)
+                trips = _trip_count(inst)
+                n = launches * (trips if trips is not None else 1)
+                if cond is not None:
+                    _walk(module, cond, cond.name, n + (launches if trips is not None else 0), out)
+                if body is not None:
+                    _walk(module, body, body.name, n, out)
+            else:
+                for called in inst.called_computations:
+                    _walk(module, called, loop, launches, out)
+            continue
+        if op == "async-start":
+            for called in inst.called_computations:
+                _walk(module, called, loop, launches, out)
+            continue
+        category = classify(inst)
+        bytes_read, bytes_written, reads = _bytes(inst)
+        if category in ("cublas", "cudnn") and op == "custom-call":
+            flops, trans = _library_flops(inst), 0
+        elif category in ("pallas", "mosaic", "custom_call"):
+            flops, trans = None, 0
+        else:
+            flops, trans = _instruction_flops(inst)
+        ops, scopes, lines = _provenance(module, inst)
+        out.append(Kernel(name=inst.name, category=category, instruction=inst, ops=ops, bytes_read=bytes_read,
+                          bytes_written=bytes_written, flops=flops, transcendentals=trans, scopes=scopes,
+                          source_lines=lines, loop=loop, launches=launches, reads=reads))
+
+
+def kernels(module: Module) -> list[Kernel]:
+    """Every kernel the entry computation launches, in program order; while/conditional/call bodies walked."""
+    out: list[Kernel] = []
+    _walk(module, module.entry, "", 1, out)
+    return out

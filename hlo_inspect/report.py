@@ -1,0 +1,235 @@
+"""`Report`: a parsed program's kernels with totals, XLA's own cost analysis beside ours, text and JSON.
+
+    rep = hlo_inspect.inspect(f, x, w)          # jit + lower + compile + parse
+    print(rep.table())
+    rep.to_json()                               # schema "hlo_inspect.report/1", see README
+
+Totals count each kernel `launches` times (a while loop with a known trip count runs its body that often).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable
+
+from hlo_inspect.kernels import CATEGORIES, Kernel, kernels as list_kernels
+from hlo_inspect.parser import Module, parse
+
+__all__ = ["Report", "Totals", "inspect", "from_text", "format_bytes", "JSON_SCHEMA"]
+
+JSON_SCHEMA = "hlo_inspect.report/1"
+_OPAQUE = ("pallas", "mosaic", "custom_call")  # categories whose work XLA cannot see into
+_LIBRARY = ("cublas", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    kernels: int
+    launches: int
+    bytes_read: int
+    bytes_written: int
+    flops: int
+    transcendentals: int
+    flops_unknown_kernels: int  # kernels whose FLOPs we cannot know (opaque custom calls)
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+def _totals(ks: list[Kernel]) -> Totals:
+    return Totals(
+        kernels=len(ks), launches=sum(k.launches for k in ks),
+        bytes_read=sum(k.bytes_read * k.launches for k in ks),
+        bytes_written=sum(k.bytes_written * k.launches for k in ks),
+        flops=sum((k.flops or 0) * k.launches for k in ks),
+        transcendentals=sum(k.transcendentals * k.launches for k in ks),
+        flops_unknown_kernels=sum(1 for k in ks if k.flops is None))
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _format_flops(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@dataclasses.dataclass(eq=False)
+class Report:
+    """Kernels of one compiled program. `xla_cost` is `compiled.cost_analysis()` when we compiled it."""
+
+    module: Module
+    kernels: list[Kernel]
+    xla_cost: dict[str, float] | None = None
+    platform: str = ""
+    title: str = ""
+
+    @property
+    def totals(self) -> Totals:
+        return _totals(self.kernels)
+
+    def comparison(self) -> list[dict[str, Any]]:
+        """Our totals beside XLA's cost analysis, one row per quantity, with the reason for any difference."""
+        if not self.xla_cost:
+            return []
+        ours = self.totals
+        opaque = [k for k in self.kernels if k.category in _OPAQUE]
+        library = [k for k in self.kernels if k.category in _LIBRARY and k.instruction.opcode == "custom-call"]
+        uncounted = opaque + library
+        visible = _totals([k for k in self.kernels if k not in uncounted])
+        rows = []
+        for quantity, key, mine, mine_visible in (
+                ("bytes accessed", "bytes accessed", ours.bytes_total, visible.bytes_total),
+                ("flops", "flops", ours.flops, visible.flops),
+                ("transcendentals", "transcendentals", ours.transcendentals, visible.transcendentals)):
+            theirs = self.xla_cost.get(key)
+            if theirs is None:
+                continue
+            reasons = []
+            if uncounted:
+                names = ", ".join(sorted({k.target or k.category for k in uncounted}))
+                reasons.append(f"XLA's cost analysis cannot see into {len(uncounted)} custom call(s) ({names}); "
+                               f"without them ours is {mine_visible:,}")
+            ratio = (mine_visible / theirs) if theirs > 0 else None
+            if ratio is not None and abs(ratio - 1) > 0.005:
+                reasons.append(_difference_reason(quantity))
+            rows.append({"quantity": quantity, "ours": mine, "ours_without_custom_calls": mine_visible,
+                         "xla": theirs, "ratio": ratio, "reason": "; ".join(reasons) or "equal"})
+        return rows
+
+    # ---- rendering -------------------------------------------------------------------------------------------
+
+    def table(self, max_scope_width: int = 34) -> str:
+        """Aligned text: one row per kernel, then totals and the comparison with XLA's cost analysis."""
+        header = ("#", "kernel", "category", "read", "written", "FLOP", "FLOP/B", "fused ops", "scope", "source")
+        rows = []
+        for i, k in enumerate(self.kernels):
+            intensity = "" if k.flops is None or not k.bytes_total else f"{k.flops / k.bytes_total:.1f}"
+            ops = ",".join(f"{op}" + (f"×{n}" if n > 1 else "") for op, n in k.ops.most_common(3))
+            name = k.name + (f" [{k.launches}× in {k.loop}]" if k.loop else "")
+            label = k.label + (f" ({k.target})" if k.category in ("custom_call", "custom_fusion") and k.target
+                               else "")
+            rows.append((str(i), _clip(name, 40), _clip(label, 36), format_bytes(k.bytes_read),
+                         format_bytes(k.bytes_written), _format_flops(k.flops), intensity, _clip(ops, 30),
+                         _clip(", ".join(k.scopes[:2]), max_scope_width),
+                         _clip(k.source_lines[0] if k.source_lines else "", 40)))
+        widths = [max(len(r[c]) for r in rows + [header]) for c in range(len(header))]
+        right = {3, 4, 5, 6}
+
+        def fmt(row):
+            return "  ".join(cell.rjust(w) if c in right else cell.ljust(w)
+                             for c, (cell, w) in enumerate(zip(row, widths))).rstrip()
+
+        t = self.totals
+        lines = []
+        if self.title:
+            lines.append(self.title)
+        lines.append(f"module {self.module.name}" + (f" on {self.platform}" if self.platform else "") +
+                     f": {t.kernels} kernels, {t.launches} launches per run")
+        lines += [fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows]
+        lines.append("")
+        by_category: dict[str, int] = {}
+        for k in self.kernels:
+            by_category[k.label] = by_category.get(k.label, 0) + 1
+        lines.append("kernels by category: " + ", ".join(f"{n} {c}" for c, n in
+                                                        sorted(by_category.items(), key=lambda x: -x[1])))
+        lines.append(f"total: read {format_bytes(t.bytes_read)}, written {format_bytes(t.bytes_written)}, "
+                     f"{_format_flops(t.flops)}FLOP" +
+                     (f" (+{t.flops_unknown_kernels} kernels of unknown FLOPs)" if t.flops_unknown_kernels else ""))
+        comparison = self.comparison()
+        if comparison:
+            lines.append("")
+            lines.append("ours vs XLA's compiled.cost_analysis():")
+            for row in comparison:
+                ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "n/a"
+                lines.append(f"  {row['quantity']:16s} ours {row['ours']:>16,}  xla {row['xla']:>16,.0f}  "
+                             f"ours/xla {ratio}  ({row['reason']})")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.totals
+        return {
+            "schema": JSON_SCHEMA,
+            "module": self.module.name,
+            "title": self.title,
+            "platform": self.platform,
+            "totals": dataclasses.asdict(t) | {"bytes_total": t.bytes_total},
+            "xla_cost_analysis": self.xla_cost,
+            "comparison": self.comparison(),
+            "kernels": [_kernel_dict(k) for k in self.kernels],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+def _difference_reason(quantity: str) -> str:
+    if quantity == "bytes accessed":
+        return ("XLA counts bytes per HLO op with its own rules (e.g. operands used through several slices, "
+                "in-place updates); see the per-kernel JSON")
+    if quantity == "flops":
+        return "XLA counts some ops differently (e.g. compare/select, convert, or library calls)"
+    return "XLA's transcendental count differs"
+
+
+def _kernel_dict(k: Kernel) -> dict[str, Any]:
+    return {
+        "name": k.name, "category": k.category, "label": k.label, "target": k.target,
+        "opcode": k.instruction.opcode, "shape": str(k.instruction.shape), "ops": dict(k.ops),
+        "bytes_read": k.bytes_read, "bytes_written": k.bytes_written, "flops": k.flops,
+        "transcendentals": k.transcendentals, "scopes": k.scopes, "source_lines": k.source_lines,
+        "loop": k.loop, "launches": k.launches,
+        "operands": [{"name": src.name, "bytes_read": n} for src, n in k.reads],
+    }
+
+
+def _normalize_cost(cost: Any) -> dict[str, float] | None:
+    """`compiled.cost_analysis()` is a dict (jax >= 0.4.30) or a list of one dict (older); keep the totals."""
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    if not cost:
+        return None
+    keep = ("flops", "transcendentals", "bytes accessed", "bytes accessed output", "optimal_seconds")
+    return {k: float(v) for k, v in cost.items() if k in keep}
+
+
+def from_text(text: str, *, title: str = "", platform: str = "") -> Report:
+    """Report of saved optimized HLO text (no JAX needed)."""
+    module = parse(text)
+    return Report(module=module, kernels=list_kernels(module), title=title, platform=platform)
+
+
+def inspect(fn: Callable, *args, **kwargs) -> Report:
+    """jit, lower, compile and parse `fn(*args, **kwargs)`; returns a Report with XLA's cost analysis beside.
+
+    `fn` may already be jitted (anything with `.lower`). The args may be arrays or `jax.ShapeDtypeStruct`s.
+    """
+    import jax  # only here: parsing saved text needs no JAX
+
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    compiled = jitted.lower(*args, **kwargs).compile()
+    text = compiled.as_text()
+    try:
+        cost = _normalize_cost(compiled.cost_analysis())
+    except Exception:  # some backends do not implement it
+        cost = None
+    module = parse(text)
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "__wrapped__", None), "__name__", "fn")
+    return Report(module=module, kernels=list_kernels(module), xla_cost=cost, platform=jax.default_backend(),
+                  title=f"{name} on {jax.devices()[0].device_kind}")
