@@ -351,24 +351,22 @@ def _library_flops(inst: Instruction) -> int | None:
         return _dot_flops(inst.shape, inst.operands[0].shape, contracting)
     if "cudnn_fmha_backend_config" in cfg:
         fmha = cfg["cudnn_fmha_backend_config"]
-        total = 0
-        for key, lhs_index in (("bmm1_dot_dimension_numbers", 0), ("bmm2_dot_dimension_numbers", None)):
-            dims = fmha.get(key)
-            if not dims:
-                continue
-            q = inst.operands[0].shape  # (B, T, N, H) as given to the call
-            contracting = [int(d) for d in dims.get("lhs_contracting_dimensions", [])]
-            batch = [int(d) for d in dims.get("lhs_batch_dimensions", [])]
-            # bmm1: Q·Kᵀ -> (B, N, T, S); bmm2: P·V -> (B, N, T, H). Both 2·B·N·T·S·H.
-            k = inst.operands[1].shape
-            seq_kv = k.dims[[i for i in range(len(k.dims)) if i not in batch and i not in contracting][0]]
-            rows = math.prod(q.dims[i] for i in range(len(q.dims)) if i not in contracting)
-            total += 2 * rows * seq_kv * math.prod(q.dims[i] for i in contracting)
-        if not total:
+        dims = fmha.get("bmm1_dot_dimension_numbers")
+        if not dims or len(inst.operands) < 2:
             return None
+        q, k = inst.operands[0].shape, inst.operands[1].shape  # Q·Kᵀ is bmm1: batch (B, N), rows T, depth H
+        lhs_batch = [int(d) for d in dims.get("lhs_batch_dimensions", [])]
+        lhs_contract = [int(d) for d in dims.get("lhs_contracting_dimensions", [])]
+        rhs_free = [i for i in range(len(k.dims)) if i not in
+                    [int(d) for d in dims.get("rhs_batch_dimensions", []) + dims.get("rhs_contracting_dimensions", [])]]
+        batch = math.prod(q.dims[i] for i in lhs_batch)
+        depth = math.prod(q.dims[i] for i in lhs_contract)
+        rows = math.prod(q.dims[i] for i in range(len(q.dims)) if i not in lhs_batch + lhs_contract)
+        cols = math.prod(k.dims[i] for i in rhs_free)
+        total = 4 * batch * rows * cols * depth  # Q·Kᵀ and P·V, 2 FLOPs per multiply-add each
         if "Backward" in inst.custom_call_target:
             total = total * 5 // 2  # five matmuls instead of two
-        if str(fmha.get("mask_type", "")).upper() == "CAUSAL":
+        if "CAUSAL" in str(fmha.get("mask_type", "")).upper():
             total //= 2
         return total
     return None

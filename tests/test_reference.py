@@ -26,6 +26,19 @@ def _normal(shape, dtype=jnp.float32):
     return jax.random.normal(_key(), shape, jnp.float32).astype(dtype)
 
 
+def _fwd_and_vjp(fn, args):
+    """(out, grads) of fn at args for a fresh random cotangent, under one jit (eager vjp is slow on CPU)."""
+    out_shape = jax.eval_shape(fn, *args)
+    do = _normal(out_shape.shape)
+
+    @jax.jit
+    def run(args, do):
+        out, vjp = jax.vjp(fn, *args)
+        return out, vjp(do)
+
+    return run(args, do)
+
+
 def _jax_attention(q, k, v, *, causal=False, scale=None, mask=None, kv_seq_lengths=None):
     with jax.default_matmul_precision("highest"):
         return jax.nn.dot_product_attention(
@@ -40,14 +53,12 @@ def test_attention_matches_jax_nn(causal, T, S, N, K):
     B, H = 2, 8
     q, k, v = _normal((B, T, N, H)), _normal((B, S, K, H)), _normal((B, S, K, H))
     # With causal and T > S the top-left aligned mask still gives every row key 0, so no row is empty.
-    want = _jax_attention(q, k, v, causal=causal)
-    got = reference.attention(q, k, v, causal=causal)
+    do = _normal((B, T, N, H))
+    fwd_bwd = lambda fn: jax.jit(lambda q, k, v, do: (lambda o, vjp: (o, vjp(do)))(*jax.vjp(fn, q, k, v)))
+    want, grads_want = fwd_bwd(lambda *a: _jax_attention(*a, causal=causal))(q, k, v, do)
+    got, grads_got = fwd_bwd(lambda *a: reference.attention(*a, causal=causal))(q, k, v, do)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-    do = _normal(want.shape)
-    _, vjp_want = jax.vjp(lambda *a: _jax_attention(*a, causal=causal), q, k, v)
-    _, vjp_got = jax.vjp(lambda *a: reference.attention(*a, causal=causal), q, k, v)
-    for g, w in zip(vjp_got(do), vjp_want(do)):
+    for g, w in zip(grads_got, grads_want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
@@ -103,7 +114,7 @@ def test_attention_fully_masked_rows_are_zero_without_nan():
     q_seg = jnp.array([[1, 1, 9, 1, 1], [1, 1, 1, 1, 9]])  # segment 9 has no keys
     kv_seg = jnp.ones((B, S), jnp.int32)
     fn = lambda q, k, v: reference.attention(q, k, v, segment_ids=(q_seg, kv_seg), kv_seq_lengths=lengths)
-    out, vjp = jax.vjp(fn, q, k, v)
+    out, grads = _fwd_and_vjp(fn, (q, k, v))
     np.testing.assert_array_equal(out[0], 0.0)
     np.testing.assert_array_equal(out[1, 4], 0.0)
     assert np.all(np.abs(np.asarray(out[1, :4])) > 0)
@@ -111,7 +122,6 @@ def test_attention_fully_masked_rows_are_zero_without_nan():
     mask = (q_seg[:, :, None] == kv_seg[:, None, :])[:, None]
     want = _jax_attention(q, k, v, mask=mask, kv_seq_lengths=lengths)
     np.testing.assert_allclose(out[1, :4], want[1, :4], rtol=1e-5, atol=1e-5)
-    grads = vjp(_normal(out.shape))
     for g in grads:
         assert np.all(np.isfinite(np.asarray(g)))
     np.testing.assert_array_equal(grads[0][0], 0.0)  # dq of empty rows

@@ -1,0 +1,151 @@
+"""`jaxfuse VERB [flags]`: what XLA fuses in a Flax model, kernel by kernel.
+
+    jaxfuse inspect                                  # forward pass of the default pre-norm block
+    jaxfuse inspect --train-step --dtype bf16        # loss + grads of the block, bf16
+    jaxfuse inspect --model lm --kernels attention=cudnn --json
+
+Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Callable
+
+from absl import flags
+
+__all__ = ["main", "run", "VERBS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verb:
+    summary: str
+    define_flags: Callable[[flags.FlagValues], None]
+    execute: Callable[[flags.FlagValues, list[str]], int]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# inspect
+
+def _define_model_flags(fv: flags.FlagValues) -> None:
+    from jaxfuse import programs
+
+    d = programs.DEFAULTS
+    flags.DEFINE_enum("model", "block", ["block", "lm"], "Which program: one pre-norm transformer block, or the "
+                      "whole language model.", flag_values=fv)
+    flags.DEFINE_integer("batch", d["batch"], "Batch size B.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("seq", d["seq"], "Sequence length T.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("dim", d["dim"], "Model width D.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("heads", d["heads"], "Query heads N (D must be a multiple).", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_integer("kv_heads", None, "Key/value heads K (N a multiple of K); default N.", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_enum("dtype", d["dtype"], ["f32", "bf16", "f16"], "Compute dtype of activations and params.",
+                      flag_values=fv)
+    flags.DEFINE_string("kernels", "", "Per-site implementations, e.g. 'attention=cudnn,norm_matmul=xla'.",
+                        flag_values=fv)
+    flags.DEFINE_bool("train_step", False, "Compile the training step (loss and grads) instead of the forward.",
+                      flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random parameters and inputs.", flag_values=fv)
+
+
+def _define_inspect_flags(fv: flags.FlagValues) -> None:
+    _define_model_flags(fv)
+    flags.DEFINE_bool("json", False, "Print the report as JSON (schema hlo_inspect.report/1).", flag_values=fv)
+
+
+def _build_program(fv: flags.FlagValues):
+    from jaxfuse import programs
+    from jaxfuse.kernels import KernelSet
+
+    kernel_set = KernelSet.parse(fv.kernels) if fv.kernels else KernelSet()
+    return programs.build_program(
+        model=fv.model, batch=fv.batch, seq=fv.seq, dim=fv.dim, heads=fv.heads,
+        kv_heads=fv.kv_heads or fv.heads, dtype=fv.dtype, train_step=fv.train_step, kernels=kernel_set,
+        seed=fv.seed)
+
+
+def inspect_program(fv: flags.FlagValues):
+    """Compile the program the flags describe; return its `hlo_inspect.Report`."""
+    import jax
+    import hlo_inspect
+
+    program = _build_program(fv)
+    _progress(f"compiling {program.description} on {jax.devices()[0].device_kind} ...")
+    start = time.perf_counter()
+    report = hlo_inspect.inspect(program.fn, *program.args)
+    report.title = f"{program.description} on {jax.devices()[0].device_kind} (jax {jax.__version__})"
+    _progress(f"compiled in {time.perf_counter() - start:.1f} s")
+    return report
+
+
+def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
+    if rest:
+        raise flags.Error(f"unexpected arguments {rest}")
+    report = inspect_program(fv)
+    print(report.to_json() if fv.json else report.table())
+    return 0
+
+
+VERBS = {
+    "inspect": Verb("Kernel-by-kernel fusion report of the default model (forward or training step).",
+                    _define_inspect_flags, _inspect),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dispatch.
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _normalize(argv: list[str]) -> list[str]:
+    """`--train-step=x` -> `--train_step=x` (flag names only)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, eq, value = arg[2:].partition("=")
+            arg = "--" + name.replace("-", "_") + eq + value
+        out.append(arg)
+    return out
+
+
+def _usage() -> str:
+    lines = [__doc__.strip(), "", "verbs:"]
+    lines += [f"  {name:10s} {verb.summary}" for name, verb in VERBS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Run `jaxfuse` with `argv` (without the program name); returns the exit status."""
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, args = argv[0], _normalize(argv[1:])
+    verb = VERBS.get(name)
+    if verb is None:
+        print(f"jaxfuse: unknown verb {name!r}; one of: {', '.join(VERBS)}", file=sys.stderr)
+        return 2
+    fv = flags.FlagValues()
+    verb.define_flags(fv)
+    if any(a in ("-h", "--help", "--helpfull") for a in args):
+        print(f"jaxfuse {name}: {verb.summary}\n\nflags:\n{fv.get_help()}")
+        return 0
+    try:
+        rest = fv([f"jaxfuse {name}"] + args)[1:]
+        return verb.execute(fv, rest)
+    except (flags.Error, ValueError) as e:
+        print(f"jaxfuse {name}: {e}", file=sys.stderr)
+        return 2
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    run()

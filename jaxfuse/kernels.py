@@ -1,0 +1,174 @@
+"""Per-site implementation choice for the model: which kernel runs attention, norm→matmul and the loss.
+
+The model has three sites where a hand-fused kernel can replace what XLA does with plain jnp:
+
+  attention    q (B, T, N, H), k/v (B, S, K, H), N % K == 0, *, causal: bool, scale: float -> (B, T, N, H) in q.dtype
+  norm_matmul  x (..., D), gamma (D,), w (D, F), *, eps: float -> rmsnorm(x) @ w, (..., F) in x.dtype
+  loss         h (M, D), w (D, V), labels (M,) int (-100 = ignored) -> scalar float32 mean cross-entropy
+
+Each site has one registry, a dict from implementation name to callable (``ATTENTION``, ``NORM_MATMUL``,
+``LOSS``; ``REGISTRIES`` maps site name to registry). ``"xla"`` is always there: the plain-jnp references of
+``pallas_kernels.reference`` (XLA fuses what it can and materializes the rest). ``"cudnn"`` is
+``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU only). A module that provides another
+implementation registers it with ``register("attention", "pallas", fn)``.
+
+    >>> ks = KernelSet.parse("attention=cudnn")
+    >>> ks
+    KernelSet(attention='cudnn', norm_matmul='xla', loss='xla')
+    >>> str(ks)
+    'attention=cudnn,norm_matmul=xla,loss=xla'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import reference
+
+__all__ = [
+    "ATTENTION",
+    "LOSS",
+    "NORM_MATMUL",
+    "REGISTRIES",
+    "SITES",
+    "KernelSet",
+    "register",
+]
+
+
+def _rmsnorm_then_matmul(x: jax.Array, gamma: jax.Array, w: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+    """The unfused pair, as a plain jnp model writes it: rmsnorm(x) (..., D) rounded to x.dtype, then @ w (D, F).
+
+    The normalized activations are an array of their own here; that is the HBM round trip a fused kernel removes.
+    (``reference.rmsnorm_matmul`` instead keeps them in float32; both agree exactly for float32 inputs.)
+    The two halves carry their own scopes ("rmsnorm", "matmul") in HLO op_name metadata.
+    """
+    with jax.named_scope("rmsnorm"):
+        normed = reference.rmsnorm(x, gamma, eps=eps)  # (..., D) in x.dtype
+    with jax.named_scope("matmul"):
+        return jnp.dot(normed, w.astype(x.dtype), preferred_element_type=jnp.float32).astype(x.dtype)  # (..., F)
+
+
+def _cudnn_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False, scale: float | None = None
+) -> jax.Array:
+    """cuDNN fused attention through ``jax.nn.dot_product_attention(implementation="cudnn")``.
+
+    Raises a short ``RuntimeError`` off GPU and a ``ValueError`` for dtypes cuDNN does not take, instead of
+    the deep lowering traceback JAX would give.
+    """
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cuda"):
+        raise RuntimeError(
+            f"attention='cudnn' needs an NVIDIA GPU with cuDNN, but the default JAX backend is {backend!r}; "
+            f"use attention='xla' here (KernelSet(attention='xla'))"
+        )
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(
+            f"attention='cudnn': q, k and v must be bfloat16 or float16, got {q.dtype}; "
+            f"use a bfloat16 compute dtype or attention='xla'"
+        )
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="cudnn")
+
+
+# One registry per site: implementation name -> callable with the site's signature (module docstring).
+ATTENTION: dict[str, Callable[..., jax.Array]] = {"xla": reference.attention, "cudnn": _cudnn_attention}
+NORM_MATMUL: dict[str, Callable[..., jax.Array]] = {"xla": _rmsnorm_then_matmul}
+LOSS: dict[str, Callable[..., jax.Array]] = {"xla": reference.linear_cross_entropy}
+REGISTRIES: dict[str, dict[str, Callable[..., jax.Array]]] = {
+    "attention": ATTENTION,
+    "norm_matmul": NORM_MATMUL,
+    "loss": LOSS,
+}
+SITES: tuple[str, ...] = tuple(REGISTRIES)
+
+
+def _registry(site: str) -> dict[str, Callable[..., jax.Array]]:
+    if site not in REGISTRIES:
+        raise ValueError(f"site: expected one of {list(SITES)}, got {site!r}")
+    return REGISTRIES[site]
+
+
+def register(site: str, name: str, fn: Callable[..., jax.Array], *, replace: bool = False) -> None:
+    """Makes ``fn`` selectable as ``KernelSet(<site>=name)``; ``fn`` must take the site's signature.
+
+    Raises ``ValueError`` for an unknown site, or when ``name`` is taken and ``replace`` is False.
+    """
+    registry = _registry(site)
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable for site {site!r}, got {type(fn).__name__}")
+    if name in registry and not replace and registry[name] is not fn:
+        raise ValueError(f"name: {site!r} already has an implementation named {name!r}; pass replace=True")
+    registry[name] = fn
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSet:
+    """Which implementation runs at each model site. Hashable, so it can live in static (jit) model state.
+
+    Every field names an entry of that site's registry; unknown names raise ``ValueError`` on construction.
+    """
+
+    attention: str = "xla"
+    norm_matmul: str = "xla"
+    loss: str = "xla"
+
+    def __post_init__(self):
+        for site in SITES:
+            name = getattr(self, site)
+            allowed = sorted(_registry(site))
+            if not isinstance(name, str) or name not in allowed:
+                raise ValueError(f"KernelSet.{site}: unknown implementation {name!r}; expected one of {allowed}")
+
+    @classmethod
+    def parse(cls, spec: str) -> KernelSet:
+        """``"attention=cudnn,loss=xla"`` -> KernelSet; omitted sites stay "xla", ``"all=NAME"`` sets every site.
+
+        Later items win over ``all=``; a site given twice, an unknown site or an item without ``=`` raises
+        ``ValueError``. The empty string gives the defaults. ``str(ks)`` is the inverse.
+        """
+        choices: dict[str, str] = {}
+        all_name = None
+        for item in (part.strip() for part in spec.split(",")):
+            if not item:
+                continue
+            site, sep, name = (s.strip() for s in item.partition("="))
+            if not sep or not site or not name:
+                raise ValueError(f"kernels: expected items like 'attention=cudnn', got {item!r} in {spec!r}")
+            if site == "all":
+                all_name = name
+                continue
+            if site not in SITES:
+                raise ValueError(f"kernels: unknown site {site!r} in {spec!r}; expected one of {list(SITES)} or 'all'")
+            if site in choices:
+                raise ValueError(f"kernels: site {site!r} given twice in {spec!r}")
+            choices[site] = name
+        if all_name is not None:
+            choices = {site: all_name for site in SITES} | choices
+        return cls(**choices)
+
+    def __str__(self) -> str:
+        return ",".join(f"{site}={getattr(self, site)}" for site in SITES)
+
+    def impl(self, site: str) -> Callable[..., jax.Array]:
+        """The callable chosen for ``site`` (looked up now, so late registrations are seen)."""
+        return _registry(site)[getattr(self, site)]
+
+    @property
+    def attention_fn(self) -> Callable[..., jax.Array]:
+        """(q (B, T, N, H), k, v (B, S, K, H), *, causal, scale) -> (B, T, N, H)."""
+        return self.impl("attention")
+
+    @property
+    def norm_matmul_fn(self) -> Callable[..., jax.Array]:
+        """(x (..., D), gamma (D,), w (D, F), *, eps) -> (..., F)."""
+        return self.impl("norm_matmul")
+
+    @property
+    def loss_fn(self) -> Callable[..., jax.Array]:
+        """(h (M, D), w (D, V), labels (M,)) -> scalar float32."""
+        return self.impl("loss")
