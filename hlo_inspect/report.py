@@ -70,6 +70,19 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _clip_left(text: str, width: int) -> str:
+    """Keep the end (file name and line) of a long path."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _short_path(location: str) -> str:
+    """`/work/repo/pkg/mod.py:12` -> `pkg/mod.py:12` when under the current directory."""
+    import os
+
+    cwd = os.getcwd() + os.sep
+    return location[len(cwd):] if location.startswith(cwd) else location
+
+
 @dataclasses.dataclass(eq=False)
 class Report:
     """Kernels of one compiled program. `xla_cost` is `compiled.cost_analysis()` when we compiled it."""
@@ -128,7 +141,7 @@ class Report:
             rows.append((str(i), _clip(name, 40), _clip(label, 36), format_bytes(k.bytes_read),
                          format_bytes(k.bytes_written), _format_flops(k.flops), intensity, _clip(ops, 30),
                          _clip(", ".join(k.scopes[:2]), max_scope_width),
-                         _clip(k.source_lines[0] if k.source_lines else "", 40)))
+                         _clip_left(_short_path(k.source_lines[0]) if k.source_lines else "", 40)))
         widths = [max(len(r[c]) for r in rows + [header]) for c in range(len(header))]
         right = {3, 4, 5, 6}
 

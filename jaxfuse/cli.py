@@ -29,10 +29,19 @@ class Verb:
 # ---------------------------------------------------------------------------------------------------------
 # inspect
 
-def _define_model_flags(fv: flags.FlagValues) -> None:
+_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+def _program_defaults() -> dict:
+    import inspect
+
     from jaxfuse import programs
 
-    d = programs.DEFAULTS
+    return {name: p.default for name, p in inspect.signature(programs.build_program).parameters.items()}
+
+
+def _define_model_flags(fv: flags.FlagValues) -> None:
+    d = _program_defaults()
     flags.DEFINE_enum("model", "block", ["block", "lm"], "Which program: one pre-norm transformer block, or the "
                       "whole language model.", flag_values=fv)
     flags.DEFINE_integer("batch", d["batch"], "Batch size B.", lower_bound=1, flag_values=fv)
@@ -40,9 +49,9 @@ def _define_model_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("dim", d["dim"], "Model width D.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("heads", d["heads"], "Query heads N (D must be a multiple).", lower_bound=1,
                          flag_values=fv)
-    flags.DEFINE_integer("kv_heads", None, "Key/value heads K (N a multiple of K); default N.", lower_bound=1,
+    flags.DEFINE_integer("kv_heads", d["kv_heads"], "Key/value heads K (N a multiple of K).", lower_bound=1,
                          flag_values=fv)
-    flags.DEFINE_enum("dtype", d["dtype"], ["f32", "bf16", "f16"], "Compute dtype of activations and params.",
+    flags.DEFINE_enum("dtype", "bf16", list(_DTYPES), "Compute dtype of activations and params.",
                       flag_values=fv)
     flags.DEFINE_string("kernels", "", "Per-site implementations, e.g. 'attention=cudnn,norm_matmul=xla'.",
                         flag_values=fv)
@@ -63,7 +72,7 @@ def _build_program(fv: flags.FlagValues):
     kernel_set = KernelSet.parse(fv.kernels) if fv.kernels else KernelSet()
     return programs.build_program(
         model=fv.model, batch=fv.batch, seq=fv.seq, dim=fv.dim, heads=fv.heads,
-        kv_heads=fv.kv_heads or fv.heads, dtype=fv.dtype, train_step=fv.train_step, kernels=kernel_set,
+        kv_heads=fv.kv_heads, dtype=_DTYPES[fv.dtype], train_step=fv.train_step, kernels=kernel_set,
         seed=fv.seed)
 
 

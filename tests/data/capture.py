@@ -83,9 +83,7 @@ def _block_program(train_step: bool):
     from jaxfuse import programs
     from jaxfuse.kernels import KernelSet
 
-    p = programs.build_program(model="block", train_step=train_step, kernels=KernelSet(),
-                               **{k: programs.DEFAULTS[k] for k in ("batch", "seq", "dim", "heads")},
-                               kv_heads=programs.DEFAULTS["heads"], dtype="bf16")
+    p = programs.build_program(model="block", train_step=train_step, kernels=KernelSet())  # the CLI's default
     return p.fn, p.args
 
 
