@@ -31,8 +31,10 @@ CATEGORIES = {
     "output": "output fusion",
     "transpose": "transpose fusion",
     "scatter": "scatter fusion",
+    "concatenate": "concatenate fusion",
     "triton_gemm": "Triton GEMM fusion",
-    "triton_fusion": "Triton normalization/softmax fusion",
+    "triton_reduction": "Triton normalization/softmax fusion",
+    "triton_fusion": "Triton block-level fusion",
     "cublas": "cuBLAS GEMM",
     "cudnn": "cuDNN",
     "pallas": "Pallas/Triton kernel",
@@ -127,7 +129,8 @@ def classify(inst: Instruction) -> str:
             if backend in ("__triton_gemm", "__triton_nested_gemm_fusion", "__triton_scaled_dot_fusion"):
                 return "triton_gemm"
             if backend.startswith("__triton"):
-                return "triton_fusion"
+                fused = {i.opcode for c in inst.called_computations[:1] for i in c.instructions}
+                return "triton_reduction" if "reduce" in fused else "triton_fusion"
             if backend.startswith("__cudnn"):
                 return "cudnn"
             if backend.startswith(("__ynn", "__onednn", "__xnn")):
@@ -160,20 +163,34 @@ def classify(inst: Instruction) -> str:
     return "unfused"
 
 
+def _heroes(comp: Computation) -> list[Instruction]:
+    """The ops a fusion's emitter is chosen by: the root (each output of a tuple root), looking through
+    bitcasts and elementwise conversions."""
+    heroes, stack = [], [comp.root]
+    while stack:
+        inst = stack.pop()
+        if inst.opcode == "tuple":
+            stack.extend(inst.operands)
+        elif inst.opcode in ("bitcast", "convert", "reshape", "negate", "multiply", "add") and inst.operands:
+            stack.append(inst.operands[0])
+        else:
+            heroes.append(inst)
+    return heroes
+
+
 def _plain_fusion_category(inst: Instruction) -> str:
     kind = inst.fusion_kind
     if kind == "kOutput":
         return "output"
-    if kind == "kInput":
-        fused_ops = {i.opcode for c in inst.called_computations for i in c.instructions}
-        if "reduce" in fused_ops or "reduce-window" in fused_ops:
-            return "reduction"
-        if "scatter" in fused_ops:
-            return "scatter"
-        if "transpose" in fused_ops or "copy" in fused_ops:
-            return "transpose"
-        return "reduction"
-    return "loop"
+    if kind != "kInput" or not inst.called_computations:
+        return "loop"
+    hero_ops = {h.opcode for h in _heroes(inst.called_computations[0])}
+    for opcodes, category in (({"reduce", "reduce-window"}, "reduction"), ({"transpose", "copy"}, "transpose"),
+                              ({"scatter"}, "scatter"), ({"concatenate"}, "concatenate")):
+        if hero_ops & opcodes:
+            return category
+    fused = {i.opcode for i in inst.called_computations[0].instructions}
+    return "reduction" if "reduce" in fused else "loop"
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -164,7 +164,7 @@ def test_h100_mlp_grad_kernels():
     ks = {k.name: k for k in rep.kernels}
     assert len(ks) == 15
     cats = [k.category for k in rep.kernels]
-    assert cats.count("triton_gemm") == 5 and cats.count("triton_fusion") == 2
+    assert cats.count("triton_gemm") == 5 and cats.count("triton_reduction") == 2
     assert cats.count("reduction") == 5 and cats.count("loop") == 3
     # gemm_fusion_dot.2 reads x (bf16[64,256]) and the up kernel (f32[256,512]), writes f32[4,64,512]
     g = ks["gemm_fusion_dot.2"]
