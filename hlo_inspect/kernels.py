@@ -310,7 +310,7 @@ def _instruction_flops(inst: Instruction) -> tuple[int, int]:
     if op == "reduce-window":
         per_element = max(sum(_computation_flops(c)[0] for c in inst.called_computations), 1)
         window = math.prod(_int_list_attr(inst.attrs.get("window", ""), "size") or (1,))
-        return next(inst.shape.leaves()).num_elements * window * per_element, 0
+        return next(inst.shape.leaves()).num_elements * (window - 1) * per_element, 0
     if op in ("fusion", "call"):
         total = [0, 0]
         for comp in inst.called_computations:
