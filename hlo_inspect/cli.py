@@ -56,6 +56,9 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
     """Console-script entry point."""
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... | head` ends quietly
     sys.exit(main(sys.argv[1:]))
 
 

@@ -47,7 +47,8 @@ def _pallas_program():
     from jax.experimental import pallas as pl
 
     def kernel(x_ref, y_ref, o_ref):
-        o_ref[...] = x_ref[...] * jax.nn.sigmoid(y_ref[...])
+        x, y = x_ref[...].astype(jnp.float32), y_ref[...].astype(jnp.float32)  # Triton has no bf16 divide
+        o_ref[...] = (x * jax.nn.sigmoid(y)).astype(o_ref.dtype)
 
     def swish_gate(x, y):
         block = (64, 128)
