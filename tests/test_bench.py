@@ -1,0 +1,48 @@
+"""jaxfuse.bench and jaxfuse.costmodel on CPU."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxfuse import bench, costmodel
+
+
+def test_time_kernels_on_cpu_is_wall_time():
+    x = jax.random.normal(jax.random.key(0), (256, 256))
+    timing = bench.time_kernels(lambda a: a @ a, [(x,), (x + 1,)], iterations=5)
+    assert timing.method == "wall" and len(timing.samples_us) == 5 and timing.median_us > 0
+
+
+def test_time_kernels_needs_arguments():
+    with pytest.raises(ValueError, match="arg_sets"):
+        bench.time_kernels(lambda a: a, [])
+
+
+def test_records_written_with_environment(tmp_path):
+    rec = bench.Record(op="matmul", shape="256x256x256", dtype="f32", implementation="xla", mode="fwd",
+                       time_us=10.0, method="wall", flops=2 * 256**3, bytes_moved=3 * 256 * 256 * 4,
+                       floor_us=5.0, speedup_vs={"other": 1.5}).finish()
+    assert rec.tflops_per_s == pytest.approx(2 * 256**3 / 10e-6 / 1e12)
+    assert rec.ratio_to_floor == 2.0
+    path = bench.write_results([rec], str(tmp_path / "r.json"))
+    data = json.load(open(path))
+    assert {"device", "jax", "commit", "date"} <= set(data["environment"])
+    assert data["records"][0]["speedup_vs"] == {"other": 1.5}
+    assert "speedup vs other" in open(tmp_path / "r.md").read()
+
+
+def test_roofline():
+    h100 = costmodel.device("H100")
+    assert h100.hbm_bytes_per_s == 2.94e12  # measured ceiling preferred over the datasheet
+    # 2 GiB read + written: memory-bound
+    t = h100.roofline_us(2 * 2**31, flops=0, launches=1)
+    assert t == pytest.approx(2 * 2**31 / 2.94e12 * 1e6 + h100.launch_us)
+    # 8192³ matmul: compute-bound
+    assert h100.roofline_us(3 * 8192**2 * 2, 2 * 8192**3, launches=0) == pytest.approx(2 * 8192**3 / 805e12 * 1e6)
+    unfused, fused = h100.fusion_saving_us(2**20, n_ops=4)
+    assert unfused == pytest.approx(4 * fused)
+    with pytest.raises(ValueError, match="unknown 'tpu'"):
+        costmodel.device("tpu")
+    assert costmodel.detect().name == "cpu"
