@@ -14,6 +14,7 @@ import json
 from typing import Any, Callable
 
 from hlo_inspect.kernels import CATEGORIES, Kernel, kernels as list_kernels
+from hlo_inspect.ledger import Ledger, ledger as build_ledger
 from hlo_inspect.parser import Module, parse
 
 __all__ = ["Report", "Totals", "inspect", "from_text", "format_bytes", "JSON_SCHEMA"]
@@ -98,6 +99,43 @@ class Report:
     @property
     def totals(self) -> Totals:
         return _totals(self.kernels)
+
+    @property
+    def ledger(self) -> Ledger:
+        """Tensors written by one kernel and read back by another (see hlo_inspect.ledger)."""
+        if getattr(self, "_ledger", None) is None:
+            self._ledger = build_ledger(self.module, self.kernels)
+        return self._ledger
+
+    def ledger_table(self, hbm_bytes_per_s: float | None = None, limit: int = 25) -> str:
+        """The round trips, most traffic first; with a bandwidth, their cost in microseconds."""
+        led = self.ledger
+        trips = sorted(led.round_trips, key=lambda t: -t.traffic_bytes)
+        header = ("tensor", "shape", "size", "traffic", "µs" if hbm_bytes_per_s else "", "producer -> consumers",
+                  "scope (producer -> consumers)")
+        rows = []
+        for t in trips[:limit]:
+            cost = f"{t.cost_us(hbm_bytes_per_s):.2f}" if hbm_bytes_per_s else ""
+            flow = t.producer.name + " -> " + ", ".join(c.name for c in t.consumers)
+            scopes = (t.producer_scopes[0] if t.producer_scopes else "?") + " -> " + ", ".join(t.consumer_scopes[:2])
+            rows.append((_clip(t.name, 30), _clip(str(t.shape).split("{")[0], 26), format_bytes(t.bytes),
+                         format_bytes(t.traffic_bytes), cost, _clip(flow, 60), _clip(scopes, 60)))
+        widths = [max(len(r[c]) for r in rows + [header]) for c in range(len(header))]
+        fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+        lines = [f"HBM round trips: {len(trips)} tensors, {format_bytes(led.traffic_bytes)} of avoidable traffic"
+                 + (f" ({led.traffic_bytes / hbm_bytes_per_s * 1e6:.1f} µs at "
+                    f"{hbm_bytes_per_s / 1e12:.2f} TB/s)" if hbm_bytes_per_s else ""),
+                 fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows]
+        if len(trips) > limit:
+            lines.append(f"... {len(trips) - limit} more")
+        lines.append("")
+        lines.append("by producer scope:")
+        for row in led.by_scope(hbm_bytes_per_s)[:10]:
+            cost = f", {row['cost_us']:.2f} µs" if "cost_us" in row else ""
+            lines.append(f"  {row['scope']:40s} {row['tensors']:3d} tensors, "
+                         f"{format_bytes(row['traffic_bytes'])}{cost}")
+        lines.append(f"program inputs read: {len(led.inputs)}, outputs written: {len(led.outputs)}")
+        return "\n".join(lines)
 
     def comparison(self) -> list[dict[str, Any]]:
         """Our totals beside XLA's cost analysis, one row per quantity, with the reason for any difference."""
@@ -193,6 +231,14 @@ class Report:
             "xla_cost_analysis": self.xla_cost,
             "comparison": self.comparison(),
             "kernels": [_kernel_dict(k) for k in self.kernels],
+            "ledger": {
+                "traffic_bytes": self.ledger.traffic_bytes,
+                "round_trips": [_round_trip_dict(t) for t in self.ledger.round_trips],
+                "inputs": [{"tensor": t.name, "shape": str(t.shape), "bytes": t.bytes,
+                            "readers": [k.name for k in readers]} for t, readers in self.ledger.inputs],
+                "outputs": [{"tensor": t.name, "shape": str(t.shape), "bytes": t.bytes,
+                             "writer": k.name if k else None} for t, k in self.ledger.outputs],
+            },
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -217,6 +263,12 @@ def _kernel_dict(k: Kernel) -> dict[str, Any]:
         "loop": k.loop, "launches": k.launches,
         "operands": [{"name": src.name, "bytes_read": n} for src, n in k.reads],
     }
+
+
+def _round_trip_dict(t) -> dict[str, Any]:
+    return {"tensor": t.name, "shape": str(t.shape), "bytes": t.bytes, "traffic_bytes": t.traffic_bytes,
+            "producer": t.producer.name, "consumers": [c.name for c in t.consumers], "read_bytes": t.read_bytes,
+            "is_output": t.is_output, "producer_scopes": t.producer_scopes, "consumer_scopes": t.consumer_scopes}
 
 
 def _normalize_cost(cost: Any) -> dict[str, float] | None:

@@ -63,6 +63,8 @@ def _define_model_flags(fv: flags.FlagValues) -> None:
 def _define_inspect_flags(fv: flags.FlagValues) -> None:
     _define_model_flags(fv)
     flags.DEFINE_bool("json", False, "Print the report as JSON (schema hlo_inspect.report/1).", flag_values=fv)
+    flags.DEFINE_bool("ledger", True, "Also print the HBM round-trip ledger (tensors written by one kernel and read "
+                      "back by another), costed at the device's measured bandwidth.", flag_values=fv)
 
 
 def _build_program(fv: flags.FlagValues):
@@ -93,14 +95,71 @@ def inspect_program(fv: flags.FlagValues):
 def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
+    from jaxfuse import costmodel
+
     report = inspect_program(fv)
-    print(report.to_json() if fv.json else report.table())
+    if fv.json:
+        print(report.to_json())
+    else:
+        print(report.table())
+        if fv.ledger:
+            print()
+            print(report.ledger_table(hbm_bytes_per_s=costmodel.detect().hbm_bytes_per_s))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bench
+
+def _define_bench_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("op", None, "Which op's suite: attention, rmsnorm_matmul or cross_entropy.",
+                        flag_values=fv)
+    flags.DEFINE_list("shapes", [], "Named shapes of the suite (default: its DEFAULT_SHAPES; 'all' for every one).",
+                      flag_values=fv)
+    flags.DEFINE_integer("iterations", 30, "Timed iterations per measurement (median reported).", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_string("out", "benchmarks/results", "Folder for <op>-<device>.json and .md ('' to skip).",
+                        flag_values=fv)
+    flags.DEFINE_bool("json", False, "Print the records as JSON instead of a table.", flag_values=fv)
+
+
+def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
+    import dataclasses as dc
+    import json
+    import os
+
+    from jaxfuse import bench, suites
+
+    if rest:
+        raise flags.Error(f"unexpected arguments {rest}")
+    if not fv.op:
+        raise flags.Error(f"--op is required; one of {suites.available()}")
+    suite = suites.get(fv.op)
+    names = list(suite.SHAPES) if fv.shapes == ["all"] else (fv.shapes or list(suite.DEFAULT_SHAPES))
+    unknown = [n for n in names if n not in suite.SHAPES]
+    if unknown:
+        raise flags.Error(f"--shapes: unknown {unknown}; {fv.op} has {list(suite.SHAPES)}")
+    _progress(f"benchmarking {fv.op} at {names} ({fv.iterations} iterations each) ...")
+    records = suite.run(names, iterations=fv.iterations)
+    env = bench.environment()
+    if fv.out:
+        device = env["device"].lower().replace(" ", "_")
+        path = bench.write_results(records, os.path.join(fv.out, f"{fv.op}-{device}.json"), env=env)
+        _progress(f"wrote {path}")
+    if fv.json:
+        print(json.dumps({"environment": env, "records": [dc.asdict(r) for r in records]}, indent=1))
+    else:
+        print(f"{env['device']}, jax {env['jax']}, commit {env['commit']}, {records[0].method if records else ''}"
+              " timing")
+        print(bench.markdown_table(records))
     return 0
 
 
 VERBS = {
     "inspect": Verb("Kernel-by-kernel fusion report of the default model (forward or training step).",
                     _define_inspect_flags, _inspect),
+    "bench": Verb("Time an op's implementations side by side (device-kernel time on GPU) and record them.",
+                  _define_bench_flags, _bench),
 }
 
 
