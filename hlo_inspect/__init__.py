@@ -8,6 +8,7 @@
 from hlo_inspect.parser import Computation, HloParseError, Instruction, Module, Shape, parse
 from hlo_inspect.kernels import CATEGORIES, Kernel, kernels
 from hlo_inspect.report import Report, Totals, from_text, inspect
+from hlo_inspect.diff import Diff, diff
 
-__all__ = ["parse", "kernels", "inspect", "from_text", "Report", "Totals", "Kernel", "CATEGORIES", "Module",
+__all__ = ["parse", "kernels", "inspect", "diff", "Diff", "from_text", "Report", "Totals", "Kernel", "CATEGORIES", "Module",
            "Computation", "Instruction", "Shape", "HloParseError"]

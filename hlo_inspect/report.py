@@ -17,7 +17,7 @@ from hlo_inspect.kernels import CATEGORIES, Kernel, kernels as list_kernels
 from hlo_inspect.ledger import Ledger, ledger as build_ledger
 from hlo_inspect.parser import Module, parse
 
-__all__ = ["Report", "Totals", "inspect", "from_text", "format_bytes", "JSON_SCHEMA"]
+__all__ = ["Report", "Totals", "inspect", "from_text", "format_bytes", "parse_xla_flags", "JSON_SCHEMA"]
 
 JSON_SCHEMA = "hlo_inspect.report/1"
 _OPAQUE = ("pallas", "mosaic", "custom_call")  # categories whose work XLA cannot see into
@@ -281,21 +281,44 @@ def _normalize_cost(cost: Any) -> dict[str, float] | None:
     return {k: float(v) for k, v in cost.items() if k in keep}
 
 
+def parse_xla_flags(flags: str) -> dict[str, Any]:
+    """`"--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=a,b"` -> compiler options for `inspect`.
+
+    Booleans and integers are converted; a flag without `=` means true. ValueError names a malformed flag.
+    """
+    options: dict[str, Any] = {}
+    for item in flags.split():
+        name, eq, value = item.lstrip("-").partition("=")
+        if not name.startswith("xla_"):
+            raise ValueError(f"xla_flags: {item!r} is not an XLA flag (expected --xla_name=value)")
+        if not eq or value.lower() == "true":
+            options[name] = True
+        elif value.lower() == "false":
+            options[name] = False
+        elif value.lstrip("-").isdigit():
+            options[name] = int(value)
+        else:
+            options[name] = value
+    return options
+
+
 def from_text(text: str, *, title: str = "", platform: str = "") -> Report:
     """Report of saved optimized HLO text (no JAX needed)."""
     module = parse(text)
     return Report(module=module, kernels=list_kernels(module), title=title, platform=platform)
 
 
-def inspect(fn: Callable, *args, **kwargs) -> Report:
+def inspect(fn: Callable, *args, compiler_options: dict[str, Any] | None = None, **kwargs) -> Report:
     """jit, lower, compile and parse `fn(*args, **kwargs)`; returns a Report with XLA's cost analysis beside.
 
     `fn` may already be jitted (anything with `.lower`). The args may be arrays or `jax.ShapeDtypeStruct`s.
+    `compiler_options` are XLA debug options for this compile only (`{"xla_gpu_enable_triton_gemm": False}`).
     """
     import jax  # only here: parsing saved text needs no JAX
 
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    compiled = jitted.lower(*args, **kwargs).compile()
+    lowered = jitted.lower(*args, **kwargs)
+    compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
     text = compiled.as_text()
     try:
         cost = _normalize_cost(compiled.cost_analysis())

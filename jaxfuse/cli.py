@@ -3,6 +3,8 @@
     jaxfuse inspect                                  # forward pass of the default pre-norm block
     jaxfuse inspect --train-step --dtype bf16        # loss + grads of the block, bf16
     jaxfuse inspect --model lm --kernels attention=cudnn --json
+    jaxfuse diff --a attention=xla --b attention=cudnn --train-step
+    jaxfuse diff --a old.hlo.txt --b new.hlo.txt
 
 Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`).
 """
@@ -62,32 +64,43 @@ def _define_model_flags(fv: flags.FlagValues) -> None:
 
 def _define_inspect_flags(fv: flags.FlagValues) -> None:
     _define_model_flags(fv)
+    flags.DEFINE_string("xla_flags", "", "XLA options for this compile only, e.g. "
+                        "'--xla_gpu_enable_triton_gemm=false'.", flag_values=fv)
     flags.DEFINE_bool("json", False, "Print the report as JSON (schema hlo_inspect.report/1).", flag_values=fv)
     flags.DEFINE_bool("ledger", True, "Also print the HBM round-trip ledger (tensors written by one kernel and read "
                       "back by another), costed at the device's measured bandwidth.", flag_values=fv)
 
 
-def _build_program(fv: flags.FlagValues):
+def _build_program(fv: flags.FlagValues, kernels: str | None = None):
     from jaxfuse import programs
     from jaxfuse.kernels import KernelSet
 
-    kernel_set = KernelSet.parse(fv.kernels) if fv.kernels else KernelSet()
+    spec = fv.kernels if kernels is None else kernels
+    kernel_set = KernelSet.parse(spec) if spec else KernelSet()
     return programs.build_program(
         model=fv.model, batch=fv.batch, seq=fv.seq, dim=fv.dim, heads=fv.heads,
         kv_heads=fv.kv_heads, dtype=_DTYPES[fv.dtype], train_step=fv.train_step, kernels=kernel_set,
         seed=fv.seed)
 
 
-def inspect_program(fv: flags.FlagValues):
-    """Compile the program the flags describe; return its `hlo_inspect.Report`."""
+def inspect_program(fv: flags.FlagValues, *, kernels: str | None = None, xla_flags: str | None = None):
+    """Compile the program the flags describe (kernels / XLA flags overridable); return its Report."""
     import jax
     import hlo_inspect
+    from hlo_inspect.report import parse_xla_flags
 
-    program = _build_program(fv)
+    program = _build_program(fv, kernels)
+    options = parse_xla_flags(fv.xla_flags if xla_flags is None else xla_flags)
     _progress(f"compiling {program.description} on {jax.devices()[0].device_kind} ...")
     start = time.perf_counter()
-    report = hlo_inspect.inspect(program.fn, *program.args)
-    report.title = f"{program.description} on {jax.devices()[0].device_kind} (jax {jax.__version__})"
+    try:
+        report = hlo_inspect.inspect(program.fn, *program.args, compiler_options=options or None)
+    except jax.errors.JaxRuntimeError as e:
+        if options and "compile option" in str(e):
+            raise ValueError(f"xla_flags {options}: {e}") from None
+        raise
+    report.title = (f"{program.description} on {jax.devices()[0].device_kind} (jax {jax.__version__})"
+                    + (f", XLA options {options}" if options else ""))
     _progress(f"compiled in {time.perf_counter() - start:.1f} s")
     return report
 
@@ -105,6 +118,58 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
         if fv.ledger:
             print()
             print(report.ledger_table(hbm_bytes_per_s=costmodel.detect().hbm_bytes_per_s))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# diff
+
+def _define_diff_flags(fv: flags.FlagValues) -> None:
+    _define_model_flags(fv)
+    flags.DEFINE_string("a", None, "Program A: an HLO text file, or a kernel spec for the model "
+                        "('attention=xla'; '' for the defaults).", flag_values=fv)
+    flags.DEFINE_string("b", None, "Program B: as --a.", flag_values=fv)
+    flags.DEFINE_string("a_xla_flags", "", "XLA options for compiling A, e.g. "
+                        "'--xla_gpu_enable_triton_gemm=false'.", flag_values=fv)
+    flags.DEFINE_string("b_xla_flags", "", "XLA options for compiling B.", flag_values=fv)
+    flags.DEFINE_bool("json", False, "Print the diff as JSON (schema hlo_inspect.diff/1).", flag_values=fv)
+
+
+def _side_report(fv: flags.FlagValues, spec: str | None, xla_flags: str):
+    import os
+
+    import hlo_inspect
+
+    if spec and os.path.isfile(spec):
+        if xla_flags:
+            raise flags.Error(f"XLA flags apply to programs we compile, not to the saved file {spec}")
+        with open(spec, encoding="utf-8") as f:
+            return hlo_inspect.from_text(f.read(), title=spec), spec
+    if spec and "=" not in spec:
+        raise flags.Error(f"{spec!r} is neither an HLO text file nor a kernel spec like 'attention=cudnn'")
+    report = inspect_program(fv, kernels=spec or "", xla_flags=xla_flags)
+    label = (spec or fv.kernels or "default kernels") + (f" {xla_flags}" if xla_flags else "")
+    return report, label
+
+
+def diff_programs(fv: flags.FlagValues):
+    """The `hlo_inspect.Diff` of the two programs the flags describe."""
+    import hlo_inspect
+
+    if fv.a is None and fv.b is None and not (fv.a_xla_flags or fv.b_xla_flags):
+        raise flags.Error("give --a and --b (HLO files or kernel specs), or --a_xla_flags/--b_xla_flags")
+    report_a, label_a = _side_report(fv, fv.a, fv.a_xla_flags)
+    report_b, label_b = _side_report(fv, fv.b, fv.b_xla_flags)
+    return hlo_inspect.diff(report_a, report_b, label_a=label_a, label_b=label_b)
+
+
+def _diff(fv: flags.FlagValues, rest: list[str]) -> int:
+    import json
+
+    if rest:
+        raise flags.Error(f"unexpected arguments {rest}")
+    d = diff_programs(fv)
+    print(json.dumps(d.to_dict(), indent=1) if fv.json else d.table())
     return 0
 
 
@@ -158,6 +223,8 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
 VERBS = {
     "inspect": Verb("Kernel-by-kernel fusion report of the default model (forward or training step).",
                     _define_inspect_flags, _inspect),
+    "diff": Verb("How two programs' fusion decisions differ (model configs, XLA flag sets or saved HLO files).",
+                 _define_diff_flags, _diff),
     "bench": Verb("Time an op's implementations side by side (device-kernel time on GPU) and record them.",
                   _define_bench_flags, _bench),
 }

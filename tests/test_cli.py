@@ -79,3 +79,28 @@ def test_jaxfuse_console_script(args):
     assert proc.returncode == 0, proc.stderr
     assert "train_step" in proc.stdout and "kernels by category" in proc.stdout
     assert "compiling" in proc.stderr  # progress goes to stderr, the report to stdout
+
+
+def test_jaxfuse_diff_saved_files(capsys):
+    a, b = os.path.join(DATA, "h100_block_fwd.hlo.txt"), os.path.join(DATA, "h100_block_grad.hlo.txt")
+    assert jaxfuse_cli.main(["diff", "--a", a, "--b", b, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["summary"]["kernels"] == [21, 61]
+    assert sum(len(m["b"]) for m in data["matches"]) == 61
+
+
+def test_jaxfuse_diff_xla_flags_errors(capsys):
+    small = ["--seq", "16", "--dim", "64", "--heads", "2", "--kv-heads", "1"]
+    assert jaxfuse_cli.main(["diff", "--a", "", "--b", "", "--b-xla-flags=--xla_no_such_option=1", *small]) == 2
+    assert "xla_no_such_option" in capsys.readouterr().err
+    assert jaxfuse_cli.main(["diff", "--a", "nonsense", "--b", "", *small]) == 2
+    assert "neither an HLO text file nor a kernel spec" in capsys.readouterr().err
+
+
+def test_parse_xla_flags():
+    from hlo_inspect.report import parse_xla_flags
+
+    assert parse_xla_flags("--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=a,b --xla_x") == {
+        "xla_gpu_enable_triton_gemm": False, "xla_disable_hlo_passes": "a,b", "xla_x": True}
+    with pytest.raises(ValueError, match="not an XLA flag"):
+        parse_xla_flags("--foo=1")
