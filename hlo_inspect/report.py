@@ -16,6 +16,7 @@ from typing import Any, Callable
 from hlo_inspect.kernels import CATEGORIES, Kernel, kernels as list_kernels
 from hlo_inspect.ledger import Ledger, ledger as build_ledger
 from hlo_inspect.parser import Module, parse
+from hlo_inspect.unfused import Unfused, counterfactual
 
 __all__ = ["Report", "Totals", "inspect", "from_text", "format_bytes", "parse_xla_flags", "JSON_SCHEMA"]
 
@@ -95,6 +96,7 @@ class Report:
     xla_cost: dict[str, float] | None = None
     platform: str = ""
     title: str = ""
+    unfused: Unfused | None = None  # one kernel per op, from the pre-optimization HLO (inspect() fills it)
 
     @property
     def totals(self) -> Totals:
@@ -106,6 +108,17 @@ class Report:
         if getattr(self, "_ledger", None) is None:
             self._ledger = build_ledger(self.module, self.kernels)
         return self._ledger
+
+    def fusion_saving(self, hbm_bytes_per_s: float, flops_per_s: float, launch_us: float) -> dict[str, Any] | None:
+        """Kernels, bytes and roofline-predicted time without fusion (one kernel per op) and with XLA's fusion."""
+        if self.unfused is None:
+            return None
+        fused_us = sum((max(k.bytes_total / hbm_bytes_per_s, (k.flops or 0) / flops_per_s) * 1e6 + launch_us)
+                       * k.launches for k in self.kernels)
+        unfused_us = self.unfused.predicted_us(hbm_bytes_per_s, flops_per_s, launch_us)
+        t = self.totals
+        return {"kernels": [self.unfused.kernels, t.launches], "bytes": [self.unfused.bytes_total, t.bytes_total],
+                "predicted_us": [unfused_us, fused_us], "speedup": unfused_us / fused_us if fused_us else None}
 
     def ledger_table(self, hbm_bytes_per_s: float | None = None, limit: int = 25) -> str:
         """The round trips, most traffic first; with a bandwidth, their cost in microseconds."""
@@ -230,6 +243,9 @@ class Report:
             "totals": dataclasses.asdict(t) | {"bytes_total": t.bytes_total},
             "xla_cost_analysis": self.xla_cost,
             "comparison": self.comparison(),
+            "unfused": None if self.unfused is None else {
+                "kernels": self.unfused.kernels, "bytes_total": self.unfused.bytes_total,
+                "flops": self.unfused.flops, "transcendentals": self.unfused.transcendentals},
             "kernels": [_kernel_dict(k) for k in self.kernels],
             "ledger": {
                 "traffic_bytes": self.ledger.traffic_bytes,
@@ -319,6 +335,7 @@ def inspect(fn: Callable, *args, compiler_options: dict[str, Any] | None = None,
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     lowered = jitted.lower(*args, **kwargs)
     compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
+    unfused = counterfactual(lowered.as_text(dialect="hlo"))
     text = compiled.as_text()
     try:
         cost = _normalize_cost(compiled.cost_analysis())
@@ -327,4 +344,4 @@ def inspect(fn: Callable, *args, compiler_options: dict[str, Any] | None = None,
     module = parse(text)
     name = getattr(fn, "__name__", None) or getattr(getattr(fn, "__wrapped__", None), "__name__", "fn")
     return Report(module=module, kernels=list_kernels(module), xla_cost=cost, platform=jax.default_backend(),
-                  title=f"{name} on {jax.devices()[0].device_kind}")
+                  title=f"{name} on {jax.devices()[0].device_kind}", unfused=unfused)

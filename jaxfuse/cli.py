@@ -108,6 +108,7 @@ def inspect_program(fv: flags.FlagValues, *, kernels: str | None = None, xla_fla
 def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
+    from hlo_inspect.report import format_bytes
     from jaxfuse import costmodel
 
     report = inspect_program(fv)
@@ -115,6 +116,14 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
         print(report.to_json())
     else:
         print(report.table())
+        spec = costmodel.detect()
+        saving = report.fusion_saving(spec.hbm_bytes_per_s, spec.bf16_flops_per_s, spec.launch_us)
+        if saving:
+            print(f"\nfusion saving on {spec.name} (roofline + {spec.launch_us:g} µs per launch): "
+                  f"{saving['kernels'][0]} -> {saving['kernels'][1]} kernels, "
+                  f"{format_bytes(saving['bytes'][0])} -> {format_bytes(saving['bytes'][1])}, "
+                  f"{saving['predicted_us'][0]:.1f} -> {saving['predicted_us'][1]:.1f} µs predicted "
+                  f"({saving['speedup']:.1f}× from fusion); unfused = one kernel per op, as eager JAX runs it")
         if fv.ledger:
             print()
             print(report.ledger_table(hbm_bytes_per_s=costmodel.detect().hbm_bytes_per_s))

@@ -50,8 +50,9 @@ class DeviceSpec:
 
     def fusion_saving_us(self, tensor_bytes: float, n_ops: int) -> tuple[float, float]:
         """(T_unfused, T_fused) in microseconds for a chain of `n_ops` elementwise ops over `tensor_bytes`."""
-        one_pass = self.memory_us(2 * tensor_bytes) + self.launch_us
-        return n_ops * one_pass, one_pass
+        from hlo_inspect.unfused import seed_model_us
+
+        return seed_model_us(tensor_bytes, n_ops, self.hbm_bytes_per_s, self.launch_us)
 
 
 DEVICES = {
