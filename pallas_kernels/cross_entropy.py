@@ -1,0 +1,487 @@
+"""Fused linear cross-entropy in Pallas (Triton lowering): the (B, V) logits are never written to HBM.
+
+``linear_cross_entropy(h, w, labels)`` is the cross-entropy of softmax(h @ w) against integer labels, computed tile
+by tile. Shape notation: B tokens (rows), H hidden size, V vocabulary.
+
+Forward (one Pallas kernel): grid (V splits, B / block_b). A program holds block_b rows and walks the vocabulary
+tiles of its split: each (block_b, block_v) logits tile is accumulated in float32 registers over H in block_h
+chunks (the (block_b, H) rows are re-read from L2 for every tile), soft-capped, folded into a float32 running max
+and sum (online log-sum-exp) and searched for the label logit. HBM sees h, w once per wave of programs and three
+(V splits, B) float32 partials (max, sum, label logit) that a few jnp ops combine into lse (B,). Splitting V over a
+grid axis gives small B enough programs for 132 SMs (B=4096 in 128-row blocks is only 32 row blocks).
+
+Backward (custom VJP; residuals h, w, labels and lse (B,) float32): dlogits = g · (softmax · (1 + 2·z_loss·lse)
+− onehot) · (1 − tanh²) needs the full-vocabulary lse, so the logits are recomputed. H is large (2048-8192), so
+neither dh = dlogits @ wᵀ ((block_b, H) accumulator) nor dw = hᵀ @ dlogits ((H, block_v) accumulator) fits a
+Triton program's registers, and Pallas-Triton has no shared-memory scratch. The backward therefore walks the
+vocabulary in chunks of ``chunk_v`` columns: a Pallas kernel recomputes the chunk's logits tiles and writes its
+dlogits (B, chunk_v) in the input dtype, then two float32-accumulating GEMMs (XLA: cuBLAS on GPU) give
+dw[:, chunk] = hᵀ @ dlogits (written once) and dh += dlogits @ w[:, chunk]ᵀ (a (B, H) float32 accumulator).
+
+Cost (F = 2·B·H·V FLOPs, one GEMM of the problem): forward 1 F; backward 3 F (recompute + dh + dw); total 4 F
+against XLA's 3 F with materialized logits. HBM: forward ≈ h + w + (splits·B·12) bytes; backward adds the dlogits
+chunks (B·V·itemsize written, read twice), the w chunks sliced for the dh GEMM (H·V·itemsize), and the dh
+accumulator (B·H·4 bytes read and written per chunk). Temporary memory: B·H·4 (dh) + B·chunk_v·itemsize
+(dlogits) + H·chunk_v·itemsize (w slice, dw chunk) — no (B, V) buffer anywhere. The alternatives and why they
+lose are in the suite's notes (``jaxfuse.suites.cross_entropy``).
+
+Example::
+
+  loss = linear_cross_entropy(h, w, labels)                          # mean over non-ignored rows, float32
+  rows = linear_cross_entropy(h, w, labels, reduction="none")        # (B,)
+  loss = linear_cross_entropy(h, w, labels, block_sizes={"chunk_v": 8192})   # override part of the config
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels import triton_utils as tu
+from pallas_kernels import tuning
+
+__all__ = ["LinearCrossEntropyConfig", "default_config", "linear_cross_entropy"]
+
+_SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+_REDUCTIONS = ("mean", "sum", "none")
+_M_INIT = -1e30  # running max before any column: finite, so exp(m_old - m_new) never sees inf - inf
+_OP = "linear_cross_entropy"
+_NUM_SMS = 132  # H100 SXM; only used to pick how many V splits give the forward enough programs
+_CHUNK_ELEMENTS = 2**25  # auto chunk_v: B · chunk_v ≈ 32 Mi dlogits elements (64 MiB in bf16)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LinearCrossEntropyConfig:
+    """Tile sizes and launch parameters (one static argument, hashable).
+
+    Attributes:
+      block_b, block_v, block_h: forward tile: block_b rows per program, (block_b, block_v) logits tiles
+        accumulated over H in block_h chunks.
+      num_splits: forward grid axis over the vocabulary (each split walks ceil(V / block_v / num_splits) tiles);
+        None picks enough splits for ~4 programs per SM.
+      block_b_bwd, block_v_bwd, block_h_bwd: the backward dlogits kernel's tile, one (block_b_bwd, block_v_bwd)
+        tile per program.
+      group_b: backward program order: consecutive programs cover group_b row blocks × all column blocks of a
+        chunk, so a wave of programs shares its h rows and w columns in L2.
+      chunk_v: vocabulary columns per backward step (dlogits (B, chunk_v) is the largest backward temporary);
+        None picks B · chunk_v ≈ 32 Mi elements.
+      num_warps, num_stages / num_warps_bwd, num_stages_bwd: Triton launch parameters of the two kernels.
+    Block sizes are powers of two >= 16 (Triton tile shapes and tl.dot minimum); they need not divide B, H or V.
+    """
+
+    block_b: int = 128
+    block_v: int = 128
+    block_h: int = 64
+    num_splits: int | None = None
+    block_b_bwd: int = 128
+    block_v_bwd: int = 128
+    block_h_bwd: int = 64
+    group_b: int = 8
+    chunk_v: int | None = None
+    num_warps: int = 8
+    num_stages: int = 3
+    num_warps_bwd: int = 8
+    num_stages_bwd: int = 3
+
+    def __post_init__(self):
+        for name in ("block_b", "block_v", "block_h", "block_b_bwd", "block_v_bwd", "block_h_bwd"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 16 or value & (value - 1):
+                raise ValueError(f"LinearCrossEntropyConfig.{name}: must be a power of two >= 16, got {value!r}")
+        for name in ("num_splits", "chunk_v"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise ValueError(f"LinearCrossEntropyConfig.{name}: must be None or a positive int, got {value!r}")
+        if not _is_int(self.group_b) or self.group_b < 1:
+            raise ValueError(f"LinearCrossEntropyConfig.group_b: must be a positive int, got {self.group_b!r}")
+        for name in ("num_warps", "num_warps_bwd"):
+            value = getattr(self, name)
+            if value not in (1, 2, 4, 8, 16):
+                raise ValueError(f"LinearCrossEntropyConfig.{name}: must be one of 1, 2, 4, 8, 16, got {value!r}")
+        for name in ("num_stages", "num_stages_bwd"):
+            value = getattr(self, name)
+            if not _is_int(value) or not 1 <= value <= 8:
+                raise ValueError(f"LinearCrossEntropyConfig.{name}: must be an int in [1, 8], got {value!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# CPU runs the kernels in interpret mode, where every grid step and loop iteration is a dispatch: small tiles so
+# tiny test shapes still cover several row blocks, vocabulary tiles, splits and chunks.
+_CPU_CONFIG = LinearCrossEntropyConfig(block_b=16, block_v=32, block_h=16, num_splits=2, block_b_bwd=16,
+                                       block_v_bwd=32, block_h_bwd=16, group_b=2, chunk_v=64, num_warps=4,
+                                       num_stages=1, num_warps_bwd=4, num_stages_bwd=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything static about one call (the custom VJP's single non-differentiable argument); the config's
+    None fields are resolved to concrete ints for this shape."""
+
+    config: LinearCrossEntropyConfig
+    ignore_index: int
+    z_loss: float
+    logit_soft_cap: float | None
+    interpret: bool
+
+
+def _shape_key(h, w) -> str:
+    return f"{jnp.dtype(h.dtype).name}[B={h.shape[0]},H={h.shape[1]},V={w.shape[1]}]"
+
+
+def default_config(h, w, *, on_gpu: bool | None = None) -> LinearCrossEntropyConfig:
+    """The config a call uses without ``block_sizes``: the tuning cache entry for this device and shape if there is
+    one, else the built-in defaults (GPU) or small tiles (CPU). None fields are resolved at call time."""
+    on_gpu = jax.default_backend() == "gpu" if on_gpu is None else on_gpu
+    if not on_gpu:
+        return _CPU_CONFIG
+    params = tuning.lookup(_OP, _shape_key(h, w))
+    return LinearCrossEntropyConfig(**params) if params else LinearCrossEntropyConfig()
+
+
+def _resolve(config: LinearCrossEntropyConfig, B: int, V: int) -> LinearCrossEntropyConfig:
+    """Fills num_splits and chunk_v when None; makes every split non-empty."""
+    n_vt = pl.cdiv(V, config.block_v)
+    splits = config.num_splits
+    if splits is None:
+        splits = min(16, max(1, pl.cdiv(4 * _NUM_SMS, pl.cdiv(B, config.block_b))))
+    splits = pl.cdiv(n_vt, pl.cdiv(n_vt, min(splits, n_vt)))  # no empty split
+    chunk = config.chunk_v
+    if chunk is None:
+        chunk = max(config.block_v_bwd, 1 << max(0, (_CHUNK_ELEMENTS // max(B, 1)).bit_length() - 1))
+    return dataclasses.replace(config, num_splits=splits, chunk_v=min(chunk, V))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------------------
+def _and(a, b):
+    return b if a is None else (a if b is None else jnp.logical_and(a, b))
+
+
+def _logits_tile(h_ref, w_ref, r0, v0, *, bm, bv, bk, H, row_ok, col_ok):
+    """float32 (bm, bv) tile h[r0:r0+bm] @ w[:, v0:v0+bv], accumulated over H in bk chunks. Rows where row_ok is
+    False and columns where col_ok is False read 0 (None: known in bounds)."""
+
+    def body(kk, acc):
+        k0 = kk * bk
+        k_ok = None if H % bk == 0 else (k0 + jnp.arange(bk, dtype=jnp.int32)) < H
+        h_mask = _and(None if row_ok is None else row_ok[:, None], None if k_ok is None else k_ok[None, :])
+        w_mask = _and(None if k_ok is None else k_ok[:, None], None if col_ok is None else col_ok[None, :])
+        h_tile = tu.load(h_ref, (pl.ds(r0, bm), pl.ds(k0, bk)), mask=h_mask)  # (bm, bk)
+        w_tile = tu.load(w_ref, (pl.ds(k0, bk), pl.ds(v0, bv)), mask=w_mask)  # (bk, bv)
+        return acc + tu.dot(h_tile, w_tile)
+
+    return lax.fori_loop(0, pl.cdiv(H, bk), body, jnp.zeros((bm, bv), jnp.float32))
+
+
+def _soft_cap(x, cap):
+    """(z, dz/dx) for z = cap·tanh(x / cap); (x, None) without a cap."""
+    if cap is None:
+        return x, None
+    t = jnp.tanh(x * (1.0 / cap))
+    return cap * t, 1.0 - t * t
+
+
+def _fwd_kernel(h_ref, w_ref, labels_ref, m_ref, s_ref, zy_ref, *, st: _Static, B: int, H: int, V: int):
+    """Program (split, row block): online log-sum-exp over the split's vocabulary tiles and the label logit."""
+    cfg = st.config
+    bm, bv = cfg.block_b, cfg.block_v
+    n_vt = pl.cdiv(V, bv)
+    tiles_per_split = pl.cdiv(n_vt, cfg.num_splits)
+    split, rb = pl.program_id(0), pl.program_id(1)
+    r0 = rb * bm
+    rows = r0 + jnp.arange(bm, dtype=jnp.int32)
+    row_ok = None if B % bm == 0 else rows < B
+    labels = tu.load(labels_ref, (pl.ds(r0, bm),), mask=row_ok, other=-1)  # (bm,)
+    t0 = split * tiles_per_split
+    num_tiles = jnp.minimum(tiles_per_split, n_vt - t0)  # >= 1: splits are never empty
+
+    def body(j, carry):
+        m, s, zy = carry
+        v0 = (t0 + j) * bv
+        cols = v0 + jnp.arange(bv, dtype=jnp.int32)
+        col_ok = None if V % bv == 0 else cols < V
+        x = _logits_tile(h_ref, w_ref, r0, v0, bm=bm, bv=bv, bk=cfg.block_h, H=H, row_ok=row_ok, col_ok=col_ok)
+        z, _ = _soft_cap(x, st.logit_soft_cap)
+        if col_ok is not None:
+            z = jnp.where(col_ok[None, :], z, -jnp.inf)  # columns past V: exp(-inf) = 0
+        m_new = jnp.maximum(m, jnp.max(z, axis=1))
+        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(z - m_new[:, None]), axis=1)
+        zy = zy + jnp.sum(jnp.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
+        return m_new, s, zy
+
+    init = (jnp.full((bm,), _M_INIT, jnp.float32), jnp.zeros((bm,), jnp.float32), jnp.zeros((bm,), jnp.float32))
+    m, s, zy = lax.fori_loop(0, num_tiles, body, init)
+    for ref, value in ((m_ref, m), (s_ref, s), (zy_ref, zy)):
+        tu.store(ref, (split, pl.ds(r0, bm)), value, mask=row_ok)
+
+
+def _dlogits_kernel(h_ref, w_ref, labels_ref, lse_ref, g_ref, dl_ref, *, st: _Static, B: int, H: int, Vc: int):
+    """One (block_b_bwd, block_v_bwd) tile of dlogits for a vocabulary chunk of Vc columns (labels chunk-local)."""
+    cfg = st.config
+    bm, bv, group = cfg.block_b_bwd, cfg.block_v_bwd, cfg.group_b
+    n_rb, n_cb = pl.cdiv(B, bm), pl.cdiv(Vc, bv)
+    # Grouped order: programs [k·group·n_cb, (k+1)·group·n_cb) cover row blocks [k·group, (k+1)·group).
+    pid = pl.program_id(0)
+    per_group = group * n_cb
+    first = lax.div(pid, per_group) * group
+    size = jnp.minimum(n_rb - first, group)
+    within = lax.rem(pid, per_group)
+    rb, cb = first + lax.rem(within, size), lax.div(within, size)
+
+    r0, v0 = rb * bm, cb * bv
+    rows = r0 + jnp.arange(bm, dtype=jnp.int32)
+    cols = v0 + jnp.arange(bv, dtype=jnp.int32)
+    row_ok = None if B % bm == 0 else rows < B
+    col_ok = None if Vc % bv == 0 else cols < Vc
+    labels = tu.load(labels_ref, (pl.ds(r0, bm),), mask=row_ok, other=-1)
+    lse = tu.load(lse_ref, (pl.ds(r0, bm),), mask=row_ok)
+    g = tu.load(g_ref, (pl.ds(r0, bm),), mask=row_ok)  # rows past B: g = 0 (and they are not stored)
+
+    x = _logits_tile(h_ref, w_ref, r0, v0, bm=bm, bv=bv, bk=cfg.block_h_bwd, H=H, row_ok=row_ok, col_ok=col_ok)
+    z, dz_dx = _soft_cap(x, st.logit_soft_cap)
+    p = jnp.exp(z - lse[:, None])  # softmax
+    if st.z_loss:
+        p = p * (1.0 + 2.0 * st.z_loss * lse)[:, None]  # d(z_loss·lse²)/dz = 2·z_loss·lse·softmax
+    dz = p - (cols[None, :] == labels[:, None]).astype(jnp.float32)
+    if dz_dx is not None:
+        dz = dz * dz_dx
+    dl = (dz * g[:, None]).astype(dl_ref.dtype)
+    mask = _and(None if row_ok is None else row_ok[:, None], None if col_ok is None else col_ok[None, :])
+    tu.store(dl_ref, (pl.ds(r0, bm), pl.ds(v0, bv)), dl, mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pallas_call wrappers and the custom VJP
+# ---------------------------------------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames="st")
+def _forward(h, w, labels, st: _Static):
+    """Per-row losses (B,) float32 (0 for ignored rows, NaN for out-of-range labels) and lse (B,) float32."""
+    B, H = h.shape
+    V = w.shape[1]
+    cfg = st.config
+    partial = jax.ShapeDtypeStruct((cfg.num_splits, B), jnp.float32)
+    m, s, zy = tu.pallas_call(
+        functools.partial(_fwd_kernel, st=st, B=B, H=H, V=V),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, interpret=st.interpret,
+        grid=(cfg.num_splits, pl.cdiv(B, cfg.block_b)),  # splits vary fastest: a wave shares its h rows in L2
+        out_shape=[partial, partial, partial],
+        name="linear_cross_entropy_fwd",
+    )(h, w, labels)
+    m_max = jnp.max(m, axis=0)  # (B,)
+    lse = m_max + jnp.log(jnp.sum(s * jnp.exp(m - m_max), axis=0))
+    loss = lse - jnp.sum(zy, axis=0)
+    if st.z_loss:
+        loss = loss + st.z_loss * lse * lse
+    valid, out_of_range = _label_status(labels, V, st.ignore_index)
+    loss = jnp.where(valid, loss, 0.0)
+    return jnp.where(out_of_range, jnp.nan, loss), lse
+
+
+def _label_status(labels, V: int, ignore_index: int):
+    valid = labels != ignore_index
+    return valid, valid & ((labels < 0) | (labels >= V))
+
+
+def _dlogits(h, w_chunk, labels_local, lse, g, st: _Static):
+    """dlogits (B, Vc) in h.dtype of one vocabulary chunk, from recomputed logits tiles."""
+    B, H = h.shape
+    Vc = w_chunk.shape[1]
+    cfg = st.config
+    return tu.pallas_call(
+        functools.partial(_dlogits_kernel, st=st, B=B, H=H, Vc=Vc),
+        num_warps=cfg.num_warps_bwd, num_stages=cfg.num_stages_bwd, interpret=st.interpret,
+        grid=(pl.cdiv(B, cfg.block_b_bwd) * pl.cdiv(Vc, cfg.block_v_bwd),),
+        out_shape=jax.ShapeDtypeStruct((B, Vc), h.dtype),
+        name="linear_cross_entropy_dlogits",
+    )(h, w_chunk, labels_local, lse, g)
+
+
+@functools.partial(jax.jit, static_argnames="st")
+def _backward(h, w, labels, lse, g, st: _Static):
+    """(dh, dw) for row weights g (B,) float32 (upstream cotangent, 0 for ignored rows)."""
+    B, H = h.shape
+    V = w.shape[1]
+    chunk = st.config.chunk_v
+    precision = lax.Precision.HIGHEST if h.dtype == jnp.float32 else lax.Precision.DEFAULT
+
+    def step(v0, w_chunk):
+        dl = _dlogits(h, w_chunk, labels - v0, lse, g, st)  # (B, Vc)
+        dw_chunk = lax.dot_general(h, dl, (((0,), (0,)), ((), ())), precision=precision,
+                                   preferred_element_type=jnp.float32).astype(w.dtype)  # (H, Vc) = hᵀ dl
+        dh_part = lax.dot_general(dl, w_chunk, (((1,), (1,)), ((), ())), precision=precision,
+                                  preferred_element_type=jnp.float32)  # (B, H) = dl w_chunkᵀ
+        return dw_chunk, dh_part
+
+    num_full = V // chunk
+    tail = V - num_full * chunk
+    dh = jnp.zeros((B, H), jnp.float32)
+    if num_full == 1 and tail == 0:
+        dw, dh = step(0, w)
+    else:
+        dw = jnp.zeros((H, V), w.dtype)
+
+        def body(i, carry):
+            dh, dw = carry
+            v0 = i * chunk
+            dw_chunk, dh_part = step(v0, lax.dynamic_slice_in_dim(w, v0, chunk, axis=1))
+            return dh + dh_part, lax.dynamic_update_slice_in_dim(dw, dw_chunk, v0, axis=1)
+
+        dh, dw = lax.fori_loop(0, num_full, body, (dh, dw))
+        if tail:
+            v0 = num_full * chunk
+            dw_chunk, dh_part = step(v0, w[:, v0:])
+            dh = dh + dh_part
+            dw = lax.dynamic_update_slice_in_dim(dw, dw_chunk, v0, axis=1)
+    return dh.astype(h.dtype), dw
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _row_losses(h, w, labels, st: _Static):
+    return _forward(h, w, labels, st=st)[0]
+
+
+def _row_losses_fwd(h, w, labels, st: _Static):
+    loss, lse = _forward(h, w, labels, st=st)
+    return loss, (h, w, labels, lse)
+
+
+def _row_losses_bwd(st: _Static, residuals, ct):
+    h, w, labels, lse = residuals
+    valid, out_of_range = _label_status(labels, w.shape[1], st.ignore_index)
+    g = jnp.where(valid, ct.astype(jnp.float32), 0.0)
+    g = jnp.where(out_of_range, jnp.nan, g)  # a row with a bad label poisons the gradients, never silently
+    dh, dw = _backward(h, w, labels, lse, g, st=st)
+    return dh, dw, None  # labels are integers: no cotangent
+
+
+_row_losses.defvjp(_row_losses_fwd, _row_losses_bwd)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public entry point
+# ---------------------------------------------------------------------------------------------------------------
+def _check_inputs(h, w, labels, reduction, z_loss, logit_soft_cap):
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+    if jnp.ndim(h) != 2:
+        raise ValueError(f"h: expected rank 2 (B, H), got shape {tuple(jnp.shape(h))}")
+    if jnp.ndim(w) != 2:
+        raise ValueError(f"w: expected rank 2 (H, V), got shape {tuple(jnp.shape(w))}")
+    for name, x in (("h", h), ("w", w)):
+        if jnp.dtype(x.dtype) not in _SUPPORTED_DTYPES:
+            raise ValueError(f"{name}: dtype {x.dtype} not supported; allowed: bfloat16, float16, float32")
+    if h.dtype != w.dtype:
+        raise ValueError(f"h, w: dtypes must match, got h {h.dtype}, w {w.dtype}")
+    B, H = h.shape
+    if w.shape[0] != H:
+        raise ValueError(f"w: first dim {w.shape[0]} (shape {w.shape}) must equal h's hidden size H={H} "
+                         f"(shape {h.shape})")
+    if B == 0 or H == 0 or w.shape[1] == 0:
+        raise ValueError(f"h, w: B, H and V must be positive, got h {h.shape}, w {w.shape}")
+    if tuple(jnp.shape(labels)) != (B,):
+        raise ValueError(f"labels: expected shape (B,) = ({B},), got {tuple(jnp.shape(labels))}")
+    if not jnp.issubdtype(jnp.result_type(labels), jnp.integer):
+        raise ValueError(f"labels: must be integers, got dtype {jnp.result_type(labels)}")
+    if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or not z_loss >= 0.0:
+        raise ValueError(f"z_loss: must be a non-negative Python float, got {z_loss!r}")
+    if logit_soft_cap is not None and (isinstance(logit_soft_cap, bool) or
+                                       not isinstance(logit_soft_cap, (int, float)) or not logit_soft_cap > 0.0):
+        raise ValueError(f"logit_soft_cap: must be None or a positive Python float, got {logit_soft_cap!r}")
+
+
+def _check_label_range(labels, V: int, ignore_index: int):
+    """ValueError for concrete labels outside [0, V) other than ignore_index; traced labels pass (their rows give
+    NaN losses and gradients instead)."""
+    try:
+        values = np.asarray(labels)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return
+    bad = (values != ignore_index) & ((values < 0) | (values >= V))
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise ValueError(f"labels: must lie in [0, V={V}) or equal ignore_index={ignore_index}; "
+                         f"{rows.size} rows do not, e.g. labels[{rows[0]}] = {values[rows[0]]}")
+
+
+def _resolve_config(h, w, block_sizes, on_gpu: bool) -> LinearCrossEntropyConfig:
+    if isinstance(block_sizes, LinearCrossEntropyConfig):
+        return block_sizes
+    config = default_config(h, w, on_gpu=on_gpu)
+    if block_sizes is None:
+        return config
+    if not isinstance(block_sizes, Mapping):
+        raise ValueError(f"block_sizes: expected a LinearCrossEntropyConfig or a mapping of its fields, "
+                         f"got {type(block_sizes).__name__}")
+    fields = [f.name for f in dataclasses.fields(LinearCrossEntropyConfig)]
+    unknown = set(block_sizes) - set(fields)
+    if unknown:
+        raise ValueError(f"block_sizes: unknown fields {sorted(unknown)}; allowed: {fields}")
+    return dataclasses.replace(config, **block_sizes)
+
+
+def linear_cross_entropy(
+    h: jax.Array,
+    w: jax.Array,
+    labels: jax.Array,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    z_loss: float = 0.0,
+    logit_soft_cap: float | None = None,
+    block_sizes: LinearCrossEntropyConfig | Mapping[str, int] | None = None,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """Cross-entropy of softmax(h @ w) against integer labels; the (B, V) logits are never written to HBM.
+
+    Args:
+      h: (B, H) hidden states; bfloat16, float16 or float32. Any B.
+      w: (H, V) LM-head weight, same dtype as h. Any V (tails are masked).
+      labels: (B,) integers in [0, V), or ignore_index.
+      reduction: "mean" (over non-ignored rows; 0 if every row is ignored), "sum", or "none" ((B,) per-row losses,
+        0 for ignored rows).
+      ignore_index: rows with this label add nothing to the loss or the gradients and are not counted in the mean.
+      z_loss: adds z_loss · lse² per row (lse: log-sum-exp of the row's logits after soft-capping).
+      logit_soft_cap: if given, logits become cap · tanh(logits / cap) before the softmax.
+      block_sizes: a ``LinearCrossEntropyConfig``, or a mapping of some of its fields overriding the default.
+      interpret: run the kernels in Pallas interpret mode; default True exactly when the default backend is CPU.
+
+    Returns:
+      float32 loss: a scalar, or (B,) for reduction="none". Differentiable in h and w (custom VJP, float32
+      accumulation). Labels outside [0, V) other than ignore_index raise ValueError when the labels are concrete;
+      under jit (traced labels) such a row's loss is NaN and so are the gradients (dh of that row and all of dw),
+      so a bad label can never pass as a plausible loss.
+    """
+    _check_inputs(h, w, labels, reduction, z_loss, logit_soft_cap)
+    V = w.shape[1]
+    _check_label_range(labels, V, ignore_index)
+    interpret = tu.resolve_interpret(interpret)
+    config = _resolve(_resolve_config(h, w, block_sizes, on_gpu=not interpret), h.shape[0], V)
+    st = _Static(config=config, ignore_index=int(ignore_index), z_loss=float(z_loss),
+                 logit_soft_cap=None if logit_soft_cap is None else float(logit_soft_cap), interpret=interpret)
+    labels = jnp.asarray(labels).astype(jnp.int32)
+    with tu.quiet_triton_deprecation():
+        per_row = _row_losses(h, w, labels, st)  # (B,) float32
+    if reduction == "none":
+        return per_row
+    total = jnp.sum(per_row)
+    if reduction == "sum":
+        return total
+    count = jnp.sum(labels != ignore_index)
+    return total / jnp.maximum(count, 1).astype(jnp.float32)

@@ -1,0 +1,97 @@
+"""Small helpers shared by the Pallas (Triton lowering) kernels of this package.
+
+  from pallas_kernels import triton_utils as tu
+  interpret = tu.resolve_interpret(None)             # True exactly when the default backend is CPU
+  call = tu.pallas_call(kernel, num_warps=8, num_stages=3, interpret=interpret, grid=(n,), out_shape=...)
+  with tu.quiet_triton_deprecation():
+      y = call(x, w)
+  tile = tu.load(x_ref, (pl.ds(m0, bm), pl.ds(k0, bk)), mask=(rows < M)[:, None])   # masked rows read 0
+  tu.store(y_ref, (pl.ds(m0, bm), pl.ds(n0, bn)), y, mask=(rows < M)[:, None])
+
+Why masked loads: on GPU an unmasked out-of-bounds tile reads past the array; in interpret mode a window that
+runs past the end is shifted back or padded with garbage. Only ``plgpu.load(..., mask=, other=)`` gives the same
+answer on both, so every tile that may cross an array's end goes through ``load``/``store`` with a mask.
+
+Nothing here is kernel-specific; no import-time side effects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+__all__ = [
+    "compiler_params",
+    "dot",
+    "load",
+    "pallas_call",
+    "quiet_triton_deprecation",
+    "resolve_interpret",
+    "store",
+]
+
+# jax >= 0.11 warns "The Pallas Triton backend is deprecated and will be removed in a future JAX version." at every
+# lowering of a Triton pallas_call. We choose Triton on purpose; only that message is silenced.
+_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """The caller's choice, or True exactly when the default backend is CPU (Pallas has no CPU code generator)."""
+    if interpret is None:
+        return jax.default_backend() == "cpu"
+    return bool(interpret)
+
+
+@contextlib.contextmanager
+def quiet_triton_deprecation():
+    """Silences exactly the Triton-backend DeprecationWarning while our own calls trace and compile.
+
+    Under a caller's jit the lowering happens later, at the caller's compile, outside this scope; wrap that
+    compile too if the warning matters there (benchmarks do)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION, category=DeprecationWarning)
+        yield
+
+
+def compiler_params(num_warps: int, num_stages: int) -> plgpu.CompilerParams:
+    """Triton compiler parameters: passing them is what selects the Triton backend on GPU."""
+    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def pallas_call(kernel, *, num_warps: int, num_stages: int, interpret: bool, **kwargs):
+    """``pl.pallas_call`` on the Triton backend (interpret mode when ``interpret``); kwargs as pl.pallas_call."""
+    return pl.pallas_call(kernel, compiler_params=compiler_params(num_warps, num_stages), interpret=interpret,
+                          **kwargs)
+
+
+def load(ref, idx, *, mask: jax.Array | None = None, other=0.0) -> jax.Array:
+    """``ref[idx]``; with a bool ``mask`` (broadcastable to the tile, e.g. ``valid_rows[:, None]``), masked-out
+    elements read ``other`` instead of memory. Without a mask the tile must lie entirely in bounds."""
+    if mask is None:
+        return ref[idx]
+    view = ref.at[idx]
+    return plgpu.load(view, mask=jnp.broadcast_to(mask, view.shape), other=other)
+
+
+def store(ref, idx, value: jax.Array, *, mask: jax.Array | None = None) -> None:
+    """``ref[idx] = value``; with a bool ``mask`` (broadcastable to value), masked-out elements are not written.
+    A mask that is False everywhere writes nothing (predication, not control flow)."""
+    if mask is None:
+        ref[idx] = value
+        return
+    plgpu.store(ref.at[idx], value, mask=jnp.broadcast_to(mask, value.shape))
+
+
+def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
+    """a @ b on 2-D tiles (aᵀ / bᵀ with trans_a / trans_b), accumulated and returned in float32.
+
+    Precision HIGHEST: the Triton lowering maps DEFAULT precision of a float32 dot to TF32 (10-bit mantissa) and
+    HIGHEST to IEEE float32. For 16-bit operands it changes nothing (tensor cores, float32 accumulation)."""
+    dims = (((0,) if trans_a else (1,), (1,) if trans_b else (0,)), ((), ()))
+    return lax.dot_general(a, b, dims, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
