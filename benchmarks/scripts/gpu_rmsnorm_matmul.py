@@ -1,0 +1,182 @@
+"""On one H100: the rmsnorm_matmul tests at GPU shapes, the benchmark suite, then a short block-size sweep.
+
+    PYTHONPATH=$PWD python benchmarks/scripts/gpu_rmsnorm_matmul.py --out $OUT
+
+Writes into --out: pytest.txt (the test run), rmsnorm_matmul-h100.json/.md (bench.write_results), sweep.txt and
+tuned_configs.json (the best config per shape, in pallas_kernels.tuning's cache format: merge the entries into
+pallas_kernels/tuned_configs.json with tuning.store to make them the defaults). Everything is time-boxed
+(--budget-s, default 450 s in all); a failing step, shape or candidate is reported and the rest goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+T0 = time.time()
+
+
+def log(message: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {message}", flush=True)
+
+
+def run_tests(out_dir: str, timeout_s: float) -> None:
+    log(f"step 1: pytest -q tests/test_rmsnorm_matmul.py (timeout {timeout_s:.0f} s)")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "tests/test_rmsnorm_matmul.py"], capture_output=True, text=True, timeout=timeout_s,
+                              env=env)
+        text, status = proc.stdout + proc.stderr, f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired as e:
+        text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        status = "TIMED OUT"
+    with open(os.path.join(out_dir, "pytest.txt"), "w") as f:
+        f.write(text)
+    tail = "\n".join(text.strip().splitlines()[-25:])
+    log(f"pytest {status}:\n{tail}")
+
+
+def run_suite(out_dir: str, shapes: list[str] | None, iterations: int) -> None:
+    from jaxfuse import bench
+    from jaxfuse.suites import rmsnorm_matmul as suite
+
+    log(f"step 2: suite at {shapes or suite.DEFAULT_SHAPES}, {iterations} iterations")
+    records = suite.run(shapes, iterations=iterations)
+    path = bench.write_results(records, os.path.join(out_dir, "rmsnorm_matmul-h100.json"))
+    print(bench.markdown_table(records))
+    print()
+    print(suite.summary_table(records), flush=True)
+    log(f"wrote {path}")
+
+
+def sweep(out_dir: str, shapes: list[str] | None, deadline: float) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxfuse import bench
+    from jaxfuse.suites import rmsnorm_matmul as suite
+    from pallas_kernels import triton_utils, tuning
+    from pallas_kernels.rmsnorm_matmul import RMSNormMatmulConfig, rmsnorm_matmul, shape_key, sweep_candidates
+
+    cache_path = os.path.join(out_dir, "tuned_configs.json")
+    lines: list[str] = []
+    names = [n for n in (shapes or ["32768x4096x4096", "16x4096x4096-decode", "4096x4096x14336",
+                                    "1x4096x14336-decode", "8192x4096x6144-qkv"]) if n != "cpu"]
+    log(f"step 3: block-size sweep at {names} until {deadline - T0:.0f} s")
+
+    def time_us(fn, args_sets):
+        with triton_utils.quiet_triton_deprecation():
+            return bench.time_kernels(jax.jit(fn), args_sets, iterations=10, warmup=1).median_us
+
+    for i, name in enumerate(names):
+        remaining = deadline - time.time()
+        if remaining < 20:
+            log(f"sweep: out of time before {name}")
+            break
+        shape_deadline = time.time() + remaining / (len(names) - i)
+        s = suite.SHAPES[name]
+        M, K, N = s["M"], s["K"], s["N"]
+        # Inputs that fit in L2 (50 MB) rotate over three sets, as in the suite.
+        num_sets = 3 if 2 * (M * K + K * N + 2 * M * N) < 50 * 2**20 else 1
+        sets = [suite.make_inputs(M, K, N, seed) for seed in range(num_sets)]
+        fwd_cands, bwd_cands = sweep_candidates(M, K, N)
+
+        def fwd_fn(cfg):
+            return lambda x, g, w: rmsnorm_matmul(x, g, w, block_sizes=cfg)
+
+        def fwd_bwd_fn(cfg):
+            def fn(x, g, w, dy):
+                y, vjp = jax.vjp(lambda x, g, w: rmsnorm_matmul(x, g, w, block_sizes=cfg), x, g, w)
+                return vjp(dy)
+            return fn
+
+        results_fwd, results_bwd = [], []
+        for params in fwd_cands:
+            if time.time() > shape_deadline:
+                break
+            try:
+                t = time_us(fwd_fn(RMSNormMatmulConfig(**params)), [a[:3] for a in sets])
+            except Exception as e:  # noqa: BLE001 -- e.g. shared memory exhausted: not a winner
+                t = math.inf
+                log(f"  {name} fwd candidate failed: {type(e).__name__}: {str(e)[:200]}")
+            results_fwd.append((t, params))
+        best_fwd = min(results_fwd, key=lambda r: r[0], default=(math.inf, None))
+        fwd_fields = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "gamma_on_w")
+        for params in bwd_cands:
+            if time.time() > shape_deadline:
+                break
+            if best_fwd[1] is not None:
+                params = dict(params, **{f: best_fwd[1][f] for f in fwd_fields})
+            try:
+                t = time_us(fwd_bwd_fn(RMSNormMatmulConfig(**params)), sets)
+            except Exception as e:  # noqa: BLE001
+                t = math.inf
+                log(f"  {name} bwd candidate failed: {type(e).__name__}: {str(e)[:200]}")
+            results_bwd.append((t, params))
+        best_bwd = min(results_bwd, key=lambda r: r[0], default=(math.inf, None))
+
+        def fmt(params, fields):
+            return ",".join(f"{f}={params[f]}" for f in fields)
+
+        bwd_fields = [f for f in RMSNormMatmulConfig.__dataclass_fields__ if f not in fwd_fields]
+        lines.append(f"== {name}: {len(results_fwd)}/{len(fwd_cands)} forward, "
+                     f"{len(results_bwd)}/{len(bwd_cands)} backward candidates timed")
+        for t, p in sorted(results_fwd, key=lambda r: r[0]):
+            lines.append(f"  fwd     {t:10.1f} µs  {fmt(p, fwd_fields)}")
+        for t, p in sorted(results_bwd, key=lambda r: r[0]):
+            lines.append(f"  fwd+bwd {t:10.1f} µs  {fmt(p, bwd_fields)}")
+        if best_bwd[1] is not None and math.isfinite(best_bwd[0]):
+            tuning.store("rmsnorm_matmul", shape_key(M, K, N, jnp.bfloat16), best_bwd[1], time_us=best_bwd[0],
+                         path=cache_path)
+            lines.append(f"  best: fwd {best_fwd[0]:.1f} µs, fwd+bwd {best_bwd[0]:.1f} µs -> {best_bwd[1]}")
+        print("\n".join(lines[-(len(results_fwd) + len(results_bwd) + 2):]), flush=True)
+        log(f"sweep: {name} done")
+        del sets
+    with open(os.path.join(out_dir, "sweep.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for the results")
+    parser.add_argument("--iterations", type=int, default=20, help="timed iterations per suite measurement")
+    parser.add_argument("--shapes", nargs="*", default=None, help="suite shape names (default: the suite's)")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget for everything")
+    parser.add_argument("--test-timeout-s", type=float, default=150.0)
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--skip-sweep", action="store_true")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    deadline = T0 + args.budget_s
+
+    if not args.skip_tests:
+        try:
+            run_tests(args.out, min(args.test_timeout_s, max(30.0, deadline - time.time() - 240)))
+        except Exception:  # noqa: BLE001
+            log(f"tests step failed:\n{traceback.format_exc()}")
+
+    import jax
+
+    log(f"jax {jax.__version__}, devices {jax.devices()}")
+    try:
+        run_suite(args.out, args.shapes, args.iterations)
+    except Exception:  # noqa: BLE001
+        log(f"suite step failed:\n{traceback.format_exc()}")
+
+    if not args.skip_sweep:
+        try:
+            sweep(args.out, args.shapes, deadline)
+        except Exception:  # noqa: BLE001
+            log(f"sweep step failed:\n{traceback.format_exc()}")
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
