@@ -27,6 +27,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+import pallas_kernels
 from pallas_kernels import reference
 
 __all__ = [
@@ -75,10 +76,21 @@ def _cudnn_attention(
     return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="cudnn")
 
 
+def _pallas_norm_matmul(x: jax.Array, gamma: jax.Array, w: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+    """The fused Pallas kernel; w is cast to x's dtype (the kernel takes one operand dtype)."""
+    return pallas_kernels.rmsnorm_matmul(x, gamma, w.astype(x.dtype), eps=eps)
+
+
+def _pallas_loss(h: jax.Array, w: jax.Array, labels: jax.Array) -> jax.Array:
+    """The fused Pallas linear cross-entropy; w is cast to h's dtype."""
+    return pallas_kernels.linear_cross_entropy(h, w.astype(h.dtype), labels)
+
+
 # One registry per site: implementation name -> callable with the site's signature (module docstring).
-ATTENTION: dict[str, Callable[..., jax.Array]] = {"xla": reference.attention, "cudnn": _cudnn_attention}
-NORM_MATMUL: dict[str, Callable[..., jax.Array]] = {"xla": _rmsnorm_then_matmul}
-LOSS: dict[str, Callable[..., jax.Array]] = {"xla": reference.linear_cross_entropy}
+ATTENTION: dict[str, Callable[..., jax.Array]] = {
+    "xla": reference.attention, "cudnn": _cudnn_attention, "pallas": pallas_kernels.flash_attention}
+NORM_MATMUL: dict[str, Callable[..., jax.Array]] = {"xla": _rmsnorm_then_matmul, "pallas": _pallas_norm_matmul}
+LOSS: dict[str, Callable[..., jax.Array]] = {"xla": reference.linear_cross_entropy, "pallas": _pallas_loss}
 REGISTRIES: dict[str, dict[str, Callable[..., jax.Array]]] = {
     "attention": ATTENTION,
     "norm_matmul": NORM_MATMUL,
