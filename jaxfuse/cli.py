@@ -67,6 +67,8 @@ def _define_inspect_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("xla_flags", "", "XLA options for this compile only, e.g. "
                         "'--xla_gpu_enable_triton_gemm=false'.", flag_values=fv)
     flags.DEFINE_bool("json", False, "Print the report as JSON (schema hlo_inspect.report/1).", flag_values=fv)
+    flags.DEFINE_bool("measure", False, "GPU: also time every kernel (CUPTI) and set it beside its roofline.",
+                      flag_values=fv)
     flags.DEFINE_bool("ledger", True, "Also print the HBM round-trip ledger (tensors written by one kernel and read "
                       "back by another), costed at the device's measured bandwidth.", flag_values=fv)
 
@@ -102,6 +104,7 @@ def inspect_program(fv: flags.FlagValues, *, kernels: str | None = None, xla_fla
     report.title = (f"{program.description} on {jax.devices()[0].device_kind} (jax {jax.__version__})"
                     + (f", XLA options {options}" if options else ""))
     _progress(f"compiled in {time.perf_counter() - start:.1f} s")
+    report.program = program  # what was compiled, for --measure
     return report
 
 
@@ -112,6 +115,15 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
     from jaxfuse import costmodel
 
     report = inspect_program(fv)
+    if fv.measure:
+        from jaxfuse import measure
+
+        spec = costmodel.detect()
+        _progress("timing every kernel ...")
+        rows, summary = measure.measure_kernels(report, report.program.fn, report.program.args, device=spec)
+        if not fv.json:
+            print(measure.measured_table(rows, summary, spec))
+            print()
     if fv.json:
         print(report.to_json())
     else:

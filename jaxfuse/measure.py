@@ -1,0 +1,124 @@
+"""Measured kernel times beside the report's predictions (GPU): `jaxfuse inspect --measure`.
+
+    rows, summary = measure_kernels(report, program.fn, program.args, device=costmodel.detect())
+
+Every device kernel of one call is timed by CUPTI (`bench.time_kernels`, median over iterations). CUPTI names a
+kernel as the HLO names its fusion with '.' written '_' (`input_reduce_fusion.1` -> `input_reduce_fusion_1`), a
+Pallas kernel by its `pallas_call` name, and a library call by the library's kernel (`nvjet_sm90_...`,
+`cudnn_...`); those are matched to the report's cuBLAS / cuDNN / Pallas kernels in program order. Device kernels
+that match nothing (memsets, a library's second kernel) are listed as unattributed.
+
+Each row: measured µs, achieved bandwidth, and the roofline prediction max(bytes / BW, FLOPs / peak) with its
+ratio to the measurement. The summary sets the sum of the per-kernel medians beside the program's device time
+(median over iterations of all its kernels) and beside the wall clock of a blocked call (which adds launch gaps
+and 0.1-0.3 ms of host work per call).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Sequence
+
+from hlo_inspect.kernels import Kernel
+from hlo_inspect.report import Report, format_bytes
+from jaxfuse import bench
+from jaxfuse.costmodel import DeviceSpec
+
+__all__ = ["MeasuredKernel", "measure_kernels", "measured_table"]
+
+_LIBRARY_PREFIXES = {"cublas": ("nvjet", "sm90_xmma", "sm80_xmma", "cutlass", "gemm", "gemv", "ampere", "sm90_"),
+                     "cudnn": ("cudnn", "fmha", "sm90_fmha", "flash")}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredKernel:
+    kernel: Kernel | None  # None: a device kernel no report kernel accounts for
+    device_names: tuple[str, ...]
+    measured_us: float
+    predicted_us: float | None
+
+    @property
+    def achieved_bytes_per_s(self) -> float | None:
+        if self.kernel is None or not self.measured_us:
+            return None
+        return self.kernel.bytes_total / (self.measured_us * 1e-6)
+
+
+def _device_name(kernel: Kernel) -> str:
+    cfg = kernel.instruction.backend_config
+    if kernel.category == "pallas" and isinstance(cfg, dict) and cfg.get("name"):
+        return str(cfg["name"])
+    return kernel.name.replace(".", "_").replace("-", "_")
+
+
+def match(kernels: Sequence[Kernel], device_times: dict[str, float]) -> tuple[dict[int, list[str]], list[str]]:
+    """Report kernel index -> device kernel names, and the device kernels left unmatched."""
+    left = dict(device_times)
+    assigned: dict[int, list[str]] = {}
+    for i, k in enumerate(kernels):
+        name = _device_name(k)
+        if name in left:
+            assigned[i] = [name]
+            del left[name]
+    for category, prefixes in _LIBRARY_PREFIXES.items():
+        library = [i for i, k in enumerate(kernels) if k.category == category and i not in assigned]
+        names = [n for n in left if n.lower().startswith(prefixes)]
+        for i, name in zip(library, names):
+            assigned[i] = [name]
+            del left[name]
+    return assigned, list(left)
+
+
+def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iterations: int = 30
+                    ) -> tuple[list[MeasuredKernel], dict[str, Any]]:
+    """Time `fn(*args)` kernel by kernel and set each report kernel's measurement beside its roofline."""
+    import jax
+
+    if jax.default_backend() != "gpu":
+        raise ValueError("--measure times device kernels with CUPTI and needs a GPU; on CPU use `jaxfuse bench`")
+    timing = bench.time_kernels(fn, [args], iterations=iterations)
+    assigned, unmatched = match(report.kernels, timing.per_kernel_us)
+    rows = []
+    for i, k in enumerate(report.kernels):
+        names = assigned.get(i, [])
+        measured = sum(timing.per_kernel_us[n] for n in names)
+        predicted = max(device.memory_us(k.bytes_total), device.compute_us(k.flops or 0)) * k.launches
+        rows.append(MeasuredKernel(k, tuple(names), measured, predicted if names else None))
+    rows += [MeasuredKernel(None, (n,), timing.per_kernel_us[n], None) for n in unmatched]
+    kernel_sum = sum(r.measured_us for r in rows)
+    jitted = jax.jit(fn)
+    wall = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        jax.block_until_ready(jitted(*args))
+        wall.append((time.perf_counter() - start) * 1e6)
+    summary = {"program_device_us": timing.median_us, "sum_of_kernels_us": kernel_sum,
+               "program_wall_us": statistics.median(wall),
+               "sum_over_program": kernel_sum / timing.median_us if timing.median_us else None,
+               "matched": len(assigned), "kernels": len(report.kernels), "unattributed": len(unmatched),
+               "spread": timing.spread, "iterations": iterations}
+    return rows, summary
+
+
+def measured_table(rows: list[MeasuredKernel], summary: dict[str, Any], device: DeviceSpec) -> str:
+    header = ("kernel", "category", "bytes", "measured µs", "GB/s", "roofline µs", "roofline/measured")
+    lines = []
+    for r in rows:
+        k = r.kernel
+        gbs = f"{r.achieved_bytes_per_s / 1e9:.0f}" if r.achieved_bytes_per_s else ""
+        pred = f"{r.predicted_us:.1f}" if r.predicted_us is not None else ""
+        ratio = f"{r.predicted_us / r.measured_us:.2f}" if r.predicted_us and r.measured_us else ""
+        lines.append((k.name if k else "(unattributed) " + r.device_names[0][:40], k.label if k else "",
+                      format_bytes(k.bytes_total) if k else "", f"{r.measured_us:.1f}", gbs, pred, ratio))
+    widths = [max(len(x[c]) for x in lines + [header]) for c in range(len(header))]
+    fmt = lambda row: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
+    out = [f"measured on {device.name} (CUPTI device-kernel time, median of {summary['iterations']})",
+           fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(x) for x in lines]
+    out.append(f"sum of kernels {summary['sum_of_kernels_us']:.1f} µs vs program device time "
+               f"{summary['program_device_us']:.1f} µs (ratio {summary['sum_over_program']:.3f}); "
+               f"(wall clock of a blocked call, launch gaps and host included: {summary['program_wall_us']:.1f} µs); "
+               f"{summary['matched']}/{summary['kernels']} kernels matched, {summary['unattributed']} device "
+               f"kernels unattributed; run-to-run spread {summary['spread']:.1%}")
+    return "\n".join(out)
