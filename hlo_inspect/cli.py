@@ -16,12 +16,13 @@ from absl import flags
 from hlo_inspect.parser import HloParseError
 from hlo_inspect.report import from_text
 
-USAGE = "usage: hlo-inspect FILE.txt [--json]  (FILE '-' reads standard input)"
+USAGE = "usage: hlo-inspect FILE.txt [--json] [--html OUT.html]  (FILE '-' reads standard input)"
 
 
 def _flags() -> flags.FlagValues:
     fv = flags.FlagValues()
     flags.DEFINE_bool("json", False, "Print the report as JSON (schema hlo_inspect.report/1).", flag_values=fv)
+    flags.DEFINE_string("html", None, "Also write a self-contained HTML report to this path.", flag_values=fv)
     return fv
 
 
@@ -50,6 +51,8 @@ def main(argv: list[str]) -> int:
     except HloParseError as e:
         print(f"hlo-inspect: {path}: {e}", file=sys.stderr)
         return 2
+    if fv.html:
+        report.to_html(fv.html)
     print(report.to_json() if fv.json else report.table())
     return 0
 

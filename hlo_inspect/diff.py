@@ -190,6 +190,15 @@ class Diff:
             "summary": self.summary(),
         }
 
+    def to_html(self, path: str | None = None, *, title: str | None = None) -> str:
+        """Self-contained HTML page of the diff (summary, matches, both kernel tables); also written to `path`."""
+        from hlo_inspect.html import render_diff, write_html
+
+        page = render_diff(self.to_dict(), title=title)
+        if path is not None:
+            write_html(path, page)
+        return page
+
 
 def diff(a: Report, b: Report, *, label_a: str = "A", label_b: str = "B", max_share: int = 3) -> Diff:
     """Match the kernels of two reports by the source ops they contain; see the module docstring."""

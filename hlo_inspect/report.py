@@ -260,6 +260,15 @@ class Report:
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
+    def to_html(self, path: str | None = None, *, title: str | None = None) -> str:
+        """Self-contained HTML page (sortable kernel table, ledger, kernel graph); also written to `path`."""
+        from hlo_inspect.html import render_report, write_html
+
+        page = render_report(self.to_dict(), title=title)
+        if path is not None:
+            write_html(path, page)
+        return page
+
 
 def _difference_reason(quantity: str) -> str:
     if quantity == "bytes accessed":

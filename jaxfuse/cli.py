@@ -67,6 +67,8 @@ def _define_inspect_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("xla_flags", "", "XLA options for this compile only, e.g. "
                         "'--xla_gpu_enable_triton_gemm=false'.", flag_values=fv)
     flags.DEFINE_bool("json", False, "Print the report as JSON (schema hlo_inspect.report/1).", flag_values=fv)
+    flags.DEFINE_string("html", None, "Also write a self-contained HTML page (tables, ledger, kernel graph) to "
+                        "this path.", flag_values=fv)
     flags.DEFINE_bool("measure", False, "GPU: also time every kernel (CUPTI) and set it beside its roofline.",
                       flag_values=fv)
     flags.DEFINE_bool("ledger", True, "Also print the HBM round-trip ledger (tensors written by one kernel and read "
@@ -115,6 +117,9 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
     from jaxfuse import costmodel
 
     report = inspect_program(fv)
+    if fv.html:
+        report.to_html(fv.html)
+        _progress(f"wrote {fv.html}")
     if fv.measure:
         from jaxfuse import measure
 
@@ -154,6 +159,8 @@ def _define_diff_flags(fv: flags.FlagValues) -> None:
                         "'--xla_gpu_enable_triton_gemm=false'.", flag_values=fv)
     flags.DEFINE_string("b_xla_flags", "", "XLA options for compiling B.", flag_values=fv)
     flags.DEFINE_bool("json", False, "Print the diff as JSON (schema hlo_inspect.diff/1).", flag_values=fv)
+    flags.DEFINE_string("html", None, "Also write a self-contained HTML page (tables, ledger, kernel graph) to "
+                        "this path.", flag_values=fv)
 
 
 def _side_report(fv: flags.FlagValues, spec: str | None, xla_flags: str):
@@ -190,6 +197,9 @@ def _diff(fv: flags.FlagValues, rest: list[str]) -> int:
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
     d = diff_programs(fv)
+    if fv.html:
+        d.to_html(fv.html)
+        _progress(f"wrote {fv.html}")
     print(json.dumps(d.to_dict(), indent=1) if fv.json else d.table())
     return 0
 
