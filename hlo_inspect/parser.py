@@ -583,16 +583,41 @@ def parse(text: str) -> Module:
     return module
 
 
+def _tuple_element(comp: Computation, name: str, user: Instruction) -> Instruction:
+    """`x#1` (`x#1#0` nested): element 1 of tuple-shaped `x`, as newer XLA prints an operand without its
+    get-tuple-element. Resolved to a get-tuple-element instruction made here (not added to the listing)."""
+    if name in comp.by_name:
+        return comp.by_name[name]
+    base, _, index = name.rpartition("#")
+    if not index.isdigit() or not base:
+        raise HloParseError(f"%{user.name} uses %{name}, which computation {comp.name} does not define",
+                            user.line_no)
+    tuple_inst = _tuple_element(comp, base, user) if "#" in base else comp.by_name.get(base)
+    if tuple_inst is None:
+        raise HloParseError(f"%{user.name} uses %{base}, which computation {comp.name} does not define",
+                            user.line_no)
+    i = int(index)
+    if not tuple_inst.shape.is_tuple or i >= len(tuple_inst.shape.tuple_shapes):
+        raise HloParseError(f"%{user.name} uses %{name}, but %{base} has no tuple element {i}", user.line_no)
+    element = Instruction(name=name, opcode="get-tuple-element", shape=tuple_inst.shape.tuple_shapes[i],
+                          operand_names=[base], attrs={"index": str(i)}, metadata=Metadata(),
+                          line_no=user.line_no, operands=[tuple_inst], computation=comp)
+    comp.by_name[name] = element
+    return element
+
+
 def _link(module: Module) -> None:
     """Resolve operand names and called computations; check every reference exists."""
     for comp in module.computations.values():
         for inst in comp.instructions:
             inst.computation = comp
-            try:
-                inst.operands = [comp.by_name[n] for n in inst.operand_names]
-            except KeyError as e:
-                raise HloParseError(f"%{inst.name} uses %{e.args[0]}, which computation {comp.name} does not "
-                                    "define", inst.line_no) from None
+            operands = []
+            for n in inst.operand_names:
+                op = comp.by_name.get(n)
+                if op is None:
+                    op = _tuple_element(comp, n, inst)
+                operands.append(op)
+            inst.operands = operands
             called = []
             for cname in _called_names(inst):
                 if cname not in module.computations:

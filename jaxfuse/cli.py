@@ -5,6 +5,7 @@
     jaxfuse inspect --model lm --kernels attention=cudnn --json
     jaxfuse diff --a attention=xla --b attention=cudnn --train-step
     jaxfuse diff --a old.hlo.txt --b new.hlo.txt
+    jaxfuse passes --train-step
 
 Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`).
 """
@@ -205,6 +206,36 @@ def _diff(fv: flags.FlagValues, rest: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# passes
+
+def _define_passes_flags(fv: flags.FlagValues) -> None:
+    _define_model_flags(fv)
+    flags.DEFINE_string("pass_re", ".*", "Which XLA passes to dump (xla_dump_hlo_pass_re); '.*' keeps every pass "
+                        "that changed the module.", flag_values=fv)
+    flags.DEFINE_string("xla_flags", "", "More XLA options for this compile.", flag_values=fv)
+    flags.DEFINE_string("dump_dir", None, "Keep XLA's per-pass dump files in this folder.", flag_values=fv)
+    flags.DEFINE_bool("json", False, "Print the timeline as JSON (schema hlo_inspect.passes/1).", flag_values=fv)
+
+
+def _passes(fv: flags.FlagValues, rest: list[str]) -> int:
+    import json
+
+    import jax
+    from hlo_inspect.passes import dump_passes
+
+    if rest:
+        raise flags.Error(f"unexpected arguments {rest}")
+    program = _build_program(fv)
+    _progress(f"compiling {program.description} on {jax.devices()[0].device_kind} with per-pass dumps ...")
+    start = time.perf_counter()
+    timeline = dump_passes(program.fn, *program.args, pass_re=fv.pass_re, xla_flags=fv.xla_flags,
+                           dump_to=fv.dump_dir)
+    _progress(f"read {timeline.dumps_read} dumps in {time.perf_counter() - start:.1f} s")
+    print(json.dumps(timeline.to_dict(), indent=1) if fv.json else timeline.table())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
 # bench
 
 def _define_bench_flags(fv: flags.FlagValues) -> None:
@@ -256,6 +287,8 @@ VERBS = {
                     _define_inspect_flags, _inspect),
     "diff": Verb("How two programs' fusion decisions differ (model configs, XLA flag sets or saved HLO files).",
                  _define_diff_flags, _diff),
+    "passes": Verb("XLA's pass timeline: kernels and bytes after each pass that changed the program, and the pass "
+                   "that created each final kernel.", _define_passes_flags, _passes),
     "bench": Verb("Time an op's implementations side by side (device-kernel time on GPU) and record them.",
                   _define_bench_flags, _bench),
 }

@@ -104,3 +104,13 @@ def test_parse_xla_flags():
         "xla_gpu_enable_triton_gemm": False, "xla_disable_hlo_passes": "a,b", "xla_x": True}
     with pytest.raises(ValueError, match="not an XLA flag"):
         parse_xla_flags("--foo=1")
+
+
+def test_jaxfuse_passes(capsys):
+    small = ["--seq", "16", "--dim", "64", "--heads", "2", "--kv-heads", "1"]
+    assert jaxfuse_cli.main(["passes", *small, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "hlo_inspect.passes/1" and len(data["steps"]) > 2
+    assert jaxfuse_cli.main(["passes", *small]) == 0
+    out = capsys.readouterr().out
+    assert "final kernels and the pass that created them" in out
