@@ -107,6 +107,19 @@ class Kernel:
         return self.bytes_read + self.bytes_written
 
     @property
+    def xla_estimate_us(self) -> float | None:
+        """XLA's own cost-model estimate of this kernel (µs), from `reification_cost` in its backend_config.
+
+        XLA fills it when compiled with `--xla_gpu_collect_cost_model_stats=true`; None otherwise.
+        """
+        cfg = self.instruction.backend_config
+        costs = cfg.get("reification_cost") if isinstance(cfg, dict) else None
+        for cost in costs or []:
+            if isinstance(cost, dict) and "exec_time_us" in cost:
+                return float(cost["exec_time_us"])
+        return None
+
+    @property
     def target(self) -> str:
         """The custom-call target or fusion backend kind, '' for plain fusions/ops."""
         return self.instruction.custom_call_target or self.instruction.backend_kind

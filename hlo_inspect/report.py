@@ -285,7 +285,7 @@ def _kernel_dict(k: Kernel) -> dict[str, Any]:
         "opcode": k.instruction.opcode, "shape": str(k.instruction.shape), "ops": dict(k.ops),
         "bytes_read": k.bytes_read, "bytes_written": k.bytes_written, "flops": k.flops,
         "transcendentals": k.transcendentals, "scopes": k.scopes, "source_lines": k.source_lines,
-        "loop": k.loop, "launches": k.launches,
+        "loop": k.loop, "launches": k.launches, "xla_estimate_us": k.xla_estimate_us,
         "operands": [{"name": src.name, "bytes_read": n} for src, n in k.reads],
     }
 

@@ -70,8 +70,8 @@ def _define_inspect_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_bool("json", False, "Print the report as JSON (schema hlo_inspect.report/1).", flag_values=fv)
     flags.DEFINE_string("html", None, "Also write a self-contained HTML page (tables, ledger, kernel graph) to "
                         "this path.", flag_values=fv)
-    flags.DEFINE_bool("measure", False, "GPU: also time every kernel (CUPTI) and set it beside its roofline.",
-                      flag_values=fv)
+    flags.DEFINE_bool("measure", False, "GPU: also time every kernel (CUPTI) and set it beside its roofline and "
+                      "XLA's own estimate (compiled with --xla_gpu_collect_cost_model_stats).", flag_values=fv)
     flags.DEFINE_bool("ledger", True, "Also print the HBM round-trip ledger (tensors written by one kernel and read "
                       "back by another), costed at the device's measured bandwidth.", flag_values=fv)
 
@@ -117,7 +117,8 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
     from hlo_inspect.report import format_bytes
     from jaxfuse import costmodel
 
-    report = inspect_program(fv)
+    report = inspect_program(fv, xla_flags=(fv.xla_flags + " --xla_gpu_collect_cost_model_stats=true").strip()
+                             if fv.measure else None)
     if fv.html:
         report.to_html(fv.html)
         _progress(f"wrote {fv.html}")

@@ -103,15 +103,17 @@ def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iter
 
 
 def measured_table(rows: list[MeasuredKernel], summary: dict[str, Any], device: DeviceSpec) -> str:
-    header = ("kernel", "category", "bytes", "measured µs", "GB/s", "roofline µs", "roofline/measured")
+    header = ("kernel", "category", "bytes", "measured µs", "GB/s", "roofline µs", "roofline/measured",
+              "XLA est µs")
     lines = []
     for r in rows:
         k = r.kernel
         gbs = f"{r.achieved_bytes_per_s / 1e9:.0f}" if r.achieved_bytes_per_s else ""
         pred = f"{r.predicted_us:.1f}" if r.predicted_us is not None else ""
         ratio = f"{r.predicted_us / r.measured_us:.2f}" if r.predicted_us and r.measured_us else ""
+        xla = f"{k.xla_estimate_us:.1f}" if k is not None and k.xla_estimate_us is not None else ""
         lines.append((k.name if k else "(unattributed) " + r.device_names[0][:40], k.label if k else "",
-                      format_bytes(k.bytes_total) if k else "", f"{r.measured_us:.1f}", gbs, pred, ratio))
+                      format_bytes(k.bytes_total) if k else "", f"{r.measured_us:.1f}", gbs, pred, ratio, xla))
     widths = [max(len(x[c]) for x in lines + [header]) for c in range(len(header))]
     fmt = lambda row: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
     out = [f"measured on {device.name} (CUPTI device-kernel time, median of {summary['iterations']})",

@@ -209,3 +209,12 @@ def test_report_json_round_trip():
     assert data["totals"]["bytes_total"] == sum(k["bytes_read"] + k["bytes_written"] for k in data["kernels"])
     table = rep.table()
     assert "gemm_fusion_dot.2" in table and "Triton GEMM fusion" in table
+
+
+def test_xla_reification_cost_estimate():
+    text = read("h100_pallas.hlo.txt")
+    assert all(k.xla_estimate_us is None for k in hlo_inspect.from_text(text).kernels)
+    text = text.replace('"reification_cost":[]', '"reification_cost":[{"end_to_end_cycles":"900",'
+                        '"exec_time_us":12.5,"compute_time_us":3.0,"memory_access_time_us":12.5}]', 1)
+    estimates = [k.xla_estimate_us for k in hlo_inspect.from_text(text).kernels]
+    assert estimates.count(12.5) == 1
