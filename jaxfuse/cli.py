@@ -303,11 +303,13 @@ def _progress(message: str) -> None:
 
 
 def _normalize(argv: list[str]) -> list[str]:
-    """`--train-step=x` -> `--train_step=x` (flag names only)."""
+    """`--train-step=x` -> `--train_step=x`, `--no-ledger` -> `--noledger` (flag names only)."""
     out = []
     for arg in argv:
         if arg.startswith("--") and len(arg) > 2:
             name, eq, value = arg[2:].partition("=")
+            if name.startswith("no-"):
+                name = "no" + name[3:]
             arg = "--" + name.replace("-", "_") + eq + value
         out.append(arg)
     return out

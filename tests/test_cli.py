@@ -114,3 +114,8 @@ def test_jaxfuse_passes(capsys):
     assert jaxfuse_cli.main(["passes", *small]) == 0
     out = capsys.readouterr().out
     assert "final kernels and the pass that created them" in out
+
+
+def test_flag_spelling():
+    assert jaxfuse_cli._normalize(["--train-step", "--no-ledger", "--kv-heads=2", "x-y"]) == [
+        "--train_step", "--noledger", "--kv_heads=2", "x-y"]
