@@ -34,6 +34,7 @@ class Timing:
     per_kernel_us: dict[str, float]
     samples_us: tuple[float, ...]
     method: str  # "cupti" (device kernels) or "wall"
+    launches: tuple[tuple[str, float], ...] = ()  # (kernel name, median µs) in launch order of one call
 
     @property
     def spread(self) -> float:
@@ -92,7 +93,11 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
         for name, us in seen.items():
             by_kernel.setdefault(name, []).append(us)
     per_kernel = {name: statistics.median(v) for name, v in by_kernel.items()}
-    return Timing(statistics.median(totals), per_kernel, tuple(totals), "cupti")
+    launches: tuple[tuple[str, float], ...] = ()
+    first = [name for name, _ in per_iteration[0]]
+    if all([name for name, _ in it] == first for it in per_iteration):
+        launches = tuple((name, statistics.median(it[i][1] for it in per_iteration)) for i, name in enumerate(first))
+    return Timing(statistics.median(totals), per_kernel, tuple(totals), "cupti", launches)
 
 
 @dataclasses.dataclass

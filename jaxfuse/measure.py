@@ -53,22 +53,40 @@ def _device_name(kernel: Kernel) -> str:
     return kernel.name.replace(".", "_").replace("-", "_")
 
 
-def match(kernels: Sequence[Kernel], device_times: dict[str, float]) -> tuple[dict[int, list[str]], list[str]]:
-    """Report kernel index -> device kernel names, and the device kernels left unmatched."""
-    left = dict(device_times)
-    assigned: dict[int, list[str]] = {}
+def match(kernels: Sequence[Kernel], launches: Sequence[tuple[str, float]]
+          ) -> tuple[dict[int, list[int]], list[int]]:
+    """Align the report's kernels (program order = execution order of a scheduled module) with the device
+    kernels of one call (launch order): report kernel index -> launch indices, and the launches left over.
+
+    A fusion or Pallas kernel matches the next launch with its name; a cuBLAS / cuDNN call takes the library
+    launches that follow until the next launch that another report kernel names.
+    """
+    names = [_device_name(k) for k in kernels]
+    named = set(names)
+    assigned: dict[int, list[int]] = {}
+    unmatched: list[int] = []
+    j = 0
     for i, k in enumerate(kernels):
-        name = _device_name(k)
-        if name in left:
-            assigned[i] = [name]
-            del left[name]
-    for category, prefixes in _LIBRARY_PREFIXES.items():
-        library = [i for i, k in enumerate(kernels) if k.category == category and i not in assigned]
-        names = [n for n in left if n.lower().startswith(prefixes)]
-        for i, name in zip(library, names):
-            assigned[i] = [name]
-            del left[name]
-    return assigned, list(left)
+        if k.category in _LIBRARY_PREFIXES:
+            taken = []
+            while j < len(launches) and launches[j][0] not in named:
+                if launches[j][0].lower().startswith(_LIBRARY_PREFIXES[k.category]) or not taken:
+                    taken.append(j)
+                else:
+                    unmatched.append(j)
+                j += 1
+            if taken:
+                assigned[i] = taken
+            continue
+        look = j
+        while look < len(launches) and launches[look][0] != names[i]:
+            look += 1
+        if look < len(launches):
+            unmatched.extend(range(j, look))
+            assigned[i] = [look]
+            j = look + 1
+    unmatched.extend(range(j, len(launches)))
+    return assigned, unmatched
 
 
 def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iterations: int = 30
@@ -79,14 +97,15 @@ def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iter
     if jax.default_backend() != "gpu":
         raise ValueError("--measure times device kernels with CUPTI and needs a GPU; on CPU use `jaxfuse bench`")
     timing = bench.time_kernels(fn, [args], iterations=iterations)
-    assigned, unmatched = match(report.kernels, timing.per_kernel_us)
+    launches = timing.launches or tuple(timing.per_kernel_us.items())  # names differ between calls: best effort
+    assigned, unmatched = match(report.kernels, launches)
     rows = []
     for i, k in enumerate(report.kernels):
-        names = assigned.get(i, [])
-        measured = sum(timing.per_kernel_us[n] for n in names)
+        idx = assigned.get(i, [])
+        measured = sum(launches[j][1] for j in idx)
         predicted = max(device.memory_us(k.bytes_total), device.compute_us(k.flops or 0)) * k.launches
-        rows.append(MeasuredKernel(k, tuple(names), measured, predicted if names else None))
-    rows += [MeasuredKernel(None, (n,), timing.per_kernel_us[n], None) for n in unmatched]
+        rows.append(MeasuredKernel(k, tuple(launches[j][0] for j in idx), measured, predicted if idx else None))
+    rows += [MeasuredKernel(None, (launches[j][0],), launches[j][1], None) for j in unmatched]
     kernel_sum = sum(r.measured_us for r in rows)
     jitted = jax.jit(fn)
     wall = []

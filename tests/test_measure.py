@@ -14,25 +14,29 @@ def test_match_fusions_libraries_and_pallas():
     with open(os.path.join(DATA, "h100_pallas.hlo.txt")) as f:
         rep = hlo_inspect.from_text(f.read())
     pallas = next(k for k in rep.kernels if k.category == "pallas")
-    pallas_name = measure._device_name(pallas)
-    times = {"loop_multiply_fusion": 3.0, pallas_name: 5.0, "input_reduce_fusion": 2.0, "memset32_kernel": 0.5}
-    assigned, unmatched = measure.match(rep.kernels, times)
-    assert {rep.kernels[i].name: names for i, names in assigned.items()} == {
-        "loop_multiply_fusion": ["loop_multiply_fusion"], pallas.name: [pallas_name],
-        "input_reduce_fusion": ["input_reduce_fusion"]}
-    assert unmatched == ["memset32_kernel"]
+    launches = [("loop_multiply_fusion", 3.0), ("memset32_kernel", 0.5), (measure._device_name(pallas), 5.0),
+                ("input_reduce_fusion", 2.0)]
+    assigned, unmatched = measure.match(rep.kernels, launches)
+    assert assigned == {0: [0], 1: [2], 2: [3]} and unmatched == [1]
 
 
-def test_match_cudnn_by_library_prefix_and_dotted_names():
-    with open(os.path.join(DATA, "h100_block_fwd.hlo.txt")) as f:
-        rep = hlo_inspect.from_text(f.read())
-    times = {k.name.replace(".", "_"): 1.0 for k in rep.kernels}
-    assigned, unmatched = measure.match(rep.kernels, times)
-    assert len(assigned) == len(rep.kernels) and unmatched == []
+def test_library_calls_matched_in_launch_order():
+    """Two cuBLAS calls running the same library kernel are told apart by their position."""
     with open(os.path.join(DATA, "h100_cudnn_attention.hlo.txt")) as f:
         rep = hlo_inspect.from_text(f.read())
-    assigned, unmatched = measure.match(rep.kernels, {"cudnn_generated_fort_native_sdpa_sm90": 40.0})
-    assert assigned == {0: ["cudnn_generated_fort_native_sdpa_sm90"]} and unmatched == []
+    assigned, unmatched = measure.match(rep.kernels, [("cudnn_generated_fort_native_sdpa_sm90", 40.0)])
+    assert assigned == {0: [0]} and unmatched == []
+    with open(os.path.join(DATA, "h100_block_fwd.hlo.txt")) as f:
+        rep = hlo_inspect.from_text(f.read())
+    launches = [(k.name.replace(".", "_"), float(i)) for i, k in enumerate(rep.kernels)]
+    assigned, unmatched = measure.match(rep.kernels, launches)
+    assert assigned == {i: [i] for i in range(len(rep.kernels))} and unmatched == []
+    # a program with two library GEMMs of the same kernel name, each followed by a fusion
+    gemm = rep.kernels[2]
+    gemm.category = "cublas"
+    launches[2] = ("nvjet_sm90_tst_256x128", 7.0)
+    assigned, _ = measure.match(rep.kernels, launches)
+    assert assigned[2] == [2] and assigned[3] == [3]
 
 
 def test_measure_needs_a_gpu():

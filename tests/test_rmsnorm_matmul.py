@@ -108,6 +108,17 @@ def test_config_variants_match_reference(variant, dtype):
     _check_against_reference(x, gamma, w, res, _TOL[dtype], block_sizes=variant)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gamma_on_w_without_residual_at_the_swept_tiles(dtype):
+    """The config the H100 sweep picked (gamma folded into w, r on the dy tile, 128x256x64 forward tiles, group 8)
+    without a residual, which is how the sweep and the model call it: several tiles along every axis and a
+    partial last group of row blocks (3 row blocks of 128, group 8). The variants test above only ran the folded
+    path with a residual, where the A tile is computed in registers and the failing pattern never arises."""
+    cfg = dict(_SWEPT_CONFIG, block_m=128, block_n=128) if not ON_GPU else _SWEPT_CONFIG
+    x, gamma, w, _ = _inputs(384 if ON_GPU else 192, 256, 512, dtype)
+    _check_against_reference(x, gamma, w, None, _TOL[dtype], block_sizes=cfg)
+
+
 def test_leading_axes_out_dtype_and_eps():
     x, gamma, w, _ = _inputs(None, _S["K"], _S["N"], jnp.bfloat16, lead=(2, 3))
     _check_against_reference(x, gamma, w, None, _TOL[jnp.bfloat16], out_dtype=jnp.float32, eps=1e-2)
@@ -199,6 +210,81 @@ def test_one_kernel_forward_and_no_normalized_tensor(residual):
     # With a residual, the loss's cotangent of h (a pad of the slice) and its sum with the norm's dx are the only
     # (M, K) tensors made outside the kernels; nothing multiplies or converts one (no normalized tensor).
     assert mk_producers == ([] if res is None else ["pad"]), mk_producers
+
+
+def _sub_jaxprs(eqn):
+    for param in eqn.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+            inner = getattr(sub, "jaxpr", None)
+            inner = getattr(inner, "jaxpr", inner)
+            if inner is not None and hasattr(inner, "eqns"):
+                yield inner
+
+
+def _kernel_jaxprs(jaxpr):
+    """The kernel jaxpr of every pallas_call in a jaxpr (and its sub-jaxprs)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            kernel = eqn.params["jaxpr"]
+            yield getattr(kernel, "jaxpr", kernel)
+        else:
+            for inner in _sub_jaxprs(eqn):
+                yield from _kernel_jaxprs(inner)
+
+
+def _raw_tiles_shared_by_dot_and_arithmetic(jaxpr):
+    """Tiles read from a ref (get / masked load) that feed a dot_general directly AND any other equation, in this
+    jaxpr or its sub-jaxprs (the loop bodies): [(dot, other users)]."""
+    found = []
+    users = {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if not hasattr(v, "val"):  # a Var, not a Literal
+                users.setdefault(v, []).append(eqn.primitive.name)
+        for inner in _sub_jaxprs(eqn):
+            found += _raw_tiles_shared_by_dot_and_arithmetic(inner)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("get", "load"):
+            for v in eqn.outvars:
+                names = users.get(v, [])
+                if "dot_general" in names and len(names) > 1:
+                    found.append(sorted(names))
+    return found
+
+
+# The config the H100 sweep chose at 32768x4096x4096, 4096x4096x14336 and 8192x4096x6144 (0.5 relative error there).
+_SWEPT_CONFIG = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, gamma_on_w=True,
+                     block_m_dx=128, block_k_dx=128, block_n_dx=64, num_warps_dx=8, num_stages_dx=3,
+                     rowdot_in_dx=False, block_k_dw=128, block_n_dw=128, block_m_dw=64, num_warps_dw=8,
+                     num_stages_dw=3, rstd_on_dy=True, group=8)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("variant", [{}, dict(gamma_on_w=True), dict(rstd_on_dy=True), _SWEPT_CONFIG],
+                         ids=["default", "gamma_on_w", "rstd_on_dy", "swept"])
+def test_no_loaded_tile_feeds_a_dot_and_other_arithmetic(variant, residual):
+    """Regression for the H100 failure (0.5 relative error in y and every gradient with gamma_on_w, the sweep's
+    pick): Triton's software pipeliner (num_stages > 1; on Hopper the wgmma operand stays in shared memory)
+    miscompiles a loop in which one loaded tile is both a dot operand and the input of other arithmetic (there:
+    the x tile was the A operand and also squared into the RMS statistic). Interpret mode computes such a kernel
+    correctly, so the test asserts on the kernels' programs: no raw tile is shared by a dot and anything else.
+    (rowdot_in_dx=True still has that shape in the dx kernel, dy feeding both the dot and the row dot; it is not
+    covered here and the GPU sweep checks it numerically.)"""
+    M, K, N = 256, 256, 512
+    x, gamma, w, res = _inputs(M, K, N, jnp.bfloat16, residual=residual)
+    cfg = RMSNormMatmulConfig(**dict(rm_module.default_config(M, K, N, on_gpu=True).to_dict(), **variant))
+    assert not cfg.rowdot_in_dx
+
+    def loss(x, g, w, r):
+        out = rmsnorm_matmul(x, g, w, residual=r, block_sizes=cfg, interpret=False)
+        y = out if r is None else out[1]
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    train = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, gamma, w, res)
+    kernels = list(_kernel_jaxprs(train.jaxpr))
+    assert len(kernels) == 3
+    for kernel in kernels:
+        assert not _raw_tiles_shared_by_dot_and_arithmetic(kernel), _raw_tiles_shared_by_dot_and_arithmetic(kernel)
 
 
 def _lower_for_cuda(fn, *args):
