@@ -7,8 +7,10 @@ per row, n = x · r, y = (n · gamma) @ w.
 Forward, one kernel. A program owns a (block_m, block_n) tile of y and streams K in block_k slices. Each x slice is
 loaded once and used twice: its squares are summed into a float32 row accumulator (the RMS statistic, so no
 separate statistics pass reads x), and, scaled by gamma in registers and cast to the MMA dtype, it is the A operand
-of the dot. Because r is one scalar per row, (x · r · gamma) @ w = r ⊙ ((x · gamma) @ w): r multiplies the float32
-accumulator in the epilogue, where it is finally known. With ``residual``, the A tile is h = x + residual (rounded
+of the dot (``gamma_on_w``: gamma is folded into a scaled copy of w instead, and without a residual r then comes
+from one XLA row reduction over x, so that the raw x tile feeds only the dot). Because r is one scalar per row,
+(x · r · gamma) @ w = r ⊙ ((x · gamma) @ w): r multiplies the float32 accumulator in the epilogue, where it is
+finally known. With ``residual``, the A tile is h = x + residual (rounded
 to x.dtype) and the programs of the first column block also store h. The kernel writes y, h and r (M float32).
 
 Backward, two kernels plus two tiny XLA reductions, recomputing n tile by tile instead of storing it:
@@ -73,7 +75,9 @@ class RMSNormMatmulConfig:
       block_m, block_n, block_k: forward: a (block_m, block_n) tile of y per program, K streamed in block_k slices.
       num_warps, num_stages: Triton launch parameters of the forward kernel.
       gamma_on_w: forward variant: fold gamma into a scaled copy of w (one XLA pass over w, 4KN bytes) so the A
-        operand is x itself; otherwise the A tile is scaled by gamma in registers.
+        operand is x itself; otherwise the A tile is scaled by gamma in registers. Without a residual this
+        variant also takes r from one XLA row reduction over x (2MK bytes): a raw loaded tile must not feed both
+        the dot and the sum of squares (Triton's pipeliner miscompiles that; see ``_forward``).
       block_m_dx, block_k_dx, block_n_dx: dx kernel: a (block_m_dx, block_k_dx) tile of dx, N streamed.
       num_warps_dx, num_stages_dx: its launch parameters.
       rowdot_in_dx: compute c = Σ_N(dy · y) / K inside the dx kernel (every column program of a row block redoes
@@ -259,6 +263,13 @@ def _program_tile(pid, num_rows: int, num_cols: int, group: int):
     return row, col
 
 
+def _rstd_precomputed(cfg: RMSNormMatmulConfig, has_residual: bool) -> bool:
+    """Whether the forward takes r from an XLA row reduction instead of summing x² in the kernel: exactly for
+    gamma_on_w without a residual, where the A operand of the dot is the raw x tile (see ``_forward``). With a
+    residual the A tile is h = x + residual, computed in registers, so the in-kernel statistic is safe."""
+    return cfg.gamma_on_w and not has_residual
+
+
 def _row_mask(start, block: int, limit: int):
     """(block,) bool of rows < limit, or None when every block is full (no masking needed anywhere)."""
     if limit % block == 0:
@@ -279,11 +290,19 @@ def _col(mask):
 # Forward kernel: grid (row blocks × column blocks,), K streamed.
 # ---------------------------------------------------------------------------------------------------------------
 def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: float, has_residual: bool):
+    """y tile (block_m, block_n) = r ⊙ ((x·γ) @ w), K streamed; r from the sum of squares of the same x slices.
+
+    With ``gamma_on_w`` and no residual the kernel is a plain GEMM with a row-scaling epilogue: the A operand is the
+    x tile exactly as loaded, and r comes in precomputed (``rstd_in``) instead of being summed here. The kernel must
+    not use a loaded tile both as a dot operand and as the input of other arithmetic (see ``_forward``)."""
     it = iter(refs)
     x_ref = next(it)
     res_ref = next(it) if has_residual else None
     gamma_ref = None if cfg.gamma_on_w else next(it)
-    w_ref, y_ref, rstd_ref = next(it), next(it), next(it)
+    w_ref = next(it)
+    rstd_in_ref = next(it) if _rstd_precomputed(cfg, has_residual) else None
+    y_ref = next(it)
+    rstd_ref = None if rstd_in_ref is not None else next(it)
     h_ref = next(it) if has_residual else None
 
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -301,6 +320,8 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
             r_tile = tu.load(res_ref, (pl.ds(m0, bm), cols), mask=_col(valid))
             a = (a.astype(_F32) + r_tile.astype(_F32)).astype(x_ref.dtype)  # h, rounded as it is stored
             tu.store(h_ref, (pl.ds(m0, bm), cols), a, mask=h_mask)
+        if rstd_in_ref is not None:  # the raw x tile goes to the dot and nowhere else
+            return acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)]), sum_sq
         a32 = a.astype(_F32)
         sum_sq = sum_sq + jnp.sum(a32 * a32, axis=1)
         if gamma_ref is not None:
@@ -309,9 +330,13 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
         return acc, sum_sq
 
     acc, sum_sq = lax.fori_loop(0, K // bk, body, (jnp.zeros((bm, bn), _F32), jnp.zeros((bm,), _F32)))
-    rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (bm,) float32
+    if rstd_in_ref is not None:
+        rstd = tu.load(rstd_in_ref, (pl.ds(m0, bm),), mask=valid)  # (bm,) float32
+    else:
+        rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (bm,) float32
     tu.store(y_ref, (pl.ds(m0, bm), pl.ds(n0, bn)), (acc * rstd[:, None]).astype(y_ref.dtype), mask=_col(valid))
-    tu.store(rstd_ref, (pl.ds(m0, bm),), rstd, mask=jnp.broadcast_to(_and(valid, first_col), (bm,)))
+    if rstd_ref is not None:
+        tu.store(rstd_ref, (pl.ds(m0, bm),), rstd, mask=jnp.broadcast_to(_and(valid, first_col), (bm,)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -395,7 +420,19 @@ def _forward(x, residual, gamma, w, static: _Static):
         inputs.append((gamma32[:, None] * w.astype(_F32)).astype(w.dtype))
     else:
         inputs += [gamma32, w]
-    out_shape = [jax.ShapeDtypeStruct((M, N), static.out_dtype), jax.ShapeDtypeStruct((M,), _F32)]
+    rstd = None
+    if _rstd_precomputed(cfg, residual is not None):
+        # gamma_on_w without a residual: the A operand is the x tile exactly as loaded. Summing its squares in
+        # the same loop would make one loaded tile both a dot operand and a reduction input, which Triton's
+        # software pipeliner (num_stages > 1, Hopper wgmma with the operand left in shared memory) miscompiles:
+        # on an H100 this variant gave 0.5 relative error in y, and through r and y in every gradient. So r
+        # comes from one XLA row reduction over x (2MK more bytes read) and the kernel is a plain GEMM.
+        x32 = x.astype(_F32)
+        rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
+        inputs.append(rstd)
+    out_shape = [jax.ShapeDtypeStruct((M, N), static.out_dtype)]
+    if rstd is None:
+        out_shape.append(jax.ShapeDtypeStruct((M,), _F32))
     if residual is not None:
         out_shape.append(jax.ShapeDtypeStruct((M, K), x.dtype))
     outs = tu.pallas_call(
@@ -405,8 +442,11 @@ def _forward(x, residual, gamma, w, static: _Static):
         out_shape=out_shape,
         name="rmsnorm_matmul_fwd",
     )(*inputs)
-    y, rstd = outs[0], outs[1]
-    return y, rstd, (outs[2] if residual is not None else None)
+    outs = list(outs)
+    y = outs.pop(0)
+    if rstd is None:
+        rstd = outs.pop(0)
+    return y, rstd, (outs.pop(0) if residual is not None else None)
 
 
 @functools.partial(jax.jit, static_argnames="static")
