@@ -20,12 +20,10 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -34,7 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels import reference, tuning
+from pallas_kernels import reference, triton_utils, tuning
 
 __all__ = ["FlashAttentionConfig", "SUPPORTED_HEAD_DIMS", "autotune", "default_config", "flash_attention"]
 
@@ -406,24 +404,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_se
 # ---------------------------------------------------------------------------------------------------------------
 # pallas_call wrappers
 # ---------------------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _quiet_triton_deprecation():
-    """jax >= 0.11 warns that the Pallas Triton backend is deprecated each time a Triton pallas_call is lowered.
-    We choose Triton on purpose, so silence exactly that warning, only while our own calls trace and compile.
-    (Under a caller's jit the lowering happens later, at the caller's compile, outside this scope.)"""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated",
-                                category=DeprecationWarning)
-        yield
-
-
 def _pallas_call(kernel, *, static: _Static, num_warps: int, num_stages: int, **kwargs):
-    return pl.pallas_call(
-        kernel,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),  # Triton, explicitly
-        interpret=static.interpret,
-        **kwargs,
-    )
+    return triton_utils.pallas_call(kernel, num_warps=num_warps, num_stages=num_stages,
+                                    interpret=static.interpret, **kwargs)
 
 
 def _optional_specs(q_seg, kv_seg, kv_lens, T, S, batch_of):
@@ -509,14 +492,14 @@ def _flash_attention(q, k, v, q_seg, kv_seg, kv_lens, static: _Static):
 
 
 def _flash_attention_fwd(q, k, v, q_seg, kv_seg, kv_lens, static: _Static):
-    with _quiet_triton_deprecation():
+    with triton_utils.quiet_triton_deprecation():
         o, lse = _forward(q, k, v, q_seg, kv_seg, kv_lens, static=static)
     return o, (q, k, v, q_seg, kv_seg, kv_lens, o, lse)
 
 
 def _flash_attention_bwd(static: _Static, residuals, do):
     q, k, v, q_seg, kv_seg, kv_lens, o, lse = residuals
-    with _quiet_triton_deprecation():  # an eager jax.grad compiles the backward here, after our call returned
+    with triton_utils.quiet_triton_deprecation():  # an eager jax.grad compiles the backward here, after our call returned
         dq, dk, dv = _backward(q, k, v, q_seg, kv_seg, kv_lens, o, lse, do, static=static)
     return dq, dk, dv, None, None, None  # segment ids and lengths are integers: no cotangent
 
@@ -617,7 +600,7 @@ def flash_attention(
     config = _resolve_config(q, k, causal, block_sizes, on_gpu=not interpret)
     static = _Static(config=config, causal=bool(causal), scale=float(H**-0.5 if scale is None else scale),
                      interpret=bool(interpret))
-    with _quiet_triton_deprecation():
+    with triton_utils.quiet_triton_deprecation():
         return _flash_attention(q, k, v, q_seg, kv_seg, kv_lens, static)
 
 
@@ -663,7 +646,7 @@ def autotune(q, k, v, *, causal: bool = False, cache_path=tuning.DEFAULT_CACHE_P
     def make_fwd(params):
         cfg = FlashAttentionConfig(**params)
         fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=causal, block_sizes=cfg))
-        with _quiet_triton_deprecation():
+        with triton_utils.quiet_triton_deprecation():
             fn.lower(q, k, v).compile()
         return lambda: fn(q, k, v)
 
@@ -671,7 +654,7 @@ def autotune(q, k, v, *, causal: bool = False, cache_path=tuning.DEFAULT_CACHE_P
         cfg = FlashAttentionConfig(**params)
         loss = lambda q, k, v: flash_attention(q, k, v, causal=causal, block_sizes=cfg).astype(jnp.float32).sum()
         fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-        with _quiet_triton_deprecation():
+        with triton_utils.quiet_triton_deprecation():
             fn.lower(q, k, v).compile()
         return lambda: fn(q, k, v)
 
