@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any, Callable
 
-from hlo_inspect.kernels import CATEGORIES, Kernel, kernels as list_kernels
+from hlo_inspect.kernels import Kernel, kernels as list_kernels
 from hlo_inspect.ledger import Ledger, ledger as build_ledger
 from hlo_inspect.parser import Module, parse
 from hlo_inspect.unfused import Unfused, counterfactual
