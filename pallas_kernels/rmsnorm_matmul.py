@@ -78,6 +78,11 @@ class RMSNormMatmulConfig:
         operand is x itself; otherwise the A tile is scaled by gamma in registers. Without a residual this
         variant also takes r from one XLA row reduction over x (2MK bytes): a raw loaded tile must not feed both
         the dot and the sum of squares (Triton's pipeliner miscompiles that; see ``_forward``).
+      rstd_reload: with gamma_on_w and no residual, sum the squares in the kernel from a second load of each x
+        slice (an L2 hit) instead of the XLA row reduction: the dot's tile still feeds nothing else.
+      split_k: forward programs per output tile, each streaming K / split_k of K (decode: few rows give too few
+        output tiles to keep enough loads of w in flight). The split partials (split_k, M, N) float32 and their
+        sums of squares are combined by one small XLA fusion. (K / split_k) must be a multiple of block_k.
       block_m_dx, block_k_dx, block_n_dx: dx kernel: a (block_m_dx, block_k_dx) tile of dx, N streamed.
       num_warps_dx, num_stages_dx: its launch parameters.
       rowdot_in_dx: compute c = Σ_N(dy · y) / K inside the dx kernel (every column program of a row block redoes
@@ -96,6 +101,8 @@ class RMSNormMatmulConfig:
     num_warps: int = 8
     num_stages: int = 3
     gamma_on_w: bool = False
+    rstd_reload: bool = False
+    split_k: int = 1
     block_m_dx: int = 128
     block_k_dx: int = 128
     block_n_dx: int = 64
@@ -122,9 +129,9 @@ class RMSNormMatmulConfig:
             elif f.name.startswith("num_stages"):
                 if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 8:
                     raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be an int in [1, 8], got {value!r}")
-            elif f.name == "group":
+            elif f.name in ("group", "split_k"):
                 if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise ValueError(f"RMSNormMatmulConfig.group: must be an int >= 1, got {value!r}")
+                    raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be an int >= 1, got {value!r}")
             elif not isinstance(value, bool):
                 raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be a bool, got {value!r}")
 
@@ -136,6 +143,8 @@ class RMSNormMatmulConfig:
         for name in ("block_k", "block_k_dx", "block_k_dw"):
             if K % getattr(self, name):
                 raise ValueError(f"block_sizes: {name}={getattr(self, name)} must divide K={K}")
+        if K % (self.split_k * self.block_k):
+            raise ValueError(f"block_sizes: split_k={self.split_k} times block_k={self.block_k} must divide K={K}")
         for name in ("block_n", "block_n_dx", "block_n_dw"):
             if N % getattr(self, name):
                 raise ValueError(f"block_sizes: {name}={getattr(self, name)} must divide N={N}")
@@ -177,6 +186,10 @@ def _fit_to_shape(params: Mapping, M: int, K: int, N: int) -> dict:
         out[name] = min(out[name], n_div)
     for name in ("block_m", "block_m_dx", "block_m_dw"):
         out[name] = min(out[name], m_cap)
+    split = out.get("split_k", 1)
+    while split > 1 and K % (split * out["block_k"]):
+        split //= 2
+    out["split_k"] = split
     return out
 
 
@@ -207,19 +220,25 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
     base = dict(default_config(M, K, N, on_gpu=True).to_dict())
     fwd, bwd = [], []
     if decode:
-        for bn, bk, warps, stages in [(16, 256, 4, 4), (32, 256, 4, 4), (32, 128, 4, 6), (64, 256, 4, 4),
-                                      (64, 128, 4, 4), (32, 512, 4, 3), (128, 128, 4, 4)]:
-            fwd.append(dict(base, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages))
+        # (block_n, block_k, warps, stages, split_k): narrow column tiles, or wide ones with K split over programs.
+        for bn, bk, warps, stages, split in [(32, 256, 4, 4, 1), (64, 128, 4, 4, 1), (32, 512, 4, 3, 1),
+                                             (128, 128, 4, 4, 4), (128, 128, 4, 4, 8), (256, 128, 4, 3, 8),
+                                             (256, 64, 4, 4, 16), (64, 256, 4, 4, 4), (128, 256, 4, 3, 2)]:
+            fwd.append(dict(base, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, split_k=split))
         for bk, bn, rowdot in [(32, 256, True), (16, 256, True), (64, 128, True), (32, 256, False), (32, 512, True)]:
             bwd.append(dict(base, block_k_dx=bk, block_n_dx=bn, rowdot_in_dx=rowdot))
         for bk, bn in [(32, 128), (128, 128), (64, 256)]:
             bwd.append(dict(base, block_k_dw=bk, block_n_dw=bn))
     else:
-        for bm, bn, bk, warps, stages in [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
-                                          (256, 128, 64, 8, 3), (64, 256, 64, 4, 4), (128, 128, 128, 8, 3)]:
-            for gamma_on_w in (False, True):
-                fwd.append(dict(base, block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
-                                gamma_on_w=gamma_on_w))
+        # gamma folded into w (plain GEMM + XLA statistic, or the statistic from a second in-kernel load of
+        # each x slice), and one tile with gamma applied in registers (2x slower on the H100 in every sweep).
+        for bm, bn, bk, warps, stages, reload in [(128, 256, 64, 8, 3, False), (128, 256, 64, 8, 3, True),
+                                                  (256, 128, 64, 8, 3, False), (256, 128, 64, 8, 3, True),
+                                                  (128, 256, 64, 8, 4, False), (128, 256, 64, 8, 4, True),
+                                                  (128, 128, 64, 4, 4, False)]:
+            fwd.append(dict(base, block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
+                            gamma_on_w=True, rstd_reload=reload))
+        fwd.append(dict(base, block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, gamma_on_w=False))
         for bm, bk, bn, warps, stages in [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
                                           (64, 128, 64, 4, 4)]:
             bwd.append(dict(base, block_m_dx=bm, block_k_dx=bk, block_n_dx=bn, num_warps_dx=warps,
@@ -264,10 +283,11 @@ def _program_tile(pid, num_rows: int, num_cols: int, group: int):
 
 
 def _rstd_precomputed(cfg: RMSNormMatmulConfig, has_residual: bool) -> bool:
-    """Whether the forward takes r from an XLA row reduction instead of summing x² in the kernel: exactly for
-    gamma_on_w without a residual, where the A operand of the dot is the raw x tile (see ``_forward``). With a
-    residual the A tile is h = x + residual, computed in registers, so the in-kernel statistic is safe."""
-    return cfg.gamma_on_w and not has_residual
+    """Whether the forward takes r from an XLA row reduction instead of summing x² in the kernel: for gamma_on_w
+    without a residual and without rstd_reload, where the A operand of the dot is the raw x tile (see
+    ``_forward``). With a residual the A tile is h = x + residual, computed in registers, so the in-kernel
+    statistic is safe; with rstd_reload the squares come from a second load of the tile."""
+    return cfg.gamma_on_w and not has_residual and not cfg.rstd_reload
 
 
 def _row_mask(start, block: int, limit: int):
@@ -292,36 +312,47 @@ def _col(mask):
 def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: float, has_residual: bool):
     """y tile (block_m, block_n) = r ⊙ ((x·γ) @ w), K streamed; r from the sum of squares of the same x slices.
 
-    With ``gamma_on_w`` and no residual the kernel is a plain GEMM with a row-scaling epilogue: the A operand is the
-    x tile exactly as loaded, and r comes in precomputed (``rstd_in``) instead of being summed here. The kernel must
-    not use a loaded tile both as a dot operand and as the input of other arithmetic (see ``_forward``)."""
+    With ``gamma_on_w`` and no residual the A operand is the x tile exactly as loaded: r then comes in precomputed
+    (``rstd_in``), or with ``rstd_reload`` from a second load of the slice. The kernel must not use a loaded tile
+    both as a dot operand and as the input of other arithmetic (see ``_forward``).
+
+    With ``split_k`` > 1, program (tile, s) streams the s-th of split_k K ranges and stores its float32 partial
+    product (unscaled) at y[s] and its partial sum of squares at r[s]; ``_forward`` combines them."""
     it = iter(refs)
     x_ref = next(it)
     res_ref = next(it) if has_residual else None
     gamma_ref = None if cfg.gamma_on_w else next(it)
     w_ref = next(it)
-    rstd_in_ref = next(it) if _rstd_precomputed(cfg, has_residual) else None
+    split = cfg.split_k > 1
+    precomputed = _rstd_precomputed(cfg, has_residual)
+    rstd_in_ref = next(it) if precomputed and not split else None
     y_ref = next(it)
-    rstd_ref = None if rstd_in_ref is not None else next(it)
+    rstd_ref = None if precomputed else next(it)  # r, or the partial sums of squares when split
     h_ref = next(it) if has_residual else None
 
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     pid_m, pid_n = _program_tile(pl.program_id(0), pl.cdiv(M, bm), N // bn, cfg.group)
+    steps = K // bk // cfg.split_k  # K slices per program
+    first_step = pl.program_id(1) * steps
     m0, n0 = pid_m * bm, pid_n * bn
     valid = _row_mask(m0, bm, M)
-    first_col = pid_n == 0  # the programs that also store h and r (one per row block)
+    first_col = pid_n == 0  # the programs that also store h and r (one per row block and K range)
     h_mask = None if h_ref is None else jnp.broadcast_to(_and(valid, first_col)[..., None], (bm, 1))
 
     def body(i, carry):
         acc, sum_sq = carry
-        cols = pl.ds(i * bk, bk)
+        cols = pl.ds((first_step + i) * bk, bk)
         a = tu.load(x_ref, (pl.ds(m0, bm), cols), mask=_col(valid))  # (bm, bk); masked rows read 0
         if res_ref is not None:
             r_tile = tu.load(res_ref, (pl.ds(m0, bm), cols), mask=_col(valid))
             a = (a.astype(_F32) + r_tile.astype(_F32)).astype(x_ref.dtype)  # h, rounded as it is stored
             tu.store(h_ref, (pl.ds(m0, bm), cols), a, mask=h_mask)
-        if rstd_in_ref is not None:  # the raw x tile goes to the dot and nowhere else
-            return acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)]), sum_sq
+        if cfg.gamma_on_w and res_ref is None:  # the raw x tile goes to the dot and nowhere else
+            acc = acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)])
+            if not precomputed:  # rstd_reload: the squares from a second load of the same slice
+                a2 = tu.load(x_ref, (pl.ds(m0, bm), cols), mask=_col(valid)).astype(_F32)
+                sum_sq = sum_sq + jnp.sum(a2 * a2, axis=1)
+            return acc, sum_sq
         a32 = a.astype(_F32)
         sum_sq = sum_sq + jnp.sum(a32 * a32, axis=1)
         if gamma_ref is not None:
@@ -329,14 +360,21 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
         acc = acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)])
         return acc, sum_sq
 
-    acc, sum_sq = lax.fori_loop(0, K // bk, body, (jnp.zeros((bm, bn), _F32), jnp.zeros((bm,), _F32)))
+    acc, sum_sq = lax.fori_loop(0, steps, body, (jnp.zeros((bm, bn), _F32), jnp.zeros((bm,), _F32)))
+    stat_mask = jnp.broadcast_to(_and(valid, first_col), (bm,))
+    if split:
+        s = pl.program_id(1)
+        tu.store(y_ref, (s, pl.ds(m0, bm), pl.ds(n0, bn)), acc, mask=_col(valid))
+        if rstd_ref is not None:
+            tu.store(rstd_ref, (s, pl.ds(m0, bm)), sum_sq, mask=stat_mask)
+        return
     if rstd_in_ref is not None:
         rstd = tu.load(rstd_in_ref, (pl.ds(m0, bm),), mask=valid)  # (bm,) float32
     else:
         rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (bm,) float32
     tu.store(y_ref, (pl.ds(m0, bm), pl.ds(n0, bn)), (acc * rstd[:, None]).astype(y_ref.dtype), mask=_col(valid))
     if rstd_ref is not None:
-        tu.store(rstd_ref, (pl.ds(m0, bm),), rstd, mask=jnp.broadcast_to(_and(valid, first_col), (bm,)))
+        tu.store(rstd_ref, (pl.ds(m0, bm),), rstd, mask=stat_mask)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -414,6 +452,7 @@ def _forward(x, residual, gamma, w, static: _Static):
     M, K = x.shape
     N = w.shape[1]
     cfg = static.config
+    split = cfg.split_k
     gamma32 = gamma.astype(_F32)
     inputs = [x] + ([] if residual is None else [residual])
     if cfg.gamma_on_w:  # one XLA pass over w: diag(gamma) @ w in w's dtype
@@ -426,26 +465,36 @@ def _forward(x, residual, gamma, w, static: _Static):
         # the same loop would make one loaded tile both a dot operand and a reduction input, which Triton's
         # software pipeliner (num_stages > 1, Hopper wgmma with the operand left in shared memory) miscompiles:
         # on an H100 this variant gave 0.5 relative error in y, and through r and y in every gradient. So r
-        # comes from one XLA row reduction over x (2MK more bytes read) and the kernel is a plain GEMM.
+        # comes from one XLA row reduction over x (2MK more bytes read; or, with rstd_reload, from a second
+        # in-kernel load of each slice) and the kernel is a plain GEMM.
         x32 = x.astype(_F32)
         rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
-        inputs.append(rstd)
-    out_shape = [jax.ShapeDtypeStruct((M, N), static.out_dtype)]
+        if split == 1:
+            inputs.append(rstd)
+    if split == 1:
+        out_shape = [jax.ShapeDtypeStruct((M, N), static.out_dtype)]
+        stat_shape = jax.ShapeDtypeStruct((M,), _F32)
+    else:
+        out_shape = [jax.ShapeDtypeStruct((split, M, N), _F32)]
+        stat_shape = jax.ShapeDtypeStruct((split, M), _F32)
     if rstd is None:
-        out_shape.append(jax.ShapeDtypeStruct((M,), _F32))
+        out_shape.append(stat_shape)
     if residual is not None:
         out_shape.append(jax.ShapeDtypeStruct((M, K), x.dtype))
     outs = tu.pallas_call(
         functools.partial(_fwd_kernel, M=M, K=K, N=N, cfg=cfg, eps=static.eps, has_residual=residual is not None),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, interpret=static.interpret,
-        grid=(pl.cdiv(M, cfg.block_m) * (N // cfg.block_n),),
+        grid=(pl.cdiv(M, cfg.block_m) * (N // cfg.block_n), split),
         out_shape=out_shape,
         name="rmsnorm_matmul_fwd",
     )(*inputs)
     outs = list(outs)
     y = outs.pop(0)
     if rstd is None:
-        rstd = outs.pop(0)
+        stat = outs.pop(0)
+        rstd = stat if split == 1 else lax.rsqrt(jnp.sum(stat, axis=0) * (1.0 / K) + static.eps)
+    if split > 1:  # one small fusion: sum the split partials, scale the rows by r, cast
+        y = (jnp.sum(y, axis=0) * rstd[:, None]).astype(static.out_dtype)
     return y, rstd, (outs.pop(0) if residual is not None else None)
 
 

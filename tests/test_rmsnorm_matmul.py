@@ -108,6 +108,24 @@ def test_config_variants_match_reference(variant, dtype):
     _check_against_reference(x, gamma, w, res, _TOL[dtype], block_sizes=variant)
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("variant", [dict(split_k=2), dict(split_k=2, gamma_on_w=True),
+                                     dict(split_k=2, gamma_on_w=True, rstd_reload=True),
+                                     dict(gamma_on_w=True, rstd_reload=True)],
+                         ids=["split", "split-gamma_on_w", "split-reload", "reload"])
+def test_split_k_and_reload_match_reference(variant, residual):
+    """Split-K forward (float32 partials combined outside the kernel) and the in-kernel statistic from a second
+    load of the x slice, with and without a residual (which ignores rstd_reload), at an odd row count."""
+    x, gamma, w, res = _inputs(_S["odd"], _S["K"], _S["N"], jnp.float32, residual=residual)
+    _check_against_reference(x, gamma, w, res, _TOL[jnp.float32], block_sizes=variant)
+
+
+def test_split_k_partials_stay_float32():
+    """bf16 with 4 splits: the partials are summed in float32 before the single rounding to y."""
+    x, gamma, w, _ = _inputs(_S["few"], _S["K"] * 2, _S["N"], jnp.bfloat16)
+    _check_against_reference(x, gamma, w, None, _TOL[jnp.bfloat16], block_sizes=dict(split_k=4))
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_gamma_on_w_without_residual_at_the_swept_tiles(dtype):
     """The config the H100 sweep picked (gamma folded into w, r on the dy tile, 128x256x64 forward tiles, group 8)
@@ -322,8 +340,12 @@ def test_default_config_fits_the_shape():
     assert (big.block_m, big.block_n) == (128, 256)
     decode = rm_module.default_config(1, 4096, 14336, on_gpu=True)
     assert decode.block_m == 16 and decode.rowdot_in_dx
-    fwd, bwd = rm_module.sweep_candidates(4096, 4096, 14336)
-    assert fwd and bwd and all(RMSNormMatmulConfig(**c) for c in fwd + bwd)
+    for M, K, N in [(4096, 4096, 14336), (16, 4096, 4096), (1, 4096, 14336)]:
+        fwd, bwd = rm_module.sweep_candidates(M, K, N)
+        assert fwd and bwd
+        for params in fwd + bwd:
+            RMSNormMatmulConfig(**params).check_shape(K, N)  # valid, and fits the shape it is swept at
+        assert any(c["split_k"] > 1 for c in fwd) == (M <= 64)
     assert triton_utils.resolve_interpret(None) == (jax.default_backend() == "cpu")
 
 
@@ -350,6 +372,9 @@ def _arrays(M=5, K=32, N=16, dtype=jnp.float32):
      r"RMSNormMatmulConfig.block_n: must be a power of two >= 16, got 48"),
     (lambda x, g, w: (x, g, w), dict(block_sizes={"block_k": 64}), r"block_sizes: block_k=64 must divide K=32"),
     (lambda x, g, w: (x, g, w), dict(block_sizes={"gamma_on_w": 1}), r"RMSNormMatmulConfig.gamma_on_w: must be"),
+    (lambda x, g, w: (x, g, w), dict(block_sizes={"split_k": 0}), r"RMSNormMatmulConfig.split_k: must be an int"),
+    (lambda x, g, w: (x, g, w), dict(block_sizes={"block_k": 16, "split_k": 4}),
+     r"block_sizes: split_k=4 times block_k=16 must divide K=32"),
 ])
 def test_bad_inputs(mutate, kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -154,7 +154,8 @@ def sweep(out_dir: str, shapes: list[str] | None, deadline: float) -> None:
                                     [a[:3] for a in sets], wants, with_grads=False)
             results_fwd.append((t, params, err))
         best_fwd = min(results_fwd, key=lambda r: r[0], default=(math.inf, None, math.nan))
-        fwd_fields = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "gamma_on_w")
+        fwd_fields = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "gamma_on_w", "rstd_reload",
+                      "split_k")
         for params in bwd_cands:
             if time.time() > shape_deadline:
                 break
@@ -207,6 +208,7 @@ def main(argv=None) -> int:
     parser.add_argument("--test-timeout-s", type=float, default=150.0)
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--skip-suite", action="store_true")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     deadline = T0 + args.budget_s
@@ -220,10 +222,11 @@ def main(argv=None) -> int:
     import jax
 
     log(f"jax {jax.__version__}, devices {jax.devices()}")
-    try:
-        run_suite(args.out, args.shapes, args.iterations)
-    except Exception:  # noqa: BLE001
-        log(f"suite step failed:\n{traceback.format_exc()}")
+    if not args.skip_suite:
+        try:
+            run_suite(args.out, args.shapes, args.iterations)
+        except Exception:  # noqa: BLE001
+            log(f"suite step failed:\n{traceback.format_exc()}")
 
     if not args.skip_sweep:
         try:
