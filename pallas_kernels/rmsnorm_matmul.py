@@ -78,13 +78,14 @@ class RMSNormMatmulConfig:
         operand is x itself; otherwise the A tile is scaled by gamma in registers. Without a residual this
         variant also takes r from one XLA row reduction over x (2MK bytes): a raw loaded tile must not feed both
         the dot and the sum of squares (Triton's pipeliner miscompiles that; see ``_forward``).
-      rstd_reload: with gamma_on_w and no residual, sum the squares in the kernel from a second load of each x
-        slice (an L2 hit) instead of the XLA row reduction: the dot's tile still feeds nothing else.
       split_k: forward programs per output tile, each streaming K / split_k of K (decode: few rows give too few
         output tiles to keep enough loads of w in flight). The split partials (split_k, M, N) float32 and their
         sums of squares are combined by one small XLA fusion. (K / split_k) must be a multiple of block_k.
       block_m_dx, block_k_dx, block_n_dx: dx kernel: a (block_m_dx, block_k_dx) tile of dx, N streamed.
       num_warps_dx, num_stages_dx: its launch parameters.
+      split_n_dx: dx programs per (block_m_dx, block_k_dx) tile, each streaming N / split_n_dx of N; the float32
+        partials (split_n_dx, M, K) are combined, and the dx epilogue and dgamma applied, by one XLA fusion
+        (decode: few rows give too few dx tiles to keep enough loads of w in flight). Needs rowdot_in_dx=False.
       rowdot_in_dx: compute c = Σ_N(dy · y) / K inside the dx kernel (every column program of a row block redoes
         it: cheap for few rows) instead of in a separate XLA fusion.
       block_k_dw, block_n_dw, block_m_dw: dw kernel: a (block_k_dw, block_n_dw) tile of dw, M streamed.
@@ -101,13 +102,13 @@ class RMSNormMatmulConfig:
     num_warps: int = 8
     num_stages: int = 3
     gamma_on_w: bool = False
-    rstd_reload: bool = False
     split_k: int = 1
     block_m_dx: int = 128
     block_k_dx: int = 128
     block_n_dx: int = 64
     num_warps_dx: int = 8
     num_stages_dx: int = 3
+    split_n_dx: int = 1
     rowdot_in_dx: bool = False
     block_k_dw: int = 128
     block_n_dw: int = 128
@@ -129,11 +130,14 @@ class RMSNormMatmulConfig:
             elif f.name.startswith("num_stages"):
                 if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 8:
                     raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be an int in [1, 8], got {value!r}")
-            elif f.name in ("group", "split_k"):
+            elif f.name in ("group", "split_k", "split_n_dx"):
                 if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                     raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be an int >= 1, got {value!r}")
             elif not isinstance(value, bool):
                 raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be a bool, got {value!r}")
+
+        if self.split_n_dx > 1 and self.rowdot_in_dx:
+            raise ValueError("RMSNormMatmulConfig: split_n_dx > 1 needs rowdot_in_dx=False (c comes from XLA)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -145,6 +149,9 @@ class RMSNormMatmulConfig:
                 raise ValueError(f"block_sizes: {name}={getattr(self, name)} must divide K={K}")
         if K % (self.split_k * self.block_k):
             raise ValueError(f"block_sizes: split_k={self.split_k} times block_k={self.block_k} must divide K={K}")
+        if N % (self.split_n_dx * self.block_n_dx):
+            raise ValueError(f"block_sizes: split_n_dx={self.split_n_dx} times block_n_dx={self.block_n_dx} must "
+                             f"divide N={N}")
         for name in ("block_n", "block_n_dx", "block_n_dw"):
             if N % getattr(self, name):
                 raise ValueError(f"block_sizes: {name}={getattr(self, name)} must divide N={N}")
@@ -190,6 +197,10 @@ def _fit_to_shape(params: Mapping, M: int, K: int, N: int) -> dict:
     while split > 1 and K % (split * out["block_k"]):
         split //= 2
     out["split_k"] = split
+    split = out.get("split_n_dx", 1)
+    while split > 1 and N % (split * out["block_n_dx"]):
+        split //= 2
+    out["split_n_dx"] = split
     return out
 
 
@@ -221,23 +232,24 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
     fwd, bwd = [], []
     if decode:
         # (block_n, block_k, warps, stages, split_k): narrow column tiles, or wide ones with K split over programs.
-        for bn, bk, warps, stages, split in [(32, 256, 4, 4, 1), (64, 128, 4, 4, 1), (32, 512, 4, 3, 1),
-                                             (128, 128, 4, 4, 4), (128, 128, 4, 4, 8), (256, 128, 4, 3, 8),
-                                             (256, 64, 4, 4, 16), (64, 256, 4, 4, 4), (128, 256, 4, 3, 2)]:
+        for bn, bk, warps, stages, split in [(128, 128, 4, 4, 4), (256, 128, 4, 3, 8), (128, 64, 4, 4, 4),
+                                             (128, 128, 4, 3, 4), (64, 128, 4, 4, 8), (64, 64, 4, 4, 16),
+                                             (256, 64, 4, 4, 8), (128, 256, 4, 3, 4), (32, 256, 4, 4, 1)]:
             fwd.append(dict(base, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, split_k=split))
-        for bk, bn, rowdot in [(32, 256, True), (16, 256, True), (64, 128, True), (32, 256, False), (32, 512, True)]:
-            bwd.append(dict(base, block_k_dx=bk, block_n_dx=bn, rowdot_in_dx=rowdot))
+        # dx: (block_k_dx, block_n_dx, split_n_dx, rowdot_in_dx)
+        for bk, bn, split, rowdot in [(32, 256, 1, False), (64, 256, 4, False), (128, 256, 8, False),
+                                      (64, 128, 8, False), (128, 128, 16, False), (32, 256, 4, False),
+                                      (32, 256, 1, True)]:
+            bwd.append(dict(base, block_k_dx=bk, block_n_dx=bn, split_n_dx=split, rowdot_in_dx=rowdot))
         for bk, bn in [(32, 128), (128, 128), (64, 256)]:
             bwd.append(dict(base, block_k_dw=bk, block_n_dw=bn))
     else:
-        # gamma folded into w (plain GEMM + XLA statistic, or the statistic from a second in-kernel load of
-        # each x slice), and one tile with gamma applied in registers (2x slower on the H100 in every sweep).
-        for bm, bn, bk, warps, stages, reload in [(128, 256, 64, 8, 3, False), (128, 256, 64, 8, 3, True),
-                                                  (256, 128, 64, 8, 3, False), (256, 128, 64, 8, 3, True),
-                                                  (128, 256, 64, 8, 4, False), (128, 256, 64, 8, 4, True),
-                                                  (128, 128, 64, 4, 4, False)]:
+        # gamma folded into w (a plain GEMM plus the XLA statistic), and one tile with gamma applied in registers
+        # (2x slower on the H100 in every sweep).
+        for bm, bn, bk, warps, stages in [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4),
+                                          (128, 128, 64, 4, 4), (128, 128, 64, 8, 4)]:
             fwd.append(dict(base, block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
-                            gamma_on_w=True, rstd_reload=reload))
+                            gamma_on_w=True))
         fwd.append(dict(base, block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, gamma_on_w=False))
         for bm, bk, bn, warps, stages in [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
                                           (64, 128, 64, 4, 4)]:
@@ -283,11 +295,10 @@ def _program_tile(pid, num_rows: int, num_cols: int, group: int):
 
 
 def _rstd_precomputed(cfg: RMSNormMatmulConfig, has_residual: bool) -> bool:
-    """Whether the forward takes r from an XLA row reduction instead of summing x² in the kernel: for gamma_on_w
-    without a residual and without rstd_reload, where the A operand of the dot is the raw x tile (see
-    ``_forward``). With a residual the A tile is h = x + residual, computed in registers, so the in-kernel
-    statistic is safe; with rstd_reload the squares come from a second load of the tile."""
-    return cfg.gamma_on_w and not has_residual and not cfg.rstd_reload
+    """Whether the forward takes r from an XLA row reduction instead of summing x² in the kernel: exactly for
+    gamma_on_w without a residual, where the A operand of the dot is the raw x tile (see ``_forward``). With a
+    residual the A tile is h = x + residual, computed in registers, so the in-kernel statistic is safe."""
+    return cfg.gamma_on_w and not has_residual
 
 
 def _row_mask(start, block: int, limit: int):
@@ -312,9 +323,9 @@ def _col(mask):
 def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: float, has_residual: bool):
     """y tile (block_m, block_n) = r ⊙ ((x·γ) @ w), K streamed; r from the sum of squares of the same x slices.
 
-    With ``gamma_on_w`` and no residual the A operand is the x tile exactly as loaded: r then comes in precomputed
-    (``rstd_in``), or with ``rstd_reload`` from a second load of the slice. The kernel must not use a loaded tile
-    both as a dot operand and as the input of other arithmetic (see ``_forward``).
+    With ``gamma_on_w`` and no residual the A operand is the x tile exactly as loaded and r comes in precomputed
+    (``rstd_in``). The kernel must not use a loaded tile both as a dot operand and as the input of other
+    arithmetic (see ``_forward``).
 
     With ``split_k`` > 1, program (tile, s) streams the s-th of split_k K ranges and stores its float32 partial
     product (unscaled) at y[s] and its partial sum of squares at r[s]; ``_forward`` combines them."""
@@ -347,12 +358,8 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
             r_tile = tu.load(res_ref, (pl.ds(m0, bm), cols), mask=_col(valid))
             a = (a.astype(_F32) + r_tile.astype(_F32)).astype(x_ref.dtype)  # h, rounded as it is stored
             tu.store(h_ref, (pl.ds(m0, bm), cols), a, mask=h_mask)
-        if cfg.gamma_on_w and res_ref is None:  # the raw x tile goes to the dot and nowhere else
-            acc = acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)])
-            if not precomputed:  # rstd_reload: the squares from a second load of the same slice
-                a2 = tu.load(x_ref, (pl.ds(m0, bm), cols), mask=_col(valid)).astype(_F32)
-                sum_sq = sum_sq + jnp.sum(a2 * a2, axis=1)
-            return acc, sum_sq
+        if precomputed:  # the raw x tile goes to the dot and nowhere else
+            return acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)]), sum_sq
         a32 = a.astype(_F32)
         sum_sq = sum_sq + jnp.sum(a32 * a32, axis=1)
         if gamma_ref is not None:
@@ -381,22 +388,27 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
 # Backward kernels
 # ---------------------------------------------------------------------------------------------------------------
 def _dx_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, has_dh: bool):
-    """dx tile (block_m_dx, block_k_dx) = r·γ·(dy @ wᵀ) − r²·c·x (+ dh); also dgamma partial sums per row block."""
+    """dx tile (block_m_dx, block_k_dx) = r·γ·(dy @ wᵀ) − r²·c·x (+ dh); also dgamma partial sums per row block.
+    With split_n_dx > 1 only dy @ wᵀ over this program's N range, stored as a float32 partial at dx[split]."""
     it = iter(refs)
-    dy_ref, w_ref, x_ref, gamma_ref, rstd_ref = (next(it) for _ in range(5))
-    rowdot_ref = next(it)  # y (M, N) when cfg.rowdot_in_dx, else c (M,)
-    dh_ref = next(it) if has_dh else None
-    dx_ref, dgamma_ref = next(it), next(it)
+    dy_ref, w_ref = next(it), next(it)
+    split = cfg.split_n_dx > 1
+    x_ref, gamma_ref, rstd_ref, rowdot_ref = (None,) * 4 if split else (next(it) for _ in range(4))
+    dh_ref = next(it) if has_dh and not split else None
+    dx_ref = next(it)
+    dgamma_ref = None if split else next(it)
 
     bm, bk, bn = cfg.block_m_dx, cfg.block_k_dx, cfg.block_n_dx
     pid_m, pid_k = _program_tile(pl.program_id(0), pl.cdiv(M, bm), K // bk, cfg.group)
     m0, k0 = pid_m * bm, pid_k * bk
     rows = pl.ds(m0, bm)
     valid = _row_mask(m0, bm, M)
+    steps = N // bn // cfg.split_n_dx  # N slices per program
+    first_step = pl.program_id(1) * steps
 
     def body(j, carry):
         acc, row_dot = carry
-        cols = pl.ds(j * bn, bn)
+        cols = pl.ds((first_step + j) * bn, bn)
         dy = tu.load(dy_ref, (rows, cols), mask=_col(valid))  # (bm, bn)
         acc = acc + tu.dot(dy, w_ref[pl.ds(k0, bk), cols], trans_b=True)  # (bm, bk)
         if cfg.rowdot_in_dx:
@@ -404,7 +416,10 @@ def _dx_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, has_dh: 
             row_dot = row_dot + jnp.sum(dy.astype(_F32) * y.astype(_F32), axis=1)
         return acc, row_dot
 
-    acc, row_dot = lax.fori_loop(0, N // bn, body, (jnp.zeros((bm, bk), _F32), jnp.zeros((bm,), _F32)))
+    acc, row_dot = lax.fori_loop(0, steps, body, (jnp.zeros((bm, bk), _F32), jnp.zeros((bm,), _F32)))
+    if cfg.split_n_dx > 1:  # a float32 partial of dy @ wᵀ; _backward applies the epilogue
+        tu.store(dx_ref, (pl.program_id(1), rows, pl.ds(k0, bk)), acc, mask=_col(valid))
+        return
     c = row_dot * (1.0 / K) if cfg.rowdot_in_dx else tu.load(rowdot_ref, (rows,), mask=valid)
     r = tu.load(rstd_ref, (rows,), mask=valid)  # masked rows: r = 0, so they add nothing to dgamma
     x = tu.load(x_ref, (rows, pl.ds(k0, bk)), mask=_col(valid)).astype(_F32)
@@ -465,8 +480,9 @@ def _forward(x, residual, gamma, w, static: _Static):
         # the same loop would make one loaded tile both a dot operand and a reduction input, which Triton's
         # software pipeliner (num_stages > 1, Hopper wgmma with the operand left in shared memory) miscompiles:
         # on an H100 this variant gave 0.5 relative error in y, and through r and y in every gradient. So r
-        # comes from one XLA row reduction over x (2MK more bytes read; or, with rstd_reload, from a second
-        # in-kernel load of each slice) and the kernel is a plain GEMM.
+        # comes from one XLA row reduction over x (2MK more bytes read) and the kernel is a plain GEMM. Loading
+        # the slice a second time for the squares does not avoid it: that variant gave 0.18-0.66 relative
+        # error on the H100 (sweep of 2026-11-22).
         x32 = x.astype(_F32)
         rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
         if split == 1:
@@ -513,14 +529,26 @@ def _backward(x, gamma, w, rstd, y, dy, dh, static: _Static):
     dy = dy.astype(w.dtype)  # the MMA operand dtype
 
     num_row_blocks = pl.cdiv(M, cfg.block_m_dx)
-    dx, dgamma_parts = tu.pallas_call(
-        functools.partial(_dx_kernel, M=M, K=K, N=N, cfg=cfg, has_dh=dh is not None),
-        num_warps=cfg.num_warps_dx, num_stages=cfg.num_stages_dx, interpret=static.interpret,
-        grid=(num_row_blocks * (K // cfg.block_k_dx),),
-        out_shape=[jax.ShapeDtypeStruct((M, K), x.dtype), jax.ShapeDtypeStruct((num_row_blocks * K,), _F32)],
-        name="rmsnorm_matmul_dx",
-    )(dy, w, x, gamma32, rstd, row_dot_input, *([dh] if dh is not None else []))
-    dgamma = dgamma_parts.reshape(num_row_blocks, K).sum(axis=0).astype(gamma.dtype)
+    kernel = functools.partial(_dx_kernel, M=M, K=K, N=N, cfg=cfg, has_dh=dh is not None)
+    launch = dict(num_warps=cfg.num_warps_dx, num_stages=cfg.num_stages_dx, interpret=static.interpret,
+                  grid=(num_row_blocks * (K // cfg.block_k_dx), cfg.split_n_dx), name="rmsnorm_matmul_dx")
+    if cfg.split_n_dx > 1:  # partials of g = dy @ wᵀ; one XLA fusion sums them and applies the dx epilogue
+        parts = tu.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((cfg.split_n_dx, M, K), _F32),
+                               **launch)(dy, w)
+        g = jnp.sum(parts, axis=0)  # (M, K) float32
+        x32 = x.astype(_F32)
+        dx = (rstd[:, None] * gamma32[None, :]) * g - (rstd * rstd * row_dot_input)[:, None] * x32
+        if dh is not None:
+            dx = dx + dh.astype(_F32)
+        dx = dx.astype(x.dtype)
+        dgamma = jnp.sum(g * x32 * rstd[:, None], axis=0).astype(gamma.dtype)
+    else:
+        dx, dgamma_parts = tu.pallas_call(
+            kernel,
+            out_shape=[jax.ShapeDtypeStruct((M, K), x.dtype), jax.ShapeDtypeStruct((num_row_blocks * K,), _F32)],
+            **launch,
+        )(dy, w, x, gamma32, rstd, row_dot_input, *([dh] if dh is not None else []))
+        dgamma = dgamma_parts.reshape(num_row_blocks, K).sum(axis=0).astype(gamma.dtype)
 
     dw = tu.pallas_call(
         functools.partial(_dw_kernel, M=M, K=K, N=N, cfg=cfg),

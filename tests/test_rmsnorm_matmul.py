@@ -110,12 +110,11 @@ def test_config_variants_match_reference(variant, dtype):
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("variant", [dict(split_k=2), dict(split_k=2, gamma_on_w=True),
-                                     dict(split_k=2, gamma_on_w=True, rstd_reload=True),
-                                     dict(gamma_on_w=True, rstd_reload=True)],
-                         ids=["split", "split-gamma_on_w", "split-reload", "reload"])
-def test_split_k_and_reload_match_reference(variant, residual):
-    """Split-K forward (float32 partials combined outside the kernel) and the in-kernel statistic from a second
-    load of the x slice, with and without a residual (which ignores rstd_reload), at an odd row count."""
+                                     dict(split_n_dx=2, rowdot_in_dx=False)],
+                         ids=["split_k", "split_k-gamma_on_w", "split_n_dx"])
+def test_split_variants_match_reference(variant, residual):
+    """Split-K forward and split-N dx (float32 partials combined, and the epilogue applied, outside the kernel),
+    with and without a residual (whose cotangent joins dx), gamma in registers or folded into w, odd row count."""
     x, gamma, w, res = _inputs(_S["odd"], _S["K"], _S["N"], jnp.float32, residual=residual)
     _check_against_reference(x, gamma, w, res, _TOL[jnp.float32], block_sizes=variant)
 
@@ -309,18 +308,24 @@ def _lower_for_cuda(fn, *args):
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("dtype,M,K,N,residual", [(jnp.bfloat16, 300, 256, 512, True), (jnp.float32, 16, 4096, 4096,
-                                                                                       False),
-                                                  (jnp.float16, 1, 4096, 14336, False)])
-def test_lowers_to_triton_kernels(dtype, M, K, N, residual):
-    """Even on CPU: the Triton lowering accepts every kernel at the GPU table's tiles (prefill and decode)."""
+_SPLIT_DECODE = dict(block_n=128, block_k=128, split_k=4, block_k_dx=128, block_n_dx=256, split_n_dx=8,
+                     rowdot_in_dx=False)
+
+
+@pytest.mark.parametrize("dtype,M,K,N,residual,blocks", [
+    (jnp.bfloat16, 300, 256, 512, True, None), (jnp.float32, 16, 4096, 4096, False, None),
+    (jnp.float16, 1, 4096, 14336, False, None), (jnp.bfloat16, 16, 4096, 4096, False, _SPLIT_DECODE),
+    (jnp.bfloat16, 16, 4096, 4096, True, _SPLIT_DECODE)])
+def test_lowers_to_triton_kernels(dtype, M, K, N, residual, blocks):
+    """Even on CPU: the Triton lowering accepts every kernel at the GPU table's tiles (prefill and decode) and
+    the split decode variants."""
     x = jax.ShapeDtypeStruct((M, K), dtype)
     gamma = jax.ShapeDtypeStruct((K,), jnp.float32)
     w = jax.ShapeDtypeStruct((K, N), dtype)
     res = x if residual else None
 
     def fn(x, g, w, r):
-        out = rmsnorm_matmul(x, g, w, residual=r, interpret=False)
+        out = rmsnorm_matmul(x, g, w, residual=r, interpret=False, block_sizes=blocks)
         return out if r is None else out[1]
 
     with triton_utils.quiet_triton_deprecation():
@@ -375,6 +380,8 @@ def _arrays(M=5, K=32, N=16, dtype=jnp.float32):
     (lambda x, g, w: (x, g, w), dict(block_sizes={"split_k": 0}), r"RMSNormMatmulConfig.split_k: must be an int"),
     (lambda x, g, w: (x, g, w), dict(block_sizes={"block_k": 16, "split_k": 4}),
      r"block_sizes: split_k=4 times block_k=16 must divide K=32"),
+    (lambda x, g, w: (x, g, w), dict(block_sizes={"split_n_dx": 2, "rowdot_in_dx": True}),
+     r"split_n_dx > 1 needs rowdot_in_dx=False"),
 ])
 def test_bad_inputs(mutate, kwargs, match):
     with pytest.raises(ValueError, match=match):

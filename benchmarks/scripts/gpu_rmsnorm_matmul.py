@@ -154,8 +154,7 @@ def sweep(out_dir: str, shapes: list[str] | None, deadline: float) -> None:
                                     [a[:3] for a in sets], wants, with_grads=False)
             results_fwd.append((t, params, err))
         best_fwd = min(results_fwd, key=lambda r: r[0], default=(math.inf, None, math.nan))
-        fwd_fields = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "gamma_on_w", "rstd_reload",
-                      "split_k")
+        fwd_fields = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "gamma_on_w", "split_k")
         for params in bwd_cands:
             if time.time() > shape_deadline:
                 break
