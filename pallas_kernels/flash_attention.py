@@ -11,6 +11,10 @@ Layout and semantics follow ``jax.nn.dot_product_attention``: q (B, T, N, H), k 
 Unlike ``jax.nn.dot_product_attention``, a query row with no visible key returns zeros (not the mean of V), with zero
 gradients. ``pallas_kernels.reference.attention`` is the float32 jnp equivalent.
 
+Measured and dropped (H100, benchmarks/results/attention-sweep-lazy-rescale-h100.txt): rescaling the accumulator
+only when a row's maximum rises by more than 8 (log2 units), behind a lax.cond per key tile, made the forward 7-9%
+slower (probably because the branch breaks up the software-pipelined loop body).
+
 Example::
 
   o = flash_attention(q, k, v, causal=True)                        # interpret mode on CPU, Triton on GPU
@@ -41,9 +45,6 @@ _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(
 _LOG2E = math.log2(math.e)
 # Running max before any visible key: finite, so exp2(m_old - m_new) and exp2(-inf - m) never see inf - inf.
 _M_INIT = -1e30
-# lazy_rescale: how far (log2 units) a row's maximum may rise before the accumulator is rescaled; probabilities
-# stay <= 2^8 = 256, far from overflowing the float32 row sums or the 16-bit P·V operand.
-_RESCALE_SLACK = 8.0
 _OP = "flash_attention"
 
 
@@ -60,9 +61,6 @@ class FlashAttentionConfig:
       block_q_dq, block_k_dq: dQ kernel: block_q_dq query rows per program, key/value tiles of block_k_dq rows.
       num_warps, num_stages: Triton launch parameters of the forward kernel.
       num_warps_bwd, num_stages_bwd: the same for both backward kernels.
-      lazy_rescale: forward: move a row's running max only when a key tile raises it by more than
-        ``_RESCALE_SLACK`` (log2 units), and skip the rescaling of the (block_q, H) accumulator (a branch) when no
-        row of the tile needs it. Probabilities then stay below 2^slack instead of 1: exact in the float32 sums.
     All block sizes are powers of two >= 16 (Triton tensor shapes and tl.dot minimum); they need not divide T or S.
     """
 
@@ -76,7 +74,6 @@ class FlashAttentionConfig:
     num_stages: int = 3
     num_warps_bwd: int = 8
     num_stages_bwd: int = 3
-    lazy_rescale: bool = False
 
     def __post_init__(self):
         for name in ("block_q", "block_k", "block_q_dkv", "block_k_dkv", "block_q_dq", "block_k_dq"):
@@ -91,8 +88,6 @@ class FlashAttentionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 8:
                 raise ValueError(f"FlashAttentionConfig.{name}: must be an int in [1, 8], got {value!r}")
-        if not isinstance(self.lazy_rescale, bool):
-            raise ValueError(f"FlashAttentionConfig.lazy_rescale: must be a bool, got {self.lazy_rescale!r}")
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -274,19 +269,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
             if visible is not None:
                 s = jnp.where(visible, s, -jnp.inf)
         # With a positive scale, max(s) * scale == max(s * scale): the scale then folds into one FMA per score.
-        m_tile = jnp.max(s, axis=1) * exp_scale
-        if cfg.lazy_rescale:
-            def rescale(state):
-                acc, m, l = state
-                m_new = jnp.where(m_tile > m + _RESCALE_SLACK, m_tile, m)
-                alpha = jnp.exp2(m - m_new)
-                return acc * alpha[:, None], m_new, l * alpha
-
-            # One scalar test per tile; most tiles after the first few leave every row's maximum in place.
-            acc, m, l = lax.cond(jnp.max(m_tile - m) > _RESCALE_SLACK, rescale, lambda state: state, (acc, m, l))
-            p = jnp.exp2(s * exp_scale - m[:, None])  # <= 2^slack; masked entries: exp2(-inf) = 0
-            return acc + _dot(p.astype(v.dtype), v), m, l + jnp.sum(p, axis=1)
-        m_new = jnp.maximum(m, m_tile)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1) * exp_scale)
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(s * exp_scale - m_new[:, None])  # masked entries: exp2(-inf) = 0
         l = l * alpha + jnp.sum(p, axis=1)
@@ -630,13 +613,13 @@ def flash_attention(
 # ---------------------------------------------------------------------------------------------------------------
 def _candidates(head_dim: int, dtype, T: int, S: int) -> list[dict[str, int]]:
     """A small search space around the table entry: forward tiles × warps × stages, and backward tile pairs."""
-    base = FlashAttentionConfig(**tuning.flash_attention_table(head_dim, dtype, on_gpu=True)).to_dict()
+    base = tuning.flash_attention_table(head_dim, dtype, on_gpu=True)
     fwd_tiles = [(128, 64), (128, 128), (64, 64), (64, 32)] if head_dim <= 128 else [(64, 32), (64, 64), (32, 32)]
     bwd_tiles = ([(32, 128, 128, 32), (64, 64, 64, 64), (64, 128, 128, 64), (32, 64, 64, 32)] if head_dim <= 128
                  else [(32, 64, 64, 32), (16, 64, 64, 16), (32, 32, 32, 32)])
     out = []
-    for (bq, bk), warps, stages, lazy in itertools.product(fwd_tiles, (4, 8), (2, 3, 4), (False, True)):
-        out.append(dict(base, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages, lazy_rescale=lazy))
+    for (bq, bk), warps, stages in itertools.product(fwd_tiles, (4, 8), (2, 3, 4)):
+        out.append(dict(base, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages))
     for (q1, k1, q2, k2), warps, stages in itertools.product(bwd_tiles, (4, 8), (2, 3)):
         out.append(dict(base, block_q_dkv=q1, block_k_dkv=k1, block_q_dq=q2, block_k_dq=k2,
                         num_warps_bwd=warps, num_stages_bwd=stages))

@@ -144,21 +144,6 @@ def test_explicit_block_sizes_are_used_and_agree():
     assert all(getattr(config, name) == value for name, value in blocks.items())
 
 
-@pytest.mark.parametrize("causal,dtype,scale", [(True, jnp.float32, None), (False, jnp.bfloat16, None),
-                                                (False, jnp.float32, -0.2)])
-def test_lazy_rescale_matches_reference(causal, dtype, scale):
-    """lazy_rescale keeps a row's running max until a key tile raises it by more than the slack: keys growing
-    along the sequence (scores rising by ~1.5 log2 units per 16 keys, and a jump of 30 at the end) make later
-    tiles take both branches, and the odd lengths mask the tails."""
-    B, T, S, N, K, H = 1, _S["odd_long"], _S["odd_long"], 2, 1, 64
-    q, v = _normal((B, T, N, H)), _normal((B, S, K, H))
-    growth = (1.0 + jnp.arange(S) / 16.0).at[-5:].add(30.0)[None, :, None, None]
-    k = _normal((B, S, K, H)) * growth
-    q, k, v = (x.astype(dtype) for x in (q, k, v))
-    blocks = dict(block_q=16, block_k=16, lazy_rescale=True)
-    _check_against_reference(q, k, v, _TOL[dtype], causal=causal, scale=scale, block_sizes=blocks)
-
-
 @pytest.mark.parametrize("scale", [0.37, -0.2])
 def test_scale(scale):
     B, T, N, H = 1, _S["odd_short"], 2, 64
@@ -214,8 +199,7 @@ def test_lowers_to_triton_kernels_without_score_buffers(dtype, H, causal, masks)
     kv = jax.ShapeDtypeStruct((B, S, K, H), dtype)
     extra = dict(segment_ids=(jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)),
                  kv_seq_lengths=jnp.full((B,), S, jnp.int32)) if masks else {}
-    blocks = dict(lazy_rescale=True) if masks else None  # the branch of the lazy rescale lowers too
-    attn = lambda q, k, v: flash_attention(q, k, v, causal=causal, interpret=False, block_sizes=blocks, **extra)
+    attn = lambda q, k, v: flash_attention(q, k, v, causal=causal, interpret=False, **extra)
     fwd = _lower_for_cuda(attn, q, kv, kv)
     assert fwd.count("__gpu$xla.gpu.triton") == 1
     train = _lower_for_cuda(jax.grad(lambda *a: attn(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2)), q, kv, kv)

@@ -344,7 +344,7 @@ def test_default_config_fits_the_shape():
     big = rm_module.default_config(4096, 4096, 14336, on_gpu=True)
     assert (big.block_m, big.block_n) == (128, 256)
     decode = rm_module.default_config(1, 4096, 14336, on_gpu=True)
-    assert decode.block_m == 16 and decode.rowdot_in_dx
+    assert decode.block_m == 16 and decode.split_k > 1
     for M, K, N in [(4096, 4096, 14336), (16, 4096, 4096), (1, 4096, 14336)]:
         fwd, bwd = rm_module.sweep_candidates(M, K, N)
         assert fwd and bwd
