@@ -22,8 +22,11 @@ Cost (F = 2·B·H·V FLOPs, one GEMM of the problem): forward 1 F; backward 3 F 
 against XLA's 3 F with materialized logits. HBM: forward ≈ h + w + (splits·B·12) bytes; backward adds the dlogits
 chunks (B·V·itemsize written, read twice), the w chunks sliced for the dh GEMM (H·V·itemsize), and the dh
 accumulator (B·H·4 bytes read and written per chunk). Temporary memory: B·H·4 (dh) + B·chunk_v·itemsize
-(dlogits) + H·chunk_v·itemsize (w slice, dw chunk) — no (B, V) buffer anywhere. The alternatives and why they
-lose are in the suite's notes (``jaxfuse.suites.cross_entropy``).
+(dlogits) + H·chunk_v·itemsize (w slice, dw chunk) — no (B, V) buffer anywhere. The float32 dh accumulator is
+the floor of any design that accumulates in float32 without a (B, V) buffer: dh needs every vocabulary column and
+dw every row, so one of the two must persist in float32 across the outer loop, and dh (B·H·4) is the smaller one
+(128 MiB = 2.1% of plain XLA's temporary memory at 8192×4096×128256). The alternatives and why they lose are in
+the suite's notes (``jaxfuse.suites.cross_entropy``).
 
 Example::
 
@@ -165,8 +168,10 @@ def _resolve(config: LinearCrossEntropyConfig, B: int, V: int) -> LinearCrossEnt
         splits = min(16, max(1, pl.cdiv(4 * _NUM_SMS, pl.cdiv(B, config.block_b))))
     splits = pl.cdiv(n_vt, pl.cdiv(n_vt, min(splits, n_vt)))  # no empty split
     chunk = config.chunk_v
-    if chunk is None:
-        chunk = max(config.block_v_bwd, 1 << max(0, (_CHUNK_ELEMENTS // max(B, 1)).bit_length() - 1))
+    if chunk is None:  # ~_CHUNK_ELEMENTS per chunk, then evened out: V = n chunks of a multiple of 8 columns
+        target = max(config.block_v_bwd, 1 << max(0, (_CHUNK_ELEMENTS // max(B, 1)).bit_length() - 1))
+        num_chunks = pl.cdiv(V, target)
+        chunk = 8 * pl.cdiv(pl.cdiv(V, num_chunks), 8)
     return dataclasses.replace(config, num_splits=splits, chunk_v=min(chunk, V))
 
 
@@ -318,40 +323,32 @@ def _dlogits(h, w_chunk, labels_local, lse, g, st: _Static):
 
 @functools.partial(jax.jit, static_argnames="st")
 def _backward(h, w, labels, lse, g, st: _Static):
-    """(dh, dw) for row weights g (B,) float32 (upstream cotangent, 0 for ignored rows)."""
+    """(dh, dw) for row weights g (B,) float32 (upstream cotangent, 0 for ignored rows).
+
+    ceil(V / chunk_v) steps of chunk_v columns; the last step's start is clamped to V − chunk_v, and the columns it
+    shares with the step before are zeroed in its copy of w for the dh GEMM (their dw columns are recomputed and
+    rewritten with the same values). So every step has one shape, the dh accumulator is updated in place by its
+    GEMM, and there is no separate tail step with a (B, H) partial of its own."""
     B, H = h.shape
     V = w.shape[1]
     chunk = st.config.chunk_v
     precision = lax.Precision.HIGHEST if h.dtype == jnp.float32 else lax.Precision.DEFAULT
 
-    def step(v0, w_chunk):
-        dl = _dlogits(h, w_chunk, labels - v0, lse, g, st)  # (B, Vc)
+    def body(i, carry):
+        dh, dw = carry
+        v0 = jnp.minimum(i * chunk, V - chunk)
+        w_chunk = lax.dynamic_slice_in_dim(w, v0, chunk, axis=1)  # (H, chunk)
+        dl = _dlogits(h, w_chunk, labels - v0, lse, g, st)  # (B, chunk)
         dw_chunk = lax.dot_general(h, dl, (((0,), (0,)), ((), ())), precision=precision,
-                                   preferred_element_type=jnp.float32).astype(w.dtype)  # (H, Vc) = hᵀ dl
-        dh_part = lax.dot_general(dl, w_chunk, (((1,), (1,)), ((), ())), precision=precision,
-                                  preferred_element_type=jnp.float32)  # (B, H) = dl w_chunkᵀ
-        return dw_chunk, dh_part
+                                   preferred_element_type=jnp.float32).astype(w.dtype)  # (H, chunk) = hᵀ dl
+        new_cols = jnp.arange(chunk, dtype=jnp.int32) >= i * chunk - v0  # False: done by the step before
+        w_new = jnp.where(new_cols[None, :], w_chunk, jnp.zeros((), w.dtype))
+        dh = dh + lax.dot_general(dl, w_new, (((1,), (1,)), ((), ())), precision=precision,
+                                  preferred_element_type=jnp.float32)  # (B, H) += dl w_chunkᵀ
+        return dh, lax.dynamic_update_slice_in_dim(dw, dw_chunk, v0, axis=1)
 
-    num_full = V // chunk
-    tail = V - num_full * chunk
-    dh = jnp.zeros((B, H), jnp.float32)
-    if num_full == 1 and tail == 0:
-        dw, dh = step(0, w)
-    else:
-        dw = jnp.zeros((H, V), w.dtype)
-
-        def body(i, carry):
-            dh, dw = carry
-            v0 = i * chunk
-            dw_chunk, dh_part = step(v0, lax.dynamic_slice_in_dim(w, v0, chunk, axis=1))
-            return dh + dh_part, lax.dynamic_update_slice_in_dim(dw, dw_chunk, v0, axis=1)
-
-        dh, dw = lax.fori_loop(0, num_full, body, (dh, dw))
-        if tail:
-            v0 = num_full * chunk
-            dw_chunk, dh_part = step(v0, w[:, v0:])
-            dh = dh + dh_part
-            dw = lax.dynamic_update_slice_in_dim(dw, dw_chunk, v0, axis=1)
+    init = (jnp.zeros((B, H), jnp.float32), jnp.zeros((H, V), w.dtype))
+    dh, dw = lax.fori_loop(0, pl.cdiv(V, chunk), body, init)
     return dh.astype(h.dtype), dw
 
 

@@ -19,7 +19,8 @@ Backward, two kernels plus two tiny XLA reductions, recomputing n tile by tile i
                                                                      N streamed; the epilogue also writes per-row-
                                                                      block partial sums of dgamma
   dgamma = Σ_M (dy @ wᵀ) · x · r            (XLA sums the (M / block_m_dx, K) float32 partials)
-  dw = gamma ⊙ ((x · r)ᵀ @ dy)              dw kernel: (block_k_dw, block_n_dw) tiles, M streamed
+  dw = gamma ⊙ ((x · r)ᵀ @ dy)              dw kernel: (block_k_dw, block_n_dw) tiles, M streamed; or, with
+                                            ``dw_in_xla``, an XLA GEMM that recomputes x · r as its operand
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (because y = (n · gamma) @ w) replaces a
 reduction over the M×K gradient, which no kernel holds whole, by a row dot over N of two tensors we have.
 
@@ -91,6 +92,8 @@ class RMSNormMatmulConfig:
       block_k_dw, block_n_dw, block_m_dw: dw kernel: a (block_k_dw, block_n_dw) tile of dw, M streamed.
       num_warps_dw, num_stages_dw: its launch parameters.
       rstd_on_dy: dw variant: scale the dy tile by r in registers instead of the x tile.
+      dw_in_xla: compute dw = γ ⊙ ((x·r)ᵀ @ dy) with XLA (its GEMM recomputes x·r as an operand, fused or as
+        one elementwise pass) instead of the Pallas dw kernel: a plain GEMM of this size is XLA's strength.
       group: program order in all kernels: groups of `group` row blocks sweep the column blocks together, so the
         tiles they share stay in L2.
     Block sizes are powers of two >= 16; the K and N blocks must divide K and N (checked per call).
@@ -116,6 +119,7 @@ class RMSNormMatmulConfig:
     num_warps_dw: int = 8
     num_stages_dw: int = 3
     rstd_on_dy: bool = False
+    dw_in_xla: bool = False
     group: int = 8
 
     def __post_init__(self):
@@ -255,6 +259,8 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
             bwd.append(dict(base, block_m_dx=bm, block_k_dx=bk, block_n_dx=bn, num_warps_dx=warps,
                             num_stages_dx=stages))
         bwd.append(dict(base, rowdot_in_dx=True))
+        for bk, stages in [(128, 3), (256, 3)]:  # dw by XLA, dx by the Pallas kernel
+            bwd.append(dict(base, block_k_dx=bk, num_stages_dx=stages, dw_in_xla=True))
         for bk, bn, bm, warps, stages, on_dy in [(128, 128, 64, 8, 3, False), (128, 128, 64, 8, 3, True),
                                                  (128, 256, 64, 8, 3, False), (128, 128, 32, 4, 4, False)]:
             bwd.append(dict(base, block_k_dw=bk, block_n_dw=bn, block_m_dw=bm, num_warps_dw=warps,
@@ -549,6 +555,11 @@ def _backward(x, gamma, w, rstd, y, dy, dh, static: _Static):
         )(dy, w, x, gamma32, rstd, row_dot_input, *([dh] if dh is not None else []))
         dgamma = dgamma_parts.reshape(num_row_blocks, K).sum(axis=0).astype(gamma.dtype)
 
+    if cfg.dw_in_xla:  # n = x·r rounded to the MMA dtype, as the Pallas dw kernel rounds its tile
+        n = (x.astype(_F32) * rstd[:, None]).astype(x.dtype)
+        precision = lax.Precision.HIGHEST if x.dtype == _F32 else None
+        dw = lax.dot_general(n, dy, (((0,), (0,)), ((), ())), precision=precision, preferred_element_type=_F32)
+        return dx, dgamma, (gamma32[:, None] * dw).astype(w.dtype)
     dw = tu.pallas_call(
         functools.partial(_dw_kernel, M=M, K=K, N=N, cfg=cfg),
         num_warps=cfg.num_warps_dw, num_stages=cfg.num_stages_dw, interpret=static.interpret,

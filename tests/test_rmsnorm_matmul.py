@@ -110,8 +110,8 @@ def test_config_variants_match_reference(variant, dtype):
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("variant", [dict(split_k=2), dict(split_k=2, gamma_on_w=True),
-                                     dict(split_n_dx=2, rowdot_in_dx=False)],
-                         ids=["split_k", "split_k-gamma_on_w", "split_n_dx"])
+                                     dict(split_n_dx=2, rowdot_in_dx=False), dict(dw_in_xla=True)],
+                         ids=["split_k", "split_k-gamma_on_w", "split_n_dx", "dw_in_xla"])
 def test_split_variants_match_reference(variant, residual):
     """Split-K forward and split-N dx (float32 partials combined, and the epilogue applied, outside the kernel),
     with and without a residual (whose cotangent joins dx), gamma in registers or folded into w, odd row count."""

@@ -148,8 +148,11 @@ def _scoped(call: Callable) -> Callable:
 # Layers
 # ---------------------------------------------------------------------------------------------------------------
 def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x (..., D_in) @ w (D_in, D_out) -> (..., D_out) in x.dtype, accumulated in float32."""
-    return jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32).astype(x.dtype)
+    """x (..., D_in) @ w (D_in, D_out) -> (..., D_out) in x.dtype; GEMMs accumulate in float32 internally.
+
+    Not ``preferred_element_type=float32`` followed by a cast: JAX's transpose of that dot feeds the float32
+    cotangent to the backward GEMMs, which then run in float32 (TF32 on the GPU) behind convert kernels."""
+    return jnp.dot(x, w.astype(x.dtype))
 
 
 def rope(x: jax.Array, positions: jax.Array, *, theta: float = 10_000.0) -> jax.Array:

@@ -8,6 +8,10 @@ and w, for x and w with the matmul alone), three implementations are timed side 
   pallas            ``pallas_kernels.rmsnorm_matmul`` (the normalized activations never reach HBM)
   xla               ``jaxfuse.kernels.NORM_MATMUL["xla"]``: XLA's norm fusion writes rmsnorm(x), a GEMM reads it
   xla_matmul_alone  ``x @ w``: no norm at all, the floor a fused kernel can reach
+  xla_f32_out       the xla pair with ``preferred_element_type=float32`` on the dot, then a cast: a common way
+                    to write "accumulate in float32" that JAX transposes into float32 backward GEMMs (TF32 on
+                    the GPU) fed by convert kernels. Shown to measure that pitfall; not a baseline of the targets.
+All XLA dots are plain bf16 ``jnp.dot`` (the GEMMs accumulate in float32 internally).
 The floor column is the roofline of the matmul alone: max(FLOPs at the device's measured bf16 rate, bytes at its
 measured HBM bandwidth), bytes = x + w + y forward, 3·(x + w + y) forward + backward (each of the three GEMMs
 reads two of the operands and writes the third). Each pallas row also records its relative error against the
@@ -45,7 +49,7 @@ DEFAULT_SHAPES = ["32768x4096x4096", "4096x4096x14336", "8192x4096x6144-qkv", "1
                   "1x4096x14336-decode"]
 _DTYPE = jnp.bfloat16
 _MAX_CPU_FLOPS = 1e9  # beyond this a shape is skipped on CPU: interpret mode would run for hours
-_IMPLS = ("pallas", "xla", "xla_matmul_alone")
+_IMPLS = ("pallas", "xla", "xla_matmul_alone", "xla_f32_out")
 
 
 def _log(message: str) -> None:
@@ -67,7 +71,9 @@ def _forward_fns():
     return {
         "pallas": lambda x, g, w: fused_rmsnorm_matmul(x, g, w),
         "xla": lambda x, g, w: kernels.NORM_MATMUL["xla"](x, g, w),
-        "xla_matmul_alone": lambda x, g, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype),
+        "xla_matmul_alone": lambda x, g, w: jnp.dot(x, w),
+        "xla_f32_out": lambda x, g, w: jnp.dot(reference.rmsnorm(x, g), w,
+                                               preferred_element_type=jnp.float32).astype(x.dtype),
     }
 
 
