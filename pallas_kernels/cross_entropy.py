@@ -167,12 +167,20 @@ def _resolve(config: LinearCrossEntropyConfig, B: int, V: int) -> LinearCrossEnt
     if splits is None:
         splits = min(16, max(1, pl.cdiv(4 * _NUM_SMS, pl.cdiv(B, config.block_b))))
     splits = pl.cdiv(n_vt, pl.cdiv(n_vt, min(splits, n_vt)))  # no empty split
-    chunk = config.chunk_v
-    if chunk is None:  # ~_CHUNK_ELEMENTS per chunk, then evened out: V = n chunks of a multiple of 8 columns
-        target = max(config.block_v_bwd, 1 << max(0, (_CHUNK_ELEMENTS // max(B, 1)).bit_length() - 1))
-        num_chunks = pl.cdiv(V, target)
-        chunk = 8 * pl.cdiv(pl.cdiv(V, num_chunks), 8)
+    chunk = config.chunk_v if config.chunk_v is not None else _auto_chunk(B, V, config.block_v_bwd)
     return dataclasses.replace(config, num_splits=splits, chunk_v=min(chunk, V))
+
+
+def _auto_chunk(B: int, V: int, block_v: int) -> int:
+    """Backward chunk width: a multiple of block_v (so the dlogits kernel needs no column masks) near
+    _CHUNK_ELEMENTS / B columns, with as few columns as possible recomputed by the clamped last chunk (see
+    ``_backward``): the number of chunks is searched in [n0, 2·n0] for the least overshoot of V."""
+    blocks = pl.cdiv(V, block_v)
+    target_blocks = max(1, (1 << max(0, (_CHUNK_ELEMENTS // max(B, 1)).bit_length() - 1)) // block_v)
+    n0 = pl.cdiv(blocks, target_blocks)
+    overshoot = lambda n: pl.cdiv(blocks, n) * n - blocks
+    best = min(range(n0, 2 * n0 + 1), key=lambda n: (overshoot(n), n))
+    return block_v * pl.cdiv(blocks, best)
 
 
 # ---------------------------------------------------------------------------------------------------------------

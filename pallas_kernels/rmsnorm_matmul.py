@@ -169,7 +169,7 @@ _GPU_TABLE = {
     "large": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, gamma_on_w=False,
                   block_m_dx=128, block_k_dx=128, block_n_dx=64, num_warps_dx=8, num_stages_dx=3,
                   rowdot_in_dx=False, block_k_dw=128, block_n_dw=128, block_m_dw=64, num_warps_dw=8,
-                  num_stages_dw=3, rstd_on_dy=False, group=8),
+                  num_stages_dw=3, rstd_on_dy=False, dw_in_xla=True, group=8),
     "decode": dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, gamma_on_w=False, split_k=4,
                    block_m_dx=16, block_k_dx=32, block_n_dx=256, num_warps_dx=4, num_stages_dx=4,
                    rowdot_in_dx=False, block_k_dw=64, block_n_dw=128, block_m_dw=16, num_warps_dw=4,
