@@ -132,10 +132,18 @@ class Record:
 
 
 def _git_commit() -> str:
+    """Short HEAD commit, with "+dirty" when tracked files differ from it (so a result measured on uncommitted
+    code, or on a copied tree whose .git lags behind, cannot pass for that commit); "unknown" without git."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root, timeout=10).stdout.strip()
+
     try:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=root, timeout=10).stdout.strip() or "unknown"
+        commit = git("rev-parse", "--short", "HEAD")
+        if not commit:
+            return "unknown"
+        return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
