@@ -8,6 +8,9 @@ and w, for x and w with the matmul alone), three implementations are timed side 
   pallas            ``pallas_kernels.rmsnorm_matmul`` (the normalized activations never reach HBM)
   xla               ``jaxfuse.kernels.NORM_MATMUL["xla"]``: XLA's norm fusion writes rmsnorm(x), a GEMM reads it
   xla_matmul_alone  ``x @ w``: no norm at all, the floor a fused kernel can reach
+  xla_rowscale      plain jnp with the norm moved past the GEMM by algebra, y = r ⊙ (x @ (γ ∘ w)) (r is one
+                    scalar per row): no normalized tensor exists at all, and XLA is free to fuse the row scale
+                    into its GEMM. What a user gets from rewriting the math instead of writing a kernel.
   xla_f32_out       the xla pair with ``preferred_element_type=float32`` on the dot, then a cast: a common way
                     to write "accumulate in float32" that JAX transposes into float32 backward GEMMs (TF32 on
                     the GPU) fed by convert kernels. Shown to measure that pitfall; not a baseline of the targets.
@@ -49,7 +52,7 @@ DEFAULT_SHAPES = ["32768x4096x4096", "4096x4096x14336", "8192x4096x6144-qkv", "1
                   "1x4096x14336-decode"]
 _DTYPE = jnp.bfloat16
 _MAX_CPU_FLOPS = 1e9  # beyond this a shape is skipped on CPU: interpret mode would run for hours
-_IMPLS = ("pallas", "xla", "xla_matmul_alone", "xla_f32_out")
+_IMPLS = ("pallas", "xla", "xla_matmul_alone", "xla_rowscale", "xla_f32_out")
 
 
 def _log(message: str) -> None:
@@ -66,12 +69,21 @@ def make_inputs(M: int, K: int, N: int, seed: int):
     return x, gamma, w, dy
 
 
+def rowscale_rmsnorm_matmul(x, gamma, w, *, eps: float = 1e-6):
+    """rmsnorm(x) · γ @ w as r ⊙ (x @ (γ ∘ w)), r = rsqrt(mean(x², K) + eps) per row: x (M, K), w (K, N) bf16."""
+    x32 = x.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)  # (M, 1) float32
+    w_scaled = (gamma.astype(jnp.float32)[:, None] * w.astype(jnp.float32)).astype(w.dtype)  # (K, N)
+    return (jnp.dot(x, w_scaled).astype(jnp.float32) * r).astype(x.dtype)
+
+
 def _forward_fns():
     """impl -> f(x, gamma, w) -> y."""
     return {
         "pallas": lambda x, g, w: fused_rmsnorm_matmul(x, g, w),
         "xla": lambda x, g, w: kernels.NORM_MATMUL["xla"](x, g, w),
         "xla_matmul_alone": lambda x, g, w: jnp.dot(x, w),
+        "xla_rowscale": rowscale_rmsnorm_matmul,
         "xla_f32_out": lambda x, g, w: jnp.dot(reference.rmsnorm(x, g), w,
                                                preferred_element_type=jnp.float32).astype(x.dtype),
     }
