@@ -21,10 +21,10 @@ import collections
 import dataclasses
 from typing import Any
 
-from hlo_inspect.kernels import Kernel, _fused_instructions
+from hlo_inspect.kernels import Kernel, fused_instructions
 from hlo_inspect.ledger import RoundTrip
 from hlo_inspect.report import Report, format_bytes
-from hlo_inspect.source import _split_path
+from hlo_inspect.source import split_op_name
 
 __all__ = ["Match", "Diff", "diff", "KINDS"]
 
@@ -57,11 +57,11 @@ class Match:
 
 def _source_ops(kernel: Kernel) -> set[tuple[str, str]]:
     ops = set()
-    for inst in _fused_instructions(kernel.instruction):
+    for inst in fused_instructions(kernel.instruction):
         if inst.opcode in _IGNORED_OPCODES or not inst.metadata.op_name:
             continue
         for name in inst.metadata.op_name.split(";"):
-            parts = _split_path(name.strip())
+            parts = split_op_name(name.strip())
             if parts and parts[0].startswith(("jit(", "pjit(")):
                 parts = parts[1:]
             ops.add(("/".join(parts), inst.opcode))

@@ -22,7 +22,7 @@ from typing import Iterator
 from hlo_inspect.parser import Computation, Instruction, Module, Shape
 from hlo_inspect.source import is_library_file, scope_of
 
-__all__ = ["Kernel", "kernels", "CATEGORIES", "classify"]
+__all__ = ["Kernel", "kernels", "CATEGORIES", "classify", "fused_instructions"]
 
 # category -> human-readable label.
 CATEGORIES = {
@@ -408,13 +408,13 @@ def _library_flops(inst: Instruction) -> int | None:
 _PLUMBING = frozenset({"parameter", "tuple", "get-tuple-element"})
 
 
-def _fused_instructions(inst: Instruction) -> Iterator[Instruction]:
+def fused_instructions(inst: Instruction) -> Iterator[Instruction]:
     """The instruction and, for fusions, everything fused inside (nested fusions too; not reducer bodies)."""
     yield inst
     if inst.opcode == "fusion":
         for comp in inst.called_computations:
             for i in comp.instructions:
-                yield from _fused_instructions(i)
+                yield from fused_instructions(i)
 
 
 def _user_line(module: Module, inst: Instruction) -> str:
@@ -435,7 +435,7 @@ def _provenance(module: Module, inst: Instruction) -> tuple[collections.Counter,
     ops: collections.Counter = collections.Counter()
     scope_counts: collections.Counter = collections.Counter()
     line_counts: collections.Counter = collections.Counter()
-    for i in _fused_instructions(inst):
+    for i in fused_instructions(inst):
         if i.opcode not in _PLUMBING and not (i is inst and i.opcode == "fusion"):
             ops[i.opcode] += 1
         if i.metadata.op_name:

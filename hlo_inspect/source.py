@@ -16,7 +16,7 @@ import dataclasses
 import re
 
 __all__ = ["Frame", "SourceTables", "TABLE_NAMES", "parse_table_line", "scope_of", "primitive_of",
-           "is_library_file"]
+           "split_op_name", "is_library_file"]
 
 TABLE_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
@@ -115,8 +115,8 @@ def _unwrap(component: str) -> str:
         component = m.group(2)
 
 
-def _split_path(op_name: str) -> list[str]:
-    """Split an op_name path on '/' outside parentheses."""
+def split_op_name(op_name: str) -> list[str]:
+    """The components of an op_name path: split on "/" outside parentheses (jit(f)/scope/dot_general -> [...])."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(op_name):
         if ch == "(":
@@ -139,7 +139,7 @@ def scope_of(op_name: str) -> str:
     op_name = op_name.split(";")[0].strip()
     if not op_name:
         return ""
-    parts = _split_path(op_name)
+    parts = split_op_name(op_name)
     if len(parts) <= 1:
         return ""
     if parts[0].startswith(("jit(", "pjit(")):
@@ -153,4 +153,4 @@ def primitive_of(op_name: str) -> str:
     op_name = op_name.split(";")[0].strip()
     if not op_name:
         return ""
-    return _split_path(op_name)[-1]
+    return split_op_name(op_name)[-1]
