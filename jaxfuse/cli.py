@@ -13,6 +13,7 @@ Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_st
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from typing import Callable
@@ -340,7 +341,12 @@ def main(argv: list[str]) -> int:
         rest = fv([f"jaxfuse {name}"] + args)[1:]
         return verb.execute(fv, rest)
     except (flags.Error, ValueError) as e:
-        print(f"jaxfuse {name}: {e}", file=sys.stderr)
+        # Bad flags and bad inputs (shapes, dtypes, kernel names, block sizes) raise ValueError with a message
+        # that names the constraint: one line is the useful answer. A ValueError from a bug deep inside would
+        # lose its traceback that way, so JAXFUSE_TRACEBACK=1 re-raises it whole.
+        if os.environ.get("JAXFUSE_TRACEBACK"):
+            raise
+        print(f"jaxfuse {name}: {e}\n(set JAXFUSE_TRACEBACK=1 for the traceback)", file=sys.stderr)
         return 2
 
 

@@ -58,6 +58,14 @@ def test_jaxfuse_bad_flags(capsys):
     assert "attention" in capsys.readouterr().err
 
 
+def test_jaxfuse_traceback_env_reraises(monkeypatch, capsys):
+    assert jaxfuse_cli.main(["inspect", "--kernels", "attention=magic"]) == 2
+    assert "JAXFUSE_TRACEBACK=1" in capsys.readouterr().err
+    monkeypatch.setenv("JAXFUSE_TRACEBACK", "1")
+    with pytest.raises(ValueError, match="magic"):
+        jaxfuse_cli.main(["inspect", "--kernels", "attention=magic"])
+
+
 def test_jaxfuse_inspect_forward_json(capsys):
     assert jaxfuse_cli.main(["inspect", "--seq", "16", "--dim", "64", "--heads", "2", "--kv-heads", "1",
                              "--json"]) == 0
