@@ -30,7 +30,6 @@ import importlib
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -58,18 +57,10 @@ def log(message: str) -> None:
 # 1. tests
 # ---------------------------------------------------------------------------------------------------------------
 def run_tests(out_dir: str, timeout_s: float) -> None:
+    from jaxfuse import bench
+
     log(f"step 1: pytest -q tests/test_flash_attention.py (timeout {timeout_s:.0f} s)")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "tests/test_flash_attention.py"], capture_output=True, text=True, timeout=timeout_s,
-                              env=env)
-        text, status = proc.stdout + proc.stderr, f"exit {proc.returncode}"
-    except subprocess.TimeoutExpired as e:
-        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        status = f"TIMED OUT after {timeout_s:.0f} s"
-    with open(os.path.join(out_dir, "pytest.txt"), "w") as f:
-        f.write(f"{status}\n{text}")
+    status, text = bench.run_pytest("tests/test_flash_attention.py", os.path.join(out_dir, "pytest.txt"), timeout_s)
     tail = "\n".join(text.strip().splitlines()[-25:])
     log(f"pytest {status}:\n{tail}")
 

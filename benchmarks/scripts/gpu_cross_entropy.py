@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -30,17 +29,10 @@ def log(msg: str) -> None:
 
 
 def run_tests(out: str, timeout_s: int) -> None:
+    from jaxfuse import bench
+
     log("pytest -q tests/test_cross_entropy.py ...")
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "tests/test_cross_entropy.py"], capture_output=True, text=True, timeout=timeout_s)
-        text = proc.stdout + proc.stderr
-        status = f"exit {proc.returncode}"
-    except subprocess.TimeoutExpired as e:
-        text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        status = f"TIMEOUT after {timeout_s}s"
-    with open(os.path.join(out, "pytest.txt"), "w") as f:
-        f.write(text)
+    status, text = bench.run_pytest("tests/test_cross_entropy.py", os.path.join(out, "pytest.txt"), timeout_s)
     log(f"pytest: {status}")
     print("\n".join(text.strip().splitlines()[-25:]), flush=True)
 
