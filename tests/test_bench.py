@@ -1,7 +1,6 @@
 """jaxfuse.bench and jaxfuse.costmodel on CPU."""
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +48,7 @@ def test_roofline():
     assert costmodel.detect().name == "cpu"
 
 
-def test_run_pytest_records_status_and_output(tmp_path):
+def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):
     """The GPU scripts' test step: exit status and output in a file; a run past its timeout keeps its output."""
     tests = tmp_path / "test_tiny.py"
     tests.write_text("import time\n\ndef test_ok():\n    print('tiny ran')\n\n"
@@ -58,10 +57,7 @@ def test_run_pytest_records_status_and_output(tmp_path):
     status, text = bench.run_pytest(str(tests), str(out), timeout_s=120)
     assert status == "exit 0" and "2 passed" in text
     assert out.read_text().startswith("exit 0\n")
-    os.environ["TINY_SLEEP"] = "30"
-    try:
-        status, _ = bench.run_pytest(str(tests), str(out), timeout_s=3)
-    finally:
-        del os.environ["TINY_SLEEP"]
+    monkeypatch.setenv("TINY_SLEEP", "30")
+    status, _ = bench.run_pytest(str(tests), str(out), timeout_s=3)
     assert status == "TIMED OUT after 3 s"
     assert out.read_text().startswith("TIMED OUT after 3 s\n")
