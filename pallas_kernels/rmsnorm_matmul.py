@@ -368,7 +368,7 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
         a32 = a.astype(_F32)
         sum_sq = sum_sq + jnp.sum(a32 * a32, axis=1)
         if gamma_ref is not None:
-            a = (a32 * gamma_ref[cols][None, :]).astype(w_ref.dtype)  # x·γ in the MMA dtype
+            a = (a32 * gamma_ref[cols].astype(_F32)[None, :]).astype(w_ref.dtype)  # x·γ in the MMA dtype
         acc = acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)])
         return acc, sum_sq
 
@@ -428,7 +428,7 @@ def _dx_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, has_dh: 
     c = row_dot * (1.0 / K) if cfg.rowdot_in_dx else tu.load(rowdot_ref, (rows,), mask=valid)
     r = tu.load(rstd_ref, (rows,), mask=valid)  # masked rows: r = 0, so they add nothing to dgamma
     x = tu.load(x_ref, (rows, pl.ds(k0, bk)), mask=_col(valid)).astype(_F32)
-    gamma = gamma_ref[pl.ds(k0, bk)]
+    gamma = gamma_ref[pl.ds(k0, bk)].astype(_F32)
     dx = (r[:, None] * gamma[None, :]) * acc - (r * r * c)[:, None] * x
     if dh_ref is not None:
         dx = dx + tu.load(dh_ref, (rows, pl.ds(k0, bk)), mask=_col(valid)).astype(_F32)
@@ -459,7 +459,7 @@ def _dw_kernel(x_ref, dy_ref, rstd_ref, gamma_ref, dw_ref, *, M: int, K: int, N:
     acc = lax.fori_loop(0, M // bm, functools.partial(step, masked=False), acc) if M >= bm else acc
     if M % bm:  # a one-trip loop: its traced index keeps the (partly out-of-bounds) window dynamic
         acc = lax.fori_loop(M // bm, M // bm + 1, functools.partial(step, masked=True), acc)
-    gamma = gamma_ref[pl.ds(k0, bk)]
+    gamma = gamma_ref[pl.ds(k0, bk)].astype(_F32)
     dw_ref[pl.ds(k0, bk), pl.ds(n0, bn)] = (gamma[:, None] * acc).astype(dw_ref.dtype)
 
 
@@ -478,7 +478,7 @@ def _forward(x, residual, gamma, w, static: _Static):
     if cfg.gamma_on_w:  # one XLA pass over w: diag(gamma) @ w in w's dtype
         inputs.append((gamma32[:, None] * w.astype(_F32)).astype(w.dtype))
     else:
-        inputs += [gamma32, w]
+        inputs += [gamma, w]  # gamma in its own dtype: the kernel widens it (no convert kernel)
     rstd = None
     if _rstd_precomputed(cfg, residual is not None):
         # gamma_on_w without a residual: the A operand is the x tile exactly as loaded. Summing its squares in
@@ -552,7 +552,7 @@ def _backward(x, gamma, w, rstd, y, dy, dh, static: _Static):
             kernel,
             out_shape=[jax.ShapeDtypeStruct((M, K), x.dtype), jax.ShapeDtypeStruct((num_row_blocks * K,), _F32)],
             **launch,
-        )(dy, w, x, gamma32, rstd, row_dot_input, *([dh] if dh is not None else []))
+        )(dy, w, x, gamma, rstd, row_dot_input, *([dh] if dh is not None else []))
         dgamma = dgamma_parts.reshape(num_row_blocks, K).sum(axis=0).astype(gamma.dtype)
 
     if cfg.dw_in_xla:  # n = x·r rounded to the MMA dtype, as the Pallas dw kernel rounds its tile
@@ -566,7 +566,7 @@ def _backward(x, gamma, w, rstd, y, dy, dh, static: _Static):
         grid=((K // cfg.block_k_dw) * (N // cfg.block_n_dw),),
         out_shape=jax.ShapeDtypeStruct((K, N), w.dtype),
         name="rmsnorm_matmul_dw",
-    )(x, dy, rstd, gamma32)
+    )(x, dy, rstd, gamma)
     return dx, dgamma, dw
 
 
