@@ -425,7 +425,9 @@ def _dx_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, has_dh: 
     if cfg.split_n_dx > 1:  # a float32 partial of dy @ wᵀ; _backward applies the epilogue
         tu.store(dx_ref, (pl.program_id(1), rows, pl.ds(k0, bk)), acc, mask=_col(valid))
         return
-    c = row_dot * (1.0 / K) if cfg.rowdot_in_dx else tu.load(rowdot_ref, (rows,), mask=valid)
+    # c = Σ_N(dy · y) / K; the XLA fusion passes the row dot unscaled (a scalar multiply after a reduction
+    # became a kernel of its own)
+    c = (row_dot if cfg.rowdot_in_dx else tu.load(rowdot_ref, (rows,), mask=valid)) * (1.0 / K)
     r = tu.load(rstd_ref, (rows,), mask=valid)  # masked rows: r = 0, so they add nothing to dgamma
     x = tu.load(x_ref, (rows, pl.ds(k0, bk)), mask=_col(valid)).astype(_F32)
     gamma = gamma_ref[pl.ds(k0, bk)].astype(_F32)
@@ -433,7 +435,7 @@ def _dx_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, has_dh: 
     if dh_ref is not None:
         dx = dx + tu.load(dh_ref, (rows, pl.ds(k0, bk)), mask=_col(valid)).astype(_F32)
     tu.store(dx_ref, (rows, pl.ds(k0, bk)), dx.astype(dx_ref.dtype), mask=_col(valid))
-    dgamma_ref[pl.ds(pid_m * K + k0, bk)] = jnp.sum(acc * x * r[:, None], axis=0)
+    dgamma_ref[pl.ds(pid_m * K + k0, bk)] = jnp.sum(acc * x * r[:, None], axis=0).astype(dgamma_ref.dtype)
 
 
 def _dw_kernel(x_ref, dy_ref, rstd_ref, gamma_ref, dw_ref, *, M: int, K: int, N: int, cfg: RMSNormMatmulConfig):
@@ -532,8 +534,8 @@ def _backward(x, gamma, w, rstd, y, dy, dh, static: _Static):
     gamma32 = gamma.astype(_F32)
     if cfg.rowdot_in_dx:
         row_dot_input = y
-    else:  # c = Σ_N(dy · y) / K: one XLA reduction fusion reading dy and y once
-        row_dot_input = jnp.sum(dy.astype(_F32) * y.astype(_F32), axis=1) * (1.0 / K)
+    else:  # Σ_N(dy · y) (c = that / K): one XLA reduction fusion reading dy and y once
+        row_dot_input = jnp.sum(dy.astype(_F32) * y.astype(_F32), axis=1)
     dy = dy.astype(w.dtype)  # the MMA operand dtype
 
     num_row_blocks = pl.cdiv(M, cfg.block_m_dx)
@@ -545,18 +547,23 @@ def _backward(x, gamma, w, rstd, y, dy, dh, static: _Static):
                                **launch)(dy, w)
         g = jnp.sum(parts, axis=0)  # (M, K) float32
         x32 = x.astype(_F32)
-        dx = (rstd[:, None] * gamma32[None, :]) * g - (rstd * rstd * row_dot_input)[:, None] * x32
+        dx = (rstd[:, None] * gamma32[None, :]) * g - (rstd * rstd * row_dot_input * (1.0 / K))[:, None] * x32
         if dh is not None:
             dx = dx + dh.astype(_F32)
         dx = dx.astype(x.dtype)
         dgamma = jnp.sum(g * x32 * rstd[:, None], axis=0).astype(gamma.dtype)
     else:
+        # One row block (decode): the kernel writes dgamma itself in gamma's dtype; else float32 partial sums
+        # per row block, summed by XLA.
+        parts_dtype = gamma.dtype if num_row_blocks == 1 else _F32
         dx, dgamma_parts = tu.pallas_call(
             kernel,
-            out_shape=[jax.ShapeDtypeStruct((M, K), x.dtype), jax.ShapeDtypeStruct((num_row_blocks * K,), _F32)],
+            out_shape=[jax.ShapeDtypeStruct((M, K), x.dtype),
+                       jax.ShapeDtypeStruct((num_row_blocks * K,), parts_dtype)],
             **launch,
         )(dy, w, x, gamma, rstd, row_dot_input, *([dh] if dh is not None else []))
-        dgamma = dgamma_parts.reshape(num_row_blocks, K).sum(axis=0).astype(gamma.dtype)
+        dgamma = dgamma_parts if num_row_blocks == 1 else (
+            dgamma_parts.reshape(num_row_blocks, K).sum(axis=0).astype(gamma.dtype))
 
     if cfg.dw_in_xla:  # n = x·r rounded to the MMA dtype, as the Pallas dw kernel rounds its tile
         n = (x.astype(_F32) * rstd[:, None]).astype(x.dtype)
