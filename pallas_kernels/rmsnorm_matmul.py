@@ -18,7 +18,8 @@ Backward, two kernels plus two tiny XLA reductions, recomputing n tile by tile i
   dx = r · gamma · (dy @ wᵀ) − r² · c · x   (+ the cotangent of h)   dx kernel: (block_m_dx, block_k_dx) tiles,
                                                                      N streamed; the epilogue also writes per-row-
                                                                      block partial sums of dgamma
-  dgamma = Σ_M (dy @ wᵀ) · x · r            (XLA sums the (M / block_m_dx, K) float32 partials)
+  dgamma = Σ_M (dy @ wᵀ) · x · r            (XLA sums the (M / block_m_dx, K) float32 partials; with one
+                                            row block the dx kernel writes dgamma itself)
   dw = gamma ⊙ ((x · r)ᵀ @ dy)              dw kernel: (block_k_dw, block_n_dw) tiles, M streamed; or, with
                                             ``dw_in_xla``, an XLA GEMM that recomputes x · r as its operand
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (because y = (n · gamma) @ w) replaces a
