@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from pallas_kernels import reference
+from pallas_kernels import cross_entropy as ce_module
 from pallas_kernels.cross_entropy import LinearCrossEntropyConfig, linear_cross_entropy
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -207,3 +208,16 @@ def test_no_batch_by_vocab_value_in_forward_or_backward():
     if not ON_GPU:  # interpret mode lowers the kernels to plain HLO: no (B, V) tensor there either
         text = jax.jit(grad).lower(h, w).as_text()
         assert f"tensor<{B}x{V}x" not in text and f"tensor<{V}x{B}x" not in text
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_gpu_defaults_fit_shared_memory(dtype):
+    """The GPU default tiles' software pipeline fits the H100's 227 KiB of shared memory per block: Triton asks
+    for (block_b·block_h + block_h·block_v)·itemsize·stages (on the H100 the float32 inputs at block_v 256 asked
+    for exactly (128·64 + 64·256)·4·3 = 294912 bytes and failed)."""
+    h, w = jnp.zeros((300, 256), dtype), jnp.zeros((256, 5003), dtype)
+    cfg = ce_module.default_config(h, w, on_gpu=True)
+    item = jnp.dtype(dtype).itemsize
+    fwd = (cfg.block_b * cfg.block_h + cfg.block_h * cfg.block_v) * item * cfg.num_stages
+    bwd = (cfg.block_b_bwd * cfg.block_h_bwd + cfg.block_h_bwd * cfg.block_v_bwd) * item * cfg.num_stages_bwd
+    assert max(fwd, bwd) <= 232448, (fwd, bwd)
