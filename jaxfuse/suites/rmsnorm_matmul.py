@@ -9,8 +9,9 @@ and w, for x and w with the matmul alone), three implementations are timed side 
   xla               ``jaxfuse.kernels.NORM_MATMUL["xla"]``: XLA's norm fusion writes rmsnorm(x), a GEMM reads it
   xla_matmul_alone  ``x @ w``: no norm at all, the floor a fused kernel can reach
   xla_rowscale      plain jnp with the norm moved past the GEMM by algebra, y = r ⊙ (x @ (γ ∘ w)) (r is one
-                    scalar per row): no normalized tensor exists at all, and XLA is free to fuse the row scale
-                    into its GEMM. What a user gets from rewriting the math instead of writing a kernel.
+                    scalar per row): no normalized tensor exists at all. What a user gets from rewriting the
+                    math instead of writing a kernel (on the H100 XLA runs the row scale as a pass of its own
+                    over y instead of in its GEMM's epilogue, and rescales w on every call).
   xla_f32_out       the xla pair with ``preferred_element_type=float32`` on the dot, then a cast: a common way
                     to write "accumulate in float32" that JAX transposes into float32 backward GEMMs (TF32 on
                     the GPU) fed by convert kernels. Shown to measure that pitfall; not a baseline of the targets.
