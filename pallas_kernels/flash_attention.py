@@ -13,7 +13,11 @@ gradients. ``pallas_kernels.reference.attention`` is the float32 jnp equivalent.
 
 Measured and dropped (H100, benchmarks/results/attention-sweep-lazy-rescale-h100.txt): rescaling the accumulator
 only when a row's maximum rises by more than 8 (log2 units), behind a lax.cond per key tile, made the forward 7-9%
-slower (probably because the branch breaks up the software-pipelined loop body).
+slower (probably because the branch breaks up the software-pipelined loop body). Issuing the next key tile's
+q·kᵀ before the current tile's softmax (so the tensor cores could run under the exp2s) was 6% faster than the plain
+loop at 128x64 tiles but needs a second score tile and more shared memory: 128x128 tiles no longer fit (262 KiB
+requested) and the plain 128x128 loop stayed the fastest (1209 vs 1228 µs non-causal, 689 vs 699 µs causal;
+attention-sweep-overlap-qk-h100.txt).
 
 Example::
 
@@ -74,7 +78,6 @@ class FlashAttentionConfig:
     num_stages: int = 3
     num_warps_bwd: int = 8
     num_stages_bwd: int = 3
-    overlap_qk: bool = False
 
     def __post_init__(self):
         for name in ("block_q", "block_k", "block_q_dkv", "block_k_dkv", "block_q_dq", "block_k_dq"):
@@ -89,8 +92,6 @@ class FlashAttentionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 8:
                 raise ValueError(f"FlashAttentionConfig.{name}: must be an int in [1, 8], got {value!r}")
-        if not isinstance(self.overlap_qk, bool):
-            raise ValueError(f"FlashAttentionConfig.overlap_qk: must be a bool, got {self.overlap_qk!r}")
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -256,26 +257,21 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
     exp_scale, pre_scale = (qk_scale, None) if qk_scale > 0 else (1.0, qk_scale)
     kv_limit = kv_len if (S % bk or len_ref is not None) else None
 
-    def scores(j, *, masked: bool):
-        """(bq, bk) float32 scores of key tile j, masked entries -inf (log2 domain after `exp_scale`)."""
-        kv_pos = j * bk + jnp.arange(bk, dtype=jnp.int32)
+    def body(j, carry, *, masked: bool):
+        acc, m, l = carry
+        s0 = j * bk
+        kv_pos = s0 + jnp.arange(bk, dtype=jnp.int32)
         kv_rows = kv_pos if (masked and S % bk) else None
-        k = _load(k_ref, (pl.ds(j * bk, bk), slice(None)), kv_rows, S)
-        s = _dot(q, k, trans_b=True)
+        k = _load(k_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+        v = _load(v_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+        s = _dot(q, k, trans_b=True)  # (bq, bk) scores, scaled into the log2 domain by `exp_scale` below
         if pre_scale is not None:
             s = s * pre_scale
         if masked:
-            kv_seg = None if kv_seg_ref is None else _load(kv_seg_ref, (pl.ds(j * bk, bk),), kv_pos, S, other=-2)
+            kv_seg = None if kv_seg_ref is None else _load(kv_seg_ref, (pl.ds(s0, bk),), kv_pos, S, other=-2)
             visible = _visible(q_pos, kv_pos, causal=static.causal, kv_limit=kv_limit, q_seg=q_seg, kv_seg=kv_seg)
             if visible is not None:
                 s = jnp.where(visible, s, -jnp.inf)
-        return s
-
-    def update(j, s, carry, *, masked: bool):
-        """Online-softmax step: folds the scores s of key tile j into (acc, m, l)."""
-        acc, m, l = carry
-        kv_rows = j * bk + jnp.arange(bk, dtype=jnp.int32) if (masked and S % bk) else None
-        v = _load(v_ref, (pl.ds(j * bk, bk), slice(None)), kv_rows, S)
         # With a positive scale, max(s) * scale == max(s * scale): the scale then folds into one FMA per score.
         m_new = jnp.maximum(m, jnp.max(s, axis=1) * exp_scale)
         alpha = jnp.exp2(m - m_new)
@@ -284,30 +280,9 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
         acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
         return acc, m_new, l
 
-    def body(j, carry, *, masked: bool):
-        return update(j, scores(j, masked=masked), carry, masked=masked)
-
-    def body_overlapped(j, carry_and_s):
-        """Unmasked step with the next tile's QK^T issued before this tile's softmax (tensor cores and the
-        softmax's exp2 can overlap: the scores dot is asynchronous until its result is used)."""
-        carry, s = carry_and_s
-        s_next = scores(j + 1, masked=False)
-        return update(j, s, carry, masked=False), s_next
-
     H = q.shape[-1]
     carry = (jnp.zeros((bq, H), jnp.float32), jnp.full((bq,), _M_INIT, jnp.float32), jnp.zeros((bq,), jnp.float32))
-    if cfg.overlap_qk and S >= bk and not (isinstance(num_full, int) and num_full == 0):
-        # Prologue: tile 0's scores (in bounds: S >= bk). Steps [0, num_full - 1) overlap; the last full tile's
-        # update follows the loop. A traced num_full may be 0: its scores are then replaced by -inf (no-op update).
-        s = scores(0, masked=False)
-        carry, s = _loop(0, num_full - 1, body_overlapped, (carry, s))
-        last = num_full - 1
-        if not isinstance(num_full, int):
-            s = jnp.where(num_full > 0, s, -jnp.inf)
-            last = jnp.maximum(last, 0)
-        carry = update(last, s, carry, masked=False)
-    else:
-        carry = _loop(0, num_full, functools.partial(body, masked=False), carry)
+    carry = _loop(0, num_full, functools.partial(body, masked=False), carry)
     acc, m, l = _loop(num_full, num_tiles, functools.partial(body, masked=True), carry)
 
     empty = l == 0.0  # no visible key: output 0, lse +inf (so the backward's probabilities are exactly 0)
