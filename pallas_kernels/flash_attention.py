@@ -247,8 +247,9 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
     kv_len = _kv_len(len_ref, S)  # keys >= kv_len are masked
     end = kv_len if not static.causal else _min(kv_len, t0 + bq)  # keys any row of this tile can see
     num_tiles = _cdiv(end, bk)
-    # Tiles [0, num_full) are entirely visible to every row: no mask, no bounds check.
-    if q_seg_ref is not None:
+    # Tiles [0, num_full) are entirely visible to every row: no mask, no bounds check. With S < bk no tile is full
+    # (and an unmasked bk-row load of an S-row array would not even trace in interpret mode).
+    if q_seg_ref is not None or S < bk:
         num_full = 0
     else:
         num_full = _min(_div(kv_len if not static.causal else _min(kv_len, t0 + 1), bk), num_tiles)
@@ -380,7 +381,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_se
     kv_len = _kv_len(len_ref, S)
     end = kv_len if not static.causal else _min(kv_len, t0 + bq)
     num_tiles = _cdiv(end, bk)
-    if q_seg_ref is not None:
+    if q_seg_ref is not None or S < bk:  # as in the forward: no full tile
         num_full = 0
     else:
         num_full = _min(_div(kv_len if not static.causal else _min(kv_len, t0 + 1), bk), num_tiles)
