@@ -89,14 +89,17 @@ def match(kernels: Sequence[Kernel], launches: Sequence[tuple[str, float]]
     return assigned, unmatched
 
 
-def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iterations: int = 30
-                    ) -> tuple[list[MeasuredKernel], dict[str, Any]]:
-    """Time `fn(*args)` kernel by kernel and set each report kernel's measurement beside its roofline."""
+def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iterations: int = 30,
+                    arg_sets: Sequence[tuple] | None = None) -> tuple[list[MeasuredKernel], dict[str, Any]]:
+    """Time `fn(*args)` kernel by kernel and set each report kernel's measurement beside its roofline.
+
+    `arg_sets`: input sets of args' shapes to cycle through instead of args alone, so that inputs smaller than
+    the L2 cache (a decode step's weights) are read from HBM on every call, as the roofline assumes."""
     import jax
 
     if jax.default_backend() != "gpu":
         raise ValueError("--measure times device kernels with CUPTI and needs a GPU; on CPU use `jaxfuse bench`")
-    timing = bench.time_kernels(fn, [args], iterations=iterations)
+    timing = bench.time_kernels(fn, arg_sets or [args], iterations=iterations)
     launches = timing.launches or tuple(timing.per_kernel_us.items())  # names differ between calls: best effort
     assigned, unmatched = match(report.kernels, launches)
     rows = []
