@@ -412,13 +412,26 @@ def _parse_frontend_attributes(text: str, line_no: int, line: str) -> dict[str, 
 
 
 def _parse_backend_config(text: str) -> dict | str:
+    """JSON (most GPU ops), or the MLIR attribute dictionary of a Triton custom call (`{grid_x = 4 : i32,
+    name = "kernel", ir = "...", ...}`: values kept as text, the quotes of strings dropped, their MLIR escapes
+    kept); other text is returned as is."""
     text = text.strip()
     if text.startswith('"'):  # older printers quote the JSON
         text = _unquote(text)
     try:
         return json.loads(text)
     except ValueError:
-        return text
+        pass
+    if text.startswith("{") and text.endswith("}") and " = " in text:
+        try:
+            items = _split_top_level(text[1:-1], 0, text[:80])
+        except HloParseError:
+            return text
+        pairs = [item.partition(" = ") for item in items]
+        if all(eq and key.strip().isidentifier() for key, eq, _ in pairs):
+            unquote = lambda v: v[1:-1] if len(v) >= 2 and v[0] == v[-1] == '"' else v  # noqa: E731
+            return {key.strip(): unquote(value.strip()) for key, _, value in pairs}
+    return text
 
 
 def _operand_name(text: str, line_no: int, line: str) -> str:

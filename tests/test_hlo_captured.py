@@ -108,6 +108,10 @@ def test_h100_pallas_kernel():
     assert (pallas.bytes_read, pallas.bytes_written) == (2 * 256 * 512 * 2, 256 * 512 * 2)
     assert pallas.source_lines[0].endswith("capture.py:59")
     assert rep.totals.flops_unknown_kernels == 1
+    # its backend_config is an MLIR attribute dictionary, not JSON: the launch parameters and the kernel's name
+    cfg = pallas.instruction.backend_config
+    assert (cfg["name"], cfg["num_warps"], cfg["grid_x"]) == ("kernel", "4 : i32", "4 : i32")
+    assert cfg["ir"].startswith("ML\\EFR")  # the kernel's MLIR bytecode, escapes kept
     # the Pallas output is written once and read back by the reduction
     trip = next(t for t in rep.ledger.round_trips if t.producer is pallas)
     assert [c.category for c in trip.consumers] == ["reduction"]
