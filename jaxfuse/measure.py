@@ -58,8 +58,10 @@ def match(kernels: Sequence[Kernel], launches: Sequence[tuple[str, float]]
     """Align the report's kernels (program order = execution order of a scheduled module) with the device
     kernels of one call (launch order): report kernel index -> launch indices, and the launches left over.
 
-    A fusion or Pallas kernel matches the next launch with its name; a cuBLAS / cuDNN call takes the library
-    launches that follow until the next launch that another report kernel names.
+    A fusion or Pallas kernel matches the next launch with its name, or, when no launch ahead has its name, the
+    next launch if that bears an earlier kernel's name (XLA compiles identical fusions once, and the later ones
+    launch under the first one's name); a cuBLAS / cuDNN call takes the library launches that follow until the
+    next launch that another report kernel names.
     """
     names = [_device_name(k) for k in kernels]
     named = set(names)
@@ -85,6 +87,11 @@ def match(kernels: Sequence[Kernel], launches: Sequence[tuple[str, float]]
             unmatched.extend(range(j, look))
             assigned[i] = [look]
             j = look + 1
+        elif j < len(launches) and launches[j][0] in names[:i] and k.category == kernels[names.index(
+                launches[j][0])].category:
+            # XLA compiles identical fusions once: a later one launches under the first one's name.
+            assigned[i] = [j]
+            j += 1
     unmatched.extend(range(j, len(launches)))
     return assigned, unmatched
 

@@ -39,6 +39,19 @@ def test_library_calls_matched_in_launch_order():
     assert assigned[2] == [2] and assigned[3] == [3]
 
 
+def test_reused_kernel_launches_under_the_first_fusions_name():
+    """Identical fusions share one compiled kernel: CUPTI names the later launch after the earlier fusion."""
+    with open(os.path.join(DATA, "h100_block_fwd.hlo.txt")) as f:
+        rep = hlo_inspect.from_text(f.read())
+    launches = [(measure._device_name(k), float(i)) for i, k in enumerate(rep.kernels)]
+    first = next(i for i, k in enumerate(rep.kernels) if k.category == "loop")
+    later = next(i for i, k in enumerate(rep.kernels) if i > first + 1 and k.category == "loop")
+    launches[later] = launches[first]
+    assigned, unmatched = measure.match(rep.kernels, launches)
+    assert assigned[later] == [later] and unmatched == []
+    assert assigned == {i: [i] for i in range(len(rep.kernels))}
+
+
 def test_measure_needs_a_gpu():
     from jaxfuse import costmodel
 
