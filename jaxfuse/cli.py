@@ -94,9 +94,15 @@ def inspect_program(fv: flags.FlagValues, *, kernels: str | None = None, xla_fla
     import jax
     import hlo_inspect
     from hlo_inspect.report import parse_xla_flags
+    from jaxfuse.kernels import SITES
 
     program = _build_program(fv, kernels)
     options = parse_xla_flags(fv.xla_flags if xla_flags is None else xla_flags)
+    pallas_sites = [site for site in SITES if getattr(program.kernels, site) == "pallas"]
+    if pallas_sites and jax.default_backend() == "cpu":
+        _progress(f"note: on the CPU the Pallas kernels ({', '.join(pallas_sites)}) run in interpret mode: the "
+                  f"report lists the interpreter's loops of small XLA ops, not one fused kernel; inspect on a GPU "
+                  f"to see the kernel itself")
     _progress(f"compiling {program.description} on {jax.devices()[0].device_kind} ...")
     start = time.perf_counter()
     try:

@@ -76,6 +76,14 @@ def test_jaxfuse_inspect_forward_json(capsys):
     # on CPU, with no custom calls, our totals equal XLA's cost analysis
     for row in data["comparison"]:
         assert row["ours"] == pytest.approx(row["xla"], rel=1e-6), row
+    assert "interpret mode" not in capsys.readouterr().err
+
+
+def test_jaxfuse_inspect_pallas_on_cpu_says_interpret_mode(capsys):
+    assert jaxfuse_cli.main(["inspect", "--seq", "16", "--dim", "64", "--heads", "2", "--kv-heads", "1",
+                             "--kernels", "norm_matmul=pallas", "--json", "--no-ledger"]) == 0
+    err = capsys.readouterr().err
+    assert "Pallas kernels (norm_matmul) run in interpret mode" in err
 
 
 @pytest.mark.parametrize("args", [["inspect", "--train-step", "--seq", "16", "--dim", "64", "--heads", "2",
