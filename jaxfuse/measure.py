@@ -17,6 +17,7 @@ and 0.1-0.3 ms of host work per call).
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import time
 from typing import Any, Sequence
@@ -28,6 +29,7 @@ from jaxfuse.costmodel import DeviceSpec
 
 __all__ = ["MeasuredKernel", "measure_kernels", "measured_table"]
 
+_UNIQUE_SUFFIX_RE = re.compile(r"__\d+$")  # the second kernel of one name launches as NAME__1
 _LIBRARY_PREFIXES = {"cublas": ("nvjet", "sm90_xmma", "sm80_xmma", "cutlass", "gemm", "gemv", "ampere", "sm90_"),
                      "cudnn": ("cudnn", "fmha", "sm90_fmha", "flash")}
 
@@ -61,17 +63,19 @@ def match(kernels: Sequence[Kernel], launches: Sequence[tuple[str, float]]
     A fusion or Pallas kernel matches the next launch with its name, or, when no launch ahead has its name, the
     next launch if that bears an earlier kernel's name (XLA compiles identical fusions once, and the later ones
     launch under the first one's name); a cuBLAS / cuDNN call takes the library launches that follow until the
-    next launch that another report kernel names.
+    next launch that another report kernel names. Launch names are compared without the ``__N`` suffix that
+    tells apart two kernels of one name (two call sites of the same Pallas kernel: ``rmsnorm_matmul_fwd__1``).
     """
     names = [_device_name(k) for k in kernels]
     named = set(names)
+    launch_names = [_UNIQUE_SUFFIX_RE.sub("", name) for name, _ in launches]
     assigned: dict[int, list[int]] = {}
     unmatched: list[int] = []
     j = 0
     for i, k in enumerate(kernels):
         if k.category in _LIBRARY_PREFIXES:
             taken = []
-            while j < len(launches) and launches[j][0] not in named:
+            while j < len(launches) and launch_names[j] not in named:
                 if launches[j][0].lower().startswith(_LIBRARY_PREFIXES[k.category]) or not taken:
                     taken.append(j)
                 else:
@@ -81,14 +85,14 @@ def match(kernels: Sequence[Kernel], launches: Sequence[tuple[str, float]]
                 assigned[i] = taken
             continue
         look = j
-        while look < len(launches) and launches[look][0] != names[i]:
+        while look < len(launches) and launch_names[look] != names[i]:
             look += 1
         if look < len(launches):
             unmatched.extend(range(j, look))
             assigned[i] = [look]
             j = look + 1
-        elif j < len(launches) and launches[j][0] in names[:i] and k.category == kernels[names.index(
-                launches[j][0])].category:
+        elif j < len(launches) and launch_names[j] in names[:i] and k.category == kernels[names.index(
+                launch_names[j])].category:
             # XLA compiles identical fusions once: a later one launches under the first one's name.
             assigned[i] = [j]
             j += 1

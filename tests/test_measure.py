@@ -52,6 +52,17 @@ def test_reused_kernel_launches_under_the_first_fusions_name():
     assert assigned == {i: [i] for i in range(len(rep.kernels))}
 
 
+def test_second_site_of_a_pallas_kernel_launches_with_a_suffix():
+    """Two pallas_calls of one kernel: CUPTI names the second NAME__1; it still matches its report kernel."""
+    with open(os.path.join(DATA, "h100_pallas.hlo.txt")) as f:
+        rep = hlo_inspect.from_text(f.read())
+    loop, pallas, reduction = rep.kernels
+    kernels = [loop, pallas, reduction, pallas]  # the same kernel at a second site
+    launches = [("loop_multiply_fusion", 1.0), ("kernel", 2.0), ("input_reduce_fusion", 3.0), ("kernel__1", 4.0)]
+    assigned, unmatched = measure.match(kernels, launches)
+    assert assigned == {0: [0], 1: [1], 2: [2], 3: [3]} and unmatched == []
+
+
 def test_measure_needs_a_gpu():
     from jaxfuse import costmodel
 
