@@ -13,5 +13,7 @@ $J inspect --train-step --kernels attention=pallas,norm_matmul=pallas --no-ledge
 $J inspect --train-step --kernels attention=pallas,norm_matmul=pallas > "$OUT/inspect_train_pallas.txt" 2>/dev/null
 $J inspect --train-step --measure $BIG > "$OUT/measure_train_big.txt" 2>"$OUT/measure_err.txt"
 $J inspect --measure $BIG > "$OUT/measure_fwd_big.txt" 2>>"$OUT/measure_err.txt"
+$J inspect --train-step --measure --kernels attention=pallas,norm_matmul=pallas $BIG \
+  > "$OUT/measure_train_big_pallas.txt" 2>>"$OUT/measure_err.txt"
 if python3 -c "import hlo_inspect.passes" 2>/dev/null; then $J passes --train-step > "$OUT/passes_train.txt" 2>"$OUT/passes_err.txt"; fi
 for f in "$OUT"/*.txt; do echo "== $f"; tail -n 6 "$f"; done
