@@ -42,8 +42,15 @@ def test_pallas_rows_carry_small_errors_and_ratios(records):
 
 
 def test_summary_and_markdown(records):
-    assert "| cpu" not in suite.summary_table(records)  # rows are keyed by the M×K×N label
-    assert suite.summary_table(records).count("\n") == 3  # header, rule, fwd, fwd+bwd
+    lines = suite.summary_table(records).splitlines()
+    assert len(lines) == 4  # header, rule, fwd, fwd+bwd
+    times = {(r.mode, r.implementation): r.time_us for r in records}
+    for line, mode in zip(lines[2:], ("fwd", "fwd+bwd")):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:2] == [records[0].shape, mode]  # keyed by the MxKxN label, not the shape's name
+        p, x, a = (times[(mode, impl)] for impl in ("pallas", "xla", "xla_matmul_alone"))
+        assert cells[2:5] == [f"{p:.1f}", f"{x:.1f}", f"{a:.1f}"]
+        assert float(cells[5]) == pytest.approx(p / a, abs=1e-3) and float(cells[6]) == pytest.approx(x / p, abs=1e-3)
     assert "xla_rowscale" in bench.markdown_table(records)
 
 
