@@ -57,8 +57,8 @@ def _define_model_flags(fv: flags.FlagValues) -> None:
                          flag_values=fv)
     flags.DEFINE_enum("dtype", "bf16", list(_DTYPES), "Compute dtype of activations and params.",
                       flag_values=fv)
-    flags.DEFINE_string("kernels", "", "Per-site implementations, e.g. 'attention=cudnn,norm_matmul=xla'.",
-                        flag_values=fv)
+    flags.DEFINE_string("kernels", "", "Per-site implementations, e.g. 'attention=cudnn,norm_matmul=xla' "
+                        "(xla, xla_f32, pallas; cudnn for attention).", flag_values=fv)
     flags.DEFINE_bool("train_step", False, "Compile the training step (loss and grads) instead of the forward.",
                       flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed of the random parameters and inputs.", flag_values=fv)

@@ -7,10 +7,17 @@ The model has three sites where a hand-fused kernel can replace what XLA does wi
   loss         h (M, D), w (D, V), labels (M,) int (-100 = ignored) -> scalar float32 mean cross-entropy
 
 Each site has one registry, a dict from implementation name to callable (``ATTENTION``, ``NORM_MATMUL``,
-``LOSS``; ``REGISTRIES`` maps site name to registry). ``"xla"`` is always there: the plain-jnp references of
-``pallas_kernels.reference`` (XLA fuses what it can and materializes the rest). ``"cudnn"`` is
-``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU only). A module that provides another
-implementation registers it with ``register("attention", "pallas", fn)``.
+``LOSS``; ``REGISTRIES`` maps site name to registry). Every site has:
+
+  xla      plain jnp as a model writes it, in the compute dtype (bf16 GEMMs that accumulate in float32, a float32
+           softmax / log-sum-exp over the materialized scores or logits): XLA fuses what it can and materializes
+           the rest. The baseline the benchmark suites time, so model-level and kernel-level comparisons agree.
+  xla_f32  the float32 references of ``pallas_kernels.reference`` (HIGHEST precision, nothing rounded to the
+           compute dtype): what the kernels are tested against; slower, for checking numerics.
+  pallas   the fused Pallas kernels of ``pallas_kernels``.
+
+``"cudnn"`` (attention only) is ``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU only). A module that
+provides another implementation registers it with ``register("attention", "name", fn)``.
 
     >>> ks = KernelSet.parse("attention=cudnn")
     >>> ks
@@ -37,6 +44,8 @@ __all__ = [
     "REGISTRIES",
     "SITES",
     "KernelSet",
+    "plain_attention",
+    "plain_cross_entropy",
     "register",
 ]
 
@@ -52,6 +61,52 @@ def _rmsnorm_then_matmul(x: jax.Array, gamma: jax.Array, w: jax.Array, *, eps: f
         normed = reference.rmsnorm(x, gamma, eps=eps)  # (..., D) in x.dtype
     with jax.named_scope("matmul"):
         return jnp.dot(normed, w.astype(x.dtype))  # (..., F); the GEMM accumulates in float32 internally
+
+
+def plain_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False, scale: float | None = None
+) -> jax.Array:
+    """Attention as plain jnp commonly writes it: q (B, T, N, H), k/v (B, S, K, H), N % K == 0 -> (B, T, N, H).
+
+    Compute-dtype einsums (bf16 GEMMs accumulate in float32 and round to bf16), a float32 softmax over the
+    materialized (B, N, T, S) scores, probabilities rounded back to q's dtype. Every GEMM of the forward and of
+    its autodiff backward is then bf16 x bf16 (the casts' transposes bring the cotangents back to bf16): XLA's
+    fastest plain form. Causal masks are top-left aligned (key s visible to query t iff s <= t); scale defaults
+    to 1/sqrt(H). The three steps carry scopes "scores", "softmax" and "weighted_sum" in HLO op_name metadata.
+    """
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    G = N // K
+    scale = H**-0.5 if scale is None else scale
+    qg = q.reshape(B, T, K, G, H)  # (B, T, K, G, H): query head n = k * G + g reads kv head k
+    with jax.named_scope("scores"):
+        scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k).astype(jnp.float32) * scale  # (B, K, G, T, S)
+    with jax.named_scope("softmax"):
+        if causal:
+            visible = jnp.arange(T)[:, None] >= jnp.arange(S)[None, :]  # (T, S)
+            scores = jnp.where(visible, scores, -jnp.inf)
+        p = jax.nn.softmax(scores, axis=-1).astype(q.dtype)  # (B, K, G, T, S)
+    with jax.named_scope("weighted_sum"):
+        o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v)  # (B, T, K, G, H)
+    return o.reshape(B, T, N, H)
+
+
+def plain_cross_entropy(h: jax.Array, w: jax.Array, labels: jax.Array, *, ignore_index: int = -100) -> jax.Array:
+    """Mean cross-entropy of softmax(h @ w) as plain jnp writes it: h (M, D), w (D, V), labels (M,) int -> float32.
+
+    The (M, V) logits are materialized: one compute-dtype GEMM (w cast to h's dtype), then a float32 log-sum-exp
+    and the label logit. Rows labelled ``ignore_index`` add nothing and are not counted (all ignored: 0, not NaN).
+    Scopes: "logits" (the GEMM) and "cross_entropy" (the rest).
+    """
+    with jax.named_scope("logits"):
+        logits = jnp.dot(h, w.astype(h.dtype)).astype(jnp.float32)  # (M, V)
+    with jax.named_scope("cross_entropy"):
+        valid = labels != ignore_index
+        safe_labels = jnp.where(valid, labels, 0)
+        lse = jax.nn.logsumexp(logits, axis=-1)  # (M,)
+        label_logit = jnp.take_along_axis(logits, safe_labels[:, None], axis=-1)[:, 0]  # (M,)
+        total = jnp.sum(jnp.where(valid, lse - label_logit, 0.0))
+        return total / jnp.maximum(jnp.sum(valid), 1).astype(jnp.float32)
 
 
 def _cudnn_attention(
@@ -88,9 +143,12 @@ def _pallas_loss(h: jax.Array, w: jax.Array, labels: jax.Array) -> jax.Array:
 
 # One registry per site: implementation name -> callable with the site's signature (module docstring).
 ATTENTION: dict[str, Callable[..., jax.Array]] = {
-    "xla": reference.attention, "cudnn": _cudnn_attention, "pallas": pallas_kernels.flash_attention}
-NORM_MATMUL: dict[str, Callable[..., jax.Array]] = {"xla": _rmsnorm_then_matmul, "pallas": _pallas_norm_matmul}
-LOSS: dict[str, Callable[..., jax.Array]] = {"xla": reference.linear_cross_entropy, "pallas": _pallas_loss}
+    "xla": plain_attention, "xla_f32": reference.attention, "cudnn": _cudnn_attention,
+    "pallas": pallas_kernels.flash_attention}
+NORM_MATMUL: dict[str, Callable[..., jax.Array]] = {
+    "xla": _rmsnorm_then_matmul, "xla_f32": reference.rmsnorm_matmul, "pallas": _pallas_norm_matmul}
+LOSS: dict[str, Callable[..., jax.Array]] = {
+    "xla": plain_cross_entropy, "xla_f32": reference.linear_cross_entropy, "pallas": _pallas_loss}
 REGISTRIES: dict[str, dict[str, Callable[..., jax.Array]]] = {
     "attention": ATTENTION,
     "norm_matmul": NORM_MATMUL,

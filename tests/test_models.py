@@ -167,6 +167,29 @@ def test_xla_norm_matmul_matches_reference_in_float32():
     _close(kernels.NORM_MATMUL["xla"](x, gamma, w, eps=1e-5), reference.rmsnorm_matmul(x, gamma, w, eps=1e-5))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_xla_attention_matches_reference_in_float32_and_within_bf16_rounding(causal):
+    q, k, v = _normal((2, 7, 4, 16)), _normal((2, 9, 2, 16)), _normal((2, 9, 2, 16))  # GQA, T != S
+    want = reference.attention(q, k, v, causal=causal, scale=0.3)
+    _close(kernels.ATTENTION["xla"](q, k, v, causal=causal, scale=0.3), want, tol=1e-5)
+    got = kernels.ATTENTION["xla"](*(a.astype(jnp.bfloat16) for a in (q, k, v)), causal=causal, scale=0.3)
+    assert got.dtype == jnp.bfloat16
+    err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want)) / jnp.max(jnp.abs(want)))
+    assert 0 < err < 2e-2  # bf16 operands and probabilities: rounded, not exact, and not wrong
+
+
+def test_xla_loss_matches_reference_with_ignored_rows():
+    h, w = _normal((9, 24)), _normal((24, 50))
+    labels = jax.random.randint(_key(), (9,), 0, 50).at[jnp.array([0, 4])].set(-100)
+    _close(kernels.LOSS["xla"](h, w, labels), reference.linear_cross_entropy(h, w, labels), tol=1e-5)
+    grads = jax.grad(kernels.LOSS["xla"], argnums=(0, 1))(h, w, labels)
+    want = jax.grad(reference.linear_cross_entropy, argnums=(0, 1))(h, w, labels)
+    for g, g_want in zip(grads, want):
+        _close(g, g_want, tol=1e-5)
+    assert not jnp.any(grads[0][jnp.array([0, 4])])  # ignored rows get no gradient
+    assert float(kernels.LOSS["xla"](h, w, jnp.full((9,), -100))) == 0.0  # all ignored: 0, not NaN
+
+
 # ------------------------------------------------------------------------------------------------------- Config
 def test_config_presets_and_validation():
     for cfg in (models.Config.tiny(), models.Config.small(), models.Config.block_default()):

@@ -9,7 +9,8 @@ three implementations are timed in one run (device-kernel time on GPU, 2 rotated
   pallas  ``pallas_kernels.flash_attention`` (scores live only as tiles; residuals are o and a (B, N, T) lse)
   cudnn   ``jax.nn.dot_product_attention(implementation="cudnn")``; recorded as failed off GPU or if it raises
   xla     plain jnp as a user writes it: bf16 einsums, a float32 softmax over the materialized (B, N, T, S)
-          scores, bf16 probabilities (the "XLA, plain jnp" row of shared/anchors.md; see _xla_attention).
+          scores, bf16 probabilities (the "XLA, plain jnp" row of shared/anchors.md; the model's "xla" site,
+          ``jaxfuse.kernels.plain_attention``).
           Skipped (recorded) where the float32 scores would exceed ``XLA_MAX_SCORES_BYTES``.
   xla_f32 (opt-in, ``impls=``) ``pallas_kernels.reference.attention``: float32, HIGHEST precision; the reference.
 
@@ -68,24 +69,11 @@ def _progress(message: str) -> None:
 # Implementations: f(q, k, v, *, causal) -> o (B, T, N, H) in q.dtype
 # ---------------------------------------------------------------------------------------------------------------
 def _xla_attention(q, k, v, *, causal: bool):
-    """Plain jnp under jit, as attention is commonly written: bf16 einsums (the GEMMs accumulate in float32 and
-    round to bf16), a float32 softmax over the materialized scores, bf16 probabilities. Every GEMM of the forward
-    and of its autodiff backward is then bf16 x bf16 (the casts' transposes bring the cotangents back to bf16),
-    which is XLA's fastest plain form; float32 einsum outputs would make the backward GEMMs mixed f32 x bf16."""
-    import jax
-    import jax.numpy as jnp
+    """The model's "xla" attention site, ``jaxfuse.kernels.plain_attention``: bf16 einsums, a float32 softmax over
+    the materialized scores, bf16 probabilities (every GEMM of forward and backward bf16 x bf16)."""
+    from jaxfuse import kernels
 
-    B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
-    G = N // K
-    qg = q.reshape(B, T, K, G, H)  # (B, T, K, G, H): query head n = k * G + g reads kv head k
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k).astype(jnp.float32) * H**-0.5  # (B, K, G, T, S)
-    if causal:
-        visible = jnp.arange(T)[:, None] >= jnp.arange(S)[None, :]  # (T, S), top-left aligned
-        scores = jnp.where(visible, scores, -jnp.inf)
-    p = jax.nn.softmax(scores, axis=-1).astype(q.dtype)  # (B, K, G, T, S)
-    o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v)  # (B, T, K, G, H)
-    return o.reshape(B, T, N, H)
+    return kernels.plain_attention(q, k, v, causal=causal)
 
 
 def _cudnn_attention(q, k, v, *, causal: bool):
