@@ -5,6 +5,7 @@ set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 J="python3 -m jaxfuse.cli"
 BIG="--batch 8 --seq 2048 --dim 2048 --heads 16 --kv-heads 4"
+$J inspect > "$OUT/inspect_fwd.txt" 2>/dev/null
 $J inspect --train-step > "$OUT/inspect_train.txt" 2>/dev/null
 $J diff --a attention=xla --b attention=cudnn --train-step --html "$OUT/diff_cudnn.html" > "$OUT/diff_xla_cudnn.txt" 2>/dev/null
 $J diff --a attention=xla --b attention=pallas --train-step > "$OUT/diff_xla_pallas_attention.txt" 2>/dev/null
