@@ -6,6 +6,7 @@
     jaxfuse diff --a attention=xla --b attention=cudnn --train-step
     jaxfuse diff --a old.hlo.txt --b new.hlo.txt
     jaxfuse passes --train-step
+    jaxfuse train --kernels '' --kernels attention=pallas,loss=pallas
 
 Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`).
 """
@@ -290,6 +291,66 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------------------
+# train
+
+def _define_train_flags(fv: flags.FlagValues) -> None:
+    from jaxfuse.train import TrainConfig
+
+    d = TrainConfig()
+    flags.DEFINE_multi_string("kernels", [""], "A kernel set to train with, e.g. 'attention=pallas,loss=pallas' "
+                              "('' = all xla); repeat the flag to compare several (the first is the baseline).",
+                              flag_values=fv)
+    flags.DEFINE_integer("steps", d.steps, "Optimizer steps.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("batch", d.batch, "Sequences per step.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("seq", d.seq, "Tokens (bytes) per sequence.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("dim", d.dim, "Model width D.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("heads", d.heads, "Query heads N (D must be a multiple).", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("kv_heads", d.kv_heads, "Key/value heads K (N a multiple of K).", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_integer("layers", d.layers, "Transformer blocks.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_enum("dtype", "bf16", list(_DTYPES), "Compute dtype (parameters stay float32).", flag_values=fv)
+    flags.DEFINE_float("lr", d.lr, "Peak learning rate (AdamW, warmup then cosine to lr/10).", flag_values=fv)
+    flags.DEFINE_integer("warmup", d.warmup, "Warmup steps.", lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("eval_every", d.eval_every, "Steps between held-out loss measurements.", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_integer("seed", d.seed, "Seed of parameters, batch order and eval batches.", flag_values=fv)
+    flags.DEFINE_string("corpus", None, "A UTF-8 text file to train on (default: the toolkit's own Python source).",
+                        flag_values=fv)
+    flags.DEFINE_string("out", None, "Also write the runs as JSON (environment, config, loss curves, step times) "
+                        "to this path.", flag_values=fv)
+    flags.DEFINE_bool("json", False, "Print the runs as JSON instead of the comparison table.", flag_values=fv)
+
+
+def _train(fv: flags.FlagValues, rest: list[str]) -> int:
+    import json
+
+    import jax
+    from jaxfuse import bench, train
+    from jaxfuse.kernels import SITES, KernelSet
+
+    if rest:
+        raise flags.Error(f"unexpected arguments {rest}")
+    kernel_sets = [KernelSet.parse(spec) for spec in fv.kernels]
+    cfg = train.TrainConfig(steps=fv.steps, batch=fv.batch, seq=fv.seq, dim=fv.dim, heads=fv.heads,
+                            kv_heads=fv.kv_heads, layers=fv.layers, dtype=_DTYPES[fv.dtype], lr=fv.lr,
+                            warmup=fv.warmup, eval_every=fv.eval_every, seed=fv.seed, corpus=fv.corpus)
+    cfg.model_config()  # bad widths and head counts fail here, before any data is read
+    if jax.default_backend() == "cpu" and any(getattr(ks, site) == "pallas" for ks in kernel_sets for site in SITES):
+        _progress("note: on the CPU the Pallas kernels run in interpret mode: slow, and their step time says "
+                  "nothing about a GPU")
+    results = train.compare(kernel_sets, cfg, progress=_progress)
+    payload = {"environment": bench.environment(), "config": dataclasses.asdict(cfg),
+               "runs": [r.to_dict() for r in results]}
+    if fv.out:
+        os.makedirs(os.path.dirname(os.path.abspath(fv.out)), exist_ok=True)
+        with open(fv.out, "w") as f:
+            json.dump(payload, f, indent=1)
+        _progress(f"wrote {fv.out}")
+    print(json.dumps(payload, indent=1) if fv.json else train.comparison_table(results))
+    return 0
+
+
 VERBS = {
     "inspect": Verb("Kernel-by-kernel fusion report of the default model (forward or training step).",
                     _define_inspect_flags, _inspect),
@@ -299,6 +360,8 @@ VERBS = {
                    "that created each final kernel.", _define_passes_flags, _passes),
     "bench": Verb("Time an op's implementations side by side (device-kernel time on GPU) and record them.",
                   _define_bench_flags, _bench),
+    "train": Verb("Train a small byte-level LM with one or more kernel sets from the same start; compare their "
+                  "loss curves and step times.", _define_train_flags, _train),
 }
 
 

@@ -1,0 +1,272 @@
+"""Small language-model training on an offline corpus, for end-to-end comparisons of kernel sets.
+
+    from jaxfuse import KernelSet, train
+    cfg = train.TrainConfig(steps=300)                     # byte-level LM on the toolkit's own source text
+    runs = train.compare([KernelSet(), KernelSet.parse("attention=pallas,loss=pallas")], cfg)
+    print(train.comparison_table(runs))                     # or: jaxfuse train --kernels '' --kernels all=pallas
+
+Every kernel set trains the same model from the same initial parameters on the same batches in the same order,
+so two loss curves differ only by the kernels' numerics (they should overlap: float32 to ~1e-5, bf16 drifts by
+rounding), and the step times say what the fused kernels are worth end to end. The step time is measured after
+training, on the compiled training step (forward, backward, AdamW update): device-kernel time on GPU (CUPTI,
+``jaxfuse.bench.time_kernels``), wall time on CPU, and the result says which.
+
+The corpus is bytes (vocabulary 256) of a UTF-8 text file, or by default the Python source of the installed
+jaxfuse, hlo_inspect and pallas_kernels packages (about 0.4 MB, always present, no download; it changes with the
+code, so results name its size and sha256). Its last 10% is held out: the eval loss is the mean over a fixed set
+of held-out batches, the same for every kernel set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxfuse import bench
+from jaxfuse.kernels import KernelSet
+from jaxfuse.models import Config, Transformer
+
+__all__ = ["TrainConfig", "TrainResult", "compare", "comparison_table", "load_corpus", "sample_batch", "train"]
+
+VOCAB = 256  # byte-level tokens
+_PACKAGES = ("jaxfuse", "hlo_inspect", "pallas_kernels")
+_EVAL_FRACTION = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """What to train and how. Model: ``Config.from_width(dim, heads, kv_heads, n_layers=layers)`` with vocabulary
+    256; optimizer: AdamW (weight decay on matrices only), linear warmup then cosine decay to lr/10, global-norm
+    gradient clipping. ``corpus``: a text file, or None for the toolkit's own source."""
+
+    steps: int = 200
+    batch: int = 8  # sequences per step
+    seq: int = 128  # tokens per sequence
+    dim: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    layers: int = 2
+    dtype: str = "bfloat16"  # compute dtype; parameters are float32
+    lr: float = 3e-3
+    warmup: int = 20  # steps of linear warmup
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0
+    eval_every: int = 50  # steps between eval-loss measurements (and at the last step)
+    eval_batches: int = 4
+    seed: int = 0  # parameters, batch order and eval batches
+    corpus: str | None = None
+    timing_iterations: int = 20  # timed calls of the compiled step after training (median reported)
+
+    def __post_init__(self):
+        for name in ("steps", "batch", "seq", "dim", "heads", "kv_heads", "layers", "eval_every", "eval_batches",
+                     "timing_iterations"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TrainConfig.{name}: expected a positive int, got {value!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"TrainConfig.warmup: expected an int >= 0, got {self.warmup!r}")
+        for name in ("lr", "clip_norm"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TrainConfig.{name}: expected > 0, got {getattr(self, name)!r}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"TrainConfig.weight_decay: expected >= 0, got {self.weight_decay!r}")
+
+    def model_config(self) -> Config:
+        return Config.from_width(self.dim, self.heads, self.kv_heads, n_layers=self.layers, vocab=VOCAB,
+                                 max_seq=self.seq, dtype=self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """One training run. Losses are float32 mean next-byte cross-entropies in nats (ln 256 = 5.55 is chance)."""
+
+    kernels: str  # str(KernelSet)
+    description: str  # model, shapes, dtype, device
+    train_loss: tuple[float, ...]  # one per step
+    eval_loss: tuple[tuple[int, float], ...]  # (step, held-out loss); step 0 is before any update
+    step_time_us: float  # median time of one compiled training step
+    timing: str  # "cupti" (device kernels) or "wall"
+    tokens_per_step: int
+    n_params: int
+    wall_s: float  # the whole run on the host, compiles included
+    stopped: str = ""  # why training ended early ("non-finite loss at step N"), "" if it ran every step
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / (self.step_time_us * 1e-6)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"tokens_per_s": self.tokens_per_s}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------------
+def _package_source() -> bytes:
+    """The .py files of the installed packages, in a fixed order."""
+    import importlib
+
+    chunks = []
+    for package in _PACKAGES:
+        root = os.path.dirname(importlib.import_module(package).__file__)
+        for folder, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name), "rb") as f:
+                        chunks.append(f.read())
+    return b"\n".join(chunks)
+
+
+def load_corpus(path: str | None = None) -> np.ndarray:
+    """The corpus as bytes: uint8 (n,). ``path``: a text file; None: the toolkit's own Python source."""
+    if path is None:
+        data = _package_source()
+    else:
+        if not os.path.isfile(path):
+            raise ValueError(f"corpus: no such file {path!r}")
+        with open(path, "rb") as f:
+            data = f.read()
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _split(data: np.ndarray, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, eval) parts: the last 10% held out. Each must hold at least one window of seq + 1 bytes."""
+    cut = int(len(data) * (1 - _EVAL_FRACTION))
+    train_part, eval_part = data[:cut], data[cut:]
+    if len(eval_part) < seq + 1:
+        raise ValueError(f"corpus: {len(data)} bytes is too short for seq={seq}: the held-out last 10% "
+                         f"({len(eval_part)} bytes) must hold one window of seq + 1 = {seq + 1} bytes")
+    return train_part, eval_part
+
+
+def sample_batch(data: np.ndarray, batch: int, seq: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``batch`` random windows of data: tokens (batch, seq) int32 and labels (batch, seq) int32, the next bytes."""
+    starts = rng.integers(0, len(data) - seq, size=batch)  # windows [s, s + seq] all inside data
+    windows = np.stack([data[s:s + seq + 1] for s in starts]).astype(np.int32)  # (batch, seq + 1)
+    return windows[:, :-1], windows[:, 1:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------------
+def _optimizer(cfg: TrainConfig):
+    try:
+        import optax
+    except ImportError as e:
+        raise ImportError("jaxfuse train needs optax: pip install 'jaxfuse[train]' (or pip install optax)") from e
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup, decay_steps=max(cfg.steps, cfg.warmup + 1),
+        end_value=cfg.lr / 10)
+    matrices_only = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # no decay on norm scales
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
+                       optax.adamw(schedule, weight_decay=cfg.weight_decay, mask=matrices_only)), optax
+
+
+def _step_fns(graphdef, optimizer, optax):
+    """(train step, loss): step(params, opt_state, tokens, labels) -> (params, opt_state, loss float32)."""
+
+    def loss_of(params, tokens, labels):
+        return nnx.merge(graphdef, params).loss(tokens, labels)
+
+    def step(params, opt_state, tokens, labels):
+        loss, grads = jax.value_and_grad(loss_of)(params, tokens, labels)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step, loss_of
+
+
+def train(cfg: TrainConfig = TrainConfig(), kernels: KernelSet = KernelSet(), *,
+          progress: Callable[[str], None] = lambda message: None, corpus: np.ndarray | None = None) -> TrainResult:
+    """Trains the byte-level LM with ``kernels`` at its sites; see the module docstring. ``corpus`` (uint8 bytes)
+    overrides ``cfg.corpus`` (so ``compare`` reads the file once)."""
+    if not isinstance(kernels, KernelSet):
+        raise TypeError(f"kernels: expected a KernelSet, got {type(kernels).__name__}")
+    start = time.perf_counter()
+    data = load_corpus(cfg.corpus) if corpus is None else corpus
+    train_part, eval_part = _split(data, cfg.seq)
+    model_cfg = cfg.model_config()
+    graphdef, params = nnx.split(Transformer(model_cfg, kernels=kernels, rngs=nnx.Rngs(cfg.seed)))
+    optimizer, optax = _optimizer(cfg)
+    opt_state = optimizer.init(params)
+    step, loss_of = _step_fns(graphdef, optimizer, optax)
+    train_step = jax.jit(step, donate_argnums=(0, 1))
+    eval_loss_of = jax.jit(loss_of)
+    eval_rng = np.random.default_rng([cfg.seed, 1])
+    eval_set = [sample_batch(eval_part, cfg.batch, cfg.seq, eval_rng) for _ in range(cfg.eval_batches)]
+    batch_rng = np.random.default_rng([cfg.seed, 0])
+    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
+    description = (f"byte-level LM: {cfg.layers} layers, dim {cfg.dim}, heads {cfg.heads}/{cfg.kv_heads}, "
+                   f"mlp {model_cfg.mlp_hidden}, {n_params / 1e6:.2f}M params, batch {cfg.batch} x {cfg.seq} tokens, "
+                   f"{model_cfg.dtype.name} compute, {cfg.steps} steps, corpus {len(data):,} bytes "
+                   f"(sha256 {hashlib.sha256(data.tobytes()).hexdigest()[:12]}), "
+                   f"on {jax.devices()[0].device_kind}")
+
+    def evaluate() -> float:
+        return float(np.mean([float(eval_loss_of(params, *batch)) for batch in eval_set]))
+
+    evals = [(0, evaluate())]
+    progress(f"[{kernels}] step 0: eval loss {evals[0][1]:.4f}")
+    losses, stopped = [], ""
+    for i in range(1, cfg.steps + 1):
+        params, opt_state, loss = train_step(params, opt_state, *sample_batch(train_part, cfg.batch, cfg.seq,
+                                                                               batch_rng))
+        losses.append(loss)
+        if i % cfg.eval_every == 0 or i == cfg.steps:
+            recent = float(jnp.mean(jnp.stack(losses[-cfg.eval_every:])))
+            if not math.isfinite(recent):
+                stopped = f"non-finite loss at or before step {i}"
+                progress(f"[{kernels}] {stopped}: stopping")
+                break
+            evals.append((i, evaluate()))
+            progress(f"[{kernels}] step {i}: train loss {recent:.4f} (mean of the last {min(i, cfg.eval_every)}), "
+                     f"eval loss {evals[-1][1]:.4f}")
+    train_loss = tuple(float(x) for x in np.asarray(jnp.stack(losses)))
+    timed_step = jax.jit(step)  # no donation: the same arguments are reused for every timed call
+    timing = bench.time_kernels(timed_step, [(params, opt_state, *sample_batch(train_part, cfg.batch, cfg.seq,
+                                                                                 batch_rng))],
+                                iterations=cfg.timing_iterations)
+    progress(f"[{kernels}] step time {timing.median_us / 1e3:.2f} ms ({timing.method})")
+    return TrainResult(kernels=str(kernels), description=description, train_loss=train_loss, eval_loss=tuple(evals),
+                       step_time_us=timing.median_us, timing=timing.method, tokens_per_step=cfg.batch * cfg.seq,
+                       n_params=n_params, wall_s=time.perf_counter() - start, stopped=stopped)
+
+
+def compare(kernel_sets: Sequence[KernelSet], cfg: TrainConfig = TrainConfig(), *,
+            progress: Callable[[str], None] = lambda message: None) -> list[TrainResult]:
+    """``train`` once per kernel set, same corpus, parameters and batches; the first set is the baseline."""
+    if not kernel_sets:
+        raise ValueError("kernel_sets: need at least one KernelSet")
+    data = load_corpus(cfg.corpus)
+    return [train(cfg, ks, progress=progress, corpus=data) for ks in kernel_sets]
+
+
+def comparison_table(results: Sequence[TrainResult]) -> str:
+    """One row per run: final losses, the largest train-loss gap to the first run, step time and speedup."""
+    base = results[0]
+    header = ("kernels", "train loss", "eval loss", "max |Δ train| vs first", "step ms", "tokens/s", "speedup")
+    rows = []
+    for r in results:
+        n = min(len(r.train_loss), len(base.train_loss))
+        gap = max((abs(a - b) for a, b in zip(r.train_loss[:n], base.train_loss[:n])), default=float("nan"))
+        tail = r.train_loss[-10:]
+        rows.append((r.kernels + (f" ({r.stopped})" if r.stopped else ""),
+                     f"{sum(tail) / len(tail):.4f}" if tail else "", f"{r.eval_loss[-1][1]:.4f}", f"{gap:.2e}",
+                     f"{r.step_time_us / 1e3:.2f}", f"{r.tokens_per_s:,.0f}", f"{base.step_time_us / r.step_time_us:.2f}x"))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    timing = ", ".join(sorted({r.timing for r in results}))
+    out = [base.description, f"step time: {timing} ({'device kernels' if timing == 'cupti' else 'host wall clock'}); "
+           "train loss: mean of the last 10 steps; eval loss: held-out last 10% of the corpus", "",
+           line(header), line(["-" * w for w in widths])]
+    return "\n".join(out + [line(row) for row in rows])

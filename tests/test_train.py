@@ -1,0 +1,94 @@
+"""jaxfuse.train and `jaxfuse train` on CPU: corpus, batches, learning, equal curves across kernel sets."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxfuse import KernelSet, cli, kernels, train
+
+_TINY = dict(batch=4, seq=32, dim=64, heads=4, kv_heads=2, layers=1, dtype="float32", timing_iterations=2)
+
+
+def test_default_corpus_is_the_toolkits_own_source():
+    data = train.load_corpus()
+    assert data.dtype == np.uint8 and len(data) > 100_000
+    assert b"def linear_cross_entropy(" in data.tobytes() and b"def train(" in data.tobytes()
+
+
+def test_sample_batch_labels_are_the_next_bytes():
+    data = np.random.default_rng(1).integers(0, 256, 5000).astype(np.uint8)
+    tokens, labels = train.sample_batch(data, 6, 40, np.random.default_rng(0))
+    assert tokens.shape == labels.shape == (6, 40) and tokens.dtype == labels.dtype == np.int32
+    text = data.tobytes()
+    for row_tokens, row_labels in zip(tokens, labels):
+        window = bytes(row_tokens.astype(np.uint8)) + bytes(row_labels[-1:].astype(np.uint8))
+        assert window in text  # a real window of the corpus, labels = the bytes that follow
+        np.testing.assert_array_equal(row_labels[:-1], row_tokens[1:])
+    assert len({tuple(row) for row in tokens}) == 6  # random windows, not one repeated
+
+
+def test_corpus_errors_name_the_constraint(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("x" * 200)
+    with pytest.raises(ValueError, match=r"200 bytes is too short for seq=64.*65 bytes"):
+        train.train(train.TrainConfig(steps=1, **{**_TINY, "seq": 64}), corpus=train.load_corpus(str(short)))
+    with pytest.raises(ValueError, match="no such file"):
+        train.load_corpus(str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match=r"TrainConfig.steps: expected a positive int, got 0"):
+        train.TrainConfig(steps=0)
+
+
+def test_training_learns_and_equivalent_kernel_sets_give_the_same_curve():
+    cfg = train.TrainConfig(steps=40, eval_every=20, **{**_TINY, "batch": 8, "seq": 64})
+    base, f32 = train.compare([KernelSet(), KernelSet.parse("all=xla_f32")], cfg)
+    assert [step for step, _ in base.eval_loss] == [0, 20, 40]
+    start, end = base.eval_loss[0][1], base.eval_loss[-1][1]
+    assert end < start - 1.5 and end < 4.0  # from ~6 nats per byte (random init) to a model of the text
+    assert len(base.train_loss) == 40 and all(np.isfinite(base.train_loss)) and not base.stopped
+    assert max(abs(a - b) for a, b in zip(base.train_loss, f32.train_loss)) < 1e-4  # float32: same numerics
+    assert base.step_time_us > 0 and base.timing == "wall" and base.tokens_per_step == 8 * 64
+    table = train.comparison_table([base, f32])
+    assert "all=" not in table and "attention=xla_f32,norm_matmul=xla_f32,loss=xla_f32" in table
+    assert "host wall clock" in table
+
+
+def test_pallas_sites_train_like_xla():
+    cfg = train.TrainConfig(steps=3, eval_every=3, eval_batches=1, **{**_TINY, "batch": 2, "heads": 2,
+                                                                       "kv_heads": 1})
+    base, fused = train.compare([KernelSet(), KernelSet.parse("all=pallas")], cfg)
+    assert max(abs(a - b) for a, b in zip(base.train_loss, fused.train_loss)) < 1e-4
+    assert abs(base.eval_loss[-1][1] - fused.eval_loss[-1][1]) < 1e-4
+
+
+def test_a_non_finite_loss_stops_the_run():
+    kernels.register("loss", "test_nan", lambda h, w, labels: jnp.nan * jnp.sum(h.astype(jnp.float32)))
+    try:
+        result = train.train(train.TrainConfig(steps=6, eval_every=3, **_TINY), KernelSet(loss="test_nan"))
+    finally:
+        del kernels.LOSS["test_nan"]
+    assert result.stopped == "non-finite loss at or before step 3"
+    assert len(result.train_loss) == 3 and [s for s, _ in result.eval_loss] == [0]
+    assert "non-finite" in train.comparison_table([result])
+
+
+def test_cli_train_writes_and_prints_json(tmp_path, capsys):
+    out = tmp_path / "runs" / "train.json"
+    argv = ["train", "--steps", "4", "--batch", "2", "--seq", "16", "--dim", "32", "--heads", "2", "--kv-heads", "1",
+            "--layers", "1", "--dtype", "f32", "--eval-every", "2", "--kernels", "", "--kernels", "loss=xla_f32",
+            "--json", "--out", str(out)]
+    assert cli.main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    assert [r["kernels"] for r in printed["runs"]] == ["attention=xla,norm_matmul=xla,loss=xla",
+                                                       "attention=xla,norm_matmul=xla,loss=xla_f32"]
+    assert printed["config"]["steps"] == 4 and printed["environment"]["backend"] == "cpu"
+    assert all(len(r["train_loss"]) == 4 and r["tokens_per_s"] > 0 for r in printed["runs"])
+
+
+def test_cli_train_bad_flags_exit_2_with_one_line(capsys):
+    assert cli.main(["train", "--dim", "100", "--heads", "3"]) == 2
+    assert "dim: must be divisible by n_heads=3" in capsys.readouterr().err
+    assert cli.main(["train", "--kernels", "attention=nope"]) == 2
+    assert "unknown implementation 'nope'" in capsys.readouterr().err
