@@ -89,26 +89,37 @@ def _one_to_one(ia: list[int], ib: list[int], ops_a: list[set], ops_b: list[set]
     return pairs if len(pairs) == len(ia) else None
 
 
-def _pair_leftovers(matches: list[Match]) -> list[Match]:
-    """Kernels with no distinctive source op (only constants, or ops every kernel has) pair up when their
-    category, result shape and fused opcodes are identical, in program order."""
-    def signature(k: Kernel) -> tuple:
-        return k.category, str(k.instruction.shape), tuple(sorted(k.ops.items()))
+def _exact_signature(k: Kernel) -> tuple:
+    return k.category, str(k.instruction.shape), tuple(sorted(k.ops.items()))
 
-    only_b: dict[tuple, list[Match]] = collections.defaultdict(list)
-    for m in matches:
-        if m.kind == "only_b":
-            only_b[signature(m.b[0])].append(m)
-    paired: set[int] = set()
-    out = []
-    for m in matches:
-        if m.kind == "only_a" and only_b.get(signature(m.a[0])):
-            partner = only_b[signature(m.a[0])].pop(0)
-            paired.add(id(partner))
-            out.append(Match(kind="same", a=m.a, b=partner.b))
-        elif id(m) not in paired:
-            out.append(m)
-    return [m for m in out if id(m) not in paired]
+
+def _dtype_blind_signature(k: Kernel) -> tuple:
+    """Category, result dims and fused opcodes other than convert: the same kernel computed in another dtype
+    (e.g. a transpose that also fuses the casts XLA inserted, which carry no op_name)."""
+    dims = tuple(leaf.dims for leaf in k.instruction.shape.leaves())
+    return k.category, dims, tuple(sorted((op, n) for op, n in k.ops.items() if op != "convert"))
+
+
+def _pair_leftovers(matches: list[Match]) -> list[Match]:
+    """Kernels with no distinctive source op (only constants, ops every kernel has, or casts XLA inserted) pair
+    up in program order when their category, result shape and fused opcodes are identical; then, among those
+    left, when they are identical but for dtypes and converts."""
+    for signature in (_exact_signature, _dtype_blind_signature):
+        only_b: dict[tuple, list[Match]] = collections.defaultdict(list)
+        for m in matches:
+            if m.kind == "only_b":
+                only_b[signature(m.b[0])].append(m)
+        paired: set[int] = set()
+        out = []
+        for m in matches:
+            if m.kind == "only_a" and only_b.get(signature(m.a[0])):
+                partner = only_b[signature(m.a[0])].pop(0)
+                paired.add(id(partner))
+                out.append(Match(kind="same", a=m.a, b=partner.b))
+            elif id(m) not in paired:
+                out.append(m)
+        matches = [m for m in out if id(m) not in paired]
+    return matches
 
 
 def _trip_key(t: RoundTrip) -> tuple:
