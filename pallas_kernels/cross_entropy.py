@@ -100,24 +100,13 @@ class LinearCrossEntropyConfig:
     num_stages_bwd: int = 4
 
     def __post_init__(self):
-        for name in ("block_b", "block_v", "block_h", "block_b_bwd", "block_v_bwd", "block_h_bwd"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 16 or value & (value - 1):
-                raise ValueError(f"LinearCrossEntropyConfig.{name}: must be a power of two >= 16, got {value!r}")
+        tu.check_launch_fields(self)  # block_*, num_warps*, num_stages*
         for name in ("num_splits", "chunk_v"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):
                 raise ValueError(f"LinearCrossEntropyConfig.{name}: must be None or a positive int, got {value!r}")
         if not _is_int(self.group_b) or self.group_b < 1:
             raise ValueError(f"LinearCrossEntropyConfig.group_b: must be a positive int, got {self.group_b!r}")
-        for name in ("num_warps", "num_warps_bwd"):
-            value = getattr(self, name)
-            if value not in (1, 2, 4, 8, 16):
-                raise ValueError(f"LinearCrossEntropyConfig.{name}: must be one of 1, 2, 4, 8, 16, got {value!r}")
-        for name in ("num_stages", "num_stages_bwd"):
-            value = getattr(self, name)
-            if not _is_int(value) or not 1 <= value <= 8:
-                raise ValueError(f"LinearCrossEntropyConfig.{name}: must be an int in [1, 8], got {value!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

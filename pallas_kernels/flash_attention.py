@@ -80,18 +80,7 @@ class FlashAttentionConfig:
     num_stages_bwd: int = 3
 
     def __post_init__(self):
-        for name in ("block_q", "block_k", "block_q_dkv", "block_k_dkv", "block_q_dq", "block_k_dq"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value & (value - 1):
-                raise ValueError(f"FlashAttentionConfig.{name}: must be a power of two >= 16, got {value!r}")
-        for name in ("num_warps", "num_warps_bwd"):
-            value = getattr(self, name)
-            if value not in (1, 2, 4, 8, 16):
-                raise ValueError(f"FlashAttentionConfig.{name}: must be one of 1, 2, 4, 8, 16, got {value!r}")
-        for name in ("num_stages", "num_stages_bwd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 8:
-                raise ValueError(f"FlashAttentionConfig.{name}: must be an int in [1, 8], got {value!r}")
+        triton_utils.check_launch_fields(self)  # every field is a block size, warp count or stage count
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

@@ -124,22 +124,14 @@ class RMSNormMatmulConfig:
     group: int = 8
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name.startswith("block_"):
-                if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value & (value - 1):
-                    raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be a power of two >= 16, got {value!r}")
-            elif f.name.startswith("num_warps"):
-                if value not in (1, 2, 4, 8, 16) or isinstance(value, bool):
-                    raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be one of 1, 2, 4, 8, 16, got {value!r}")
-            elif f.name.startswith("num_stages"):
-                if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 8:
-                    raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be an int in [1, 8], got {value!r}")
-            elif f.name in ("group", "split_k", "split_n_dx"):
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be an int >= 1, got {value!r}")
-            elif not isinstance(value, bool):
-                raise ValueError(f"RMSNormMatmulConfig.{f.name}: must be a bool, got {value!r}")
+        tu.check_launch_fields(self)  # block_*, num_warps*, num_stages*
+        for name in ("group", "split_k", "split_n_dx"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"RMSNormMatmulConfig.{name}: must be an int >= 1, got {value!r}")
+        for name in ("gamma_on_w", "rowdot_in_dx", "rstd_on_dy", "dw_in_xla"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RMSNormMatmulConfig.{name}: must be a bool, got {getattr(self, name)!r}")
 
         if self.split_n_dx > 1 and self.rowdot_in_dx:
             raise ValueError("RMSNormMatmulConfig: split_n_dx > 1 needs rowdot_in_dx=False (c comes from XLA)")

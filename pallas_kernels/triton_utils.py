@@ -18,6 +18,7 @@ Nothing here is kernel-specific; no import-time side effects.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 
 import jax
@@ -27,6 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 __all__ = [
+    "check_launch_fields",
     "compiler_params",
     "dot",
     "load",
@@ -57,6 +59,28 @@ def quiet_triton_deprecation():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION, category=DeprecationWarning)
         yield
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_launch_fields(config) -> None:
+    """Validates a kernel config dataclass's tile and launch fields by their names, raising ValueError that names
+    the field: ``block_*`` a power of two >= 16 (Triton tile shapes, tl.dot's minimum), ``num_warps*`` one of
+    1, 2, 4, 8, 16, ``num_stages*`` an int in [1, 8]. Other fields are the config's own to check."""
+    cls = type(config).__name__
+    for field in dataclasses.fields(config):
+        name, value = field.name, getattr(config, field.name)
+        if name.startswith("block_"):
+            if not _is_int(value) or value < 16 or value & (value - 1):
+                raise ValueError(f"{cls}.{name}: must be a power of two >= 16, got {value!r}")
+        elif name.startswith("num_warps"):
+            if not _is_int(value) or value not in (1, 2, 4, 8, 16):
+                raise ValueError(f"{cls}.{name}: must be one of 1, 2, 4, 8, 16, got {value!r}")
+        elif name.startswith("num_stages"):
+            if not _is_int(value) or not 1 <= value <= 8:
+                raise ValueError(f"{cls}.{name}: must be an int in [1, 8], got {value!r}")
 
 
 def compiler_params(num_warps: int, num_stages: int) -> plgpu.CompilerParams:
