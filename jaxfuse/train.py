@@ -99,6 +99,7 @@ class TrainResult:
     n_params: int
     wall_s: float  # the whole run on the host, compiles included
     stopped: str = ""  # why training ended early ("non-finite loss at step N"), "" if it ran every step
+    top_kernels_us: tuple[tuple[str, float], ...] = ()  # GPU: the step's 10 costliest kernels, median µs per step
 
     @property
     def tokens_per_s(self) -> float:
@@ -239,7 +240,8 @@ def train(cfg: TrainConfig = TrainConfig(), kernels: KernelSet = KernelSet(), *,
     progress(f"[{kernels}] step time {timing.median_us / 1e3:.2f} ms ({timing.method})")
     return TrainResult(kernels=str(kernels), description=description, train_loss=train_loss, eval_loss=tuple(evals),
                        step_time_us=timing.median_us, timing=timing.method, tokens_per_step=cfg.batch * cfg.seq,
-                       n_params=n_params, wall_s=time.perf_counter() - start, stopped=stopped)
+                       n_params=n_params, wall_s=time.perf_counter() - start, stopped=stopped,
+                       top_kernels_us=tuple(sorted(timing.per_kernel_us.items(), key=lambda kv: -kv[1])[:10]))
 
 
 def compare(kernel_sets: Sequence[KernelSet], cfg: TrainConfig = TrainConfig(), *,
