@@ -56,13 +56,17 @@ def _cupti_ext():
         return None
 
 
-def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 50, warmup: int = 2) -> Timing:
-    """Time `fn(*arg_sets[i % len(arg_sets)])` for `iterations` iterations; see the module docstring."""
+def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 50, warmup: int = 2,
+                 jit: bool = True) -> Timing:
+    """Time `fn(*arg_sets[i % len(arg_sets)])` for `iterations` iterations; see the module docstring.
+
+    fn is jitted unless it already is; ``jit=False`` calls it as it is, so plain jnp code runs eagerly, one
+    dispatch (and on GPU about one kernel) per primitive: CUPTI then times all of those kernels."""
     import jax
 
     if not arg_sets:
         raise ValueError("arg_sets: need at least one tuple of arguments")
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    jitted = fn if (hasattr(fn, "lower") or not jit) else jax.jit(fn)
     for args in arg_sets:
         for _ in range(warmup):
             jax.block_until_ready(jitted(*args))

@@ -15,6 +15,21 @@ def test_time_kernels_on_cpu_is_wall_time():
     assert timing.method == "wall" and len(timing.samples_us) == 5 and timing.median_us > 0
 
 
+def test_time_kernels_runs_eagerly_when_asked():
+    x = jax.random.normal(jax.random.key(1), (64, 64))
+    traced = []
+
+    def fn(a):
+        traced.append(isinstance(a, jax.core.Tracer))
+        return jnp.tanh(a) * 2.0
+
+    bench.time_kernels(fn, [(x,)], iterations=2, warmup=1, jit=False)
+    assert traced == [False] * 3  # called as it is, every time: eager
+    traced.clear()
+    bench.time_kernels(fn, [(x,)], iterations=2, warmup=1)
+    assert traced == [True]  # traced once by jit, then the compiled program runs
+
+
 def test_time_kernels_needs_arguments():
     with pytest.raises(ValueError, match="arg_sets"):
         bench.time_kernels(lambda a: a, [])

@@ -8,6 +8,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+PENDING = sorted((ROOT / "notebooks" / "pending").glob("*.ipynb"))  # written, awaiting their GPU run
 _spec = importlib.util.spec_from_file_location("notebook_execute", ROOT / "notebooks" / "execute.py")
 execute = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(execute)
@@ -26,7 +27,7 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "notebooks/*.ipynb: none found"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS + PENDING, ids=lambda p: p.name)
 def test_notebook_runs(path):
     executed = execute.run(_load(path), echo=False)
     assert all(c["execution_count"] for c in _code_cells(executed))
@@ -41,6 +42,13 @@ def test_committed_outputs_come_from_a_gpu_run(path):
     first = "".join(cells[0]["outputs"][0]["text"])
     assert first.startswith("device ") and not first.startswith("device cpu"), first
     assert not any(o["name"] == "stderr" for c in cells for o in c["outputs"]), "stored output has warnings"
+
+
+@pytest.mark.parametrize("path", PENDING, ids=lambda p: p.name)
+def test_pending_notebooks_store_no_outputs(path):
+    """A notebook moves to notebooks/ with the outputs of its GPU run; until then it stores none (no CPU outputs
+    that could pass for measurements)."""
+    assert all(not c["outputs"] and c["execution_count"] is None for c in _code_cells(_load(path)))
 
 
 def test_execute_names_the_failing_cell_and_keeps_outputs():
