@@ -61,9 +61,11 @@ class TritonKernel:
         ops = self.op_counts()
         masked_loads = sum(1 for line in self.text.splitlines() if _is_masked_load(line))
         calls = ", ".join(f"{name}×{n}" for name, n in sorted(self.extern_calls().items())) or "none"
+        dots = collections.Counter(self.dots())  # insertion order: first appearance
+        dot_text = "; ".join(f"{n}× {dot}" if n > 1 else dot for dot, n in dots.items()) or "none"
         return (f"{self.name}: grid {self.grid}, {self.num_warps} warps, {self.num_stages} stages; "
                 f"{ops.get('scf.for', 0)} loops, {ops.get('scf.if', 0)} branches; "
-                f"{len(self.dots())} dots ({'; '.join(self.dots()) or 'none'}); "
+                f"{len(self.dots())} dots ({dot_text}); "
                 f"{ops.get('tt.load', 0)} loads ({masked_loads} masked), {ops.get('tt.store', 0)} stores; "
                 f"library calls: {calls}")
 

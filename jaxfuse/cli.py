@@ -3,6 +3,7 @@
     jaxfuse inspect                                  # forward pass of the default pre-norm block
     jaxfuse inspect --train-step --dtype bf16        # loss + grads of the block, bf16
     jaxfuse inspect --model lm --kernels attention=cudnn --json
+    jaxfuse inspect --train-step --kernels all=pallas --triton-ir   # the Pallas kernels' Triton IR, on any machine
     jaxfuse diff --a attention=xla --b attention=cudnn --train-step
     jaxfuse diff --a old.hlo.txt --b new.hlo.txt
     jaxfuse passes --train-step
@@ -76,6 +77,9 @@ def _define_inspect_flags(fv: flags.FlagValues) -> None:
                       "XLA's own estimate (compiled with --xla_gpu_collect_cost_model_stats).", flag_values=fv)
     flags.DEFINE_bool("ledger", True, "Also print the HBM round-trip ledger (tensors written by one kernel and read "
                       "back by another), costed at the device's measured bandwidth.", flag_values=fv)
+    flags.DEFINE_bool("triton_ir", False, "Instead of the report: lower the program for CUDA (no GPU needed) and "
+                      "summarize the Triton IR of each Pallas kernel (loops, tile dots, masked loads, library "
+                      "calls); with --json, each kernel's whole IR too.", flag_values=fv)
 
 
 def _build_program(fv: flags.FlagValues, kernels: str | None = None):
@@ -119,9 +123,44 @@ def inspect_program(fv: flags.FlagValues, *, kernels: str | None = None, xla_fla
     return report
 
 
+def triton_kernels(fv: flags.FlagValues):
+    """The Pallas kernels of the program the flags describe, lowered for CUDA: [hlo_inspect.triton_ir.TritonKernel]."""
+    from hlo_inspect import triton_ir
+    from pallas_kernels import triton_utils
+
+    from jaxfuse.kernels import SITES
+
+    program = _build_program(fv)
+    if not any(getattr(program.kernels, site) == "pallas" for site in SITES):
+        raise flags.Error(f"--triton_ir: no site runs a Pallas kernel ({program.kernels}); choose one, e.g. "
+                          f"--kernels attention=pallas or --kernels all=pallas")
+    _progress(f"lowering {program.description} for CUDA ...")
+    with triton_utils.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+        return program, triton_ir.lower_kernels(program.fn, *program.args)
+
+
+def _print_triton_kernels(fv: flags.FlagValues) -> int:
+    import json
+
+    program, kernels = triton_kernels(fv)
+    if fv.json:
+        print(json.dumps([dataclasses.asdict(k) | {"dots": k.dots(), "op_counts": k.op_counts(),
+                                                    "extern_calls": k.extern_calls()} for k in kernels], indent=1))
+        return 0
+    print(f"{program.description}: {len(kernels)} Pallas kernel(s), Triton IR as lowered for CUDA (before "
+          f"Triton's own passes; tiles from the built-in tables, not a device's tuning cache)")
+    for k in kernels:
+        print(f"  {k.summary()}")
+    return 0
+
+
 def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
+    if fv.triton_ir:
+        if fv.measure or fv.html:
+            raise flags.Error("--triton_ir replaces the report: it does not combine with --measure or --html")
+        return _print_triton_kernels(fv)
     from hlo_inspect.report import format_bytes
     from jaxfuse import costmodel
 

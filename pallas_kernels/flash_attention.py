@@ -593,8 +593,7 @@ def flash_attention(
     seg = reference.normalize_segment_ids(segment_ids, B, T, S)
     q_seg, kv_seg = (None, None) if seg is None else seg
     kv_lens = None if kv_seq_lengths is None else jnp.asarray(kv_seq_lengths, jnp.int32).reshape(B, 1)
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
+    interpret = triton_utils.resolve_interpret(interpret)
     config = _resolve_config(q, k, causal, block_sizes, on_gpu=not interpret)
     static = _Static(config=config, causal=bool(causal), scale=float(H**-0.5 if scale is None else scale),
                      interpret=bool(interpret))

@@ -2,6 +2,8 @@
 
   from pallas_kernels import triton_utils as tu
   interpret = tu.resolve_interpret(None)             # True exactly when the default backend is CPU
+  with tu.lowering_for_gpu():                         # ... except here: lower for CUDA on a CPU-only machine
+      kernels = hlo_inspect.triton_ir.lower_kernels(f, x, w)
   call = tu.pallas_call(kernel, num_warps=8, num_stages=3, interpret=interpret, grid=(n,), out_shape=...)
   with tu.quiet_triton_deprecation():
       y = call(x, w)
@@ -12,12 +14,13 @@ Why masked loads: on GPU an unmasked out-of-bounds tile reads past the array; in
 runs past the end is shifted back or padded with garbage. Only ``plgpu.load(..., mask=, other=)`` gives the same
 answer on both, so every tile that may cross an array's end goes through ``load``/``store`` with a mask.
 
-Nothing here is kernel-specific; no import-time side effects.
+Nothing here is kernel-specific; no import-time side effects (``lowering_for_gpu`` is a scoped context variable).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import warnings
 
@@ -32,6 +35,7 @@ __all__ = [
     "compiler_params",
     "dot",
     "load",
+    "lowering_for_gpu",
     "pallas_call",
     "quiet_triton_deprecation",
     "resolve_interpret",
@@ -43,11 +47,27 @@ __all__ = [
 _TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
 
 
+_LOWERING_FOR_GPU = contextvars.ContextVar("pallas_kernels_lowering_for_gpu", default=False)
+
+
 def resolve_interpret(interpret: bool | None) -> bool:
-    """The caller's choice, or True exactly when the default backend is CPU (Pallas has no CPU code generator)."""
+    """The caller's choice, or True exactly when the default backend is CPU (Pallas has no CPU code generator),
+    except inside ``lowering_for_gpu()``."""
     if interpret is None:
-        return jax.default_backend() == "cpu"
+        return jax.default_backend() == "cpu" and not _LOWERING_FOR_GPU.get()
     return bool(interpret)
+
+
+@contextlib.contextmanager
+def lowering_for_gpu():
+    """Within this block, kernels called with ``interpret=None`` choose the Triton backend and GPU tiles whatever
+    the default backend is: for lowering a program to CUDA on a machine without a GPU
+    (``hlo_inspect.triton_ir.lower_kernels``). Such a program can be lowered here, not run."""
+    token = _LOWERING_FOR_GPU.set(True)
+    try:
+        yield
+    finally:
+        _LOWERING_FOR_GPU.reset(token)
 
 
 @contextlib.contextmanager

@@ -86,6 +86,19 @@ def test_jaxfuse_inspect_pallas_on_cpu_says_interpret_mode(capsys):
     assert "Pallas kernels (norm_matmul) run in interpret mode" in err
 
 
+def test_jaxfuse_inspect_triton_ir_on_cpu(capsys):
+    small = ["--seq", "64", "--dim", "128", "--heads", "2", "--kv-heads", "1", "--train-step"]
+    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "attention=pallas", "--triton-ir", "--json"]) == 0
+    kernels = json.loads(capsys.readouterr().out)
+    assert [k["name"] for k in kernels] == ["flash_attention_fwd", "flash_attention_dkdv", "flash_attention_dq"]
+    assert all(k["text"].lstrip().startswith("module") and k["op_counts"]["tt.dot"] >= 2 for k in kernels)
+    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "norm_matmul=pallas", "--triton-ir"]) == 0
+    out = capsys.readouterr().out
+    assert "rmsnorm_matmul_fwd: grid" in out and "rmsnorm_matmul_dx: grid" in out and "flash" not in out
+    assert jaxfuse_cli.main(["inspect", *small, "--triton-ir"]) == 2
+    assert "no site runs a Pallas kernel" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args", [["inspect", "--train-step", "--seq", "16", "--dim", "64", "--heads", "2",
                                    "--kv-heads", "2", "--dtype", "f32"]])
 def test_jaxfuse_console_script(args):

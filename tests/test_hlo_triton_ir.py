@@ -63,3 +63,18 @@ def test_no_triton_kernel_is_a_clear_error():
         triton_ir.lower_kernels(lambda q, k, v: flash_attention(q, k, v, interpret=True), *_qkv(16))
     with pytest.raises(ValueError, match="no Pallas-Triton kernel"):
         triton_ir.lower_kernels(jnp.tanh, jax.ShapeDtypeStruct((8,), jnp.float32))
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="on a GPU the kernels lower for Triton anyway")
+def test_lowering_for_gpu_makes_default_calls_lower_for_triton_only_inside_the_block():
+    from pallas_kernels import triton_utils
+
+    qkv = _qkv(64)
+    with pytest.raises(ValueError, match="no Pallas-Triton kernel"):  # interpret=None on the CPU: interpret mode
+        triton_ir.lower_kernels(lambda q, k, v: flash_attention(q, k, v), *qkv)
+    assert triton_utils.resolve_interpret(None) is True
+    with triton_utils.lowering_for_gpu():
+        assert triton_utils.resolve_interpret(None) is False and triton_utils.resolve_interpret(True) is True
+        (fwd,) = triton_ir.lower_kernels(lambda q, k, v: flash_attention(q, k, v), *qkv)
+    assert triton_utils.resolve_interpret(None) is True
+    assert fwd.num_stages == 3  # the GPU table's launch (the CPU table's has 1 stage)
