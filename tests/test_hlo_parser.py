@@ -224,8 +224,10 @@ def test_one_megabyte_parses_in_well_under_a_second():
     lines[-1] = lines[-1].replace(f"%v{i} =", f"ROOT %v{i} =", 1)
     lines.append("}")
     text = "\n".join(lines)
-    start = time.perf_counter()
-    m = hlo_inspect.parse(text)
-    elapsed = time.perf_counter() - start
+    elapsed = []
+    for _ in range(3):  # the best of three: a wall clock on a shared 2-core CI machine sees other load
+        start = time.perf_counter()
+        m = hlo_inspect.parse(text)
+        elapsed.append(time.perf_counter() - start)
     assert len(m.entry.instructions) == i + 1
-    assert elapsed < 1.0, f"1 MB took {elapsed:.2f} s"
+    assert min(elapsed) < 1.0, f"1 MB took {min(elapsed):.2f} s at best (about 0.3 s on CI's CPU when idle)"
