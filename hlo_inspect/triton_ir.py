@@ -115,15 +115,13 @@ def lower_kernels(fn: Callable, *args, **kwargs) -> list[TritonKernel]:
     tt_dialect.register_dialect(context)
     kernels = []
     for op in calls:
-        config = ir.DictAttr(op.attributes["mhlo.backend_config"])
-        value = lambda key: config[key]  # noqa: E731
+        config = ir.DictAttr(op.attributes["mhlo.backend_config"])  # name, ir, grid_x/y/z, num_warps, num_stages
         with context:
-            module = ir.Module.parse(ir.StringAttr(value("ir")).value_bytes)
-            text = str(module)
+            text = str(ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes))
         kernels.append(TritonKernel(
-            name=ir.StringAttr(value("name")).value,
-            grid=tuple(ir.IntegerAttr(value(f"grid_{axis}")).value for axis in "xyz"),
-            num_warps=ir.IntegerAttr(value("num_warps")).value,
-            num_stages=ir.IntegerAttr(value("num_stages")).value,
+            name=ir.StringAttr(config["name"]).value,
+            grid=tuple(ir.IntegerAttr(config[f"grid_{axis}"]).value for axis in "xyz"),
+            num_warps=ir.IntegerAttr(config["num_warps"]).value,
+            num_stages=ir.IntegerAttr(config["num_stages"]).value,
             text=_strip_locations(text)))
     return kernels
