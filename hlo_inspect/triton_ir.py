@@ -26,6 +26,7 @@ __all__ = ["TritonKernel", "lower_kernels"]
 _TRITON_CALL_TARGET = "__gpu$xla.gpu.triton"
 _OP = re.compile(r"(?:=|^)\s*\"?((?:tt|scf|arith|math)\.[a-z_.]+)")
 _EXTERN_SYMBOL = re.compile(r'symbol = "([^"]+)"')
+_INLINE_ASM = re.compile(r'tt\.elementwise_inline_asm "([^"]*)"')
 _DOT_TYPES = re.compile(r"tt\.dot .*: (tensor<[^>]+>) \* (tensor<[^>]+>) -> (tensor<[^>]+>)")
 
 
@@ -56,8 +57,13 @@ class TritonKernel:
         """Library functions the kernel calls (libdevice on NVIDIA: __nv_exp2f, __nv_logf, ...) and how often."""
         return dict(collections.Counter(_EXTERN_SYMBOL.findall(self.text)))
 
+    def inline_asm(self) -> dict[str, int]:
+        """Inline assembly the kernel holds (tt.elementwise_inline_asm: e.g. 'ex2.approx.ftz.f32 $0, $1;') and how
+        often."""
+        return dict(collections.Counter(_INLINE_ASM.findall(self.text)))
+
     def summary(self) -> str:
-        """One paragraph: launch, loops, dots, loads (masked of all), stores, library calls."""
+        """One paragraph: launch, loops, dots, loads (masked of all), stores, library calls, inline assembly."""
         ops = self.op_counts()
         masked_loads = sum(1 for line in self.text.splitlines() if _is_masked_load(line))
         calls = ", ".join(f"{name}×{n}" for name, n in sorted(self.extern_calls().items())) or "none"
@@ -67,7 +73,7 @@ class TritonKernel:
                 f"{ops.get('scf.for', 0)} loops, {ops.get('scf.if', 0)} branches; "
                 f"{len(self.dots())} dots ({dot_text}); "
                 f"{ops.get('tt.load', 0)} loads ({masked_loads} masked), {ops.get('tt.store', 0)} stores; "
-                f"library calls: {calls}")
+                f"library calls: {calls}" + "".join(f"; inline asm {asm!r}×{n}" for asm, n in self.inline_asm().items()))
 
 
 def _is_masked_load(line: str) -> bool:

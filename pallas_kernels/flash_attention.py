@@ -244,6 +244,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
         num_full = _min(_div(kv_len if not static.causal else _min(kv_len, t0 + 1), bk), num_tiles)
 
     qk_scale = static.scale * _LOG2E  # exp(x * scale) == exp2(x * scale * log2(e))
+    exp2 = functools.partial(triton_utils.exp2, interpret=static.interpret)
     exp_scale, pre_scale = (qk_scale, None) if qk_scale > 0 else (1.0, qk_scale)
     kv_limit = kv_len if (S % bk or len_ref is not None) else None
 
@@ -264,8 +265,8 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
                 s = jnp.where(visible, s, -jnp.inf)
         # With a positive scale, max(s) * scale == max(s * scale): the scale then folds into one FMA per score.
         m_new = jnp.maximum(m, jnp.max(s, axis=1) * exp_scale)
-        alpha = jnp.exp2(m - m_new)
-        p = jnp.exp2(s * exp_scale - m_new[:, None])  # masked entries: exp2(-inf) = 0
+        alpha = exp2(m - m_new)
+        p = exp2(s * exp_scale - m_new[:, None])  # masked entries: exp2(-inf) = 0
         l = l * alpha + jnp.sum(p, axis=1)
         acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
         return acc, m_new, l
@@ -315,6 +316,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_
         lo = jnp.where(s0 >= kv_len, _i32(nq), _i32(lo))
         num_masked = jnp.maximum(num_masked, lo)
     q_scale = static.scale * _LOG2E
+    exp2 = functools.partial(triton_utils.exp2, interpret=static.interpret)
 
     def body(i, carry, *, g, masked: bool):
         dk, dv = carry
@@ -331,7 +333,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_
             visible = _visible(q_pos, kv_pos, causal=static.causal, kv_limit=kv_limit, q_seg=q_seg, kv_seg=kv_seg)
             if visible is not None:
                 s_t = jnp.where(visible.T, s_t, -jnp.inf)
-        p_t = jnp.exp2(s_t)  # (bk, bq) probabilities, transposed
+        p_t = exp2(s_t)  # (bk, bq) probabilities, transposed
         dv = dv + _dot(p_t.astype(do.dtype), do)
         dp_t = _dot(v, do, trans_b=True)  # (bk, bq)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -376,6 +378,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_se
         num_full = _min(_div(kv_len if not static.causal else _min(kv_len, t0 + 1), bk), num_tiles)
     kv_limit = kv_len if (S % bk or len_ref is not None) else None
     q_scale = static.scale * _LOG2E
+    exp2 = functools.partial(triton_utils.exp2, interpret=static.interpret)
 
     def body(j, dq, *, masked: bool):
         s0 = j * bk
@@ -389,7 +392,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_se
             visible = _visible(q_pos, kv_pos, causal=static.causal, kv_limit=kv_limit, q_seg=q_seg, kv_seg=kv_seg)
             if visible is not None:
                 s = jnp.where(visible, s, -jnp.inf)
-        p = jnp.exp2(s)
+        p = exp2(s)
         ds = p * (_dot(do, v, trans_b=True) - delta[:, None])
         return dq + _dot(ds.astype(k.dtype), k)
 

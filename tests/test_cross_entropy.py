@@ -105,6 +105,14 @@ def test_several_backward_chunks_and_splits():
     _check_against_reference(B, H, V, jnp.bfloat16, block_sizes=sizes, logit_soft_cap=3.0)
 
 
+@pytest.mark.parametrize("V,chunk_v", [(256, 64), (257, 64), (200, 256)],
+                         ids=["steps_divide_V", "last_step_shares_columns", "one_step"])
+def test_backward_counts_each_vocabulary_column_once(V, chunk_v):
+    """The backward's steps and its peeled last step: V a multiple of the chunk (nothing shared), a last step that
+    starts at V - chunk_v and shares columns with the step before (they must enter dh once), a single step."""
+    _check_against_reference(37, 16, V, jnp.float32, block_sizes={"chunk_v": chunk_v})
+
+
 def test_matches_optax():
     """The issue's reference, independent of pallas_kernels.reference: optax on materialized float32 logits."""
     B, H, V = SMALL

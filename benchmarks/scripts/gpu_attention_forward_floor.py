@@ -172,10 +172,13 @@ def count_mma_in_ptx(out_dir: str) -> dict:
             "q, k, v = (jax.random.normal(x, (1, 1024, 4, 128), jnp.bfloat16) for x in ks)\n"
             "f = jax.jit(jax.grad(lambda q, k, v: flash_attention(q, k, v).astype(jnp.float32).sum(), (0, 1, 2)))\n"
             "jax.block_until_ready(f(q, k, v))\n")
-    env = dict(os.environ, XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text")
+    env = dict(os.environ, XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text",
+               JAX_ENABLE_COMPILATION_CACHE="false")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    files = sorted(glob.glob(os.path.join(dump, "*.ptx")))
+    dumped = sorted(glob.glob(os.path.join(dump, "**", "*"), recursive=True))
+    files = [f for f in dumped if f.endswith(".ptx")]
     counts = {"ptx_files": [os.path.basename(f) for f in files], "returncode": proc.returncode,
+              "dumped": len(dumped), "dumped_names": [os.path.relpath(f, dump) for f in dumped[:60]],
               "stderr_tail": proc.stderr[-1500:]}
     needles = (("wgmma", "wgmma.mma_async"), ("mma_sync", "mma.sync"), ("ex2", "ex2.approx.f32"),
                ("ex2_ftz", "ex2.approx.ftz.f32"))
