@@ -69,11 +69,12 @@ class TritonKernel:
         calls = ", ".join(f"{name}×{n}" for name, n in sorted(self.extern_calls().items())) or "none"
         dots = collections.Counter(self.dots())  # insertion order: first appearance
         dot_text = "; ".join(f"{n}× {dot}" if n > 1 else dot for dot, n in dots.items()) or "none"
+        asm = "".join(f"; inline asm {text!r}×{n}" for text, n in self.inline_asm().items())
         return (f"{self.name}: grid {self.grid}, {self.num_warps} warps, {self.num_stages} stages; "
                 f"{ops.get('scf.for', 0)} loops, {ops.get('scf.if', 0)} branches; "
                 f"{len(self.dots())} dots ({dot_text}); "
                 f"{ops.get('tt.load', 0)} loads ({masked_loads} masked), {ops.get('tt.store', 0)} stores; "
-                f"library calls: {calls}" + "".join(f"; inline asm {asm!r}×{n}" for asm, n in self.inline_asm().items()))
+                f"library calls: {calls}" + asm)
 
 
 def _is_masked_load(line: str) -> bool:
