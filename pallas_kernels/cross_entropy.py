@@ -332,36 +332,36 @@ def _backward(h, w, labels, lse, g, st: _Static):
     """(dh, dw) for row weights g (B,) float32 (upstream cotangent, 0 for ignored rows).
 
     ceil(V / chunk_v) steps of chunk_v columns: a Pallas kernel writes dlogits (B, chunk), then two XLA GEMMs
-    (cuBLAS on GPU) add dl w_chunkᵀ to the float32 dh accumulator in place and write dw[:, chunk] = hᵀ dl in w's
-    dtype (float32 accumulation inside the GEMM; a float32 output rounded afterwards became a slower Triton GEMM
-    fusion on the H100: benchmarks/results/cross_entropy-bwd-experiment-h100.json). The loop runs the full steps;
-    the last step, peeled off, starts at V − chunk_v, and the columns it shares with the step before are zeroed in
-    its copy of w for the dh GEMM (their dw columns are recomputed and rewritten with the same values). The zeroing
-    is one pass over (H, chunk_v) once per call, not once per step."""
+    (cuBLAS on GPU) add dl w_chunkᵀ to the float32 dh accumulator in place and write dw[:, chunk] = hᵀ dl directly
+    in w's dtype (float32 accumulation inside the GEMM). The last step's start is clamped to V − chunk_v, and the
+    columns it shares with the step before are zeroed in its copy of w for the dh GEMM (their dw columns are
+    recomputed and rewritten with the same values). So every step has one shape and the dh update stays in place.
+
+    Measured on the H100 (benchmarks/results/cross_entropy-bwd-experiment-h100.json, -peel-last-h100.json): a float32
+    dw output rounded afterwards compiled to a Triton GEMM fusion slower than cuBLAS (13.3 vs 12.5 ms at
+    8192x4096x128256; fwd+bwd 0-3% slower, up to 25 MiB more temp). Peeling the last step out of the loop saves the
+    per-step zeroing pass (~1.1 ms of 58 at that shape) but XLA then gives the peeled dh update a (B, H) float32
+    buffer of its own (+124 MiB there), so the zeroing stays in the loop."""
     B, H = h.shape
     V = w.shape[1]
     chunk = st.config.chunk_v
-    num_steps = pl.cdiv(V, chunk)
     precision = lax.Precision.HIGHEST if h.dtype == jnp.float32 else lax.Precision.DEFAULT
 
-    def step(i, carry, *, last: bool):
+    def body(i, carry):
         dh, dw = carry
-        v0 = V - chunk if last else i * chunk
+        v0 = jnp.minimum(i * chunk, V - chunk)
         w_chunk = lax.dynamic_slice_in_dim(w, v0, chunk, axis=1)  # (H, chunk)
         dl = _dlogits(h, w_chunk, labels - v0, lse, g, st)  # (B, chunk)
         dw_chunk = lax.dot_general(h, dl, (((0,), (0,)), ((), ())), precision=precision,
                                    preferred_element_type=w.dtype)  # (H, chunk) = hᵀ dl
-        shared = (num_steps - 1) * chunk - (V - chunk)  # columns of the last step the step before covered
-        if last and shared:
-            new_cols = jnp.arange(chunk, dtype=jnp.int32) >= shared
-            w_chunk = jnp.where(new_cols[None, :], w_chunk, jnp.zeros((), w.dtype))
-        dh = dh + lax.dot_general(dl, w_chunk, (((1,), (1,)), ((), ())), precision=precision,
+        new_cols = jnp.arange(chunk, dtype=jnp.int32) >= i * chunk - v0  # False: done by the step before
+        w_new = jnp.where(new_cols[None, :], w_chunk, jnp.zeros((), w.dtype))
+        dh = dh + lax.dot_general(dl, w_new, (((1,), (1,)), ((), ())), precision=precision,
                                   preferred_element_type=jnp.float32)  # (B, H) += dl w_chunkᵀ
         return dh, lax.dynamic_update_slice_in_dim(dw, dw_chunk, v0, axis=1)
 
     init = (jnp.zeros((B, H), jnp.float32), jnp.zeros((H, V), w.dtype))
-    carry = lax.fori_loop(0, num_steps - 1, functools.partial(step, last=False), init)
-    dh, dw = step(num_steps - 1, carry, last=True)
+    dh, dw = lax.fori_loop(0, pl.cdiv(V, chunk), body, init)
     return dh.astype(h.dtype), dw
 
 

@@ -67,11 +67,14 @@ def device_kind() -> str:
 _FLASH_ATTENTION_GPU = {
     32: dict(block_q=128, block_k=64, num_warps=4, num_stages=3,
              block_q_dkv=32, block_k_dkv=64, block_q_dq=128, block_k_dq=64, num_warps_bwd=4, num_stages_bwd=3),
-    64: dict(block_q=128, block_k=64, num_warps=4, num_stages=3,
+    # H=64 and H=128 forward tiles: the H100 sweep's winners at every suite shape, causal and not, once exp2 was
+    # PTX ex2.approx.ftz (attention-sweep-ftz-h100.txt: at B4 T=S=4096 N16 H128, 128x64 tiles with 4 warps and 2
+    # stages 1150 vs 1166 µs for 128x128 / 8 warps / 3 stages, causal 640 vs 673 µs; H64 64x64 / 4 / 3 1282 vs
+    # 1366 µs for 128x64). Backward tiles: the earlier sweep (attention-sweep-h100.txt: fwd+bwd 4670 vs 5306 µs
+    # with the 32/128/128/32 tiles). Spill counts of these forward tiles were not checked.
+    64: dict(block_q=64, block_k=64, num_warps=4, num_stages=3,
              block_q_dkv=64, block_k_dkv=128, block_q_dq=128, block_k_dq=64, num_warps_bwd=8, num_stages_bwd=3),
-    # H=128: the H100 sweep's winner at B4 T=S=4096 N16, causal and not (attention-sweep-h100.txt: forward
-    # 1206 vs 1307 µs with block_k 64, fwd+bwd 4670 vs 5306 µs with the 32/128/128/32 backward tiles).
-    128: dict(block_q=128, block_k=128, num_warps=8, num_stages=3,
+    128: dict(block_q=128, block_k=64, num_warps=4, num_stages=2,
               block_q_dkv=64, block_k_dkv=128, block_q_dq=128, block_k_dq=64, num_warps_bwd=8, num_stages_bwd=3),
     256: dict(block_q=64, block_k=32, num_warps=8, num_stages=2,
               block_q_dkv=32, block_k_dkv=32, block_q_dq=64, block_k_dq=32, num_warps_bwd=8, num_stages_bwd=2),

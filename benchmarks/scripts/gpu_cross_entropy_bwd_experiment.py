@@ -3,15 +3,23 @@
     PYTHONPATH=$PWD python benchmarks/scripts/gpu_cross_entropy_bwd_experiment.py --out $OUT
 
 The backward (``pallas_kernels.cross_entropy._backward``) walks the vocabulary in chunks: a Pallas kernel writes
-dlogits (B, chunk), then dw[:, chunk] = hᵀ dlogits and dh += dlogits w_chunkᵀ run as XLA GEMMs. In the committed
-run (cross_entropy-h100.json, 8192×4096×128256) the dw GEMM became a Triton GEMM fusion of 13.3 ms (its float32
-output is rounded to bf16 inside the fusion) while XLA's own cuBLAS GEMMs of that size take 10.9 ms. Variants:
+dlogits (B, chunk), then dw[:, chunk] = hᵀ dlogits and dh += dlogits w_chunkᵀ run as XLA GEMMs. The last chunk
+starts at V − chunk, and the columns it shares with the chunk before are zeroed in its copy of w for the dh GEMM.
+In the library that zeroing is a select inside the loop, so XLA runs it at every step (a loop fusion of ~1.1 ms per
+call at 8192x4096x128256, cross_entropy-h100.json). Variants:
 
-  f32_out   the committed code: dw GEMM accumulates into a float32 output, rounded to w.dtype afterwards
-  bf16_out  dw GEMM returns w.dtype directly (the GEMM still accumulates in float32 inside; one rounding either way)
+  committed   the library's _backward (the select at every step)
+  peel_last   full steps in the loop, the clamped last step after it with the select. Measured at commit 41605cd
+              (cross_entropy-peel-last-h100.json): fwd+bwd 56.1 ms against 57.8 (the committed code, the earlier
+              run of this script), but XLA gave the peeled dh update a (B, H) float32 buffer: temp 340 vs 216 MiB
+  peel_first  the clamped step first, outside the loop: its GEMM initializes dh (no add, so no second buffer; on
+              the CPU backend its temp equals the committed code's while peel_last adds 0.6·B·H·4 bytes), then the
+              full steps accumulate in place
 
-Each variant × forward config is timed on fwd+bwd (device-kernel time, per-kernel breakdown), with its error
-against the float32 reference and its temp memory. Writes $OUT/cross_entropy-bwd-experiment-h100.json.
+Each variant is timed on fwd+bwd (device-kernel time, per-kernel breakdown), with its error against the float32
+reference and its temp memory. The earlier run of this script (f32 vs bf16 dw output, and two forward tilings)
+is cross_entropy-bwd-experiment-h100.json; its winner (bf16 output) is the library's. Writes
+$OUT/cross_entropy-bwd-peel-experiment-h100.json.
 """
 
 from __future__ import annotations
@@ -30,8 +38,9 @@ def log(msg: str) -> None:
     print(f"[{time.time() - START:6.1f}s] {msg}", flush=True)
 
 
-def make_backward(dw_out_dtype_direct: bool):
-    """A copy of cross_entropy._backward whose dw GEMM output dtype is the variable under test."""
+def make_backward(order: str):
+    """cross_entropy._backward with the clamped last step peeled out of the loop: after it ("last") or before it
+    ("first")."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -44,24 +53,33 @@ def make_backward(dw_out_dtype_direct: bool):
         B, H = h.shape
         V = w.shape[1]
         chunk = st.config.chunk_v
+        num_steps = pl.cdiv(V, chunk)
         precision = lax.Precision.HIGHEST if h.dtype == jnp.float32 else lax.Precision.DEFAULT
 
-        def body(i, carry):
+        def step(i, carry, *, clamped: bool):
             dh, dw = carry
-            v0 = jnp.minimum(i * chunk, V - chunk)
+            v0 = V - chunk if clamped else i * chunk
             w_chunk = lax.dynamic_slice_in_dim(w, v0, chunk, axis=1)
             dl = ce._dlogits(h, w_chunk, labels - v0, lse, g, st)
-            out_type = w.dtype if dw_out_dtype_direct else jnp.float32
             dw_chunk = lax.dot_general(h, dl, (((0,), (0,)), ((), ())), precision=precision,
-                                       preferred_element_type=out_type).astype(w.dtype)
-            new_cols = jnp.arange(chunk, dtype=jnp.int32) >= i * chunk - v0
-            w_new = jnp.where(new_cols[None, :], w_chunk, jnp.zeros((), w.dtype))
-            dh = dh + lax.dot_general(dl, w_new, (((1,), (1,)), ((), ())), precision=precision,
-                                      preferred_element_type=jnp.float32)
+                                       preferred_element_type=w.dtype)
+            shared = (num_steps - 1) * chunk - (V - chunk)  # columns the clamped step shares with a full step
+            if clamped and shared:
+                new_cols = jnp.arange(chunk, dtype=jnp.int32) >= shared
+                w_chunk = jnp.where(new_cols[None, :], w_chunk, jnp.zeros((), w.dtype))
+            update = lax.dot_general(dl, w_chunk, (((1,), (1,)), ((), ())), precision=precision,
+                                     preferred_element_type=jnp.float32)
+            dh = update if dh is None else dh + update
             return dh, lax.dynamic_update_slice_in_dim(dw, dw_chunk, v0, axis=1)
 
-        init = (jnp.zeros((B, H), jnp.float32), jnp.zeros((H, V), w.dtype))
-        dh, dw = lax.fori_loop(0, pl.cdiv(V, chunk), body, init)
+        full = functools.partial(step, clamped=False)
+        dw = jnp.zeros((H, V), w.dtype)
+        if order == "last":
+            carry = lax.fori_loop(0, num_steps - 1, full, (jnp.zeros((B, H), jnp.float32), dw))
+            dh, dw = step(num_steps - 1, carry, clamped=True)
+        else:
+            carry = step(num_steps - 1, (None, dw), clamped=True)
+            dh, dw = lax.fori_loop(0, num_steps - 1, full, carry)
         return dh.astype(h.dtype), dw
 
     return backward
@@ -71,7 +89,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--small", action="store_true",
+                        help="a CPU check of the script: B, H, V = 300, 64, 1000 with 256-column chunks")
     args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
 
     import jax
 
@@ -81,47 +102,45 @@ def main() -> None:
     from pallas_kernels import triton_utils
 
     committed = ce._backward
-    variants = {"f32_out": make_backward(False), "bf16_out": make_backward(True)}
+    variants = {"committed": committed, "peel_last": make_backward("last"), "peel_first": make_backward("first")}
     shapes = {"8k_128k": (8192, 4096, 128256), "16k_32k": (16384, 4096, 32000), "4k_256k": (4096, 2048, 256000)}
-    fwd_configs = {"default": None, "fwd_bh128_s2": {"block_h": 128, "num_stages": 2},
-                   "fwd_bb256_bv128": {"block_b": 256, "block_v": 128}}
+    block_sizes = None
+    if args.small:
+        shapes, block_sizes = {"small": (300, 64, 1000)}, {"chunk_v": 256}
+    loss = functools.partial(ce.linear_cross_entropy, block_sizes=block_sizes)
     results = []
     for shape_name, (B, H, V) in shapes.items():
         inputs = suite.make_inputs(B, H, V)
         ref = suite._reference(*inputs)
         log(f"{shape_name}: reference ready")
         for variant, backward in variants.items():
-            for cfg_name, cfg in fwd_configs.items():
-                if shape_name != "8k_128k" and cfg_name != "default":
-                    continue
-                ce._backward = backward
-                try:
-                    loss = functools.partial(ce.linear_cross_entropy, block_sizes=cfg)
-                    fn = jax.jit(jax.value_and_grad(lambda h, w, y: loss(h, w, y), argnums=(0, 1)))
-                    with triton_utils.quiet_triton_deprecation():
-                        compiled = fn.lower(*inputs).compile()
-                        temp = compiled.memory_analysis().temp_size_in_bytes
-                        value, (dh, dw) = jax.block_until_ready(fn(*inputs))
-                        errors = {"loss": suite._rel_error(value, ref[0]), "dh": suite._rel_error(dh, ref[1]),
-                                  "dw": suite._rel_error(dw, ref[2])}
-                        del value, dh, dw
-                        timing = bench.time_kernels(fn, [inputs], iterations=args.iterations)
-                    row = dict(shape=shape_name, variant=variant, fwd_config=cfg_name, time_us=timing.median_us,
-                               temp_mib=round(temp / 2**20, 1), errors=errors, spread=round(timing.spread, 3),
-                               per_kernel_us=dict(sorted(timing.per_kernel_us.items(), key=lambda kv: -kv[1])))
-                    log(f"{shape_name} {variant} {cfg_name}: {timing.median_us:.1f} µs, temp {row['temp_mib']} MiB, "
-                        f"errors {errors}")
-                    for name, us in list(row["per_kernel_us"].items())[:6]:
-                        print(f"      {name:<60} {us:9.1f}", flush=True)
-                except Exception:  # noqa: BLE001
-                    row = dict(shape=shape_name, variant=variant, fwd_config=cfg_name, error=traceback.format_exc())
-                    log(f"{shape_name} {variant} {cfg_name} FAILED\n{row['error'][-1500:]}")
-                finally:
-                    ce._backward = committed
-                results.append(row)
+            ce._backward = backward
+            try:
+                fn = jax.jit(jax.value_and_grad(lambda h, w, y: loss(h, w, y), argnums=(0, 1)))
+                with triton_utils.quiet_triton_deprecation():
+                    compiled = fn.lower(*inputs).compile()
+                    temp = compiled.memory_analysis().temp_size_in_bytes
+                    value, (dh, dw) = jax.block_until_ready(fn(*inputs))
+                    errors = {"loss": suite._rel_error(value, ref[0]), "dh": suite._rel_error(dh, ref[1]),
+                              "dw": suite._rel_error(dw, ref[2])}
+                    del value, dh, dw
+                    timing = bench.time_kernels(fn, [inputs], iterations=args.iterations)
+                row = dict(shape=shape_name, variant=variant, time_us=timing.median_us, timing=timing.method,
+                           temp_mib=round(temp / 2**20, 2), errors=errors, spread=round(timing.spread, 3),
+                           per_kernel_us=dict(sorted(timing.per_kernel_us.items(), key=lambda kv: -kv[1])))
+                log(f"{shape_name} {variant}: {timing.median_us:.1f} µs ({timing.method}), "
+                    f"temp {row['temp_mib']} MiB, errors {errors}")
+                for name, us in list(row["per_kernel_us"].items())[:6]:
+                    print(f"      {name:<60} {us:9.1f}", flush=True)
+            except Exception:  # noqa: BLE001
+                row = dict(shape=shape_name, variant=variant, error=traceback.format_exc())
+                log(f"{shape_name} {variant} FAILED\n{row['error'][-1500:]}")
+            finally:
+                ce._backward = committed
+            results.append(row)
         del inputs, ref
     env = bench.environment()
-    path = os.path.join(args.out, "cross_entropy-bwd-experiment-h100.json")
+    path = os.path.join(args.out, "cross_entropy-bwd-peel-experiment-h100.json")
     with open(path, "w") as f:
         json.dump({"environment": env, "results": results}, f, indent=1)
     log(f"wrote {path}")
