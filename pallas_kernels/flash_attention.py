@@ -19,6 +19,13 @@ loop at 128x64 tiles but needs a second score tile and more shared memory: 128x1
 requested) and the plain 128x128 loop stayed the fastest (1209 vs 1228 µs non-causal, 689 vs 699 µs causal;
 attention-sweep-overlap-qk-h100.txt).
 
+Where the forward's time goes (H100, B4 T=S=4096 N16 H128, 128x128 tiles; attention-forward-floor-h100.json, from
+benchmarks/scripts/gpu_attention_forward_floor.py): the loop's two tile dots alone take 823 µs, cuDNN's whole
+forward 821 µs; the online softmax adds 128 µs without its exp2s and 232 µs more with them (libdevice exp2; 208
+with ``ex2.approx.ftz``, now used: ``triton_utils.exp2``). Nothing overlaps the softmax with the tensor cores here:
+that takes warp specialization or ping-pong scheduling, which the Triton lowering does not expose. Computing half
+or all of the exp2s as a polynomial on the FMA pipe (FA4's trick) was 18-22% slower.
+
 Example::
 
   o = flash_attention(q, k, v, causal=True)                        # interpret mode on CPU, Triton on GPU
