@@ -7,15 +7,17 @@ sweeps, a lazy rescale and an early q·kᵀ did not get there (benchmarks/result
 times variants of the forward's loop, built here as a minimal kernel (full tiles, no masks: the main shape needs
 none) with the production tiling (128x128, 8 warps, 3 stages unless --tiles says otherwise):
 
-  softmax         the production loop's math (checks that the minimal kernel times as flash_attention does)
-  ftz             softmax with exp2 as inline PTX ex2.approx.ftz.f32 (jnp.exp2 lowers to libdevice's __nv_exp2f,
-                  whose non-ftz form adds a range check and two multiplies per score around the MUFU op)
+  softmax         the production loop's math with jnp.exp2 (libdevice __nv_exp2f: the library kernel before it
+                  took ftz; checks that the minimal kernel times as flash_attention did)
+  ftz             softmax with exp2 as inline PTX ex2.approx.ftz.f32 (``triton_utils.exp2``: the library kernel now)
   dots_only       the two tile dots alone, p = bf16(q·kᵀ): what the tensor cores and loads cost in this lowering
   no_exp          the online softmax with both exp2 replaced by a subtraction: what the exp2s (MUFU) cost
   split_mufu      the key tile as two halves, each with its own pair of dots, both exp2 on the MUFU
   split_poly      as split_mufu, but the second half's exp2 is a degree-3 polynomial on the FMA pipe (the FA4
                   trick: the H100 has 16 MUFU lanes per SM and clock against 128 FMA lanes)
   ftz_split_poly  split_poly with the first half's exp2 as ex2.approx.ftz.f32
+  two_chains      ftz, with the query tile as two independent 64-row chains sharing each K/V tile, both chains'
+                  q·kᵀ issued before either softmax (two_chains_mufu: the same with libdevice exp2)
   poly_all        every score's exp2 as the polynomial
 
 It also times ``pallas_kernels.flash_attention`` and cuDNN in the same run and checks every variant that computes
@@ -53,7 +55,14 @@ VARIANTS = {
     "split_poly": (2, ("mufu", "poly")),
     "ftz_split_poly": (2, ("ftz", "poly")),
     "poly_all": (1, ("poly",)),
+    "two_chains": (1, ("ftz",)),
+    "two_chains_mufu": (1, ("mufu",)),
 }
+# Variants whose query tile is two independent halves (block_q / 2 rows each, their own acc, max and sum) that share
+# each K/V tile: both halves' q·kᵀ are issued before either softmax, so the tensor cores have the second half's
+# product to compute while the first half's exp2s run (FA3's intra-warpgroup overlap, if Triton's async wgmma waits
+# allow it).
+QUERY_CHAINS = {"two_chains": 2, "two_chains_mufu": 2}
 
 
 def log(msg: str) -> None:
@@ -99,40 +108,51 @@ def make_forward(variant: str, *, block_q: int, block_k: int, num_warps: int, nu
                                                 result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, x.dtype)])[0]
         return jnp.exp2(x)
 
+    chains = QUERY_CHAINS.get(variant, 1)
+    rows = block_q // chains
+
+    def update(carry, scores, values, exp_scale):
+        """One query chain's online-softmax step over one key tile: scores (rows, half) per part."""
+        acc, m, l = carry
+        if exp_kinds is None:
+            for s, vp in zip(scores, values):
+                acc = acc + tu.dot(s.astype(vp.dtype), vp)
+            return acc, m, l
+        row_max = functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in scores])
+        m_new = jnp.maximum(m, row_max * exp_scale)
+        if exp_kinds[0] == "none":
+            alpha = m - m_new + 1.0
+        else:  # the rescale factors (one per row) on the MUFU: ftz when the variant's first part uses it
+            alpha = exp2(m - m_new, "ftz" if exp_kinds[0] == "ftz" else "mufu")
+        acc = acc * alpha[:, None]
+        l = l * alpha
+        for h, (s, vp) in enumerate(zip(scores, values)):
+            x = s * exp_scale - m_new[:, None]
+            p = x if exp_kinds[h] == "none" else exp2(x, exp_kinds[h])
+            l = l + jnp.sum(p, axis=1)
+            acc = acc + tu.dot(p.astype(vp.dtype), vp)
+        return acc, m_new, l
+
     def kernel(q_ref, k_ref, v_ref, o_ref, *, S: int, scale: float):
         t0 = pl.program_id(0) * block_q
-        q = q_ref[pl.ds(t0, block_q), :]
+        qs = [q_ref[pl.ds(t0 + c * rows, rows), :] for c in range(chains)]
         exp_scale = scale * LOG2E
 
         def body(j, carry):
-            acc, m, l = carry
             s0 = j * block_k
             parts = [(k_ref[pl.ds(s0 + h * half, half), :], v_ref[pl.ds(s0 + h * half, half), :])
                      for h in range(block_k // half)]
-            scores = [tu.dot(q, kp, trans_b=True) for kp, _ in parts]
-            if exp_kinds is None:
-                for s, (_, vp) in zip(scores, parts):
-                    acc = acc + tu.dot(s.astype(vp.dtype), vp)
-                return acc, m, l
-            row_max = functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in scores])
-            m_new = jnp.maximum(m, row_max * exp_scale)
-            alpha = (m - m_new + 1.0) if exp_kinds[0] == "none" else jnp.exp2(m - m_new)
-            acc = acc * alpha[:, None]
-            l = l * alpha
-            for h, (s, (_, vp)) in enumerate(zip(scores, parts)):
-                x = s * exp_scale - m_new[:, None]
-                p = x if exp_kinds[h] == "none" else exp2(x, exp_kinds[h])
-                l = l + jnp.sum(p, axis=1)
-                acc = acc + tu.dot(p.astype(vp.dtype), vp)
-            return acc, m_new, l
+            scores = [[tu.dot(q, kp, trans_b=True) for kp, _ in parts] for q in qs]  # every chain's, first
+            return tuple(update(carry[c], scores[c], [vp for _, vp in parts], exp_scale) for c in range(chains))
 
-        H = q.shape[-1]
-        carry = (jnp.zeros((block_q, H), jnp.float32), jnp.full((block_q,), -1e30, jnp.float32),
-                 jnp.zeros((block_q,), jnp.float32))
-        acc, m, l = lax.fori_loop(0, S // block_k, body, carry)
-        if variant in ("dots_only", "no_exp"):
-            l = jnp.ones_like(l)  # timing only: these variants compute no attention
-        o_ref[pl.ds(t0, block_q), :] = (acc / l[:, None]).astype(o_ref.dtype)
+        H = qs[0].shape[-1]
+        init = (jnp.zeros((rows, H), jnp.float32), jnp.full((rows,), -1e30, jnp.float32),
+                jnp.zeros((rows,), jnp.float32))
+        carry = lax.fori_loop(0, S // block_k, body, (init,) * chains)
+        for c, (acc, m, l) in enumerate(carry):
+            if variant in ("dots_only", "no_exp"):
+                l = jnp.ones_like(l)  # timing only: these variants compute no attention
+            o_ref[pl.ds(t0 + c * rows, rows), :] = (acc / l[:, None]).astype(o_ref.dtype)
 
     @jax.jit
     def forward(q, k, v):
