@@ -18,13 +18,14 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["Timing", "time_kernels", "Record", "environment", "write_results", "markdown_table"]
+__all__ = ["Timing", "time_kernels", "Record", "device_tag", "environment", "write_results", "markdown_table"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +185,15 @@ def environment() -> dict[str, str]:
     except ImportError:
         pass
     return env
+
+
+def device_tag(device: str) -> str:
+    """The short name result files carry for a device kind: 'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA
+    A100-SXM4-80GB' -> 'a100'; anything else lowercased with each run of other characters as '_' ('cpu')."""
+    model = re.match(r"NVIDIA\s+([A-Z]+\d+)\b", device)
+    if model:
+        return model.group(1).lower()
+    return re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_") or "unknown"
 
 
 def markdown_table(records: Sequence[Record]) -> str:

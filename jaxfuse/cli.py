@@ -293,7 +293,8 @@ def _define_bench_flags(fv: flags.FlagValues) -> None:
                       flag_values=fv)
     flags.DEFINE_integer("iterations", 30, "Timed iterations per measurement (median reported).", lower_bound=1,
                          flag_values=fv)
-    flags.DEFINE_string("out", "benchmarks/results", "Folder for <op>-<device>.json and .md ('' to skip).",
+    flags.DEFINE_string("out", "benchmarks/results",
+                        "Folder for <op>-<device tag>.json and .md (attention-h100.json on an H100; '' to skip).",
                         flag_values=fv)
     flags.DEFINE_bool("json", False, "Print the records as JSON instead of a table.", flag_values=fv)
 
@@ -318,8 +319,8 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     records = suite.run(names, iterations=fv.iterations)
     env = bench.environment()
     if fv.out:
-        device = env["device"].lower().replace(" ", "_")
-        path = bench.write_results(records, os.path.join(fv.out, f"{fv.op}-{device}.json"), env=env)
+        path = bench.write_results(records, os.path.join(fv.out, f"{fv.op}-{bench.device_tag(env['device'])}.json"),
+                                   env=env)
         _progress(f"wrote {path}")
     if fv.json:
         print(json.dumps({"environment": env, "records": [dc.asdict(r) for r in records]}, indent=1))

@@ -48,6 +48,13 @@ def test_records_written_with_environment(tmp_path):
     assert "speedup vs other" in open(tmp_path / "r.md").read()
 
 
+@pytest.mark.parametrize("device,tag", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                        ("NVIDIA A100-SXM4-80GB", "a100"), ("cpu", "cpu"),
+                                        ("NVIDIA GeForce RTX 4090", "nvidia_geforce_rtx_4090"), ("", "unknown")])
+def test_device_tag_names_result_files(device, tag):
+    assert bench.device_tag(device) == tag
+
+
 def test_roofline():
     h100 = costmodel.device("H100")
     assert h100.hbm_bytes_per_s == 2.94e12  # measured ceiling preferred over the datasheet

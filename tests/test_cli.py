@@ -148,3 +148,13 @@ def test_jaxfuse_passes(capsys):
 def test_flag_spelling():
     assert jaxfuse_cli._normalize(["--train-step", "--no-ledger", "--kv-heads=2", "x-y"]) == [
         "--train_step", "--noledger", "--kv_heads=2", "x-y"]
+
+
+def test_bench_writes_results_named_by_device_tag(tmp_path, capsys):
+    """`jaxfuse bench` on the CPU at the suite's smoke shape: <op>-<device tag>.json and .md, and the table."""
+    assert jaxfuse_cli.main(["bench", "--op", "cross_entropy", "--shapes", "cpu", "--iterations", "1",
+                             "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cross_entropy-cpu.json", "cross_entropy-cpu.md"]
+    records = json.load(open(tmp_path / "cross_entropy-cpu.json"))["records"]
+    assert {(r["implementation"], r["mode"]) for r in records} >= {("pallas", "fwd+bwd"), ("xla", "fwd+bwd")}
+    assert "| cross_entropy | 64x64x1000 |" in capsys.readouterr().out

@@ -13,8 +13,8 @@
    it the default); every timing into $OUT/attention-sweep.json and sweep.txt.
 3. The suite (``jaxfuse.suites.attention``) at every shape, causal and not: pallas (with the sweep's winner where
    there is one: ``extra["config_source"]``), cuDNN, plain-jnp XLA; fwd and fwd+bwd. Prints the tables and writes
-   $OUT/attention-h100.json (+ .md) with ``bench.write_results``. Shapes not started by the end of the budget are
-   recorded as skipped.
+   $OUT/attention-<device tag>.json (+ .md; ``bench.device_tag``) with ``bench.write_results``. Shapes not started
+   by the end of the budget are recorded as skipped.
 Every step, shape, implementation and candidate that fails is printed and recorded; the rest goes on. The whole run
 stays within about --budget-s plus one (shape, causal) pair (~30 s): with the defaults, tests <= 150 s, the sweep
 until 240 s after the start, the suite after that; no suite pair starts after 480 s (those left are recorded as
@@ -217,7 +217,8 @@ def run_suite(out_dir: str, shapes: list[str] | None, iterations: int, deadline:
     if not records:
         log("suite: no records")
         return
-    path = bench.write_results(records, os.path.join(out_dir, "attention-h100.json"))
+    tag = bench.device_tag(bench.environment()["device"])  # attention-h100.json on an H100
+    path = bench.write_results(records, os.path.join(out_dir, f"attention-{tag}.json"))
     print(bench.markdown_table(records))
     print()
     print(suite.summary_table(records), flush=True)

@@ -21,8 +21,8 @@ none) with the production tiling (128x128, 8 warps, 3 stages unless --tiles says
   poly_all        every score's exp2 as the polynomial
 
 It also times ``pallas_kernels.flash_attention`` and cuDNN in the same run and checks every variant that computes
-attention against the float32 reference (bf16, relative error, NaN). Writes $OUT/attention-forward-floor-h100.json
-and prints a table. (An attempt to count wgmma in the PTX was dropped: jax 0.11.2's ``--xla_dump_to`` wrote no
+attention against the float32 reference (bf16, relative error, NaN). Writes
+$OUT/attention-forward-floor-<device tag>.json and prints a table. (An attempt to count wgmma in the PTX was dropped: jax 0.11.2's ``--xla_dump_to`` wrote no
 .ptx file for these programs.)
 
 Results (H100, 2026-11-23): benchmarks/results/attention-forward-floor-h100.json (128x128 tiles, 8 warps, 3 stages)
@@ -248,7 +248,8 @@ def main() -> int:
     env = bench.environment()
     result = {"env": env, "shape": {"B": B, "T": T, "S": T, "N": N, "K": N, "H": H, "dtype": "bfloat16"},
               "tiles": config, "flops": flops, "exp2_count": exps, "rows": rows}
-    with open(os.path.join(args.out, "attention-forward-floor-h100.json"), "w") as fh:
+    path = os.path.join(args.out, f"attention-forward-floor-{bench.device_tag(env['device'])}.json")
+    with open(path, "w") as fh:
         json.dump(result, fh, indent=1)
     print("\n| variant | time µs | TFLOP/s | rel err | error |\n|---|---|---|---|---|")
     for r in rows:

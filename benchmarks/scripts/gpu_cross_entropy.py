@@ -5,7 +5,7 @@
 1. ``pytest -q tests/test_cross_entropy.py`` (GPU shapes; the output goes to $OUT/pytest.txt);
 2. the suite (``jaxfuse.suites.cross_entropy``) at the issue's three shapes: xla / pallas (/ tokamax), fwd and
    fwd+bwd, device-kernel time, temp memory and error against the float32 reference; table printed, records in
-   $OUT/cross_entropy-h100.json (+ .md);
+   $OUT/cross_entropy-<device tag>.json (+ .md);
 3. while time is left (the whole run stays under --budget-s, 450 s by default), a block-size sweep at 8192×4096×128256
    ($OUT/cross_entropy-sweep.json): forward tiles timed on the forward, backward tiles and chunk_v on fwd+bwd.
 A failing step, shape or config is printed and recorded; the rest still runs.
@@ -49,7 +49,8 @@ def run_suite(out: str, iterations: int, shapes: list[str]) -> None:
         except Exception:  # noqa: BLE001
             log(f"suite shape {name} FAILED:\n{traceback.format_exc()}")
     if records:
-        path = bench.write_results(records, os.path.join(out, "cross_entropy-h100.json"))
+        tag = bench.device_tag(bench.environment()["device"])  # cross_entropy-h100.json on an H100
+        path = bench.write_results(records, os.path.join(out, f"cross_entropy-{tag}.json"))
         log(f"wrote {path}")
         print(bench.markdown_table(records), flush=True)
         print("\nimplementation / mode / shape: temp MiB, rel_error, top kernels (µs)", flush=True)

@@ -19,7 +19,7 @@ call at 8192x4096x128256, cross_entropy-h100.json). Variants:
 Each variant is timed on fwd+bwd (device-kernel time, per-kernel breakdown), with its error against the float32
 reference and its temp memory. The earlier run of this script (f32 vs bf16 dw output, and two forward tilings)
 is cross_entropy-bwd-experiment-h100.json; its winner (bf16 output) is the library's. Writes
-$OUT/cross_entropy-bwd-peel-experiment-h100.json.
+$OUT/cross_entropy-bwd-peel-experiment-<device tag>.json.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def main() -> None:
             results.append(row)
         del inputs, ref
     env = bench.environment()
-    path = os.path.join(args.out, "cross_entropy-bwd-peel-experiment-h100.json")
+    path = os.path.join(args.out, f"cross_entropy-bwd-peel-experiment-{bench.device_tag(env['device'])}.json")
     with open(path, "w") as f:
         json.dump({"environment": env, "results": results}, f, indent=1)
     log(f"wrote {path}")

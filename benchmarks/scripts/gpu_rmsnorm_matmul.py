@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/scripts/gpu_rmsnorm_matmul.py --out $OUT
 
-Writes into --out: pytest.txt (the test run), rmsnorm_matmul-h100.json/.md (bench.write_results), sweep.txt and
+Writes into --out: pytest.txt (the test run), rmsnorm_matmul-<device tag>.json/.md (bench.write_results), sweep.txt and
 tuned_configs.json (the best config per shape, in pallas_kernels.tuning's cache format: merge the entries into
 pallas_kernels/tuned_configs.json with tuning.store to make them the defaults). Everything is time-boxed
 (--budget-s, default 450 s in all); a failing step, shape or candidate is reported and the rest goes on.
@@ -46,7 +46,8 @@ def run_suite(out_dir: str, shapes: list[str] | None, iterations: int) -> None:
 
     log(f"step 2: suite at {shapes or suite.DEFAULT_SHAPES}, {iterations} iterations")
     records = suite.run(shapes, iterations=iterations)
-    path = bench.write_results(records, os.path.join(out_dir, "rmsnorm_matmul-h100.json"))
+    tag = bench.device_tag(bench.environment()["device"])  # rmsnorm_matmul-h100.json on an H100
+    path = bench.write_results(records, os.path.join(out_dir, f"rmsnorm_matmul-{tag}.json"))
     print(bench.markdown_table(records))
     print()
     print(suite.summary_table(records), flush=True)
