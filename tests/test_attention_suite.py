@@ -162,6 +162,6 @@ def test_gpu_script_runs_on_cpu(tmp_path):
     out = tmp_path / "out"
     assert script.main(["--out", str(out), "--skip-tests", "--skip-tune", "--shapes", "cpu", "--iterations", "1",
                         "--budget-s", "120"]) == 0
-    data = json.loads((out / "attention-h100.json").read_text())
+    data = json.loads((out / "attention-cpu.json").read_text())  # named by bench.device_tag
     assert len(data["records"]) == 2 * len(suite.IMPLEMENTATIONS) * 2
-    assert (out / "attention-h100.md").exists()
+    assert (out / "attention-cpu.md").exists()
