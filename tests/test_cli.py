@@ -150,8 +150,9 @@ def test_flag_spelling():
         "--train_step", "--noledger", "--kv_heads=2", "x-y"]
 
 
-def test_bench_writes_results_named_by_device_tag(tmp_path, capsys):
-    """`jaxfuse bench` on the CPU at the suite's smoke shape: <op>-<device tag>.json and .md, and the table."""
+def test_bench_writes_json_and_markdown_and_prints_the_table(tmp_path, capsys):
+    """`jaxfuse bench` on the CPU at the suite's smoke shape: <op>-cpu.json and .md (the tag mapping itself is
+    test_bench.test_device_tag_names_result_files), and the table."""
     assert jaxfuse_cli.main(["bench", "--op", "cross_entropy", "--shapes", "cpu", "--iterations", "1",
                              "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cross_entropy-cpu.json", "cross_entropy-cpu.md"]

@@ -17,8 +17,8 @@ call at 8192x4096x128256, cross_entropy-h100.json). Variants:
               full steps accumulate in place
 
 Each variant is timed on fwd+bwd (device-kernel time, per-kernel breakdown), with its error against the float32
-reference and its temp memory. The earlier run of this script (f32 vs bf16 dw output, and two forward tilings)
-is cross_entropy-bwd-experiment-h100.json; its winner (bf16 output) is the library's. Writes
+reference and its temp memory. The earlier version of this script (commit 6d69cd0: f32 vs bf16 dw output, and
+two forward tilings) wrote cross_entropy-bwd-experiment-h100.json; its winner (bf16 output) is the library's. Writes
 $OUT/cross_entropy-bwd-peel-experiment-<device tag>.json.
 """
 
