@@ -332,36 +332,40 @@ def _backward(h, w, labels, lse, g, st: _Static):
     """(dh, dw) for row weights g (B,) float32 (upstream cotangent, 0 for ignored rows).
 
     ceil(V / chunk_v) steps of chunk_v columns: a Pallas kernel writes dlogits (B, chunk), then two XLA GEMMs
-    (cuBLAS on GPU) add dl w_chunkᵀ to the float32 dh accumulator in place and write dw[:, chunk] = hᵀ dl directly
-    in w's dtype (float32 accumulation inside the GEMM). The last step's start is clamped to V − chunk_v, and the
-    columns it shares with the step before are zeroed in its copy of w for the dh GEMM (their dw columns are
-    recomputed and rewritten with the same values). So every step has one shape and the dh update stays in place.
+    (cuBLAS on GPU) write dw[:, chunk] = hᵀ dl directly in w's dtype (float32 accumulation inside the GEMM) and add
+    dl w_chunkᵀ to the float32 dh accumulator. The last chunk starts at V − chunk_v, so every step has one shape; it
+    runs first, outside the loop: its GEMM initializes dh (with the columns it shares with the full steps zeroed in
+    its copy of w), and the loop's full steps then add to dh in place with no mask.
 
-    Measured on the H100 (benchmarks/results/cross_entropy-bwd-experiment-h100.json, -peel-last-h100.json): a float32
-    dw output rounded afterwards compiled to a Triton GEMM fusion slower than cuBLAS (13.3 vs 12.5 ms at
-    8192x4096x128256; fwd+bwd 0-3% slower, up to 25 MiB more temp). Peeling the last step out of the loop saves the
-    per-step zeroing pass (~1.1 ms of 58 at that shape) but XLA then gives the peeled dh update a (B, H) float32
-    buffer of its own (+124 MiB there), so the zeroing stays in the loop."""
+    Measured on the H100 (benchmarks/results/cross_entropy-bwd-experiment-h100.json, -bwd-peel-experiment-h100.json):
+    a float32 dw output rounded afterwards compiled to a Triton GEMM fusion slower than cuBLAS (13.3 vs 12.5 ms at
+    8192x4096x128256). Zeroing the shared columns inside the loop ran a select at every step; running the clamped
+    step last, after the loop, gave its dh update a (B, H) float32 buffer of its own (+124 MiB at that shape); first,
+    fwd+bwd is 0.6-2.0% faster than the select in the loop with the same temp memory."""
     B, H = h.shape
     V = w.shape[1]
     chunk = st.config.chunk_v
+    num_steps = pl.cdiv(V, chunk)
     precision = lax.Precision.HIGHEST if h.dtype == jnp.float32 else lax.Precision.DEFAULT
 
-    def body(i, carry):
+    def step(i, carry, *, clamped: bool):
         dh, dw = carry
-        v0 = jnp.minimum(i * chunk, V - chunk)
+        v0 = V - chunk if clamped else i * chunk
         w_chunk = lax.dynamic_slice_in_dim(w, v0, chunk, axis=1)  # (H, chunk)
         dl = _dlogits(h, w_chunk, labels - v0, lse, g, st)  # (B, chunk)
         dw_chunk = lax.dot_general(h, dl, (((0,), (0,)), ((), ())), precision=precision,
                                    preferred_element_type=w.dtype)  # (H, chunk) = hᵀ dl
-        new_cols = jnp.arange(chunk, dtype=jnp.int32) >= i * chunk - v0  # False: done by the step before
-        w_new = jnp.where(new_cols[None, :], w_chunk, jnp.zeros((), w.dtype))
-        dh = dh + lax.dot_general(dl, w_new, (((1,), (1,)), ((), ())), precision=precision,
-                                  preferred_element_type=jnp.float32)  # (B, H) += dl w_chunkᵀ
+        shared = (num_steps - 1) * chunk - v0  # leading columns a full step also covers (clamped step only)
+        if clamped and shared:
+            new_cols = jnp.arange(chunk, dtype=jnp.int32) >= shared
+            w_chunk = jnp.where(new_cols[None, :], w_chunk, jnp.zeros((), w.dtype))
+        dh_chunk = lax.dot_general(dl, w_chunk, (((1,), (1,)), ((), ())), precision=precision,
+                                   preferred_element_type=jnp.float32)  # (B, H) = dl w_chunkᵀ
+        dh = dh_chunk if dh is None else dh + dh_chunk
         return dh, lax.dynamic_update_slice_in_dim(dw, dw_chunk, v0, axis=1)
 
-    init = (jnp.zeros((B, H), jnp.float32), jnp.zeros((H, V), w.dtype))
-    dh, dw = lax.fori_loop(0, pl.cdiv(V, chunk), body, init)
+    carry = step(num_steps - 1, (None, jnp.zeros((H, V), w.dtype)), clamped=True)
+    dh, dw = lax.fori_loop(0, num_steps - 1, functools.partial(step, clamped=False), carry)
     return dh.astype(h.dtype), dw
 
 

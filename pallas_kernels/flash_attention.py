@@ -70,6 +70,9 @@ class FlashAttentionConfig:
       block_q, block_k: forward tile: block_q query rows per program, key/value tiles of block_k rows.
       block_q_dkv, block_k_dkv: dK/dV kernel: block_k_dkv key rows per program, query tiles of block_q_dkv rows.
       block_q_dq, block_k_dq: dQ kernel: block_q_dq query rows per program, key/value tiles of block_k_dq rows.
+      query_chains: the forward's query tile as this many independent chains of block_q / query_chains rows (1 or
+        2) sharing each key/value tile; each chain's q·kᵀ is issued before any chain's softmax, so one chain's
+        exp2s can run under the other's tensor-core work.
       num_warps, num_stages: Triton launch parameters of the forward kernel.
       num_warps_bwd, num_stages_bwd: the same for both backward kernels.
     All block sizes are powers of two >= 16 (Triton tensor shapes and tl.dot minimum); they need not divide T or S.
@@ -81,13 +84,19 @@ class FlashAttentionConfig:
     block_k_dkv: int = 128
     block_q_dq: int = 128
     block_k_dq: int = 32
+    query_chains: int = 1
     num_warps: int = 8
     num_stages: int = 3
     num_warps_bwd: int = 8
     num_stages_bwd: int = 3
 
     def __post_init__(self):
-        triton_utils.check_launch_fields(self)  # every field is a block size, warp count or stage count
+        triton_utils.check_launch_fields(self)  # the block sizes, warp counts and stage counts
+        if self.query_chains not in (1, 2) or isinstance(self.query_chains, bool):
+            raise ValueError(f"FlashAttentionConfig.query_chains: must be 1 or 2, got {self.query_chains!r}")
+        if self.block_q // self.query_chains < 16:
+            raise ValueError(f"FlashAttentionConfig.query_chains: block_q / query_chains must be >= 16 (tl.dot's "
+                             f"minimum), got block_q={self.block_q}, query_chains={self.query_chains}")
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -120,6 +129,8 @@ def _fit_to_shape(params: Mapping[str, int], T: int, S: int) -> dict[str, int]:
         out[name] = fit(out[name], T)
     for name in ("block_k", "block_k_dkv", "block_k_dq"):
         out[name] = fit(out[name], S)
+    if out["block_q"] // out.get("query_chains", 1) < 16:  # a shrunk tile too short to split
+        out["query_chains"] = 1
     return out
 
 
@@ -233,12 +244,16 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
     if static.causal:
         i = nq - 1 - i  # the longest rows first: better tail balance across SMs
     t0 = i * bq
-    q_pos = t0 + jnp.arange(bq, dtype=jnp.int32)
-    q_rows = None if T % bq == 0 else q_pos
-    q = _load(q_ref, (pl.ds(t0, bq), slice(None)), q_rows, T)  # (bq, H) stays in registers
-    q_seg = None
-    if q_seg_ref is not None:
-        q_seg = _load(q_seg_ref, (pl.ds(t0, bq),), q_pos, T, other=-1)
+    rows = bq // cfg.query_chains  # query rows per chain
+    # Per chain: query positions, bounds (None when T is a multiple of the tile), the q tile (stays in registers),
+    # segment ids.
+    chains = []
+    for c in range(cfg.query_chains):
+        q_pos = t0 + c * rows + jnp.arange(rows, dtype=jnp.int32)
+        q_rows = None if T % bq == 0 else q_pos
+        q = _load(q_ref, (pl.ds(t0 + c * rows, rows), slice(None)), q_rows, T)
+        q_seg = None if q_seg_ref is None else _load(q_seg_ref, (pl.ds(t0 + c * rows, rows),), q_pos, T, other=-1)
+        chains.append((q_pos, q_rows, q, q_seg))
 
     kv_len = _kv_len(len_ref, S)  # keys >= kv_len are masked
     end = kv_len if not static.causal else _min(kv_len, t0 + bq)  # keys any row of this tile can see
@@ -255,18 +270,13 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
     exp_scale, pre_scale = (qk_scale, None) if qk_scale > 0 else (1.0, qk_scale)
     kv_limit = kv_len if (S % bk or len_ref is not None) else None
 
-    def body(j, carry, *, masked: bool):
+    def update(carry, s, v, chain, kv_pos, kv_seg, *, masked: bool):
+        """One chain's online-softmax step: s (rows, bk) raw scores of this key tile."""
         acc, m, l = carry
-        s0 = j * bk
-        kv_pos = s0 + jnp.arange(bk, dtype=jnp.int32)
-        kv_rows = kv_pos if (masked and S % bk) else None
-        k = _load(k_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
-        v = _load(v_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
-        s = _dot(q, k, trans_b=True)  # (bq, bk) scores, scaled into the log2 domain by `exp_scale` below
+        q_pos, _, _, q_seg = chain
         if pre_scale is not None:
             s = s * pre_scale
         if masked:
-            kv_seg = None if kv_seg_ref is None else _load(kv_seg_ref, (pl.ds(s0, bk),), kv_pos, S, other=-2)
             visible = _visible(q_pos, kv_pos, causal=static.causal, kv_limit=kv_limit, q_seg=q_seg, kv_seg=kv_seg)
             if visible is not None:
                 s = jnp.where(visible, s, -jnp.inf)
@@ -278,16 +288,34 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
         acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
         return acc, m_new, l
 
-    H = q.shape[-1]
-    carry = (jnp.zeros((bq, H), jnp.float32), jnp.full((bq,), _M_INIT, jnp.float32), jnp.zeros((bq,), jnp.float32))
-    carry = _loop(0, num_full, functools.partial(body, masked=False), carry)
-    acc, m, l = _loop(num_full, num_tiles, functools.partial(body, masked=True), carry)
+    def body(j, carry, *, masked: bool):
+        s0 = j * bk
+        kv_pos = s0 + jnp.arange(bk, dtype=jnp.int32)
+        kv_rows = kv_pos if (masked and S % bk) else None
+        k = _load(k_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+        v = _load(v_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+        kv_seg = None
+        if masked and kv_seg_ref is not None:
+            kv_seg = _load(kv_seg_ref, (pl.ds(s0, bk),), kv_pos, S, other=-2)
+        # Every chain's q·kᵀ is issued before any chain's softmax: with two chains the tensor cores have the second
+        # product to compute while the first chain's exp2s run.
+        scores = [_dot(q, k, trans_b=True) for _, _, q, _ in chains]
+        return tuple(update(c_carry, s, v, chain, kv_pos, kv_seg, masked=masked)
+                     for c_carry, s, chain in zip(carry, scores, chains))
 
-    empty = l == 0.0  # no visible key: output 0, lse +inf (so the backward's probabilities are exactly 0)
-    inv_l = 1.0 / jnp.where(empty, 1.0, l)
-    _store(o_ref, (pl.ds(t0, bq), slice(None)), (acc * inv_l[:, None]).astype(o_ref.dtype), q_rows, T)
-    lse = jnp.where(empty, jnp.inf, m + jnp.log2(jnp.where(empty, 1.0, l)))  # log2-domain log-sum-exp
-    _store(lse_ref, (pl.ds(t0, bq),), lse, q_rows, T)
+    H = q_ref.shape[-1]
+    init = (jnp.zeros((rows, H), jnp.float32), jnp.full((rows,), _M_INIT, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+    carry = _loop(0, num_full, functools.partial(body, masked=False), (init,) * cfg.query_chains)
+    carry = _loop(num_full, num_tiles, functools.partial(body, masked=True), carry)
+
+    for c, ((acc, m, l), (_, q_rows, _, _)) in enumerate(zip(carry, chains)):
+        empty = l == 0.0  # no visible key: output 0, lse +inf (so the backward's probabilities are exactly 0)
+        inv_l = 1.0 / jnp.where(empty, 1.0, l)
+        idx = pl.ds(t0 + c * rows, rows)
+        _store(o_ref, (idx, slice(None)), (acc * inv_l[:, None]).astype(o_ref.dtype), q_rows, T)
+        lse = jnp.where(empty, jnp.inf, m + jnp.log2(jnp.where(empty, 1.0, l)))  # log2-domain log-sum-exp
+        _store(lse_ref, (idx,), lse, q_rows, T)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -616,13 +644,15 @@ def flash_attention(
 # ---------------------------------------------------------------------------------------------------------------
 def _candidates(head_dim: int, dtype, T: int, S: int) -> list[dict[str, int]]:
     """A small search space around the table entry: forward tiles × warps × stages, and backward tile pairs."""
-    base = tuning.flash_attention_table(head_dim, dtype, on_gpu=True)
+    base = FlashAttentionConfig(**tuning.flash_attention_table(head_dim, dtype, on_gpu=True)).to_dict()
     fwd_tiles = [(128, 64), (128, 128), (64, 64), (64, 32)] if head_dim <= 128 else [(64, 32), (64, 64), (32, 32)]
     bwd_tiles = ([(32, 128, 128, 32), (64, 64, 64, 64), (64, 128, 128, 64), (32, 64, 64, 32)] if head_dim <= 128
                  else [(32, 64, 64, 32), (16, 64, 64, 16), (32, 32, 32, 32)])
     out = []
     for (bq, bk), warps, stages in itertools.product(fwd_tiles, (4, 8), (2, 3, 4)):
-        out.append(dict(base, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages))
+        out.append(dict(base, block_q=bq, block_k=bk, query_chains=1, num_warps=warps, num_stages=stages))
+        if bq == 128 and warps == 4:  # two chains of 64 rows: one warpgroup's wgmma height
+            out.append(dict(base, block_q=bq, block_k=bk, query_chains=2, num_warps=warps, num_stages=stages))
     for (q1, k1, q2, k2), warps, stages in itertools.product(bwd_tiles, (4, 8), (2, 3)):
         out.append(dict(base, block_q_dkv=q1, block_k_dkv=k1, block_q_dq=q2, block_k_dq=k2,
                         num_warps_bwd=warps, num_stages_bwd=stages))
@@ -644,9 +674,10 @@ def autotune(q, k, v, *, causal: bool = False, cache_path=tuning.DEFAULT_CACHE_P
     _check_inputs(q, k, v, None)
     T, S = q.shape[1], k.shape[1]
     key = _shape_key(q, k, causal)
-    fwd_fields = ("block_q", "block_k", "num_warps", "num_stages")
+    fwd_fields = ("block_q", "block_k", "query_chains", "num_warps", "num_stages")
     candidates = _candidates(q.shape[-1], q.dtype, T, S) if candidates is None else [dict(c) for c in candidates]
-    base = _fit_to_shape(tuning.flash_attention_table(q.shape[-1], q.dtype, on_gpu=True), T, S)
+    base = FlashAttentionConfig(**_fit_to_shape(tuning.flash_attention_table(q.shape[-1], q.dtype, on_gpu=True), T,
+                                                S)).to_dict()
     fwd_cands = [c for c in candidates if all(c[f] == base[f] for f in c if f not in fwd_fields)]
     bwd_cands = [c for c in candidates if all(c[f] == base[f] for f in fwd_fields)]
 

@@ -144,6 +144,29 @@ def test_explicit_block_sizes_are_used_and_agree():
     assert all(getattr(config, name) == value for name, value in blocks.items())
 
 
+_CHAIN_CASES = {
+    # name: (dtype, T, S, N, K, attention options); lengths odd, so the second chain of the last tile is partial
+    "causal-gqa-T>S": (jnp.float32, _S["odd_long"], _S["odd_short"], 4, 2, dict(causal=True)),
+    "bf16-kv-lengths": (jnp.bfloat16, _S["odd_long"], _S["odd_long"], 2, 1,
+                        dict(kv_seq_lengths=jnp.array([_S["odd_short"] - 3] * _S["B"], jnp.int32))),
+    "segments-causal": (jnp.float32, _S["odd_short"], _S["odd_short"], 2, 2, dict(causal=True, segment_ids=None)),
+}
+
+
+@pytest.mark.parametrize("case", list(_CHAIN_CASES))
+def test_two_query_chains_match_reference(case):
+    dtype, T, S, N, K, options = _CHAIN_CASES[case]
+    B, H = _S["B"], 64
+    q, k, v = _normal((B, T, N, H), dtype), _normal((B, S, K, H), dtype), _normal((B, S, K, H), dtype)
+    if "segment_ids" in options:  # three packed sequences per row
+        options = dict(options, segment_ids=jnp.broadcast_to(jnp.arange(T) * 3 // T, (B, T)).astype(jnp.int32))
+    block_q = 128 if ON_GPU else 32  # two chains of 64 (GPU) / 16 (CPU) rows
+    blocks = dict(block_q=block_q, query_chains=2)
+    config = fa_module._resolve_config(q, k, False, blocks, on_gpu=ON_GPU)
+    assert (config.block_q, config.query_chains) == (block_q, 2)
+    _check_against_reference(q, k, v, _TOL[dtype], block_sizes=blocks, **options)
+
+
 @pytest.mark.parametrize("masks", [dict(causal=True), dict(kv_seq_lengths=jnp.array([5], jnp.int32))])
 def test_tiles_longer_than_the_sequences(masks):
     # Explicit tiles are not shrunk: every tile, forward and backward, reaches past T = 10 and S = 7.
@@ -259,10 +282,16 @@ def test_segment_ids_single_array_needs_equal_lengths():
         flash_attention(q, k, v, segment_ids=jnp.zeros((1, 8), jnp.int32))
 
 
-@pytest.mark.parametrize("field,value", [("num_warps", 3), ("num_stages", 0), ("block_k_dq", 8), ("block_q", True)])
+@pytest.mark.parametrize("field,value", [("num_warps", 3), ("num_stages", 0), ("block_k_dq", 8), ("block_q", True),
+                                         ("query_chains", 3), ("query_chains", True)])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=rf"FlashAttentionConfig.{field}:"):
         FlashAttentionConfig(**{field: value})
+
+
+def test_query_chains_need_16_rows_each():
+    with pytest.raises(ValueError, match=r"block_q / query_chains must be >= 16 .* block_q=16, query_chains=2"):
+        FlashAttentionConfig(block_q=16, query_chains=2)
 
 
 # ------------------------------------------------------------------------------------------------ tuning
@@ -294,11 +323,14 @@ def test_table_tiles_shrink_to_short_sequences_but_explicit_sizes_do_not(tmp_pat
     assert fa_module._resolve_config(q, k, False, explicit, on_gpu=True) is explicit
 
 
-def test_autotune_candidates_are_valid_configs():
-    cands = fa_module._candidates(128, jnp.bfloat16, 4096, 4096)
+@pytest.mark.parametrize("T", [4096, 16])
+def test_autotune_candidates_are_valid_configs(T):
+    cands = fa_module._candidates(128, jnp.bfloat16, T, 4096)
     assert len(cands) > 10
     for c in cands:
         FlashAttentionConfig(**c)
+    # Two query chains are searched; at T = 16 the query tile shrinks to 16 rows, too short to split.
+    assert {c["query_chains"] for c in cands} == ({1, 2} if T > 16 else {1})
 
 
 @pytest.mark.skipif(not ON_GPU, reason="autotuning times real GPU kernels")

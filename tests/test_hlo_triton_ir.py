@@ -29,6 +29,19 @@ def test_flash_attention_forward_is_one_loop_of_two_tile_dots_without_masks_when
     assert "5 loads (0 masked)" in fwd.summary()
 
 
+def test_two_query_chains_share_each_key_tile_and_issue_both_score_dots_first():
+    tiles = dict(_TILES, query_chains=2)  # two chains of 16 rows
+    (fwd,) = triton_ir.lower_kernels(
+        lambda q, k, v: flash_attention(q, k, v, interpret=False, block_sizes=tiles), *_qkv(64))
+    assert fwd.grid == (2, 2, 1) and fwd.op_counts()["scf.for"] == 1
+    score, pv = "tensor<16x64xbf16> x tensor<64x16xbf16> -> tensor<16x16xf32>", \
+        "tensor<16x16xbf16> x tensor<16x64xbf16> -> tensor<16x64xf32>"
+    assert fwd.dots() == [score, score, pv, pv]  # both chains' q kᵀ before either softmax and p v
+    assert sum(fwd.inline_asm().values()) == 4  # exp2 of alpha and p, per chain
+    # one k and one v tile per key step for both chains: q (two halves), k, v, old o and lse (two halves each)
+    assert "8 loads (0 masked)" in fwd.summary()
+
+
 def test_an_odd_length_adds_a_masked_tail_loop():
     (fwd,) = triton_ir.lower_kernels(
         lambda q, k, v: flash_attention(q, k, v, interpret=False, block_sizes=_TILES), *_qkv(40))

@@ -19,6 +19,10 @@ none) with the production tiling (128x128, 8 warps, 3 stages unless --tiles says
   two_chains      ftz, with the query tile as two independent 64-row chains sharing each K/V tile, both chains'
                   q·kᵀ issued before either softmax (two_chains_mufu: the same with libdevice exp2)
   poly_all        every score's exp2 as the polynomial
+  bf16x2          exp2 of two scores per MUFU instruction: x rounded to bf16, ex2.approx.ftz.bf16x2, p returned in
+                  bf16 (the PV dot's operand, no further rounding; the row sums add the same bf16 values)
+  f16x2           x rounded to f16, ex2.approx.f16x2, p widened back to float32 (two_chains_bf16x2 /
+                  two_chains_f16x2: the same on two query chains)
 
 It also times ``pallas_kernels.flash_attention`` and cuDNN in the same run and checks every variant that computes
 attention against the float32 reference (bf16, relative error, NaN). Writes
@@ -57,12 +61,23 @@ VARIANTS = {
     "poly_all": (1, ("poly",)),
     "two_chains": (1, ("ftz",)),
     "two_chains_mufu": (1, ("mufu",)),
+    "bf16x2": (1, ("bf16x2",)),
+    "f16x2": (1, ("f16x2",)),
+    "two_chains_bf16x2": (1, ("bf16x2",)),
+    "two_chains_f16x2": (1, ("f16x2",)),
 }
 # Variants whose query tile is two independent halves (block_q / 2 rows each, their own acc, max and sum) that share
 # each K/V tile: both halves' q·kᵀ are issued before either softmax, so the tensor cores have the second half's
 # product to compute while the first half's exp2s run (FA3's intra-warpgroup overlap, if Triton's async wgmma waits
 # allow it).
-QUERY_CHAINS = {"two_chains": 2, "two_chains_mufu": 2}
+QUERY_CHAINS = {"two_chains": 2, "two_chains_mufu": 2, "two_chains_bf16x2": 2, "two_chains_f16x2": 2}
+# Packed exp2: one MUFU instruction for two elements. bf16x2 rounds x to bf16 and returns p in bf16 (the PV dot's
+# operand as is); f16x2 rounds x to f16 (11-bit mantissa) and returns float32.
+PACKED_EXP2_ASM = {
+    "bf16x2": ("cvt.rn.bf16x2.f32 $0, $2, $1; ex2.approx.ftz.bf16x2 $0, $0;", "=r,r,r", "bfloat16"),
+    "f16x2": ("{ .reg .b32 t; .reg .b16 lo, hi; cvt.rn.f16x2.f32 t, $3, $2; ex2.approx.f16x2 t, t; "
+              "mov.b32 {lo, hi}, t; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }", "=r,=r,r,r", "float32"),
+}
 
 
 def log(msg: str) -> None:
@@ -103,6 +118,13 @@ def make_forward(variant: str, *, block_q: int, block_k: int, num_warps: int, nu
     def exp2(x, kind):
         if kind == "poly":
             return exp2_poly(x, interpret=interpret)
+        if kind in PACKED_EXP2_ASM:
+            asm, constraints, out_dtype = PACKED_EXP2_ASM[kind]
+            if interpret:  # the same roundings, in XLA
+                narrow = jnp.bfloat16 if kind == "bf16x2" else jnp.float16
+                return jnp.exp2(x.astype(narrow).astype(jnp.float32)).astype(narrow).astype(out_dtype)
+            return plgpu.elementwise_inline_asm(asm, args=[x], constraints=constraints, pack=2,
+                                                result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, out_dtype)])[0]
         if kind == "ftz" and not interpret:
             return plgpu.elementwise_inline_asm("ex2.approx.ftz.f32 $0, $1;", args=[x], constraints="=r,r", pack=1,
                                                 result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, x.dtype)])[0]
@@ -122,14 +144,14 @@ def make_forward(variant: str, *, block_q: int, block_k: int, num_warps: int, nu
         m_new = jnp.maximum(m, row_max * exp_scale)
         if exp_kinds[0] == "none":
             alpha = m - m_new + 1.0
-        else:  # the rescale factors (one per row) on the MUFU: ftz when the variant's first part uses it
-            alpha = exp2(m - m_new, "ftz" if exp_kinds[0] == "ftz" else "mufu")
+        else:  # the rescale factors (one per row) on the MUFU: libdevice next to libdevice or polynomial parts, else ftz
+            alpha = exp2(m - m_new, "mufu" if exp_kinds[0] in ("mufu", "poly") else "ftz")
         acc = acc * alpha[:, None]
         l = l * alpha
         for h, (s, vp) in enumerate(zip(scores, values)):
             x = s * exp_scale - m_new[:, None]
             p = x if exp_kinds[h] == "none" else exp2(x, exp_kinds[h])
-            l = l + jnp.sum(p, axis=1)
+            l = l + jnp.sum(p.astype(jnp.float32), axis=1)
             acc = acc + tu.dot(p.astype(vp.dtype), vp)
         return acc, m_new, l
 

@@ -5,21 +5,29 @@
 The backward (``pallas_kernels.cross_entropy._backward``) walks the vocabulary in chunks: a Pallas kernel writes
 dlogits (B, chunk), then dw[:, chunk] = hᵀ dlogits and dh += dlogits w_chunkᵀ run as XLA GEMMs. The last chunk
 starts at V − chunk, and the columns it shares with the chunk before are zeroed in its copy of w for the dh GEMM.
-In the library that zeroing is a select inside the loop, so XLA runs it at every step (a loop fusion of ~1.1 ms per
-call at 8192x4096x128256, cross_entropy-h100.json). Variants:
+Until commit 6f1b41b that zeroing was a select inside the loop, so XLA ran it at every step (a loop fusion of ~1.1 ms
+per call at 8192x4096x128256, cross_entropy-h100.json). Variants:
 
-  committed   the library's _backward (the select at every step)
-  peel_last   full steps in the loop, the clamped last step after it with the select. Measured at commit 41605cd
-              (cross_entropy-peel-last-h100.json): fwd+bwd 56.1 ms against 57.8 (the committed code, the earlier
-              run of this script), but XLA gave the peeled dh update a (B, H) float32 buffer: temp 340 vs 216 MiB
-  peel_first  the clamped step first, outside the loop: its GEMM initializes dh (no add, so no second buffer; on
-              the CPU backend its temp equals the committed code's while peel_last adds 0.6·B·H·4 bytes), then the
-              full steps accumulate in place
+  committed   the library's _backward as it is when the script runs
+  peel_last   full steps in the loop, the clamped last step after it with the select
+  peel_first  the clamped step first, outside the loop: its GEMM initializes dh (no add, so no second buffer), then
+              the full steps accumulate in place
 
 Each variant is timed on fwd+bwd (device-kernel time, per-kernel breakdown), with its error against the float32
-reference and its temp memory. The earlier version of this script (commit 6d69cd0: f32 vs bf16 dw output, and
-two forward tilings) wrote cross_entropy-bwd-experiment-h100.json; its winner (bf16 output) is the library's. Writes
-$OUT/cross_entropy-bwd-peel-experiment-<device tag>.json.
+reference and its temp memory. Writes $OUT/cross_entropy-bwd-peel-experiment-<device tag>.json.
+
+Results (H100, commit 6f1b41b, where "committed" was the select in the loop;
+benchmarks/results/cross_entropy-bwd-peel-experiment-h100.json), fwd+bwd µs and temp MiB:
+
+  shape (B x H x V)      select in loop     peel_last          peel_first
+  8192 x 4096 x 128256   56095  216         56483  340         55754  216
+  16384 x 4096 x 32000   27409  308         27064  562         26854  308
+  4096 x 2048 x 256000   29346  139         29010  196         29062  139
+
+peel_first is faster than the select in the loop everywhere, within 0.2% of peel_last, with the select's memory:
+it is the library's _backward since. (An earlier version of this script, commit 6d69cd0, compared a float32 vs bf16
+dw output and two forward tilings: cross_entropy-bwd-experiment-h100.json; its winner, the bf16 output, is the
+library's too.)
 """
 
 from __future__ import annotations
