@@ -675,7 +675,8 @@ def autotune(q, k, v, *, causal: bool = False, cache_path=tuning.DEFAULT_CACHE_P
     T, S = q.shape[1], k.shape[1]
     key = _shape_key(q, k, causal)
     fwd_fields = ("block_q", "block_k", "query_chains", "num_warps", "num_stages")
-    candidates = _candidates(q.shape[-1], q.dtype, T, S) if candidates is None else [dict(c) for c in candidates]
+    candidates = _candidates(q.shape[-1], q.dtype, T, S) if candidates is None else candidates
+    candidates = [FlashAttentionConfig(**c).to_dict() for c in candidates]  # every field, defaults filled in
     base = FlashAttentionConfig(**_fit_to_shape(tuning.flash_attention_table(q.shape[-1], q.dtype, on_gpu=True), T,
                                                 S)).to_dict()
     fwd_cands = [c for c in candidates if all(c[f] == base[f] for f in c if f not in fwd_fields)]
