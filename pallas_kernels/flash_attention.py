@@ -24,7 +24,12 @@ benchmarks/scripts/gpu_attention_forward_floor.py): the loop's two tile dots alo
 forward 821 µs; the online softmax adds 128 µs without its exp2s and 232 µs more with them (libdevice exp2; 208
 with ``ex2.approx.ftz``, now used: ``triton_utils.exp2``). Nothing overlaps the softmax with the tensor cores here:
 that takes warp specialization or ping-pong scheduling, which the Triton lowering does not expose. Computing half
-or all of the exp2s as a polynomial on the FMA pipe (FA4's trick) was 18-22% slower.
+or all of the exp2s as a polynomial on the FMA pipe (FA4's trick) was 18-22% slower; two scores per MUFU instruction
+(``ex2.approx.bf16x2`` / ``f16x2``) no faster (attention-forward-floor-chains-packed-h100.json). What overlap program
+order can buy: ``query_chains=2`` splits the query tile into two chains and issues both chains' q·kᵀ before either
+softmax, so Triton's asynchronous wgmma can run one chain's product under the other's exp2s: 1087 vs 1117 µs in the
+minimal kernel at 128x64 tiles / 4 warps, 1123 vs 1138 µs in this kernel (attention-sweep-chains-h100.txt); with 8
+warps (two warpgroups of 32-row chains) it doubled the time.
 
 Example::
 

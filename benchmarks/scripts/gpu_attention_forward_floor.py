@@ -26,11 +26,14 @@ none) with the production tiling (128x128, 8 warps, 3 stages unless --tiles says
 
 It also times ``pallas_kernels.flash_attention`` and cuDNN in the same run and checks every variant that computes
 attention against the float32 reference (bf16, relative error, NaN). Writes
-$OUT/attention-forward-floor-<device tag>.json and prints a table. (An attempt to count wgmma in the PTX was dropped: jax 0.11.2's ``--xla_dump_to`` wrote no
-.ptx file for these programs.)
+$OUT/attention-forward-floor-<device tag>.json and prints a table. (An attempt to count wgmma in the PTX was
+dropped: jax 0.11.2's ``--xla_dump_to`` wrote no .ptx file for these programs.)
 
 Results (H100, 2026-11-23): benchmarks/results/attention-forward-floor-h100.json (128x128 tiles, 8 warps, 3 stages)
-and attention-forward-floor-128x64-h100.json (128x64, 4 warps, 2 stages; softmax, ftz and dots_only only).
+and attention-forward-floor-128x64-h100.json (128x64, 4 warps, 2 stages; softmax, ftz and dots_only only);
+attention-forward-floor-chains-packed-h100.json (two_chains and the packed exp2 variants at several tilings: at
+128x64 / 4 warps / 2 stages two_chains 1088-1090 vs ftz 1117-1121 µs, bf16x2 1126, f16x2 1162; with 8 warps
+two_chains is no better, at 128x128 / 8 warps it doubles the time).
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def make_forward(variant: str, *, block_q: int, block_k: int, num_warps: int, nu
         m_new = jnp.maximum(m, row_max * exp_scale)
         if exp_kinds[0] == "none":
             alpha = m - m_new + 1.0
-        else:  # the rescale factors (one per row) on the MUFU: libdevice next to libdevice or polynomial parts, else ftz
+        else:  # the per-row rescale factors: libdevice beside libdevice or polynomial parts, else ftz
             alpha = exp2(m - m_new, "mufu" if exp_kinds[0] in ("mufu", "poly") else "ftz")
         acc = acc * alpha[:, None]
         l = l * alpha
