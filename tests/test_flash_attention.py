@@ -319,6 +319,10 @@ def test_table_tiles_shrink_to_short_sequences_but_explicit_sizes_do_not(tmp_pat
     q, k, _ = _arrays(T=20, S=40, H=128, dtype=jnp.bfloat16)
     config = fa_module.default_config(q, k, on_gpu=True, device="H100", cache_path=tmp_path / "none.json")
     assert (config.block_q, config.block_k, config.block_k_dkv, config.block_q_dq) == (32, 64, 64, 32)
+    assert config.query_chains == 2  # the H=128 table's two chains, 16 rows each
+    q_short = _arrays(T=10, S=40, H=128, dtype=jnp.bfloat16)[0]
+    config = fa_module.default_config(q_short, k, on_gpu=True, device="H100", cache_path=tmp_path / "none.json")
+    assert (config.block_q, config.query_chains) == (16, 1)  # a 16-row tile is not split
     explicit = FlashAttentionConfig(block_q=128)
     assert fa_module._resolve_config(q, k, False, explicit, on_gpu=True) is explicit
 
