@@ -355,7 +355,7 @@ def _backward(h, w, labels, lse, g, st: _Static):
         dl = _dlogits(h, w_chunk, labels - v0, lse, g, st)  # (B, chunk)
         dw_chunk = lax.dot_general(h, dl, (((0,), (0,)), ((), ())), precision=precision,
                                    preferred_element_type=w.dtype)  # (H, chunk) = hᵀ dl
-        shared = (num_steps - 1) * chunk - v0  # leading columns a full step also covers (clamped step only)
+        shared = (num_steps - 1) * chunk - (V - chunk)  # leading columns of the clamped step a full step covers
         if clamped and shared:
             new_cols = jnp.arange(chunk, dtype=jnp.int32) >= shared
             w_chunk = jnp.where(new_cols[None, :], w_chunk, jnp.zeros((), w.dtype))

@@ -648,7 +648,8 @@ def flash_attention(
 # Autotuning (GPU)
 # ---------------------------------------------------------------------------------------------------------------
 def _candidates(head_dim: int, dtype, T: int, S: int) -> list[dict[str, int]]:
-    """A small search space around the table entry: forward tiles × warps × stages, and backward tile pairs."""
+    """A small search space around the table entry: forward tiles × warps × stages (128-row query tiles with 4 warps
+    also as two query chains), and backward tile pairs."""
     base = FlashAttentionConfig(**tuning.flash_attention_table(head_dim, dtype, on_gpu=True)).to_dict()
     fwd_tiles = [(128, 64), (128, 128), (64, 64), (64, 32)] if head_dim <= 128 else [(64, 32), (64, 64), (32, 32)]
     bwd_tiles = ([(32, 128, 128, 32), (64, 64, 64, 64), (64, 128, 128, 64), (32, 64, 64, 32)] if head_dim <= 128

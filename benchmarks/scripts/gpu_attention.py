@@ -40,7 +40,8 @@ FWD_FIELDS = ("block_q", "block_k", "query_chains", "num_warps", "num_stages")
 BWD_FIELDS = ("block_q_dkv", "block_k_dkv", "block_q_dq", "block_k_dq", "num_warps_bwd", "num_stages_bwd")
 # Sweep candidates for head dim <= 128, most promising first (the budget may cut the tail). Forward:
 # (block_q, block_k, query_chains, num_warps, num_stages); 128x128 tiles with 4 stages exceed the H100's shared
-# memory at H=128. Two query chains lost at 8 warps in the minimal kernel (attention-forward-floor-chains-packed-h100.json).
+# memory at H=128. Two query chains are tried with 4 warps only: with 8 they lost in the minimal kernel
+# (attention-forward-floor-chains-packed-h100.json).
 FWD_CANDIDATES = [(128, 64, 2, 4, 2), (128, 64, 1, 4, 2), (128, 64, 2, 4, 3), (128, 128, 1, 8, 3), (64, 64, 1, 4, 3),
                   (128, 32, 2, 4, 3), (128, 64, 1, 8, 4), (128, 64, 1, 4, 3), (128, 128, 1, 8, 2), (128, 32, 1, 4, 4),
                   (64, 128, 1, 4, 3), (128, 64, 1, 8, 2), (64, 64, 1, 4, 4), (64, 32, 1, 4, 3)]
