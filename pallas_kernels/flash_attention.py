@@ -221,6 +221,16 @@ def _store(ref, idx, value, rows, limit):
     plgpu.store(ref.at[idx], value, mask=mask)
 
 
+def _load_kv_tile(k_ref, v_ref, s0, bk: int, S: int, *, bounds_checked: bool):
+    """(kv_pos, k, v): the key positions [s0, s0 + bk) and the (bk, H) K and V tiles there; with bounds_checked,
+    keys >= S read 0 (for a tile that may cross the end of the sequence)."""
+    kv_pos = s0 + jnp.arange(bk, dtype=jnp.int32)
+    kv_rows = kv_pos if bounds_checked else None
+    k = _load(k_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+    v = _load(v_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+    return kv_pos, k, v
+
+
 def _visible(q_pos, kv_pos, *, causal, kv_limit, q_seg, kv_seg):
     """(len(q_pos), len(kv_pos)) bool tile of which query sees which key; None if everything is visible."""
     mask = None
@@ -295,10 +305,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
 
     def body(j, carry, *, masked: bool):
         s0 = j * bk
-        kv_pos = s0 + jnp.arange(bk, dtype=jnp.int32)
-        kv_rows = kv_pos if (masked and S % bk) else None
-        k = _load(k_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
-        v = _load(v_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+        kv_pos, k, v = _load_kv_tile(k_ref, v_ref, s0, bk, S, bounds_checked=masked and S % bk != 0)
         kv_seg = None
         if masked and kv_seg_ref is not None:
             kv_seg = _load(kv_seg_ref, (pl.ds(s0, bk),), kv_pos, S, other=-2)
@@ -335,10 +342,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_
     nq = pl.cdiv(T, bq)
     j = pl.program_id(0)
     s0 = j * bk
-    kv_pos = s0 + jnp.arange(bk, dtype=jnp.int32)
-    kv_rows = None if S % bk == 0 else kv_pos
-    k = _load(k_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
-    v = _load(v_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+    kv_pos, k, v = _load_kv_tile(k_ref, v_ref, s0, bk, S, bounds_checked=S % bk != 0)
+    kv_rows = None if S % bk == 0 else kv_pos  # the dK/dV stores skip keys >= S
     kv_seg = None if kv_seg_ref is None else _load(kv_seg_ref, (pl.ds(s0, bk),), kv_pos, S, other=-2)
     kv_len = _kv_len(len_ref, S)
     # Keys past S need no mask here: their rows of dK/dV are never stored, and they cannot leak into other rows.
@@ -422,10 +427,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_se
 
     def body(j, dq, *, masked: bool):
         s0 = j * bk
-        kv_pos = s0 + jnp.arange(bk, dtype=jnp.int32)
-        kv_rows = kv_pos if (masked and S % bk) else None
-        k = _load(k_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
-        v = _load(v_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+        kv_pos, k, v = _load_kv_tile(k_ref, v_ref, s0, bk, S, bounds_checked=masked and S % bk != 0)
         s = _dot(q, k, trans_b=True) * q_scale - lse[:, None]  # (bq, bk) log2 probabilities
         if masked:
             kv_seg = None if kv_seg_ref is None else _load(kv_seg_ref, (pl.ds(s0, bk),), kv_pos, S, other=-2)
