@@ -19,8 +19,8 @@ import dataclasses
 import math
 from typing import Iterator
 
-from hlo_inspect.parser import Computation, Instruction, Module, Shape
-from hlo_inspect.source import is_library_file, scope_of
+from hlo_inspect.parser import Computation, Instruction, Module, Shape, gc_paused
+from hlo_inspect.source import scope_of
 
 __all__ = ["Kernel", "kernels", "CATEGORIES", "classify", "fused_instructions"]
 
@@ -53,22 +53,21 @@ CATEGORIES = {
 # Instructions that launch no device work.
 _NO_WORK = frozenset({
     "parameter", "constant", "bitcast", "tuple", "get-tuple-element", "after-all", "add-dependency",
-    "opt-barrier", "optimization-barrier", "domain", "partition-id", "replica-id",
-    "all-reduce-done", "all-gather-done", "collective-permute-done", "async-done", "async-update", "copy-done",
-    "send-done", "recv-done",
-})
+    "opt-barrier", "domain", "partition-id", "replica-id", "send-done", "recv-done",
+})  # and the `-done` / `-update` half of every asynchronous op (`Instruction.async_phase`)
 _CONTROL_FLOW = frozenset({"while", "conditional", "call"})
+# Collective opcodes (each also runs asynchronously as `<opcode>-start` ... `<opcode>-done`).
 _COLLECTIVES = frozenset({
-    "all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter", "all-to-all",
-    "ragged-all-to-all", "collective-permute", "collective-permute-start", "collective-broadcast",
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
+    "collective-broadcast", "collective-reduce",
 })
 _HOST = frozenset({"send", "recv", "infeed", "outfeed", "copy-start"})
 _DATA_MOVEMENT = frozenset({
     "parameter", "constant", "bitcast", "broadcast", "reshape", "transpose", "slice", "dynamic-slice",
     "dynamic-update-slice", "concatenate", "pad", "copy", "gather", "scatter", "iota", "tuple",
     "get-tuple-element", "reverse", "bitcast-convert", "dynamic-reshape", "sort", "after-all",
-    "opt-barrier", "optimization-barrier", "domain", "partition-id", "replica-id", "fusion", "call", "while",
-    "conditional", "custom-call", "get-dimension-size", "set-dimension-size",
+    "opt-barrier", "domain", "partition-id", "replica-id", "fusion", "call", "while",
+    "conditional", "custom-call", "get-dimension-size", "set-dimension-size", "shuffle", "scan",
 })
 _TRANSCENDENTAL = frozenset({
     "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic", "tanh", "rsqrt", "sqrt", "cbrt",
@@ -114,9 +113,10 @@ class Kernel:
         """
         cfg = self.instruction.backend_config
         costs = cfg.get("reification_cost") if isinstance(cfg, dict) else None
-        for cost in costs or []:
-            if isinstance(cost, dict) and "exec_time_us" in cost:
-                return float(cost["exec_time_us"])
+        for cost in costs if isinstance(costs, list) else []:
+            value = cost.get("exec_time_us") if isinstance(cost, dict) else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                return float(value)
         return None
 
     @property
@@ -133,8 +133,15 @@ class Kernel:
 # Classification.
 
 def classify(inst: Instruction) -> str:
-    """The category key (see CATEGORIES) of an instruction that launches work."""
+    """The category key (see CATEGORIES) of an instruction that launches work.
+
+    The start of an asynchronous op is classified as the op it runs (`reduce-scatter-start` is a collective,
+    `custom-call-start` by its target)."""
     op = inst.opcode
+    if op in _HOST:
+        return "host"
+    if inst.async_phase == "start" and inst.async_wrapped_opcode:
+        op = inst.async_wrapped_opcode
     if op == "fusion":
         kind = inst.fusion_kind
         backend = inst.backend_kind
@@ -165,9 +172,7 @@ def classify(inst: Instruction) -> str:
         return "custom_call"
     if op in _COLLECTIVES:
         return "collective"
-    if op in _HOST:
-        return "host"
-    if op in ("copy", "copy-start"):
+    if op == "copy":
         return "copy"
     if op in ("dot", "ragged-dot", "scaled-dot"):
         return "dot"
@@ -178,10 +183,13 @@ def classify(inst: Instruction) -> str:
 
 def _heroes(comp: Computation) -> list[Instruction]:
     """The ops a fusion's emitter is chosen by: the root (each output of a tuple root), looking through
-    bitcasts and elementwise conversions."""
-    heroes, stack = [], [comp.root]
+    bitcasts and elementwise conversions. Each instruction is looked at once (tuples may share operands)."""
+    heroes, stack, seen = [], [comp.root], set()
     while stack:
         inst = stack.pop()
+        if id(inst) in seen:
+            continue
+        seen.add(id(inst))
         if inst.opcode == "tuple":
             stack.extend(inst.operands)
         elif inst.opcode in ("bitcast", "convert", "reshape", "negate", "multiply", "add") and inst.operands:
@@ -216,8 +224,20 @@ def _buffer_source(inst: Instruction) -> Instruction:
     return inst
 
 
+def _written_shape(inst: Instruction) -> Shape:
+    """What an instruction writes: its shape, except for the start of an asynchronous op, whose tuple also
+    holds its operands and context: `((operands), output, context)` for async-start (sugar included),
+    all-gather-start and collective-permute-start; `(destination, source, context)` for copy-start."""
+    shape = inst.shape
+    if inst.async_phase == "start" and shape.is_tuple and inst.opcode not in ("all-reduce-start", "async-start"):
+        index = 0 if inst.opcode == "copy-start" else 1
+        if len(shape.tuple_shapes) > index:
+            return shape.tuple_shapes[index]
+    return shape
+
+
 def _output_bytes(inst: Instruction) -> int:
-    leaves = list(inst.shape.leaves())
+    leaves = list(_written_shape(inst).leaves())
     if inst.opcode == "custom-call" and inst.shape.is_tuple and len(leaves) > 1:
         last = leaves[-1]
         if last.dtype in ("u8", "s8") and len(last.dims) == 1:
@@ -300,18 +320,31 @@ def _bytes(inst: Instruction) -> tuple[int, int, list[tuple[Instruction, int]]]:
 # ---------------------------------------------------------------------------------------------------------
 # FLOPs.
 
-def _dot_flops(result: Shape, lhs: Shape, contracting_dims: tuple[int, ...]) -> int:
-    leaf = next(result.leaves())
-    return 2 * leaf.num_elements * math.prod(lhs.dims[d] for d in contracting_dims)
+def _dot_flops(result: Shape, lhs: Shape, contracting_dims: tuple[int, ...] | list[int]) -> int | None:
+    """2 per multiply-add; None when the dimension numbers do not fit the shapes (a library call's config)."""
+    if result.is_tuple:
+        result = next(result.leaves(), None)
+    if result is None or lhs.is_tuple or any(not 0 <= d < len(lhs.dims) for d in contracting_dims):
+        return None
+    return 2 * result.num_elements * math.prod(lhs.dims[d] for d in contracting_dims)
+
+
+def _first_leaf_elements(shape: Shape) -> int:
+    return next((leaf.num_elements for leaf in shape.leaves()), 0)
 
 
 def _instruction_flops(inst: Instruction) -> tuple[int, int]:
     """(flops, transcendentals) of one non-fusion instruction, recursing into called computations."""
     op = inst.opcode
+    if inst.async_phase:  # the start of an asynchronous op does the work of the op it wraps; the rest none
+        if inst.async_phase != "start" or not inst.async_wrapped_opcode:
+            return 0, 0
+        op = inst.async_wrapped_opcode
     if op in ("dot", "ragged-dot", "scaled-dot"):
-        contracting = tuple(int(x) for x in inst.attrs.get("lhs_contracting_dims", "{}").strip("{}").split(",")
+        # parse() checked the dimension numbers (hlo_inspect.validate).
+        contracting = tuple(int(x) for x in inst.attrs.get("lhs_contracting_dims", "{}").strip("{} ").split(",")
                             if x.strip())
-        return _dot_flops(inst.shape, inst.operands[0].shape, contracting), 0
+        return _dot_flops(inst.shape, inst.operands[0].shape, contracting) or 0, 0
     if op == "convolution":
         return _convolution_flops(inst), 0
     if op == "reduce":
@@ -323,7 +356,7 @@ def _instruction_flops(inst: Instruction) -> tuple[int, int]:
     if op == "reduce-window":
         per_element = max(sum(_computation_flops(c)[0] for c in inst.called_computations), 1)
         window = math.prod(_int_list_attr(inst.attrs.get("window", ""), "size") or (1,))
-        return next(inst.shape.leaves()).num_elements * (window - 1) * per_element, 0
+        return _first_leaf_elements(inst.shape) * max(window - 1, 0) * per_element, 0
     if op in ("fusion", "call"):
         total = [0, 0]
         for comp in inst.called_computations:
@@ -351,44 +384,72 @@ def _int_list_attr(text: str, key: str) -> tuple[int, ...]:
 
 
 def _computation_flops(comp: Computation) -> tuple[int, int]:
-    flops = trans = 0
-    for inst in comp.instructions:
-        f, t = _instruction_flops(inst)
-        flops += f
-        trans += t
-    return flops, trans
+    """(flops, transcendentals) of one run of a computation; computed once per computation (reducers and
+    fused computations are shared by many callers)."""
+    cached = comp.cache.get("flops")
+    if cached is None:
+        flops = trans = 0
+        for inst in comp.instructions:
+            f, t = _instruction_flops(inst)
+            flops += f
+            trans += t
+        cached = comp.cache["flops"] = (flops, trans)
+    return cached
 
 
 def _convolution_flops(inst: Instruction) -> int:
+    """2 per multiply-add: each output element takes (kernel spatial size x input features / groups) of them.
+    parse() checked that dim_labels (e.g. `b01f_01io->b01f`) fit the shapes and the group count is positive."""
     lhs, rhs = inst.operands[0].shape, inst.operands[1].shape
-    labels = inst.attrs.get("dim_labels", "")  # e.g. b01f_01io->b01f
+    labels = inst.attrs.get("dim_labels", "").strip()
     groups = int(inst.attrs.get("feature_group_count", "1"))
-    try:
-        kernel_labels = labels.split("_")[1].split("->")[0]
-        kernel_spatial = math.prod(rhs.dims[i] for i, c in enumerate(kernel_labels) if c not in "io")
-        input_features = lhs.dims[labels.split("_")[0].index("f")] // groups
-    except (IndexError, ValueError):
-        return 2 * inst.shape.num_elements * math.prod(rhs.dims[:-1] or (1,))
-    return 2 * next(inst.shape.leaves()).num_elements * kernel_spatial * input_features
+    outputs = _first_leaf_elements(inst.shape)
+    if not labels:  # no labels printed: XLA's default layout, features last
+        return 2 * outputs * math.prod(rhs.dims[:-1] or (1,))
+    lhs_labels, rest = labels.split("_", 1)
+    kernel_labels = rest.split("->")[0]
+    kernel_spatial = math.prod(rhs.dims[i] for i, c in enumerate(kernel_labels) if c not in "io")
+    input_features = lhs.dims[lhs_labels.index("f")] // groups
+    return 2 * outputs * kernel_spatial * input_features
+
+
+def _dimension_list(value) -> list[int] | None:
+    """A backend_config list of dimension numbers (ints or digit strings), None if it is anything else."""
+    if not isinstance(value, list):
+        return None
+    out = []
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, (int, str)) or not str(item).isdigit():
+            return None
+        out.append(int(item))
+    return out
 
 
 def _library_flops(inst: Instruction) -> int | None:
-    """FLOPs of a cuBLAS GEMM or cuDNN attention call from its backend_config; None when unknown."""
+    """FLOPs of a cuBLAS GEMM or cuDNN attention call from its backend_config; None when unknown (absent, or
+    dimension numbers that do not fit the operands)."""
     cfg = inst.backend_config if isinstance(inst.backend_config, dict) else {}
-    if "gemm_backend_config" in cfg:
-        dims = cfg["gemm_backend_config"].get("dot_dimension_numbers", {})
-        contracting = tuple(int(d) for d in dims.get("lhs_contracting_dimensions", []))
-        return _dot_flops(inst.shape, inst.operands[0].shape, contracting)
-    if "cudnn_fmha_backend_config" in cfg:
-        fmha = cfg["cudnn_fmha_backend_config"]
+    gemm = cfg.get("gemm_backend_config")
+    if isinstance(gemm, dict) and inst.operands:
+        dims = gemm.get("dot_dimension_numbers", {})
+        contracting = _dimension_list(dims.get("lhs_contracting_dimensions", []) if isinstance(dims, dict) else None)
+        return None if contracting is None else _dot_flops(inst.shape, inst.operands[0].shape, contracting)
+    fmha = cfg.get("cudnn_fmha_backend_config")
+    if isinstance(fmha, dict):
         dims = fmha.get("bmm1_dot_dimension_numbers")
-        if not dims or len(inst.operands) < 2:
+        if not isinstance(dims, dict) or len(inst.operands) < 2:
             return None
         q, k = inst.operands[0].shape, inst.operands[1].shape  # Q·Kᵀ is bmm1: batch (B, N), rows T, depth H
-        lhs_batch = [int(d) for d in dims.get("lhs_batch_dimensions", [])]
-        lhs_contract = [int(d) for d in dims.get("lhs_contracting_dimensions", [])]
-        rhs_free = [i for i in range(len(k.dims)) if i not in
-                    [int(d) for d in dims.get("rhs_batch_dimensions", []) + dims.get("rhs_contracting_dimensions", [])]]
+        lists = [_dimension_list(dims.get(key, [])) for key in (
+            "lhs_batch_dimensions", "lhs_contracting_dimensions", "rhs_batch_dimensions",
+            "rhs_contracting_dimensions")]
+        if q.is_tuple or k.is_tuple or any(d is None for d in lists):
+            return None
+        lhs_batch, lhs_contract, rhs_batch, rhs_contract = lists
+        if any(d >= len(q.dims) for d in lhs_batch + lhs_contract) or any(
+                d >= len(k.dims) for d in rhs_batch + rhs_contract):
+            return None
+        rhs_free = [i for i in range(len(k.dims)) if i not in rhs_batch + rhs_contract]
         batch = math.prod(q.dims[i] for i in lhs_batch)
         depth = math.prod(q.dims[i] for i in lhs_contract)
         rows = math.prod(q.dims[i] for i in range(len(q.dims)) if i not in lhs_batch + lhs_contract)
@@ -420,12 +481,9 @@ def fused_instructions(inst: Instruction) -> Iterator[Instruction]:
 def _user_line(module: Module, inst: Instruction) -> str:
     md = inst.metadata
     if md.stack_frame_id and module.source:
-        frames = module.source.stack(md.stack_frame_id)
-        for frame in frames:
-            if not is_library_file(frame.file):
-                return f"{frame.file}:{frame.line}"
-        if frames:
-            return f"{frames[0].file}:{frames[0].line}"
+        location = module.source.user_location(md.stack_frame_id)
+        if location:
+            return location
     if md.source_file:
         return f"{md.source_file}:{md.source_line}"
     return ""
@@ -453,24 +511,24 @@ def _provenance(module: Module, inst: Instruction) -> tuple[collections.Counter,
 # Walking the program.
 
 def _trip_count(inst: Instruction) -> int | None:
+    """`backend_config={"known_trip_count":{"n":"8"}}` -> 8; None when absent or not a count."""
     cfg = inst.backend_config
-    if isinstance(cfg, dict):
-        n = cfg.get("known_trip_count", {}).get("n")
-        if n is not None:
-            return int(n)
-    return None
+    known = cfg.get("known_trip_count") if isinstance(cfg, dict) else None
+    n = known.get("n") if isinstance(known, dict) else None
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        return n
+    return int(n) if isinstance(n, str) and n.isdigit() else None
 
 
 def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list[Kernel]) -> None:
     for inst in comp.instructions:
         op = inst.opcode
-        if op in _NO_WORK:
+        if op in _NO_WORK or inst.async_phase in ("update", "done"):
             continue
         if op in _CONTROL_FLOW:
             if op == "while":
-                body = next((c for c in inst.called_computations if c.name in inst.attrs.get("body", "")), None)
-                cond = next((c for c in inst.called_computations if c.name in inst.attrs.get("condition", "")),
-                            None)
+                body = next(iter(inst.called("body")), None)
+                cond = next(iter(inst.called("condition")), None)
                 trips = _trip_count(inst)
                 n = launches * (trips if trips is not None else 1)
                 if cond is not None:
@@ -502,5 +560,6 @@ def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list
 def kernels(module: Module) -> list[Kernel]:
     """Every kernel the entry computation launches, in program order; while/conditional/call bodies walked."""
     out: list[Kernel] = []
-    _walk(module, module.entry, "", 1, out)
+    with gc_paused():
+        _walk(module, module.entry, "", 1, out)
     return out

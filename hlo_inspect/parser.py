@@ -6,115 +6,51 @@ with `--xla_dump_hlo_as_text`. Pure Python: no JAX import.
     module = parse(open("dump.txt").read())
     for inst in module.entry.instructions: print(inst.name, inst.opcode, inst.shape)
 
-Shapes carry dtype, dimensions and layout (`f32[64,512]{1,0}`), tuples nest. Operands are resolved to the
-instruction that defines them. Attributes we understand (`kind=`, `calls=`, `to_apply=`, `custom_call_target=`,
-`backend_config` as JSON, `frontend_attributes`, `metadata`, `dimensions=`, `slice=`) are parsed; every other
-attribute is kept as raw text in `Instruction.attrs`. Malformed text raises `HloParseError` naming the line.
+Shapes carry dtype, dimensions and layout (`f32[64,512]{1,0}`, see `hlo_inspect.shapes`), tuples nest. Operands
+are resolved to the instruction that defines them. Attributes we understand (`kind=`, `calls=`, `to_apply=`,
+`custom_call_target=`, `backend_config` as JSON, `frontend_attributes`, `metadata`, `dimensions=`, `slice=`) are
+parsed; every other attribute is kept as raw text in `Instruction.attrs`. Strings are C-unescaped
+(`op_name="caf\\303\\251"` -> 'café').
+
+What XLA's printers write around the instructions is read too: `/* ... */` comment lines, `} // name` and
+`}, execution_thread="..."` after a computation, an instruction continued over several lines (a large
+constant), the async syntax sugar (`reduce-scatter-start`, see `hlo_inspect.opcodes`). A text holding several
+modules is read up to the second one, with a warning in `Module.warnings`.
+
+Every input ends in a Module or in `HloParseError` (line number, the offending text, what was expected), in time
+linear in its length: after linking, `hlo_inspect.validate` rejects what the later stages could not walk
+(cycles, wrong operand counts, dimension indices out of range, call graphs that expand without bound).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
-import math
 import re
 from typing import Iterator
 
+from hlo_inspect.opcodes import OPCODES, async_parts, is_known_opcode
+from hlo_inspect.scanning import (HloParseError, match_close, split_top_level, string_end, strip_comments, unescape,
+                                  unquote)
+from hlo_inspect.shapes import DTYPE_BITS, Shape, parse_shape, take_shape
 from hlo_inspect.source import SourceTables, parse_table_line, TABLE_NAMES
 
 __all__ = [
-    "HloParseError", "Shape", "Metadata", "Instruction", "Computation", "Module", "parse", "OPCODES",
-    "DTYPE_BITS",
+    "HloParseError", "Shape", "Metadata", "Instruction", "Computation", "Module", "parse", "parse_shape",
+    "OPCODES", "DTYPE_BITS", "CALLED_COMPUTATION_ATTRS", "gc_paused",
 ]
 
-
-class HloParseError(ValueError):
-    """Text that is not HLO as XLA prints it. `line_no` is 1-based; `line` the offending text."""
-
-    def __init__(self, message: str, line_no: int | None = None, line: str | None = None):
-        self.message, self.line_no, self.line = message, line_no, line
-        where = f"line {line_no}: " if line_no is not None else ""
-        shown = ""
-        if line is not None:
-            text = line.strip()
-            shown = "\n    " + (text if len(text) <= 200 else text[:200] + " ...")
-        super().__init__(f"{where}{message}{shown}")
-
-
-# Bits per element of each HLO primitive type.
-DTYPE_BITS = {
-    "pred": 8, "s1": 1, "u1": 1, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16,
-    "s32": 32, "u32": 32, "s64": 64, "u64": 64, "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64,
-    "c128": 128, "f8e5m2": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3b11fnuz": 8, "f8e5m2fnuz": 8,
-    "f8e4m3fnuz": 8, "f8e3m4": 8, "f8e8m0fnu": 8, "f4e2m1fn": 4, "token": 0, "opaque": 0,
-}
-
-# Every opcode XLA's HLO printer emits (hlo_opcode.h). An opcode outside this set is a parse error.
-OPCODES = frozenset("""
-abs add add-dependency after-all all-gather all-gather-done all-gather-start all-reduce all-reduce-done
-all-reduce-start all-to-all and async-done async-start async-update atan2 batch-norm-grad batch-norm-inference
-batch-norm-training bitcast bitcast-convert broadcast call cbrt ceil cholesky clamp clz collective-broadcast
-collective-permute collective-permute-done collective-permute-start compare complex concatenate conditional
-constant convert convolution copy copy-done copy-start cosine custom-call divide domain dot dynamic-reshape
-dynamic-slice dynamic-update-slice erf exponential exponential-minus-one fft floor fusion gather
-get-dimension-size get-tuple-element imag infeed iota is-finite log log-plus-one logistic map maximum minimum
-multiply negate not opt-barrier optimization-barrier or outfeed pad parameter partition-id popcnt power
-ragged-all-to-all ragged-dot real recv recv-done reduce reduce-precision reduce-scatter reduce-window remainder
-replica-id reshape reverse rng rng-bit-generator rng-get-and-update-state round-nearest-afz round-nearest-even
-rsqrt scaled-dot scatter select select-and-scatter send send-done set-dimension-size shift-left
-shift-right-arithmetic shift-right-logical sign sine slice sort sqrt stochastic-convert subtract tan tanh topk
-transpose triangular-solve tuple while xor
-""".split())
-
 # Attributes whose values name computations this instruction calls.
-_CALLED_COMPUTATION_ATTRS = (
+CALLED_COMPUTATION_ATTRS = (
     "calls", "to_apply", "condition", "body", "branch_computations", "true_computation", "false_computation",
     "called_computations",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """An array shape (`dtype`, `dims`, `layout` as minor-to-major) or a tuple of shapes (`tuple_shapes`)."""
-
-    dtype: str | None = None
-    dims: tuple[int, ...] = ()
-    layout: tuple[int, ...] | None = None
-    tuple_shapes: tuple["Shape", ...] | None = None
-    layout_extra: str = ""  # tiling / memory space after ':' in the layout, kept raw
-
-    @property
-    def is_tuple(self) -> bool:
-        return self.tuple_shapes is not None
-
-    def leaves(self) -> Iterator["Shape"]:
-        """The array shapes inside, depth first (itself for an array)."""
-        if self.is_tuple:
-            for s in self.tuple_shapes:
-                yield from s.leaves()
-        else:
-            yield self
-
-    @property
-    def num_elements(self) -> int:
-        """Elements of an array shape (0 for tuples)."""
-        return 0 if self.is_tuple else math.prod(self.dims)
-
-    @property
-    def size_bytes(self) -> int:
-        """Bytes of all array leaves, rounded up to whole bytes per array."""
-        total = 0
-        for leaf in self.leaves():
-            total += (leaf.num_elements * DTYPE_BITS.get(leaf.dtype, 0) + 7) // 8
-        return total
-
-    def __str__(self) -> str:
-        if self.is_tuple:
-            return "(" + ", ".join(str(s) for s in self.tuple_shapes) + ")"
-        s = f"{self.dtype}[{','.join(str(d) for d in self.dims)}]"
-        if self.layout is not None:
-            s += "{" + ",".join(str(d) for d in self.layout) + (":" + self.layout_extra if self.layout_extra else "") + "}"
-        return s
+_CALLED_ATTR_SET = frozenset(CALLED_COMPUTATION_ATTRS)
+# Opcodes whose parenthesised payload is a literal, not operands.
+_LITERAL_OPCODES = frozenset({"constant", "parameter", "iota", "partition-id", "replica-id",
+                              "rng-get-and-update-state"})
 
 
 @dataclasses.dataclass
@@ -127,6 +63,9 @@ class Metadata:
     source_line: int = 0
     stack_frame_id: int = 0
     raw: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+_EMPTY_METADATA = Metadata()
 
 
 @dataclasses.dataclass(eq=False)
@@ -147,6 +86,8 @@ class Instruction:
     operands: list["Instruction"] = dataclasses.field(default_factory=list)
     computation: "Computation | None" = dataclasses.field(default=None, repr=False)
     called_computations: list["Computation"] = dataclasses.field(default_factory=list, repr=False)
+    calls_by_attr: dict[str, list["Computation"]] = dataclasses.field(default_factory=dict, repr=False)
+    text: str = dataclasses.field(default="", repr=False)  # the instruction as printed (lines joined)
 
     @property
     def fusion_kind(self) -> str:
@@ -166,7 +107,7 @@ class Instruction:
 
     @property
     def custom_call_target(self) -> str:
-        return _unquote(self.attrs.get("custom_call_target", ""))
+        return unquote(self.attrs.get("custom_call_target", ""))
 
     @property
     def parameter_number(self) -> int | None:
@@ -174,11 +115,27 @@ class Instruction:
 
     @property
     def dimensions(self) -> tuple[int, ...]:
-        return _int_list(self.attrs.get("dimensions", ""))
+        return tuple(int(x) for x in re.findall(r"-?\d+", self.attrs.get("dimensions", "")))
 
     @property
     def tuple_index(self) -> int | None:
-        return int(self.attrs["index"]) if "index" in self.attrs else None
+        index = self.attrs.get("index", "").strip()
+        return int(index) if index.isdigit() else None
+
+    @property
+    def async_wrapped_opcode(self) -> str:
+        """The opcode an asynchronous op runs (`reduce-scatter` for `reduce-scatter-start`), '' if none is
+        printed (a plain `async-start` names its computation in `calls=`; a synchronous op)."""
+        return async_parts(self.opcode)[0]
+
+    @property
+    def async_phase(self) -> str:
+        """'start', 'update' or 'done' for asynchronous ops, '' for the others."""
+        return async_parts(self.opcode)[1]
+
+    def called(self, attr: str) -> list["Computation"]:
+        """The computations named by one attribute (`body`, `condition`, `calls`, ...), [] if absent."""
+        return self.calls_by_attr.get(attr, [])
 
     @property
     def slice_bounds(self) -> list[tuple[int, int, int]]:
@@ -201,9 +158,11 @@ class Computation:
     line_no: int
     parameter_text: str = ""
     result_text: str = ""
+    execution_thread: str = ""  # `}, execution_thread="..."` after the closing brace ('' for the main thread)
 
     def __post_init__(self):
         self.by_name = {inst.name: inst for inst in self.instructions}
+        self.cache: dict = {}  # per-computation results of the later stages (e.g. its FLOPs), filled lazily
 
     @property
     def root(self) -> Instruction:
@@ -228,6 +187,7 @@ class Module:
     computations: dict[str, Computation]
     entry: Computation
     source: SourceTables
+    warnings: list[str] = dataclasses.field(default_factory=list)  # what a reader of the report should know
 
     def instructions(self) -> Iterator[Instruction]:
         for comp in self.computations.values():
@@ -238,159 +198,29 @@ class Module:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Low-level scanning helpers.
-
-_COMMENT_RE = re.compile(r"/\*.*?\*/")
-_BRACKETS = {"(": ")", "{": "}", "[": "]"}
-_SPECIAL_RE = re.compile(r'[(){}\[\],"\\]')
-
-
-def _strip_comments(line: str) -> str:
-    if "/*" not in line:
-        return line
-    # Comments never occur inside strings in printed HLO except in backend_config JSON, which has no '/*'.
-    return _COMMENT_RE.sub("", line)
-
-
-def _match_close(text: str, start: int, line_no: int, line: str) -> int:
-    """Index just past the bracket that closes text[start] (which is an opening bracket)."""
-    stack = [_BRACKETS[text[start]]]
-    in_string = False
-    pos = start + 1
-    for m in _SPECIAL_RE.finditer(text, pos):
-        ch = m.group()
-        if in_string:
-            if ch == "\\":
-                continue  # handled by skipping below
-            if ch == '"' and not _escaped(text, m.start()):
-                in_string = False
-            continue
-        if ch == '"':
-            in_string = True
-        elif ch in _BRACKETS:
-            stack.append(_BRACKETS[ch])
-        elif ch in ")}]":
-            if not stack or ch != stack[-1]:
-                raise HloParseError(f"unbalanced '{ch}' at column {m.start() + 1}", line_no, line)
-            stack.pop()
-            if not stack:
-                return m.end()
-    raise HloParseError(f"'{text[start]}' opened at column {start + 1} is never closed (truncated text?)",
-                        line_no, line)
-
-
-def _escaped(text: str, pos: int) -> bool:
-    backslashes = 0
-    pos -= 1
-    while pos >= 0 and text[pos] == "\\":
-        backslashes += 1
-        pos -= 1
-    return backslashes % 2 == 1
-
-
-def _split_top_level(text: str, line_no: int, line: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside brackets and strings."""
-    parts, depth, start, in_string = [], [], 0, False
-    pattern = _SPECIAL_RE if sep == "," else re.compile(r'[(){}\[\]"\\' + re.escape(sep) + "]")
-    for m in pattern.finditer(text):
-        ch, i = m.group(), m.start()
-        if in_string:
-            if ch == '"' and not _escaped(text, i):
-                in_string = False
-            continue
-        if ch == '"':
-            in_string = True
-        elif ch in _BRACKETS:
-            depth.append(_BRACKETS[ch])
-        elif ch in ")}]":
-            if not depth or depth[-1] != ch:
-                raise HloParseError(f"unbalanced '{ch}' at column {i + 1}", line_no, line)
-            depth.pop()
-        elif ch == sep and not depth:
-            parts.append(text[start:i])
-            start = i + 1
-    if in_string:
-        raise HloParseError("unterminated string (truncated text?)", line_no, line)
-    if depth:
-        raise HloParseError(f"a bracket is never closed: expected '{depth[-1]}' (truncated text?)", line_no, line)
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _unquote(value: str) -> str:
-    value = value.strip()
-    if len(value) >= 2 and value[0] == '"' and value[-1] == '"':
-        body = value[1:-1]
-        if "\\" in body:
-            body = re.sub(r"\\(.)", r"\1", body)
-        return body
-    return value
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"-?\d+", text))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Shapes.
-
-_ARRAY_SHAPE_RE = re.compile(
-    r"([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^}]*)\})?"
-)
-
-
-def parse_shape(text: str, line_no: int | None = None, line: str | None = None) -> Shape:
-    """`f32[64,512]{1,0}`, `(f32[2], s32[])`, `bf16[]`, `token[]`, `f32[<=8]` -> Shape."""
-    text = text.strip()
-    if text.startswith("("):
-        end = _match_close(text, 0, line_no, line or text)
-        if text[end:].strip():
-            raise HloParseError(f"unexpected text after tuple shape: {text[end:]!r}", line_no, line or text)
-        inner = text[1:end - 1]
-        parts = _split_top_level(inner, line_no, line or text) if inner.strip() else []
-        return Shape(tuple_shapes=tuple(parse_shape(p, line_no, line) for p in parts))
-    m = _ARRAY_SHAPE_RE.fullmatch(text)
-    if not m:
-        raise HloParseError(f"malformed shape {text!r}", line_no, line or text)
-    dtype = m.group(1)
-    if dtype not in DTYPE_BITS:
-        raise HloParseError(f"unknown element type {dtype!r} in shape {text!r}", line_no, line or text)
-    dims_text = m.group(2).strip()
-    dims = tuple(int(d.strip().lstrip("<=")) for d in dims_text.split(",")) if dims_text else ()
-    layout, extra = None, ""
-    if m.group(3) is not None:
-        layout_text = m.group(3)
-        if ":" in layout_text:
-            layout_text, extra = layout_text.split(":", 1)
-        layout = _int_list(layout_text)
-    return Shape(dtype=dtype, dims=dims, layout=layout, layout_extra=extra)
-
-
-def _take_shape(text: str, line_no: int, line: str) -> tuple[Shape, str]:
-    """Parse a shape at the start of text; return it and the rest."""
-    text = text.lstrip()
-    if text.startswith("("):
-        end = _match_close(text, 0, line_no, line)
-        return parse_shape(text[:end], line_no, line), text[end:]
-    m = _ARRAY_SHAPE_RE.match(text)
-    if not m:
-        raise HloParseError(f"expected a shape, found {text[:40]!r}", line_no, line)
-    return parse_shape(m.group(0), line_no, line), text[m.end():]
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Instructions.
 
-_INSTRUCTION_HEAD_RE = re.compile(r"\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*")
+_HEAD_RE = re.compile(r"\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*")
+# `[ROOT] %name = f32[2,3]{1,0} opcode(%a, %b)`: an array shape and operands without brackets or quotes.
+_COMMON_HEAD_RE = re.compile(r'\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*([a-z][a-z0-9]*\[[^\[\](){}]*\](?:\{[^{}]*\})?)'
+                             r'\s*([a-z][a-z0-9\-]*)\(([^()\[\]{}"]*)\)')
 _OPCODE_RE = re.compile(r"\s*([a-z][a-z0-9\-]*)\(")
-_METADATA_ITEM_RE = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s}]+)')
+_ATTR_KEY_RE = re.compile(r"\s*,\s*([A-Za-z_][\w.\-]*)\s*(=)?\s*")
+_PLAIN_RE = re.compile(r'[^,(){}\[\]"]+')
+# One attribute value without nesting: `kLoop`, `%fused.1`, `{1,0}`, `"text"`, up to the next comma or the end.
+_SIMPLE_VALUE_RE = re.compile(r'(?:\{[^{}()\[\]"]*\}|"(?:[^"\\]++|\\.)*+"|[^,(){}\[\]"]+)(?=\s*(?:,|$))')
+_METADATA_BLOCK_RE = re.compile(r'\{((?:[^{}"]++|"(?:[^"\\]++|\\.)*+")*+)\}')
+_METADATA_ITEM_RE = re.compile(r'(\w+)=(?:"((?:[^"\\]++|\\.)*+)"|([^\s}]+))')
+_NOT_SIMPLE_OPERANDS = re.compile(r'[\[{("]')
+_JSON = json.JSONDecoder()
 
 
-def _parse_metadata(text: str) -> Metadata:
-    body = text.strip()
-    if body.startswith("{") and body.endswith("}"):
-        body = body[1:-1]
-    raw = {k: _unquote(v) for k, v in _METADATA_ITEM_RE.findall(body)}
+def _parse_metadata(body: str) -> Metadata:
+    """The inside of `metadata={...}`."""
+    if "\\" in body:
+        raw = {k: unescape(quoted) if quoted or not bare else bare for k, quoted, bare in _METADATA_ITEM_RE.findall(body)}
+    else:
+        raw = {k: quoted or bare for k, quoted, bare in _METADATA_ITEM_RE.findall(body)}
     md = Metadata(raw=raw, op_name=raw.get("op_name", ""), op_type=raw.get("op_type", ""),
                   source_file=raw.get("source_file", ""))
     if raw.get("source_line", "").lstrip("-").isdigit():
@@ -405,9 +235,9 @@ def _parse_frontend_attributes(text: str, line_no: int, line: str) -> dict[str, 
     if body.startswith("{") and body.endswith("}"):
         body = body[1:-1]
     out = {}
-    for item in _split_top_level(body, line_no, line):
+    for item in split_top_level(body, line_no, line):
         key, _, value = item.partition("=")
-        out[key.strip()] = _unquote(value)
+        out[key.strip()] = unquote(value)
     return out
 
 
@@ -417,89 +247,145 @@ def _parse_backend_config(text: str) -> dict | str:
     kept); other text is returned as is."""
     text = text.strip()
     if text.startswith('"'):  # older printers quote the JSON
-        text = _unquote(text)
+        text = unquote(text)
     try:
         return json.loads(text)
     except ValueError:
         pass
     if text.startswith("{") and text.endswith("}") and " = " in text:
         try:
-            items = _split_top_level(text[1:-1], 0, text[:80])
+            items = split_top_level(text[1:-1], 0, text[:80])
         except HloParseError:
             return text
         pairs = [item.partition(" = ") for item in items]
         if all(eq and key.strip().isidentifier() for key, eq, _ in pairs):
-            unquote = lambda v: v[1:-1] if len(v) >= 2 and v[0] == v[-1] == '"' else v  # noqa: E731
-            return {key.strip(): unquote(value.strip()) for key, _, value in pairs}
+            unquote_mlir = lambda v: v[1:-1] if len(v) >= 2 and v[0] == v[-1] == '"' else v  # noqa: E731
+            return {key.strip(): unquote_mlir(value.strip()) for key, _, value in pairs}
     return text
 
 
-def _operand_name(text: str, line_no: int, line: str) -> str:
+def _value_end(text: str, pos: int, line_no: int, line: str) -> int:
+    """Index of the comma (or end) that ends the attribute value starting at text[pos]."""
+    n = len(text)
+    while pos < n:
+        ch = text[pos]
+        if ch == ",":
+            return pos
+        if ch in "({[":
+            pos = match_close(text, pos, line_no, line)
+        elif ch == '"':
+            pos = string_end(text, pos, line_no, line)
+        elif ch in ")}]":
+            raise HloParseError(f"unbalanced '{ch}' at column {pos + 1}", line_no, line)
+        else:
+            pos = _PLAIN_RE.match(text, pos).end()
+    return pos
+
+
+def _operand_name(part: str, name: str, line_no: int, line: str) -> str:
     """`%x.1`, `x.1` or (older printers) `f32[2]{0} %x.1` -> `x.1`."""
-    text = text.strip()
-    if "%" in text:
-        return text[text.rindex("%") + 1:].strip()
-    if " " in text:  # shape then bare name
-        return text.rsplit(" ", 1)[1]
-    return text
-
-
-def parse_instruction(line: str, line_no: int) -> Instruction:
-    text = _strip_comments(line)
-    head = _INSTRUCTION_HEAD_RE.match(text)
-    if not head:
-        raise HloParseError("expected an instruction '%name = shape opcode(operands), attrs'", line_no, line)
-    is_root, name = bool(head.group(1)), head.group(2)
-    shape, rest = _take_shape(text[head.end():], line_no, line)
-    op = _OPCODE_RE.match(rest)
-    if not op:
-        raise HloParseError(f"expected an opcode after the shape of %{name}, found {rest.strip()[:40]!r}",
+    part = part.strip()
+    if "%" in part:
+        part = part[part.rindex("%") + 1:].strip()
+    elif " " in part:  # shape then bare name
+        part = part.rsplit(" ", 1)[1]
+    if not part:
+        raise HloParseError(f"empty operand in the operand list of %{name}: expected '%name' between commas",
                             line_no, line)
-    opcode = op.group(1)
-    if opcode not in OPCODES:
-        raise HloParseError(f"unknown opcode {opcode!r} in %{name}", line_no, line)
-    open_paren = op.end() - 1
-    close = _match_close(rest, open_paren, line_no, line)
-    payload = rest[open_paren + 1:close - 1]
-    tail = rest[close:].strip()
+    return part
+
+
+def parse_instruction(line: str, line_no: int, shapes: dict[str, Shape] | None = None) -> Instruction:
+    """One instruction, `[ROOT] %name = shape opcode(operands), attr=value, ...` (lines already joined).
+    `shapes` caches parsed shapes by their text across the instructions of a module."""
+    text = strip_comments(line)
+    shapes = {} if shapes is None else shapes
+    common = _COMMON_HEAD_RE.match(text)
+    if common is not None:  # array shape, operands without brackets: most instructions, in one match
+        is_root, name, shape_text, opcode, payload = common.groups()
+        shape = shapes.get(shape_text)
+        if shape is None:
+            shape = shapes[shape_text] = parse_shape(shape_text, line_no, line)
+        close = common.end()
+    else:
+        head = _HEAD_RE.match(text)
+        if not head:
+            raise HloParseError("expected an instruction '%name = shape opcode(operands), attrs'", line_no, line)
+        is_root, name = head.group(1), head.group(2)
+        shape, pos = take_shape(text, head.end(), shapes, line_no, line)
+        op = _OPCODE_RE.match(text, pos)
+        if not op:
+            raise HloParseError(f"expected an opcode and '(' after the shape of %{name}, found "
+                                f"{text[pos:pos + 40].strip()!r}", line_no, line)
+        opcode = op.group(1)
+        close = match_close(text, op.end() - 1, line_no, line)
+        payload = text[op.end():close - 1]
+    if opcode not in OPCODES and not is_known_opcode(opcode):
+        raise HloParseError(f"unknown opcode {opcode!r} in %{name}: not an opcode of XLA's hlo_opcode.h",
+                            line_no, line)
 
     operand_names: list[str] = []
     literal = ""
-    if opcode in ("constant", "parameter", "iota", "partition-id", "replica-id", "after-all") or (
-            payload and not any(c in payload for c in "%") and opcode in ("rng-get-and-update-state",)):
+    if opcode in _LITERAL_OPCODES:
         literal = payload.strip()
-        if opcode == "after-all" and "%" in payload:
-            literal = ""
-            operand_names = [_operand_name(p, line_no, line) for p in _split_top_level(payload, line_no, line)]
-    elif payload.strip():
-        operand_names = [_operand_name(p, line_no, line) for p in _split_top_level(payload, line_no, line)]
+    elif payload and not payload.isspace():
+        names = [] if _NOT_SIMPLE_OPERANDS.search(payload) else [p.strip() for p in payload.split(",")]
+        if names and all(names) and not any(" " in p for p in names):  # `%a, %b`: the usual case, fast
+            operand_names = [p[1:] if p[0] == "%" else p for p in names]
+        else:
+            parts = names or split_top_level(payload, line_no, line, keep_empty=True)
+            operand_names = [_operand_name(p, name, line_no, line) for p in parts]
 
     attrs: dict[str, str] = {}
-    metadata = Metadata()
+    metadata = _EMPTY_METADATA
     backend_config = None
     frontend_attributes: dict[str, str] = {}
-    if tail:
-        if not tail.startswith(","):
-            raise HloParseError(f"expected ',' before the attributes of %{name}, found {tail[:40]!r}",
+    pos, n = close, len(text)
+    while pos < n:
+        m = _ATTR_KEY_RE.match(text, pos)
+        if m is None:
+            rest = text[pos:].strip()
+            if not rest:
+                break
+            raise HloParseError(f"expected ', name=value' after the operands of %{name}, found {rest[:40]!r}",
                                 line_no, line)
-        for item in _split_top_level(tail[1:], line_no, line):
-            key, eq, value = item.partition("=")
-            key = key.strip()
-            if not eq:
-                attrs[key] = ""
+        key, pos = m.group(1), m.end()
+        if not m.group(2):
+            attrs[key] = ""
+            continue
+        ch = text[pos] if pos < n else ""
+        if key == "metadata" and ch == "{":
+            block = _METADATA_BLOCK_RE.match(text, pos)
+            if block is not None:
+                metadata, pos = _parse_metadata(block.group(1)), block.end()
                 continue
-            if key == "metadata":
-                metadata = _parse_metadata(value)
-            elif key == "backend_config":
-                backend_config = _parse_backend_config(value)
-            elif key == "frontend_attributes":
-                frontend_attributes = _parse_frontend_attributes(value, line_no, line)
+        if key == "backend_config" and ch == "{":
+            try:
+                value, end = _JSON.raw_decode(text, pos)
+            except ValueError:
+                pass
             else:
-                attrs[key] = value.strip()
+                if end == n or text[end] == "," or text[end:].strip() == "":
+                    backend_config, pos = value, end
+                    continue
+        simple = _SIMPLE_VALUE_RE.match(text, pos)
+        end = simple.end() if simple is not None else _value_end(text, pos, line_no, line)
+        value_text = text[pos:end].strip()
+        pos = end
+        if key == "metadata":
+            body = value_text[1:-1] if value_text.startswith("{") and value_text.endswith("}") else value_text
+            metadata = _parse_metadata(body)
+        elif key == "backend_config":
+            backend_config = _parse_backend_config(value_text)
+        elif key == "frontend_attributes":
+            frontend_attributes = _parse_frontend_attributes(value_text, line_no, line)
+        else:
+            attrs[key] = value_text
     return Instruction(
-        name=name, opcode=opcode, shape=shape, operand_names=operand_names, attrs=attrs, metadata=metadata,
-        line_no=line_no, is_root=is_root, literal=literal, backend_config=backend_config,
-        frontend_attributes=frontend_attributes,
+        name=name, opcode=opcode, shape=shape, operand_names=operand_names, attrs=attrs,
+        metadata=metadata if metadata is not _EMPTY_METADATA else Metadata(), line_no=line_no,
+        is_root=bool(is_root),
+        literal=literal, backend_config=backend_config, frontend_attributes=frontend_attributes, text=line,
     )
 
 
@@ -508,59 +394,149 @@ def parse_instruction(line: str, line_no: int) -> Instruction:
 
 _COMPUTATION_HEAD_RE = re.compile(r"(ENTRY\s+)?%?([^\s(]+)\s*(\(.*\))?\s*(->\s*(.*?))?\s*\{\s*$")
 _MODULE_HEAD_RE = re.compile(r"HloModule\s+([^\s,]+)\s*(,.*)?$")
+_CLOSE_RE = re.compile(r'\}\s*(?:,\s*execution_thread\s*=\s*("(?:[^"\\]|\\.)*"))?\s*(?://.*)?$')
+_INSTRUCTION_START_RE = re.compile(r'\s*(?:ROOT\s+)?%?[^\s=(){}\[\],"]+\s*=\s*(?:\(|[a-z][a-z0-9]*\[)')
+_MLIR_MARKERS = ("module @", "module attributes", "func.func", "stablehlo.", "mhlo.", "#loc", "sdy.mesh")
+_STABLEHLO_MESSAGE = ("this is StableHLO (MLIR) text, not HLO: pass the compiled program's HLO text, "
+                      "`jax.jit(f).lower(*args).compile().as_text()` (`lowered.as_text()` prints StableHLO)")
 
 
-def _called_names(inst: Instruction) -> list[str]:
-    names = []
-    for key in _CALLED_COMPUTATION_ATTRS:
-        value = inst.attrs.get(key)
-        if value:
-            names.extend(n.strip().lstrip("%") for n in value.strip("{}").split(",") if n.strip())
-    return names
+def _is_computation_header(line: str) -> bool:
+    return line.endswith("{") and not _INSTRUCTION_START_RE.match(line) and bool(_COMPUTATION_HEAD_RE.match(line))
+
+
+def _looks_like_mlir(line: str) -> bool:
+    return line.startswith(("module", "func.func", "#loc", "%0 =", "%arg", "return ", "}) {")) or any(
+        marker in line for marker in _MLIR_MARKERS)
+
+
+_BRACKET_OR_QUOTE_RE = re.compile(r'[(){}\[\]"]')
+
+
+def _continuation_end(lines: list[str], first: int) -> int | None:
+    """The last line of an instruction that starts at lines[first] and is continued on the lines after it (a
+    bracket left open, or a trailing comma), or None when it does not end before a line that starts something
+    else (or the text ends)."""
+    stack: list[str] = []
+    for j in range(first, len(lines)):
+        line = strip_comments(lines[j])
+        if j > first and (_INSTRUCTION_START_RE.match(line) or line.startswith("HloModule") or
+                          _is_computation_header(line.strip())):
+            return None
+        pos = 0
+        while True:
+            m = _BRACKET_OR_QUOTE_RE.search(line, pos)
+            if m is None:
+                break
+            ch, pos = m.group(), m.end()
+            if ch == '"':
+                try:
+                    pos = string_end(line, m.start())
+                except HloParseError:
+                    return None
+            elif ch in "({[":
+                stack.append({"(": ")", "{": "}", "[": "]"}[ch])
+            elif not stack or stack.pop() != ch:
+                return None
+        if not stack and not line.rstrip().endswith(","):
+            return j if j > first else None
+    return None
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Pause Python's cyclic garbage collector while building many objects that stay alive (a parsed module,
+    its kernels): collections during the build would rescan them all and find no garbage (half of parse()'s
+    time on a 4 MB module). Restores the collector's previous state."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def parse(text: str) -> Module:
     """Parse HLO module text. Raises `HloParseError` (with line number and text) on anything malformed."""
     if not isinstance(text, str):
         raise TypeError(f"parse() takes HLO text as str, got {type(text).__name__}")
+    with gc_paused():
+        return _parse(text)
+
+
+def _parse(text: str) -> Module:
     lines = text.splitlines()
-    module_name, header_attrs = "", {}
+    module_name, header_attrs, warnings = "", {}, []
+    seen_header = False
     tables = SourceTables()
+    shapes: dict[str, Shape] = {}
     computations: dict[str, Computation] = {}
     entry: Computation | None = None
     current: tuple[str, bool, int, str, str] | None = None  # name, is_entry, line_no, params, result
     current_insts: list[Instruction] = []
     table: str | None = None
 
-    for idx, raw_line in enumerate(lines):
-        line_no = idx + 1
+    i, n = 0, len(lines)
+    while i < n:
+        raw_line = lines[i]
+        line_no = i + 1
+        i += 1
         line = raw_line.strip()
-        if not line or line.startswith("//"):
-            if not line:
-                table = None
+        if not line:
+            table = None
+            continue
+        if line.startswith("//"):
             continue
         if current is not None:
-            if line == "}":
-                comp = Computation(name=current[0], instructions=current_insts, is_entry=current[1],
-                                   line_no=current[2], parameter_text=current[3], result_text=current[4])
-                if not comp.instructions:
-                    raise HloParseError(f"computation {comp.name} has no instructions", comp.line_no)
-                if comp.name in computations:
-                    raise HloParseError(f"computation {comp.name} is defined twice", comp.line_no)
-                computations[comp.name] = comp
-                if comp.is_entry:
-                    entry = comp
-                current, current_insts = None, []
-                continue
-            current_insts.append(parse_instruction(raw_line, line_no))
+            if line[0] == "}":
+                close = _CLOSE_RE.match(line)
+                if close:
+                    comp = _close_computation(current, current_insts, unquote(close.group(1) or ""))
+                    if comp.name in computations:
+                        raise HloParseError(f"computation {comp.name} is defined twice (first at line "
+                                            f"{computations[comp.name].line_no})", comp.line_no)
+                    computations[comp.name] = comp
+                    if comp.is_entry:
+                        if entry is not None:
+                            raise HloParseError(f"a second ENTRY computation, {comp.name} (the first is "
+                                                f"{entry.name}, line {entry.line_no})", comp.line_no)
+                        entry = comp
+                    current, current_insts = None, []
+                    continue
+            if line.startswith("HloModule") or _is_computation_header(line):
+                raise HloParseError(f"computation {current[0]} (line {current[2]}) is never closed: expected '}}' "
+                                    "before this line", line_no, raw_line)
+            try:
+                inst = parse_instruction(line, line_no, shapes)
+            except HloParseError as e:
+                end = _continuation_end(lines, i - 1) if e.unclosed or line.endswith(",") else None
+                if end is None:
+                    raise
+                inst = parse_instruction(" ".join(l.strip() for l in lines[i - 1:end + 1]), line_no, shapes)
+                i = end + 1
+            current_insts.append(inst)
+            continue
+        if line.startswith("/*"):  # a comment before or between computations, on one line or several
+            if "*/" not in line:
+                end = next((j for j in range(i, n) if "*/" in lines[j]), None)
+                if end is None:
+                    raise HloParseError("the comment opened here is never closed with '*/'", line_no, raw_line)
+                i = end + 1
             continue
         if line.startswith("HloModule"):
+            if seen_header or computations:
+                more = sum(1 for l in lines[i - 1:] if l.startswith("HloModule"))
+                warnings.append(f"the text holds {more + 1} HLO modules: read the first "
+                                f"({module_name or 'unnamed'}), ignored everything from line {line_no} on")
+                break
             m = _MODULE_HEAD_RE.match(line)
             if not m:
-                raise HloParseError("malformed HloModule header", line_no, raw_line)
-            module_name = m.group(1)
+                raise HloParseError("malformed HloModule header: expected 'HloModule name, key=value, ...'",
+                                    line_no, raw_line)
+            module_name, seen_header = m.group(1), True
             if m.group(2):
-                for item in _split_top_level(_strip_comments(m.group(2)[1:]), line_no, raw_line):
+                for item in split_top_level(strip_comments(m.group(2)[1:]), line_no, raw_line):
                     key, _, value = item.partition("=")
                     header_attrs[key.strip()] = value.strip()
             continue
@@ -573,68 +549,112 @@ def parse(text: str) -> Module:
             except ValueError as e:
                 raise HloParseError(f"malformed {table} entry: {e}", line_no, raw_line) from None
             continue
+        if _looks_like_mlir(line):
+            raise HloParseError(_STABLEHLO_MESSAGE, line_no, raw_line)
         if line.endswith("{"):
-            m = _COMPUTATION_HEAD_RE.match(_strip_comments(line))
+            m = _COMPUTATION_HEAD_RE.match(strip_comments(line))
             if not m:
-                raise HloParseError("malformed computation header", line_no, raw_line)
+                raise HloParseError("malformed computation header: expected '%name (params) -> shape {' or "
+                                    "'ENTRY %name ... {'", line_no, raw_line)
             current = (m.group(2), bool(m.group(1)), line_no, m.group(3) or "", m.group(5) or "")
             current_insts = []
             table = None
             continue
-        raise HloParseError("unexpected text outside any computation", line_no, raw_line)
+        raise HloParseError("unexpected text outside any computation: expected 'HloModule', a computation header "
+                            "('%name (params) -> shape {'), a source table or a comment", line_no, raw_line)
 
     if current is not None:
-        raise HloParseError(f"computation {current[0]} is never closed with '}}' (truncated text?)",
-                            len(lines), lines[-1] if lines else "")
+        raise HloParseError(f"computation {current[0]} (line {current[2]}) is never closed with '}}' "
+                            "(truncated text?)", n, lines[-1] if lines else "")
     if not computations:
-        raise HloParseError("no computations found: is this HLO text?", 1, lines[0] if lines else "")
+        raise HloParseError("no computations found: is this HLO text? (expected 'HloModule name' and "
+                            "computations)", 1, lines[0] if lines else "")
     if entry is None:
-        raise HloParseError("no ENTRY computation", 1, lines[0] if lines else "")
+        raise HloParseError("no ENTRY computation: expected one computation header starting with 'ENTRY'", 1,
+                            lines[0] if lines else "")
     module = Module(name=module_name, header_attrs=header_attrs, computations=computations, entry=entry,
-                    source=tables)
+                    source=tables, warnings=warnings)
     _link(module)
+    from hlo_inspect.validate import validate  # validate reads Module; imported here to keep the modules acyclic
+
+    validate(module)
     return module
+
+
+def _close_computation(current: tuple[str, bool, int, str, str], insts: list[Instruction],
+                       execution_thread: str) -> Computation:
+    name, is_entry, line_no, params, result = current
+    if not insts:
+        raise HloParseError(f"computation {name} has no instructions", line_no)
+    comp = Computation(name=name, instructions=insts, is_entry=is_entry, line_no=line_no, parameter_text=params,
+                       result_text=result, execution_thread=execution_thread)
+    if len(comp.by_name) != len(insts):
+        seen: dict[str, Instruction] = {}
+        for inst in insts:
+            if inst.name in seen:
+                raise HloParseError(f"instruction %{inst.name} is defined twice in computation {name} (first at "
+                                    f"line {seen[inst.name].line_no})", inst.line_no, inst.text)
+            seen[inst.name] = inst
+    roots = [inst for inst in insts if inst.is_root]
+    if len(roots) > 1:
+        raise HloParseError(f"computation {name} has two ROOT instructions (%{roots[0].name} at line "
+                            f"{roots[0].line_no} and %{roots[1].name})", roots[1].line_no, roots[1].text)
+    return comp
 
 
 def _tuple_element(comp: Computation, name: str, user: Instruction) -> Instruction:
     """`x#1` (`x#1#0` nested): element 1 of tuple-shaped `x`, as newer XLA prints an operand without its
     get-tuple-element. Resolved to a get-tuple-element instruction made here (not added to the listing)."""
-    if name in comp.by_name:
-        return comp.by_name[name]
-    base, _, index = name.rpartition("#")
-    if not index.isdigit() or not base:
+    base, *indices = name.split("#")
+    inst = comp.by_name.get(base)
+    if inst is None or not base:
         raise HloParseError(f"%{user.name} uses %{name}, which computation {comp.name} does not define",
-                            user.line_no)
-    tuple_inst = _tuple_element(comp, base, user) if "#" in base else comp.by_name.get(base)
-    if tuple_inst is None:
-        raise HloParseError(f"%{user.name} uses %{base}, which computation {comp.name} does not define",
-                            user.line_no)
-    i = int(index)
-    if not tuple_inst.shape.is_tuple or i >= len(tuple_inst.shape.tuple_shapes):
-        raise HloParseError(f"%{user.name} uses %{name}, but %{base} has no tuple element {i}", user.line_no)
-    element = Instruction(name=name, opcode="get-tuple-element", shape=tuple_inst.shape.tuple_shapes[i],
-                          operand_names=[base], attrs={"index": str(i)}, metadata=Metadata(),
-                          line_no=user.line_no, operands=[tuple_inst], computation=comp)
-    comp.by_name[name] = element
-    return element
+                            user.line_no, user.text)
+    path = base
+    for index in indices:
+        path += "#" + index
+        if path in comp.by_name:
+            inst = comp.by_name[path]
+            continue
+        if not index.isdigit():
+            raise HloParseError(f"%{user.name} uses %{name}, which computation {comp.name} does not define",
+                                user.line_no, user.text)
+        i = int(index)
+        if not inst.shape.is_tuple or i >= len(inst.shape.tuple_shapes):
+            raise HloParseError(f"%{user.name} uses %{path}, but %{inst.name} has no tuple element {i}",
+                                user.line_no, user.text)
+        element = Instruction(name=path, opcode="get-tuple-element", shape=inst.shape.tuple_shapes[i],
+                              operand_names=[inst.name], attrs={"index": str(i)}, metadata=Metadata(),
+                              line_no=user.line_no, operands=[inst], computation=comp)
+        comp.by_name[path] = element
+        inst = element
+    return inst
+
+
+def _called_names(value: str) -> list[str]:
+    return [n.strip().lstrip("%") for n in value.strip().strip("{}").split(",") if n.strip()]
 
 
 def _link(module: Module) -> None:
     """Resolve operand names and called computations; check every reference exists."""
-    for comp in module.computations.values():
+    comps = module.computations
+    for comp in comps.values():
+        by_name = comp.by_name
         for inst in comp.instructions:
             inst.computation = comp
             operands = []
-            for n in inst.operand_names:
-                op = comp.by_name.get(n)
-                if op is None:
-                    op = _tuple_element(comp, n, inst)
-                operands.append(op)
+            for name in inst.operand_names:
+                op = by_name.get(name)
+                operands.append(op if op is not None else _tuple_element(comp, name, inst))
             inst.operands = operands
-            called = []
-            for cname in _called_names(inst):
-                if cname not in module.computations:
-                    raise HloParseError(f"%{inst.name} calls computation {cname}, which the module does not "
-                                        "define (missing computation)", inst.line_no)
-                called.append(module.computations[cname])
-            inst.called_computations = called
+            for key, value in inst.attrs.items():
+                if key not in _CALLED_ATTR_SET or not value:
+                    continue
+                called = []
+                for cname in _called_names(value):
+                    if cname not in comps:
+                        raise HloParseError(f"%{inst.name} calls computation {cname} ({key}=), which the module "
+                                            "does not define (missing computation)", inst.line_no, inst.text)
+                    called.append(comps[cname])
+                inst.calls_by_attr[key] = called
+                inst.called_computations.extend(called)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from hlo_inspect.kernels import Kernel, kernels as list_kernels
 from hlo_inspect.ledger import Ledger, ledger as build_ledger
-from hlo_inspect.parser import Module, parse
+from hlo_inspect.parser import Module, gc_paused, parse
 from hlo_inspect.unfused import Unfused, counterfactual
 
 __all__ = ["Report", "Totals", "inspect", "from_text", "format_bytes", "parse_xla_flags", "JSON_SCHEMA"]
@@ -103,10 +103,22 @@ class Report:
         return _totals(self.kernels)
 
     @property
+    def warnings(self) -> list[str]:
+        """What a reader should know about the numbers: the parser's (several modules in one text) and shapes
+        with unbounded dynamic dimensions (`f32[?]`), which count 0 bytes."""
+        if getattr(self, "_warnings", None) is None:
+            unbounded = sum(1 for inst in self.module.instructions() if inst.shape.has_unbounded)
+            self._warnings = list(self.module.warnings) + ([
+                f"{unbounded} instruction{'s' if unbounded != 1 else ''} with an unbounded dynamic dimension ('?', "
+                "sized only at run time) count 0 bytes and 0 FLOPs for it"] if unbounded else [])
+        return self._warnings
+
+    @property
     def ledger(self) -> Ledger:
         """Tensors written by one kernel and read back by another (see hlo_inspect.ledger)."""
         if getattr(self, "_ledger", None) is None:
-            self._ledger = build_ledger(self.module, self.kernels)
+            with gc_paused():
+                self._ledger = build_ledger(self.module, self.kernels)
         return self._ledger
 
     def fusion_saving(self, hbm_bytes_per_s: float, flops_per_s: float, launch_us: float) -> dict[str, Any] | None:
@@ -210,6 +222,7 @@ class Report:
         lines = []
         if self.title:
             lines.append(self.title)
+        lines += [f"warning: {w}" for w in self.warnings]
         lines.append(f"module {self.module.name}" + (f" on {self.platform}" if self.platform else "") +
                      f": {t.kernels} kernels, {t.launches} launches per run")
         lines += [fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows]
@@ -240,6 +253,7 @@ class Report:
             "module": self.module.name,
             "title": self.title,
             "platform": self.platform,
+            "warnings": self.warnings,
             "totals": dataclasses.asdict(t) | {"bytes_total": t.bytes_total},
             "xla_cost_analysis": self.xla_cost,
             "comparison": self.comparison(),
@@ -258,7 +272,11 @@ class Report:
         }
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        """The report as JSON: compact with `indent=None`; else one line per key of the outer objects and per
+        element of their lists (one kernel, one round trip per line), which keeps it readable and fast to write
+        (json's indenting encoder is pure Python: seconds for a 4 MB program's report)."""
+        with gc_paused():
+            return _json_text(self.to_dict(), indent)
 
     def to_html(self, path: str | None = None, *, title: str | None = None) -> str:
         """Self-contained HTML page (sortable kernel table, ledger, kernel graph); also written to `path`."""
@@ -268,6 +286,18 @@ class Report:
         if path is not None:
             write_html(path, page)
         return page
+
+
+def _json_text(value: Any, indent: int | None, depth: int = 0) -> str:
+    """JSON with objects expanded down to depth 2 and lists down to depth 3; below that, compact (C encoder)."""
+    expand = isinstance(value, dict) and depth < 2 or isinstance(value, list) and depth < 3
+    if indent is None or not expand or not value:
+        return json.dumps(value)
+    pad, outer = " " * (indent * (depth + 1)), " " * (indent * depth)
+    if isinstance(value, dict):
+        items = [f"{pad}{json.dumps(str(k))}: {_json_text(v, indent, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + outer + "}"
+    return "[\n" + ",\n".join(pad + json.dumps(v) for v in value) + "\n" + outer + "]"
 
 
 def _difference_reason(quantity: str) -> str:
@@ -329,8 +359,9 @@ def parse_xla_flags(flags: str) -> dict[str, Any]:
 
 def from_text(text: str, *, title: str = "", platform: str = "") -> Report:
     """Report of saved optimized HLO text (no JAX needed)."""
-    module = parse(text)
-    return Report(module=module, kernels=list_kernels(module), title=title, platform=platform)
+    with gc_paused():
+        module = parse(text)
+        return Report(module=module, kernels=list_kernels(module), title=title, platform=platform)
 
 
 def inspect(fn: Callable, *args, compiler_options: dict[str, Any] | None = None, **kwargs) -> Report:

@@ -13,7 +13,10 @@ and the primitive, leaving the module path (`Block/attn/query`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+
+from hlo_inspect.scanning import unescape
 
 __all__ = ["Frame", "SourceTables", "TABLE_NAMES", "parse_table_line", "scope_of", "primitive_of",
            "split_op_name", "is_library_file"]
@@ -45,6 +48,8 @@ class SourceTables:
     function_names: dict[int, str] = dataclasses.field(default_factory=dict)
     file_locations: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
     stack_frames: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    _stacks: dict[int, list[Frame]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _locations: dict[int, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.stack_frames)
@@ -54,8 +59,12 @@ class SourceTables:
 
         The printer writes each frame's parent as `parent_frame_id` = (parent's id + 1), 1 meaning no parent:
         frame 1 `{file_location_id=1 parent_frame_id=1}` is a root, and a frame whose parent_frame_id is 5
-        was called from frame 4.
+        was called from frame 4. The list is shared between callers (computed once per id): do not modify it.
         """
+        cached = self._stacks.get(frame_id)
+        if cached is not None:
+            return cached
+        first = frame_id
         frames: list[Frame] = []
         seen = set()
         while frame_id and frame_id in self.stack_frames and frame_id not in seen:
@@ -67,7 +76,18 @@ class SourceTables:
                 function=self.function_names.get(loc.get("function_name_id", 0), "?"),
                 line=loc.get("line", 0), column=loc.get("column", 0)))
             frame_id = entry.get("parent_frame_id", 0) - 1
+        self._stacks[first] = frames
         return frames
+
+    def user_location(self, frame_id: int) -> str:
+        """`file:line` of the innermost frame outside installed libraries (`is_library_file`), else of the
+        innermost frame; '' for an unknown id."""
+        location = self._locations.get(frame_id)
+        if location is None:
+            frames = self.stack(frame_id)
+            frame = next((f for f in frames if not is_library_file(f.file)), frames[0] if frames else None)
+            location = self._locations[frame_id] = str(frame) if frame else ""
+        return location
 
 
 def parse_table_line(tables: SourceTables, table: str, line: str) -> None:
@@ -81,7 +101,7 @@ def parse_table_line(tables: SourceTables, table: str, line: str) -> None:
         if not (body.startswith('"') and body.endswith('"') and len(body) >= 2):
             raise ValueError("expected a quoted name")
         target = tables.file_names if table == "FileNames" else tables.function_names
-        target[key] = body[1:-1].replace('\\"', '"')
+        target[key] = unescape(body[1:-1])
     else:
         if not (body.startswith("{") and body.endswith("}")):
             raise ValueError("expected '{key=value ...}'")
@@ -93,6 +113,7 @@ def parse_table_line(tables: SourceTables, table: str, line: str) -> None:
 _LIBRARY_MARKERS = ("site-packages/", "dist-packages/", "/jax/_src/", "/flax/", "<frozen ", "/lib/python3")
 
 
+@functools.lru_cache(maxsize=1 << 12)
 def is_library_file(path: str) -> bool:
     """True for frames inside installed libraries (jax, flax, the standard library), not the user's code."""
     p = path.replace("\\", "/")
@@ -130,6 +151,7 @@ def split_op_name(op_name: str) -> list[str]:
     return parts
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def scope_of(op_name: str) -> str:
     """Module scope of an op_name: `jit(g)/transpose(jvp(B))/up/dot_general` -> `B/up`.
 

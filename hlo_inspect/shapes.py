@@ -1,0 +1,171 @@
+"""HLO shapes: `f32[64,512]{1,0}`, `(f32[2], s32[])`, `bf16[]`, `s32[<=16]`, `f32[?,8]` -> `Shape`.
+
+Dimensions are XLA's int64: a dimension or a shape's byte size past 2**63 - 1 is a parse error, as it is in XLA.
+Dynamic dimensions: `<=16` is bounded (at most 16 elements at run time); it counts as its bound, the buffer XLA
+allocates. `?` is unbounded (`Shape::kUnboundedSize`): its size is known only at run time and XLA's own size
+functions reject it, so it counts as 0 elements: its bytes and FLOPs are left out of every total, and the report
+says how many shapes were affected (`Shape.has_unbounded`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Iterator
+
+from hlo_inspect.scanning import HloParseError, int_list, match_close, split_top_level
+
+__all__ = ["DTYPE_BITS", "Shape", "parse_shape", "take_shape", "MAX_INT64", "MAX_TUPLE_DEPTH"]
+
+# Bits per element of each HLO primitive type.
+DTYPE_BITS = {
+    "pred": 8, "s1": 1, "u1": 1, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16,
+    "s32": 32, "u32": 32, "s64": 64, "u64": 64, "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64,
+    "c128": 128, "f8e5m2": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3b11fnuz": 8, "f8e5m2fnuz": 8,
+    "f8e4m3fnuz": 8, "f8e3m4": 8, "f8e8m0fnu": 8, "f4e2m1fn": 4, "token": 0, "opaque": 0,
+}
+
+MAX_INT64 = 2 ** 63 - 1
+MAX_TUPLE_DEPTH = 64  # tuples nested deeper than this are refused (XLA prints a few levels at most)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """An array shape (`dtype`, `dims`, `layout` as minor-to-major) or a tuple of shapes (`tuple_shapes`).
+
+    `dynamic_dims` are the indices of `<=N` dimensions (dims holds N), `unbounded_dims` those of `?` (dims
+    holds 0).
+    """
+
+    dtype: str | None = None
+    dims: tuple[int, ...] = ()
+    layout: tuple[int, ...] | None = None
+    tuple_shapes: tuple["Shape", ...] | None = None
+    layout_extra: str = ""  # tiling / memory space after ':' in the layout, kept raw
+    dynamic_dims: tuple[int, ...] = ()
+    unbounded_dims: tuple[int, ...] = ()
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.tuple_shapes is not None
+
+    def leaves(self) -> Iterator["Shape"]:
+        """The array shapes inside, depth first (itself for an array)."""
+        if self.is_tuple:
+            for s in self.tuple_shapes:
+                yield from s.leaves()
+        else:
+            yield self
+
+    @property
+    def num_elements(self) -> int:
+        """Elements of an array shape (0 for tuples; an unbounded `?` dimension counts 0)."""
+        return 0 if self.is_tuple else math.prod(self.dims)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of all array leaves, rounded up to whole bytes per array."""
+        if not self.is_tuple:
+            return (math.prod(self.dims) * DTYPE_BITS.get(self.dtype, 0) + 7) // 8
+        return sum(leaf.size_bytes for leaf in self.leaves())
+
+    @property
+    def has_unbounded(self) -> bool:
+        return any(leaf.unbounded_dims for leaf in self.leaves())
+
+    def __str__(self) -> str:
+        if self.is_tuple:
+            return "(" + ", ".join(str(s) for s in self.tuple_shapes) + ")"
+        dims = [str(d) for d in self.dims]
+        for i in self.dynamic_dims:
+            dims[i] = "<=" + dims[i]
+        for i in self.unbounded_dims:
+            dims[i] = "?"
+        s = f"{self.dtype}[{','.join(dims)}]"
+        if self.layout is not None:
+            s += "{" + ",".join(str(d) for d in self.layout) + (":" + self.layout_extra if self.layout_extra else "") + "}"
+        return s
+
+
+# dtype, dimensions (no brackets, braces or parentheses inside), optional layout (no braces inside).
+_ARRAY_SHAPE_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\[\](){}]*)\](?:\{([^{}]*)\})?")
+_DIM_RE = re.compile(r"\s*(?:(<=)?\s*(\d+)|(\?))\s*")
+
+
+def _parse_array(m: re.Match, text: str, line_no: int | None, line: str | None) -> Shape:
+    dtype, dims_text, layout_text = m.group(1), m.group(2), m.group(3)
+    if dtype not in DTYPE_BITS:
+        raise HloParseError(f"unknown element type {dtype!r} in shape {text!r}: expected one of "
+                            f"{', '.join(sorted(DTYPE_BITS))}", line_no, line or text)
+    dims, dynamic, unbounded = [], [], []
+    if dims_text.strip():
+        for i, item in enumerate(dims_text.split(",")):
+            d = _DIM_RE.fullmatch(item)
+            if d is None:
+                raise HloParseError(f"malformed dimension {item.strip()!r} in shape {text!r}: expected an integer, "
+                                    "'<=N' or '?'", line_no, line or text)
+            if d.group(3):
+                unbounded.append(i)
+                dims.append(0)
+                continue
+            if d.group(1):
+                dynamic.append(i)
+            size = int(d.group(2))
+            if size > MAX_INT64:
+                raise HloParseError(f"dimension {size} in shape {text!r} is past XLA's int64 limit",
+                                    line_no, line or text)
+            dims.append(size)
+    layout, extra = None, ""
+    if layout_text is not None:
+        if ":" in layout_text:
+            layout_text, extra = layout_text.split(":", 1)
+        layout = int_list(layout_text)
+    shape = Shape(dtype=dtype, dims=tuple(dims), layout=layout, layout_extra=extra, dynamic_dims=tuple(dynamic),
+                  unbounded_dims=tuple(unbounded))
+    if dims and math.prod(dims) * DTYPE_BITS[dtype] > 8 * MAX_INT64:
+        raise HloParseError(f"shape {text!r} holds more than 2**63 bytes (XLA's int64 limit)", line_no, line or text)
+    return shape
+
+
+def parse_shape(text: str, line_no: int | None = None, line: str | None = None, _depth: int = 0) -> Shape:
+    """`f32[64,512]{1,0}`, `(f32[2], s32[])`, `bf16[]`, `token[]`, `f32[<=8]`, `f32[?]` -> Shape."""
+    text = text.strip()
+    if text.startswith("("):
+        if _depth >= MAX_TUPLE_DEPTH:
+            raise HloParseError(f"tuple shapes nested more than {MAX_TUPLE_DEPTH} deep", line_no, line or text)
+        end = match_close(text, 0, line_no, line or text)
+        if text[end:].strip():
+            raise HloParseError(f"unexpected text after tuple shape: {text[end:]!r}", line_no, line or text)
+        inner = text[1:end - 1]
+        parts = split_top_level(inner, line_no, line or text) if inner.strip() else []
+        return Shape(tuple_shapes=tuple(parse_shape(p, line_no, line, _depth + 1) for p in parts))
+    m = _ARRAY_SHAPE_RE.fullmatch(text)
+    if not m:
+        raise HloParseError(f"malformed shape {text[:80]!r}: expected dtype[dims]{{layout}} or a tuple (...)",
+                            line_no, line or text)
+    return _parse_array(m, text, line_no, line)
+
+
+def take_shape(text: str, pos: int, cache: dict[str, Shape], line_no: int | None = None,
+               line: str | None = None) -> tuple[Shape, int]:
+    """The shape starting at text[pos] (after spaces) and the index just past it. `cache` maps shape text to
+    Shape (shapes repeat: a module has far fewer distinct shapes than instructions)."""
+    while pos < len(text) and text[pos] == " ":
+        pos += 1
+    if text.startswith("(", pos):
+        end = match_close(text, pos, line_no, line)
+    else:
+        m = _ARRAY_SHAPE_RE.match(text, pos)
+        if not m:
+            shown = text[pos:pos + 40]
+            if re.match(r"[a-z][a-z0-9]*\[", shown):
+                raise HloParseError(f"malformed shape at {shown!r}: expected dtype[dims]{{layout}} with integer, "
+                                    "'<=N' or '?' dimensions", line_no, line if line is not None else text)
+            raise HloParseError(f"expected a shape, found {shown!r}", line_no, line if line is not None else text)
+        end = m.end()
+    key = text[pos:end]
+    shape = cache.get(key)
+    if shape is None:
+        shape = cache[key] = parse_shape(key, line_no, line if line is not None else text)
+    return shape, end
