@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from hlo_inspect.kernels import Kernel, fused_instructions
-from hlo_inspect.ledger import RoundTrip
+from hlo_inspect.ledger import NO_SCOPE, RoundTrip
 from hlo_inspect.report import Report, format_bytes
 from hlo_inspect.source import split_op_name
 
@@ -157,8 +157,9 @@ class Diff:
         s = self.summary()
         la, lb = self.label_a, self.label_b
         lines = [f"A = {la}", f"B = {lb}", ""]
-        for key, fmt in (("kernels", str), ("launches", str), ("bytes_total", format_bytes), ("flops", str),
-                         ("ledger_traffic_bytes", format_bytes), ("round_trips", str)):
+        count = "{:,}".format
+        for key, fmt in (("kernels", count), ("launches", count), ("bytes_total", format_bytes), ("flops", count),
+                         ("ledger_traffic_bytes", format_bytes), ("round_trips", count)):
             va, vb = s[key]
             change = f"{(vb - va) / va:+.1%}" if va else ""
             lines.append(f"  {key:22s} {fmt(va):>14s} -> {fmt(vb):<14s} {change}")
@@ -171,7 +172,7 @@ class Diff:
                 a = ", ".join(f"{k.name} ({k.label})" for k in m.a) or "-"
                 b = ", ".join(f"{k.name} ({k.label})" for k in m.b) or "-"
                 lines.append(f"  {m.kind:16s} {a} -> {b}  [{format_bytes(m.bytes_a)} -> {format_bytes(m.bytes_b)}]"
-                             f"  {', '.join(m.scopes[:2])}")
+                             f"  {', '.join(m.scopes[:2]) or NO_SCOPE}")
             if len(interesting) > limit:
                 lines.append(f"  ... {len(interesting) - limit} more")
         else:
@@ -185,7 +186,7 @@ class Diff:
                 for t in sorted(trips, key=lambda t: -t.traffic_bytes)[:limit // 2]:
                     lines.append(f"  {str(t.shape).split('{')[0]:32s} {format_bytes(t.traffic_bytes):>10s}  "
                                  f"{t.producer.name} -> {', '.join(c.name for c in t.consumers)}  "
-                                 f"({', '.join(t.producer_scopes[:1])})")
+                                 f"({', '.join(t.producer_scopes[:1]) or NO_SCOPE})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -192,6 +192,9 @@ _JS = r"""
     return String(n);
   }
   function fmtInt(n) { n = num(n); return n === null ? "" : Math.round(n).toLocaleString("en-US"); }
+  function fmtFlopUnit(n) { var s = fmtFlops(n); return /[KMGT]$/.test(s) ? s.slice(0, -1) + " " + s.slice(-1) + "FLOP" : s + " FLOP"; }
+  function plural(n, word, many) { return fmtInt(n) + " " + (n === 1 ? word : (many || word + "s")); }
+  var NO_SCOPE = "(no scope)";  // as the text tables name a missing scope
   function fmtPct(a, b) { a = num(a); b = num(b); return a === null || !b ? "" : ((a - b) / b * 100 >= 0 ? "+" : "") + ((a - b) / b * 100).toFixed(1) + "%"; }
   function clip(s, n) { s = str(s); return s.length <= n ? s : s.slice(0, n - 1) + "\u2026"; }
   function clipLeft(s, n) { s = str(s); return s.length <= n ? s : "\u2026" + s.slice(s.length - n + 1); }
@@ -295,6 +298,7 @@ _JS = r"""
     if (rep.platform) meta.push("on " + rep.platform);
     if (rep.schema) meta.push("schema " + rep.schema);
     root.appendChild(el("div", {"class": "muted"}, meta.join(" \u00b7 ")));
+    arr(rep.warnings).forEach(function (w) { root.appendChild(el("div", {"class": "notice report-warning"}, "warning: " + str(w))); });
     var cards = el("div", {"class": "cards", id: "totals"});
     var kernels = arr(rep.kernels);
     var nk = num(t.kernels) !== null ? t.kernels : kernels.length;
@@ -303,11 +307,11 @@ _JS = r"""
     if (num(t.bytes_read) !== null) cards.appendChild(card(fmtBytes(t.bytes_read), "HBM read", fmtInt(t.bytes_read) + " B"));
     if (num(t.bytes_written) !== null) cards.appendChild(card(fmtBytes(t.bytes_written), "HBM written", fmtInt(t.bytes_written) + " B"));
     if (num(t.bytes_total) !== null) cards.appendChild(card(fmtBytes(t.bytes_total), "HBM total", fmtInt(t.bytes_total) + " B"));
-    if (num(t.flops) !== null) cards.appendChild(card(fmtFlops(t.flops) + "FLOP", "FLOPs" + (t.flops_unknown_kernels ? " (+" + t.flops_unknown_kernels + " kernels unknown)" : ""), fmtInt(t.flops)));
+    if (num(t.flops) !== null) cards.appendChild(card(fmtFlopUnit(t.flops), "FLOPs" + (t.flops_unknown_kernels ? " (+" + plural(t.flops_unknown_kernels, "kernel") + " unknown)" : ""), fmtInt(t.flops)));
     if (num(t.transcendentals) !== null) cards.appendChild(card(fmtFlops(t.transcendentals), "transcendentals", fmtInt(t.transcendentals)));
     if (num(led.traffic_bytes) !== null) {
       var share = num(t.bytes_total) ? " (" + (led.traffic_bytes / t.bytes_total * 100).toFixed(0) + "% of total)" : "";
-      cards.appendChild(card(fmtBytes(led.traffic_bytes), arr(led.round_trips).length + " HBM round trips" + share,
+      cards.appendChild(card(fmtBytes(led.traffic_bytes), plural(arr(led.round_trips).length, "HBM round trip") + share,
                              "traffic a fused program would not move: " + fmtInt(led.traffic_bytes) + " B"));
     }
     var unf = obj(rep.unfused);
@@ -384,7 +388,7 @@ _JS = r"""
         .map(function (o) { return o + (ops[o] > 1 ? "\u00d7" + ops[o] : ""); }).join(", "); },
       tip: function (k) { var ops = obj(k.ops); return Object.keys(ops).map(function (o) { return o + " " + ops[o]; }).join(", "); }});
     cols.push({key: "scopes", label: "scope", value: function (k) { return arr(k.scopes).slice(0, 2).join(", "); },
-               cell: function (k) { return clip(arr(k.scopes).slice(0, 2).join(", "), 48); },
+               cell: function (k) { return clip(arr(k.scopes).slice(0, 2).join(", ") || NO_SCOPE, 48); },
                tip: function (k) { return arr(k.scopes).join("\n"); }});
     cols.push({key: "source", label: "source", cls: "mono", value: function (k) { return str(arr(k.source_lines)[0]); },
                cell: function (k) { return clipLeft(arr(k.source_lines)[0], 44); },
@@ -428,8 +432,8 @@ _JS = r"""
         {key: "flow", label: "producer \u2192 consumers", cls: "mono", value: function (t) { return str(t.producer) + " \u2192 " + arr(t.consumers).join(", "); },
          cell: function (t) { return clip(str(t.producer) + " \u2192 " + arr(t.consumers).join(", "), 70); }},
         {key: "scopes", label: "scope (producer \u2192 consumers)", value: function (t) {
-          return (arr(t.producer_scopes)[0] || "?") + " \u2192 " + arr(t.consumer_scopes).slice(0, 2).join(", "); },
-         cell: function (t) { return clip((arr(t.producer_scopes)[0] || "?") + " \u2192 " + arr(t.consumer_scopes).slice(0, 2).join(", "), 70); },
+          return (arr(t.producer_scopes)[0] || NO_SCOPE) + " \u2192 " + (arr(t.consumer_scopes).slice(0, 2).join(", ") || NO_SCOPE); },
+         cell: function (t) { return clip((arr(t.producer_scopes)[0] || NO_SCOPE) + " \u2192 " + (arr(t.consumer_scopes).slice(0, 2).join(", ") || NO_SCOPE), 70); },
          tip: function (t) { return arr(t.producer_scopes).join(", ") + " \u2192 " + arr(t.consumer_scopes).join(", "); }},
         {key: "is_output", label: "output", value: function (t) { return t.is_output ? "yes" : ""; },
          tip: function (t) { return t.is_output ? "also a program output: only the reads are avoidable" : null; }}
@@ -452,7 +456,7 @@ _JS = r"""
     // grouped by the producer's leading scope
     if (trips.length) {
       var groups = {}, order = [];
-      trips.forEach(function (t) { var s = arr(t.producer_scopes)[0] || "(no scope)"; if (!(s in groups)) { groups[s] = {n: 0, traffic: 0}; order.push(s); } groups[s].n++; groups[s].traffic += num(t.traffic_bytes) || 0; });
+      trips.forEach(function (t) { var s = arr(t.producer_scopes)[0] || NO_SCOPE; if (!(s in groups)) { groups[s] = {n: 0, traffic: 0}; order.push(s); } groups[s].n++; groups[s].traffic += num(t.traffic_bytes) || 0; });
       order.sort(function (a, b) { return groups[b].traffic - groups[a].traffic; });
       root.appendChild(el("h3", null, "by producer scope"));
       var tb = el("tbody");
@@ -523,7 +527,7 @@ _JS = r"""
       var g = sv("g", {"class": "node", "data-kernel": str(k.name), "data-category": str(k.category), "data-index": i,
                        transform: "translate(" + X0 + "," + y + ")"}, [
         sv("title", null, "#" + i + " " + str(k.name) + "\n" + str(k.label || k.category) + (k.target ? " (" + k.target + ")" : "") +
-           "\nread " + fmtBytes(k.bytes_read) + ", written " + fmtBytes(k.bytes_written) + ", " + fmtFlops(k.flops) + "FLOP" +
+           "\nread " + fmtBytes(k.bytes_read) + ", written " + fmtBytes(k.bytes_written) + ", " + fmtFlopUnit(k.flops) +
            (arr(k.scopes).length ? "\n" + arr(k.scopes).slice(0, 3).join(", ") : "")),
         sv("rect", {"class": "node-box", width: W, height: H, rx: 3}),
         sv("rect", {"class": "node-bar", width: maxBytes ? (W * b / maxBytes).toFixed(1) : 0, height: H, rx: 3, fill: color, "fill-opacity": 0.28}),
@@ -618,7 +622,8 @@ _JS = r"""
         {key: "bytes_b", label: "bytes B", num: true, value: bb, cell: function (m) { return fmtBytes(bb(m)); }},
         {key: "delta", label: "\u0394 bytes", num: true, value: function (m) { var x = ba(m), y = bb(m); return x === null || y === null ? null : y - x; },
          cell: function (m) { var x = ba(m), y = bb(m); return x === null || y === null ? "" : (y - x >= 0 ? "+" : "\u2212") + fmtBytes(Math.abs(y - x)); }},
-        {key: "scopes", label: "scopes", value: function (m) { return arr(m.scopes).slice(0, 2).join(", "); }}
+        {key: "scopes", label: "scopes", value: function (m) { return arr(m.scopes).slice(0, 2).join(", "); },
+         cell: function (m) { return arr(m.scopes).slice(0, 2).join(", ") || NO_SCOPE; }}
       ];
       var table = sortableTable("match-table", cols, matches, {rowAttrs: function (m) { return {"class": "kind-" + str(m.kind), "data-kind": str(m.kind)}; }, initial: ["index", "asc"]});
       var toggle = el("input", {type: "checkbox", id: "hide-same"});
@@ -635,7 +640,7 @@ _JS = r"""
       section(sec, pair[0], function () {
         var tb = el("tbody");
         trips.forEach(function (t) { tb.appendChild(el("tr", null, [el("td", {"class": "mono"}, stripLayout(t.shape)), el("td", {"class": "num"}, fmtBytes(t.traffic_bytes)),
-          el("td", {"class": "mono"}, str(t.producer) + " \u2192 " + arr(t.consumers).join(", ")), el("td", null, arr(t.producer_scopes).slice(0, 1).join(""))])); });
+          el("td", {"class": "mono"}, str(t.producer) + " \u2192 " + arr(t.consumers).join(", ")), el("td", null, arr(t.producer_scopes).slice(0, 1).join("") || NO_SCOPE)])); });
         sec.appendChild(scrollBox(el("table", {id: pair[0] + "-table"}, [el("thead", null, el("tr", null, [el("th", null, "shape"), el("th", {"class": "num"}, "traffic"), el("th", null, "producer \u2192 consumers"), el("th", null, "scope")])), tb])));
       });
     });

@@ -333,8 +333,19 @@ def _first_leaf_elements(shape: Shape) -> int:
     return next((leaf.num_elements for leaf in shape.leaves()), 0)
 
 
+# Counts past these are clamped: no program launches 2**63 kernels or does 2**127 FLOPs, and hostile text
+# (nested windows and loops of int64 sizes) would otherwise make numbers too long to print as JSON.
+MAX_LAUNCHES = 2 ** 63 - 1
+MAX_FLOPS = 2 ** 127 - 1
+
+
 def _instruction_flops(inst: Instruction) -> tuple[int, int]:
     """(flops, transcendentals) of one non-fusion instruction, recursing into called computations."""
+    flops, transcendentals = _unclamped_flops(inst)
+    return min(flops, MAX_FLOPS), min(transcendentals, MAX_FLOPS)
+
+
+def _unclamped_flops(inst: Instruction) -> tuple[int, int]:
     op = inst.opcode
     if inst.async_phase:  # the start of an asynchronous op does the work of the op it wraps; the rest none
         if inst.async_phase != "start" or not inst.async_wrapped_opcode:
@@ -393,7 +404,7 @@ def _computation_flops(comp: Computation) -> tuple[int, int]:
             f, t = _instruction_flops(inst)
             flops += f
             trans += t
-        cached = comp.cache["flops"] = (flops, trans)
+        cached = comp.cache["flops"] = (min(flops, MAX_FLOPS), min(trans, MAX_FLOPS))
     return cached
 
 
@@ -530,9 +541,10 @@ def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list
                 body = next(iter(inst.called("body")), None)
                 cond = next(iter(inst.called("condition")), None)
                 trips = _trip_count(inst)
-                n = launches * (trips if trips is not None else 1)
+                n = min(launches * (trips if trips is not None else 1), MAX_LAUNCHES)
                 if cond is not None:
-                    _walk(module, cond, cond.name, n + (launches if trips is not None else 0), out)
+                    _walk(module, cond, cond.name, min(n + (launches if trips is not None else 0), MAX_LAUNCHES),
+                          out)
                 if body is not None:
                     _walk(module, body, body.name, n, out)
             else:
@@ -547,6 +559,7 @@ def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list
         bytes_read, bytes_written, reads = _bytes(inst)
         if category in ("cublas", "cudnn") and op == "custom-call":
             flops, trans = _library_flops(inst), 0
+            flops = None if flops is None else min(flops, MAX_FLOPS)
         elif category in ("pallas", "mosaic", "custom_call"):
             flops, trans = None, 0
         else:

@@ -20,7 +20,9 @@ import dataclasses
 from hlo_inspect.kernels import Kernel
 from hlo_inspect.parser import Instruction, Module, Shape
 
-__all__ = ["Tensor", "RoundTrip", "Ledger", "ledger"]
+__all__ = ["Tensor", "RoundTrip", "Ledger", "ledger", "NO_SCOPE"]
+
+NO_SCOPE = "(no scope)"  # how tables name the scope of a kernel whose ops carry no op_name scope
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +99,7 @@ class Ledger:
         """Round-trip traffic grouped by the producer's leading scope, most bytes first."""
         groups: dict[str, list[RoundTrip]] = collections.defaultdict(list)
         for t in self.round_trips:
-            groups[t.producer_scopes[0] if t.producer_scopes else "(no scope)"].append(t)
+            groups[t.producer_scopes[0] if t.producer_scopes else NO_SCOPE].append(t)
         rows = []
         for scope, trips in groups.items():
             traffic = sum(t.traffic_bytes for t in trips)

@@ -14,7 +14,7 @@ import json
 from typing import Any, Callable
 
 from hlo_inspect.kernels import Kernel, kernels as list_kernels
-from hlo_inspect.ledger import Ledger, ledger as build_ledger
+from hlo_inspect.ledger import NO_SCOPE, Ledger, ledger as build_ledger
 from hlo_inspect.parser import Module, gc_paused, parse
 from hlo_inspect.unfused import Unfused, counterfactual
 
@@ -62,12 +62,53 @@ def format_bytes(n: float) -> str:
 
 
 def _format_flops(n: int | None) -> str:
+    """421_300_000 -> '421.3M' (a count in a FLOP column); None -> '?'; past 10**15, '1.2e18'."""
     if n is None:
         return "?"
+    if n >= 10 ** 15:
+        return _scientific(n)
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f}{unit}"
     return str(n)
+
+
+def _flop_text(n: int | None) -> str:
+    """421_300_000 -> '421.3 MFLOP', 12 -> '12 FLOP': a quantity with its unit."""
+    count = _format_flops(n)
+    return f"{count[:-1]} {count[-1]}FLOP" if count[-1] in "KMGT" else f"{count} FLOP"
+
+
+def _scientific(n: int) -> str:
+    """An int of any size as '1.2e18', without converting it to float (which overflows past 1e308)."""
+    e = int((n.bit_length() - 1) * 0.30102999566398)
+    while 10 ** (e + 1) <= n:
+        e += 1
+    while e > 0 and 10 ** e > n:
+        e -= 1
+    return f"{n * 10 // 10 ** e / 10:.1f}e{e}"
+
+
+def _ratio_text(a: int, b: int) -> str:
+    """a / b to one decimal, for ints of any size."""
+    try:
+        return f"{a / b:.1f}"
+    except OverflowError:
+        return _scientific(a // b)
+
+
+def _format_us(us: float) -> str:
+    """A duration in microseconds, in the unit that reads best: '12.34 µs', '56.7 ms', '2567.4 s'."""
+    if us < 1e3:
+        return f"{us:.2f} µs"
+    if us < 1e6:
+        return f"{us / 1e3:.1f} ms"
+    return f"{us / 1e6:.1f} s"
+
+
+def _plural(n: int, word: str, plural: str = "") -> str:
+    """(1, 'tensor') -> '1 tensor'; (2, 'tensor') -> '2 tensors'; (2, 'launch', 'launches') -> '2 launches'."""
+    return f"{n:,} " + (word if n == 1 else plural or word + "s")
 
 
 def _clip(text: str, width: int) -> str:
@@ -136,28 +177,29 @@ class Report:
         """The round trips, most traffic first; with a bandwidth, their cost in microseconds."""
         led = self.ledger
         trips = sorted(led.round_trips, key=lambda t: -t.traffic_bytes)
-        header = ("tensor", "shape", "size", "traffic", "µs" if hbm_bytes_per_s else "", "producer -> consumers",
+        header = ("tensor", "shape", "size", "traffic", "time" if hbm_bytes_per_s else "", "producer -> consumers",
                   "scope (producer -> consumers)")
         rows = []
         for t in trips[:limit]:
-            cost = f"{t.cost_us(hbm_bytes_per_s):.2f}" if hbm_bytes_per_s else ""
+            cost = _format_us(t.cost_us(hbm_bytes_per_s)) if hbm_bytes_per_s else ""
             flow = t.producer.name + " -> " + ", ".join(c.name for c in t.consumers)
-            scopes = (t.producer_scopes[0] if t.producer_scopes else "?") + " -> " + ", ".join(t.consumer_scopes[:2])
+            scopes = ((t.producer_scopes[0] if t.producer_scopes else NO_SCOPE) + " -> " +
+                      (", ".join(t.consumer_scopes[:2]) or NO_SCOPE))
             rows.append((_clip(t.name, 30), _clip(str(t.shape).split("{")[0], 26), format_bytes(t.bytes),
                          format_bytes(t.traffic_bytes), cost, _clip(flow, 60), _clip(scopes, 60)))
         widths = [max(len(r[c]) for r in rows + [header]) for c in range(len(header))]
         fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
-        lines = [f"HBM round trips: {len(trips)} tensors, {format_bytes(led.traffic_bytes)} of avoidable traffic"
-                 + (f" ({led.traffic_bytes / hbm_bytes_per_s * 1e6:.1f} µs at "
-                    f"{hbm_bytes_per_s / 1e12:.2f} TB/s)" if hbm_bytes_per_s else ""),
+        lines = [f"HBM round trips: {_plural(len(trips), 'tensor')}, {format_bytes(led.traffic_bytes)} of avoidable "
+                 "traffic" + (f" ({_format_us(led.traffic_bytes / hbm_bytes_per_s * 1e6)} at "
+                              f"{hbm_bytes_per_s / 1e12:.2f} TB/s)" if hbm_bytes_per_s else ""),
                  fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows]
         if len(trips) > limit:
             lines.append(f"... {len(trips) - limit} more")
         lines.append("")
         lines.append("by producer scope:")
         for row in led.by_scope(hbm_bytes_per_s)[:10]:
-            cost = f", {row['cost_us']:.2f} µs" if "cost_us" in row else ""
-            lines.append(f"  {row['scope']:40s} {row['tensors']:3d} tensors, "
+            cost = f", {_format_us(row['cost_us'])}" if "cost_us" in row else ""
+            lines.append(f"  {row['scope']:40s} {_plural(row['tensors'], 'tensor'):>11s}, "
                          f"{format_bytes(row['traffic_bytes'])}{cost}")
         lines.append(f"program inputs read: {len(led.inputs)}, outputs written: {len(led.outputs)}")
         return "\n".join(lines)
@@ -202,14 +244,14 @@ class Report:
         header = ("#", "kernel", "category", "read", "written", "FLOP", "FLOP/B", "fused ops", "scope", "source")
         rows = []
         for i, k in enumerate(self.kernels):
-            intensity = "" if k.flops is None or not k.bytes_total else f"{k.flops / k.bytes_total:.1f}"
+            intensity = "" if k.flops is None or not k.bytes_total else _ratio_text(k.flops, k.bytes_total)
             ops = ",".join(f"{op}" + (f"×{n}" if n > 1 else "") for op, n in k.ops.most_common(3))
             name = k.name + (f" [{k.launches}× in {k.loop}]" if k.loop else "")
             label = k.label + (f" ({k.target})" if k.category in ("custom_call", "custom_fusion") and k.target
                                else "")
             rows.append((str(i), _clip(name, 40), _clip(label, 36), format_bytes(k.bytes_read),
                          format_bytes(k.bytes_written), _format_flops(k.flops), intensity, _clip(ops, 30),
-                         _clip(", ".join(k.scopes[:2]), max_scope_width),
+                         _clip(", ".join(k.scopes[:2]) or NO_SCOPE, max_scope_width),
                          _clip_left(_short_path(k.source_lines[0]) if k.source_lines else "", 40)))
         widths = [max(len(r[c]) for r in rows + [header]) for c in range(len(header))]
         right = {3, 4, 5, 6}
@@ -224,7 +266,7 @@ class Report:
             lines.append(self.title)
         lines += [f"warning: {w}" for w in self.warnings]
         lines.append(f"module {self.module.name}" + (f" on {self.platform}" if self.platform else "") +
-                     f": {t.kernels} kernels, {t.launches} launches per run")
+                     f": {_plural(t.kernels, 'kernel')}, {_plural(t.launches, 'launch', 'launches')} per run")
         lines += [fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows]
         lines.append("")
         by_category: dict[str, int] = {}
@@ -233,8 +275,8 @@ class Report:
         lines.append("kernels by category: " + ", ".join(f"{n} {c}" for c, n in
                                                         sorted(by_category.items(), key=lambda x: -x[1])))
         lines.append(f"total: read {format_bytes(t.bytes_read)}, written {format_bytes(t.bytes_written)}, "
-                     f"{_format_flops(t.flops)}FLOP" +
-                     (f" (+{t.flops_unknown_kernels} kernels of unknown FLOPs)" if t.flops_unknown_kernels else ""))
+                     f"{_flop_text(t.flops)}" + (f" (+{_plural(t.flops_unknown_kernels, 'kernel')} of unknown FLOPs)"
+                                                 if t.flops_unknown_kernels else ""))
         comparison = self.comparison()
         if comparison:
             lines.append("")
@@ -314,7 +356,8 @@ def _kernel_dict(k: Kernel) -> dict[str, Any]:
         "name": k.name, "category": k.category, "label": k.label, "target": k.target,
         "opcode": k.instruction.opcode, "shape": str(k.instruction.shape), "ops": dict(k.ops),
         "bytes_read": k.bytes_read, "bytes_written": k.bytes_written, "flops": k.flops,
-        "transcendentals": k.transcendentals, "scopes": k.scopes, "source_lines": k.source_lines,
+        "transcendentals": k.transcendentals, "scopes": k.scopes,
+        "source_lines": [_short_path(line) for line in k.source_lines],  # as the table shows them
         "loop": k.loop, "launches": k.launches, "xla_estimate_us": k.xla_estimate_us,
         "operands": [{"name": src.name, "bytes_read": n} for src, n in k.reads],
     }

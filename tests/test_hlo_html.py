@@ -377,3 +377,22 @@ def test_diff_page_of_real_reports(open_page):
     for side in ("a", "b"):
         totals = [float(r.cell("bytes_total").attrs["data-value"]) for r in dom.by_id(f"kernels-{side}").rows()]
         assert len(totals) == len(d[side]["kernels"]) and totals == sorted(totals, reverse=True)
+
+
+def test_warnings_units_and_missing_scopes_read_as_in_the_text_table(open_page):
+    """The page says what the table says: the report's warnings, '86.2 MFLOP' with its space, one word for a
+    missing scope ('(no scope)', never '?' or blank), singular counts."""
+    with open(os.path.join(DATA, "cpu_while_loop.hlo.txt"), encoding="utf-8") as f:
+        text = f.read()
+    rep = hlo_inspect.from_text(text + "\n" + text)
+    report = rep.to_dict()
+    assert report["warnings"] and not rep.kernels[0].scopes
+    dom = open_page(render_report(report))
+    warnings = [e.text for e in dom.find_all(cls="report-warning")]
+    assert warnings == ["warning: " + w for w in report["warnings"]]
+    totals = dom.by_id("totals").text
+    assert re.search(r"\d \wFLOP|\d FLOP", totals) and not re.search(r"\d[KMGT]FLOP", totals)
+    scopes = [r.cell("scopes").text for r in dom.by_id("kernel-table").rows()]
+    assert scopes[0] == "(no scope)" and "" not in scopes and "?" not in scopes
+    ledger_scopes = [r.cell("scopes").text for r in dom.by_id("ledger-table").rows()]
+    assert ledger_scopes and not [s for s in ledger_scopes if s.startswith("?")]
