@@ -4,11 +4,14 @@
     hlo-inspect f.hlo.txt
     hlo-inspect f.hlo.txt --json > f.report.json
 
-Pure Python: no JAX needed. Malformed text exits with status 2 and the line that could not be read.
+Pure Python: no JAX needed. Malformed text exits with status 2 and one message naming the line that could not
+be read; so do a file that is not text and an HTML path that cannot be written (its folder is made when missing).
+An unexpected error (a bug) prints one line and exits with status 1; JAXFUSE_TRACEBACK=1 shows its traceback.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import flags
@@ -42,18 +45,52 @@ def main(argv: list[str]) -> int:
         return 2
     path = rest[0]
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        return _report(path, fv.json, fv.html)
+    except Exception as e:  # noqa: BLE001 - anything else is a bug: one line, the traceback on request
+        if os.environ.get("JAXFUSE_TRACEBACK"):
+            raise
+        print(f"hlo-inspect: {path}: internal error {type(e).__name__}: {e}\n(a bug in hlo_inspect; set "
+              "JAXFUSE_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _report(path: str, as_json: bool, html_path: str | None) -> int:
+    """Read, parse and print; returns the exit status (2 for input that cannot be read)."""
+    if html_path:
+        folder = os.path.dirname(os.path.abspath(html_path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            print(f"hlo-inspect: cannot write the HTML report to {html_path}: {e.strerror} ({folder})",
+                  file=sys.stderr)
+            return 2
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
     except OSError as e:
         print(f"hlo-inspect: cannot read {path}: {e.strerror}", file=sys.stderr)
+        return 2
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        print(f"hlo-inspect: {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): expected the "
+              "HLO text of a compiled program, `jax.jit(f).lower(*args).compile().as_text()`", file=sys.stderr)
         return 2
     try:
         report = from_text(text, title=path)
     except HloParseError as e:
         print(f"hlo-inspect: {path}: {e}", file=sys.stderr)
         return 2
-    if fv.html:
-        report.to_html(fv.html)
-    print(report.to_json() if fv.json else report.table())
+    if html_path:
+        try:
+            report.to_html(html_path)
+        except OSError as e:
+            print(f"hlo-inspect: cannot write the HTML report to {html_path}: {e.strerror}", file=sys.stderr)
+            return 2
+    print(report.to_json() if as_json else report.table())
     return 0
 
 
