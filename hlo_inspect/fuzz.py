@@ -34,7 +34,8 @@ from typing import Callable, Iterable
 
 from hlo_inspect.parser import DTYPE_BITS, OPCODES, HloParseError
 
-__all__ = ["MUTATIONS", "Seed", "mutate", "run_stages", "run_one", "fuzz", "default_corpus", "Outcome"]
+__all__ = ["MUTATIONS", "Seed", "mutate", "run_stages", "run_one", "fuzz", "default_corpus", "load_seeds",
+           "Outcome", "environment"]
 
 OK = "ok"
 OVER_TIME = "over time limit"
@@ -316,8 +317,8 @@ def fuzz(seeds: list[Seed], runs: int, seed: int = 0, limit_s: float = 10.0, slo
             "failures": examples, "slowest": sorted(slow, key=lambda r: -r["seconds"])[:20]}
 
 
-def _environment() -> dict[str, str]:
-    """Machine, Python, commit and UTC date, without importing JAX."""
+def environment() -> dict[str, str]:
+    """Where a run happened: machine, CPU, Python, git commit (+dirty) and UTC date, without importing JAX."""
     def git(*args):
         try:
             return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
@@ -328,7 +329,8 @@ def _environment() -> dict[str, str]:
     if commit != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
         commit += "+dirty"
     return {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "cpu_count": str(os.cpu_count()),
-            "cpu": _cpu_model(), "python": platform.python_version(), "commit": commit,
+            "cpu": _cpu_model(), "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "python": platform.python_version(), "commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
@@ -360,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     result = fuzz(seeds, args.runs, args.seed, args.limit_s, args.slow_s,
                   progress=lambda n, c: print(f"{n} runs: {dict(c.most_common())}", file=sys.stderr, flush=True))
-    result = {"environment": _environment(), "corpus": [s.name for s in seeds],
+    result = {"environment": environment(), "corpus": [s.name for s in seeds],
               "wall_seconds": round(time.perf_counter() - start, 1)} | result
     print(f"{result['runs']} runs in {result['wall_seconds']} s (seed {args.seed}); outcomes:")
     for kind, n in result["outcomes"].items():

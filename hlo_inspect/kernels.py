@@ -218,10 +218,19 @@ def _plain_fusion_category(inst: Instruction) -> str:
 # Bytes.
 
 def _buffer_source(inst: Instruction) -> Instruction:
-    """Follow bitcasts (same buffer, new shape) to the instruction that owns the buffer."""
-    while inst.opcode == "bitcast" and inst.operands:
+    """Follow bitcasts (same buffer, new shape) to the instruction that owns the buffer. Each bitcast's answer
+    is kept (per computation), so a long chain read by many kernels is walked once."""
+    if inst.opcode != "bitcast" or not inst.operands:
+        return inst
+    known = inst.computation.cache.setdefault("buffer_source", {}) if inst.computation else {}
+    chain = []
+    while inst.opcode == "bitcast" and inst.operands and id(inst) not in known:
+        chain.append(inst)
         inst = inst.operands[0]
-    return inst
+    source = known.get(id(inst), inst)
+    for bitcast in chain:
+        known[id(bitcast)] = source
+    return source
 
 
 def _written_shape(inst: Instruction) -> Shape:
@@ -270,12 +279,14 @@ def _fusion_parameter_reads(inst: Instruction) -> dict[int, int]:
 
 
 def _users_through_bitcasts(inst: Instruction, users: dict[str, list[Instruction]]) -> list[Instruction]:
-    out = []
-    for u in users.get(inst.name, []):
-        if u.opcode == "bitcast":
-            out.extend(_users_through_bitcasts(u, users))
-        else:
-            out.append(u)
+    """The users of `inst`, looking through bitcasts of it (iteratively: chains may be long)."""
+    out, stack = [], [inst]
+    while stack:
+        for u in users.get(stack.pop().name, []):
+            if u.opcode == "bitcast":
+                stack.append(u)
+            else:
+                out.append(u)
     return out
 
 

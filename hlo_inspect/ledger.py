@@ -110,8 +110,13 @@ class Ledger:
         return sorted(rows, key=lambda r: -r["traffic_bytes"])
 
 
-def _tensor_of(inst: Instruction) -> tuple[Instruction, int | None]:
-    """Follow bitcasts and get-tuple-element to (defining instruction, tuple index)."""
+def _tensor_of(inst: Instruction, known: dict[int, tuple[Instruction, int | None]]
+               ) -> tuple[Instruction, int | None]:
+    """Follow bitcasts and get-tuple-element to (defining instruction, tuple index). `known` keeps each answer,
+    so long chains read by many kernels are walked once."""
+    start = inst
+    if id(start) in known:
+        return known[id(start)]
     index = None
     while True:
         if inst.opcode == "bitcast" and inst.operands:
@@ -120,18 +125,20 @@ def _tensor_of(inst: Instruction) -> tuple[Instruction, int | None]:
             index = inst.tuple_index
             inst = inst.operands[0]
         else:
+            known[id(start)] = (inst, index)
             return inst, index
 
 
 def ledger(module: Module, kernels: list[Kernel]) -> Ledger:
     """Build the ledger of a program's kernels (as `hlo_inspect.kernels(module)` lists them)."""
     by_instruction = {id(k.instruction): k for k in kernels}
+    known: dict[int, tuple[Instruction, int | None]] = {}
     consumers: dict[tuple[int, int | None], list[tuple[Kernel, int]]] = collections.defaultdict(list)
     inputs: dict[int, tuple[Tensor, list[Kernel]]] = {}
     for k in kernels:
         seen = set()
         for src, nbytes in k.reads:  # one entry per distinct buffer, already through bitcasts
-            inst, index = _tensor_of(src)
+            inst, index = _tensor_of(src, known)
             key = (id(inst), index)
             if key in seen:
                 continue
@@ -146,7 +153,7 @@ def ledger(module: Module, kernels: list[Kernel]) -> Ledger:
     output_keys = set()
     root = module.entry.root
     for leaf in (root.operands if root.opcode == "tuple" else [root]):
-        inst, index = _tensor_of(leaf)
+        inst, index = _tensor_of(leaf, known)
         outputs.append((Tensor(inst, index, leaf.shape), by_instruction.get(id(inst))))
         output_keys.add((id(inst), index))
 

@@ -217,10 +217,11 @@ _JSON = json.JSONDecoder()
 
 def _parse_metadata(body: str) -> Metadata:
     """The inside of `metadata={...}`."""
+    items = _METADATA_ITEM_RE.findall(body)  # (key, quoted value, bare value)
     if "\\" in body:
-        raw = {k: unescape(quoted) if quoted or not bare else bare for k, quoted, bare in _METADATA_ITEM_RE.findall(body)}
+        raw = {k: unescape(quoted) if quoted or not bare else bare for k, quoted, bare in items}
     else:
-        raw = {k: quoted or bare for k, quoted, bare in _METADATA_ITEM_RE.findall(body)}
+        raw = {k: quoted or bare for k, quoted, bare in items}
     md = Metadata(raw=raw, op_name=raw.get("op_name", ""), op_type=raw.get("op_type", ""),
                   source_file=raw.get("source_file", ""))
     if raw.get("source_line", "").lstrip("-").isdigit():

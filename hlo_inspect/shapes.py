@@ -84,7 +84,8 @@ class Shape:
             dims[i] = "?"
         s = f"{self.dtype}[{','.join(dims)}]"
         if self.layout is not None:
-            s += "{" + ",".join(str(d) for d in self.layout) + (":" + self.layout_extra if self.layout_extra else "") + "}"
+            extra = ":" + self.layout_extra if self.layout_extra else ""
+            s += "{" + ",".join(str(d) for d in self.layout) + extra + "}"
         return s
 
 
