@@ -353,17 +353,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-s", type=float, default=10.0, help="interrupt a run after this long")
     parser.add_argument("--slow-s", type=float, default=2.0, help="count runs slower than this")
     parser.add_argument("--json", help="write the counts, failures and environment to this file")
+    parser.add_argument("--before", help="the --json of a run on an older checkout, kept beside this run's")
     args = parser.parse_args(argv)
     paths = args.files or default_corpus()
     if not paths:
         print("no HLO text files given and none found in tests/data", file=sys.stderr)
         return 2
     seeds = load_seeds(paths)
-    start = time.perf_counter()
+    env, start = environment(), time.perf_counter()
     result = fuzz(seeds, args.runs, args.seed, args.limit_s, args.slow_s,
                   progress=lambda n, c: print(f"{n} runs: {dict(c.most_common())}", file=sys.stderr, flush=True))
-    result = {"environment": environment(), "corpus": [s.name for s in seeds],
+    result = {"environment": env, "corpus": [s.name for s in seeds],
               "wall_seconds": round(time.perf_counter() - start, 1)} | result
+    if args.before:
+        with open(args.before, encoding="utf-8") as f:
+            result["before"] = json.load(f)
     print(f"{result['runs']} runs in {result['wall_seconds']} s (seed {args.seed}); outcomes:")
     for kind, n in result["outcomes"].items():
         print(f"  {kind:24s} {n:7d}")
