@@ -133,11 +133,12 @@ def test_big_shapes_are_skipped_on_cpu():
 
 
 def test_tuned_cache_entry_is_used(tmp_path):
-    fa = importlib.import_module("pallas_kernels.flash_attention")
+    from pallas_kernels import attention
+
     q, k, _, _ = suite.make_inputs(CPU["B"], CPU["T"], CPU["S"], CPU["N"], CPU["K"], CPU["H"], seed=0)
-    params = dict(fa.default_config(q, k).to_dict(), block_q=32, block_k=16)
+    params = dict(attention.plan(q, k, k).config.to_dict(), block_q=32, block_k=16)
     path = tmp_path / "tuned.json"
-    tuning.store("flash_attention", fa._shape_key(q, k, False), params, time_us=1.0, path=path)
+    tuning.store("flash_attention", attention.tuning_key(q, k), params, time_us=1.0, path=path)
     (fwd, fwd_bwd) = suite.run(["cpu"], iterations=1, causal=(False,), impls=("pallas",), cache_path=path,
                                progress=lambda m: None)
     for r in (fwd, fwd_bwd):

@@ -89,7 +89,7 @@ def _reference_attention(q, k, v, *, causal: bool):
 
 
 def _pallas_attention(block_sizes=None) -> Callable:
-    from pallas_kernels.flash_attention import flash_attention
+    from pallas_kernels import flash_attention
 
     def fn(q, k, v, *, causal: bool):
         return flash_attention(q, k, v, causal=causal, block_sizes=block_sizes)
@@ -188,19 +188,14 @@ def _label(s: dict, causal: bool) -> str:
 def _pallas_config(q, k, causal: bool, cache_path) -> tuple[object | None, dict, str]:
     """(block_sizes to pass, the config as a dict, where it came from). With `cache_path`, an entry there for this
     device and shape wins; otherwise the kernel's own default (the committed cache, then the built-in table)."""
-    import importlib
-
-    from pallas_kernels import tuning
-
-    # The module (the package's `flash_attention` attribute is the function); _shape_key is the cache's key.
-    fa = importlib.import_module("pallas_kernels.flash_attention")
+    from pallas_kernels import attention, tuning
 
     if cache_path is not None:
-        params = tuning.lookup("flash_attention", fa._shape_key(q, k, causal), path=cache_path)
+        params = tuning.lookup("flash_attention", attention.tuning_key(q, k, causal=causal), path=cache_path)
         if params is not None:
-            config = fa.FlashAttentionConfig(**params)
+            config = attention.FlashAttentionConfig(**params)
             return config, config.to_dict(), f"tuned ({cache_path})"
-    return None, fa.default_config(q, k, causal=causal).to_dict(), "default"
+    return None, attention.plan(q, k, k, causal=causal).config.to_dict(), "default"
 
 
 def _delete(tree) -> None:

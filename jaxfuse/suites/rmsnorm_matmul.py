@@ -34,8 +34,8 @@ import jax.numpy as jnp
 
 from jaxfuse import bench, costmodel, kernels
 from pallas_kernels import reference, triton_utils
-from pallas_kernels.rmsnorm_matmul import default_config
-from pallas_kernels.rmsnorm_matmul import rmsnorm_matmul as fused_rmsnorm_matmul
+from pallas_kernels.norm_matmul import rmsnorm_matmul as fused_rmsnorm_matmul
+from pallas_kernels.norm_matmul.config import default_config
 
 __all__ = ["DEFAULT_SHAPES", "SHAPES", "make_inputs", "run", "summary_table"]
 

@@ -1,7 +1,8 @@
-"""Fused linear cross-entropy in Pallas (Triton lowering): the (B, V) logits are never written to HBM.
+"""The Triton backend of linear_cross_entropy: the (B, V) logits are never written to HBM.
 
-``linear_cross_entropy(h, w, labels)`` is the cross-entropy of softmax(h @ w) against integer labels, computed tile
-by tile. Shape notation: B tokens (rows), H hidden size, V vocabulary.
+``linear_cross_entropy(h, w, labels, ...)`` gives the per-row cross-entropies of softmax(h @ w) against integer
+labels, computed tile by tile (the public function reduces them). Shape notation: B tokens (rows), H hidden size,
+V vocabulary.
 
 Forward (one Pallas kernel): grid (V splits, B / block_b). A program holds block_b rows and walks the vocabulary
 tiles of its split: each (block_b, block_v) logits tile is accumulated in float32 registers over H in block_h
@@ -25,105 +26,47 @@ accumulator (B·H·4 bytes read and written per chunk). Temporary memory: B·H·
 (dlogits) + H·chunk_v·itemsize (w slice, dw chunk) — no (B, V) buffer anywhere. The float32 dh accumulator is
 the floor of any design that accumulates in float32 without a (B, V) buffer: dh needs every vocabulary column and
 dw every row, so one of the two must persist in float32 across the outer loop, and dh (B·H·4) is the smaller one
-(128 MiB = 2.1% of plain XLA's temporary memory at 8192×4096×128256). The alternatives and why they lose are in
-the suite's notes (``jaxfuse.suites.cross_entropy``).
+(128 MiB = 2.1% of plain XLA's temporary memory at 8192×4096×128256). What the backward's variants measured is in
+benchmarks/results/NOTES.md.
 
-Example::
-
-  loss = linear_cross_entropy(h, w, labels)                          # mean over non-ignored rows, float32
-  rows = linear_cross_entropy(h, w, labels, reduction="none")        # (B,)
-  loss = linear_cross_entropy(h, w, labels, block_sizes={"chunk_v": 8192})   # override part of the config
+Reached through ``pallas_kernels.linear_cross_entropy(..., backend="triton")``, which validates the inputs and
+resolves the config; the backend-module contract is in ``pallas_kernels.backends``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils as tu
-from pallas_kernels import tuning
+from pallas_kernels.cross_entropy import config as _config
 
-__all__ = ["LinearCrossEntropyConfig", "default_config", "linear_cross_entropy"]
+__all__ = ["Config", "FORWARD_FIELDS", "default_config", "linear_cross_entropy", "sweep_candidates",
+           "unsupported_reason"]
 
-_SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-_REDUCTIONS = ("mean", "sum", "none")
+Config = _config.LinearCrossEntropyConfig
+FORWARD_FIELDS = _config.FORWARD_FIELDS
 _M_INIT = -1e30  # running max before any column: finite, so exp(m_old - m_new) never sees inf - inf
-_OP = "linear_cross_entropy"
-_NUM_SMS = 132  # H100 SXM; only used to pick how many V splits give the forward enough programs
-_CHUNK_ELEMENTS = 2**25  # auto chunk_v: B · chunk_v ≈ 32 Mi dlogits elements (64 MiB in bf16)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Config
-# ---------------------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class LinearCrossEntropyConfig:
-    """Tile sizes and launch parameters (one static argument, hashable).
-
-    Attributes:
-      block_b, block_v, block_h: forward tile: block_b rows per program, (block_b, block_v) logits tiles
-        accumulated over H in block_h chunks.
-      num_splits: forward grid axis over the vocabulary (each split walks ceil(V / block_v / num_splits) tiles);
-        None picks enough splits for ~4 programs per SM.
-      block_b_bwd, block_v_bwd, block_h_bwd: the backward dlogits kernel's tile, one (block_b_bwd, block_v_bwd)
-        tile per program.
-      group_b: backward program order: consecutive programs cover group_b row blocks × all column blocks of a
-        chunk, so a wave of programs shares its h rows and w columns in L2.
-      chunk_v: vocabulary columns per backward step (dlogits (B, chunk_v) is the largest backward temporary);
-        None picks B · chunk_v ≈ 32 Mi elements.
-      num_warps, num_stages / num_warps_bwd, num_stages_bwd: Triton launch parameters of the two kernels.
-    Block sizes are powers of two >= 16 (Triton tile shapes and tl.dot minimum); they need not divide B, H or V.
-    """
-
-    # Defaults: the best of the H100 sweep at 8192x4096x128256 (benchmarks/results/cross_entropy-sweep-h100.json:
-    # block_v 256 took the forward from 17.9 to 14.6 ms; block_v_bwd 256 with 4 stages the backward's dlogits
-    # kernel from 15.6 to 13.8 ms).
-    block_b: int = 128
-    block_v: int = 256
-    block_h: int = 64
-    num_splits: int | None = None
-    block_b_bwd: int = 128
-    block_v_bwd: int = 256
-    block_h_bwd: int = 64
-    group_b: int = 8
-    chunk_v: int | None = None
-    num_warps: int = 8
-    num_stages: int = 3
-    num_warps_bwd: int = 8
-    num_stages_bwd: int = 4
-
-    def __post_init__(self):
-        tu.check_launch_fields(self)  # block_*, num_warps*, num_stages*
-        for name in ("num_splits", "chunk_v"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise ValueError(f"LinearCrossEntropyConfig.{name}: must be None or a positive int, got {value!r}")
-        if not _is_int(self.group_b) or self.group_b < 1:
-            raise ValueError(f"LinearCrossEntropyConfig.group_b: must be a positive int, got {self.group_b!r}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+def default_config(h, w, labels, *, interpret: bool, **_) -> Config:
+    """The tuned or built-in config for h (B, H) and w (H, V) (``config.default_config``)."""
+    return _config.default_config(h, w, on_gpu=not interpret)
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def unsupported_reason(h, w, labels, **_) -> str | None:
+    """None: the Triton kernels take every input the public function accepts."""
+    return None
 
 
-# CPU runs the kernels in interpret mode, where every grid step and loop iteration is a dispatch: small tiles so
-# tiny test shapes still cover several row blocks, vocabulary tiles, splits and chunks.
-_CPU_CONFIG = LinearCrossEntropyConfig(block_b=16, block_v=32, block_h=16, num_splits=2, block_b_bwd=16,
-                                       block_v_bwd=32, block_h_bwd=16, group_b=2, chunk_v=64, num_warps=4,
-                                       num_stages=1, num_warps_bwd=4, num_stages_bwd=1)
-
-
-_GPU_F32_CONFIG = LinearCrossEntropyConfig(block_v=128, block_v_bwd=128, num_stages=3, num_stages_bwd=3)
+def sweep_candidates(h, w, labels, **_) -> tuple[list[dict], list[dict]]:
+    """(forward, backward) candidates at h (B, H), w (H, V) (``config.sweep_candidates``)."""
+    return _config.sweep_candidates(h, w)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,54 +74,12 @@ class _Static:
     """Everything static about one call (the custom VJP's single non-differentiable argument); the config's
     None fields are resolved to concrete ints for this shape."""
 
-    config: LinearCrossEntropyConfig
+    config: Config
     ignore_index: int
     z_loss: float
     logit_soft_cap: float | None
     interpret: bool
 
-
-def _shape_key(h, w) -> str:
-    return f"{jnp.dtype(h.dtype).name}[B={h.shape[0]},H={h.shape[1]},V={w.shape[1]}]"
-
-
-def default_config(h, w, *, on_gpu: bool | None = None) -> LinearCrossEntropyConfig:
-    """The config a call uses without ``block_sizes``: the tuning cache entry for this device and shape if there is
-    one, else the built-in defaults (GPU) or small tiles (CPU). None fields are resolved at call time."""
-    on_gpu = jax.default_backend() == "gpu" if on_gpu is None else on_gpu
-    if not on_gpu:
-        return _CPU_CONFIG
-    params = tuning.lookup(_OP, _shape_key(h, w))
-    if params:
-        return LinearCrossEntropyConfig(**params)
-    if jnp.dtype(h.dtype).itemsize == 4:
-        # float32 tiles take twice the shared memory: (128x64 + 64x256) x 4 B x 3 stages = 288 KiB is past the
-        # H100's 227 KiB (the GPU tests hit it), so 128-column tiles and 3 stages (192 KiB) for both kernels.
-        return _GPU_F32_CONFIG
-    return LinearCrossEntropyConfig()
-
-
-def _resolve(config: LinearCrossEntropyConfig, B: int, V: int) -> LinearCrossEntropyConfig:
-    """Fills num_splits and chunk_v when None; makes every split non-empty."""
-    n_vt = pl.cdiv(V, config.block_v)
-    splits = config.num_splits
-    if splits is None:
-        splits = min(16, max(1, pl.cdiv(4 * _NUM_SMS, pl.cdiv(B, config.block_b))))
-    splits = pl.cdiv(n_vt, pl.cdiv(n_vt, min(splits, n_vt)))  # no empty split
-    chunk = config.chunk_v if config.chunk_v is not None else _auto_chunk(B, V, config.block_v_bwd)
-    return dataclasses.replace(config, num_splits=splits, chunk_v=min(chunk, V))
-
-
-def _auto_chunk(B: int, V: int, block_v: int) -> int:
-    """Backward chunk width: a multiple of block_v (so the dlogits kernel needs no column masks) near
-    _CHUNK_ELEMENTS / B columns, with as few columns as possible recomputed by the clamped last chunk (see
-    ``_backward``): the number of chunks is searched in [n0, 2·n0] for the least overshoot of V."""
-    blocks = pl.cdiv(V, block_v)
-    target_blocks = max(1, (1 << max(0, (_CHUNK_ELEMENTS // max(B, 1)).bit_length() - 1)) // block_v)
-    n0 = pl.cdiv(blocks, target_blocks)
-    overshoot = lambda n: pl.cdiv(blocks, n) * n - blocks
-    best = min(range(n0, 2 * n0 + 1), key=lambda n: (overshoot(n), n))
-    return block_v * pl.cdiv(blocks, best)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -391,114 +292,11 @@ def _row_losses_bwd(st: _Static, residuals, ct):
 _row_losses.defvjp(_row_losses_fwd, _row_losses_bwd)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Public entry point
-# ---------------------------------------------------------------------------------------------------------------
-def _check_inputs(h, w, labels, reduction, z_loss, logit_soft_cap):
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
-    if jnp.ndim(h) != 2:
-        raise ValueError(f"h: expected rank 2 (B, H), got shape {tuple(jnp.shape(h))}")
-    if jnp.ndim(w) != 2:
-        raise ValueError(f"w: expected rank 2 (H, V), got shape {tuple(jnp.shape(w))}")
-    for name, x in (("h", h), ("w", w)):
-        if jnp.dtype(x.dtype) not in _SUPPORTED_DTYPES:
-            raise ValueError(f"{name}: dtype {x.dtype} not supported; allowed: bfloat16, float16, float32")
-    if h.dtype != w.dtype:
-        raise ValueError(f"h, w: dtypes must match, got h {h.dtype}, w {w.dtype}")
-    B, H = h.shape
-    if w.shape[0] != H:
-        raise ValueError(f"w: first dim {w.shape[0]} (shape {w.shape}) must equal h's hidden size H={H} "
-                         f"(shape {h.shape})")
-    if B == 0 or H == 0 or w.shape[1] == 0:
-        raise ValueError(f"h, w: B, H and V must be positive, got h {h.shape}, w {w.shape}")
-    if tuple(jnp.shape(labels)) != (B,):
-        raise ValueError(f"labels: expected shape (B,) = ({B},), got {tuple(jnp.shape(labels))}")
-    if not jnp.issubdtype(jnp.result_type(labels), jnp.integer):
-        raise ValueError(f"labels: must be integers, got dtype {jnp.result_type(labels)}")
-    if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or not z_loss >= 0.0:
-        raise ValueError(f"z_loss: must be a non-negative Python float, got {z_loss!r}")
-    if logit_soft_cap is not None and (isinstance(logit_soft_cap, bool) or
-                                       not isinstance(logit_soft_cap, (int, float)) or not logit_soft_cap > 0.0):
-        raise ValueError(f"logit_soft_cap: must be None or a positive Python float, got {logit_soft_cap!r}")
-
-
-def _check_label_range(labels, V: int, ignore_index: int):
-    """ValueError for concrete labels outside [0, V) other than ignore_index; traced labels pass (their rows give
-    NaN losses and gradients instead)."""
-    try:
-        values = np.asarray(labels)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return
-    bad = (values != ignore_index) & ((values < 0) | (values >= V))
-    if bad.any():
-        rows = np.flatnonzero(bad)
-        raise ValueError(f"labels: must lie in [0, V={V}) or equal ignore_index={ignore_index}; "
-                         f"{rows.size} rows do not, e.g. labels[{rows[0]}] = {values[rows[0]]}")
-
-
-def _resolve_config(h, w, block_sizes, on_gpu: bool) -> LinearCrossEntropyConfig:
-    if isinstance(block_sizes, LinearCrossEntropyConfig):
-        return block_sizes
-    config = default_config(h, w, on_gpu=on_gpu)
-    if block_sizes is None:
-        return config
-    if not isinstance(block_sizes, Mapping):
-        raise ValueError(f"block_sizes: expected a LinearCrossEntropyConfig or a mapping of its fields, "
-                         f"got {type(block_sizes).__name__}")
-    fields = [f.name for f in dataclasses.fields(LinearCrossEntropyConfig)]
-    unknown = set(block_sizes) - set(fields)
-    if unknown:
-        raise ValueError(f"block_sizes: unknown fields {sorted(unknown)}; allowed: {fields}")
-    return dataclasses.replace(config, **block_sizes)
-
-
-def linear_cross_entropy(
-    h: jax.Array,
-    w: jax.Array,
-    labels: jax.Array,
-    *,
-    reduction: str = "mean",
-    ignore_index: int = -100,
-    z_loss: float = 0.0,
-    logit_soft_cap: float | None = None,
-    block_sizes: LinearCrossEntropyConfig | Mapping[str, int] | None = None,
-    interpret: bool | None = None,
-) -> jax.Array:
-    """Cross-entropy of softmax(h @ w) against integer labels; the (B, V) logits are never written to HBM.
-
-    Args:
-      h: (B, H) hidden states; bfloat16, float16 or float32. Any B.
-      w: (H, V) LM-head weight, same dtype as h. Any V (tails are masked).
-      labels: (B,) integers in [0, V), or ignore_index.
-      reduction: "mean" (over non-ignored rows; 0 if every row is ignored), "sum", or "none" ((B,) per-row losses,
-        0 for ignored rows).
-      ignore_index: rows with this label add nothing to the loss or the gradients and are not counted in the mean.
-      z_loss: adds z_loss · lse² per row (lse: log-sum-exp of the row's logits after soft-capping).
-      logit_soft_cap: if given, logits become cap · tanh(logits / cap) before the softmax.
-      block_sizes: a ``LinearCrossEntropyConfig``, or a mapping of some of its fields overriding the default.
-      interpret: run the kernels in Pallas interpret mode; default True exactly when the default backend is CPU.
-
-    Returns:
-      float32 loss: a scalar, or (B,) for reduction="none". Differentiable in h and w (custom VJP, float32
-      accumulation). Labels outside [0, V) other than ignore_index raise ValueError when the labels are concrete;
-      under jit (traced labels) such a row's loss is NaN and so are the gradients (dh of that row and all of dw),
-      so a bad label can never pass as a plausible loss.
-    """
-    _check_inputs(h, w, labels, reduction, z_loss, logit_soft_cap)
-    V = w.shape[1]
-    _check_label_range(labels, V, ignore_index)
-    interpret = tu.resolve_interpret(interpret)
-    config = _resolve(_resolve_config(h, w, block_sizes, on_gpu=not interpret), h.shape[0], V)
-    st = _Static(config=config, ignore_index=int(ignore_index), z_loss=float(z_loss),
-                 logit_soft_cap=None if logit_soft_cap is None else float(logit_soft_cap), interpret=interpret)
-    labels = jnp.asarray(labels).astype(jnp.int32)
+def linear_cross_entropy(h, w, labels, *, ignore_index: int, z_loss: float, logit_soft_cap: float | None,
+                         interpret: bool, config: Config) -> jax.Array:
+    """h (B, H), w (H, V), labels (B,) int32, validated -> per-row losses (B,) float32: 0 for ignored rows, NaN for
+    labels outside [0, V) (and NaN gradients)."""
+    st = _Static(config=_config.for_shape(config, h.shape[0], w.shape[1]), ignore_index=ignore_index, z_loss=z_loss,
+                 logit_soft_cap=logit_soft_cap, interpret=interpret)
     with tu.quiet_triton_deprecation():
-        per_row = _row_losses(h, w, labels, st)  # (B,) float32
-    if reduction == "none":
-        return per_row
-    total = jnp.sum(per_row)
-    if reduction == "sum":
-        return total
-    count = jnp.sum(labels != ignore_index)
-    return total / jnp.maximum(count, 1).astype(jnp.float32)
+        return _row_losses(h, w, labels, st)
