@@ -103,7 +103,7 @@ def inspect_program(fv: flags.FlagValues, *, kernels: str | None = None, xla_fla
 
     program = _build_program(fv, kernels)
     options = parse_xla_flags(fv.xla_flags if xla_flags is None else xla_flags)
-    pallas_sites = [site for site in SITES if getattr(program.kernels, site) == "pallas"]
+    pallas_sites = [site for site in SITES if getattr(program.kernels, site).startswith("pallas")]
     if pallas_sites and jax.default_backend() == "cpu":
         _progress(f"note: on the CPU the Pallas kernels ({', '.join(pallas_sites)}) run in interpret mode: the "
                   f"report lists the interpreter's loops of small XLA ops, not one fused kernel; inspect on a GPU "
@@ -131,7 +131,7 @@ def triton_kernels(fv: flags.FlagValues):
     from jaxfuse.kernels import SITES
 
     program = _build_program(fv)
-    if not any(getattr(program.kernels, site) == "pallas" for site in SITES):
+    if not any(getattr(program.kernels, site).startswith("pallas") for site in SITES):
         raise flags.Error(f"--triton_ir: no site runs a Pallas kernel ({program.kernels}); choose one, e.g. "
                           f"--kernels attention=pallas or --kernels all=pallas")
     _progress(f"lowering {program.description} for CUDA ...")
@@ -287,12 +287,22 @@ def _passes(fv: flags.FlagValues, rest: list[str]) -> int:
 # bench
 
 def _define_bench_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("op", None, "Which op's suite: attention, rmsnorm_matmul or cross_entropy.",
-                        flag_values=fv)
-    flags.DEFINE_list("shapes", [], "Named shapes of the suite (default: its DEFAULT_SHAPES; 'all' for every one).",
+    from jaxfuse import suites
+
+    flags.DEFINE_enum("op", None, list(suites.OPS), "Which op's spec to time.", flag_values=fv)
+    flags.DEFINE_list("shapes", [], "Named shapes of the spec (default: its GPU shapes on a GPU, its CPU smoke shape "
+                      "elsewhere; 'all' for every one this machine runs).", flag_values=fv)
+    flags.DEFINE_list("impls", [], "Implementations to time (default: the spec's; e.g. pallas_triton,xla,xla_f32).",
                       flag_values=fv)
     flags.DEFINE_integer("iterations", 30, "Timed iterations per measurement (median reported).", lower_bound=1,
                          flag_values=fv)
+    flags.DEFINE_bool("tune", False, "First sweep the Pallas kernels' block sizes at the shapes (default: the spec's "
+                      "tune shapes): each candidate is checked against the float32 reference, then timed; the best "
+                      "goes into --tuned_configs, and the suite then runs with it.", flag_values=fv)
+    flags.DEFINE_string("tuned_configs", None, "Tuning cache the sweep writes (default: the package's "
+                        "pallas_kernels/tuned_configs.json, which every call then uses).", flag_values=fv)
+    flags.DEFINE_float("budget_s", 0.0, "Wall-clock budget in seconds (0: none); what is not started by then is "
+                       "recorded as skipped.", lower_bound=0.0, flag_values=fv)
     flags.DEFINE_string("out", "benchmarks/results",
                         "Folder for <op>-<device tag>.json and .md (attention-h100.json on an H100; '' to skip).",
                         flag_values=fv)
@@ -302,32 +312,38 @@ def _define_bench_flags(fv: flags.FlagValues) -> None:
 def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     import dataclasses as dc
     import json
-    import os
 
     from jaxfuse import bench, suites
 
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
     if not fv.op:
-        raise flags.Error(f"--op is required; one of {suites.available()}")
-    suite = suites.get(fv.op)
-    names = list(suite.SHAPES) if fv.shapes == ["all"] else (fv.shapes or list(suite.DEFAULT_SHAPES))
-    unknown = [n for n in names if n not in suite.SHAPES]
-    if unknown:
-        raise flags.Error(f"--shapes: unknown {unknown}; {fv.op} has {list(suite.SHAPES)}")
-    _progress(f"benchmarking {fv.op} at {names} ({fv.iterations} iterations each) ...")
-    records = suite.run(names, iterations=fv.iterations)
-    env = bench.environment()
-    if fv.out:
-        path = bench.write_results(records, os.path.join(fv.out, f"{fv.op}-{bench.device_tag(env['device'])}.json"),
-                                   env=env)
+        raise flags.Error(f"--op is required; one of {list(suites.OPS)}")
+    spec = suites.get(fv.op)
+    shapes = fv.shapes or None
+    if fv.shapes == ["all"]:
+        import jax
+
+        shapes = list(spec.shapes) if jax.default_backend() == "gpu" else list(spec.cpu_shapes)
+    deadline = time.time() + fv.budget_s if fv.budget_s else None
+    _progress(f"benchmarking {fv.op} ({fv.iterations} iterations each{', tuning first' if fv.tune else ''}) ...")
+    result = suites.benchmark(fv.op, shapes, impls=fv.impls or None, iterations=fv.iterations, tune_first=fv.tune,
+                              tuned_configs=fv.tuned_configs, out=fv.out or None, deadline=deadline,
+                              progress=_progress)
+    for path in result["written"]:
         _progress(f"wrote {path}")
+    env, records = result["environment"], result["records"]
     if fv.json:
-        print(json.dumps({"environment": env, "records": [dc.asdict(r) for r in records]}, indent=1))
-    else:
-        print(f"{env['device']}, jax {env['jax']}, commit {env['commit']}, {records[0].method if records else ''}"
-              " timing")
-        print(bench.markdown_table(records))
+        print(json.dumps({"environment": env, "records": [dc.asdict(r) for r in records], "sweep": result["sweep"]},
+                         indent=1, default=str))
+        return 0
+    if result["sweep"] is not None:
+        print(suites.sweep.sweep_table(result["sweep"]) + "\n")
+    print(f"{env['device']}, jax {env['jax']}, commit {env['commit']}, {records[0].method if records else ''}"
+          " timing")
+    print(bench.markdown_table(records))
+    print()
+    print(suites.summary_table(records))
     return 0
 
 
@@ -376,7 +392,8 @@ def _train(fv: flags.FlagValues, rest: list[str]) -> int:
                             kv_heads=fv.kv_heads, layers=fv.layers, dtype=_DTYPES[fv.dtype], lr=fv.lr,
                             warmup=fv.warmup, eval_every=fv.eval_every, seed=fv.seed, corpus=fv.corpus)
     cfg.model_config()  # bad widths and head counts fail here, before any data is read
-    if jax.default_backend() == "cpu" and any(getattr(ks, site) == "pallas" for ks in kernel_sets for site in SITES):
+    if jax.default_backend() == "cpu" and any(getattr(ks, site).startswith("pallas") for ks in kernel_sets
+                                                for site in SITES):
         _progress("note: on the CPU the Pallas kernels run in interpret mode: slow, and their step time says "
                   "nothing about a GPU")
     results = train.compare(kernel_sets, cfg, progress=_progress)

@@ -6,7 +6,8 @@
 
 One package per op (``attention``, ``norm_matmul``, ``cross_entropy``): the public function in its ``__init__``
 (validation, config, backend dispatch), one module per GPU backend beside it (``triton.py``), the configs in
-``config.py``. ``BACKENDS`` maps each op to its backend registry (``pallas_kernels.backends``).
+``config.py``. ``OPS`` maps each op's name to its package, ``BACKENDS`` to its backend registry
+(``pallas_kernels.backends``).
 """
 
 from pallas_kernels import backends, reference, tuning
@@ -15,9 +16,10 @@ from pallas_kernels.cross_entropy import LinearCrossEntropyConfig, linear_cross_
 from pallas_kernels.norm_matmul import RMSNormMatmulConfig, rmsnorm_matmul
 from pallas_kernels import attention as _attention, cross_entropy as _cross_entropy, norm_matmul as _norm_matmul
 
-# op name (as in the tuning cache) -> its backend registry: BACKENDS["flash_attention"].names == ("triton",)
-BACKENDS = {registry.op: registry for registry in (_attention.BACKENDS, _norm_matmul.BACKENDS,
-                                                   _cross_entropy.BACKENDS)}
+# op name (as in the tuning cache) -> its package (public function, plan, tuning_key, sweep_candidates, BACKENDS)
+OPS = {package.BACKENDS.op: package for package in (_attention, _norm_matmul, _cross_entropy)}
+# op name -> its backend registry: BACKENDS["flash_attention"].names == ("triton",)
+BACKENDS = {op: package.BACKENDS for op, package in OPS.items()}
 
-__all__ = ["BACKENDS", "FlashAttentionConfig", "LinearCrossEntropyConfig", "RMSNormMatmulConfig", "backends",
+__all__ = ["BACKENDS", "OPS", "FlashAttentionConfig", "LinearCrossEntropyConfig", "RMSNormMatmulConfig", "backends",
            "flash_attention", "linear_cross_entropy", "reference", "rmsnorm_matmul", "tuning"]

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from pallas_kernels import backends, reference
 from pallas_kernels.attention.config import FlashAttentionConfig, shape_key
 
-__all__ = ["BACKENDS", "FlashAttentionConfig", "SUPPORTED_HEAD_DIMS", "flash_attention", "plan", "tuning_key"]
+__all__ = ["BACKENDS", "FlashAttentionConfig", "SUPPORTED_HEAD_DIMS", "flash_attention", "plan", "sweep_candidates",
+           "tuning_key"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
@@ -129,3 +130,11 @@ def plan(q, k, v, *, causal=False, scale=None, segment_ids=None, kv_seq_lengths=
          interpret=None, backend="auto") -> backends.Plan:
     """The backend and config ``flash_attention`` would run with these arguments (same validation, no kernel)."""
     return _prepare(q, k, v, causal, scale, segment_ids, kv_seq_lengths, block_sizes, interpret, backend)[1]
+
+
+def sweep_candidates(q, k, v, *, causal=False, scale=None, segment_ids=None, kv_seq_lengths=None,
+                     backend="triton") -> tuple[list[dict], list[dict]]:
+    """(forward, backward) config dicts ``jaxfuse bench --op attention --tune`` tries for these arguments on
+    ``backend``, GPU tiles: forward ones vary only the backend module's FORWARD_FIELDS, backward ones the rest."""
+    module, _, options = _prepare(q, k, v, causal, scale, segment_ids, kv_seq_lengths, None, False, backend)
+    return module.sweep_candidates(q, k, v, **options)

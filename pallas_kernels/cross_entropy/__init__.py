@@ -22,7 +22,8 @@ import numpy as np
 from pallas_kernels import backends
 from pallas_kernels.cross_entropy.config import LinearCrossEntropyConfig, shape_key
 
-__all__ = ["BACKENDS", "LinearCrossEntropyConfig", "linear_cross_entropy", "plan", "tuning_key"]
+__all__ = ["BACKENDS", "LinearCrossEntropyConfig", "linear_cross_entropy", "plan", "sweep_candidates",
+           "tuning_key"]
 
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 _REDUCTIONS = ("mean", "sum", "none")
@@ -147,3 +148,12 @@ def plan(h, w, labels, *, reduction="mean", ignore_index=-100, z_loss=0.0, logit
     kernel)."""
     return _prepare(h, w, labels, reduction, ignore_index, z_loss, logit_soft_cap, block_sizes, interpret,
                     backend)[1]
+
+
+def sweep_candidates(h, w, labels, *, reduction="mean", ignore_index=-100, z_loss=0.0, logit_soft_cap=None,
+                     backend="triton") -> tuple[list[dict], list[dict]]:
+    """(forward, backward) config dicts ``jaxfuse bench --op cross_entropy --tune`` tries for these arguments on
+    ``backend``, GPU tiles: forward ones vary only the backend module's FORWARD_FIELDS, backward ones the rest."""
+    module, _, labels, options = _prepare(h, w, labels, reduction, ignore_index, z_loss, logit_soft_cap, None, False,
+                                          backend)
+    return module.sweep_candidates(h, w, labels, **options)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from pallas_kernels import backends
 from pallas_kernels.norm_matmul.config import RMSNormMatmulConfig, shape_key
 
-__all__ = ["BACKENDS", "RMSNormMatmulConfig", "plan", "rmsnorm_matmul", "tuning_key"]
+__all__ = ["BACKENDS", "RMSNormMatmulConfig", "plan", "rmsnorm_matmul", "sweep_candidates", "tuning_key"]
 
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
@@ -129,3 +129,11 @@ def plan(x, gamma, w, *, eps=1e-6, residual=None, out_dtype=None, block_sizes=No
          backend="auto") -> backends.Plan:
     """The backend and config ``rmsnorm_matmul`` would run with these arguments (same validation, no kernel)."""
     return _prepare(x, gamma, w, eps, residual, out_dtype, block_sizes, interpret, backend)[1]
+
+
+def sweep_candidates(x, gamma, w, *, eps=1e-6, residual=None, out_dtype=None,
+                     backend="triton") -> tuple[list[dict], list[dict]]:
+    """(forward, backward) config dicts ``jaxfuse bench --op rmsnorm_matmul --tune`` tries for these arguments on
+    ``backend``, GPU tiles: forward ones vary only the backend module's FORWARD_FIELDS, backward ones the rest."""
+    module, _, x2, options = _prepare(x, gamma, w, eps, residual, out_dtype, None, False, backend)
+    return module.sweep_candidates(x2, gamma, w, **options)
