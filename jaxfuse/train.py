@@ -40,6 +40,7 @@ __all__ = ["TrainConfig", "TrainResult", "compare", "comparison_table", "load_co
            "step_functions", "train"]
 
 VOCAB = 256  # byte-level tokens
+_MODEL = Config.block_default()
 _PACKAGES = ("jaxfuse", "hlo_inspect", "pallas_kernels")
 _EVAL_FRACTION = 0.1
 
@@ -53,11 +54,11 @@ class TrainConfig:
     steps: int = 200
     batch: int = 8  # sequences per step
     seq: int = 128  # tokens per sequence
-    dim: int = 256
-    heads: int = 4
-    kv_heads: int = 2
-    layers: int = 2
-    dtype: str = "bfloat16"  # compute dtype; parameters are float32
+    dim: int = _MODEL.dim  # the model shape defaults are Config.block_default()'s
+    heads: int = _MODEL.n_heads
+    kv_heads: int = _MODEL.n_kv_heads
+    layers: int = _MODEL.n_layers
+    dtype: str = _MODEL.dtype.name  # compute dtype; parameters are float32
     lr: float = 3e-3
     warmup: int = 20  # steps of linear warmup
     weight_decay: float = 0.1

@@ -127,7 +127,7 @@ def test_jaxfuse_diff_xla_flags_errors(capsys):
 
 
 def test_parse_xla_flags():
-    from hlo_inspect.report import parse_xla_flags
+    from hlo_inspect.formatting import parse_xla_flags
 
     assert parse_xla_flags("--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=a,b --xla_x") == {
         "xla_gpu_enable_triton_gemm": False, "xla_disable_hlo_passes": "a,b", "xla_x": True}
@@ -182,3 +182,21 @@ def test_bench_tune_writes_the_sweep_and_the_tuned_configs(tmp_path, capsys):
     pallas = [r for r in records if r["implementation"] == "pallas_triton"]
     assert all(r["extra"]["config_source"] == f"tuned ({tuned})" for r in pallas)
     assert "stored as" in capsys.readouterr().out
+
+
+def test_cli_functions_take_plain_arguments_and_return_data():
+    from jaxfuse import models, programs, train
+
+    a, b = os.path.join(DATA, "h100_block_fwd.hlo.txt"), os.path.join(DATA, "h100_block_grad.hlo.txt")
+    assert programs.diff_programs(a, b).to_dict()["summary"]["kernels"] == [21, 61]
+    program = programs.build_program(seq=16, dim=64, heads=2, kv_heads=1)
+    report = programs.inspect_program(program, progress=lambda message: None)
+    assert report.program is program and program.description in report.title
+    text = report.fusion_saving_text("cpu", 50e9, 1e12, 1.0)
+    assert text.startswith("fusion saving on cpu (roofline + 1 µs per launch): ") and "× from fusion" in text
+    with pytest.raises(ValueError, match="no site runs a Pallas kernel"):
+        programs.triton_kernels(program)
+    # The default model shape is defined once (Config.block_default) and read by the program, training and CLI.
+    default = models.Config.block_default()
+    assert (programs.DEFAULT_MODEL.dim, train.TrainConfig().dim, train.TrainConfig().layers) == (
+        default.dim, default.dim, default.n_layers)
