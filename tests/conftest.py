@@ -24,8 +24,8 @@ import hlo_inspect
 from jaxfuse.suites.spec import tolerance
 from pallas_kernels import backends, triton_utils
 
-__all__ = ["ON_GPU", "assert_close", "cuda_program", "key", "normal", "pallas_calls", "rel_err", "seed",
-           "tensors_with", "tolerance"]
+__all__ = ["ON_GPU", "assert_close", "cuda_program", "key", "normal", "pallas_calls", "rel_err", "require",
+           "seed", "tensors_with", "tolerance"]
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -82,6 +82,18 @@ def assert_close(got, want, tol: float, name: str = "") -> None:
     assert np.isfinite(got32).all(), f"{name}: non-finite values"
     err = rel_err(got, want)
     assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
+
+
+def require(plan, *args, **kwargs) -> None:
+    """Skips the test when ``plan(*args, **kwargs)`` (an op package's ``plan`` with ``backend=``) says that backend
+    cannot run these arguments here (not implemented, not on this machine, or a constraint it declares); any other
+    ValueError is the test's failure."""
+    try:
+        plan(*args, **kwargs)
+    except ValueError as e:
+        if "cannot run" in str(e) or "not implemented" in str(e):
+            pytest.skip(str(e))
+        raise
 
 
 def cuda_program(fn, *args) -> hlo_inspect.Report:

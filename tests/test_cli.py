@@ -99,6 +99,7 @@ def test_jaxfuse_inspect_triton_ir_on_cpu(capsys):
     assert "no site runs a Pallas kernel" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["inspect", "--train-step", "--seq", "16", "--dim", "64", "--heads", "2",
                                    "--kv-heads", "2", "--dtype", "f32"]])
 def test_jaxfuse_console_script(args):

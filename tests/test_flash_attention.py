@@ -47,7 +47,8 @@ _CHAIN_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(_CHAIN_CASES))
+@pytest.mark.parametrize("case", [c if c == "causal-gqa-T>S" else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in _CHAIN_CASES])
 def test_two_query_chains_match_reference(case):
     dtype, T, S, N, K, options = _CHAIN_CASES[case]
     q, k, v = qkv(_S["B"], T, S, N, K, 64, dtype)
@@ -60,6 +61,7 @@ def test_two_query_chains_match_reference(case):
     _TRITON.check_against_reference(q, k, v, tol(q, k), block_sizes=blocks, **options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("masks", [dict(causal=True), dict(kv_seq_lengths=jnp.array([5], jnp.int32))])
 def test_tiles_longer_than_the_sequences(masks):
     # Explicit tiles are not shrunk: every tile, forward and backward, reaches past T = 10 and S = 7.

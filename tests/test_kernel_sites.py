@@ -8,25 +8,23 @@ import pytest
 from conftest import seed
 from jaxfuse import kernels, programs
 from jaxfuse.kernels import REGISTRIES, KernelSet
-from pallas_kernels import OPS
 
 _SMALL = dict(batch=1, seq=16, dim=64, heads=2, kv_heads=1, dtype="float32")
 
 
-def _case(site: str, name: str):
-    """pallas_<backend> for the backend "pallas" (auto) resolves to here is the same program: slow."""
-    auto = OPS[kernels.SITE_OPS[site]].BACKENDS.names[0]
-    return pytest.param(site, name, marks=[pytest.mark.slow] if name == f"pallas_{auto}" else [])
+def _case(site: str, name: str, model: str):
+    """Fast: "pallas" (auto) at the block's sites. Slow: the rest (the loss site lives in the LM only; pallas_<backend>
+    for the backend "pallas" resolves to here is the same program again)."""
+    fast = name == "pallas" and model == "block"
+    return pytest.param(site, name, model, id=f"{model}-{site}-{name}", marks=[] if fast else [pytest.mark.slow])
 
 
-_CASES = [_case(site, name) for site, registry in REGISTRIES.items() for name in registry if name != "xla"]
+_CASES = [_case(site, name, model) for site, registry in REGISTRIES.items() for name in registry if name != "xla"
+          for model in ("block", "lm") if not (model == "block" and site == "loss")]  # the block has no loss site
 
 
-@pytest.mark.parametrize("site, name", _CASES)
-@pytest.mark.parametrize("model", ["block", "lm"])
+@pytest.mark.parametrize("site, name, model", _CASES)
 def test_site_matches_xla(site, name, model):
-    if model == "block" and site == "loss":
-        pytest.skip("the block has no loss site")
     reason = kernels.unavailable_reason(site, name)
     if reason:
         pytest.skip(reason)

@@ -24,10 +24,11 @@ _TRITON = TestTriton()
 # ------------------------------------------------------------------------------------------------ Triton variants
 @pytest.mark.parametrize("variant", [
     dict(gamma_on_w=True, rowdot_in_dx=True, rstd_on_dy=True),
-    dict(block_m=32, block_n=16, block_k=32, block_m_dx=32, block_k_dx=32, block_n_dx=16, block_k_dw=32,
-         block_n_dw=16, block_m_dw=32, group=3, num_warps=4, num_warps_dx=4, num_warps_dw=4),
+    pytest.param(dict(block_m=32, block_n=16, block_k=32, block_m_dx=32, block_k_dx=32, block_n_dx=16, block_k_dw=32,
+                      block_n_dw=16, block_m_dw=32, group=3, num_warps=4, num_warps_dx=4, num_warps_dw=4),
+                 marks=pytest.mark.slow),
 ], ids=["folded-variants", "other-tiles"])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [pytest.param(jnp.float32, marks=pytest.mark.slow), jnp.bfloat16])
 def test_config_variants_match_reference(variant, dtype):
     """The alternative code paths a sweep may pick (gamma folded into w, the row dot inside the dx kernel, r on
     the dy tile, other tile shapes) compute the same function."""
@@ -35,9 +36,11 @@ def test_config_variants_match_reference(variant, dtype):
     _TRITON.check_against_reference(x, gamma, w, res, tolerance(dtype), block_sizes=variant)
 
 
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("variant", [dict(split_k=2), dict(split_k=2, gamma_on_w=True),
-                                     dict(split_n_dx=2, rowdot_in_dx=False), dict(dw_in_xla=True)],
+@pytest.mark.parametrize("residual", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["plain", "residual"])
+@pytest.mark.parametrize("variant", [pytest.param(dict(split_k=2), marks=pytest.mark.slow),
+                                     dict(split_k=2, gamma_on_w=True), dict(split_n_dx=2, rowdot_in_dx=False),
+                                     pytest.param(dict(dw_in_xla=True), marks=pytest.mark.slow)],
                          ids=["split_k", "split_k-gamma_on_w", "split_n_dx", "dw_in_xla"])
 def test_split_variants_match_reference(variant, residual):
     """Split-K forward and split-N dx (float32 partials combined, and the epilogue applied, outside the kernel),
@@ -46,13 +49,14 @@ def test_split_variants_match_reference(variant, residual):
     _TRITON.check_against_reference(x, gamma, w, res, tolerance(jnp.float32), block_sizes=variant)
 
 
+@pytest.mark.slow
 def test_split_k_bf16_four_splits_match_reference():
     """bf16 inputs, K split over 4 programs, few rows: forward and all gradients within the bf16 tolerance."""
     x, gamma, w, _ = inputs(SIZES["few"], SIZES["K"] * 2, SIZES["N"], jnp.bfloat16)
     _TRITON.check_against_reference(x, gamma, w, None, tolerance(jnp.bfloat16), block_sizes=dict(split_k=4))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)])
 def test_gamma_on_w_without_residual_at_the_swept_tiles(dtype):
     """The config the H100 sweep picked (gamma folded into w, r on the dy tile, 128x256x64 forward tiles, group 8)
     without a residual, which is how the sweep and the model call it: several tiles along every axis and a

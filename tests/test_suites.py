@@ -106,6 +106,7 @@ def test_gpu_sized_shapes_are_refused_on_cpu_and_names_checked():
 
 
 # ------------------------------------------------------------------------------------------------ attention
+@pytest.mark.slow
 def test_attention_one_record_per_shape_causal_impl_mode(attention_records):
     keys = sorted((r.extra["causal"], r.implementation, r.mode) for r in attention_records)
     assert keys == sorted((c, i, m) for c in (False, True) for i in ATTENTION.default_implementations()
@@ -116,6 +117,7 @@ def test_attention_one_record_per_shape_causal_impl_mode(attention_records):
         assert r.implementation != "pallas"  # records name the backend that ran
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["pallas_triton", "xla"])
 def test_attention_measured_rows_are_sane(attention_records, impl):
     B, T, S, N, H = CPU["B"], CPU["T"], CPU["S"], CPU["N"], CPU["H"]
@@ -136,6 +138,7 @@ def test_attention_measured_rows_are_sane(attention_records, impl):
             assert r.extra["input_sets"] == 2 and r.extra["tolerance"] == 1e-2
 
 
+@pytest.mark.slow
 def test_attention_pallas_records_its_backend_config_and_ratios(attention_records):
     for causal in (False, True):
         for mode in ATTENTION.modes:
@@ -146,6 +149,7 @@ def test_attention_pallas_records_its_backend_config_and_ratios(attention_record
             assert "cudnn" not in x.speedup_vs  # cuDNN did not run
 
 
+@pytest.mark.slow
 def test_attention_cudnn_is_recorded_as_failed_on_cpu(attention_records):
     for causal in (False, True):
         for mode in ATTENTION.modes:
@@ -155,6 +159,7 @@ def test_attention_cudnn_is_recorded_as_failed_on_cpu(attention_records):
             assert r.flops > 0  # the cost is still there for the table
 
 
+@pytest.mark.slow
 def test_results_written_and_tables(attention_records, tmp_path):
     path = bench.write_results(attention_records, str(tmp_path / "attention-cpu.json"))
     data = json.loads(open(path).read())
@@ -165,6 +170,7 @@ def test_results_written_and_tables(attention_records, tmp_path):
     assert "speedup vs xla" in bench.markdown_table(attention_records)
 
 
+@pytest.mark.slow
 def test_a_failing_implementation_is_recorded_not_raised():
     def broken(q, k, v, *, causal):
         raise RuntimeError("boom")
@@ -176,6 +182,7 @@ def test_a_failing_implementation_is_recorded_not_raised():
     assert all("RuntimeError: boom" in r.extra["error"] and math.isnan(r.time_us) for r in got)
 
 
+@pytest.mark.slow
 def test_xla_skipped_when_scores_too_large_and_shapes_past_deadline(monkeypatch):
     monkeypatch.setattr(attention_spec, "XLA_MAX_SCORES_BYTES", 1)
     got = suites.run("attention", impls=("xla",), iterations=1, **_QUIET)
@@ -185,6 +192,7 @@ def test_xla_skipped_when_scores_too_large_and_shapes_past_deadline(monkeypatch)
     assert all(r.method == "failed" and "time budget" in r.extra["error"] for r in got)
 
 
+@pytest.mark.slow
 def test_tuned_cache_entry_is_used(tmp_path):
     q, k, v, _ = attention_spec.make_inputs(CPU["B"], CPU["T"], CPU["S"], CPU["N"], CPU["K"], CPU["H"])
     params = dict(attention.plan(q, k, v).config.to_dict(), block_q=32, block_k=16)
@@ -197,6 +205,7 @@ def test_tuned_cache_entry_is_used(tmp_path):
         assert r.extra["rel_error"] < 2e-2
 
 
+@pytest.mark.slow
 def test_xla_baseline_matches_reference_with_gqa_and_causal():
     q, k, v, _ = attention_spec.make_inputs(1, 24, 24, 4, 2, 32, seed=3, dtype=jnp.float32)
     for causal in (False, True):
@@ -206,6 +215,7 @@ def test_xla_baseline_matches_reference_with_gqa_and_causal():
 
 
 # ------------------------------------------------------------------------------------------------ rmsnorm_matmul
+@pytest.mark.slow
 def test_rmsnorm_one_record_per_impl_and_mode_with_errors_and_ratios(rmsnorm_records):
     spec = suites.get("rmsnorm_matmul")
     assert {(r.implementation, r.mode) for r in rmsnorm_records} == {
@@ -221,6 +231,7 @@ def test_rmsnorm_one_record_per_impl_and_mode_with_errors_and_ratios(rmsnorm_rec
     assert "xla_rowscale" in bench.markdown_table(rmsnorm_records)
 
 
+@pytest.mark.slow
 def test_rmsnorm_summary_is_keyed_by_the_label(rmsnorm_records):
     lines = suites.summary_table(rmsnorm_records).splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
@@ -233,6 +244,7 @@ def test_rmsnorm_summary_is_keyed_by_the_label(rmsnorm_records):
         assert float(cells["pallas_triton vs xla"]) == pytest.approx(x.time_us / p.time_us, abs=1e-2)
 
 
+@pytest.mark.slow
 def test_rowscale_baseline_matches_the_reference():
     """r ⊙ (x @ (γ ∘ w)) is the same function as rmsnorm(x) · γ @ w: forward and all gradients, bf16 tolerance."""
     from jaxfuse.suites import rmsnorm_matmul as spec_module
@@ -263,6 +275,7 @@ def test_cross_entropy_records_carry_time_memory_and_error(cross_entropy_records
 
 
 # ------------------------------------------------------------------------------------------------ train_step
+@pytest.mark.slow
 def test_train_step_times_every_kernel_set_from_the_same_start():
     records = suites.run("train_step", iterations=1, **_QUIET)
     names = [r.implementation for r in records]
@@ -285,6 +298,7 @@ def test_train_step_refuses_gpu_presets_on_cpu():
 
 
 # ------------------------------------------------------------------------------------------------ sweep
+@pytest.mark.slow
 def test_sweep_checks_candidates_before_timing_and_stores_the_best(tmp_path, monkeypatch):
     """Two candidates per pass at the CPU shape; a candidate that computes the wrong thing is rejected, never timed
     and never stored."""
@@ -305,6 +319,7 @@ def test_sweep_checks_candidates_before_timing_and_stores_the_best(tmp_path, mon
 
 
 # ------------------------------------------------------------------------------------------------ GPU entry point
+@pytest.mark.slow
 def test_gpu_run_writes_files_named_by_device_tag(tmp_path):
     out = tmp_path / "out"
     assert gpu_run.main(["--out", str(out), "--skip-tests", "--ops", "cross_entropy", "--iterations", "1"]) == 0

@@ -17,7 +17,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.attention.triton_fwd import (LOG2E, Static, cdiv, div, i32, load, load_kv_tile, loop, minimum,
-                                                 num_keys, optional_specs, pallas_call, store, visible_mask)
+                                                 num_keys, optional_specs, pallas_call, query_tile_start, store,
+                                                 visible_mask)
 
 __all__ = ["backward"]
 
@@ -90,11 +91,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_se
     """One program per (query tile, batch * head); loops over key/value tiles like the forward."""
     cfg = static.config
     bq, bk = cfg.block_q_dq, cfg.block_k_dq
-    nq = pl.cdiv(T, bq)
-    i = pl.program_id(0)
-    if static.causal:
-        i = nq - 1 - i
-    t0 = i * bq
+    t0 = query_tile_start(bq, T, causal=static.causal)
     q_pos = t0 + jnp.arange(bq, dtype=jnp.int32)
     q_rows = None if T % bq == 0 else q_pos
     q = load(q_ref, (pl.ds(t0, bq), slice(None)), q_rows, T)

@@ -21,7 +21,7 @@ from pallas_kernels import triton_utils as tu
 from pallas_kernels.attention.config import FlashAttentionConfig
 
 __all__ = ["LOG2E", "Static", "cdiv", "div", "forward", "i32", "load", "load_kv_tile", "loop", "minimum", "num_keys",
-           "optional_specs", "pallas_call", "store", "visible_mask"]
+           "optional_specs", "pallas_call", "query_tile_start", "store", "visible_mask"]
 
 LOG2E = math.log2(math.e)
 # Running max before any visible key: finite, so exp2(m_old - m_new) and exp2(-inf - m) never see inf - inf.
@@ -66,6 +66,15 @@ def loop(lo, hi, body, carry):
     if isinstance(lo, int) and isinstance(hi, int) and lo >= hi:
         return carry
     return lax.fori_loop(lo, hi, body, carry)
+
+
+def query_tile_start(block_q: int, T: int, *, causal: bool):
+    """First query row of this program's tile (grid axis 0 runs over query tiles); causal programs take the longest
+    rows first: better tail balance across SMs."""
+    i = pl.program_id(0)
+    if causal:
+        i = pl.cdiv(T, block_q) - 1 - i
+    return i * block_q
 
 
 def num_keys(len_ref, S: int):
@@ -126,11 +135,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
                 static: Static, T: int, S: int):
     cfg = static.config
     bq, bk = cfg.block_q, cfg.block_k
-    nq = pl.cdiv(T, bq)
-    i = pl.program_id(0)
-    if static.causal:
-        i = nq - 1 - i  # the longest rows first: better tail balance across SMs
-    t0 = i * bq
+    t0 = query_tile_start(bq, T, causal=static.causal)
     rows = bq // cfg.query_chains  # query rows per chain
     # Per chain: query positions, bounds (None when T is a multiple of the tile), the q tile (stays in registers),
     # segment ids.

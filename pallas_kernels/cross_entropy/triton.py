@@ -238,11 +238,8 @@ def _backward(h, w, labels, lse, g, st: _Static):
     runs first, outside the loop: its GEMM initializes dh (with the columns it shares with the full steps zeroed in
     its copy of w), and the loop's full steps then add to dh in place with no mask.
 
-    Measured on the H100 (benchmarks/results/cross_entropy-bwd-experiment-h100.json, -bwd-peel-experiment-h100.json):
-    a float32 dw output rounded afterwards compiled to a Triton GEMM fusion slower than cuBLAS (13.3 vs 12.5 ms at
-    8192x4096x128256). Zeroing the shared columns inside the loop ran a select at every step; running the clamped
-    step last, after the loop, gave its dh update a (B, H) float32 buffer of its own (+124 MiB at that shape); first,
-    fwd+bwd is 0.6-2.0% faster than the select in the loop with the same temp memory."""
+    dw in w's dtype straight from the GEMM and the clamped step first are what the H100 measured fastest
+    (benchmarks/results/NOTES.md, "Linear cross-entropy")."""
     B, H = h.shape
     V = w.shape[1]
     chunk = st.config.chunk_v
