@@ -17,7 +17,7 @@ from flax import nnx
 
 from conftest import (ON_GPU, assert_close, cuda_program, key, normal, pallas_calls, rel_err, require, tensors_with,
                       tolerance)
-from pallas_kernels import attention, reference
+from pallas_kernels import attention, backends, reference
 
 # Named sequence lengths: (short, long, odd_short, odd_long) and the batch.
 SIZES = (dict(B=2, short=256, long=1024, odd_short=300, odd_long=777) if ON_GPU
@@ -199,6 +199,8 @@ class AttentionTests:
         kv = jax.ShapeDtypeStruct((B, S, K, H), dtype)
         extra = dict(segment_ids=(jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)),
                      kv_seq_lengths=jnp.full((B,), S, jnp.int32)) if masks else {}
+        with backends.lowering_for_gpu():  # a GPU backend's structure is checked on any machine
+            self.require(q, kv, kv, causal=causal, **extra)
         attn = lambda q, k, v: self.attention(q, k, v, causal=causal, **extra)
         fwd = cuda_program(attn, q, kv, kv)
         assert len(pallas_calls(fwd)) == self.forward_kernels, pallas_calls(fwd)
@@ -230,11 +232,15 @@ class AttentionTests:
         (dict(kv_seq_lengths=jnp.zeros((2,), jnp.int32)),
          r"kv_seq_lengths: expected shape \(B,\) = \(1,\), got \(2,\)"),
         (dict(kv_seq_lengths=jnp.zeros((1,))), r"kv_seq_lengths: must be integers"),
-        (dict(block_sizes=[64]), r"block_sizes: expected a .*Config or a mapping of its fields, got list"),
     ])
     def test_bad_options(self, kwargs, match):
         with pytest.raises(ValueError, match=match):
             self.attention(*zeros(), **kwargs)
+
+    def test_block_sizes_must_be_a_config_or_a_mapping(self):
+        self.require(*zeros())
+        with pytest.raises(ValueError, match=r"block_sizes: expected a .*Config or a mapping of its fields, got list"):
+            self.attention(*zeros(), block_sizes=[64])
 
     def test_segment_ids_single_array_needs_equal_lengths(self):
         q, k, v = zeros(T=8, S=12)

@@ -169,9 +169,14 @@ class CrossEntropyTests:
         (lambda h, w, y: ((h, w, y.astype(jnp.float32)), {}), "labels: must be integers"),
         (lambda h, w, y: ((h, w, y), dict(z_loss=-1.0)), "z_loss"),
         (lambda h, w, y: ((h, w, y), dict(logit_soft_cap=0.0)), "logit_soft_cap"),
-        (lambda h, w, y: ((h, w, y), dict(block_sizes=[16])), "block_sizes: expected a .*Config or a mapping"),
     ])
     def test_input_errors_name_the_argument(self, mutate, match):
         args, kwargs = mutate(*inputs(4, 16, 40, jnp.float32, ignored_rows=()))
         with pytest.raises(ValueError, match=match):
             self.loss(*args, **kwargs)
+
+    def test_block_sizes_must_be_a_config_or_a_mapping(self):
+        h, w, labels = inputs(4, 16, 40, jnp.float32, ignored_rows=())
+        self.require(h, w, labels)
+        with pytest.raises(ValueError, match=r"block_sizes: expected a .*Config or a mapping of its fields, got list"):
+            self.loss(h, w, labels, block_sizes=[16])

@@ -167,11 +167,15 @@ class NormMatmulTests:
         (lambda x, g, w: (x, g, w), dict(residual=jnp.zeros((5, 32), jnp.bfloat16)),
          r"residual: dtype bfloat16"),
         (lambda x, g, w: (x, g, w), dict(out_dtype=jnp.int8), r"out_dtype: int8 not supported"),
-        (lambda x, g, w: (x, g, w), dict(block_sizes=[16]), r"block_sizes: expected a .*Config or a mapping"),
     ])
     def test_bad_inputs(self, mutate, kwargs, match):
         with pytest.raises(ValueError, match=match):
             self.rmsnorm_matmul(*mutate(*zeros()), **kwargs)
+
+    def test_block_sizes_must_be_a_config_or_a_mapping(self):
+        self.require(*zeros())
+        with pytest.raises(ValueError, match=r"block_sizes: expected a .*Config or a mapping of its fields, got list"):
+            self.rmsnorm_matmul(*zeros(), block_sizes=[16])
 
 
 def zeros(M=5, K=32, N=16, dtype=jnp.float32):
