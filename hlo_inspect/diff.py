@@ -22,8 +22,9 @@ import dataclasses
 from typing import Any
 
 from hlo_inspect.kernels import Kernel, fused_instructions
+from hlo_inspect.formatting import format_bytes
 from hlo_inspect.ledger import NO_SCOPE, RoundTrip
-from hlo_inspect.report import Report, format_bytes
+from hlo_inspect.report import Report
 from hlo_inspect.source import split_op_name
 
 __all__ = ["Match", "Diff", "diff", "KINDS"]

@@ -62,7 +62,7 @@ from typing import Any, Callable
 
 from hlo_inspect.kernels import Kernel, kernels as list_kernels
 from hlo_inspect.parser import Instruction, Module, Shape, parse
-from hlo_inspect.report import format_bytes, parse_xla_flags
+from hlo_inspect.formatting import format_bytes, parse_xla_flags
 
 __all__ = ["PassStep", "PassTimeline", "Origin", "dump_passes", "load_pass_dumps", "dump_options",
            "JSON_SCHEMA"]

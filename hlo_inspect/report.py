@@ -13,12 +13,13 @@ import dataclasses
 import json
 from typing import Any, Callable
 
+from hlo_inspect.formatting import format_bytes
 from hlo_inspect.kernels import Kernel, kernels as list_kernels
 from hlo_inspect.ledger import NO_SCOPE, Ledger, ledger as build_ledger
 from hlo_inspect.parser import Module, gc_paused, parse
 from hlo_inspect.unfused import Unfused, counterfactual
 
-__all__ = ["Report", "Totals", "inspect", "from_text", "format_bytes", "parse_xla_flags", "JSON_SCHEMA"]
+__all__ = ["Report", "Totals", "inspect", "from_text", "JSON_SCHEMA"]
 
 JSON_SCHEMA = "hlo_inspect.report/1"
 _OPAQUE = ("pallas", "mosaic", "custom_call")  # categories whose work XLA cannot see into
@@ -50,15 +51,6 @@ def _totals(ks: list[Kernel], once: bool = False) -> Totals:
         flops=sum((k.flops or 0) * n(k) for k in ks),
         transcendentals=sum(k.transcendentals * n(k) for k in ks),
         flops_unknown_kernels=sum(1 for k in ks if k.flops is None))
-
-
-def format_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _format_flops(n: int | None) -> str:
@@ -172,6 +164,18 @@ class Report:
         t = self.totals
         return {"kernels": [self.unfused.kernels, t.launches], "bytes": [self.unfused.bytes_total, t.bytes_total],
                 "predicted_us": [unfused_us, fused_us], "speedup": unfused_us / fused_us if fused_us else None}
+
+    def fusion_saving_text(self, device_name: str, hbm_bytes_per_s: float, flops_per_s: float,
+                           launch_us: float) -> str | None:
+        """``fusion_saving`` as the one paragraph `jaxfuse inspect` prints, or None without the unfused program."""
+        saving = self.fusion_saving(hbm_bytes_per_s, flops_per_s, launch_us)
+        if not saving:
+            return None
+        return (f"fusion saving on {device_name} (roofline + {launch_us:g} µs per launch): "
+                f"{saving['kernels'][0]} -> {saving['kernels'][1]} kernels, "
+                f"{format_bytes(saving['bytes'][0])} -> {format_bytes(saving['bytes'][1])}, "
+                f"{_format_us(saving['predicted_us'][0])} -> {_format_us(saving['predicted_us'][1])} predicted "
+                f"({saving['speedup']:.1f}× from fusion); unfused = one kernel per op, as eager JAX runs it")
 
     def ledger_table(self, hbm_bytes_per_s: float | None = None, limit: int = 25) -> str:
         """The round trips, most traffic first; with a bandwidth, their cost in microseconds."""
@@ -377,27 +381,6 @@ def _normalize_cost(cost: Any) -> dict[str, float] | None:
         return None
     keep = ("flops", "transcendentals", "bytes accessed", "bytes accessed output", "optimal_seconds")
     return {k: float(v) for k, v in cost.items() if k in keep}
-
-
-def parse_xla_flags(flags: str) -> dict[str, Any]:
-    """`"--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=a,b"` -> compiler options for `inspect`.
-
-    Booleans and integers are converted; a flag without `=` means true. ValueError names a malformed flag.
-    """
-    options: dict[str, Any] = {}
-    for item in flags.split():
-        name, eq, value = item.lstrip("-").partition("=")
-        if not name.startswith("xla_"):
-            raise ValueError(f"xla_flags: {item!r} is not an XLA flag (expected --xla_name=value)")
-        if not eq or value.lower() == "true":
-            options[name] = True
-        elif value.lower() == "false":
-            options[name] = False
-        elif value.lstrip("-").isdigit():
-            options[name] = int(value)
-        else:
-            options[name] = value
-    return options
 
 
 def from_text(text: str, *, title: str = "", platform: str = "") -> Report:

@@ -21,7 +21,6 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -152,24 +151,6 @@ def _git_commit() -> str:
         return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def run_pytest(test_path: str, out_path: str, timeout_s: float) -> tuple[str, str]:
-    """Runs ``pytest -q test_path`` in a subprocess for at most timeout_s seconds (the GPU scripts' test step).
-
-    Writes the status line and the output to out_path and returns (status, output); status is "exit N" or
-    "TIMED OUT after T s" (a timed-out run keeps what it printed so far)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_path],
-                              capture_output=True, text=True, timeout=timeout_s, env=env)
-        text, status = proc.stdout + proc.stderr, f"exit {proc.returncode}"
-    except subprocess.TimeoutExpired as e:
-        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        status = f"TIMED OUT after {timeout_s:.0f} s"
-    with open(out_path, "w") as f:
-        f.write(f"{status}\n{text}")
-    return status, text
 
 
 def environment() -> dict[str, str]:

@@ -8,6 +8,7 @@
     jaxfuse diff --a old.hlo.txt --b new.hlo.txt
     jaxfuse passes --train-step
     jaxfuse train --kernels '' --kernels attention=pallas,loss=pallas
+    jaxfuse bench --op attention --tune              # GPU: sweep block sizes (checked, then timed), then the suite
 
 Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`).
 """
@@ -38,32 +39,50 @@ class Verb:
 _DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
 
-def _program_defaults() -> dict:
+def _define_shape_flags(fv: flags.FlagValues, defaults) -> None:
+    """The model's shape flags, for every verb that builds the model (inspect, diff, passes, train); ``defaults``
+    holds batch, seq, dim, heads, kv_heads, layers and seed (the verb's function's own defaults)."""
+    flags.DEFINE_integer("batch", defaults["batch"], "Batch size B (sequences).", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("seq", defaults["seq"], "Sequence length T (tokens per sequence).", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_integer("dim", defaults["dim"], "Model width D.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("heads", defaults["heads"], "Query heads N (D must be a multiple).", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_integer("kv_heads", defaults["kv_heads"], "Key/value heads K (N a multiple of K).", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_integer("layers", defaults["layers"], "Transformer blocks (the LM; the block program has one).",
+                         lower_bound=1, flag_values=fv)
+    flags.DEFINE_enum("dtype", "bf16", list(_DTYPES), "Compute dtype of activations (parameters stay float32).",
+                      flag_values=fv)
+    flags.DEFINE_integer("seed", defaults["seed"], "Seed of the random parameters and inputs.", flag_values=fv)
+
+
+def _define_model_flags(fv: flags.FlagValues) -> None:
     import inspect
 
     from jaxfuse import programs
 
-    return {name: p.default for name, p in inspect.signature(programs.build_program).parameters.items()}
-
-
-def _define_model_flags(fv: flags.FlagValues) -> None:
-    d = _program_defaults()
-    flags.DEFINE_enum("model", "block", ["block", "lm"], "Which program: one pre-norm transformer block, or the "
-                      "whole language model.", flag_values=fv)
-    flags.DEFINE_integer("batch", d["batch"], "Batch size B.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer("seq", d["seq"], "Sequence length T.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer("dim", d["dim"], "Model width D.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer("heads", d["heads"], "Query heads N (D must be a multiple).", lower_bound=1,
-                         flag_values=fv)
-    flags.DEFINE_integer("kv_heads", d["kv_heads"], "Key/value heads K (N a multiple of K).", lower_bound=1,
-                         flag_values=fv)
-    flags.DEFINE_enum("dtype", "bf16", list(_DTYPES), "Compute dtype of activations and params.",
-                      flag_values=fv)
+    defaults = {name: p.default for name, p in inspect.signature(programs.build_program).parameters.items()}
+    flags.DEFINE_enum("model", "block", list(programs.MODELS), "Which program: one pre-norm transformer block, or "
+                      "the whole language model.", flag_values=fv)
+    _define_shape_flags(fv, defaults)
     flags.DEFINE_string("kernels", "", "Per-site implementations, e.g. 'attention=cudnn,norm_matmul=xla' "
-                        "(xla, xla_f32, pallas; cudnn for attention).", flag_values=fv)
+                        "(xla, xla_f32, pallas, pallas_triton, pallas_mosaic; cudnn for attention).", flag_values=fv)
     flags.DEFINE_bool("train_step", False, "Compile the training step (loss and grads) instead of the forward.",
                       flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Seed of the random parameters and inputs.", flag_values=fv)
+
+
+def _model_options(fv: flags.FlagValues) -> dict:
+    """The flags as build_program's keyword arguments (without kernels)."""
+    return dict(model=fv.model, batch=fv.batch, seq=fv.seq, dim=fv.dim, heads=fv.heads, kv_heads=fv.kv_heads,
+                layers=fv.layers, dtype=_DTYPES[fv.dtype], train_step=fv.train_step, seed=fv.seed)
+
+
+def _program(fv: flags.FlagValues):
+    from jaxfuse import programs
+    from jaxfuse.kernels import KernelSet
+
+    return programs.build_program(**_model_options(fv), kernels=KernelSet.parse(fv.kernels))
 
 
 def _define_inspect_flags(fv: flags.FlagValues) -> None:
@@ -82,67 +101,13 @@ def _define_inspect_flags(fv: flags.FlagValues) -> None:
                       "calls); with --json, each kernel's whole IR too.", flag_values=fv)
 
 
-def _build_program(fv: flags.FlagValues, kernels: str | None = None):
-    from jaxfuse import programs
-    from jaxfuse.kernels import KernelSet
-
-    spec = fv.kernels if kernels is None else kernels
-    kernel_set = KernelSet.parse(spec) if spec else KernelSet()
-    return programs.build_program(
-        model=fv.model, batch=fv.batch, seq=fv.seq, dim=fv.dim, heads=fv.heads,
-        kv_heads=fv.kv_heads, dtype=_DTYPES[fv.dtype], train_step=fv.train_step, kernels=kernel_set,
-        seed=fv.seed)
-
-
-def inspect_program(fv: flags.FlagValues, *, kernels: str | None = None, xla_flags: str | None = None):
-    """Compile the program the flags describe (kernels / XLA flags overridable); return its Report."""
-    import jax
-    import hlo_inspect
-    from hlo_inspect.report import parse_xla_flags
-    from jaxfuse.kernels import SITES
-
-    program = _build_program(fv, kernels)
-    options = parse_xla_flags(fv.xla_flags if xla_flags is None else xla_flags)
-    pallas_sites = [site for site in SITES if getattr(program.kernels, site) == "pallas"]
-    if pallas_sites and jax.default_backend() == "cpu":
-        _progress(f"note: on the CPU the Pallas kernels ({', '.join(pallas_sites)}) run in interpret mode: the "
-                  f"report lists the interpreter's loops of small XLA ops, not one fused kernel; inspect on a GPU "
-                  f"to see the kernel itself")
-    _progress(f"compiling {program.description} on {jax.devices()[0].device_kind} ...")
-    start = time.perf_counter()
-    try:
-        report = hlo_inspect.inspect(program.fn, *program.args, compiler_options=options or None)
-    except jax.errors.JaxRuntimeError as e:
-        if options and "compile option" in str(e):
-            raise ValueError(f"xla_flags {options}: {e}") from None
-        raise
-    report.title = (f"{program.description} on {jax.devices()[0].device_kind} (jax {jax.__version__})"
-                    + (f", XLA options {options}" if options else ""))
-    _progress(f"compiled in {time.perf_counter() - start:.1f} s")
-    report.program = program  # what was compiled, for --measure
-    return report
-
-
-def triton_kernels(fv: flags.FlagValues):
-    """The Pallas kernels of the program the flags describe, lowered for CUDA: [hlo_inspect.triton_ir.TritonKernel]."""
-    from hlo_inspect import triton_ir
-    from pallas_kernels import triton_utils
-
-    from jaxfuse.kernels import SITES
-
-    program = _build_program(fv)
-    if not any(getattr(program.kernels, site) == "pallas" for site in SITES):
-        raise flags.Error(f"--triton_ir: no site runs a Pallas kernel ({program.kernels}); choose one, e.g. "
-                          f"--kernels attention=pallas or --kernels all=pallas")
-    _progress(f"lowering {program.description} for CUDA ...")
-    with triton_utils.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
-        return program, triton_ir.lower_kernels(program.fn, *program.args)
-
-
 def _print_triton_kernels(fv: flags.FlagValues) -> int:
     import json
 
-    program, kernels = triton_kernels(fv)
+    from jaxfuse import programs
+
+    program = _program(fv)
+    kernels = programs.triton_kernels(program, progress=_progress)
     if fv.json:
         print(json.dumps([dataclasses.asdict(k) | {"dots": k.dots(), "op_counts": k.op_counts(),
                                                     "extern_calls": k.extern_calls()} for k in kernels], indent=1))
@@ -161,18 +126,17 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
         if fv.measure or fv.html:
             raise flags.Error("--triton_ir replaces the report: it does not combine with --measure or --html")
         return _print_triton_kernels(fv)
-    from hlo_inspect.report import format_bytes
-    from jaxfuse import costmodel
+    from jaxfuse import costmodel, programs
 
-    report = inspect_program(fv, xla_flags=(fv.xla_flags + " --xla_gpu_collect_cost_model_stats=true").strip()
-                             if fv.measure else None)
+    xla_flags = (fv.xla_flags + " --xla_gpu_collect_cost_model_stats=true").strip() if fv.measure else fv.xla_flags
+    report = programs.inspect_program(_program(fv), xla_flags=xla_flags, progress=_progress)
     if fv.html:
         report.to_html(fv.html)
         _progress(f"wrote {fv.html}")
+    spec = costmodel.detect()
     if fv.measure:
         from jaxfuse import measure
 
-        spec = costmodel.detect()
         _progress("timing every kernel ...")
         rows, summary = measure.measure_kernels(report, report.program.fn, report.program.args, device=spec)
         if not fv.json:
@@ -180,19 +144,14 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
             print()
     if fv.json:
         print(report.to_json())
-    else:
-        print(report.table())
-        spec = costmodel.detect()
-        saving = report.fusion_saving(spec.hbm_bytes_per_s, spec.bf16_flops_per_s, spec.launch_us)
-        if saving:
-            print(f"\nfusion saving on {spec.name} (roofline + {spec.launch_us:g} µs per launch): "
-                  f"{saving['kernels'][0]} -> {saving['kernels'][1]} kernels, "
-                  f"{format_bytes(saving['bytes'][0])} -> {format_bytes(saving['bytes'][1])}, "
-                  f"{saving['predicted_us'][0]:.1f} -> {saving['predicted_us'][1]:.1f} µs predicted "
-                  f"({saving['speedup']:.1f}× from fusion); unfused = one kernel per op, as eager JAX runs it")
-        if fv.ledger:
-            print()
-            print(report.ledger_table(hbm_bytes_per_s=costmodel.detect().hbm_bytes_per_s))
+        return 0
+    print(report.table())
+    saving = report.fusion_saving_text(spec.name, spec.hbm_bytes_per_s, spec.bf16_flops_per_s, spec.launch_us)
+    if saving:
+        print(f"\n{saving}")
+    if fv.ledger:
+        print()
+        print(report.ledger_table(hbm_bytes_per_s=spec.hbm_bytes_per_s))
     return 0
 
 
@@ -212,40 +171,15 @@ def _define_diff_flags(fv: flags.FlagValues) -> None:
                         "this path.", flag_values=fv)
 
 
-def _side_report(fv: flags.FlagValues, spec: str | None, xla_flags: str):
-    import os
-
-    import hlo_inspect
-
-    if spec and os.path.isfile(spec):
-        if xla_flags:
-            raise flags.Error(f"XLA flags apply to programs we compile, not to the saved file {spec}")
-        with open(spec, encoding="utf-8") as f:
-            return hlo_inspect.from_text(f.read(), title=spec), spec
-    if spec and "=" not in spec:
-        raise flags.Error(f"{spec!r} is neither an HLO text file nor a kernel spec like 'attention=cudnn'")
-    report = inspect_program(fv, kernels=spec or "", xla_flags=xla_flags)
-    label = (spec or fv.kernels or "default kernels") + (f" {xla_flags}" if xla_flags else "")
-    return report, label
-
-
-def diff_programs(fv: flags.FlagValues):
-    """The `hlo_inspect.Diff` of the two programs the flags describe."""
-    import hlo_inspect
-
-    if fv.a is None and fv.b is None and not (fv.a_xla_flags or fv.b_xla_flags):
-        raise flags.Error("give --a and --b (HLO files or kernel specs), or --a_xla_flags/--b_xla_flags")
-    report_a, label_a = _side_report(fv, fv.a, fv.a_xla_flags)
-    report_b, label_b = _side_report(fv, fv.b, fv.b_xla_flags)
-    return hlo_inspect.diff(report_a, report_b, label_a=label_a, label_b=label_b)
-
-
 def _diff(fv: flags.FlagValues, rest: list[str]) -> int:
     import json
 
+    from jaxfuse import programs
+
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
-    d = diff_programs(fv)
+    d = programs.diff_programs(fv.a, fv.b, a_xla_flags=fv.a_xla_flags, b_xla_flags=fv.b_xla_flags,
+                               model=_model_options(fv), progress=_progress)
     if fv.html:
         d.to_html(fv.html)
         _progress(f"wrote {fv.html}")
@@ -273,7 +207,7 @@ def _passes(fv: flags.FlagValues, rest: list[str]) -> int:
 
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
-    program = _build_program(fv)
+    program = _program(fv)
     _progress(f"compiling {program.description} on {jax.devices()[0].device_kind} with per-pass dumps ...")
     start = time.perf_counter()
     timeline = dump_passes(program.fn, *program.args, pass_re=fv.pass_re, xla_flags=fv.xla_flags,
@@ -287,12 +221,22 @@ def _passes(fv: flags.FlagValues, rest: list[str]) -> int:
 # bench
 
 def _define_bench_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("op", None, "Which op's suite: attention, rmsnorm_matmul or cross_entropy.",
-                        flag_values=fv)
-    flags.DEFINE_list("shapes", [], "Named shapes of the suite (default: its DEFAULT_SHAPES; 'all' for every one).",
+    from jaxfuse import suites
+
+    flags.DEFINE_enum("op", None, list(suites.OPS), "Which op's spec to time.", flag_values=fv)
+    flags.DEFINE_list("shapes", [], "Named shapes of the spec (default: its GPU shapes on a GPU, its CPU smoke shape "
+                      "elsewhere; 'all' for every one this machine runs).", flag_values=fv)
+    flags.DEFINE_list("impls", [], "Implementations to time (default: the spec's; e.g. pallas_triton,xla,xla_f32).",
                       flag_values=fv)
     flags.DEFINE_integer("iterations", 30, "Timed iterations per measurement (median reported).", lower_bound=1,
                          flag_values=fv)
+    flags.DEFINE_bool("tune", False, "First sweep the Pallas kernels' block sizes at the shapes (default: the spec's "
+                      "tune shapes): each candidate is checked against the float32 reference, then timed; the best "
+                      "goes into --tuned_configs, and the suite then runs with it.", flag_values=fv)
+    flags.DEFINE_string("tuned_configs", None, "Tuning cache the sweep writes (default: the package's "
+                        "pallas_kernels/tuned_configs.json, which every call then uses).", flag_values=fv)
+    flags.DEFINE_float("budget_s", 0.0, "Wall-clock budget in seconds (0: none); what is not started by then is "
+                       "recorded as skipped.", lower_bound=0.0, flag_values=fv)
     flags.DEFINE_string("out", "benchmarks/results",
                         "Folder for <op>-<device tag>.json and .md (attention-h100.json on an H100; '' to skip).",
                         flag_values=fv)
@@ -302,32 +246,38 @@ def _define_bench_flags(fv: flags.FlagValues) -> None:
 def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     import dataclasses as dc
     import json
-    import os
 
     from jaxfuse import bench, suites
 
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
     if not fv.op:
-        raise flags.Error(f"--op is required; one of {suites.available()}")
-    suite = suites.get(fv.op)
-    names = list(suite.SHAPES) if fv.shapes == ["all"] else (fv.shapes or list(suite.DEFAULT_SHAPES))
-    unknown = [n for n in names if n not in suite.SHAPES]
-    if unknown:
-        raise flags.Error(f"--shapes: unknown {unknown}; {fv.op} has {list(suite.SHAPES)}")
-    _progress(f"benchmarking {fv.op} at {names} ({fv.iterations} iterations each) ...")
-    records = suite.run(names, iterations=fv.iterations)
-    env = bench.environment()
-    if fv.out:
-        path = bench.write_results(records, os.path.join(fv.out, f"{fv.op}-{bench.device_tag(env['device'])}.json"),
-                                   env=env)
+        raise flags.Error(f"--op is required; one of {list(suites.OPS)}")
+    spec = suites.get(fv.op)
+    shapes = fv.shapes or None
+    if fv.shapes == ["all"]:
+        import jax
+
+        shapes = list(spec.shapes) if jax.default_backend() == "gpu" else list(spec.cpu_shapes)
+    deadline = time.time() + fv.budget_s if fv.budget_s else None
+    _progress(f"benchmarking {fv.op} ({fv.iterations} iterations each{', tuning first' if fv.tune else ''}) ...")
+    result = suites.benchmark(fv.op, shapes, impls=fv.impls or None, iterations=fv.iterations, tune_first=fv.tune,
+                              tuned_configs=fv.tuned_configs, out=fv.out or None, deadline=deadline,
+                              progress=_progress)
+    for path in result["written"]:
         _progress(f"wrote {path}")
+    env, records = result["environment"], result["records"]
     if fv.json:
-        print(json.dumps({"environment": env, "records": [dc.asdict(r) for r in records]}, indent=1))
-    else:
-        print(f"{env['device']}, jax {env['jax']}, commit {env['commit']}, {records[0].method if records else ''}"
-              " timing")
-        print(bench.markdown_table(records))
+        print(json.dumps({"environment": env, "records": [dc.asdict(r) for r in records], "sweep": result["sweep"]},
+                         indent=1, default=str))
+        return 0
+    if result["sweep"] is not None:
+        print(suites.sweep.sweep_table(result["sweep"]) + "\n")
+    print(f"{env['device']}, jax {env['jax']}, commit {env['commit']}, {records[0].method if records else ''}"
+          " timing")
+    print(bench.markdown_table(records))
+    print()
+    print(suites.summary_table(records))
     return 0
 
 
@@ -342,19 +292,11 @@ def _define_train_flags(fv: flags.FlagValues) -> None:
                               "('' = all xla); repeat the flag to compare several (the first is the baseline).",
                               flag_values=fv)
     flags.DEFINE_integer("steps", d.steps, "Optimizer steps.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer("batch", d.batch, "Sequences per step.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer("seq", d.seq, "Tokens (bytes) per sequence.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer("dim", d.dim, "Model width D.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer("heads", d.heads, "Query heads N (D must be a multiple).", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer("kv_heads", d.kv_heads, "Key/value heads K (N a multiple of K).", lower_bound=1,
-                         flag_values=fv)
-    flags.DEFINE_integer("layers", d.layers, "Transformer blocks.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_enum("dtype", "bf16", list(_DTYPES), "Compute dtype (parameters stay float32).", flag_values=fv)
+    _define_shape_flags(fv, dataclasses.asdict(d))
     flags.DEFINE_float("lr", d.lr, "Peak learning rate (AdamW, warmup then cosine to lr/10).", flag_values=fv)
     flags.DEFINE_integer("warmup", d.warmup, "Warmup steps.", lower_bound=0, flag_values=fv)
     flags.DEFINE_integer("eval_every", d.eval_every, "Steps between held-out loss measurements.", lower_bound=1,
                          flag_values=fv)
-    flags.DEFINE_integer("seed", d.seed, "Seed of parameters, batch order and eval batches.", flag_values=fv)
     flags.DEFINE_string("corpus", None, "A UTF-8 text file to train on (default: the toolkit's own Python source).",
                         flag_values=fv)
     flags.DEFINE_string("out", None, "Also write the runs as JSON (environment, config, loss curves, step times) "
@@ -376,7 +318,8 @@ def _train(fv: flags.FlagValues, rest: list[str]) -> int:
                             kv_heads=fv.kv_heads, layers=fv.layers, dtype=_DTYPES[fv.dtype], lr=fv.lr,
                             warmup=fv.warmup, eval_every=fv.eval_every, seed=fv.seed, corpus=fv.corpus)
     cfg.model_config()  # bad widths and head counts fail here, before any data is read
-    if jax.default_backend() == "cpu" and any(getattr(ks, site) == "pallas" for ks in kernel_sets for site in SITES):
+    if jax.default_backend() == "cpu" and any(getattr(ks, site).startswith("pallas") for ks in kernel_sets
+                                                for site in SITES):
         _progress("note: on the CPU the Pallas kernels run in interpret mode: slow, and their step time says "
                   "nothing about a GPU")
     results = train.compare(kernel_sets, cfg, progress=_progress)

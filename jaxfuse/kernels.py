@@ -14,10 +14,15 @@ Each site has one registry, a dict from implementation name to callable (``ATTEN
            the rest. The baseline the benchmark suites time, so model-level and kernel-level comparisons agree.
   xla_f32  the float32 references of ``pallas_kernels.reference`` (HIGHEST precision, nothing rounded to the
            compute dtype): what the kernels are tested against; slower, for checking numerics.
-  pallas   the fused Pallas kernels of ``pallas_kernels``.
+  pallas   the fused Pallas kernels of ``pallas_kernels``, backend "auto" (the fastest tuned backend that runs
+           here; Triton when nothing is tuned, interpret mode on CPU)
+  pallas_triton, pallas_mosaic   the same kernels on that backend (``backend="triton"`` / ``"mosaic"``); a
+           backend the op does not implement yet raises ValueError when called (``unavailable_reason`` says so
+           before). Results name these, never ``pallas``, so a record says which backend ran.
 
 ``"cudnn"`` (attention only) is ``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU only). A module that
-provides another implementation registers it with ``register("attention", "name", fn)``.
+provides another implementation registers it with ``register("attention", "name", fn)``. The Pallas entries pass
+extra keyword options (``block_sizes=``) on to the kernel.
 
     >>> ks = KernelSet.parse("attention=cudnn")
     >>> ks
@@ -41,12 +46,16 @@ __all__ = [
     "ATTENTION",
     "LOSS",
     "NORM_MATMUL",
+    "PALLAS_BACKENDS",
     "REGISTRIES",
     "SITES",
+    "SITE_OPS",
     "KernelSet",
     "plain_attention",
     "plain_cross_entropy",
     "register",
+    "unavailable_reason",
+    "unimplemented_reason",
 ]
 
 
@@ -131,24 +140,46 @@ def _cudnn_attention(
     return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="cudnn")
 
 
-def _pallas_norm_matmul(x: jax.Array, gamma: jax.Array, w: jax.Array, *, eps: float = 1e-6) -> jax.Array:
-    """The fused Pallas kernel; w is cast to x's dtype (the kernel takes one operand dtype)."""
-    return pallas_kernels.rmsnorm_matmul(x, gamma, w.astype(x.dtype), eps=eps)
+# Pallas implementation name -> the kernels' backend= argument.
+PALLAS_BACKENDS = {"pallas": "auto", "pallas_triton": "triton", "pallas_mosaic": "mosaic"}
+# site -> the op's name in pallas_kernels.BACKENDS and the tuning cache.
+SITE_OPS = {"attention": "flash_attention", "norm_matmul": "rmsnorm_matmul", "loss": "linear_cross_entropy"}
 
 
-def _pallas_loss(h: jax.Array, w: jax.Array, labels: jax.Array) -> jax.Array:
-    """The fused Pallas linear cross-entropy; w is cast to h's dtype."""
-    return pallas_kernels.linear_cross_entropy(h, w.astype(h.dtype), labels)
+def _pallas_attention(backend: str) -> Callable[..., jax.Array]:
+    def attention(q, k, v, *, causal: bool = False, scale: float | None = None, **options):
+        """The Pallas flash-attention kernel on backend ``backend``."""
+        return pallas_kernels.flash_attention(q, k, v, causal=causal, scale=scale, backend=backend, **options)
+
+    return attention
+
+
+def _pallas_norm_matmul(backend: str) -> Callable[..., jax.Array]:
+    def norm_matmul(x, gamma, w, *, eps: float = 1e-6, **options):
+        """The fused Pallas kernel on backend ``backend``; w is cast to x's dtype (one operand dtype)."""
+        return pallas_kernels.rmsnorm_matmul(x, gamma, w.astype(x.dtype), eps=eps, backend=backend, **options)
+
+    return norm_matmul
+
+
+def _pallas_loss(backend: str) -> Callable[..., jax.Array]:
+    def loss(h, w, labels, **options):
+        """The fused Pallas linear cross-entropy on backend ``backend``; w is cast to h's dtype."""
+        return pallas_kernels.linear_cross_entropy(h, w.astype(h.dtype), labels, backend=backend, **options)
+
+    return loss
 
 
 # One registry per site: implementation name -> callable with the site's signature (module docstring).
 ATTENTION: dict[str, Callable[..., jax.Array]] = {
     "xla": plain_attention, "xla_f32": reference.attention, "cudnn": _cudnn_attention,
-    "pallas": pallas_kernels.flash_attention}
+    **{name: _pallas_attention(backend) for name, backend in PALLAS_BACKENDS.items()}}
 NORM_MATMUL: dict[str, Callable[..., jax.Array]] = {
-    "xla": _rmsnorm_then_matmul, "xla_f32": reference.rmsnorm_matmul, "pallas": _pallas_norm_matmul}
+    "xla": _rmsnorm_then_matmul, "xla_f32": reference.rmsnorm_matmul,
+    **{name: _pallas_norm_matmul(backend) for name, backend in PALLAS_BACKENDS.items()}}
 LOSS: dict[str, Callable[..., jax.Array]] = {
-    "xla": plain_cross_entropy, "xla_f32": reference.linear_cross_entropy, "pallas": _pallas_loss}
+    "xla": plain_cross_entropy, "xla_f32": reference.linear_cross_entropy,
+    **{name: _pallas_loss(backend) for name, backend in PALLAS_BACKENDS.items()}}
 REGISTRIES: dict[str, dict[str, Callable[..., jax.Array]]] = {
     "attention": ATTENTION,
     "norm_matmul": NORM_MATMUL,
@@ -161,6 +192,31 @@ def _registry(site: str) -> dict[str, Callable[..., jax.Array]]:
     if site not in REGISTRIES:
         raise ValueError(f"site: expected one of {list(SITES)}, got {site!r}")
     return REGISTRIES[site]
+
+
+def unimplemented_reason(site: str, name: str) -> str | None:
+    """Why implementation ``name`` of ``site`` has no code behind it yet (a Pallas backend its op does not
+    implement), or None."""
+    backend = PALLAS_BACKENDS.get(name)
+    if backend in (None, "auto"):
+        return None
+    registry = pallas_kernels.BACKENDS[SITE_OPS[site]]
+    if backend not in registry.names:
+        return (f"{name}: {registry.op} has no {backend} backend yet (implemented: "
+                f"{', '.join(registry.names)})")
+    return None
+
+
+def unavailable_reason(site: str, name: str) -> str | None:
+    """Why implementation ``name`` of ``site`` cannot run on this machine (not implemented, cuDNN without a GPU,
+    a GPU backend this machine lacks), or None. Shape constraints are the kernels' own ValueErrors."""
+    _registry(site)
+    if name == "cudnn" and jax.default_backend() not in ("gpu", "cuda"):
+        return f"cudnn: needs an NVIDIA GPU with cuDNN; the default JAX backend is {jax.default_backend()!r}"
+    reason = unimplemented_reason(site, name)
+    if reason is None and PALLAS_BACKENDS.get(name, "auto") != "auto":
+        reason = pallas_kernels.backends.unavailable_reason(PALLAS_BACKENDS[name])
+    return reason
 
 
 def register(site: str, name: str, fn: Callable[..., jax.Array], *, replace: bool = False) -> None:

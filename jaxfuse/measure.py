@@ -23,7 +23,8 @@ import time
 from typing import Any, Sequence
 
 from hlo_inspect.kernels import Kernel
-from hlo_inspect.report import Report, format_bytes
+from hlo_inspect.formatting import format_bytes
+from hlo_inspect.report import Report
 from jaxfuse import bench
 from jaxfuse.costmodel import DeviceSpec
 

@@ -14,14 +14,23 @@
   model="lm", train_step:     fn(params, tokens, labels (B, T)) -> (loss, grads); mean next-token cross-entropy
                               through the loss site
 
-Defaults (a Llama-shaped block that compiles in seconds on CPU): batch 2, seq 128, dim 256, 4 query heads and 2
-key/value heads (head dim 64, GQA), MLP hidden 704, bfloat16 compute with float32 parameters; the LM adds
-2 layers and a 4096-token vocabulary.
+Defaults (a Llama-shaped block that compiles in seconds on CPU): batch 2, seq 128, and the model shape of
+``Config.block_default()`` (dim 256, 4 query heads and 2 key/value heads (head dim 64, GQA), MLP hidden 704,
+bfloat16 compute with float32 parameters; the LM adds 2 layers and a 4096-token vocabulary).
+
+What `jaxfuse inspect | diff` do with a program, as functions of plain arguments that return data:
+
+    report = inspect_program(build_program("block"), xla_flags="--xla_gpu_enable_triton_gemm=false")
+    d = diff_programs("attention=xla", "attention=cudnn", model=dict(train_step=True))
+    kernels = triton_kernels(build_program(kernels=KernelSet.parse("all=pallas")))   # any machine: lowered for CUDA
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,13 +38,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxfuse.kernels import KernelSet
+import hlo_inspect
+from hlo_inspect.formatting import parse_xla_flags
+from jaxfuse.kernels import SITES, KernelSet
 from jaxfuse.models import Block, Config, Transformer
 
-__all__ = ["MODELS", "Program", "build_program"]
+__all__ = ["DEFAULT_MODEL", "MODELS", "Program", "build_program", "diff_programs", "inspect_program",
+           "triton_kernels"]
 
 MODELS = ("block", "lm")
 IGNORE_LABEL = -100  # label of the last position, which has no next token
+DEFAULT_MODEL = Config.block_default()  # the one definition of the default model's shape (CLI, train, programs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,15 +67,15 @@ def build_program(
     *,
     batch: int = 2,
     seq: int = 128,
-    dim: int = 256,
-    heads: int = 4,
-    kv_heads: int = 2,
-    dtype: Any = "bfloat16",
+    dim: int = DEFAULT_MODEL.dim,
+    heads: int = DEFAULT_MODEL.n_heads,
+    kv_heads: int = DEFAULT_MODEL.n_kv_heads,
+    dtype: Any = DEFAULT_MODEL.dtype.name,
     train_step: bool = False,
     kernels: KernelSet = KernelSet(),
     seed: int = 0,
-    layers: int = 2,
-    vocab: int = 4096,
+    layers: int = DEFAULT_MODEL.n_layers,
+    vocab: int = DEFAULT_MODEL.vocab,
 ) -> Program:
     """Builds the model ("block": one decoder block; "lm": ``layers`` blocks with embedding and LM head).
 
@@ -120,3 +133,71 @@ def build_program(
         f"mlp {cfg.mlp_hidden}, {cfg.dtype.name} compute, {cfg.param_dtype.name} params, kernels {kernels}"
     )
     return Program(fn=fn, args=args, description=description, config=cfg, kernels=kernels)
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def inspect_program(program: Program, *, xla_flags: str = "",
+                    progress: Callable[[str], None] = _progress) -> hlo_inspect.Report:
+    """Compiles ``program`` (with XLA options given as flags, ``"--xla_name=value ..."``) and returns its report,
+    titled with the program, device and jax version; ``report.program`` is the program (for ``--measure``)."""
+    options = parse_xla_flags(xla_flags)
+    pallas_sites = [site for site in SITES if getattr(program.kernels, site).startswith("pallas")]
+    if pallas_sites and jax.default_backend() == "cpu":
+        progress(f"note: on the CPU the Pallas kernels ({', '.join(pallas_sites)}) run in interpret mode: the "
+                 f"report lists the interpreter's loops of small XLA ops, not one fused kernel; inspect on a GPU "
+                 f"to see the kernel itself")
+    progress(f"compiling {program.description} on {jax.devices()[0].device_kind} ...")
+    start = time.perf_counter()
+    try:
+        report = hlo_inspect.inspect(program.fn, *program.args, compiler_options=options or None)
+    except jax.errors.JaxRuntimeError as e:
+        if options and "compile option" in str(e):
+            raise ValueError(f"xla_flags {options}: {e}") from None
+        raise
+    report.title = (f"{program.description} on {jax.devices()[0].device_kind} (jax {jax.__version__})"
+                    + (f", XLA options {options}" if options else ""))
+    progress(f"compiled in {time.perf_counter() - start:.1f} s")
+    report.program = program
+    return report
+
+
+def _side(spec: str | None, xla_flags: str, model: dict, progress) -> tuple[hlo_inspect.Report, str]:
+    """One side of a diff: a saved HLO text file, or the model with a kernel spec ('' for the defaults)."""
+    if spec and os.path.isfile(spec):
+        if xla_flags:
+            raise ValueError(f"xla_flags: XLA flags apply to programs we compile, not to the saved file {spec}")
+        with open(spec, encoding="utf-8") as f:
+            return hlo_inspect.from_text(f.read(), title=spec), spec
+    if spec and "=" not in spec:
+        raise ValueError(f"{spec!r} is neither an HLO text file nor a kernel spec like 'attention=cudnn'")
+    program = build_program(**model, kernels=KernelSet.parse(spec or ""))
+    report = inspect_program(program, xla_flags=xla_flags, progress=progress)
+    return report, (spec or "default kernels") + (f" {xla_flags}" if xla_flags else "")
+
+
+def diff_programs(a: str | None, b: str | None, *, a_xla_flags: str = "", b_xla_flags: str = "",
+                  model: dict | None = None, progress: Callable[[str], None] = _progress) -> hlo_inspect.Diff:
+    """The ``hlo_inspect.Diff`` of two programs, each a saved HLO text file or a kernel spec for the model that
+    ``build_program(**model)`` builds ('' or None: the default kernels), compiled with its XLA flags."""
+    if a is None and b is None and not (a_xla_flags or b_xla_flags):
+        raise ValueError("give a and b (HLO files or kernel specs), or XLA flags for either side")
+    model = dict(model or {})
+    report_a, label_a = _side(a, a_xla_flags, model, progress)
+    report_b, label_b = _side(b, b_xla_flags, model, progress)
+    return hlo_inspect.diff(report_a, report_b, label_a=label_a, label_b=label_b)
+
+
+def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progress) -> list:
+    """The Pallas kernels of ``program`` lowered for CUDA (on any machine): [hlo_inspect.triton_ir.TritonKernel]."""
+    from hlo_inspect import triton_ir
+    from pallas_kernels import backends, triton_utils
+
+    if not any(getattr(program.kernels, site).startswith("pallas") for site in SITES):
+        raise ValueError(f"triton_ir: no site runs a Pallas kernel ({program.kernels}); choose one, e.g. "
+                         f"--kernels attention=pallas or --kernels all=pallas")
+    progress(f"lowering {program.description} for CUDA ...")
+    with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+        return triton_ir.lower_kernels(program.fn, *program.args)

@@ -36,9 +36,11 @@ from jaxfuse import bench
 from jaxfuse.kernels import KernelSet
 from jaxfuse.models import Config, Transformer
 
-__all__ = ["TrainConfig", "TrainResult", "compare", "comparison_table", "load_corpus", "sample_batch", "train"]
+__all__ = ["TrainConfig", "TrainResult", "compare", "comparison_table", "load_corpus", "optimizer", "sample_batch",
+           "step_functions", "train"]
 
 VOCAB = 256  # byte-level tokens
+_MODEL = Config.block_default()
 _PACKAGES = ("jaxfuse", "hlo_inspect", "pallas_kernels")
 _EVAL_FRACTION = 0.1
 
@@ -52,11 +54,11 @@ class TrainConfig:
     steps: int = 200
     batch: int = 8  # sequences per step
     seq: int = 128  # tokens per sequence
-    dim: int = 256
-    heads: int = 4
-    kv_heads: int = 2
-    layers: int = 2
-    dtype: str = "bfloat16"  # compute dtype; parameters are float32
+    dim: int = _MODEL.dim  # the model shape defaults are Config.block_default()'s
+    heads: int = _MODEL.n_heads
+    kv_heads: int = _MODEL.n_kv_heads
+    layers: int = _MODEL.n_layers
+    dtype: str = _MODEL.dtype.name  # compute dtype; parameters are float32
     lr: float = 3e-3
     warmup: int = 20  # steps of linear warmup
     weight_decay: float = 0.1
@@ -161,7 +163,8 @@ def sample_batch(data: np.ndarray, batch: int, seq: int, rng: np.random.Generato
 # ---------------------------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------------------------
-def _optimizer(cfg: TrainConfig):
+def optimizer(cfg: TrainConfig):
+    """(AdamW with warmup-cosine schedule and global-norm clipping, the optax module) for ``cfg``."""
     try:
         import optax
     except ImportError as e:
@@ -174,8 +177,9 @@ def _optimizer(cfg: TrainConfig):
                        optax.adamw(schedule, weight_decay=cfg.weight_decay, mask=matrices_only)), optax
 
 
-def _step_fns(graphdef, optimizer, optax):
-    """(train step, loss): step(params, opt_state, tokens, labels) -> (params, opt_state, loss float32)."""
+def step_functions(graphdef, optimizer, optax):
+    """(train step, loss) of the model ``graphdef`` with ``optimizer``: step(params, opt_state, tokens, labels) ->
+    (params, opt_state, loss float32); loss(params, tokens, labels)."""
 
     def loss_of(params, tokens, labels):
         return nnx.merge(graphdef, params).loss(tokens, labels)
@@ -199,9 +203,9 @@ def train(cfg: TrainConfig = TrainConfig(), kernels: KernelSet = KernelSet(), *,
     train_part, eval_part = _split(data, cfg.seq)
     model_cfg = cfg.model_config()
     graphdef, params = nnx.split(Transformer(model_cfg, kernels=kernels, rngs=nnx.Rngs(cfg.seed)))
-    optimizer, optax = _optimizer(cfg)
-    opt_state = optimizer.init(params)
-    step, loss_of = _step_fns(graphdef, optimizer, optax)
+    opt, optax = optimizer(cfg)
+    opt_state = opt.init(params)
+    step, loss_of = step_functions(graphdef, opt, optax)
     train_step = jax.jit(step, donate_argnums=(0, 1))
     eval_loss_of = jax.jit(loss_of)
     eval_rng = np.random.default_rng([cfg.seed, 1])

@@ -1,17 +1,25 @@
-"""Hand-fused Pallas (Triton lowering) kernels, each with a float32 jnp reference in ``pallas_kernels.reference``.
+"""Hand-fused Pallas kernels, each with a float32 jnp reference in ``pallas_kernels.reference``.
 
   from pallas_kernels import flash_attention
   o = flash_attention(q, k, v, causal=True)   # q (B,T,N,H), k/v (B,S,K,H); the (T, S) scores never reach HBM
+  o = flash_attention(q, k, v, backend="triton")              # "auto" (default) | "triton" | "mosaic"
 
-The kernel modules share their function's name, so they are reached through ``sys.modules`` (e.g.
-``importlib.import_module("pallas_kernels.flash_attention")``); what a user needs is exported here.
+One package per op (``attention``, ``norm_matmul``, ``cross_entropy``): the public function in its ``__init__``
+(validation, config, backend dispatch), one module per GPU backend beside it (``triton.py``), the configs in
+``config.py``. ``OPS`` maps each op's name to its package, ``BACKENDS`` to its backend registry
+(``pallas_kernels.backends``).
 """
 
-from pallas_kernels import reference, tuning
-from pallas_kernels.flash_attention import FlashAttentionConfig
-from pallas_kernels.flash_attention import autotune as autotune_flash_attention
-from pallas_kernels.flash_attention import flash_attention
+from pallas_kernels import backends, reference, tuning
+from pallas_kernels.attention import FlashAttentionConfig, flash_attention
 from pallas_kernels.cross_entropy import LinearCrossEntropyConfig, linear_cross_entropy
-from pallas_kernels.rmsnorm_matmul import RMSNormMatmulConfig, rmsnorm_matmul
+from pallas_kernels.norm_matmul import RMSNormMatmulConfig, rmsnorm_matmul
+from pallas_kernels import attention as _attention, cross_entropy as _cross_entropy, norm_matmul as _norm_matmul
 
-__all__ = ["FlashAttentionConfig", "LinearCrossEntropyConfig", "linear_cross_entropy", "RMSNormMatmulConfig", "rmsnorm_matmul", "autotune_flash_attention", "flash_attention", "reference", "tuning"]
+# op name (as in the tuning cache) -> its package (public function, plan, tuning_key, sweep_candidates, BACKENDS)
+OPS = {package.BACKENDS.op: package for package in (_attention, _norm_matmul, _cross_entropy)}
+# op name -> its backend registry: BACKENDS["flash_attention"].names == ("triton",)
+BACKENDS = {op: package.BACKENDS for op, package in OPS.items()}
+
+__all__ = ["BACKENDS", "OPS", "FlashAttentionConfig", "LinearCrossEntropyConfig", "RMSNormMatmulConfig", "backends",
+           "flash_attention", "linear_cross_entropy", "reference", "rmsnorm_matmul", "tuning"]

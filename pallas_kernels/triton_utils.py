@@ -1,9 +1,6 @@
 """Small helpers shared by the Pallas (Triton lowering) kernels of this package.
 
   from pallas_kernels import triton_utils as tu
-  interpret = tu.resolve_interpret(None)             # True exactly when the default backend is CPU
-  with tu.lowering_for_gpu():                         # ... except here: lower for CUDA on a CPU-only machine
-      kernels = hlo_inspect.triton_ir.lower_kernels(f, x, w)
   call = tu.pallas_call(kernel, num_warps=8, num_stages=3, interpret=interpret, grid=(n,), out_shape=...)
   with tu.quiet_triton_deprecation():
       y = call(x, w)
@@ -14,13 +11,14 @@ Why masked loads: on GPU an unmasked out-of-bounds tile reads past the array; in
 runs past the end is shifted back or padded with garbage. Only ``plgpu.load(..., mask=, other=)`` gives the same
 answer on both, so every tile that may cross an array's end goes through ``load``/``store`` with a mask.
 
-Nothing here is kernel-specific; no import-time side effects (``lowering_for_gpu`` is a scoped context variable).
+``resolve_interpret`` and ``lowering_for_gpu`` (which decide interpret mode for every backend) live in
+``pallas_kernels.backends`` and are importable from here too. Nothing here is kernel-specific; no import-time side
+effects.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import warnings
 
@@ -29,6 +27,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.backends import lowering_for_gpu, resolve_interpret
 
 __all__ = [
     "check_launch_fields",
@@ -46,29 +46,6 @@ __all__ = [
 # jax >= 0.11 warns "The Pallas Triton backend is deprecated and will be removed in a future JAX version." at every
 # lowering of a Triton pallas_call. We choose Triton on purpose; only that message is silenced.
 _TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
-
-
-_LOWERING_FOR_GPU = contextvars.ContextVar("pallas_kernels_lowering_for_gpu", default=False)
-
-
-def resolve_interpret(interpret: bool | None) -> bool:
-    """The caller's choice, or True exactly when the default backend is CPU (Pallas has no CPU code generator),
-    except inside ``lowering_for_gpu()``."""
-    if interpret is None:
-        return jax.default_backend() == "cpu" and not _LOWERING_FOR_GPU.get()
-    return bool(interpret)
-
-
-@contextlib.contextmanager
-def lowering_for_gpu():
-    """Within this block, kernels called with ``interpret=None`` choose the Triton backend and GPU tiles whatever
-    the default backend is: for lowering a program to CUDA on a machine without a GPU
-    (``hlo_inspect.triton_ir.lower_kernels``). Such a program can be lowered here, not run."""
-    token = _LOWERING_FOR_GPU.set(True)
-    try:
-        yield
-    finally:
-        _LOWERING_FOR_GPU.reset(token)
 
 
 @contextlib.contextmanager

@@ -1,23 +1,19 @@
-"""Block sizes per shape: a built-in table, a JSON cache of autotuned entries, and the GPU autotuner that fills it.
+"""Kernel configs per device, backend and shape: built-in tables and a JSON cache of tuned entries.
 
-Lookup order for a kernel call (done by the kernel module, at trace time):
+Lookup order for a kernel call (done by the backend module's ``default_config``, at trace time):
   1. ``block_sizes=`` passed by the caller (never overwritten);
-  2. an entry in the JSON cache for this device kind, op and shape key (written by ``autotune``);
-  3. the built-in table below (hand-picked for H100; a sane start on other GPUs), or small blocks on CPU.
+  2. an entry in the JSON cache for this device kind, backend, op and shape key (written by ``jaxfuse bench
+     --op NAME --tune``, which checks every candidate against the float32 reference before timing it);
+  3. the built-in tables below (hand-picked for the H100; a sane start on other GPUs), or small tiles on CPU.
 
 The cache is a plain JSON file meant to be committed (``DEFAULT_CACHE_PATH`` ships with the package)::
 
-  {"version": 1,
-   "entries": {"NVIDIA H100 80GB HBM3": {"flash_attention": {"bf16[T=4096,S=4096,N=16,K=16,H=128]causal":
-                                                           {"params": {...}, "time_us": 812.5}}}}}
+  {"version": 2,
+   "entries": {"NVIDIA H100 80GB HBM3": {"triton": {"flash_attention": {
+       "bfloat16[T=4096,S=4096,N=16,K=16,H=128]causal": {"params": {...}, "time_us": 812.5}}}}}}
 
-Autotuning times real compiled kernels, so it only means something on a GPU; run it from a script, e.g.::
-
-  from pallas_kernels import flash_attention
-  flash_attention.autotune(q, k, v, causal=True)   # times the candidates, writes the cache
-
-This module knows nothing about any particular kernel beyond the table of starting points; no import-time side
-effects, no environment variables.
+To tune on a GPU: ``jaxfuse bench --op attention --tune --shapes main`` (``jaxfuse.suites.sweep.tune``). The
+measured reasons behind the tables are in ``benchmarks/results/NOTES.md``. No import-time side effects.
 """
 
 from __future__ import annotations
@@ -25,28 +21,28 @@ from __future__ import annotations
 import functools
 import json
 import os
-import statistics
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 __all__ = [
     "DEFAULT_CACHE_PATH",
-    "autotune",
     "device_kind",
     "flash_attention_table",
+    "linear_cross_entropy_table",
     "load_cache",
     "lookup",
+    "rmsnorm_matmul_table",
     "store",
-    "time_us",
+    "tuned_time_us",
 ]
 
 DEFAULT_CACHE_PATH = Path(__file__).with_name("tuned_configs.json")
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 def device_kind() -> str:
@@ -56,27 +52,22 @@ def device_kind() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Built-in table
+# Built-in tables (Triton backend)
 # ---------------------------------------------------------------------------------------------------------------
 # Flash attention on GPU, keyed by head dim. Forward: a (block_q, H) query tile stays in registers while (block_k, H)
 # K/V tiles stream through shared memory. Backward: the dK/dV kernel holds a (block_k_dkv, H) K/V tile and streams
 # query tiles of block_q_dkv rows; the dQ kernel holds a (block_q_dq, H) query tile and streams K/V tiles of
 # block_k_dq rows. Larger head dims need smaller tiles to fit registers and shared memory (228 KiB per SM on H100).
 # Each entry compiles for sm_90 with Triton 3.6 with no or few (<= 20) register spill stores in the unmasked paths
-# (checked with ptxas -v on the TTIR the kernels lower to); speed is for the autotuner to settle on the GPU.
+# (checked with ptxas -v on the TTIR the kernels lower to). The H=64 and H=128 tiles are the H100 sweeps' winners
+# (benchmarks/results/NOTES.md, "Flash attention"); spill counts of those forward tiles were not checked.
 _FLASH_ATTENTION_GPU = {
     32: dict(block_q=128, block_k=64, num_warps=4, num_stages=3,
              block_q_dkv=32, block_k_dkv=64, block_q_dq=128, block_k_dq=64, num_warps_bwd=4, num_stages_bwd=3),
-    # H=64 and H=128 forward tiles: the H100 sweep's winners at every suite shape, causal and not, once exp2 was
-    # PTX ex2.approx.ftz (attention-sweep-ftz-h100.txt: at B4 T=S=4096 N16 H128, 128x64 tiles with 4 warps and 2
-    # stages 1150 vs 1166 µs for 128x128 / 8 warps / 3 stages, causal 640 vs 673 µs; H64 64x64 / 4 / 3 1282 vs
-    # 1366 µs for 128x64). Backward tiles: the earlier sweep (attention-sweep-h100.txt: fwd+bwd 4670 vs 5306 µs
-    # with the 32/128/128/32 tiles). Spill counts of these forward tiles were not checked.
     64: dict(block_q=64, block_k=64, num_warps=4, num_stages=3,
              block_q_dkv=64, block_k_dkv=128, block_q_dq=128, block_k_dq=64, num_warps_bwd=8, num_stages_bwd=3),
-    # H=128: two query chains of 64 rows (one warpgroup's wgmma height) beat one 128-row chain at the main shape,
-    # 1123 vs 1138 µs, causal 629 vs 637 (attention-sweep-chains-h100.txt); at the other suite shapes the cache
-    # holds one-chain entries from before (not swept with chains).
+    # H=128: two query chains of 64 rows (one warpgroup's wgmma height) beat one 128-row chain at the main shape;
+    # at the other suite shapes the cache holds one-chain entries from before (not swept with chains).
     128: dict(block_q=128, block_k=64, query_chains=2, num_warps=4, num_stages=2,
               block_q_dkv=64, block_k_dkv=128, block_q_dq=128, block_k_dq=64, num_warps_bwd=8, num_stages_bwd=3),
     256: dict(block_q=64, block_k=32, num_warps=8, num_stages=2,
@@ -103,8 +94,57 @@ def flash_attention_table(head_dim: int, dtype, *, on_gpu: bool) -> dict[str, in
     fields)."""
     if not on_gpu:
         return dict(_FLASH_ATTENTION_CPU)
-    table = _FLASH_ATTENTION_GPU_F32 if jax.numpy.dtype(dtype).itemsize == 4 else _FLASH_ATTENTION_GPU
+    table = _FLASH_ATTENTION_GPU_F32 if jnp.dtype(dtype).itemsize == 4 else _FLASH_ATTENTION_GPU
     return dict(table[head_dim])
+
+
+# RMSNorm→matmul, H100, bf16. Prefill/training: compute-bound GEMM tiles. Decode: one 16-row block and K split over
+# 4 programs per 128-column tile, so that >= 128 programs stream w with enough bytes in flight (NOTES.md).
+_RMSNORM_MATMUL_GPU = {
+    "large": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, gamma_on_w=False,
+                  block_m_dx=128, block_k_dx=128, block_n_dx=64, num_warps_dx=8, num_stages_dx=3,
+                  rowdot_in_dx=False, block_k_dw=128, block_n_dw=128, block_m_dw=64, num_warps_dw=8,
+                  num_stages_dw=3, rstd_on_dy=False, dw_in_xla=True, group=8),
+    "decode": dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, gamma_on_w=False, split_k=4,
+                   block_m_dx=16, block_k_dx=32, block_n_dx=256, num_warps_dx=4, num_stages_dx=4,
+                   rowdot_in_dx=False, block_k_dw=64, block_n_dw=128, block_m_dw=16, num_warps_dw=4,
+                   num_stages_dw=3, rstd_on_dy=False, group=1),
+}
+# CPU (interpret mode): small tiles so that tiny test shapes still cover several blocks and the grouped order.
+_RMSNORM_MATMUL_CPU = dict(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=1, gamma_on_w=False,
+                           block_m_dx=16, block_k_dx=16, block_n_dx=16, num_warps_dx=4, num_stages_dx=1,
+                           rowdot_in_dx=False, block_k_dw=16, block_n_dw=16, block_m_dw=16, num_warps_dw=4,
+                           num_stages_dw=1, rstd_on_dy=False, group=2)
+DECODE_ROWS = 64  # rows at or below which an rmsnorm_matmul call counts as decode (memory-bound)
+
+
+def rmsnorm_matmul_table(M: int, dtype, *, on_gpu: bool) -> dict[str, Any]:
+    """Built-in rmsnorm_matmul parameters for M rows of a dtype, before fitting to K and N (a copy; keys are
+    RMSNormMatmulConfig fields)."""
+    if not on_gpu:
+        return dict(_RMSNORM_MATMUL_CPU)
+    params = dict(_RMSNORM_MATMUL_GPU["decode" if M <= DECODE_ROWS else "large"])
+    if jnp.dtype(dtype).itemsize == 4:  # twice the bytes per tile: keep the pipelines in shared memory
+        params.update(block_k=min(params["block_k"], 128 if M <= DECODE_ROWS else 32), num_stages=2,
+                      num_stages_dx=2, num_stages_dw=2)
+    return params
+
+
+# Linear cross-entropy. GPU bf16: the config's defaults (the H100 sweep's best at 8192x4096x128256). float32 tiles
+# take twice the shared memory: (128x64 + 64x256) x 4 B x 3 stages = 288 KiB is past the H100's 227 KiB, so
+# 128-column tiles and 3 stages (192 KiB) for both kernels. CPU (interpret mode): small tiles, so tiny test shapes
+# still cover several row blocks, vocabulary tiles, splits and chunks.
+_LINEAR_CROSS_ENTROPY_GPU_F32 = dict(block_v=128, block_v_bwd=128, num_stages=3, num_stages_bwd=3)
+_LINEAR_CROSS_ENTROPY_CPU = dict(block_b=16, block_v=32, block_h=16, num_splits=2, block_b_bwd=16, block_v_bwd=32,
+                                 block_h_bwd=16, group_b=2, chunk_v=64, num_warps=4, num_stages=1, num_warps_bwd=4,
+                                 num_stages_bwd=1)
+
+
+def linear_cross_entropy_table(dtype, *, on_gpu: bool) -> dict[str, Any]:
+    """Built-in linear_cross_entropy parameters overriding LinearCrossEntropyConfig's defaults (a copy)."""
+    if not on_gpu:
+        return dict(_LINEAR_CROSS_ENTROPY_CPU)
+    return dict(_LINEAR_CROSS_ENTROPY_GPU_F32) if jnp.dtype(dtype).itemsize == 4 else {}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -121,7 +161,7 @@ def _read_cache(path: str, mtime_ns: int) -> dict:
 
 
 def load_cache(path: str | os.PathLike = DEFAULT_CACHE_PATH) -> dict:
-    """The whole cache ({"version", "entries"}); an empty one if the file does not exist."""
+    """The whole cache ({"version", "entries": {device: {backend: {op: {key: entry}}}}}); empty if no file."""
     path = os.fspath(path)
     try:
         mtime_ns = os.stat(path).st_mtime_ns
@@ -130,16 +170,27 @@ def load_cache(path: str | os.PathLike = DEFAULT_CACHE_PATH) -> dict:
     return _read_cache(path, mtime_ns)
 
 
-def lookup(op: str, key: str, *, device: str | None = None,
-           path: str | os.PathLike = DEFAULT_CACHE_PATH) -> dict[str, Any] | None:
-    """Cached parameters for (device kind, op, shape key), or None."""
+def _entry(op: str, key: str, backend: str, device: str | None, path) -> dict | None:
     device = device_kind() if device is None else device
-    entry = load_cache(path)["entries"].get(device, {}).get(op, {}).get(key)
+    return load_cache(path)["entries"].get(device, {}).get(backend, {}).get(op, {}).get(key)
+
+
+def lookup(op: str, key: str, *, backend: str = "triton", device: str | None = None,
+           path: str | os.PathLike = DEFAULT_CACHE_PATH) -> dict[str, Any] | None:
+    """Cached parameters for (device kind, backend, op, shape key), or None."""
+    entry = _entry(op, key, backend, device, path)
     return None if entry is None else dict(entry["params"])
 
 
-def store(op: str, key: str, params: Mapping[str, Any], *, time_us: float | None = None, device: str | None = None,
-          path: str | os.PathLike = DEFAULT_CACHE_PATH) -> None:
+def tuned_time_us(op: str, key: str, *, backend: str = "triton", device: str | None = None,
+                  path: str | os.PathLike = DEFAULT_CACHE_PATH) -> float | None:
+    """The time the tuner measured for the cached entry (what ``backend="auto"`` compares), or None."""
+    entry = _entry(op, key, backend, device, path)
+    return None if entry is None else entry.get("time_us")
+
+
+def store(op: str, key: str, params: Mapping[str, Any], *, backend: str = "triton", time_us: float | None = None,
+          device: str | None = None, path: str | os.PathLike = DEFAULT_CACHE_PATH) -> None:
     """Adds or replaces one entry, rewriting the file atomically with sorted keys (stable diffs when committed)."""
     device = device_kind() if device is None else device
     path = os.fspath(path)
@@ -147,58 +198,11 @@ def store(op: str, key: str, params: Mapping[str, Any], *, time_us: float | None
     entry: dict[str, Any] = {"params": dict(params)}
     if time_us is not None:
         entry["time_us"] = round(float(time_us), 2)
-    data["entries"].setdefault(device, {}).setdefault(op, {})[key] = entry
+    data["entries"].setdefault(device, {}).setdefault(backend, {}).setdefault(op, {})[key] = entry
     directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tuning-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Autotuner
-# ---------------------------------------------------------------------------------------------------------------
-def time_us(fn: Callable[[], Any], *, warmup: int = 2, iters: int = 10) -> float:
-    """Median wall time of ``fn()`` in microseconds, blocking on its result (fn should be jitted and compiled)."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    samples = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
-
-
-def autotune(op: str, key: str, candidates: Iterable[Mapping[str, Any]],
-             make_fn: Callable[[Mapping[str, Any]], Callable[[], Any]], *, device: str | None = None,
-             path: str | os.PathLike | None = DEFAULT_CACHE_PATH, warmup: int = 2, iters: int = 10,
-             ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Times every candidate and stores the fastest in the cache (when ``path`` is not None).
-
-    Args:
-      candidates: parameter dicts to try.
-      make_fn: builds a zero-argument callable running the kernel(s) with one candidate's parameters. A candidate
-        whose build or first run raises (e.g. it needs more shared memory than the GPU has) is skipped.
-
-    Returns:
-      (best parameters, {candidate as a compact string: time in µs}) — failed candidates map to inf.
-    """
-    timings: dict[str, float] = {}
-    best, best_time = None, float("inf")
-    for params in candidates:
-        label = ",".join(f"{k}={v}" for k, v in sorted(params.items()))
-        try:
-            elapsed = time_us(make_fn(params), warmup=warmup, iters=iters)
-        except Exception:  # noqa: BLE001 -- a candidate that does not compile is simply not a winner
-            timings[label] = float("inf")
-            continue
-        timings[label] = elapsed
-        if elapsed < best_time:
-            best, best_time = dict(params), elapsed
-    if best is None:
-        raise RuntimeError(f"autotune({op!r}, {key!r}): every candidate failed")
-    if path is not None:
-        store(op, key, best, time_us=best_time, device=device, path=path)
-    return best, timings

@@ -99,6 +99,7 @@ def test_jaxfuse_inspect_triton_ir_on_cpu(capsys):
     assert "no site runs a Pallas kernel" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["inspect", "--train-step", "--seq", "16", "--dim", "64", "--heads", "2",
                                    "--kv-heads", "2", "--dtype", "f32"]])
 def test_jaxfuse_console_script(args):
@@ -127,7 +128,7 @@ def test_jaxfuse_diff_xla_flags_errors(capsys):
 
 
 def test_parse_xla_flags():
-    from hlo_inspect.report import parse_xla_flags
+    from hlo_inspect.formatting import parse_xla_flags
 
     assert parse_xla_flags("--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=a,b --xla_x") == {
         "xla_gpu_enable_triton_gemm": False, "xla_disable_hlo_passes": "a,b", "xla_x": True}
@@ -157,5 +158,46 @@ def test_bench_writes_json_and_markdown_and_prints_the_table(tmp_path, capsys):
                              "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cross_entropy-cpu.json", "cross_entropy-cpu.md"]
     records = json.load(open(tmp_path / "cross_entropy-cpu.json"))["records"]
-    assert {(r["implementation"], r["mode"]) for r in records} >= {("pallas", "fwd+bwd"), ("xla", "fwd+bwd")}
+    assert {(r["implementation"], r["mode"]) for r in records} >= {("pallas_triton", "fwd+bwd"),
+                                                                    ("xla", "fwd+bwd")}
     assert "| cross_entropy | 64x64x1000 |" in capsys.readouterr().out
+
+
+def test_bench_refuses_gpu_sized_shapes_on_cpu(capsys):
+    assert jaxfuse_cli.main(["bench", "--op", "train_step", "--shapes", "small", "--out", ""]) == 2
+    assert "['small'] are GPU-sized; on cpu (interpret mode) train_step runs ['tiny']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_tune_writes_the_sweep_and_the_tuned_configs(tmp_path, capsys):
+    """`jaxfuse bench --tune` on the CPU smoke shape: every candidate checked, the winner in --tuned-configs, the
+    suite run with it."""
+    tuned = tmp_path / "tuned.json"
+    assert jaxfuse_cli.main(["bench", "--op", "cross_entropy", "--tune", "--tuned-configs", str(tuned),
+                             "--iterations", "1", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cross_entropy-cpu.json", "cross_entropy-cpu.md",
+                                                          "cross_entropy-sweep-cpu.json", "tuned.json"]
+    rows = json.load(open(tmp_path / "cross_entropy-sweep-cpu.json"))["rows"]
+    assert rows and all(r["status"] == "ok" for r in rows)
+    records = json.load(open(tmp_path / "cross_entropy-cpu.json"))["records"]
+    pallas = [r for r in records if r["implementation"] == "pallas_triton"]
+    assert all(r["extra"]["config_source"] == f"tuned ({tuned})" for r in pallas)
+    assert "stored as" in capsys.readouterr().out
+
+
+def test_cli_functions_take_plain_arguments_and_return_data():
+    from jaxfuse import models, programs, train
+
+    a, b = os.path.join(DATA, "h100_block_fwd.hlo.txt"), os.path.join(DATA, "h100_block_grad.hlo.txt")
+    assert programs.diff_programs(a, b).to_dict()["summary"]["kernels"] == [21, 61]
+    program = programs.build_program(seq=16, dim=64, heads=2, kv_heads=1)
+    report = programs.inspect_program(program, progress=lambda message: None)
+    assert report.program is program and program.description in report.title
+    text = report.fusion_saving_text("cpu", 50e9, 1e12, 1.0)
+    assert text.startswith("fusion saving on cpu (roofline + 1 µs per launch): ") and "× from fusion" in text
+    with pytest.raises(ValueError, match="no site runs a Pallas kernel"):
+        programs.triton_kernels(program)
+    # The default model shape is defined once (Config.block_default) and read by the program, training and CLI.
+    default = models.Config.block_default()
+    assert (programs.DEFAULT_MODEL.dim, train.TrainConfig().dim, train.TrainConfig().layers) == (
+        default.dim, default.dim, default.n_layers)

@@ -5,7 +5,6 @@ RoPE, repeated-head GQA, explicit tril mask); gradients against jax.grad of that
 for module scopes in op_name metadata, forward and backward.
 """
 
-import itertools
 import re
 
 import jax
@@ -14,30 +13,20 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import key, normal, seed
 from jaxfuse import KernelSet, kernels, models
 from jaxfuse.programs import build_program
 from pallas_kernels import reference
 
-_KEYS = itertools.count(1000)
-
-
-def _key():
-    """A fresh key per input."""
-    return jax.random.key(next(_KEYS))
-
-
-def _normal(shape, dtype=jnp.float32):
-    return jax.random.normal(_key(), shape, jnp.float32).astype(dtype)
-
 
 def _randomize(state):
     """Every parameter times (1 + 0.5·N(0, 1)), so that norm scales are not all ones."""
-    return jax.tree.map(lambda p: p * (1.0 + 0.5 * _normal(p.shape, p.dtype)), state)
+    return jax.tree.map(lambda p: p * (1.0 + 0.5 * normal(p.shape, p.dtype)), state)
 
 
 def _model(cls, cfg, ks=KernelSet()):
     """cls(cfg) with randomized parameters: (model, params as a plain nested dict)."""
-    model = cls(cfg, kernels=ks, rngs=nnx.Rngs(next(_KEYS)))
+    model = cls(cfg, kernels=ks, rngs=nnx.Rngs(seed()))
     nnx.update(model, _randomize(nnx.state(model)))
     return model, nnx.to_pure_dict(nnx.state(model))
 
@@ -145,7 +134,7 @@ def test_register_makes_a_new_implementation_selectable_and_dispatched():
             kernels.register("attention", "test_recording", lambda *a, **k: None)
         cfg = models.Config.tiny()
         model, _ = _model(models.Block, cfg, KernelSet(attention="test_recording"))
-        y = jax.jit(lambda x: model(x))(_normal((2, 8, cfg.dim)))
+        y = jax.jit(lambda x: model(x))(normal((2, 8, cfg.dim)))
         assert calls == [((2, 8, 4, 16), (2, 8, 2, 16), True, 16**-0.5)]
         assert y.shape == (2, 8, cfg.dim)
     finally:
@@ -163,13 +152,13 @@ def test_cudnn_attention_off_gpu_fails_clearly_at_call_time():
 
 
 def test_xla_norm_matmul_matches_reference_in_float32():
-    x, gamma, w = _normal((3, 5, 24)), _normal((24,)), _normal((24, 40))
+    x, gamma, w = normal((3, 5, 24)), normal((24,)), normal((24, 40))
     _close(kernels.NORM_MATMUL["xla"](x, gamma, w, eps=1e-5), reference.rmsnorm_matmul(x, gamma, w, eps=1e-5))
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_xla_attention_matches_reference_in_float32_and_within_bf16_rounding(causal):
-    q, k, v = _normal((2, 7, 4, 16)), _normal((2, 9, 2, 16)), _normal((2, 9, 2, 16))  # GQA, T != S
+    q, k, v = normal((2, 7, 4, 16)), normal((2, 9, 2, 16)), normal((2, 9, 2, 16))  # GQA, T != S
     want = reference.attention(q, k, v, causal=causal, scale=0.3)
     _close(kernels.ATTENTION["xla"](q, k, v, causal=causal, scale=0.3), want, tol=1e-5)
     got = kernels.ATTENTION["xla"](*(a.astype(jnp.bfloat16) for a in (q, k, v)), causal=causal, scale=0.3)
@@ -179,8 +168,8 @@ def test_xla_attention_matches_reference_in_float32_and_within_bf16_rounding(cau
 
 
 def test_xla_loss_matches_reference_with_ignored_rows():
-    h, w = _normal((9, 24)), _normal((24, 50))
-    labels = jax.random.randint(_key(), (9,), 0, 50).at[jnp.array([0, 4])].set(-100)
+    h, w = normal((9, 24)), normal((24, 50))
+    labels = jax.random.randint(key(), (9,), 0, 50).at[jnp.array([0, 4])].set(-100)
     _close(kernels.LOSS["xla"](h, w, labels), reference.linear_cross_entropy(h, w, labels), tol=1e-5)
     grads = jax.grad(kernels.LOSS["xla"], argnums=(0, 1))(h, w, labels)
     want = jax.grad(reference.linear_cross_entropy, argnums=(0, 1))(h, w, labels)
@@ -211,12 +200,12 @@ def test_config_presets_and_validation():
 def test_shapes_and_dtypes():
     cfg = models.Config.tiny(dtype="bfloat16")
     lm = models.Transformer(cfg, rngs=nnx.Rngs(0))
-    tokens = jax.random.randint(_key(), (3, 10), 0, cfg.vocab)
+    tokens = jax.random.randint(key(), (3, 10), 0, cfg.vocab)
     logits = jax.eval_shape(lambda t: lm(t), tokens)
     assert logits.shape == (3, 10, cfg.vocab) and logits.dtype == jnp.bfloat16
     loss = jax.jit(lambda t: lm.loss(t, t))(tokens)
     assert loss.shape == () and loss.dtype == jnp.float32 and np.isfinite(loss)
-    y = jax.eval_shape(lambda x: lm.blocks[1](x), _normal((3, 10, cfg.dim), jnp.bfloat16))
+    y = jax.eval_shape(lambda x: lm.blocks[1](x), normal((3, 10, cfg.dim), jnp.bfloat16))
     assert y.shape == (3, 10, cfg.dim) and y.dtype == jnp.bfloat16
     assert lm.embed.embedding.shape == (cfg.vocab, cfg.dim)
     assert lm.blocks[0].attn.qkv_proj.kernel.shape == (cfg.dim, (4 + 2 * 2) * 16)
@@ -225,12 +214,12 @@ def test_shapes_and_dtypes():
         jax.eval_shape(lambda t: lm(t), jnp.zeros((1, cfg.max_seq + 1), jnp.int32))
 
 
-@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])  # MHA, GQA, MQA
+@pytest.mark.parametrize("n_kv_heads", [pytest.param(4, marks=pytest.mark.slow), 2, 1])  # MHA, GQA, MQA
 def test_block_matches_hand_written_reference(n_kv_heads):
     # N·H = 40 != D = 48 and F = 72, so that no two widths can be confused.
     cfg = models.Config.tiny(dim=48, n_heads=4, n_kv_heads=n_kv_heads, head_dim=10, mlp_hidden=72)
     block, params = _model(models.Block, cfg)
-    x = _normal((2, 13, cfg.dim))
+    x = normal((2, 13, cfg.dim))
     _close(jax.jit(lambda x: block(x))(x), jax.jit(_ref_block, static_argnums=2)(params, x, cfg))
 
 
@@ -249,7 +238,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     state = nnx.state(mha)
     nnx.replace_by_pure_dict(state, params)
     nnx.update(mha, state)
-    x = _normal((2, 9, gqa_cfg.dim))
+    x = normal((2, 9, gqa_cfg.dim))
     _close(jax.jit(lambda x: mha(x))(x), jax.jit(lambda x: gqa(x))(x))
 
 
@@ -258,7 +247,7 @@ def test_causal_position_t_ignores_later_tokens():
     lm, _ = _model(models.Transformer, cfg)
     forward = jax.jit(lambda tokens: lm(tokens))
     T, t = 12, 5
-    tokens = jax.random.randint(_key(), (2, T), 0, cfg.vocab)
+    tokens = jax.random.randint(key(), (2, T), 0, cfg.vocab)
     changed = tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + 1 + jnp.arange(T - t - 1)) % cfg.vocab)
     before, after = forward(tokens), forward(changed)
     _close(after[:, : t + 1], before[:, : t + 1], tol=1e-6)
@@ -268,8 +257,8 @@ def test_causal_position_t_ignores_later_tokens():
 def test_lm_logits_and_loss_match_hand_written_reference():
     cfg = models.Config.tiny(n_layers=2)
     lm, params = _model(models.Transformer, cfg)
-    tokens = jax.random.randint(_key(), (2, 11), 0, cfg.vocab)
-    labels = jax.random.randint(_key(), (2, 11), 0, cfg.vocab).at[:, -1].set(-100)
+    tokens = jax.random.randint(key(), (2, 11), 0, cfg.vocab)
+    labels = jax.random.randint(key(), (2, 11), 0, cfg.vocab).at[:, -1].set(-100)
     ref_logits = jax.jit(lambda p, t: _ref_lm_hidden(p, t, cfg) @ p["lm_head"]["kernel"])(params, tokens)
     ref_loss = jax.jit(_ref_lm_loss, static_argnums=3)(params, tokens, labels, cfg)
     _close(jax.jit(lambda t: lm(t))(tokens), ref_logits, tol=1e-4)
@@ -303,6 +292,7 @@ def test_build_program_block_train_step_matches_reference_grad():
     jax.tree.map(lambda g, r: _close(g, r, tol=1e-4), grads, ref_grads)
 
 
+@pytest.mark.slow
 def test_build_program_lm_train_step_matches_reference_grad():
     program = build_program("lm", train_step=True, **(_SMALL | {"layers": 1}))
     params, tokens, labels = program.args
@@ -316,6 +306,7 @@ def test_build_program_lm_train_step_matches_reference_grad():
     jax.tree.map(lambda g, r: _close(g, r, tol=1e-4), grads, ref_grads)
 
 
+@pytest.mark.slow
 def test_build_program_default_is_bfloat16_gqa_and_validates():
     program = build_program("block", train_step=True)
     loss, grads = jax.jit(program.fn)(*program.args)

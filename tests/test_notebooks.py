@@ -27,7 +27,8 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "notebooks/*.ipynb: none found"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS + PENDING, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p if i == 0 else pytest.param(p, marks=pytest.mark.slow)  # the first in the fast set
+                                  for i, p in enumerate(NOTEBOOKS + PENDING)], ids=lambda p: p.name)
 def test_notebook_runs(path):
     executed = execute.run(_load(path), echo=False)
     assert all(c["execution_count"] for c in _code_cells(executed))

@@ -40,6 +40,7 @@ def test_corpus_errors_name_the_constraint(tmp_path):
         train.TrainConfig(steps=0)
 
 
+@pytest.mark.slow
 def test_training_learns_and_equivalent_kernel_sets_give_the_same_curve():
     cfg = train.TrainConfig(steps=40, eval_every=20, **{**_TINY, "batch": 8, "seq": 64})
     base, f32 = train.compare([KernelSet(), KernelSet.parse("all=xla_f32")], cfg)
@@ -54,6 +55,7 @@ def test_training_learns_and_equivalent_kernel_sets_give_the_same_curve():
     assert "host wall clock" in table
 
 
+@pytest.mark.slow
 def test_pallas_sites_train_like_xla():
     cfg = train.TrainConfig(steps=3, eval_every=3, eval_batches=1, **{**_TINY, "batch": 2, "heads": 2,
                                                                        "kv_heads": 1})
@@ -62,6 +64,7 @@ def test_pallas_sites_train_like_xla():
     assert abs(base.eval_loss[-1][1] - fused.eval_loss[-1][1]) < 1e-4
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_the_run():
     kernels.register("loss", "test_nan", lambda h, w, labels: jnp.nan * jnp.sum(h.astype(jnp.float32)))
     try:
@@ -73,6 +76,7 @@ def test_a_non_finite_loss_stops_the_run():
     assert "non-finite" in train.comparison_table([result])
 
 
+@pytest.mark.slow
 def test_cli_train_writes_and_prints_json(tmp_path, capsys):
     out = tmp_path / "runs" / "train.json"
     argv = ["train", "--steps", "4", "--batch", "2", "--seq", "16", "--dim", "32", "--heads", "2", "--kv-heads", "1",

@@ -1,36 +1,66 @@
-"""Benchmark suites, one module per op: named shape sets, the floor (bytes and FLOPs a kernel must move), and
-`run(shape_names, iterations) -> list[bench.Record]` measuring every implementation side by side in one run.
+"""Op specs (one per op: implementations, named shapes, inputs, floor, tolerance), one runner and one sweep.
 
     from jaxfuse import suites
-    records = suites.get("attention").run(["main"], iterations=20)
+    records = suites.run("attention", ["main"], iterations=20)    # GPU; suites.run("attention") on CPU: its "cpu" shape
+    print(suites.summary_table(records))
+    suites.tune("rmsnorm_matmul", ["16x4096x4096-decode"])         # GPU: check and time sweep candidates, store the best
 
-`jaxfuse bench --op NAME` calls the same function and writes `benchmarks/results/NAME-<device>.json`.
+``jaxfuse bench --op NAME [--tune]`` calls the same functions and writes ``benchmarks/results/NAME-<device>.json``;
+``python -m jaxfuse.gpu_run`` runs tests, sweeps and suites on a GPU into one folder.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+import json
+import os
 
-__all__ = ["OPS", "available", "get"]
+from jaxfuse.suites.runner import run, summary_table
+from jaxfuse.suites.spec import OpSpec, tolerance
+from jaxfuse.suites.sweep import tune
 
-# op name -> module in this package. Each module defines SHAPES (name -> shape dict), DEFAULT_SHAPES and run().
+__all__ = ["OPS", "OpSpec", "benchmark", "get", "run", "summary_table", "tolerance", "tune"]
+
+# op name (what `jaxfuse bench --op` takes) -> the module holding its SPEC
 OPS = {
     "attention": "jaxfuse.suites.attention",
     "rmsnorm_matmul": "jaxfuse.suites.rmsnorm_matmul",
     "cross_entropy": "jaxfuse.suites.cross_entropy",
+    "train_step": "jaxfuse.suites.train_step",
 }
 
 
-def available() -> list[str]:
-    """The ops whose suite module is present."""
-    import importlib.util
+def get(op: str) -> OpSpec:
+    """The spec of ``op``; ValueError naming the ops otherwise."""
+    if op not in OPS:
+        raise ValueError(f"op: unknown {op!r}; one of {list(OPS)}")
+    return importlib.import_module(OPS[op]).SPEC
 
-    return [op for op, module in OPS.items() if importlib.util.find_spec(module) is not None]
 
+def benchmark(op: str, shapes=None, *, impls=None, iterations: int = 20, tune_first: bool = False,
+              tuned_configs=None, out: str | None = None, deadline: float | None = None, progress=None) -> dict:
+    """``jaxfuse bench``: optionally the sweep (``tune``) at ``shapes`` into ``tuned_configs``, then the suite (``run``)
+    with those configs. With ``out``, writes ``<op>-<device tag>.json`` (+ .md) and, after a sweep,
+    ``<op>-sweep-<device tag>.json`` there. Returns {"environment", "records", "sweep", "written": [paths]}."""
+    from jaxfuse import bench
 
-def get(op: str) -> ModuleType:
-    """The suite module of `op`; ValueError naming the available ops otherwise."""
-    if op not in available():
-        raise ValueError(f"op: unknown {op!r}; one of {available()}")
-    return importlib.import_module(OPS[op])
+    spec = get(op)
+    kwargs = {} if progress is None else {"progress": progress}
+    sweep_rows = None
+    if tune_first:
+        sweep_rows = tune(spec, shapes, cache_path=tuned_configs, deadline=deadline, **kwargs)
+    records = run(spec, shapes, impls=impls, iterations=iterations, deadline=deadline,
+                  cache_path=tuned_configs if tune_first else None, **kwargs)
+    env = bench.environment()
+    written = []
+    if out:
+        tag = bench.device_tag(env["device"])
+        if records:
+            written.append(bench.write_results(records, os.path.join(out, f"{op}-{tag}.json"), env=env))
+        if sweep_rows is not None:
+            path = os.path.join(out, f"{op}-sweep-{tag}.json")
+            os.makedirs(out, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump({"environment": env, "rows": sweep_rows}, f, indent=1, default=str)
+            written.append(path)
+    return {"environment": env, "records": records, "sweep": sweep_rows, "written": written}

@@ -1,0 +1,110 @@
+"""One command for a GPU machine: the tests, then each op's sweep (optional) and suite, written into one folder.
+
+    PYTHONPATH=$PWD python -m jaxfuse.gpu_run --out $OUT                        # tests + every op's suite
+    PYTHONPATH=$PWD python -m jaxfuse.gpu_run --out $OUT --ops attention --tune --skip-tests --budget-s 500
+
+Writes into --out, every file named by ``bench.device_tag`` (h100 on an H100): ``pytest-<tag>.txt`` (status line,
+then pytest's output), ``<op>-<tag>.json`` / ``.md`` per op (``bench.write_results``), with --tune
+``<op>-sweep-<tag>.json`` and ``tuned_configs-<tag>.json`` (the sweep's winners in the ``pallas_kernels.tuning``
+format: merge them into pallas_kernels/tuned_configs.json with ``tuning.store``, or copy the file, to make them
+the defaults), and ``summary-<tag>.md`` (each op's summary table), which is also printed last. Everything is
+time-boxed by --budget-s (default 540 s): pytest gets at most --test-timeout-s, the ops share the rest, and what
+is not started in time is recorded as skipped. A failing step or op is printed and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+__all__ = ["main", "run_pytest"]
+
+
+def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str | None = None) -> tuple[str, str]:
+    """``pytest -q PATHS`` in a subprocess for at most ``timeout_s`` seconds; writes the status line and the output
+    to ``out_path`` and returns (status, output): status "exit N" or "TIMED OUT after T s" (a timed-out run keeps
+    what it printed)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(["-m", marker] if marker else []),
+               *paths]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+        text, status = proc.stdout + proc.stderr, f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired as e:
+        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        status = f"TIMED OUT after {timeout_s:.0f} s"
+    with open(out_path, "w") as f:
+        f.write(f"{status}\n{text}")
+    return status, text
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jaxfuse import suites
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for every result file")
+    parser.add_argument("--ops", default=",".join(op for op in suites.OPS if op != "train_step"),
+                        help=f"comma-separated ops of {list(suites.OPS)} (default: all but train_step)")
+    parser.add_argument("--shapes", default="", help="comma-separated shape names for every op (default: each "
+                        "op's GPU shapes; with --tune the sweep runs at its tune shapes)")
+    parser.add_argument("--tune", action="store_true", help="sweep each op's Pallas block sizes before its suite")
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--tests", default="tests", help="comma-separated pytest paths (default: the whole suite)")
+    parser.add_argument("--test-marker", default=None, help='pytest -m expression, e.g. "not slow"')
+    parser.add_argument("--test-timeout-s", type=float, default=240.0)
+    parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for everything")
+    parser.add_argument("--iterations", type=int, default=20, help="timed iterations per suite measurement")
+    args = parser.parse_args(argv)
+    start = time.time()
+    deadline = start + args.budget_s
+    log = lambda message: print(f"[{time.time() - start:6.1f}s] {message}", flush=True)  # noqa: E731
+    os.makedirs(args.out, exist_ok=True)
+    ops = [op for op in args.ops.split(",") if op]
+    unknown = [op for op in ops if op not in suites.OPS]
+    if unknown:
+        parser.error(f"--ops: unknown {unknown}; one of {list(suites.OPS)}")
+
+    import jax
+
+    from jaxfuse import bench
+
+    env = bench.environment()
+    tag = bench.device_tag(env["device"])
+    log(f"{env['device']}, jax {env['jax']}, commit {env['commit']}; devices {jax.devices()}")
+    if not args.skip_tests:
+        timeout = min(args.test_timeout_s, max(30.0, deadline - time.time() - 60))
+        log(f"pytest -q {args.tests} (timeout {timeout:.0f} s)")
+        status, text = run_pytest(args.tests.split(","), os.path.join(args.out, f"pytest-{tag}.txt"), timeout,
+                                  marker=args.test_marker)
+        log(f"pytest {status}:\n" + "\n".join(text.strip().splitlines()[-15:]))
+
+    summaries = []
+    for index, op in enumerate(ops):
+        op_deadline = time.time() + (deadline - time.time()) / (len(ops) - index)
+        log(f"{op}: until {op_deadline - start:.0f} s")
+        try:
+            result = suites.benchmark(op, [s for s in args.shapes.split(",") if s] or None,
+                                      iterations=args.iterations, tune_first=args.tune,
+                                      tuned_configs=os.path.join(args.out, f"tuned_configs-{tag}.json"),
+                                      out=args.out, deadline=op_deadline, progress=log)
+            summaries.append(f"## {op}\n\n{suites.summary_table(result['records'])}\n")
+            for path in result["written"]:
+                log(f"wrote {path}")
+        except Exception:  # noqa: BLE001 -- the next op still runs
+            log(f"{op} FAILED:\n{traceback.format_exc()}")
+            summaries.append(f"## {op}\n\nFAILED: {traceback.format_exc(limit=1)}\n")
+    summary = (f"{env['device']}, jax {env['jax']}, commit {env['commit']}, {env['date']}\n\n"
+               + "\n".join(summaries))
+    with open(os.path.join(args.out, f"summary-{tag}.md"), "w") as f:
+        f.write(summary)
+    print(summary, flush=True)
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

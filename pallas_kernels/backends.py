@@ -1,0 +1,186 @@
+"""The GPU backends a Pallas kernel can have, which of them can run here, and which one a call uses.
+
+  from pallas_kernels import backends
+  backends.unavailable_reason("mosaic")   # None on an sm90 GPU (or inside lowering_for_gpu()), else why not
+  with backends.lowering_for_gpu():       # lower for CUDA on a CPU-only machine: no interpret mode, GPU tiles
+      text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+
+Backends: "triton" (``jax.experimental.pallas.triton``: any CUDA GPU, and interpret mode on the CPU) and "mosaic"
+(``jax.experimental.pallas.mosaic_gpu``: an sm90 GPU; on other machines it can be lowered for CUDA inside
+``lowering_for_gpu()``, not run). A call chooses with ``backend="auto" | "triton" | "mosaic"``.
+
+Each op package (``attention/``, ``norm_matmul/``, ``cross_entropy/``) lists its backend modules in one registry,
+
+  BACKENDS = backends.Registry("flash_attention", {"triton": "pallas_kernels.attention.triton"}, key=tuning_key)
+
+and adding a backend is putting ``mosaic.py`` beside ``triton.py`` and one entry in that dict (modules are imported
+when first used). A backend module exposes, with ``args``/``options`` the op's validated positional arguments and
+keyword options (the public signature minus ``backend`` and ``block_sizes``, ``interpret`` resolved to a bool):
+
+  Config                                  the frozen config dataclass its kernels take (one static argument)
+  default_config(*args, **options)        the tuned (tuning cache) or built-in Config for these arguments
+  unsupported_reason(*args, **options)    None when it runs these arguments; else one sentence naming the
+                                          constraint (used by "auto" to fall back, and in the ValueError
+                                          an explicit backend gets)
+  sweep_candidates(*args, **options)      (forward, backward): Config field dicts for ``jaxfuse bench --tune``,
+  FORWARD_FIELDS                          the forward ones varying only FORWARD_FIELDS
+  <op>(*args, **options, config)          the op itself (``flash_attention``, ``rmsnorm_matmul``, ...)
+
+"auto" takes, among the backends that can run the call, the one with the lowest tuned time for this device and
+shape key in the tuning cache; with no tuned time, the first in the registry (Triton). No import-time side
+effects; ``lowering_for_gpu`` is a scoped context variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+import jax
+
+__all__ = ["CHOICES", "NAMES", "Plan", "Registry", "lowering_for_gpu", "resolve_config", "resolve_interpret",
+           "unavailable_reason"]
+
+NAMES = ("triton", "mosaic")
+CHOICES = ("auto", *NAMES)
+
+_LOWERING_FOR_GPU = contextvars.ContextVar("pallas_kernels_lowering_for_gpu", default=False)
+
+
+@contextlib.contextmanager
+def lowering_for_gpu():
+    """Within this block, kernels called with ``interpret=None`` choose their GPU lowering and GPU tiles whatever
+    the default backend is, and Mosaic counts as available: for lowering a program to CUDA on a machine without a
+    GPU (``hlo_inspect.triton_ir.lower_kernels``, ``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``).
+    Such a program can be lowered here, not run."""
+    token = _LOWERING_FOR_GPU.set(True)
+    try:
+        yield
+    finally:
+        _LOWERING_FOR_GPU.reset(token)
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """The caller's choice, or True exactly when the default backend is CPU (Pallas has no CPU code generator),
+    except inside ``lowering_for_gpu()``."""
+    if interpret is None:
+        return jax.default_backend() == "cpu" and not _LOWERING_FOR_GPU.get()
+    return bool(interpret)
+
+
+def unavailable_reason(name: str) -> str | None:
+    """None when backend ``name`` can run (or, inside ``lowering_for_gpu()``, be lowered) on this machine; else why
+    not. Triton runs everywhere (interpret mode on CPU); Mosaic needs an sm90 (Hopper) GPU."""
+    if name not in NAMES:
+        raise ValueError(f"backend: expected one of {list(CHOICES)}, got {name!r}")
+    if name == "triton" or _LOWERING_FOR_GPU.get():
+        return None
+    device = jax.devices()[0]
+    capability = getattr(device, "compute_capability", None)
+    if device.platform == "gpu" and str(capability) == "9.0":
+        return None
+    seen = f"{device.device_kind} (compute capability {capability})" if device.platform == "gpu" else device.platform
+    return f"Mosaic GPU kernels need an sm90 (Hopper) GPU; this machine's default device is {seen}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a call runs: the backend's name and the resolved config."""
+
+    backend: str
+    config: Any
+
+
+class Registry:
+    """One op's backend modules by name, imported on first use; resolves "auto" and explicit choices."""
+
+    def __init__(self, op: str, modules: Mapping[str, str], *, key: Callable[..., str]):
+        unknown = set(modules) - set(NAMES)
+        if unknown:
+            raise ValueError(f"modules: unknown backends {sorted(unknown)}; allowed: {list(NAMES)}")
+        self.op = op
+        self._modules = dict(modules)
+        self._key = key
+
+    def __repr__(self) -> str:
+        return f"Registry({self.op!r}, {list(self._modules)})"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The backends this op implements, in order of preference when nothing is tuned."""
+        return tuple(self._modules)
+
+    def module(self, name: str) -> ModuleType:
+        """The backend module ``name``; ValueError if this op does not implement it."""
+        if name not in self._modules:
+            raise ValueError(f"backend={name!r} is not implemented for {self.op}; implemented: "
+                             f"{', '.join(repr(n) for n in self.names)}")
+        return importlib.import_module(self._modules[name])
+
+    def tuning_key(self, *args, **options) -> str:
+        """The tuning-cache key of these arguments (the same for every backend)."""
+        return self._key(*args, **options)
+
+    def reason(self, name: str, *args, **options) -> str | None:
+        """Why backend ``name`` cannot run these arguments here (not implemented, not on this machine, or a
+        constraint of the backend), or None."""
+        if name not in self._modules:
+            return f"backend={name!r} is not implemented for {self.op}"
+        return unavailable_reason(name) or self.module(name).unsupported_reason(*args, **options)
+
+    def resolve(self, requested: str, *args, **options) -> str:
+        """The backend a call with ``backend=requested`` runs; ValueError naming what can run otherwise."""
+        if requested not in CHOICES:
+            raise ValueError(f"backend: expected one of {list(CHOICES)}, got {requested!r}")
+        reasons = {name: self.reason(name, *args, **options) for name in self.names}
+        runnable = [name for name, reason in reasons.items() if reason is None]
+        available = ", ".join(repr(n) for n in runnable) or "none"
+        if requested != "auto":
+            if requested not in self._modules:
+                raise ValueError(f"backend={requested!r} is not implemented for {self.op}; available here: "
+                                 f"{available}")
+            if reasons[requested] is not None:
+                raise ValueError(f"backend={requested!r} cannot run {self.op} here: {reasons[requested]}; "
+                                 f"available here: {available}")
+            return requested
+        if not runnable:
+            raise ValueError(f"backend='auto': no backend can run {self.op} here: "
+                             + "; ".join(f"{name}: {reason}" for name, reason in reasons.items()))
+        if len(runnable) == 1:
+            return runnable[0]
+        from pallas_kernels import tuning
+
+        key = self.tuning_key(*args, **options)
+        timed = {name: tuning.tuned_time_us(self.op, key, backend=name) for name in runnable}
+        timed = {name: t for name, t in timed.items() if t is not None}
+        return min(timed, key=timed.get) if timed else runnable[0]
+
+    def plan(self, requested: str, block_sizes, *args, **options) -> tuple[ModuleType, Plan]:
+        """(backend module, Plan) for a call: the backend as ``resolve``, its config from ``block_sizes``."""
+        name = self.resolve(requested, *args, **options)
+        module = self.module(name)
+        config = resolve_config(block_sizes, module.Config, lambda: module.default_config(*args, **options))
+        return module, Plan(name, config)
+
+
+def resolve_config(block_sizes, config_cls: type, default: Callable[[], Any]):
+    """``block_sizes`` as a ``config_cls``: an instance is used as it is; None gives ``default()``; a mapping of
+    some fields overrides those of ``default()``. ValueError names unknown fields and other types."""
+    if isinstance(block_sizes, config_cls):
+        return block_sizes
+    if block_sizes is not None and not isinstance(block_sizes, Mapping):
+        raise ValueError(f"block_sizes: expected a {config_cls.__name__} or a mapping of its fields, "
+                         f"got {type(block_sizes).__name__}")
+    config = default()
+    if not block_sizes:
+        return config
+    fields = [f.name for f in dataclasses.fields(config_cls)]
+    unknown = set(block_sizes) - set(fields)
+    if unknown:
+        raise ValueError(f"block_sizes: unknown fields {sorted(unknown)}; allowed: {fields}")
+    return dataclasses.replace(config, **block_sizes)

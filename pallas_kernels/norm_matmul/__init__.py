@@ -1,0 +1,139 @@
+"""RMSNorm fused into the following matmul: ``rmsnorm(x) · gamma @ w`` without ever writing the normalized
+activations to HBM, forward and backward.
+
+  y = rmsnorm_matmul(x, gamma, w)                                  # interpret mode on CPU, Triton on GPU
+  h, y = rmsnorm_matmul(x, gamma, w, residual=r)                   # pre-norm block: h = x + r, y = rmsnorm(h)·γ @ w
+  y = rmsnorm_matmul(x, gamma, w, block_sizes={"block_n": 128})    # override part of the tuned config
+  plan(x, gamma, w)                                                # Plan(backend='triton', config=...)
+
+Backends (``BACKENDS``): "triton" (``triton.py``: one forward kernel that normalizes each x tile on load, a dx and
+a dw kernel that recompute the normalized tiles). Tune on a GPU with ``jaxfuse bench --op rmsnorm_matmul --tune``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import backends
+from pallas_kernels.norm_matmul.config import RMSNormMatmulConfig, shape_key
+
+__all__ = ["BACKENDS", "RMSNormMatmulConfig", "plan", "rmsnorm_matmul", "sweep_candidates", "tuning_key"]
+
+_SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
+def tuning_key(x, gamma, w, *, residual=None, **_) -> str:
+    """The tuning-cache key of a call: dtype, rows rounded up to a power of two, K, N, and whether a residual is
+    added."""
+    return shape_key(math.prod(x.shape[:-1]), x.shape[-1], w.shape[1], x.dtype, residual=residual is not None)
+
+
+# backend name -> module (contract: pallas_kernels.backends); add "mosaic": "pallas_kernels.norm_matmul.mosaic"
+BACKENDS = backends.Registry("rmsnorm_matmul", {"triton": "pallas_kernels.norm_matmul.triton"}, key=tuning_key)
+
+
+def _check_inputs(x, gamma, w, residual, out_dtype):
+    for name, a in (("x", x), ("gamma", gamma), ("w", w)):
+        dtype = jnp.dtype(a.dtype)
+        if dtype not in _SUPPORTED_DTYPES:
+            raise ValueError(f"{name}: dtype {dtype} not supported; allowed: bfloat16, float16, float32")
+    if jnp.ndim(x) < 1:
+        raise ValueError("x: expected shape (..., K), got a scalar")
+    K = x.shape[-1]
+    if jnp.ndim(w) != 2:
+        raise ValueError(f"w: expected rank 2 (K, N), got shape {tuple(jnp.shape(w))}")
+    if w.shape[0] != K:
+        raise ValueError(f"w: first dim {w.shape[0]} (shape {tuple(w.shape)}) must equal x's last dim K={K} "
+                         f"(shape {tuple(x.shape)})")
+    if tuple(jnp.shape(gamma)) != (K,):
+        raise ValueError(f"gamma: expected shape (K,) = ({K},), got {tuple(jnp.shape(gamma))}")
+    if K == 0 or K % 16:
+        raise ValueError(f"x: K={K} (shape {tuple(x.shape)}) must be a positive multiple of 16")
+    N = w.shape[1]
+    if N == 0 or N % 16:
+        raise ValueError(f"w: N={N} (shape {tuple(w.shape)}) must be a positive multiple of 16")
+    if math.prod(x.shape[:-1]) == 0:
+        raise ValueError(f"x: needs at least one row, got shape {tuple(x.shape)}")
+    if w.dtype != x.dtype:
+        raise ValueError(f"w: dtype {w.dtype} must match x's dtype {x.dtype} (the MMA operand dtype)")
+    if residual is not None:
+        if tuple(jnp.shape(residual)) != tuple(x.shape):
+            raise ValueError(f"residual: shape {tuple(jnp.shape(residual))} must equal x's shape {tuple(x.shape)}")
+        if residual.dtype != x.dtype:
+            raise ValueError(f"residual: dtype {residual.dtype} must match x's dtype {x.dtype}")
+    if out_dtype is not None and jnp.dtype(out_dtype) not in _SUPPORTED_DTYPES:
+        raise ValueError(f"out_dtype: {jnp.dtype(out_dtype)} not supported; allowed: bfloat16, float16, float32")
+
+
+def _prepare(x, gamma, w, eps, residual, out_dtype, block_sizes, interpret, backend):
+    """Validates once; returns (backend module, Plan, x and residual as (M, K), options for the backend)."""
+    _check_inputs(x, gamma, w, residual, out_dtype)
+    M, K = math.prod(x.shape[:-1]), x.shape[-1]
+    x2 = x.reshape(M, K)
+    options = dict(eps=float(eps), residual=None if residual is None else residual.reshape(M, K),
+                   out_dtype=jnp.dtype(x.dtype if out_dtype is None else out_dtype),
+                   interpret=backends.resolve_interpret(interpret))
+    module, chosen = BACKENDS.plan(backend, block_sizes, x2, gamma, w, **options)
+    return module, chosen, x2, options
+
+
+def rmsnorm_matmul(
+    x: jax.Array,
+    gamma: jax.Array,
+    w: jax.Array,
+    *,
+    eps: float = 1e-6,
+    residual: jax.Array | None = None,
+    out_dtype=None,
+    block_sizes: RMSNormMatmulConfig | Mapping | None = None,
+    interpret: bool | None = None,
+    backend: str = "auto",
+):
+    """rmsnorm(x) · gamma @ w in one kernel; the normalized activations never reach HBM.
+
+    Args:
+      x: (..., K) activations; bfloat16, float16 or float32. Any number of rows M = prod(...) (tails masked);
+        K a multiple of 16.
+      gamma: (K,) RMSNorm scale; any of those dtypes.
+      w: (K, N) weight in x's dtype; N a multiple of 16. Concatenated weights work as they are: [Wq|Wk|Wv] for
+        a fused QKV projection, [Wg|Wu] for the SwiGLU gate/up projection.
+      eps: added to mean(x²) before the rsqrt.
+      residual: optional (..., K) in x's dtype: h = x + residual (rounded to x.dtype) is formed on load, written
+        once, and normalized: the pre-norm transformer pattern.
+      out_dtype: dtype of y; default x.dtype.
+      block_sizes: the backend's config (``RMSNormMatmulConfig`` for Triton), or a mapping of some of its fields
+        overriding the tuned config.
+      interpret: Pallas interpret mode; default True exactly when the default backend is CPU.
+      backend: "auto" (the fastest tuned backend that runs here; Triton when nothing is tuned), "triton" or
+        "mosaic"; a backend that cannot run here is a ValueError naming those that can.
+
+    Returns:
+      y (..., N), or (h (..., K), y) when residual is given. Differentiable in x, gamma, w (and residual) through
+      Pallas backward kernels (custom VJP) that recompute the normalized tiles; float32 statistics and
+      accumulation throughout. Same semantics as ``pallas_kernels.reference.rmsnorm_matmul``.
+    """
+    module, chosen, x2, options = _prepare(x, gamma, w, eps, residual, out_dtype, block_sizes, interpret, backend)
+    out = module.rmsnorm_matmul(x2, gamma, w, **options, config=chosen.config)
+    lead, K, N = x.shape[:-1], x.shape[-1], w.shape[1]
+    if residual is None:
+        return out.reshape(*lead, N)
+    h, y = out
+    return h.reshape(*lead, K), y.reshape(*lead, N)
+
+
+def plan(x, gamma, w, *, eps=1e-6, residual=None, out_dtype=None, block_sizes=None, interpret=None,
+         backend="auto") -> backends.Plan:
+    """The backend and config ``rmsnorm_matmul`` would run with these arguments (same validation, no kernel)."""
+    return _prepare(x, gamma, w, eps, residual, out_dtype, block_sizes, interpret, backend)[1]
+
+
+def sweep_candidates(x, gamma, w, *, eps=1e-6, residual=None, out_dtype=None,
+                     backend="triton") -> tuple[list[dict], list[dict]]:
+    """(forward, backward) config dicts ``jaxfuse bench --op rmsnorm_matmul --tune`` tries for these arguments on
+    ``backend``, GPU tiles: forward ones vary only the backend module's FORWARD_FIELDS, backward ones the rest."""
+    module, _, x2, options = _prepare(x, gamma, w, eps, residual, out_dtype, None, False, backend)
+    return module.sweep_candidates(x2, gamma, w, **options)

@@ -1,0 +1,197 @@
+"""RMSNorm→matmul configs: the Triton kernels' RMSNormMatmulConfig, the tuning-cache key, the default config of a
+call and the block-size sweep's candidates.
+
+  config = default_config(M, K, N, jnp.bfloat16)        # tuned entry for this device and shape, else the table
+  forward, backward = sweep_candidates(32768, 4096, 4096)   # for `jaxfuse bench --tune`
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels import triton_utils as tu
+from pallas_kernels import tuning
+
+__all__ = ["FORWARD_FIELDS", "RMSNormMatmulConfig", "default_config", "fit_to_shape", "shape_key",
+           "sweep_candidates"]
+
+OP = "rmsnorm_matmul"  # the op's name in the tuning cache
+# Config fields of the forward kernel: forward sweep candidates vary these, backward candidates the others.
+FORWARD_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "gamma_on_w", "split_k")
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSNormMatmulConfig:
+    """Tiles and launch parameters of the three kernels (one static argument, hashable).
+
+    Attributes:
+      block_m, block_n, block_k: forward: a (block_m, block_n) tile of y per program, K streamed in block_k slices.
+      num_warps, num_stages: Triton launch parameters of the forward kernel.
+      gamma_on_w: forward variant: fold gamma into a scaled copy of w (one XLA pass over w, 4KN bytes) so the A
+        operand is x itself; otherwise the A tile is scaled by gamma in registers. Without a residual this
+        variant also takes r from one XLA row reduction over x (2MK bytes): a raw loaded tile must not feed both
+        the dot and the sum of squares (Triton's pipeliner miscompiles that; see ``_forward``).
+      split_k: forward programs per output tile, each streaming K / split_k of K (decode: few rows give too few
+        output tiles to keep enough loads of w in flight). The split partials (split_k, M, N) float32 and their
+        sums of squares are combined by one small XLA fusion. (K / split_k) must be a multiple of block_k.
+      block_m_dx, block_k_dx, block_n_dx: dx kernel: a (block_m_dx, block_k_dx) tile of dx, N streamed.
+      num_warps_dx, num_stages_dx: its launch parameters.
+      split_n_dx: dx programs per (block_m_dx, block_k_dx) tile, each streaming N / split_n_dx of N; the float32
+        partials (split_n_dx, M, K) are combined, and the dx epilogue and dgamma applied, by one XLA fusion
+        (decode: few rows give too few dx tiles to keep enough loads of w in flight). Needs rowdot_in_dx=False.
+      rowdot_in_dx: compute c = Σ_N(dy · y) / K inside the dx kernel (every column program of a row block redoes
+        it: cheap for few rows) instead of in a separate XLA fusion.
+      block_k_dw, block_n_dw, block_m_dw: dw kernel: a (block_k_dw, block_n_dw) tile of dw, M streamed.
+      num_warps_dw, num_stages_dw: its launch parameters.
+      rstd_on_dy: dw variant: scale the dy tile by r in registers instead of the x tile.
+      dw_in_xla: compute dw = γ ⊙ ((x·r)ᵀ @ dy) with XLA (its GEMM recomputes x·r as an operand, fused or as
+        one elementwise pass) instead of the Pallas dw kernel: a plain GEMM of this size is XLA's strength.
+      group: program order in all kernels: groups of `group` row blocks sweep the column blocks together, so the
+        tiles they share stay in L2.
+    Block sizes are powers of two >= 16; the K and N blocks must divide K and N (checked per call).
+    """
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    gamma_on_w: bool = False
+    split_k: int = 1
+    block_m_dx: int = 128
+    block_k_dx: int = 128
+    block_n_dx: int = 64
+    num_warps_dx: int = 8
+    num_stages_dx: int = 3
+    split_n_dx: int = 1
+    rowdot_in_dx: bool = False
+    block_k_dw: int = 128
+    block_n_dw: int = 128
+    block_m_dw: int = 64
+    num_warps_dw: int = 8
+    num_stages_dw: int = 3
+    rstd_on_dy: bool = False
+    dw_in_xla: bool = False
+    group: int = 8
+
+    def __post_init__(self):
+        tu.check_launch_fields(self)  # block_*, num_warps*, num_stages*
+        for name in ("group", "split_k", "split_n_dx"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"RMSNormMatmulConfig.{name}: must be an int >= 1, got {value!r}")
+        for name in ("gamma_on_w", "rowdot_in_dx", "rstd_on_dy", "dw_in_xla"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RMSNormMatmulConfig.{name}: must be a bool, got {getattr(self, name)!r}")
+
+        if self.split_n_dx > 1 and self.rowdot_in_dx:
+            raise ValueError("RMSNormMatmulConfig: split_n_dx > 1 needs rowdot_in_dx=False (c comes from XLA)")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def check_shape(self, K: int, N: int) -> None:
+        """ValueError naming the field if a K or N block does not divide K or N."""
+        for name in ("block_k", "block_k_dx", "block_k_dw"):
+            if K % getattr(self, name):
+                raise ValueError(f"block_sizes: {name}={getattr(self, name)} must divide K={K}")
+        if K % (self.split_k * self.block_k):
+            raise ValueError(f"block_sizes: split_k={self.split_k} times block_k={self.block_k} must divide K={K}")
+        if N % (self.split_n_dx * self.block_n_dx):
+            raise ValueError(f"block_sizes: split_n_dx={self.split_n_dx} times block_n_dx={self.block_n_dx} must "
+                             f"divide N={N}")
+        for name in ("block_n", "block_n_dx", "block_n_dw"):
+            if N % getattr(self, name):
+                raise ValueError(f"block_sizes: {name}={getattr(self, name)} must divide N={N}")
+
+
+# Built-in starting points (H100, bf16); the JSON tuning cache overrides them per shape.
+
+
+def shape_key(M: int, K: int, N: int, dtype, *, residual: bool = False) -> str:
+    """Tuning-cache key: dtype, M rounded up to a power of two, K, N, and whether a residual is added."""
+    return f"{jnp.dtype(dtype).name}[M={max(16, pl.next_power_of_2(M))},K={K},N={N}]" + ("+res" if residual else "")
+
+
+def fit_to_shape(params: Mapping, M: int, K: int, N: int) -> dict:
+    """Shrinks table/cache tiles to the shape: K and N blocks to divisors (the largest power of two dividing K or
+    N is >= 16 since both are multiples of 16), M blocks to M rounded up. Never applied to explicit block_sizes."""
+    out = dict(params)
+    k_div, n_div, m_cap = K & -K, N & -N, max(16, pl.next_power_of_2(M))
+    for name in ("block_k", "block_k_dx", "block_k_dw"):
+        out[name] = min(out[name], k_div)
+    for name in ("block_n", "block_n_dx", "block_n_dw"):
+        out[name] = min(out[name], n_div)
+    for name in ("block_m", "block_m_dx", "block_m_dw"):
+        out[name] = min(out[name], m_cap)
+    split = out.get("split_k", 1)
+    while split > 1 and K % (split * out["block_k"]):
+        split //= 2
+    out["split_k"] = split
+    split = out.get("split_n_dx", 1)
+    while split > 1 and N % (split * out["block_n_dx"]):
+        split //= 2
+    out["split_n_dx"] = split
+    return out
+
+
+def default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
+                   on_gpu: bool | None = None) -> RMSNormMatmulConfig:
+    """The config a call would use without ``block_sizes``: the tuning-cache entry for this device and shape if
+    there is one, else the built-in table, fitted to the shape."""
+    on_gpu = jax.default_backend() == "gpu" if on_gpu is None else on_gpu
+    params = tuning.lookup(OP, shape_key(M, K, N, dtype, residual=residual)) if on_gpu else None
+    if params is None:
+        params = tuning.rmsnorm_matmul_table(M, dtype, on_gpu=on_gpu)
+    return RMSNormMatmulConfig(**fit_to_shape(params, M, K, N))
+
+
+def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
+    """(forward candidates, backward candidates) around the table entry for a GPU sweep: forward candidates vary
+    only forward fields, backward ones only dx/dw fields (each fitted to the shape, duplicates removed)."""
+    decode = M <= tuning.DECODE_ROWS
+    base = dict(default_config(M, K, N, on_gpu=True).to_dict())
+    fwd, bwd = [], []
+    if decode:
+        # (block_n, block_k, warps, stages, split_k): narrow column tiles, or wide ones with K split over programs.
+        for bn, bk, warps, stages, split in [(128, 128, 4, 4, 4), (256, 128, 4, 3, 8), (128, 64, 4, 4, 4),
+                                             (128, 128, 4, 3, 4), (64, 128, 4, 4, 8), (64, 64, 4, 4, 16),
+                                             (256, 64, 4, 4, 8), (128, 256, 4, 3, 4), (32, 256, 4, 4, 1)]:
+            fwd.append(dict(base, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, split_k=split))
+        # dx: (block_k_dx, block_n_dx, split_n_dx, rowdot_in_dx)
+        for bk, bn, split, rowdot in [(32, 256, 1, False), (64, 256, 4, False), (128, 256, 8, False),
+                                      (64, 128, 8, False), (128, 128, 16, False), (32, 256, 4, False),
+                                      (32, 256, 1, True)]:
+            bwd.append(dict(base, block_k_dx=bk, block_n_dx=bn, split_n_dx=split, rowdot_in_dx=rowdot))
+        for bk, bn in [(32, 128), (128, 128), (64, 256)]:
+            bwd.append(dict(base, block_k_dw=bk, block_n_dw=bn))
+    else:
+        # gamma folded into w (a plain GEMM plus the XLA statistic), and one tile with gamma applied in registers
+        # (2x slower on the H100 in every sweep).
+        for bm, bn, bk, warps, stages in [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4),
+                                          (128, 128, 64, 4, 4), (128, 128, 64, 8, 4)]:
+            fwd.append(dict(base, block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
+                            gamma_on_w=True))
+        fwd.append(dict(base, block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, gamma_on_w=False))
+        for bm, bk, bn, warps, stages in [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
+                                          (64, 128, 64, 4, 4)]:
+            bwd.append(dict(base, block_m_dx=bm, block_k_dx=bk, block_n_dx=bn, num_warps_dx=warps,
+                            num_stages_dx=stages))
+        bwd.append(dict(base, rowdot_in_dx=True))
+        for bk, stages in [(128, 3), (256, 3)]:  # dw by XLA, dx by the Pallas kernel
+            bwd.append(dict(base, block_k_dx=bk, num_stages_dx=stages, dw_in_xla=True))
+        for bk, bn, bm, warps, stages, on_dy in [(128, 128, 64, 8, 3, False), (128, 128, 64, 8, 3, True),
+                                                 (128, 256, 64, 8, 3, False), (128, 128, 32, 4, 4, False)]:
+            bwd.append(dict(base, block_k_dw=bk, block_n_dw=bn, block_m_dw=bm, num_warps_dw=warps,
+                            num_stages_dw=stages, rstd_on_dy=on_dy))
+
+    def unique(cands):
+        fitted = [fit_to_shape(c, M, K, N) for c in cands]
+        return list({tuple(sorted(c.items())): c for c in fitted}.values())
+
+    return unique(fwd), unique(bwd)
