@@ -4,7 +4,7 @@
   call = mu.kernel(body, out_type=..., grid=(mu.num_sms(),), grid_names=("sm",), num_threads=3,
                    thread_name="wg", name="gemm")             # Lane lowering semantics, set explicitly
   tile = mu.load(x_smem, layout=mu.TILE)                       # a tile in the wgmma accumulator layout
-  rows = mu.load(r_gmem.at[pl.ds(m0, 128)], layout=mu.ROWS)    # one value per accumulator row
+  rows = mu.load(r_gmem.at[pl.ds(m0, 128)], layout=mu.ROWS, optimized=False)   # one value per accumulator row
   transforms = mu.smem_transforms(64, jnp.bfloat16)            # (8, 64) tiling + 128-byte swizzle for TMA/wgmma
 
 One source runs on jax 0.10.2 (CPU, CI: lowering only) and 0.11.2 (the H100). What differs between them and
@@ -15,6 +15,11 @@ is used here, handled in this module only:
     always sets Lane (explicit layouts: ``TILE``, ``ROWS``, ``COLS``).
   - ``plgpu.kernel`` takes ``out_type=`` / ``scratch_types=`` (0.11.2 removed ``out_shape``); both versions
     take ``kernel_name``.
+  - GPU interpret mode (kernels run on the CPU, threads and shared memory simulated): ``InterpretGPUParams`` is
+    private in 0.10.2 (``jax._src.pallas.mosaic_gpu.interpret``) and ``plgpu.InterpretGPUParams`` in 0.11. It
+    implements neither ``plgpu.load`` nor ``layout_cast``, and 0.10.2's cannot feed a transposed ref to wgmma:
+    inside ``interpret_on_cpu()`` (tests, small shapes) ``load`` and ``layout_cast`` here become plain reads /
+    no-ops, which is all the layouts mean there, and callers materialize transposed operands (``interpreting``).
 Everything else used by the kernels (``emit_pipeline_warp_specialized``, ``nd_loop``, ``planar_snake``, ``wgmma``,
 ``transpose_ref``, TMA copies, barriers) has the same signature in both versions.
 
@@ -23,6 +28,8 @@ Nothing here is kernel-specific; no import-time side effects.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 
@@ -30,8 +37,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "TILE", "compiler_params", "is_hopper", "kernel", "load",
-           "num_sms", "smem_transforms"]
+__all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "TILE", "compiler_params", "interpret_on_cpu", "interpreting",
+           "is_hopper", "kernel", "layout_cast", "load", "num_sms", "smem_transforms"]
 
 # Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
 # row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
@@ -42,6 +49,27 @@ COLS = plgpu.Layout.WGMMA.reduce(0)
 H100_SMS = 132  # streaming multiprocessors of an H100 SXM: the persistent grid when lowering without a GPU
 H100_SMEM_BYTES = 227 * 1024  # shared memory one block may use on sm90 (232448 bytes)
 
+# Number of simulated SMs while interpreting on the CPU (None: compile for the GPU).
+_INTERPRET_SMS = contextvars.ContextVar("pallas_kernels_mosaic_interpret_sms", default=None)
+
+
+@contextlib.contextmanager
+def interpret_on_cpu(num_sms: int = 2):
+    """Within this block, Mosaic kernels built with ``kernel`` run in GPU interpret mode on ``num_sms`` simulated
+    SMs (a persistent grid that small still walks several tiles per block). Slow: for tests at small shapes."""
+    token = _INTERPRET_SMS.set(num_sms)
+    try:
+        yield
+    finally:
+        _INTERPRET_SMS.reset(token)
+
+
+def _interpret_params():
+    params = getattr(plgpu, "InterpretGPUParams", None)
+    if params is None:  # jax 0.10.x
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params
+    return params()
+
 
 @functools.lru_cache(maxsize=None)
 def _load_needs_index() -> bool:
@@ -50,11 +78,28 @@ def _load_needs_index() -> bool:
     return idx.default is inspect.Parameter.empty
 
 
-def load(ref, *, layout=None) -> jax.Array:
-    """The whole of ``ref`` (SMEM, or GMEM for row/column vectors) as a register array in ``layout``."""
+def load(ref, *, layout=None, optimized: bool = True) -> jax.Array:
+    """The whole of ``ref`` as a register array in ``layout``. SMEM tiles load with vectorized (optimized)
+    transfers; pass ``optimized=False`` for GMEM refs (row / column vectors), which Mosaic reads element-wise."""
+    if _INTERPRET_SMS.get() is not None:
+        return ref[...]
+    if optimized and layout is not None:  # a read of the ref that Lane lowering gives the layout that follows it
+        return plgpu.layout_cast(ref[...], layout)
     if _load_needs_index():
-        return plgpu.load(ref, (), layout=layout)
-    return plgpu.load(ref, layout=layout)
+        return plgpu.load(ref, (), layout=layout, optimized=optimized)
+    return plgpu.load(ref, layout=layout, optimized=optimized)
+
+
+def interpreting() -> bool:
+    """Whether kernels built now run in GPU interpret mode (inside ``interpret_on_cpu``)."""
+    return _INTERPRET_SMS.get() is not None
+
+
+def layout_cast(value: jax.Array, layout) -> jax.Array:
+    """``plgpu.layout_cast`` (a no-op under ``interpret_on_cpu``)."""
+    if _INTERPRET_SMS.get() is not None:
+        return value
+    return plgpu.layout_cast(value, layout)
 
 
 def compiler_params(**kwargs) -> plgpu.CompilerParams:
@@ -65,9 +110,10 @@ def compiler_params(**kwargs) -> plgpu.CompilerParams:
 def kernel(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, thread_name, name: str,
            **params):
     """``plgpu.kernel`` with the arguments both supported jax versions accept; ``params`` go to CompilerParams."""
+    interpret = _interpret_params() if _INTERPRET_SMS.get() is not None else None
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names,
                         num_threads=num_threads, thread_name=thread_name, compiler_params=compiler_params(**params),
-                        kernel_name=name)
+                        kernel_name=name, interpret=interpret)
 
 
 def is_hopper(device=None) -> bool:
@@ -80,7 +126,9 @@ def is_hopper(device=None) -> bool:
 
 def num_sms() -> int:
     """SMs of the default GPU (the size of a persistent grid); the H100's 132 when there is no GPU (lowering for
-    CUDA on a CPU machine)."""
+    CUDA on a CPU machine); the simulated count under ``interpret_on_cpu``."""
+    if _INTERPRET_SMS.get() is not None:
+        return _INTERPRET_SMS.get()
     device = jax.devices()[0]
     if device.platform == "gpu":
         return int(device.core_count)

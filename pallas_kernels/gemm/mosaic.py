@@ -112,13 +112,15 @@ class MosaicGemmConfig:
         return dataclasses.asdict(self)
 
 
-def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig) -> str | None:
+def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, names=("M", "N", "K")) -> str | None:
     """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
-    constraint: no partial tiles (M, N, K multiples of the CTA tile and tile_k)."""
-    for dim, size, tile, what in (("M", M, config.cta_m, "the CTA tile's rows"),
-                                  ("N", N, config.cta_n, "the CTA tile's columns"), ("K", K, config.tile_k, "tile_k")):
+    constraint: no partial tiles (M, N, K multiples of the CTA tile and tile_k). ``names``: what the caller
+    calls M, N and K."""
+    for dim, size, tile, what in ((names[0], M, config.cta_m, "rows"), (names[1], N, config.cta_n, "columns"),
+                                  (names[2], K, config.tile_k, "tile_k")):
         if size <= 0 or size % tile:
-            return f"{dim}={size} is not a positive multiple of {what} ({tile})"
+            what = "tile_k" if what == "tile_k" else f"the {what} of a block's output tile"
+            return f"{dim}={size} is not a positive multiple of {what}={tile}"
     return None
 
 
@@ -127,7 +129,8 @@ class TileContext:
     """Where a compute warpgroup is, for the hooks (traced values; Python ints where static).
 
     row0, col0: first output row / column of this warpgroup's (tile_m, tile_n) accumulator.
-    m_idx, n_idx: the CTA tile's indices; wg: the compute warpgroup (0 or 1); col_block: this accumulator's
+    m_idx, n_idx: the CTA tile's indices; wg: the compute warpgroup (0 or 1); block_row0: row0 within the
+      block's (cta_m, cta_n) tile (wg · tile_m with wg_split "m", else 0); col_block: this accumulator's
       tile_n column block in the output (n_idx · 2 + wg with wg_split "n", else n_idx).
     refs: the fusion's inputs and outputs (GMEM refs) and scratch (SMEM refs), by name.
     tiles: (epilogue only) this warpgroup's prefetched (tile_m, tile_n) SMEM tile of each tile input, by name.
@@ -139,6 +142,7 @@ class TileContext:
     m_idx: Any
     n_idx: Any
     wg: Any
+    block_row0: Any
     col_block: Any
     config: MosaicGemmConfig
     refs: Mapping[str, Any]
@@ -155,7 +159,7 @@ class TileContext:
 
     def load_rows(self, name: str) -> jax.Array:
         """This accumulator's rows of the (M,) GMEM input ``name``, one value per row (layout ROWS)."""
-        return mu.load(self.refs[name].at[self.rows], layout=mu.ROWS)
+        return mu.load(self.refs[name].at[self.rows], layout=mu.ROWS, optimized=False)
 
     def load_tile(self, name: str) -> jax.Array:
         """The prefetched tile input ``name`` as a float32 (tile_m, tile_n) array in the accumulator layout."""
@@ -171,6 +175,8 @@ class Fusion:
     inputs: other arrays the hooks read from GMEM themselves (row / column vectors).
     outputs: (name, jax.ShapeDtypeStruct) the hooks or the epilogue's row vectors write.
     scratch: (name, SMEM type) the hooks use; allocated once per block, shared by both compute warpgroups.
+    store_in: a tile input (of out_dtype) whose SMEM tile, once the epilogue has read it, receives the output tile
+      and is stored from there by one TMA copy: no separate output staging (saves 2 · 2 · epi pieces of SMEM).
     prologue_init(ctx) -> carry; prologue_step(ctx, a_tile_ref, side_tile_refs, carry) -> carry: a_tile_ref is
       this warpgroup's rows of the step's A tile (tile_m, tile_k) in SMEM, side_tile_refs the same of each side
       input; called after the step's wgmma is issued.
@@ -182,19 +188,21 @@ class Fusion:
     inputs: tuple[str, ...] = ()
     outputs: tuple[tuple[str, jax.ShapeDtypeStruct], ...] = ()
     scratch: tuple[tuple[str, Any], ...] = ()
+    store_in: str | None = None
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
     epilogue: Callable | None = None
 
 
 def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, num_side_inputs: int = 0,
-               tile_input_dtypes: tuple = (), scratch_bytes: int = 0) -> int:
+               tile_input_dtypes: tuple = (), store_in_tile: bool = False, scratch_bytes: int = 0) -> int:
     """Shared memory one block allocates (bytes; barriers and Mosaic's reduction scratch excluded): the
     pipeline's A/B/side tiles, the output staging, prefetched tile inputs and the hooks' scratch."""
     size = jnp.dtype(dtype).itemsize
     per_stage = (config.cta_m * (1 + num_side_inputs) + config.cta_n) * config.tile_k * size
     pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
-    staging = 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(out_dtype).itemsize
+    staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
+        out_dtype).itemsize
     tiles = sum(2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes
 
@@ -209,6 +217,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     named inputs. Runs on an sm90 GPU; lowers for CUDA anywhere."""
     fusion = fusion or Fusion()
     arrays = dict(arrays or {})
+    if mu.interpreting() and (transpose_a or transpose_b):  # the CPU interpreter reads no transposed SMEM refs
+        a, b = (a.T if transpose_a else a), (b.T if transpose_b else b)
+        transpose_a = transpose_b = False
     M, K = a.shape[::-1] if transpose_a else a.shape
     N = b.shape[0] if transpose_b else b.shape[1]
     reason = unsupported_reason(M, N, K, config)
@@ -220,6 +231,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
+    if fusion.store_in is not None and (fusion.store_in not in fusion.tile_inputs
+                                        or arrays[fusion.store_in].dtype != jnp.dtype(out_dtype)):
+        raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
     out_names = [n for n, _ in fusion.outputs]
     body = functools.partial(_kernel_body, config=config, fusion=fusion, in_names=in_names, out_names=out_names,
                              transposes=(transpose_a, transpose_b), mnk=(M, N, K),
@@ -267,8 +281,9 @@ def _kernel_body(a_gmem, b_gmem, *refs, config: MosaicGemmConfig, fusion: Fusion
     scoped = dict(
         pipeline_allocs=pipeline(ignore, ignore).get_allocations(
             a_gmem, b_gmem, *[named_in[n] for n in fusion.side_inputs]),
-        out_smem=plgpu.SMEM((2, num_slots, cfg.epi_tile_m, cfg.epi_tile_n), out_dtype,
-                            transforms=mu.smem_transforms(cfg.epi_tile_n, out_dtype)),
+        out_smem=None if fusion.store_in else plgpu.SMEM(
+            (2, num_slots, cfg.epi_tile_m, cfg.epi_tile_n), out_dtype,
+            transforms=mu.smem_transforms(cfg.epi_tile_n, out_dtype)),
         tile_smem=tile_types,
         tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs},
         scratch=dict(fusion.scratch),
@@ -288,7 +303,7 @@ def _kernel_body(a_gmem, b_gmem, *refs, config: MosaicGemmConfig, fusion: Fusion
             wg_rows = pl.ds(wg_m * cfg.tile_m, cfg.tile_m) if cfg.wg_split == "m" else slice(None)
             wg_cols = pl.ds(wg_n * cfg.tile_n, cfg.tile_n) if cfg.wg_split == "n" else slice(None)
             ctx = TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
-                              m_idx=m_idx, n_idx=n_idx, wg=wg, col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n,
+                              m_idx=m_idx, n_idx=n_idx, wg=wg, block_row0=wg_m * cfg.tile_m, col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n,
                               config=cfg, refs=refs_by_name)
 
             def mma_body(idxs, a_smem, b_smem, *rest):
@@ -307,6 +322,8 @@ def _kernel_body(a_gmem, b_gmem, *refs, config: MosaicGemmConfig, fusion: Fusion
                 return acc_ref, carry
 
             def compute_context(eval_pipeline):
+                if fusion.store_in is not None:  # the last tile's output has left the buffer we prefetch into
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 for n in fusion.tile_inputs:  # prefetch the epilogue's tiles while the K loop runs
                     plgpu.copy_gmem_to_smem(named_in[n].at[ctx.rows, ctx.cols], tile_smem[n].at[wg],
                                             tile_barriers[n].at[wg])
@@ -322,7 +339,13 @@ def _kernel_body(a_gmem, b_gmem, *refs, config: MosaicGemmConfig, fusion: Fusion
                     if fusion.epilogue is not None:
                         tile_ctx = dataclasses.replace(ctx, tiles={n: tile_smem[n].at[wg] for n in fusion.tile_inputs})
                         acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
-                    _store_tile(acc.astype(out_dtype), out_smem.at[wg], out_gmem, ctx, pieces)
+                    if fusion.store_in is not None:
+                        buffer = tile_smem[fusion.store_in].at[wg]
+                        buffer[...] = acc.astype(out_dtype)
+                        plgpu.commit_smem()
+                        plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
+                    else:
+                        _store_tile(acc.astype(out_dtype), out_smem.at[wg], out_gmem, ctx, pieces)
                     for n, vec in rows_out.items():
                         _store_rows(vec, named_out[n], ctx)
 

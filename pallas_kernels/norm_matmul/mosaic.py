@@ -1,0 +1,281 @@
+"""RMSNorm fused into the following matmul on Hopper: three Mosaic-GPU GEMMs (``gemm.mosaic``) with hooks.
+
+Notation: x (M, K) (h = x + residual with a residual), gamma (K,), w (K, N); r = rsqrt(mean_K(x²) + eps) per
+row, float32; y = rmsnorm(x) · gamma @ w = diag(r) · x · (diag(gamma) w).
+
+Forward, one kernel: A = the raw x tile, B = w_γ = diag(gamma) w (one XLA pass over w, rounded to w's dtype),
+so both wgmma operands stay in shared memory as loaded. The prologue sums the squares of each x tile already in
+shared memory (float32, while the tensor cores work); the epilogue turns the sums into r, scales the float32
+accumulator rows by r and also stores r (M,) for the backward. The normalized activations never exist.
+
+Backward, two kernels (never the normalized activations; r from the forward; float32 statistics):
+  dx kernel:  dx = r · (dy @ w_γᵀ) − r² · c · x (+ dh),  c = Σ_N(dy · y) / K per row.
+              A = dy, B = w_γ read transposed (no copy); y streams with dy as a side input and the prologue sums
+              dy · y over the N steps, which are exactly this kernel's K loop, so c is complete at the epilogue;
+              the epilogue reads the prefetched x tile. The blocks of the first column block also store
+              dyr = (r / s) ⊙ dy (M, N) from the dy tiles they already hold (s = 1, or max r for float16).
+  dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
+              epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K)).
+The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction over K,
+which no dx block holds whole, by one over N, which each dx block streams anyway. Forward + backward = three
+GEMMs and a pass over w per direction, like XLA's matmul alone plus O(KN) work.
+
+Numerics: x and w_γ are the only rounded operands (x is the input itself: fp16 x near 1e-6 keeps its own
+precision, unlike rounding x·gamma); float32 accumulators, statistics and epilogues. dyr = (r/s) ⊙ dy is rounded
+to the input dtype; for float16, s = max r keeps it within range (|dy| itself must fit). |gamma · w| must fit
+the dtype (65504 for float16).
+
+Contract (every backend module of ``norm_matmul``): ``rmsnorm_matmul(x2d, gamma, w, *, eps, residual, out_dtype,
+config)``, ``default_config(M, K, N, dtype, *, residual)``, ``unsupported_reason(M, K, N, dtype, residual)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
+from pallas_kernels.gemm.mosaic import unsupported_reason as gemm_unsupported_reason
+
+__all__ = ["MosaicRMSNormMatmulConfig", "default_config", "rmsnorm_matmul", "unsupported_reason"]
+
+_F32 = jnp.float32
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicRMSNormMatmulConfig:
+    """The three GEMMs' configs (one static argument, hashable).
+
+    forward: y = r ⊙ (x @ w_γ), (M, K) @ (K, N).  dx: (M, N) @ (N, K) with y streamed beside dy and the x tile
+    (and dh) prefetched for the epilogue.  dw: (K, M) @ (M, N) with the w tile prefetched for the epilogue."""
+
+    forward: MosaicGemmConfig = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n")
+    dx: MosaicGemmConfig = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=32, num_stages=4, wg_split="n")
+    dw: MosaicGemmConfig = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n")
+
+    def __post_init__(self):
+        for name in ("forward", "dx", "dw"):
+            if not isinstance(getattr(self, name), MosaicGemmConfig):
+                raise ValueError(f"MosaicRMSNormMatmulConfig.{name}: must be a MosaicGemmConfig, "
+                                 f"got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")}
+
+    @classmethod
+    def from_dict(cls, params: dict) -> "MosaicRMSNormMatmulConfig":
+        return cls(**{name: MosaicGemmConfig(**fields) for name, fields in params.items()})
+
+
+def default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False
+                   ) -> MosaicRMSNormMatmulConfig:
+    """The built-in tiles (H100): 128x256 output blocks; with a residual the dx kernel prefetches two tiles
+    (x and dh) and takes 128x128 blocks to stay within shared memory."""
+    del M, K, N, dtype
+    config = MosaicRMSNormMatmulConfig()
+    if residual:
+        config = dataclasses.replace(config, dx=MosaicGemmConfig(tile_m=128, tile_n=64, tile_k=32, num_stages=4,
+                                                                 wg_split="n"))
+    return config
+
+
+def unsupported_reason(M: int, K: int, N: int, dtype, residual: bool = False, *,
+                       config: MosaicRMSNormMatmulConfig | None = None, out_dtype=None) -> str | None:
+    """None when this backend runs these arguments; else one sentence naming the constraint (no partial tiles:
+    M, K, N multiples of the kernels' tiles, so tiny M goes elsewhere; 16-bit inputs; y in x's dtype)."""
+    dtype = jnp.dtype(dtype)
+    if dtype not in _DTYPES:
+        return f"dtype {dtype} is not supported by the Mosaic backend (bfloat16 and float16 only)"
+    if out_dtype is not None and jnp.dtype(out_dtype) != dtype:
+        return f"out_dtype={jnp.dtype(out_dtype)} must equal x's dtype {dtype} on the Mosaic backend"
+    config = config or default_config(M, K, N, dtype, residual=residual)
+    for kernel, names, cfg in (("forward", "MNK", config.forward), ("dx", "MKN", config.dx),
+                               ("dw", "KNM", config.dw)):
+        sizes = dict(M=M, K=K, N=N)
+        reason = gemm_unsupported_reason(*(sizes[n] for n in names), cfg, names=tuple(names))
+        if reason:
+            return f"{reason} ({kernel} kernel)"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    config: MosaicRMSNormMatmulConfig
+    eps: float
+    out_dtype: jnp.dtype
+
+
+def _rows_zero(tile_m: int) -> jax.Array:
+    return mu.layout_cast(jnp.zeros((tile_m,), _F32), mu.ROWS)
+
+
+def _bcast_rows(vec: jax.Array, shape) -> jax.Array:
+    return lax.broadcast_in_dim(vec, shape, [0])
+
+
+def _scaled_w(gamma, w):
+    """w_γ = diag(gamma) w in w's dtype: one XLA pass over w."""
+    return (gamma.astype(_F32)[:, None] * w.astype(_F32)).astype(w.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------------------------------------------
+def _forward_fusion(M: int, K: int, eps: float, tile_m: int) -> Fusion:
+    """Prologue: Σ x² over each x tile's columns (float32); epilogue: r, y = r ⊙ acc, and r stored (M,)."""
+
+    def step(ctx, x_ref, side_refs, sum_sq):
+        del ctx, side_refs
+        x = mu.load(x_ref, layout=mu.TILE).astype(_F32)  # (tile_m, tile_k)
+        return sum_sq + jnp.sum(x * x, axis=1)
+
+    def epilogue(ctx, acc, sum_sq):
+        del ctx
+        rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
+        return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
+
+    return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),),
+                  prologue_init=lambda ctx: _rows_zero(tile_m), prologue_step=step, epilogue=epilogue)
+
+
+def _forward(x, residual, gamma, w, static: _Static):
+    """x, residual (M, K); gamma (K,); w (K, N) -> y (M, N), r (M,) float32, h (M, K) or None."""
+    M, K = x.shape
+    h = None
+    if residual is not None:  # h = x + residual rounded to x's dtype: one XLA pass, written once
+        h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
+        x = h
+    cfg = static.config.forward
+    y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype,
+                   fusion=_forward_fusion(M, K, static.eps, cfg.tile_m), name="rmsnorm_matmul_fwd")
+    return y, rstd, h
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------------------------------------------
+def _dx_fusion(M: int, K: int, N: int, dtype, cfg: MosaicGemmConfig, has_dh: bool) -> Fusion:
+    """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K from the prologue; first column block also
+    stores dyr = (r / s) ⊙ dy."""
+    tile_m, tile_k = cfg.tile_m, cfg.tile_k
+    stage_rows = cfg.cta_m  # both warpgroups' rows (wg_split "m") or the shared rows ("n", warpgroup 0 stores)
+
+    def init(ctx):
+        return _rows_zero(tile_m), ctx.load_rows("rstd"), ctx.load_rows("rstd_scaled")
+
+    def step(ctx, dy_ref, side_refs, carry):
+        row_dot, rstd, rstd_scaled = carry
+        dy = mu.load(dy_ref, layout=mu.TILE).astype(_F32)  # (tile_m, tile_k): dy[rows, step·tile_k + ...]
+        y = mu.load(side_refs[0], layout=mu.TILE).astype(_F32)
+        row_dot = row_dot + jnp.sum(dy * y, axis=1)
+
+        @pl.when(ctx.col_block == 0)
+        def _store_dyr():
+            slot = lax.rem(ctx.step, 2)
+            stage = ctx.refs["dyr_stage"].at[slot, pl.ds(ctx.block_row0, tile_m)]
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's store of two steps ago has read it
+            stage[...] = (dy * _bcast_rows(rstd_scaled, dy.shape)).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(stage, ctx.refs["dyr"].at[ctx.rows, pl.ds(ctx.step * tile_k, tile_k)])
+
+        return row_dot, rstd, rstd_scaled
+
+    def epilogue(ctx, acc, carry):
+        row_dot, rstd, _ = carry
+        coef = rstd * rstd * row_dot * (1.0 / K)  # r² · c
+        dx = acc * _bcast_rows(rstd, acc.shape) - ctx.load_tile("x") * _bcast_rows(coef, acc.shape)
+        if has_dh:
+            dx = dx + ctx.load_tile("dh")
+        return dx, {}
+
+    stage = plgpu.SMEM((2, stage_rows, tile_k), dtype, transforms=mu.smem_transforms(tile_k, dtype))
+    return Fusion(side_inputs=("y",), tile_inputs=("x", "dh") if has_dh else ("x",), inputs=("rstd", "rstd_scaled"),
+                  outputs=(("dyr", jax.ShapeDtypeStruct((M, N), dtype)),), scratch=(("dyr_stage", stage),),
+                  store_in="x", prologue_init=init, prologue_step=step, epilogue=epilogue)
+
+
+def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig) -> Fusion:
+    """g = xᵀ @ dyr; dw = (gamma · s) ⊙ g and per-column-block partial dgamma Σ w ⊙ g (s applied by the caller)."""
+
+    def epilogue(ctx, acc, gamma_s):
+        partial = jnp.sum(ctx.load_tile("w") * acc, axis=1)  # (tile_m,) over this block's tile_n columns
+        return acc * _bcast_rows(gamma_s, acc.shape), {"dgamma_parts": partial}
+
+    return Fusion(tile_inputs=("w",), inputs=("gamma_s",),
+                  outputs=(("dgamma_parts", jax.ShapeDtypeStruct((N // cfg.tile_n, K), _F32)),), store_in="w",
+                  prologue_init=lambda ctx: ctx.load_rows("gamma_s"), epilogue=epilogue)
+
+
+def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
+    """xn: the normalized input (h with a residual) (M, K). Returns dx (M, K) in xn.dtype (including dh), dgamma
+    (K,) in gamma.dtype, dw (K, N) in w.dtype."""
+    M, K = xn.shape
+    N = w.shape[1]
+    cfg = static.config
+    dtype = xn.dtype
+    # float16: dyr = (r / s) ⊙ dy with s = max r stays <= |dy|; bfloat16 has float32's range (s = 1).
+    scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
+    arrays = dict(y=y.astype(dtype), x=xn, rstd=rstd, rstd_scaled=rstd / scale)
+    if dh is not None:
+        arrays["dh"] = dh.astype(dtype)
+    dx, dyr = gemm(dy.astype(dtype), _scaled_w(gamma, w), transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                   fusion=_dx_fusion(M, K, N, dtype, cfg.dx, dh is not None), arrays=arrays,
+                   name="rmsnorm_matmul_dx")
+    dw, dgamma_parts = gemm(xn, dyr, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
+                            fusion=_dw_fusion(K, N, cfg.dw), arrays=dict(w=w, gamma_s=gamma.astype(_F32) * scale),
+                            name="rmsnorm_matmul_dw")
+    dgamma = (jnp.sum(dgamma_parts, axis=0) * scale).astype(gamma.dtype)
+    return dx, dgamma, dw
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# custom VJP and entry point
+# ---------------------------------------------------------------------------------------------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _rmsnorm_matmul(x, residual, gamma, w, static: _Static):
+    y, _, h = _forward(x, residual, gamma, w, static)
+    return y if residual is None else (h, y)
+
+
+def _rmsnorm_matmul_fwd(x, residual, gamma, w, static: _Static):
+    y, rstd, h = _forward(x, residual, gamma, w, static)
+    return (y if residual is None else (h, y)), (x if residual is None else h, gamma, w, rstd, y)
+
+
+def _rmsnorm_matmul_bwd(static: _Static, saved, cotangent):
+    xn, gamma, w, rstd, y = saved
+    has_residual = isinstance(cotangent, tuple)  # (dh, dy) when the primal returned (h, y)
+    dh, dy = cotangent if has_residual else (None, cotangent)
+    dx, dgamma, dw = _backward(xn, gamma, w, rstd, y, dy, dh, static)
+    return dx, (dx if has_residual else None), dgamma, dw
+
+
+_rmsnorm_matmul.defvjp(_rmsnorm_matmul_fwd, _rmsnorm_matmul_bwd)
+
+
+def rmsnorm_matmul(x2d: jax.Array, gamma: jax.Array, w: jax.Array, *, eps: float, residual: jax.Array | None = None,
+                   out_dtype=None, config: MosaicRMSNormMatmulConfig | None = None):
+    """rmsnorm(x2d) · gamma @ w on Hopper (Mosaic GPU); differentiable (custom VJP, three GEMMs in all).
+
+    x2d (M, K) and w (K, N) of one 16-bit dtype, gamma (K,); residual (M, K) optional: h = x2d + residual
+    (rounded to x2d's dtype) is normalized and returned. Returns y (M, N) in out_dtype (= x2d's dtype), or
+    (h, y). ValueError when ``unsupported_reason`` names a constraint or eps < 0. Validation of ranks and
+    dtypes beyond that is the public function's."""
+    if not eps >= 0:  # also catches NaN
+        raise ValueError(f"eps: must be >= 0, got {eps!r}")
+    M, K = x2d.shape
+    N = w.shape[1]
+    out_dtype = jnp.dtype(x2d.dtype if out_dtype is None else out_dtype)
+    config = config or default_config(M, K, N, x2d.dtype, residual=residual is not None)
+    reason = unsupported_reason(M, K, N, x2d.dtype, residual is not None, config=config, out_dtype=out_dtype)
+    if reason:
+        raise ValueError(f"rmsnorm_matmul (mosaic): {reason}")
+    return _rmsnorm_matmul(x2d, residual, gamma, w, _Static(config=config, eps=float(eps), out_dtype=out_dtype))
