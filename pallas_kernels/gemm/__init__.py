@@ -23,20 +23,36 @@ import jax.numpy as jnp
 
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 
-__all__ = ["Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul", "smem_bytes",
-           "unsupported_reason"]
+__all__ = ["CANDIDATES", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul",
+           "pick_config", "smem_bytes", "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OUT_DTYPES = (*_OPERAND_DTYPES, jnp.dtype(jnp.float32))
 
 
+# Built-in tiles (H100), best first: 128x256 output blocks (two 128x128 accumulators side by side), 64-wide K
+# steps, four stages in flight; then 128x128 blocks for N that 256 does not divide; then 64-row blocks.
+CANDIDATES = (
+    MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
+    MosaicGemmConfig(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
+    MosaicGemmConfig(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
+    MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"),
+)
+
+
+def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConfig:
+    """The first candidate whose tiles divide (M, N, K); the first candidate when none does (its
+    ``unsupported_reason`` then names the constraint)."""
+    for config in candidates:
+        if unsupported_reason(M, N, K, config) is None:
+            return config
+    return candidates[0]
+
+
 def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16) -> MosaicGemmConfig:
-    """The built-in tiles (H100): 128x256 output blocks (two 128x128 accumulators side by side), 64-wide K
-    steps, four stages in flight. Smaller N takes 128x128 blocks."""
-    del M, K, dtype
-    if N % 256:
-        return MosaicGemmConfig(tile_m=64, tile_n=128, wg_split="m")
-    return MosaicGemmConfig()
+    """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates."""
+    del dtype
+    return pick_config(M, N, K)
 
 
 def _check(a, b, transpose_a: bool, transpose_b: bool, out_dtype) -> tuple[int, int, int]:

@@ -78,6 +78,7 @@ class MosaicGemmConfig:
             if field.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{cls}.{field.name}: must be a non-negative int, got {value!r}")
         checks = [
+            ("epi_tile_n", self.epi_tile_n in (16, 32, 64, 128, 256), "one of 16, 32, 64, 128, 256"),
             ("tile_m", self.tile_m > 0 and self.tile_m % 64 == 0, "a positive multiple of 64"),
             ("tile_n", 0 < self.tile_n <= 256 and self.tile_n % self.epi_tile_n == 0,
              f"in (0, 256] and a multiple of epi_tile_n={self.epi_tile_n}"),
@@ -86,7 +87,6 @@ class MosaicGemmConfig:
             ("wg_split", self.wg_split in ("m", "n"), "'m' or 'n'"),
             ("epi_tile_m", self.epi_tile_m % 64 == 0 and self.epi_tile_m > 0 and self.tile_m % self.epi_tile_m == 0,
              f"a multiple of 64 dividing tile_m={self.tile_m}"),
-            ("epi_tile_n", self.epi_tile_n in (16, 32, 64, 128, 256), "one of 16, 32, 64, 128, 256"),
             ("grid_minor", self.grid_minor in ("m", "n"), "'m' or 'n'"),
             ("grid_tile_width", self.grid_tile_width >= 1, ">= 1"),
             ("delay_release", self.delay_release in (0, 1), "0 or 1"),

@@ -41,6 +41,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.gemm import pick_config
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.gemm.mosaic import unsupported_reason as gemm_unsupported_reason
 
@@ -57,9 +58,9 @@ class MosaicRMSNormMatmulConfig:
     forward: y = r ⊙ (x @ w_γ), (M, K) @ (K, N).  dx: (M, N) @ (N, K) with y streamed beside dy and the x tile
     (and dh) prefetched for the epilogue.  dw: (K, M) @ (M, N) with the w tile prefetched for the epilogue."""
 
-    forward: MosaicGemmConfig = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n")
-    dx: MosaicGemmConfig = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=32, num_stages=4, wg_split="n")
-    dw: MosaicGemmConfig = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n")
+    forward: MosaicGemmConfig
+    dx: MosaicGemmConfig
+    dw: MosaicGemmConfig
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -75,16 +76,32 @@ class MosaicRMSNormMatmulConfig:
         return cls(**{name: MosaicGemmConfig(**fields) for name, fields in params.items()})
 
 
+_G = MosaicGemmConfig
+# Built-in tiles (H100) per kernel, best first; each kernel takes the first whose tiles divide its shape. The
+# dx kernel holds more in shared memory (y streams beside dy; the x tile, and dh with a residual, are prefetched
+# whole; dyr is staged), so it takes 32-wide K steps.
+_FORWARD = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
+            _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
+            _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
+_DX = (_G(tile_m=128, tile_n=128, tile_k=32, num_stages=4, wg_split="n"),
+       _G(tile_m=64, tile_n=128, tile_k=64, num_stages=3, wg_split="m"),
+       _G(tile_m=64, tile_n=64, tile_k=32, num_stages=4, wg_split="n"))
+_DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=32, num_stages=4, wg_split="n"),
+                _G(tile_m=64, tile_n=128, tile_k=32, num_stages=4, wg_split="m"),
+                _G(tile_m=64, tile_n=64, tile_k=32, num_stages=4, wg_split="n"))
+_DW = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"),
+       _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
+       _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
+
+
 def default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False
                    ) -> MosaicRMSNormMatmulConfig:
-    """The built-in tiles (H100): 128x256 output blocks; with a residual the dx kernel prefetches two tiles
-    (x and dh) and takes 128x128 blocks to stay within shared memory."""
-    del M, K, N, dtype
-    config = MosaicRMSNormMatmulConfig()
-    if residual:
-        config = dataclasses.replace(config, dx=MosaicGemmConfig(tile_m=128, tile_n=64, tile_k=32, num_stages=4,
-                                                                 wg_split="n"))
-    return config
+    """The built-in tiles for this shape: per kernel the first candidate whose tiles divide its GEMM (forward
+    (M, N, K), dx (M, K, N), dw (K, N, M)); ``unsupported_reason`` names what divides nothing."""
+    del dtype
+    return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, _FORWARD),
+                                     dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
+                                     dw=pick_config(K, N, M, _DW))
 
 
 def unsupported_reason(M: int, K: int, N: int, dtype, residual: bool = False, *,

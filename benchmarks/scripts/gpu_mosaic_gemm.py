@@ -1,0 +1,339 @@
+"""On one H100: the Mosaic-GPU GEMM against cuBLAS, and the Mosaic rmsnorm_matmul against XLA and Triton.
+
+    PYTHONPATH=$PWD python benchmarks/scripts/gpu_mosaic_gemm.py --out $OUT --budget-s 300
+
+In one run, time-boxed (a section that would start past the deadline is skipped and said so), writing
+mosaic_gemm-<device>.json (+ .md; jaxfuse.bench records: device, jax version, commit, date) after every section:
+  0. probe: the Mosaic-GPU API this jax has (signatures the kernels rely on) -> probe.txt
+  1. matmul: ``pallas_kernels.gemm.matmul`` (default config) vs XLA's ``jnp.dot`` (cuBLAS) at the GEMM shapes,
+     plus transposed reads (aᵀ, bᵀ given as stored) at one shape;
+  2. rmsnorm_matmul fwd and fwd+bwd (``jax.vjp`` with a random cotangent, y returned): the Mosaic backend
+     (``norm_matmul.mosaic``) vs XLA norm+matmul, XLA matmul alone and today's Triton kernel
+     (``pallas_kernels.rmsnorm_matmul``); per-kernel times of the Mosaic run (where the time goes), and the
+     plain GEMMs with the same tiles (what the fused hooks cost);
+  3. decode shapes: the Mosaic backend's unsupported_reason, XLA and Triton timed;
+  4. a small tile sweep (GEMM, fused forward, dx) at 8192x4096x6144.
+Every Mosaic result is checked against the float32 reference on the timing inputs first (relative error
+max |got - want| / max |want| <= 2e-2 and finite, else REJECTED and not timed). Timing: CUPTI device time of all
+kernels of one call (jaxfuse.bench.time_kernels), median of --iterations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import math
+import os
+import sys
+import time
+import traceback
+
+T0 = time.time()
+MAX_REL_ERR = 2e-2
+GEMM_SHAPES = [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144), (16384, 1024, 5504)]  # (M, K, N)
+NORM_SHAPES = GEMM_SHAPES
+DECODE_SHAPES = [(16, 4096, 4096), (1, 4096, 14336)]
+
+
+def log(message: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {message}", flush=True)
+
+
+def probe(out_dir: str) -> None:
+    """The Mosaic-GPU API of this jax, as the kernels use it (one call, so a surprise shows at once)."""
+    import jax
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    lines = [f"jax {jax.__version__}", f"devices {jax.devices()}"]
+    for name in ("kernel", "load", "emit_pipeline_warp_specialized", "copy_smem_to_gmem", "copy_gmem_to_smem",
+                 "wgmma", "nd_loop", "planar_snake", "transpose_ref", "layout_cast", "wait_smem_to_gmem"):
+        obj = getattr(plgpu, name, None)
+        lines.append(f"plgpu.{name}{inspect.signature(obj) if obj else ': MISSING'}")
+    lines.append(f"CompilerParams fields {list(plgpu.CompilerParams.__dataclass_fields__)}")
+    lines.append(f"InterpretGPUParams {'present' if hasattr(plgpu, 'InterpretGPUParams') else 'absent'}")
+    with open(os.path.join(out_dir, "probe.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+class Run:
+    """Records of this run, written after every section."""
+
+    def __init__(self, out_dir: str, iterations: int, deadline: float):
+        from jaxfuse import bench
+
+        self.bench, self.out_dir, self.iterations, self.deadline = bench, out_dir, iterations, deadline
+        self.records, self.env = [], bench.environment()
+        self.path = os.path.join(out_dir, f"mosaic_gemm-{bench.device_tag(self.env['device'])}.json")
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def time(self, fn, args, **kw):
+        from pallas_kernels import triton_utils
+
+        with triton_utils.quiet_triton_deprecation():
+            return self.bench.time_kernels(fn, [args], iterations=self.iterations, warmup=2, **kw)
+
+    def add(self, op, shape, mode, impl, timing, flops, **extra):
+        rec = self.bench.Record(op=op, shape=shape, dtype="bfloat16", implementation=impl, mode=mode,
+                                time_us=timing.median_us, method=timing.method, flops=flops,
+                                extra=dict(extra, per_kernel_us=timing.per_kernel_us, spread=timing.spread))
+        self.records.append(rec.finish())
+        log(f"  {op} {shape} {mode:7s} {impl:18s} {timing.median_us:9.1f} µs  {rec.tflops_per_s:6.1f} TFLOP/s")
+        return rec
+
+    def write(self) -> None:
+        by_key = {}
+        for r in self.records:
+            by_key.setdefault((r.op, r.shape, r.mode), {})[r.implementation] = r.time_us
+        for r in self.records:  # speedup of every row against every other implementation at its shape and mode
+            r.speedup_vs = {k: v / r.time_us for k, v in by_key[(r.op, r.shape, r.mode)].items()
+                            if k != r.implementation}
+        self.bench.write_results(self.records, self.path, env=self.env)
+
+
+def rel_err(got, want) -> float:
+    import jax.numpy as jnp
+
+    got, want = jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)
+    return float(jnp.max(jnp.abs(got - want)) / jnp.maximum(jnp.max(jnp.abs(want)), 1e-30))
+
+
+def gemm_section(run: Run) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.gemm import default_config, matmul
+
+    log("section 1: matmul vs cuBLAS")
+    for M, K, N in GEMM_SHAPES:
+        if run.left() < 15:
+            log("  out of time"); return
+        shape = f"{M}x{K}x{N}"
+        ka, kb = jax.random.split(jax.random.key(M + N))
+        a = jax.random.normal(ka, (M, K), jnp.bfloat16)
+        b = (jax.random.normal(kb, (K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
+        mosaic = jax.jit(lambda a, b: matmul(a, b))
+        err = rel_err(mosaic(a, b), jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32)))
+        cfg = default_config(M, N, K).to_dict()
+        if not err <= MAX_REL_ERR:
+            log(f"  {shape} mosaic REJECTED: relative error {err:.2e}"); continue
+        run.add("matmul", shape, "fwd", "pallas_mosaic", run.time(mosaic, (a, b)), 2.0 * M * N * K, rel_err=err,
+                config=cfg)
+        run.add("matmul", shape, "fwd", "xla", run.time(jax.jit(jnp.dot), (a, b)), 2.0 * M * N * K)
+        if (M, K, N) == (8192, 4096, 6144):  # the backward's GEMMs: operands read transposed as stored
+            at, bt = a.T.copy(), b.T.copy()
+            for name, fn, args in (("pallas_mosaic_at", lambda a, b: matmul(a, b, transpose_a=True), (at, b)),
+                                   ("pallas_mosaic_bt", lambda a, b: matmul(a, b, transpose_b=True), (a, bt))):
+                fn = jax.jit(fn)
+                err = rel_err(fn(*args), jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32)))
+                if err <= MAX_REL_ERR:
+                    run.add("matmul", shape, "fwd", name, run.time(fn, args), 2.0 * M * N * K, rel_err=err)
+                else:
+                    log(f"  {shape} {name} REJECTED: relative error {err:.2e}")
+        run.write()
+
+
+def norm_fns(nm, triton_fn, xla_fns, config=None):
+    """impl -> (fwd(x, g, w), fwd_bwd(x, g, w, dy) -> (y, grads))."""
+    import jax
+    import jax.numpy as jnp
+
+    fwds = {
+        "pallas_mosaic": lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=1e-6, config=config),
+        "xla": xla_fns["xla"],
+        "xla_matmul_alone": lambda x, g, w: jnp.dot(x, w),
+        "pallas_triton": lambda x, g, w: triton_fn(x, g, w),
+    }
+    out = {}
+    for name, fwd in fwds.items():
+        if name == "xla_matmul_alone":
+            def fb(x, g, w, dy, fwd=fwd):
+                y, vjp = jax.vjp(lambda x, w: fwd(x, g, w), x, w)
+                return y, vjp(dy)
+        else:
+            def fb(x, g, w, dy, fwd=fwd):
+                y, vjp = jax.vjp(fwd, x, g, w)
+                return y, vjp(dy)
+        out[name] = (jax.jit(fwd), jax.jit(fb))
+    return out
+
+
+def norm_section(run: Run, shapes, impls=("pallas_mosaic", "xla", "xla_matmul_alone", "pallas_triton")) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxfuse import kernels
+    from jaxfuse.suites import rmsnorm_matmul as suite
+    from pallas_kernels import reference
+    from pallas_kernels import rmsnorm_matmul as triton_fn
+    from pallas_kernels.gemm.mosaic import gemm
+
+    nm = importlib.import_module("pallas_kernels.norm_matmul.mosaic")
+    log(f"section 2: rmsnorm_matmul at {shapes}")
+    fns = norm_fns(nm, triton_fn, kernels.NORM_MATMUL)
+    ref = jax.jit(lambda x, g, w, dy: (lambda y, vjp: (y, vjp(dy)))(*jax.vjp(reference.rmsnorm_matmul, x, g, w)))
+    for M, K, N in shapes:
+        if run.left() < 30:
+            log("  out of time"); return
+        shape = f"{M}x{K}x{N}"
+        x, g, w, dy = suite.make_inputs(M, K, N, seed=0)
+        reason = nm.unsupported_reason(M, K, N, jnp.bfloat16, False)
+        mosaic_extra = None
+        if "pallas_mosaic" in impls and reason:
+            log(f"  {shape} mosaic unsupported: {reason}")
+        elif "pallas_mosaic" in impls:  # checked once, on the timing inputs, before any timing
+            try:
+                y_ref, grads_ref = ref(x, g, w, dy)
+                got = fns["pallas_mosaic"][1](x, g, w, dy)
+                errs = dict(zip(("y", "dx", "dgamma", "dw"), map(rel_err, (got[0], *got[1]), (y_ref, *grads_ref))))
+                del y_ref, grads_ref, got
+                if all(e <= MAX_REL_ERR for e in errs.values()):
+                    mosaic_extra = dict(rel_err=errs, config=nm.default_config(M, K, N).to_dict())
+                else:
+                    log(f"  {shape} mosaic REJECTED: {errs}")
+            except Exception as e:  # noqa: BLE001
+                log(f"  {shape} mosaic FAILED: {type(e).__name__}: {str(e)[:300]}")
+        for mode, flops in (("fwd", 2.0 * M * K * N), ("fwd+bwd", 6.0 * M * K * N)):
+            for impl in impls:
+                if run.left() < 10 or (impl == "pallas_mosaic" and mosaic_extra is None):
+                    continue
+                try:
+                    fwd, fb = fns[impl]
+                    args = (x, g, w) if mode == "fwd" else (x, g, w, dy)
+                    run.add("rmsnorm_matmul", shape, mode, impl, run.time(fwd if mode == "fwd" else fb, args),
+                            flops, **(mosaic_extra if impl == "pallas_mosaic" else {}))
+                except Exception as e:  # noqa: BLE001 - one failing implementation must not end the run
+                    log(f"  {shape} {mode} {impl} FAILED: {type(e).__name__}: {str(e)[:300]}")
+        if mosaic_extra is not None and run.left() > 20:  # plain GEMMs with the fused kernels' tiles: what the hooks cost
+            cfg = nm.default_config(M, K, N)
+            ws = (g.astype(jnp.float32)[:, None] * w.astype(jnp.float32)).astype(w.dtype)
+            plain = {"plain_fwd_gemm": (lambda a, b: gemm(a, b, config=cfg.forward, out_dtype=a.dtype)[0], (x, ws)),
+                     "plain_dx_gemm": (lambda a, b: gemm(a, b, config=cfg.dx, out_dtype=a.dtype, transpose_b=True)[0],
+                                       (dy, ws)),
+                     "plain_dw_gemm": (lambda a, b: gemm(a, b, config=cfg.dw, out_dtype=a.dtype, transpose_a=True)[0],
+                                       (x, dy))}
+            for name, (fn, args) in plain.items():
+                try:
+                    run.add("rmsnorm_matmul", shape, "parts", name, run.time(jax.jit(fn), args), 2.0 * M * K * N)
+                except Exception as e:  # noqa: BLE001
+                    log(f"  {shape} {name} FAILED: {type(e).__name__}: {str(e)[:300]}")
+        run.write()
+
+
+def sweep_section(run: Run) -> None:
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxfuse.suites import rmsnorm_matmul as suite
+    from pallas_kernels import reference
+    from pallas_kernels.gemm import MosaicGemmConfig as G
+    from pallas_kernels.gemm import matmul
+
+    nm = importlib.import_module("pallas_kernels.norm_matmul.mosaic")
+    M, K, N = 8192, 4096, 6144
+    shape = f"{M}x{K}x{N}"
+    log(f"section 4: sweep at {shape}")
+    x, g, w, dy = suite.make_inputs(M, K, N, seed=1)
+    gemm_cands = [G(), G(grid_tile_width=8), G(grid_minor="m", grid_tile_width=8), G(delay_release=1),
+                  G(tile_m=64, tile_n=256, wg_split="m"), G(tile_m=128, tile_n=128, wg_split="m", num_stages=3),
+                  G(tile_k=128, num_stages=2), G(epi_tile_n=128, num_stages=3)]
+    want = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+    for cfg in gemm_cands:
+        if run.left() < 10:
+            log("  out of time"); return
+        try:
+            fn = jax.jit(lambda a, b, cfg=cfg: matmul(a, b, config=cfg))
+            err = rel_err(fn(x, w), want)
+            if not err <= MAX_REL_ERR:
+                log(f"  REJECTED {err:.2e}: {cfg}"); continue
+            run.add("matmul_sweep", shape, "fwd", "pallas_mosaic", run.time(fn, (x, w)), 2.0 * M * N * K,
+                    config=cfg.to_dict(), rel_err=err)
+        except Exception as e:  # noqa: BLE001
+            log(f"  FAILED {type(e).__name__}: {str(e)[:200]}: {cfg}")
+    run.write()
+    base = nm.default_config(M, K, N)
+    ref = jax.jit(lambda x, g, w, dy: (lambda y, vjp: (y, vjp(dy)))(*jax.vjp(reference.rmsnorm_matmul, x, g, w)))
+    y_ref, grads_ref = ref(x, g, w, dy)
+    variants = [("forward", G(tile_m=64, tile_n=256, wg_split="m")), ("forward", G(grid_tile_width=8)),
+                ("forward", G(delay_release=1)),
+                ("dx", G(tile_m=128, tile_n=128, tile_k=64, num_stages=2)),
+                ("dx", G(tile_m=64, tile_n=256, tile_k=32, num_stages=4, wg_split="m")),
+                ("dx", G(tile_m=64, tile_n=128, tile_k=64, num_stages=3, wg_split="m")),
+                ("dw", G(tile_m=64, tile_n=256, tile_k=64, num_stages=3, wg_split="m")),
+                ("dw", G(tile_m=128, tile_n=128, tile_k=32, num_stages=4))]
+    for kernel, cfg in variants:
+        if run.left() < 10:
+            log("  out of time"); break
+        config = dataclasses.replace(base, **{kernel: cfg})
+        try:
+            fb = jax.jit(lambda x, g, w, dy, c=config: (lambda y, vjp: (y, vjp(dy)))(
+                *jax.vjp(lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=1e-6, config=c), x, g, w)))
+            got = fb(x, g, w, dy)
+            errs = [rel_err(a, b) for a, b in zip((got[0], *got[1]), (y_ref, *grads_ref))]
+            if not all(e <= MAX_REL_ERR for e in errs):
+                log(f"  REJECTED {errs}: {kernel} {cfg}"); continue
+            run.add("rmsnorm_matmul_sweep", shape, "fwd+bwd", f"pallas_mosaic[{kernel}]", run.time(fb, (x, g, w, dy)),
+                    6.0 * M * N * K, config=config.to_dict(), rel_err=max(errs))
+        except Exception as e:  # noqa: BLE001
+            log(f"  FAILED {type(e).__name__}: {str(e)[:200]}: {kernel} {cfg}")
+    run.write()
+
+
+def table(run: Run) -> str:
+    """shape, mode, mosaic, XLA norm+matmul, XLA matmul, Triton (µs) and the ratios."""
+    rows = {}
+    for r in run.records:
+        if r.op in ("rmsnorm_matmul", "matmul"):
+            rows.setdefault((r.op, r.shape, r.mode), {})[r.implementation] = r.time_us
+    lines = [f"{'op':15s} {'shape':17s} {'mode':8s} {'mosaic':>8s} {'xla':>8s} {'xla_mm':>8s} {'triton':>8s} "
+             f"{'xla/mos':>8s} {'mm/mos':>7s} {'tri/mos':>7s}"]
+    for (op, shape, mode), t in rows.items():
+        mos = t.get("pallas_mosaic")
+        def f(v):
+            return f"{v:8.1f}" if v else f"{'-':>8s}"
+        def q(v):
+            return f"{v / mos:7.3f}" if v and mos else f"{'-':>7s}"
+        lines.append(f"{op:15s} {shape:17s} {mode:8s} {f(mos)} {f(t.get('xla'))} {f(t.get('xla_matmul_alone'))} "
+                     f"{f(t.get('pallas_triton'))} {q(t.get('xla')):>8s} {q(t.get('xla_matmul_alone'))} "
+                     f"{q(t.get('pallas_triton'))}")
+        for k, v in t.items():
+            if k.startswith("plain_") or k.startswith("pallas_mosaic_"):
+                lines.append(f"{'':15s} {shape:17s} {k:26s} {v:8.1f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--budget-s", type=float, default=300.0)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--sections", default="probe,gemm,norm,decode,sweep")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    sections = args.sections.split(",")
+    if "probe" in sections:
+        probe(args.out)
+    run = Run(args.out, args.iterations, T0 + args.budget_s)
+    steps = {"gemm": lambda: gemm_section(run), "norm": lambda: norm_section(run, NORM_SHAPES),
+             "decode": lambda: norm_section(run, DECODE_SHAPES, impls=("pallas_mosaic", "xla", "pallas_triton")),
+             "sweep": lambda: sweep_section(run)}
+    for name in sections:
+        if name in steps:
+            try:
+                steps[name]()
+            except Exception:  # noqa: BLE001 - report and go on with the next section
+                log(f"section {name} FAILED:\n{traceback.format_exc()[-2000:]}")
+            if run.records:
+                run.write()
+    print(table(run), flush=True)
+    log(f"wrote {run.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
