@@ -207,20 +207,59 @@ def norm_section(run: Run, shapes, impls=("pallas_mosaic", "xla", "xla_matmul_al
                             flops, **(mosaic_extra if impl == "pallas_mosaic" else {}))
                 except Exception as e:  # noqa: BLE001 - one failing implementation must not end the run
                     log(f"  {shape} {mode} {impl} FAILED: {type(e).__name__}: {str(e)[:300]}")
-        if mosaic_extra is not None and run.left() > 20:  # plain GEMMs with the fused kernels' tiles: what the hooks cost
-            cfg = nm.default_config(M, K, N)
-            ws = (g.astype(jnp.float32)[:, None] * w.astype(jnp.float32)).astype(w.dtype)
-            plain = {"plain_fwd_gemm": (lambda a, b: gemm(a, b, config=cfg.forward, out_dtype=a.dtype)[0], (x, ws)),
-                     "plain_dx_gemm": (lambda a, b: gemm(a, b, config=cfg.dx, out_dtype=a.dtype, transpose_b=True)[0],
-                                       (dy, ws)),
-                     "plain_dw_gemm": (lambda a, b: gemm(a, b, config=cfg.dw, out_dtype=a.dtype, transpose_a=True)[0],
-                                       (x, dy))}
-            for name, (fn, args) in plain.items():
-                try:
-                    run.add("rmsnorm_matmul", shape, "parts", name, run.time(jax.jit(fn), args), 2.0 * M * K * N)
-                except Exception as e:  # noqa: BLE001
-                    log(f"  {shape} {name} FAILED: {type(e).__name__}: {str(e)[:300]}")
         run.write()
+
+
+def parts_section(run: Run, shapes) -> None:
+    """The plain GEMMs with the fused kernels' tiles and operand layouts: fused kernel − plain = the hooks' cost."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxfuse.suites import rmsnorm_matmul as suite
+    from pallas_kernels.gemm.mosaic import gemm
+
+    nm = importlib.import_module("pallas_kernels.norm_matmul.mosaic")
+    log(f"section: plain GEMMs with the fused kernels' tiles at {shapes}")
+    for M, K, N in shapes:
+        if run.left() < 15:
+            log("  out of time"); return
+        shape = f"{M}x{K}x{N}"
+        x, g, w, dy = suite.make_inputs(M, K, N, seed=0)
+        cfg = nm.default_config(M, K, N)
+        ws = (g.astype(jnp.float32)[:, None] * w.astype(jnp.float32)).astype(w.dtype)
+        plain = {"plain_fwd_gemm": (lambda a, b: gemm(a, b, config=cfg.forward, out_dtype=a.dtype)[0], (x, ws)),
+                 "plain_dx_gemm": (lambda a, b: gemm(a, b, config=cfg.dx, out_dtype=a.dtype, transpose_b=True)[0],
+                                   (dy, ws)),
+                 "plain_dw_gemm": (lambda a, b: gemm(a, b, config=cfg.dw, out_dtype=a.dtype, transpose_a=True)[0],
+                                   (x, dy)),
+                 "xla_scale_w": (lambda g, w: (g.astype(jnp.float32)[:, None] * w.astype(jnp.float32)).astype(
+                     w.dtype), (g, w))}
+        for name, (fn, args) in plain.items():
+            try:
+                run.add("rmsnorm_matmul", shape, "parts", name, run.time(jax.jit(fn), args), 2.0 * M * K * N)
+            except Exception as e:  # noqa: BLE001
+                log(f"  {shape} {name} FAILED: {type(e).__name__}: {str(e)[:300]}")
+        run.write()
+
+
+def pytest_section(run: Run, out_dir: str, selection: str) -> None:
+    """The GPU tests the timing does not cover (fp16 at 1e-6, extreme magnitudes, NaN), within the time left."""
+    import subprocess
+
+    timeout = run.left() - 5
+    if timeout < 20:
+        log("pytest: out of time"); return
+    log(f"section: pytest {selection} (timeout {timeout:.0f} s)")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection.split()]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        status, text = f"exit {proc.returncode}", proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        status, text = f"TIMED OUT after {timeout:.0f} s", (e.stdout or b"").decode(errors="replace")
+    with open(os.path.join(out_dir, "pytest.txt"), "w") as f:
+        f.write(f"{status}\n{text}")
+    log(f"pytest {status}:\n" + "\n".join(text.strip().splitlines()[-12:]))
 
 
 def sweep_section(run: Run) -> None:
@@ -312,14 +351,22 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--sections", default="probe,gemm,norm,decode,sweep")
+    parser.add_argument("--sections", default="probe,norm,gemm,parts,triton,norm_train,pytest,sweep,decode")
+    parser.add_argument("--pytest", default="tests/test_norm_matmul_mosaic.py::test_extreme_magnitudes_on_the_gpu "
+                                            "tests/test_norm_matmul_mosaic.py::test_nan_never_passes")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     sections = args.sections.split(",")
     if "probe" in sections:
         probe(args.out)
     run = Run(args.out, args.iterations, T0 + args.budget_s)
-    steps = {"gemm": lambda: gemm_section(run), "norm": lambda: norm_section(run, NORM_SHAPES),
+    big, train = NORM_SHAPES[:3], NORM_SHAPES[3:]
+    steps = {"gemm": lambda: gemm_section(run),
+             "norm": lambda: norm_section(run, big, impls=("pallas_mosaic", "xla", "xla_matmul_alone")),
+             "parts": lambda: parts_section(run, big[:2]),
+             "norm_train": lambda: norm_section(run, train, impls=("pallas_mosaic", "xla", "xla_matmul_alone")),
+             "triton": lambda: norm_section(run, NORM_SHAPES, impls=("pallas_triton",)),  # big 3 first
+             "pytest": lambda: pytest_section(run, args.out, args.pytest),
              "decode": lambda: norm_section(run, DECODE_SHAPES, impls=("pallas_mosaic", "xla", "pallas_triton")),
              "sweep": lambda: sweep_section(run)}
     for name in sections:
