@@ -21,7 +21,8 @@ is used here, handled in this module only:
     inside ``interpret_on_cpu()`` (tests, small shapes) ``load`` and ``layout_cast`` here become plain reads /
     no-ops, which is all the layouts mean there, and callers materialize transposed operands (``interpreting``).
 Everything else used by the kernels (``emit_pipeline_warp_specialized``, ``nd_loop``, ``planar_snake``, ``wgmma``,
-``transpose_ref``, TMA copies, barriers) has the same signature in both versions.
+``ref.transpose``, TMA copies, barriers) has the same signature in both versions (0.11 deprecates
+``plgpu.transpose_ref``: the kernels call ``ref.transpose(...)``).
 
 Nothing here is kernel-specific; no import-time side effects.
 """

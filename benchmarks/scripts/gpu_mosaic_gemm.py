@@ -12,7 +12,9 @@ mosaic_gemm-<device>.json (+ .md; jaxfuse.bench records: device, jax version, co
      (``pallas_kernels.rmsnorm_matmul``); per-kernel times of the Mosaic run (where the time goes), and the
      plain GEMMs with the same tiles (what the fused hooks cost);
   3. decode shapes: the Mosaic backend's unsupported_reason, XLA and Triton timed;
-  4. a small tile sweep (GEMM, fused forward, dx) at 8192x4096x6144.
+  4. a small tile sweep (GEMM, fused forward, dx) at 8192x4096x6144;
+  5. alternatives (--sections alternatives, --alt-shape): tile order of the GEMM; row statistics from the
+     kernels' prologues or from XLA passes; forward tiles and delay_release.
 Every Mosaic result is checked against the float32 reference on the timing inputs first (relative error
 max |got - want| / max |want| <= 2e-2 and finite, else REJECTED and not timed). Timing: CUPTI device time of all
 kernels of one call (jaxfuse.bench.time_kernels), median of --iterations.
@@ -262,6 +264,73 @@ def pytest_section(run: Run, out_dir: str, selection: str) -> None:
     log(f"pytest {status}:\n" + "\n".join(text.strip().splitlines()[-12:]))
 
 
+def alternatives_section(run: Run, M: int, K: int, N: int) -> None:
+    """Design alternatives at one shape, each checked then timed: the GEMM's tile order, and where the fused
+    kernels' row statistics come from (prologue on the SMEM tiles vs one XLA pass) with their tiles."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxfuse.suites import rmsnorm_matmul as suite
+    from pallas_kernels import reference
+    from pallas_kernels.gemm import MosaicGemmConfig as G
+    from pallas_kernels.gemm import default_config, matmul
+
+    nm = importlib.import_module("pallas_kernels.norm_matmul.mosaic")
+    shape = f"{M}x{K}x{N}"
+    log(f"section: alternatives at {shape}")
+    x, g, w, dy = suite.make_inputs(M, K, N, seed=2)
+    base = default_config(M, N, K)
+    want = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+    for name, cfg in (("order n/8", dataclasses.replace(base, grid_tile_width=8)),
+                      ("order m/8", dataclasses.replace(base, grid_minor="m", grid_tile_width=8)),
+                      ("order m/16", dataclasses.replace(base, grid_minor="m", grid_tile_width=16))):
+        if run.left() < 8:
+            log("  out of time"); return
+        fn = jax.jit(lambda a, b, cfg=cfg: matmul(a, b, config=cfg))
+        err = rel_err(fn(x, w), want)
+        if err <= MAX_REL_ERR:
+            run.add("matmul_alt", shape, "fwd", f"pallas_mosaic[{name}]", run.time(fn, (x, w)), 2.0 * M * N * K,
+                    config=cfg.to_dict(), rel_err=err)
+    del want
+    ref = jax.jit(lambda x, g, w, dy: (lambda y, vjp: (y, vjp(dy)))(*jax.vjp(reference.rmsnorm_matmul, x, g, w)))
+    y_ref, grads_ref = ref(x, g, w, dy)
+    order = dict(grid_minor="m", grid_tile_width=8)
+    variants = []
+    for stats, rowdot in ((True, True), (False, False)):
+        c = nm.default_config(M, K, N, stats_in_kernel=stats, rowdot_in_kernel=rowdot)
+        variants.append((f"stats={'kernel' if stats else 'xla'}", c))
+        variants.append((f"stats={'kernel' if stats else 'xla'},order m/8",
+                         dataclasses.replace(c, **{k: dataclasses.replace(getattr(c, k), **order)
+                                                   for k in ("forward", "dx", "dw")})))
+    c = nm.default_config(M, K, N)
+    variants += [("fwd 64x256 split m,delay 1", dataclasses.replace(c, forward=G(
+                      tile_m=64, tile_n=256, wg_split="m", delay_release=1, **order))),
+                 ("fwd delay 1", dataclasses.replace(c, forward=dataclasses.replace(c.forward, delay_release=1,
+                                                                                      **order)))]
+    for name, config in variants:
+        if run.left() < 8:
+            log("  out of time"); return
+        try:
+            fwd = jax.jit(lambda x, g, w, c=config: nm.rmsnorm_matmul(x, g, w, eps=1e-6, config=c))
+            fb = jax.jit(lambda x, g, w, dy, c=config: (lambda y, vjp: (y, vjp(dy)))(
+                *jax.vjp(lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=1e-6, config=c), x, g, w)))
+            got = fb(x, g, w, dy)
+            errs = [rel_err(a, b) for a, b in zip((got[0], *got[1]), (y_ref, *grads_ref))]
+            del got
+            if not all(e <= MAX_REL_ERR for e in errs):
+                log(f"  REJECTED {errs}: {name}"); continue
+            run.add("rmsnorm_matmul_alt", shape, "fwd", f"pallas_mosaic[{name}]", run.time(fwd, (x, g, w)),
+                    2.0 * M * N * K, config=config.to_dict(), rel_err=max(errs))
+            if not name.startswith("fwd "):
+                run.add("rmsnorm_matmul_alt", shape, "fwd+bwd", f"pallas_mosaic[{name}]",
+                        run.time(fb, (x, g, w, dy)), 6.0 * M * N * K, config=config.to_dict(), rel_err=max(errs))
+        except Exception as e:  # noqa: BLE001
+            log(f"  FAILED {type(e).__name__}: {str(e)[:300]}: {name}")
+    run.write()
+
+
 def sweep_section(run: Run) -> None:
     import dataclasses
 
@@ -343,6 +412,9 @@ def table(run: Run) -> str:
         for k, v in t.items():
             if k.startswith("plain_") or k.startswith("pallas_mosaic_"):
                 lines.append(f"{'':15s} {shape:17s} {k:26s} {v:8.1f}")
+    for r in run.records:
+        if r.op.endswith("_alt") or r.op.endswith("_sweep"):
+            lines.append(f"{r.op:20s} {r.shape:17s} {r.mode:8s} {r.time_us:8.1f}  {r.implementation}")
     return "\n".join(lines)
 
 
@@ -354,6 +426,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sections", default="probe,norm,gemm,parts,triton,norm_train,pytest,sweep,decode")
     parser.add_argument("--pytest", default="tests/test_norm_matmul_mosaic.py::test_extreme_magnitudes_on_the_gpu "
                                             "tests/test_norm_matmul_mosaic.py::test_nan_never_passes")
+    parser.add_argument("--alt-shape", type=int, nargs=3, default=(32768, 4096, 4096), help="M K N")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     sections = args.sections.split(",")
@@ -368,7 +441,8 @@ def main(argv=None) -> int:
              "triton": lambda: norm_section(run, NORM_SHAPES, impls=("pallas_triton",)),  # big 3 first
              "pytest": lambda: pytest_section(run, args.out, args.pytest),
              "decode": lambda: norm_section(run, DECODE_SHAPES, impls=("pallas_mosaic", "xla", "pallas_triton")),
-             "sweep": lambda: sweep_section(run)}
+             "sweep": lambda: sweep_section(run),
+             "alternatives": lambda: alternatives_section(run, *args.alt_shape)}
     for name in sections:
         if name in steps:
             try:

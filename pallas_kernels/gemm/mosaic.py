@@ -309,10 +309,10 @@ def _kernel_body(a_gmem, b_gmem, *refs, config: MosaicGemmConfig, fusion: Fusion
             def mma_body(idxs, a_smem, b_smem, *rest):
                 *side_smem, (acc_ref, carry) = rest
                 if transpose_a:
-                    a_op = plgpu.transpose_ref(a_smem.at[:, wg_rows], (1, 0))
+                    a_op = a_smem.at[:, wg_rows].transpose((1, 0))
                 else:
                     a_op = a_smem.at[wg_rows]
-                b_op = plgpu.transpose_ref(b_smem.at[wg_cols], (1, 0)) if transpose_b else b_smem.at[:, wg_cols]
+                b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
                 plgpu.wgmma(acc_ref, a_op, b_op)
                 if fusion.prologue_step is not None:
                     step_ctx = dataclasses.replace(ctx, step=idxs[0])

@@ -53,27 +53,38 @@ _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 @dataclasses.dataclass(frozen=True)
 class MosaicRMSNormMatmulConfig:
-    """The three GEMMs' configs (one static argument, hashable).
+    """The three GEMMs' configs and where the row statistics come from (one static argument, hashable).
 
-    forward: y = r ⊙ (x @ w_γ), (M, K) @ (K, N).  dx: (M, N) @ (N, K) with y streamed beside dy and the x tile
-    (and dh) prefetched for the epilogue.  dw: (K, M) @ (M, N) with the w tile prefetched for the epilogue."""
+    forward: y = r ⊙ (x @ w_γ), (M, K) @ (K, N).  dx: (M, N) @ (N, K), the x tile (and dh) prefetched for the
+    epilogue.  dw: (K, M) @ (M, N) with the w tile prefetched for the epilogue.
+    stats_in_kernel: r from the forward kernel's prologue (sums of x² over the x tiles in shared memory); False:
+      from one XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
+    rowdot_in_kernel: c = Σ_N(dy · y) / K and dyr = (r / s) ⊙ dy from the dx kernel's prologue (y streamed beside
+      dy, dyr stored by the first column block); False: one XLA fusion over dy and y (reads 4MN, writes 2MN).
+    """
 
     forward: MosaicGemmConfig
     dx: MosaicGemmConfig
     dw: MosaicGemmConfig
+    stats_in_kernel: bool = True
+    rowdot_in_kernel: bool = True
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
             if not isinstance(getattr(self, name), MosaicGemmConfig):
                 raise ValueError(f"MosaicRMSNormMatmulConfig.{name}: must be a MosaicGemmConfig, "
                                  f"got {getattr(self, name)!r}")
+        for name in ("stats_in_kernel", "rowdot_in_kernel"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"MosaicRMSNormMatmulConfig.{name}: must be a bool, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
-        return {name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")}
+        out = {name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")}
+        return dict(out, stats_in_kernel=self.stats_in_kernel, rowdot_in_kernel=self.rowdot_in_kernel)
 
     @classmethod
     def from_dict(cls, params: dict) -> "MosaicRMSNormMatmulConfig":
-        return cls(**{name: MosaicGemmConfig(**fields) for name, fields in params.items()})
+        return cls(**{name: MosaicGemmConfig(**v) if isinstance(v, dict) else v for name, v in params.items()})
 
 
 _G = MosaicGemmConfig
@@ -89,19 +100,26 @@ _DX = (_G(tile_m=128, tile_n=128, tile_k=32, num_stages=4, wg_split="n"),
 _DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=32, num_stages=4, wg_split="n"),
                 _G(tile_m=64, tile_n=128, tile_k=32, num_stages=4, wg_split="m"),
                 _G(tile_m=64, tile_n=64, tile_k=32, num_stages=4, wg_split="n"))
+_DX_NO_ROWDOT = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"),
+                 _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
+                 _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
 _DW = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"),
        _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
        _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
 
 
-def default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False
-                   ) -> MosaicRMSNormMatmulConfig:
+def default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
+                   stats_in_kernel: bool = True, rowdot_in_kernel: bool = True) -> MosaicRMSNormMatmulConfig:
     """The built-in tiles for this shape: per kernel the first candidate whose tiles divide its GEMM (forward
     (M, N, K), dx (M, K, N), dw (K, N, M)); ``unsupported_reason`` names what divides nothing."""
     del dtype
-    return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, _FORWARD),
-                                     dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
-                                     dw=pick_config(K, N, M, _DW))
+    if not rowdot_in_kernel:
+        dx = _DX_RESIDUAL if residual else _DX_NO_ROWDOT
+    else:
+        dx = _DX_RESIDUAL if residual else _DX
+    return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, _FORWARD), dx=pick_config(M, K, N, dx),
+                                     dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel,
+                                     rowdot_in_kernel=rowdot_in_kernel)
 
 
 def unsupported_reason(M: int, K: int, N: int, dtype, residual: bool = False, *,
@@ -146,8 +164,12 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
-def _forward_fusion(M: int, K: int, eps: float, tile_m: int) -> Fusion:
-    """Prologue: Σ x² over each x tile's columns (float32); epilogue: r, y = r ⊙ acc, and r stored (M,)."""
+def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel: bool) -> Fusion:
+    """Prologue: Σ x² over each x tile's columns (float32); epilogue: r, y = r ⊙ acc, and r stored (M,).
+    Without stats_in_kernel: r comes in (M,) and the epilogue only scales the rows."""
+    if not stats_in_kernel:
+        return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
+                      epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
     def step(ctx, x_ref, side_refs, sum_sq):
         del ctx, side_refs
@@ -171,18 +193,27 @@ def _forward(x, residual, gamma, w, static: _Static):
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
     cfg = static.config.forward
-    y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype,
-                   fusion=_forward_fusion(M, K, static.eps, cfg.tile_m), name="rmsnorm_matmul_fwd")
+    fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, static.config.stats_in_kernel)
+    if static.config.stats_in_kernel:
+        y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
+                       name="rmsnorm_matmul_fwd")
+    else:  # one XLA row reduction over x
+        x32 = x.astype(_F32)
+        rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
+        (y,) = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
+                    arrays=dict(rstd=rstd), name="rmsnorm_matmul_fwd")
     return y, rstd, h
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Backward
 # ---------------------------------------------------------------------------------------------------------------
-def _dx_fusion(M: int, K: int, N: int, dtype, cfg: MosaicGemmConfig, has_dh: bool) -> Fusion:
+def _dx_fusion(M: int, K: int, N: int, dtype, cfg: MosaicGemmConfig, has_dh: bool, rowdot_in_kernel: bool
+               ) -> Fusion:
     """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K from the prologue; first column block also
-    stores dyr = (r / s) ⊙ dy."""
+    stores dyr = (r / s) ⊙ dy. Without rowdot_in_kernel: Σ_N(dy · y) comes in (M,) ("row_dot")."""
     tile_m, tile_k = cfg.tile_m, cfg.tile_k
+    tiles = ("x", "dh") if has_dh else ("x",)
     stage_rows = cfg.cta_m  # both warpgroups' rows (wg_split "m") or the shared rows ("n", warpgroup 0 stores)
 
     def init(ctx):
@@ -213,8 +244,12 @@ def _dx_fusion(M: int, K: int, N: int, dtype, cfg: MosaicGemmConfig, has_dh: boo
             dx = dx + ctx.load_tile("dh")
         return dx, {}
 
+    if not rowdot_in_kernel:
+        return Fusion(tile_inputs=tiles, inputs=("rstd", "row_dot"), store_in="x",
+                      prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd"), None),
+                      epilogue=epilogue)
     stage = plgpu.SMEM((2, stage_rows, tile_k), dtype, transforms=mu.smem_transforms(tile_k, dtype))
-    return Fusion(side_inputs=("y",), tile_inputs=("x", "dh") if has_dh else ("x",), inputs=("rstd", "rstd_scaled"),
+    return Fusion(side_inputs=("y",), tile_inputs=tiles, inputs=("rstd", "rstd_scaled"),
                   outputs=(("dyr", jax.ShapeDtypeStruct((M, N), dtype)),), scratch=(("dyr_stage", stage),),
                   store_in="x", prologue_init=init, prologue_step=step, epilogue=epilogue)
 
@@ -240,12 +275,19 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     dtype = xn.dtype
     # float16: dyr = (r / s) ⊙ dy with s = max r stays <= |dy|; bfloat16 has float32's range (s = 1).
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
-    arrays = dict(y=y.astype(dtype), x=xn, rstd=rstd, rstd_scaled=rstd / scale)
-    if dh is not None:
-        arrays["dh"] = dh.astype(dtype)
-    dx, dyr = gemm(dy.astype(dtype), _scaled_w(gamma, w), transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                   fusion=_dx_fusion(M, K, N, dtype, cfg.dx, dh is not None), arrays=arrays,
-                   name="rmsnorm_matmul_dx")
+    dy = dy.astype(dtype)
+    fusion = _dx_fusion(M, K, N, dtype, cfg.dx, dh is not None, cfg.rowdot_in_kernel)
+    arrays = dict(x=xn, rstd=rstd) | ({} if dh is None else dict(dh=dh.astype(dtype)))
+    if cfg.rowdot_in_kernel:
+        arrays.update(y=y.astype(dtype), rstd_scaled=rstd / scale)
+        dx, dyr = gemm(dy, _scaled_w(gamma, w), transpose_b=True, config=cfg.dx, out_dtype=dtype, fusion=fusion,
+                       arrays=arrays, name="rmsnorm_matmul_dx")
+    else:  # one XLA fusion reads dy and y: Σ_N(dy · y) and dyr
+        dy32 = dy.astype(_F32)
+        arrays["row_dot"] = jnp.sum(dy32 * y.astype(_F32), axis=1)
+        dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
+        (dx,) = gemm(dy, _scaled_w(gamma, w), transpose_b=True, config=cfg.dx, out_dtype=dtype, fusion=fusion,
+                     arrays=arrays, name="rmsnorm_matmul_dx")
     dw, dgamma_parts = gemm(xn, dyr, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
                             fusion=_dw_fusion(K, N, cfg.dw), arrays=dict(w=w, gamma_s=gamma.astype(_F32) * scale),
                             name="rmsnorm_matmul_dw")
