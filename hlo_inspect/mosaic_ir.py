@@ -23,6 +23,8 @@ import dataclasses
 import re
 from collections.abc import Callable
 
+from hlo_inspect.triton_ir import _custom_calls, _strip_locations  # the same walk and clean-up as for Triton
+
 __all__ = ["MosaicKernel", "lower_kernels"]
 
 _MOSAIC_CALL_TARGET = "mosaic_gpu_v2"
@@ -84,21 +86,6 @@ class MosaicKernel:
         return (f"{self.name}: grid {self.grid}, {self.threads} threads ({self.warpgroups} warpgroups), "
                 f"{self.smem_bytes} B shared memory; wgmma: {wgmma}; TMA: {self.tma_loads()} loads, "
                 f"{self.tma_stores()} stores; {self.barriers()} mbarriers; {ops.get('scf.for', 0)} loops")
-
-
-def _custom_calls(op, found: list) -> list:
-    for region in op.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                if inner.operation.name == "stablehlo.custom_call":
-                    found.append(inner.operation)
-                _custom_calls(inner.operation, found)
-    return found
-
-
-def _strip_locations(text: str) -> str:
-    lines = [re.sub(r"\s*loc\(.*$", "", line) for line in text.splitlines() if not line.startswith("#loc")]
-    return "\n".join(lines)
 
 
 def _constant(text: str, name: str) -> int:

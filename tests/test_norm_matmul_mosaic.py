@@ -6,6 +6,7 @@ shapes is one Mosaic kernel forward and three forward + backward, within shared 
 extreme magnitudes, NaN. On the CPU (slow): the same numbers in GPU interpret mode at tiny shapes.
 """
 
+import dataclasses
 import importlib
 import itertools
 import math
@@ -121,10 +122,13 @@ def test_config_fields_must_be_gemm_configs():
 # ---------------------------------------------------------------------------------------------------------------
 # Structure (lowered for CUDA; no GPU needed)
 # ---------------------------------------------------------------------------------------------------------------
-def _lowered_fwd_bwd(M, K, N, residual):
+_IN_KERNEL = dict(stats_in_kernel=True, rowdot_in_kernel=True)
+
+
+def _lowered_fwd_bwd(M, K, N, residual, config=None):
     def fwd_bwd(x, g, w, dy, *r):
-        out, vjp = jax.vjp(lambda x, g, w, *r: nm.rmsnorm_matmul(x, g, w, eps=1e-6, residual=r[0] if r else None),
-                           x, g, w, *r)
+        out, vjp = jax.vjp(lambda x, g, w, *r: nm.rmsnorm_matmul(x, g, w, eps=1e-6, residual=r[0] if r else None,
+                                                                 config=config), x, g, w, *r)
         return out, vjp((x, dy) if r else dy)
 
     dt = jnp.bfloat16
@@ -132,56 +136,80 @@ def _lowered_fwd_bwd(M, K, N, residual):
     return fwd_bwd, args
 
 
-@cpu_only
-@pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("M, K, N", SUITE_SHAPES)
-def test_three_kernels_within_shared_memory_at_the_suite_shapes(M, K, N, residual):
-    fn, args = _lowered_fwd_bwd(M, K, N, residual)
+def _check_kernels(M, K, N, residual, config=None):
+    fn, args = _lowered_fwd_bwd(M, K, N, residual, config)
     kernels = mosaic_ir.lower_kernels(fn, *args)
     assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", "rmsnorm_matmul_dw"]
     for k in kernels:
         assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == 3
         assert k.wgmma() and k.tma_loads() >= 2
-    forward_only = mosaic_ir.lower_kernels(lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=1e-6), *args[:3])
+    forward_only = mosaic_ir.lower_kernels(lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=1e-6, config=config),
+                                           *args[:3])
     assert [k.name for k in forward_only] == ["rmsnorm_matmul_fwd"]
 
 
-def _mk_producers(program: str, M: int, K: int) -> list[str]:
-    """Ops other than custom calls (the kernels) whose result is an (M, K) tensor, in StableHLO text."""
+@cpu_only
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("M, K, N", SUITE_SHAPES)
+def test_three_kernels_within_shared_memory_at_the_suite_shapes(M, K, N, residual):
+    _check_kernels(M, K, N, residual)
+
+
+@cpu_only
+@pytest.mark.parametrize("M, K, N, residual", [(32768, 4096, 4096, False), (16384, 1024, 5504, True)])
+def test_statistics_in_the_kernels_fit_too(M, K, N, residual):
+    config = nm.default_config(M, K, N, residual=residual, **_IN_KERNEL)
+    assert config.stats_in_kernel and config.rowdot_in_kernel
+    _check_kernels(M, K, N, residual, config)
+
+
+def _mk_producers(program: str, M: int, K: int, dtype: str = "") -> list[str]:
+    """Ops other than custom calls (the kernels) whose result is an (M, K) tensor (of ``dtype``, e.g. "bf16"),
+    in StableHLO text, as (op name, line)."""
     found = []
     for line in program.splitlines():
         if "= stablehlo." not in line or "custom_call" in line:
             continue
         result = line.rsplit("->", 1)[1] if "->" in line else line.rsplit(": ", 1)[-1]
-        if result.strip().startswith(f"tensor<{M}x{K}x"):
-            found.append(line.strip())
+        if result.strip().startswith(f"tensor<{M}x{K}x{dtype}"):
+            found.append((line.split("= stablehlo.", 1)[1].split()[0], line.strip()))
     return found
 
 
 @cpu_only
-def test_no_normalized_activations_outside_the_kernels():
+@pytest.mark.parametrize("in_kernel", [False, True])
+def test_no_normalized_activations_outside_the_kernels(in_kernel):
+    from jaxfuse import kernels
+
     M, K, N = 2048, 1024, 768  # M, K, N distinct: an (M, K) tensor is recognizable by its shape
-    fn, args = _lowered_fwd_bwd(M, K, N, residual=False)
+    config = nm.default_config(M, K, N, **(_IN_KERNEL if in_kernel else {}))
+    fn, args = _lowered_fwd_bwd(M, K, N, residual=False, config=config)
     program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert _mk_producers(program, M, K) == []  # x (M, K) is only read; dx (M, K) comes out of the dx kernel
     assert program.count("mosaic_gpu_v2") == 3
-    # the check sees them where they exist: XLA's norm + matmul builds rmsnorm(x) and its gradient
-    xla = jax.jit(lambda x, g, w, dy: jax.vjp(reference.rmsnorm_matmul, x, g, w)[1](dy)).trace(*args).lower(
+    assert _mk_producers(program, M, K, "bf16") == []  # dx (M, K) comes out of the dx kernel
+    ops = {op for op, _ in _mk_producers(program, M, K)}
+    # the statistics' XLA reduction squares x in float32 (one fusion with its reduce); in-kernel: nothing at all
+    assert ops == (set() if in_kernel else {"convert", "multiply"})
+    # the check sees them where they exist: XLA's norm + matmul rounds rmsnorm(x) to bf16 for its GEMM
+    xla = jax.jit(lambda x, g, w, dy: jax.vjp(kernels.NORM_MATMUL["xla"], x, g, w)[1](dy)).trace(*args).lower(
         lowering_platforms=("cuda",)).as_text()
-    assert len(_mk_producers(xla, M, K)) > 3
+    assert len(_mk_producers(xla, M, K, "bf16")) >= 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Numbers: sm90 GPU; CPU interpret mode (slow)
 # ---------------------------------------------------------------------------------------------------------------
 @gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, residual", [
-    (4096, 4096, 4096, jnp.bfloat16, False),
-    (384, 1152, 640, jnp.bfloat16, True),     # odd tile multiples: the smaller fallback tiles
-    (2048, 2048, 1536, jnp.float16, False),
+@pytest.mark.parametrize("M, K, N, dtype, residual, in_kernel", [
+    (4096, 4096, 4096, jnp.bfloat16, False, False),
+    (4096, 4096, 4096, jnp.bfloat16, False, True),
+    (384, 1152, 640, jnp.bfloat16, True, False),     # odd tile multiples: the smaller fallback tiles
+    (384, 1152, 640, jnp.bfloat16, True, True),
+    (2048, 2048, 1536, jnp.float16, False, False),
 ])
-def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, residual):
-    _check(M, K, N, dtype, residual=residual)
+def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, residual, in_kernel):
+    config = nm.default_config(M, K, N, residual=residual, **(_IN_KERNEL if in_kernel else {}))
+    _check(M, K, N, dtype, residual=residual, config=config)
 
 
 @gpu_only
@@ -206,8 +234,10 @@ _TINY_CONFIG = nm.MosaicRMSNormMatmulConfig(forward=_TINY, dx=_TINY, dw=_TINY)
 
 @cpu_only
 @pytest.mark.slow
+@pytest.mark.parametrize("in_kernel", [False, True])
 @pytest.mark.parametrize("dtype, residual, scale", [(jnp.bfloat16, False, 1.0), (jnp.bfloat16, True, 1.0),
                                                     (jnp.float16, False, 1e-6)])
-def test_forward_and_gradients_in_interpret_mode(dtype, residual, scale):
+def test_forward_and_gradients_in_interpret_mode(dtype, residual, scale, in_kernel):
+    config = dataclasses.replace(_TINY_CONFIG, stats_in_kernel=in_kernel, rowdot_in_kernel=in_kernel)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
-        _check(128, 128, 256, dtype, residual=residual, scale=scale, config=_TINY_CONFIG)
+        _check(128, 128, 256, dtype, residual=residual, scale=scale, config=config)

@@ -4,21 +4,24 @@ Notation: x (M, K) (h = x + residual with a residual), gamma (K,), w (K, N); r =
 row, float32; y = rmsnorm(x) · gamma @ w = diag(r) · x · (diag(gamma) w).
 
 Forward, one kernel: A = the raw x tile, B = w_γ = diag(gamma) w (one XLA pass over w, rounded to w's dtype),
-so both wgmma operands stay in shared memory as loaded. The prologue sums the squares of each x tile already in
-shared memory (float32, while the tensor cores work); the epilogue turns the sums into r, scales the float32
-accumulator rows by r and also stores r (M,) for the backward. The normalized activations never exist.
+so both wgmma operands stay in shared memory as loaded; the epilogue scales the float32 accumulator rows by r.
+r comes from one XLA row reduction over x (default), or, with ``stats_in_kernel``, from a prologue that sums the
+squares of each x tile already in shared memory while the tensor cores work (the kernel then also stores r).
+The normalized activations never exist.
 
 Backward, two kernels (never the normalized activations; r from the forward; float32 statistics):
   dx kernel:  dx = r · (dy @ w_γᵀ) − r² · c · x (+ dh),  c = Σ_N(dy · y) / K per row.
-              A = dy, B = w_γ read transposed (no copy); y streams with dy as a side input and the prologue sums
-              dy · y over the N steps, which are exactly this kernel's K loop, so c is complete at the epilogue;
-              the epilogue reads the prefetched x tile. The blocks of the first column block also store
-              dyr = (r / s) ⊙ dy (M, N) from the dy tiles they already hold (s = 1, or max r for float16).
+              A = dy, B = w_γ read transposed (no copy); the epilogue reads the x tile prefetched by TMA at the
+              start of each output tile and writes dx in place of it. c and dyr = (r / s) ⊙ dy (s = 1, or
+              max r for float16) come from one XLA fusion over dy and y (default), or, with ``rowdot_in_kernel``,
+              from the kernel: y streams with dy as a side input, the prologue sums dy · y over the N steps (this
+              kernel's K loop, so c is complete at the epilogue) and the first column block stores dyr from the
+              dy tiles it holds.
   dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
               epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K)).
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction over K,
-which no dx block holds whole, by one over N, which each dx block streams anyway. Forward + backward = three
-GEMMs and a pass over w per direction, like XLA's matmul alone plus O(KN) work.
+which no dx block holds whole, by one over N. Forward + backward = three GEMMs, a pass over w (shared by both
+directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward) bytes.
 
 Numerics: x and w_γ are the only rounded operands (x is the input itself: fp16 x near 1e-6 keeps its own
 precision, unlike rounding x·gamma); float32 accumulators, statistics and epilogues. dyr = (r/s) ⊙ dy is rounded
@@ -57,17 +60,24 @@ class MosaicRMSNormMatmulConfig:
 
     forward: y = r ⊙ (x @ w_γ), (M, K) @ (K, N).  dx: (M, N) @ (N, K), the x tile (and dh) prefetched for the
     epilogue.  dw: (K, M) @ (M, N) with the w tile prefetched for the epilogue.
-    stats_in_kernel: r from the forward kernel's prologue (sums of x² over the x tiles in shared memory); False:
-      from one XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
+    stats_in_kernel: r from the forward kernel's prologue (sums of x² over the x tiles in shared memory); False
+      (default): from one XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
     rowdot_in_kernel: c = Σ_N(dy · y) / K and dyr = (r / s) ⊙ dy from the dx kernel's prologue (y streamed beside
-      dy, dyr stored by the first column block); False: one XLA fusion over dy and y (reads 4MN, writes 2MN).
+      dy, dyr stored by the first column block); False (default): one XLA fusion over dy and y (reads 4MN, writes
+      dyr 2MN).
+    Why the defaults are the XLA passes (H100, 32768x4096x4096, benchmarks/results/mosaic_gemm-h100.json): the
+    prologues as written cost more than the passes they replace. The forward kernel with the statistics prologue
+    took 1971 µs against 1645 µs for the same GEMM without it (+327 µs; the XLA row reduction moves 268 MB,
+    >= 91 µs at 2.94 TB/s); the dx kernel with the row-dot prologue took 4585 µs against 2119 µs (+2466 µs; the
+    XLA fusion moves 805 MB, >= 274 µs). The compute warpgroups load each operand tile from shared memory into
+    registers beside a 128-register accumulator, between issuing and awaiting the step's wgmma.
     """
 
     forward: MosaicGemmConfig
     dx: MosaicGemmConfig
     dw: MosaicGemmConfig
-    stats_in_kernel: bool = True
-    rowdot_in_kernel: bool = True
+    stats_in_kernel: bool = False
+    rowdot_in_kernel: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -89,8 +99,8 @@ class MosaicRMSNormMatmulConfig:
 
 _G = MosaicGemmConfig
 # Built-in tiles (H100) per kernel, best first; each kernel takes the first whose tiles divide its shape. The
-# dx kernel holds more in shared memory (y streams beside dy; the x tile, and dh with a residual, are prefetched
-# whole; dyr is staged), so it takes 32-wide K steps.
+# dx kernel holds more in shared memory (the x tile, and dh with a residual, are prefetched whole; with the
+# row-dot prologue y streams beside dy and dyr is staged, so that variant takes 32-wide K steps).
 _FORWARD = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
             _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
             _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
@@ -100,6 +110,9 @@ _DX = (_G(tile_m=128, tile_n=128, tile_k=32, num_stages=4, wg_split="n"),
 _DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=32, num_stages=4, wg_split="n"),
                 _G(tile_m=64, tile_n=128, tile_k=32, num_stages=4, wg_split="m"),
                 _G(tile_m=64, tile_n=64, tile_k=32, num_stages=4, wg_split="n"))
+_DX_RESIDUAL_NO_ROWDOT = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n"),
+                          _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
+                          _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
 _DX_NO_ROWDOT = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"),
                  _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
                  _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
@@ -109,12 +122,12 @@ _DW = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"),
 
 
 def default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
-                   stats_in_kernel: bool = True, rowdot_in_kernel: bool = True) -> MosaicRMSNormMatmulConfig:
+                   stats_in_kernel: bool = False, rowdot_in_kernel: bool = False) -> MosaicRMSNormMatmulConfig:
     """The built-in tiles for this shape: per kernel the first candidate whose tiles divide its GEMM (forward
     (M, N, K), dx (M, K, N), dw (K, N, M)); ``unsupported_reason`` names what divides nothing."""
     del dtype
     if not rowdot_in_kernel:
-        dx = _DX_RESIDUAL if residual else _DX_NO_ROWDOT
+        dx = _DX_RESIDUAL_NO_ROWDOT if residual else _DX_NO_ROWDOT
     else:
         dx = _DX_RESIDUAL if residual else _DX
     return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, _FORWARD), dx=pick_config(M, K, N, dx),
