@@ -12,7 +12,8 @@ is used here, handled in this module only:
   - ``plgpu.load(ref, idx, *, layout)``: 0.10.2 requires ``idx``; 0.11 deprecates it (index the ref with
     ``ref.at[...]`` first). ``load`` passes ``()`` only where the signature has no default for it.
   - ``CompilerParams.lowering_semantics`` defaults to Lane in 0.10.2 and Warpgroup in 0.11: ``compiler_params``
-    always sets Lane (explicit layouts: ``TILE``, ``ROWS``, ``COLS``).
+    always sets it, Lane unless asked (explicit layouts: ``TILE``, ``ROWS``, ``COLS``; the layouts are hints under
+    Warpgroup semantics, which infers them: ``semantics="warpgroup"``, what jax's Hopper GEMM example uses).
   - ``plgpu.kernel`` takes ``out_type=`` / ``scratch_types=`` (0.11.2 removed ``out_shape``); both versions
     take ``kernel_name``.
   - GPU interpret mode (kernels run on the CPU, threads and shared memory simulated): ``InterpretGPUParams`` is
@@ -38,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "TILE", "compiler_params", "interpret_on_cpu", "interpreting",
-           "is_hopper", "kernel", "layout_cast", "load", "num_sms", "smem_transforms"]
+__all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
+           "interpreting", "is_hopper", "kernel", "layout_cast", "load", "num_sms", "smem_transforms"]
 
 # Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
 # row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
@@ -103,18 +104,26 @@ def layout_cast(value: jax.Array, layout) -> jax.Array:
     return plgpu.layout_cast(value, layout)
 
 
-def compiler_params(**kwargs) -> plgpu.CompilerParams:
-    """Mosaic-GPU compiler parameters with Lane lowering semantics set explicitly (the default changed in 0.11)."""
-    return plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, **kwargs)
+SEMANTICS = ("lane", "warpgroup")
+
+
+def compiler_params(semantics: str = "lane", **kwargs) -> plgpu.CompilerParams:
+    """Mosaic-GPU compiler parameters with the lowering semantics set explicitly (the default changed in 0.11):
+    ``semantics`` "lane" (default) or "warpgroup"."""
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics: must be one of {SEMANTICS}, got {semantics!r}")
+    mode = plgpu.LoweringSemantics.Lane if semantics == "lane" else plgpu.LoweringSemantics.Warpgroup
+    return plgpu.CompilerParams(lowering_semantics=mode, **kwargs)
 
 
 def kernel(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, thread_name, name: str,
-           **params):
-    """``plgpu.kernel`` with the arguments both supported jax versions accept; ``params`` go to CompilerParams."""
+           semantics: str = "lane", **params):
+    """``plgpu.kernel`` with the arguments both supported jax versions accept; ``semantics`` and ``params`` go to
+    ``compiler_params``."""
     interpret = _interpret_params() if _INTERPRET_SMS.get() is not None else None
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names,
-                        num_threads=num_threads, thread_name=thread_name, compiler_params=compiler_params(**params),
-                        kernel_name=name, interpret=interpret)
+                        num_threads=num_threads, thread_name=thread_name,
+                        compiler_params=compiler_params(semantics, **params), kernel_name=name, interpret=interpret)
 
 
 def is_hopper(device=None) -> bool:

@@ -20,6 +20,14 @@ into swizzled shared memory (``emit_pipeline_warp_specialized``). Per output til
      stored from registers into the fusion's outputs (1-D (M,) outputs from the first column block only; 2-D
      (C, M) outputs get row ``col_block``, the warpgroup's tile_n column block).
 A hook never sees a partial tile: shapes must divide the CTA tile (``unsupported_reason``).
+
+The K loop (``config.pipeline``): "pallas" is jax's ``emit_pipeline_warp_specialized`` once per output tile (its
+memory warpgroup waits for the compute warpgroups to consume a tile's last stages before it loads the next tile's
+first ones); "pallas_steady" passes it START / STEADY / STOP so the loads of tile i+1 start as stages of tile i
+free up (needs k_iters % num_stages == 0 and no delay_release: else it runs as "pallas"); "own" is our loop
+(``gemm.specialized``), which does the same and can run the prologue in a dedicated fourth warpgroup
+(``prologue_wg="dedicated"``) that reads each stage beside the two MMA warpgroups and hands its row vectors to
+their epilogue through shared memory, so the hooks never stall wgmma issue.
 """
 
 from __future__ import annotations
@@ -36,92 +44,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.gemm import specialized
+from pallas_kernels.gemm.config import PIPELINES, MosaicGemmConfig, smem_bytes, unsupported_reason
 
-__all__ = ["Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes", "unsupported_reason"]
+__all__ = ["PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes", "unsupported_reason"]
 
 _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
-
-
-@dataclasses.dataclass(frozen=True)
-class MosaicGemmConfig:
-    """Tiles and schedule of one Mosaic GEMM kernel (hashable: a static argument).
-
-    Attributes:
-      tile_m, tile_n: the float32 accumulator of one compute warpgroup, (tile_m, tile_n): tile_m a multiple of 64
-        (wgmma's M), tile_n a multiple of epi_tile_n up to 256; tile_m · tile_n <= 128 · 256 (<= 256 registers
-        per thread).
-      tile_k: contraction slice per pipeline step, 16 <= tile_k, a multiple of 16.
-      num_stages: A/B (and side input) tiles in flight in shared memory, >= 2.
-      wg_split: "m": the two compute warpgroups stack along M (CTA tile (2·tile_m, tile_n), each owns its rows of
-        the A tile); "n": along N (CTA tile (tile_m, 2·tile_n), both read all rows of the A tile).
-      epi_tile_m, epi_tile_n: pieces the accumulator is stored in (two SMEM slots per warpgroup).
-      grid_minor, grid_tile_width: planar-snake tile order: runs of grid_tile_width tiles along grid_minor.
-      delay_release: 0: wait for each step's wgmma before releasing its slot; 1: keep one wgmma in flight.
-    """
-
-    tile_m: int = 128
-    tile_n: int = 128
-    tile_k: int = 64
-    num_stages: int = 4
-    wg_split: str = "n"
-    epi_tile_m: int = 64
-    epi_tile_n: int = 64
-    grid_minor: str = "n"
-    grid_tile_width: int = 1
-    delay_release: int = 0
-
-    def __post_init__(self):
-        cls = type(self).__name__
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise ValueError(f"{cls}.{field.name}: must be a non-negative int, got {value!r}")
-        checks = [
-            ("epi_tile_n", self.epi_tile_n in (16, 32, 64, 128, 256), "one of 16, 32, 64, 128, 256"),
-            ("tile_m", self.tile_m > 0 and self.tile_m % 64 == 0, "a positive multiple of 64"),
-            ("tile_n", 0 < self.tile_n <= 256 and self.tile_n % self.epi_tile_n == 0,
-             f"in (0, 256] and a multiple of epi_tile_n={self.epi_tile_n}"),
-            ("tile_k", self.tile_k >= 16 and self.tile_k % 16 == 0, "a multiple of 16, >= 16"),
-            ("num_stages", self.num_stages >= 2, ">= 2"),
-            ("wg_split", self.wg_split in ("m", "n"), "'m' or 'n'"),
-            ("epi_tile_m", self.epi_tile_m % 64 == 0 and self.epi_tile_m > 0 and self.tile_m % self.epi_tile_m == 0,
-             f"a multiple of 64 dividing tile_m={self.tile_m}"),
-            ("grid_minor", self.grid_minor in ("m", "n"), "'m' or 'n'"),
-            ("grid_tile_width", self.grid_tile_width >= 1, ">= 1"),
-            ("delay_release", self.delay_release in (0, 1), "0 or 1"),
-        ]
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"{cls}.{name}: must be {allowed}, got {getattr(self, name)!r}")
-        if self.tile_m * self.tile_n > 128 * 256:
-            raise ValueError(f"{cls}.tile_m, tile_n: the accumulator {self.tile_m}x{self.tile_n} exceeds 128x256 "
-                             "(256 float32 registers per thread)")
-        if self.delay_release >= self.num_stages:
-            raise ValueError(f"{cls}.delay_release: must be < num_stages={self.num_stages}")
-
-    @property
-    def cta_m(self) -> int:
-        return self.tile_m * (2 if self.wg_split == "m" else 1)
-
-    @property
-    def cta_n(self) -> int:
-        return self.tile_n * (2 if self.wg_split == "n" else 1)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, names=("M", "N", "K")) -> str | None:
-    """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
-    constraint: no partial tiles (M, N, K multiples of the CTA tile and tile_k). ``names``: what the caller
-    calls M, N and K."""
-    for dim, size, tile, what in ((names[0], M, config.cta_m, "rows"), (names[1], N, config.cta_n, "columns"),
-                                  (names[2], K, config.tile_k, "tile_k")):
-        if size <= 0 or size % tile:
-            what = "tile_k" if what == "tile_k" else f"the {what} of a block's output tile"
-            return f"{dim}={size} is not a positive multiple of {what}={tile}"
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +110,11 @@ class Fusion:
       this warpgroup's rows of the step's A tile (tile_m, tile_k) in SMEM, side_tile_refs the same of each side
       input; called after the step's wgmma is issued.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
+    handoff_rows: with ``prologue_wg="dedicated"`` the prologue runs in its own warpgroup on the CTA's rows
+      (ctx.wg = 0) and its final carry, ``handoff_rows`` (tile_m,) float32 row vectors in any pytree, reaches the
+      epilogue through shared memory (``gemm.specialized``).
+    reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
+      hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
     """
 
     side_inputs: tuple[str, ...] = ()
@@ -189,22 +123,11 @@ class Fusion:
     outputs: tuple[tuple[str, jax.ShapeDtypeStruct], ...] = ()
     scratch: tuple[tuple[str, Any], ...] = ()
     store_in: str | None = None
+    handoff_rows: int = 1
+    reduction_scratch_bytes: int = 0
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
     epilogue: Callable | None = None
-
-
-def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, num_side_inputs: int = 0,
-               tile_input_dtypes: tuple = (), store_in_tile: bool = False, scratch_bytes: int = 0) -> int:
-    """Shared memory one block allocates (bytes; barriers and Mosaic's reduction scratch excluded): the
-    pipeline's A/B/side tiles, the output staging, prefetched tile inputs and the hooks' scratch."""
-    size = jnp.dtype(dtype).itemsize
-    per_stage = (config.cta_m * (1 + num_side_inputs) + config.cta_n) * config.tile_k * size
-    pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
-    staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
-        out_dtype).itemsize
-    tiles = sum(2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
-    return config.num_stages * per_stage + staging + tiles + scratch_bytes
 
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
@@ -234,132 +157,201 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     if fusion.store_in is not None and (fusion.store_in not in fusion.tile_inputs
                                         or arrays[fusion.store_in].dtype != jnp.dtype(out_dtype)):
         raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
-    out_names = [n for n, _ in fusion.outputs]
-    body = functools.partial(_kernel_body, config=config, fusion=fusion, in_names=in_names, out_names=out_names,
-                             transposes=(transpose_a, transpose_b), mnk=(M, N, K),
-                             dtypes=(a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs)))
+    shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
+                   (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs))
+    if config.pipeline == "own":
+        body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
+    else:
+        body, num_threads = functools.partial(_kernel_body, shape=shape), 3
     call = mu.kernel(
         body,
         out_type=[jax.ShapeDtypeStruct((M, N), out_dtype), *[s for _, s in fusion.outputs]],
-        grid=(num_sms or mu.num_sms(),), grid_names=("sm",), num_threads=3, thread_name="wg", name=name)
+        grid=(num_sms or mu.num_sms(),), grid_names=("sm",), num_threads=num_threads, thread_name="wg", name=name,
+        semantics=config.semantics, reduction_scratch_bytes=fusion.reduction_scratch_bytes)
     return list(call(a, b, *[arrays[n] for n in in_names]))
 
 
-def _kernel_body(a_gmem, b_gmem, *refs, config: MosaicGemmConfig, fusion: Fusion, in_names, out_names,
-                 transposes, mnk, dtypes):
-    cfg = config
-    transpose_a, transpose_b = transposes
-    M, N, K = mnk
-    dtype, out_dtype, tile_dtypes = dtypes
-    n_in = len(in_names)
-    named_in = dict(zip(in_names, refs[:n_in]))
-    out_gmem = refs[n_in]
-    named_out = dict(zip(out_names, refs[n_in + 1:]))
-    m_iters, n_iters, k_iters = M // cfg.cta_m, N // cfg.cta_n, K // cfg.tile_k
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """The static facts of one kernel, shared by both K loops (this module's and ``gemm.specialized``)."""
 
-    op_transforms = mu.smem_transforms(cfg.tile_k, dtype)  # every operand tile: swizzle of a tile_k-long row
-    a_block = (cfg.tile_k, cfg.cta_m) if transpose_a else (cfg.cta_m, cfg.tile_k)
-    b_block = (cfg.cta_n, cfg.tile_k) if transpose_b else (cfg.tile_k, cfg.cta_n)
-    a_spec = plgpu.BlockSpec(a_block, (lambda k: (k, 0)) if transpose_a else (lambda k: (0, k)),
-                             transforms=op_transforms, delay_release=cfg.delay_release)
-    b_spec = plgpu.BlockSpec(b_block, (lambda k: (0, k)) if transpose_b else (lambda k: (k, 0)),
-                             transforms=op_transforms, delay_release=cfg.delay_release)
-    side_specs = [plgpu.BlockSpec((cfg.cta_m, cfg.tile_k), lambda k: (0, k), transforms=op_transforms,
-                                  delay_release=cfg.delay_release) for _ in fusion.side_inputs]
+    cfg: MosaicGemmConfig
+    fusion: Fusion
+    in_names: tuple
+    out_names: tuple
+    transposes: tuple
+    mnk: tuple
+    dtype: Any
+    out_dtype: Any
+    tile_dtypes: tuple
 
-    def pipeline(body, compute_context):
-        return plgpu.emit_pipeline_warp_specialized(
-            body, grid=(k_iters,), memory_registers=_MEMORY_REGISTERS, in_specs=[a_spec, b_spec, *side_specs],
-            wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=min(cfg.num_stages, k_iters),
-            compute_context=compute_context)
+    @property
+    def iters(self) -> tuple[int, int, int]:
+        """(m_iters, n_iters, k_iters): CTA tiles along M and N, pipeline steps along K."""
+        M, N, K = self.mnk
+        return M // self.cfg.cta_m, N // self.cfg.cta_n, K // self.cfg.tile_k
 
-    pieces = [(i, j) for i in range(cfg.tile_m // cfg.epi_tile_m) for j in range(cfg.tile_n // cfg.epi_tile_n)]
-    num_slots = min(2, len(pieces))
-    tile_types = {n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
-                  for n, d in zip(fusion.tile_inputs, tile_dtypes)}
-    ignore = lambda *_, **__: None  # noqa: E731 - allocations do not depend on the body
-    scoped = dict(
-        pipeline_allocs=pipeline(ignore, ignore).get_allocations(
-            a_gmem, b_gmem, *[named_in[n] for n in fusion.side_inputs]),
-        out_smem=None if fusion.store_in else plgpu.SMEM(
-            (2, num_slots, cfg.epi_tile_m, cfg.epi_tile_n), out_dtype,
-            transforms=mu.smem_transforms(cfg.epi_tile_n, out_dtype)),
-        tile_smem=tile_types,
-        tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs},
-        scratch=dict(fusion.scratch),
-    )
+    @property
+    def pieces(self) -> list:
+        cfg = self.cfg
+        return [(i, j) for i in range(cfg.tile_m // cfg.epi_tile_m) for j in range(cfg.tile_n // cfg.epi_tile_n)]
 
-    def scope(pipeline_allocs, out_smem, tile_smem, tile_barriers, scratch):
-        wg = lax.axis_index("wg")
+    def operand_blocks(self) -> list:
+        """(block shape, K axis, (ref, m_idx, n_idx) -> the CTA's GMEM slice along all of K) of A, B and each side
+        input: a pipeline stage holds one block of each."""
+        cfg, (transpose_a, transpose_b) = self.cfg, self.transposes
+        cm, cn, tk = cfg.cta_m, cfg.cta_n, cfg.tile_k
+        if transpose_a:
+            a = ((tk, cm), 0, lambda ref, m, n: ref.at[:, pl.ds(m * cm, cm)])
+        else:
+            a = ((cm, tk), 1, lambda ref, m, n: ref.at[pl.ds(m * cm, cm)])
+        if transpose_b:
+            b = ((cn, tk), 1, lambda ref, m, n: ref.at[pl.ds(n * cn, cn)])
+        else:
+            b = ((tk, cn), 0, lambda ref, m, n: ref.at[:, pl.ds(n * cn, cn)])
+        side = ((cm, tk), 1, lambda ref, m, n: ref.at[pl.ds(m * cm, cm)])
+        return [a, b, *[side for _ in self.fusion.side_inputs]]
+
+    def scratch_types(self) -> dict:
+        """Shared memory besides the pipeline stages: output staging, prefetched tile inputs, the hooks' scratch."""
+        cfg, fusion = self.cfg, self.fusion
+        return dict(
+            out_smem=None if fusion.store_in else plgpu.SMEM(
+                (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
+                transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype)),
+            tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
+                       for n, d in zip(fusion.tile_inputs, self.tile_dtypes)},
+            tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs},
+            scratch=dict(fusion.scratch))
+
+    def split_refs(self, refs):
+        """The kernel's refs after A and B -> (named inputs, out, named outputs)."""
+        n_in = len(self.in_names)
+        return dict(zip(self.in_names, refs[:n_in])), refs[n_in], dict(zip(self.out_names, refs[n_in + 1:]))
+
+    def tile_context(self, lin, wg, refs_by_name) -> TileContext:
+        """Where compute warpgroup ``wg`` works on the lin-th CTA tile (planar-snake order)."""
+        cfg = self.cfg
+        m_iters, n_iters, _ = self.iters
+        m_idx, n_idx = plgpu.planar_snake(lin, (m_iters, n_iters), 1 if cfg.grid_minor == "n" else 0,
+                                          cfg.grid_tile_width)
         wg_m, wg_n = (wg, 0) if cfg.wg_split == "m" else (0, wg)
-        refs_by_name = {**named_in, **named_out, **scratch}
+        return TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
+                           m_idx=m_idx, n_idx=n_idx, wg=wg, block_row0=wg_m * cfg.tile_m,
+                           col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name)
+
+    def issue_wgmma(self, acc_ref, a_smem, b_smem, wg) -> None:
+        """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory."""
+        cfg, (transpose_a, transpose_b) = self.cfg, self.transposes
+        wg_rows = pl.ds(wg * cfg.tile_m, cfg.tile_m) if cfg.wg_split == "m" else slice(None)
+        wg_cols = pl.ds(wg * cfg.tile_n, cfg.tile_n) if cfg.wg_split == "n" else slice(None)
+        a_op = a_smem.at[:, wg_rows].transpose((1, 0)) if transpose_a else a_smem.at[wg_rows]
+        b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
+        plgpu.wgmma(acc_ref, a_op, b_op)
+
+    def hook_rows(self, smem, wg):
+        """This warpgroup's rows of a (cta_m, tile_k) stage, for the prologue."""
+        cfg = self.cfg
+        return smem.at[pl.ds(wg * cfg.tile_m, cfg.tile_m)] if cfg.wg_split == "m" else smem
+
+    def start_tile(self, ctx: TileContext, named_in, scoped) -> None:
+        """At a tile's start in each compute warpgroup: TMA prefetch of the epilogue's tile inputs."""
+        if self.fusion.store_in is not None:  # the last tile's output has left the buffer we prefetch into
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        for n in self.fusion.tile_inputs:
+            plgpu.copy_gmem_to_smem(named_in[n].at[ctx.rows, ctx.cols], scoped["tile_smem"][n].at[ctx.wg],
+                                    scoped["tile_barriers"][n].at[ctx.wg])
+
+    def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped) -> None:
+        """After the K loop: the epilogue on the float32 accumulator, the output tile and row vectors stored."""
+        fusion, wg = self.fusion, ctx.wg
+        if self.cfg.delay_release:
+            plgpu.wgmma_wait(0)
+        acc = acc_ref[...]
+        for n in fusion.tile_inputs:
+            plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
+        rows_out = {}
+        if fusion.epilogue is not None:
+            tile_ctx = dataclasses.replace(ctx, tiles={n: scoped["tile_smem"][n].at[wg] for n in fusion.tile_inputs})
+            acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
+        if fusion.store_in is not None:
+            buffer = scoped["tile_smem"][fusion.store_in].at[wg]
+            buffer[...] = acc.astype(self.out_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
+        else:
+            _store_tile(acc.astype(self.out_dtype), scoped["out_smem"].at[wg], out_gmem, ctx, self.pieces)
+        for n, vec in rows_out.items():
+            _store_rows(vec, named_out[n], ctx)
+
+
+def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
+    """K loop "pallas" / "pallas_steady": jax's warp-specialized pipeline, once per output tile."""
+    cfg, fusion = shape.cfg, shape.fusion
+    named_in, out_gmem, named_out = shape.split_refs(refs)
+    m_iters, n_iters, k_iters = shape.iters
+    stages = min(cfg.num_stages, k_iters)
+    steady = cfg.pipeline == "pallas_steady" and k_iters % stages == 0 and cfg.delay_release == 0
+    transforms = mu.smem_transforms(cfg.tile_k, shape.dtype)  # every operand tile: swizzle of a tile_k-long row
+    index_maps = (lambda k: (k, 0), lambda k: (0, k))  # by the block's K axis
+    specs = [plgpu.BlockSpec(block, index_maps[k_axis], transforms=transforms, delay_release=cfg.delay_release)
+             for block, k_axis, _ in shape.operand_blocks()]
+
+    def pipeline(body, compute_context, state=None):
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(k_iters,), memory_registers=_MEMORY_REGISTERS, in_specs=specs, wg_axis="wg",
+            num_compute_wgs=2, max_concurrent_steps=stages, compute_context=compute_context, pipeline_state=state)
+
+    ignore = lambda *_, **__: None  # noqa: E731 - allocations do not depend on the body
+    side_gmem = [named_in[n] for n in fusion.side_inputs]
+
+    def scope(pipeline_allocs, **scoped):
+        wg = lax.axis_index("wg")
+        refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
 
         @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
         def _tile_loop(loop_info):
-            (lin,) = loop_info.index
-            m_idx, n_idx = plgpu.planar_snake(lin, (m_iters, n_iters), 1 if cfg.grid_minor == "n" else 0,
-                                              cfg.grid_tile_width)
-            cta_rows, cta_cols = pl.ds(m_idx * cfg.cta_m, cfg.cta_m), pl.ds(n_idx * cfg.cta_n, cfg.cta_n)
-            wg_rows = pl.ds(wg_m * cfg.tile_m, cfg.tile_m) if cfg.wg_split == "m" else slice(None)
-            wg_cols = pl.ds(wg_n * cfg.tile_n, cfg.tile_n) if cfg.wg_split == "n" else slice(None)
-            ctx = TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
-                              m_idx=m_idx, n_idx=n_idx, wg=wg, block_row0=wg_m * cfg.tile_m, col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n,
-                              config=cfg, refs=refs_by_name)
+            ctx = shape.tile_context(loop_info.index[0], wg, refs_by_name)
+            state = None
+            if steady:  # the memory warpgroup loads the next tile's first stages while this one's last run
+                last = loop_info.local_index == loop_info.num_local_steps - 1
+                state = jnp.where(loop_info.local_index == 0, int(plgpu.PipelinePipeline.START),
+                                  jnp.where(last, int(plgpu.PipelinePipeline.STOP),
+                                            int(plgpu.PipelinePipeline.STEADY)))
 
             def mma_body(idxs, a_smem, b_smem, *rest):
                 *side_smem, (acc_ref, carry) = rest
-                if transpose_a:
-                    a_op = a_smem.at[:, wg_rows].transpose((1, 0))
-                else:
-                    a_op = a_smem.at[wg_rows]
-                b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
-                plgpu.wgmma(acc_ref, a_op, b_op)
+                shape.issue_wgmma(acc_ref, a_smem, b_smem, wg)
                 if fusion.prologue_step is not None:
-                    step_ctx = dataclasses.replace(ctx, step=idxs[0])
-                    carry = fusion.prologue_step(step_ctx, a_smem.at[wg_rows], [s.at[wg_rows] for s in side_smem],
-                                                 carry)
+                    carry = fusion.prologue_step(dataclasses.replace(ctx, step=idxs[0]), shape.hook_rows(a_smem, wg),
+                                                 [shape.hook_rows(s, wg) for s in side_smem], carry)
                 plgpu.wgmma_wait(cfg.delay_release)
                 return acc_ref, carry
 
             def compute_context(eval_pipeline):
-                if fusion.store_in is not None:  # the last tile's output has left the buffer we prefetch into
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                for n in fusion.tile_inputs:  # prefetch the epilogue's tiles while the K loop runs
-                    plgpu.copy_gmem_to_smem(named_in[n].at[ctx.rows, ctx.cols], tile_smem[n].at[wg],
-                                            tile_barriers[n].at[wg])
+                shape.start_tile(ctx, named_in, scoped)
                 carry0 = fusion.prologue_init(ctx) if fusion.prologue_init is not None else ()
 
                 def acc_scope(acc_ref):
                     _, carry = eval_pipeline((acc_ref, carry0))
-                    plgpu.wgmma_wait(0)
-                    acc = acc_ref[...]
-                    for n in fusion.tile_inputs:
-                        plgpu.barrier_wait(tile_barriers[n].at[wg])
-                    rows_out = {}
-                    if fusion.epilogue is not None:
-                        tile_ctx = dataclasses.replace(ctx, tiles={n: tile_smem[n].at[wg] for n in fusion.tile_inputs})
-                        acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
-                    if fusion.store_in is not None:
-                        buffer = tile_smem[fusion.store_in].at[wg]
-                        buffer[...] = acc.astype(out_dtype)
-                        plgpu.commit_smem()
-                        plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
-                    else:
-                        _store_tile(acc.astype(out_dtype), out_smem.at[wg], out_gmem, ctx, pieces)
-                    for n, vec in rows_out.items():
-                        _store_rows(vec, named_out[n], ctx)
+                    shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped)
 
                 pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
 
-            pipeline(mma_body, compute_context)(
-                a_gmem.at[:, cta_rows] if transpose_a else a_gmem.at[cta_rows],
-                b_gmem.at[cta_cols] if transpose_b else b_gmem.at[:, cta_cols],
-                *[named_in[n].at[cta_rows] for n in fusion.side_inputs],
-                allocations=pipeline_allocs)
+            gmem = [cta(ref, ctx.m_idx, ctx.n_idx)
+                    for ref, (_, _, cta) in zip((a_gmem, b_gmem, *side_gmem), shape.operand_blocks())]
+            pipeline(mma_body, compute_context, state)(*gmem, allocations=pipeline_allocs)
+            if steady:  # a block of one tile ran START only: await the releases its STOP would have awaited
+                @pl.when((wg == 2) & (loop_info.num_local_steps == 1))
+                def _quiesce():
+                    (consumed,) = pipeline_allocs["flat_consumed_barrier_refs"]
+                    for slot in range(stages):
+                        plgpu.barrier_wait(consumed.at[slot])
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # all stores have left shared memory before exit
 
-    pl.run_scoped(scope, **scoped, collective_axes="wg")
+    pl.run_scoped(scope, pipeline_allocs=pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem, *side_gmem),
+                  **shape.scratch_types(), collective_axes="wg")
 
 
 def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:

@@ -122,17 +122,26 @@ _DW = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"),
 
 
 def default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
-                   stats_in_kernel: bool = False, rowdot_in_kernel: bool = False) -> MosaicRMSNormMatmulConfig:
+                   stats_in_kernel: bool = False, rowdot_in_kernel: bool = False,
+                   prologue_wg: str = "compute") -> MosaicRMSNormMatmulConfig:
     """The built-in tiles for this shape: per kernel the first candidate whose tiles divide its GEMM (forward
-    (M, N, K), dx (M, K, N), dw (K, N, M)); ``unsupported_reason`` names what divides nothing."""
+    (M, N, K), dx (M, K, N), dw (K, N, M)); ``unsupported_reason`` names what divides nothing.
+    prologue_wg "dedicated": the kernels with an in-kernel prologue (stats_in_kernel: forward; rowdot_in_kernel: dx)
+    run it in a fourth warpgroup beside the MMA warpgroups (``gemm.specialized``; tiles with wg_split "n" only)."""
     del dtype
     if not rowdot_in_kernel:
         dx = _DX_RESIDUAL_NO_ROWDOT if residual else _DX_NO_ROWDOT
     else:
         dx = _DX_RESIDUAL if residual else _DX
-    return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, _FORWARD), dx=pick_config(M, K, N, dx),
-                                     dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel,
-                                     rowdot_in_kernel=rowdot_in_kernel)
+    forward, dx = pick_config(M, N, K, _FORWARD), pick_config(M, K, N, dx)
+    if prologue_wg == "dedicated":
+        own = dict(pipeline="own", prologue_wg="dedicated")
+        forward = dataclasses.replace(forward, **own) if stats_in_kernel and forward.wg_split == "n" else forward
+        dx = dataclasses.replace(dx, **own) if rowdot_in_kernel and dx.wg_split == "n" else dx
+    elif prologue_wg != "compute":
+        raise ValueError(f"prologue_wg: must be 'compute' or 'dedicated', got {prologue_wg!r}")
+    return MosaicRMSNormMatmulConfig(forward=forward, dx=dx, dw=pick_config(K, N, M, _DW),
+                                     stats_in_kernel=stats_in_kernel, rowdot_in_kernel=rowdot_in_kernel)
 
 
 def unsupported_reason(M: int, K: int, N: int, dtype, residual: bool = False, *,
@@ -194,7 +203,7 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel: bo
         rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
         return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
 
-    return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),),
+    return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), handoff_rows=1,
                   prologue_init=lambda ctx: _rows_zero(tile_m), prologue_step=step, epilogue=epilogue)
 
 
@@ -264,7 +273,7 @@ def _dx_fusion(M: int, K: int, N: int, dtype, cfg: MosaicGemmConfig, has_dh: boo
     stage = plgpu.SMEM((2, stage_rows, tile_k), dtype, transforms=mu.smem_transforms(tile_k, dtype))
     return Fusion(side_inputs=("y",), tile_inputs=tiles, inputs=("rstd", "rstd_scaled"),
                   outputs=(("dyr", jax.ShapeDtypeStruct((M, N), dtype)),), scratch=(("dyr_stage", stage),),
-                  store_in="x", prologue_init=init, prologue_step=step, epilogue=epilogue)
+                  store_in="x", handoff_rows=3, prologue_init=init, prologue_step=step, epilogue=epilogue)
 
 
 def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig) -> Fusion:
