@@ -1,6 +1,7 @@
 """pallas_kernels.gemm: the Mosaic-GPU GEMM core. Config and shape errors and the lowered structure on any machine;
 numbers against a float32 product on an sm90 GPU, and (slow) in GPU interpret mode on the CPU at tiny shapes."""
 
+import dataclasses
 import itertools
 import math
 
@@ -50,7 +51,9 @@ def _f32_product(a, b):
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field, value", [("tile_m", 96), ("tile_n", 512), ("tile_k", 24), ("num_stages", 1),
                                           ("wg_split", "k"), ("epi_tile_m", 32), ("epi_tile_n", 48),
-                                          ("grid_minor", "x"), ("grid_tile_width", 0), ("delay_release", 2)])
+                                          ("grid_minor", "x"), ("grid_tile_width", 0), ("delay_release", 2),
+                                          ("semantics", "warp"), ("pipeline", "cutlass"), ("prologue_wg", "memory"),
+                                          ("mma_registers", 236)])
 def test_config_rejects_a_bad_field_by_name(field, value):
     with pytest.raises(ValueError, match=f"MosaicGemmConfig.{field}"):
         MosaicGemmConfig(**{field: value})
@@ -96,6 +99,51 @@ def test_default_configs_lower_at_the_suite_shapes_within_shared_memory(M, K, N)
     shape = f"m64n{config.tile_n}k16"
     assert k.wgmma() == {f"{shape} f32 += bf16 x bf16": (config.tile_m // 64) * (config.tile_k // 16)}
     assert k.tma_loads() >= 2 and k.tma_stores() >= 1
+
+
+def test_a_dedicated_prologue_warpgroup_needs_our_pipeline_and_shared_rows():
+    with pytest.raises(ValueError, match="prologue_wg"):
+        MosaicGemmConfig(prologue_wg="dedicated")  # jax's pipeline has no fourth warpgroup
+    with pytest.raises(ValueError, match="prologue_wg"):
+        MosaicGemmConfig(prologue_wg="dedicated", pipeline="own", wg_split="m")
+    MosaicGemmConfig(prologue_wg="dedicated", pipeline="own", wg_split="n")
+
+
+@cpu_only
+@pytest.mark.parametrize("fields", [dict(pipeline="pallas_steady"), dict(pipeline="own"),
+                                    dict(pipeline="own", delay_release=1), dict(semantics="warpgroup"),
+                                    dict(semantics="warpgroup", pipeline="own")])
+def test_every_k_loop_lowers_at_the_largest_suite_shape_within_shared_memory(fields):
+    M, K, N = SUITE_SHAPES[0]
+    config = dataclasses.replace(default_config(M, N, K), **fields)
+    (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
+                                   S((K, N), jnp.bfloat16))
+    assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == 3
+    assert k.wgmma() == {"m64n128k16 f32 += bf16 x bf16": 8}
+    # TMA loads in the program text: ours issues one per operand per step; jax's unrolls its prologue of
+    # num_stages steps, unless it runs under START/STEADY/STOP (then its prologue's trip count is dynamic)
+    expected = dict(own=2, pallas_steady=4, pallas=2 * (config.num_stages + 1))[config.pipeline]
+    assert k.tma_loads() == expected
+
+
+@cpu_only
+def test_under_warpgroup_semantics_the_plain_kernel_is_jax_hopper_example_op_for_op():
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as example
+
+    a, b = S((4096, 1024), jnp.bfloat16), S((1024, 4096), jnp.bfloat16)
+    ours = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=MosaicGemmConfig(semantics="warpgroup")), a, b)
+    tuning = example.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(example, "get_num_sms", lambda: mosaic_utils.H100_SMS)
+        theirs = mosaic_ir.lower_kernels(lambda a, b: example.matmul(a, b, None, tuning), a, b)
+    ops, their_ops = ours[0].op_counts(), theirs[0].op_counts()
+    for op in ("nvvm.cp.async.bulk.tensor.shared.cluster.global", "nvvm.cp.async.bulk.tensor.global.shared.cta",
+               "nvvm.mbarrier.init", "nvvm.mbarrier.try_wait.parity", "nvvm.wgmma.fence.aligned",
+               "nvvm.wgmma.commit.group.sync.aligned", "nvvm.cp.async.bulk.wait_group", "scf.for", "llvm.load"):
+        assert ops.get(op, 0) == their_ops.get(op, 0), op
+    assert ours[0].wgmma() == theirs[0].wgmma() and ours[0].smem_bytes == theirs[0].smem_bytes
+    # one more wgmma wait: the epilogue's wgmma_wait(0) (needed after delay_release=1 only)
+    assert ops["nvvm.wgmma.wait.group.sync.aligned"] <= their_ops["nvvm.wgmma.wait.group.sync.aligned"] + 1
 
 
 @cpu_only
@@ -178,6 +226,16 @@ _TINY = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=32, num_stages=2, epi_tile
 def test_product_in_interpret_mode(transpose_a, transpose_b):
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 4 output tiles
         _check_product(128, 96, 256, jnp.bfloat16, transpose_a, transpose_b, config=_TINY)
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", [dict(pipeline="own"), dict(pipeline="own", delay_release=1),
+                                    dict(pipeline="pallas_steady")])
+@pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile (its loop starts and stops there)
+def test_every_k_loop_in_interpret_mode(fields, num_sms):
+    with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles
+        _check_product(128, 128, 256, jnp.bfloat16, config=dataclasses.replace(_TINY, **fields))
 
 
 @cpu_only

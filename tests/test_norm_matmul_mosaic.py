@@ -140,8 +140,10 @@ def _check_kernels(M, K, N, residual, config=None):
     fn, args = _lowered_fwd_bwd(M, K, N, residual, config)
     kernels = mosaic_ir.lower_kernels(fn, *args)
     assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", "rmsnorm_matmul_dw"]
-    for k in kernels:
-        assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == 3
+    gemms = (config.forward, config.dx, config.dw) if config else (None,) * 3
+    for k, gemm in zip(kernels, gemms):
+        dedicated = gemm is not None and gemm.prologue_wg == "dedicated"
+        assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == (4 if dedicated else 3)
         assert k.wgmma() and k.tma_loads() >= 2
     forward_only = mosaic_ir.lower_kernels(lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=1e-6, config=config),
                                            *args[:3])
@@ -160,6 +162,16 @@ def test_three_kernels_within_shared_memory_at_the_suite_shapes(M, K, N, residua
 def test_statistics_in_the_kernels_fit_too(M, K, N, residual):
     config = nm.default_config(M, K, N, residual=residual, **_IN_KERNEL)
     assert config.stats_in_kernel and config.rowdot_in_kernel
+    _check_kernels(M, K, N, residual, config)
+
+
+@cpu_only
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("M, K, N", SUITE_SHAPES)
+def test_statistics_in_a_dedicated_warpgroup_fit(M, K, N, residual):
+    config = nm.default_config(M, K, N, residual=residual, prologue_wg="dedicated", **_IN_KERNEL)
+    if N % 256 == 0:  # tiles with wg_split "n": the forward's prologue gets its own warpgroup
+        assert config.forward.prologue_wg == "dedicated" and config.forward.pipeline == "own"
     _check_kernels(M, K, N, residual, config)
 
 
@@ -234,10 +246,13 @@ _TINY_CONFIG = nm.MosaicRMSNormMatmulConfig(forward=_TINY, dx=_TINY, dw=_TINY)
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("in_kernel", [False, True])
+@pytest.mark.parametrize("in_kernel", [False, True, "dedicated"])
 @pytest.mark.parametrize("dtype, residual, scale", [(jnp.bfloat16, False, 1.0), (jnp.bfloat16, True, 1.0),
                                                     (jnp.float16, False, 1e-6)])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, scale, in_kernel):
-    config = dataclasses.replace(_TINY_CONFIG, stats_in_kernel=in_kernel, rowdot_in_kernel=in_kernel)
+    config = dataclasses.replace(_TINY_CONFIG, stats_in_kernel=bool(in_kernel), rowdot_in_kernel=bool(in_kernel))
+    if in_kernel == "dedicated":  # the prologues run in a fourth warpgroup of our own K loop
+        own = dataclasses.replace(_TINY, pipeline="own", prologue_wg="dedicated")
+        config = dataclasses.replace(config, forward=own, dx=own)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _check(128, 128, 256, dtype, residual=residual, scale=scale, config=config)

@@ -1,17 +1,24 @@
 """On one H100: the Mosaic-GPU GEMM against cuBLAS, and the Mosaic rmsnorm_matmul against XLA and Triton.
 
     PYTHONPATH=$PWD python benchmarks/scripts/gpu_mosaic_gemm.py --out $OUT --budget-s 300
+    PYTHONPATH=$PWD python benchmarks/scripts/gpu_mosaic_gemm.py --out $OUT --budget-s 240 \
+        --sections probe,plain,place,winner          # decides the K loop and the statistics placement
 
 In one run, time-boxed (a section past the deadline is skipped, said so), writing mosaic_gemm-<device>.json (+ .md;
 jaxfuse.bench records: device, jax, commit, date) after every section (``--sections``, in priority order):
   probe     the Mosaic-GPU API this jax has (signatures the kernels rely on) -> probe.txt
+  plain     (a) the plain GEMM: cuBLAS, jax's shipped Hopper example (imported), our K loops (pallas / pallas_steady /
+            own) under lane and warpgroup semantics, at 32768x4096x4096, 8192x4096x6144, 16384x1024x5504
+  place     (b) rmsnorm_matmul fwd, fwd+bwd: row statistics from XLA passes / the MMA warpgroups' prologue / a
+            dedicated warpgroup, vs XLA norm+matmul and XLA matmul alone, at the four suite shapes
+  winner    (c) tile order and tile sweep of our fastest plain K loop from section plain
   norm      rmsnorm_matmul fwd and fwd+bwd (``jax.vjp``, random cotangent, y returned) at the big shapes: the Mosaic
             backend (``norm_matmul.mosaic``) vs XLA norm+matmul and XLA matmul alone, per-kernel times recorded
   gemm      ``pallas_kernels.gemm.matmul`` vs XLA's ``jnp.dot`` (cuBLAS); transposed reads at one shape
   parts     plain GEMMs with the fused kernels' tiles and the XLA pass over w (what each hook costs)
   triton / norm_train / decode: today's Triton kernel; the training shape; decode shapes (Mosaic unsupported)
-  pytest    the GPU tests the timing does not cover;  sweep: tiles at 8192x4096x6144
-  alternatives (--alt-shape): GEMM tile order; row statistics in the kernels vs XLA passes; forward tiles.
+  pytest    the GPU tests the timing does not cover (the earlier "sweep" and "alternatives" sections are now
+            winner and place)
 Every Mosaic result is checked against the float32 reference on the timing inputs first (relative error
 max |got - want| / max |want| <= 2e-2 and finite, else REJECTED and not timed). Timing: CUPTI device time of all
 kernels of one call (jaxfuse.bench.time_kernels), median of --iterations.
@@ -261,124 +268,161 @@ def pytest_section(run: Run, out_dir: str, selection: str) -> None:
     log(f"pytest {status}:\n" + "\n".join(text.strip().splitlines()[-12:]))
 
 
-def alternatives_section(run: Run, M: int, K: int, N: int) -> None:
-    """Design alternatives at one shape, each checked then timed: the GEMM's tile order, and where the fused
-    kernels' row statistics come from (prologue on the SMEM tiles vs one XLA pass) with their tiles."""
+def checked_time(run: Run, op, shape, mode, impl, fn, args, got_want, flops, **extra) -> float | None:
+    """fn checked against the float32 reference (``got_want(out) -> [(got, want), ...]``), then timed; returns µs.
+    A rejection or a failure is logged and returns None: one variant never ends the section."""
+    try:
+        out = fn(*args)
+        errs = [rel_err(g, w) for g, w in got_want(out)]
+        del out
+        if not all(e <= MAX_REL_ERR for e in errs):  # NaN fails
+            log(f"  {shape} {mode} {impl} REJECTED: relative errors {errs}"); return None
+        return run.add(op, shape, mode, impl, run.time(fn, args), flops, rel_err=max(errs), **extra).time_us
+    except Exception as e:  # noqa: BLE001
+        log(f"  {shape} {mode} {impl} FAILED: {type(e).__name__}: {str(e)[:300]}"); return None
+
+
+def plain_variants(M: int, K: int, N: int) -> dict:
+    """impl -> (a, b) -> a @ b: cuBLAS, jax's shipped Hopper example (imported, as a baseline) and our K loops."""
     import dataclasses
 
-    import jax
     import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as example
 
-    from jaxfuse.suites import rmsnorm_matmul as suite
-    from pallas_kernels import reference
-    from pallas_kernels.gemm import MosaicGemmConfig as G
     from pallas_kernels.gemm import default_config, matmul
 
-    nm = importlib.import_module("pallas_kernels.norm_matmul.mosaic")
-    shape = f"{M}x{K}x{N}"
-    log(f"section: alternatives at {shape}")
-    x, g, w, dy = suite.make_inputs(M, K, N, seed=2)
     base = default_config(M, N, K)
-    want = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
-    for name, cfg in (("order n/8", dataclasses.replace(base, grid_tile_width=8)),
-                      ("order m/8", dataclasses.replace(base, grid_minor="m", grid_tile_width=8))):
-        fn = jax.jit(lambda a, b, cfg=cfg: matmul(a, b, config=cfg))
-        err = rel_err(fn(x, w), want)
-        if err <= MAX_REL_ERR:
-            run.add("matmul_alt", shape, "fwd", f"pallas_mosaic[{name}]", run.time(fn, (x, w)), 2.0 * M * N * K,
-                    config=cfg.to_dict(), rel_err=err)
-    del want
-    ref = jax.jit(lambda x, g, w, dy: (lambda y, vjp: (y, vjp(dy)))(*jax.vjp(reference.rmsnorm_matmul, x, g, w)))
-    y_ref, grads_ref = ref(x, g, w, dy)
-    order = dict(grid_minor="m", grid_tile_width=8)
-    variants = []
-    for stats, rowdot in ((True, True), (False, False)):
-        c = nm.default_config(M, K, N, stats_in_kernel=stats, rowdot_in_kernel=rowdot)
-        variants.append((f"stats={'kernel' if stats else 'xla'}", c))
-        variants.append((f"stats={'kernel' if stats else 'xla'},order m/8",
-                         dataclasses.replace(c, **{k: dataclasses.replace(getattr(c, k), **order)
-                                                   for k in ("forward", "dx", "dw")})))
-    c = nm.default_config(M, K, N)
-    variants += [("fwd 64x256 split m,delay 1", dataclasses.replace(c, forward=G(
-                      tile_m=64, tile_n=256, wg_split="m", delay_release=1, **order))),
-                 ("fwd delay 1", dataclasses.replace(c, forward=dataclasses.replace(c.forward, delay_release=1,
-                                                                                      **order)))]
-    for name, config in variants:
-        if run.left() < 8:
+    dim = example.MatmulDimension
+    tuning = example.TuningConfig(tile_m=base.tile_m, tile_n=base.tile_n, tile_k=base.tile_k,
+                                  max_concurrent_steps=base.num_stages,
+                                  wg_dimension=dim.N if base.wg_split == "n" else dim.M)
+    out = {"xla": jnp.dot, "jax_example": lambda a, b: example.matmul(a, b, None, tuning)}
+    if M % (2 * base.cta_m) == 0:  # two CTAs of a cluster share the B tile (TMA multicast)
+        clustered = dataclasses.replace(tuning, cluster_dimension=dim.M)
+        out["jax_example[cluster m]"] = lambda a, b: example.matmul(a, b, None, clustered)
+    for name, fields in PLAIN_OURS:
+        cfg = dataclasses.replace(base, **fields)
+        out[f"pallas_mosaic[{name}]"] = lambda a, b, cfg=cfg: matmul(a, b, config=cfg)
+    return out
+
+
+# Our plain GEMM's K loops, old first (what the last H100 run measured); the shapes' default tiles.
+PLAIN_OURS = [("pallas,lane", {}), ("pallas,warpgroup", dict(semantics="warpgroup")),
+              ("pallas_steady,lane", dict(pipeline="pallas_steady")),
+              ("pallas_steady,warpgroup", dict(pipeline="pallas_steady", semantics="warpgroup")),
+              ("own,lane", dict(pipeline="own")), ("own,warpgroup", dict(pipeline="own", semantics="warpgroup")),
+              ("own,lane,delay1", dict(pipeline="own", delay_release=1))]
+PLAIN_SHAPES = [(32768, 4096, 4096), (8192, 4096, 6144), (16384, 1024, 5504)]  # (M, K, N)
+
+
+def plain_section(run: Run, shapes=PLAIN_SHAPES) -> None:
+    """(a) The plain GEMM: cuBLAS, jax's example, our K loops and semantics, each checked, then timed."""
+    import jax
+    import jax.numpy as jnp
+
+    log(f"section plain: GEMM K loops at {shapes}")
+    for M, K, N in shapes:
+        if run.left() < 20:
             log("  out of time"); return
-        try:
-            fwd = jax.jit(lambda x, g, w, c=config: nm.rmsnorm_matmul(x, g, w, eps=1e-6, config=c))
-            fb = jax.jit(lambda x, g, w, dy, c=config: (lambda y, vjp: (y, vjp(dy)))(
-                *jax.vjp(lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=1e-6, config=c), x, g, w)))
-            got = fb(x, g, w, dy)
-            errs = [rel_err(a, b) for a, b in zip((got[0], *got[1]), (y_ref, *grads_ref))]
-            del got
-            if not all(e <= MAX_REL_ERR for e in errs):
-                log(f"  REJECTED {errs}: {name}"); continue
-            run.add("rmsnorm_matmul_alt", shape, "fwd", f"pallas_mosaic[{name}]", run.time(fwd, (x, g, w)),
-                    2.0 * M * N * K, config=config.to_dict(), rel_err=max(errs))
-            if not name.startswith("fwd "):
-                run.add("rmsnorm_matmul_alt", shape, "fwd+bwd", f"pallas_mosaic[{name}]",
-                        run.time(fb, (x, g, w, dy)), 6.0 * M * N * K, config=config.to_dict(), rel_err=max(errs))
-        except Exception as e:  # noqa: BLE001
-            log(f"  FAILED {type(e).__name__}: {str(e)[:300]}: {name}")
-    run.write()
+        ka, kb = jax.random.split(jax.random.key(M + N))
+        a = jax.random.normal(ka, (M, K), jnp.bfloat16)
+        b = (jax.random.normal(kb, (K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
+        want = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
+        for impl, fn in plain_variants(M, K, N).items():
+            if run.left() < 8:
+                break
+            checked_time(run, "matmul_plain", f"{M}x{K}x{N}", "fwd", impl, jax.jit(fn), (a, b),
+                         lambda out: [(out, want)], 2.0 * M * N * K)
+        del want
+        run.write()
 
 
-def sweep_section(run: Run) -> None:
+def place_variants(nm, M: int, K: int, N: int) -> dict:
+    """impl -> MosaicRMSNormMatmulConfig: where the row statistics come from (XLA passes / the MMA warpgroups'
+    prologue / a dedicated fourth warpgroup), on jax's K loop (pallas) or ours (own)."""
+    import dataclasses
+
+    def own(c, kernels=("forward", "dx", "dw")):
+        return dataclasses.replace(c, **{k: dataclasses.replace(getattr(c, k), pipeline="own") for k in kernels})
+
+    xla = nm.default_config(M, K, N)
+    in_kernel = dict(stats_in_kernel=True, rowdot_in_kernel=True)
+    return {"pallas_mosaic[stats=xla]": xla, "pallas_mosaic[stats=xla,own]": own(xla),
+            "pallas_mosaic[stats=compute]": nm.default_config(M, K, N, **in_kernel),
+            "pallas_mosaic[stats=dedicated]": own(nm.default_config(M, K, N, prologue_wg="dedicated", **in_kernel)),
+            "pallas_mosaic[stats=dedicated fwd,xla dx]": own(nm.default_config(
+                M, K, N, prologue_wg="dedicated", stats_in_kernel=True))}
+
+
+def place_section(run: Run, shapes) -> None:
+    """(b) rmsnorm_matmul fwd and fwd+bwd with each statistics placement vs XLA norm+matmul and matmul alone."""
+    import jax
+
+    from jaxfuse import kernels
+    from jaxfuse.suites import rmsnorm_matmul as suite
+    from pallas_kernels import reference
+
+    nm = importlib.import_module("pallas_kernels.norm_matmul.mosaic")
+    log(f"section place: statistics placements at {shapes}")
+    ref = jax.jit(lambda x, g, w, dy: (lambda y, vjp: (y, vjp(dy)))(*jax.vjp(reference.rmsnorm_matmul, x, g, w)))
+    for M, K, N in shapes:
+        if run.left() < 30:
+            log("  out of time"); return
+        shape, (x, g, w, dy) = f"{M}x{K}x{N}", suite.make_inputs(M, K, N, seed=0)
+        y_ref, grads_ref = ref(x, g, w, dy)
+        fns = {**norm_fns(nm, None, kernels.NORM_MATMUL, None)}
+        fns.pop("pallas_triton"), fns.pop("pallas_mosaic")
+        for impl, config in place_variants(nm, M, K, N).items():
+            fns[impl] = norm_fns(nm, None, kernels.NORM_MATMUL, config)["pallas_mosaic"]
+        for mode, flops in (("fwd", 2.0 * M * K * N), ("fwd+bwd", 6.0 * M * K * N)):
+            for impl, (fwd, fb) in fns.items():
+                if run.left() < 8:
+                    break
+                if mode == "fwd":
+                    checked_time(run, "rmsnorm_matmul_place", shape, mode, impl, fwd, (x, g, w),
+                                 lambda out: [(out, y_ref)], flops)
+                else:
+                    checked_time(run, "rmsnorm_matmul_place", shape, mode, impl, fb, (x, g, w, dy),
+                                 lambda out: list(zip((out[0], *out[1]), (y_ref, *grads_ref))), flops)
+        del y_ref, grads_ref
+        run.write()
+
+
+def winner_section(run: Run, M: int = 32768, K: int = 4096, N: int = 4096) -> None:
+    """(c) A small tile / order sweep of the fastest of our plain K loops from section plain at (M, K, N)."""
     import dataclasses
 
     import jax
     import jax.numpy as jnp
 
-    from jaxfuse.suites import rmsnorm_matmul as suite
-    from pallas_kernels import reference
-    from pallas_kernels.gemm import MosaicGemmConfig as G
-    from pallas_kernels.gemm import matmul
+    from pallas_kernels.gemm import default_config, matmul
 
-    nm = importlib.import_module("pallas_kernels.norm_matmul.mosaic")
-    M, K, N = 8192, 4096, 6144
     shape = f"{M}x{K}x{N}"
-    log(f"section 4: sweep at {shape}")
-    x, g, w, dy = suite.make_inputs(M, K, N, seed=1)
-    gemm_cands = [G(), G(delay_release=1), G(tile_m=64, tile_n=256, wg_split="m"),
-                  G(tile_m=128, tile_n=128, wg_split="m"), G(tile_k=128, num_stages=2), G(epi_tile_n=128, num_stages=3)]
-    want = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
-    for cfg in gemm_cands:
-        if run.left() < 10:
-            log("  out of time"); return
-        try:
-            fn = jax.jit(lambda a, b, cfg=cfg: matmul(a, b, config=cfg))
-            err = rel_err(fn(x, w), want)
-            if not err <= MAX_REL_ERR:
-                log(f"  REJECTED {err:.2e}: {cfg}"); continue
-            run.add("matmul_sweep", shape, "fwd", "pallas_mosaic", run.time(fn, (x, w)), 2.0 * M * N * K,
-                    config=cfg.to_dict(), rel_err=err)
-        except Exception as e:  # noqa: BLE001
-            log(f"  FAILED {type(e).__name__}: {str(e)[:200]}: {cfg}")
-    run.write()
-    base = nm.default_config(M, K, N)
-    ref = jax.jit(lambda x, g, w, dy: (lambda y, vjp: (y, vjp(dy)))(*jax.vjp(reference.rmsnorm_matmul, x, g, w)))
-    y_ref, grads_ref = ref(x, g, w, dy)
-    variants = [("forward", G(tile_m=64, tile_n=256, wg_split="m")), ("forward", G(delay_release=1)),
-                ("dx", G(tile_m=64, tile_n=256, tile_k=64, num_stages=3, wg_split="m")),
-                ("dx", G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="m")),
-                ("dw", G(tile_m=64, tile_n=256, tile_k=64, num_stages=3, wg_split="m"))]
-    for kernel, cfg in variants:
-        if run.left() < 10:
+    ours = [r for r in run.records if r.op == "matmul_plain" and r.shape == shape and r.implementation in
+            {f"pallas_mosaic[{n}]" for n, _ in PLAIN_OURS}]
+    if not ours:
+        log("section winner: no plain record of ours at this shape"); return
+    best = min(ours, key=lambda r: r.time_us).implementation
+    fields = dict(PLAIN_OURS)[best[len("pallas_mosaic["):-1]]
+    base = dataclasses.replace(default_config(M, N, K), **fields)
+    log(f"section winner: sweep of {best} at {shape}")
+    ka, kb = jax.random.split(jax.random.key(3))
+    a = jax.random.normal(ka, (M, K), jnp.bfloat16)
+    b = (jax.random.normal(kb, (K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
+    want = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
+    sweep = [dict(grid_tile_width=8), dict(grid_minor="m", grid_tile_width=8), dict(grid_tile_width=16),
+             dict(grid_minor="m", grid_tile_width=4), dict(num_stages=3), dict(tile_k=128, num_stages=2),
+             dict(tile_m=64, tile_n=256, wg_split="m"), dict(epi_tile_n=128, num_stages=3)]
+    for change in sweep:
+        if run.left() < 8:
             log("  out of time"); break
-        config = dataclasses.replace(base, **{kernel: cfg})
         try:
-            fb = jax.jit(lambda x, g, w, dy, c=config: (lambda y, vjp: (y, vjp(dy)))(
-                *jax.vjp(lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=1e-6, config=c), x, g, w)))
-            got = fb(x, g, w, dy)
-            errs = [rel_err(a, b) for a, b in zip((got[0], *got[1]), (y_ref, *grads_ref))]
-            if not all(e <= MAX_REL_ERR for e in errs):
-                log(f"  REJECTED {errs}: {kernel} {cfg}"); continue
-            run.add("rmsnorm_matmul_sweep", shape, "fwd+bwd", f"pallas_mosaic[{kernel}]", run.time(fb, (x, g, w, dy)),
-                    6.0 * M * N * K, config=config.to_dict(), rel_err=max(errs))
-        except Exception as e:  # noqa: BLE001
-            log(f"  FAILED {type(e).__name__}: {str(e)[:200]}: {kernel} {cfg}")
+            cfg = dataclasses.replace(base, **change)
+        except ValueError as e:
+            log(f"  skipped {change}: {e}"); continue
+        checked_time(run, "matmul_winner", shape, "fwd", f"{best}+{change}",
+                     jax.jit(lambda a, b, cfg=cfg: matmul(a, b, config=cfg)), (a, b), lambda out: [(out, want)],
+                     2.0 * M * N * K, config=cfg.to_dict())
     run.write()
 
 
@@ -403,8 +447,20 @@ def table(run: Run) -> str:
             if k.startswith("plain_") or k.startswith("pallas_mosaic_"):
                 lines.append(f"{'':15s} {shape:17s} {k:26s} {v:8.1f}")
     for r in run.records:
-        if r.op.endswith("_alt") or r.op.endswith("_sweep"):
+        if r.op.endswith("_sweep"):
             lines.append(f"{r.op:20s} {r.shape:17s} {r.mode:8s} {r.time_us:8.1f}  {r.implementation}")
+    groups = {}
+    for r in run.records:  # sections plain / place / winner: every variant with its speed vs XLA in the same run
+        if r.op in ("matmul_plain", "rmsnorm_matmul_place", "matmul_winner"):
+            groups.setdefault((r.op, r.shape, r.mode), []).append(r)
+    for (op, shape, mode), recs in groups.items():
+        xla = {r.implementation: r.time_us for r in run.records
+               if r.shape == shape and r.mode == mode and r.implementation == "xla"
+               and r.op in (op, "matmul_plain" if op == "matmul_winner" else op)}.get("xla")
+        lines.append(f"{op} {shape} {mode}")
+        for r in sorted(recs, key=lambda r: r.time_us):
+            ratio = f"{xla / r.time_us:6.3f}x xla" if xla else ""
+            lines.append(f"    {r.time_us:9.1f} µs  {ratio:12s} {r.implementation}")
     return "\n".join(lines)
 
 
@@ -413,9 +469,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--sections", default="probe,norm,gemm,parts,triton,norm_train,pytest,sweep,decode")
+    parser.add_argument("--sections",
+                        default="probe,plain,place,winner,norm,gemm,parts,triton,norm_train,pytest,decode")
     parser.add_argument("--pytest", default="tests/test_norm_matmul_mosaic.py -k extreme_magnitudes_on_the_gpu")
-    parser.add_argument("--alt-shape", type=int, nargs=3, default=(32768, 4096, 4096), help="M K N")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     sections = args.sections.split(",")
@@ -430,8 +486,9 @@ def main(argv=None) -> int:
              "triton": lambda: norm_section(run, NORM_SHAPES, impls=("pallas_triton",)),  # big 3 first
              "pytest": lambda: pytest_section(run, args.out, args.pytest),
              "decode": lambda: norm_section(run, DECODE_SHAPES, impls=("pallas_mosaic", "xla", "pallas_triton")),
-             "sweep": lambda: sweep_section(run),
-             "alternatives": lambda: alternatives_section(run, *args.alt_shape)}
+             "plain": lambda: plain_section(run),
+             "place": lambda: place_section(run, [NORM_SHAPES[0], NORM_SHAPES[2], NORM_SHAPES[1], NORM_SHAPES[3]]),
+             "winner": lambda: winner_section(run)}
     for name in sections:
         if name in steps:
             try:
