@@ -270,14 +270,19 @@ def pytest_section(run: Run, out_dir: str, selection: str) -> None:
 
 def checked_time(run: Run, op, shape, mode, impl, fn, args, got_want, flops, **extra) -> float | None:
     """fn checked against the float32 reference (``got_want(out) -> [(got, want), ...]``), then timed; returns µs.
+    The log names each variant before it runs.
     A rejection or a failure is logged and returns None: one variant never ends the section."""
     try:
+        log(f"  {shape} {mode} {impl}: compiling, checking")
         out = fn(*args)
         errs = [rel_err(g, w) for g, w in got_want(out)]
         del out
         if not all(e <= MAX_REL_ERR for e in errs):  # NaN fails
             log(f"  {shape} {mode} {impl} REJECTED: relative errors {errs}"); return None
-        return run.add(op, shape, mode, impl, run.time(fn, args), flops, rel_err=max(errs), **extra).time_us
+        log(f"  {shape} {mode} {impl}: checked ({max(errs):.1e}), timing")  # a hang shows which variant
+        time_us = run.add(op, shape, mode, impl, run.time(fn, args), flops, rel_err=max(errs), **extra).time_us
+        run.write()  # after every variant: a kernel that hangs loses nothing measured before it
+        return time_us
     except Exception as e:  # noqa: BLE001
         log(f"  {shape} {mode} {impl} FAILED: {type(e).__name__}: {str(e)[:300]}"); return None
 
