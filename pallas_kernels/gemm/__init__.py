@@ -1,0 +1,130 @@
+"""A Pallas Mosaic-GPU GEMM for Hopper (sm90), and the core the fused Mosaic kernels build on.
+
+  from pallas_kernels.gemm import matmul
+  c = matmul(a, b)                                    # a (M, K), b (K, N) -> (M, N); one persistent kernel
+  c = matmul(a_t, b, transpose_a=True)                # a given as (K, M): read transposed from shared memory
+  c = matmul(a, b_t, transpose_b=True)                # b given as (N, K)
+  c = matmul(a, b, config=MosaicGemmConfig(tile_n=256, wg_split="m", tile_m=64))
+
+``matmul`` is differentiable: its gradients are the same kernel with the operands read transposed
+(da = g @ bᵀ, db = aᵀ @ g), so no XLA transpose runs. The kernel (``gemm.mosaic``): TMA loads pipelined by a
+producer warpgroup, wgmma from shared memory in two compute warpgroups, a persistent grid over output tiles, and
+hooks for a prologue on the operand tiles and an epilogue on the float32 accumulator (``Fusion``), which the
+fused kernels (``norm_matmul.mosaic``) use. Runs on an sm90 GPU; lowers for CUDA on any machine
+(``hlo_inspect.mosaic_ir``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
+
+__all__ = ["CANDIDATES", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul",
+           "pick_config", "smem_bytes", "unsupported_reason"]
+
+_OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_OUT_DTYPES = (*_OPERAND_DTYPES, jnp.dtype(jnp.float32))
+
+
+# Built-in tiles (H100), best first: 128x256 output blocks (two 128x128 accumulators side by side), 64-wide K
+# steps, four stages in flight; for N that 256 does not divide, 256x128 blocks (accumulators stacked along M),
+# then 128x128 (measured 0.67x cuBLAS at 16384x1024x5504: its short K loop leaves the epilogue exposed); then
+# 64-row blocks.
+CANDIDATES = (
+    MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
+    MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
+    MosaicGemmConfig(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
+    MosaicGemmConfig(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
+    MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"),
+)
+
+
+def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConfig:
+    """The first candidate whose tiles divide (M, N, K); the first candidate when none does (its
+    ``unsupported_reason`` then names the constraint)."""
+    for config in candidates:
+        if unsupported_reason(M, N, K, config) is None:
+            return config
+    return candidates[0]
+
+
+def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16) -> MosaicGemmConfig:
+    """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates."""
+    del dtype
+    return pick_config(M, N, K)
+
+
+def _check(a, b, transpose_a: bool, transpose_b: bool, out_dtype) -> tuple[int, int, int]:
+    for name, x in (("a", a), ("b", b)):
+        if jnp.ndim(x) != 2:
+            raise ValueError(f"{name}: expected a 2-D array, got shape {tuple(jnp.shape(x))}")
+        if jnp.dtype(x.dtype) not in _OPERAND_DTYPES:
+            raise ValueError(f"{name}: dtype {x.dtype} not supported; allowed: bfloat16, float16")
+    if a.dtype != b.dtype:
+        raise ValueError(f"b: dtype {b.dtype} must equal a's dtype {a.dtype}")
+    M, K = a.shape[::-1] if transpose_a else a.shape
+    K_b, N = b.shape[::-1] if transpose_b else b.shape
+    if K_b != K:
+        raise ValueError(f"b: contraction size {K_b} (shape {tuple(b.shape)}, transpose_b={transpose_b}) must equal "
+                         f"a's {K} (shape {tuple(a.shape)}, transpose_a={transpose_a})")
+    if jnp.dtype(out_dtype) not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype: {jnp.dtype(out_dtype)} not supported; allowed: bfloat16, float16, float32")
+    return M, N, K
+
+
+def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None, out_dtype=None,
+           transpose_a: bool = False, transpose_b: bool = False) -> jax.Array:
+    """a @ b in one Mosaic-GPU kernel, float32 accumulation.
+
+    Args:
+      a: (M, K), or (K, M) with transpose_a. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
+      config: a ``MosaicGemmConfig``; default ``default_config(M, N, K)``. M, N, K must be multiples of its
+        tiles (ValueError naming the constraint otherwise: no partial tiles).
+      out_dtype: default a's dtype; bfloat16, float16 or float32.
+    Returns:
+      (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads, with the config's
+      tiles; their shapes (M, K) and (K, N) must tile too.
+    """
+    out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
+    M, N, K = _check(a, b, transpose_a, transpose_b, out_dtype)
+    config = config or default_config(M, N, K, a.dtype)
+    reason = unsupported_reason(M, N, K, config)
+    if reason:
+        raise ValueError(f"matmul (mosaic): {reason}")
+    return _matmul(a, b, (config, out_dtype, transpose_a, transpose_b))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul(a, b, static):
+    config, out_dtype, transpose_a, transpose_b = static
+    return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
+                name="mosaic_matmul")[0]
+
+
+def _matmul_fwd(a, b, static):
+    return _matmul(a, b, static), (a, b)
+
+
+def _matmul_bwd(static, saved, g):
+    config, _, transpose_a, transpose_b = static
+    a, b = saved
+    g = g.astype(a.dtype)
+    # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
+    if transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
+        da = gemm(b, g, config=config, out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
+                  name="mosaic_matmul_da")[0]
+    else:
+        da = gemm(g, b, config=config, out_dtype=a.dtype, transpose_b=not transpose_b, name="mosaic_matmul_da")[0]
+    if transpose_b:  # b (N, K): db = g ᵀ A
+        db = gemm(g, a, config=config, out_dtype=b.dtype, transpose_a=True, transpose_b=transpose_a,
+                  name="mosaic_matmul_db")[0]
+    else:
+        db = gemm(a, g, config=config, out_dtype=b.dtype, transpose_a=not transpose_a, name="mosaic_matmul_db")[0]
+    return da, db
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)

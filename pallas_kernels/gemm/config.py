@@ -1,0 +1,130 @@
+"""The Mosaic-GPU GEMM core's configuration: tiles, schedule and K loop of one kernel, and what they allow.
+
+  cfg = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n")   # CTA tile 128x256
+  unsupported_reason(M, N, K, cfg)            # None, or the sentence naming the tile the shape does not divide
+  smem_bytes(cfg, jnp.bfloat16, jnp.bfloat16) # shared memory of one block (bytes, barriers excluded)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from pallas_kernels import mosaic_utils as mu
+
+__all__ = ["PIPELINES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
+
+PIPELINES = ("pallas", "pallas_steady", "own")
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGemmConfig:
+    """Tiles and schedule of one Mosaic GEMM kernel (hashable: a static argument).
+
+    Attributes:
+      tile_m, tile_n: the float32 accumulator of one compute warpgroup, (tile_m, tile_n): tile_m a multiple of 64
+        (wgmma's M), tile_n a multiple of epi_tile_n up to 256; tile_m · tile_n <= 128 · 256 (<= 256 registers
+        per thread).
+      tile_k: contraction slice per pipeline step, 16 <= tile_k, a multiple of 16.
+      num_stages: A/B (and side input) tiles in flight in shared memory, >= 2.
+      wg_split: "m": the two compute warpgroups stack along M (CTA tile (2·tile_m, tile_n), each owns its rows of
+        the A tile); "n": along N (CTA tile (tile_m, 2·tile_n), both read all rows of the A tile).
+      epi_tile_m, epi_tile_n: pieces the accumulator is stored in (two SMEM slots per warpgroup).
+      grid_minor, grid_tile_width: planar-snake tile order: runs of grid_tile_width tiles along grid_minor.
+      delay_release: 0: wait for each step's wgmma before releasing its slot; 1: keep one wgmma in flight.
+      semantics: Mosaic lowering semantics, "lane" (explicit layouts) or "warpgroup" (jax's GEMM example's).
+      pipeline: the K loop, "pallas", "pallas_steady" or "own" (module docstring).
+      prologue_wg: where ``Fusion.prologue_step`` runs: "compute" (each MMA warpgroup, between issuing and awaiting
+        its wgmma) or "dedicated" (a fourth warpgroup; needs pipeline "own" and wg_split "n").
+      mma_registers: registers per thread of each MMA warpgroup under pipeline "own" (0: 232 with three
+        warpgroups, 208 with the dedicated one; the memory warpgroup keeps 40, the dedicated one the rest).
+    """
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 64
+    num_stages: int = 4
+    wg_split: str = "n"
+    epi_tile_m: int = 64
+    epi_tile_n: int = 64
+    grid_minor: str = "n"
+    grid_tile_width: int = 1
+    delay_release: int = 0
+    semantics: str = "lane"
+    pipeline: str = "pallas"
+    prologue_wg: str = "compute"
+    mma_registers: int = 0
+
+    def __post_init__(self):
+        cls = type(self).__name__
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{cls}.{field.name}: must be a non-negative int, got {value!r}")
+        checks = [
+            ("epi_tile_n", self.epi_tile_n in (16, 32, 64, 128, 256), "one of 16, 32, 64, 128, 256"),
+            ("tile_m", self.tile_m > 0 and self.tile_m % 64 == 0, "a positive multiple of 64"),
+            ("tile_n", 0 < self.tile_n <= 256 and self.tile_n % self.epi_tile_n == 0,
+             f"in (0, 256] and a multiple of epi_tile_n={self.epi_tile_n}"),
+            ("tile_k", self.tile_k >= 16 and self.tile_k % 16 == 0, "a multiple of 16, >= 16"),
+            ("num_stages", self.num_stages >= 2, ">= 2"),
+            ("wg_split", self.wg_split in ("m", "n"), "'m' or 'n'"),
+            ("epi_tile_m", self.epi_tile_m % 64 == 0 and self.epi_tile_m > 0 and self.tile_m % self.epi_tile_m == 0,
+             f"a multiple of 64 dividing tile_m={self.tile_m}"),
+            ("grid_minor", self.grid_minor in ("m", "n"), "'m' or 'n'"),
+            ("grid_tile_width", self.grid_tile_width >= 1, ">= 1"),
+            ("delay_release", self.delay_release in (0, 1), "0 or 1"),
+            ("semantics", self.semantics in mu.SEMANTICS, f"one of {mu.SEMANTICS}"),
+            ("pipeline", self.pipeline in PIPELINES, f"one of {PIPELINES}"),
+            ("prologue_wg", self.prologue_wg in ("compute", "dedicated"), "'compute' or 'dedicated'"),
+            ("prologue_wg", self.prologue_wg == "compute" or (self.pipeline == "own" and self.wg_split == "n"),
+             "'compute' unless pipeline='own' and wg_split='n'"),
+            ("mma_registers", self.mma_registers == 0 or (self.mma_registers % 8 == 0
+                                                          and 160 <= self.mma_registers <= 232),
+             "0 (automatic) or a multiple of 8 in [160, 232]"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"{cls}.{name}: must be {allowed}, got {getattr(self, name)!r}")
+        if self.tile_m * self.tile_n > 128 * 256:
+            raise ValueError(f"{cls}.tile_m, tile_n: the accumulator {self.tile_m}x{self.tile_n} exceeds 128x256 "
+                             "(256 float32 registers per thread)")
+        if self.delay_release >= self.num_stages:
+            raise ValueError(f"{cls}.delay_release: must be < num_stages={self.num_stages}")
+
+    @property
+    def cta_m(self) -> int:
+        return self.tile_m * (2 if self.wg_split == "m" else 1)
+
+    @property
+    def cta_n(self) -> int:
+        return self.tile_n * (2 if self.wg_split == "n" else 1)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, names=("M", "N", "K")) -> str | None:
+    """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
+    constraint: no partial tiles (M, N, K multiples of the CTA tile and tile_k). ``names``: what the caller
+    calls M, N and K."""
+    for dim, size, tile, what in ((names[0], M, config.cta_m, "rows"), (names[1], N, config.cta_n, "columns"),
+                                  (names[2], K, config.tile_k, "tile_k")):
+        if size <= 0 or size % tile:
+            what = "tile_k" if what == "tile_k" else f"the {what} of a block's output tile"
+            return f"{dim}={size} is not a positive multiple of {what}={tile}"
+    return None
+
+
+def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, num_side_inputs: int = 0,
+               tile_input_dtypes: tuple = (), store_in_tile: bool = False, scratch_bytes: int = 0) -> int:
+    """Shared memory one block allocates (bytes; barriers and Mosaic's reduction scratch excluded): the
+    pipeline's A/B/side tiles, the output staging, prefetched tile inputs and the hooks' scratch."""
+    size = jnp.dtype(dtype).itemsize
+    per_stage = (config.cta_m * (1 + num_side_inputs) + config.cta_n) * config.tile_k * size
+    pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
+    staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
+        out_dtype).itemsize
+    tiles = sum(2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
+    return config.num_stages * per_stage + staging + tiles + scratch_bytes

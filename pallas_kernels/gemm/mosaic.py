@@ -1,0 +1,380 @@
+"""The Mosaic-GPU (Hopper) GEMM core: out = epilogue(a @ b) with a prologue on the operand tiles, one kernel.
+
+  out, *extra = gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16)            # a (M, K), b (K, N)
+  out = gemm(a_t, b, transpose_a=True, ...)[0]             # a given as (K, M): the A tiles are read transposed
+  out = gemm(a, b_t, transpose_b=True, ...)[0]             # b given as (N, K)
+  y, r = gemm(x, w, fusion=Fusion(prologue_step=..., epilogue=..., outputs=...), arrays={...}, ...)
+
+One kernel launch, persistent: grid = one block per SM, each block walks the (cta_m, cta_n) output tiles in
+planar-snake order. A block has three warpgroups: two compute warpgroups, each owning a float32 (tile_m, tile_n)
+accumulator in registers (the CTA tile is two accumulators stacked along M or N: ``wg_split``), and one memory
+warpgroup issuing the TMA loads of the A and B tiles (and of the fusion's side inputs) ``num_stages`` steps ahead
+into swizzled shared memory (``emit_pipeline_warp_specialized``). Per output tile, in each compute warpgroup:
+  1. start: TMA prefetch of the fusion's tile inputs (its (tile_m, tile_n) tile of each, e.g. the x tile an
+     epilogue adds), and ``prologue_init`` (a carry: e.g. zeroed row sums, row vectors loaded from HBM);
+  2. K loop, per step of tile_k: wait for the step's tiles, issue wgmma (both operands from SMEM), then
+     ``prologue_step`` on the SMEM tiles of A and the side inputs while the tensor cores work, wait for the
+     wgmma (``delay_release``: keep one in flight), release the slot to the memory warpgroup;
+  3. epilogue(acc f32, carry) -> (the f32 tile to store, row vectors to store): the tile is cast to out_dtype,
+     written to SMEM in (epi_tile_m, epi_tile_n) pieces and each piece stored by TMA; row vectors (tile_m,) are
+     stored from registers into the fusion's outputs (1-D (M,) outputs from the first column block only; 2-D
+     (C, M) outputs get row ``col_block``, the warpgroup's tile_n column block).
+A hook never sees a partial tile: shapes must divide the CTA tile (``unsupported_reason``).
+
+The K loop (``config.pipeline``): "pallas" is jax's ``emit_pipeline_warp_specialized`` once per output tile (its
+memory warpgroup waits for the compute warpgroups to consume a tile's last stages before it loads the next tile's
+first ones); "pallas_steady" passes it START / STEADY / STOP so the loads of tile i+1 start as stages of tile i
+free up (needs k_iters % num_stages == 0 and no delay_release: else it runs as "pallas"); "own" is our loop
+(``gemm.specialized``), which does the same and can run the prologue in a dedicated fourth warpgroup
+(``prologue_wg="dedicated"``) that reads each stage beside the two MMA warpgroups and hands its row vectors to
+their epilogue through shared memory, so the hooks never stall wgmma issue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.gemm import specialized
+from pallas_kernels.gemm.config import PIPELINES, MosaicGemmConfig, smem_bytes, unsupported_reason
+
+__all__ = ["PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes", "unsupported_reason"]
+
+_F32 = jnp.float32
+_MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileContext:
+    """Where a compute warpgroup is, for the hooks (traced values; Python ints where static).
+
+    row0, col0: first output row / column of this warpgroup's (tile_m, tile_n) accumulator.
+    m_idx, n_idx: the CTA tile's indices; wg: the compute warpgroup (0 or 1); block_row0: row0 within the
+      block's (cta_m, cta_n) tile (wg · tile_m with wg_split "m", else 0); col_block: this accumulator's
+      tile_n column block in the output (n_idx · 2 + wg with wg_split "n", else n_idx).
+    refs: the fusion's inputs and outputs (GMEM refs) and scratch (SMEM refs), by name.
+    tiles: (epilogue only) this warpgroup's prefetched (tile_m, tile_n) SMEM tile of each tile input, by name.
+    step: (prologue only) the pipeline step: the A tile holds columns [step · tile_k, (step + 1) · tile_k).
+    """
+
+    row0: Any
+    col0: Any
+    m_idx: Any
+    n_idx: Any
+    wg: Any
+    block_row0: Any
+    col_block: Any
+    config: MosaicGemmConfig
+    refs: Mapping[str, Any]
+    tiles: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    step: Any = None
+
+    @property
+    def rows(self):
+        return pl.ds(self.row0, self.config.tile_m)
+
+    @property
+    def cols(self):
+        return pl.ds(self.col0, self.config.tile_n)
+
+    def load_rows(self, name: str) -> jax.Array:
+        """This accumulator's rows of the (M,) GMEM input ``name``, one value per row (layout ROWS)."""
+        return mu.load(self.refs[name].at[self.rows], layout=mu.ROWS, optimized=False)
+
+    def load_tile(self, name: str) -> jax.Array:
+        """The prefetched tile input ``name`` as a float32 (tile_m, tile_n) array in the accumulator layout."""
+        return mu.load(self.tiles[name], layout=mu.TILE).astype(_F32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    """What a fused GEMM adds to the plain one. Hooks run in each compute warpgroup; names refer to ``arrays``.
+
+    side_inputs: (M, K) arrays streamed through SMEM with A, tile by tile (not with transpose_a).
+    tile_inputs: (M, N) arrays whose (tile_m, tile_n) tile at each accumulator is prefetched for the epilogue.
+    inputs: other arrays the hooks read from GMEM themselves (row / column vectors).
+    outputs: (name, jax.ShapeDtypeStruct) the hooks or the epilogue's row vectors write.
+    scratch: (name, SMEM type) the hooks use; allocated once per block, shared by both compute warpgroups.
+    store_in: a tile input (of out_dtype) whose SMEM tile, once the epilogue has read it, receives the output tile
+      and is stored from there by one TMA copy: no separate output staging (saves 2 · 2 · epi pieces of SMEM).
+    prologue_init(ctx) -> carry; prologue_step(ctx, a_tile_ref, side_tile_refs, carry) -> carry: a_tile_ref is
+      this warpgroup's rows of the step's A tile (tile_m, tile_k) in SMEM, side_tile_refs the same of each side
+      input; called after the step's wgmma is issued.
+    epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
+    handoff_rows: with ``prologue_wg="dedicated"`` the prologue runs in its own warpgroup on the CTA's rows
+      (ctx.wg = 0) and its final carry, ``handoff_rows`` (tile_m,) float32 row vectors in any pytree, reaches the
+      epilogue through shared memory (``gemm.specialized``).
+    reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
+      hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
+    """
+
+    side_inputs: tuple[str, ...] = ()
+    tile_inputs: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[tuple[str, jax.ShapeDtypeStruct], ...] = ()
+    scratch: tuple[tuple[str, Any], ...] = ()
+    store_in: str | None = None
+    handoff_rows: int = 1
+    reduction_scratch_bytes: int = 0
+    prologue_init: Callable | None = None
+    prologue_step: Callable | None = None
+    epilogue: Callable | None = None
+
+
+def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
+         transpose_b: bool = False, fusion: Fusion | None = None, arrays: Mapping[str, jax.Array] | None = None,
+         num_sms: int | None = None, name: str = "mosaic_gemm") -> list[jax.Array]:
+    """[out (M, N) in out_dtype, *fusion outputs] of epilogue(A @ B) in one Mosaic-GPU kernel.
+
+    a: (M, K), or (K, M) with transpose_a; b: (K, N), or (N, K) with transpose_b; 16-bit floats of one dtype.
+    The shapes must satisfy ``unsupported_reason`` (checked here: ValueError). ``arrays`` holds the fusion's
+    named inputs. Runs on an sm90 GPU; lowers for CUDA anywhere."""
+    fusion = fusion or Fusion()
+    arrays = dict(arrays or {})
+    if mu.interpreting() and (transpose_a or transpose_b):  # the CPU interpreter reads no transposed SMEM refs
+        a, b = (a.T if transpose_a else a), (b.T if transpose_b else b)
+        transpose_a = transpose_b = False
+    M, K = a.shape[::-1] if transpose_a else a.shape
+    N = b.shape[0] if transpose_b else b.shape[1]
+    reason = unsupported_reason(M, N, K, config)
+    if reason:
+        raise ValueError(f"{name}: {reason}")
+    if fusion.side_inputs and transpose_a:
+        raise ValueError(f"{name}: side inputs stream with an untransposed A")
+    in_names = (*fusion.side_inputs, *fusion.tile_inputs, *fusion.inputs)
+    missing = [n for n in in_names if n not in arrays]
+    if missing:
+        raise ValueError(f"{name}: arrays is missing {missing}")
+    if fusion.store_in is not None and (fusion.store_in not in fusion.tile_inputs
+                                        or arrays[fusion.store_in].dtype != jnp.dtype(out_dtype)):
+        raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
+    shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
+                   (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs))
+    if config.pipeline == "own":
+        body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
+    else:
+        body, num_threads = functools.partial(_kernel_body, shape=shape), 3
+    call = mu.kernel(
+        body,
+        out_type=[jax.ShapeDtypeStruct((M, N), out_dtype), *[s for _, s in fusion.outputs]],
+        grid=(num_sms or mu.num_sms(),), grid_names=("sm",), num_threads=num_threads, thread_name="wg", name=name,
+        semantics=config.semantics, reduction_scratch_bytes=fusion.reduction_scratch_bytes)
+    return list(call(a, b, *[arrays[n] for n in in_names]))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """The static facts of one kernel, shared by both K loops (this module's and ``gemm.specialized``)."""
+
+    cfg: MosaicGemmConfig
+    fusion: Fusion
+    in_names: tuple
+    out_names: tuple
+    transposes: tuple
+    mnk: tuple
+    dtype: Any
+    out_dtype: Any
+    tile_dtypes: tuple
+
+    @property
+    def iters(self) -> tuple[int, int, int]:
+        """(m_iters, n_iters, k_iters): CTA tiles along M and N, pipeline steps along K."""
+        M, N, K = self.mnk
+        return M // self.cfg.cta_m, N // self.cfg.cta_n, K // self.cfg.tile_k
+
+    @property
+    def pieces(self) -> list:
+        cfg = self.cfg
+        return [(i, j) for i in range(cfg.tile_m // cfg.epi_tile_m) for j in range(cfg.tile_n // cfg.epi_tile_n)]
+
+    def operand_blocks(self) -> list:
+        """(block shape, K axis, (ref, m_idx, n_idx) -> the CTA's GMEM slice along all of K) of A, B and each side
+        input: a pipeline stage holds one block of each."""
+        cfg, (transpose_a, transpose_b) = self.cfg, self.transposes
+        cm, cn, tk = cfg.cta_m, cfg.cta_n, cfg.tile_k
+        if transpose_a:
+            a = ((tk, cm), 0, lambda ref, m, n: ref.at[:, pl.ds(m * cm, cm)])
+        else:
+            a = ((cm, tk), 1, lambda ref, m, n: ref.at[pl.ds(m * cm, cm)])
+        if transpose_b:
+            b = ((cn, tk), 1, lambda ref, m, n: ref.at[pl.ds(n * cn, cn)])
+        else:
+            b = ((tk, cn), 0, lambda ref, m, n: ref.at[:, pl.ds(n * cn, cn)])
+        side = ((cm, tk), 1, lambda ref, m, n: ref.at[pl.ds(m * cm, cm)])
+        return [a, b, *[side for _ in self.fusion.side_inputs]]
+
+    def scratch_types(self) -> dict:
+        """Shared memory besides the pipeline stages: output staging, prefetched tile inputs, the hooks' scratch."""
+        cfg, fusion = self.cfg, self.fusion
+        return dict(
+            out_smem=None if fusion.store_in else plgpu.SMEM(
+                (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
+                transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype)),
+            tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
+                       for n, d in zip(fusion.tile_inputs, self.tile_dtypes)},
+            tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs},
+            scratch=dict(fusion.scratch))
+
+    def split_refs(self, refs):
+        """The kernel's refs after A and B -> (named inputs, out, named outputs)."""
+        n_in = len(self.in_names)
+        return dict(zip(self.in_names, refs[:n_in])), refs[n_in], dict(zip(self.out_names, refs[n_in + 1:]))
+
+    def tile_context(self, lin, wg, refs_by_name) -> TileContext:
+        """Where compute warpgroup ``wg`` works on the lin-th CTA tile (planar-snake order)."""
+        cfg = self.cfg
+        m_iters, n_iters, _ = self.iters
+        m_idx, n_idx = plgpu.planar_snake(lin, (m_iters, n_iters), 1 if cfg.grid_minor == "n" else 0,
+                                          cfg.grid_tile_width)
+        wg_m, wg_n = (wg, 0) if cfg.wg_split == "m" else (0, wg)
+        return TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
+                           m_idx=m_idx, n_idx=n_idx, wg=wg, block_row0=wg_m * cfg.tile_m,
+                           col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name)
+
+    def issue_wgmma(self, acc_ref, a_smem, b_smem, wg) -> None:
+        """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory."""
+        cfg, (transpose_a, transpose_b) = self.cfg, self.transposes
+        wg_rows = pl.ds(wg * cfg.tile_m, cfg.tile_m) if cfg.wg_split == "m" else slice(None)
+        wg_cols = pl.ds(wg * cfg.tile_n, cfg.tile_n) if cfg.wg_split == "n" else slice(None)
+        a_op = a_smem.at[:, wg_rows].transpose((1, 0)) if transpose_a else a_smem.at[wg_rows]
+        b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
+        plgpu.wgmma(acc_ref, a_op, b_op)
+
+    def hook_rows(self, smem, wg):
+        """This warpgroup's rows of a (cta_m, tile_k) stage, for the prologue."""
+        cfg = self.cfg
+        return smem.at[pl.ds(wg * cfg.tile_m, cfg.tile_m)] if cfg.wg_split == "m" else smem
+
+    def start_tile(self, ctx: TileContext, named_in, scoped) -> None:
+        """At a tile's start in each compute warpgroup: TMA prefetch of the epilogue's tile inputs."""
+        if self.fusion.store_in is not None:  # the last tile's output has left the buffer we prefetch into
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        for n in self.fusion.tile_inputs:
+            plgpu.copy_gmem_to_smem(named_in[n].at[ctx.rows, ctx.cols], scoped["tile_smem"][n].at[ctx.wg],
+                                    scoped["tile_barriers"][n].at[ctx.wg])
+
+    def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped) -> None:
+        """After the K loop: the epilogue on the float32 accumulator, the output tile and row vectors stored."""
+        fusion, wg = self.fusion, ctx.wg
+        if self.cfg.delay_release:
+            plgpu.wgmma_wait(0)
+        acc = acc_ref[...]
+        for n in fusion.tile_inputs:
+            plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
+        rows_out = {}
+        if fusion.epilogue is not None:
+            tile_ctx = dataclasses.replace(ctx, tiles={n: scoped["tile_smem"][n].at[wg] for n in fusion.tile_inputs})
+            acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
+        if fusion.store_in is not None:
+            buffer = scoped["tile_smem"][fusion.store_in].at[wg]
+            buffer[...] = acc.astype(self.out_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
+        else:
+            _store_tile(acc.astype(self.out_dtype), scoped["out_smem"].at[wg], out_gmem, ctx, self.pieces)
+        for n, vec in rows_out.items():
+            _store_rows(vec, named_out[n], ctx)
+
+
+def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
+    """K loop "pallas" / "pallas_steady": jax's warp-specialized pipeline, once per output tile."""
+    cfg, fusion = shape.cfg, shape.fusion
+    named_in, out_gmem, named_out = shape.split_refs(refs)
+    m_iters, n_iters, k_iters = shape.iters
+    stages = min(cfg.num_stages, k_iters)
+    steady = cfg.pipeline == "pallas_steady" and k_iters % stages == 0 and cfg.delay_release == 0
+    transforms = mu.smem_transforms(cfg.tile_k, shape.dtype)  # every operand tile: swizzle of a tile_k-long row
+    index_maps = (lambda k: (k, 0), lambda k: (0, k))  # by the block's K axis
+    specs = [plgpu.BlockSpec(block, index_maps[k_axis], transforms=transforms, delay_release=cfg.delay_release)
+             for block, k_axis, _ in shape.operand_blocks()]
+
+    def pipeline(body, compute_context, state=None):
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(k_iters,), memory_registers=_MEMORY_REGISTERS, in_specs=specs, wg_axis="wg",
+            num_compute_wgs=2, max_concurrent_steps=stages, compute_context=compute_context, pipeline_state=state)
+
+    ignore = lambda *_, **__: None  # noqa: E731 - allocations do not depend on the body
+    side_gmem = [named_in[n] for n in fusion.side_inputs]
+
+    def scope(pipeline_allocs, **scoped):
+        wg = lax.axis_index("wg")
+        refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
+
+        @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+        def _tile_loop(loop_info):
+            ctx = shape.tile_context(loop_info.index[0], wg, refs_by_name)
+            state = None
+            if steady:  # the memory warpgroup loads the next tile's first stages while this one's last run
+                last = loop_info.local_index == loop_info.num_local_steps - 1
+                state = jnp.where(loop_info.local_index == 0, int(plgpu.PipelinePipeline.START),
+                                  jnp.where(last, int(plgpu.PipelinePipeline.STOP),
+                                            int(plgpu.PipelinePipeline.STEADY)))
+
+            def mma_body(idxs, a_smem, b_smem, *rest):
+                *side_smem, (acc_ref, carry) = rest
+                shape.issue_wgmma(acc_ref, a_smem, b_smem, wg)
+                if fusion.prologue_step is not None:
+                    carry = fusion.prologue_step(dataclasses.replace(ctx, step=idxs[0]), shape.hook_rows(a_smem, wg),
+                                                 [shape.hook_rows(s, wg) for s in side_smem], carry)
+                plgpu.wgmma_wait(cfg.delay_release)
+                return acc_ref, carry
+
+            def compute_context(eval_pipeline):
+                shape.start_tile(ctx, named_in, scoped)
+                carry0 = fusion.prologue_init(ctx) if fusion.prologue_init is not None else ()
+
+                def acc_scope(acc_ref):
+                    _, carry = eval_pipeline((acc_ref, carry0))
+                    shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped)
+
+                pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
+
+            gmem = [cta(ref, ctx.m_idx, ctx.n_idx)
+                    for ref, (_, _, cta) in zip((a_gmem, b_gmem, *side_gmem), shape.operand_blocks())]
+            pipeline(mma_body, compute_context, state)(*gmem, allocations=pipeline_allocs)
+            if steady:  # a block of one tile ran START only: await the releases its STOP would have awaited
+                @pl.when((wg == 2) & (loop_info.num_local_steps == 1))
+                def _quiesce():
+                    (consumed,) = pipeline_allocs["flat_consumed_barrier_refs"]
+                    for slot in range(stages):
+                        plgpu.barrier_wait(consumed.at[slot])
+
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # all stores have left shared memory before exit
+
+    pl.run_scoped(scope, pipeline_allocs=pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem, *side_gmem),
+                  **shape.scratch_types(), collective_axes="wg")
+
+
+def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:
+    """Stores a (tile_m, tile_n) register tile at the accumulator's place in out_gmem, piece by piece through two
+    alternating SMEM slots (a slot is reused once the store issued two pieces earlier has read it)."""
+    cfg = ctx.config
+    em, en = cfg.epi_tile_m, cfg.epi_tile_n
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    for p, (i, j) in enumerate(pieces):
+        slot = p % slots.shape[0]
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        slots[slot] = tile[i * em:(i + 1) * em, j * en:(j + 1) * en]
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(slots.at[slot],
+                                out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
+
+
+def _store_rows(vec: jax.Array, out_gmem, ctx: TileContext) -> None:
+    """Stores a (tile_m,) row vector straight from registers: into an (M,) output from the first column block
+    only (every column block computes the same values), into a (C, M) output at row ctx.col_block."""
+    if len(out_gmem.shape) == 1:
+        @pl.when(ctx.col_block == 0)
+        def _():
+            out_gmem.at[ctx.rows][...] = vec.astype(out_gmem.dtype)
+    else:
+        out_gmem.at[ctx.col_block, ctx.rows][...] = vec.astype(out_gmem.dtype)

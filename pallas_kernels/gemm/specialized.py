@@ -1,0 +1,215 @@
+"""Our own warp-specialized K loop for the GEMM core (``MosaicGemmConfig.pipeline == "own"``).
+
+Warpgroups of a block (``wg``): 0 and 1 issue wgmma (MMA), 2 issues the TMA loads (memory) and, with
+``prologue_wg="dedicated"`` and a ``Fusion.prologue_step``, 3 runs the prologue on each stage (prologue). Every
+warpgroup walks the same persistent sequence of CTA tiles (planar snake, ``_Shape.tile_context``); the global step
+g = local tile index · k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memory.
+
+  memory    per step: wait ``consumed[s]`` (from the second round of the stages on), TMA-load the step's A, B and
+            side-input blocks into stage s, signalling ``ready[s]``. It never waits for a tile to end: the next
+            tile's first blocks load as soon as the current tile's last stages are released.
+  MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
+            from shared memory), run the prologue here when it is not dedicated, ``wgmma_wait(delay_release)``,
+            arrive on ``consumed`` of the step whose wgmma is complete; then the epilogue (``_Shape.finish_tile``),
+            with the prologue's carry from ``handoff`` when it is dedicated.
+  prologue  per tile: ``prologue_init``; per step: wait ``ready[s]``, ``prologue_step`` on the stage's A (and side)
+            blocks, arrive on ``consumed[s]``; then writes its carry, ``Fusion.handoff_rows`` (tile_m,) float32 row
+            vectors, into ``handoff`` and arrives on ``handoff_full``; the MMA warpgroups wait for it only before
+            their epilogue and arrive on ``handoff_free`` after it, which the prologue awaits before it writes the
+            next tile's (one slot: the next tile's prologue ends with that tile's K loop, long after).
+``consumed[s]`` counts one arrival per consumer warpgroup (2, or 3 with the prologue): a stage is refilled only
+when every consumer has read it. Registers per thread (setmaxnreg, 512 per lane in all): memory 40, MMA
+``mma_registers`` (default 232 with three warpgroups, 208 with four), the prologue warpgroup the rest (56).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels import mosaic_utils as mu
+
+__all__ = ["kernel_body", "num_threads", "registers"]
+
+_F32 = jnp.float32
+_MEMORY_REGISTERS = 40
+_MEMORY_WG, _PROLOGUE_WG = 2, 3
+
+
+def dedicated(shape) -> bool:
+    """Whether the kernel runs its prologue in a fourth warpgroup."""
+    return shape.cfg.prologue_wg == "dedicated" and shape.fusion.prologue_step is not None
+
+
+def num_threads(shape) -> int:
+    """Warpgroups of one block: 3, or 4 with a dedicated prologue warpgroup."""
+    return 4 if dedicated(shape) else 3
+
+
+def registers(shape) -> tuple[int, int, int]:
+    """(MMA, memory, prologue) registers per thread; they add up to 512 per lane across the warpgroups."""
+    mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 232)
+    prologue = 512 - 2 * mma - _MEMORY_REGISTERS if dedicated(shape) else 0
+    if dedicated(shape) and prologue < 24:
+        raise ValueError(f"mma_registers={mma} leaves the prologue warpgroup {prologue} registers (needs >= 24)")
+    return mma, _MEMORY_REGISTERS, prologue
+
+
+def kernel_body(a_gmem, b_gmem, *refs, shape):
+    """The kernel (``plgpu.kernel`` body) of one fused GEMM, ``shape`` a ``gemm.mosaic._Shape``."""
+    cfg, fusion = shape.cfg, shape.fusion
+    named_in, out_gmem, named_out = shape.split_refs(refs)
+    m_iters, n_iters, k_iters = shape.iters
+    num_stages = min(cfg.num_stages, k_iters)
+    has_prologue_wg = dedicated(shape)
+    mma_registers, memory_registers, prologue_registers = registers(shape)
+    blocks = shape.operand_blocks()
+    gmem = (a_gmem, b_gmem, *[named_in[n] for n in fusion.side_inputs])
+    transforms = mu.smem_transforms(cfg.tile_k, shape.dtype)
+    scoped_types = dict(
+        stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
+                for ref, (block, _, _) in zip(gmem, blocks)],
+        ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=num_stages),
+        consumed=plgpu.Barrier(num_arrivals=2 + has_prologue_wg, num_barriers=num_stages),
+        **shape.scratch_types())
+    if has_prologue_wg:
+        scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.tile_m), _F32),
+                            handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
+
+    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
+        wg = lax.axis_index("wg")
+        refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
+        carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
+
+        def each_tile(body):
+            @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+            def _tile_loop(loop_info):
+                body(loop_info.index[0], loop_info.local_index, loop_info.num_local_steps)
+
+        def drain(barrier, local, num_local, uses_per_tile, num_slots, slot_of_use):
+            """In the block's last tile: wait for the last completions of ``barrier`` that no later wait observes
+            (the last num_slots uses), so that no barrier is left mid-phase at exit."""
+            @pl.when(local == num_local - 1)
+            def _drain():
+                total = num_local * uses_per_tile
+                for j in range(num_slots):
+                    @pl.when(total - num_slots + j >= 0)
+                    def _wait():
+                        plgpu.barrier_wait(barrier if num_slots == 1 else
+                                           barrier.at[slot_of_use(total - num_slots + j)])
+
+        def slot_of(local, k):
+            return lax.rem(local * k_iters + k, num_stages)
+
+        @pl.when(wg == _MEMORY_WG)
+        def _memory():
+            plgpu.set_max_registers(memory_registers, action="decrease")
+
+            @each_tile
+            def _(lin, local, num_local):
+                ctx = shape.tile_context(lin, 0, refs_by_name)
+                ctas = [cta(ref, ctx.m_idx, ctx.n_idx) for ref, (_, _, cta) in zip(gmem, blocks)]
+
+                def step(k, _):
+                    slot = slot_of(local, k)
+
+                    @pl.when(local * k_iters + k >= num_stages)
+                    def _wait_free():
+                        plgpu.barrier_wait(consumed.at[slot])
+
+                    ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
+                    for ref, smem, (_, k_axis, _) in zip(ctas, stages, blocks):
+                        plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks], smem.at[slot],
+                                                ready.at[slot])
+                    return ()
+
+                lax.fori_loop(0, k_iters, step, ())
+                drain(consumed, local, num_local, k_iters, num_stages, lambda g: lax.rem(g, num_stages))
+
+        if has_prologue_wg:
+            @pl.when(wg == _PROLOGUE_WG)
+            def _prologue():
+                plgpu.set_max_registers(prologue_registers, action="decrease")
+
+                @each_tile
+                def _(lin, local, num_local):
+                    ctx = shape.tile_context(lin, 0, refs_by_name)
+                    carry0 = fusion.prologue_init(ctx) if fusion.prologue_init is not None else ()
+
+                    def step(k, carry):
+                        slot = slot_of(local, k)
+                        plgpu.barrier_wait(ready.at[slot])
+                        carry = fusion.prologue_step(dataclasses.replace(ctx, step=k), stages[0].at[slot],
+                                                     [s.at[slot] for s in stages[2:]], carry)
+                        plgpu.barrier_arrive(consumed.at[slot])
+                        return carry
+
+                    leaves, tree = jax.tree.flatten(lax.fori_loop(0, k_iters, step, carry0))
+                    if len(leaves) != fusion.handoff_rows:
+                        raise ValueError(f"Fusion.handoff_rows={fusion.handoff_rows}, but the prologue's carry "
+                                         f"holds {len(leaves)} arrays")
+                    carry_tree[:] = [tree]
+
+                    @pl.when(local >= 1)
+                    def _wait_read():  # the MMA warpgroups have read what the previous tile left here
+                        plgpu.barrier_wait(handoff_free)
+
+                    for i, vec in enumerate(leaves):
+                        handoff.at[i][...] = vec.astype(_F32)
+                    plgpu.barrier_arrive(handoff_full)
+                    drain(handoff_free, local, num_local, 1, 1, lambda t: None)
+
+        @pl.when(wg < 2)
+        def _mma():
+            plgpu.set_max_registers(mma_registers, action="increase")
+
+            @each_tile
+            def _(lin, local, num_local):
+                del num_local
+                ctx = shape.tile_context(lin, wg, refs_by_name)
+                shape.start_tile(ctx, named_in, scoped)
+                in_mma = fusion.prologue_init is not None and not has_prologue_wg
+                carry0 = fusion.prologue_init(ctx) if in_mma else ()
+
+                def acc_scope(acc_ref):
+                    def step(k, carry):
+                        acc_ref, hook_carry = carry
+                        slot = slot_of(local, k)
+                        plgpu.barrier_wait(ready.at[slot])
+                        shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
+                        if fusion.prologue_step is not None and not has_prologue_wg:
+                            hook_carry = fusion.prologue_step(
+                                dataclasses.replace(ctx, step=k), shape.hook_rows(stages[0].at[slot], wg),
+                                [shape.hook_rows(s.at[slot], wg) for s in stages[2:]], hook_carry)
+                        plgpu.wgmma_wait(cfg.delay_release)
+                        if cfg.delay_release:  # the previous step's wgmma is complete
+
+                            @pl.when(k > 0)
+                            def _release_previous():
+                                plgpu.barrier_arrive(consumed.at[slot_of(local, k + num_stages - 1)])
+                        else:
+                            plgpu.barrier_arrive(consumed.at[slot])
+                        return acc_ref, hook_carry
+
+                    _, hook_carry = lax.fori_loop(0, k_iters, step, (acc_ref, carry0))
+                    if cfg.delay_release:
+                        plgpu.wgmma_wait(0)
+                        plgpu.barrier_arrive(consumed.at[slot_of(local, k_iters - 1)])
+                    if has_prologue_wg:
+                        plgpu.barrier_wait(handoff_full)
+                        hook_carry = carry_tree[0].unflatten([mu.load(handoff.at[i], layout=mu.ROWS, optimized=False)
+                                                              for i in range(fusion.handoff_rows)])
+                    shape.finish_tile(ctx, acc_ref, hook_carry, out_gmem, named_out, scoped)
+                    if has_prologue_wg:
+                        plgpu.barrier_arrive(handoff_free)
+
+                pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
+
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # all stores have left shared memory before exit
+
+    pl.run_scoped(scope, **scoped_types, collective_axes="wg")

@@ -1,0 +1,153 @@
+"""Small helpers shared by the Pallas Mosaic-GPU (Hopper) kernels, and the one jax-version shim.
+
+  from pallas_kernels import mosaic_utils as mu
+  call = mu.kernel(body, out_type=..., grid=(mu.num_sms(),), grid_names=("sm",), num_threads=3,
+                   thread_name="wg", name="gemm")             # Lane lowering semantics, set explicitly
+  tile = mu.load(x_smem, layout=mu.TILE)                       # a tile in the wgmma accumulator layout
+  rows = mu.load(r_gmem.at[pl.ds(m0, 128)], layout=mu.ROWS, optimized=False)   # one value per accumulator row
+  transforms = mu.smem_transforms(64, jnp.bfloat16)            # (8, 64) tiling + 128-byte swizzle for TMA/wgmma
+
+One source runs on jax 0.10.2 (CPU, CI: lowering only) and 0.11.2 (the H100). What differs between them and
+is used here, handled in this module only:
+  - ``plgpu.load(ref, idx, *, layout)``: 0.10.2 requires ``idx``; 0.11 deprecates it (index the ref with
+    ``ref.at[...]`` first). ``load`` passes ``()`` only where the signature has no default for it.
+  - ``CompilerParams.lowering_semantics`` defaults to Lane in 0.10.2 and Warpgroup in 0.11: ``compiler_params``
+    always sets it, Lane unless asked (explicit layouts: ``TILE``, ``ROWS``, ``COLS``; the layouts are hints under
+    Warpgroup semantics, which infers them: ``semantics="warpgroup"``, what jax's Hopper GEMM example uses).
+  - ``plgpu.kernel`` takes ``out_type=`` / ``scratch_types=`` (0.11.2 removed ``out_shape``); both versions
+    take ``kernel_name``.
+  - GPU interpret mode (kernels run on the CPU, threads and shared memory simulated): ``InterpretGPUParams`` is
+    private in 0.10.2 (``jax._src.pallas.mosaic_gpu.interpret``) and ``plgpu.InterpretGPUParams`` in 0.11. It
+    implements neither ``plgpu.load`` nor ``layout_cast``, and 0.10.2's cannot feed a transposed ref to wgmma:
+    inside ``interpret_on_cpu()`` (tests, small shapes) ``load`` and ``layout_cast`` here become plain reads /
+    no-ops, which is all the layouts mean there, and callers materialize transposed operands (``interpreting``).
+Everything else used by the kernels (``emit_pipeline_warp_specialized``, ``nd_loop``, ``planar_snake``, ``wgmma``,
+``ref.transpose``, TMA copies, barriers) has the same signature in both versions (0.11 deprecates
+``plgpu.transpose_ref``: the kernels call ``ref.transpose(...)``).
+
+Nothing here is kernel-specific; no import-time side effects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+__all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
+           "interpreting", "is_hopper", "kernel", "layout_cast", "load", "num_sms", "smem_transforms"]
+
+# Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
+# row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
+TILE = plgpu.Layout.WGMMA
+ROWS = plgpu.Layout.WGMMA.reduce(1)
+COLS = plgpu.Layout.WGMMA.reduce(0)
+
+H100_SMS = 132  # streaming multiprocessors of an H100 SXM: the persistent grid when lowering without a GPU
+H100_SMEM_BYTES = 227 * 1024  # shared memory one block may use on sm90 (232448 bytes)
+
+# Number of simulated SMs while interpreting on the CPU (None: compile for the GPU).
+_INTERPRET_SMS = contextvars.ContextVar("pallas_kernels_mosaic_interpret_sms", default=None)
+
+
+@contextlib.contextmanager
+def interpret_on_cpu(num_sms: int = 2):
+    """Within this block, Mosaic kernels built with ``kernel`` run in GPU interpret mode on ``num_sms`` simulated
+    SMs (a persistent grid that small still walks several tiles per block). Slow: for tests at small shapes."""
+    token = _INTERPRET_SMS.set(num_sms)
+    try:
+        yield
+    finally:
+        _INTERPRET_SMS.reset(token)
+
+
+def _interpret_params():
+    params = getattr(plgpu, "InterpretGPUParams", None)
+    if params is None:  # jax 0.10.x
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params
+    return params()
+
+
+@functools.lru_cache(maxsize=None)
+def _load_needs_index() -> bool:
+    """True on jax 0.10.x, where ``plgpu.load``'s ``idx`` argument has no default."""
+    idx = inspect.signature(plgpu.load).parameters["idx"]
+    return idx.default is inspect.Parameter.empty
+
+
+def load(ref, *, layout=None, optimized: bool = True) -> jax.Array:
+    """The whole of ``ref`` as a register array in ``layout``. SMEM tiles load with vectorized (optimized)
+    transfers; pass ``optimized=False`` for GMEM refs (row / column vectors), which Mosaic reads element-wise."""
+    if _INTERPRET_SMS.get() is not None:
+        return ref[...]
+    if optimized and layout is not None:  # a read of the ref that Lane lowering gives the layout that follows it
+        return plgpu.layout_cast(ref[...], layout)
+    if _load_needs_index():
+        return plgpu.load(ref, (), layout=layout, optimized=optimized)
+    return plgpu.load(ref, layout=layout, optimized=optimized)
+
+
+def interpreting() -> bool:
+    """Whether kernels built now run in GPU interpret mode (inside ``interpret_on_cpu``)."""
+    return _INTERPRET_SMS.get() is not None
+
+
+def layout_cast(value: jax.Array, layout) -> jax.Array:
+    """``plgpu.layout_cast`` (a no-op under ``interpret_on_cpu``)."""
+    if _INTERPRET_SMS.get() is not None:
+        return value
+    return plgpu.layout_cast(value, layout)
+
+
+SEMANTICS = ("lane", "warpgroup")
+
+
+def compiler_params(semantics: str = "lane", **kwargs) -> plgpu.CompilerParams:
+    """Mosaic-GPU compiler parameters with the lowering semantics set explicitly (the default changed in 0.11):
+    ``semantics`` "lane" (default) or "warpgroup"."""
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics: must be one of {SEMANTICS}, got {semantics!r}")
+    mode = plgpu.LoweringSemantics.Lane if semantics == "lane" else plgpu.LoweringSemantics.Warpgroup
+    return plgpu.CompilerParams(lowering_semantics=mode, **kwargs)
+
+
+def kernel(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, thread_name, name: str,
+           semantics: str = "lane", **params):
+    """``plgpu.kernel`` with the arguments both supported jax versions accept; ``semantics`` and ``params`` go to
+    ``compiler_params``."""
+    interpret = _interpret_params() if _INTERPRET_SMS.get() is not None else None
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names,
+                        num_threads=num_threads, thread_name=thread_name,
+                        compiler_params=compiler_params(semantics, **params), kernel_name=name, interpret=interpret)
+
+
+def is_hopper(device=None) -> bool:
+    """Whether ``device`` (default: the first device) is an NVIDIA GPU of compute capability 9.x (sm90)."""
+    device = jax.devices()[0] if device is None else device
+    if device.platform != "gpu":
+        return False
+    return str(getattr(device, "compute_capability", "")).startswith("9")
+
+
+def num_sms() -> int:
+    """SMs of the default GPU (the size of a persistent grid); the H100's 132 when there is no GPU (lowering for
+    CUDA on a CPU machine); the simulated count under ``interpret_on_cpu``."""
+    if _INTERPRET_SMS.get() is not None:
+        return _INTERPRET_SMS.get()
+    device = jax.devices()[0]
+    if device.platform == "gpu":
+        return int(device.core_count)
+    return H100_SMS
+
+
+def smem_transforms(minor_elems: int, dtype) -> tuple:
+    """TMA/wgmma shared-memory transforms for a tile whose minor (contiguous) dimension is ``minor_elems`` long:
+    (8, s) tiling and an s-element swizzle, s = the largest swizzle (32, 64 or 128 bytes) the minor dim fills."""
+    itemsize = jnp.dtype(dtype).itemsize
+    swizzle = plgpu.find_swizzle(minor_elems * itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle)

@@ -1,0 +1,245 @@
+"""pallas_kernels.gemm: the Mosaic-GPU GEMM core. Config and shape errors and the lowered structure on any machine;
+numbers against a float32 product on an sm90 GPU, and (slow) in GPU interpret mode on the CPU at tiny shapes."""
+
+import dataclasses
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hlo_inspect import mosaic_ir
+from pallas_kernels import mosaic_utils
+from pallas_kernels.gemm import MosaicGemmConfig, default_config, matmul, smem_bytes
+
+ON_SM90 = mosaic_utils.is_hopper()
+gpu_only = pytest.mark.skipif(not ON_SM90, reason="Mosaic-GPU kernels run on an sm90 GPU")
+cpu_only = pytest.mark.skipif(jax.default_backend() == "gpu", reason="structure / interpret-mode checks")
+S = jax.ShapeDtypeStruct
+SUITE_SHAPES = [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144), (16384, 1024, 5504)]  # (M, K, N)
+_KEYS = itertools.count(7000)
+_BASE_TOL = {jnp.bfloat16: 1e-2, jnp.float16: 2e-3}  # relative, at K = 1024; grows with sqrt(K)
+
+
+def _key():
+    return jax.random.key(next(_KEYS))
+
+
+def _rel_err(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+
+
+def _tol(dtype, K):
+    return _BASE_TOL[dtype] * max(1.0, math.sqrt(K / 1024))
+
+
+def _operands(M, K, N, dtype):
+    a = jax.random.normal(_key(), (M, K), jnp.float32).astype(dtype)
+    b = (jax.random.normal(_key(), (K, N), jnp.float32) * K**-0.5).astype(dtype)
+    return a, b
+
+
+def _f32_product(a, b):
+    return jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("field, value", [("tile_m", 96), ("tile_n", 512), ("tile_k", 24), ("num_stages", 1),
+                                          ("wg_split", "k"), ("epi_tile_m", 32), ("epi_tile_n", 48),
+                                          ("grid_minor", "x"), ("grid_tile_width", 0), ("delay_release", 2),
+                                          ("semantics", "warp"), ("pipeline", "cutlass"), ("prologue_wg", "memory"),
+                                          ("mma_registers", 236)])
+def test_config_rejects_a_bad_field_by_name(field, value):
+    with pytest.raises(ValueError, match=f"MosaicGemmConfig.{field}"):
+        MosaicGemmConfig(**{field: value})
+
+
+def test_config_rejects_an_accumulator_beyond_the_register_file():
+    with pytest.raises(ValueError, match="128x256"):
+        MosaicGemmConfig(tile_m=256, tile_n=256)
+
+
+@pytest.mark.parametrize("shape_a, shape_b, message", [
+    ((1024, 4100), (4100, 1024), "K=4100 is not a positive multiple of tile_k=64"),
+    ((100, 512), (512, 1024), "M=100 is not a positive multiple of the rows of a block's output tile"),
+    ((1024, 512), (512, 1000), "N=1000 is not a positive multiple of the columns"),
+])
+def test_shapes_that_do_not_tile_are_a_value_error_naming_the_constraint(shape_a, shape_b, message):
+    a, b = S(shape_a, jnp.bfloat16), S(shape_b, jnp.bfloat16)
+    with pytest.raises(ValueError, match=message):
+        jax.eval_shape(lambda a, b: matmul(a, b, config=MosaicGemmConfig()), a, b)
+
+
+@pytest.mark.parametrize("a, b, message", [
+    (S((128, 64), jnp.float32), S((64, 128), jnp.float32), "a: dtype float32 not supported"),
+    (S((128, 64), jnp.bfloat16), S((64, 128), jnp.float16), "b: dtype float16 must equal a's dtype bfloat16"),
+    (S((128, 64), jnp.bfloat16), S((128, 128), jnp.bfloat16), "b: contraction size 128"),
+    (S((128, 64, 1), jnp.bfloat16), S((64, 128), jnp.bfloat16), "a: expected a 2-D array"),
+])
+def test_bad_operands_are_a_value_error_naming_the_argument(a, b, message):
+    with pytest.raises(ValueError, match=message):
+        jax.eval_shape(matmul, a, b)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Structure (lowered for CUDA; no GPU needed)
+# ---------------------------------------------------------------------------------------------------------------
+@cpu_only
+@pytest.mark.parametrize("M, K, N", SUITE_SHAPES)
+def test_default_configs_lower_at_the_suite_shapes_within_shared_memory(M, K, N):
+    config = default_config(M, N, K)
+    (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b), S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
+    assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    assert abs(k.smem_bytes - smem_bytes(config, jnp.bfloat16, jnp.bfloat16)) < 4096  # barriers, reduction scratch
+    shape = f"m64n{config.tile_n}k16"
+    assert k.wgmma() == {f"{shape} f32 += bf16 x bf16": (config.tile_m // 64) * (config.tile_k // 16)}
+    assert k.tma_loads() >= 2 and k.tma_stores() >= 1
+
+
+def test_a_dedicated_prologue_warpgroup_needs_our_pipeline_and_shared_rows():
+    with pytest.raises(ValueError, match="prologue_wg"):
+        MosaicGemmConfig(prologue_wg="dedicated")  # jax's pipeline has no fourth warpgroup
+    with pytest.raises(ValueError, match="prologue_wg"):
+        MosaicGemmConfig(prologue_wg="dedicated", pipeline="own", wg_split="m")
+    MosaicGemmConfig(prologue_wg="dedicated", pipeline="own", wg_split="n")
+
+
+@cpu_only
+@pytest.mark.parametrize("fields", [dict(pipeline="pallas_steady"), dict(pipeline="own"),
+                                    dict(pipeline="own", delay_release=1), dict(semantics="warpgroup"),
+                                    dict(semantics="warpgroup", pipeline="own")])
+def test_every_k_loop_lowers_at_the_largest_suite_shape_within_shared_memory(fields):
+    M, K, N = SUITE_SHAPES[0]
+    config = dataclasses.replace(default_config(M, N, K), **fields)
+    (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
+                                   S((K, N), jnp.bfloat16))
+    assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == 3
+    assert k.wgmma() == {"m64n128k16 f32 += bf16 x bf16": 8}
+    # TMA loads in the program text: ours issues one per operand per step; jax's unrolls its prologue of
+    # num_stages steps, unless it runs under START/STEADY/STOP (then its prologue's trip count is dynamic)
+    expected = dict(own=2, pallas_steady=4, pallas=2 * (config.num_stages + 1))[config.pipeline]
+    assert k.tma_loads() == expected
+
+
+@cpu_only
+def test_under_warpgroup_semantics_the_plain_kernel_is_jax_hopper_example_op_for_op():
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as example
+
+    a, b = S((4096, 1024), jnp.bfloat16), S((1024, 4096), jnp.bfloat16)
+    ours = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=MosaicGemmConfig(semantics="warpgroup")), a, b)
+    tuning = example.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(example, "get_num_sms", lambda: mosaic_utils.H100_SMS)
+        theirs = mosaic_ir.lower_kernels(lambda a, b: example.matmul(a, b, None, tuning), a, b)
+    ops, their_ops = ours[0].op_counts(), theirs[0].op_counts()
+    for op in ("nvvm.cp.async.bulk.tensor.shared.cluster.global", "nvvm.cp.async.bulk.tensor.global.shared.cta",
+               "nvvm.mbarrier.init", "nvvm.mbarrier.try_wait.parity", "nvvm.wgmma.fence.aligned",
+               "nvvm.wgmma.commit.group.sync.aligned", "nvvm.cp.async.bulk.wait_group", "scf.for", "llvm.load"):
+        assert ops.get(op, 0) == their_ops.get(op, 0), op
+    assert ours[0].wgmma() == theirs[0].wgmma() and ours[0].smem_bytes == theirs[0].smem_bytes
+    # one more wgmma wait: the epilogue's wgmma_wait(0) (needed after delay_release=1 only)
+    assert ops["nvvm.wgmma.wait.group.sync.aligned"] <= their_ops["nvvm.wgmma.wait.group.sync.aligned"] + 1
+
+
+@cpu_only
+def test_transposed_operands_are_read_transposed_not_copied():
+    a_t, b, b_t = S((512, 1024), jnp.bfloat16), S((512, 1024), jnp.bfloat16), S((1024, 512), jnp.bfloat16)
+    program = jax.jit(lambda a_t, b_t: matmul(a_t, b_t, transpose_a=True, transpose_b=True)).trace(
+        a_t, b_t).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.transpose" not in program  # the kernel reads both as stored
+    (k,) = mosaic_ir.lower_kernels(lambda a_t, b: matmul(a_t, b, transpose_a=True), a_t, b)
+    assert k.wgmma() == {"m64n128k16 f32 += bf16 x bf16": 8}
+    del b_t
+
+
+@cpu_only
+def test_gradients_are_two_more_gemms_without_transposes():
+    def fwd_bwd(a, b, g):
+        c, vjp = jax.vjp(matmul, a, b)
+        return c, vjp(g)
+
+    args = (S((1024, 512), jnp.bfloat16), S((512, 1024), jnp.bfloat16), S((1024, 1024), jnp.bfloat16))
+    kernels = mosaic_ir.lower_kernels(fwd_bwd, *args)
+    assert [k.name for k in kernels] == ["mosaic_matmul", "mosaic_matmul_da", "mosaic_matmul_db"]
+    program = jax.jit(fwd_bwd).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.transpose" not in program
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numbers: sm90 GPU (real and odd tile-multiple shapes); CPU interpret mode (slow, tiny shapes)
+# ---------------------------------------------------------------------------------------------------------------
+def _check_product(M, K, N, dtype, transpose_a=False, transpose_b=False, config=None):
+    a, b = _operands(M, K, N, dtype)
+    got = jax.jit(lambda a, b: matmul(a.T if transpose_a else a, b.T if transpose_b else b, config=config,
+                                      transpose_a=transpose_a, transpose_b=transpose_b))(a, b)
+    assert got.shape == (M, N) and got.dtype == dtype
+    err = _rel_err(got, _f32_product(a, b))
+    assert err <= _tol(dtype, K), err  # NaN fails
+
+
+def _check_grads(M, K, N, dtype, config=None):
+    a, b = _operands(M, K, N, dtype)
+    g = jax.random.normal(_key(), (M, N), jnp.float32).astype(dtype)
+    _, vjp = jax.vjp(lambda a, b: matmul(a, b, config=config), a, b)
+    da, db = jax.jit(vjp)(g)
+    _, vjp_ref = jax.vjp(_f32_product, a.astype(jnp.float32), b.astype(jnp.float32))
+    da_ref, db_ref = vjp_ref(g.astype(jnp.float32))
+    assert _rel_err(da, da_ref) <= _tol(dtype, N) and _rel_err(db, db_ref) <= _tol(dtype, M)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, dtype", [(4096, 4096, 4096, jnp.bfloat16), (1280, 640, 384, jnp.bfloat16),
+                                            (384, 4160, 1152, jnp.float16)])
+def test_product_on_the_gpu(M, K, N, dtype):
+    _check_product(M, K, N, dtype)
+
+
+@gpu_only
+@pytest.mark.parametrize("transpose_a, transpose_b", [(True, False), (False, True), (True, True)])
+def test_transposed_reads_on_the_gpu(transpose_a, transpose_b):
+    _check_product(1024, 768, 1280, jnp.bfloat16, transpose_a, transpose_b)
+
+
+@gpu_only
+def test_gradients_on_the_gpu():
+    _check_grads(1024, 512, 768, jnp.bfloat16, MosaicGemmConfig(tile_m=64, tile_n=128, wg_split="m"))
+
+
+@gpu_only
+def test_nan_in_an_operand_reaches_the_output():
+    a, b = _operands(256, 256, 256, jnp.bfloat16)
+    got = jax.jit(matmul)(a.at[3, 5].set(jnp.nan), b)
+    assert bool(jnp.all(jnp.isnan(got[3]))) and not bool(jnp.any(jnp.isnan(got[4:])))
+
+
+_TINY = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=32, num_stages=2, epi_tile_n=32)
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("transpose_a, transpose_b", [(False, False), (True, True)])
+def test_product_in_interpret_mode(transpose_a, transpose_b):
+    with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 4 output tiles
+        _check_product(128, 96, 256, jnp.bfloat16, transpose_a, transpose_b, config=_TINY)
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", [dict(pipeline="own"), dict(pipeline="own", delay_release=1),
+                                    dict(pipeline="pallas_steady")])
+@pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile (its loop starts and stops there)
+def test_every_k_loop_in_interpret_mode(fields, num_sms):
+    with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles
+        _check_product(128, 128, 256, jnp.bfloat16, config=dataclasses.replace(_TINY, **fields))
+
+
+@cpu_only
+@pytest.mark.slow
+def test_gradients_in_interpret_mode():
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _check_grads(128, 128, 128, jnp.float16, config=_TINY)
