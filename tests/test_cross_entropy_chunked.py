@@ -213,6 +213,26 @@ def test_temporary_memory_is_one_chunk_of_logits():
     assert (Hm, Vm) in shapes and (Bm, Vm) not in shapes and (chunk, Vm) in shapes
 
 
+def test_lowers_for_gpu_with_dlogits_over_the_logits():
+    """Lowered for CUDA on any machine: value-and-grad has one row kernel per step kind (the peeled last chunk and
+    the loop), each a Triton kernel with two vocabulary loops and no dot, writing dlogits over its logits input."""
+    from hlo_inspect import triton_ir
+    from pallas_kernels import triton_utils
+
+    Bg, Hg, Vg = 300, 256, 5003
+    h, w, labels = (jax.ShapeDtypeStruct((Bg, Hg), jnp.bfloat16), jax.ShapeDtypeStruct((Hg, Vg), jnp.bfloat16),
+                    jax.ShapeDtypeStruct((Bg,), jnp.int32))
+    config = dataclasses.replace(chunked.default_config(Bg, Hg, Vg, jnp.bfloat16, on_gpu=True), chunk_rows=128)
+    fn = jax.value_and_grad(lambda h, w, y: chunked.linear_cross_entropy(
+        h, w, y, reduction="mean", ignore_index=-100, z_loss=0.0, logit_soft_cap=None, config=config), argnums=(0, 1))
+    with triton_utils.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+        found = triton_ir.lower_kernels(fn, h, w, labels)
+        text = jax.jit(fn).trace(h, w, labels).lower(lowering_platforms=("cuda",)).as_text()
+    assert [k.name for k in found] == ["chunked_cross_entropy_rows"] * 2
+    assert all("2 loops" in k.summary() and "0 dots" in k.summary() for k in found)
+    assert text.count("output_operand_alias<output_tuple_indices = [0], operand_index = 0") == 2
+
+
 # ------------------------------------------------------------------------------------------------ config
 def test_chunk_rule_keeps_logits_under_the_memory_bound():
     """At the issue's shapes Bc is 1024, 512 and 2048 (8 chunks each); one chunk's bf16 logits stay under 4.5% of
