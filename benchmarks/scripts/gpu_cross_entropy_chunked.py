@@ -3,20 +3,27 @@ today's Triton kernel, with temporary memory, errors against the float32 referen
 
     PYTHONPATH=$PWD python benchmarks/scripts/gpu_cross_entropy_chunked.py --out $OUT [--budget-s 170]
     PYTHONPATH=$PWD python benchmarks/scripts/gpu_cross_entropy_chunked.py --out /tmp/x --small   # CPU check
+    ... --steps rows,shapes --shapes 8k_128k,4k_256k --reference xla    # row tiles, then the best of them
 
-1. Correctness at 1000×512×32003 (GPU; --small: 70×32×300): mean with z_loss and soft cap (bf16), none with soft
+Steps (--steps, default checks,shapes,sweep; each optional one starts only while --budget-s lasts):
+
+checks. Correctness at 1000×512×32003 (GPU; --small: 70×32×300): mean with z_loss and soft cap (bf16), none with soft
    cap (bf16), sum with z_loss (float32), every 7th row ignored, in 256-row chunks (four, the last sharing 24 rows):
    loss (both paths), dh, dw against the reference under jax.vjp with a random cotangent.
-2. At 8192×4096×128256, 4096×2048×256000 and 16384×4096×32000 (bf16, mean over all rows, the suite's inputs):
+shapes. At 8192×4096×128256, 4096×2048×256000 and 16384×4096×32000 (bf16, mean over all rows, the suite's inputs):
    "xla" (``jaxfuse.kernels.plain_cross_entropy``), "chunked" (this backend, default config) and "pallas_triton"
    (today's ``pallas_kernels.linear_cross_entropy``), modes "fwd" (``jit(loss)``) and "fwd+bwd"
    (``jit(value_and_grad(loss, argnums=(0, 1)))``: loss and both gradients), each checked against the float32
    reference before it is timed (CUPTI device-kernel time, median), temp memory from ``memory_analysis()``, and the
    time split into GEMMs, the row kernel and the rest. "pallas_triton" is skipped once half the budget is spent.
-3. The optimized HLO of "chunked" fwd+bwd at 8192×4096×128256: its GEMMs (cuBLAS or Triton), where they run, and
+   The optimized HLO of "chunked" fwd+bwd at 8192×4096×128256: its GEMMs (cuBLAS or Triton), where they run, and
    the dw GEMM's beta (1: XLA folded the accumulation into the GEMM).
-4. While --budget-s lasts, a sweep at 8192×4096×128256 (fwd+bwd; fwd too for row-kernel tiles): float32 dw
-   accumulation, chunk rows, the XLA row pass, float32 logits, row-kernel tiles.
+sweep. While --budget-s lasts, a sweep at the first shape (fwd+bwd; fwd too for row-kernel tiles): the XLA row
+   pass, float32 dw accumulation, chunk rows, float32 logits, row-kernel tiles.
+rows. The row kernel alone on random (Bc, V) logits of each shape's chunk, for a few tiles, each checked against
+   the default tiles' outputs; the shapes step then also runs "chunked[best rows]" with the fastest tiles.
+--reference xla measures errors against XLA's own loss, dh and dw instead of the float32 reference (whose
+compilation, the autotuning of three float32 GEMMs, took 20-37 s per shape on the H100).
 Writes $OUT/cross_entropy_chunked-<device tag>.json (+ .md) after every shape; prints a compact table last.
 """
 
@@ -37,9 +44,9 @@ START = time.time()
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHAPES = {"8k_128k": (8192, 4096, 128256), "4k_256k": (4096, 2048, 256000), "16k_32k": (16384, 4096, 32000)}
 SWEEP = [  # (label, config fields) at 8k_128k, most informative first
+    ("xla row pass", {"row_pass": "xla"}),
     ("dw float32", {"dw_dtype": "float32"}),
     ("chunk 512", {"chunk_rows": 512}),
-    ("xla row pass", {"row_pass": "xla"}),
     ("logits float32", {"logits_dtype": "float32"}),
     ("chunk 2048", {"chunk_rows": 2048}),
     ("rows 1 x 4096, 4 warps", {"rows_per_program": 1, "block_v": 4096, "num_warps": 4}),
@@ -109,12 +116,12 @@ def check_options(chunked, small: bool) -> list[dict]:
         ours = chunked_loss(chunked, config, reduction=reduction, **options)
         ref = lambda h, w, y: reference.linear_cross_entropy(h, w, y, reduction=reduction, **options)  # noqa: E731
 
-        def vjp(fn):
+        def vjp(fn, h, w, labels, ct):  # arrays as arguments: as constants XLA would fold the reference
             out, pull = jax.vjp(lambda h, w: fn(h, w, labels), h, w)
             return out, *pull(ct)
 
-        got = jax.jit(lambda: vjp(ours))()
-        want = jax.jit(lambda: vjp(ref))()
+        got = jax.jit(lambda *a: vjp(ours, *a))(h, w, labels, ct)
+        want = jax.jit(lambda *a: vjp(ref, *a))(h, w, labels, ct)
         evaluated = jax.jit(ours)(h, w, labels)
         errors = {k: suite._rel_error(g, r) for k, g, r in zip(("loss", "dh", "dw"), got, want)}
         errors["loss_eval"] = suite._rel_error(evaluated, want[0])
@@ -127,9 +134,10 @@ def check_options(chunked, small: bool) -> list[dict]:
     return rows
 
 
-def measure(name, loss, args, ref, *, shape, dev, iterations, keep_hlo=False, modes=("fwd", "fwd+bwd")):
-    """Records for modes fwd and fwd+bwd of one implementation (errors checked before timing), and the optimized
-    HLO text of fwd+bwd when keep_hlo."""
+def measure(name, loss, args, ref, *, shape, dev, iterations, keep_hlo=False, modes=("fwd", "fwd+bwd"),
+            keep_outputs=False):
+    """(records for modes fwd and fwd+bwd, with errors against ref (loss, dh, dw) checked before timing; the
+    optimized HLO text of fwd+bwd when keep_hlo; its outputs when keep_outputs). ref None: no errors."""
     import jax
 
     from jaxfuse import bench
@@ -138,7 +146,7 @@ def measure(name, loss, args, ref, *, shape, dev, iterations, keep_hlo=False, mo
     h, w, labels = args
     B, H = h.shape
     V = w.shape[1]
-    records, hlo = [], None
+    records, hlo, kept = [], None, None
     programs = {"fwd": jax.jit(loss), "fwd+bwd": jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))}
     for mode, fn in programs.items():
         if mode not in modes:
@@ -148,13 +156,12 @@ def measure(name, loss, args, ref, *, shape, dev, iterations, keep_hlo=False, mo
         if keep_hlo and mode == "fwd+bwd":
             hlo = compiled.as_text()
         out = jax.block_until_ready(compiled(*args))
-        if mode == "fwd":
-            errors = {"loss": suite._rel_error(out, ref[0])}
+        got = (out,) if mode == "fwd" else (out[0], *out[1])
+        errors = {} if ref is None else {k: suite._rel_error(g, r) for k, g, r in zip(("loss", "dh", "dw"), got, ref)}
+        if keep_outputs and mode == "fwd+bwd":
+            kept = got
         else:
-            value, (dh, dw) = out
-            errors = {"loss": suite._rel_error(value, ref[0]), "dh": suite._rel_error(dh, ref[1]),
-                      "dw": suite._rel_error(dw, ref[2])}
-        suite._delete(out)
+            suite._delete(out)
         timing = bench.time_kernels(compiled, [args], iterations=iterations, jit=False)
         flops = 2.0 * B * H * V * (1 if mode == "fwd" else 3)
         moved = (h.nbytes + w.nbytes + labels.nbytes) * (1 if mode == "fwd" else 2)
@@ -163,29 +170,88 @@ def measure(name, loss, args, ref, *, shape, dev, iterations, keep_hlo=False, mo
             time_us=timing.median_us, method=timing.method, flops=flops, bytes_moved=moved,
             floor_us=dev.roofline_us(moved, flops, launches=0),
             extra={"shape_name": shape, "temp_bytes": int(temp), "temp_mib": round(temp / 2**20, 1),
-                   "rel_error": max(errors.values()), "rel_errors": errors, "spread": round(timing.spread, 3),
+                   "rel_error": max(errors.values(), default=float("nan")), "rel_errors": errors, "spread": round(timing.spread, 3),
                    "split_us": split_us(timing.per_kernel_us),
                    "per_kernel_us": dict(sorted(timing.per_kernel_us.items(), key=lambda kv: -kv[1])[:10])},
         ).finish())
         log(f"  {name} {mode}: {timing.median_us:.0f} µs, temp {temp / 2**20:.1f} MiB, errors {errors}, "
             f"split {records[-1].extra['split_us']}")
         del compiled
-    return records, hlo
+    return records, hlo, kept
 
 
 def gemm_report(hlo_text: str) -> list[dict]:
-    """The GEMMs of an optimized HLO module: kernel name, category, launches, in a loop, beta, output shape."""
-    import hlo_inspect
+    """The cuBLAS calls and Triton GEMM fusions of an optimized HLO module (read as text: the parser of
+    hlo_inspect does not know jax 0.11's async fusion-start yet): name, computation, output shape, operand count,
+    beta (1: the call adds into its last operand, e.g. dw += h_cᵀ dl)."""
+    import re
 
-    rows = []
-    for k in hlo_inspect.from_text(hlo_text).kernels:
-        if k.category not in ("cublas", "triton_gemm") and not k.ops.get("dot"):
+    rows, computation = [], ""
+    for line in hlo_text.splitlines():
+        if not line.startswith(" ") and line.rstrip().endswith("{"):
+            computation = line.split(" ")[1] if line.startswith("ENTRY") else line.split(" ")[0]
+        m = re.match(r"\s*(?:ROOT )?(%[\w.-]+) = (\(?[\w\[\],{}]+).*? (custom-call|fusion)\((.*?)\)", line)
+        if not m or not ("__cublas" in line or "__triton_gemm" in line or "kCustom" in line and "gemm" in line):
             continue
-        cfg = k.instruction.backend_config if isinstance(k.instruction.backend_config, dict) else {}
-        beta = cfg.get("gemm_backend_config", {}).get("beta")
-        rows.append(dict(name=k.name, category=k.category, launches=k.launches, in_loop=bool(k.loop), beta=beta,
-                         shape=str(k.instruction.shape)))
+        beta = re.search(r'"beta":([0-9.]+)', line)
+        rows.append(dict(name=m.group(1), computation=computation.lstrip("%"), shape=m.group(2),
+                         operands=len([o for o in m.group(4).split(",") if o.strip()]),
+                         beta=float(beta.group(1)) if beta else None))
     return rows
+
+
+def row_kernel_sweep(chunked, shapes: dict, iterations, budget_s) -> dict:
+    """The row kernel alone on random (Bc, V) bf16 logits of each shape's default chunk: device time of its two
+    uses (statistics only: evaluation; statistics and dlogits: fwd+bwd) for several tiles, each checked against
+    the default tiles' outputs. Returns {shape: {"rows": [...], "best": config fields}}."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxfuse import bench
+
+    candidates = [dict(rows_per_program=4, block_v=2048, num_warps=8, num_stages=1),  # the default
+                  dict(rows_per_program=1, block_v=4096, num_warps=4, num_stages=1),
+                  dict(rows_per_program=1, block_v=8192, num_warps=8, num_stages=1),
+                  dict(rows_per_program=2, block_v=4096, num_warps=8, num_stages=1)]
+    out = {}
+    from pallas_kernels import triton_utils
+
+    interpret = triton_utils.resolve_interpret(None)
+    for shape, (B, H, V) in shapes.items():
+        base = chunked.default_config(B, H, V, jnp.bfloat16, on_gpu=True)
+        R = base.chunk_rows
+        kx, ky = jax.random.split(jax.random.key(3))
+        x = jax.random.normal(kx, (R, V), jnp.float32).astype(jnp.bfloat16)
+        labels = jax.random.randint(ky, (R,), 0, V).at[::9].set(-100)
+        g = jnp.where(labels >= 0, 1.0 / R, 0.0).astype(jnp.float32)
+        rows, want = [], None
+        for fields in candidates:
+            if time.time() - START > budget_s:
+                log(f"rows {shape} {fields}: skipped (budget)")
+                continue
+            cfg = dataclasses.replace(base, **fields)
+            st = chunked._Static(config=cfg, reduction="mean", ignore_index=-100, z_loss=0.0, logit_soft_cap=None,
+                                 interpret=interpret)
+            stats = jax.jit(lambda x, y: chunked._row_pass_pallas(x, y, None, None, st, dl_dtype=x.dtype)[1:])
+            both = jax.jit(lambda x, y, g: chunked._row_pass_pallas(x, y, g, None, st, dl_dtype=x.dtype))
+            try:
+                got = jax.block_until_ready(both(x, labels, g))
+                want = got if want is None else want
+                diff = {k: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                        for k, a, b in zip(("dl", "lse", "zy"), got, want)}
+                us = {}
+                for mode, fn, args in (("stats", stats, (x, labels)), ("stats+dlogits", both, (x, labels, g))):
+                    t = bench.time_kernels(fn, [args], iterations=iterations)
+                    kernel_us = [v for k, v in t.per_kernel_us.items() if "chunked_cross_entropy_rows" in k]
+                    us[mode] = round(sum(kernel_us) if kernel_us else t.median_us, 1)  # CPU: wall time
+                rows.append(dict(fields=fields, us=us, max_abs_diff_vs_default=diff))
+                log(f"rows {shape} R={R} {fields}: {us} diff {diff}")
+            except Exception:  # noqa: BLE001
+                log(f"rows {shape} {fields} FAILED\n{traceback.format_exc()[-1500:]}")
+        ok = [r for r in rows if r["max_abs_diff_vs_default"]["dl"] < 1e-3 and r["max_abs_diff_vs_default"]["lse"] < 1e-4]
+        best = min(ok, key=lambda r: r["us"]["stats"] + r["us"]["stats+dlogits"])["fields"] if ok else None
+        out[shape] = {"chunk_rows": R, "V": V, "rows": rows, "best": best}
+    return out
 
 
 def main() -> None:
@@ -193,9 +259,14 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--budget-s", type=float, default=170.0, help="no optional step starts after this")
+    parser.add_argument("--steps", default="checks,shapes,sweep", help="of checks, rows, shapes, sweep")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {list(SHAPES)}")
+    parser.add_argument("--reference", choices=("float32", "xla"), default="float32",
+                        help="errors against the float32 reference, or against XLA's own outputs (cheaper)")
     parser.add_argument("--small", action="store_true", help="CPU check: tiny shapes, interpret mode")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    steps = set(args.steps.split(","))
 
     import jax
 
@@ -206,23 +277,25 @@ def main() -> None:
     chunked = import_chunked()
     env = bench.environment()
     log(f"environment {env}")
-    tag = bench.device_tag(env["device"])
-    path = os.path.join(args.out, f"cross_entropy_chunked-{tag}.json")
-    shapes = {"small": (300, 64, 1000)} if args.small else SHAPES
+    path = os.path.join(args.out, f"cross_entropy_chunked-{bench.device_tag(env['device'])}.json")
+    shapes = {"small": (300, 64, 1000)} if args.small else {n: SHAPES[n] for n in args.shapes.split(",")}
     dev = costmodel.detect()
-    result = {"checks": check_options(chunked, args.small), "records": [], "gemms": [], "sweep": []}
+    result = {"reference": args.reference, "checks": [], "row_kernel": {}, "records": [], "gemms": [], "sweep": []}
     sweep_records = []
 
     def save():
         bench.write_results(result["records"], path, env=env)
         with open(path) as f:
             data = json.load(f)
-        data.update(checks=result["checks"], gemms=result["gemms"], sweep=result["sweep"])
+        data.update({k: v for k, v in result.items() if k != "records"})
         with open(path, "w") as f:
             json.dump(data, f, indent=1)
 
-    impls = {"xla": suite._xla_loss, "chunked": chunked_loss(chunked),
-             "pallas_triton": lambda h, w, y: pallas_kernels.linear_cross_entropy(h, w, y)}
+    if "checks" in steps:
+        result["checks"] = check_options(chunked, args.small)
+    if "rows" in steps:
+        result["row_kernel"] = row_kernel_sweep(chunked, shapes, args.iterations, 0.45 * args.budget_s)
+        save()
 
     def with_speedups(records, base):
         for r in records:
@@ -232,19 +305,27 @@ def main() -> None:
         return records
 
     kept = None  # the first shape's inputs, reference and XLA records, for the sweep
-    for i, (shape, (B, H, V)) in enumerate(shapes.items()):
+    for i, (shape, (B, H, V)) in enumerate(shapes.items() if "shapes" in steps else ()):
         inputs = suite.make_inputs(B, H, V)
-        ref = suite._reference(*inputs)
-        log(f"{shape}: reference ready; chunked config {chunked.default_config(B, H, V, inputs[0].dtype)}")
+        ref = suite._reference(*inputs) if args.reference == "float32" else None
+        default = chunked.default_config(B, H, V, inputs[0].dtype, on_gpu=not args.small)
+        log(f"{shape}: inputs ready; chunked config {default}")
+        impls = {"xla": suite._xla_loss, "chunked": chunked_loss(chunked)}
+        best = result["row_kernel"].get(shape, {}).get("best")
+        if best and dataclasses.replace(default, **best) != default:
+            impls["chunked[best rows]"] = chunked_loss(chunked, dataclasses.replace(default, **best))
+        impls["pallas_triton"] = lambda h, w, y: pallas_kernels.linear_cross_entropy(h, w, y)
         shape_records = []
         for name, loss in impls.items():
             if name == "pallas_triton" and time.time() - START > 0.5 * args.budget_s:
                 log(f"  {name}: skipped (budget)")
                 continue
             try:
-                recs, hlo = measure(name, loss, inputs, ref, shape=shape, dev=dev, iterations=args.iterations,
-                                    keep_hlo=i == 0 and name == "chunked")
+                recs, hlo, outs = measure(name, loss, inputs, ref, shape=shape, dev=dev, iterations=args.iterations,
+                                          keep_hlo=i == 0 and name == "chunked",
+                                          keep_outputs=name == "xla" and ref is None)
                 shape_records += recs
+                ref = outs if outs is not None else ref  # --reference xla: XLA's loss, dh, dw
                 if hlo:
                     with open(os.path.join(args.out, "chunked_fwd_bwd_hlo.txt"), "w") as f:
                         f.write(hlo)
@@ -261,27 +342,33 @@ def main() -> None:
         else:
             suite._delete((inputs, ref))
 
-    shape, inputs, ref, base, (B, H, V) = kept
-    for label, fields in SWEEP:  # at the first shape, fwd+bwd (and fwd where the row kernel's tiles change)
+    for label, fields in SWEEP if "sweep" in steps and kept else ():  # at the first shape
+        shape, inputs, ref, base, (B, H, V) = kept
         if time.time() - START > args.budget_s:
             log(f"sweep {label}: skipped (budget)")
             continue
         try:
-            cfg = dataclasses.replace(chunked.default_config(B, H, V, inputs[0].dtype), **fields)
+            cfg = dataclasses.replace(chunked.default_config(B, H, V, inputs[0].dtype, on_gpu=not args.small),
+                                      **fields)
             modes = ("fwd", "fwd+bwd") if "rows_per_program" in fields else ("fwd+bwd",)
-            recs, _ = measure(f"chunked[{label}]", chunked_loss(chunked, cfg), inputs, ref, shape=shape, dev=dev,
-                              iterations=args.iterations, modes=modes)
+            recs, _, _ = measure(f"chunked[{label}]", chunked_loss(chunked, cfg), inputs, ref, shape=shape, dev=dev,
+                                 iterations=args.iterations, modes=modes)
             sweep_records.extend(with_speedups(recs, base))
             result["sweep"] += [dict(label=label, fields=fields, **dataclasses.asdict(r)) for r in recs]
         except Exception:  # noqa: BLE001
             log(f"sweep {label} FAILED\n{traceback.format_exc()[-2000:]}")
         save()
 
+    save()
     log(f"wrote {path}")
     print("\nchecks:", "all ok" if all(c["ok"] for c in result["checks"]) else
           [c for c in result["checks"] if not c["ok"]])
+    for shape, sweep in result["row_kernel"].items():
+        print(f"row kernel alone at {shape} (Bc={sweep['chunk_rows']}): best {sweep['best']}")
+        for row in sweep["rows"]:
+            print(f"   {row['fields']}: {row['us']}")
     print(f"\n{'shape':>9} {'mode':>8} {'impl':>24} {'ms':>8} {'xla/this':>8} {'temp MiB':>9} {'% xla':>6} "
-          f"{'err':>8}  split ms (gemm/row/other)")
+          f"{'err':>8}  split ms (gemm/row/other); errors vs {args.reference}")
     for r in result["records"] + sweep_records:
         e, sp = r.extra, r.extra.get("split_us", {})
         print(f"{e.get('shape_name', r.shape):>9} {r.mode:>8} {r.implementation[:24]:>24} {r.time_us / 1e3:8.2f} "
