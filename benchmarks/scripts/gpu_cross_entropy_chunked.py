@@ -21,7 +21,8 @@ shapes. At 8192×4096×128256, 4096×2048×256000 and 16384×4096×32000 (bf16, 
 sweep. While --budget-s lasts, a sweep at the first shape (fwd+bwd; fwd too for row-kernel tiles): the XLA row
    pass, float32 dw accumulation, chunk rows, float32 logits, row-kernel tiles.
 rows. The row kernel alone on random (Bc, V) logits of each shape's chunk, for a few tiles, each checked against
-   the default tiles' outputs; the shapes step then also runs "chunked[best rows]" with the fastest tiles.
+   the default tiles' outputs; the shapes step then runs "chunked" with the fastest tiles (its records name the
+   config).
 --reference xla measures errors against XLA's own loss, dh and dw instead of the float32 reference (whose
 compilation, the autotuning of three float32 GEMMs, took 20-37 s per shape on the H100).
 Writes $OUT/cross_entropy_chunked-<device tag>.json (+ .md) after every shape; prints a compact table last.
@@ -263,6 +264,7 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {list(SHAPES)}")
     parser.add_argument("--reference", choices=("float32", "xla"), default="float32",
                         help="errors against the float32 reference, or against XLA's own outputs (cheaper)")
+    parser.add_argument("--impls", default="xla,chunked,pallas_triton", help="of xla, chunked, pallas_triton")
     parser.add_argument("--small", action="store_true", help="CPU check: tiny shapes, interpret mode")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -306,15 +308,18 @@ def main() -> None:
 
     kept = None  # the first shape's inputs, reference and XLA records, for the sweep
     for i, (shape, (B, H, V)) in enumerate(shapes.items() if "shapes" in steps else ()):
+        if i and time.time() - START > args.budget_s:
+            log(f"{shape}: skipped (budget)")
+            continue
         inputs = suite.make_inputs(B, H, V)
         ref = suite._reference(*inputs) if args.reference == "float32" else None
         default = chunked.default_config(B, H, V, inputs[0].dtype, on_gpu=not args.small)
         log(f"{shape}: inputs ready; chunked config {default}")
-        impls = {"xla": suite._xla_loss, "chunked": chunked_loss(chunked)}
         best = result["row_kernel"].get(shape, {}).get("best")
-        if best and dataclasses.replace(default, **best) != default:
-            impls["chunked[best rows]"] = chunked_loss(chunked, dataclasses.replace(default, **best))
+        config = dataclasses.replace(default, **best) if best else default
+        impls = {"xla": suite._xla_loss, "chunked": chunked_loss(chunked, config)}
         impls["pallas_triton"] = lambda h, w, y: pallas_kernels.linear_cross_entropy(h, w, y)
+        impls = {name: fn for name, fn in impls.items() if name in args.impls.split(",")}
         shape_records = []
         for name, loss in impls.items():
             if name == "pallas_triton" and time.time() - START > 0.5 * args.budget_s:
@@ -324,6 +329,8 @@ def main() -> None:
                 recs, hlo, outs = measure(name, loss, inputs, ref, shape=shape, dev=dev, iterations=args.iterations,
                                           keep_hlo=i == 0 and name == "chunked",
                                           keep_outputs=name == "xla" and ref is None)
+                for r in recs:
+                    r.extra["config"] = dataclasses.asdict(config) if name == "chunked" else None
                 shape_records += recs
                 ref = outs if outs is not None else ref  # --reference xla: XLA's loss, dh, dw
                 if hlo:
