@@ -31,6 +31,12 @@ an H·V·4 accumulator instead: better dw, far more memory). ``chunk_rows=None``
 of 128, dividing B where it can) whose temporaries stay under 5% of what the plain XLA loss holds (B·V·(s + 4)
 bytes: compute-dtype logits plus their float32 copy), so Bc ≈ 0.15·B·V / (V + 2·H) in bf16, less the workspace.
 
+Measured (H100, bf16, CUPTI, XLA in the same run; benchmarks/results/cross_entropy_chunked-*-h100.json): fwd+bwd
+1.02-1.08x XLA at 8192x4096x128256 (two runs), 1.046x at 16384x4096x32000, 0.93x at 4096x2048x256000;
+evaluation 0.97-1.01x; temporaries 3.7-5.0% of XLA's. At 8192x4096x128256 the GEMMs take 34.4 ms (XLA's three: 33.2-34.7),
+the dw GEMMs 12.8 of them (XLA's one: 10.7; K = Bc = 1024 plus the beta read), the row kernel 2.6 ms (2.5 TB/s).
+At 4096x2048x256000 the 5% bound leaves Bc = 512 and the dw GEMMs take 9.0 ms against XLA's 5.4: that is the loss.
+
 Chunks: the last chunk starts at B − Bc and runs first, outside the loop (its dw GEMM initializes dw: no memset,
 no read); rows it shares with the chunk before get weight 0 there and are written again by that chunk.
 """
@@ -75,10 +81,13 @@ class ChunkedCrossEntropyConfig:
       row_pass: "pallas" (the row kernel) or "xla" (the same math as jnp; XLA fuses it as it can).
     """
 
+    # Row-kernel defaults: the fastest of four tilings timed alone on the H100 at the issue's shapes
+    # (benchmarks/results/cross_entropy_chunked-rows-h100.json): one row per program gives a chunk of 512-1024 rows
+    # enough programs to keep loads in flight (4 rows × 2048: 345 µs per 1024×128256 chunk; 1 × 4096: 314 µs).
     chunk_rows: int | None = None
-    rows_per_program: int = 4
-    block_v: int = 2048
-    num_warps: int = 8
+    rows_per_program: int = 1
+    block_v: int = 4096
+    num_warps: int = 4
     num_stages: int = 1
     dw_dtype: str = "param"
     logits_dtype: str = "compute"
@@ -121,7 +130,7 @@ def chunk_rows_for(B: int, H: int, V: int, dtype) -> int:
 
 def default_config(B: int, H: int, V: int, dtype, *, on_gpu: bool | None = None) -> ChunkedCrossEntropyConfig:
     """The config for a (B, H) × (H, V) problem in ``dtype``, chunk_rows resolved: the GPU defaults (H100: row
-    kernel tiles 4 × 2048, 8 warps) with Bc from ``chunk_rows_for``, or the small interpret-mode config on CPU."""
+    kernel tiles 1 × 4096, 4 warps) with Bc from ``chunk_rows_for``, or the small interpret-mode config on CPU."""
     on_gpu = jax.default_backend() == "gpu" if on_gpu is None else on_gpu
     if not on_gpu:
         return dataclasses.replace(_CPU_CONFIG, chunk_rows=min(B, _CPU_CONFIG.chunk_rows))
