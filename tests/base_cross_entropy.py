@@ -105,7 +105,8 @@ class CrossEntropyTests:
         B, _, V = SMALL
         self.check_against_reference(B, 24 if not ON_GPU else 200, V, jnp.float32, reduction="sum", z_loss=1e-2)
 
-    @pytest.mark.parametrize("reduction,dtype", [("sum", jnp.bfloat16), ("none", jnp.float32),
+    @pytest.mark.parametrize("reduction,dtype", [("sum", jnp.bfloat16),
+                                                 pytest.param("none", jnp.float32, marks=pytest.mark.slow),
                                                  pytest.param("mean", jnp.float32, marks=pytest.mark.slow)],
                              ids=["sum-bf16", "none-f32", "mean-f32"])
     def test_several_chunks(self, reduction, dtype):
@@ -113,7 +114,7 @@ class CrossEntropyTests:
         self.check_against_reference(*SMALL, dtype, reduction=reduction, block_sizes=self.chunked_block_sizes,
                                      z_loss=1e-3, logit_soft_cap=5.0)
 
-    @pytest.mark.parametrize("reduction", ["mean", "none"])
+    @pytest.mark.parametrize("reduction", ["mean", pytest.param("none", marks=pytest.mark.slow)])
     def test_gradient_of_one_input(self, reduction):
         """Differentiating h alone (a frozen LM head) or w alone gives the reference's gradient of that input."""
         B, H, V = SMALL

@@ -39,7 +39,8 @@ def _loss(h, w, labels, **kwargs):
 
 
 # ------------------------------------------------------------------------------------------------ chunks, variants
-@pytest.mark.parametrize("B,chunk_rows", [(37, 64), (32, 8), (37, 36)],
+@pytest.mark.parametrize("B,chunk_rows", [pytest.param(37, 64, marks=pytest.mark.slow),
+                                          pytest.param(32, 8, marks=pytest.mark.slow), (37, 36)],
                          ids=["one_chunk", "chunks_divide_B", "last_chunk_shares_35_rows"])
 def test_every_row_counts_once_whatever_the_chunk_layout(B, chunk_rows):
     """The peeled last chunk (it starts at B − Bc and runs first) and the loop's chunks: one chunk, chunks dividing
@@ -49,7 +50,7 @@ def test_every_row_counts_once_whatever_the_chunk_layout(B, chunk_rows):
 
 
 @pytest.mark.parametrize("fields", [
-    {"row_pass": "xla"}, {"logits_dtype": "float32"},
+    {"row_pass": "xla"}, pytest.param({"logits_dtype": "float32"}, marks=pytest.mark.slow),
     pytest.param({"dw_dtype": "float32", "rows_per_program": 1, "block_v": 64}, marks=pytest.mark.slow)],
     ids=["xla_row_pass", "float32_logits", "float32_dw-one_row_per_program"])
 def test_config_variants_match_reference(fields):
