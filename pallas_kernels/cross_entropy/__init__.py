@@ -130,9 +130,10 @@ def linear_cross_entropy(
       float32 loss: a scalar, or (B,) for reduction="none". Differentiable in h and w (custom VJP; GEMMs
       accumulate in float32, and on the Triton backend a 16-bit dw accumulates across token chunks in its own
       dtype unless ``dw_dtype="float32"``). Under ``jax.grad`` of a mean or sum the gradients are computed with
-      the loss, and an input that is not differentiated (a frozen w) costs no GEMM. Labels outside [0, V) other than ignore_index raise ValueError when the labels are concrete;
-      under jit (traced labels) such a row's loss is NaN and so are the gradients (dh of that row and all of dw),
-      so a bad label can never pass as a plausible loss.
+      the loss, and an input that is not differentiated (a frozen w) costs no GEMM. Labels outside [0, V) other
+      than ignore_index raise ValueError when the labels are concrete; under jit (traced labels) such a row's loss
+      is NaN and so are the gradients (dh of that row and all of dw), so a bad label can never pass as a plausible
+      loss.
     """
     module, chosen, labels, options = _prepare(h, w, labels, reduction, ignore_index, z_loss, logit_soft_cap,
                                                block_sizes, interpret, backend)

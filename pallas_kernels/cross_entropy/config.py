@@ -25,7 +25,7 @@ OP = "linear_cross_entropy"  # the op's name in the tuning cache
 # backward candidates (timed on value and gradient) the others.
 FORWARD_FIELDS = ("rows_per_program", "block_v", "num_warps", "num_stages")
 TEMP_FRACTION = 0.05  # chunk_rows=None: temporaries at most this fraction of the plain XLA loss's (issue 17's bound)
-_FIXED_TEMP_BYTES = 32 * 2**20  # XLA's cuBLAS workspace (s8[33554432] in the H100 programs)
+GEMM_WORKSPACE_BYTES = 32 * 2**20  # XLA's cuBLAS workspace, one temporary (s8[33554432] in the H100 programs)
 _CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla")}
 
 
@@ -90,7 +90,7 @@ def chunk_rows_for(B: int, H: int, V: int, dtype) -> int:
     least 128); among those the largest dividing B down to half the limit (no row computed twice), else B split
     evenly; B itself when it fits."""
     s = jnp.dtype(dtype).itemsize
-    budget = TEMP_FRACTION * B * V * (s + 4) - _FIXED_TEMP_BYTES
+    budget = TEMP_FRACTION * B * V * (s + 4) - GEMM_WORKSPACE_BYTES
     limit = max(128, int(budget // ((V + 2 * H) * s)) // 128 * 128)
     if B <= limit:
         return B
