@@ -237,6 +237,9 @@ def _define_bench_flags(fv: flags.FlagValues) -> None:
                         "pallas_kernels/tuned_configs.json, which every call then uses).", flag_values=fv)
     flags.DEFINE_float("budget_s", 0.0, "Wall-clock budget in seconds (0: none); what is not started by then is "
                        "recorded as skipped.", lower_bound=0.0, flag_values=fv)
+    flags.DEFINE_bool("check", True, "Compare every output with the float32 reference before timing (--nocheck "
+                      "skips it: its float32 GEMMs take 20-40 s to autotune per LM-head shape on an H100; the sweep "
+                      "of --tune always checks).", flag_values=fv)
     flags.DEFINE_string("out", "benchmarks/results",
                         "Folder for <op>-<device tag>.json and .md (attention-h100.json on an H100; '' to skip).",
                         flag_values=fv)
@@ -263,7 +266,7 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     _progress(f"benchmarking {fv.op} ({fv.iterations} iterations each{', tuning first' if fv.tune else ''}) ...")
     result = suites.benchmark(fv.op, shapes, impls=fv.impls or None, iterations=fv.iterations, tune_first=fv.tune,
                               tuned_configs=fv.tuned_configs, out=fv.out or None, deadline=deadline,
-                              progress=_progress)
+                              check=fv.check, progress=_progress)
     for path in result["written"]:
         _progress(f"wrote {path}")
     env, records = result["environment"], result["records"]

@@ -24,7 +24,10 @@ keyword options (the public signature minus ``backend`` and ``block_sizes``, ``i
                                           an explicit backend gets)
   sweep_candidates(*args, **options)      (forward, backward): Config field dicts for ``jaxfuse bench --tune``,
   FORWARD_FIELDS                          the forward ones varying only FORWARD_FIELDS
-  <op>(*args, **options, config)          the op itself (``flash_attention``, ``rmsnorm_matmul``, ...)
+  <op>(*args, **options, config)          the op itself (``flash_attention``, ``rmsnorm_matmul``, ...), returning
+                                          what the public function returns: every option reaches the backend,
+                                          the reduction of ``linear_cross_entropy`` included (a backend that
+                                          computes gradients in its forward needs it inside its custom VJP)
 
 "auto" takes, among the backends that can run the call, the one with the lowest tuned time for this device and
 shape key in the tuning cache; with no tuned time, the first in the registry (Triton). No import-time side

@@ -130,21 +130,17 @@ def rmsnorm_matmul_table(M: int, dtype, *, on_gpu: bool) -> dict[str, Any]:
     return params
 
 
-# Linear cross-entropy. GPU bf16: the config's defaults (the H100 sweep's best at 8192x4096x128256). float32 tiles
-# take twice the shared memory: (128x64 + 64x256) x 4 B x 3 stages = 288 KiB is past the H100's 227 KiB, so
-# 128-column tiles and 3 stages (192 KiB) for both kernels. CPU (interpret mode): small tiles, so tiny test shapes
-# still cover several row blocks, vocabulary tiles, splits and chunks.
-_LINEAR_CROSS_ENTROPY_GPU_F32 = dict(block_v=128, block_v_bwd=128, num_stages=3, num_stages_bwd=3)
-_LINEAR_CROSS_ENTROPY_CPU = dict(block_b=16, block_v=32, block_h=16, num_splits=2, block_b_bwd=16, block_v_bwd=32,
-                                 block_h_bwd=16, group_b=2, chunk_v=64, num_warps=4, num_stages=1, num_warps_bwd=4,
-                                 num_stages_bwd=1)
+# Linear cross-entropy (token chunks, gradients in the forward). GPU: the config's defaults for every dtype (the row
+# kernel has no dot: its tiles live in registers, not in a shared-memory pipeline), chunk_rows from the memory rule.
+# CPU (interpret mode): 16-row chunks and small row tiles, so tiny test shapes still cover several chunks (the last
+# sharing rows with the one before), row blocks and vocabulary tiles.
+_LINEAR_CROSS_ENTROPY_CPU = dict(chunk_rows=16, rows_per_program=4, block_v=32, num_warps=4)
 
 
 def linear_cross_entropy_table(dtype, *, on_gpu: bool) -> dict[str, Any]:
     """Built-in linear_cross_entropy parameters overriding LinearCrossEntropyConfig's defaults (a copy)."""
-    if not on_gpu:
-        return dict(_LINEAR_CROSS_ENTROPY_CPU)
-    return dict(_LINEAR_CROSS_ENTROPY_GPU_F32) if jnp.dtype(dtype).itemsize == 4 else {}
+    del dtype  # the same tiles for every dtype
+    return {} if on_gpu else dict(_LINEAR_CROSS_ENTROPY_CPU)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import ON_GPU, assert_close, normal, rel_err, require, tolerance
+from conftest import ON_GPU, assert_close, eqns_outside_kernels, normal, rel_err, require, tolerance
 from pallas_kernels import norm_matmul, reference
 
 # Named sizes: an odd row count, a single row, K and N (multiples of 16; on CPU small enough for interpret mode).
@@ -39,20 +39,6 @@ def fwd_and_vjp(fn, args, cotangent):
         return out, vjp(cotangent)
 
     return run(args, cotangent)
-
-
-def eqns_outside_kernels(jaxpr):
-    """Every equation of a jaxpr and its sub-jaxprs, not descending into pallas_call kernels."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        if eqn.primitive.name == "pallas_call":
-            continue
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (tuple, list)) else (param,):
-                inner = getattr(sub, "jaxpr", None)
-                inner = getattr(inner, "jaxpr", inner)  # ClosedJaxpr -> Jaxpr
-                if inner is not None and hasattr(inner, "eqns"):
-                    yield from eqns_outside_kernels(inner)
 
 
 class NormMatmulTests:

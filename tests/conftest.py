@@ -1,12 +1,14 @@
 """What the tests share: reproducible random inputs, the tolerance rule, and assertions on compiled programs.
 
   from conftest import ON_GPU, assert_close, key, normal, tolerance, cuda_program, pallas_calls, tensors_with
+  from conftest import eqns_outside_kernels
 
 Keys: every test draws from its own key stream, seeded from its node id (``zlib.crc32``, stable across processes,
 unlike ``hash``), so a failing test sees the same inputs when run alone (``pytest -k NAME``), in another order or
 under xdist. Tolerance: ``jaxfuse.suites.spec.tolerance`` (base per dtype, growing with the square root of the
 reduction length). Programs: ``cuda_program`` lowers a function for CUDA on any machine and parses the HLO with
-``hlo_inspect``, so tests can count the Pallas calls and look for tensors that must not exist.
+``hlo_inspect``, so tests can count the Pallas calls and look for tensors that must not exist; ``eqns_outside_kernels``
+walks a jaxpr as traced (before jit's dead-code elimination).
 
 Markers: ``slow`` (registered in pyproject.toml): the fast subset is ``pytest -m "not slow"``.
 """
@@ -24,8 +26,8 @@ import hlo_inspect
 from jaxfuse.suites.spec import tolerance
 from pallas_kernels import backends, triton_utils
 
-__all__ = ["ON_GPU", "assert_close", "cuda_program", "key", "normal", "pallas_calls", "rel_err", "require",
-           "seed", "tensors_with", "tolerance"]
+__all__ = ["ON_GPU", "assert_close", "cuda_program", "eqns_outside_kernels", "key", "normal", "pallas_calls",
+           "rel_err", "require", "seed", "tensors_with", "tolerance"]
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -131,3 +133,18 @@ def tensors_with(report: hlo_inspect.Report, *dims: int) -> list[str]:
             else:
                 found.append(f"{inst.name}: {shape}")
     return found
+
+
+def eqns_outside_kernels(jaxpr):
+    """Every equation of a jaxpr and its sub-jaxprs (loop bodies, custom VJP rules), not descending into
+    pallas_call kernels."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", None)
+                inner = getattr(inner, "jaxpr", inner)  # ClosedJaxpr -> Jaxpr
+                if inner is not None and hasattr(inner, "eqns"):
+                    yield from eqns_outside_kernels(inner)

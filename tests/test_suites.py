@@ -274,6 +274,16 @@ def test_cross_entropy_records_carry_time_memory_and_error(cross_entropy_records
             assert r.speedup_vs["xla"] > 0
 
 
+@pytest.mark.slow
+def test_runs_without_the_reference_check_when_asked():
+    """check=False (`jaxfuse bench --nocheck`): timed and measured as usual, no reference compiled, no rel_error."""
+    records = suites.run("cross_entropy", impls=["xla"], iterations=1, check=False, **_QUIET)
+    assert {r.mode for r in records} == {"fwd", "fwd+bwd"}
+    for r in records:
+        assert r.method != "failed" and r.extra["temp_bytes"] >= 0
+        assert "rel_error" not in r.extra and r.extra["rel_error_missing"] == "not checked (check=False)"
+
+
 # ------------------------------------------------------------------------------------------------ train_step
 @pytest.mark.slow
 def test_train_step_times_every_kernel_set_from_the_same_start():

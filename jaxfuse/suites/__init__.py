@@ -38,9 +38,10 @@ def get(op: str) -> OpSpec:
 
 
 def benchmark(op: str, shapes=None, *, impls=None, iterations: int = 20, tune_first: bool = False,
-              tuned_configs=None, out: str | None = None, deadline: float | None = None, progress=None) -> dict:
+              tuned_configs=None, out: str | None = None, deadline: float | None = None, check: bool = True,
+              progress=None) -> dict:
     """``jaxfuse bench``: optionally the sweep (``tune``) at ``shapes`` into ``tuned_configs``, then the suite (``run``)
-    with those configs. With ``out``, writes ``<op>-<device tag>.json`` (+ .md) and, after a sweep,
+    with those configs (``check=False``: without comparing outputs to the float32 reference). With ``out``, writes ``<op>-<device tag>.json`` (+ .md) and, after a sweep,
     ``<op>-sweep-<device tag>.json`` there. Returns {"environment", "records", "sweep", "written": [paths]}."""
     from jaxfuse import bench
 
@@ -50,7 +51,7 @@ def benchmark(op: str, shapes=None, *, impls=None, iterations: int = 20, tune_fi
     if tune_first:
         sweep_rows = tune(spec, shapes, cache_path=tuned_configs, deadline=deadline, **kwargs)
     records = run(spec, shapes, impls=impls, iterations=iterations, deadline=deadline,
-                  cache_path=tuned_configs if tune_first else None, **kwargs)
+                  cache_path=tuned_configs if tune_first else None, check=check, **kwargs)
     env = bench.environment()
     written = []
     if out:

@@ -9,8 +9,9 @@ can), "pallas_<backend>" (``pallas_kernels.linear_cross_entropy`` on each backen
 "tokamax_chunked_xla" when tokamax is installed. "fwd" times the loss, "fwd+bwd" the loss and the gradients for h
 and w. Every record carries ``temp_bytes`` (``compiled.memory_analysis()``): the fused kernels' point is memory.
 The floor is GEMM FLOPs at the device's measured bf16 rate: 2·B·H·V for fwd, 3× that for fwd+bwd (what XLA with
-materialized logits needs; a design that never stores the (B, V) logits needs 4×, since dlogits needs the
-full-vocabulary lse before it can exist).
+materialized logits needs, and what the Triton backend runs with (Bc, V) token chunks: a chunk's dlogits need only
+its own rows' log-sum-exp; a design that never stores even a chunk of logits needs 4×). The Pallas records name
+the backend that ran ("pallas_triton") and carry its config, chunk_rows included.
 
 The "lm_head_*" shapes are the loss site of ``jaxfuse bench --op train_step``'s presets (tokens × width ×
 vocabulary, 32768 and 128256 words), taken from its PRESETS.

@@ -3,12 +3,14 @@ never writing the (B, V) logits to HBM.
 
   loss = linear_cross_entropy(h, w, labels)                          # mean over non-ignored rows, float32
   rows = linear_cross_entropy(h, w, labels, reduction="none")        # (B,)
-  loss = linear_cross_entropy(h, w, labels, block_sizes={"chunk_v": 8192})   # override part of the config
+  loss = linear_cross_entropy(h, w, labels, block_sizes={"chunk_rows": 512})   # override part of the config
   plan(h, w, labels)                                                 # Plan(backend='triton', config=...)
 
-Backends (``BACKENDS``): "triton" (``triton.py``: an online log-sum-exp forward kernel over vocabulary tiles; the
-backward recomputes dlogits chunk by chunk). A backend module's ``linear_cross_entropy`` returns the per-row losses;
-the reduction is applied here, once. Tune on a GPU with ``jaxfuse bench --op cross_entropy --tune``.
+Backends (``BACKENDS``): "triton" (``triton.py``: token chunks, per chunk a cuBLAS logits GEMM and one Pallas-Triton
+row kernel for the log-sum-exp and dlogits, the gradients computed in the forward when they are wanted). A backend
+module's ``linear_cross_entropy`` takes ``reduction`` and returns the loss as this function does (the reduction
+belongs inside its custom VJP: mean and sum fold 1/count into dlogits). Tune on a GPU with ``jaxfuse bench --op
+cross_entropy --tune``.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def _prepare(h, w, labels, reduction, ignore_index, z_loss, logit_soft_cap, bloc
     _check_inputs(h, w, labels, reduction, z_loss, logit_soft_cap)
     _check_label_range(labels, w.shape[1], ignore_index)
     labels = jnp.asarray(labels).astype(jnp.int32)
-    options = dict(ignore_index=int(ignore_index), z_loss=float(z_loss),
+    options = dict(reduction=reduction, ignore_index=int(ignore_index), z_loss=float(z_loss),
                    logit_soft_cap=None if logit_soft_cap is None else float(logit_soft_cap),
                    interpret=backends.resolve_interpret(interpret))
     module, chosen = BACKENDS.plan(backend, block_sizes, h, w, labels, **options)
@@ -125,21 +127,17 @@ def linear_cross_entropy(
         "mosaic"; a backend that cannot run here is a ValueError naming those that can.
 
     Returns:
-      float32 loss: a scalar, or (B,) for reduction="none". Differentiable in h and w (custom VJP, float32
-      accumulation). Labels outside [0, V) other than ignore_index raise ValueError when the labels are concrete;
-      under jit (traced labels) such a row's loss is NaN and so are the gradients (dh of that row and all of dw),
-      so a bad label can never pass as a plausible loss.
+      float32 loss: a scalar, or (B,) for reduction="none". Differentiable in h and w (custom VJP; GEMMs
+      accumulate in float32, and on the Triton backend a 16-bit dw accumulates across token chunks in its own
+      dtype unless ``dw_dtype="float32"``). Under ``jax.grad`` of a mean or sum the gradients are computed with
+      the loss, and an input that is not differentiated (a frozen w) costs no GEMM. Labels outside [0, V) other
+      than ignore_index raise ValueError when the labels are concrete; under jit (traced labels) such a row's loss
+      is NaN and so are the gradients (dh of that row and all of dw), so a bad label can never pass as a plausible
+      loss.
     """
     module, chosen, labels, options = _prepare(h, w, labels, reduction, ignore_index, z_loss, logit_soft_cap,
                                                block_sizes, interpret, backend)
-    per_row = module.linear_cross_entropy(h, w, labels, **options, config=chosen.config)  # (B,) float32
-    if reduction == "none":
-        return per_row
-    total = jnp.sum(per_row)
-    if reduction == "sum":
-        return total
-    count = jnp.sum(labels != ignore_index)
-    return total / jnp.maximum(count, 1).astype(jnp.float32)
+    return module.linear_cross_entropy(h, w, labels, **options, config=chosen.config)
 
 
 def plan(h, w, labels, *, reduction="mean", ignore_index=-100, z_loss=0.0, logit_soft_cap=None, block_sizes=None,

@@ -1,8 +1,9 @@
-"""Linear cross-entropy configs: the Triton kernels' LinearCrossEntropyConfig, the tuning-cache key, the default
-config of a call, the fill-in of its shape-dependent fields and the block-size sweep's candidates.
+"""Linear cross-entropy configs: the Triton backend's LinearCrossEntropyConfig, the token-chunk rule, the
+tuning-cache key, the default config of a call and the block-size sweep's candidates.
 
-  config = for_shape(default_config(h, w), B, V)        # tuned entry or defaults, None fields resolved
-  forward, backward = sweep_candidates(h, w)            # for `jaxfuse bench --tune`
+  config = for_shape(default_config(h, w), *h.shape, w.shape[1], h.dtype)   # tuned or built-in, chunk_rows resolved
+  chunk_rows_for(8192, 4096, 128256, jnp.bfloat16)                          # 1024: the memory rule's Bc
+  forward, backward = sweep_candidates(h, w)                                # for `jaxfuse bench --tune`
 """
 
 from __future__ import annotations
@@ -16,58 +17,58 @@ from jax.experimental import pallas as pl
 from pallas_kernels import triton_utils as tu
 from pallas_kernels import tuning
 
-__all__ = ["FORWARD_FIELDS", "LinearCrossEntropyConfig", "default_config", "for_shape", "shape_key",
-           "sweep_candidates"]
+__all__ = ["FORWARD_FIELDS", "LinearCrossEntropyConfig", "chunk_rows_for", "default_config", "for_shape",
+           "shape_key", "sweep_candidates"]
 
 OP = "linear_cross_entropy"  # the op's name in the tuning cache
-# Config fields of the forward kernel: forward sweep candidates vary these, backward candidates the others.
-FORWARD_FIELDS = ("block_b", "block_v", "block_h", "num_splits", "num_warps", "num_stages")
-_NUM_SMS = 132  # H100 SXM; only used to pick how many V splits give the forward enough programs
-_CHUNK_ELEMENTS = 2**25  # auto chunk_v: B · chunk_v ≈ 32 Mi dlogits elements (64 MiB in bf16)
+# The row kernel's fields: forward sweep candidates (timed on evaluation: the statistics pass) vary these,
+# backward candidates (timed on value and gradient) the others.
+FORWARD_FIELDS = ("rows_per_program", "block_v", "num_warps", "num_stages")
+TEMP_FRACTION = 0.05  # chunk_rows=None: temporaries at most this fraction of the plain XLA loss's (issue 17's bound)
+GEMM_WORKSPACE_BYTES = 32 * 2**20  # XLA's cuBLAS workspace, one temporary (s8[33554432] in the H100 programs)
+_CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla")}
 
 
 @dataclasses.dataclass(frozen=True)
 class LinearCrossEntropyConfig:
-    """Tile sizes and launch parameters (one static argument, hashable).
+    """Token chunks, the row kernel's tiles and the precision choices (one static, hashable argument).
 
     Attributes:
-      block_b, block_v, block_h: forward tile: block_b rows per program, (block_b, block_v) logits tiles
-        accumulated over H in block_h chunks.
-      num_splits: forward grid axis over the vocabulary (each split walks ceil(V / block_v / num_splits) tiles);
-        None picks enough splits for ~4 programs per SM.
-      block_b_bwd, block_v_bwd, block_h_bwd: the backward dlogits kernel's tile, one (block_b_bwd, block_v_bwd)
-        tile per program.
-      group_b: backward program order: consecutive programs cover group_b row blocks × all column blocks of a
-        chunk, so a wave of programs shares its h rows and w columns in L2.
-      chunk_v: vocabulary columns per backward step (dlogits (B, chunk_v) is the largest backward temporary);
-        None picks B · chunk_v ≈ 32 Mi elements.
-      num_warps, num_stages / num_warps_bwd, num_stages_bwd: Triton launch parameters of the two kernels.
-    Block sizes are powers of two >= 16 (Triton tile shapes and tl.dot minimum); they need not divide B, H or V.
+      chunk_rows: Bc, tokens per chunk (one chunk's (Bc, V) logits are the largest temporary); None: the memory
+        rule of ``chunk_rows_for``, resolved per call (``for_shape``).
+      rows_per_program, block_v: the row kernel's tile: each program owns rows_per_program rows (a power of two)
+        and walks the vocabulary in (rows_per_program, block_v) tiles.
+      num_warps, num_stages: Triton launch parameters of the row kernel.
+      dw_dtype: "param" accumulates dw across chunks in w's dtype (one rounding per chunk); "float32" in an
+        (H, V) float32 buffer (a better dw for H·V·4 bytes more temporary memory).
+      logits_dtype: "compute": the logits GEMM writes the input dtype (as XLA's plain loss does); "float32":
+        float32 logits (twice the bytes; dlogits then go to a separate buffer in the input dtype).
+      row_pass: "pallas" (the row kernel) or "xla" (the same math as jnp, fused by XLA as it can).
     """
 
-    # Defaults: the best of the H100 sweep at 8192x4096x128256 (benchmarks/results/NOTES.md).
-    block_b: int = 128
-    block_v: int = 256
-    block_h: int = 64
-    num_splits: int | None = None
-    block_b_bwd: int = 128
-    block_v_bwd: int = 256
-    block_h_bwd: int = 64
-    group_b: int = 8
-    chunk_v: int | None = None
-    num_warps: int = 8
-    num_stages: int = 3
-    num_warps_bwd: int = 8
-    num_stages_bwd: int = 4
+    # Row-kernel defaults: the fastest of four tilings timed alone on the H100 at the suite's shapes
+    # (benchmarks/results/cross_entropy_chunked-rows-h100.json): one row per program gives a chunk of 512-1024 rows
+    # enough programs to keep loads in flight (4 rows × 2048: 345 µs per 1024×128256 chunk; 1 × 4096: 314 µs).
+    chunk_rows: int | None = None
+    rows_per_program: int = 1
+    block_v: int = 4096
+    num_warps: int = 4
+    num_stages: int = 1
+    dw_dtype: str = "param"
+    logits_dtype: str = "compute"
+    row_pass: str = "pallas"
 
     def __post_init__(self):
-        tu.check_launch_fields(self)  # block_*, num_warps*, num_stages*
-        for name in ("num_splits", "chunk_v"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise ValueError(f"LinearCrossEntropyConfig.{name}: must be None or a positive int, got {value!r}")
-        if not _is_int(self.group_b) or self.group_b < 1:
-            raise ValueError(f"LinearCrossEntropyConfig.group_b: must be a positive int, got {self.group_b!r}")
+        tu.check_launch_fields(self)  # block_v, num_warps, num_stages
+        cls = type(self).__name__
+        if self.chunk_rows is not None and (not _is_int(self.chunk_rows) or self.chunk_rows < 1):
+            raise ValueError(f"{cls}.chunk_rows: must be None or a positive int, got {self.chunk_rows!r}")
+        r = self.rows_per_program
+        if not _is_int(r) or r < 1 or r & (r - 1):
+            raise ValueError(f"{cls}.rows_per_program: must be a power of two >= 1, got {r!r}")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{cls}.{name}: must be one of {allowed}, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -82,10 +83,27 @@ def shape_key(h, w) -> str:
     return f"{jnp.dtype(h.dtype).name}[B={h.shape[0]},H={h.shape[1]},V={w.shape[1]}]"
 
 
+def chunk_rows_for(B: int, H: int, V: int, dtype) -> int:
+    """Bc from the memory rule: one chunk's logits, its (Bc, H) slices of h and dh and XLA's 32 MiB GEMM workspace
+    within TEMP_FRACTION (5%) of the plain XLA loss's B·V·(s + 4) bytes (compute-dtype logits plus their float32
+    copy; s the itemsize), so Bc ≈ 0.15·B·V / (V + 2·H) in bf16 less the workspace. Bc is a multiple of 128 (at
+    least 128); among those the largest dividing B down to half the limit (no row computed twice), else B split
+    evenly; B itself when it fits."""
+    s = jnp.dtype(dtype).itemsize
+    budget = TEMP_FRACTION * B * V * (s + 4) - GEMM_WORKSPACE_BYTES
+    limit = max(128, int(budget // ((V + 2 * H) * s)) // 128 * 128)
+    if B <= limit:
+        return B
+    for rows in range(limit, limit // 2 - 1, -128):
+        if B % rows == 0:
+            return rows
+    return min(limit, pl.cdiv(pl.cdiv(B, pl.cdiv(B, limit)), 128) * 128)
+
+
 def default_config(h, w, *, on_gpu: bool | None = None) -> LinearCrossEntropyConfig:
     """The config a call uses without ``block_sizes``: the tuning cache entry for this device and shape if there is
-    one, else the built-in table (GPU defaults, or small tiles on CPU). None fields are resolved at call time
-    (``for_shape``)."""
+    one, else the built-in table (GPU defaults, or small tiles and chunks on CPU). chunk_rows may be None, resolved
+    per call (``for_shape``)."""
     on_gpu = jax.default_backend() == "gpu" if on_gpu is None else on_gpu
     params = tuning.lookup(OP, shape_key(h, w)) if on_gpu else None
     if params is None:
@@ -93,39 +111,23 @@ def default_config(h, w, *, on_gpu: bool | None = None) -> LinearCrossEntropyCon
     return LinearCrossEntropyConfig(**params)
 
 
-def for_shape(config: LinearCrossEntropyConfig, B: int, V: int) -> LinearCrossEntropyConfig:
-    """Fills num_splits and chunk_v when None; makes every split non-empty."""
-    n_vt = pl.cdiv(V, config.block_v)
-    splits = config.num_splits
-    if splits is None:
-        splits = min(16, max(1, pl.cdiv(4 * _NUM_SMS, pl.cdiv(B, config.block_b))))
-    splits = pl.cdiv(n_vt, pl.cdiv(n_vt, min(splits, n_vt)))  # no empty split
-    chunk = config.chunk_v if config.chunk_v is not None else _auto_chunk(B, V, config.block_v_bwd)
-    return dataclasses.replace(config, num_splits=splits, chunk_v=min(chunk, V))
+def for_shape(config: LinearCrossEntropyConfig, B: int, H: int, V: int, dtype) -> LinearCrossEntropyConfig:
+    """chunk_rows resolved (``chunk_rows_for`` when None) and at most B."""
+    rows = chunk_rows_for(B, H, V, dtype) if config.chunk_rows is None else config.chunk_rows
+    return dataclasses.replace(config, chunk_rows=min(rows, B))
 
 
-def _auto_chunk(B: int, V: int, block_v: int) -> int:
-    """Backward chunk width: a multiple of block_v (so the dlogits kernel needs no column masks) near
-    _CHUNK_ELEMENTS / B columns, with as few columns as possible recomputed by the clamped last chunk (see
-    ``triton._backward``): the number of chunks is searched in [n0, 2·n0] for the least overshoot of V."""
-    blocks = pl.cdiv(V, block_v)
-    target_blocks = max(1, (1 << max(0, (_CHUNK_ELEMENTS // max(B, 1)).bit_length() - 1)) // block_v)
-    n0 = pl.cdiv(blocks, target_blocks)
-    overshoot = lambda n: pl.cdiv(blocks, n) * n - blocks
-    best = min(range(n0, 2 * n0 + 1), key=lambda n: (overshoot(n), n))
-    return block_v * pl.cdiv(blocks, best)
-
-
-# Sweep candidates: overrides of the default config, the H100 sweep's space at 8192x4096x128256.
-_FORWARD_OVERRIDES = [{}, {"block_v": 128}, {"num_stages": 4}, {"num_splits": 8}, {"num_splits": 16},
-                      {"block_b": 64, "num_warps": 4}, {"block_h": 32, "num_stages": 4}]
-_BACKWARD_OVERRIDES = [{}, {"chunk_v": 8192}, {"chunk_v": 16384}, {"block_v_bwd": 128}, {"num_stages_bwd": 3},
-                       {"group_b": 16}]
+# Sweep candidates, overrides of the default config. Forward: the row-kernel tilings of the H100's row sweep
+# (cross_entropy_chunked-rows-h100.json). Backward: the same math in XLA instead of the row kernel. Neither changes
+# the temporary memory (chunk_rows stays the rule's: a larger chunk would be faster and break the memory bound).
+_FORWARD_OVERRIDES = [{}, {"rows_per_program": 4, "block_v": 2048, "num_warps": 8},
+                      {"block_v": 8192, "num_warps": 8}, {"rows_per_program": 2, "num_warps": 8}]
+_BACKWARD_OVERRIDES = [{}, {"row_pass": "xla"}]
 
 
 def sweep_candidates(h, w) -> tuple[list[dict], list[dict]]:
     """(forward, backward) candidate parameter dicts at h (B, H), w (H, V): the GPU default first, forward ones
-    varying only FORWARD_FIELDS, backward ones the backward kernel's fields and chunk_v."""
+    varying only FORWARD_FIELDS, backward ones the others."""
     base = default_config(h, w, on_gpu=True).to_dict()
     return ([LinearCrossEntropyConfig(**dict(base, **o)).to_dict() for o in _FORWARD_OVERRIDES],
             [LinearCrossEntropyConfig(**dict(base, **o)).to_dict() for o in _BACKWARD_OVERRIDES])

@@ -1,33 +1,50 @@
-"""The Triton backend of linear_cross_entropy: the (B, V) logits are never written to HBM.
+"""The Triton backend of linear_cross_entropy: token chunks, gradients computed in the forward, 3 GEMMs, no (B, V)
+buffer.
 
-``linear_cross_entropy(h, w, labels, ...)`` gives the per-row cross-entropies of softmax(h @ w) against integer
-labels, computed tile by tile (the public function reduces them). Shape notation: B tokens (rows), H hidden size,
-V vocabulary.
+Shape notation: B tokens, H hidden size, V vocabulary, Bc tokens per chunk (``config.chunk_rows``), s the input
+itemsize. Liger-Kernel's design, with XLA's GEMMs (cuBLAS on GPU) and one Pallas-Triton kernel per chunk for the
+vocabulary-wide row work (``triton_rows.py``):
 
-Forward (one Pallas kernel): grid (V splits, B / block_b). A program holds block_b rows and walks the vocabulary
-tiles of its split: each (block_b, block_v) logits tile is accumulated in float32 registers over H in block_h
-chunks (the (block_b, H) rows are re-read from L2 for every tile), soft-capped, folded into a float32 running max
-and sum (online log-sum-exp) and searched for the label logit. HBM sees h, w once per wave of programs and three
-(V splits, B) float32 partials (max, sum, label logit) that a few jnp ops combine into lse (B,). Splitting V over a
-grid axis gives small B enough programs for 132 SMs (B=4096 in 128-row blocks is only 32 row blocks).
+  per chunk c of Bc rows:  logits_c = h_c @ w                       (Bc, V) input dtype, GEMM 1
+                           lse, label logit; dlogits_c in place      the row kernel
+                           dh[c] = dlogits_c @ wᵀ                    (Bc, H), GEMM 2, written once
+                           dw += h_cᵀ @ dlogits_c                    (H, V), GEMM 3, accumulated over chunks
 
-Backward (custom VJP; residuals h, w, labels and lse (B,) float32): dlogits = g · (softmax · (1 + 2·z_loss·lse)
-− onehot) · (1 − tanh²) needs the full-vocabulary lse, so the logits are recomputed. H is large (2048-8192), so
-neither dh = dlogits @ wᵀ ((block_b, H) accumulator) nor dw = hᵀ @ dlogits ((H, block_v) accumulator) fits a
-Triton program's registers, and Pallas-Triton has no shared-memory scratch. The backward therefore walks the
-vocabulary in chunks of ``chunk_v`` columns: a Pallas kernel recomputes the chunk's logits tiles and writes its
-dlogits (B, chunk_v) in the input dtype, then two float32-accumulating GEMMs (XLA: cuBLAS on GPU) give
-dw[:, chunk] = hᵀ @ dlogits (written once) and dh += dlogits @ w[:, chunk]ᵀ (a (B, H) float32 accumulator).
+Paths. ``reduction="mean"|"sum"`` is a scalar ``custom_vjp``: its primal (evaluation, no gradient) runs GEMM 1 and
+the statistics pass only (1 GEMM, like XLA's forward); its forward rule runs the GEMMs with dlogits_c already
+scaled by the row weight (1/count or 1, 0 for ignored rows) and keeps dh (B, H) and dw (H, V) as residuals; the
+backward rule multiplies them by the scalar cotangent (a constant 1 under ``value_and_grad``, which XLA folds
+away). The rule sees which inputs are differentiated (``symbolic_zeros``): with w not differentiated (a frozen LM
+head) GEMM 3 is never traced, with h not differentiated GEMM 2 (under jit, dead-code elimination would also drop
+the unused GEMM; outside jit it would run). ``reduction="none"`` needs the per-row
+cotangent inside the GEMMs: its forward rule is the 1-GEMM path keeping lse (B,), its backward recomputes logits_c
+(4 GEMMs in all).
 
-Cost (F = 2·B·H·V FLOPs, one GEMM of the problem): forward 1 F; backward 3 F (recompute + dh + dw); total 4 F
-against XLA's 3 F with materialized logits. HBM: forward ≈ h + w + (splits·B·12) bytes; backward adds the dlogits
-chunks (B·V·itemsize written, read twice), the w chunks sliced for the dh GEMM (H·V·itemsize), and the dh
-accumulator (B·H·4 bytes read and written per chunk). Temporary memory: B·H·4 (dh) + B·chunk_v·itemsize
-(dlogits) + H·chunk_v·itemsize (w slice, dw chunk) — no (B, V) buffer anywhere. The float32 dh accumulator is
-the floor of any design that accumulates in float32 without a (B, V) buffer: dh needs every vocabulary column and
-dw every row, so one of the two must persist in float32 across the outer loop, and dh (B·H·4) is the smaller one
-(128 MiB = 2.1% of plain XLA's temporary memory at 8192×4096×128256). What the backward's variants measured is in
-benchmarks/results/NOTES.md.
+Cost model (F = 2·B·H·V FLOPs, one GEMM of the problem; n = B / Bc chunks):
+  evaluation: 1 F. HBM: w read n times (L2 absorbs little), logits written once and read once (2·B·V·s).
+  value and gradient: 3 F. The row kernel reads each chunk's logits twice and writes dlogits over them: 3·B·V·s
+  bytes. The dw GEMM reads and writes dw (H·V·s each) at every chunk but the first (XLA folds the add into the
+  cuBLAS call as beta = 1): 2·(n − 1)·H·V·s bytes, overlapped with its 2·Bc·H·V FLOPs when Bc·H / (2·H + Bc)
+  exceeds the machine's FLOP/byte ratio (about 270 on an H100), i.e. Bc >~ 600 at H = 4096.
+Stored (temporaries): one chunk's logits Bc·V·s (dlogits overwrite them), the chunk's (Bc, H) slices of h and dh,
+per-row statistics, XLA's 32 MiB GEMM workspace; dh and dw are the outputs themselves (updated in place). dw
+accumulates in w's dtype by default: each chunk's GEMM adds in float32 and rounds once, so a bf16 dw carries about
+sqrt(n) bf16 roundings (``dw_dtype="float32"``: an H·V·4 accumulator instead). ``chunk_rows=None`` takes Bc from
+``config.chunk_rows_for``: temporaries within 5% of the plain XLA loss's.
+
+Measured (H100, bf16, CUPTI, XLA in the same run; benchmarks/results/NOTES.md, "Linear cross-entropy"): fwd+bwd
+1.08x XLA at 8192x4096x128256, 1.05x at 16384x4096x32000, 0.93x at 4096x2048x256000 (where the 5% bound leaves
+Bc = 512 and the dw GEMMs take 9.0 ms against XLA's 5.4); evaluation 0.97-1.01x; temporaries 3.7-5.0% of XLA's.
+
+Why not the earlier design (one Pallas kernel for the forward's online log-sum-exp over vocabulary tiles, a
+backward recomputing the logits: 4 GEMMs, Pallas-Triton GEMMs 15-20% below cuBLAS; in the history up to commit
+e9abf09): it was 0.68-0.73x XLA's forward+backward at every suite shape. Its one advantage was memory (a forward
+with ~1 MiB of temporaries, forward+backward 2.3-3.6% of XLA's at two shapes but 10.3% at the third); this design
+meets the 5% bound at all three and is faster than XLA, so the old one was removed rather than kept as an option;
+its lessons are in NOTES.md.
+
+Chunks: the last chunk starts at B − Bc and runs first, outside the loop (its dw GEMM initializes dw: no memset,
+no read); rows it shares with the chunk before get weight 0 there and are written again by that chunk.
 
 Reached through ``pallas_kernels.linear_cross_entropy(..., backend="triton")``, which validates the inputs and
 resolves the config; the backend-module contract is in ``pallas_kernels.backends``.
@@ -45,22 +62,24 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.cross_entropy import config as _config
+from pallas_kernels.cross_entropy.triton_rows import RowOptions, row_pass
 
 __all__ = ["Config", "FORWARD_FIELDS", "default_config", "linear_cross_entropy", "sweep_candidates",
            "unsupported_reason"]
 
 Config = _config.LinearCrossEntropyConfig
 FORWARD_FIELDS = _config.FORWARD_FIELDS
-_M_INIT = -1e30  # running max before any column: finite, so exp(m_old - m_new) never sees inf - inf
 
 
 def default_config(h, w, labels, *, interpret: bool, **_) -> Config:
-    """The tuned or built-in config for h (B, H) and w (H, V) (``config.default_config``)."""
-    return _config.default_config(h, w, on_gpu=not interpret)
+    """The tuned or built-in config for h (B, H) and w (H, V) (``config.default_config``), chunk_rows resolved
+    (so ``plan`` and the benchmark records show the chunk that runs)."""
+    B, H = h.shape
+    return _config.for_shape(_config.default_config(h, w, on_gpu=not interpret), B, H, w.shape[1], h.dtype)
 
 
 def unsupported_reason(h, w, labels, **_) -> str | None:
-    """None: the Triton kernels take every input the public function accepts."""
+    """None: this backend runs every input the public function accepts (all dtypes, reductions and options)."""
     return None
 
 
@@ -71,229 +90,192 @@ def sweep_candidates(h, w, labels, **_) -> tuple[list[dict], list[dict]]:
 
 @dataclasses.dataclass(frozen=True)
 class _Static:
-    """Everything static about one call (the custom VJP's single non-differentiable argument); the config's
-    None fields are resolved to concrete ints for this shape."""
+    """Everything static about one call; rows.config.chunk_rows is resolved (<= B)."""
 
-    config: Config
+    rows: RowOptions
+    reduction: str
     ignore_index: int
-    z_loss: float
-    logit_soft_cap: float | None
-    interpret: bool
+
+    @property
+    def chunk_rows(self) -> int:
+        return self.rows.config.chunk_rows
 
 
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _Wanted:
+    """Which gradients a forward rule's caller differentiates (a residual with no arrays in it)."""
 
-# ---------------------------------------------------------------------------------------------------------------
-# Kernels
-# ---------------------------------------------------------------------------------------------------------------
-def _and(a, b):
-    return b if a is None else (a if b is None else jnp.logical_and(a, b))
-
-
-def _logits_tile(h_ref, w_ref, r0, v0, *, bm, bv, bk, H, row_ok, col_ok):
-    """float32 (bm, bv) tile h[r0:r0+bm] @ w[:, v0:v0+bv], accumulated over H in bk chunks. Rows where row_ok is
-    False and columns where col_ok is False read 0 (None: known in bounds)."""
-
-    def body(kk, acc):
-        k0 = kk * bk
-        k_ok = None if H % bk == 0 else (k0 + jnp.arange(bk, dtype=jnp.int32)) < H
-        h_mask = _and(None if row_ok is None else row_ok[:, None], None if k_ok is None else k_ok[None, :])
-        w_mask = _and(None if k_ok is None else k_ok[:, None], None if col_ok is None else col_ok[None, :])
-        h_tile = tu.load(h_ref, (pl.ds(r0, bm), pl.ds(k0, bk)), mask=h_mask)  # (bm, bk)
-        w_tile = tu.load(w_ref, (pl.ds(k0, bk), pl.ds(v0, bv)), mask=w_mask)  # (bk, bv)
-        return acc + tu.dot(h_tile, w_tile)
-
-    return lax.fori_loop(0, pl.cdiv(H, bk), body, jnp.zeros((bm, bv), jnp.float32))
-
-
-def _soft_cap(x, cap):
-    """(z, dz/dx) for z = cap·tanh(x / cap); (x, None) without a cap."""
-    if cap is None:
-        return x, None
-    t = jnp.tanh(x * (1.0 / cap))
-    return cap * t, 1.0 - t * t
-
-
-def _fwd_kernel(h_ref, w_ref, labels_ref, m_ref, s_ref, zy_ref, *, st: _Static, B: int, H: int, V: int):
-    """Program (split, row block): online log-sum-exp over the split's vocabulary tiles and the label logit."""
-    cfg = st.config
-    bm, bv = cfg.block_b, cfg.block_v
-    n_vt = pl.cdiv(V, bv)
-    tiles_per_split = pl.cdiv(n_vt, cfg.num_splits)
-    split, rb = pl.program_id(0), pl.program_id(1)
-    r0 = rb * bm
-    rows = r0 + jnp.arange(bm, dtype=jnp.int32)
-    row_ok = None if B % bm == 0 else rows < B
-    labels = tu.load(labels_ref, (pl.ds(r0, bm),), mask=row_ok, other=-1)  # (bm,)
-    t0 = split * tiles_per_split
-    num_tiles = jnp.minimum(tiles_per_split, n_vt - t0)  # >= 1: splits are never empty
-
-    def body(j, carry):
-        m, s, zy = carry
-        v0 = (t0 + j) * bv
-        cols = v0 + jnp.arange(bv, dtype=jnp.int32)
-        col_ok = None if V % bv == 0 else cols < V
-        x = _logits_tile(h_ref, w_ref, r0, v0, bm=bm, bv=bv, bk=cfg.block_h, H=H, row_ok=row_ok, col_ok=col_ok)
-        z, _ = _soft_cap(x, st.logit_soft_cap)
-        if col_ok is not None:
-            z = jnp.where(col_ok[None, :], z, -jnp.inf)  # columns past V: exp(-inf) = 0
-        m_new = jnp.maximum(m, jnp.max(z, axis=1))
-        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(z - m_new[:, None]), axis=1)
-        zy = zy + jnp.sum(jnp.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
-        return m_new, s, zy
-
-    init = (jnp.full((bm,), _M_INIT, jnp.float32), jnp.zeros((bm,), jnp.float32), jnp.zeros((bm,), jnp.float32))
-    m, s, zy = lax.fori_loop(0, num_tiles, body, init)
-    for ref, value in ((m_ref, m), (s_ref, s), (zy_ref, zy)):
-        tu.store(ref, (split, pl.ds(r0, bm)), value, mask=row_ok)
-
-
-def _dlogits_kernel(h_ref, w_ref, labels_ref, lse_ref, g_ref, dl_ref, *, st: _Static, B: int, H: int, Vc: int):
-    """One (block_b_bwd, block_v_bwd) tile of dlogits for a vocabulary chunk of Vc columns (labels chunk-local)."""
-    cfg = st.config
-    bm, bv, group = cfg.block_b_bwd, cfg.block_v_bwd, cfg.group_b
-    n_rb, n_cb = pl.cdiv(B, bm), pl.cdiv(Vc, bv)
-    # Grouped order: programs [k·group·n_cb, (k+1)·group·n_cb) cover row blocks [k·group, (k+1)·group).
-    pid = pl.program_id(0)
-    per_group = group * n_cb
-    first = lax.div(pid, per_group) * group
-    size = jnp.minimum(n_rb - first, group)
-    within = lax.rem(pid, per_group)
-    rb, cb = first + lax.rem(within, size), lax.div(within, size)
-
-    r0, v0 = rb * bm, cb * bv
-    rows = r0 + jnp.arange(bm, dtype=jnp.int32)
-    cols = v0 + jnp.arange(bv, dtype=jnp.int32)
-    row_ok = None if B % bm == 0 else rows < B
-    col_ok = None if Vc % bv == 0 else cols < Vc
-    labels = tu.load(labels_ref, (pl.ds(r0, bm),), mask=row_ok, other=-1)
-    lse = tu.load(lse_ref, (pl.ds(r0, bm),), mask=row_ok)
-    g = tu.load(g_ref, (pl.ds(r0, bm),), mask=row_ok)  # rows past B: g = 0 (and they are not stored)
-
-    x = _logits_tile(h_ref, w_ref, r0, v0, bm=bm, bv=bv, bk=cfg.block_h_bwd, H=H, row_ok=row_ok, col_ok=col_ok)
-    z, dz_dx = _soft_cap(x, st.logit_soft_cap)
-    p = jnp.exp(z - lse[:, None])  # softmax
-    if st.z_loss:
-        p = p * (1.0 + 2.0 * st.z_loss * lse)[:, None]  # d(z_loss·lse²)/dz = 2·z_loss·lse·softmax
-    dz = p - (cols[None, :] == labels[:, None]).astype(jnp.float32)
-    if dz_dx is not None:
-        dz = dz * dz_dx
-    dl = (dz * g[:, None]).astype(dl_ref.dtype)
-    mask = _and(None if row_ok is None else row_ok[:, None], None if col_ok is None else col_ok[None, :])
-    tu.store(dl_ref, (pl.ds(r0, bm), pl.ds(v0, bv)), dl, mask=mask)
+    dh: bool
+    dw: bool
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# pallas_call wrappers and the custom VJP
+# Chunk loops
 # ---------------------------------------------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames="st")
-def _forward(h, w, labels, st: _Static):
-    """Per-row losses (B,) float32 (0 for ignored rows, NaN for out-of-range labels) and lse (B,) float32."""
-    B, H = h.shape
-    V = w.shape[1]
-    cfg = st.config
-    partial = jax.ShapeDtypeStruct((cfg.num_splits, B), jnp.float32)
-    m, s, zy = tu.pallas_call(
-        functools.partial(_fwd_kernel, st=st, B=B, H=H, V=V),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, interpret=st.interpret,
-        grid=(cfg.num_splits, pl.cdiv(B, cfg.block_b)),  # splits vary fastest: a wave shares its h rows in L2
-        out_shape=[partial, partial, partial],
-        name="linear_cross_entropy_fwd",
-    )(h, w, labels)
-    m_max = jnp.max(m, axis=0)  # (B,)
-    lse = m_max + jnp.log(jnp.sum(s * jnp.exp(m - m_max), axis=0))
-    loss = lse - jnp.sum(zy, axis=0)
-    if st.z_loss:
-        loss = loss + st.z_loss * lse * lse
-    valid, out_of_range = _label_status(labels, V, st.ignore_index)
-    loss = jnp.where(valid, loss, 0.0)
-    return jnp.where(out_of_range, jnp.nan, loss), lse
+def _precision(dtype):
+    return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else lax.Precision.DEFAULT
+
+
+def _logits(h_c, w, st: _Static):
+    """GEMM 1: (Bc, H) @ (H, V) -> (Bc, V) in the input dtype (or float32), float32 accumulation."""
+    dtype = jnp.float32 if st.rows.config.logits_dtype == "float32" else h_c.dtype
+    return lax.dot_general(h_c, w, (((1,), (0,)), ((), ())), precision=_precision(h_c.dtype),
+                           preferred_element_type=dtype)
 
 
 def _label_status(labels, V: int, ignore_index: int):
+    """(valid, bad) (B,) bool: rows that count, and counted rows whose label lies outside [0, V)."""
     valid = labels != ignore_index
     return valid, valid & ((labels < 0) | (labels >= V))
 
 
-def _dlogits(h, w_chunk, labels_local, lse, g, st: _Static):
-    """dlogits (B, Vc) in h.dtype of one vocabulary chunk, from recomputed logits tiles."""
-    B, H = h.shape
-    Vc = w_chunk.shape[1]
-    cfg = st.config
-    return tu.pallas_call(
-        functools.partial(_dlogits_kernel, st=st, B=B, H=H, Vc=Vc),
-        num_warps=cfg.num_warps_bwd, num_stages=cfg.num_stages_bwd, interpret=st.interpret,
-        grid=(pl.cdiv(B, cfg.block_b_bwd) * pl.cdiv(Vc, cfg.block_v_bwd),),
-        out_shape=jax.ShapeDtypeStruct((B, Vc), h.dtype),
-        name="linear_cross_entropy_dlogits",
-    )(h, w_chunk, labels_local, lse, g)
+def _row_loss(lse, zy, st: _Static):
+    return lse - zy + st.rows.z_loss * lse * lse if st.rows.z_loss else lse - zy
 
 
-@functools.partial(jax.jit, static_argnames="st")
-def _backward(h, w, labels, lse, g, st: _Static):
-    """(dh, dw) for row weights g (B,) float32 (upstream cotangent, 0 for ignored rows).
+def _row_losses_forward(h, w, labels, st: _Static):
+    """Per-row losses (B,) float32 (0 for ignored rows, NaN for bad labels) and lse (B,): GEMM 1 and the statistics
+    pass per chunk. The first step (the last chunk) writes rows a later step writes again with the same values."""
+    B, V = h.shape[0], w.shape[1]
+    Bc = st.chunk_rows
 
-    ceil(V / chunk_v) steps of chunk_v columns: a Pallas kernel writes dlogits (B, chunk), then two XLA GEMMs
-    (cuBLAS on GPU) write dw[:, chunk] = hᵀ dl directly in w's dtype (float32 accumulation inside the GEMM) and add
-    dl w_chunkᵀ to the float32 dh accumulator. The last chunk starts at V − chunk_v, so every step has one shape; it
-    runs first, outside the loop: its GEMM initializes dh (with the columns it shares with the full steps zeroed in
-    its copy of w), and the loop's full steps then add to dh in place with no mask.
+    def step(i, carry):
+        row_loss, lses = carry
+        start = jnp.where(i == 0, B - Bc, (i - 1) * Bc)
+        y_c = lax.dynamic_slice_in_dim(labels, start, Bc)
+        _, lse, zy = row_pass(_logits(lax.dynamic_slice_in_dim(h, start, Bc), w, st), y_c, None, None, st.rows,
+                              dl_dtype=h.dtype)
+        return (lax.dynamic_update_slice_in_dim(row_loss, _row_loss(lse, zy, st), start, 0),
+                lax.dynamic_update_slice_in_dim(lses, lse, start, 0))
 
-    dw in w's dtype straight from the GEMM and the clamped step first are what the H100 measured fastest
-    (benchmarks/results/NOTES.md, "Linear cross-entropy")."""
-    B, H = h.shape
-    V = w.shape[1]
-    chunk = st.config.chunk_v
-    num_steps = pl.cdiv(V, chunk)
-    precision = lax.Precision.HIGHEST if h.dtype == jnp.float32 else lax.Precision.DEFAULT
+    zeros = jnp.zeros((B,), jnp.float32)
+    row_loss, lse = lax.fori_loop(0, pl.cdiv(B, Bc), step, (zeros, zeros))
+    valid, bad = _label_status(labels, V, st.ignore_index)
+    return jnp.where(bad, jnp.nan, jnp.where(valid, row_loss, 0.0)), lse
 
-    def step(i, carry, *, clamped: bool):
-        dh, dw = carry
-        v0 = V - chunk if clamped else i * chunk
-        w_chunk = lax.dynamic_slice_in_dim(w, v0, chunk, axis=1)  # (H, chunk)
-        dl = _dlogits(h, w_chunk, labels - v0, lse, g, st)  # (B, chunk)
-        dw_chunk = lax.dot_general(h, dl, (((0,), (0,)), ((), ())), precision=precision,
-                                   preferred_element_type=w.dtype)  # (H, chunk) = hᵀ dl
-        shared = (num_steps - 1) * chunk - (V - chunk)  # leading columns of the clamped step a full step covers
-        if clamped and shared:
-            new_cols = jnp.arange(chunk, dtype=jnp.int32) >= shared
-            w_chunk = jnp.where(new_cols[None, :], w_chunk, jnp.zeros((), w.dtype))
-        dh_chunk = lax.dot_general(dl, w_chunk, (((1,), (1,)), ((), ())), precision=precision,
-                                   preferred_element_type=jnp.float32)  # (B, H) = dl w_chunkᵀ
-        dh = dh_chunk if dh is None else dh + dh_chunk
-        return dh, lax.dynamic_update_slice_in_dim(dw, dw_chunk, v0, axis=1)
 
-    carry = step(num_steps - 1, (None, jnp.zeros((H, V), w.dtype)), clamped=True)
-    dh, dw = lax.fori_loop(0, num_steps - 1, functools.partial(step, clamped=False), carry)
-    return dh.astype(h.dtype), dw
+def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
+    """(total, dh, dw): total = Σ g·row loss (float32; 0 when lse is given), dh (B, H) in h's dtype and dw (H, V)
+    in w's dtype (None where ``wanted`` says the caller does not differentiate that input: its GEMM never runs), for
+    row weights g (B,) float32. lse None: the forward rule (statistics and dlogits from one kernel per chunk); lse
+    (B,) given: the "none" backward (the kernel's dlogits pass only)."""
+    B, V = h.shape[0], w.shape[1]
+    Bc = st.chunk_rows
+    n = pl.cdiv(B, Bc)
+    shared = n * Bc - B  # leading rows of the last chunk that the chunk before it also covers
+    dw_dtype = jnp.float32 if st.rows.config.dw_dtype == "float32" else w.dtype
+    prec = _precision(h.dtype)
+
+    def step(start, carry, first: bool):
+        h_c = lax.dynamic_slice_in_dim(h, start, Bc)  # (Bc, H)
+        y_c, g_c = (lax.dynamic_slice_in_dim(a, start, Bc) for a in (labels, g))
+        if first and shared:
+            g_c = jnp.where(jnp.arange(Bc) >= shared, g_c, 0.0)  # counted by the next step
+        lse_c = None if lse is None else lax.dynamic_slice_in_dim(lse, start, Bc)
+        dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # dl (Bc, V)
+        total = jnp.float32(0.0) if zy is None else jnp.sum(g_c * _row_loss(lse_c, zy, st))
+        dh, dw = (None, None) if first else carry[1:]
+        if wanted.dh:
+            dh_c = lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=prec,
+                                   preferred_element_type=h.dtype)  # (Bc, H) = dl wᵀ
+            dh = lax.dynamic_update_slice_in_dim(jnp.zeros_like(h) if first else dh, dh_c, start, 0)
+        if wanted.dw:
+            dw_c = lax.dot_general(h_c, dl, (((0,), (0,)), ((), ())), precision=prec,
+                                   preferred_element_type=dw_dtype)  # (H, V) = h_cᵀ dl
+            dw = dw_c if first else dw + dw_c
+        return (total if first else carry[0] + total), dh, dw
+
+    carry = step(B - Bc, None, first=True)
+    total, dh, dw = lax.fori_loop(1, n, lambda i, c: step((i - 1) * Bc, c, first=False), carry)
+    return total, dh, None if dw is None else dw.astype(w.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# custom VJPs
+# ---------------------------------------------------------------------------------------------------------------
+def _row_weights(labels, V: int, st: _Static, scale):
+    """g (B,) float32: scale for counted rows, 0 for ignored ones, NaN for bad labels (never a plausible value)."""
+    valid, bad = _label_status(labels, V, st.ignore_index)
+    return jnp.where(bad, jnp.nan, jnp.where(valid, scale, 0.0)).astype(jnp.float32)
+
+
+def _reduction_scale(labels, st: _Static):
+    if st.reduction == "sum":
+        return jnp.float32(1.0)
+    count = jnp.sum(labels != st.ignore_index)
+    return 1.0 / jnp.maximum(count, 1).astype(jnp.float32)
+
+
+def _unpack(h, w, labels):
+    """The forward rule's primals (``symbolic_zeros``): values, and which of h and w are differentiated."""
+    return h.value, w.value, labels.value, _Wanted(dh=h.perturbed, dw=w.perturbed)
+
+
+def _scaled(x, ct):
+    return None if x is None else (x * ct).astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _reduced_loss(h, w, labels, st: _Static):
+    """Scalar mean/sum loss; evaluation costs 1 GEMM per chunk (this primal), gradients up to 3 (the forward
+    rule)."""
+    row_loss, _ = _row_losses_forward(h, w, labels, st)
+    return jnp.sum(row_loss) * _reduction_scale(labels, st)
+
+
+def _reduced_loss_fwd(h, w, labels, st: _Static):
+    h, w, labels, wanted = _unpack(h, w, labels)
+    g = _row_weights(labels, w.shape[1], st, _reduction_scale(labels, st))
+    total, dh, dw = _chunk_gradients(h, w, labels, g, None, st, wanted)
+    return total, (dh, dw)
+
+
+def _reduced_loss_bwd(st: _Static, residuals, ct):
+    if isinstance(ct, jax.custom_derivatives.SymbolicZero):
+        return None, None, None
+    dh, dw = residuals
+    ct = ct.astype(jnp.float32)  # a constant 1 under value_and_grad: XLA removes both products
+    return _scaled(dh, ct), _scaled(dw, ct), None
+
+
+_reduced_loss.defvjp(_reduced_loss_fwd, _reduced_loss_bwd, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _row_losses(h, w, labels, st: _Static):
-    return _forward(h, w, labels, st=st)[0]
+    """(B,) per-row losses; gradients recompute the logits chunk by chunk with the per-row cotangent (4 GEMMs)."""
+    return _row_losses_forward(h, w, labels, st)[0]
 
 
 def _row_losses_fwd(h, w, labels, st: _Static):
-    loss, lse = _forward(h, w, labels, st=st)
-    return loss, (h, w, labels, lse)
+    h, w, labels, wanted = _unpack(h, w, labels)
+    row_loss, lse = _row_losses_forward(h, w, labels, st)
+    return row_loss, (h, w, labels, lse, wanted)
 
 
 def _row_losses_bwd(st: _Static, residuals, ct):
-    h, w, labels, lse = residuals
-    valid, out_of_range = _label_status(labels, w.shape[1], st.ignore_index)
-    g = jnp.where(valid, ct.astype(jnp.float32), 0.0)
-    g = jnp.where(out_of_range, jnp.nan, g)  # a row with a bad label poisons the gradients, never silently
-    dh, dw = _backward(h, w, labels, lse, g, st=st)
-    return dh, dw, None  # labels are integers: no cotangent
+    if isinstance(ct, jax.custom_derivatives.SymbolicZero):
+        return None, None, None
+    h, w, labels, lse, wanted = residuals
+    g = _row_weights(labels, w.shape[1], st, ct.astype(jnp.float32))
+    _, dh, dw = _chunk_gradients(h, w, labels, g, lse, st, wanted)
+    return dh, dw, None
 
 
-_row_losses.defvjp(_row_losses_fwd, _row_losses_bwd)
+_row_losses.defvjp(_row_losses_fwd, _row_losses_bwd, symbolic_zeros=True)
 
 
-def linear_cross_entropy(h, w, labels, *, ignore_index: int, z_loss: float, logit_soft_cap: float | None,
-                         interpret: bool, config: Config) -> jax.Array:
-    """h (B, H), w (H, V), labels (B,) int32, validated -> per-row losses (B,) float32: 0 for ignored rows, NaN for
-    labels outside [0, V) (and NaN gradients)."""
-    st = _Static(config=_config.for_shape(config, h.shape[0], w.shape[1]), ignore_index=ignore_index, z_loss=z_loss,
-                 logit_soft_cap=logit_soft_cap, interpret=interpret)
+def linear_cross_entropy(h, w, labels, *, reduction: str, ignore_index: int, z_loss: float,
+                         logit_soft_cap: float | None, interpret: bool, config: Config) -> jax.Array:
+    """h (B, H), w (H, V), labels (B,) int32, validated -> the loss in float32: a scalar for "mean" (over counted
+    rows, 0 if none) and "sum", (B,) for "none" (0 for ignored rows). Labels outside [0, V) give NaN (that row's
+    loss, so the mean or sum, and the gradients)."""
+    B, H = h.shape
+    config = _config.for_shape(config, B, H, w.shape[1], h.dtype)
+    st = _Static(rows=RowOptions(config=config, z_loss=z_loss, logit_soft_cap=logit_soft_cap, interpret=interpret),
+                 reduction=reduction, ignore_index=ignore_index)
     with tu.quiet_triton_deprecation():
-        return _row_losses(h, w, labels, st)
+        if reduction == "none":
+            return _row_losses(h, w, labels, st)
+        return _reduced_loss(h, w, labels, st)
