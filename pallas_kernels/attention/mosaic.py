@@ -376,7 +376,8 @@ def _kernel_call(q, k, v, q_seg, kv_seg, kv_lens, *, static: _Static):
     outs = plgpu.kernel(
         kernel, out_type=tuple(out_type), scratch_types=scratch, grid=(N, nq, B),
         grid_names=("heads", "q_tiles", "batch"), num_threads=_COMPUTE_WGS + 1, thread_name="wg",
-        compiler_params=mosaic_compat.compiler_params(approx_math=True, reduction_scratch_bytes=0), kernel_name="jaxfuse_attention_fwd",
+        compiler_params=mosaic_compat.compiler_params(approx_math=True, reduction_scratch_bytes=0),
+        kernel_name="jaxfuse_attention_fwd",
     )(*inputs)
     if not static.residuals:
         return outs[0][:, :T], None, None
