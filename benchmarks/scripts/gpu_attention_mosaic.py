@@ -11,8 +11,8 @@ against ``pallas_kernels.reference.attention`` in float32; for Mosaic also the l
   triton  ``pallas_kernels.flash_attention`` (today's Pallas-Triton kernel, its tuned config)
 Times are CUPTI device-kernel time (``jax.experimental.mosaic.gpu.profiler.measure(f, aggregate=False,
 iterations=n)``), median over --iterations runs on each of 2 rotated input sets. Then a small config sweep at the
-main shape. Order: main, sweep, then the other shapes; nothing new starts after --budget-s (skipped items are
-recorded). JSON (device, jax version, commit, date, rows, sweep) goes to $OUT/attention_mosaic_fwd.json after every
+main shape. Order: main (all three), the other shapes (Mosaic and cuDNN), the sweep, Triton at the other shapes;
+nothing new starts after --budget-s (skipped items are recorded). JSON (device, jax version, commit, date, rows, sweep) goes to $OUT/attention_mosaic_fwd.json after every
 item; a compact table is printed last.
 --smoke: probes the Mosaic APIs the kernel relies on (signatures), checks two small shapes and exits (non-zero on
 a wrong result): run it first under ``timeout`` so that a hang costs a minute, not the whole call.
@@ -209,18 +209,27 @@ def main() -> int:
         with open(path, "w") as f:
             json.dump(result, f, indent=1, default=str)
 
+    # Order: the main shape, the other shapes against cuDNN, the sweep, then Triton at the other shapes.
     shapes = args.shapes.split(",")
     plan = [("row", shapes[0], c, ["mosaic", "cudnn", "triton", "mosaic+residuals"], None) for c in (False, True)]
+    plan += [("row", s, c, ["mosaic", "cudnn"], None) for s in shapes[1:] for c in (False, True)]
     plan += [("sweep", shapes[0], c, ["mosaic"], mosaic.MosaicAttentionConfig(**p)) for p in SWEEP
              for c in (False, True)]
-    plan += [("row", s, c, ["mosaic", "cudnn", "triton"], None) for s in shapes[1:] for c in (False, True)]
+    plan += [("row", s, c, ["triton"], None) for s in shapes[1:] for c in (False, True)]
+    rows = {}
     for kind, name, causal, impls, config in plan:
         if time.time() > deadline:
-            result["skipped"].append({"kind": kind, "shape": name, "causal": causal,
+            result["skipped"].append({"kind": kind, "shape": name, "causal": causal, "impls": impls,
                                       "config": None if config is None else config.to_dict()})
             continue
         row = measure_shape(name, suite.SHAPES[name], causal, impls, args.iterations, config)
-        result["rows" if kind == "row" else "sweep"].append(row)
+        if kind == "sweep":
+            result["sweep"].append(row)
+        elif (name, causal) in rows:
+            rows[(name, causal)].update({k: v for k, v in row.items() if k.startswith(tuple(impls))})
+        else:
+            rows[(name, causal)] = row
+            result["rows"].append(row)
         save()
     save()
     log(f"wrote {path}; skipped {len(result['skipped'])} items")
