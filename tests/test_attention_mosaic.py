@@ -159,10 +159,15 @@ def _check(q, k, v, *, causal=False, scale=None, segment_ids=None, kv_seq_length
         q, k, v, **masks)
     scale_ = q.shape[-1] ** -0.5 if scale is None else scale
     up = lambda x: x.astype(jnp.float32)  # noqa: E731
-    want = reference.attention(up(q), up(k), up(v if v_ref is None else v_ref), causal=causal, scale=scale_,
-                               segment_ids=segment_ids, kv_seq_lengths=kv_seq_lengths)
-    want_lse = _reference_lse(q, k, causal=causal, scale=scale_, segment_ids=segment_ids,
-                              kv_seq_lengths=kv_seq_lengths)
+
+    @jax.jit
+    def expected(q, k, v, segment_ids, kv_seq_lengths):
+        o = reference.attention(up(q), up(k), up(v), causal=causal, scale=scale_, segment_ids=segment_ids,
+                                kv_seq_lengths=kv_seq_lengths)
+        return o, _reference_lse(q, k, causal=causal, scale=scale_, segment_ids=segment_ids,
+                                 kv_seq_lengths=kv_seq_lengths)
+
+    want, want_lse = expected(q, k, v if v_ref is None else v_ref, segment_ids, kv_seq_lengths)
     o32, want, lse, want_lse = (np.asarray(x, np.float64) for x in (up(o), want, lse, want_lse))
     assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == want_lse.shape
     assert np.all(np.isfinite(o32)), "NaN or inf in o"

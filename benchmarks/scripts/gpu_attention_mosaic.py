@@ -21,6 +21,7 @@ a wrong result): run it first under ``timeout`` so that a hang costs a minute, n
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import math
@@ -114,6 +115,7 @@ def implementations(causal: bool, config=None) -> dict:
 
 def measure_shape(name: str, dims: dict, causal: bool, impls: list[str], iterations: int, config=None) -> dict:
     """One row: each implementation checked on batch row 0, then timed."""
+    import jax
     import jax.numpy as jnp
 
     from jaxfuse.suites import attention as suite
@@ -123,7 +125,7 @@ def measure_shape(name: str, dims: dict, causal: bool, impls: list[str], iterati
     sets = [suite.make_inputs(B, T, S, N, K, H, seed=300 + i)[:3] for i in range(2)]
     q, k, v = sets[0]
     up = lambda x: x[:1].astype(jnp.float32)  # noqa: E731
-    want = reference.attention(up(q), up(k), up(v), causal=causal)
+    want = jax.jit(lambda q, k, v: reference.attention(up(q), up(k), up(v), causal=causal))(q, k, v)
     flops = 4 * B * N * T * S * H / (2 if causal else 1)
     row = {"shape": name, "dims": dims, "causal": causal, "flops": flops,
            "config": None if config is None else config.to_dict()}
@@ -134,7 +136,8 @@ def measure_shape(name: str, dims: dict, causal: bool, impls: list[str], iterati
             o = out[0] if impl == "mosaic+residuals" else out
             row[f"{impl}_err"] = err = rel_err(o[:1], want)
             if impl == "mosaic+residuals":
-                row["lse_err"] = rel_err(out[1][:1], reference_lse(q[:1], k[:1], causal=causal, scale=H**-0.5))
+                want_lse = jax.jit(functools.partial(reference_lse, causal=causal, scale=H**-0.5))(q[:1], k[:1])
+                row["lse_err"] = rel_err(out[1][:1], want_lse)
             if not err <= 2e-2:
                 raise AssertionError(f"relative error {err:.2e} against the float32 reference")
             t, kernels = time_us(fns[impl], sets, iterations)
