@@ -98,6 +98,19 @@ def test_lowers_under_vmap_and_checkpoint_as_one_kernel():
     assert _num_kernels(jax.jit(g).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()) == 1
 
 
+@pytest.mark.parametrize("shape,masks", [
+    ((4, 4096, 4096, 16, 16, 128), {}), ((4, 4096, 4096, 32, 8, 128), dict(causal=True)),
+    ((4, 4096, 4096, 32, 32, 64), dict(residuals=True)),
+    ((2, 1000, 777, 4, 2, 128), dict(causal=True, segments=True, lengths=True, residuals=True)),
+    ((1, 5, 7, 2, 1, 64), dict(causal=True)),
+])
+def test_persistent_config_lowers(shape, masks):
+    config = mosaic.MosaicAttentionConfig(persistent=True)
+    q, kv = _spec(*shape)
+    assert mosaic.unsupported_reason(q, kv, kv, config=config) is None
+    assert _num_kernels(_lower(*shape, config=config, **masks)) == 1
+
+
 def test_shared_memory_estimate_is_mosaics_count():
     q, kv = _spec(1, 512, 512, 2, 2, 128)
     fits = mosaic.MosaicAttentionConfig(block_kv=128, num_stages=3)  # 230520 bytes: just under 227 KiB
@@ -109,6 +122,10 @@ def test_shared_memory_estimate_is_mosaics_count():
     assert reason is not None and f"need {need} bytes of shared memory" in reason
     with pytest.raises(ValueError, match=f"exceeds available shared memory: smem_bytes={need} "):
         _lower(1, 512, 512, 2, 2, 128, config=over)
+    persistent = mosaic.MosaicAttentionConfig(block_kv=64, persistent=True)  # a separate o tile: 64 KiB more
+    need = mosaic.shared_memory_bytes(256, jnp.bfloat16, persistent)
+    with pytest.raises(ValueError, match=f"exceeds available shared memory: smem_bytes={need} "):
+        _lower(1, 512, 512, 2, 2, 256, config=persistent)
 
 
 def test_default_configs_fit_every_head_dim():
@@ -126,7 +143,7 @@ def test_unsupported_reason_names_the_constraint():
 
 
 @pytest.mark.parametrize("field,value", [("block_q", 32), ("block_kv", 100), ("num_stages", 1), ("ping_pong", 1),
-                                         ("block_q", True)])
+                                         ("block_q", True), ("persistent", "yes")])
 def test_config_rejects_bad_fields_by_name(field, value):
     with pytest.raises(ValueError, match=f"MosaicAttentionConfig.{field}"):
         mosaic.MosaicAttentionConfig(**{field: value})
@@ -250,12 +267,27 @@ def test_extreme_magnitudes(dtype, causal):
 @gpu_only
 @pytest.mark.parametrize("config", [mosaic.MosaicAttentionConfig(block_kv=64, num_stages=3),
                                     mosaic.MosaicAttentionConfig(ping_pong=False),
-                                    mosaic.MosaicAttentionConfig(block_kv=128, num_stages=3)])
+                                    mosaic.MosaicAttentionConfig(block_kv=128, num_stages=3),
+                                    mosaic.MosaicAttentionConfig(persistent=True, num_stages=3)])
 def test_other_configs_and_scales(config):
     B, T, S, N, K, H = 2, 1000, 1000, 4, 2, 128
     q, k, v = (_normal(s, jnp.bfloat16) for s in ((B, T, N, H), (B, S, K, H), (B, S, K, H)))
     _check(q, k, v, causal=True, scale=0.05, config=config)
     _check(q, k, v, causal=False, scale=-0.07, config=config)
+
+
+@gpu_only
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(4, 1000, 1000, 8, 2, 128), (8, 300, 777, 8, 8, 64)])
+def test_persistent_matches_reference(shape, causal):
+    """More work items than SMs: each CTA carries the K/V ring and the q prefetch across items; with masks."""
+    B, T, S, N, K, H = shape
+    config = mosaic.MosaicAttentionConfig(persistent=True)
+    q, k, v = (_normal(s, jnp.bfloat16) for s in ((B, T, N, H), (B, S, K, H), (B, S, K, H)))
+    _check(q, k, v, causal=causal, config=config)
+    lens = jax.random.randint(jax.random.key(next(_KEYS)), (B,), 0, S + 1)
+    seg = _segments(B, T, 3), _segments(B, S, 3)
+    _check(q, k, v, causal=causal, config=config, kv_seq_lengths=lens, segment_ids=seg if T != S else (seg[0],) * 2)
 
 
 @gpu_only

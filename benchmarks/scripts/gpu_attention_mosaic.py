@@ -195,6 +195,9 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--shapes", default="main,1k,8k,gqa,h64")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--compare-persistent", action="store_true",
+                        help="instead of the default plan: the persistent config against the default one and cuDNN, "
+                             "at every shape non-causal and at the main shape causal")
     args = parser.parse_args()
     if args.smoke:
         return smoke()
@@ -219,6 +222,12 @@ def main() -> int:
     plan += [("sweep", shapes[0], c, ["mosaic"], mosaic.MosaicAttentionConfig(**p)) for p in SWEEP
              for c in (False, True)]
     plan += [("row", s, c, ["triton"], None) for s in shapes[1:] for c in (False, True)]
+    if args.compare_persistent:
+        persistent = mosaic.MosaicAttentionConfig(persistent=True)
+        plan = [("row", shapes[0], c, impls, cfg) for c in (False, True)
+                for impls, cfg in ((["mosaic", "cudnn"], None), (["mosaic"], persistent))]
+        plan += [("row", s, False, ["mosaic", "cudnn"], persistent) for s in shapes[1:]]
+        plan += [("row", s, False, ["mosaic"], None) for s in shapes[1:]]
     rows = {}
     for kind, name, causal, impls, config in plan:
         if time.time() > deadline:
@@ -228,10 +237,10 @@ def main() -> int:
         row = measure_shape(name, suite.SHAPES[name], causal, impls, args.iterations, config)
         if kind == "sweep":
             result["sweep"].append(row)
-        elif (name, causal) in rows:
-            rows[(name, causal)].update({k: v for k, v in row.items() if k.startswith(tuple(impls))})
+        elif (name, causal, config) in rows:
+            rows[(name, causal, config)].update({k: v for k, v in row.items() if k.startswith(tuple(impls))})
         else:
-            rows[(name, causal)] = row
+            rows[(name, causal, config)] = row
             result["rows"].append(row)
         save()
     save()
