@@ -135,6 +135,15 @@ def test_default_configs_fit_every_head_dim():
     assert _num_kernels(_lower(1, 256, 256, 2, 2, 256, causal=True)) == 1
 
 
+def test_default_config_is_persistent_only_for_short_non_causal_h128():
+    q, kv = _spec(*SUITE["1k"])
+    assert mosaic.default_config(q, kv, causal=False).persistent
+    assert not mosaic.default_config(q, kv, causal=True).persistent
+    for name in ("main", "8k", "gqa", "h64"):
+        q, kv = _spec(*SUITE[name])
+        assert not mosaic.default_config(q, kv, causal=False).persistent, name
+
+
 def test_unsupported_reason_names_the_constraint():
     q, kv = _spec(1, 64, 64, 2, 2, 128, jnp.float32)
     assert "float32 runs on the Triton backend" in mosaic.unsupported_reason(q, kv, kv)
