@@ -12,8 +12,8 @@ against ``pallas_kernels.reference.attention`` in float32; for Mosaic also the l
 Times are CUPTI device-kernel time (``jax.experimental.mosaic.gpu.profiler.measure(f, aggregate=False,
 iterations=n)``), median over --iterations runs on each of 2 rotated input sets. Then a small config sweep at the
 main shape. Order: main (all three), the other shapes (Mosaic and cuDNN), the sweep, Triton at the other shapes;
-nothing new starts after --budget-s (skipped items are recorded). JSON (device, jax version, commit, date, rows, sweep) goes to $OUT/attention_mosaic_fwd.json after every
-item; a compact table is printed last.
+nothing new starts after --budget-s (skipped items are recorded). JSON (device, jax version, commit, date, rows,
+sweep) goes to $OUT/attention_mosaic_fwd.json after every item; a compact table is printed last.
 --compare-persistent: the persistent config against the default one (and cuDNN) instead, non-causal at every
 shape and causal at the main one.
 --smoke: probes the Mosaic APIs the kernel relies on (signatures), checks two small shapes and exits (non-zero on

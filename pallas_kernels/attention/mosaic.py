@@ -99,7 +99,7 @@ def shared_memory_bytes(head_dim: int, dtype, config: MosaicAttentionConfig) -> 
 def unsupported_reason(q, k, v, *, causal: bool = False, scale=None, q_segment_ids=None, kv_segment_ids=None,
                        kv_seq_lengths=None, config: MosaicAttentionConfig | None = None) -> str | None:
     """None when this backend runs these (already validated) arguments, else one sentence naming the constraint."""
-    del causal, scale, q_segment_ids, kv_segment_ids, kv_seq_lengths, v  # every mask kind is supported
+    del scale, q_segment_ids, kv_segment_ids, kv_seq_lengths, v  # every mask kind is supported
     dtype = jnp.dtype(q.dtype)
     if dtype not in _DTYPES:
         return (f"the Mosaic backend takes bfloat16 or float16 inputs, got {dtype} (float32 runs on the Triton "
@@ -107,7 +107,7 @@ def unsupported_reason(q, k, v, *, causal: bool = False, scale=None, q_segment_i
     H = q.shape[-1]
     if H not in SUPPORTED_HEAD_DIMS:
         return f"the Mosaic backend takes head dims {SUPPORTED_HEAD_DIMS} (whole 128-byte swizzled tiles), got H={H}"
-    config = default_config(q, k) if config is None else config
+    config = default_config(q, k, causal=causal) if config is None else config
     need = shared_memory_bytes(H, dtype, config)
     if need > _MAX_SMEM_BYTES:
         return (f"the Mosaic backend's tiles for H={H} ({config}) need {need} bytes of shared memory, over the "
