@@ -123,7 +123,7 @@ class _Static:
     causal: bool
     scale: float
     residuals: bool  # also return lse and o_lo
-    bwd_config: object = None  # the backward's config; None: mosaic_bwd.default_config
+    bwd_config: object = None  # the backward's MosaicAttentionBwdConfig; None: mosaic_bwd.default_config_bwd
 
 
 def _kernel_call(q, k, v, q_seg, kv_seg, kv_lens, *, static: _Static):
@@ -171,7 +171,7 @@ def _attention_bwd(static: _Static, residuals, do):
     o_f32 = o.astype(jnp.float32) + o_lo.astype(jnp.float32)  # the unrounded output (to ~2^-16): exact delta
     config = static.bwd_config
     if config is None:
-        config = mosaic_bwd.default_config(q, k, causal=static.causal)
+        config = mosaic_bwd.default_config_bwd(q, k, causal=static.causal)
     dq, dk, dv = mosaic_bwd.attention_backward(
         q, k, v, o_f32, lse, do, causal=static.causal, scale=static.scale, q_segment_ids=q_seg,
         kv_segment_ids=kv_seg, kv_seq_lengths=kv_lens, config=config)
