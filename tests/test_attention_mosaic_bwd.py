@@ -5,7 +5,7 @@ the backward with its default config at every attention-suite shape and at odd s
 (T, S) buffer, shared memory within the H100's limit (the lowering raises the GPU's own overflow error, and the
 estimate ``smem_bytes_bwd`` agrees with it). On an sm90 GPU: dq, dk, dv against the float32 reference's vjp for
 every mask kind, GQA/MQA, bf16/fp16, odd shapes; NaN/inf in padded K/V; rows with no visible key; saturated
-softmax against a float64 reference. o and lse come from a float32 jnp forward in this file (the Mosaic forward is
+softmax against a float64 reference. o and lse come from ``mb.reference_residuals`` (float32 jnp; the Mosaic forward is
 separate). Tolerances grow with the square root of the reduction length; NaN never passes.
 """
 
@@ -137,26 +137,6 @@ def test_attention_backward_validates_arguments():
 # ---------------------------------------------------------------------------------------------------------------
 # GPU (sm90): numbers
 # ---------------------------------------------------------------------------------------------------------------
-def forward_f32(q, k, v, *, causal, scale, segment_ids=None, kv_seq_lengths=None):
-    """(o float32 (B, T, N, H), lse float32 (B, N, T) log2 domain, +inf for rows with no visible key): the
-    residuals the Mosaic forward hands its backward, in plain float32 jnp (V at masked keys never read)."""
-    B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
-    mask = reference.attention_mask(B, T, S, causal=causal, segment_ids=segment_ids, kv_seq_lengths=kv_seq_lengths)
-    s = jnp.einsum("btkgh,bskh->bkgts", q.astype(jnp.float32).reshape(B, T, K, N // K, H), k.astype(jnp.float32),
-                   precision="highest") * scale
-    visible = mask[:, None, None]
-    s = jnp.where(visible, s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    p = jnp.where(visible, jnp.exp(s - m), 0.0)
-    l = jnp.sum(p, axis=-1, keepdims=True)
-    v_clean = jnp.where(jnp.isfinite(v), v, 0).astype(jnp.float32)
-    o = jnp.einsum("bkgts,bskh->btkgh", p / jnp.where(l == 0, 1.0, l), v_clean, precision="highest")
-    lse = jnp.where(l == 0, jnp.inf, (m + jnp.log(jnp.where(l == 0, 1.0, l))) / math.log(2))[..., 0]
-    return o.reshape(B, T, N, H), lse.reshape(B, N, T)
-
-
 def _rel_err(got, want):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert np.all(np.isfinite(got)), "non-finite gradient"
@@ -194,7 +174,7 @@ def test_gradients_match_reference(case):
     B, T, S, N, K, H, dtype, causal, segments, lengths = _GPU_CASES[case]
     q, k, v, do, segs, lens = _inputs(B, T, S, N, K, H, dtype, segments=segments, lengths=lengths)
     scale = H**-0.5
-    o, lse = forward_f32(q, k, v, causal=causal, scale=scale, segment_ids=segs, kv_seq_lengths=lens)
+    o, lse = mb.reference_residuals(q, k, v, causal=causal, scale=scale, segment_ids=segs, kv_seq_lengths=lens)
     q_seg, kv_seg = (None, None) if segs is None else segs
     config = mb.default_config_bwd(q, k, causal=causal)
     got = jax.jit(_backward_fn(causal, scale, config))(q, k, v, o, lse, do, q_seg, kv_seg, lens)
@@ -238,7 +218,7 @@ def test_saturated_softmax_against_float64(dtype):
     q, k = _normal((B, T, N, H), dtype, 30.0), _normal((B, T, N, H), dtype, 30.0)
     v, do = _normal((B, T, N, H), dtype), _normal((B, T, N, H), dtype)
     scale = H**-0.5
-    o, lse = forward_f32(q, k, v, causal=False, scale=scale)
+    o, lse = mb.reference_residuals(q, k, v, causal=False, scale=scale)
     config = mb.default_config_bwd(q, k, causal=False)
     got = jax.jit(_backward_fn(False, scale, config))(q, k, v, o, lse, do, None, None, None)
     for name, g, w in zip(("dq", "dk", "dv"), got, _float64_grads(q, k, v, do, scale)):

@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import reference
 from pallas_kernels.attention import mosaic_bwd_kernels as kernels
 
-__all__ = ["MosaicAttentionBwdConfig", "attention_backward", "default_config_bwd", "smem_bytes_bwd",
-           "unsupported_reason_bwd"]
+__all__ = ["MosaicAttentionBwdConfig", "attention_backward", "default_config_bwd", "reference_residuals",
+           "smem_bytes_bwd", "unsupported_reason_bwd"]
 
 SUPPORTED_HEAD_DIMS_BWD = (64, 128)
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -228,3 +230,26 @@ def _backward(q, k, v, o, lse, do, q_seg, kv_seg, kv_lens, *, causal: bool, scal
                               block_q=c.block_q_dkv, block_kv=c.block_kv_dkv, compute_wgs=c.compute_wgs_dkv,
                               num_stages=c.num_stages_dkv)
     return dq[:, :T], dk[:, :S], dv[:, :S]
+
+
+def reference_residuals(q, k, v, *, causal: bool, scale: float, segment_ids=None, kv_seq_lengths=None):
+    """The residuals a forward hands this backward, in plain float32 jnp (for tests and benchmarks): o float32
+    (B, T, N, H), unrounded, and lse float32 (B, N, T) in the log2 domain, +inf for rows with no visible key.
+    Materializes the (B, N, T, S) scores like ``reference.attention``; non-finite V entries read as 0 (they sit
+    at masked keys in the tests)."""
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    mask = reference.attention_mask(B, T, S, causal=causal, segment_ids=segment_ids, kv_seq_lengths=kv_seq_lengths)
+    qf = q.astype(jnp.float32).reshape(B, T, K, N // K, H)  # (B, T, K, G, H)
+    s = jnp.einsum("btkgh,bskh->bkgts", qf, k.astype(jnp.float32), precision="highest") * scale
+    visible = mask[:, None, None]  # (B, 1, 1, T, S)
+    s = jnp.where(visible, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.where(visible, jnp.exp(s - m), 0.0)
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    empty = l == 0.0
+    v_clean = jnp.where(jnp.isfinite(v), v, 0).astype(jnp.float32)
+    o = jnp.einsum("bkgts,bskh->btkgh", p / jnp.where(empty, 1.0, l), v_clean, precision="highest")
+    lse = jnp.where(empty, jnp.inf, (m + jnp.log(jnp.where(empty, 1.0, l))) / math.log(2))[..., 0]  # (B, K, G, T)
+    return o.reshape(B, T, N, H), lse.reshape(B, N, T)
