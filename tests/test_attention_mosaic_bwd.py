@@ -198,18 +198,6 @@ def test_gradients_match_reference(case):
         assert np.all(np.asarray(got[0], np.float32)[empty] == 0)
 
 
-def _float64_grads(q, k, v, do, scale):
-    """dq, dk, dv of non-causal attention in numpy float64 (N == K)."""
-    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
-    s = np.einsum("btnh,bsnh->bnts", q, k) * scale
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    dp = np.einsum("btnh,bsnh->bnts", do, v)
-    ds = p * (dp - np.sum(p * dp, -1, keepdims=True))
-    return (np.einsum("bnts,bsnh->btnh", ds, k) * scale, np.einsum("bnts,btnh->bsnh", ds, q) * scale,
-            np.einsum("bnts,btnh->bsnh", p, do))
-
-
 @pytest.mark.skipif(not ON_SM90, reason="Mosaic-GPU kernels run on an sm90 GPU only")
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_saturated_softmax_against_float64(dtype):
@@ -221,6 +209,6 @@ def test_saturated_softmax_against_float64(dtype):
     o, lse = mb.reference_residuals(q, k, v, causal=False, scale=scale)
     config = mb.default_config_bwd(q, k, causal=False)
     got = jax.jit(_backward_fn(False, scale, config))(q, k, v, o, lse, do, None, None, None)
-    for name, g, w in zip(("dq", "dk", "dv"), got, _float64_grads(q, k, v, do, scale)):
+    for name, g, w in zip(("dq", "dk", "dv"), got, mb.float64_grads(q, k, v, do, scale)):
         err = _rel_err(g, w)
         assert err <= 2e-2, f"{name}: relative error {err:.2e} against float64"

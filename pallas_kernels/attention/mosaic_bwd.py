@@ -33,12 +33,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels import reference
 from pallas_kernels.attention import mosaic_bwd_kernels as kernels
 
-__all__ = ["MosaicAttentionBwdConfig", "attention_backward", "default_config_bwd", "reference_residuals",
-           "smem_bytes_bwd", "unsupported_reason_bwd"]
+__all__ = ["MosaicAttentionBwdConfig", "attention_backward", "default_config_bwd", "float64_grads",
+           "reference_residuals", "smem_bytes_bwd", "unsupported_reason_bwd"]
 
 SUPPORTED_HEAD_DIMS_BWD = (64, 128)
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -253,3 +254,16 @@ def reference_residuals(q, k, v, *, causal: bool, scale: float, segment_ids=None
     o = jnp.einsum("bkgts,bskh->btkgh", p / jnp.where(empty, 1.0, l), v_clean, precision="highest")
     lse = jnp.where(empty, jnp.inf, (m + jnp.log(jnp.where(empty, 1.0, l))) / math.log(2))[..., 0]  # (B, K, G, T)
     return o.reshape(B, T, N, H), lse.reshape(B, N, T)
+
+
+def float64_grads(q, k, v, do, scale: float):
+    """(dq, dk, dv) of non-causal, unmasked attention with N == K, in numpy float64 on the host: the reference for
+    saturated softmax rows, where a float32 reference is itself off by more than a bf16 kernel."""
+    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+    s = np.einsum("btnh,bsnh->bnts", q, k) * scale
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = np.einsum("btnh,bsnh->bnts", do, v)
+    ds = p * (dp - np.sum(p * dp, -1, keepdims=True))
+    return (np.einsum("bnts,bsnh->btnh", ds, k) * scale, np.einsum("bnts,btnh->bsnh", ds, q) * scale,
+            np.einsum("bnts,btnh->bsnh", p, do))
