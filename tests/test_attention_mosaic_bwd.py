@@ -174,16 +174,22 @@ def test_gradients_match_reference(case):
     B, T, S, N, K, H, dtype, causal, segments, lengths = _GPU_CASES[case]
     q, k, v, do, segs, lens = _inputs(B, T, S, N, K, H, dtype, segments=segments, lengths=lengths)
     scale = H**-0.5
-    o, lse = mb.reference_residuals(q, k, v, causal=causal, scale=scale, segment_ids=segs, kv_seq_lengths=lens)
+    residuals = jax.jit(lambda q, k, v, segs, lens: mb.reference_residuals(  # one program, not op-by-op dispatch
+        q, k, v, causal=causal, scale=scale, segment_ids=segs, kv_seq_lengths=lens))
+    o, lse = residuals(q, k, v, segs, lens)
     q_seg, kv_seg = (None, None) if segs is None else segs
     config = mb.default_config_bwd(q, k, causal=causal)
     got = jax.jit(_backward_fn(causal, scale, config))(q, k, v, o, lse, do, q_seg, kv_seg, lens)
 
-    clean = lambda x: jnp.where(jnp.isfinite(x), x, 0).astype(jnp.float32)  # noqa: E731
-    ref = lambda q, k, v: reference.attention(q, k, v, causal=causal, scale=scale, segment_ids=segs,  # noqa: E731
-                                              kv_seq_lengths=lens)
-    _, vjp = jax.vjp(ref, q.astype(jnp.float32), clean(k), clean(v))
-    want = vjp(do.astype(jnp.float32))
+    @jax.jit
+    def want_fn(q, k, v, do, segs, lens):
+        clean = lambda x: jnp.where(jnp.isfinite(x), x, 0).astype(jnp.float32)  # noqa: E731
+        ref = lambda q, k, v: reference.attention(q, k, v, causal=causal, scale=scale,  # noqa: E731
+                                                  segment_ids=segs, kv_seq_lengths=lens)
+        _, vjp = jax.vjp(ref, q.astype(jnp.float32), clean(k), clean(v))
+        return vjp(do.astype(jnp.float32))
+
+    want = want_fn(q, k, v, do, segs, lens)
     lengths_of = {"dq": S, "dk": T * N // K, "dv": T * N // K}  # reduction length of each gradient
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.dtype == dtype and g.shape == w.shape, name
@@ -206,7 +212,7 @@ def test_saturated_softmax_against_float64(dtype):
     q, k = _normal((B, T, N, H), dtype, 30.0), _normal((B, T, N, H), dtype, 30.0)
     v, do = _normal((B, T, N, H), dtype), _normal((B, T, N, H), dtype)
     scale = H**-0.5
-    o, lse = mb.reference_residuals(q, k, v, causal=False, scale=scale)
+    o, lse = jax.jit(lambda q, k, v: mb.reference_residuals(q, k, v, causal=False, scale=scale))(q, k, v)
     config = mb.default_config_bwd(q, k, causal=False)
     got = jax.jit(_backward_fn(False, scale, config))(q, k, v, o, lse, do, None, None, None)
     for name, g, w in zip(("dq", "dk", "dv"), got, mb.float64_grads(q, k, v, do, scale)):

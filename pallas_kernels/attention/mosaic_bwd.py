@@ -94,13 +94,16 @@ class MosaicAttentionBwdConfig:
 def default_config_bwd(q, k, *, causal: bool) -> MosaicAttentionBwdConfig:
     """The built-in choice for these shapes (a tuned-table entry, when the lead adds one, takes precedence).
 
-    64 x 64 tiles with two compute warpgroups per program in both kernels: at H=128 the dK/dV kernel's float32
-    accumulators (dK, dV: 2 x 64 registers per thread) plus its two 64 x block_q score tiles leave no room for
-    block_q_dkv=128 without spills. At H=64 the accumulators halve, and the dQ kernel streams 128-row K/V tiles."""
-    del causal, k
-    if q.shape[-1] <= 64:
-        return MosaicAttentionBwdConfig(block_kv_dq=128, num_stages_dq=2, block_q_dkv=128)
-    return MosaicAttentionBwdConfig()
+    From the sweep at B4 T=S=4096 N16 H128 on the H100 (benchmarks/results/attention_mosaic_bwd-h100.json), each
+    kernel timed on its own: non-causal, the dQ kernel streams 128-row K/V tiles (1144 vs 1205 µs); causal, it
+    keeps 64-row tiles three stages deep (641 µs) and the dK/dV kernel four (888 vs 921 µs). block_q_dkv=128
+    doubled the dK/dV kernel's time (its dK, dV accumulators and two 64 x 128 score tiles exceed the 232 registers
+    per thread: spills) and one compute warpgroup per program cost 1.35x. At H=64 (not measured) the dQ kernel
+    streams 128-row tiles; the dK/dV kernel keeps the measured 64 x 64."""
+    del k
+    if causal and q.shape[-1] > 64:
+        return MosaicAttentionBwdConfig(num_stages_dq=3, num_stages_dkv=4)
+    return MosaicAttentionBwdConfig(block_kv_dq=128)
 
 
 def smem_bytes_bwd(config: MosaicAttentionBwdConfig, head_dim: int, itemsize: int = 2, *,
