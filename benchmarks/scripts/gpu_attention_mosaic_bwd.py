@@ -156,6 +156,47 @@ def _config(overrides: dict, q, k, causal):
     return dataclasses.replace(mb.default_config_bwd(q, k, causal=causal), **overrides)
 
 
+def _mosaic_row(run: Run, row: dict, sets, causal: bool, iterations: int):
+    """Checks the Mosaic backward (default config) against the float32 reference on batch element 0, then times
+    it; fills row and returns (argument sets, reference) for further candidates."""
+    from jaxfuse.suites import attention as suite
+
+    res = [_residuals(q, k, v, causal) for q, k, v, _ in sets]
+    ref = suite._reference_slice(*sets[0], causal)
+    q, k = sets[0][0], sets[0][1]
+    config = _config({}, q, k, causal)
+    fn = _mosaic_fn(causal, q.shape[-1], config)
+    args = [(q, k, v, o, lse, do) for (q, k, v, do), (o, lse) in zip(sets, res)]
+    with run.kernels_context():
+        row["mosaic_errors"] = _errors(run, fn(*args[0]), ref)
+    row["mosaic_config"] = config.to_dict()
+    row["mosaic"] = _time(run, fn, args, iterations)
+    log(f"{row['shape']} causal={causal}: mosaic {row['mosaic']['us']:.1f} µs errors {row['mosaic_errors']}")
+    return args, ref
+
+
+def _cudnn_row(run: Run, row: dict, sets, causal: bool, iterations: int):
+    """cuDNN forward and forward+backward; its backward as the difference and as the kernels beyond the forward's."""
+    import jax
+
+    from jaxfuse.suites import attention as suite
+
+    try:
+        fwd = jax.jit(lambda q, k, v: suite._cudnn_attention(q, k, v, causal=causal))
+        fwd_bwd = jax.jit(suite._fwd_bwd(suite._cudnn_attention, causal))
+        row["cudnn_fwd"] = _time(run, fwd, [a[:3] for a in sets], iterations)
+        row["cudnn_fwd_bwd"] = _time(run, fwd_bwd, sets, iterations)
+        fwd_names = set(row["cudnn_fwd"]["per_kernel_us"])
+        row["cudnn_bwd_kernels_us"] = sum(us for n, us in row["cudnn_fwd_bwd"]["per_kernel_us"].items()
+                                          if n not in fwd_names)
+        row["cudnn_bwd_diff_us"] = row["cudnn_fwd_bwd"]["us"] - row["cudnn_fwd"]["us"]
+        log(f"  cudnn fwd {row['cudnn_fwd']['us']:.1f} fwd+bwd {row['cudnn_fwd_bwd']['us']:.1f} bwd kernels "
+            f"{row['cudnn_bwd_kernels_us']:.1f}")
+    except Exception as e:  # noqa: BLE001
+        row["cudnn_error"] = f"{type(e).__name__}: {str(e)[:500]}"
+        log(f"  cudnn failed: {row['cudnn_error']}")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # steps
 # ---------------------------------------------------------------------------------------------------------------
@@ -213,31 +254,9 @@ def main_shape(run: Run, iterations: int):
     for causal in (False, True):
         row: dict = {"shape": "main", "dims": dict(B=B, T=T, S=S, N=N, K=K, H=H), "causal": causal}
         run.data["main"][str(causal)] = row
-        res = [_residuals(q, k, v, causal) for q, k, v, _ in sets]
-        ref = suite._reference_slice(*sets[0], causal)
+        args, ref = _mosaic_row(run, row, sets, causal, iterations)
+        _cudnn_row(run, row, sets, causal, iterations)
         q, k = sets[0][0], sets[0][1]
-        config = _config({}, q, k, causal)
-        fn = _mosaic_fn(causal, H, config)
-        args = [(q, k, v, o, lse, do) for (q, k, v, do), (o, lse) in zip(sets, res)]
-        with run.kernels_context():
-            row["mosaic_errors"] = _errors(run, fn(*args[0]), ref)
-        row["mosaic_config"] = config.to_dict()
-        row["mosaic"] = _time(run, fn, args, iterations)
-        log(f"main causal={causal}: mosaic {row['mosaic']['us']:.1f} µs errors {row['mosaic_errors']}")
-        try:
-            fwd = jax.jit(lambda q, k, v: suite._cudnn_attention(q, k, v, causal=causal))
-            fwd_bwd = jax.jit(suite._fwd_bwd(suite._cudnn_attention, causal))
-            row["cudnn_fwd"] = _time(run, fwd, [a[:3] for a in sets], iterations)
-            row["cudnn_fwd_bwd"] = _time(run, fwd_bwd, sets, iterations)
-            fwd_names = set(row["cudnn_fwd"]["per_kernel_us"])
-            row["cudnn_bwd_kernels_us"] = sum(us for n, us in row["cudnn_fwd_bwd"]["per_kernel_us"].items()
-                                              if n not in fwd_names)
-            row["cudnn_bwd_diff_us"] = row["cudnn_fwd_bwd"]["us"] - row["cudnn_fwd"]["us"]
-            log(f"  cudnn fwd {row['cudnn_fwd']['us']:.1f} fwd+bwd {row['cudnn_fwd_bwd']['us']:.1f} bwd kernels "
-                f"{row['cudnn_bwd_kernels_us']:.1f}")
-        except Exception as e:  # noqa: BLE001
-            row["cudnn_error"] = f"{type(e).__name__}: {str(e)[:500]}"
-            log(f"  cudnn failed: {row['cudnn_error']}")
         try:
             cfg = fa.default_config(q, k, causal=causal, on_gpu=not run.interpret)
             static = fa._Static(config=cfg, causal=causal, scale=H**-0.5, interpret=run.interpret)
@@ -340,8 +359,6 @@ def saturated(run: Run):
 
 
 def other_shapes(run: Run, iterations: int):
-    import jax
-
     from jaxfuse.suites import attention as suite
 
     run.data["other"] = []
@@ -356,26 +373,8 @@ def other_shapes(run: Run, iterations: int):
             row: dict = {"shape": name, "dims": dict(B=B, T=T, S=S, N=N, K=K, H=H), "causal": causal}
             run.data["other"].append(row)
             try:
-                res = [_residuals(q, k, v, causal) for q, k, v, _ in sets]
-                ref = suite._reference_slice(*sets[0], causal)
-                q, k = sets[0][0], sets[0][1]
-                config = _config({}, q, k, causal)
-                fn = _mosaic_fn(causal, H, config)
-                args = [(q, k, v, o, lse, do) for (q, k, v, do), (o, lse) in zip(sets, res)]
-                with run.kernels_context():
-                    row["mosaic_errors"] = _errors(run, fn(*args[0]), ref)
-                row["mosaic"] = _time(run, fn, args, iterations)
-                row["mosaic_config"] = config.to_dict()
-                fwd = jax.jit(lambda q, k, v: suite._cudnn_attention(q, k, v, causal=causal))
-                fwd_bwd = jax.jit(suite._fwd_bwd(suite._cudnn_attention, causal))
-                row["cudnn_fwd"] = _time(run, fwd, [a[:3] for a in sets], iterations)
-                row["cudnn_fwd_bwd"] = _time(run, fwd_bwd, sets, iterations)
-                fwd_names = set(row["cudnn_fwd"]["per_kernel_us"])
-                row["cudnn_bwd_kernels_us"] = sum(us for n, us in row["cudnn_fwd_bwd"]["per_kernel_us"].items()
-                                                  if n not in fwd_names)
-                row["cudnn_bwd_diff_us"] = row["cudnn_fwd_bwd"]["us"] - row["cudnn_fwd"]["us"]
-                log(f"  {name} causal={causal}: mosaic {row['mosaic']['us']:.1f} cudnn bwd "
-                    f"{row['cudnn_bwd_diff_us']:.1f} errors {row['mosaic_errors']}")
+                _mosaic_row(run, row, sets, causal, iterations)
+                _cudnn_row(run, row, sets, causal, iterations)
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:500]}"
                 log(f"  {name} causal={causal}: FAILED {row['error'][:300]}")
