@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels import backends, reference
 from pallas_kernels.attention.config import FlashAttentionConfig, shape_key
@@ -72,6 +73,10 @@ def _check_inputs(q, k, v, kv_seq_lengths):
             raise ValueError(f"kv_seq_lengths: expected shape (B,) = ({B},), got {shape}")
         if not jnp.issubdtype(jnp.result_type(kv_seq_lengths), jnp.integer):
             raise ValueError(f"kv_seq_lengths: must be integers, got dtype {jnp.result_type(kv_seq_lengths)}")
+        if not isinstance(kv_seq_lengths, (jax.core.Tracer, jax.ShapeDtypeStruct)):  # traced values clip to [0, S]
+            lengths = np.asarray(kv_seq_lengths)
+            if np.any(lengths < 0):
+                raise ValueError(f"kv_seq_lengths: must be >= 0 (lengths above S count as S), got {lengths.tolist()}")
 
 
 def _prepare(q, k, v, causal, scale, segment_ids, kv_seq_lengths, block_sizes, interpret, backend):
@@ -110,7 +115,9 @@ def flash_attention(
       scale: logit scale, default 1/sqrt(H).
       segment_ids: packed sequences: one (B, T) int array when T == S, or a pair (q_segment_ids (B, T),
         kv_segment_ids (B, S)); a query sees only keys with its segment id.
-      kv_seq_lengths: (B,) int; keys at positions >= kv_seq_lengths[b] are masked (padding).
+      kv_seq_lengths: (B,) int >= 0 (a ValueError where the values are concrete; traced values are clipped to
+        [0, S]); keys at positions >= kv_seq_lengths[b] are masked (padding): whatever they hold, NaN and inf
+        included, reaches neither the output nor a gradient.
       block_sizes: the backend's config (``FlashAttentionConfig`` for Triton), or a mapping of some of its fields
         overriding the tuned config.
       interpret: run the kernels in Pallas interpret mode; default True exactly when the default backend is CPU.
