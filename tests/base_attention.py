@@ -34,6 +34,7 @@ CASES = {
     "bf16-one-query": (jnp.bfloat16, False, 1, _S["odd_short"], 2, 2, 64),
     "bf16-H256-causal": (jnp.bfloat16, True, _S["odd_short"], _S["odd_short"], 2, 2, 256),
     "fp16-H32-causal-odd": (jnp.float16, True, _S["odd_long"], _S["odd_long"], 4, 2, 32),
+    "fp16-H128-gqa-odd": (jnp.float16, False, _S["odd_short"], _S["odd_long"], 4, 2, 128),
 }
 
 
@@ -62,6 +63,7 @@ def tol(q, k) -> float:
 
 
 class AttentionTests:
+    pytestmark = [pytest.mark.timeout(120)]  # per test, where pytest-timeout is installed (the GPU machine)
     backend: str  # the backend under test, as flash_attention(backend=...) takes it
     forward_kernels = 1  # Pallas calls of the forward
     train_kernels = 3  # Pallas calls of forward + backward

@@ -1,313 +1,206 @@
-"""The Mosaic-GPU attention forward (``pallas_kernels.attention.mosaic``): structure on CPU, numbers on an H100.
+"""The Mosaic-GPU attention backend's own tests (the shared ones are ``TestMosaic`` in test_flash_attention.py).
 
-CPU: Mosaic GPU kernels do not run here, but they lower for CUDA (``lowering_platforms=("cuda",)``): every default
-config lowers at the suite's shapes and at odd ones, with every mask kind, to exactly one Mosaic kernel; the
-shared-memory estimate equals Mosaic's own count (an oversize config raises Mosaic's overflow error at lowering,
-with our byte count in it); configs and ``unsupported_reason`` name what they reject.
-GPU (sm90 only): o and the log2-domain lse against the float32 reference at real and odd shapes, every mask kind,
-GQA/MQA, bf16 and fp16, NaN in padded V, q and k scaled by 30; the tolerance grows with sqrt(S); NaN never passes.
+CPU: the kernels do not run here, but they lower for CUDA inside ``backends.lowering_for_gpu()``: every default
+config at the attention suite's shapes lowers, forward and backward, to the three kernels with three warpgroups
+each, within an sm90 block's shared memory and at the sizes the backend's estimates give (an oversize config is the
+public function's ValueError, and Mosaic's own overflow error when the kernel is lowered directly); sequences
+shorter than a tile and vmap lower too; the config, its table and its sweep candidates validate.
+GPU (sm90): configs other than the defaults (backward tiles, no ping-pong, persistent with more work items than
+SMs and every mask) and sequences shorter than a tile against the float32 reference, through the public function.
 """
-
-import functools
-import itertools
-import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from pallas_kernels import reference
-from pallas_kernels.attention import mosaic
+from base_attention import AttentionTests, qkv, tol
+from conftest import key
+from hlo_inspect import mosaic_ir
+from jaxfuse.suites.attention import SHAPES
+from pallas_kernels import attention, backends, mosaic_utils, tuning
+from pallas_kernels.attention import config as fa_config
+from pallas_kernels.attention import mosaic, mosaic_bwd, mosaic_bwd_kernels, mosaic_fwd
+
+pytestmark = pytest.mark.timeout(120)  # enforced where pytest-timeout is installed (the GPU machine)
+
+ON_SM90 = mosaic_utils.is_hopper()
+gpu_only = pytest.mark.skipif(not ON_SM90, reason="Mosaic-GPU kernels run on an sm90 GPU only")
+Config = fa_config.MosaicAttentionConfig
+KERNELS = ["mosaic_attention_fwd", "mosaic_attention_dq", "mosaic_attention_dkv"]
 
 
-def _on_sm90() -> bool:
-    if jax.default_backend() != "gpu":
-        return False
-    return getattr(jax.devices()[0], "compute_capability", "") == "9.0"
-
-
-ON_SM90 = _on_sm90()
-gpu_only = pytest.mark.skipif(not ON_SM90, reason="Mosaic GPU kernels run only on an sm90 GPU")
-_KEYS = itertools.count(7000)
-SUITE = {  # name: (B, T, S, N, K, H), as jaxfuse.suites.attention.SHAPES
-    "main": (4, 4096, 4096, 16, 16, 128), "1k": (16, 1024, 1024, 16, 16, 128), "8k": (2, 8192, 8192, 16, 16, 128),
-    "gqa": (4, 4096, 4096, 32, 8, 128), "h64": (4, 4096, 4096, 32, 32, 64),
-}
+class _Mosaic(AttentionTests):  # the shared checks, for this module's own cases (not collected: no Test prefix)
+    backend = "mosaic"
 
 
 def _spec(B, T, S, N, K, H, dtype=jnp.bfloat16):
-    return jax.ShapeDtypeStruct((B, T, N, H), dtype), jax.ShapeDtypeStruct((B, S, K, H), dtype)
+    return (jax.ShapeDtypeStruct((B, T, N, H), dtype), jax.ShapeDtypeStruct((B, S, K, H), dtype),
+            jax.ShapeDtypeStruct((B, S, K, H), dtype))
 
 
-def _lower(B, T, S, N, K, H, *, dtype=jnp.bfloat16, segments=False, lengths=False, residuals=False, **kwargs):
-    """The StableHLO text of the forward lowered for CUDA."""
-    q, kv = _spec(B, T, S, N, K, H, dtype)
-    extra = []
-    if segments:
-        extra += [jax.ShapeDtypeStruct((B, T), jnp.int32), jax.ShapeDtypeStruct((B, S), jnp.int32)]
-    if lengths:
-        extra += [jax.ShapeDtypeStruct((B,), jnp.int32)]
+def _train_kernels(q, k, v, **options) -> list[mosaic_ir.MosaicKernel]:
+    """The Mosaic kernels of forward + backward through the public function, lowered for CUDA."""
+    def loss(q, k, v):
+        return attention.flash_attention(q, k, v, backend="mosaic", **options).astype(jnp.float32).sum()
 
-    def f(q, k, v, *rest):
-        rest = list(rest)
-        masks = {}
-        if segments:
-            masks.update(q_segment_ids=rest.pop(0), kv_segment_ids=rest.pop(0))
-        if lengths:
-            masks.update(kv_seq_lengths=rest.pop(0))
-        fn = mosaic.attention_forward if residuals else mosaic.flash_attention
-        return fn(q, k, v, **masks, **kwargs)
-
-    return jax.jit(f).trace(q, kv, kv, *extra).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def _num_kernels(text: str) -> int:
-    return text.count("stablehlo.custom_call @mosaic_gpu")
+    with backends.lowering_for_gpu():
+        return mosaic_ir.lower_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)
 
 
 # ------------------------------------------------------------------------------------------------------- CPU
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", list(SUITE))
-def test_default_config_lowers_at_suite_shapes(name, causal):
-    B, T, S, N, K, H = SUITE[name]
-    q, kv = _spec(B, T, S, N, K, H)
-    assert mosaic.unsupported_reason(q, kv, kv, causal=causal) is None
-    assert _num_kernels(_lower(B, T, S, N, K, H, causal=causal)) == 1
+_SUITE = [pytest.param(name, causal, marks=() if name == "main" else pytest.mark.slow)
+          for name in ("main", "1k", "8k", "gqa", "h64") for causal in (False, True)]
 
 
-@pytest.mark.parametrize("shape,masks", [
-    ((2, 1000, 1000, 4, 2, 128), dict(causal=True)),
-    ((2, 1000, 777, 4, 2, 128), dict(causal=True, segments=True, lengths=True)),
-    ((2, 300, 1000, 4, 4, 64), dict(lengths=True, residuals=True)),
-    ((1, 1000, 300, 4, 1, 64), dict(causal=True, segments=True, residuals=True)),
-    ((1, 5, 7, 2, 1, 64), dict(causal=True)),
-    ((1, 100, 40, 2, 2, 256), dict(dtype=jnp.float16, scale=-0.3)),
+@pytest.mark.parametrize("name,causal", _SUITE)
+def test_default_configs_lower_within_shared_memory_at_suite_shapes(name, causal):
+    s = SHAPES[name]
+    q, k, v = _spec(*(s[x] for x in "BTSNKH"))
+    with backends.lowering_for_gpu():
+        plan = attention.plan(q, k, v, causal=causal)
+    assert plan.backend == "mosaic"  # "auto" picks it here
+    config = plan.config
+    fwd, dq, dkv = _train_kernels(q, k, v, causal=causal)
+    assert [fwd.name, dq.name, dkv.name] == KERNELS
+    assert {kernel.warpgroups for kernel in (fwd, dq, dkv)} == {3}  # one TMA warpgroup, two compute warpgroups
+    H = s["H"]
+    assert fwd.smem_bytes == mosaic_fwd.shared_memory_bytes(H, jnp.bfloat16, config)
+    dq_bytes, dkv_bytes = mosaic_bwd.shared_memory_bytes(config, H)
+    assert dq.smem_bytes <= dq_bytes <= mosaic_utils.H100_SMEM_BYTES
+    assert dkv.smem_bytes <= dkv_bytes <= mosaic_utils.H100_SMEM_BYTES
+
+
+@pytest.mark.parametrize("shape,options", [
+    ((1, 5, 7, 2, 1, 64), dict(causal=True)),  # shorter than one tile: padded rows
+    pytest.param((2, 1, 77, 2, 2, 64), dict(scale=-0.3), marks=pytest.mark.slow),  # one query, negative scale
+    pytest.param((2, 300, 1000, 4, 4, 128), dict(kv_seq_lengths=jnp.array([0, 999], jnp.int32)),
+                 marks=pytest.mark.slow),
 ])
-def test_lowers_at_odd_shapes_with_every_mask(shape, masks):
-    assert _num_kernels(_lower(*shape, **masks)) == 1
+def test_lowers_at_odd_shapes(shape, options):
+    assert [k.name for k in _train_kernels(*_spec(*shape), **options)] == KERNELS
 
 
-def test_lowers_under_vmap_and_checkpoint_as_one_kernel():
-    q, kv = _spec(2, 256, 256, 4, 2, 64)
+def test_vmap_folds_into_the_batch_axis():
+    q, k, v = _spec(2, 256, 256, 4, 2, 64)
     stack = lambda s: jax.ShapeDtypeStruct((3, *s.shape), s.dtype)  # noqa: E731
-    f = jax.vmap(lambda q, k, v: mosaic.flash_attention(q, k, v, causal=True))
-    text = jax.jit(f).trace(stack(q), stack(kv), stack(kv)).lower(lowering_platforms=("cuda",)).as_text()
-    assert _num_kernels(text) == 1  # the mapped axis folds into the batch: one launch
-    g = jax.checkpoint(lambda q, k, v: mosaic.flash_attention(q, k, v))
-    assert _num_kernels(jax.jit(g).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()) == 1
+    f = jax.vmap(lambda q, k, v: attention.flash_attention(q, k, v, causal=True, backend="mosaic"))
+    with backends.lowering_for_gpu():
+        kernels = mosaic_ir.lower_kernels(jax.grad(lambda *a: f(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2)),
+                                          stack(q), stack(k), stack(v))
+        plain = [k.grid for k in _train_kernels(q, k, v, causal=True)]
+    assert [k.name for k in kernels] == KERNELS  # one launch each, the mapped axis folded into the batch
+    assert [int(jnp.prod(jnp.array(k.grid))) for k in kernels] == [3 * int(jnp.prod(jnp.array(g))) for g in plain]
 
 
-@pytest.mark.parametrize("shape,masks", [
-    ((4, 4096, 4096, 16, 16, 128), {}), ((4, 4096, 4096, 32, 8, 128), dict(causal=True)),
-    ((4, 4096, 4096, 32, 32, 64), dict(residuals=True)),
-    ((2, 1000, 777, 4, 2, 128), dict(causal=True, segments=True, lengths=True, residuals=True)),
-    ((1, 5, 7, 2, 1, 64), dict(causal=True)),
-])
-def test_persistent_config_lowers(shape, masks):
-    config = mosaic.MosaicAttentionConfig(persistent=True)
-    q, kv = _spec(*shape)
-    assert mosaic.unsupported_reason(q, kv, kv, config=config) is None
-    assert _num_kernels(_lower(*shape, config=config, **masks)) == 1
-
-
-def test_shared_memory_estimate_is_mosaics_count():
-    q, kv = _spec(1, 512, 512, 2, 2, 128)
-    fits = mosaic.MosaicAttentionConfig(block_kv=128, num_stages=3)  # 230520 bytes: just under 227 KiB
-    assert mosaic.unsupported_reason(q, kv, kv, config=fits) is None
-    assert _num_kernels(_lower(1, 512, 512, 2, 2, 128, config=fits)) == 1
-    over = mosaic.MosaicAttentionConfig(block_kv=128, num_stages=4)
-    need = mosaic.shared_memory_bytes(128, jnp.bfloat16, over)
-    reason = mosaic.unsupported_reason(q, kv, kv, config=over)
-    assert reason is not None and f"need {need} bytes of shared memory" in reason
+def test_shared_memory_estimates_match_the_lowering():
+    q, k, v = _spec(1, 512, 512, 2, 2, 128)
+    fits = Config(num_stages=3)  # 230536 bytes: just under the 232448 (227 KiB) an sm90 block can have
+    assert mosaic.config_reason(q, fits, segments=False) is None
+    assert _train_kernels(q, k, v, block_sizes=fits)[0].smem_bytes == 230536
+    over = Config(num_stages=4)
+    need = mosaic_fwd.shared_memory_bytes(128, jnp.bfloat16, over)
+    with backends.lowering_for_gpu(), pytest.raises(ValueError, match=rf"block_sizes: the Mosaic backend's forward "
+                                                                      rf"kernel needs {need} bytes"):
+        attention.flash_attention(*(jnp.zeros(x.shape, x.dtype) for x in (q, k, v)), block_sizes=over)
+    call = lambda q, k, v: mosaic_fwd.kernel_call(q, k, v, None, None, None, cfg=over, causal=False,  # noqa: E731
+                                                  scale=0.1, residuals=False)[0]
     with pytest.raises(ValueError, match=f"exceeds available shared memory: smem_bytes={need} "):
-        _lower(1, 512, 512, 2, 2, 128, config=over)
-    persistent = mosaic.MosaicAttentionConfig(block_kv=64, persistent=True)  # a separate o tile: 64 KiB more
-    need = mosaic.shared_memory_bytes(256, jnp.bfloat16, persistent)
-    with pytest.raises(ValueError, match=f"exceeds available shared memory: smem_bytes={need} "):
-        _lower(1, 512, 512, 2, 2, 256, config=persistent)
-
-
-def test_default_configs_fit_every_head_dim():
-    for H, dtype in itertools.product(mosaic.SUPPORTED_HEAD_DIMS, (jnp.bfloat16, jnp.float16)):
-        q, kv = _spec(1, 256, 256, 2, 2, H, dtype)
-        assert mosaic.unsupported_reason(q, kv, kv) is None, H
-    assert _num_kernels(_lower(1, 256, 256, 2, 2, 256, causal=True)) == 1
-
-
-def test_default_config_is_persistent_only_for_short_non_causal_h128():
-    q, kv = _spec(*SUITE["1k"])
-    assert mosaic.default_config(q, kv, causal=False).persistent
-    assert not mosaic.default_config(q, kv, causal=True).persistent
-    for name in ("main", "8k", "gqa", "h64"):
-        q, kv = _spec(*SUITE[name])
-        assert not mosaic.default_config(q, kv, causal=False).persistent, name
-
-
-def test_unsupported_reason_names_the_constraint():
-    q, kv = _spec(1, 64, 64, 2, 2, 128, jnp.float32)
-    assert "float32 runs on the Triton backend" in mosaic.unsupported_reason(q, kv, kv)
-    q, kv = _spec(1, 64, 64, 2, 2, 32)
-    assert "H=32" in mosaic.unsupported_reason(q, kv, kv)
+        jax.jit(call).trace(q, k, v).lower(lowering_platforms=("cuda",))
+    # The backward: 128x128 dQ tiles four deep are over the estimate, and over Mosaic's count too.
+    over = Config(block_q_dq=128, block_kv_dq=128, num_stages_dq=4)
+    assert "dQ kernel needs" in mosaic.config_reason(q, over, segments=False)
+    problem = mosaic_bwd_kernels.Problem(B=1, T=512, S=512, N=2, K=2, H=128, T_pad=512, S_pad=512, causal=False,
+                                         scale=1.0, has_segments=False, has_lengths=False)
+    dq = lambda q, k, v, do, lse, delta: mosaic_bwd_kernels.dq_call(  # noqa: E731
+        q, k, v, do, lse, delta, None, None, None, p=problem, block_q=128, block_kv=128, compute_wgs=2, num_stages=4)
+    rows = jax.ShapeDtypeStruct((1, 2, 512), jnp.float32)
+    with pytest.raises(Exception, match="(?i)shared memory"):
+        jax.jit(dq).trace(q, k, v, q, rows, rows).lower(lowering_platforms=("cuda",))
 
 
 @pytest.mark.parametrize("field,value", [("block_q", 32), ("block_kv", 100), ("num_stages", 1), ("ping_pong", 1),
-                                         ("block_q", True), ("persistent", "yes")])
+                                         ("persistent", "yes"), ("block_q_dq", 32), ("block_kv_dkv", 96),
+                                         ("compute_wgs_dq", 3), ("num_stages_dkv", 0), ("block_kv_dq", True)])
 def test_config_rejects_bad_fields_by_name(field, value):
-    with pytest.raises(ValueError, match=f"MosaicAttentionConfig.{field}"):
-        mosaic.MosaicAttentionConfig(**{field: value})
+    with pytest.raises(ValueError, match=f"MosaicAttentionConfig.{field}: must be"):
+        Config(**{field: value})
+
+
+def test_block_sizes_override_fields_of_the_default_config():
+    q, k, v = _spec(1, 4096, 4096, 16, 16, 128)
+    with backends.lowering_for_gpu():
+        config = attention.plan(q, k, v, causal=True, block_sizes={"ping_pong": False, "block_kv_dq": 128}).config
+        assert (config.ping_pong, config.block_kv_dq, config.num_stages_dkv) == (False, 128, 4)  # 4: the table's
+        with pytest.raises(ValueError, match=r"block_sizes: unknown fields \['block_k'\]; allowed: \['block_q', "):
+            attention.plan(q, k, v, block_sizes={"block_k": 64}, backend="mosaic")
+
+
+def test_default_config_table_and_tuning_cache(tmp_path):
+    def config(name, causal, path=tmp_path / "none.json"):
+        s = SHAPES[name]
+        q, k, _ = _spec(*(s[x] for x in "BTSNKH"))
+        return fa_config.mosaic_default_config(q, k, causal=causal, device="H100", cache_path=path)
+
+    assert config("1k", False).persistent and not config("1k", True).persistent  # short non-causal H=128 only
+    assert not any(config(name, False).persistent for name in ("main", "8k", "gqa", "h64"))
+    assert (config("main", False).block_kv_dq, config("main", True).num_stages_dkv) == (128, 4)
+    path = tmp_path / "tuned.json"
+    s = SHAPES["main"]
+    key = attention.tuning_key(*_spec(*(s[x] for x in "BTSNKH")), causal=True)
+    tuning.store("flash_attention", key, Config(num_stages=3).to_dict(), backend="mosaic", device="H100", path=path)
+    assert config("main", True, path).num_stages == 3 and config("main", False, path).num_stages == 2
+
+
+@pytest.mark.parametrize("H,causal,S", [(128, False, 4096), (128, True, 1024), (64, False, 4096)])
+def test_sweep_candidates_fit_and_vary_only_their_kernels_fields(H, causal, S):
+    q, k, v = _spec(1, S, S, 2, 2, H)
+    with backends.lowering_for_gpu():
+        forward, backward = attention.sweep_candidates(q, k, v, causal=causal, backend="mosaic")
+    assert len(forward) >= 5 and len(backward) >= 4
+    base = forward[0]
+    assert backward[0] == base == Config(**tuning.flash_attention_mosaic_table(H, causal=causal,
+                                                                                kv_len=S)).to_dict()
+    for c in forward + backward:
+        assert mosaic.config_reason(q, Config(**c), segments=False) is None
+    assert all(c[f] == base[f] for c in forward for f in c if f not in mosaic.FORWARD_FIELDS)
+    assert all(c[f] == base[f] for c in backward for f in mosaic.FORWARD_FIELDS)
 
 
 # ------------------------------------------------------------------------------------------------------- GPU
-def _normal(shape, dtype, scale=1.0):
-    return (jax.random.normal(jax.random.key(next(_KEYS)), shape, jnp.float32) * scale).astype(dtype)
-
-
-def _reference_lse(q, k, *, causal, scale, segment_ids, kv_seq_lengths):
-    """(B, N, T) float32 log2 Σ_s exp2(score·scale·log2 e) over visible keys; +inf where none is visible."""
-    B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
-    up = lambda x: x.astype(jnp.float32)  # noqa: E731
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", up(q).reshape(B, T, K, N // K, H), up(k),
-                        precision=jax.lax.Precision.HIGHEST).reshape(B, N, T, S) * scale
-    mask = reference.attention_mask(B, T, S, causal=causal, segment_ids=segment_ids, kv_seq_lengths=kv_seq_lengths)
-    lse = jax.nn.logsumexp(jnp.where(mask[:, None], scores, -jnp.inf), axis=-1) / math.log(2.0)
-    return jnp.where(jnp.isfinite(lse), lse, jnp.inf)
-
-
-def _check(q, k, v, *, causal=False, scale=None, segment_ids=None, kv_seq_lengths=None, config=None, v_ref=None):
-    """o and lse of attention_forward against the float32 reference (given v_ref in place of v); returns o."""
-    masks = {}
-    if segment_ids is not None:
-        masks.update(q_segment_ids=segment_ids[0], kv_segment_ids=segment_ids[1])
-    masks.update(kv_seq_lengths=kv_seq_lengths)
-    o, lse = jax.jit(functools.partial(mosaic.attention_forward, causal=causal, scale=scale, config=config))(
-        q, k, v, **masks)
-    scale_ = q.shape[-1] ** -0.5 if scale is None else scale
-    up = lambda x: x.astype(jnp.float32)  # noqa: E731
-
-    @jax.jit
-    def expected(q, k, v, segment_ids, kv_seq_lengths):
-        o = reference.attention(up(q), up(k), up(v), causal=causal, scale=scale_, segment_ids=segment_ids,
-                                kv_seq_lengths=kv_seq_lengths)
-        return o, _reference_lse(q, k, causal=causal, scale=scale_, segment_ids=segment_ids,
-                                 kv_seq_lengths=kv_seq_lengths)
-
-    want, want_lse = expected(q, k, v if v_ref is None else v_ref, segment_ids, kv_seq_lengths)
-    o32, want, lse, want_lse = (np.asarray(x, np.float64) for x in (up(o), want, lse, want_lse))
-    assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == want_lse.shape
-    assert np.all(np.isfinite(o32)), "NaN or inf in o"
-    S = k.shape[1]
-    atol, rtol = {jnp.dtype(jnp.bfloat16): (2e-3, 8e-3), jnp.dtype(jnp.float16): (3e-4, 1e-3)}[jnp.dtype(q.dtype)]
-    # p is rounded to q.dtype before p·v: errors scale with |v| (not |o|, which can cancel) and grow as sqrt(S).
-    bound = atol * math.sqrt(max(S, 128) / 128) + rtol * np.abs(want)
-    worst = np.max(np.abs(o32 - want) - bound)
-    assert worst <= 0, f"o: |err| exceeds the bound by {worst:.2e}"
-    rel = np.linalg.norm(o32 - want) / max(np.linalg.norm(want), 1e-30)
-    assert rel <= 4 * rtol, f"o: relative norm error {rel:.2e}"
-    assert np.array_equal(np.isinf(lse), np.isinf(want_lse)), "lse: +inf exactly where no key is visible"
-    finite = np.isfinite(want_lse)
-    lse_err = np.max(np.abs(lse[finite] - want_lse[finite]) / (1e-3 + 1e-5 * np.abs(want_lse[finite])),
-                     initial=0.0)
-    assert lse_err <= 1.0, f"lse: error {lse_err:.2f}x the tolerance"
-    return o
-
-
-_REAL_CASES = {  # name: (dtype, causal, B, T, S, N, K, H)
-    "4k": (jnp.bfloat16, False, 1, 4096, 4096, 8, 8, 128),
-    "4k-causal": (jnp.bfloat16, True, 1, 4096, 4096, 8, 8, 128),
-    "gqa-causal": (jnp.bfloat16, True, 2, 2048, 2048, 8, 2, 128),
-    "mqa-h64": (jnp.bfloat16, False, 2, 1024, 1024, 4, 1, 64),
-    "h256-causal-odd": (jnp.bfloat16, True, 1, 1000, 1000, 2, 2, 256),
-    "odd-gqa": (jnp.bfloat16, False, 2, 1000, 1000, 4, 2, 128),
-    "odd-gqa-causal": (jnp.bfloat16, True, 2, 1000, 1000, 4, 2, 128),
-    "T<S-causal": (jnp.bfloat16, True, 2, 300, 1000, 4, 4, 64),
-    "T>S-causal": (jnp.bfloat16, True, 2, 1000, 300, 4, 2, 128),
-    "tiny-causal": (jnp.bfloat16, True, 1, 5, 7, 2, 1, 64),
-    "fp16-causal": (jnp.float16, True, 2, 2048, 2048, 4, 4, 128),
-    "fp16-h64-odd": (jnp.float16, False, 1, 777, 1000, 4, 2, 64),
+_CONFIGS = {  # name: (config overrides, (B, T, S, N, K, H), masks)
+    "kv64-3-stages": (dict(block_kv=64, num_stages=3), (2, 1000, 1000, 4, 2, 128), "causal"),
+    "no-ping-pong": (dict(ping_pong=False), (2, 1000, 777, 4, 2, 128), "lengths"),
+    "persistent-masks": (dict(persistent=True), (4, 1000, 1000, 8, 2, 128), "everything"),  # 256 items > 132 SMs
+    "persistent-h64": (dict(persistent=True, num_stages=3), (8, 300, 777, 8, 8, 64), "segments"),
+    "bwd-tiles": (dict(block_kv_dq=128, num_stages_dq=3, num_stages_dkv=4), (2, 777, 1000, 4, 1, 64), "causal"),
+    "bwd-one-warpgroup": (dict(compute_wgs_dq=1, compute_wgs_dkv=1), (2, 1000, 1000, 4, 2, 128), "everything"),
 }
 
 
-@gpu_only
-@pytest.mark.parametrize("name", list(_REAL_CASES))
-def test_matches_reference(name):
-    dtype, causal, B, T, S, N, K, H = _REAL_CASES[name]
-    _check(_normal((B, T, N, H), dtype), _normal((B, S, K, H), dtype), _normal((B, S, K, H), dtype), causal=causal)
-
-
-def _segments(B, L, num):
-    """(B, L) sorted segment ids with `num` random boundaries per row (packed sequences)."""
-    cuts = jax.random.randint(jax.random.key(next(_KEYS)), (B, num), 0, L)
-    return jnp.sum(jnp.arange(L)[None, :, None] >= cuts[:, None, :], axis=-1).astype(jnp.int32)
-
-
-@gpu_only
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kind", ["segments", "lengths", "both"])
-def test_masks_match_reference(kind, causal):
-    B, T, S, N, K, H = (3, 1000, 1000, 4, 2, 128) if causal else (3, 300, 777, 4, 1, 64)
-    dtype = jnp.bfloat16
-    q, k, v = _normal((B, T, N, H), dtype), _normal((B, S, K, H), dtype), _normal((B, S, K, H), dtype)
-    seg = lens = None
-    if kind in ("segments", "both"):
-        seg = _segments(B, T, 5), _segments(B, S, 5)
-        if T == S:
-            seg = (seg[0], seg[0])
-    v_nan = v
-    if kind in ("lengths", "both"):
-        lens = jnp.array([0, S // 2 + 13, S], jnp.int32)  # an empty row, a length off the tile grid, everything
-        padding = jnp.arange(S)[None, :, None, None] >= lens[:, None, None, None]
-        v_nan = jnp.where(padding, jnp.nan, v)  # the kernel gets NaN in the padding; the reference (0·NaN) not
-    o = _check(q, k, v_nan, causal=causal, segment_ids=seg, kv_seq_lengths=lens, v_ref=v)
-    if lens is not None:
-        assert np.all(np.asarray(o[0], np.float32) == 0), "length 0: every row is zeros"
+def _masks(kind, B, T, S):
+    """Options for a mask kind: "causal", "lengths" (an empty row, one off the tile grid, all, all but 7),
+    "segments" (three sorted segments per row) or "everything"."""
+    options = {}
+    if kind in ("causal", "everything"):
+        options["causal"] = True
+    if kind in ("lengths", "everything"):
+        options["kv_seq_lengths"] = jnp.array([(0, S // 2 + 13, S, S - 7)[b % 4] for b in range(B)], jnp.int32)
+    if kind in ("segments", "everything"):
+        options["segment_ids"] = tuple(jnp.sort(jax.random.randint(key(), (B, L), 0, 3), axis=1) for L in (T, S))
+    return options
 
 
 @gpu_only
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-@pytest.mark.parametrize("causal", [False, True])
-def test_extreme_magnitudes(dtype, causal):
-    """q and k scaled by 30: scores up to ~4e3, near one-hot softmax rows."""
-    B, T, S, N, K, H = 2, 1024, 1000, 4, 2, 128
-    q, k = _normal((B, T, N, H), dtype, 30.0), _normal((B, S, K, H), dtype, 30.0)
-    _check(q, k, _normal((B, S, K, H), dtype), causal=causal)
+@pytest.mark.parametrize("name", list(_CONFIGS))
+def test_other_configs_match_reference(name):
+    overrides, (B, T, S, N, K, H), kind = _CONFIGS[name]
+    q, k, v = qkv(B, T, S, N, K, H, jnp.bfloat16)
+    _Mosaic().check_against_reference(q, k, v, tol(q, k), block_sizes=overrides, scale=0.07,
+                                      **_masks(kind, B, T, S))
 
 
 @gpu_only
-@pytest.mark.parametrize("config", [mosaic.MosaicAttentionConfig(block_kv=64, num_stages=3),
-                                    mosaic.MosaicAttentionConfig(ping_pong=False),
-                                    mosaic.MosaicAttentionConfig(block_kv=128, num_stages=3),
-                                    mosaic.MosaicAttentionConfig(persistent=True, num_stages=3)])
-def test_other_configs_and_scales(config):
-    B, T, S, N, K, H = 2, 1000, 1000, 4, 2, 128
-    q, k, v = (_normal(s, jnp.bfloat16) for s in ((B, T, N, H), (B, S, K, H), (B, S, K, H)))
-    _check(q, k, v, causal=True, scale=0.05, config=config)
-    _check(q, k, v, causal=False, scale=-0.07, config=config)
-
-
-@gpu_only
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(4, 1000, 1000, 8, 2, 128), (8, 300, 777, 8, 8, 64)])
-def test_persistent_matches_reference(shape, causal):
-    """More work items than SMs: each CTA carries the K/V ring and the q prefetch across items; with masks."""
-    B, T, S, N, K, H = shape
-    config = mosaic.MosaicAttentionConfig(persistent=True)
-    q, k, v = (_normal(s, jnp.bfloat16) for s in ((B, T, N, H), (B, S, K, H), (B, S, K, H)))
-    _check(q, k, v, causal=causal, config=config)
-    lens = jax.random.randint(jax.random.key(next(_KEYS)), (B,), 0, S + 1)
-    seg = _segments(B, T, 3), _segments(B, S, 3)
-    _check(q, k, v, causal=causal, config=config, kv_seq_lengths=lens, segment_ids=seg if T != S else (seg[0],) * 2)
-
-
-@gpu_only
-def test_primal_under_jit_vmap_and_checkpoint():
-    B, T, S, N, K, H = 2, 1000, 777, 4, 2, 64
-    q = _normal((3, B, T, N, H), jnp.bfloat16)
-    k, v = _normal((3, B, S, K, H), jnp.bfloat16), _normal((3, B, S, K, H), jnp.bfloat16)
-    attn = lambda q, k, v: mosaic.flash_attention(q, k, v, causal=True)  # noqa: E731
-    got = jax.jit(jax.vmap(attn))(q, k, v)
-    got_ckpt = jax.jit(jax.checkpoint(attn))(q[1], k[1], v[1])
-    want = jax.vmap(lambda q, k, v: mosaic.attention_forward(q, k, v, causal=True)[0])(q, k, v)
-    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
-    np.testing.assert_array_equal(np.asarray(got_ckpt, np.float32), np.asarray(want[1], np.float32))
+@pytest.mark.parametrize("T,S,causal", [(5, 7, True), (1, 9, False), (70, 3, True), (130, 60, False)])
+def test_sequences_shorter_than_a_tile(T, S, causal):
+    q, k, v = qkv(2, T, S, 2, 1, 64, jnp.float16)
+    _Mosaic().check_against_reference(q, k, v, tol(q, k), causal=causal)

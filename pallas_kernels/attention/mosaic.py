@@ -1,21 +1,23 @@
-"""Flash attention on Hopper (sm90) in Pallas Mosaic GPU: config, backend contract and custom VJP.
+"""The Mosaic-GPU (sm90) backend of flash attention: the forward kernel (``mosaic_fwd``) and the backward
+(``mosaic_bwd``) wired into one custom VJP, and the backend-module contract of ``pallas_kernels.backends``.
 
-``flash_attention(q, k, v, ...)`` computes softmax(q kᵀ · scale) v with a warp-specialized kernel (``mosaic_fwd``:
-a TMA producer warpgroup and two compute warpgroups on wgmma, FA3 ping-pong between them) that keeps the (T, S)
-scores as register tiles; the backward is ``mosaic_bwd``. Semantics are those of the Triton backend
-(``pallas_kernels.reference.attention`` is the float32 reference): q (B, T, N, H), k and v (B, S, K, H), N % K == 0
-(query head n reads kv head n // (N // K)); causal masks top-left aligned (key s visible to query t iff s <= t,
-also when T != S); segment ids and ``kv_seq_lengths`` mask keys; any T and S; a row with no visible key returns
-zeros and log-sum-exp +inf. V rows at positions >= kv_seq_lengths are zeroed before the kernel (one fused XLA pass
-over V, only when lengths are given), so NaN or inf stored in padding never reaches the output (0·NaN in p·v would).
+Reached through ``pallas_kernels.flash_attention(..., backend="mosaic")`` (or "auto" on an sm90 GPU), which
+validates the inputs and resolves the config (``config.MosaicAttentionConfig``). Semantics are the Triton
+backend's: masks of every kind, GQA/MQA, any T and S, rows with no visible key give zeros and zero gradients.
 
-Residuals for the backward (what ``_attention_fwd`` saves beyond q, k, v and o): the (B, N, T) float32 log-sum-exp
-in the log2 domain (log2 Σ_s exp2(score·scale·log2 e)) and ``o_lo`` = o_f32 − o, the output's rounding error, in
-q.dtype (B, T, N, H). o + o_lo carries ~16 mantissa bits, so the backward's delta = rowsum(o·do) does not lose
-near one-hot rows to cancellation (the saturated-softmax case of issue 16): one more q.dtype tensor of o's size
-(half of a float32 copy of o), +2-4% forward time at the main shape (benchmarks/results/attention_mosaic_fwd-h100).
+The forward (``mosaic_fwd``): a TMA producer warpgroup and two compute warpgroups on wgmma (FA3 ping-pong), the
+(T, S) scores only as register tiles. V rows at positions >= kv_seq_lengths are zeroed before it (one fused XLA
+pass over V, only when lengths are given), so NaN or inf stored in padding never reaches p·v.
+Residuals for the backward beyond q, k, v and o: the (B, N, T) float32 log-sum-exp (log2 domain) and o_lo =
+o_f32 − o in q.dtype (B, T, N, H), the output's rounding error, so that delta = rowsum((o + o_lo)·do) keeps the
+near one-hot rows of a saturated softmax (one more q.dtype tensor of o's size: 2 bytes per element of o; the
+forward with residuals measured +2-4% at the main shape, benchmarks/results/attention_mosaic_fwd-h100.txt).
 
-float32 inputs stay on the Triton backend (``unsupported_reason`` says so): wgmma has no float32 path worth having.
+What it takes (``unsupported_reason``): bfloat16 / float16 (float32 stays on Triton: wgmma has no float32 path
+worth having), head dims 64 and 128 (the forward kernel also runs 256, the backward cannot: its dK/dV float32
+accumulators exceed the registers, so "auto" leaves H=256 to Triton), configs that fit shared memory, and no
+interpret mode (Mosaic GPU kernels run on an sm90 GPU and lower for CUDA anywhere inside
+``backends.lowering_for_gpu()``).
 """
 
 from __future__ import annotations
@@ -26,118 +28,78 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.attention import mosaic_fwd
+from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.attention import config as _config
+from pallas_kernels.attention import mosaic_bwd, mosaic_fwd
 
-__all__ = ["MosaicAttentionConfig", "attention_forward", "default_config", "flash_attention", "shared_memory_bytes",
-           "unsupported_reason"]
+__all__ = ["Config", "FORWARD_FIELDS", "SUPPORTED_HEAD_DIMS", "config_reason", "default_config", "flash_attention",
+           "sweep_candidates", "unsupported_reason"]
 
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
+Config = _config.MosaicAttentionConfig
+FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
+SUPPORTED_HEAD_DIMS = mosaic_bwd.SUPPORTED_HEAD_DIMS
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-_MAX_SMEM_BYTES = 227 * 1024  # sm90's opt-in limit per block, the figure Mosaic checks when lowering without a GPU
 
 
-@dataclasses.dataclass(frozen=True)
-class MosaicAttentionConfig:
-    """Tiling and schedule of the forward kernel (one static argument, hashable).
-
-    Attributes:
-      block_q: query rows per compute warpgroup (a CTA holds 2·block_q); a multiple of 64 (wgmma's row count).
-      block_kv: key/value rows per pipeline step; a multiple of 64.
-      num_stages: depth of the K/V shared-memory ring (tiles in flight ahead of the compute warpgroups), 2 to 6.
-      ping_pong: alternate the two compute warpgroups through a barrier (FA3 schedule) instead of free-running.
-      persistent: one CTA per SM walking the work items, loads of the next item overlapping this one's output;
-        needs a separate output tile in shared memory.
-    """
-
-    block_q: int = 64
-    block_kv: int = 128
-    num_stages: int = 2
-    ping_pong: bool = True
-    persistent: bool = False
-
-    def __post_init__(self):
-        for name, multiple in (("block_q", 64), ("block_kv", 64)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value % multiple:
-                raise ValueError(f"MosaicAttentionConfig.{name}: must be a positive multiple of {multiple}, "
-                                 f"got {value!r}")
-        if not isinstance(self.num_stages, int) or isinstance(self.num_stages, bool) or not 2 <= self.num_stages <= 6:
-            raise ValueError(f"MosaicAttentionConfig.num_stages: must be an int in [2, 6], got {self.num_stages!r}")
-        for name in ("ping_pong", "persistent"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"MosaicAttentionConfig.{name}: must be a bool, got {getattr(self, name)!r}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+def default_config(q, k, v, *, causal: bool, **_) -> Config:
+    """The tuned or built-in config for these shapes (``config.mosaic_default_config``)."""
+    return _config.mosaic_default_config(q, k, causal=causal)
 
 
-def default_config(q, k, *, causal: bool = False) -> MosaicAttentionConfig:
-    """64-row query tiles per warpgroup; 128-row K/V tiles two deep where they fit shared memory (H <= 128), 64-row
-    tiles for H = 256; persistent for short non-causal sequences at H = 128.
-
-    Measured on the H100 (benchmarks/results/attention_mosaic_fwd-h100.json, -persistent-h100.json): 64-row K/V
-    tiles are 15% slower at the main shape, a third stage or no ping-pong no faster; persistent is 1.4% slower at
-    T = S = 4096 and 16% slower causal (a static round-robin over unequal causal items), but 4.4% faster at
-    T = S = 1024 (240 vs 251 µs; cuDNN 222), where each CTA's start and end weigh most."""
-    H, S = q.shape[-1], k.shape[1]
-    return MosaicAttentionConfig(block_kv=128 if H <= 128 else 64, persistent=not causal and H == 128 and S <= 1024)
-
-
-def shared_memory_bytes(head_dim: int, dtype, config: MosaicAttentionConfig) -> int:
-    """Shared memory the kernel allocates: the two warpgroups' q tiles (and o tiles when persistent), the K and V
-    rings, the lse rows and the barriers, each buffer rounded up to 1 KiB (the 128-byte swizzle's alignment); no
-    cross-warp reduction scratch (row reductions of wgmma tiles stay inside a warp). Equal to Mosaic's own count
-    (tests check it)."""
-    item = jnp.dtype(dtype).itemsize
-    kib = lambda n: -(-n // 1024) * 1024  # noqa: E731
-    wgs = mosaic_fwd.COMPUTE_WGS
-    tiles = ((2 if config.persistent else 1) * kib(wgs * config.block_q * head_dim * item)
-             + 2 * kib(config.num_stages * config.block_kv * head_dim * item) + kib(wgs * config.block_q * 4))
-    return tiles + 8 * (4 * config.num_stages + 2 * wgs + 1)
+def config_reason(q, config: Config, *, segments: bool) -> str | None:
+    """None when ``config``'s three kernels fit an sm90 block's shared memory at q's head dim and dtype; else why
+    not, with the bytes each needs."""
+    H, dtype = q.shape[-1], jnp.dtype(q.dtype)
+    needs = {"forward": mosaic_fwd.shared_memory_bytes(H, dtype, config)}
+    needs["dQ"], needs["dK/dV"] = mosaic_bwd.shared_memory_bytes(config, H, dtype.itemsize, segments=segments)
+    over = {name: need for name, need in needs.items() if need > mu.H100_SMEM_BYTES}
+    if not over:
+        return None
+    return ("the Mosaic backend's " + ", ".join(f"{name} kernel needs {need} bytes" for name, need in over.items())
+            + f" of shared memory with {config}, over the {mu.H100_SMEM_BYTES} an sm90 block can have: use smaller "
+            f"tiles or fewer stages")
 
 
-def unsupported_reason(q, k, v, *, causal: bool = False, scale=None, q_segment_ids=None, kv_segment_ids=None,
-                       kv_seq_lengths=None, config: MosaicAttentionConfig | None = None) -> str | None:
-    """None when this backend runs these (already validated) arguments, else one sentence naming the constraint."""
-    del scale, q_segment_ids, kv_segment_ids, kv_seq_lengths, v  # every mask kind is supported
+def unsupported_reason(q, k, v, *, causal: bool, segment_ids, interpret: bool, **_) -> str | None:
+    """None when this backend runs these (validated) arguments; else one sentence naming the constraint."""
+    if interpret:
+        return ("the Mosaic backend has no interpret mode: its kernels run on an sm90 GPU (and lower for CUDA "
+                "anywhere inside backends.lowering_for_gpu())")
     dtype = jnp.dtype(q.dtype)
     if dtype not in _DTYPES:
-        return (f"the Mosaic backend takes bfloat16 or float16 inputs, got {dtype} (float32 runs on the Triton "
-                f"backend)")
+        return f"the Mosaic backend takes bfloat16 or float16 inputs, got {dtype} (float32 runs on the Triton backend)"
     H = q.shape[-1]
     if H not in SUPPORTED_HEAD_DIMS:
-        return f"the Mosaic backend takes head dims {SUPPORTED_HEAD_DIMS} (whole 128-byte swizzled tiles), got H={H}"
-    config = default_config(q, k, causal=causal) if config is None else config
-    need = shared_memory_bytes(H, dtype, config)
-    if need > _MAX_SMEM_BYTES:
-        return (f"the Mosaic backend's tiles for H={H} ({config}) need {need} bytes of shared memory, over the "
-                f"{_MAX_SMEM_BYTES} an sm90 block can have: use smaller block_q, block_kv or num_stages")
-    return None
+        why = (" (its backward's dK and dV float32 accumulators of a 64-row key tile alone take 256 registers per "
+               "thread, over the 255 limit)" if H == 256 else "")
+        return f"the Mosaic backend takes head dims {SUPPORTED_HEAD_DIMS}, got H={H}{why}"
+    return config_reason(q, default_config(q, k, v, causal=causal), segments=segment_ids is not None)
+
+
+def sweep_candidates(q, k, v, *, causal: bool, segment_ids=None, **_) -> tuple[list[dict], list[dict]]:
+    """(forward, backward) candidates for these shapes (``config.mosaic_sweep_candidates``), those that fit
+    shared memory."""
+    forward, backward = _config.mosaic_sweep_candidates(q.shape[-1], causal=causal, kv_len=k.shape[1])
+    fits = lambda c: config_reason(q, Config(**c), segments=segment_ids is not None) is None  # noqa: E731
+    return [c for c in forward if fits(c)], [c for c in backward if fits(c)]
 
 
 @dataclasses.dataclass(frozen=True)
 class _Static:
-    """Everything static about one call (hashable)."""
+    """Everything static about one call: the single non-differentiable argument of the custom VJP."""
 
-    config: MosaicAttentionConfig
+    config: Config
     causal: bool
     scale: float
-    residuals: bool  # also return lse and o_lo
-    bwd_config: object = None  # the backward's MosaicAttentionBwdConfig; None: mosaic_bwd.default_config_bwd
 
 
-def _kernel_call(q, k, v, q_seg, kv_seg, kv_lens, *, static: _Static):
-    return mosaic_fwd.kernel_call(q, k, v, q_seg, kv_seg, kv_lens, cfg=static.config, causal=static.causal,
-                                  scale=static.scale, residuals=static.residuals)
-
-
-@functools.lru_cache(maxsize=None)
-def _batched_call(static: _Static):
-    """_kernel_call under vmap: the mapped axis folds into the batch axis (one launch, no new grid axis)."""
+def _fold_vmap(fn):
+    """``fn`` (arrays with a leading batch axis, or None) under a custom vmap rule: the mapped axis folds into the
+    batch axis (one launch of the same kernels, no new grid axis) and unfolds from every output."""
 
     @jax.custom_batching.custom_vmap
-    def call(q, k, v, q_seg, kv_seg, kv_lens):
-        return _kernel_call(q, k, v, q_seg, kv_seg, kv_lens, static=static)
+    def call(*args):
+        return fn(*args)
 
     @call.def_vmap
     def _rule(axis_size, in_batched, *args):
@@ -154,59 +116,47 @@ def _batched_call(static: _Static):
     return call
 
 
+@functools.lru_cache(maxsize=None)
+def _forward(static: _Static, residuals: bool):
+    """(q, k, v, q_seg, kv_seg, kv_lens) -> (o, lse, o_lo) of ``mosaic_fwd.kernel_call`` (None without residuals),
+    batched by folding."""
+    return _fold_vmap(functools.partial(mosaic_fwd.kernel_call, cfg=static.config, causal=static.causal,
+                                        scale=static.scale, residuals=residuals))
+
+
+@functools.lru_cache(maxsize=None)
+def _backward(static: _Static):
+    """(q, k, v, o, o_lo, lse, do, q_seg, kv_seg, kv_lens) -> (dq, dk, dv), batched by folding."""
+    return _fold_vmap(functools.partial(mosaic_bwd.backward, causal=static.causal, scale=static.scale,
+                                        config=static.config))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _attention(q, k, v, q_seg, kv_seg, kv_lens, static: _Static):
-    return _batched_call(dataclasses.replace(static, residuals=False))(q, k, v, q_seg, kv_seg, kv_lens)[0]
+    return _forward(static, False)(q, k, v, q_seg, kv_seg, kv_lens)[0]
 
 
 def _attention_fwd(q, k, v, q_seg, kv_seg, kv_lens, static: _Static):
-    o, lse, o_lo = _batched_call(dataclasses.replace(static, residuals=True))(q, k, v, q_seg, kv_seg, kv_lens)
+    o, lse, o_lo = _forward(static, True)(q, k, v, q_seg, kv_seg, kv_lens)
     return o, (q, k, v, q_seg, kv_seg, kv_lens, o, o_lo, lse)
 
 
 def _attention_bwd(static: _Static, residuals, do):
-    from pallas_kernels.attention import mosaic_bwd  # the backward kernels; imported here, where they are needed
-
     q, k, v, q_seg, kv_seg, kv_lens, o, o_lo, lse = residuals
-    o_f32 = o.astype(jnp.float32) + o_lo.astype(jnp.float32)  # the unrounded output (to ~2^-16): exact delta
-    config = static.bwd_config
-    if config is None:
-        config = mosaic_bwd.default_config_bwd(q, k, causal=static.causal)
-    dq, dk, dv = mosaic_bwd.attention_backward(
-        q, k, v, o_f32, lse, do, causal=static.causal, scale=static.scale, q_segment_ids=q_seg,
-        kv_segment_ids=kv_seg, kv_seq_lengths=kv_lens, config=config)
+    dq, dk, dv = _backward(static)(q, k, v, o, o_lo, lse, do, q_seg, kv_seg, kv_lens)
     return dq, dk, dv, None, None, None  # segment ids and lengths are integers: no cotangent
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _static(q, k, causal, scale, config, residuals=False, bwd_config=None) -> _Static:
-    config = default_config(q, k, causal=causal) if config is None else config
-    if not isinstance(config, MosaicAttentionConfig):
-        raise TypeError(f"config: expected a MosaicAttentionConfig, got {type(config).__name__}")
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return _Static(config=config, causal=bool(causal), scale=scale, residuals=residuals, bwd_config=bwd_config)
-
-
-def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_segment_ids=None,
-                    kv_segment_ids=None, kv_seq_lengths=None, config: MosaicAttentionConfig | None = None,
-                    bwd_config=None) -> jax.Array:
-    """softmax(q kᵀ · scale) v on sm90, differentiable (custom VJP; the backward is ``mosaic_bwd``).
-
-    Inputs as validated by ``pallas_kernels.attention.flash_attention``: q (B, T, N, H), k and v (B, S, K, H) in
-    bfloat16 or float16, N % K == 0; q_segment_ids (B, T) and kv_segment_ids (B, S) int or both None;
-    kv_seq_lengths (B,) int or None (clipped to [0, S]). scale defaults to 1/sqrt(H). Returns (B, T, N, H) in
-    q.dtype. Works under jit, vmap (folded into the batch axis) and checkpoint.
-    """
-    static = _static(q, k, causal, scale, config, bwd_config=bwd_config)
-    return _attention(q, k, v, q_segment_ids, kv_segment_ids, kv_seq_lengths, static)
-
-
-def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None, q_segment_ids=None,
-                      kv_segment_ids=None, kv_seq_lengths=None, config: MosaicAttentionConfig | None = None):
-    """The forward with its residual: (o (B, T, N, H) q.dtype, lse (B, N, T) float32, log2 domain, +inf for rows
-    with no visible key). Not differentiable; for tests, benchmarks and the backward's callers."""
-    static = _static(q, k, causal, scale, config, residuals=True)
-    o, lse, _ = _batched_call(static)(q, k, v, q_segment_ids, kv_segment_ids, kv_seq_lengths)
-    return o, lse
+def flash_attention(q, k, v, *, causal: bool, scale: float, segment_ids, kv_seq_lengths, interpret: bool,
+                    config: Config) -> jax.Array:
+    """q (B, T, N, H), k/v (B, S, K, H) validated, bf16/fp16; segment_ids None or (q (B, T), kv (B, S)) int32;
+    kv_seq_lengths None or (B,) int32 -> (B, T, N, H) in q.dtype. ValueError for a config over shared memory."""
+    del interpret  # unsupported_reason refused interpret mode
+    reason = config_reason(q, config, segments=segment_ids is not None)
+    if reason is not None:
+        raise ValueError(f"block_sizes: {reason}")
+    q_seg, kv_seg = (None, None) if segment_ids is None else segment_ids
+    return _attention(q, k, v, q_seg, kv_seg, kv_seq_lengths, _Static(config=config, causal=causal, scale=scale))

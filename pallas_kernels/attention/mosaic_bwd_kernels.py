@@ -26,7 +26,6 @@ kv_lens (B,) int32 or None. Rows past T and keys past S are read as zeros by TMA
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 
 import jax
@@ -35,7 +34,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["Problem", "dkv_call", "dq_call"]
+from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.index_math import cdiv, i32
+
+__all__ = ["Problem", "dkv_call", "dq_call", "shared_memory_bytes"]
 
 _LOG2E = math.log2(math.e)
 _MEMORY_REGISTERS = 40  # registers per thread left to the TMA warpgroup
@@ -66,35 +68,23 @@ class Problem:
 # ---------------------------------------------------------------------------------------------------------------
 # Small helpers
 # ---------------------------------------------------------------------------------------------------------------
-# TEMPORARY shim (the lead folds it into pallas_kernels/mosaic_utils.py at merge): jax 0.10 requires plgpu.load's
-# index argument, jax 0.11 deprecates it (index the ref with .at[] instead).
-_LOAD_NEEDS_INDEX = inspect.signature(plgpu.load).parameters["idx"].default is inspect.Parameter.empty
+_SMEM_RESERVE_BYTES = 4 * 1024  # barriers and Mosaic's own scratch (its reduction scratch is 2 KiB)
+
+
+def shared_memory_bytes(config, head_dim: int, itemsize: int = 2, *, segments: bool = False) -> tuple[int, int]:
+    """(dQ kernel, dK/dV kernel) shared memory in bytes for a ``MosaicAttentionConfig``, with a 4 KiB reserve for
+    barriers and Mosaic's own scratch (tests check that what fits this count lowers, and what does not, does not)."""
+    c, H = config, head_dim
+    dq = (2 * c.compute_wgs_dq * c.block_q_dq * H * itemsize  # Q, dO per warpgroup
+          + c.num_stages_dq * (2 * c.block_kv_dq * H * itemsize + (4 * c.block_kv_dq if segments else 0)))
+    dkv = (2 * c.compute_wgs_dkv * c.block_kv_dkv * H * itemsize  # K, V per warpgroup
+           + c.num_stages_dkv * (2 * c.block_q_dkv * H * itemsize + 4 * c.block_q_dkv * (3 if segments else 2)))
+    return dq + _SMEM_RESERVE_BYTES, dkv + _SMEM_RESERVE_BYTES
 
 
 def _load(ref, layout):
     """The whole (small, unswizzled) ref as an array in ``layout``, from shared or global memory."""
-    if _LOAD_NEEDS_INDEX:
-        return plgpu.load(ref, (), layout=layout, optimized=False)
-    return plgpu.load(ref, layout=layout, optimized=False)
-
-
-def compiler_params() -> plgpu.CompilerParams:
-    """Lane semantics explicitly (the default changed between jax 0.10 and 0.11); exp2 as ex2.approx."""
-    return plgpu.CompilerParams(approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Lane)
-
-
-def swizzled(shape, dtype) -> tuple:
-    """(tiling, swizzle) transforms for a 16-bit tile whose rows are 64 or 128 elements: 128-byte swizzle."""
-    del shape, dtype
-    return plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)
-
-
-def _i32(x):
-    return jnp.asarray(x, jnp.int32)
-
-
-def _cdiv(a, b: int):
-    return -(-a // b) if isinstance(a, int) else lax.div(a + (b - 1), _i32(b))
+    return mu.load(ref, layout=layout, optimized=False)
 
 
 def _kv_len(len_ref, b, S: int):
@@ -137,11 +127,9 @@ def _masked_or_plain(needs_mask, always: bool, make_visible, grads):
 
 
 def _iota(shape, dim):
-    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=mu.TILE)
 
 
-_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a WGMMA tile
-_COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -153,7 +141,7 @@ def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, bloc
     T, S, H, G = p.T, p.S, p.H, p.G
     bq, bk, wgs = block_q, block_kv, compute_wgs
     tile = wgs * bq
-    num_q_tiles = _cdiv(T, tile)
+    num_q_tiles = cdiv(T, tile)
     c = p.scale * _LOG2E
     key_tail = p.has_lengths or S % bk != 0  # some tile may reach past the valid keys
     dtype = q.dtype
@@ -167,10 +155,10 @@ def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, bloc
         wg = lax.axis_index("wg")
         t_cta = qi * tile
         t_wg = t_cta + wg * bq  # this warpgroup's first query row (meaningful in compute warpgroups only)
-        h = lax.div(n, _i32(G))
+        h = lax.div(n, i32(G))
         kv_len = _kv_len(len_ref, b, S)
         end = jnp.minimum(kv_len, t_cta + tile) if p.causal else kv_len  # keys any row of the program sees
-        num_steps = _cdiv(end, bk)
+        num_steps = cdiv(end, bk)
 
         def body(idx, k_tile, v_tile, kv_seg_tile, k_consumed, v_consumed, kv_seg_consumed, carry):
             (j,) = idx
@@ -186,7 +174,7 @@ def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, bloc
             plgpu.barrier_arrive(v_consumed)
             kv_seg_cols = None
             if kv_seg_tile is not None:
-                kv_seg_cols = _load(kv_seg_tile, _COL)
+                kv_seg_cols = _load(kv_seg_tile, mu.COLS)
                 plgpu.barrier_arrive(kv_seg_consumed)
 
             def make_visible():
@@ -214,9 +202,9 @@ def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, bloc
             rows = pl.ds(t_wg, bq)
             plgpu.copy_gmem_to_smem(q_ref.at[b, rows, n], q_smem.at[wg], barrier.at[wg])
             plgpu.copy_gmem_to_smem(do_ref.at[b, rows, n], do_smem.at[wg], barrier.at[wg])
-            lse_rows = _load(lse_ref.at[b, n, rows], _ROW)
-            delta_rows = _load(delta_ref.at[b, n, rows], _ROW)
-            q_seg_rows = None if q_seg_ref is None else _load(q_seg_ref.at[b, rows], _ROW)
+            lse_rows = _load(lse_ref.at[b, n, rows], mu.ROWS)
+            delta_rows = _load(delta_ref.at[b, n, rows], mu.ROWS)
+            q_seg_rows = None if q_seg_ref is None else _load(q_seg_ref.at[b, rows], mu.ROWS)
             plgpu.barrier_wait(barrier.at[wg])
 
             def run(dq_acc):
@@ -229,7 +217,7 @@ def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, bloc
             plgpu.copy_smem_to_gmem(q_smem.at[wg], dq_ref.at[b, rows, n])
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-        kv_spec = plgpu.BlockSpec((bk, H), lambda j: (j, 0), transforms=swizzled((bk, H), dtype))
+        kv_spec = plgpu.BlockSpec((bk, H), lambda j: (j, 0), transforms=mu.smem_transforms(H, dtype))
         seg_spec = None if kv_seg_ref is None else plgpu.BlockSpec((bk,), lambda j: (j,))
         plgpu.emit_pipeline_warp_specialized(
             body, grid=(num_steps,), memory_registers=_MEMORY_REGISTERS, in_specs=[kv_spec, kv_spec, seg_spec],
@@ -237,16 +225,12 @@ def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, bloc
             compute_context=compute_thread,
         )(k_ref.at[b, :, h, :], v_ref.at[b, :, h, :], None if kv_seg_ref is None else kv_seg_ref.at[b])
 
-    q_tile = plgpu.SMEM((wgs, bq, H), dtype, transforms=swizzled((bq, H), dtype))
-    return plgpu.kernel(
-        mosaic_attention_dq,  # the function's name is the CUDA kernel's (CUPTI per-kernel times)
-        out_type=jax.ShapeDtypeStruct(q.shape, dtype),
+    q_tile = plgpu.SMEM((wgs, bq, H), dtype, transforms=mu.smem_transforms(H, dtype))
+    return mu.kernel(
+        mosaic_attention_dq, out_type=jax.ShapeDtypeStruct(q.shape, dtype),
         scratch_types=[q_tile, q_tile, plgpu.Barrier(num_arrivals=2, num_barriers=wgs)],
-        compiler_params=compiler_params(),
-        grid=(num_q_tiles, p.N, p.B),
-        grid_names=("q_tiles", "heads", "batch"),
-        num_threads=wgs + 1,
-        thread_name="wg",
+        grid=(num_q_tiles, p.N, p.B), grid_names=("q_tiles", "heads", "batch"), num_threads=wgs + 1,
+        thread_name="wg", name="mosaic_attention_dq", approx_math=True,  # exp2 as ex2.approx
     )(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens)
 
 
@@ -263,7 +247,7 @@ def dkv_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, blo
     T, S, H, G = p.T, p.S, p.H, p.G
     bq, bk, wgs = block_q, block_kv, compute_wgs
     tile = wgs * bk
-    num_q_tiles = _cdiv(T, bq)
+    num_q_tiles = cdiv(T, bq)
     c = p.scale * _LOG2E
     dtype = k.dtype
 
@@ -276,9 +260,9 @@ def dkv_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, blo
         kv_len = _kv_len(len_ref, b, S)
         # Query tiles [lo, num_q_tiles) can see some key of this program: under causal, queries t >= s_cta; none
         # when the program starts past the kv length (its gradients are then zeros).
-        lo = jnp.minimum(lax.div(s_cta, _i32(bq)), _i32(num_q_tiles)) if p.causal else 0
+        lo = jnp.minimum(lax.div(s_cta, i32(bq)), i32(num_q_tiles)) if p.causal else 0
         if p.has_lengths:
-            lo = jnp.where(s_cta >= kv_len, _i32(num_q_tiles), _i32(lo))
+            lo = jnp.where(s_cta >= kv_len, i32(num_q_tiles), i32(lo))
         num_steps = num_q_tiles - lo  # a Python int without causal mask and lengths: a static pipeline
 
         def body(idx, q_tile, do_tile, lse_tile, delta_tile, q_seg_tile, q_consumed, do_consumed, lse_consumed,
@@ -294,12 +278,12 @@ def dkv_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, blo
 
             s_t, dp_t = pl.run_scoped(products, plgpu.ACC((bk, bq), jnp.float32),
                                       plgpu.ACC((bk, bq), jnp.float32))
-            lse_cols, delta_cols = _load(lse_tile, _COL), _load(delta_tile, _COL)
+            lse_cols, delta_cols = _load(lse_tile, mu.COLS), _load(delta_tile, mu.COLS)
             plgpu.barrier_arrive(lse_consumed)
             plgpu.barrier_arrive(delta_consumed)
             q_seg_cols = None
             if q_seg_tile is not None:
-                q_seg_cols = _load(q_seg_tile, _COL)
+                q_seg_cols = _load(q_seg_tile, mu.COLS)
                 plgpu.barrier_arrive(q_seg_consumed)
 
             def make_visible():
@@ -330,7 +314,7 @@ def dkv_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, blo
             keys = pl.ds(s_wg, bk)
             plgpu.copy_gmem_to_smem(k_ref.at[b, keys, h], k_smem.at[wg], barrier.at[wg])
             plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[wg], barrier.at[wg])
-            kv_seg_rows = None if kv_seg_ref is None else _load(kv_seg_ref.at[b, keys], _ROW)
+            kv_seg_rows = None if kv_seg_ref is None else _load(kv_seg_ref.at[b, keys], mu.ROWS)
             plgpu.barrier_wait(barrier.at[wg])
 
             def run(dk_acc, dv_acc):
@@ -349,7 +333,7 @@ def dkv_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, blo
 
         head = lambda g: h * G + g  # noqa: E731  query head of step (i, g)
         qo_spec = plgpu.BlockSpec((bq, None, H), lambda i, g: (lo + i, head(g), 0),
-                                  transforms=swizzled((bq, H), dtype))
+                                  transforms=mu.smem_transforms(H, dtype))
         row_spec = plgpu.BlockSpec((None, bq), lambda i, g: (head(g), lo + i))
         seg_spec = None if q_seg_ref is None else plgpu.BlockSpec((bq,), lambda i, g: (lo + i,))
         plgpu.emit_pipeline_warp_specialized(
@@ -358,15 +342,11 @@ def dkv_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, blo
             wg_axis="wg", num_compute_wgs=wgs, manual_consumed_barriers=True, compute_context=compute_thread,
         )(q_ref.at[b], do_ref.at[b], lse_ref.at[b], delta_ref.at[b], None if q_seg_ref is None else q_seg_ref.at[b])
 
-    kv_tile = plgpu.SMEM((wgs, bk, H), dtype, transforms=swizzled((bk, H), dtype))
+    kv_tile = plgpu.SMEM((wgs, bk, H), dtype, transforms=mu.smem_transforms(H, dtype))
     out = jax.ShapeDtypeStruct(k.shape, dtype)
-    return plgpu.kernel(
-        mosaic_attention_dkv,
-        out_type=(out, out),
+    return mu.kernel(
+        mosaic_attention_dkv, out_type=(out, out),
         scratch_types=[kv_tile, kv_tile, plgpu.Barrier(num_arrivals=2, num_barriers=wgs)],
-        compiler_params=compiler_params(),
-        grid=(_cdiv(S, tile), p.K, p.B),
-        grid_names=("kv_tiles", "heads", "batch"),
-        num_threads=wgs + 1,
-        thread_name="wg",
+        grid=(cdiv(S, tile), p.K, p.B), grid_names=("kv_tiles", "heads", "batch"), num_threads=wgs + 1,
+        thread_name="wg", name="mosaic_attention_dkv", approx_math=True,
     )(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens)

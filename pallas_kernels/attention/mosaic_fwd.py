@@ -1,4 +1,5 @@
-"""The Mosaic-GPU (sm90) flash-attention forward kernel and its launch; ``mosaic.py`` holds the config and the API.
+"""The Mosaic-GPU (sm90) flash-attention forward kernel, its launch and its shared-memory size; ``mosaic.py`` wires
+it into the backend (config in ``config.MosaicAttentionConfig``).
 
 A work item is (query head n, 2·block_q query rows qi, batch row b). Its CTA runs three warpgroups: a producer
 that TMA-loads each compute warpgroup's (block_q, H) q tile and streams the (block_kv, H) K and V tiles the item
@@ -14,6 +15,10 @@ Masks: causal tiles past the diagonal are never loaded (the row block's later wa
 one takes and releases the tiles it does not need); tiles visible to every row skip the mask; the others mask the
 causal diagonal, keys >= the length (or past S: TMA zero-fills reads out of bounds, drops writes there), and other
 segments (segment ids of a key tile are read per step).
+
+With residuals (the differentiated path), the softmax sum l adds the probabilities as p·v rounds them to q.dtype,
+so o_f32 = acc / l is an exact convex combination of V rows, and o_lo = o_f32 − o carries it to the backward's delta
+(see ``triton_fwd``'s update step for why a one-hot row needs that).
 """
 
 from __future__ import annotations
@@ -27,33 +32,21 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.attention import mosaic_compat
+from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.index_math import cdiv, div, minimum, round_up
+
+__all__ = ["COMPUTE_WGS", "kernel_call", "shared_memory_bytes"]
 
 COMPUTE_WGS = 2
 _LOG2E = math.log2(math.e)
 _M_INIT = -1e30  # running max before any visible key: finite, so exp2(m_old - m_new) never sees inf - inf
-_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per query row of a wgmma tile
-_COL = plgpu.Layout.WGMMA.reduce(0)  # one value per key column
-
-
-# Scalar index arithmetic: Python ints stay Python ints, traced int32 scalars use lax ops (operands are >= 0).
-def _cdiv(a, d: int):
-    return -(-a // d) if isinstance(a, int) else lax.div(a + (d - 1), d)
-
-
-def _div(a, d: int):
-    return a // d if isinstance(a, int) else lax.div(a, d)
-
-
-def _min(a, b):
-    return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
 
 
 def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bool, has_lens: bool, dims: tuple,
             num_sms: int):
     B, T, S, N, G = dims
     bq, bk, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
-    nq = _cdiv(T, 2 * bq)
+    nq = cdiv(T, 2 * bq)
     it = iter(refs)  # inputs, outputs, scratch, in kernel_call's order
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
     q_seg_ref, kv_seg_ref = (next(it), next(it)) if has_seg else (None, None)
@@ -85,7 +78,7 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             qi = nq - 1 - qi
         kv_end = S if len_ref is None else len_ref[b]  # keys >= kv_end are masked (lengths clipped to [0, S])
         # Key tiles any row < row_end can see (top-left causal: row t sees keys <= t).
-        num_tiles = lambda row_end: _cdiv(_min(kv_end, row_end) if causal else kv_end, bk)  # noqa: E731
+        num_tiles = lambda row_end: cdiv(minimum(kv_end, row_end) if causal else kv_end, bk)  # noqa: E731
         q0 = qi * (2 * bq)
         return q0, kv_end, num_tiles, num_tiles(q0 + 2 * bq)  # the last: what the producer loads
 
@@ -103,12 +96,12 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
         if has_seg:
             full = 0
         elif causal:
-            full = _min(lax.div(q_base + 1, bk), _div(kv_end, bk))
+            full = minimum(lax.div(q_base + 1, bk), div(kv_end, bk))
         else:
-            full = _div(kv_end, bk)
+            full = div(kv_end, bk)
         q_seg = None
         if has_seg:
-            q_seg = mosaic_compat.load(q_seg_ref.at[b, pl.ds(q_base, bq)], layout=_ROW, optimized=False)
+            q_seg = mu.load(q_seg_ref.at[b, pl.ds(q_base, bq)], layout=mu.ROWS, optimized=False)
         c = scale * _LOG2E  # scores·c are log2-domain logits: exp(x·scale) == exp2(x·c)
         exp_c, pre_c = (c, None) if c > 0 else (1.0, c)  # max(s)·c == max(s·c) only for c > 0
         bcast_row = lambda x, shape: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
@@ -128,14 +121,14 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             if pre_c is not None:
                 s = s * pre_c
             if masked:
-                rows = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA) + q_base
-                cols = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=plgpu.Layout.WGMMA) + j * bk
+                rows = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=mu.TILE) + q_base
+                cols = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=mu.TILE) + j * bk
                 if causal:
                     s = jnp.where(rows >= cols, s, -jnp.inf)
                 if bounded:
                     s = jnp.where(cols < kv_end, s, -jnp.inf)
                 if has_seg:
-                    kv_seg = mosaic_compat.load(kv_seg_ref.at[b, pl.ds(j * bk, bk)], layout=_COL, optimized=False)
+                    kv_seg = mu.load(kv_seg_ref.at[b, pl.ds(j * bk, bk)], layout=mu.COLS, optimized=False)
                     same = bcast_row(q_seg, (bq, bk)) == lax.broadcast_in_dim(kv_seg, (bq, bk), [1])
                     s = jnp.where(same, s, -jnp.inf)
             m_new = jnp.maximum(m, s.max(axis=1) * exp_c)
@@ -144,8 +137,9 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             acc = acc * bcast_row(alpha, acc.shape)
             l = l * alpha
             p16 = p.astype(dtype)
+            p_sum = p16.astype(jnp.float32) if residuals else p  # residuals: l sums p as p·v rounds it
             if H <= 128:  # the order jax's attention_mgpu found faster for H <= 128
-                l = l + p.sum(axis=1)
+                l = l + p_sum.sum(axis=1)
                 acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
             if cfg.ping_pong:
                 plgpu.barrier_arrive(turn)  # softmax done
@@ -153,7 +147,7 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             if cfg.ping_pong:
                 plgpu.barrier_wait(turn)  # the tensor cores are ours
             if H > 128:
-                l = l + p.sum(axis=1)
+                l = l + p_sum.sum(axis=1)
 
             def pv(acc_ref):
                 plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
@@ -178,9 +172,9 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             schedule()
             schedule()
 
-        m = plgpu.layout_cast(jnp.full((bq,), _M_INIT, jnp.float32), _ROW)
-        l = plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), _ROW)
-        acc = plgpu.layout_cast(jnp.zeros((bq, H), jnp.float32), plgpu.Layout.WGMMA)
+        m = plgpu.layout_cast(jnp.full((bq,), _M_INIT, jnp.float32), mu.ROWS)
+        l = plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), mu.ROWS)
+        acc = plgpu.layout_cast(jnp.zeros((bq, H), jnp.float32), mu.TILE)
 
         @pl.when(tiles > 0)
         def _():
@@ -229,7 +223,7 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             pl.when(g >= stages)(lambda: plgpu.barrier_wait(v_free.at[slot]))
             plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
 
-        pl.loop(0, _min(stages, block_tiles))(load_kv)
+        pl.loop(0, minimum(stages, block_tiles))(load_kv)
         for w in range(COMPUTE_WGS):
             if cfg.persistent:  # the warpgroup's last q·kᵀ of the previous item is done
                 pl.when(jnp.logical_not(first))(functools.partial(plgpu.barrier_wait, q_free.at[w]))
@@ -250,21 +244,27 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
 
 
 def _swizzled_smem(shape, dtype):
-    """A shared-memory buffer in wgmma's operand layout: (8, 128 bytes) tiles, 128-byte swizzle."""
-    elems = 128 // jnp.dtype(dtype).itemsize
-    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128)))
+    """A shared-memory buffer in wgmma's operand layout (rows of H elements: 128-byte swizzle for H >= 64)."""
+    return plgpu.SMEM(shape, dtype, transforms=mu.smem_transforms(shape[-1], dtype))
 
 
-def num_sms() -> int:
-    """Streaming multiprocessors of the GPU a persistent launch fills; 132 (an H100 SXM) when lowering on CPU."""
-    device = jax.devices()[0]
-    return int(getattr(device, "core_count", 0) or 132) if device.platform == "gpu" else 132
+def shared_memory_bytes(head_dim: int, dtype, config) -> int:
+    """Shared memory the kernel allocates with this config: the two warpgroups' q tiles (and o tiles when
+    persistent), the K and V rings, the lse rows and the barriers, each buffer rounded up to 1 KiB (the 128-byte
+    swizzle's alignment); no cross-warp reduction scratch (row reductions of wgmma tiles stay inside a warp).
+    Equal to Mosaic's own count (tests check it against the lowering)."""
+    item = jnp.dtype(dtype).itemsize
+    kib = lambda n: round_up(n, 1024)  # noqa: E731
+    tiles = ((2 if config.persistent else 1) * kib(COMPUTE_WGS * config.block_q * head_dim * item)
+             + 2 * kib(config.num_stages * config.block_kv * head_dim * item) + kib(COMPUTE_WGS * config.block_q * 4))
+    return tiles + 8 * (4 * config.num_stages + 2 * COMPUTE_WGS + 1)
 
 
 def kernel_call(q, k, v, q_seg, kv_seg, kv_lens, *, cfg, causal: bool, scale: float, residuals: bool):
     """(o (B, T, N, H) q.dtype, lse (B, N, T) float32 log2 domain or None, o_lo (B, T, N, H) q.dtype or None).
 
-    Inputs as ``mosaic.flash_attention`` takes them; cfg a ``MosaicAttentionConfig``."""
+    q (B, T, N, H), k and v (B, S, K, H) bf16/fp16; q_seg (B, T) and kv_seg (B, S) int32 or both None; kv_lens (B,)
+    int32 or None; cfg a ``MosaicAttentionConfig``. With ``residuals`` also lse and o_lo."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     bq, bk, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
@@ -273,17 +273,17 @@ def kernel_call(q, k, v, q_seg, kv_seg, kv_lens, *, cfg, causal: bool, scale: fl
     inputs = [q, k, v]
     if q_seg is not None:  # padded to whole tiles: the kernel reads them with plain (unchecked) loads
         inputs.append(jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, T_pad - T)), constant_values=-1))
-        inputs.append(jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, pl.cdiv(S, bk) * bk - S)),
-                              constant_values=-2))
+        inputs.append(jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, round_up(S, bk) - S)), constant_values=-2))
     if kv_lens is not None:
         kv_lens = jnp.clip(kv_lens.astype(jnp.int32), 0, S)
         # Padding never reaches p·v: V rows >= length are zeroed here (one fused pass over V).
         inputs[2] = jnp.where(jnp.arange(S)[None, :, None, None] < kv_lens[:, None, None, None], v,
                               jnp.zeros((), v.dtype))
         inputs.append(kv_lens)
-    # TMA copies into (8, 64)-tiled shared memory need sequence lengths that are multiples of 8, at least one tile
-    # long: shorter or odd ones are padded (one XLA copy; padded keys are masked, padded query rows sliced off).
-    T_rows, S_rows = max(-(-T // 8) * 8, bq), max(-(-S // 8) * 8, bk)
+    # TMA copies into (8, 64)-tiled shared memory need sequence lengths that are multiples of 8, and no box may lie
+    # wholly outside its array: shorter or odd lengths are padded to that, at least one CTA's tile (one XLA copy;
+    # padded keys are masked, padded query rows sliced off).
+    T_rows, S_rows = max(round_up(T, 8), COMPUTE_WGS * bq), max(round_up(S, 8), bk)
     pad_rows = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))  # noqa: E731
     if T_rows != T:
         inputs[0] = pad_rows(q, T_rows)
@@ -306,17 +306,15 @@ def kernel_call(q, k, v, q_seg, kv_seg, kv_lens, *, cfg, causal: bool, scale: fl
         plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),  # V slot free again
         plgpu.Barrier(num_arrivals=COMPUTE_WGS),  # ping-pong turns
     )
-    sms = min(num_sms(), N * nq * B)
+    sms = min(mu.num_sms(), N * nq * B)
     grid = dict(grid=(sms,), grid_names=("sm",)) if cfg.persistent else dict(
         grid=(N, nq, B), grid_names=("heads", "q_tiles", "batch"))
     kernel = functools.partial(_kernel, cfg=cfg, causal=causal, scale=scale, residuals=residuals,
                                has_seg=q_seg is not None, has_lens=kv_lens is not None, dims=(B, T, S, N, N // K),
                                num_sms=sms)
-    outs = plgpu.kernel(
-        kernel, out_type=tuple(out_type), scratch_types=scratch, **grid, num_threads=COMPUTE_WGS + 1,
-        thread_name="wg", compiler_params=mosaic_compat.compiler_params(approx_math=True, reduction_scratch_bytes=0),
-        kernel_name="jaxfuse_attention_fwd",
-    )(*inputs)
+    outs = mu.kernel(kernel, out_type=tuple(out_type), scratch_types=scratch, **grid, num_threads=COMPUTE_WGS + 1,
+                     thread_name="wg", name="mosaic_attention_fwd", approx_math=True, reduction_scratch_bytes=0,
+                     )(*inputs)
     if not residuals:
         return outs[0][:, :T], None, None
     o, lse, o_lo = outs
