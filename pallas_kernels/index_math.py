@@ -1,4 +1,5 @@
-"""Scalar index arithmetic inside Pallas kernels, for every backend (Triton and Mosaic GPU).
+"""Scalar index arithmetic inside Pallas kernels, for every backend (Triton and Mosaic GPU), and the int check of
+config validation.
 
   from pallas_kernels.index_math import cdiv, div, i32, minimum, round_up
   num_tiles = cdiv(kv_len, block_k)   # a Python int for a static length, an int32 scalar for a traced one
@@ -13,7 +14,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["cdiv", "div", "i32", "minimum", "round_up"]
+__all__ = ["cdiv", "div", "i32", "is_int", "minimum", "round_up"]
+
+
+def is_int(value) -> bool:
+    """Whether value is a Python int and not a bool (config validation: True is an int to Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def i32(x):

@@ -29,8 +29,8 @@ import numpy as np
 from pallas_kernels import backends, reference
 from pallas_kernels.attention.config import FlashAttentionConfig, MosaicAttentionConfig, shape_key
 
-__all__ = ["BACKENDS", "FlashAttentionConfig", "MosaicAttentionConfig", "SUPPORTED_HEAD_DIMS", "flash_attention", "plan",
-           "sweep_candidates", "tuning_key"]
+__all__ = ["BACKENDS", "FlashAttentionConfig", "MosaicAttentionConfig", "SUPPORTED_HEAD_DIMS", "flash_attention",
+           "plan", "sweep_candidates", "tuning_key"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils, tuning
+from pallas_kernels.index_math import is_int
 
 __all__ = ["FORWARD_FIELDS", "FlashAttentionConfig", "MOSAIC_FORWARD_FIELDS", "MosaicAttentionConfig", "default_config",
            "fit_to_shape", "mosaic_default_config", "mosaic_sweep_candidates", "shape_key", "sweep_candidates"]
@@ -149,10 +150,6 @@ def sweep_candidates(head_dim: int, dtype, T: int, S: int) -> tuple[list[dict], 
 MOSAIC_FORWARD_FIELDS = ("block_q", "block_kv", "num_stages", "ping_pong", "persistent")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @dataclasses.dataclass(frozen=True)
 class MosaicAttentionConfig:
     """Tiles and schedules of the Mosaic backend's three kernels (one static argument, hashable).
@@ -193,15 +190,15 @@ class MosaicAttentionConfig:
             if name in ("ping_pong", "persistent"):
                 ok, allowed = isinstance(value, bool), "a bool"
             elif name in ("block_q", "block_kv"):
-                ok, allowed = _is_int(value) and value > 0 and value % 64 == 0, "a positive multiple of 64"
+                ok, allowed = is_int(value) and value > 0 and value % 64 == 0, "a positive multiple of 64"
             elif name.startswith("block_"):
-                ok, allowed = _is_int(value) and value in (64, 128), "64 or 128"
+                ok, allowed = is_int(value) and value in (64, 128), "64 or 128"
             elif name.startswith("compute_wgs"):
-                ok, allowed = _is_int(value) and value in (1, 2), "1 or 2"
+                ok, allowed = is_int(value) and value in (1, 2), "1 or 2"
             elif name == "num_stages":
-                ok, allowed = _is_int(value) and 2 <= value <= 6, "an int in [2, 6]"
+                ok, allowed = is_int(value) and 2 <= value <= 6, "an int in [2, 6]"
             else:  # num_stages_dq, num_stages_dkv
-                ok, allowed = _is_int(value) and 1 <= value <= 4, "an int in [1, 4]"
+                ok, allowed = is_int(value) and 1 <= value <= 4, "an int in [1, 4]"
             if not ok:
                 raise ValueError(f"MosaicAttentionConfig.{name}: must be {allowed}, got {value!r}")
 

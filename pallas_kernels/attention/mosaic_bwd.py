@@ -10,9 +10,9 @@ What runs, in this order:
 2. The (B, N, T) residuals padded to T_pad, a multiple of every query tile (the kernels read whole tiles of them,
    and TMA wants 16-byte row strides): lse with +inf (probability 0), delta with 0; segment ids with -1 (queries)
    and -2 (keys), which never match. q, do, k, v padded with zero rows to a multiple of 8 rows and at least one
-   program's tile (TMA copies into (8, 64)-tiled shared memory; one XLA copy, only for such lengths). With kv_seq_lengths, K
-   is zeroed past the length for the dQ kernel (one fused select over K; dQ += dS K reads whole K rows, and
-   0 · NaN is NaN).
+   program's tile (TMA copies into (8, 64)-tiled shared memory; one XLA copy, only for such lengths). With
+   kv_seq_lengths, K is zeroed past the length for the dQ kernel (one fused select over K; dQ += dS K reads whole
+   K rows, and 0 · NaN is NaN).
 3. The dQ kernel and the dK/dV kernel, independent of each other.
 No (T, S) buffer; temporaries are delta and the padded lse ((B, N, T_pad) float32 each) and the zeroed K copy when
 kv_seq_lengths is given. dK/dV for GQA sum the G query heads of each kv head inside the kernel: no atomics.
@@ -64,7 +64,8 @@ def backward(q, k, v, o, o_lo, lse, do, q_seg, kv_seg, kv_lens, *, causal: bool,
     # outside its array (the kernels mask by the true T and S).
     T_rows = max(round_up(T, 8), c.compute_wgs_dq * c.block_q_dq, c.block_q_dkv)
     S_rows = max(round_up(S, 8), c.block_kv_dq, c.compute_wgs_dkv * c.block_kv_dkv)
-    pad_rows = lambda x, n: x if x.shape[1] == n else jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))  # noqa: E731
+    pad_rows = lambda x, n: x if x.shape[1] == n else jnp.pad(  # noqa: E731
+        x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
     q_in, do = pad_rows(q, T_rows), pad_rows(do, T_rows)
     k_in, v_in = pad_rows(k, S_rows), pad_rows(v, S_rows)
     k_dq = k_in

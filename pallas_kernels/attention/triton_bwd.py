@@ -132,7 +132,6 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_se
     store(dq_ref, (pl.ds(t0, bq), slice(None)), (dq * static.scale).astype(dq_ref.dtype), q_rows, T)
 
 
-
 @functools.partial(jax.jit, static_argnames="static")
 def backward(q, k, v, q_seg, kv_seg, kv_lens, o, o_lo, lse, do, static: Static):
     """(dq, dk, dv) for the cotangent do; o the forward's output in q.dtype and o_lo its rounding error (or None:

@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils as tu
 from pallas_kernels import tuning
+from pallas_kernels.index_math import is_int
 
 __all__ = ["FORWARD_FIELDS", "LinearCrossEntropyConfig", "default_config", "for_shape", "shape_key",
            "sweep_candidates"]
@@ -64,17 +65,13 @@ class LinearCrossEntropyConfig:
         tu.check_launch_fields(self)  # block_*, num_warps*, num_stages*
         for name in ("num_splits", "chunk_v"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise ValueError(f"LinearCrossEntropyConfig.{name}: must be None or a positive int, got {value!r}")
-        if not _is_int(self.group_b) or self.group_b < 1:
+        if not is_int(self.group_b) or self.group_b < 1:
             raise ValueError(f"LinearCrossEntropyConfig.group_b: must be a positive int, got {self.group_b!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def shape_key(h, w) -> str:
