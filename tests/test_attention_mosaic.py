@@ -6,7 +6,8 @@ each, within an sm90 block's shared memory and at the sizes the backend's estima
 public function's ValueError, and Mosaic's own overflow error when the kernel is lowered directly); sequences
 shorter than a tile and vmap lower too; the config, its table and its sweep candidates validate.
 GPU (sm90): configs other than the defaults (backward tiles, no ping-pong, persistent with more work items than
-SMs and every mask) and sequences shorter than a tile against the float32 reference, through the public function.
+SMs and every mask, negative scales), sequences shorter than a tile, and vmap / jit / grad / checkpoint in bf16
+against the float32 reference, through the public function.
 """
 
 import jax
@@ -14,10 +15,10 @@ import jax.numpy as jnp
 import pytest
 
 from base_attention import AttentionTests, qkv, tol
-from conftest import key
+from conftest import assert_close, key, normal
 from hlo_inspect import mosaic_ir
 from jaxfuse.suites.attention import SHAPES
-from pallas_kernels import attention, backends, mosaic_utils, tuning
+from pallas_kernels import attention, backends, mosaic_utils, reference, tuning
 from pallas_kernels.attention import config as fa_config
 from pallas_kernels.attention import mosaic, mosaic_bwd, mosaic_bwd_kernels, mosaic_fwd
 
@@ -167,13 +168,15 @@ def test_sweep_candidates_fit_and_vary_only_their_kernels_fields(H, causal, S):
 
 
 # ------------------------------------------------------------------------------------------------------- GPU
-_CONFIGS = {  # name: (config overrides, (B, T, S, N, K, H), masks)
-    "kv64-3-stages": (dict(block_kv=64, num_stages=3), (2, 1000, 1000, 4, 2, 128), "causal"),
-    "no-ping-pong": (dict(ping_pong=False), (2, 1000, 777, 4, 2, 128), "lengths"),
-    "persistent-masks": (dict(persistent=True), (4, 1000, 1000, 8, 2, 128), "everything"),  # 256 items > 132 SMs
-    "persistent-h64": (dict(persistent=True, num_stages=3), (8, 300, 777, 8, 8, 64), "segments"),
-    "bwd-tiles": (dict(block_kv_dq=128, num_stages_dq=3, num_stages_dkv=4), (2, 777, 1000, 4, 1, 64), "causal"),
-    "bwd-one-warpgroup": (dict(compute_wgs_dq=1, compute_wgs_dkv=1), (2, 1000, 1000, 4, 2, 128), "everything"),
+_CONFIGS = {  # name: (config overrides, (B, T, S, N, K, H), masks, scale)
+    "kv64-3-stages": (dict(block_kv=64, num_stages=3), (2, 1000, 1000, 4, 2, 128), "causal", 0.07),
+    "no-ping-pong": (dict(ping_pong=False), (2, 1000, 777, 4, 2, 128), "lengths", -0.2),  # max(s)·c != max(s·c)
+    "persistent-masks": (dict(persistent=True), (4, 1000, 1000, 8, 2, 128), "everything", 0.07),  # 256 items
+    "persistent-h64": (dict(persistent=True, num_stages=3), (8, 300, 777, 8, 8, 64), "segments", 0.07),
+    "bwd-tiles": (dict(block_kv_dq=128, num_stages_dq=3, num_stages_dkv=4), (2, 777, 1000, 4, 1, 64), "causal",
+                  0.07),
+    "bwd-one-warpgroup": (dict(compute_wgs_dq=1, compute_wgs_dkv=1), (2, 1000, 1000, 4, 2, 128), "everything",
+                          -0.1),
 }
 
 
@@ -190,12 +193,22 @@ def _masks(kind, B, T, S):
     return options
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(_CONFIGS))
+def test_other_configs_lower(name):
+    """The GPU cases below, lowered here: the three kernels, the mask kinds and configs accepted."""
+    overrides, (B, T, S, N, K, H), kind, scale = _CONFIGS[name]
+    kernels = _train_kernels(*_spec(B, T, S, N, K, H), block_sizes=overrides, scale=scale, **_masks(kind, B, T, S))
+    assert [k.name for k in kernels] == KERNELS
+    assert kernels[0].warpgroups == 3 and kernels[1].warpgroups == 1 + overrides.get("compute_wgs_dq", 2)
+
+
 @gpu_only
 @pytest.mark.parametrize("name", list(_CONFIGS))
 def test_other_configs_match_reference(name):
-    overrides, (B, T, S, N, K, H), kind = _CONFIGS[name]
+    overrides, (B, T, S, N, K, H), kind, scale = _CONFIGS[name]
     q, k, v = qkv(B, T, S, N, K, H, jnp.bfloat16)
-    _Mosaic().check_against_reference(q, k, v, tol(q, k), block_sizes=overrides, scale=0.07,
+    _Mosaic().check_against_reference(q, k, v, tol(q, k), block_sizes=overrides, scale=scale,
                                       **_masks(kind, B, T, S))
 
 
@@ -204,3 +217,25 @@ def test_other_configs_match_reference(name):
 def test_sequences_shorter_than_a_tile(T, S, causal):
     q, k, v = qkv(2, T, S, 2, 1, 64, jnp.float16)
     _Mosaic().check_against_reference(q, k, v, tol(q, k), causal=causal)
+
+
+@gpu_only
+def test_vmap_jit_grad_and_checkpoint_match_reference():
+    """The base's transform tests run in float32, which this backend leaves to Triton: the same in bf16."""
+    V, B, T, N, H = 3, 2, 777, 4, 64
+    q, k, v = (normal((V, B, T, N, H), jnp.bfloat16) for _ in range(3))
+
+    def loss(attn, q, k, v):
+        o = jax.vmap(attn)(q, k, v)  # (V, B, T, N, H)
+        return jnp.sum(o.astype(jnp.float32) * jnp.cos(o.astype(jnp.float32)))
+
+    def grads(attn, *args):
+        return jax.jit(jax.grad(lambda *a: loss(attn, *a), argnums=(0, 1, 2)))(*args)
+
+    mosaic_attn = lambda q, k, v: attention.flash_attention(q, k, v, causal=True, backend="mosaic")  # noqa: E731
+    up = lambda x: x.astype(jnp.float32)  # noqa: E731
+    got, remat = grads(mosaic_attn, q, k, v), grads(jax.checkpoint(mosaic_attn), q, k, v)
+    want = grads(lambda q, k, v: reference.attention(q, k, v, causal=True), up(q), up(k), up(v))
+    for name, g, r, w in zip(("dq", "dk", "dv"), got, remat, want):
+        assert_close(g, w, tol(q[0], k[0]), name)
+        assert_close(r, w, tol(q[0], k[0]), name + " (checkpoint)")
