@@ -3,7 +3,7 @@
     jaxfuse inspect                                  # forward pass of the default pre-norm block
     jaxfuse inspect --train-step --dtype bf16        # loss + grads of the block, bf16
     jaxfuse inspect --model lm --kernels attention=cudnn --json
-    jaxfuse inspect --train-step --kernels all=pallas --triton-ir   # the Pallas kernels' Triton IR, on any machine
+    jaxfuse inspect --train-step --kernels all=pallas_triton --triton-ir   # the Triton kernels' IR, any machine
     jaxfuse diff --a attention=xla --b attention=cudnn --train-step
     jaxfuse diff --a old.hlo.txt --b new.hlo.txt
     jaxfuse passes --train-step

@@ -22,7 +22,7 @@ What `jaxfuse inspect | diff` do with a program, as functions of plain arguments
 
     report = inspect_program(build_program("block"), xla_flags="--xla_gpu_enable_triton_gemm=false")
     d = diff_programs("attention=xla", "attention=cudnn", model=dict(train_step=True))
-    kernels = triton_kernels(build_program(kernels=KernelSet.parse("all=pallas")))   # any machine: lowered for CUDA
+    kernels = triton_kernels(build_program(kernels=KernelSet.parse("all=pallas_triton")))  # any machine: for CUDA
 """
 
 from __future__ import annotations
@@ -197,7 +197,11 @@ def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progr
 
     if not any(getattr(program.kernels, site).startswith("pallas") for site in SITES):
         raise ValueError(f"triton_ir: no site runs a Pallas kernel ({program.kernels}); choose one, e.g. "
-                         f"--kernels attention=pallas or --kernels all=pallas")
+                         f"--kernels attention=pallas_triton or --kernels all=pallas_triton")
     progress(f"lowering {program.description} for CUDA ...")
     with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
-        return triton_ir.lower_kernels(program.fn, *program.args)
+        try:
+            return triton_ir.lower_kernels(program.fn, *program.args)
+        except ValueError as e:  # e.g. attention=pallas: Mosaic kernels for CUDA (see hlo_inspect.mosaic_ir)
+            raise ValueError(f"{e}; 'pallas' (auto) lowers for CUDA as on an H100, Mosaic where it runs: name "
+                             f"pallas_triton to see Triton kernels ({program.kernels})") from e

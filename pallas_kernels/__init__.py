@@ -18,7 +18,7 @@ from pallas_kernels import attention as _attention, cross_entropy as _cross_entr
 
 # op name (as in the tuning cache) -> its package (public function, plan, tuning_key, sweep_candidates, BACKENDS)
 OPS = {package.BACKENDS.op: package for package in (_attention, _norm_matmul, _cross_entropy)}
-# op name -> its backend registry: BACKENDS["flash_attention"].names == ("triton",)
+# op name -> its backend registry: BACKENDS["flash_attention"].names == ("mosaic", "triton")
 BACKENDS = {op: package.BACKENDS for op, package in OPS.items()}
 
 __all__ = ["BACKENDS", "OPS", "FlashAttentionConfig", "LinearCrossEntropyConfig", "RMSNormMatmulConfig", "backends",

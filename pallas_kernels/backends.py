@@ -30,8 +30,9 @@ keyword options (the public signature minus ``backend`` and ``block_sizes``, ``i
                                           computes gradients in its forward needs it inside its custom VJP)
 
 "auto" takes, among the backends that can run the call, the one with the lowest tuned time for this device and
-shape key in the tuning cache; with no tuned time, the first in the registry (Triton). No import-time side
-effects; ``lowering_for_gpu`` is a scoped context variable.
+shape key in the tuning cache when each of them has one; otherwise the first of them in the registry's order (an
+op lists its fastest backend first). No import-time side effects; ``lowering_for_gpu`` is a scoped context
+variable.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class Registry:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The backends this op implements, in order of preference when nothing is tuned."""
+        """The backends this op implements, in order of preference when they are not all tuned."""
         return tuple(self._modules)
 
     def module(self, name: str) -> ModuleType:
@@ -160,8 +161,9 @@ class Registry:
 
         key = self.tuning_key(*args, **options)
         timed = {name: tuning.tuned_time_us(self.op, key, backend=name) for name in runnable}
-        timed = {name: t for name, t in timed.items() if t is not None}
-        return min(timed, key=timed.get) if timed else runnable[0]
+        if any(t is None for t in timed.values()):  # a time compared with nothing says nothing: registry order
+            return runnable[0]
+        return min(timed, key=timed.get)
 
     def plan(self, requested: str, block_sizes, *args, **options) -> tuple[ModuleType, Plan]:
         """(backend module, Plan) for a call: the backend as ``resolve``, its config from ``block_sizes``."""

@@ -29,6 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.backends import lowering_for_gpu, resolve_interpret
+from pallas_kernels.index_math import is_int
 
 __all__ = [
     "check_launch_fields",
@@ -59,10 +60,6 @@ def quiet_triton_deprecation():
         yield
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_launch_fields(config) -> None:
     """Validates a kernel config dataclass's tile and launch fields by their names, raising ValueError that names
     the field: ``block_*`` a power of two >= 16 (Triton tile shapes, tl.dot's minimum), ``num_warps*`` one of
@@ -71,13 +68,13 @@ def check_launch_fields(config) -> None:
     for field in dataclasses.fields(config):
         name, value = field.name, getattr(config, field.name)
         if name.startswith("block_"):
-            if not _is_int(value) or value < 16 or value & (value - 1):
+            if not is_int(value) or value < 16 or value & (value - 1):
                 raise ValueError(f"{cls}.{name}: must be a power of two >= 16, got {value!r}")
         elif name.startswith("num_warps"):
-            if not _is_int(value) or value not in (1, 2, 4, 8, 16):
+            if not is_int(value) or value not in (1, 2, 4, 8, 16):
                 raise ValueError(f"{cls}.{name}: must be one of 1, 2, 4, 8, 16, got {value!r}")
         elif name.startswith("num_stages"):
-            if not _is_int(value) or not 1 <= value <= 8:
+            if not is_int(value) or not 1 <= value <= 8:
                 raise ValueError(f"{cls}.{name}: must be an int in [1, 8], got {value!r}")
 
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 __all__ = [
     "DEFAULT_CACHE_PATH",
     "device_kind",
+    "flash_attention_mosaic_table",
     "flash_attention_table",
     "linear_cross_entropy_table",
     "load_cache",
@@ -52,7 +53,7 @@ def device_kind() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Built-in tables (Triton backend)
+# Built-in tables
 # ---------------------------------------------------------------------------------------------------------------
 # Flash attention on GPU, keyed by head dim. Forward: a (block_q, H) query tile stays in registers while (block_k, H)
 # K/V tiles stream through shared memory. Backward: the dK/dV kernel holds a (block_k_dkv, H) K/V tile and streams
@@ -96,6 +97,33 @@ def flash_attention_table(head_dim: int, dtype, *, on_gpu: bool) -> dict[str, in
         return dict(_FLASH_ATTENTION_CPU)
     table = _FLASH_ATTENTION_GPU_F32 if jnp.dtype(dtype).itemsize == 4 else _FLASH_ATTENTION_GPU
     return dict(table[head_dim])
+
+
+# Flash attention, Mosaic-GPU backend (sm90, bf16/fp16), keyed by head dim like the Triton table, then by causal:
+# MosaicAttentionConfig fields that differ from its defaults (block_q 64, block_kv 128, num_stages 2, ping-pong;
+# backward 64-row tiles, two compute warpgroups, two stages). From the H100 runs at B4 T=S=4096 N16 H128
+# (benchmarks/results/attention_mosaic_fwd-h100.txt and attention_mosaic_bwd-h100.md; NOTES.md, "Flash attention
+# (Mosaic backend)"): forward, 64-row K/V tiles 15% slower, a third stage or no ping-pong no faster; backward, the
+# dQ kernel streams 128-row K/V tiles non-causal (1144 vs 1205 µs) and keeps 64-row tiles three stages deep causal,
+# the dK/dV kernel four stages causal (888 vs 921 µs). H=64 (not measured) takes the non-causal backward choice;
+# H=256 takes 64-row K/V tiles (128-row ones exceed shared memory), forward only: the backward refuses H=256.
+_FLASH_ATTENTION_MOSAIC_GPU = {
+    64: {False: dict(block_kv_dq=128), True: dict(block_kv_dq=128)},
+    128: {False: dict(block_kv_dq=128), True: dict(num_stages_dq=3, num_stages_dkv=4)},
+    256: {False: dict(block_kv=64), True: dict(block_kv=64)},
+}
+# The persistent forward (one CTA per SM walking the work items) measured 4.4% faster at T = S = 1024 non-causal,
+# H=128 (240 vs 251 µs), 1.4% slower at 4096 and 16% slower causal (attention_mosaic_fwd-persistent-h100.txt).
+_MOSAIC_PERSISTENT_MAX_KV_LEN = 1024
+
+
+def flash_attention_mosaic_table(head_dim: int, *, causal: bool, kv_len: int) -> dict[str, Any]:
+    """Built-in Mosaic flash-attention parameters for a head dim, causal setting and key count S: the fields of
+    MosaicAttentionConfig that differ from its defaults (a copy)."""
+    params = dict(_FLASH_ATTENTION_MOSAIC_GPU[head_dim][bool(causal)])
+    if head_dim == 128 and not causal and kv_len <= _MOSAIC_PERSISTENT_MAX_KV_LEN:
+        params["persistent"] = True
+    return params
 
 
 # RMSNorm→matmul, H100, bf16. Prefill/training: compute-bound GEMM tiles. Decode: one 16-row block and K split over

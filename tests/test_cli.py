@@ -88,7 +88,7 @@ def test_jaxfuse_inspect_pallas_on_cpu_says_interpret_mode(capsys):
 
 def test_jaxfuse_inspect_triton_ir_on_cpu(capsys):
     small = ["--seq", "64", "--dim", "128", "--heads", "2", "--kv-heads", "1", "--train-step"]
-    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "attention=pallas", "--triton-ir", "--json"]) == 0
+    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "attention=pallas_triton", "--triton-ir", "--json"]) == 0
     kernels = json.loads(capsys.readouterr().out)
     assert [k["name"] for k in kernels] == ["flash_attention_fwd", "flash_attention_dkdv", "flash_attention_dq"]
     assert all(k["text"].lstrip().startswith("module") and k["op_counts"]["tt.dot"] >= 2 for k in kernels)

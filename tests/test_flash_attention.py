@@ -1,12 +1,14 @@
-"""flash_attention: the shared tests (``base_attention``) for each backend, and the Triton backend's own: its
-config (explicit tiles, two query chains, validation), its tables and tuning cache, its sweep candidates."""
+"""flash_attention: the shared tests (``base_attention``) for each backend, backend resolution, and the Triton
+backend's own: its config (explicit tiles, two query chains, validation), its tables and tuning cache, its sweep
+candidates. The Mosaic backend's own tests are in test_attention_mosaic.py."""
 
+import jax
 import jax.numpy as jnp
 import pytest
 
 from base_attention import SIZES, AttentionTests, qkv, tol, zeros
 from conftest import ON_GPU
-from pallas_kernels import FlashAttentionConfig, attention, tuning
+from pallas_kernels import FlashAttentionConfig, attention, backends, tuning
 from pallas_kernels.attention import config as fa_config
 
 
@@ -14,14 +16,65 @@ class TestTriton(AttentionTests):
     backend = "triton"
 
 
-def test_auto_is_triton_here_and_mosaic_names_what_runs():
+class TestMosaic(AttentionTests):
+    backend = "mosaic"
+    forward_kernels = 1  # mosaic_attention_fwd
+    train_kernels = 3  # mosaic_attention_fwd, mosaic_attention_dq, mosaic_attention_dkv
+
+
+def _spec(T=64, S=64, N=2, K=2, H=64, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct((1, T, N, H), dtype), jax.ShapeDtypeStruct((1, S, K, H), dtype)
+
+
+@pytest.mark.skipif(ON_GPU, reason="what runs on a CPU-only machine")
+def test_auto_is_triton_on_cpu_and_mosaic_names_what_runs():
     q, k, v = zeros()
     assert attention.plan(q, k, v).backend == "triton"
-    with pytest.raises(ValueError, match=r"backend='mosaic' is not implemented for flash_attention; available here: "
-                                         r"'triton'"):
+    with pytest.raises(ValueError, match=r"backend='mosaic' cannot run flash_attention here: Mosaic GPU kernels need "
+                                         r"an sm90 \(Hopper\) GPU; .*; available here: 'triton'"):
         attention.flash_attention(q, k, v, backend="mosaic")
     with pytest.raises(ValueError, match=r"backend: expected one of \['auto', 'triton', 'mosaic'\], got 'cuda'"):
         attention.flash_attention(q, k, v, backend="cuda")
+
+
+@pytest.mark.parametrize("dtype,H,backend", [(jnp.bfloat16, 128, "mosaic"), (jnp.float16, 64, "mosaic"),
+                                             (jnp.float32, 64, "triton"), (jnp.bfloat16, 256, "triton"),
+                                             (jnp.bfloat16, 32, "triton")])
+def test_auto_prefers_mosaic_where_it_runs(dtype, H, backend):
+    """For CUDA (an sm90 GPU, or lowering for one): Mosaic for bf16/fp16 at H 64 and 128, Triton for the rest, also
+    at the shapes where only Triton has tuned times."""
+    q, kv = _spec(T=4096, S=4096, N=16, K=16, H=H, dtype=dtype)
+    with backends.lowering_for_gpu():
+        assert attention.plan(q, kv, kv, causal=True).backend == backend
+
+
+@pytest.mark.parametrize("q,match", [
+    (_spec(dtype=jnp.float32)[0], r"bfloat16 or float16 inputs, got float32 \(float32 runs on the Triton backend\)"),
+    (_spec(H=256)[0], r"head dims \(64, 128\), got H=256 \(its backward's dK and dV float32 accumulators"),
+    (_spec(H=32)[0], r"head dims \(64, 128\), got H=32; available here: 'triton'"),
+])
+def test_explicit_mosaic_names_its_constraint(q, match):
+    kv = jax.ShapeDtypeStruct((1, 64, 2, q.shape[-1]), q.dtype)
+    with backends.lowering_for_gpu(), pytest.raises(ValueError, match=r"backend='mosaic' cannot run .*" + match):
+        attention.plan(q, kv, kv, backend="mosaic")
+
+
+def test_mosaic_refuses_interpret_mode():
+    q, kv = _spec()
+    with backends.lowering_for_gpu(), pytest.raises(ValueError, match=r"Mosaic backend has no interpret mode"):
+        attention.plan(q, kv, kv, backend="mosaic", interpret=True)
+
+
+def test_auto_compares_tuned_times_only_when_every_backend_has_one(monkeypatch):
+    q, kv = _spec()
+    times = {"triton": 100.0, "mosaic": None}
+    monkeypatch.setattr(tuning, "tuned_time_us", lambda op, key, *, backend, **_: times[backend])
+    with backends.lowering_for_gpu():
+        assert attention.plan(q, kv, kv).backend == "mosaic"  # Triton's time alone: registry order
+        times["mosaic"] = 120.0
+        assert attention.plan(q, kv, kv).backend == "triton"  # both tuned: the faster
+        times["mosaic"] = 80.0
+        assert attention.plan(q, kv, kv).backend == "mosaic"
 
 
 # ------------------------------------------------------------------------------------------------ Triton config

@@ -13,13 +13,18 @@ from pallas_kernels import flash_attention, linear_cross_entropy
 _TILES = {"block_q": 32, "block_k": 16}
 
 
+def triton_attention(q, k, v, **options):
+    """flash_attention on the Triton backend ("auto" lowers to Mosaic kernels for CUDA where they run)."""
+    return flash_attention(q, k, v, backend="triton", **options)
+
+
 def _qkv(T):
     return [jax.ShapeDtypeStruct((1, T, 2, 64), jnp.bfloat16)] * 3
 
 
 def test_flash_attention_forward_is_one_loop_of_two_tile_dots_without_masks_when_tiles_divide():
     (fwd,) = triton_ir.lower_kernels(
-        lambda q, k, v: flash_attention(q, k, v, interpret=False, block_sizes=_TILES), *_qkv(64))
+        lambda q, k, v: triton_attention(q, k, v, interpret=False, block_sizes=_TILES), *_qkv(64))
     assert fwd.name == "flash_attention_fwd" and fwd.grid == (2, 2, 1)  # (T / block_q, B·N, 1)
     assert fwd.dots() == ["tensor<32x64xbf16> x tensor<64x16xbf16> -> tensor<32x16xf32>",   # q kᵀ: one score tile
                           "tensor<32x16xbf16> x tensor<16x64xbf16> -> tensor<32x64xf32>"]   # p v
@@ -32,7 +37,7 @@ def test_flash_attention_forward_is_one_loop_of_two_tile_dots_without_masks_when
 def test_two_query_chains_share_each_key_tile_and_issue_both_score_dots_first():
     tiles = dict(_TILES, query_chains=2)  # two chains of 16 rows
     (fwd,) = triton_ir.lower_kernels(
-        lambda q, k, v: flash_attention(q, k, v, interpret=False, block_sizes=tiles), *_qkv(64))
+        lambda q, k, v: triton_attention(q, k, v, interpret=False, block_sizes=tiles), *_qkv(64))
     assert fwd.grid == (2, 2, 1) and fwd.op_counts()["scf.for"] == 1
     score, pv = "tensor<16x64xbf16> x tensor<64x16xbf16> -> tensor<16x16xf32>", \
         "tensor<16x16xbf16> x tensor<16x64xbf16> -> tensor<16x64xf32>"
@@ -44,14 +49,14 @@ def test_two_query_chains_share_each_key_tile_and_issue_both_score_dots_first():
 
 def test_an_odd_length_adds_a_masked_tail_loop():
     (fwd,) = triton_ir.lower_kernels(
-        lambda q, k, v: flash_attention(q, k, v, interpret=False, block_sizes=_TILES), *_qkv(40))
+        lambda q, k, v: triton_attention(q, k, v, interpret=False, block_sizes=_TILES), *_qkv(40))
     assert fwd.op_counts()["scf.for"] == 2 and len(fwd.dots()) == 4  # full tiles unmasked, then the tail
     assert "(0 masked)" not in fwd.summary()
 
 
 def test_flash_attention_backward_kernels():
     def loss(q, k, v):
-        return jnp.sum(flash_attention(q, k, v, interpret=False, block_sizes=_TILES).astype(jnp.float32))
+        return jnp.sum(triton_attention(q, k, v, interpret=False, block_sizes=_TILES).astype(jnp.float32))
 
     kernels = triton_ir.lower_kernels(jax.grad(loss, argnums=(0, 1, 2)), *_qkv(64))
     assert [k.name for k in kernels] == ["flash_attention_fwd", "flash_attention_dkdv", "flash_attention_dq"]
@@ -75,7 +80,7 @@ def test_linear_cross_entropy_has_no_vocabulary_sized_tensor():
 
 def test_no_triton_kernel_is_a_clear_error():
     with pytest.raises(ValueError, match="no Pallas-Triton kernel.*interpret=False"):
-        triton_ir.lower_kernels(lambda q, k, v: flash_attention(q, k, v, interpret=True), *_qkv(16))
+        triton_ir.lower_kernels(lambda q, k, v: triton_attention(q, k, v, interpret=True), *_qkv(16))
     with pytest.raises(ValueError, match="no Pallas-Triton kernel"):
         triton_ir.lower_kernels(jnp.tanh, jax.ShapeDtypeStruct((8,), jnp.float32))
 
@@ -86,10 +91,10 @@ def test_lowering_for_gpu_makes_default_calls_lower_for_triton_only_inside_the_b
 
     qkv = _qkv(64)
     with pytest.raises(ValueError, match="no Pallas-Triton kernel"):  # interpret=None on the CPU: interpret mode
-        triton_ir.lower_kernels(lambda q, k, v: flash_attention(q, k, v), *qkv)
+        triton_ir.lower_kernels(lambda q, k, v: triton_attention(q, k, v), *qkv)
     assert triton_utils.resolve_interpret(None) is True
     with triton_utils.lowering_for_gpu():
         assert triton_utils.resolve_interpret(None) is False and triton_utils.resolve_interpret(True) is True
-        (fwd,) = triton_ir.lower_kernels(lambda q, k, v: flash_attention(q, k, v), *qkv)
+        (fwd,) = triton_ir.lower_kernels(lambda q, k, v: triton_attention(q, k, v), *qkv)
     assert triton_utils.resolve_interpret(None) is True
     assert fwd.num_stages == 3  # the GPU table's launch (the CPU table's has 1 stage)

@@ -1,5 +1,6 @@
 """Every implementation registered for a model site computes the same training step as "xla" (those that cannot run
-here, such as cuDNN on a CPU or a Pallas backend an op does not implement yet, are skipped with the reason)."""
+here, such as cuDNN on a CPU, a Pallas backend an op does not implement yet or one that does not take these float32
+H=32 inputs, are skipped with the reason)."""
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,12 @@ def test_site_matches_xla(site, name, model):
     ref = programs.build_program(model, train_step=True, seed=case_seed, **_SMALL)
     alt = programs.build_program(model, train_step=True, seed=case_seed, kernels=KernelSet(**{site: name}), **_SMALL)
     loss_ref, grads_ref = jax.jit(ref.fn)(*ref.args)
-    loss_alt, grads_alt = jax.jit(alt.fn)(*alt.args)
+    try:
+        loss_alt, grads_alt = jax.jit(alt.fn)(*alt.args)
+    except ValueError as e:  # a backend that runs here but not these arguments (pallas_mosaic: float32, H=32)
+        if "cannot run" not in str(e):
+            raise
+        pytest.skip(str(e))
     assert jnp.isfinite(loss_alt)
     assert float(loss_alt) == pytest.approx(float(loss_ref), rel=1e-5)
     for g_ref, g_alt in zip(jax.tree.leaves(grads_ref), jax.tree.leaves(grads_alt)):

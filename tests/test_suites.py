@@ -17,6 +17,7 @@ import pytest
 from conftest import ON_GPU
 from jaxfuse import bench, gpu_run, kernels, suites
 from jaxfuse.suites import attention as attention_spec
+import pallas_kernels
 from pallas_kernels import attention, reference, tuning
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU structure tests; jaxfuse.gpu_run measures the GPU shapes")
@@ -75,7 +76,9 @@ def test_implementations_come_from_the_site_registry():
                 assert impls[name] is fn
         defaults = spec.default_implementations()
         assert "pallas_triton" in defaults and "xla" in defaults and "xla_f32" not in defaults
-        assert "pallas_mosaic" not in defaults  # until a Mosaic backend is registered for the op
+        # pallas_mosaic is timed for the ops whose registry has a Mosaic backend (attention), not for the others
+        assert ("pallas_mosaic" in defaults) == ("mosaic" in pallas_kernels.BACKENDS[spec.op].names), op
+    assert "mosaic" in pallas_kernels.BACKENDS["flash_attention"].names
     assert suites.get("rmsnorm_matmul").default_implementations()[-3:] == ["xla_matmul_alone", "xla_rowscale",
                                                                            "xla_f32_out"]
 
@@ -157,6 +160,15 @@ def test_attention_cudnn_is_recorded_as_failed_on_cpu(attention_records):
             assert r.method == "failed" and math.isnan(r.time_us) and not r.speedup_vs
             assert "cudnn" in r.extra["error"] and "cpu" in r.extra["error"]
             assert r.flops > 0  # the cost is still there for the table
+
+
+@pytest.mark.slow
+def test_attention_mosaic_is_recorded_as_unavailable_on_cpu(attention_records):
+    for causal in (False, True):
+        for mode in ATTENTION.modes:
+            r = _by(attention_records, "pallas_mosaic", mode, causal)
+            assert r.method == "failed" and math.isnan(r.time_us) and not r.speedup_vs
+            assert "Mosaic GPU kernels need an sm90 (Hopper) GPU" in r.extra["error"]
 
 
 @pytest.mark.slow

@@ -5,8 +5,9 @@
 
 Per shape (q (B, T, N, H), k/v (B, S, K, H), bf16), causal setting and mode, the implementations of the model's
 attention site (``jaxfuse.kernels.ATTENTION``):
-  pallas_<backend>  ``pallas_kernels.flash_attention`` on each backend it implements (scores live only as tiles;
-                    the Triton kernels' residuals are o and a (B, N, T) lse)
+  pallas_<backend>  ``pallas_kernels.flash_attention`` on each backend it implements: pallas_mosaic (sm90 only;
+                    elsewhere, and at H=32, recorded as failed with the backend's reason) and pallas_triton. Scores
+                    live only as tiles; the residuals are o, a (B, N, T) float32 lse and o_lo (o's rounding error)
   cudnn             ``jax.nn.dot_product_attention(implementation="cudnn")``; recorded as failed off GPU
   xla               plain jnp as a user writes it (``jaxfuse.kernels.plain_attention``): bf16 einsums, a float32
                     softmax over the materialized (B, N, T, S) scores, bf16 probabilities; skipped (recorded) where

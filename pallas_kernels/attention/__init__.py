@@ -1,18 +1,21 @@
 """Flash attention: softmax(q kᵀ · scale) v tile by tile with an online softmax, forward and backward, never
 materializing the (T, S) scores.
 
-  o = flash_attention(q, k, v, causal=True)                        # interpret mode on CPU, Triton on GPU
-  o = flash_attention(q, k, v, block_sizes={"block_q": 64})        # override part of the tuned config
-  plan(q, k, v, causal=True)                                       # Plan(backend='triton', config=...)
+  o = flash_attention(q, k, v, causal=True)          # Mosaic on an sm90 GPU, else Triton (interpret mode on CPU)
+  o = flash_attention(q, k, v, block_sizes={"block_q": 64})  # override part of the tuned config
+  plan(q, k, v, causal=True)                                 # Plan(backend='triton', config=...) on CPU
 
 Layout and semantics follow ``jax.nn.dot_product_attention``: q (B, T, N, H), k and v (B, S, K, H), N % K == 0
 (query head n reads kv head n // (N // K)), causal masks top-left aligned (key s visible to query t iff s <= t).
 Unlike ``jax.nn.dot_product_attention``, a query row with no visible key returns zeros (not the mean of V), with zero
 gradients. ``pallas_kernels.reference.attention`` is the float32 jnp equivalent.
 
-Backends (``BACKENDS``): "triton" (``triton.py``: HBM sees q, k, v, o and a (B, N, T) float32 log-sum-exp; the
-backward recomputes the probability tiles in a dK/dV and a dQ kernel). Tune on a GPU with ``jaxfuse bench --op
-attention --tune``.
+Backends (``BACKENDS``): "mosaic" (``mosaic.py``: sm90 only; a TMA warpgroup feeding two wgmma warpgroups in
+ping-pong; forward 0.89-1.05x cuDNN on the H100) and "triton" (``triton.py``: any GPU, interpret mode on CPU). Both
+keep in HBM q, k, v, o and, for the backward, a (B, N, T) float32 log-sum-exp and o_lo, the output's rounding error
+in q.dtype (16-bit inputs; delta = rowsum(o · do) must come from the unrounded output when softmax rows
+saturate); each backward recomputes the probability tiles in a dK/dV and a dQ kernel. Tune on a GPU with
+``jaxfuse bench --op attention --tune``.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels import backends, reference
-from pallas_kernels.attention.config import FlashAttentionConfig, shape_key
+from pallas_kernels.attention.config import FlashAttentionConfig, MosaicAttentionConfig, shape_key
 
-__all__ = ["BACKENDS", "FlashAttentionConfig", "SUPPORTED_HEAD_DIMS", "flash_attention", "plan", "sweep_candidates",
-           "tuning_key"]
+__all__ = ["BACKENDS", "FlashAttentionConfig", "MosaicAttentionConfig", "SUPPORTED_HEAD_DIMS", "flash_attention",
+           "plan", "sweep_candidates", "tuning_key"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
@@ -37,8 +41,10 @@ def tuning_key(q, k, v=None, *, causal: bool = False, **_) -> str:
     return shape_key(q, k, causal)
 
 
-# backend name -> module (the contract is in pallas_kernels.backends); add "mosaic": "pallas_kernels.attention.mosaic"
-BACKENDS = backends.Registry("flash_attention", {"triton": "pallas_kernels.attention.triton"}, key=tuning_key)
+# backend name -> module (the contract is in pallas_kernels.backends), in order of preference when nothing is tuned:
+# Mosaic where it runs (sm90, bf16/fp16, H 64 or 128: faster than Triton at every measured shape), else Triton.
+BACKENDS = backends.Registry("flash_attention", {"mosaic": "pallas_kernels.attention.mosaic",
+                                                 "triton": "pallas_kernels.attention.triton"}, key=tuning_key)
 
 
 def _check_inputs(q, k, v, kv_seq_lengths):
@@ -72,6 +78,10 @@ def _check_inputs(q, k, v, kv_seq_lengths):
             raise ValueError(f"kv_seq_lengths: expected shape (B,) = ({B},), got {shape}")
         if not jnp.issubdtype(jnp.result_type(kv_seq_lengths), jnp.integer):
             raise ValueError(f"kv_seq_lengths: must be integers, got dtype {jnp.result_type(kv_seq_lengths)}")
+        if not isinstance(kv_seq_lengths, (jax.core.Tracer, jax.ShapeDtypeStruct)):  # traced values clip to [0, S]
+            lengths = np.asarray(kv_seq_lengths)
+            if np.any(lengths < 0):
+                raise ValueError(f"kv_seq_lengths: must be >= 0 (lengths above S count as S), got {lengths.tolist()}")
 
 
 def _prepare(q, k, v, causal, scale, segment_ids, kv_seq_lengths, block_sizes, interpret, backend):
@@ -96,7 +106,7 @@ def flash_attention(
     scale: float | None = None,
     segment_ids: jax.Array | Sequence[jax.Array] | None = None,
     kv_seq_lengths: jax.Array | None = None,
-    block_sizes: FlashAttentionConfig | Mapping[str, int] | None = None,
+    block_sizes: FlashAttentionConfig | MosaicAttentionConfig | Mapping[str, int] | None = None,
     interpret: bool | None = None,
     backend: str = "auto",
 ) -> jax.Array:
@@ -110,12 +120,16 @@ def flash_attention(
       scale: logit scale, default 1/sqrt(H).
       segment_ids: packed sequences: one (B, T) int array when T == S, or a pair (q_segment_ids (B, T),
         kv_segment_ids (B, S)); a query sees only keys with its segment id.
-      kv_seq_lengths: (B,) int; keys at positions >= kv_seq_lengths[b] are masked (padding).
-      block_sizes: the backend's config (``FlashAttentionConfig`` for Triton), or a mapping of some of its fields
-        overriding the tuned config.
+      kv_seq_lengths: (B,) int >= 0 (a ValueError where the values are concrete; traced values are clipped to
+        [0, S]); keys at positions >= kv_seq_lengths[b] are masked (padding): whatever they hold, NaN and inf
+        included, reaches neither the output nor a gradient.
+      block_sizes: the backend's config (``FlashAttentionConfig`` for Triton, ``MosaicAttentionConfig`` for
+        Mosaic), or a mapping of some of its fields overriding the tuned config.
       interpret: run the kernels in Pallas interpret mode; default True exactly when the default backend is CPU.
-      backend: "auto" (the fastest tuned backend that runs here; Triton when nothing is tuned), "triton" or
-        "mosaic"; a backend that cannot run here is a ValueError naming those that can.
+      backend: "auto" (the fastest tuned backend that runs here; without tuned times for each, Mosaic where it
+        runs, else Triton), "triton" or "mosaic"; a backend that cannot run these arguments here is a ValueError
+        naming why and those that can. Mosaic runs bf16/fp16 with H 64 or 128 on an sm90 GPU; float32, H 32 and
+        256, other GPUs and the CPU (interpret mode) run on Triton.
 
     Returns:
       (B, T, N, H) in q.dtype. Rows with no visible key are zeros (their gradients too). Differentiable in q, k, v

@@ -1,8 +1,9 @@
-"""Flash attention configs: the Triton kernels' FlashAttentionConfig, the tuning-cache key, the default config of
-a call and the block-size sweep's candidates.
+"""Flash attention configs: the Triton kernels' FlashAttentionConfig and the Mosaic kernels' MosaicAttentionConfig,
+the tuning-cache key, the default config of a call and the block-size sweep's candidates, per backend.
 
-  config = default_config(q, k, causal=True)            # tuned entry for this device and shape, else the table
+  config = default_config(q, k, causal=True)            # Triton: tuned entry for this device and shape, else the table
   forward, backward = sweep_candidates(128, jnp.bfloat16, T=4096, S=4096)   # for `jaxfuse bench --tune`
+  config = mosaic_default_config(q, k, causal=True)     # Mosaic: the same lookup in its own tables
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils, tuning
+from pallas_kernels.index_math import is_int
 
-__all__ = ["FORWARD_FIELDS", "FlashAttentionConfig", "default_config", "fit_to_shape", "shape_key",
-           "sweep_candidates"]
+__all__ = ["FORWARD_FIELDS", "FlashAttentionConfig", "MOSAIC_FORWARD_FIELDS", "MosaicAttentionConfig", "default_config",
+           "fit_to_shape", "mosaic_default_config", "mosaic_sweep_candidates", "shape_key", "sweep_candidates"]
 
 OP = "flash_attention"  # the op's name in the tuning cache
 # Config fields of the forward kernel: forward sweep candidates vary these, backward candidates the others.
@@ -63,7 +65,6 @@ class FlashAttentionConfig:
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
-
 
 
 def shape_key(q, k, causal: bool) -> str:
@@ -140,3 +141,105 @@ def sweep_candidates(head_dim: int, dtype, T: int, S: int) -> tuple[list[dict], 
         return list(out.values())
 
     return unique(forward, FORWARD_FIELDS), unique(backward, _BACKWARD_FIELDS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Mosaic-GPU backend (sm90)
+# ---------------------------------------------------------------------------------------------------------------
+# Config fields of the forward kernel: forward sweep candidates vary these, backward candidates the others.
+MOSAIC_FORWARD_FIELDS = ("block_q", "block_kv", "num_stages", "ping_pong", "persistent")
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicAttentionConfig:
+    """Tiles and schedules of the Mosaic backend's three kernels (one static argument, hashable).
+
+    Forward (``mosaic_fwd``: one TMA warpgroup, two compute warpgroups):
+      block_q: query rows per compute warpgroup (a CTA holds 2·block_q): a positive multiple of 64 (wgmma's rows).
+      block_kv: key/value rows per pipeline step: a positive multiple of 64.
+      num_stages: K/V tiles in flight in the shared-memory ring, 2 to 6.
+      ping_pong: the compute warpgroups take turns on the tensor cores (FA3's schedule) instead of free-running.
+      persistent: one CTA per SM walking the work items, the K/V ring and the next item's q carried across items
+        (a separate output tile in shared memory).
+    Backward (``mosaic_bwd_kernels``: warp-specialized pipelines, one TMA warpgroup each):
+      block_q_dq, block_kv_dq: the dQ kernel's query rows per compute warpgroup, key/value rows per step.
+      compute_wgs_dq: compute warpgroups per dQ program (1 or 2); num_stages_dq: its pipeline depth (1 to 4).
+      block_q_dkv, block_kv_dkv, compute_wgs_dkv, num_stages_dkv: the same for the dK/dV kernel (query rows per
+        step, key rows per compute warpgroup).
+    Backward blocks are 64 or 128. No block needs to divide T or S (tails are masked). Whether a config fits
+    shared memory at a head dim is the backend's ``unsupported_reason`` / a ValueError at the call.
+    """
+
+    block_q: int = 64
+    block_kv: int = 128
+    num_stages: int = 2
+    ping_pong: bool = True
+    persistent: bool = False
+    block_q_dq: int = 64
+    block_kv_dq: int = 64
+    compute_wgs_dq: int = 2
+    num_stages_dq: int = 2
+    block_q_dkv: int = 64
+    block_kv_dkv: int = 64
+    compute_wgs_dkv: int = 2
+    num_stages_dkv: int = 2
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            name, value = field.name, getattr(self, field.name)
+            if name in ("ping_pong", "persistent"):
+                ok, allowed = isinstance(value, bool), "a bool"
+            elif name in ("block_q", "block_kv"):
+                ok, allowed = is_int(value) and value > 0 and value % 64 == 0, "a positive multiple of 64"
+            elif name.startswith("block_"):
+                ok, allowed = is_int(value) and value in (64, 128), "64 or 128"
+            elif name.startswith("compute_wgs"):
+                ok, allowed = is_int(value) and value in (1, 2), "1 or 2"
+            elif name == "num_stages":
+                ok, allowed = is_int(value) and 2 <= value <= 6, "an int in [2, 6]"
+            else:  # num_stages_dq, num_stages_dkv
+                ok, allowed = is_int(value) and 1 <= value <= 4, "an int in [1, 4]"
+            if not ok:
+                raise ValueError(f"MosaicAttentionConfig.{name}: must be {allowed}, got {value!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def mosaic_default_config(q, k, *, causal: bool = False, device: str | None = None,
+                          cache_path=tuning.DEFAULT_CACHE_PATH) -> MosaicAttentionConfig:
+    """The Mosaic config a call would use without ``block_sizes``: the tuning-cache entry for this device kind and
+    shape (backend "mosaic") if there is one, else the built-in table (``tuning.flash_attention_mosaic_table``)."""
+    params = tuning.lookup(OP, shape_key(q, k, causal), backend="mosaic", device=device, path=cache_path)
+    if params is None:
+        params = tuning.flash_attention_mosaic_table(q.shape[-1], causal=causal, kv_len=k.shape[1])
+    return MosaicAttentionConfig(**params)
+
+
+# Sweep candidates, overrides of the table entry, most promising first (the H100 runs of NOTES.md): forward
+# (block_kv, num_stages, ping_pong, persistent); backward (block_kv_dq, num_stages_dq, num_stages_dkv). Left out
+# as measured losers at the main shape: block_q_dkv 128 (2x the dK/dV kernel: register spills) and one compute
+# warpgroup per backward program (1.35x).
+_MOSAIC_FORWARD_CANDIDATES = [(128, 2, True, False), (128, 3, True, False), (128, 2, False, False),
+                              (128, 2, True, True), (64, 2, True, False), (64, 3, True, False), (64, 4, True, False)]
+_MOSAIC_BACKWARD_FIELDS = ("block_kv_dq", "num_stages_dq", "num_stages_dkv")
+_MOSAIC_BACKWARD_CANDIDATES = [(128, 2, 2), (64, 2, 2), (64, 3, 4), (64, 3, 3), (128, 2, 4), (128, 3, 3)]
+
+
+def mosaic_sweep_candidates(head_dim: int, *, causal: bool, kv_len: int) -> tuple[list[dict], list[dict]]:
+    """(forward, backward) MosaicAttentionConfig dicts for a sweep: the table entry first, then forward candidates
+    varying only MOSAIC_FORWARD_FIELDS and backward ones varying only the backward fields, duplicates removed.
+    Shared-memory fit at a head dim is not checked here (the backend module filters)."""
+    base = MosaicAttentionConfig(**tuning.flash_attention_mosaic_table(head_dim, causal=causal,
+                                                                       kv_len=kv_len)).to_dict()
+    forward_fields = ("block_kv", "num_stages", "ping_pong", "persistent")
+
+    def unique(overrides, fields):
+        out = {}
+        for values in [()] + list(overrides):
+            config = MosaicAttentionConfig(**dict(base, **dict(zip(fields, values)))).to_dict()
+            out.setdefault(tuple(sorted(config.items())), config)
+        return list(out.values())
+
+    return (unique(_MOSAIC_FORWARD_CANDIDATES, forward_fields),
+            unique(_MOSAIC_BACKWARD_CANDIDATES, _MOSAIC_BACKWARD_FIELDS))

@@ -46,14 +46,14 @@ def _flash_attention(q, k, v, q_seg, kv_seg, kv_lens, static: Static):
 
 def _flash_attention_fwd(q, k, v, q_seg, kv_seg, kv_lens, static: Static):
     with triton_utils.quiet_triton_deprecation():
-        o, lse = forward(q, k, v, q_seg, kv_seg, kv_lens, static=static)
-    return o, (q, k, v, q_seg, kv_seg, kv_lens, o, lse)
+        o, lse, o_lo = forward(q, k, v, q_seg, kv_seg, kv_lens, static=static, residuals=True)
+    return o, (q, k, v, q_seg, kv_seg, kv_lens, o, o_lo, lse)
 
 
 def _flash_attention_bwd(static: Static, residuals, do):
-    q, k, v, q_seg, kv_seg, kv_lens, o, lse = residuals
+    q, k, v, q_seg, kv_seg, kv_lens, o, o_lo, lse = residuals
     with triton_utils.quiet_triton_deprecation():  # an eager jax.grad compiles the backward here, after our call returned
-        dq, dk, dv = backward(q, k, v, q_seg, kv_seg, kv_lens, o, lse, do, static=static)
+        dq, dk, dv = backward(q, k, v, q_seg, kv_seg, kv_lens, o, o_lo, lse, do, static=static)
     return dq, dk, dv, None, None, None  # segment ids and lengths are integers: no cotangent
 
 

@@ -2,8 +2,9 @@
 
 The probability tiles are recomputed from the forward's (B, N, T) log-sum-exp in two kernels with no atomics: dK/dV
 iterates over query tiles for each key tile (and over the G query heads of a kv head, so the GQA head sum happens
-in registers), dQ iterates over key tiles for each query tile. The only other intermediate is delta = rowsum(o · do),
-(B, N, T) float32, which XLA computes in one fused reduction.
+in registers), dQ iterates over key tiles for each query tile. The only other intermediate is delta =
+rowsum((o + o_lo) · do), (B, N, T) float32, which XLA computes in one fused reduction from the forward's unrounded
+output. Keys at or past kv_seq_lengths are read as zeros, so NaN or inf stored there reaches no gradient.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils as tu
-from pallas_kernels.attention.triton_fwd import (LOG2E, Static, cdiv, div, i32, load, load_kv_tile, loop, minimum,
-                                                 num_keys, optional_specs, pallas_call, query_tile_start, store,
-                                                 visible_mask)
+from pallas_kernels.attention.triton_fwd import (LOG2E, Static, load, load_kv_tile, loop, num_keys, optional_specs,
+                                                 pallas_call, query_tile_start, store, visible_mask)
+from pallas_kernels.index_math import cdiv, div, i32, minimum
 
 __all__ = ["backward"]
 
@@ -32,10 +33,11 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_
     nq = pl.cdiv(T, bq)
     j = pl.program_id(0)
     s0 = j * bk
-    kv_pos, k, v = load_kv_tile(k_ref, v_ref, s0, bk, S, bounds_checked=S % bk != 0)
+    kv_len = num_keys(len_ref, S)
+    # Keys >= the length (and past S) read 0: NaN or inf stored in padding never reaches dS or dK/dV.
+    kv_pos, k, v = load_kv_tile(k_ref, v_ref, s0, bk, kv_len if (len_ref is not None or S % bk) else None)
     kv_rows = None if S % bk == 0 else kv_pos  # the dK/dV stores skip keys >= S
     kv_seg = None if kv_seg_ref is None else load(kv_seg_ref, (pl.ds(s0, bk),), kv_pos, S, other=-2)
-    kv_len = num_keys(len_ref, S)
     # Keys past S need no mask here: their rows of dK/dV are never stored, and they cannot leak into other rows.
     kv_limit = kv_len if len_ref is not None else None
 
@@ -113,7 +115,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_se
 
     def body(j, dq, *, masked: bool):
         s0 = j * bk
-        kv_pos, k, v = load_kv_tile(k_ref, v_ref, s0, bk, S, bounds_checked=masked and S % bk != 0)
+        kv_pos, k, v = load_kv_tile(k_ref, v_ref, s0, bk, kv_limit if masked else None)
         s = tu.dot(q, k, trans_b=True) * q_scale - lse[:, None]  # (bq, bk) log2 probabilities
         if masked:
             kv_seg = None if kv_seg_ref is None else load(kv_seg_ref, (pl.ds(s0, bk),), kv_pos, S, other=-2)
@@ -130,15 +132,19 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_se
     store(dq_ref, (pl.ds(t0, bq), slice(None)), (dq * static.scale).astype(dq_ref.dtype), q_rows, T)
 
 
-
 @functools.partial(jax.jit, static_argnames="static")
-def backward(q, k, v, q_seg, kv_seg, kv_lens, o, lse, do, static: Static):
+def backward(q, k, v, q_seg, kv_seg, kv_lens, o, o_lo, lse, do, static: Static):
+    """(dq, dk, dv) for the cotangent do; o the forward's output in q.dtype and o_lo its rounding error (or None:
+    o is exact), lse (B, N, T) float32 log2 domain."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     G = N // K
     cfg = static.config
-    # delta = rowsum(o * do): one fused XLA reduction reading o and do once; (B, N, T) float32.
-    delta = jnp.einsum("btnh,btnh->bnt", o.astype(jnp.float32), do.astype(jnp.float32))
+    # delta = rowsum(o_f32 · do): one fused XLA reduction reading o, o_lo and do once; (B, N, T) float32. From the
+    # unrounded output o + o_lo: with a near one-hot softmax row, dP − delta cancels to ~(1 − p), which a delta from
+    # o rounded to bf16/fp16 would lose entirely.
+    o_f32 = o.astype(jnp.float32) if o_lo is None else o.astype(jnp.float32) + o_lo.astype(jnp.float32)
+    delta = jnp.einsum("btnh,btnh->bnt", o_f32, do.astype(jnp.float32))
     do = do.astype(q.dtype)
 
     # dK, dV: grid (key tiles, batch * kv heads); each program reads the G query heads of its kv head.

@@ -3,7 +3,10 @@ backward kernels (``triton_bwd``) share.
 
 One program per (query tile, batch * head) holds a (block_q, H) query tile in registers and loops over (block_k, H)
 K/V tiles with an online softmax; the (T, S) scores exist only as (block_q, block_k) tiles. HBM sees q, k, v, the
-output o and a (B, N, T) float32 log-sum-exp residual (log2 domain) for the backward.
+output o and, for the backward, a (B, N, T) float32 log-sum-exp (log2 domain) and, for 16-bit inputs, o_lo =
+o_f32 − o in q.dtype, the output's rounding error (delta = rowsum(o · do) must come from the unrounded output when
+softmax rows saturate: ``triton_bwd``). o_lo costs one more q.dtype tensor of o's size in HBM (2 bytes per element
+of o, kept from the forward to the backward) and one more write of it, only on the differentiated path.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils as tu
+from pallas_kernels.index_math import cdiv, div, minimum
 from pallas_kernels.attention.config import FlashAttentionConfig
 
-__all__ = ["LOG2E", "Static", "cdiv", "div", "forward", "i32", "load", "load_kv_tile", "loop", "minimum", "num_keys",
-           "optional_specs", "pallas_call", "query_tile_start", "store", "visible_mask"]
+__all__ = ["LOG2E", "Static", "forward", "load", "load_kv_tile", "loop", "num_keys", "optional_specs", "pallas_call",
+           "query_tile_start", "store", "visible_mask"]
 
 LOG2E = math.log2(math.e)
 # Running max before any visible key: finite, so exp2(m_old - m_new) and exp2(-inf - m) never see inf - inf.
@@ -41,26 +45,6 @@ class Static:
 # ---------------------------------------------------------------------------------------------------------------
 # Tile helpers (shared with the backward kernels)
 # ---------------------------------------------------------------------------------------------------------------
-# Scalar index arithmetic inside kernels: Python ints stay Python ints (a kernel may not close over array
-# constants), traced int32 scalars use lax ops (all operands are non-negative, so truncation == floor).
-def cdiv(a, b: int):
-    return -(-a // b) if isinstance(a, int) else lax.div(a + (b - 1), b)
-
-
-def div(a, b: int):
-    return a // b if isinstance(a, int) else lax.div(a, b)
-
-
-def minimum(a, b):
-    return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
-
-
-def i32(x):
-    """A Python int as a strongly typed int32 scalar. jnp.where of two weakly typed Python ints makes the Triton
-    lowering (jax 0.10.2) give the constants the predicate's i1 type, so select operands are made strong."""
-    return jnp.asarray(x, jnp.int32) if isinstance(x, int) else x
-
-
 def loop(lo, hi, body, carry):
     """lax.fori_loop, skipped when the bounds are static and empty."""
     if isinstance(lo, int) and isinstance(hi, int) and lo >= hi:
@@ -102,13 +86,15 @@ def store(ref, idx, value, rows, limit):
     tu.store(ref, idx, value, mask=_row_mask(rows, limit, value.ndim))
 
 
-def load_kv_tile(k_ref, v_ref, s0, bk: int, S: int, *, bounds_checked: bool):
-    """(kv_pos, k, v): the key positions [s0, s0 + bk) and the (bk, H) K and V tiles there; with bounds_checked,
-    keys >= S read 0 (for a tile that may cross the end of the sequence)."""
+def load_kv_tile(k_ref, v_ref, s0, bk: int, limit):
+    """(kv_pos, k, v): the key positions [s0, s0 + bk) and the (bk, H) K and V tiles there; keys >= limit read 0.
+    limit None: an unmasked load, for a tile that lies within the valid keys. A tile that may reach past the
+    kv length is masked by the length, not only by S, so that NaN or inf stored in padding never meets a product
+    (p·v and dS·K would turn 0·NaN into NaN)."""
     kv_pos = s0 + jnp.arange(bk, dtype=jnp.int32)
-    kv_rows = kv_pos if bounds_checked else None
-    k = load(k_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
-    v = load(v_ref, (pl.ds(s0, bk), slice(None)), kv_rows, S)
+    kv_rows = None if limit is None else kv_pos
+    k = load(k_ref, (pl.ds(s0, bk), slice(None)), kv_rows, limit)
+    v = load(v_ref, (pl.ds(s0, bk), slice(None)), kv_rows, limit)
     return kv_pos, k, v
 
 
@@ -131,7 +117,7 @@ def visible_mask(q_pos, kv_pos, *, causal, kv_limit, q_seg, kv_seg):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward kernel: one program per (query tile, batch * head); loop over key/value tiles.
 # ---------------------------------------------------------------------------------------------------------------
-def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_ref, *,
+def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_ref, lo_ref=None, *,
                 static: Static, T: int, S: int):
     cfg = static.config
     bq, bk = cfg.block_q, cfg.block_k
@@ -176,13 +162,18 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
         m_new = jnp.maximum(m, jnp.max(s, axis=1) * exp_scale)
         alpha = exp2(m - m_new)
         p = exp2(s * exp_scale - m_new[:, None])  # masked entries: exp2(-inf) = 0
-        l = l * alpha + jnp.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tu.dot(p.astype(v.dtype), v)
+        p_mma = p.astype(v.dtype)  # what p·v multiplies
+        # For the backward (lo_ref given), l sums the probabilities as p·v rounded them: o_f32 = acc / l is then an
+        # exact convex combination of V rows. With the unrounded sum, a one-hot row whose maximum's p comes out as
+        # 1 + r (the FMA in s·scale − m keeps the product's rounding error r, up to 2^-12 at scores ~5e3) would give
+        # o_f32 = v / (1 + r), and delta = rowsum(o_f32 · do) would miss dP by r·dP: all of dS for that row.
+        l = l * alpha + jnp.sum(p_mma.astype(jnp.float32) if lo_ref is not None else p, axis=1)
+        acc = acc * alpha[:, None] + tu.dot(p_mma, v)
         return acc, m_new, l
 
     def body(j, carry, *, masked: bool):
         s0 = j * bk
-        kv_pos, k, v = load_kv_tile(k_ref, v_ref, s0, bk, S, bounds_checked=masked and S % bk != 0)
+        kv_pos, k, v = load_kv_tile(k_ref, v_ref, s0, bk, kv_limit if masked else None)
         kv_seg = None
         if masked and kv_seg_ref is not None:
             kv_seg = load(kv_seg_ref, (pl.ds(s0, bk),), kv_pos, S, other=-2)
@@ -202,7 +193,11 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, len_ref, o_ref, lse_
         empty = l == 0.0  # no visible key: output 0, lse +inf (so the backward's probabilities are exactly 0)
         inv_l = 1.0 / jnp.where(empty, 1.0, l)
         idx = pl.ds(t0 + c * rows, rows)
-        store(o_ref, (idx, slice(None)), (acc * inv_l[:, None]).astype(o_ref.dtype), q_rows, T)
+        o = acc * inv_l[:, None]
+        o_out = o.astype(o_ref.dtype)
+        store(o_ref, (idx, slice(None)), o_out, q_rows, T)
+        if lo_ref is not None:  # the output's rounding error, for the backward's delta
+            store(lo_ref, (idx, slice(None)), (o - o_out.astype(jnp.float32)).astype(lo_ref.dtype), q_rows, T)
         lse = jnp.where(empty, jnp.inf, m + jnp.log2(jnp.where(empty, 1.0, l)))  # log2-domain log-sum-exp
         store(lse_ref, (idx,), lse, q_rows, T)
 
@@ -223,9 +218,11 @@ def optional_specs(q_seg, kv_seg, kv_lens, T, S, batch_of):
     ]
 
 
-@functools.partial(jax.jit, static_argnames="static")
-def forward(q, k, v, q_seg, kv_seg, kv_lens, static: Static):
-    """Returns o (B, T, N, H) in q.dtype and lse (B, N, T) float32 in the log2 domain (+inf for empty rows)."""
+@functools.partial(jax.jit, static_argnames=("static", "residuals"))
+def forward(q, k, v, q_seg, kv_seg, kv_lens, static: Static, residuals: bool = False):
+    """Returns o (B, T, N, H) in q.dtype, lse (B, N, T) float32 in the log2 domain (+inf for empty rows) and o_lo:
+    with ``residuals`` and 16-bit inputs, the output's rounding error o_f32 − o (B, T, N, H) in q.dtype (o + o_lo
+    carries ~16 mantissa bits, what the backward's delta needs when a softmax row saturates); else None."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     G = N // K
@@ -234,12 +231,16 @@ def forward(q, k, v, q_seg, kv_seg, kv_lens, static: Static):
     n_of = lambda r: lax.rem(r, N)
     q_spec = pl.BlockSpec((None, T, None, H), lambda i, r: (b_of(r), 0, n_of(r), 0))
     kv_spec = pl.BlockSpec((None, S, None, H), lambda i, r: (b_of(r), 0, lax.div(n_of(r), G), 0))
-    return pallas_call(
+    lse_spec = pl.BlockSpec((None, None, T), lambda i, r: (b_of(r), n_of(r), 0))
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32)]
+    with_lo = residuals and jnp.dtype(q.dtype).itemsize < 4  # float32: o is the unrounded output
+    outs = pallas_call(
         functools.partial(_fwd_kernel, static=static, T=T, S=S),
         static=static, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         grid=(pl.cdiv(T, cfg.block_q), B * N),
         in_specs=[q_spec, kv_spec, kv_spec, *optional_specs(q_seg, kv_seg, kv_lens, T, S, b_of)],
-        out_specs=[q_spec, pl.BlockSpec((None, None, T), lambda i, r: (b_of(r), n_of(r), 0))],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32)],
+        out_specs=[q_spec, lse_spec, q_spec][:3 if with_lo else 2],
+        out_shape=(out_shape + [out_shape[0]])[:3 if with_lo else 2],
         name="flash_attention_fwd",
     )(q, k, v, q_seg, kv_seg, kv_lens)
+    return outs[0], outs[1], outs[2] if with_lo else None

@@ -16,6 +16,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils as tu
 from pallas_kernels import tuning
+from pallas_kernels.index_math import is_int
 
 __all__ = ["FORWARD_FIELDS", "LinearCrossEntropyConfig", "chunk_rows_for", "default_config", "for_shape",
            "shape_key", "sweep_candidates"]
@@ -61,10 +62,10 @@ class LinearCrossEntropyConfig:
     def __post_init__(self):
         tu.check_launch_fields(self)  # block_v, num_warps, num_stages
         cls = type(self).__name__
-        if self.chunk_rows is not None and (not _is_int(self.chunk_rows) or self.chunk_rows < 1):
+        if self.chunk_rows is not None and (not is_int(self.chunk_rows) or self.chunk_rows < 1):
             raise ValueError(f"{cls}.chunk_rows: must be None or a positive int, got {self.chunk_rows!r}")
         r = self.rows_per_program
-        if not _is_int(r) or r < 1 or r & (r - 1):
+        if not is_int(r) or r < 1 or r & (r - 1):
             raise ValueError(f"{cls}.rows_per_program: must be a power of two >= 1, got {r!r}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
@@ -72,10 +73,6 @@ class LinearCrossEntropyConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def shape_key(h, w) -> str:
