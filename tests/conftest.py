@@ -8,7 +8,9 @@ under xdist. Tolerance: ``jaxfuse.suites.spec.tolerance`` (base per dtype, growi
 reduction length). Programs: ``cuda_program`` lowers a function for CUDA on any machine and parses the HLO with
 ``hlo_inspect``, so tests can count the Pallas calls and look for tensors that must not exist.
 
-Markers: ``slow`` (registered in pyproject.toml): the fast subset is ``pytest -m "not slow"``.
+Markers: ``slow`` (registered in pyproject.toml): the fast subset is ``pytest -m "not slow"``. ``GPU_TIMEOUT``
+marks tests that run kernels on a GPU with a per-test limit, which pytest-timeout enforces where it is installed
+(the GPU machine); elsewhere the marker is registered and does nothing (CI does not depend on the plugin).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import hlo_inspect
 from jaxfuse.suites.spec import tolerance
 from pallas_kernels import backends, triton_utils
 
-__all__ = ["ON_GPU", "assert_close", "cuda_program", "key", "normal", "pallas_calls", "rel_err", "require",
-           "seed", "tensors_with", "tolerance"]
+__all__ = ["GPU_TIMEOUT", "ON_GPU", "assert_close", "cuda_program", "key", "normal", "pallas_calls", "rel_err",
+           "require", "seed", "tensors_with", "tolerance"]
 
 ON_GPU = jax.default_backend() == "gpu"
+GPU_TIMEOUT = pytest.mark.timeout(60)  # seconds per test on the GPU machine (pytest-timeout)
 
 
 class _KeyStream:
