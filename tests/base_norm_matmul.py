@@ -13,6 +13,7 @@ backend this machine cannot run) is skipped with that reason. The program test r
 """
 
 import contextlib
+import math
 
 import jax
 import jax.numpy as jnp
@@ -111,6 +112,21 @@ class NormMatmulTests:
         x, gamma, w, res = inputs(M, K, N, dtype, residual=residual)
         self.check_against_reference(x, gamma, w, res, tolerance(dtype, max(M, K, N)))
 
+    @pytest.mark.parametrize("scale", [1e-6, 1e-7])
+    def test_float16_near_1e_6_is_as_accurate_as_the_unfused_computation(self, scale):
+        """fp16 x of magnitude ~scale: x·γ lies below float16's normal range (6.1e-5), where rounding keeps only a
+        few bits, while the normalized value x·r·γ (r ~ 1e3, eps-bound) is a normal float16. y must come out as
+        accurate as the unfused fp16 computation (normalize, round to float16, matmul with float32 accumulation),
+        and the gradients within the float16 tolerance."""
+        M, K, N = self.sizes["odd"], self.sizes["K"], self.sizes["N"]
+        x, gamma, w, _ = inputs(M, K, N, jnp.float16)
+        x = (x.astype(jnp.float32) * scale).astype(jnp.float16)
+        self.check_against_reference(x, gamma, w, None, tolerance(jnp.float16, max(M, K, N)))
+        want = reference.rmsnorm_matmul(*(a.astype(jnp.float32) for a in (x, gamma, w)))
+        unfused = jnp.dot(reference.rmsnorm(x, gamma), w, preferred_element_type=jnp.float32).astype(jnp.float16)
+        got = jax.jit(self.rmsnorm_matmul)(x, gamma, w)
+        assert rel_err(got, want) <= 2 * rel_err(unfused, want), (rel_err(got, want), rel_err(unfused, want))
+
     @pytest.mark.slow
     def test_leading_axes_out_dtype_and_eps(self):
         x, gamma, w, _ = inputs(None, self.sizes["K"], self.sizes["N"], jnp.bfloat16, lead=(2, 3))
@@ -179,6 +195,9 @@ class NormMatmulTests:
         (lambda x, g, w: (x, g, w), dict(residual=jnp.zeros((5, 32), jnp.bfloat16)),
          r"residual: dtype bfloat16"),
         (lambda x, g, w: (x, g, w), dict(out_dtype=jnp.int8), r"out_dtype: int8 not supported"),
+        (lambda x, g, w: (x, g, w), dict(eps=-1e-6), r"eps: must be >= 0 .*, got -1e-06"),
+        (lambda x, g, w: (x, g, w), dict(eps=math.nan), r"eps: must be >= 0 .*, got nan"),
+        (lambda x, g, w: (x, g, w), dict(eps="small"), r"eps: expected a number >= 0, got 'small'"),
     ])
     def test_bad_inputs(self, mutate, kwargs, match):
         with pytest.raises(ValueError, match=match):

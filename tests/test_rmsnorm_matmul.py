@@ -201,9 +201,10 @@ _SWEPT_CONFIG = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stag
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("variant, dtype", [({}, jnp.bfloat16), (dict(gamma_on_w=True), jnp.bfloat16),
-                                            (dict(rstd_on_dy=True), jnp.bfloat16), (_SWEPT_CONFIG, jnp.bfloat16)],
-                         ids=["default", "gamma_on_w", "rstd_on_dy", "swept"])
+@pytest.mark.parametrize("variant, dtype", [({}, jnp.bfloat16), ({}, jnp.float16),
+                                            (dict(gamma_on_w=True), jnp.bfloat16), (dict(rstd_on_dy=True), jnp.bfloat16),
+                                            (_SWEPT_CONFIG, jnp.bfloat16)],
+                         ids=["default", "fp16-rows-rescaled", "gamma_on_w", "rstd_on_dy", "swept"])
 def test_no_loaded_tile_feeds_a_dot_and_other_arithmetic(variant, dtype, residual):
     """Regression for the H100 failure (0.5 relative error in y and every gradient with gamma_on_w, the sweep's
     pick): Triton's software pipeliner (num_stages > 1; on Hopper the wgmma operand stays in shared memory)

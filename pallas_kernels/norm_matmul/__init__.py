@@ -43,6 +43,16 @@ BACKENDS = backends.Registry("rmsnorm_matmul", {"triton": "pallas_kernels.norm_m
                                                 "mosaic": "pallas_kernels.norm_matmul.mosaic"}, key=tuning_key)
 
 
+def _check_eps(eps) -> float:
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"eps: expected a number >= 0, got {eps!r}") from None
+    if not value >= 0:  # also NaN
+        raise ValueError(f"eps: must be >= 0 (it is added to mean(x²) under the rsqrt), got {eps!r}")
+    return value
+
+
 def _check_inputs(x, gamma, w, residual, out_dtype):
     for name, a in (("x", x), ("gamma", gamma), ("w", w)):
         dtype = jnp.dtype(a.dtype)
@@ -79,9 +89,10 @@ def _check_inputs(x, gamma, w, residual, out_dtype):
 def _prepare(x, gamma, w, eps, residual, out_dtype, block_sizes, interpret, backend):
     """Validates once; returns (backend module, Plan, x and residual as (M, K), options for the backend)."""
     _check_inputs(x, gamma, w, residual, out_dtype)
+    eps = _check_eps(eps)
     M, K = math.prod(x.shape[:-1]), x.shape[-1]
     x2 = x.reshape(M, K)
-    options = dict(eps=float(eps), residual=None if residual is None else residual.reshape(M, K),
+    options = dict(eps=eps, residual=None if residual is None else residual.reshape(M, K),
                    out_dtype=jnp.dtype(x.dtype if out_dtype is None else out_dtype),
                    interpret=backends.resolve_interpret(interpret))
     module, chosen = BACKENDS.plan(backend, block_sizes, x2, gamma, w, **options)
@@ -108,7 +119,7 @@ def rmsnorm_matmul(
       gamma: (K,) RMSNorm scale; any of those dtypes.
       w: (K, N) weight in x's dtype; N a multiple of 16. Concatenated weights work as they are: [Wq|Wk|Wv] for
         a fused QKV projection, [Wg|Wu] for the SwiGLU gate/up projection.
-      eps: added to mean(x²) before the rsqrt.
+      eps: added to mean(x²) before the rsqrt; >= 0 (a negative or NaN eps is a ValueError).
       residual: optional (..., K) in x's dtype: h = x + residual (rounded to x.dtype) is formed on load, written
         once, and normalized: the pre-norm transformer pattern.
       out_dtype: dtype of y; default x.dtype.
