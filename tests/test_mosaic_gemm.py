@@ -109,9 +109,12 @@ def test_default_configs_lower_at_the_suite_shapes_within_shared_memory(M, K, N)
     assert k.tma_loads() >= 2 and k.tma_stores() >= 1
 
 
-def test_the_defaults_are_the_measured_winners():
+def test_the_defaults_are_the_measured_winners_and_matmul_is_exported():
+    import pallas_kernels
+
     config = MosaicGemmConfig()  # gemm.config's docstring: the H100 numbers behind them
     assert (config.pipeline, config.semantics, config.grid_tile_width, config.grid_minor) == ("own", "lane", 8, "n")
+    assert pallas_kernels.matmul is matmul and pallas_kernels.MosaicGemmConfig is MosaicGemmConfig
 
 
 @pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(pipeline="pallas_steady"), dict(wg_split="m")])

@@ -265,18 +265,11 @@ _G = MosaicGemmConfig
 # the core's default K loop ("own"), lane semantics and tile order (grid_tile_width 8): the K loop is the one the
 # fused kernels measured fastest with, at every suite shape; the tile order was measured on the plain GEMM only
 # (``gemm.config``). The dx kernel also holds the prefetched x tile (and dh with a residual) in shared memory.
-_FORWARD = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
-            _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
+_SMALLER = (_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),  # for shapes 256 does not divide
             _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
-_DX = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"),
-       _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
-       _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
-_DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n"),
-                _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
-                _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
-_DW = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"),
-       _G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
-       _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
+_FORWARD = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"), *_SMALLER)
+_DX = _DW = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"), *_SMALLER)
+_DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n"), *_SMALLER)
 
 
 def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
