@@ -6,15 +6,20 @@ instantiates it:
         backend = "triton"
 
 On CPU the Triton kernels run in interpret mode at tiny shapes (16-wide tiles still give several tiles along every
-axis, masked row tails and the grouped program order); on a GPU the same tests run at real shapes (``SIZES``). A
-case a backend declares unsupported (its ``unsupported_reason``) is skipped with that reason.
+axis, masked row tails and the grouped program order); on a GPU the same tests run at real shapes (``SIZES``; a
+backend may name its own, ``sizes``). A case a backend declares unsupported (its ``unsupported_reason``, or a
+backend this machine cannot run) is skipped with that reason. The program test runs inside ``program_context``
+(``backends.lowering_for_gpu`` for a backend that only lowers here).
 """
+
+import contextlib
+import math
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import ON_GPU, assert_close, eqns_outside_kernels, normal, rel_err, require, tolerance
+from conftest import KERNEL_PRIMITIVES, ON_GPU, assert_close, eqns_outside_kernels, normal, rel_err, require, tolerance
 from pallas_kernels import norm_matmul, reference
 
 # Named sizes: an odd row count, a single row, K and N (multiples of 16; on CPU small enough for interpret mode).
@@ -44,6 +49,12 @@ def fwd_and_vjp(fn, args, cotangent):
 class NormMatmulTests:
     backend: str  # the backend under test, as rmsnorm_matmul(backend=...) takes it
     train_kernels = 3  # Pallas calls of forward + backward at the CPU table's tiles (forward, dx, dw)
+    sizes = SIZES  # the named sizes of the correctness tests
+    program_shape = (37, 64, 32)  # (M, K, N) of the program test: distinct, so that (M, K) is unambiguous
+    program_context = staticmethod(contextlib.nullcontext)  # around the program test's tracing
+    # Primitives that may make an (M, K) tensor outside the kernels in forward + backward, without / with a
+    # residual: with one, the loss's cotangent of h (a pad of the slice) joins the norm's dx.
+    mk_ops_outside_kernels = {False: (), True: ("pad",)}
 
     def rmsnorm_matmul(self, x, gamma, w, **kwargs):
         return norm_matmul.rmsnorm_matmul(x, gamma, w, backend=self.backend, **kwargs)
@@ -72,27 +83,41 @@ class NormMatmulTests:
             assert_close(g, r, tol, name)
 
     # -------------------------------------------------------------------------------------------- correctness
-    @pytest.mark.parametrize("dtype,M,N,residual", [
-        pytest.param(dtype, M, N, residual, id=f"{name}-{'residual' if residual else 'plain'}",
+    @pytest.mark.parametrize("dtype,m,n,residual", [
+        pytest.param(dtype, m, n, residual, id=f"{name}-{'residual' if residual else 'plain'}",
                      marks=[] if (name, residual) in (("fp32-odd", False), ("bf16-odd", True)) else [pytest.mark.slow])
-        for dtype, M, N, name in [(jnp.float32, SIZES["odd"], SIZES["N"], "fp32-odd"),
-                                  (jnp.bfloat16, SIZES["odd"], SIZES["N"], "bf16-odd"),
-                                  (jnp.bfloat16, SIZES["one"], SIZES["N_odd"], "bf16-one-row"),
-                                  (jnp.float16, SIZES["few"], SIZES["N"], "fp16-few")]
+        for dtype, m, n, name in [(jnp.float32, "odd", "N", "fp32-odd"), (jnp.bfloat16, "odd", "N", "bf16-odd"),
+                                  (jnp.bfloat16, "one", "N_odd", "bf16-one-row"), (jnp.float16, "few", "N", "fp16-few")]
         for residual in (False, True)])
-    def test_matches_reference(self, dtype, M, N, residual):
-        x, gamma, w, res = inputs(M, SIZES["K"], N, dtype, residual=residual)
-        self.check_against_reference(x, gamma, w, res, tolerance(dtype, max(M, SIZES["K"], N)))
+    def test_matches_reference(self, dtype, m, n, residual):
+        M, K, N = self.sizes[m], self.sizes["K"], self.sizes[n]
+        x, gamma, w, res = inputs(M, K, N, dtype, residual=residual)
+        self.check_against_reference(x, gamma, w, res, tolerance(dtype, max(M, K, N)))
+
+    @pytest.mark.parametrize("scale", [1e-6, pytest.param(1e-7, marks=pytest.mark.slow)])
+    def test_float16_near_1e_6_is_as_accurate_as_the_unfused_computation(self, scale):
+        """fp16 x of magnitude ~scale: x·γ lies below float16's normal range (6.1e-5), where rounding keeps only a
+        few bits, while the normalized value x·r·γ (r ~ 1e3, eps-bound) is a normal float16. y must come out as
+        accurate as the unfused fp16 computation (normalize, round to float16, matmul with float32 accumulation),
+        and the gradients within the float16 tolerance."""
+        M, K, N = self.sizes["odd"], self.sizes["K"], self.sizes["N"]
+        x, gamma, w, _ = inputs(M, K, N, jnp.float16)
+        x = (x.astype(jnp.float32) * scale).astype(jnp.float16)
+        self.check_against_reference(x, gamma, w, None, tolerance(jnp.float16, max(M, K, N)))
+        want = reference.rmsnorm_matmul(*(a.astype(jnp.float32) for a in (x, gamma, w)))
+        unfused = jnp.dot(reference.rmsnorm(x, gamma), w, preferred_element_type=jnp.float32).astype(jnp.float16)
+        got = jax.jit(self.rmsnorm_matmul)(x, gamma, w)
+        assert rel_err(got, want) <= 2 * rel_err(unfused, want), (rel_err(got, want), rel_err(unfused, want))
 
     @pytest.mark.slow
     def test_leading_axes_out_dtype_and_eps(self):
-        x, gamma, w, _ = inputs(None, SIZES["K"], SIZES["N"], jnp.bfloat16, lead=(2, 3))
+        x, gamma, w, _ = inputs(None, self.sizes["K"], self.sizes["N"], jnp.bfloat16, lead=(2, 3))
         self.check_against_reference(x, gamma, w, None, tolerance(jnp.bfloat16), out_dtype=jnp.float32, eps=1e-2)
         y = self.rmsnorm_matmul(x, gamma, w)
-        assert y.shape == (2, 3, SIZES["N"]) and y.dtype == jnp.bfloat16
+        assert y.shape == (2, 3, self.sizes["N"]) and y.dtype == jnp.bfloat16
 
     def test_jit_and_grad_of_a_scalar_loss(self):
-        x, gamma, w, res = inputs(SIZES["odd"], SIZES["K"], SIZES["N"], jnp.float32, residual=True)
+        x, gamma, w, res = inputs(self.sizes["odd"], self.sizes["K"], self.sizes["N"], jnp.float32, residual=True)
         self.require(x, gamma, w, residual=res)
 
         def loss(impl, x, gamma, w, res):
@@ -107,33 +132,32 @@ class NormMatmulTests:
     # -------------------------------------------------------------------------------------------- program
     @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
     def test_one_kernel_forward_and_no_normalized_tensor(self, residual):
-        """The forward is exactly one pallas_call; in forward + backward no equation outside the kernels makes
-        an (M, K) float tensor (the normalized activations, or their gradient, would be one)."""
-        M, K, N = 37, 64, 32  # distinct sizes so that an (M, K) shape is unambiguous
+        """The forward is exactly one kernel; in forward + backward no equation outside the kernels makes an
+        (M, K) float tensor (the normalized activations, or their gradient, would be one) beyond the backend's
+        ``mk_ops_outside_kernels``."""
+        M, K, N = self.program_shape
         x, gamma, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
-        self.require(x, gamma, w, residual=res)
         fn = lambda x, g, w, r: self.rmsnorm_matmul(x, g, w, residual=r)
-        fwd_eqns = list(eqns_outside_kernels(jax.make_jaxpr(fn)(x, gamma, w, res).jaxpr))
-        kernels = [e for e in fwd_eqns if e.primitive.name == "pallas_call"]
-        # The custom_vjp call holds the forward once as its primal; the traced jit appears once inside it.
-        assert len({id(e) for e in kernels}) == len(kernels)
-        assert str(jax.make_jaxpr(fn)(x, gamma, w, res)).count("pallas_call[") == 1
 
         def loss(x, g, w, r):
             out = fn(x, g, w, r)
             y = out if r is None else out[1] + out[0][:, :N]  # (M, N) either way; h's cotangent is non-zero
             return jnp.sum(y.astype(jnp.float32) ** 2)
 
-        argnums = (0, 1, 2) if res is None else (0, 1, 2, 3)
-        train = jax.make_jaxpr(jax.grad(loss, argnums=argnums))(x, gamma, w, res)
+        with self.program_context():
+            self.require(x, gamma, w, residual=res)
+            fwd_eqns = list(eqns_outside_kernels(jax.make_jaxpr(fn)(x, gamma, w, res).jaxpr))
+            argnums = (0, 1, 2) if res is None else (0, 1, 2, 3)
+            train = jax.make_jaxpr(jax.grad(loss, argnums=argnums))(x, gamma, w, res)
+        # The custom_vjp call holds the forward once as its primal.
+        assert sum(e.primitive.name in KERNEL_PRIMITIVES for e in fwd_eqns) == 1
         eqns = list(eqns_outside_kernels(train.jaxpr))
-        assert sum(e.primitive.name == "pallas_call" for e in eqns) == self.train_kernels
+        assert sum(e.primitive.name in KERNEL_PRIMITIVES for e in eqns) == self.train_kernels
         mk_producers = sorted({e.primitive.name for e in eqns for v in e.outvars
                                if getattr(v.aval, "shape", None) == (M, K)
-                               and e.primitive.name not in ("pallas_call", "pjit", "jit", "custom_vjp_call")})
-        # With a residual, the loss's cotangent of h (a pad of the slice) and its sum with the norm's dx are the
-        # only (M, K) tensors made outside the kernels; nothing multiplies or converts one (no normalized tensor).
-        assert mk_producers == ([] if res is None else ["pad"]), mk_producers
+                               and e.primitive.name not in (*KERNEL_PRIMITIVES, "pjit", "jit", "custom_vjp_call",
+                                                            "custom_vmap_call")})
+        assert mk_producers == sorted(self.mk_ops_outside_kernels[residual]), mk_producers
 
     # -------------------------------------------------------------------------------------------- errors
     @pytest.mark.parametrize("mutate,kwargs,match", [
@@ -153,6 +177,9 @@ class NormMatmulTests:
         (lambda x, g, w: (x, g, w), dict(residual=jnp.zeros((5, 32), jnp.bfloat16)),
          r"residual: dtype bfloat16"),
         (lambda x, g, w: (x, g, w), dict(out_dtype=jnp.int8), r"out_dtype: int8 not supported"),
+        (lambda x, g, w: (x, g, w), dict(eps=-1e-6), r"eps: must be >= 0 .*, got -1e-06"),
+        (lambda x, g, w: (x, g, w), dict(eps=math.nan), r"eps: must be >= 0 .*, got nan"),
+        (lambda x, g, w: (x, g, w), dict(eps="small"), r"eps: expected a number >= 0, got 'small'"),
     ])
     def test_bad_inputs(self, mutate, kwargs, match):
         with pytest.raises(ValueError, match=match):

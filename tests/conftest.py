@@ -10,7 +10,9 @@ reduction length). Programs: ``cuda_program`` lowers a function for CUDA on any 
 ``hlo_inspect``, so tests can count the Pallas calls and look for tensors that must not exist; ``eqns_outside_kernels``
 walks a jaxpr as traced (before jit's dead-code elimination).
 
-Markers: ``slow`` (registered in pyproject.toml): the fast subset is ``pytest -m "not slow"``.
+Markers: ``slow`` (registered in pyproject.toml): the fast subset is ``pytest -m "not slow"``. ``GPU_TIMEOUT``
+marks tests that run kernels on a GPU with a per-test limit, which pytest-timeout enforces where it is installed
+(the GPU machine); elsewhere the marker is registered and does nothing (CI does not depend on the plugin).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import hlo_inspect
 from jaxfuse.suites.spec import tolerance
 from pallas_kernels import backends, triton_utils
 
-__all__ = ["ON_GPU", "assert_close", "cuda_program", "eqns_outside_kernels", "key", "normal", "pallas_calls",
-           "rel_err", "require", "seed", "tensors_with", "tolerance"]
+__all__ = ["GPU_TIMEOUT", "KERNEL_PRIMITIVES", "ON_GPU", "assert_close", "cuda_program", "eqns_outside_kernels",
+           "key", "normal", "pallas_calls", "rel_err", "require", "seed", "tensors_with", "tolerance"]
 
 ON_GPU = jax.default_backend() == "gpu"
+GPU_TIMEOUT = pytest.mark.timeout(60)  # seconds per test on the GPU machine (pytest-timeout)
 
 
 class _KeyStream:
@@ -135,12 +138,16 @@ def tensors_with(report: hlo_inspect.Report, *dims: int) -> list[str]:
     return found
 
 
+# The jaxpr primitives a Pallas kernel appears as: Triton's pallas_call, Mosaic GPU's mpmd_map (plgpu.kernel).
+KERNEL_PRIMITIVES = ("pallas_call", "mpmd_map")
+
+
 def eqns_outside_kernels(jaxpr):
     """Every equation of a jaxpr and its sub-jaxprs (loop bodies, custom VJP rules), not descending into
-    pallas_call kernels."""
+    kernels (``KERNEL_PRIMITIVES``)."""
     for eqn in jaxpr.eqns:
         yield eqn
-        if eqn.primitive.name == "pallas_call":
+        if eqn.primitive.name in KERNEL_PRIMITIVES:
             continue
         for param in eqn.params.values():
             for sub in param if isinstance(param, (tuple, list)) else (param,):

@@ -1,5 +1,6 @@
 """pallas_kernels.gemm: the Mosaic-GPU GEMM core. Config and shape errors and the lowered structure on any machine;
-numbers against a float32 product on an sm90 GPU, and (slow) in GPU interpret mode on the CPU at tiny shapes."""
+numbers against a float32 product on an sm90 GPU (per-test timeout there), and (slow) in GPU interpret mode on the
+CPU at tiny shapes, for every K loop."""
 
 import dataclasses
 import itertools
@@ -10,12 +11,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import GPU_TIMEOUT
 from hlo_inspect import mosaic_ir
 from pallas_kernels import mosaic_utils
-from pallas_kernels.gemm import MosaicGemmConfig, default_config, matmul, smem_bytes
+from pallas_kernels.gemm import Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes
 
 ON_SM90 = mosaic_utils.is_hopper()
-gpu_only = pytest.mark.skipif(not ON_SM90, reason="Mosaic-GPU kernels run on an sm90 GPU")
+
+
+def gpu_only(test):
+    """Runs on an sm90 GPU only, within GPU_TIMEOUT."""
+    return pytest.mark.skipif(not ON_SM90, reason="Mosaic-GPU kernels run on an sm90 GPU")(GPU_TIMEOUT(test))
+
+
+
 cpu_only = pytest.mark.skipif(jax.default_backend() == "gpu", reason="structure / interpret-mode checks")
 S = jax.ShapeDtypeStruct
 SUITE_SHAPES = [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144), (16384, 1024, 5504)]  # (M, K, N)
@@ -52,8 +61,7 @@ def _f32_product(a, b):
 @pytest.mark.parametrize("field, value", [("tile_m", 96), ("tile_n", 512), ("tile_k", 24), ("num_stages", 1),
                                           ("wg_split", "k"), ("epi_tile_m", 32), ("epi_tile_n", 48),
                                           ("grid_minor", "x"), ("grid_tile_width", 0), ("delay_release", 2),
-                                          ("semantics", "warp"), ("pipeline", "cutlass"), ("prologue_wg", "memory"),
-                                          ("mma_registers", 236)])
+                                          ("semantics", "warp"), ("pipeline", "cutlass"), ("mma_registers", 236)])
 def test_config_rejects_a_bad_field_by_name(field, value):
     with pytest.raises(ValueError, match=f"MosaicGemmConfig.{field}"):
         MosaicGemmConfig(**{field: value})
@@ -101,18 +109,29 @@ def test_default_configs_lower_at_the_suite_shapes_within_shared_memory(M, K, N)
     assert k.tma_loads() >= 2 and k.tma_stores() >= 1
 
 
-def test_a_dedicated_prologue_warpgroup_needs_our_pipeline_and_shared_rows():
-    with pytest.raises(ValueError, match="prologue_wg"):
-        MosaicGemmConfig(prologue_wg="dedicated")  # jax's pipeline has no fourth warpgroup
-    with pytest.raises(ValueError, match="prologue_wg"):
-        MosaicGemmConfig(prologue_wg="dedicated", pipeline="own", wg_split="m")
-    MosaicGemmConfig(prologue_wg="dedicated", pipeline="own", wg_split="n")
+def test_the_defaults_are_the_measured_winners_and_matmul_is_exported():
+    import pallas_kernels
+
+    config = MosaicGemmConfig()  # gemm.config's docstring: the H100 numbers behind them
+    assert (config.pipeline, config.semantics, config.grid_tile_width, config.grid_minor) == ("own", "lane", 8, "n")
+    assert pallas_kernels.matmul is matmul and pallas_kernels.MosaicGemmConfig is MosaicGemmConfig
+
+
+@pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(pipeline="pallas_steady"), dict(wg_split="m")])
+def test_a_prologue_needs_our_k_loop_and_shared_rows(fields):
+    """A prologue runs in a fourth warpgroup of our K loop ("own") reading the CTA's rows (wg_split "n")."""
+    fusion = Fusion(prologue_step=lambda ctx, a_ref, carry: carry, handoff_rows=1)
+    a, b = S((512, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16)
+    with pytest.raises(ValueError, match="runs it in a fourth warpgroup of the K loop pipeline='own' with "
+                                         "wg_split='n'"):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(**fields), out_dtype=a.dtype,
+                                         fusion=fusion), a, b)
 
 
 @cpu_only
-@pytest.mark.parametrize("fields", [dict(pipeline="pallas_steady"), dict(pipeline="own"),
+@pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(pipeline="pallas_steady"), dict(pipeline="own"),
                                     dict(pipeline="own", delay_release=1), dict(semantics="warpgroup"),
-                                    dict(semantics="warpgroup", pipeline="own")])
+                                    dict(semantics="warpgroup", pipeline="pallas"), dict(grid_tile_width=1)])
 def test_every_k_loop_lowers_at_the_largest_suite_shape_within_shared_memory(fields):
     M, K, N = SUITE_SHAPES[0]
     config = dataclasses.replace(default_config(M, N, K), **fields)
@@ -131,7 +150,8 @@ def test_under_warpgroup_semantics_the_plain_kernel_is_jax_hopper_example_op_for
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as example
 
     a, b = S((4096, 1024), jnp.bfloat16), S((1024, 4096), jnp.bfloat16)
-    ours = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=MosaicGemmConfig(semantics="warpgroup")), a, b)
+    config = MosaicGemmConfig(semantics="warpgroup", pipeline="pallas", grid_tile_width=1)  # jax's loop and order
+    ours = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), a, b)
     tuning = example.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(example, "get_num_sms", lambda: mosaic_utils.H100_SMS)
@@ -231,7 +251,7 @@ def test_product_in_interpret_mode(transpose_a, transpose_b):
 @cpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("fields", [dict(pipeline="own"), dict(pipeline="own", delay_release=1),
-                                    dict(pipeline="pallas_steady")])
+                                    dict(pipeline="pallas_steady"), dict(pipeline="pallas", grid_tile_width=1)])
 @pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile (its loop starts and stops there)
 def test_every_k_loop_in_interpret_mode(fields, num_sms):
     with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles

@@ -1,5 +1,6 @@
-"""rmsnorm_matmul: the shared tests (``base_norm_matmul``) for each backend, and the Triton backend's own: the config
-variants a sweep may pick, the pipeliner hazard, the Triton lowering at GPU tiles, the tables, config errors."""
+"""rmsnorm_matmul: the shared tests (``base_norm_matmul``) for each backend, backend selection, and the Triton backend's
+own: the config variants a sweep may pick, the pipeliner hazard, fp16 precision at tiny magnitudes, the Triton
+lowering at GPU tiles, the tables, config errors. The Mosaic backend's own tests: ``test_norm_matmul_mosaic.py``."""
 
 import jax
 import jax.numpy as jnp
@@ -7,18 +8,74 @@ import pytest
 from jax import lax
 
 from base_norm_matmul import SIZES, NormMatmulTests, inputs, zeros
-from conftest import ON_GPU, cuda_program, pallas_calls, rel_err, tolerance
+from conftest import GPU_TIMEOUT, ON_GPU, cuda_program, pallas_calls, rel_err, tolerance
+from jaxfuse import kernels
 from pallas_kernels import RMSNormMatmulConfig, backends, norm_matmul, reference, triton_utils
 from pallas_kernels.norm_matmul import config as nm_config
 
 rmsnorm_matmul = norm_matmul.rmsnorm_matmul
 
 
+@GPU_TIMEOUT
 class TestTriton(NormMatmulTests):
     backend = "triton"
 
 
+@GPU_TIMEOUT
+class TestMosaic(NormMatmulTests):
+    """On CPU the numbers skip (the registry: Mosaic needs an sm90 GPU) and the program test traces inside
+    ``lowering_for_gpu``. Sizes: multiples of the Mosaic tiles (no partial tiles), odd ones (3 row blocks, K and N
+    that 256 does not divide: the fallback tiles); the one-row, few-row and float32 cases skip with the backend's
+    reason."""
+
+    backend = "mosaic"
+    sizes = dict(odd=384, one=1, few=37, K=1152, N=640, N_odd=784)
+    program_shape = (384, 1152, 640)
+    program_context = staticmethod(backends.lowering_for_gpu)
+    # XLA's row statistics: x squared in float32 inside the reduction fusion that gives r (and, with a residual,
+    # h = x + residual, the op's output) -- never a normalized tensor (test_norm_matmul_mosaic checks the HLO).
+    mk_ops_outside_kernels = {False: ("convert_element_type", "mul"),
+                              True: ("add", "convert_element_type", "mul", "pad")}
+
+
 _TRITON = TestTriton()
+
+
+# ------------------------------------------------------------------------------------------------ backend selection
+def test_auto_keeps_triton_and_mosaic_names_why_it_cannot_run():
+    x, gamma, w = zeros(384, 1152, 640, jnp.bfloat16)
+    assert norm_matmul.BACKENDS.names == ("triton", "mosaic")
+    assert norm_matmul.plan(x, gamma, w).backend == "triton"
+    with backends.lowering_for_gpu():  # both can run: nothing tuned for Mosaic, so Triton (first in the registry)
+        assert norm_matmul.plan(x, gamma, w).backend == "triton"
+        assert norm_matmul.plan(x, gamma, w, backend="mosaic").backend == "mosaic"
+        for args, kwargs, match in [
+                (zeros(16, 1152, 640, jnp.bfloat16), {}, "M=16 is not a positive multiple of the rows"),
+                (zeros(384, 1100 + 4, 640, jnp.bfloat16), {}, "K=1104 is not a positive multiple"),
+                (zeros(384, 1152, 640), {}, "dtype float32 is not supported by the Mosaic backend"),
+                ((x, gamma, w), dict(out_dtype=jnp.float32), "out_dtype=float32 must equal x's dtype bfloat16"),
+                ((x, gamma, w), dict(interpret=True), r"no interpret mode \(interpret=True\)")]:
+            assert norm_matmul.plan(*args, **kwargs).backend == "triton"  # "auto" falls back
+            with pytest.raises(ValueError, match=rf"backend='mosaic' cannot run rmsnorm_matmul here: .*{match}"):
+                norm_matmul.plan(*args, backend="mosaic", **kwargs)
+    if not ON_GPU:
+        with pytest.raises(ValueError, match=r"backend='mosaic' cannot run rmsnorm_matmul here: Mosaic GPU kernels "
+                                             r"need an sm90 \(Hopper\) GPU.*; available here: 'triton'"):
+            rmsnorm_matmul(x, gamma, w, backend="mosaic")
+
+
+@pytest.mark.parametrize("times, chosen", [({"triton": 100.0, "mosaic": 90.0}, "mosaic"),
+                                           ({"triton": 100.0, "mosaic": 110.0}, "triton"),
+                                           ({"mosaic": 500.0}, "mosaic"), ({}, "triton")])
+def test_auto_takes_the_faster_tuned_time(times, chosen, monkeypatch):
+    from pallas_kernels import tuning
+
+    x, gamma, w = zeros(384, 1152, 640, jnp.bfloat16)
+    key = norm_matmul.tuning_key(x, gamma, w)
+    monkeypatch.setattr(tuning, "tuned_time_us",
+                        lambda op, k, *, backend: times.get(backend) if (op, k) == ("rmsnorm_matmul", key) else None)
+    with backends.lowering_for_gpu():
+        assert norm_matmul.plan(x, gamma, w).backend == chosen
 
 
 # ------------------------------------------------------------------------------------------------ Triton variants
@@ -144,9 +201,11 @@ _SWEPT_CONFIG = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stag
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("variant", [{}, dict(gamma_on_w=True), dict(rstd_on_dy=True), _SWEPT_CONFIG],
-                         ids=["default", "gamma_on_w", "rstd_on_dy", "swept"])
-def test_no_loaded_tile_feeds_a_dot_and_other_arithmetic(variant, residual):
+@pytest.mark.parametrize("variant, dtype", [({}, jnp.bfloat16), ({}, jnp.float16),
+                                            (dict(gamma_on_w=True), jnp.bfloat16), (dict(rstd_on_dy=True), jnp.bfloat16),
+                                            (_SWEPT_CONFIG, jnp.bfloat16)],
+                         ids=["default", "fp16-rows-rescaled", "gamma_on_w", "rstd_on_dy", "swept"])
+def test_no_loaded_tile_feeds_a_dot_and_other_arithmetic(variant, dtype, residual):
     """Regression for the H100 failure (0.5 relative error in y and every gradient with gamma_on_w, the sweep's
     pick): Triton's software pipeliner (num_stages > 1; on Hopper the wgmma operand stays in shared memory)
     miscompiles a loop in which one loaded tile is both a dot operand and the input of other arithmetic (there:
@@ -155,7 +214,7 @@ def test_no_loaded_tile_feeds_a_dot_and_other_arithmetic(variant, residual):
     (rowdot_in_dx=True still has that shape in the dx kernel, dy feeding both the dot and the row dot; it is not
     covered here and the GPU sweep checks it numerically.)"""
     M, K, N = 256, 256, 512
-    x, gamma, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
+    x, gamma, w, res = inputs(M, K, N, dtype, residual=residual)
     table = dict(nm_config.default_config(M, K, N, on_gpu=True).to_dict(), dw_in_xla=False)  # all 3 kernels
     cfg = RMSNormMatmulConfig(**dict(table, **variant))
     assert not cfg.rowdot_in_dx
@@ -232,9 +291,3 @@ def test_default_config_fits_the_shape():
 def test_bad_block_sizes(block_sizes, match):
     with pytest.raises(ValueError, match=match):
         rmsnorm_matmul(*zeros(), block_sizes=block_sizes)
-
-
-def test_mosaic_is_not_implemented_yet():
-    with pytest.raises(ValueError, match=r"backend='mosaic' is not implemented for rmsnorm_matmul; available "
-                                         r"here: 'triton'"):
-        rmsnorm_matmul(*zeros(), backend="mosaic")

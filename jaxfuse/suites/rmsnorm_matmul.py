@@ -4,11 +4,14 @@
     records = suites.run("rmsnorm_matmul", ["16x4096x4096-decode"])    # GPU; ["cpu"] on CPU
 
 Per shape (M×K×N, bf16) and mode (forward; forward + backward with a random cotangent), the implementations of the
-model's norm_matmul site (``jaxfuse.kernels.NORM_MATMUL``) and three suite baselines:
-  pallas_<backend>  ``pallas_kernels.rmsnorm_matmul`` on each backend it implements (the normalized activations
-                    never reach HBM)
+model's norm_matmul site (``jaxfuse.kernels.NORM_MATMUL``) and the suite's own:
+  pallas_<backend>  ``pallas_kernels.rmsnorm_matmul`` on each backend it implements (pallas_triton, pallas_mosaic;
+                    the normalized activations never reach HBM)
   xla               XLA's norm fusion writes rmsnorm(x), a GEMM reads it back
-  xla_matmul_alone  ``x @ w``: no norm at all, the floor a fused kernel can reach
+  xla_matmul_alone  ``x @ w`` (cuBLAS): no norm at all, the floor a fused kernel can reach
+  pallas_mosaic_matmul_alone  ``pallas_kernels.matmul(x, w)``: the plain Mosaic-GPU GEMM core the Mosaic backend
+                    builds on, against cuBLAS (its ``speedup_vs["xla_matmul_alone"]``; sm90 and shapes its tiles
+                    divide only, else recorded as skipped with the reason)
   xla_rowscale      plain jnp with the norm moved past the GEMM by algebra, y = r ⊙ (x @ (γ ∘ w)) (r is one
                     scalar per row): no normalized tensor exists at all. What a user gets from rewriting the
                     math instead of writing a kernel (on the H100 XLA runs the row scale as a pass of its own
@@ -16,7 +19,8 @@ model's norm_matmul site (``jaxfuse.kernels.NORM_MATMUL``) and three suite basel
   xla_f32_out       the xla pair with ``preferred_element_type=float32`` on the dot, then a cast: a common way
                     to write "accumulate in float32" that JAX transposes into float32 backward GEMMs (TF32 on
                     the GPU) fed by convert kernels. Shown to measure that pitfall; not a baseline of the targets.
-All XLA dots are plain bf16 ``jnp.dot`` (the GEMMs accumulate in float32 internally). The floor is the roofline of
+All XLA dots are plain bf16 ``jnp.dot`` (the GEMMs accumulate in float32 internally). The two matmuls alone compute
+another function: their ``rel_error`` (against the norm's reference) only says so. The floor is the roofline of
 the matmul alone: bytes = x + w + y forward, 3·(x + w + y) forward + backward (each of the three GEMMs reads two of
 the operands and writes the third).
 """
@@ -66,14 +70,27 @@ def rowscale_rmsnorm_matmul(x, gamma, w, *, eps: float = 1e-6):
 def _extra_implementations() -> dict:
     import jax.numpy as jnp
 
+    import pallas_kernels
     from pallas_kernels import reference
 
     return {
         "xla_matmul_alone": lambda x, g, w: jnp.dot(x, w),
+        "pallas_mosaic_matmul_alone": lambda x, g, w: pallas_kernels.matmul(x, w),
         "xla_rowscale": rowscale_rmsnorm_matmul,
         "xla_f32_out": lambda x, g, w: jnp.dot(reference.rmsnorm(x, g), w,
                                                preferred_element_type=jnp.float32).astype(x.dtype),
     }
+
+
+def _skip_reason(impl: str, s) -> str | None:
+    """Why the plain Mosaic GEMM does not run at this shape here (no sm90 GPU, or tiles that do not divide it)."""
+    if impl != "pallas_mosaic_matmul_alone":
+        return None
+    from pallas_kernels import backends, gemm
+
+    M, K, N = s["M"], s["K"], s["N"]
+    reason = backends.unavailable_reason("mosaic") or gemm.unsupported_reason(M, N, K, gemm.default_config(M, N, K))
+    return None if reason is None else f"{impl}: {reason}"
 
 
 def _cost(s, variant, mode) -> tuple[float, float]:
@@ -94,4 +111,4 @@ SPEC = OpSpec(
     num_args=3, grad_argnums=(0, 1, 2), output_names={"fwd": ("y",), "fwd+bwd": ("y", "dx", "dgamma", "dw")},
     cost=_cost, reduction_length=lambda s: max(s["M"], s["K"], s["N"]),
     label=lambda s, variant: f"{s['M']}x{s['K']}x{s['N']}",
-    baselines=("xla", "xla_matmul_alone"), extra_implementations=_extra_implementations)
+    baselines=("xla", "xla_matmul_alone"), extra_implementations=_extra_implementations, skip_reason=_skip_reason)

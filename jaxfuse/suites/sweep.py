@@ -60,7 +60,8 @@ def tune(spec: OpSpec | str, shape_names: Sequence[str] | None = None, *, backen
     """Sweeps the op's Pallas kernels at each shape (default: ``spec.tune_shapes`` on a GPU, its CPU shapes
     elsewhere) and variant, stores the best correct config per backend in ``cache_path`` (default: the package's
     tuned_configs.json) and returns one row per candidate: shape, variant, backend, mode, params, status ("ok",
-    "rejected", "failed"), time_us, rel_error, error. ``limit`` caps the candidates per pass (for smoke runs)."""
+    "rejected", "failed"), time_us, rel_error, error; and one "skipped" row (mode "-") where a backend cannot run
+    the shape. ``limit`` caps the candidates per pass (for smoke runs)."""
     import jax
 
     import pallas_kernels
@@ -87,14 +88,20 @@ def tune(spec: OpSpec | str, shape_names: Sequence[str] | None = None, *, backen
         share_end = time.time() + remaining / (len(triples) - index)
         forward_end = time.time() + 0.4 * remaining / (len(triples) - index)
         sets = [spec.make_inputs(shape, seed) for seed in range(spec.input_sets or 1)]
-        refs = {mode: [reference_outputs(spec, s, mode, shape, variant) for s in sets] for mode in spec.modes}
         args = sets[0][:spec.num_args]
-        forward, backward = package.sweep_candidates(*args, backend=backend, **variant)
+        label = f"{spec.name} {name} {dict(variant) or ''} {backend}"
+        try:
+            forward, backward = package.sweep_candidates(*args, backend=backend, **variant)
+        except ValueError as e:  # the backend cannot run this shape (e.g. Mosaic at decode sizes): nothing to tune
+            progress(f"sweep {label}: skipped: {e}")
+            rows.append({"shape": name, "variant": dict(variant), "backend": backend, "mode": "-", "params": {},
+                         "status": "skipped", "error": str(e)[:500]})
+            continue
+        refs = {mode: [reference_outputs(spec, s, mode, shape, variant) for s in sets] for mode in spec.modes}
         forward_fields = package.BACKENDS.module(backend).FORWARD_FIELDS
         impl = kernels.REGISTRIES[spec.site][f"pallas_{backend}"]
         limit_ = limit or max(len(forward), len(backward))
         tol = tolerance_factor * spec.tolerance(shape)
-        label = f"{spec.name} {name} {dict(variant) or ''} {backend}"
         progress(f"sweep {label}: {min(len(forward), limit_)} forward, {min(len(backward), limit_)} backward "
                  f"candidates, accepted within relative error {tol:.0e}")
 
@@ -155,6 +162,7 @@ def sweep_table(rows: Sequence[dict]) -> str:
         time_or_status = f"{r['time_us']:10.1f} µs" if r["status"] == "ok" else f"{r['status'].upper():>13}"
         err = f"{r['rel_error']:.1e}" if "rel_error" in r else "n/a"
         stored = f"  -> stored as {r['stored']}" if "stored" in r else ""
+        stored += f"  ({r['error']})" if r["status"] == "skipped" else ""
         lines.append(f"{r['shape']:>20} {str(r['variant'] or ''):>16} {r['backend']:>7} {r['mode']:>8} "
                      f"{time_or_status}  err {err}  {r['params']}{stored}")
     return "\n".join(lines)

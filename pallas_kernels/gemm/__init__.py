@@ -5,6 +5,7 @@
   c = matmul(a_t, b, transpose_a=True)                # a given as (K, M): read transposed from shared memory
   c = matmul(a, b_t, transpose_b=True)                # b given as (N, K)
   c = matmul(a, b, config=MosaicGemmConfig(tile_n=256, wg_split="m", tile_m=64))
+  default_config(M, N, K)                             # the tiles, K loop and tile order a call uses
 
 ``matmul`` is differentiable: its gradients are the same kernel with the operands read transposed
 (da = g @ bᵀ, db = aᵀ @ g), so no XLA transpose runs. The kernel (``gemm.mosaic``): TMA loads pipelined by a
@@ -30,10 +31,9 @@ _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OUT_DTYPES = (*_OPERAND_DTYPES, jnp.dtype(jnp.float32))
 
 
-# Built-in tiles (H100), best first: 128x256 output blocks (two 128x128 accumulators side by side), 64-wide K
-# steps, four stages in flight; for N that 256 does not divide, 256x128 blocks (accumulators stacked along M),
-# then 128x128 (measured 0.67x cuBLAS at 16384x1024x5504: its short K loop leaves the epilogue exposed); then
-# 64-row blocks.
+# Built-in tiles (H100), best first, each with the config's default K loop and tile order (``gemm.config``): 128x256
+# output blocks (two 128x128 accumulators side by side), 64-wide K steps, four stages in flight; for N that 256 does
+# not divide, 256x128 blocks (accumulators stacked along M), then 64-row blocks.
 CANDIDATES = (
     MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
     MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
@@ -44,12 +44,12 @@ CANDIDATES = (
 
 
 def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConfig:
-    """The first candidate whose tiles divide (M, N, K); the first candidate when none does (its
-    ``unsupported_reason`` then names the constraint)."""
+    """The first candidate whose tiles divide (M, N, K); when none does, the last (the smallest tiles: its
+    ``unsupported_reason`` names the constraint no candidate meets)."""
     for config in candidates:
         if unsupported_reason(M, N, K, config) is None:
             return config
-    return candidates[0]
+    return candidates[-1]
 
 
 def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16) -> MosaicGemmConfig:

@@ -3,6 +3,18 @@
   cfg = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n")   # CTA tile 128x256
   unsupported_reason(M, N, K, cfg)            # None, or the sentence naming the tile the shape does not divide
   smem_bytes(cfg, jnp.bfloat16, jnp.bfloat16) # shared memory of one block (bytes, barriers excluded)
+
+Why the defaults (one H100, jax 0.11.2, CUPTI, cuBLAS in the same run; benchmarks/results/mosaic_gemm-decide-h100.md,
+commit d7404fb). The tile order is the lever: at 32768x4096x4096, runs of ``grid_tile_width=8`` output tiles along
+N took 1420 µs against 1631 µs at width 1 (cuBLAS 1350: 0.951x against 0.828x); width 8 or 4 along M came within
+1.1% of it, width 16 took 1542 µs. The widths were measured only there and only with the "pallas_steady" K loop under
+warpgroup semantics. At width 1 the three K loops and both semantics were within 3.2% of each other at every shape,
+and "own" under lane semantics was the fastest or within 0.3% of the fastest at each (1636 vs 1631 µs at
+32768x4096x4096, 545 at 8192x4096x6144, 296 at 16384x1024x5504 where jax's loop took 302-305); the fused
+rmsnorm_matmul kernels also ran fastest on it, at all four suite shapes. So the defaults are "own", "lane" and width
+8 along N; that combination, and the width at any other shape, is not measured yet. ``delay_release=1`` measured no
+faster (1658 vs 1636 µs at the largest shape, equal at the others); 3 stages and 128-wide K steps were slower (1715
+and 1816 µs against 1631, jax's loop at width 1). They stay options for a sweep.
 """
 
 from __future__ import annotations
@@ -15,7 +27,7 @@ from pallas_kernels import mosaic_utils as mu
 
 __all__ = ["PIPELINES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
 
-PIPELINES = ("pallas", "pallas_steady", "own")
+PIPELINES = ("own", "pallas", "pallas_steady")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,18 +39,19 @@ class MosaicGemmConfig:
         (wgmma's M), tile_n a multiple of epi_tile_n up to 256; tile_m · tile_n <= 128 · 256 (<= 256 registers
         per thread).
       tile_k: contraction slice per pipeline step, 16 <= tile_k, a multiple of 16.
-      num_stages: A/B (and side input) tiles in flight in shared memory, >= 2.
+      num_stages: A/B tiles in flight in shared memory, >= 2.
       wg_split: "m": the two compute warpgroups stack along M (CTA tile (2·tile_m, tile_n), each owns its rows of
         the A tile); "n": along N (CTA tile (tile_m, 2·tile_n), both read all rows of the A tile).
       epi_tile_m, epi_tile_n: pieces the accumulator is stored in (two SMEM slots per warpgroup).
       grid_minor, grid_tile_width: planar-snake tile order: runs of grid_tile_width tiles along grid_minor.
       delay_release: 0: wait for each step's wgmma before releasing its slot; 1: keep one wgmma in flight.
       semantics: Mosaic lowering semantics, "lane" (explicit layouts) or "warpgroup" (jax's GEMM example's).
-      pipeline: the K loop, "pallas", "pallas_steady" or "own" (module docstring).
-      prologue_wg: where ``Fusion.prologue_step`` runs: "compute" (each MMA warpgroup, between issuing and awaiting
-        its wgmma) or "dedicated" (a fourth warpgroup; needs pipeline "own" and wg_split "n").
+      pipeline: the K loop, "own" (ours, ``gemm.specialized``), "pallas" or "pallas_steady" (jax's
+        ``emit_pipeline_warp_specialized``; ``gemm.mosaic``). A fusion with a prologue needs "own" (its prologue runs
+        in a fourth warpgroup) and wg_split "n".
       mma_registers: registers per thread of each MMA warpgroup under pipeline "own" (0: 232 with three
-        warpgroups, 208 with the dedicated one; the memory warpgroup keeps 40, the dedicated one the rest).
+        warpgroups, 208 with a prologue warpgroup; the memory warpgroup keeps 40, the prologue one the rest).
+    The defaults are the H100 measurements' winners (module docstring).
     """
 
     tile_m: int = 128
@@ -49,11 +62,10 @@ class MosaicGemmConfig:
     epi_tile_m: int = 64
     epi_tile_n: int = 64
     grid_minor: str = "n"
-    grid_tile_width: int = 1
+    grid_tile_width: int = 8
     delay_release: int = 0
     semantics: str = "lane"
-    pipeline: str = "pallas"
-    prologue_wg: str = "compute"
+    pipeline: str = "own"
     mma_registers: int = 0
 
     def __post_init__(self):
@@ -77,9 +89,6 @@ class MosaicGemmConfig:
             ("delay_release", self.delay_release in (0, 1), "0 or 1"),
             ("semantics", self.semantics in mu.SEMANTICS, f"one of {mu.SEMANTICS}"),
             ("pipeline", self.pipeline in PIPELINES, f"one of {PIPELINES}"),
-            ("prologue_wg", self.prologue_wg in ("compute", "dedicated"), "'compute' or 'dedicated'"),
-            ("prologue_wg", self.prologue_wg == "compute" or (self.pipeline == "own" and self.wg_split == "n"),
-             "'compute' unless pipeline='own' and wg_split='n'"),
             ("mma_registers", self.mma_registers == 0 or (self.mma_registers % 8 == 0
                                                           and 160 <= self.mma_registers <= 232),
              "0 (automatic) or a multiple of 8 in [160, 232]"),
@@ -117,12 +126,12 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
     return None
 
 
-def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, num_side_inputs: int = 0,
-               tile_input_dtypes: tuple = (), store_in_tile: bool = False, scratch_bytes: int = 0) -> int:
+def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes: tuple = (),
+               store_in_tile: bool = False, scratch_bytes: int = 0) -> int:
     """Shared memory one block allocates (bytes; barriers and Mosaic's reduction scratch excluded): the
-    pipeline's A/B/side tiles, the output staging, prefetched tile inputs and the hooks' scratch."""
+    pipeline's A/B tiles, the output staging, prefetched tile inputs and the hooks' scratch."""
     size = jnp.dtype(dtype).itemsize
-    per_stage = (config.cta_m * (1 + num_side_inputs) + config.cta_n) * config.tile_k * size
+    per_stage = (config.cta_m + config.cta_n) * config.tile_k * size
     pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
     staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
         out_dtype).itemsize

@@ -8,26 +8,30 @@
 One kernel launch, persistent: grid = one block per SM, each block walks the (cta_m, cta_n) output tiles in
 planar-snake order. A block has three warpgroups: two compute warpgroups, each owning a float32 (tile_m, tile_n)
 accumulator in registers (the CTA tile is two accumulators stacked along M or N: ``wg_split``), and one memory
-warpgroup issuing the TMA loads of the A and B tiles (and of the fusion's side inputs) ``num_stages`` steps ahead
-into swizzled shared memory (``emit_pipeline_warp_specialized``). Per output tile, in each compute warpgroup:
+warpgroup issuing the TMA loads of the A and B tiles ``num_stages`` steps ahead into swizzled shared memory. Per
+output tile, in each compute warpgroup:
   1. start: TMA prefetch of the fusion's tile inputs (its (tile_m, tile_n) tile of each, e.g. the x tile an
-     epilogue adds), and ``prologue_init`` (a carry: e.g. zeroed row sums, row vectors loaded from HBM);
-  2. K loop, per step of tile_k: wait for the step's tiles, issue wgmma (both operands from SMEM), then
-     ``prologue_step`` on the SMEM tiles of A and the side inputs while the tensor cores work, wait for the
+     epilogue adds), and ``prologue_init`` (a carry for the epilogue: e.g. row vectors loaded from HBM);
+  2. K loop, per step of tile_k: wait for the step's tiles, issue wgmma (both operands from SMEM), wait for the
      wgmma (``delay_release``: keep one in flight), release the slot to the memory warpgroup;
   3. epilogue(acc f32, carry) -> (the f32 tile to store, row vectors to store): the tile is cast to out_dtype,
      written to SMEM in (epi_tile_m, epi_tile_n) pieces and each piece stored by TMA; row vectors (tile_m,) are
      stored from registers into the fusion's outputs (1-D (M,) outputs from the first column block only; 2-D
      (C, M) outputs get row ``col_block``, the warpgroup's tile_n column block).
-A hook never sees a partial tile: shapes must divide the CTA tile (``unsupported_reason``).
+A fusion with a ``prologue_step`` (a hook on each A tile in shared memory, e.g. the sums of squares of x) gets a
+fourth warpgroup that runs it beside the MMA warpgroups and hands its carry to their epilogue through shared
+memory (``gemm.specialized``; needs pipeline "own" and wg_split "n"). The compute warpgroups themselves run no
+prologue: loading operand tiles into registers between issuing and awaiting wgmma made rmsnorm_matmul 14% slower
+forward and 54% slower forward + backward than the XLA passes it replaced, at 32768x4096x4096 on the H100
+(benchmarks/results/NOTES.md). A hook never sees a partial tile: shapes must divide the CTA tile
+(``unsupported_reason``).
 
-The K loop (``config.pipeline``): "pallas" is jax's ``emit_pipeline_warp_specialized`` once per output tile (its
-memory warpgroup waits for the compute warpgroups to consume a tile's last stages before it loads the next tile's
-first ones); "pallas_steady" passes it START / STEADY / STOP so the loads of tile i+1 start as stages of tile i
-free up (needs k_iters % num_stages == 0 and no delay_release: else it runs as "pallas"); "own" is our loop
-(``gemm.specialized``), which does the same and can run the prologue in a dedicated fourth warpgroup
-(``prologue_wg="dedicated"``) that reads each stage beside the two MMA warpgroups and hands its row vectors to
-their epilogue through shared memory, so the hooks never stall wgmma issue.
+The K loop (``config.pipeline``): "own" is ours (``gemm.specialized``): the memory warpgroup loads the next tile's
+first stages as soon as the current tile's last ones are released. "pallas" is jax's
+``emit_pipeline_warp_specialized`` once per output tile (its memory warpgroup waits for a tile's last stages to
+be consumed before it loads the next tile's first ones); "pallas_steady" passes it START / STEADY / STOP so the
+loads of tile i+1 start as stages of tile i free up (needs k_iters % num_stages == 0 and no delay_release: else it
+runs as "pallas"). Which is the default, and why: ``gemm.config``.
 """
 
 from __future__ import annotations
@@ -58,8 +62,7 @@ class TileContext:
     """Where a compute warpgroup is, for the hooks (traced values; Python ints where static).
 
     row0, col0: first output row / column of this warpgroup's (tile_m, tile_n) accumulator.
-    m_idx, n_idx: the CTA tile's indices; wg: the compute warpgroup (0 or 1); block_row0: row0 within the
-      block's (cta_m, cta_n) tile (wg · tile_m with wg_split "m", else 0); col_block: this accumulator's
+    m_idx, n_idx: the CTA tile's indices; wg: the compute warpgroup (0 or 1); col_block: this accumulator's
       tile_n column block in the output (n_idx · 2 + wg with wg_split "n", else n_idx).
     refs: the fusion's inputs and outputs (GMEM refs) and scratch (SMEM refs), by name.
     tiles: (epilogue only) this warpgroup's prefetched (tile_m, tile_n) SMEM tile of each tile input, by name.
@@ -71,7 +74,6 @@ class TileContext:
     m_idx: Any
     n_idx: Any
     wg: Any
-    block_row0: Any
     col_block: Any
     config: MosaicGemmConfig
     refs: Mapping[str, Any]
@@ -99,25 +101,24 @@ class TileContext:
 class Fusion:
     """What a fused GEMM adds to the plain one. Hooks run in each compute warpgroup; names refer to ``arrays``.
 
-    side_inputs: (M, K) arrays streamed through SMEM with A, tile by tile (not with transpose_a).
     tile_inputs: (M, N) arrays whose (tile_m, tile_n) tile at each accumulator is prefetched for the epilogue.
     inputs: other arrays the hooks read from GMEM themselves (row / column vectors).
     outputs: (name, jax.ShapeDtypeStruct) the hooks or the epilogue's row vectors write.
     scratch: (name, SMEM type) the hooks use; allocated once per block, shared by both compute warpgroups.
     store_in: a tile input (of out_dtype) whose SMEM tile, once the epilogue has read it, receives the output tile
       and is stored from there by one TMA copy: no separate output staging (saves 2 · 2 · epi pieces of SMEM).
-    prologue_init(ctx) -> carry; prologue_step(ctx, a_tile_ref, side_tile_refs, carry) -> carry: a_tile_ref is
-      this warpgroup's rows of the step's A tile (tile_m, tile_k) in SMEM, side_tile_refs the same of each side
-      input; called after the step's wgmma is issued.
+    prologue_init(ctx) -> carry: without a prologue_step, run by each compute warpgroup at a tile's start (e.g.
+      row vectors the epilogue needs); with one, the prologue warpgroup's initial carry.
+    prologue_step(ctx, a_tile_ref, carry) -> carry: run per K step by a fourth warpgroup on the step's A tile
+      (cta_m = tile_m rows, tile_k) in SMEM (ctx.wg = 0, ctx.step the step); its final carry, ``handoff_rows``
+      (tile_m,) float32 row vectors in any pytree, reaches the epilogue through shared memory (pipeline "own",
+      wg_split "n"; ``gemm.specialized``).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
-    handoff_rows: with ``prologue_wg="dedicated"`` the prologue runs in its own warpgroup on the CTA's rows
-      (ctx.wg = 0) and its final carry, ``handoff_rows`` (tile_m,) float32 row vectors in any pytree, reaches the
-      epilogue through shared memory (``gemm.specialized``).
+    handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
       hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
     """
 
-    side_inputs: tuple[str, ...] = ()
     tile_inputs: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
     outputs: tuple[tuple[str, jax.ShapeDtypeStruct], ...] = ()
@@ -148,9 +149,11 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     reason = unsupported_reason(M, N, K, config)
     if reason:
         raise ValueError(f"{name}: {reason}")
-    if fusion.side_inputs and transpose_a:
-        raise ValueError(f"{name}: side inputs stream with an untransposed A")
-    in_names = (*fusion.side_inputs, *fusion.tile_inputs, *fusion.inputs)
+    if fusion.prologue_step is not None and (config.pipeline != "own" or config.wg_split != "n"):
+        raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
+                         f"pipeline='own' with wg_split='n'; got pipeline={config.pipeline!r}, "
+                         f"wg_split={config.wg_split!r}")
+    in_names = (*fusion.tile_inputs, *fusion.inputs)
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
@@ -197,8 +200,8 @@ class _Shape:
         return [(i, j) for i in range(cfg.tile_m // cfg.epi_tile_m) for j in range(cfg.tile_n // cfg.epi_tile_n)]
 
     def operand_blocks(self) -> list:
-        """(block shape, K axis, (ref, m_idx, n_idx) -> the CTA's GMEM slice along all of K) of A, B and each side
-        input: a pipeline stage holds one block of each."""
+        """(block shape, K axis, (ref, m_idx, n_idx) -> the CTA's GMEM slice along all of K) of A and B: a pipeline
+        stage holds one block of each."""
         cfg, (transpose_a, transpose_b) = self.cfg, self.transposes
         cm, cn, tk = cfg.cta_m, cfg.cta_n, cfg.tile_k
         if transpose_a:
@@ -209,8 +212,7 @@ class _Shape:
             b = ((cn, tk), 1, lambda ref, m, n: ref.at[pl.ds(n * cn, cn)])
         else:
             b = ((tk, cn), 0, lambda ref, m, n: ref.at[:, pl.ds(n * cn, cn)])
-        side = ((cm, tk), 1, lambda ref, m, n: ref.at[pl.ds(m * cm, cm)])
-        return [a, b, *[side for _ in self.fusion.side_inputs]]
+        return [a, b]
 
     def scratch_types(self) -> dict:
         """Shared memory besides the pipeline stages: output staging, prefetched tile inputs, the hooks' scratch."""
@@ -237,7 +239,7 @@ class _Shape:
                                           cfg.grid_tile_width)
         wg_m, wg_n = (wg, 0) if cfg.wg_split == "m" else (0, wg)
         return TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
-                           m_idx=m_idx, n_idx=n_idx, wg=wg, block_row0=wg_m * cfg.tile_m,
+                           m_idx=m_idx, n_idx=n_idx, wg=wg,
                            col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name)
 
     def issue_wgmma(self, acc_ref, a_smem, b_smem, wg) -> None:
@@ -248,11 +250,6 @@ class _Shape:
         a_op = a_smem.at[:, wg_rows].transpose((1, 0)) if transpose_a else a_smem.at[wg_rows]
         b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
         plgpu.wgmma(acc_ref, a_op, b_op)
-
-    def hook_rows(self, smem, wg):
-        """This warpgroup's rows of a (cta_m, tile_k) stage, for the prologue."""
-        cfg = self.cfg
-        return smem.at[pl.ds(wg * cfg.tile_m, cfg.tile_m)] if cfg.wg_split == "m" else smem
 
     def start_tile(self, ctx: TileContext, named_in, scoped) -> None:
         """At a tile's start in each compute warpgroup: TMA prefetch of the epilogue's tile inputs."""
@@ -303,7 +300,6 @@ def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
             num_compute_wgs=2, max_concurrent_steps=stages, compute_context=compute_context, pipeline_state=state)
 
     ignore = lambda *_, **__: None  # noqa: E731 - allocations do not depend on the body
-    side_gmem = [named_in[n] for n in fusion.side_inputs]
 
     def scope(pipeline_allocs, **scoped):
         wg = lax.axis_index("wg")
@@ -319,12 +315,10 @@ def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
                                   jnp.where(last, int(plgpu.PipelinePipeline.STOP),
                                             int(plgpu.PipelinePipeline.STEADY)))
 
-            def mma_body(idxs, a_smem, b_smem, *rest):
-                *side_smem, (acc_ref, carry) = rest
+            def mma_body(idxs, a_smem, b_smem, acc_and_carry):
+                del idxs
+                acc_ref, carry = acc_and_carry
                 shape.issue_wgmma(acc_ref, a_smem, b_smem, wg)
-                if fusion.prologue_step is not None:
-                    carry = fusion.prologue_step(dataclasses.replace(ctx, step=idxs[0]), shape.hook_rows(a_smem, wg),
-                                                 [shape.hook_rows(s, wg) for s in side_smem], carry)
                 plgpu.wgmma_wait(cfg.delay_release)
                 return acc_ref, carry
 
@@ -339,7 +333,7 @@ def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
                 pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
 
             gmem = [cta(ref, ctx.m_idx, ctx.n_idx)
-                    for ref, (_, _, cta) in zip((a_gmem, b_gmem, *side_gmem), shape.operand_blocks())]
+                    for ref, (_, _, cta) in zip((a_gmem, b_gmem), shape.operand_blocks())]
             pipeline(mma_body, compute_context, state)(*gmem, allocations=pipeline_allocs)
             if steady:  # a block of one tile ran START only: await the releases its STOP would have awaited
                 @pl.when((wg == 2) & (loop_info.num_local_steps == 1))
@@ -350,7 +344,7 @@ def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # all stores have left shared memory before exit
 
-    pl.run_scoped(scope, pipeline_allocs=pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem, *side_gmem),
+    pl.run_scoped(scope, pipeline_allocs=pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem),
                   **shape.scratch_types(), collective_axes="wg")
 
 

@@ -1,19 +1,19 @@
 """Our own warp-specialized K loop for the GEMM core (``MosaicGemmConfig.pipeline == "own"``).
 
-Warpgroups of a block (``wg``): 0 and 1 issue wgmma (MMA), 2 issues the TMA loads (memory) and, with
-``prologue_wg="dedicated"`` and a ``Fusion.prologue_step``, 3 runs the prologue on each stage (prologue). Every
-warpgroup walks the same persistent sequence of CTA tiles (planar snake, ``_Shape.tile_context``); the global step
-g = local tile index · k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memory.
+Warpgroups of a block (``wg``): 0 and 1 issue wgmma (MMA), 2 issues the TMA loads (memory) and, when the fusion
+has a ``Fusion.prologue_step``, 3 runs the prologue on each stage (prologue). Every warpgroup walks the same
+persistent sequence of CTA tiles (planar snake, ``_Shape.tile_context``); the global step g = local tile index ·
+k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memory.
 
-  memory    per step: wait ``consumed[s]`` (from the second round of the stages on), TMA-load the step's A, B and
-            side-input blocks into stage s, signalling ``ready[s]``. It never waits for a tile to end: the next
-            tile's first blocks load as soon as the current tile's last stages are released.
+  memory    per step: wait ``consumed[s]`` (from the second round of the stages on), TMA-load the step's A and B
+            blocks into stage s, signalling ``ready[s]``. It never waits for a tile to end: the next tile's first
+            blocks load as soon as the current tile's last stages are released.
   MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
-            from shared memory), run the prologue here when it is not dedicated, ``wgmma_wait(delay_release)``,
-            arrive on ``consumed`` of the step whose wgmma is complete; then the epilogue (``_Shape.finish_tile``),
-            with the prologue's carry from ``handoff`` when it is dedicated.
-  prologue  per tile: ``prologue_init``; per step: wait ``ready[s]``, ``prologue_step`` on the stage's A (and side)
-            blocks, arrive on ``consumed[s]``; then writes its carry, ``Fusion.handoff_rows`` (tile_m,) float32 row
+            from shared memory), ``wgmma_wait(delay_release)``, arrive on ``consumed`` of the step whose wgmma is
+            complete; then the epilogue (``_Shape.finish_tile``), with the prologue warpgroup's carry from
+            ``handoff`` when there is one.
+  prologue  per tile: ``prologue_init``; per step: wait ``ready[s]``, ``prologue_step`` on the stage's A block,
+            arrive on ``consumed[s]``; then writes its carry, ``Fusion.handoff_rows`` (tile_m,) float32 row
             vectors, into ``handoff`` and arrives on ``handoff_full``; the MMA warpgroups wait for it only before
             their epilogue and arrive on ``handoff_free`` after it, which the prologue awaits before it writes the
             next tile's (one slot: the next tile's prologue ends with that tile's K loop, long after).
@@ -42,8 +42,8 @@ _MEMORY_WG, _PROLOGUE_WG = 2, 3
 
 
 def dedicated(shape) -> bool:
-    """Whether the kernel runs its prologue in a fourth warpgroup."""
-    return shape.cfg.prologue_wg == "dedicated" and shape.fusion.prologue_step is not None
+    """Whether the kernel runs a prologue in a fourth warpgroup (the fusion has a prologue_step)."""
+    return shape.fusion.prologue_step is not None
 
 
 def num_threads(shape) -> int:
@@ -69,7 +69,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     has_prologue_wg = dedicated(shape)
     mma_registers, memory_registers, prologue_registers = registers(shape)
     blocks = shape.operand_blocks()
-    gmem = (a_gmem, b_gmem, *[named_in[n] for n in fusion.side_inputs])
+    gmem = (a_gmem, b_gmem)
     transforms = mu.smem_transforms(cfg.tile_k, shape.dtype)
     scoped_types = dict(
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
@@ -144,8 +144,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     def step(k, carry):
                         slot = slot_of(local, k)
                         plgpu.barrier_wait(ready.at[slot])
-                        carry = fusion.prologue_step(dataclasses.replace(ctx, step=k), stages[0].at[slot],
-                                                     [s.at[slot] for s in stages[2:]], carry)
+                        carry = fusion.prologue_step(dataclasses.replace(ctx, step=k), stages[0].at[slot], carry)
                         plgpu.barrier_arrive(consumed.at[slot])
                         return carry
 
@@ -174,18 +173,13 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 ctx = shape.tile_context(lin, wg, refs_by_name)
                 shape.start_tile(ctx, named_in, scoped)
                 in_mma = fusion.prologue_init is not None and not has_prologue_wg
-                carry0 = fusion.prologue_init(ctx) if in_mma else ()
+                hook_carry = fusion.prologue_init(ctx) if in_mma else ()
 
                 def acc_scope(acc_ref):
-                    def step(k, carry):
-                        acc_ref, hook_carry = carry
+                    def step(k, acc_ref):
                         slot = slot_of(local, k)
                         plgpu.barrier_wait(ready.at[slot])
                         shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
-                        if fusion.prologue_step is not None and not has_prologue_wg:
-                            hook_carry = fusion.prologue_step(
-                                dataclasses.replace(ctx, step=k), shape.hook_rows(stages[0].at[slot], wg),
-                                [shape.hook_rows(s.at[slot], wg) for s in stages[2:]], hook_carry)
                         plgpu.wgmma_wait(cfg.delay_release)
                         if cfg.delay_release:  # the previous step's wgmma is complete
 
@@ -194,17 +188,18 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                                 plgpu.barrier_arrive(consumed.at[slot_of(local, k + num_stages - 1)])
                         else:
                             plgpu.barrier_arrive(consumed.at[slot])
-                        return acc_ref, hook_carry
+                        return acc_ref
 
-                    _, hook_carry = lax.fori_loop(0, k_iters, step, (acc_ref, carry0))
+                    lax.fori_loop(0, k_iters, step, acc_ref)
                     if cfg.delay_release:
                         plgpu.wgmma_wait(0)
                         plgpu.barrier_arrive(consumed.at[slot_of(local, k_iters - 1)])
+                    carry = hook_carry
                     if has_prologue_wg:
                         plgpu.barrier_wait(handoff_full)
-                        hook_carry = carry_tree[0].unflatten([mu.load(handoff.at[i], layout=mu.ROWS, optimized=False)
-                                                              for i in range(fusion.handoff_rows)])
-                    shape.finish_tile(ctx, acc_ref, hook_carry, out_gmem, named_out, scoped)
+                        carry = carry_tree[0].unflatten([mu.load(handoff.at[i], layout=mu.ROWS, optimized=False)
+                                                         for i in range(fusion.handoff_rows)])
+                    shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped)
                     if has_prologue_wg:
                         plgpu.barrier_arrive(handoff_free)
 

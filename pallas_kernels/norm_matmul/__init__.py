@@ -4,10 +4,15 @@ activations to HBM, forward and backward.
   y = rmsnorm_matmul(x, gamma, w)                                  # interpret mode on CPU, Triton on GPU
   h, y = rmsnorm_matmul(x, gamma, w, residual=r)                   # pre-norm block: h = x + r, y = rmsnorm(h)·γ @ w
   y = rmsnorm_matmul(x, gamma, w, block_sizes={"block_n": 128})    # override part of the tuned config
+  y = rmsnorm_matmul(x, gamma, w, backend="mosaic")                # Hopper: three Mosaic-GPU GEMMs with hooks
   plan(x, gamma, w)                                                # Plan(backend='triton', config=...)
 
-Backends (``BACKENDS``): "triton" (``triton.py``: one forward kernel that normalizes each x tile on load, a dx and
-a dw kernel that recompute the normalized tiles). Tune on a GPU with ``jaxfuse bench --op rmsnorm_matmul --tune``.
+Backends (``BACKENDS``, in order of preference when nothing is tuned): "triton" (``triton.py``: one forward kernel
+that normalizes each x tile on load, a dx and a dw kernel that recompute the normalized tiles) and "mosaic"
+(``mosaic.py``, sm90 only: GEMMs of ``pallas_kernels.gemm`` with gamma folded into w and r applied in the
+epilogue; 16-bit inputs, M, K and N multiples of its tiles). "auto" keeps Triton, which measured faster or equal
+at every shape so far, unless the tuning cache holds a faster Mosaic time for the shape. Tune on a GPU with
+``jaxfuse bench --op rmsnorm_matmul --tune``.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import backends
-from pallas_kernels.norm_matmul.config import RMSNormMatmulConfig, shape_key
+from pallas_kernels.norm_matmul.config import MosaicRMSNormMatmulConfig, RMSNormMatmulConfig, shape_key
 
-__all__ = ["BACKENDS", "RMSNormMatmulConfig", "plan", "rmsnorm_matmul", "sweep_candidates", "tuning_key"]
+__all__ = ["BACKENDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig", "plan", "rmsnorm_matmul",
+           "sweep_candidates", "tuning_key"]
 
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
@@ -32,8 +38,19 @@ def tuning_key(x, gamma, w, *, residual=None, **_) -> str:
     return shape_key(math.prod(x.shape[:-1]), x.shape[-1], w.shape[1], x.dtype, residual=residual is not None)
 
 
-# backend name -> module (contract: pallas_kernels.backends); add "mosaic": "pallas_kernels.norm_matmul.mosaic"
-BACKENDS = backends.Registry("rmsnorm_matmul", {"triton": "pallas_kernels.norm_matmul.triton"}, key=tuning_key)
+# backend name -> module (contract: pallas_kernels.backends), in order of preference when nothing is tuned
+BACKENDS = backends.Registry("rmsnorm_matmul", {"triton": "pallas_kernels.norm_matmul.triton",
+                                                "mosaic": "pallas_kernels.norm_matmul.mosaic"}, key=tuning_key)
+
+
+def _check_eps(eps) -> float:
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"eps: expected a number >= 0, got {eps!r}") from None
+    if not value >= 0:  # also NaN
+        raise ValueError(f"eps: must be >= 0 (it is added to mean(x²) under the rsqrt), got {eps!r}")
+    return value
 
 
 def _check_inputs(x, gamma, w, residual, out_dtype):
@@ -72,9 +89,10 @@ def _check_inputs(x, gamma, w, residual, out_dtype):
 def _prepare(x, gamma, w, eps, residual, out_dtype, block_sizes, interpret, backend):
     """Validates once; returns (backend module, Plan, x and residual as (M, K), options for the backend)."""
     _check_inputs(x, gamma, w, residual, out_dtype)
+    eps = _check_eps(eps)
     M, K = math.prod(x.shape[:-1]), x.shape[-1]
     x2 = x.reshape(M, K)
-    options = dict(eps=float(eps), residual=None if residual is None else residual.reshape(M, K),
+    options = dict(eps=eps, residual=None if residual is None else residual.reshape(M, K),
                    out_dtype=jnp.dtype(x.dtype if out_dtype is None else out_dtype),
                    interpret=backends.resolve_interpret(interpret))
     module, chosen = BACKENDS.plan(backend, block_sizes, x2, gamma, w, **options)
@@ -101,15 +119,15 @@ def rmsnorm_matmul(
       gamma: (K,) RMSNorm scale; any of those dtypes.
       w: (K, N) weight in x's dtype; N a multiple of 16. Concatenated weights work as they are: [Wq|Wk|Wv] for
         a fused QKV projection, [Wg|Wu] for the SwiGLU gate/up projection.
-      eps: added to mean(x²) before the rsqrt.
+      eps: added to mean(x²) before the rsqrt; >= 0 (a negative or NaN eps is a ValueError).
       residual: optional (..., K) in x's dtype: h = x + residual (rounded to x.dtype) is formed on load, written
         once, and normalized: the pre-norm transformer pattern.
       out_dtype: dtype of y; default x.dtype.
-      block_sizes: the backend's config (``RMSNormMatmulConfig`` for Triton), or a mapping of some of its fields
-        overriding the tuned config.
+      block_sizes: the backend's config (``RMSNormMatmulConfig`` for Triton, ``MosaicRMSNormMatmulConfig`` for
+        Mosaic), or a mapping of some of its fields overriding the tuned config.
       interpret: Pallas interpret mode; default True exactly when the default backend is CPU.
-      backend: "auto" (the fastest tuned backend that runs here; Triton when nothing is tuned), "triton" or
-        "mosaic"; a backend that cannot run here is a ValueError naming those that can.
+      backend: "auto" (the fastest tuned backend that runs these arguments here; Triton when nothing is tuned),
+        "triton" or "mosaic"; a backend that cannot run them here is a ValueError naming why and what can.
 
     Returns:
       y (..., N), or (h (..., K), y) when residual is given. Differentiable in x, gamma, w (and residual) through

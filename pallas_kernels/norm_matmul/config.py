@@ -1,8 +1,9 @@
-"""RMSNorm→matmul configs: the Triton kernels' RMSNormMatmulConfig, the tuning-cache key, the default config of a
-call and the block-size sweep's candidates.
+"""RMSNorm→matmul configs of both backends: the Triton kernels' RMSNormMatmulConfig and the Mosaic kernels'
+MosaicRMSNormMatmulConfig, the tuning-cache key, the default config of a call and the sweep's candidates.
 
-  config = default_config(M, K, N, jnp.bfloat16)        # tuned entry for this device and shape, else the table
+  config = default_config(M, K, N, jnp.bfloat16)        # Triton: tuned entry for this device and shape, else the table
   forward, backward = sweep_candidates(32768, 4096, 4096)   # for `jaxfuse bench --tune`
+  mosaic = mosaic_default_config(M, K, N, jnp.bfloat16)      # Mosaic: tuned entry if its tiles fit, else the tables
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_utils as tu
 from pallas_kernels import tuning
+from pallas_kernels.gemm import MosaicGemmConfig, pick_config
+from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
-__all__ = ["FORWARD_FIELDS", "RMSNormMatmulConfig", "default_config", "fit_to_shape", "shape_key",
+__all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
+           "default_config", "fit_to_shape", "mosaic_default_config", "mosaic_sweep_candidates", "shape_key",
            "sweep_candidates"]
 
 OP = "rmsnorm_matmul"  # the op's name in the tuning cache
@@ -195,3 +199,112 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
         return list({tuple(sorted(c.items())): c for c in fitted}.values())
 
     return unique(fwd), unique(bwd)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Mosaic backend (``norm_matmul.mosaic``): three GEMMs of the core in ``pallas_kernels.gemm``
+# ---------------------------------------------------------------------------------------------------------------
+MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel")
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicRMSNormMatmulConfig:
+    """The three GEMMs' configs and where the forward's row statistics come from (one static argument, hashable).
+
+    forward: y = r ⊙ (x @ w_γ), an (M, K) @ (K, N) GEMM.  dx: (M, N) @ (N, K), the x tile (and dh) prefetched for
+    the epilogue.  dw: (K, M) @ (M, N), the w tile prefetched for the epilogue. Each a ``MosaicGemmConfig`` (a
+    mapping of its fields is converted, so tuned entries and ``block_sizes`` may give dicts).
+    stats_in_kernel: r from a fourth warpgroup of the forward kernel that sums the squares of each x tile in shared
+      memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n"); False (default): from one
+      XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
+    Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
+    fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
+    4096x4096x14336 and 385 vs 368 at 16384x1024x5504. It stays an option (a sweep candidate) while the GEMM core
+    gets faster. The backward's row statistics always come from one XLA fusion: computing them in the dx kernel
+    made forward + backward 1.48x slower with a fourth warpgroup (7654 vs 5177 µs at 32768x4096x4096) and 1.54x
+    with the MMA warpgroups (NOTES.md).
+    """
+
+    forward: MosaicGemmConfig
+    dx: MosaicGemmConfig
+    dw: MosaicGemmConfig
+    stats_in_kernel: bool = False
+
+    def __post_init__(self):
+        for name in ("forward", "dx", "dw"):
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, MosaicGemmConfig(**value))
+            elif not isinstance(value, MosaicGemmConfig):
+                raise ValueError(f"MosaicRMSNormMatmulConfig.{name}: must be a MosaicGemmConfig or a mapping of its "
+                                 f"fields, got {value!r}")
+        if not isinstance(self.stats_in_kernel, bool):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be a bool, got {self.stats_in_kernel!r}")
+        if self.stats_in_kernel and (self.forward.pipeline != "own" or self.forward.wg_split != "n"):
+            raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: the statistics warpgroup needs the forward "
+                             f"config's pipeline='own' and wg_split='n', got pipeline={self.forward.pipeline!r}, "
+                             f"wg_split={self.forward.wg_split!r}")
+
+    def to_dict(self) -> dict:
+        return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
+                    stats_in_kernel=self.stats_in_kernel)
+
+    def unsupported_reason(self, M: int, K: int, N: int) -> str | None:
+        """None when the three GEMMs tile (M, K, N) (forward (M, N, K), dx (M, K, N), dw (K, N, M)); else the
+        constraint, naming the kernel."""
+        sizes = dict(M=M, K=K, N=N)
+        for kernel, names in (("forward", "MNK"), ("dx", "MKN"), ("dw", "KNM")):
+            reason = gemm_unsupported_reason(*(sizes[n] for n in names), getattr(self, kernel), names=tuple(names))
+            if reason:
+                return f"{reason} ({kernel} kernel)"
+        return None
+
+
+_G = MosaicGemmConfig
+# Built-in tiles (H100) per kernel, best first; each kernel takes the first whose tiles divide its GEMM. All take
+# the core's default K loop ("own"), lane semantics and tile order (grid_tile_width 8): the K loop is the one the
+# fused kernels measured fastest with, at every suite shape; the tile order was measured on the plain GEMM only
+# (``gemm.config``). The dx kernel also holds the prefetched x tile (and dh with a residual) in shared memory.
+_SMALLER = (_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),  # for shapes 256 does not divide
+            _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
+_FORWARD = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"), *_SMALLER)
+_DX = _DW = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"), *_SMALLER)
+_DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n"), *_SMALLER)
+
+
+def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
+                          stats_in_kernel: bool = False) -> MosaicRMSNormMatmulConfig:
+    """The Mosaic config a call uses without ``block_sizes``: the tuning-cache entry for this device and shape if
+    its tiles fit the shape, else per kernel the first built-in tiles that divide its GEMM (``unsupported_reason``
+    of the result names what divides nothing). ``stats_in_kernel``: forward tiles with wg_split "n" only."""
+    if not stats_in_kernel:
+        params = tuning.lookup(OP, shape_key(M, K, N, dtype, residual=residual), backend="mosaic")
+        if params is not None:
+            tuned = MosaicRMSNormMatmulConfig(**params)
+            if tuned.unsupported_reason(M, K, N) is None:
+                return tuned
+    forward = _FORWARD if not stats_in_kernel else tuple(c for c in _FORWARD if c.wg_split == "n")
+    return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, forward),
+                                     dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
+                                     dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel)
+
+
+def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False
+                            ) -> tuple[list[dict], list[dict]]:
+    """(forward, backward) Mosaic candidates (``MosaicRMSNormMatmulConfig.to_dict()`` dicts) around the built-in
+    config: forward ones vary the forward GEMM and the statistics' placement (the choices the H100 decided at one
+    shape: tile order, K loop and semantics, the statistics warpgroup), backward ones the dx and dw GEMMs' tile
+    order and K loop. Candidates that do not tile the shape are left out."""
+    base = mosaic_default_config(M, K, N, dtype, residual=residual)
+    fwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4), dict(grid_tile_width=16),
+                   dict(pipeline="pallas_steady", semantics="warpgroup"), dict(delay_release=1)]
+    fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
+    if base.forward.wg_split == "n":
+        fwd.append(dataclasses.replace(base, stats_in_kernel=True))
+    bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
+                   dict(pipeline="pallas_steady", semantics="warpgroup")]
+    bwd = [dataclasses.replace(base, dx=dataclasses.replace(base.dx, **c), dw=dataclasses.replace(base.dw, **c))
+           for c in bwd_changes]
+    bwd.append(dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m")))
+    return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None],
+            [c.to_dict() for c in bwd if c.unsupported_reason(M, K, N) is None])

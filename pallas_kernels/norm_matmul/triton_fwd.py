@@ -15,7 +15,8 @@ from jax.experimental import pallas as pl
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.norm_matmul.config import RMSNormMatmulConfig
 
-__all__ = ["F32", "Static", "col", "forward", "mask_and", "program_tile", "row_mask", "rstd_precomputed"]
+__all__ = ["F32", "Static", "col", "forward", "mask_and", "pow2_row_scale", "program_tile", "rescales_rows", "row_mask",
+           "rstd_precomputed"]
 
 F32 = jnp.float32
 
@@ -69,6 +70,20 @@ def col(mask):
     return None if mask is None else mask[:, None]
 
 
+def rescales_rows(cfg: RMSNormMatmulConfig, dtype) -> bool:
+    """Whether the forward scales each row of its A tile x·γ by a power of two (float16 with gamma in registers):
+    float16's normal range ends at 6.1e-5, so x·γ of fp16 x near 1e-6 would keep a few bits when rounded, where
+    the normalized value x·r·γ the unfused computation rounds is a normal float16. bfloat16 and float32 have
+    float32's exponent range; with gamma_on_w the A operand is x (or h) itself, never rounded again."""
+    return not cfg.gamma_on_w and jnp.dtype(dtype) == jnp.float16
+
+
+def pow2_row_scale(sum_sq):
+    """(bm,) the power of two c <= 1 / sqrt(sum_sq) per row (up to one factor of 2 from log2's rounding), so that
+    |x|·c <= 2 for every x summed into sum_sq; 2**50 for a row of zeros."""
+    return jnp.exp2(jnp.floor(-0.5 * jnp.log2(sum_sq + 2.0**-100)))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Forward kernel: grid (row blocks × column blocks,), K streamed.
 # ---------------------------------------------------------------------------------------------------------------
@@ -78,6 +93,11 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
     With ``gamma_on_w`` and no residual the A operand is the x tile exactly as loaded and r comes in precomputed
     (``rstd_in``). The kernel must not use a loaded tile both as a dot operand and as the input of other
     arithmetic (see ``forward``).
+
+    With float16 and gamma in registers (``rescales_rows``), each row of the A tile is x·γ·c, c a power of two
+    from the row's sum of squares so far (``pow2_row_scale``: |x·c| <= 2 whatever x's magnitude, so x·γ·c is a
+    normal float16 unless tiny against the row's RMS); when a step lowers c, the float32 accumulator's row is
+    scaled by the same exact power of two, and the epilogue applies r / c.
 
     With ``split_k`` > 1, program (tile, s) streams the s-th of split_k K ranges and stores its float32 partial
     product (unscaled) at y[s] and its partial sum of squares at r[s]; ``forward`` combines them."""
@@ -101,9 +121,10 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
     valid = row_mask(m0, bm, M)
     first_col = pid_n == 0  # the programs that also store h and r (one per row block and K range)
     h_mask = None if h_ref is None else jnp.broadcast_to(mask_and(valid, first_col)[..., None], (bm, 1))
+    rescale = rescales_rows(cfg, x_ref.dtype)
 
     def body(i, carry):
-        acc, sum_sq = carry
+        acc, sum_sq, scale = carry
         cols = pl.ds((first_step + i) * bk, bk)
         a = tu.load(x_ref, (pl.ds(m0, bm), cols), mask=col(valid))  # (bm, bk); masked rows read 0
         if res_ref is not None:
@@ -111,19 +132,27 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
             a = (a.astype(F32) + r_tile.astype(F32)).astype(x_ref.dtype)  # h, rounded as it is stored
             tu.store(h_ref, (pl.ds(m0, bm), cols), a, mask=h_mask)
         if precomputed:  # the raw x tile goes to the dot and nowhere else
-            return acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)]), sum_sq
+            return acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)]), sum_sq, scale
         a32 = a.astype(F32)
         sum_sq = sum_sq + jnp.sum(a32 * a32, axis=1)
+        if rescale:  # powers of two: exact in float32
+            new_scale = pow2_row_scale(sum_sq)
+            acc = acc * (new_scale / scale)[:, None]
+            scale = new_scale
+            a32 = a32 * scale[:, None]
         if gamma_ref is not None:
-            a = (a32 * gamma_ref[cols].astype(F32)[None, :]).astype(w_ref.dtype)  # x·γ in the MMA dtype
+            a = (a32 * gamma_ref[cols].astype(F32)[None, :]).astype(w_ref.dtype)  # x·γ(·c) in the MMA dtype
         acc = acc + tu.dot(a, w_ref[cols, pl.ds(n0, bn)])
-        return acc, sum_sq
+        return acc, sum_sq, scale
 
-    acc, sum_sq = lax.fori_loop(0, steps, body, (jnp.zeros((bm, bn), F32), jnp.zeros((bm,), F32)))
+    acc, sum_sq, scale = lax.fori_loop(0, steps, body, (jnp.zeros((bm, bn), F32), jnp.zeros((bm,), F32),
+                                                        jnp.ones((bm,), F32)))
+    unscale = 1.0 / scale if rescale else None  # (bm,): the accumulator holds (x·γ·c) @ w
     stat_mask = jnp.broadcast_to(mask_and(valid, first_col), (bm,))
     if split:
         s = pl.program_id(1)
-        tu.store(y_ref, (s, pl.ds(m0, bm), pl.ds(n0, bn)), acc, mask=col(valid))
+        part = acc if unscale is None else acc * unscale[:, None]
+        tu.store(y_ref, (s, pl.ds(m0, bm), pl.ds(n0, bn)), part, mask=col(valid))
         if rstd_ref is not None:
             tu.store(rstd_ref, (s, pl.ds(m0, bm)), sum_sq, mask=stat_mask)
         return
@@ -131,7 +160,9 @@ def _fwd_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, eps: fl
         rstd = tu.load(rstd_in_ref, (pl.ds(m0, bm),), mask=valid)  # (bm,) float32
     else:
         rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (bm,) float32
-    tu.store(y_ref, (pl.ds(m0, bm), pl.ds(n0, bn)), (acc * rstd[:, None]).astype(y_ref.dtype), mask=col(valid))
+    row_scale = rstd if unscale is None else rstd * unscale
+    tu.store(y_ref, (pl.ds(m0, bm), pl.ds(n0, bn)), (acc * row_scale[:, None]).astype(y_ref.dtype),
+             mask=col(valid))
     if rstd_ref is not None:
         tu.store(rstd_ref, (pl.ds(m0, bm),), rstd, mask=stat_mask)
 
