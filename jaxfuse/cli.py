@@ -355,7 +355,8 @@ def _define_train_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("steps", d.steps, "Optimizer steps.", lower_bound=1, flag_values=fv)
     _define_shape_flags(fv, dataclasses.asdict(d))
     flags.DEFINE_float("lr", d.lr, "Peak learning rate (AdamW, warmup then cosine to lr/10).", flag_values=fv)
-    flags.DEFINE_integer("warmup", d.warmup, "Warmup steps.", lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("warmup", None, "Warmup steps, fewer than --steps (default: min(20, steps / 2)).",
+                         lower_bound=0, flag_values=fv)
     flags.DEFINE_integer("eval_every", d.eval_every, "Steps between held-out loss measurements.", lower_bound=1,
                          flag_values=fv)
     flags.DEFINE_string("corpus", None, "A UTF-8 text file to train on (default: the toolkit's own Python source).",
