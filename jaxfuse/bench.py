@@ -106,11 +106,13 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
     return Timing(statistics.median(totals), per_kernel, tuple(totals), "cupti", launches)
 
 
-def time_interleaved(calls: Sequence[tuple[Callable, tuple]], *, iterations: int = 30, warmup: int = 2
-                     ) -> list[Timing]:
-    """One ``Timing`` per (jitted fn, args) of ``calls``, timed in turn: ``iterations`` rounds of one call each, so
-    that a machine that slows down or speeds up while timing (other processes, clocks) shifts every fn alike and
-    their medians stay comparable. Per-kernel times (GPU) are medians over the rounds."""
+def time_interleaved(calls: Sequence[tuple[Callable, tuple]], *, iterations: int = 30, warmup: int = 2,
+                     budget_s: float | None = None, min_iterations: int = 5) -> list[Timing]:
+    """One ``Timing`` per (jitted fn, args) of ``calls``, timed in turn: up to ``iterations`` rounds of one call each,
+    so that a machine that slows down or speeds up while timing (other processes, clocks) shifts every fn alike and
+    their medians stay comparable. With ``budget_s``, no new round starts once that many seconds of rounds have
+    passed and ``min_iterations`` rounds are done (slow calls: Pallas in interpret mode). Per-kernel times (GPU) are
+    medians over the rounds."""
     import jax
 
     if not calls:
@@ -122,7 +124,10 @@ def time_interleaved(calls: Sequence[tuple[Callable, tuple]], *, iterations: int
     samples: list[list[float]] = [[] for _ in calls]
     per_kernel: list[dict[str, list[float]]] = [{} for _ in calls]
     methods = [""] * len(calls)
-    for _ in range(iterations):
+    start = time.perf_counter()
+    for round_ in range(iterations):
+        if budget_s is not None and round_ >= min_iterations and time.perf_counter() - start > budget_s:
+            break
         for i, (fn, args) in enumerate(calls):
             t = time_kernels(fn, [args], iterations=1, warmup=0)
             samples[i].append(t.median_us)

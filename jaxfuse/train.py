@@ -50,6 +50,7 @@ VOCAB = 256  # byte-level tokens
 _MODEL = Config.block_default()
 _PACKAGES = ("jaxfuse", "hlo_inspect", "pallas_kernels")
 _EVAL_FRACTION = 0.1
+_QUIET_S = 30.0  # longest stretch of training without a progress line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,7 @@ class TrainConfig:
     seed: int = 0  # parameters, batch order and eval batches
     corpus: str | None = None
     timing_iterations: int = 40  # timed calls of the compiled step after training (median and quartiles reported)
+    timing_budget_s: float = 30.0  # ... fewer (at least 5) when they take longer than this: interpret mode on CPU
 
     def __post_init__(self):
         for name in ("steps", "batch", "seq", "dim", "heads", "kv_heads", "layers", "eval_every", "eval_batches",
@@ -89,7 +91,7 @@ class TrainConfig:
         if self.warmup >= self.steps:
             raise ValueError(f"TrainConfig.warmup: expected fewer warmup steps than steps={self.steps}, got "
                              f"{self.warmup} (the learning rate would never reach its peak)")
-        for name in ("lr", "clip_norm"):
+        for name in ("lr", "clip_norm", "timing_budget_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TrainConfig.{name}: expected > 0, got {getattr(self, name)!r}")
         if not self.weight_decay >= 0:
@@ -254,15 +256,23 @@ def _train(cfg: TrainConfig, kernels: KernelSet, *, progress: Callable[[str], No
     def evaluate() -> float:
         return float(np.mean([float(eval_loss_of(params, *batch)) for batch in eval_set]))
 
+    progress(f"[{kernels}] compiling the loss and the training step ...")
     evals = [(0, evaluate())]
     progress(f"[{kernels}] step 0: eval loss {evals[0][1]:.4f}")
     losses, stopped = [], ""
     window = cfg.loss_window
+    last_said = time.perf_counter()
     for i in range(1, cfg.steps + 1):
         params, opt_state, loss = train_step(params, opt_state, *sample_batch(train_part, cfg.batch, cfg.seq,
                                                                                batch_rng))
         losses.append(loss)
+        if i > 1:  # at most one step in flight, so that a progress line says where training is
+            jax.block_until_ready(losses[-2])
+        if time.perf_counter() - last_said > _QUIET_S and i % cfg.eval_every and i != cfg.steps:
+            progress(f"[{kernels}] step {i - 1} of {cfg.steps} done")  # slow steps (interpret mode)
+            last_said = time.perf_counter()
         if i % cfg.eval_every == 0 or i == cfg.steps:
+            last_said = time.perf_counter()
             recent = float(jnp.mean(jnp.stack(losses[-window:])))
             if not math.isfinite(recent):
                 stopped = f"non-finite loss at or before step {i}"
@@ -285,7 +295,7 @@ def _timed(results: Sequence[TrainResult], steps: Sequence[tuple[Callable, tuple
            progress: Callable[[str], None]) -> list[TrainResult]:
     """The results with their step times: the steps timed interleaved (``bench.time_interleaved``)."""
     start = time.perf_counter()
-    timings = bench.time_interleaved(steps, iterations=cfg.timing_iterations)
+    timings = bench.time_interleaved(steps, iterations=cfg.timing_iterations, budget_s=cfg.timing_budget_s)
     share = (time.perf_counter() - start) / len(results)
     out = []
     for r, timing in zip(results, timings):
@@ -308,7 +318,7 @@ def compare(kernel_sets: Sequence[KernelSet], cfg: TrainConfig = TrainConfig(), 
     data = load_corpus(cfg.corpus)
     runs = [_train(cfg, ks, progress=progress, corpus=data) for ks in kernel_sets]
     progress(f"timing the training step of {len(runs)} kernel set{'s' if len(runs) > 1 else ''}, "
-             f"{cfg.timing_iterations} steps each, interleaved ...")
+             f"{cfg.timing_iterations} steps each (fewer past {cfg.timing_budget_s:g} s), interleaved ...")
     return _timed([r for r, _ in runs], [step for _, step in runs], cfg, progress)
 
 

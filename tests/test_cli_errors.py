@@ -109,9 +109,9 @@ def test_an_xla_flag_xla_rejects_is_one_line_naming_it(capsys):
     for verb in ("inspect", "passes"):
         status, _, err = run(capsys, verb, *SMALL, "--xla-flags=--xla_cpu_enable_fast_math=maybe")
         assert status == 2
-        assert one_error(err) == (f"jaxfuse {verb}: xla_flags --xla_cpu_enable_fast_math=maybe: XLA says: "
-                                  "INVALID_ARGUMENT: While setting option xla_cpu_enable_fast_math, 'maybe' is not a "
-                                  "valid bool value.")
+        line = one_error(err)
+        assert line.startswith(f"jaxfuse {verb}: xla_flags --xla_cpu_enable_fast_math=maybe: XLA says: "), line
+        assert "'maybe' is not a valid bool value" in line
 
 
 def test_an_unexpected_error_is_one_line_with_status_1(capsys, monkeypatch):

@@ -150,7 +150,7 @@ def test_two_identical_kernel_sets_report_no_speedup_outside_the_noise(capsys):
             "2", "--kv-heads", "1", "--layers", "1", "--dtype", "f32", "--kernels", "", "--kernels", ""]
     assert cli.main(argv) == 0
     out, err = capsys.readouterr()
-    assert "timing the training step of 2 kernel sets, 40 steps each, interleaved" in err
+    assert "timing the training step of 2 kernel sets, 40 steps each (fewer past 30 s), interleaved" in err
     last = [line for line in err.splitlines() if "step 6: train loss" in line]
     assert len(last) == 2 and all("(mean of the last 4 steps)" in line for line in last)
     loss = last[0].split("train loss ")[1].split()[0]
