@@ -10,7 +10,10 @@
     jaxfuse train --kernels '' --kernels attention=pallas,loss=pallas
     jaxfuse bench --op attention --tune              # GPU: sweep block sizes (checked, then timed), then the suite
 
-Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`).
+Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`). A bad flag or input (an
+implementation this machine cannot run, a file or folder that cannot be read or written, an XLA flag XLA rejects)
+ends in one line naming it and exit status 2, before any long work where it can be known then; anything else in
+one line and status 1. JAXFUSE_TRACEBACK=1 shows the traceback instead.
 """
 
 from __future__ import annotations

@@ -140,6 +140,11 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _pallas_sites(kernels: KernelSet) -> list[str]:
+    """The sites of ``kernels`` that run a Pallas kernel."""
+    return [site for site in SITES if getattr(kernels, site).startswith("pallas")]
+
+
 def check_kernels(kernels: KernelSet, *, lowering_only: bool = False) -> None:
     """ValueError naming every site whose implementation cannot run on this machine (cuDNN without an NVIDIA
     GPU, a Pallas backend the op does not implement, Mosaic kernels off an sm90 GPU), before anything compiles.
@@ -162,7 +167,7 @@ def check_kernels(kernels: KernelSet, *, lowering_only: bool = False) -> None:
 def interpret_mode_caveat(kernels: KernelSet) -> str | None:
     """The warning a report of a program with ``kernels`` carries when its Pallas kernels run in interpret mode
     here (on a CPU), or None."""
-    sites = [site for site in SITES if getattr(kernels, site).startswith("pallas")]
+    sites = _pallas_sites(kernels)
     if not sites or jax.default_backend() != "cpu":
         return None
     return (f"interpret mode: the Pallas kernels ({', '.join(sites)}) ran in interpret mode on the CPU: their "
@@ -210,10 +215,9 @@ def inspect_program(program: Program, *, xla_flags: str = "",
         progress(foreign)
     caveat = interpret_mode_caveat(program.kernels)
     if caveat:
-        pallas_sites = [site for site in SITES if getattr(program.kernels, site).startswith("pallas")]
-        progress(f"note: on the CPU the Pallas kernels ({', '.join(pallas_sites)}) run in interpret mode: the "
-                 f"report lists the interpreter's loops of small XLA ops, not one fused kernel; inspect on a GPU "
-                 f"to see the kernel itself")
+        progress(f"note: on the CPU the Pallas kernels ({', '.join(_pallas_sites(program.kernels))}) run in "
+                 "interpret mode: the report lists the interpreter's loops of small XLA ops, not one fused kernel; "
+                 "inspect on a GPU to see the kernel itself")
     progress(f"compiling {program.description} on {jax.devices()[0].device_kind} ...")
     start = time.perf_counter()
     try:
@@ -294,7 +298,7 @@ def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progr
     from hlo_inspect import triton_ir
     from pallas_kernels import backends, triton_utils
 
-    if not any(getattr(program.kernels, site).startswith("pallas") for site in SITES):
+    if not _pallas_sites(program.kernels):
         raise ValueError(f"triton_ir: no site runs a Pallas kernel ({program.kernels}); choose one, e.g. "
                          f"--kernels attention=pallas or --kernels all=pallas")
     check_kernels(program.kernels, lowering_only=True)
