@@ -157,7 +157,9 @@ class Diff:
     def table(self, limit: int = 40) -> str:
         s = self.summary()
         la, lb = self.label_a, self.label_b
-        lines = [f"A = {la}", f"B = {lb}", ""]
+        lines = [f"A = {la}", f"B = {lb}"]
+        lines += [f"warning (A): {w}" for w in self.a.warnings] + [f"warning (B): {w}" for w in self.b.warnings]
+        lines.append("")
         count = "{:,}".format
         for key, fmt in (("kernels", count), ("launches", count), ("bytes_total", format_bytes), ("flops", count),
                          ("ledger_traffic_bytes", format_bytes), ("round_trips", count)):

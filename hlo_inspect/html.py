@@ -316,10 +316,18 @@ _JS = r"""
     }
     var unf = obj(rep.unfused);
     if (num(unf.kernels) !== null) {
-      cards.appendChild(card(fmtInt(unf.kernels) + " \u2192 " + fmtInt(nk), "kernels unfused \u2192 fused",
+      // Like with like, as Report.fusion_saving: the unfused program (the HLO before optimization) has no trip
+      // counts and counts each while-loop body once, so the fused side does too.
+      var looped = kernels.some(function (k) { k = obj(k); return num(k.launches) !== null && k.launches !== 1; });
+      var onceBytes = 0;
+      kernels.forEach(function (k) { k = obj(k); onceBytes += (num(k.bytes_read) || 0) + (num(k.bytes_written) || 0); });
+      var fusedBytes = looped ? onceBytes : t.bytes_total;
+      var onceNote = looped ? " (loop bodies once)" : "";
+      cards.appendChild(card(fmtInt(unf.kernels) + " \u2192 " + fmtInt(nk), "kernels unfused \u2192 fused" + onceNote,
                              "unfused = one kernel per op of the pre-optimization HLO, as eager JAX runs it"));
-      if (num(unf.bytes_total) !== null && num(t.bytes_total) !== null)
-        cards.appendChild(card(fmtBytes(unf.bytes_total) + " \u2192 " + fmtBytes(t.bytes_total), "HBM bytes unfused \u2192 fused"));
+      if (num(unf.bytes_total) !== null && num(fusedBytes) !== null)
+        cards.appendChild(card(fmtBytes(unf.bytes_total) + " \u2192 " + fmtBytes(fusedBytes), "HBM bytes unfused \u2192 fused" + onceNote,
+                               looped ? "while-loop bodies counted once on both sides (the unfused program has no trip counts)" : null));
     }
     root.appendChild(cards);
 
@@ -576,6 +584,9 @@ _JS = r"""
       head.appendChild(el("h1", null, str(title || "diff")));
       head.appendChild(el("div", null, [el("b", null, "A"), " = " + la]));
       head.appendChild(el("div", null, [el("b", null, "B"), " = " + lb]));
+      [["A", a], ["B", b]].forEach(function (side) {
+        arr(side[1].warnings).forEach(function (w) { head.appendChild(el("div", {"class": "notice report-warning"}, "warning (" + side[0] + "): " + str(w))); });
+      });
       var tb = el("tbody");
       Object.keys(s).forEach(function (key) {
         var v = s[key];

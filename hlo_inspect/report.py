@@ -130,6 +130,7 @@ class Report:
     platform: str = ""
     title: str = ""
     unfused: Unfused | None = None  # one kernel per op, from the pre-optimization HLO (inspect() fills it)
+    caveats: list[str] = dataclasses.field(default_factory=list)  # what the caller knows that the text cannot say
 
     @property
     def totals(self) -> Totals:
@@ -137,14 +138,15 @@ class Report:
 
     @property
     def warnings(self) -> list[str]:
-        """What a reader should know about the numbers: the parser's (several modules in one text) and shapes
-        with unbounded dynamic dimensions (`f32[?]`), which count 0 bytes."""
+        """What a reader should know about the numbers: the caller's ``caveats`` (Pallas kernels that ran in
+        interpret mode), the parser's (several modules in one text) and shapes with unbounded dynamic dimensions
+        (`f32[?]`), which count 0 bytes."""
         if getattr(self, "_warnings", None) is None:
             unbounded = sum(1 for inst in self.module.instructions() if inst.shape.has_unbounded)
             self._warnings = list(self.module.warnings) + ([
                 f"{unbounded} instruction{'s' if unbounded != 1 else ''} with an unbounded dynamic dimension ('?', "
                 "sized only at run time) count 0 bytes and 0 FLOPs for it"] if unbounded else [])
-        return self._warnings
+        return list(self.caveats) + self._warnings
 
     @property
     def ledger(self) -> Ledger:
@@ -155,15 +157,20 @@ class Report:
         return self._ledger
 
     def fusion_saving(self, hbm_bytes_per_s: float, flops_per_s: float, launch_us: float) -> dict[str, Any] | None:
-        """Kernels, bytes and roofline-predicted time without fusion (one kernel per op) and with XLA's fusion."""
+        """Kernels, bytes and roofline-predicted time without fusion (one kernel per op) and with XLA's fusion.
+
+        Like with like: the unfused program comes from the HLO before optimization, which has no loop trip counts,
+        so it counts each while-loop body once; the fused side here does the same (``loop_bodies_once`` says
+        whether that mattered), unlike ``totals``, which counts every launch."""
         if self.unfused is None:
             return None
-        fused_us = sum((max(k.bytes_total / hbm_bytes_per_s, (k.flops or 0) / flops_per_s) * 1e6 + launch_us)
-                       * k.launches for k in self.kernels)
+        fused_us = sum(max(k.bytes_total / hbm_bytes_per_s, (k.flops or 0) / flops_per_s) * 1e6 + launch_us
+                       for k in self.kernels)
         unfused_us = self.unfused.predicted_us(hbm_bytes_per_s, flops_per_s, launch_us)
-        t = self.totals
-        return {"kernels": [self.unfused.kernels, t.launches], "bytes": [self.unfused.bytes_total, t.bytes_total],
-                "predicted_us": [unfused_us, fused_us], "speedup": unfused_us / fused_us if fused_us else None}
+        once = _totals(self.kernels, once=True)
+        return {"kernels": [self.unfused.kernels, once.kernels], "bytes": [self.unfused.bytes_total, once.bytes_total],
+                "predicted_us": [unfused_us, fused_us], "speedup": unfused_us / fused_us if fused_us else None,
+                "loop_bodies_once": any(k.launches != 1 for k in self.kernels)}
 
     def fusion_saving_text(self, device_name: str, hbm_bytes_per_s: float, flops_per_s: float,
                            launch_us: float) -> str | None:
@@ -171,11 +178,14 @@ class Report:
         saving = self.fusion_saving(hbm_bytes_per_s, flops_per_s, launch_us)
         if not saving:
             return None
+        speedup = f"{saving['speedup']:.1f}× from fusion" if saving["speedup"] else "no kernels"
         return (f"fusion saving on {device_name} (roofline + {launch_us:g} µs per launch): "
-                f"{saving['kernels'][0]} -> {saving['kernels'][1]} kernels, "
+                f"{saving['kernels'][0]:,} -> {saving['kernels'][1]:,} kernels, "
                 f"{format_bytes(saving['bytes'][0])} -> {format_bytes(saving['bytes'][1])}, "
                 f"{_format_us(saving['predicted_us'][0])} -> {_format_us(saving['predicted_us'][1])} predicted "
-                f"({saving['speedup']:.1f}× from fusion); unfused = one kernel per op, as eager JAX runs it")
+                f"({speedup}); unfused = one kernel per op, as eager JAX runs it"
+                + ("; while-loop bodies counted once on both sides (the unfused program has no trip counts)"
+                   if saving["loop_bodies_once"] else ""))
 
     def ledger_table(self, hbm_bytes_per_s: float | None = None, limit: int = 25) -> str:
         """The round trips, most traffic first; with a bandwidth, their cost in microseconds."""

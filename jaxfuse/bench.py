@@ -24,7 +24,8 @@ import subprocess
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["Timing", "time_kernels", "Record", "device_tag", "environment", "write_results", "markdown_table"]
+__all__ = ["Timing", "time_kernels", "time_interleaved", "Record", "device_tag", "environment", "write_results",
+           "markdown_table"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,38 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
     if all([name for name, _ in it] == first for it in per_iteration):
         launches = tuple((name, statistics.median(it[i][1] for it in per_iteration)) for i, name in enumerate(first))
     return Timing(statistics.median(totals), per_kernel, tuple(totals), "cupti", launches)
+
+
+def time_interleaved(calls: Sequence[tuple[Callable, tuple]], *, iterations: int = 30, warmup: int = 2,
+                     budget_s: float | None = None, min_iterations: int = 5) -> list[Timing]:
+    """One ``Timing`` per (jitted fn, args) of ``calls``, timed in turn: up to ``iterations`` rounds of one call each,
+    so that a machine that slows down or speeds up while timing (other processes, clocks) shifts every fn alike and
+    their medians stay comparable. With ``budget_s``, no new round starts once that many seconds of rounds have
+    passed and ``min_iterations`` rounds are done (slow calls: Pallas in interpret mode). Per-kernel times (GPU) are
+    medians over the rounds."""
+    import jax
+
+    if not calls:
+        raise ValueError("calls: need at least one (fn, args) pair")
+    calls = [(fn if hasattr(fn, "lower") else jax.jit(fn), args) for fn, args in calls]
+    for fn, args in calls:
+        for _ in range(warmup):
+            jax.block_until_ready(fn(*args))
+    samples: list[list[float]] = [[] for _ in calls]
+    per_kernel: list[dict[str, list[float]]] = [{} for _ in calls]
+    methods = [""] * len(calls)
+    start = time.perf_counter()
+    for round_ in range(iterations):
+        if budget_s is not None and round_ >= min_iterations and time.perf_counter() - start > budget_s:
+            break
+        for i, (fn, args) in enumerate(calls):
+            t = time_kernels(fn, [args], iterations=1, warmup=0)
+            samples[i].append(t.median_us)
+            methods[i] = t.method
+            for name, us in t.per_kernel_us.items():
+                per_kernel[i].setdefault(name, []).append(us)
+    return [Timing(statistics.median(s), {name: statistics.median(v) for name, v in k.items()}, tuple(s), m)
+            for s, k, m in zip(samples, per_kernel, methods)]
 
 
 @dataclasses.dataclass

@@ -10,7 +10,10 @@
     jaxfuse train --kernels '' --kernels attention=pallas,loss=pallas
     jaxfuse bench --op attention --tune              # GPU: sweep block sizes (checked, then timed), then the suite
 
-Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`).
+Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`). A bad flag or input (an
+implementation this machine cannot run, a file or folder that cannot be read or written, an XLA flag XLA rejects)
+ends in one line naming it and exit status 2, before any long work where it can be known then; anything else in
+one line and status 1. JAXFUSE_TRACEBACK=1 shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -101,6 +104,24 @@ def _define_inspect_flags(fv: flags.FlagValues) -> None:
                       "calls); with --json, each kernel's whole IR too.", flag_values=fv)
 
 
+def _writable_folder(flag: str, folder: str) -> None:
+    """Makes ``folder`` (and its parents) when missing, before any work: flags.Error naming ``--flag`` when it cannot
+    be made or written into."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise flags.Error(f"--{flag} {folder}: cannot create the folder: {e.strerror}") from e
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise flags.Error(f"--{flag} {folder}: cannot write into the folder: permission denied")
+
+
+def _writable_file(flag: str, path: str) -> None:
+    """``_writable_folder`` for the folder of the file ``path``; flags.Error when ``path`` is a folder."""
+    if os.path.isdir(path):
+        raise flags.Error(f"--{flag} {path}: is a folder; give a file path")
+    _writable_folder(flag, os.path.dirname(os.path.abspath(path)))
+
+
 def _print_triton_kernels(fv: flags.FlagValues) -> int:
     import json
 
@@ -126,7 +147,15 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
         if fv.measure or fv.html:
             raise flags.Error("--triton_ir replaces the report: it does not combine with --measure or --html")
         return _print_triton_kernels(fv)
+    import jax
+
     from jaxfuse import costmodel, programs
+
+    if fv.measure and jax.default_backend() != "gpu":
+        raise flags.Error(f"--measure times device kernels with CUPTI and needs an NVIDIA GPU; this machine runs "
+                          f"{jax.default_backend()} (for CPU timings use `jaxfuse bench`)")
+    if fv.html:
+        _writable_file("html", fv.html)
 
     xla_flags = (fv.xla_flags + " --xla_gpu_collect_cost_model_stats=true").strip() if fv.measure else fv.xla_flags
     report = programs.inspect_program(_program(fv), xla_flags=xla_flags, progress=_progress)
@@ -178,6 +207,8 @@ def _diff(fv: flags.FlagValues, rest: list[str]) -> int:
 
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
+    if fv.html:
+        _writable_file("html", fv.html)
     d = programs.diff_programs(fv.a, fv.b, a_xla_flags=fv.a_xla_flags, b_xla_flags=fv.b_xla_flags,
                                model=_model_options(fv), progress=_progress)
     if fv.html:
@@ -203,15 +234,30 @@ def _passes(fv: flags.FlagValues, rest: list[str]) -> int:
     import json
 
     import jax
+    from hlo_inspect.formatting import parse_xla_flags
     from hlo_inspect.passes import dump_passes
+    from jaxfuse import programs
 
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
+    if fv.dump_dir:
+        _writable_folder("dump-dir", fv.dump_dir)
+    options = parse_xla_flags(fv.xla_flags)
     program = _program(fv)
+    programs.check_kernels(program.kernels)
+    foreign = programs.foreign_flags_warning(options)
+    if foreign:
+        _progress(foreign)
     _progress(f"compiling {program.description} on {jax.devices()[0].device_kind} with per-pass dumps ...")
     start = time.perf_counter()
-    timeline = dump_passes(program.fn, *program.args, pass_re=fv.pass_re, xla_flags=fv.xla_flags,
-                           dump_to=fv.dump_dir)
+    try:
+        timeline = dump_passes(program.fn, *program.args, pass_re=fv.pass_re, xla_flags=fv.xla_flags,
+                               dump_to=fv.dump_dir)
+    except jax.errors.JaxRuntimeError as e:
+        error = programs.xla_option_error(e, options)
+        if error is None:
+            raise
+        raise error from e
     _progress(f"read {timeline.dumps_read} dumps in {time.perf_counter() - start:.1f} s")
     print(json.dumps(timeline.to_dict(), indent=1) if fv.json else timeline.table())
     return 0
@@ -219,6 +265,9 @@ def _passes(fv: flags.FlagValues, rest: list[str]) -> int:
 
 # ---------------------------------------------------------------------------------------------------------
 # bench
+
+DEFAULT_BENCH_OUT = "jaxfuse-results"  # relative to the current directory; in .gitignore
+
 
 def _define_bench_flags(fv: flags.FlagValues) -> None:
     from jaxfuse import suites
@@ -240,8 +289,10 @@ def _define_bench_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_bool("check", True, "Compare every output with the float32 reference before timing (--nocheck "
                       "skips it: its float32 GEMMs take 20-40 s to autotune per LM-head shape on an H100; the sweep "
                       "of --tune always checks).", flag_values=fv)
-    flags.DEFINE_string("out", "benchmarks/results",
-                        "Folder for <op>-<device tag>.json and .md (attention-h100.json on an H100; '' to skip).",
+    flags.DEFINE_string("out", DEFAULT_BENCH_OUT,
+                        "Folder for <op>-<device tag>.json and .md (attention-h100.json on an H100), made when "
+                        "missing: by default jaxfuse-results/ in the current directory (git ignores it inside the "
+                        "checkout); the checkout's benchmarks/results/ only when named here; '' writes nothing.",
                         flag_values=fv)
     flags.DEFINE_bool("json", False, "Print the records as JSON instead of a table.", flag_values=fv)
 
@@ -250,6 +301,7 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     import dataclasses as dc
     import json
 
+    import jax
     from jaxfuse import bench, suites
 
     if rest:
@@ -257,16 +309,29 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     if not fv.op:
         raise flags.Error(f"--op is required; one of {list(suites.OPS)}")
     spec = suites.get(fv.op)
+    on_gpu = jax.default_backend() == "gpu"
     shapes = fv.shapes or None
     if fv.shapes == ["all"]:
-        import jax
-
-        shapes = list(spec.shapes) if jax.default_backend() == "gpu" else list(spec.cpu_shapes)
+        shapes = list(spec.shapes) if on_gpu else list(spec.cpu_shapes)
+    names = suites.runner.check_shape_names(spec, shapes)  # GPU-sized shapes off a GPU: refused before any work
+    unknown = [impl for impl in fv.impls if impl not in spec.implementations()]
+    if unknown:
+        raise flags.Error(f"--impls: unknown {unknown}; {fv.op} has {list(spec.implementations())}")
+    if fv.out:
+        _writable_folder("out", fv.out)
+    if fv.tuned_configs:
+        _writable_file("tuned-configs", fv.tuned_configs)
+    if not on_gpu and not fv.shapes:
+        _progress(f"on {jax.default_backend()}: {fv.op}'s CPU shape{'s' if len(names) > 1 else ''} {names} "
+                  f"(Pallas in interpret mode, wall-clock timing); its GPU shapes {list(spec.default_shapes)} need "
+                  f"a GPU")
     deadline = time.time() + fv.budget_s if fv.budget_s else None
+    start = time.time()
     _progress(f"benchmarking {fv.op} ({fv.iterations} iterations each{', tuning first' if fv.tune else ''}) ...")
     result = suites.benchmark(fv.op, shapes, impls=fv.impls or None, iterations=fv.iterations, tune_first=fv.tune,
                               tuned_configs=fv.tuned_configs, out=fv.out or None, deadline=deadline,
-                              check=fv.check, progress=_progress)
+                              check=fv.check,
+                              progress=lambda message: _progress(f"[{time.time() - start:6.1f} s] {message}"))
     for path in result["written"]:
         _progress(f"wrote {path}")
     env, records = result["environment"], result["records"]
@@ -297,7 +362,8 @@ def _define_train_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("steps", d.steps, "Optimizer steps.", lower_bound=1, flag_values=fv)
     _define_shape_flags(fv, dataclasses.asdict(d))
     flags.DEFINE_float("lr", d.lr, "Peak learning rate (AdamW, warmup then cosine to lr/10).", flag_values=fv)
-    flags.DEFINE_integer("warmup", d.warmup, "Warmup steps.", lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("warmup", None, "Warmup steps, fewer than --steps (default: min(20, steps / 2)).",
+                         lower_bound=0, flag_values=fv)
     flags.DEFINE_integer("eval_every", d.eval_every, "Steps between held-out loss measurements.", lower_bound=1,
                          flag_values=fv)
     flags.DEFINE_string("corpus", None, "A UTF-8 text file to train on (default: the toolkit's own Python source).",
@@ -311,7 +377,7 @@ def _train(fv: flags.FlagValues, rest: list[str]) -> int:
     import json
 
     import jax
-    from jaxfuse import bench, train
+    from jaxfuse import bench, programs, train
     from jaxfuse.kernels import SITES, KernelSet
 
     if rest:
@@ -321,15 +387,21 @@ def _train(fv: flags.FlagValues, rest: list[str]) -> int:
                             kv_heads=fv.kv_heads, layers=fv.layers, dtype=_DTYPES[fv.dtype], lr=fv.lr,
                             warmup=fv.warmup, eval_every=fv.eval_every, seed=fv.seed, corpus=fv.corpus)
     cfg.model_config()  # bad widths and head counts fail here, before any data is read
+    for ks in kernel_sets:
+        programs.check_kernels(ks)
+    if fv.out:
+        _writable_file("out", fv.out)
+    train.optimizer(cfg)  # without optax: the one-line ImportError now, not after reading the corpus
     if jax.default_backend() == "cpu" and any(getattr(ks, site).startswith("pallas") for ks in kernel_sets
                                                 for site in SITES):
         _progress("note: on the CPU the Pallas kernels run in interpret mode: slow, and their step time says "
                   "nothing about a GPU")
-    results = train.compare(kernel_sets, cfg, progress=_progress)
+    start = time.time()
+    results = train.compare(kernel_sets, cfg,
+                            progress=lambda message: _progress(f"[{time.time() - start:6.1f} s] {message}"))
     payload = {"environment": bench.environment(), "config": dataclasses.asdict(cfg),
                "runs": [r.to_dict() for r in results]}
     if fv.out:
-        os.makedirs(os.path.dirname(os.path.abspath(fv.out)), exist_ok=True)
         with open(fv.out, "w") as f:
             json.dump(payload, f, indent=1)
         _progress(f"wrote {fv.out}")
@@ -395,14 +467,26 @@ def main(argv: list[str]) -> int:
     try:
         rest = fv([f"jaxfuse {name}"] + args)[1:]
         return verb.execute(fv, rest)
-    except (flags.Error, ValueError) as e:
-        # Bad flags and bad inputs (shapes, dtypes, kernel names, block sizes) raise ValueError with a message
-        # that names the constraint: one line is the useful answer. A ValueError from a bug deep inside would
-        # lose its traceback that way, so JAXFUSE_TRACEBACK=1 re-raises it whole.
+    except (flags.Error, ValueError, OSError, ImportError) as e:
+        # Bad flags and bad inputs (shapes, dtypes, kernel names, block sizes, XLA flags, HLO files) raise
+        # ValueError with a message that names the constraint; a path that cannot be read or written raises
+        # OSError, a missing optional package ImportError: one line is the useful answer. A ValueError from a bug
+        # deep inside would lose its traceback that way, so JAXFUSE_TRACEBACK=1 re-raises it whole.
         if os.environ.get("JAXFUSE_TRACEBACK"):
             raise
-        print(f"jaxfuse {name}: {e}\n(set JAXFUSE_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        message = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else e
+        print(f"jaxfuse {name}: {message}\n(set JAXFUSE_TRACEBACK=1 for the traceback)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"jaxfuse {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - anything else is a bug: one line, the traceback on request
+        if os.environ.get("JAXFUSE_TRACEBACK"):
+            raise
+        said = " ".join(str(e).split())
+        print(f"jaxfuse {name}: internal error {type(e).__name__}: {said[:500]}\n(a bug in jaxfuse, or a failure "
+              "of JAX or XLA underneath; set JAXFUSE_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return 1
 
 
 def run() -> None:

@@ -27,6 +27,7 @@ What `jaxfuse inspect | diff` do with a program, as functions of plain arguments
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -43,8 +44,8 @@ from hlo_inspect.formatting import parse_xla_flags
 from jaxfuse.kernels import SITES, KernelSet
 from jaxfuse.models import Block, Config, Transformer
 
-__all__ = ["DEFAULT_MODEL", "MODELS", "Program", "build_program", "diff_programs", "inspect_program",
-           "triton_kernels"]
+__all__ = ["DEFAULT_MODEL", "MODELS", "Program", "build_program", "check_kernels", "diff_programs",
+           "foreign_flags_warning", "inspect_program", "interpret_mode_caveat", "triton_kernels", "xla_option_error"]
 
 MODELS = ("block", "lm")
 IGNORE_LABEL = -100  # label of the last position, which has no next token
@@ -139,55 +140,157 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _pallas_sites(kernels: KernelSet) -> list[str]:
+    """The sites of ``kernels`` that run a Pallas kernel."""
+    return [site for site in SITES if getattr(kernels, site).startswith("pallas")]
+
+
+def check_kernels(kernels: KernelSet, *, lowering_only: bool = False) -> None:
+    """ValueError naming every site whose implementation cannot run on this machine (cuDNN without an NVIDIA
+    GPU, a Pallas backend the op does not implement, Mosaic kernels off an sm90 GPU), before anything compiles.
+    ``lowering_only``: the program is only lowered for CUDA (``triton_kernels``), which Mosaic kernels allow
+    anywhere."""
+    from jaxfuse import kernels as registry
+    from pallas_kernels import backends
+
+    reasons = []
+    for site in SITES:
+        name = getattr(kernels, site)
+        with backends.lowering_for_gpu() if lowering_only else contextlib.nullcontext():
+            reason = registry.unavailable_reason(site, name)
+        if reason:
+            reasons.append(f"{site}={name}: {reason.removeprefix(name + ': ')}")
+    if reasons:
+        raise ValueError("kernels: " + "; ".join(reasons))
+
+
+def interpret_mode_caveat(kernels: KernelSet) -> str | None:
+    """The warning a report of a program with ``kernels`` carries when its Pallas kernels run in interpret mode
+    here (on a CPU), or None."""
+    sites = _pallas_sites(kernels)
+    if not sites or jax.default_backend() != "cpu":
+        return None
+    return (f"interpret mode: the Pallas kernels ({', '.join(sites)}) ran in interpret mode on the CPU: their "
+            "kernels here are the interpreter's loops of small XLA ops (a CPU emulation), not the one kernel each "
+            "that a GPU launches; their counts, bytes and the fusion saving say nothing about a GPU")
+
+
+def xla_option_error(error: Exception, options: dict[str, Any]) -> ValueError | None:
+    """A one-line ValueError naming the XLA flag(s) behind a compile ``error`` (an option XLA does not know, or a
+    value it cannot read) and what XLA said; None when ``error`` does not come from ``options``."""
+    said = " ".join(str(error).split())
+    named = [name for name in options if name in said]
+    if not options or not (named or "option" in said):
+        return None
+    given = " ".join(f"--{name}={str(options[name]).lower() if isinstance(options[name], bool) else options[name]}"
+                     for name in (named or options))
+    return ValueError(f"xla_flags {given}: XLA says: {said}")
+
+
+def foreign_flags_warning(options: dict[str, Any], platform: str | None = None) -> str | None:
+    """A one-line warning when XLA flags of another platform (``--xla_gpu_*`` on a CPU, ``--xla_cpu_*`` on a
+    GPU) are given: XLA accepts them and they change nothing. None when every flag applies here."""
+    platform = platform or jax.default_backend()
+    other = {"cpu": "xla_gpu_", "gpu": "xla_cpu_"}.get(platform)
+    foreign = [name for name in options if other and name.startswith(other)]
+    if not foreign:
+        return None
+    one = len(foreign) == 1
+    return (f"warning: {', '.join('--' + name for name in foreign)} only affect{'s' if one else ''} "
+            f"{'GPU' if other == 'xla_gpu_' else 'CPU'} compiles; on this {platform} machine "
+            f"{'it has' if one else 'they have'} no effect")
+
+
 def inspect_program(program: Program, *, xla_flags: str = "",
                     progress: Callable[[str], None] = _progress) -> hlo_inspect.Report:
     """Compiles ``program`` (with XLA options given as flags, ``"--xla_name=value ..."``) and returns its report,
-    titled with the program, device and jax version; ``report.program`` is the program (for ``--measure``)."""
+    titled with the program, device and jax version; ``report.program`` is the program (for ``--measure``).
+
+    ValueError (one line) for kernels this machine cannot run and for XLA flags XLA rejects; a Pallas kernel in
+    interpret mode puts ``interpret_mode_caveat`` among the report's warnings."""
     options = parse_xla_flags(xla_flags)
-    pallas_sites = [site for site in SITES if getattr(program.kernels, site).startswith("pallas")]
-    if pallas_sites and jax.default_backend() == "cpu":
-        progress(f"note: on the CPU the Pallas kernels ({', '.join(pallas_sites)}) run in interpret mode: the "
-                 f"report lists the interpreter's loops of small XLA ops, not one fused kernel; inspect on a GPU "
-                 f"to see the kernel itself")
+    check_kernels(program.kernels)
+    foreign = foreign_flags_warning(options)
+    if foreign:
+        progress(foreign)
+    caveat = interpret_mode_caveat(program.kernels)
+    if caveat:
+        progress(f"note: on the CPU the Pallas kernels ({', '.join(_pallas_sites(program.kernels))}) run in "
+                 "interpret mode: the report lists the interpreter's loops of small XLA ops, not one fused kernel; "
+                 "inspect on a GPU to see the kernel itself")
     progress(f"compiling {program.description} on {jax.devices()[0].device_kind} ...")
     start = time.perf_counter()
     try:
         report = hlo_inspect.inspect(program.fn, *program.args, compiler_options=options or None)
     except jax.errors.JaxRuntimeError as e:
-        if options and "compile option" in str(e):
-            raise ValueError(f"xla_flags {options}: {e}") from None
-        raise
+        error = xla_option_error(e, options)
+        if error is None:
+            raise
+        raise error from e
     report.title = (f"{program.description} on {jax.devices()[0].device_kind} (jax {jax.__version__})"
                     + (f", XLA options {options}" if options else ""))
+    if caveat:
+        report.caveats.append(caveat)
     progress(f"compiled in {time.perf_counter() - start:.1f} s")
     report.program = program
     return report
 
 
-def _side(spec: str | None, xla_flags: str, model: dict, progress) -> tuple[hlo_inspect.Report, str]:
-    """One side of a diff: a saved HLO text file, or the model with a kernel spec ('' for the defaults)."""
+@contextlib.contextmanager
+def _naming_side(name: str, spec: str | None):
+    """ValueErrors (HloParseError is one) inside start with the side: "A (old.hlo.txt): line 3: ..."."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"{name} ({spec if spec else 'default kernels'}): {e}") from e
+
+
+def _side_source(spec: str | None, xla_flags: str) -> str | KernelSet:
+    """One side of a diff, checked before anything compiles: a saved HLO file's text, or the kernel set of the
+    model ('' or None for the defaults) that this machine can run."""
     if spec and os.path.isfile(spec):
         if xla_flags:
             raise ValueError(f"xla_flags: XLA flags apply to programs we compile, not to the saved file {spec}")
-        with open(spec, encoding="utf-8") as f:
-            return hlo_inspect.from_text(f.read(), title=spec), spec
+        with open(spec, "rb") as f:
+            data = f.read()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): expected the "
+                             "HLO text of a compiled program, `jax.jit(f).lower(*args).compile().as_text()`") from None
     if spec and "=" not in spec:
         raise ValueError(f"{spec!r} is neither an HLO text file nor a kernel spec like 'attention=cudnn'")
-    program = build_program(**model, kernels=KernelSet.parse(spec or ""))
-    report = inspect_program(program, xla_flags=xla_flags, progress=progress)
-    return report, (spec or "default kernels") + (f" {xla_flags}" if xla_flags else "")
+    parse_xla_flags(xla_flags)
+    kernels = KernelSet.parse(spec or "")
+    check_kernels(kernels)
+    return kernels
 
 
 def diff_programs(a: str | None, b: str | None, *, a_xla_flags: str = "", b_xla_flags: str = "",
                   model: dict | None = None, progress: Callable[[str], None] = _progress) -> hlo_inspect.Diff:
     """The ``hlo_inspect.Diff`` of two programs, each a saved HLO text file or a kernel spec for the model that
-    ``build_program(**model)`` builds ('' or None: the default kernels), compiled with its XLA flags."""
+    ``build_program(**model)`` builds ('' or None: the default kernels), compiled with its XLA flags. Both sides
+    are checked before either compiles; a bad side is a ValueError that starts with its name ("A (old.hlo.txt):
+    line 3: ...", "B (attention=cudnn): ...")."""
     if a is None and b is None and not (a_xla_flags or b_xla_flags):
         raise ValueError("give a and b (HLO files or kernel specs), or XLA flags for either side")
     model = dict(model or {})
-    report_a, label_a = _side(a, a_xla_flags, model, progress)
-    report_b, label_b = _side(b, b_xla_flags, model, progress)
-    return hlo_inspect.diff(report_a, report_b, label_a=label_a, label_b=label_b)
+    sides = (("A", a, a_xla_flags), ("B", b, b_xla_flags))
+    sources = []
+    for name, spec, xla_flags in sides:
+        with _naming_side(name, spec):
+            sources.append(_side_source(spec, xla_flags))
+    reports, labels = [], []
+    for (name, spec, xla_flags), source in zip(sides, sources):
+        with _naming_side(name, spec):
+            if isinstance(source, str):
+                reports.append(hlo_inspect.from_text(source, title=spec))
+                labels.append(spec)
+                continue
+            program = build_program(**model, kernels=source)
+            reports.append(inspect_program(program, xla_flags=xla_flags, progress=progress))
+            labels.append((spec or "default kernels") + (f" {xla_flags}" if xla_flags else ""))
+    return hlo_inspect.diff(reports[0], reports[1], label_a=labels[0], label_b=labels[1])
 
 
 def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progress) -> list:
@@ -195,9 +298,10 @@ def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progr
     from hlo_inspect import triton_ir
     from pallas_kernels import backends, triton_utils
 
-    if not any(getattr(program.kernels, site).startswith("pallas") for site in SITES):
+    if not _pallas_sites(program.kernels):
         raise ValueError(f"triton_ir: no site runs a Pallas kernel ({program.kernels}); choose one, e.g. "
                          f"--kernels attention=pallas_triton or --kernels all=pallas_triton")
+    check_kernels(program.kernels, lowering_only=True)
     progress(f"lowering {program.description} for CUDA ...")
     with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
         try:

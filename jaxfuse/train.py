@@ -9,7 +9,13 @@ Every kernel set trains the same model from the same initial parameters on the s
 so two loss curves differ only by the kernels' numerics (they should overlap: float32 to ~1e-5, bf16 drifts by
 rounding), and the step times say what the fused kernels are worth end to end. The step time is measured after
 training, on the compiled training step (forward, backward, AdamW update): device-kernel time on GPU (CUPTI,
-``jaxfuse.bench.time_kernels``), wall time on CPU, and the result says which.
+``jaxfuse.bench.time_kernels``), wall time on CPU, and the result says which. ``compare`` times the kernel sets
+interleaved (one step of each in turn, ``timing_iterations`` rounds), so a machine that slows down meanwhile slows
+every set alike; each result keeps the median and the interquartile range of its step times, and the table marks a
+speedup "within noise" when the two ranges overlap.
+
+The train loss a run reports is one quantity everywhere (progress lines, table, ``final_train_loss``): the mean
+over the last ``TrainConfig.loss_window`` steps (``eval_every``, or every step when the run is shorter).
 
 The corpus is bytes (vocabulary 256) of a UTF-8 text file, or by default the Python source of the installed
 jaxfuse, hlo_inspect and pallas_kernels packages (about 0.4 MB, always present, no download; it changes with the
@@ -24,6 +30,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -37,12 +44,13 @@ from jaxfuse.kernels import KernelSet
 from jaxfuse.models import Config, Transformer
 
 __all__ = ["TrainConfig", "TrainResult", "compare", "comparison_table", "load_corpus", "optimizer", "sample_batch",
-           "step_functions", "train"]
+           "step_functions", "train", "within_noise"]
 
 VOCAB = 256  # byte-level tokens
 _MODEL = Config.block_default()
 _PACKAGES = ("jaxfuse", "hlo_inspect", "pallas_kernels")
 _EVAL_FRACTION = 0.1
+_QUIET_S = 30.0  # longest stretch of training without a progress line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,14 +68,15 @@ class TrainConfig:
     layers: int = _MODEL.n_layers
     dtype: str = _MODEL.dtype.name  # compute dtype; parameters are float32
     lr: float = 3e-3
-    warmup: int = 20  # steps of linear warmup
+    warmup: int | None = None  # steps of linear warmup, fewer than steps; None: min(20, steps // 2)
     weight_decay: float = 0.1
     clip_norm: float = 1.0
     eval_every: int = 50  # steps between eval-loss measurements (and at the last step)
     eval_batches: int = 4
     seed: int = 0  # parameters, batch order and eval batches
     corpus: str | None = None
-    timing_iterations: int = 20  # timed calls of the compiled step after training (median reported)
+    timing_iterations: int = 40  # timed calls of the compiled step after training (median and quartiles reported)
+    timing_budget_s: float = 30.0  # ... fewer (at least 5) when they take longer than this: interpret mode on CPU
 
     def __post_init__(self):
         for name in ("steps", "batch", "seq", "dim", "heads", "kv_heads", "layers", "eval_every", "eval_batches",
@@ -75,13 +84,23 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TrainConfig.{name}: expected a positive int, got {value!r}")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
+        if self.warmup is None:
+            object.__setattr__(self, "warmup", min(20, self.steps // 2))
+        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
             raise ValueError(f"TrainConfig.warmup: expected an int >= 0, got {self.warmup!r}")
-        for name in ("lr", "clip_norm"):
+        if self.warmup >= self.steps:
+            raise ValueError(f"TrainConfig.warmup: expected fewer warmup steps than steps={self.steps}, got "
+                             f"{self.warmup} (the learning rate would never reach its peak)")
+        for name in ("lr", "clip_norm", "timing_budget_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TrainConfig.{name}: expected > 0, got {getattr(self, name)!r}")
         if not self.weight_decay >= 0:
             raise ValueError(f"TrainConfig.weight_decay: expected >= 0, got {self.weight_decay!r}")
+
+    @property
+    def loss_window(self) -> int:
+        """How many of the last steps the reported train loss averages: eval_every, at most every step."""
+        return min(self.eval_every, self.steps)
 
     def model_config(self) -> Config:
         return Config.from_width(self.dim, self.heads, self.kv_heads, n_layers=self.layers, vocab=VOCAB,
@@ -103,13 +122,22 @@ class TrainResult:
     wall_s: float  # the whole run on the host, compiles included
     stopped: str = ""  # why training ended early ("non-finite loss at step N"), "" if it ran every step
     top_kernels_us: tuple[tuple[str, float], ...] = ()  # GPU: the step's 10 costliest kernels, median µs per step
+    step_time_iqr_us: tuple[float, float] = (math.nan, math.nan)  # 25th and 75th percentile of the step times
+    train_loss_window: int = 10  # the reported train loss is the mean of this many last steps
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens_per_step / (self.step_time_us * 1e-6)
 
+    @property
+    def final_train_loss(self) -> float:
+        """The mean train loss of the last ``train_loss_window`` steps (NaN without steps)."""
+        tail = self.train_loss[-self.train_loss_window:]
+        return sum(tail) / len(tail) if tail else math.nan
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"tokens_per_s": self.tokens_per_s}
+        return dataclasses.asdict(self) | {"tokens_per_s": self.tokens_per_s,
+                                           "final_train_loss": self.final_train_loss}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -194,8 +222,15 @@ def step_functions(graphdef, optimizer, optax):
 
 def train(cfg: TrainConfig = TrainConfig(), kernels: KernelSet = KernelSet(), *,
           progress: Callable[[str], None] = lambda message: None, corpus: np.ndarray | None = None) -> TrainResult:
-    """Trains the byte-level LM with ``kernels`` at its sites; see the module docstring. ``corpus`` (uint8 bytes)
-    overrides ``cfg.corpus`` (so ``compare`` reads the file once)."""
+    """Trains the byte-level LM with ``kernels`` at its sites, then times its step; see the module docstring.
+    ``corpus`` (uint8 bytes) overrides ``cfg.corpus``."""
+    result, step = _train(cfg, kernels, progress=progress, corpus=corpus)
+    return _timed([result], [step], cfg, progress)[0]
+
+
+def _train(cfg: TrainConfig, kernels: KernelSet, *, progress: Callable[[str], None],
+           corpus: np.ndarray | None) -> tuple[TrainResult, tuple[Callable, tuple]]:
+    """One training run, not yet timed: (result without step time, (the jitted step, arguments to time it with))."""
     if not isinstance(kernels, KernelSet):
         raise TypeError(f"kernels: expected a KernelSet, got {type(kernels).__name__}")
     start = time.perf_counter()
@@ -221,59 +256,104 @@ def train(cfg: TrainConfig = TrainConfig(), kernels: KernelSet = KernelSet(), *,
     def evaluate() -> float:
         return float(np.mean([float(eval_loss_of(params, *batch)) for batch in eval_set]))
 
+    progress(f"[{kernels}] compiling the loss and the training step ...")
     evals = [(0, evaluate())]
     progress(f"[{kernels}] step 0: eval loss {evals[0][1]:.4f}")
     losses, stopped = [], ""
+    window = cfg.loss_window
+    last_said = time.perf_counter()
     for i in range(1, cfg.steps + 1):
         params, opt_state, loss = train_step(params, opt_state, *sample_batch(train_part, cfg.batch, cfg.seq,
                                                                                batch_rng))
         losses.append(loss)
+        if i > 1:  # at most one step in flight, so that a progress line says where training is
+            jax.block_until_ready(losses[-2])
+        if time.perf_counter() - last_said > _QUIET_S and i % cfg.eval_every and i != cfg.steps:
+            progress(f"[{kernels}] step {i - 1} of {cfg.steps} done")  # slow steps (interpret mode)
+            last_said = time.perf_counter()
         if i % cfg.eval_every == 0 or i == cfg.steps:
-            recent = float(jnp.mean(jnp.stack(losses[-cfg.eval_every:])))
+            last_said = time.perf_counter()
+            recent = float(jnp.mean(jnp.stack(losses[-window:])))
             if not math.isfinite(recent):
                 stopped = f"non-finite loss at or before step {i}"
                 progress(f"[{kernels}] {stopped}: stopping")
                 break
             evals.append((i, evaluate()))
-            progress(f"[{kernels}] step {i}: train loss {recent:.4f} (mean of the last {min(i, cfg.eval_every)}), "
+            progress(f"[{kernels}] step {i}: train loss {recent:.4f} (mean of the last {min(i, window)} steps), "
                      f"eval loss {evals[-1][1]:.4f}")
     train_loss = tuple(float(x) for x in np.asarray(jnp.stack(losses)))
     timed_step = jax.jit(step)  # no donation: the same arguments are reused for every timed call
-    timing = bench.time_kernels(timed_step, [(params, opt_state, *sample_batch(train_part, cfg.batch, cfg.seq,
-                                                                                 batch_rng))],
-                                iterations=cfg.timing_iterations)
-    progress(f"[{kernels}] step time {timing.median_us / 1e3:.2f} ms ({timing.method})")
-    return TrainResult(kernels=str(kernels), description=description, train_loss=train_loss, eval_loss=tuple(evals),
-                       step_time_us=timing.median_us, timing=timing.method, tokens_per_step=cfg.batch * cfg.seq,
-                       n_params=n_params, wall_s=time.perf_counter() - start, stopped=stopped,
-                       top_kernels_us=tuple(sorted(timing.per_kernel_us.items(), key=lambda kv: -kv[1])[:10]))
+    timed_args = (params, opt_state, *sample_batch(train_part, cfg.batch, cfg.seq, batch_rng))
+    result = TrainResult(kernels=str(kernels), description=description, train_loss=train_loss,
+                         eval_loss=tuple(evals), step_time_us=math.nan, timing="", tokens_per_step=cfg.batch * cfg.seq,
+                         n_params=n_params, wall_s=time.perf_counter() - start, stopped=stopped,
+                         train_loss_window=window)
+    return result, (timed_step, timed_args)
+
+
+def _timed(results: Sequence[TrainResult], steps: Sequence[tuple[Callable, tuple]], cfg: TrainConfig,
+           progress: Callable[[str], None]) -> list[TrainResult]:
+    """The results with their step times: the steps timed interleaved (``bench.time_interleaved``)."""
+    start = time.perf_counter()
+    timings = bench.time_interleaved(steps, iterations=cfg.timing_iterations, budget_s=cfg.timing_budget_s)
+    share = (time.perf_counter() - start) / len(results)
+    out = []
+    for r, timing in zip(results, timings):
+        q1, _, q3 = statistics.quantiles(timing.samples_us, n=4, method="inclusive") if len(timing.samples_us) > 1 else (
+            timing.median_us,) * 3
+        progress(f"[{r.kernels}] step time {timing.median_us / 1e3:.2f} ms (median of {len(timing.samples_us)}, "
+                 f"interquartile range {q1 / 1e3:.2f}-{q3 / 1e3:.2f} ms, {timing.method})")
+        out.append(dataclasses.replace(
+            r, step_time_us=timing.median_us, timing=timing.method, step_time_iqr_us=(q1, q3), wall_s=r.wall_s + share,
+            top_kernels_us=tuple(sorted(timing.per_kernel_us.items(), key=lambda kv: -kv[1])[:10])))
+    return out
 
 
 def compare(kernel_sets: Sequence[KernelSet], cfg: TrainConfig = TrainConfig(), *,
             progress: Callable[[str], None] = lambda message: None) -> list[TrainResult]:
-    """``train`` once per kernel set, same corpus, parameters and batches; the first set is the baseline."""
+    """``train`` once per kernel set, same corpus, parameters and batches; the first set is the baseline. The
+    step times are taken after every set has trained, one step of each set in turn."""
     if not kernel_sets:
         raise ValueError("kernel_sets: need at least one KernelSet")
     data = load_corpus(cfg.corpus)
-    return [train(cfg, ks, progress=progress, corpus=data) for ks in kernel_sets]
+    runs = [_train(cfg, ks, progress=progress, corpus=data) for ks in kernel_sets]
+    progress(f"timing the training step of {len(runs)} kernel set{'s' if len(runs) > 1 else ''}, "
+             f"{cfg.timing_iterations} steps each (fewer past {cfg.timing_budget_s:g} s), interleaved ...")
+    return _timed([r for r, _ in runs], [step for _, step in runs], cfg, progress)
+
+
+def within_noise(a: TrainResult, b: TrainResult) -> bool:
+    """Whether two runs' step times are indistinguishable: their interquartile ranges overlap."""
+    (a1, a3), (b1, b3) = a.step_time_iqr_us, b.step_time_iqr_us
+    return a1 <= b3 and b1 <= a3
 
 
 def comparison_table(results: Sequence[TrainResult]) -> str:
-    """One row per run: final losses, the largest train-loss gap to the first run, step time and speedup."""
+    """One row per run: final losses, the largest train-loss gap to the first run, step time with its spread, and
+    the speedup over the first run ("within noise" when the two runs' interquartile ranges overlap)."""
     base = results[0]
-    header = ("kernels", "train loss", "eval loss", "max |Δ train| vs first", "step ms", "tokens/s", "speedup")
+    header = ("kernels", "train loss", "eval loss", "max |Δ train| vs first", "step ms", "IQR ms", "tokens/s",
+              "speedup")
     rows = []
     for r in results:
         n = min(len(r.train_loss), len(base.train_loss))
         gap = max((abs(a - b) for a, b in zip(r.train_loss[:n], base.train_loss[:n])), default=float("nan"))
-        tail = r.train_loss[-10:]
-        rows.append((r.kernels + (f" ({r.stopped})" if r.stopped else ""),
-                     f"{sum(tail) / len(tail):.4f}" if tail else "", f"{r.eval_loss[-1][1]:.4f}", f"{gap:.2e}",
-                     f"{r.step_time_us / 1e3:.2f}", f"{r.tokens_per_s:,.0f}", f"{base.step_time_us / r.step_time_us:.2f}x"))
+        speedup = f"{base.step_time_us / r.step_time_us:.2f}x"
+        if r is not base and within_noise(base, r):
+            speedup += " (within noise)"
+        q1, q3 = r.step_time_iqr_us
+        rows.append((r.kernels + (f" ({r.stopped})" if r.stopped else ""), f"{r.final_train_loss:.4f}",
+                     f"{r.eval_loss[-1][1]:.4f}", f"{gap:.2e}", f"{r.step_time_us / 1e3:.2f}",
+                     f"{q1 / 1e3:.2f}-{q3 / 1e3:.2f}", f"{r.tokens_per_s:,.0f}", speedup))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     timing = ", ".join(sorted({r.timing for r in results}))
-    out = [base.description, f"step time: {timing} ({'device kernels' if timing == 'cupti' else 'host wall clock'}); "
-           "train loss: mean of the last 10 steps; eval loss: held-out last 10% of the corpus", "",
-           line(header), line(["-" * w for w in widths])]
+    samples = f"{len(results)} kernel sets interleaved" if len(results) > 1 else "one kernel set"
+    windows = sorted({r.train_loss_window for r in results})
+    out = [base.description,
+           f"step time: {timing} ({'device kernels' if timing == 'cupti' else 'host wall clock'}), median of the "
+           f"steps timed after training ({samples}); IQR: their interquartile range; speedup: the first run's median "
+           "over this one's, 'within noise' where the two IQRs overlap",
+           f"train loss: mean of the last {' or '.join(map(str, windows))} steps; eval loss: held-out last 10% of the "
+           "corpus", "", line(header), line(["-" * w for w in widths])]
     return "\n".join(out + [line(row) for row in rows])

@@ -30,6 +30,37 @@ def test_time_kernels_runs_eagerly_when_asked():
     assert len(calls) == 1 and calls[0] is not x  # traced once by jit, then the compiled program runs
 
 
+class _Slow:
+    """A callable that looks jitted (has ``lower``), records its calls and sleeps ``seconds`` per call."""
+
+    def __init__(self, name: str, calls: list, seconds: float = 0.0):
+        self.name, self.calls, self.seconds = name, calls, seconds
+
+    def lower(self, *args):  # noqa: D102 - only its presence matters
+        raise NotImplementedError
+
+    def __call__(self, x):
+        import time
+
+        self.calls.append(self.name)
+        time.sleep(self.seconds)
+        return x
+
+
+def test_time_interleaved_takes_turns_and_keeps_to_its_budget():
+    x = jnp.ones(4)
+    calls = []
+    timings = bench.time_interleaved([(_Slow("a", calls), (x,)), (_Slow("b", calls), (x,))], iterations=6,
+                                     warmup=1)
+    assert calls == ["a", "b"] + ["a", "b"] * 6  # warmup, then one call of each per round
+    assert [len(t.samples_us) for t in timings] == [6, 6] and all(t.method == "wall" for t in timings)
+    calls.clear()
+    timings = bench.time_interleaved([(_Slow("a", calls, 0.02), (x,)), (_Slow("b", calls, 0.02), (x,))],
+                                     iterations=1000, warmup=0, budget_s=0.15, min_iterations=2)
+    rounds = len(timings[0].samples_us)
+    assert 2 <= rounds <= 8 and len(timings[1].samples_us) == rounds and timings[0].median_us >= 2e4
+
+
 def test_time_kernels_needs_arguments():
     with pytest.raises(ValueError, match="arg_sets"):
         bench.time_kernels(lambda a: a, [])

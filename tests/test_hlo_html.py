@@ -396,3 +396,32 @@ def test_warnings_units_and_missing_scopes_read_as_in_the_text_table(open_page):
     assert scopes[0] == "(no scope)" and "" not in scopes and "?" not in scopes
     ledger_scopes = [r.cell("scopes").text for r in dom.by_id("ledger-table").rows()]
     assert ledger_scopes and not [s for s in ledger_scopes if s.startswith("?")]
+
+
+def test_fusion_saving_cards_say_what_the_text_says(open_page):
+    """Kernels and bytes unfused -> fused, as `Report.fusion_saving_text` prints them: a while loop's body counted
+    once on both sides."""
+    import jax
+    import jax.numpy as jnp
+
+    from hlo_inspect.formatting import format_bytes
+
+    rep = hlo_inspect.inspect(lambda x: jax.lax.fori_loop(0, 50, lambda i, y: jnp.tanh(y * 1.5 + 0.5), x),
+                              jax.random.normal(jax.random.key(0), (256, 512)))
+    saving = rep.fusion_saving(1e11, 1e12, 1.0)
+    text = rep.fusion_saving_text("cpu", 1e11, 1e12, 1.0)
+    kernels = f"{saving['kernels'][0]:,} -> {saving['kernels'][1]:,}"
+    moved = f"{format_bytes(saving['bytes'][0])} -> {format_bytes(saving['bytes'][1])}"
+    assert kernels in text and moved in text and saving["loop_bodies_once"]
+    cards = {c.find_all(cls="k")[0].text: c.find_all(cls="v")[0].text
+             for c in open_page(render_report(rep.to_dict())).by_id("totals").find_all(cls="card")}
+    assert cards["kernels unfused \u2192 fused (loop bodies once)"] == kernels.replace("->", "\u2192")
+    assert cards["HBM bytes unfused \u2192 fused (loop bodies once)"] == moved.replace("->", "\u2192")
+
+
+def test_diff_page_shows_each_sides_warnings(open_page):
+    with open(os.path.join(DATA, "cpu_while_loop.hlo.txt"), encoding="utf-8") as f:
+        text = f.read()
+    d = hlo_inspect.diff(hlo_inspect.from_text(text), hlo_inspect.from_text(text + "\n" + text)).to_dict()
+    warnings = [e.text for e in open_page(render_diff(d)).find_all(cls="report-warning")]
+    assert warnings == ["warning (B): " + w for w in d["b"]["warnings"]] and warnings

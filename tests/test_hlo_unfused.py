@@ -57,10 +57,29 @@ def test_inspect_fills_the_counterfactual_and_fusion_saves():
     rep = hlo_inspect.inspect(f, jax.random.normal(jax.random.key(0), (256, 512)))
     assert rep.unfused is not None and rep.unfused.kernels > rep.totals.kernels
     saving = rep.fusion_saving(hbm_bytes_per_s=2.94e12, flops_per_s=805e12, launch_us=2.0)
-    assert saving["kernels"] == [rep.unfused.kernels, rep.totals.launches]
+    assert saving["kernels"] == [rep.unfused.kernels, rep.totals.kernels] and not saving["loop_bodies_once"]
     assert saving["bytes"][0] > saving["bytes"][1]
     assert saving["speedup"] > 1
     assert rep.to_dict()["unfused"]["kernels"] == rep.unfused.kernels
+
+
+def _looped(x):
+    """A while loop of 50 trips around a fused elementwise chain: x (256, 512) float32."""
+    return jax.lax.fori_loop(0, 50, lambda i, y: jnp.tanh(y * 1.5 + 0.5), x)
+
+
+def test_fusion_saving_counts_loop_bodies_once_on_both_sides():
+    """The unfused program (HLO before optimization) has no trip counts and counts a loop body once; the fused
+    side does the same, and the text says so, with the kernel count the HTML card shows."""
+    rep = hlo_inspect.inspect(_looped, jax.random.normal(jax.random.key(0), (256, 512)))
+    assert rep.totals.launches > rep.totals.kernels  # the loop body runs 50 times
+    saving = rep.fusion_saving(hbm_bytes_per_s=1e11, flops_per_s=1e12, launch_us=1.0)
+    assert saving["loop_bodies_once"]
+    assert saving["kernels"] == [rep.unfused.kernels, rep.totals.kernels]
+    assert saving["bytes"][1] == sum(k.bytes_total for k in rep.kernels) < rep.totals.bytes_total
+    text = rep.fusion_saving_text("cpu", 1e11, 1e12, 1.0)
+    assert f": {rep.unfused.kernels:,} -> {rep.totals.kernels:,} kernels, " in text
+    assert text.endswith("; while-loop bodies counted once on both sides (the unfused program has no trip counts)")
 
 
 def test_seed_model():

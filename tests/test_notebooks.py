@@ -45,7 +45,12 @@ def test_committed_outputs_come_from_a_gpu_run(path):
     assert not any(o["name"] == "stderr" for c in cells for o in c["outputs"]), "stored output has warnings"
 
 
-@pytest.mark.parametrize("path", PENDING, ids=lambda p: p.name)
+# With notebooks/pending/ empty, one skipped case that says so (pytest's own reason would be "got empty parameter set").
+_PENDING_CASES = PENDING or [pytest.param(None, id="none", marks=pytest.mark.skip(
+    reason="notebooks/pending/ holds no notebook: every notebook is stored with the outputs of a GPU run"))]
+
+
+@pytest.mark.parametrize("path", _PENDING_CASES, ids=lambda p: p.name)
 def test_pending_notebooks_store_no_outputs(path):
     """A notebook moves to notebooks/ with the outputs of its GPU run; until then it stores none (no CPU outputs
     that could pass for measurements)."""

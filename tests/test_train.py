@@ -96,3 +96,65 @@ def test_cli_train_bad_flags_exit_2_with_one_line(capsys):
     assert "dim: must be divisible by n_heads=3" in capsys.readouterr().err
     assert cli.main(["train", "--kernels", "attention=nope"]) == 2
     assert "unknown implementation 'nope'" in capsys.readouterr().err
+    assert cli.main(["train", "--warmup", "500", "--steps", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "step 0" not in err and err.startswith("jaxfuse train: TrainConfig.warmup: expected fewer warmup steps than "
+                                                  "steps=10, got 500 (the learning rate would never reach its peak)\n")
+
+
+def _run(kernels: str, iqr_ms: tuple[float, float], median_ms: float, losses=tuple(range(20)), window=7):
+    """A TrainResult with a given step-time median and interquartile range (ms) and train losses."""
+    return train.TrainResult(kernels=kernels, description="d", train_loss=tuple(float(x) for x in losses),
+                             eval_loss=((0, 5.0), (len(losses), 3.0)), step_time_us=median_ms * 1e3, timing="wall",
+                             tokens_per_step=100, n_params=1, wall_s=1.0,
+                             step_time_iqr_us=(iqr_ms[0] * 1e3, iqr_ms[1] * 1e3), train_loss_window=window)
+
+
+def test_speedups_within_the_spread_are_marked_as_noise():
+    base = _run("base", (10.0, 12.0), 11.0)
+    rows = train.comparison_table([base, _run("same", (10.5, 12.5), 11.4), _run("twice", (5.2, 5.8), 5.5),
+                                   _run("slower", (12.1, 13.0), 12.5)]).splitlines()
+    assert "'within noise' where the two IQRs overlap" in rows[1]
+    table = {row.split()[0]: row for row in rows[5:]}
+    assert table["base"].endswith("10.00-12.00  9,091     1.00x")
+    assert table["same"].endswith("0.96x (within noise)")
+    assert table["twice"].endswith("2.00x") and table["slower"].endswith("0.88x")
+    assert train.within_noise(base, base) and not train.within_noise(base, _run("x", (12.01, 13.0), 12.5))
+
+
+def test_the_train_loss_is_one_quantity_everywhere():
+    run = _run("base", (1.0, 1.0), 1.0, losses=range(20), window=7)
+    assert run.final_train_loss == sum(range(13, 20)) / 7
+    table = train.comparison_table([run])
+    assert "train loss: mean of the last 7 steps" in table
+    assert f"  {run.final_train_loss:.4f}  " in table.splitlines()[-1]
+    assert run.to_dict()["final_train_loss"] == run.final_train_loss
+    assert train.TrainConfig(steps=100, eval_every=50).loss_window == 50
+    assert train.TrainConfig(steps=30, eval_every=50).loss_window == 30
+
+
+def test_warmup_is_shorter_than_the_run():
+    assert train.TrainConfig().warmup == 20 and train.TrainConfig(steps=6).warmup == 3
+    assert train.TrainConfig(steps=1).warmup == 0 and train.TrainConfig(steps=10, warmup=9).warmup == 9
+    with pytest.raises(ValueError, match=r"TrainConfig.warmup: expected fewer warmup steps than steps=10, got 500"):
+        train.TrainConfig(steps=10, warmup=500)
+    with pytest.raises(ValueError, match=r"TrainConfig.warmup: expected fewer warmup steps than steps=10, got 10"):
+        train.TrainConfig(steps=10, warmup=10)
+
+
+@pytest.mark.slow
+def test_two_identical_kernel_sets_report_no_speedup_outside_the_noise(capsys):
+    """The same kernels twice: the step times are timed interleaved and the table never claims a speedup that
+    their spread does not support; the progress lines and the table report the same train loss."""
+    argv = ["train", "--steps", "6", "--eval-every", "4", "--batch", "2", "--seq", "16", "--dim", "32", "--heads",
+            "2", "--kv-heads", "1", "--layers", "1", "--dtype", "f32", "--kernels", "", "--kernels", ""]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "timing the training step of 2 kernel sets, 40 steps each (fewer past 30 s), interleaved" in err
+    last = [line for line in err.splitlines() if "step 6: train loss" in line]
+    assert len(last) == 2 and all("(mean of the last 4 steps)" in line for line in last)
+    loss = last[0].split("train loss ")[1].split()[0]
+    assert "train loss: mean of the last 4 steps" in out
+    rows = out.splitlines()[-2:]
+    assert all(f"  {loss}  " in row for row in rows)
+    assert rows[0].endswith("1.00x") and rows[1].endswith("(within noise)"), out

@@ -5,7 +5,8 @@
     print(suites.summary_table(records))
     suites.tune("rmsnorm_matmul", ["16x4096x4096-decode"])         # GPU: check and time sweep candidates, store the best
 
-``jaxfuse bench --op NAME [--tune]`` calls the same functions and writes ``benchmarks/results/NAME-<device>.json``;
+``jaxfuse bench --op NAME [--tune]`` calls the same functions and writes ``NAME-<device>.json`` into its ``--out``
+folder (``jaxfuse-results/`` in the current directory unless told);
 ``python -m jaxfuse.gpu_run`` runs tests, sweeps and suites on a GPU into one folder.
 """
 
