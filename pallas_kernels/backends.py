@@ -166,7 +166,12 @@ class Registry:
         return min(timed, key=timed.get)
 
     def plan(self, requested: str, block_sizes, *args, **options) -> tuple[ModuleType, Plan]:
-        """(backend module, Plan) for a call: the backend as ``resolve``, its config from ``block_sizes``."""
+        """(backend module, Plan) for a call: the backend as ``resolve`` (with "auto", a config instance of one
+        backend asks for that backend), its config from ``block_sizes``."""
+        if requested == "auto" and block_sizes is not None and not isinstance(block_sizes, Mapping):
+            # a backend's own config names that backend (a FlashAttentionConfig asks for Triton)
+            requested = next((name for name in self.names if isinstance(block_sizes, self.module(name).Config)),
+                             requested)
         name = self.resolve(requested, *args, **options)
         module = self.module(name)
         config = resolve_config(block_sizes, module.Config, lambda: module.default_config(*args, **options))

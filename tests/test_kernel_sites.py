@@ -40,7 +40,8 @@ def test_site_matches_xla(site, name, model):
             raise
         pytest.skip(str(e))
     assert jnp.isfinite(loss_alt)
-    assert float(loss_alt) == pytest.approx(float(loss_ref), rel=1e-5)
+    # float32: a GPU kernel's exp2 and summation order move the loss by ~1e-5 relative (H100: up to 1.2e-5)
+    assert float(loss_alt) == pytest.approx(float(loss_ref), rel=5e-5)
     for g_ref, g_alt in zip(jax.tree.leaves(grads_ref), jax.tree.leaves(grads_alt)):
         assert not jnp.any(jnp.isnan(g_alt))
         scale = float(jnp.max(jnp.abs(g_ref))) or 1.0

@@ -66,7 +66,7 @@ def test_auto_keeps_triton_and_mosaic_names_why_it_cannot_run():
 
 @pytest.mark.parametrize("times, chosen", [({"triton": 100.0, "mosaic": 90.0}, "mosaic"),
                                            ({"triton": 100.0, "mosaic": 110.0}, "triton"),
-                                           ({"mosaic": 500.0}, "mosaic"), ({}, "triton")])
+                                           ({"mosaic": 500.0}, "triton"), ({}, "triton")])
 def test_auto_takes_the_faster_tuned_time(times, chosen, monkeypatch):
     from pallas_kernels import tuning
 
