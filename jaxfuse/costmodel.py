@@ -7,6 +7,11 @@ Each spec carries datasheet figures and, where we have measured them on the mach
 (`shared/anchors.md`: elementwise `x + 1` over 2 GiB bf16 at 2.94 TB/s, an 8192³ bf16 matmul through XLA at
 805 TFLOP/s on an H100). The model uses the measured figures when present: they are what a kernel can reach.
 
+Two compute ceilings: the tensor cores (bf16 GEMMs: `bf16_flops_per_s`) and the CUDA cores (float32 FMAs, where
+elementwise and transcendental work runs: `fp32_flops_per_s`); `ridge(unit)` is either one over the bandwidth.
+`launch_us` is an assumed per-kernel cost, not a measurement: `jaxfuse.measure.launch_cost()` measures it on the
+machine, and `dataclasses.replace(spec, launch_us=...)` puts the measured figure into a prediction.
+
 Seed model of fusion (one op per kernel vs one kernel for a chain of n elementwise ops over S bytes):
     T_unfused = n · (2S / BW + K_launch),   T_fused = 2S / BW + K_launch
 """
@@ -20,7 +25,8 @@ __all__ = ["DeviceSpec", "DEVICES", "device", "detect"]
 
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
-    """Bandwidth in bytes/s, compute in FLOP/s (dense bf16 tensor core), launch cost in microseconds."""
+    """Bandwidth in bytes/s, compute in FLOP/s (dense bf16 tensor core; float32 CUDA core), launch cost in
+    microseconds (assumed)."""
 
     name: str
     hbm_bytes_per_s_datasheet: float
@@ -29,6 +35,8 @@ class DeviceSpec:
     bf16_flops_per_s_measured: float | None = None
     launch_us: float = 2.0
     l2_bytes: int = 0
+    fp32_flops_per_s_datasheet: float | None = None  # CUDA cores, FMA counted as 2 FLOPs
+    fp32_flops_per_s_measured: float | None = None
 
     @property
     def hbm_bytes_per_s(self) -> float:
@@ -37,6 +45,20 @@ class DeviceSpec:
     @property
     def bf16_flops_per_s(self) -> float:
         return self.bf16_flops_per_s_measured or self.bf16_flops_per_s_datasheet
+
+    @property
+    def fp32_flops_per_s(self) -> float | None:
+        return self.fp32_flops_per_s_measured or self.fp32_flops_per_s_datasheet
+
+    def ridge(self, unit: str = "tensor") -> float:
+        """FLOPs per HBM byte above which a kernel is compute-bound: on the tensor cores ("tensor", bf16 GEMMs) or
+        on the CUDA cores ("cuda", float32 elementwise work)."""
+        if unit not in ("tensor", "cuda"):
+            raise ValueError(f"unit: expected 'tensor' or 'cuda', got {unit!r}")
+        peak = self.bf16_flops_per_s if unit == "tensor" else self.fp32_flops_per_s
+        if peak is None:
+            raise ValueError(f"unit: {self.name} has no {unit}-core peak in its spec")
+        return peak / self.hbm_bytes_per_s
 
     def memory_us(self, bytes_moved: float) -> float:
         return bytes_moved / self.hbm_bytes_per_s * 1e6
@@ -56,13 +78,17 @@ class DeviceSpec:
 
 
 DEVICES = {
-    # H100 SXM 80GB: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16; measured on the lent H100 (shared/anchors.md).
+    # H100 SXM 80GB: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16, 67 TFLOP/s float32 on CUDA cores; bandwidth and bf16
+    # measured on the lent H100 (shared/anchors.md). launch_us is assumed (measure.launch_cost measures it).
     "h100": DeviceSpec("NVIDIA H100 80GB HBM3", 3.35e12, 989e12, hbm_bytes_per_s_measured=2.94e12,
-                       bf16_flops_per_s_measured=805e12, launch_us=2.0, l2_bytes=50 * 2**20),
+                       bf16_flops_per_s_measured=805e12, launch_us=2.0, l2_bytes=50 * 2**20,
+                       fp32_flops_per_s_datasheet=67e12),
     # H200: 4.8 TB/s HBM3e, same compute as the H100; ~4.3 TB/s and ~790 TFLOP/s seen on the lent H200.
     "h200": DeviceSpec("NVIDIA H200", 4.8e12, 989e12, hbm_bytes_per_s_measured=4.3e12,
-                       bf16_flops_per_s_measured=790e12, launch_us=2.0, l2_bytes=60 * 2**20),
-    "a100": DeviceSpec("NVIDIA A100-SXM4-80GB", 2.039e12, 312e12, launch_us=3.0, l2_bytes=40 * 2**20),
+                       bf16_flops_per_s_measured=790e12, launch_us=2.0, l2_bytes=60 * 2**20,
+                       fp32_flops_per_s_datasheet=67e12),
+    "a100": DeviceSpec("NVIDIA A100-SXM4-80GB", 2.039e12, 312e12, launch_us=3.0, l2_bytes=40 * 2**20,
+                       fp32_flops_per_s_datasheet=19.5e12),
     # A nominal laptop/server CPU: only for predictions on the CI machine; measure before trusting.
     "cpu": DeviceSpec("cpu", 50e9, 1e12, launch_us=1.0),
 }

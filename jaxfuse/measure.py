@@ -12,6 +12,9 @@ Each row: measured µs, achieved bandwidth, and the roofline prediction max(byte
 ratio to the measurement. The summary sets the sum of the per-kernel medians beside the program's device time
 (median over iterations of all its kernels) and beside the wall clock of a blocked call (which adds launch gaps
 and 0.1-0.3 ms of host work per call).
+
+    launch_cost()      # the per-kernel cost the seed model calls K, measured here (device time and wall clock)
+    wall_us(fn, [(x,)]) # median wall clock of a blocked call, µs
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from hlo_inspect.report import Report
 from jaxfuse import bench
 from jaxfuse.costmodel import DeviceSpec
 
-__all__ = ["MeasuredKernel", "measure_kernels", "measured_table"]
+__all__ = ["MeasuredKernel", "launch_cost", "measure_kernels", "measured_table", "wall_us"]
 
 _UNIQUE_SUFFIX_RE = re.compile(r"__\d+$")  # the second kernel of one name launches as NAME__1
 _LIBRARY_PREFIXES = {"cublas": ("nvjet", "sm90_xmma", "sm80_xmma", "cutlass", "gemm", "gemv", "ampere", "sm90_"),
@@ -122,18 +125,62 @@ def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iter
         rows.append(MeasuredKernel(k, tuple(launches[j][0] for j in idx), measured, predicted if idx else None))
     rows += [MeasuredKernel(None, (launches[j][0],), launches[j][1], None) for j in unmatched]
     kernel_sum = sum(r.measured_us for r in rows)
-    jitted = jax.jit(fn)
-    wall = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        jax.block_until_ready(jitted(*args))
-        wall.append((time.perf_counter() - start) * 1e6)
     summary = {"program_device_us": timing.median_us, "sum_of_kernels_us": kernel_sum,
-               "program_wall_us": statistics.median(wall),
+               "program_wall_us": wall_us(fn, [args], iterations=iterations),
                "sum_over_program": kernel_sum / timing.median_us if timing.median_us else None,
                "matched": len(assigned), "kernels": len(report.kernels), "unattributed": len(unmatched),
                "spread": timing.spread, "iterations": iterations}
     return rows, summary
+
+
+def wall_us(fn, arg_sets: Sequence[tuple], *, iterations: int = 30, warmup: int = 2, jit: bool = True) -> float:
+    """Median wall-clock µs of ``jax.block_until_ready(fn(*args))``, rotating through ``arg_sets``: host dispatch,
+    launches, gaps between kernels and the kernels themselves. ``jit=False`` calls fn as it is (eagerly)."""
+    import jax
+
+    if not arg_sets:
+        raise ValueError("arg_sets: need at least one tuple of arguments")
+    call = jax.jit(fn) if jit and not hasattr(fn, "lower") else fn
+    for args in arg_sets:
+        for _ in range(warmup):
+            jax.block_until_ready(call(*args))
+    samples = []
+    for i in range(iterations):
+        args = arg_sets[i % len(arg_sets)]
+        start = time.perf_counter()
+        jax.block_until_ready(call(*args))
+        samples.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(samples)
+
+
+def launch_cost(*, ops: int = 16, elements: int = 8192, iterations: int = 50) -> dict[str, float | None]:
+    """What one more kernel costs when it has (almost) nothing to do: ``ops`` chained multiplies by a scalar over a
+    bf16 vector of ``elements`` (16 KiB by default), jitted as one kernel and run eagerly as ``ops`` dispatches.
+
+    Returns (µs): ``device_us`` the CUPTI device time of the one-kernel program (None off GPU: the floor a kernel
+    pays on the device), ``eager_device_us_per_op`` the eager chain's device time per op (None off GPU),
+    ``jit_wall_us`` the wall clock of one blocked jitted call, ``eager_wall_us_per_op`` the wall clock of the
+    eager chain per op (Python, JAX dispatch, launch and the kernel)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.random.normal(jax.random.key(0), (elements,), jnp.bfloat16)
+    c = jnp.asarray(1.0, jnp.bfloat16)
+
+    def chain(x, c, n):
+        for _ in range(n):
+            x = x * c
+        return x
+
+    one = jax.jit(lambda x, c: chain(x, c, 1))
+    eager = lambda x, c: chain(x, c, ops)  # noqa: E731
+    on_gpu = jax.default_backend() == "gpu"
+    device = bench.time_kernels(one, [(x, c)], iterations=iterations).median_us if on_gpu else None
+    eager_device = (bench.time_kernels(eager, [(x, c)], iterations=iterations, jit=False).median_us / ops
+                    if on_gpu else None)
+    return {"device_us": device, "eager_device_us_per_op": eager_device,
+            "jit_wall_us": wall_us(one, [(x, c)], iterations=iterations),
+            "eager_wall_us_per_op": wall_us(eager, [(x, c)], iterations=iterations, jit=False) / ops}
 
 
 def measured_table(rows: list[MeasuredKernel], summary: dict[str, Any], device: DeviceSpec) -> str:
