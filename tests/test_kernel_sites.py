@@ -6,11 +6,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import seed
+from conftest import ON_GPU, seed
 from jaxfuse import kernels, programs
 from jaxfuse.kernels import REGISTRIES, KernelSet
 
 _SMALL = dict(batch=1, seq=16, dim=64, heads=2, kv_heads=1, dtype="float32")
+# Gradient tolerance relative to the largest entry: on a GPU XLA's own float32 matmuls run on TF32 tensor cores
+# (the H100 run of 11fae37: "xla" against "xla_f32" up to 9e-4), so the reference itself is only that close.
+_GRAD_RTOL = 2e-3 if ON_GPU else 1e-4
 
 
 def _case(site: str, name: str, model: str):
@@ -35,8 +38,8 @@ def test_site_matches_xla(site, name, model):
     loss_ref, grads_ref = jax.jit(ref.fn)(*ref.args)
     try:
         loss_alt, grads_alt = jax.jit(alt.fn)(*alt.args)
-    except ValueError as e:  # a backend that runs here but not these arguments (pallas_mosaic: float32, H=32)
-        if "cannot run" not in str(e):
+    except ValueError as e:  # a backend that runs here but not these arguments (pallas_mosaic, cudnn: float32)
+        if "cannot run" not in str(e) and "must be bfloat16 or float16" not in str(e):
             raise
         pytest.skip(str(e))
     assert jnp.isfinite(loss_alt)
@@ -45,4 +48,4 @@ def test_site_matches_xla(site, name, model):
     for g_ref, g_alt in zip(jax.tree.leaves(grads_ref), jax.tree.leaves(grads_alt)):
         assert not jnp.any(jnp.isnan(g_alt))
         scale = float(jnp.max(jnp.abs(g_ref))) or 1.0
-        assert float(jnp.max(jnp.abs(g_alt - g_ref))) <= 1e-4 * scale
+        assert float(jnp.max(jnp.abs(g_alt - g_ref))) <= _GRAD_RTOL * scale
