@@ -1,6 +1,11 @@
 """What the Mosaic attention forward pays for the backward's residuals, part by part (H100 experiment).
 
+    git worktree add /tmp/b80fca7 b80fca7 && cd /tmp/b80fca7    # the kernel it measured (see below)
     PYTHONPATH=$PWD python benchmarks/scripts/attention_residual_cost.py --out $OUT
+
+It patches ``mosaic_fwd`` as of commit b80fca7. Its result (benchmarks/results/attention_residual_cost-h100.json)
+removed the rounded sum from the kernel in the next commit, so on later commits the patches no longer match and the
+script says so.
 
 The suite (benchmarks/results/attention-h100.json, commit 11fae37) times the forward kernel at 854 µs alone and at
 1090 µs inside forward+backward at B4 T=S=4096 N16 H128 (+27%; causal 463 → 605), against the +2-4% measured when

@@ -11,7 +11,7 @@ pass over V, only when lengths are given), so NaN or inf stored in padding never
 Residuals for the backward beyond q, k, v and o: the (B, N, T) float32 log-sum-exp (log2 domain) and o_lo =
 o_f32 − o in q.dtype (B, T, N, H), the output's rounding error, so that delta = rowsum((o + o_lo)·do) keeps the
 near one-hot rows of a saturated softmax (one more q.dtype tensor of o's size: 2 bytes per element of o; the
-forward with residuals measured +2-4% at the main shape, benchmarks/results/attention_mosaic_fwd-h100.txt).
+forward with residuals measured +2.2% at the main shape, causal +4.1%: benchmarks/results/attention_residual_cost-h100.json).
 
 What it takes (``unsupported_reason``): bfloat16 / float16 (float32 stays on Triton: wgmma has no float32 path
 worth having), head dims 64 and 128 (the forward kernel also runs 256, the backward cannot: its dK/dV float32

@@ -16,9 +16,12 @@ one takes and releases the tiles it does not need); tiles visible to every row s
 causal diagonal, keys >= the length (or past S: TMA zero-fills reads out of bounds, drops writes there), and other
 segments (segment ids of a key tile are read per step).
 
-With residuals (the differentiated path), the softmax sum l adds the probabilities as p·v rounds them to q.dtype,
-so o_f32 = acc / l is an exact convex combination of V rows, and o_lo = o_f32 − o carries it to the backward's delta
-(see ``triton_fwd``'s update step for why a one-hot row needs that).
+With residuals (the differentiated path) the kernel also stores lse and o_lo = o_f32 − o, the output's rounding
+error, which the backward's delta needs. The softmax sum l adds the unrounded probabilities, as without residuals:
+summing them as p·v rounds them to q.dtype (as ``triton_fwd`` does) made this forward 26% slower (1102 vs 876 µs at
+B4 T=S=4096 N16 H128; causal 614 vs 480) for no measurable gain: dq, dk, dv against float64 on saturated inputs
+(q, k × 30) came out within 2.8e-3 / 3.2e-3 / 2.9e-3 (H 64) and 3.8e-3 / 3.6e-3 / 3.4e-3 (H 128) either way
+(benchmarks/results/attention_residual_cost-h100.json, benchmarks/scripts/attention_residual_cost.py).
 """
 
 from __future__ import annotations
@@ -137,9 +140,8 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             acc = acc * bcast_row(alpha, acc.shape)
             l = l * alpha
             p16 = p.astype(dtype)
-            p_sum = p16.astype(jnp.float32) if residuals else p  # residuals: l sums p as p·v rounds it
             if H <= 128:  # the order jax's attention_mgpu found faster for H <= 128
-                l = l + p_sum.sum(axis=1)
+                l = l + p.sum(axis=1)
                 acc, l, m_new, p16 = lax.optimization_barrier((acc, l, m_new, p16))
             if cfg.ping_pong:
                 plgpu.barrier_arrive(turn)  # softmax done
@@ -147,7 +149,7 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             if cfg.ping_pong:
                 plgpu.barrier_wait(turn)  # the tensor cores are ours
             if H > 128:
-                l = l + p_sum.sum(axis=1)
+                l = l + p.sum(axis=1)
 
             def pv(acc_ref):
                 plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
