@@ -40,7 +40,8 @@ import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 __all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
-           "interpreting", "is_hopper", "kernel", "layout_cast", "load", "num_sms", "smem_transforms"]
+           "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load", "num_sms",
+           "smem_transforms"]
 
 # Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
 # row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
@@ -124,6 +125,51 @@ def kernel(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, t
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names,
                         num_threads=num_threads, thread_name=thread_name,
                         compiler_params=compiler_params(semantics, **params), kernel_name=name, interpret=interpret)
+
+
+def kernel_accumulating(body, *, accumulator: jax.ShapeDtypeStruct, out_type, scratch_types=(), grid, grid_names,
+                        num_threads, thread_name, name: str, semantics: str = "lane", **params):
+    """Like ``kernel``, plus one zero-initialized global buffer that programs may add into (TMA reduce-add:
+    ``plgpu.copy_smem_to_gmem(..., reduction_op="add")``). ``body(*inputs, acc_ref, *outputs, *scratch)``; the
+    returned function gives ``(outputs, accumulated)``.
+
+    The buffer is a ``jax.new_ref`` passed to ``pl.kernel``, which aliases it in and out of the kernel
+    (``plgpu.kernel`` takes no refs), so XLA's memset is its only other cost. The ref is discharged right here
+    (``_discharged``): callers may run this under ``custom_vmap``, which has no state-discharge rule. No
+    interpret mode: jax's GPU interpreter implements no TMA reductions."""
+    if _INTERPRET_SMS.get() is not None:
+        raise NotImplementedError(f"{name}: TMA reduce-add has no GPU interpret mode")
+    from jax.experimental import pallas as pl
+
+    mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=num_threads, thread_name=thread_name,
+                      kernel_name=name)
+
+    def with_ref(*inputs):
+        acc = jax.new_ref(jnp.zeros(accumulator.shape, accumulator.dtype))
+
+        def scoped(*refs):
+            pl.run_scoped(functools.partial(body, *refs), *scratch_types, collective_axes=thread_name)
+
+        outs = pl.kernel(scoped, out_type=out_type, mesh=mesh, compiler_params=compiler_params(semantics, **params),
+                         name=name)(*inputs, acc)
+        return outs, jax.freeze(acc)
+
+    return _discharged(with_ref)
+
+
+def _discharged(fn):
+    """``fn`` (creating and freezing refs inside) as a pure function: its jaxpr with the refs discharged into
+    values (``pl.kernel``'s ref arguments become input-output aliases). jax-version shim: ``discharge_state``
+    and ``jaxpr_as_fun`` are private; both supported versions take ``discharge_state(closed_jaxpr)``."""
+    from jax._src.core import jaxpr_as_fun
+    from jax._src.state.discharge import discharge_state
+
+    def pure(*args):
+        closed, out_shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+        outs = jaxpr_as_fun(discharge_state(closed))(*jax.tree.leaves(args))
+        return jax.tree.unflatten(jax.tree.structure(out_shapes), outs)
+
+    return pure
 
 
 def is_hopper(device=None) -> bool:

@@ -183,11 +183,12 @@ class MosaicAttentionConfig:
     block_kv_dkv: int = 64
     compute_wgs_dkv: int = 2
     num_stages_dkv: int = 2
+    fused_bwd: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
             name, value = field.name, getattr(self, field.name)
-            if name in ("ping_pong", "persistent"):
+            if name in ("ping_pong", "persistent", "fused_bwd"):
                 ok, allowed = isinstance(value, bool), "a bool"
             elif name in ("block_q", "block_kv"):
                 ok, allowed = is_int(value) and value > 0 and value % 64 == 0, "a positive multiple of 64"

@@ -25,6 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.attention import mosaic_bwd_fused as fused
 from pallas_kernels.attention import mosaic_bwd_kernels as kernels
 from pallas_kernels.attention.config import MosaicAttentionConfig
 from pallas_kernels.index_math import round_up
@@ -76,6 +77,11 @@ def backward(q, k, v, o, o_lo, lse, do, q_seg, kv_seg, kv_lens, *, causal: bool,
 
     problem = kernels.Problem(B=B, T=T, S=S, N=N, K=K, H=H, T_pad=T_pad, S_pad=S_pad, causal=causal, scale=scale,
                               has_segments=q_seg is not None, has_lengths=kv_lens is not None)
+    if c.fused_bwd:
+        dq, dk, dv = fused.fused_call(q_in, k_dq, v_in, do, lse, delta, q_seg, kv_seg, kv_lens, p=problem,
+                                      block_q=c.block_q_dkv, block_kv=c.block_kv_dkv, compute_wgs=c.compute_wgs_dkv,
+                                      num_stages=c.num_stages_dkv)
+        return (dq[:, :T] * scale).astype(q.dtype), dk[:, :S], dv[:, :S]
     dq = kernels.dq_call(q_in, k_dq, v_in, do, lse, delta, q_seg, kv_seg, kv_lens, p=problem, block_q=c.block_q_dq,
                          block_kv=c.block_kv_dq, compute_wgs=c.compute_wgs_dq, num_stages=c.num_stages_dq)
     dk, dv = kernels.dkv_call(q_in, k_in, v_in, do, lse, delta, q_seg, kv_seg, kv_lens, p=problem,

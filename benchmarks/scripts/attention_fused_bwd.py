@@ -1,0 +1,155 @@
+"""The Mosaic attention backward, fused (one kernel, dQ by TMA reduce-add) against split (dQ kernel + dK/dV kernel),
+and cuDNN, on the H100: correctness first, then forward+backward time per suite shape.
+
+    PYTHONPATH=$PWD python benchmarks/scripts/attention_fused_bwd.py --out $OUT [--shapes main,h64] [--fused-only]
+
+Correctness: dq, dk, dv of both backward variants against the float32 reference (``pallas_kernels.reference``) on
+fresh random bf16 inputs at small odd shapes (causal, GQA, segment ids, kv_seq_lengths with NaN past the length),
+max error relative to the reference's largest entry; any NaN fails. Timing: ``bench.time_kernels`` (CUPTI,
+median, three input sets rotated past the L2) of jax.vjp's forward and backward with a random cotangent (the
+output kept alive), each variant's per-kernel times, cuDNN's in the same run. Writes
+``attention_fused_bwd-<device>.json`` under --out and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_kernels
+from jaxfuse import bench
+from jaxfuse.suites.attention import SHAPES, make_inputs
+from pallas_kernels import reference
+from pallas_kernels.attention import mosaic
+
+CASES = [  # (B, T, S, N, K, H, causal, segments, lengths)
+    (2, 256, 256, 4, 4, 128, False, False, False),
+    (2, 256, 256, 4, 4, 128, True, False, False),
+    (1, 200, 330, 4, 2, 128, False, False, False),
+    (1, 333, 333, 4, 1, 128, True, False, False),
+    (2, 256, 256, 4, 2, 64, False, False, False),
+    (1, 300, 300, 4, 4, 64, True, False, False),
+    (2, 256, 256, 4, 2, 128, False, True, False),
+    (2, 384, 384, 4, 4, 128, False, False, True),
+    (2, 384, 384, 8, 2, 64, True, False, True),
+]
+
+
+def fused_config(cfg):
+    """``cfg`` with the fused backward, its dK/dV pipeline cut to what fits shared memory."""
+    return dataclasses.replace(cfg, fused_bwd=True, num_stages_dkv=min(cfg.num_stages_dkv, 2))
+
+
+def vjp_fn(cfg, causal, segments=None, lengths=None):
+    def run(q, k, v, do):
+        o, vjp = jax.vjp(lambda q, k, v: pallas_kernels.flash_attention(
+            q, k, v, causal=causal, segment_ids=segments, kv_seq_lengths=lengths, backend="mosaic",
+            block_sizes=cfg), q, k, v)
+        return (o, *vjp(do))
+    return jax.jit(run)
+
+
+def check(case) -> dict:
+    B, T, S, N, K, H, causal, segments, lengths = case
+    q, k, v, do = make_inputs(B, T, S, N, K, H, seed=sum(case[:6]))
+    seg = lens = None
+    if segments:
+        seg = (jnp.repeat(jnp.arange(4), T // 4)[None].repeat(B, 0).astype(jnp.int32),
+               jnp.repeat(jnp.arange(4), S // 4)[None].repeat(B, 0).astype(jnp.int32))
+    if lengths:
+        lens = jnp.array([S // 3 + 5, S - 17][:B], jnp.int32)
+        pad = jnp.arange(S)[None, :, None, None] >= lens[:, None, None, None]
+        v = jnp.where(pad, jnp.nan, v)  # NaN past the length must not reach a gradient
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    ref = jax.jit(lambda q, k, v, do: jax.vjp(lambda q, k, v: reference.attention(
+        q, k, jnp.where(jnp.isnan(v), 0, v), causal=causal, segment_ids=seg, kv_seq_lengths=lens), q, k, v)[1](do))
+    want = ref(f32(q), f32(k), f32(v), f32(do))
+    out = {}
+    base = mosaic.default_config(q, k, v, causal=causal)
+    for name, cfg in (("split", base), ("fused", fused_config(base))):
+        got = vjp_fn(cfg, causal, seg, lens)(q, k, v, do)[1:]
+        errs = {}
+        for g_name, g, w in zip(("dq", "dk", "dv"), got, want):
+            g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+            errs[g_name] = float("nan") if np.isnan(g).any() else float(np.abs(g - w).max() / np.abs(w).max())
+        out[name] = errs
+    tol = 1e-2 * math.sqrt(max(T, S) / 256)
+    out["ok"] = all(e == e and e <= tol for v in (out["split"], out["fused"]) for e in v.values())
+    out["tol"] = tol
+    return out
+
+
+def timing(shape: str, causal: bool, iterations: int, fused_only: bool) -> list[dict]:
+    s = SHAPES[shape]
+    sets = [make_inputs(s["B"], s["T"], s["S"], s["N"], s["K"], s["H"], seed=i) for i in range(3)]
+    base = mosaic.default_config(*sets[0][:3], causal=causal)
+    variants = [("pallas_mosaic_fused", fused_config(base))]
+    if not fused_only:
+        variants.insert(0, ("pallas_mosaic_split", base))
+    rows = []
+    for name, cfg in variants:
+        t = bench.time_kernels(vjp_fn(cfg, causal), sets, iterations=iterations)
+        rows.append(dict(shape=shape, causal=causal, impl=name, us=t.median_us, spread=t.spread,
+                         per_kernel_us=t.per_kernel_us, config=str(cfg)))
+    if not fused_only:
+        def cudnn(q, k, v, do):
+            o, vjp = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                                          implementation="cudnn"), q, k, v)
+            return (o, *vjp(do))
+        t = bench.time_kernels(jax.jit(cudnn), sets, iterations=iterations)
+        rows.append(dict(shape=shape, causal=causal, impl="cudnn", us=t.median_us, spread=t.spread,
+                         per_kernel_us=t.per_kernel_us))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shapes", default="main,h64,1k,gqa,8k")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--fused-only", action="store_true")
+    parser.add_argument("--skip-checks", action="store_true")
+    args = parser.parse_args()
+    result = {"environment": bench.environment(), "checks": [], "timings": []}
+    path = os.path.join(args.out, f"attention_fused_bwd-{bench.device_tag(jax.devices()[0].device_kind)}.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+    if not args.skip_checks:
+        for case in CASES:
+            try:
+                r = check(case)
+            except Exception as e:  # noqa: BLE001  (report and go on: the timings still matter)
+                r = {"error": f"{type(e).__name__}: {e}"[:800], "ok": False}
+            result["checks"].append(dict(case=case, **r))
+            print("check", case, r, flush=True)
+            save()
+    for shape in args.shapes.split(","):
+        for causal in (False, True):
+            try:
+                rows = timing(shape, causal, args.iterations, args.fused_only)
+            except Exception as e:  # noqa: BLE001
+                rows = [dict(shape=shape, causal=causal, error=f"{type(e).__name__}: {e}"[:800])]
+            result["timings"] += rows
+            cudnn = next((r["us"] for r in rows if r.get("impl") == "cudnn"), None)
+            for r in rows:
+                ratio = f"{cudnn / r['us']:.3f}x cuDNN" if cudnn and "us" in r else ""
+                print(f"{shape:5s} causal={causal!s:5s} {r.get('impl', '?'):22s} {r.get('us', float('nan')):9.1f} µs "
+                      f"{ratio} {r.get('per_kernel_us', r.get('error', ''))}", flush=True)
+            save()
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
