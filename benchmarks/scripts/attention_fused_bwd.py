@@ -87,6 +87,39 @@ def check(case) -> dict:
     return out
 
 
+_REDUCE = """            plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, pl.ds(t0, bq), h * G + g, pl.ds(col0, dq_cols)],
+                                    reduction_op="add")
+"""
+
+
+def priced_without_reduce(shape: str, causal: bool, iterations: int) -> dict:
+    """The fused kernel with its dQ reduce-add removed (dQ wrong: prices the reduction), patched in memory."""
+    import importlib.util
+    import inspect
+    from pallas_kernels.attention import mosaic_bwd, mosaic_bwd_fused
+
+    source = inspect.getsource(mosaic_bwd_fused)
+    if source.count(_REDUCE) != 1:
+        return dict(shape=shape, causal=causal, impl="fused_without_reduce", error="mosaic_bwd_fused changed")
+    spec = importlib.util.spec_from_loader("mosaic_bwd_fused_no_reduce", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(source.replace(_REDUCE, ""), mosaic_bwd_fused.__file__, "exec"), module.__dict__)
+    s = SHAPES[shape]
+    sets = [make_inputs(s["B"], s["T"], s["S"], s["N"], s["K"], s["H"], seed=i) for i in range(3)]
+    cfg = fused_config(mosaic.default_config(*sets[0][:3], causal=causal))
+    try:
+        mosaic_bwd.fused = module
+        mosaic._backward.cache_clear()
+        jax.clear_caches()  # mosaic_bwd.backward is a jit: retrace it with the patched module
+        t = bench.time_kernels(vjp_fn(cfg, causal), sets, iterations=iterations)
+    finally:
+        mosaic_bwd.fused = mosaic_bwd_fused
+        mosaic._backward.cache_clear()
+        jax.clear_caches()
+    return dict(shape=shape, causal=causal, impl="fused_without_reduce", us=t.median_us, spread=t.spread,
+                per_kernel_us=t.per_kernel_us, config=str(cfg))
+
+
 def timing(shape: str, causal: bool, iterations: int, fused_only: bool) -> list[dict]:
     s = SHAPES[shape]
     sets = [make_inputs(s["B"], s["T"], s["S"], s["N"], s["K"], s["H"], seed=i) for i in range(3)]
@@ -99,6 +132,8 @@ def timing(shape: str, causal: bool, iterations: int, fused_only: bool) -> list[
         t = bench.time_kernels(vjp_fn(cfg, causal), sets, iterations=iterations)
         rows.append(dict(shape=shape, causal=causal, impl=name, us=t.median_us, spread=t.spread,
                          per_kernel_us=t.per_kernel_us, config=str(cfg)))
+    if shape == "main":
+        rows.append(priced_without_reduce(shape, causal, iterations))
     if not fused_only:
         def cudnn(q, k, v, do):
             o, vjp = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,

@@ -82,13 +82,17 @@ def fused_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: split.Prob
         if p.has_lengths:
             lo = jnp.where(s_cta >= kv_len, i32(num_q_tiles), i32(lo))
         num_steps = num_q_tiles - lo
+        # Programs of one head start at different query tiles (and wrap around), so that their reduce-adds into dQ
+        # do not all hit the same rows at the same time.
+        shift = lax.axis_index("kv_tiles") * max(1, num_q_tiles // cdiv(S, tile))
+        q_tile_of = lambda i: lo + lax.rem(i + shift, jnp.maximum(num_steps, 1))  # noqa: E731
         col0 = wg * dq_cols if dq_split == "heads" else 0
 
         def body(idx, q_tile, do_tile, lse_tile, delta_tile, q_seg_tile, q_consumed, do_consumed, lse_consumed,
                  delta_consumed, q_seg_consumed, carry):
             i, g = idx
             dk_acc, dv_acc, kv_seg_rows = carry
-            t0 = (lo + i) * bq
+            t0 = q_tile_of(i) * bq
             slot = lax.rem(i * G + g, 2)
 
             def products(s_acc, dp_acc):
@@ -175,10 +179,10 @@ def fused_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: split.Prob
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         head = lambda g: h * G + g  # noqa: E731  query head of step (i, g)
-        qo_spec = plgpu.BlockSpec((bq, None, H), lambda i, g: (lo + i, head(g), 0),
+        qo_spec = plgpu.BlockSpec((bq, None, H), lambda i, g: (q_tile_of(i), head(g), 0),
                                   transforms=mu.smem_transforms(H, dtype))
-        row_spec = plgpu.BlockSpec((None, bq), lambda i, g: (head(g), lo + i))
-        seg_spec = None if q_seg_ref is None else plgpu.BlockSpec((bq,), lambda i, g: (lo + i,))
+        row_spec = plgpu.BlockSpec((None, bq), lambda i, g: (head(g), q_tile_of(i)))
+        seg_spec = None if q_seg_ref is None else plgpu.BlockSpec((bq,), lambda i, g: (q_tile_of(i),))
         plgpu.emit_pipeline_warp_specialized(
             body, grid=(num_steps, G), memory_registers=split._MEMORY_REGISTERS,
             in_specs=[qo_spec, qo_spec, row_spec, row_spec, seg_spec], max_concurrent_steps=num_stages,
