@@ -92,18 +92,28 @@ _REDUCE = """            plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, pl
 """
 
 
-def priced_without_reduce(shape: str, causal: bool, iterations: int) -> dict:
-    """The fused kernel with its dQ reduce-add removed (dQ wrong: prices the reduction), patched in memory."""
+_WAIT = """            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous reduce-add has read dq_smem
+"""
+PRICED = {  # variant -> (source, replacement) in mosaic_bwd_fused; each gives a wrong dQ: it prices a part
+    "fused_without_reduce": (_REDUCE, ""),
+    "fused_without_reduce_wait": (_WAIT, ""),
+    "fused_plain_store": (_REDUCE, _REDUCE.replace(',\n                                    reduction_op="add")', ")")),
+}
+
+
+def priced_without_reduce(shape: str, causal: bool, iterations: int, variant: str = "fused_without_reduce") -> dict:
+    """The fused kernel with a part removed (PRICED: dQ wrong, prices the part), patched in memory."""
     import importlib.util
     import inspect
     from pallas_kernels.attention import mosaic_bwd, mosaic_bwd_fused
 
     source = inspect.getsource(mosaic_bwd_fused)
-    if source.count(_REDUCE) != 1:
-        return dict(shape=shape, causal=causal, impl="fused_without_reduce", error="mosaic_bwd_fused changed")
+    old, replacement = PRICED[variant]
+    if source.count(old) != 1:
+        return dict(shape=shape, causal=causal, impl=variant, error="mosaic_bwd_fused changed")
     spec = importlib.util.spec_from_loader("mosaic_bwd_fused_no_reduce", loader=None)
     module = importlib.util.module_from_spec(spec)
-    exec(compile(source.replace(_REDUCE, ""), mosaic_bwd_fused.__file__, "exec"), module.__dict__)
+    exec(compile(source.replace(old, replacement), mosaic_bwd_fused.__file__, "exec"), module.__dict__)
     s = SHAPES[shape]
     sets = [make_inputs(s["B"], s["T"], s["S"], s["N"], s["K"], s["H"], seed=i) for i in range(3)]
     cfg = fused_config(mosaic.default_config(*sets[0][:3], causal=causal))
@@ -116,7 +126,7 @@ def priced_without_reduce(shape: str, causal: bool, iterations: int) -> dict:
         mosaic_bwd.fused = mosaic_bwd_fused
         mosaic._backward.cache_clear()
         jax.clear_caches()
-    return dict(shape=shape, causal=causal, impl="fused_without_reduce", us=t.median_us, spread=t.spread,
+    return dict(shape=shape, causal=causal, impl=variant, us=t.median_us, spread=t.spread,
                 per_kernel_us=t.per_kernel_us, config=str(cfg))
 
 
@@ -133,7 +143,7 @@ def timing(shape: str, causal: bool, iterations: int, fused_only: bool) -> list[
         rows.append(dict(shape=shape, causal=causal, impl=name, us=t.median_us, spread=t.spread,
                          per_kernel_us=t.per_kernel_us, config=str(cfg)))
     if shape == "main":
-        rows.append(priced_without_reduce(shape, causal, iterations))
+        rows += [priced_without_reduce(shape, causal, iterations, v) for v in PRICED]
     if not fused_only:
         def cudnn(q, k, v, do):
             o, vjp = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
