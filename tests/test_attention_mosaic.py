@@ -239,3 +239,64 @@ def test_vmap_jit_grad_and_checkpoint_match_reference():
     for name, g, r, w in zip(("dq", "dk", "dv"), got, remat, want):
         assert_close(g, w, tol(q[0], k[0]), name)
         assert_close(r, w, tol(q[0], k[0]), name + " (checkpoint)")
+
+
+# ------------------------------------------------------------------------------- fused backward (config.fused_bwd)
+_FUSED = {  # name: (config overrides, (B, T, S, N, K, H), masks, scale); dq_split "heads" at H=128, else "own"
+    "fused-heads": (dict(fused_bwd=True, num_stages_dkv=2), (2, 1000, 777, 4, 2, 128), "everything", 0.07),
+    "fused-own-h64": (dict(fused_bwd=True, num_stages_dkv=2), (2, 777, 1000, 8, 2, 64), "causal", -0.1),
+    "fused-one-warpgroup": (dict(fused_bwd=True, compute_wgs_dkv=1, num_stages_dkv=2), (2, 1000, 1000, 4, 4, 128), "lengths", 0.07),
+}
+
+
+@pytest.mark.parametrize("name", list(_FUSED))
+def test_fused_backward_lowers_to_one_kernel_adding_into_dq(name):
+    overrides, (B, T, S, N, K, H), kind, scale = _FUSED[name]
+    config = Config(**overrides)
+    kernels = _train_kernels(*_spec(B, T, S, N, K, H), block_sizes=overrides, scale=scale, **_masks(kind, B, T, S))
+    assert len(kernels) == 2 and kernels[0].name == "mosaic_attention_fwd"  # no dQ kernel
+    fused = kernels[1]
+    assert fused.warpgroups == 1 + config.compute_wgs_dkv
+    assert "reduce.async.bulk.tensor" in fused.text and ".add." in fused.text  # dQ by TMA reduce-add
+    segments = kind in ("segments", "everything")
+    assert fused.smem_bytes <= mosaic_bwd.fused.shared_memory_bytes(config, H, segments=segments)
+    assert mosaic_bwd.fused.dq_split_for(H, config.compute_wgs_dkv) == ("heads" if name == "fused-heads" else "own")
+
+
+def test_fused_backward_shared_memory_is_checked():
+    q = _spec(1, 512, 512, 2, 2, 128)[0]
+    assert mosaic.config_reason(q, Config(fused_bwd=True), segments=False) is None
+    reason = mosaic.config_reason(q, Config(fused_bwd=True, num_stages_dkv=3), segments=False)
+    assert "fused backward kernel needs" in reason  # the dSᵀ ring and float32 dQ tiles leave room for 2 stages
+
+
+def test_fused_backward_has_no_interpret_mode():
+    with mosaic_utils.interpret_on_cpu(), pytest.raises(NotImplementedError, match="reduce-add"):
+        mosaic_utils.kernel_accumulating(lambda *refs: None, accumulator=jax.ShapeDtypeStruct((8,), jnp.float32),
+                                         out_type=(), grid=(1,), grid_names=("x",), num_threads=1,
+                                         thread_name="wg", name="k")
+
+
+@gpu_only
+@pytest.mark.parametrize("name", list(_FUSED))
+def test_fused_backward_matches_reference(name):
+    overrides, (B, T, S, N, K, H), kind, scale = _FUSED[name]
+    q, k, v = qkv(B, T, S, N, K, H, jnp.bfloat16)
+    _Mosaic().check_against_reference(q, k, v, tol(q, k), block_sizes=overrides, scale=scale,
+                                      **_masks(kind, B, T, S))
+
+
+@gpu_only
+def test_fused_backward_under_vmap_and_checkpoint():
+    V, B, T, N, H = 2, 2, 500, 4, 128
+    q, k, v = (normal((V, B, T, N, H), jnp.bfloat16) for _ in range(3))
+    fused = Config(fused_bwd=True)
+    attn = lambda q, k, v: attention.flash_attention(q, k, v, causal=True, backend="mosaic",  # noqa: E731
+                                                     block_sizes=fused)
+    loss = lambda f: lambda *a: jnp.sum(jax.vmap(f)(*a).astype(jnp.float32) ** 2)  # noqa: E731
+    got = jax.jit(jax.grad(loss(jax.checkpoint(attn)), argnums=(0, 1, 2)))(q, k, v)
+    up = lambda x: x.astype(jnp.float32)  # noqa: E731
+    want = jax.jit(jax.grad(loss(lambda q, k, v: reference.attention(q, k, v, causal=True)), argnums=(0, 1, 2)))(
+        up(q), up(k), up(v))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert_close(g, w, tol(q[0], k[0]), name)

@@ -51,7 +51,10 @@ def config_reason(q, config: Config, *, segments: bool) -> str | None:
     not, with the bytes each needs."""
     H, dtype = q.shape[-1], jnp.dtype(q.dtype)
     needs = {"forward": mosaic_fwd.shared_memory_bytes(H, dtype, config)}
-    needs["dQ"], needs["dK/dV"] = mosaic_bwd.shared_memory_bytes(config, H, dtype.itemsize, segments=segments)
+    if config.fused_bwd:
+        needs["fused backward"] = mosaic_bwd.fused.shared_memory_bytes(config, H, dtype.itemsize, segments=segments)
+    else:
+        needs["dQ"], needs["dK/dV"] = mosaic_bwd.shared_memory_bytes(config, H, dtype.itemsize, segments=segments)
     over = {name: need for name, need in needs.items() if need > mu.H100_SMEM_BYTES}
     if not over:
         return None
