@@ -538,7 +538,7 @@ def _provenance(module: Module, inst: Instruction) -> tuple[collections.Counter,
     line_counts: collections.Counter = collections.Counter()
     for i in fused_instructions(inst):
         if i.opcode not in _PLUMBING and not (i is inst and i.opcode in ("fusion", "async-start")):
-            ops[i.opcode] += 1
+            ops[i.async_wrapped_opcode or i.opcode] += 1  # `all-reduce-start` runs an all-reduce
         if i.metadata.op_name:
             for name in i.metadata.op_name.split(";"):
                 scope = scope_of(name)
