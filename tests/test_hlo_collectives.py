@@ -373,3 +373,15 @@ def test_live_jax_still_prints_parseable_collectives():
     assert found == {"psum": "all-reduce", "psum_groups": "all-reduce", "all_gather": "all-gather",
                      "psum_scatter": "reduce-scatter", "all_to_all": "all-to-all",
                      "ppermute": "collective-permute", "sharded_matmul": "all-reduce"}
+
+
+def test_jaxfuse_diff_of_saved_spmd_dumps(tmp_path, capsys):
+    from jaxfuse import cli as jaxfuse_cli
+
+    a, b = os.path.join(DATA, "cpu4_psum.hlo.txt"), os.path.join(DATA, "cpu4_psum_scatter.hlo.txt")
+    html = tmp_path / "diff.html"
+    assert jaxfuse_cli.main(["diff", "--a", a, "--b", b, "--html", str(html)]) == 0
+    out = capsys.readouterr().out
+    assert "bytes_sent                      768 B -> 768 B" in out  # 2·3/4·512 and 3/4·1024
+    assert "psum.7 (all-reduce ×4) -> -" in out and "- -> reduce_scatter.7 (reduce-scatter ×4)" in out
+    assert '"sent_b":768' in html.read_text()
