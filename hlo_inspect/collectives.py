@@ -199,6 +199,16 @@ def parse_source_target_pairs(text: str) -> list[tuple[int, int]]:
     return [(s, t) for s, t in pairs]
 
 
+def _replica_groups_text(inst: Instruction) -> str | None:
+    """`replica_groups=` as printed. A mesh with explicit device ids prints a top-level comma
+    (`mesh['x'=2,'y'=2], device_ids=(...) {'y'}`), which the attribute scanner reads as a second attribute
+    `device_ids`: joined back here."""
+    text = inst.attrs.get("replica_groups")
+    if text is not None and text.strip().startswith("mesh") and "{" not in text and "device_ids" in inst.attrs:
+        text = f"{text}, device_ids={inst.attrs['device_ids']}"
+    return text
+
+
 def collective_instruction(inst: Instruction) -> Instruction | None:
     """The instruction that carries a collective's attributes: the op itself (synchronous, `all-reduce-start`,
     or the sugar `all-to-all-start`), or the root of a generic `async-start`'s `calls=` computation; None when
@@ -226,7 +236,7 @@ def _header_count(header: dict[str, str], key: str) -> int | None:
 
 def _group_size(op: str, inst: Instruction, header: dict[str, str]) -> tuple[int, int, str]:
     """(n, number of groups, note) from replica_groups, the group mode and the header's device counts."""
-    printed = inst.attrs.get("replica_groups")
+    printed = _replica_groups_text(inst)
     groups = parse_replica_groups(printed) if printed is not None else ReplicaGroups(0, 0, ())
     replicas, partitions = _header_count(header, "replica_count"), _header_count(header, "num_partitions")
     has_channel = "channel_id" in inst.attrs
@@ -293,13 +303,13 @@ def collective(inst: Instruction, header: dict[str, str]) -> Collective | None:
         note = "; ".join(filter(None, [note, f"no byte model for {op}: counted as 0 bytes"]))
     if op == "ragged-all-to-all":
         note = "; ".join(filter(None, [note, "sizes are run-time values: estimated as a balanced all-to-all"]))
-    return Collective(op, n, num_groups, size, moved, moved, op_inst.attrs.get("replica_groups", "").strip(), note)
+    return Collective(op, n, num_groups, size, moved, moved, (_replica_groups_text(op_inst) or "").strip(), note)
 
 
 def check(inst: Instruction) -> None:
     """ValueError when `inst` is a collective whose replica_groups or source_target_pairs cannot be read."""
     if collective_instruction(inst) is inst:
         if "replica_groups" in inst.attrs:
-            parse_replica_groups(inst.attrs["replica_groups"])
+            parse_replica_groups(_replica_groups_text(inst))
         if "source_target_pairs" in inst.attrs:
             parse_source_target_pairs(inst.attrs["source_target_pairs"])

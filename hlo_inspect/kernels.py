@@ -8,7 +8,8 @@ The workspace a cuBLAS/cuDNN custom call returns (its trailing `u8[...]` output)
 constants, bitcasts, tuples and get-tuple-element launch nothing.
 
 FLOPs: `dot` and `convolution` exactly (2 per multiply-add); each elementwise arithmetic op 1 per output element;
-`reduce` 1 per input element; data movement 0. Library calls (cuBLAS GEMM, cuDNN attention) are counted from their
+`reduce` 1 per input element; data movement 0; an all-reduce 1 per output element (XLA's rule, as if over 2
+devices), other collectives 0. Library calls (cuBLAS GEMM, cuDNN attention) are counted from their
 dot dimension numbers; an opaque custom call (a Pallas kernel) has `flops=None`.
 
 Collectives (all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute, ...; synchronous, as
@@ -382,6 +383,8 @@ def _unclamped_flops(inst: Instruction) -> tuple[int, int]:
         if inst.async_phase != "start" or not inst.async_wrapped_opcode:
             return 0, 0
         op = inst.async_wrapped_opcode
+    if op == "all-reduce":  # HloCostAnalysis::HandleAllReduce: one reduction per output element
+        return sum(leaf.num_elements for leaf in inst.shape.leaves()), 0
     if op in ("dot", "ragged-dot", "scaled-dot"):
         # parse() checked the dimension numbers (hlo_inspect.validate).
         contracting = tuple(int(x) for x in inst.attrs.get("lhs_contracting_dims", "{}").strip("{} ").split(",")

@@ -8,7 +8,8 @@ process that already imported jax). Writes `cpu4_<program>.hlo.txt`, the optimiz
 program's docstring says which collective it makes and the per-device shapes; tests/test_hlo_collectives.py
 computes the bytes they send by hand from those shapes.
 
-`--check` compiles every program and prints the collective opcodes found, writing nothing (the live-jax test).
+`--check` compiles every program and prints, per program, the collective opcodes hlo_inspect finds and our
+totals over XLA's `cost_analysis()` (`bytes=1.000 flops=1.000`), writing nothing (the live-jax test).
 """
 
 from __future__ import annotations
@@ -113,13 +114,16 @@ def main() -> None:
     if len(jax.devices()) < 4:
         raise SystemExit(f"need 4 devices, have {len(jax.devices())}: was jax imported before XLA_FLAGS was set?")
     for name in PROGRAMS:
-        text = compiled_text(name)
         if args.check:
-            from hlo_inspect.report import from_text
+            import hlo_inspect
 
-            rep = from_text(text)
-            print(name, " ".join(k.instruction.opcode for k in rep.kernels if k.category == "collective"))
+            f, inputs = PROGRAMS[name]()
+            rep = hlo_inspect.inspect(f, *inputs)
+            ratios = " ".join(f"{row['quantity'].split()[0]}={row['ratio']:.3f}" for row in rep.comparison()
+                              if row["quantity"] in ("bytes accessed", "flops") and row["ratio"] is not None)
+            print(name, " ".join(k.collective.opcode for k in rep.kernels if k.collective), ratios)
             continue
+        text = compiled_text(name)
         header = (f"// captured by tests/data/capture_collectives.py, jax {jax.__version__}, "
                   f"{jax.default_backend()} x4: {name}\n")
         path = os.path.join(args.out, f"cpu4_{name}.hlo.txt")
