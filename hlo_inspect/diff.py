@@ -13,6 +13,10 @@ sharing nothing is only in its program. Source ops present in more than `max_sha
 
 Round trips of the two ledgers are matched by (producer scope, dtype, dims): the ones only in A vanished, the ones
 only in B appeared.
+
+Collectives are kernels like the others (matched by their source ops); when either program has any, the summary
+adds their count and the interconnect bytes one device sends and receives, and the table lists every match with
+a collective whose bytes or existence changed (`Match.sent_a` / `sent_b`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,19 @@ class Match:
     @property
     def bytes_b(self) -> int:
         return sum(k.bytes_total * k.launches for k in self.b)
+
+    @property
+    def sent_a(self) -> int:
+        """Interconnect bytes one device sends per run in A's kernels of this match (collectives)."""
+        return sum(k.bytes_sent * k.launches for k in self.a)
+
+    @property
+    def sent_b(self) -> int:
+        return sum(k.bytes_sent * k.launches for k in self.b)
+
+    @property
+    def has_collective(self) -> bool:
+        return any(k.collective for k in self.a + self.b)
 
     @property
     def scopes(self) -> list[str]:
@@ -142,7 +159,9 @@ class Diff:
 
     def summary(self) -> dict[str, Any]:
         ta, tb = self.a.totals, self.b.totals
-        return {
+        network = {"collectives": [ta.collectives, tb.collectives], "bytes_sent": [ta.bytes_sent, tb.bytes_sent],
+                   "bytes_received": [ta.bytes_received, tb.bytes_received]} if ta.collectives or tb.collectives else {}
+        return network | {
             "kernels": [ta.kernels, tb.kernels],
             "launches": [ta.launches, tb.launches],
             "bytes_total": [ta.bytes_total, tb.bytes_total],
@@ -162,7 +181,10 @@ class Diff:
         lines.append("")
         count = "{:,}".format
         for key, fmt in (("kernels", count), ("launches", count), ("bytes_total", format_bytes), ("flops", count),
-                         ("ledger_traffic_bytes", format_bytes), ("round_trips", count)):
+                         ("ledger_traffic_bytes", format_bytes), ("round_trips", count), ("collectives", count),
+                         ("bytes_sent", format_bytes), ("bytes_received", format_bytes)):
+            if key not in s:
+                continue
             va, vb = s[key]
             change = f"{(vb - va) / va:+.1%}" if va else ""
             lines.append(f"  {key:22s} {fmt(va):>14s} -> {fmt(vb):<14s} {change}")
@@ -180,6 +202,16 @@ class Diff:
                 lines.append(f"  ... {len(interesting) - limit} more")
         else:
             lines.append("every kernel of A has one counterpart of the same category in B")
+        changed = [m for m in self.matches if m.has_collective and (m.kind != "same" or m.sent_a != m.sent_b)]
+        if changed:
+            lines.append("")
+            lines.append("collectives that changed (kind: A -> B  [bytes sent per device A -> B]):")
+            for m in changed[:limit]:
+                a = ", ".join(_collective_name(k) for k in m.a) or "-"
+                b = ", ".join(_collective_name(k) for k in m.b) or "-"
+                lines.append(f"  {m.kind:16s} {a} -> {b}  [{format_bytes(m.sent_a)} -> {format_bytes(m.sent_b)}]")
+            if len(changed) > limit:
+                lines.append(f"  ... {len(changed) - limit} more")
         for title, trips in (("round trips that vanished (in A, not in B)", self.vanished),
                              ("round trips that appeared (in B, not in A)", self.appeared)):
             if trips:
@@ -199,7 +231,8 @@ class Diff:
             "schema": "hlo_inspect.diff/1", "label_a": self.label_a, "label_b": self.label_b,
             "a": self.a.to_dict(), "b": self.b.to_dict(),
             "matches": [{"kind": m.kind, "a": [k.name for k in m.a], "b": [k.name for k in m.b],
-                         "bytes_a": m.bytes_a, "bytes_b": m.bytes_b, "scopes": m.scopes} for m in self.matches],
+                         "bytes_a": m.bytes_a, "bytes_b": m.bytes_b, "sent_a": m.sent_a, "sent_b": m.sent_b,
+                         "scopes": m.scopes} for m in self.matches],
             "vanished": [_round_trip_dict(t) for t in self.vanished],
             "appeared": [_round_trip_dict(t) for t in self.appeared],
             "summary": self.summary(),
@@ -213,6 +246,10 @@ class Diff:
         if path is not None:
             write_html(path, page)
         return page
+
+
+def _collective_name(k: Kernel) -> str:
+    return f"{k.name} ({k.collective.opcode} ×{k.collective.group_size})" if k.collective else f"{k.name} ({k.label})"
 
 
 def diff(a: Report, b: Report, *, label_a: str = "A", label_b: str = "B", max_share: int = 3) -> Diff:

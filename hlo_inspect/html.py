@@ -6,7 +6,8 @@
 
 The data travels as JSON in a `<script type="application/json">` tag; the page's own script renders it:
 - a header with the totals, the unfused counterfactual and the rows comparing ours with XLA's cost analysis;
-- the kernel table, sortable by clicking a header (numbers sort as numbers, missing values last);
+- the kernel table, sortable by clicking a header (numbers sort as numbers, missing values last); a program with
+  collectives adds the interconnect bytes each device sends and receives (columns, cards and diff rows);
 - the ledger of HBM round trips (sortable), grouped by producer scope, and the program's inputs and outputs;
 - an SVG graph: kernels in program order, one arc per (round trip, consumer) from producer to consumer, its width
   proportional to that edge's share of the round trip's traffic (its read plus its share of the write), its
@@ -309,6 +310,11 @@ _JS = r"""
     if (num(t.bytes_total) !== null) cards.appendChild(card(fmtBytes(t.bytes_total), "HBM total", fmtInt(t.bytes_total) + " B"));
     if (num(t.flops) !== null) cards.appendChild(card(fmtFlopUnit(t.flops), "FLOPs" + (t.flops_unknown_kernels ? " (+" + plural(t.flops_unknown_kernels, "kernel") + " unknown)" : ""), fmtInt(t.flops)));
     if (num(t.transcendentals) !== null) cards.appendChild(card(fmtFlops(t.transcendentals), "transcendentals", fmtInt(t.transcendentals)));
+    if (num(t.collectives)) {
+      cards.appendChild(card(fmtInt(t.collectives), "collectives"));
+      cards.appendChild(card(fmtBytes(t.bytes_sent), "sent per device", fmtInt(t.bytes_sent) + " B over the interconnect (ring algorithm)"));
+      cards.appendChild(card(fmtBytes(t.bytes_received), "received per device", fmtInt(t.bytes_received) + " B over the interconnect (ring algorithm)"));
+    }
     if (num(led.traffic_bytes) !== null) {
       var share = num(t.bytes_total) ? " (" + (led.traffic_bytes / t.bytes_total * 100).toFixed(0) + "% of total)" : "";
       cards.appendChild(card(fmtBytes(led.traffic_bytes), plural(arr(led.round_trips).length, "HBM round trip") + share,
@@ -384,6 +390,15 @@ _JS = r"""
     cols.push(bytesCol("bytes_read", "read", function (k) { return num(k.bytes_read); }));
     cols.push(bytesCol("bytes_written", "written", function (k) { return num(k.bytes_written); }));
     cols.push(bytesCol("bytes_total", "total", function (k) { return num(k.bytes_read) === null && num(k.bytes_written) === null ? null : kernelBytes(k); }));
+    if (opts.collectives) {
+      var network = function (key) { return function (k) { return k.collective ? num(k[key]) : null; }; };
+      var sent = bytesCol("bytes_sent", "sent", network("bytes_sent")), received = bytesCol("bytes_received", "received", network("bytes_received"));
+      [sent, received].forEach(function (c) {
+        var tip = c.tip;
+        c.tip = function (k) { var cl = obj(k.collective); return k.collective ? tip(k) + " per device: " + str(cl.opcode) + " over " + str(cl.group_size) + " devices" + (cl.note ? "; " + str(cl.note) : "") : null; };
+        cols.push(c);
+      });
+    }
     cols.push({key: "flops", label: "FLOP", num: true, value: function (k) { return num(k.flops); },
                cell: function (k) { return fmtFlops(k.flops); }, tip: function (k) { return fmtInt(k.flops); }});
     if (opts.compact) return cols;
@@ -408,6 +423,7 @@ _JS = r"""
     opts = opts || {};
     var kernels = arr(rep.kernels).map(obj);
     if (!kernels.length) return empty("no kernels");
+    opts.collectives = kernels.some(function (k) { return !!k.collective; });
     return sortableTable(id, kernelColumns(opts), kernels, {
       initial: ["index", "asc"],
       rowAttrs: function (k, i) {
@@ -636,6 +652,11 @@ _JS = r"""
         {key: "scopes", label: "scopes", value: function (m) { return arr(m.scopes).slice(0, 2).join(", "); },
          cell: function (m) { return arr(m.scopes).slice(0, 2).join(", ") || NO_SCOPE; }}
       ];
+      if (matches.some(function (m) { return num(m.sent_a) || num(m.sent_b); })) {
+        var sentCol = function (key, label) { return {key: key, label: label, num: true, value: function (m) { return num(m[key]); },
+          cell: function (m) { return num(m[key]) ? fmtBytes(m[key]) : ""; }, title: "interconnect bytes one device sends per run"}; };
+        cols.splice(7, 0, sentCol("sent_a", "sent A"), sentCol("sent_b", "sent B"));
+      }
       var table = sortableTable("match-table", cols, matches, {rowAttrs: function (m) { return {"class": "kind-" + str(m.kind), "data-kind": str(m.kind)}; }, initial: ["index", "asc"]});
       var toggle = el("input", {type: "checkbox", id: "hide-same"});
       toggle.addEventListener("change", function () { table.classList.toggle("hide-same", toggle.checked); });

@@ -8,8 +8,15 @@ The workspace a cuBLAS/cuDNN custom call returns (its trailing `u8[...]` output)
 constants, bitcasts, tuples and get-tuple-element launch nothing.
 
 FLOPs: `dot` and `convolution` exactly (2 per multiply-add); each elementwise arithmetic op 1 per output element;
-`reduce` 1 per input element; data movement 0. Library calls (cuBLAS GEMM, cuDNN attention) are counted from their
+`reduce` 1 per input element; data movement 0; an all-reduce 1 per output element (XLA's rule, as if over 2
+devices), other collectives 0. Library calls (cuBLAS GEMM, cuDNN attention) are counted from their
 dot dimension numbers; an opaque custom call (a Pallas kernel) has `flops=None`.
+
+Collectives (all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute, ...; synchronous, as
+`all-reduce-start`/`-done` or the sugar `all-to-all-start`/`-done`, or a generic `async-start` whose `calls=`
+computation wraps one) are kernels of category "collective": a start and its done are one kernel, named by the
+start, with the done in `Kernel.done`. Besides their HBM bytes they carry the bytes each device sends and
+receives over the interconnect (`Kernel.collective`, see `hlo_inspect.collectives`).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import dataclasses
 import math
 from typing import Iterator
 
+from hlo_inspect.collectives import COLLECTIVE_OPCODES, Collective, collective, collective_instruction
 from hlo_inspect.parser import Computation, Instruction, Module, Shape, gc_paused
 from hlo_inspect.source import scope_of
 
@@ -56,11 +64,6 @@ _NO_WORK = frozenset({
     "opt-barrier", "domain", "partition-id", "replica-id", "send-done", "recv-done",
 })  # and the `-done` / `-update` half of every asynchronous op (`Instruction.async_phase`)
 _CONTROL_FLOW = frozenset({"while", "conditional", "call"})
-# Collective opcodes (each also runs asynchronously as `<opcode>-start` ... `<opcode>-done`).
-_COLLECTIVES = frozenset({
-    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
-    "collective-broadcast", "collective-reduce",
-})
 _HOST = frozenset({"send", "recv", "infeed", "outfeed", "copy-start"})
 _DATA_MOVEMENT = frozenset({
     "parameter", "constant", "bitcast", "broadcast", "reshape", "transpose", "slice", "dynamic-slice",
@@ -96,6 +99,23 @@ class Kernel:
     loop: str = ""  # name of the enclosing while body ('' at top level)
     launches: int = 1
     reads: list[tuple[Instruction, int]] = dataclasses.field(default_factory=list, repr=False)
+    collective: Collective | None = None  # the group and interconnect bytes of a collective; None otherwise
+    done: Instruction | None = dataclasses.field(default=None, repr=False)  # an async kernel's `-done`
+
+    @property
+    def result(self) -> Instruction:
+        """The instruction whose value is this kernel's result: the `-done` of an asynchronous kernel."""
+        return self.done or self.instruction
+
+    @property
+    def bytes_sent(self) -> int:
+        """Interconnect bytes one device sends per launch (collectives; 0 for every other kernel)."""
+        return self.collective.bytes_sent if self.collective else 0
+
+    @property
+    def bytes_received(self) -> int:
+        """Interconnect bytes one device receives per launch (collectives; 0 for every other kernel)."""
+        return self.collective.bytes_received if self.collective else 0
 
     @property
     def label(self) -> str:
@@ -135,11 +155,13 @@ class Kernel:
 def classify(inst: Instruction) -> str:
     """The category key (see CATEGORIES) of an instruction that launches work.
 
-    The start of an asynchronous op is classified as the op it runs (`reduce-scatter-start` is a collective,
-    `custom-call-start` by its target)."""
+    The start of an asynchronous op is classified as the op it runs (`reduce-scatter-start` and an `async-start`
+    wrapping an all-gather are collectives, `custom-call-start` by its target)."""
     op = inst.opcode
     if op in _HOST:
         return "host"
+    if collective_instruction(inst) is not None:
+        return "collective"
     if inst.async_phase == "start" and inst.async_wrapped_opcode:
         op = inst.async_wrapped_opcode
     if op == "fusion":
@@ -170,8 +192,6 @@ def classify(inst: Instruction) -> str:
         if target.startswith("mosaic_gpu") or target == "tpu_custom_call":
             return "mosaic"
         return "custom_call"
-    if op in _COLLECTIVES:
-        return "collective"
     if op == "copy":
         return "copy"
     if op in ("dot", "ragged-dot", "scaled-dot"):
@@ -236,9 +256,10 @@ def _buffer_source(inst: Instruction) -> Instruction:
 def _written_shape(inst: Instruction) -> Shape:
     """What an instruction writes: its shape, except for the start of an asynchronous op, whose tuple also
     holds its operands and context: `((operands), output, context)` for async-start (sugar included),
-    all-gather-start and collective-permute-start; `(destination, source, context)` for copy-start."""
+    all-gather-start and collective-permute-start; `(destination, source, context)` for copy-start.
+    all-reduce-start's shape is its output."""
     shape = inst.shape
-    if inst.async_phase == "start" and shape.is_tuple and inst.opcode not in ("all-reduce-start", "async-start"):
+    if inst.async_phase == "start" and shape.is_tuple and inst.opcode != "all-reduce-start":
         index = 0 if inst.opcode == "copy-start" else 1
         if len(shape.tuple_shapes) > index:
             return shape.tuple_shapes[index]
@@ -362,6 +383,8 @@ def _unclamped_flops(inst: Instruction) -> tuple[int, int]:
         if inst.async_phase != "start" or not inst.async_wrapped_opcode:
             return 0, 0
         op = inst.async_wrapped_opcode
+    if op == "all-reduce":  # HloCostAnalysis::HandleAllReduce: one reduction per output element
+        return sum(leaf.num_elements for leaf in inst.shape.leaves()), 0
     if op in ("dot", "ragged-dot", "scaled-dot"):
         # parse() checked the dimension numbers (hlo_inspect.validate).
         contracting = tuple(int(x) for x in inst.attrs.get("lhs_contracting_dims", "{}").strip("{} ").split(",")
@@ -388,7 +411,7 @@ def _unclamped_flops(inst: Instruction) -> tuple[int, int]:
         return total[0], total[1]
     if op in ("map",):
         return inst.shape.num_elements * sum(_computation_flops(c)[0] for c in inst.called_computations), 0
-    if op in _DATA_MOVEMENT or op in _NO_WORK or op in _COLLECTIVES or op in _HOST:
+    if op in _DATA_MOVEMENT or op in _NO_WORK or op in COLLECTIVE_OPCODES or op in _HOST:
         return 0, 0
     if inst.shape.is_tuple:
         return 0, 0
@@ -492,9 +515,10 @@ _PLUMBING = frozenset({"parameter", "tuple", "get-tuple-element"})
 
 
 def fused_instructions(inst: Instruction) -> Iterator[Instruction]:
-    """The instruction and, for fusions, everything fused inside (nested fusions too; not reducer bodies)."""
+    """The instruction and, for fusions and async-starts, everything inside (nested fusions too; not reducer
+    bodies)."""
     yield inst
-    if inst.opcode == "fusion":
+    if inst.opcode in ("fusion", "async-start"):
         for comp in inst.called_computations:
             for i in comp.instructions:
                 yield from fused_instructions(i)
@@ -516,8 +540,8 @@ def _provenance(module: Module, inst: Instruction) -> tuple[collections.Counter,
     scope_counts: collections.Counter = collections.Counter()
     line_counts: collections.Counter = collections.Counter()
     for i in fused_instructions(inst):
-        if i.opcode not in _PLUMBING and not (i is inst and i.opcode == "fusion"):
-            ops[i.opcode] += 1
+        if i.opcode not in _PLUMBING and not (i is inst and i.opcode in ("fusion", "async-start")):
+            ops[i.async_wrapped_opcode or i.opcode] += 1  # `all-reduce-start` runs an all-reduce
         if i.metadata.op_name:
             for name in i.metadata.op_name.split(";"):
                 scope = scope_of(name)
@@ -542,7 +566,22 @@ def _trip_count(inst: Instruction) -> int | None:
     return int(n) if isinstance(n, str) and n.isdigit() else None
 
 
+def _dones(comp: Computation) -> dict[int, Instruction]:
+    """id(start) -> its `-done`, for the asynchronous ops of a computation (through any `-update`s)."""
+    out = {}
+    for inst in comp.instructions:
+        if inst.async_phase != "done":
+            continue
+        start = inst.operands[0] if inst.operands else None
+        while start is not None and start.async_phase == "update" and start.operands:
+            start = start.operands[0]
+        if start is not None and start.async_phase == "start":
+            out[id(start)] = inst
+    return out
+
+
 def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list[Kernel]) -> None:
+    dones = None
     for inst in comp.instructions:
         op = inst.opcode
         if op in _NO_WORK or inst.async_phase in ("update", "done"):
@@ -562,7 +601,7 @@ def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list
                 for called in inst.called_computations:
                     _walk(module, called, loop, launches, out)
             continue
-        if op == "async-start":
+        if op == "async-start" and collective_instruction(inst) is None:
             for called in inst.called_computations:
                 _walk(module, called, loop, launches, out)
             continue
@@ -576,9 +615,15 @@ def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list
         else:
             flops, trans = _instruction_flops(inst)
         ops, scopes, lines = _provenance(module, inst)
+        done = None
+        if inst.async_phase == "start":
+            dones = _dones(comp) if dones is None else dones
+            done = dones.get(id(inst))
         out.append(Kernel(name=inst.name, category=category, instruction=inst, ops=ops, bytes_read=bytes_read,
                           bytes_written=bytes_written, flops=flops, transcendentals=trans, scopes=scopes,
-                          source_lines=lines, loop=loop, launches=launches, reads=reads))
+                          source_lines=lines, loop=loop, launches=launches, reads=reads,
+                          collective=collective(inst, module.header_attrs) if category == "collective" else None,
+                          done=done))
 
 
 def kernels(module: Module) -> list[Kernel]:

@@ -9,7 +9,9 @@ program's outputs are listed apart: they must cross HBM whatever the fusion. A t
 and also read back by a later kernel is still a round trip (the read is the avoidable part; `is_output` says so).
 
 Tensors are tracked through `bitcast` and `get-tuple-element` (a multi-output kernel's outputs are separate
-tensors). Values entering or leaving a while/conditional body are loop state, not counted.
+tensors). An asynchronous kernel's result is its `-done` (`Kernel.result`): a collective started in one place
+and read after its done is a round trip of the collective. Values entering or leaving a while/conditional body
+are loop state, not counted.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def _tensor_of(inst: Instruction, known: dict[int, tuple[Instruction, int | None
 
 def ledger(module: Module, kernels: list[Kernel]) -> Ledger:
     """Build the ledger of a program's kernels (as `hlo_inspect.kernels(module)` lists them)."""
-    by_instruction = {id(k.instruction): k for k in kernels}
+    by_instruction = {id(k.result): k for k in kernels}
     known: dict[int, tuple[Instruction, int | None]] = {}
     consumers: dict[tuple[int, int | None], list[tuple[Kernel, int]]] = collections.defaultdict(list)
     inputs: dict[int, tuple[Tensor, list[Kernel]]] = {}
@@ -159,13 +161,14 @@ def ledger(module: Module, kernels: list[Kernel]) -> Ledger:
 
     trips = []
     for k in kernels:
-        results = ([(i, s) for i, s in enumerate(k.instruction.shape.tuple_shapes)]
-                   if k.instruction.shape.is_tuple else [(None, k.instruction.shape)])
+        result = k.result
+        results = ([(i, s) for i, s in enumerate(result.shape.tuple_shapes)]
+                   if result.shape.is_tuple else [(None, result.shape)])
         for index, shape in results:
-            users = consumers.get((id(k.instruction), index))
+            users = consumers.get((id(result), index))
             if not users:
                 continue
-            trips.append(RoundTrip(tensor=Tensor(k.instruction, index, shape), producer=k,
+            trips.append(RoundTrip(tensor=Tensor(result, index, shape), producer=k,
                                    consumers=[u for u, _ in users], read_bytes=[n for _, n in users],
-                                   is_output=(id(k.instruction), index) in output_keys))
+                                   is_output=(id(result), index) in output_keys))
     return Ledger(round_trips=trips, inputs=list(inputs.values()), outputs=outputs)

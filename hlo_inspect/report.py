@@ -5,10 +5,13 @@
     rep.to_json()                               # schema "hlo_inspect.report/1", see README
 
 Totals count each kernel `launches` times (a while loop with a known trip count runs its body that often).
+A program with collectives (an SPMD-partitioned one) also lists, per collective, the bytes one device sends and
+receives over the interconnect (`hlo_inspect.collectives`), in the table, the totals and the JSON.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 from typing import Any, Callable
@@ -35,6 +38,9 @@ class Totals:
     flops: int
     transcendentals: int
     flops_unknown_kernels: int  # kernels whose FLOPs we cannot know (opaque custom calls)
+    collectives: int = 0
+    bytes_sent: int = 0  # interconnect bytes one device sends per run (collectives)
+    bytes_received: int = 0
 
     @property
     def bytes_total(self) -> int:
@@ -50,7 +56,10 @@ def _totals(ks: list[Kernel], once: bool = False) -> Totals:
         bytes_written=sum(k.bytes_written * n(k) for k in ks),
         flops=sum((k.flops or 0) * n(k) for k in ks),
         transcendentals=sum(k.transcendentals * n(k) for k in ks),
-        flops_unknown_kernels=sum(1 for k in ks if k.flops is None))
+        flops_unknown_kernels=sum(1 for k in ks if k.flops is None),
+        collectives=sum(1 for k in ks if k.collective),
+        bytes_sent=sum(k.bytes_sent * n(k) for k in ks),
+        bytes_received=sum(k.bytes_received * n(k) for k in ks))
 
 
 def _format_flops(n: int | None) -> str:
@@ -143,9 +152,11 @@ class Report:
         (`f32[?]`), which count 0 bytes."""
         if getattr(self, "_warnings", None) is None:
             unbounded = sum(1 for inst in self.module.instructions() if inst.shape.has_unbounded)
+            notes = [f"collective {k.name}: {k.collective.note}" for k in self.kernels
+                     if k.collective and k.collective.note]
             self._warnings = list(self.module.warnings) + ([
                 f"{unbounded} instruction{'s' if unbounded != 1 else ''} with an unbounded dynamic dimension ('?', "
-                "sized only at run time) count 0 bytes and 0 FLOPs for it"] if unbounded else [])
+                "sized only at run time) count 0 bytes and 0 FLOPs for it"] if unbounded else []) + notes
         return list(self.caveats) + self._warnings
 
     @property
@@ -255,7 +266,9 @@ class Report:
 
     def table(self, max_scope_width: int = 34) -> str:
         """Aligned text: one row per kernel, then totals and the comparison with XLA's cost analysis."""
-        header = ("#", "kernel", "category", "read", "written", "FLOP", "FLOP/B", "fused ops", "scope", "source")
+        collectives = [k for k in self.kernels if k.collective]
+        header = ("#", "kernel", "category", "read", "written") + (("sent", "received") if collectives else ()) + (
+            "FLOP", "FLOP/B", "fused ops", "scope", "source")
         rows = []
         for i, k in enumerate(self.kernels):
             intensity = "" if k.flops is None or not k.bytes_total else _ratio_text(k.flops, k.bytes_total)
@@ -263,12 +276,17 @@ class Report:
             name = k.name + (f" [{k.launches}× in {k.loop}]" if k.loop else "")
             label = k.label + (f" ({k.target})" if k.category in ("custom_call", "custom_fusion") and k.target
                                else "")
+            if k.collective:
+                label += f" ({k.collective.opcode} ×{k.collective.group_size})"
+            network = ((format_bytes(k.bytes_sent) if k.collective else "",
+                        format_bytes(k.bytes_received) if k.collective else "") if collectives else ())
             rows.append((str(i), _clip(name, 40), _clip(label, 36), format_bytes(k.bytes_read),
-                         format_bytes(k.bytes_written), _format_flops(k.flops), intensity, _clip(ops, 30),
-                         _clip(", ".join(k.scopes[:2]) or NO_SCOPE, max_scope_width),
-                         _clip_left(_short_path(k.source_lines[0]) if k.source_lines else "", 40)))
+                         format_bytes(k.bytes_written)) + network + (
+                        _format_flops(k.flops), intensity, _clip(ops, 30),
+                        _clip(", ".join(k.scopes[:2]) or NO_SCOPE, max_scope_width),
+                        _clip_left(_short_path(k.source_lines[0]) if k.source_lines else "", 40)))
         widths = [max(len(r[c]) for r in rows + [header]) for c in range(len(header))]
-        right = {3, 4, 5, 6}
+        right = {3, 4, 5, 6, 7, 8} if collectives else {3, 4, 5, 6}
 
         def fmt(row):
             return "  ".join(cell.rjust(w) if c in right else cell.ljust(w)
@@ -291,6 +309,11 @@ class Report:
         lines.append(f"total: read {format_bytes(t.bytes_read)}, written {format_bytes(t.bytes_written)}, "
                      f"{_flop_text(t.flops)}" + (f" (+{_plural(t.flops_unknown_kernels, 'kernel')} of unknown FLOPs)"
                                                  if t.flops_unknown_kernels else ""))
+        if collectives:
+            kinds = collections.Counter(k.collective.opcode for k in collectives)
+            lines.append(f"collectives: {', '.join(f'{n} {op}' for op, n in kinds.most_common())}; per device "
+                         f"{format_bytes(t.bytes_sent)} sent, {format_bytes(t.bytes_received)} received per run "
+                         "(ring algorithm)")
         comparison = self.comparison()
         if comparison:
             lines.append("")
@@ -374,6 +397,9 @@ def _kernel_dict(k: Kernel) -> dict[str, Any]:
         "source_lines": [_short_path(line) for line in k.source_lines],  # as the table shows them
         "loop": k.loop, "launches": k.launches, "xla_estimate_us": k.xla_estimate_us,
         "operands": [{"name": src.name, "bytes_read": n} for src, n in k.reads],
+        "bytes_sent": k.bytes_sent, "bytes_received": k.bytes_received,
+        "collective": None if k.collective is None else dataclasses.asdict(k.collective),
+        "done": k.done.name if k.done is not None else None,
     }
 
 

@@ -9,7 +9,8 @@ XLA's own verifier checks far more; these are the facts hlo_inspect's stages wal
 - each opcode with a fixed operand count (`hlo_inspect.opcodes.ARITY`) has that many operands;
 - `parameter(N)` takes a non-negative integer, once per computation; `get-tuple-element` an integer `index=`
   inside its operand's tuple;
-- dots and convolutions have array operands and results, and the dimension numbers they name exist.
+- dots and convolutions have array operands and results, and the dimension numbers they name exist;
+- collectives' `replica_groups` and `source_target_pairs` read as groups and pairs (`hlo_inspect.collectives`).
 All of it is linear in the size of the module.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from hlo_inspect import collectives
 from hlo_inspect.opcodes import arity
 from hlo_inspect.parser import Computation, Instruction, Module
 from hlo_inspect.scanning import HloParseError
@@ -68,6 +70,11 @@ def _check_instruction(inst: Instruction) -> None:
         _check_dot(inst)
     elif op == "convolution":
         _check_convolution(inst)
+    elif "replica_groups" in inst.attrs or "source_target_pairs" in inst.attrs:
+        try:
+            collectives.check(inst)
+        except ValueError as e:
+            raise _error(inst, str(e)) from None
 
 
 def _check_tuple_index(inst: Instruction) -> None:

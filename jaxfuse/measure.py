@@ -5,11 +5,13 @@
 Every device kernel of one call is timed by CUPTI (`bench.time_kernels`, median over iterations). CUPTI names a
 kernel as the HLO names its fusion with '.' written '_' (`input_reduce_fusion.1` -> `input_reduce_fusion_1`), a
 Pallas kernel by its `pallas_call` name, and a library call by the library's kernel (`nvjet_sm90_...`,
-`cudnn_...`); those are matched to the report's cuBLAS / cuDNN / Pallas kernels in program order. Device kernels
-that match nothing (memsets, a library's second kernel) are listed as unattributed.
+`cudnn_...`), a collective by NCCL's kernel (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`); those are matched to
+the report's cuBLAS / cuDNN / Pallas / collective kernels in program order. Device kernels that match nothing
+(memsets, a library's second kernel) are listed as unattributed.
 
 Each row: measured µs, achieved bandwidth, and the roofline prediction max(bytes / BW, FLOPs / peak) with its
-ratio to the measurement. The summary sets the sum of the per-kernel medians beside the program's device time
+ratio to the measurement. A collective's bandwidth is its interconnect bytes sent per device over its time
+(what NCCL's tests call bus bandwidth), and it has no HBM roofline: the link bounds it. The summary sets the sum of the per-kernel medians beside the program's device time
 (median over iterations of all its kernels) and beside the wall clock of a blocked call (which adds launch gaps
 and 0.1-0.3 ms of host work per call).
 
@@ -35,7 +37,7 @@ __all__ = ["MeasuredKernel", "launch_cost", "measure_kernels", "measured_table",
 
 _UNIQUE_SUFFIX_RE = re.compile(r"__\d+$")  # the second kernel of one name launches as NAME__1
 _LIBRARY_PREFIXES = {"cublas": ("nvjet", "sm90_xmma", "sm80_xmma", "cutlass", "gemm", "gemv", "ampere", "sm90_"),
-                     "cudnn": ("cudnn", "fmha", "sm90_fmha", "flash")}
+                     "cudnn": ("cudnn", "fmha", "sm90_fmha", "flash"), "collective": ("nccl",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,8 @@ class MeasuredKernel:
     def achieved_bytes_per_s(self) -> float | None:
         if self.kernel is None or not self.measured_us:
             return None
-        return self.kernel.bytes_total / (self.measured_us * 1e-6)
+        moved = self.kernel.bytes_sent if self.kernel.collective else self.kernel.bytes_total
+        return moved / (self.measured_us * 1e-6)
 
 
 def _device_name(kernel: Kernel) -> str:
@@ -122,7 +125,8 @@ def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iter
         idx = assigned.get(i, [])
         measured = sum(launches[j][1] for j in idx)
         predicted = max(device.memory_us(k.bytes_total), device.compute_us(k.flops or 0)) * k.launches
-        rows.append(MeasuredKernel(k, tuple(launches[j][0] for j in idx), measured, predicted if idx else None))
+        rows.append(MeasuredKernel(k, tuple(launches[j][0] for j in idx), measured,
+                                   predicted if idx and not k.collective else None))
     rows += [MeasuredKernel(None, (launches[j][0],), launches[j][1], None) for j in unmatched]
     kernel_sum = sum(r.measured_us for r in rows)
     summary = {"program_device_us": timing.median_us, "sum_of_kernels_us": kernel_sum,

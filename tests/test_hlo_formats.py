@@ -152,13 +152,13 @@ def test_async_collectives_with_syntax_sugar_are_collective_kernels():
         ("all-to-all-start", "collective", 80, 80),
         ("slice", "unfused", 40, 40),
     ]
-    assert all(k.flops == 0 for k in rep.kernels)
+    assert [k.flops for k in rep.kernels] == [20, 0, 0, 0, 0, 0]  # an all-reduce: 1 per element, as XLA counts
     assert rep.module.entry.by_name["reduce-scatter-start"].async_wrapped_opcode == "reduce-scatter"
     assert "5 collective" in rep.table()
     run_stages(ASYNC_SUGAR)
 
 
-def test_async_collective_without_sugar_walks_the_wrapped_computation():
+def test_async_collective_without_sugar_is_one_kernel_named_by_its_start():
     text = """HloModule m
 
 %add (p0: f32[], p1: f32[]) -> f32[] {
@@ -180,7 +180,9 @@ ENTRY %main (x: f32[20]) -> f32[10] {
 """
     rep = hlo_inspect.from_text(text)
     assert [(k.name, k.category, k.bytes_read, k.bytes_written) for k in rep.kernels] == [
-        ("reduce-scatter", "collective", 80, 40)]
+        ("start", "collective", 80, 40)]
+    assert rep.kernels[0].done is rep.module.entry.by_name["done"]
+    assert rep.kernels[0].ops == {"reduce-scatter": 1}  # the wrapped op, as a fusion shows what it fuses
 
 
 def test_instruction_continued_over_several_lines():

@@ -425,3 +425,31 @@ def test_diff_page_shows_each_sides_warnings(open_page):
     d = hlo_inspect.diff(hlo_inspect.from_text(text), hlo_inspect.from_text(text + "\n" + text)).to_dict()
     warnings = [e.text for e in open_page(render_diff(d)).find_all(cls="report-warning")]
     assert warnings == ["warning (B): " + w for w in d["b"]["warnings"]] and warnings
+
+
+def test_collectives_show_their_interconnect_bytes(open_page):
+    """An SPMD program (4 virtual CPU devices, tests/data/capture_collectives.py): the sent / received columns
+    and cards on the report page, the collective rows of the diff page. Bytes by hand: the all-reduce of
+    f32[16,32] (2048 B) over 4 devices sends 2·3/4·2048 = 3072; psum of 512 B over 4 sends 768, over 2, 512."""
+    def load(name):
+        with open(os.path.join(DATA, name), encoding="utf-8") as f:
+            return hlo_inspect.from_text(f.read(), title=name)
+
+    report = load("cpu4_sharded_matmul.hlo.txt").to_dict()
+    dom = open_page(render_report(report))
+    _check_report_page(dom, report)
+    rows = {r.attrs["data-kernel"]: r for r in dom.by_id("kernel-table").rows()}
+    assert rows["all-reduce"].cell("bytes_sent").attrs["data-value"] == "3072"
+    assert rows["all-reduce"].cell("bytes_received").text == "3.0 KiB"
+    assert rows["ynn_fusion"].cell("bytes_sent").attrs["data-value"] == ""  # not a collective: blank
+    totals = dom.by_id("totals").text
+    assert "sent per device" in totals and "received per device" in totals
+
+    d = hlo_inspect.diff(load("cpu4_psum.hlo.txt"), load("cpu4_psum_groups.hlo.txt")).to_dict()
+    dom = open_page(render_diff(d))
+    summary = {r.attrs["data-key"]: r for r in dom.by_id("diff-summary").rows()}
+    assert {"collectives", "bytes_sent", "bytes_received"} <= set(summary)
+    assert "768 B" in summary["bytes_sent"].text and "512 B" in summary["bytes_sent"].text
+    (match,) = dom.by_id("match-table").rows()
+    assert (match.cell("sent_a").attrs["data-value"], match.cell("sent_b").attrs["data-value"]) == ("768", "512")
+    assert dom.by_id("kernels-a").rows()[0].cell("bytes_sent").attrs["data-value"] == "768"

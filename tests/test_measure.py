@@ -63,6 +63,18 @@ def test_second_site_of_a_pallas_kernel_launches_with_a_suffix():
     assert assigned == {0: [0], 1: [1], 2: [2], 3: [3]} and unmatched == []
 
 
+def test_collectives_match_nccl_kernels():
+    """A collective launches as NCCL's kernel; its bandwidth is the bytes one device sends over its time."""
+    with open(os.path.join(DATA, "cpu4_sharded_matmul.hlo.txt")) as f:
+        rep = hlo_inspect.from_text(f.read())
+    assert [k.category for k in rep.kernels] == ["cpu_fusion", "collective", "loop"]
+    launches = [("ynn_fusion", 2.0), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 6.0), ("wrapped_tanh", 1.0)]
+    assigned, unmatched = measure.match(rep.kernels, launches)
+    assert assigned == {0: [0], 1: [1], 2: [2]} and unmatched == []
+    row = measure.MeasuredKernel(rep.kernels[1], ("ncclDevKernel_AllReduce_Sum_f32_RING_LL",), 6.0, None)
+    assert row.achieved_bytes_per_s == pytest.approx(3072 / 6e-6)  # 2·3/4 of f32[16,32] sent in 6 µs
+
+
 def test_measure_needs_a_gpu():
     from jaxfuse import costmodel
 
