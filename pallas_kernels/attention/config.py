@@ -147,7 +147,7 @@ def sweep_candidates(head_dim: int, dtype, T: int, S: int) -> tuple[list[dict], 
 # Mosaic-GPU backend (sm90)
 # ---------------------------------------------------------------------------------------------------------------
 # Config fields of the forward kernel: forward sweep candidates vary these, backward candidates the others.
-MOSAIC_FORWARD_FIELDS = ("block_q", "block_kv", "num_stages", "ping_pong", "persistent")
+MOSAIC_FORWARD_FIELDS = ("block_q", "block_kv", "num_stages", "ping_pong", "persistent", "overlap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +161,8 @@ class MosaicAttentionConfig:
       ping_pong: the compute warpgroups take turns on the tensor cores (FA3's schedule) instead of free-running.
       persistent: one CTA per SM walking the work items, the K/V ring and the next item's q carried across items
         (a separate output tile in shared memory).
+      overlap: FA3's intra-warpgroup overlap: each warpgroup issues tile j's q·kᵀ with tile j−1's p·v and runs tile
+        j's softmax while p·v is on the tensor cores (with ping_pong, the warpgroups take turns per such batch).
     Backward (``mosaic_bwd_kernels``: warp-specialized pipelines, one TMA warpgroup each):
       block_q_dq, block_kv_dq: the dQ kernel's query rows per compute warpgroup, key/value rows per step.
       compute_wgs_dq: compute warpgroups per dQ program (1 or 2); num_stages_dq: its pipeline depth (1 to 4).
@@ -175,6 +177,7 @@ class MosaicAttentionConfig:
     num_stages: int = 2
     ping_pong: bool = True
     persistent: bool = False
+    overlap: bool = False
     block_q_dq: int = 64
     block_kv_dq: int = 64
     compute_wgs_dq: int = 2
@@ -188,7 +191,7 @@ class MosaicAttentionConfig:
     def __post_init__(self):
         for field in dataclasses.fields(self):
             name, value = field.name, getattr(self, field.name)
-            if name in ("ping_pong", "persistent", "fused_bwd"):
+            if name in ("ping_pong", "persistent", "overlap", "fused_bwd"):
                 ok, allowed = isinstance(value, bool), "a bool"
             elif name in ("block_q", "block_kv"):
                 ok, allowed = is_int(value) and value > 0 and value % 64 == 0, "a positive multiple of 64"

@@ -56,7 +56,7 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
     len_ref = next(it) if has_lens else None
     o_ref = next(it)
     lse_ref, lo_ref = (next(it), next(it)) if residuals else (None, None)
-    q_smem, o_smem, k_smem, v_smem, lse_smem, k_ready, v_ready, q_ready, q_free, k_free, v_free, turn = it
+    q_smem, o_smem, k_smem, v_smem, lse_smem, k_ready, v_ready, q_ready, q_free, k_free, v_free, turn, turns = it
     o_smem = q_smem if o_smem is None else o_smem  # not persistent: o leaves through the q tile's buffer
     wg = lax.axis_index("wg")
     dtype, H = q_ref.dtype, q_ref.shape[-1]
@@ -110,17 +110,8 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
         bcast_row = lambda x, shape: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
         plgpu.barrier_wait(q_ready.at[wg])
 
-        def step(j, carry, *, masked: bool):
-            acc, m, l = carry
-            slot = lax.rem(done + j, stages)
-
-            def qk(acc_ref):
-                plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                schedule()  # the other warpgroup's softmax ends: its p·v may start
-                return acc_ref[...]
-
-            s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
-            plgpu.barrier_arrive(k_free.at[slot])
+        def scores(s, j, masked: bool):
+            """Tile j's scores (bq, bk) as the softmax takes them: times a negative scale, masked entries -inf."""
             if pre_c is not None:
                 s = s * pre_c
             if masked:
@@ -134,6 +125,20 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
                     kv_seg = mu.load(kv_seg_ref.at[b, pl.ds(j * bk, bk)], layout=mu.COLS, optimized=False)
                     same = bcast_row(q_seg, (bq, bk)) == lax.broadcast_in_dim(kv_seg, (bq, bk), [1])
                     s = jnp.where(same, s, -jnp.inf)
+            return s
+
+        def step(j, carry, *, masked: bool):
+            acc, m, l = carry
+            slot = lax.rem(done + j, stages)
+
+            def qk(acc_ref):
+                plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                schedule()  # the other warpgroup's softmax ends: its p·v may start
+                return acc_ref[...]
+
+            s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+            plgpu.barrier_arrive(k_free.at[slot])
+            s = scores(s, j, masked)
             m_new = jnp.maximum(m, s.max(axis=1) * exp_c)
             alpha = jnp.exp2(m - m_new)
             p = jnp.exp2(s * exp_c - bcast_row(m_new, s.shape))  # masked scores: exp2(-inf) = 0
@@ -174,23 +179,102 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             schedule()
             schedule()
 
+        def my_turn():  # overlap with ping-pong: the warpgroups take turns issuing their batches of products
+            if cfg.ping_pong:
+                plgpu.barrier_wait(turns.at[wg])
+
+        def your_turn():
+            if cfg.ping_pong:
+                plgpu.barrier_arrive(turns.at[1 - wg])
+
+        def softmax(s, m, l):
+            """(m_new, alpha, p16, l_new) of one tile's (masked) scores."""
+            m_new = jnp.maximum(m, s.max(axis=1) * exp_c)
+            alpha = jnp.exp2(m - m_new)
+            p = jnp.exp2(s * exp_c - bcast_row(m_new, s.shape))  # masked scores: exp2(-inf) = 0
+            return m_new, alpha, p.astype(dtype), l * alpha + p.sum(axis=1)
+
+        def batch(j, carry, *, masked: bool, qk: bool = True, pv: bool = True):
+            """One turn on the tensor cores: q·k_jᵀ and p_{j-1}·v_{j-1} issued together, tile j's softmax while
+            p·v runs; acc is rescaled by tile j's alpha once p·v is done (FA3's intra-warpgroup overlap)."""
+            acc, m, l, p_prev = carry
+            slot, prev = lax.rem(done + j, stages), lax.rem(done + j - 1, stages)
+            my_turn()
+            if qk:
+                plgpu.barrier_wait(k_ready.at[slot])
+            if pv:
+                plgpu.barrier_wait(v_ready.at[prev])
+
+            def products(refs):
+                o_acc, m_ref, l_ref, p_ref, alpha_ref = refs
+
+                def issue(s_acc):
+                    if qk:
+                        plgpu.wgmma(s_acc, q_tile, k_smem.at[slot].transpose((1, 0)))
+                    if pv:
+                        plgpu.wgmma(o_acc, p_ref[...], v_smem.at[prev])
+                    your_turn()
+                    return plgpu.wgmma_accumulator_load(s_acc, wait_n=1 if pv else 0) if qk else None
+
+                s = pl.run_scoped(issue, plgpu.ACC((bq, bk), jnp.float32))
+                if qk:
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    m_ref[...], alpha_ref[...], p_ref[...], l_ref[...] = softmax(scores(s, j, masked), m_ref[...],
+                                                                                  l_ref[...])
+
+            alpha = plgpu.layout_cast(jnp.ones((bq,), jnp.float32), mu.ROWS)
+            acc, m, l, p_prev, alpha = pl.run_state(products)((plgpu.ACC.init(acc), m, l, p_prev, alpha))
+            if pv:
+                plgpu.barrier_arrive(v_free.at[prev])
+            return acc * bcast_row(alpha, acc.shape), m, l, p_prev
+
+        def overlapped(acc, m, l):
+            """The key loop with FA3's intra-warpgroup overlap: tiles + 1 turns (the first only q·k_0ᵀ, the last
+            only p·v), then one turn per tile only the other warpgroup needs (causal), so both take block_tiles + 1
+            turns per item. Returns (acc, m, l)."""
+            p0 = plgpu.layout_cast(jnp.zeros((bq, bk), dtype), mu.TILE)
+            carry = lax.fori_loop(0, minimum(tiles, 1), functools.partial(batch, masked=True, pv=False),
+                                  (acc, m, l, p0))
+            first_masked = jnp.maximum(minimum(full, tiles), 1)
+            carry = lax.fori_loop(1, first_masked, functools.partial(batch, masked=False), carry)
+            carry = lax.fori_loop(first_masked, tiles, functools.partial(batch, masked=True), carry)
+            plgpu.barrier_arrive(q_free.at[wg])  # every q·kᵀ of this item is done: the producer may load the next q
+            carry = lax.fori_loop(tiles, tiles + minimum(tiles, 1), functools.partial(batch, masked=False, qk=False),
+                                  carry)
+            if causal:
+
+                def pass_turn(j, _):  # a tile only the other warpgroup needs: take and release it
+                    slot = lax.rem(done + j, stages)
+                    my_turn()
+                    plgpu.barrier_wait(k_ready.at[slot])
+                    plgpu.barrier_wait(v_ready.at[slot])
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    plgpu.barrier_arrive(v_free.at[slot])
+                    your_turn()
+
+                lax.fori_loop(tiles, block_tiles, pass_turn, None)
+            return carry[:3]
+
         m = plgpu.layout_cast(jnp.full((bq,), _M_INIT, jnp.float32), mu.ROWS)
         l = plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), mu.ROWS)
         acc = plgpu.layout_cast(jnp.zeros((bq, H), jnp.float32), mu.TILE)
 
-        @pl.when(tiles > 0)
+        @pl.when(jnp.logical_and(tiles > 0, not cfg.overlap))
         def _():
             plgpu.barrier_wait(k_ready.at[done % stages if isinstance(done, int) else lax.rem(done, stages)])
 
-        pl.when(wg == 1)(schedule)
-        carry = lax.fori_loop(0, full, functools.partial(step, masked=False), (acc, m, l))
-        if has_seg or causal or bounded:
-            carry = lax.fori_loop(full, tiles, functools.partial(step, masked=True), carry)
-        if causal:
-            lax.fori_loop(tiles, block_tiles, drain, None)
-        plgpu.barrier_arrive(q_free.at[wg])  # every q·kᵀ of this item is done: the producer may load the next q
-        pl.when(wg == 0)(schedule)
-        acc, m, l = carry
+        if cfg.overlap:
+            acc, m, l = overlapped(acc, m, l)
+        else:
+            pl.when(wg == 1)(schedule)
+            carry = lax.fori_loop(0, full, functools.partial(step, masked=False), (acc, m, l))
+            if has_seg or causal or bounded:
+                carry = lax.fori_loop(full, tiles, functools.partial(step, masked=True), carry)
+            if causal:
+                lax.fori_loop(tiles, block_tiles, drain, None)
+            plgpu.barrier_arrive(q_free.at[wg])  # every q·kᵀ of this item is done: the producer may load the next q
+            pl.when(wg == 0)(schedule)
+            acc, m, l = carry
 
         empty = l == 0.0  # no visible key: o = 0, lse = +inf
         safe_l = jnp.where(empty, 1.0, l)
@@ -236,6 +320,8 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
     @pl.when(wg < COMPUTE_WGS)
     def _():
         plgpu.set_max_registers(232, action="increase")
+        if cfg.overlap and cfg.ping_pong:
+            pl.when(wg == 1)(lambda: plgpu.barrier_arrive(turns.at[0]))
         for_each_item(compute)
         plgpu.wait_smem_to_gmem(0)
 
@@ -259,7 +345,7 @@ def shared_memory_bytes(head_dim: int, dtype, config) -> int:
     kib = lambda n: round_up(n, 1024)  # noqa: E731
     tiles = ((2 if config.persistent else 1) * kib(COMPUTE_WGS * config.block_q * head_dim * item)
              + 2 * kib(config.num_stages * config.block_kv * head_dim * item) + kib(COMPUTE_WGS * config.block_q * 4))
-    return tiles + 8 * (4 * config.num_stages + 2 * COMPUTE_WGS + 1)
+    return tiles + 8 * (4 * config.num_stages + 2 * COMPUTE_WGS + 1 + (COMPUTE_WGS if config.overlap else 0))
 
 
 def kernel_call(q, k, v, q_seg, kv_seg, kv_lens, *, cfg, causal: bool, scale: float, residuals: bool):
@@ -307,6 +393,7 @@ def kernel_call(q, k, v, q_seg, kv_seg, kv_lens, *, cfg, causal: bool, scale: fl
         plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),  # K slot free again
         plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),  # V slot free again
         plgpu.Barrier(num_arrivals=COMPUTE_WGS),  # ping-pong turns
+        plgpu.Barrier(num_barriers=COMPUTE_WGS) if cfg.overlap else None,  # overlap's turns, one per warpgroup
     )
     sms = min(mu.num_sms(), N * nq * B)
     grid = dict(grid=(sms,), grid_names=("sm",)) if cfg.persistent else dict(
