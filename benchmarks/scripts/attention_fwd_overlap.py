@@ -55,7 +55,16 @@ def main() -> int:
     parser.add_argument("--shapes", default="main,1k,h64,gqa,8k")
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--skip-checks", action="store_true")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME:FIELD=VALUE,... more configs to time (0/1 for bools), e.g. nopp:overlap=1,ping_pong=0")
+    parser.add_argument("--modes", default="fwd,fwd+bwd")
+    parser.add_argument("--causal", default="0,1")
     args = parser.parse_args()
+    for spec in args.variant:
+        name, _, fields = spec.partition(":")
+        overrides = {k: int(v) for k, v in (f.split("=") for f in fields.split(","))}
+        overrides = {k: bool(v) if k in ("overlap", "ping_pong", "persistent") else v for k, v in overrides.items()}
+        VARIANTS[name] = lambda c, o=overrides: dataclasses.replace(c, **o)
     result = {"environment": bench.environment(), "checks": [], "timings": []}
     path = os.path.join(args.out, f"attention_fwd_overlap-{bench.device_tag(jax.devices()[0].device_kind)}.json")
 
@@ -75,9 +84,9 @@ def main() -> int:
     for shape in args.shapes.split(","):
         s = SHAPES[shape]
         sets = [make_inputs(s["B"], s["T"], s["S"], s["N"], s["K"], s["H"], seed=i) for i in range(3)]
-        for causal in (False, True):
+        for causal in (bool(int(c)) for c in args.causal.split(",")):
             base = mosaic.default_config(*sets[0][:3], causal=causal)
-            for mode in ("fwd", "fwd+bwd"):
+            for mode in args.modes.split(","):
                 rows = []
                 for name, transform in VARIANTS.items():
                     cfg = transform(base)
