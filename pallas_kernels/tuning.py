@@ -107,9 +107,13 @@ def flash_attention_table(head_dim: int, dtype, *, on_gpu: bool) -> dict[str, in
 # dQ kernel streams 128-row K/V tiles non-causal (1144 vs 1205 µs) and keeps 64-row tiles three stages deep causal,
 # the dK/dV kernel four stages causal (888 vs 921 µs). H=64 (not measured) takes the non-causal backward choice;
 # H=256 takes 64-row K/V tiles (128-row ones exceed shared memory), forward only: the backward refuses H=256.
+# H=128 non-causal: FA3's intra-warpgroup overlap without ping-pong (benchmarks/results/attention_fwd_overlap-*-h100-
+# c7f45b9.json, forward µs against the schedule before): 800 vs 862 at the main shape (cuDNN 816), 233 vs 248 at
+# 1k (227), 1546 vs 1656 at 8k, 1561 vs 1673 GQA 32/8; with ping-pong 1-2% slower than without. Not causal (771 vs
+# 466 µs, 546 without ping-pong) nor H=64 (1239 vs 1216): there the schedule before stays.
 _FLASH_ATTENTION_MOSAIC_GPU = {
     64: {False: dict(block_kv_dq=128), True: dict(block_kv_dq=128)},
-    128: {False: dict(block_kv_dq=128), True: dict(num_stages_dq=3, num_stages_dkv=4)},
+    128: {False: dict(block_kv_dq=128, overlap=True, ping_pong=False), True: dict(num_stages_dq=3, num_stages_dkv=4)},
     256: {False: dict(block_kv=64), True: dict(block_kv=64)},
 }
 # The persistent forward (one CTA per SM walking the work items) measured 4.4% faster at T = S = 1024 non-causal,

@@ -224,8 +224,11 @@ def mosaic_default_config(q, k, *, causal: bool = False, device: str | None = No
 # (block_kv, num_stages, ping_pong, persistent); backward (block_kv_dq, num_stages_dq, num_stages_dkv). Left out
 # as measured losers at the main shape: block_q_dkv 128 (2x the dK/dV kernel: register spills) and one compute
 # warpgroup per backward program (1.35x).
-_MOSAIC_FORWARD_CANDIDATES = [(128, 2, True, False), (128, 3, True, False), (128, 2, False, False),
-                              (128, 2, True, True), (64, 2, True, False), (64, 3, True, False), (64, 4, True, False)]
+# (block_kv, num_stages, ping_pong, persistent, overlap)
+_MOSAIC_FORWARD_CANDIDATES = [(128, 2, True, False, False), (128, 3, True, False, False), (128, 2, False, False, False),
+                              (128, 2, True, True, False), (64, 2, True, False, False), (64, 3, True, False, False),
+                              (64, 4, True, False, False), (128, 2, False, False, True), (128, 2, True, False, True),
+                              (128, 2, False, True, True)]
 _MOSAIC_BACKWARD_FIELDS = ("block_kv_dq", "num_stages_dq", "num_stages_dkv")
 _MOSAIC_BACKWARD_CANDIDATES = [(128, 2, 2), (64, 2, 2), (64, 3, 4), (64, 3, 3), (128, 2, 4), (128, 3, 3)]
 
@@ -236,7 +239,7 @@ def mosaic_sweep_candidates(head_dim: int, *, causal: bool, kv_len: int) -> tupl
     Shared-memory fit at a head dim is not checked here (the backend module filters)."""
     base = MosaicAttentionConfig(**tuning.flash_attention_mosaic_table(head_dim, causal=causal,
                                                                        kv_len=kv_len)).to_dict()
-    forward_fields = ("block_kv", "num_stages", "ping_pong", "persistent")
+    forward_fields = ("block_kv", "num_stages", "ping_pong", "persistent", "overlap")
 
     def unique(overrides, fields):
         out = {}
