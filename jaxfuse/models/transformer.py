@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxfuse.kernels import KernelSet
+from jaxfuse.sharding import DATA, MODEL, constrain_activation
 from pallas_kernels import reference
 
 __all__ = ["MLP", "Attention", "Block", "Config", "Embedding", "Linear", "RMSNorm", "Transformer", "rope"]
@@ -249,6 +250,8 @@ class Attention(_Scoped):
         q = qkv[:, :, :, :G].reshape(B, T, N, H)  # (B, T, K, G, H) -> (B, T, N, H): head n = j·G + g
         k = qkv[:, :, :, G]  # (B, T, K, H)
         v = qkv[:, :, :, G + 1]  # (B, T, K, H)
+        # On a mesh (jaxfuse.sharding): batch over data, heads over model (tensor parallelism); a no-op otherwise.
+        q, k, v = (constrain_activation(a, DATA, None, MODEL, None) for a in (q, k, v))
         with jax.named_scope("rope"):
             q = rope(q, positions, theta=cfg.rope_theta)
             k = rope(k, positions, theta=cfg.rope_theta)
@@ -273,7 +276,7 @@ class MLP(_Scoped):
         """x (B, T, D); ``norm`` is applied to x inside gate_up_proj (norm_matmul site)."""
         gate_up = self.gate_up_proj(x, norm=norm)  # (B, T, 2F)
         gate_up = gate_up.reshape(*gate_up.shape[:-1], -1, 2)  # (B, T, F, 2)
-        gate, up = gate_up[..., 0], gate_up[..., 1]  # (B, T, F) each
+        gate, up = (constrain_activation(a, DATA, None, MODEL) for a in (gate_up[..., 0], gate_up[..., 1]))  # (B, T, F)
         with jax.named_scope("swiglu"):
             hidden = jax.nn.silu(gate) * up  # (B, T, F)
         return self.down_proj(hidden)  # (B, T, D)
