@@ -13,7 +13,9 @@ partitioner propagates the argument shardings through the program and inserts th
   data    the batch's first dimension is split over it (data parallel: parameters replicated, gradients
           all-reduced). With ``fsdp``, every parameter and the optimizer state beside it are also split over it, along
           their largest dimension that the axis size divides (and that ``model`` does not split): XLA all-gathers a
-          parameter where it is used and reduce-scatters its gradient, so a device holds 1/data of each.
+          parameter where it is used and reduce-scatters its gradient, so a device holds 1/data of each. A parameter
+          that ``model`` leaves whole (embedding, norm scales) is split over both axes where data x model divides a
+          dimension, so that every device holds 1/devices of the whole.
   model   tensor parallelism (Megatron style) whenever its size is > 1: attention heads and the MLP's hidden units.
           ``qkv_proj`` and ``gate_up_proj`` are column-parallel (their fused columns are ordered so that equal
           blocks hold whole head groups and matching gate/up pairs: ``jaxfuse.models.transformer``), ``out_proj``
@@ -178,9 +180,13 @@ class Layout:
         if self.model > 1 and len(path) >= 2 and len(shape) == 2:
             axes = list(_TENSOR_PARALLEL.get((path[-2], path[-1]), axes))
         if self.fsdp and self.data > 1:
-            free = [d for d in range(len(shape)) if axes[d] is None and shape[d] % self.data == 0]
-            if free:
-                axes[max(free, key=lambda d: (shape[d], -d))] = DATA
+            # a parameter tensor parallelism leaves whole is split over both axes where it can be: 1/n per device
+            groups = [((DATA, MODEL), self.devices)] if self.model > 1 and MODEL not in axes else []
+            for group, size in groups + [(DATA, self.data)]:
+                free = [d for d in range(len(shape)) if axes[d] is None and shape[d] % size == 0]
+                if free:
+                    axes[max(free, key=lambda d: (shape[d], -d))] = group
+                    break
         return PartitionSpec(*axes)
 
     def shardings(self, tree):
