@@ -300,6 +300,9 @@ def _define_bench_flags(fv: flags.FlagValues) -> None:
                       "elsewhere; 'all' for every one this machine runs).", flag_values=fv)
     flags.DEFINE_list("impls", [], "Implementations to time (default: the spec's; e.g. pallas_triton,xla,xla_f32).",
                       flag_values=fv)
+    flags.DEFINE_multi_string("kernels", [], "train_step: a kernel set to time, e.g. 'attention=cudnn' ('' = all "
+                              "xla); repeat the flag for several (default: every set of the spec). --impls cannot "
+                              "name them: it splits at commas.", flag_values=fv)
     flags.DEFINE_integer("iterations", 30, "Timed iterations per measurement (median reported).", lower_bound=1,
                          flag_values=fv)
     flags.DEFINE_bool("tune", False, "First sweep the Pallas kernels' block sizes at the shapes (default: the spec's "
@@ -352,7 +355,14 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     if fv.mesh:  # a mesh that does not divide a preset's batch, heads or widths: refused before any work
         for name in names:
             train_step.check_mesh(spec.shapes[name], layout)
-    unknown = [impl for impl in fv.impls if impl not in spec.implementations()]
+    impls = list(fv.impls)
+    if fv.kernels:
+        from jaxfuse.kernels import KernelSet
+
+        if fv.op != "train_step" or impls:
+            raise flags.Error("--kernels names the train step's kernel sets: --op train_step, without --impls")
+        impls = [str(KernelSet.parse(k)) for k in fv.kernels]
+    unknown = [impl for impl in impls if impl not in spec.implementations()]
     if unknown:
         raise flags.Error(f"--impls: unknown {unknown}; {fv.op} has {list(spec.implementations())}")
     if fv.out:
@@ -366,7 +376,7 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     deadline = time.time() + fv.budget_s if fv.budget_s else None
     start = time.time()
     _progress(f"benchmarking {fv.op} ({fv.iterations} iterations each{', tuning first' if fv.tune else ''}) ...")
-    result = suites.benchmark(fv.op, shapes, impls=fv.impls or None, iterations=fv.iterations, tune_first=fv.tune,
+    result = suites.benchmark(fv.op, shapes, impls=impls or None, iterations=fv.iterations, tune_first=fv.tune,
                               tuned_configs=fv.tuned_configs, out=fv.out or None, deadline=deadline,
                               check=fv.check, mesh=fv.mesh, fsdp=fv.fsdp,
                               progress=lambda message: _progress(f"[{time.time() - start:6.1f} s] {message}"))
