@@ -5,7 +5,9 @@
     >>> loss, grads = jax.jit(p.fn)(*p.args)          # or hlo_inspect.inspect(p.fn, *p.args)
 
 ``Program.fn`` is pure: parameters are its first argument (an ``nnx.State`` split off the model with
-``nnx.split``), so they are explicit jit arguments, not constants folded into the HLO.
+``nnx.split``), so they are explicit jit arguments, not constants folded into the HLO. With ``mesh=`` (and
+``fsdp=``) the arguments are placed on a device mesh (``jaxfuse.sharding``) and ``fn`` traces on it: compiling it
+gives one device's SPMD-partitioned program, its collectives included (``jaxfuse inspect --mesh data=2,model=2``).
 
   model="block", forward:     fn(params, x (B, T, D)) -> y (B, T, D)
   model="block", train_step:  fn(params, x) -> (loss, grads); loss = mean(y²) in float32, grads like params
