@@ -58,11 +58,13 @@ def _cupti_ext():
 
 
 def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 50, warmup: int = 2,
-                 jit: bool = True) -> Timing:
+                 jit: bool = True, wall: bool = False) -> Timing:
     """Time `fn(*arg_sets[i % len(arg_sets)])` for `iterations` iterations; see the module docstring.
 
     fn is jitted unless it already is; ``jit=False`` calls it as it is, so plain jnp code runs eagerly, one
-    dispatch (and on GPU about one kernel) per primitive: CUPTI then times all of those kernels."""
+    dispatch (and on GPU about one kernel) per primitive: CUPTI then times all of those kernels. ``wall``: host wall
+    time on a GPU too (a program on several devices: CUPTI would add up the kernels of every device, and those that
+    overlap, such as collectives beside compute)."""
     import jax
 
     if not arg_sets:
@@ -71,7 +73,7 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
     for args in arg_sets:
         for _ in range(warmup):
             jax.block_until_ready(jitted(*args))
-    if jax.default_backend() != "gpu":
+    if wall or jax.default_backend() != "gpu":
         samples = []
         for i in range(iterations):
             start = time.perf_counter()
@@ -107,12 +109,12 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
 
 
 def time_interleaved(calls: Sequence[tuple[Callable, tuple]], *, iterations: int = 30, warmup: int = 2,
-                     budget_s: float | None = None, min_iterations: int = 5) -> list[Timing]:
+                     budget_s: float | None = None, min_iterations: int = 5, wall: bool = False) -> list[Timing]:
     """One ``Timing`` per (jitted fn, args) of ``calls``, timed in turn: up to ``iterations`` rounds of one call each,
     so that a machine that slows down or speeds up while timing (other processes, clocks) shifts every fn alike and
     their medians stay comparable. With ``budget_s``, no new round starts once that many seconds of rounds have
     passed and ``min_iterations`` rounds are done (slow calls: Pallas in interpret mode). Per-kernel times (GPU) are
-    medians over the rounds."""
+    medians over the rounds. ``wall``: as ``time_kernels``'s."""
     import jax
 
     if not calls:
@@ -129,7 +131,7 @@ def time_interleaved(calls: Sequence[tuple[Callable, tuple]], *, iterations: int
         if budget_s is not None and round_ >= min_iterations and time.perf_counter() - start > budget_s:
             break
         for i, (fn, args) in enumerate(calls):
-            t = time_kernels(fn, [args], iterations=1, warmup=0)
+            t = time_kernels(fn, [args], iterations=1, warmup=0, wall=wall)
             samples[i].append(t.median_us)
             methods[i] = t.method
             for name, us in t.per_kernel_us.items():

@@ -9,6 +9,8 @@
     jaxfuse passes --train-step
     jaxfuse train --kernels '' --kernels attention=pallas,loss=pallas
     jaxfuse bench --op attention --tune              # GPU: sweep block sizes (checked, then timed), then the suite
+    jaxfuse bench --op train_step --shapes 1b --mesh data=2 --fsdp   # several GPUs: jaxfuse.sharding
+    jaxfuse inspect --train-step --mesh data=2,model=2               # one device's partitioned program
 
 Each verb has `--help`. Flag names take '-' or '_' (`--train-step` = `--train_step`). A bad flag or input (an
 implementation this machine cannot run, a file or folder that cannot be read or written, an XLA flag XLA rejects)
@@ -60,6 +62,23 @@ def _define_shape_flags(fv: flags.FlagValues, defaults) -> None:
     flags.DEFINE_integer("seed", defaults["seed"], "Seed of the random parameters and inputs.", flag_values=fv)
 
 
+def _define_mesh_flags(fv: flags.FlagValues, batch: str) -> None:
+    """--mesh and --fsdp (jaxfuse.sharding); ``batch`` says what --batch means on a mesh for this verb."""
+    flags.DEFINE_string("mesh", None, "Run on a device mesh 'data=N,model=M' (axes data and model; a left-out axis "
+                        "is 1; the product must equal the devices JAX sees: pick GPUs with CUDA_VISIBLE_DEVICES). "
+                        f"The batch is split over data ({batch}); model > 1 is tensor parallelism: attention heads, "
+                        "MLP hidden units and the LM head's vocabulary split over it. XLA partitions the program and "
+                        "inserts the collectives; the Pallas sites run under shard_map.", flag_values=fv)
+    flags.DEFINE_bool("fsdp", False, "With --mesh: also shard the parameters (and optimizer state) over the data "
+                      "axis, each along its largest dimension the axis divides (fully-sharded data parallel: XLA "
+                      "all-gathers a parameter where it is used and reduce-scatters its gradient).", flag_values=fv)
+
+
+def _check_mesh_flags(fv: flags.FlagValues) -> None:
+    if fv.fsdp and not fv.mesh:
+        raise flags.Error("--fsdp shards over the mesh's data axis: give --mesh too (e.g. --mesh data=2 --fsdp)")
+
+
 def _define_model_flags(fv: flags.FlagValues) -> None:
     import inspect
 
@@ -73,12 +92,16 @@ def _define_model_flags(fv: flags.FlagValues) -> None:
                         "(xla, xla_f32, pallas, pallas_triton, pallas_mosaic; cudnn for attention).", flag_values=fv)
     flags.DEFINE_bool("train_step", False, "Compile the training step (loss and grads) instead of the forward.",
                       flag_values=fv)
+    _define_mesh_flags(fv, "--batch is the global batch; the report is one device's partitioned program, its "
+                       "collectives included")
 
 
 def _model_options(fv: flags.FlagValues) -> dict:
     """The flags as build_program's keyword arguments (without kernels)."""
+    _check_mesh_flags(fv)
     return dict(model=fv.model, batch=fv.batch, seq=fv.seq, dim=fv.dim, heads=fv.heads, kv_heads=fv.kv_heads,
-                layers=fv.layers, dtype=_DTYPES[fv.dtype], train_step=fv.train_step, seed=fv.seed)
+                layers=fv.layers, dtype=_DTYPES[fv.dtype], train_step=fv.train_step, seed=fv.seed, mesh=fv.mesh,
+                fsdp=fv.fsdp)
 
 
 def _program(fv: flags.FlagValues):
@@ -277,6 +300,9 @@ def _define_bench_flags(fv: flags.FlagValues) -> None:
                       "elsewhere; 'all' for every one this machine runs).", flag_values=fv)
     flags.DEFINE_list("impls", [], "Implementations to time (default: the spec's; e.g. pallas_triton,xla,xla_f32).",
                       flag_values=fv)
+    flags.DEFINE_multi_string("kernels", [], "train_step: a kernel set to time, e.g. 'attention=cudnn' ('' = all "
+                              "xla); repeat the flag for several (default: every set of the spec). --impls cannot "
+                              "name them: it splits at commas.", flag_values=fv)
     flags.DEFINE_integer("iterations", 30, "Timed iterations per measurement (median reported).", lower_bound=1,
                          flag_values=fv)
     flags.DEFINE_bool("tune", False, "First sweep the Pallas kernels' block sizes at the shapes (default: the spec's "
@@ -295,6 +321,9 @@ def _define_bench_flags(fv: flags.FlagValues) -> None:
                         "checkout); the checkout's benchmarks/results/ only when named here; '' writes nothing.",
                         flag_values=fv)
     flags.DEFINE_bool("json", False, "Print the records as JSON instead of a table.", flag_values=fv)
+    _define_mesh_flags(fv, "--op train_step only; a preset's batch is per data shard, so tokens/s against --mesh "
+                       "data=1 is weak scaling; records carry the mesh, strategy, devices, tokens/s and per-device "
+                       "parameter and optimizer bytes; steps are timed with the wall clock")
 
 
 def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
@@ -308,13 +337,32 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
         raise flags.Error(f"unexpected arguments {rest}")
     if not fv.op:
         raise flags.Error(f"--op is required; one of {list(suites.OPS)}")
+    _check_mesh_flags(fv)
     spec = suites.get(fv.op)
+    if fv.mesh:
+        from jaxfuse.sharding import Layout
+        from jaxfuse.suites import train_step
+
+        if fv.op != "train_step" or fv.tune:
+            raise flags.Error("--mesh runs the train step on a mesh: --op train_step, without --tune")
+        layout = Layout.parse(fv.mesh, fsdp=fv.fsdp)  # a bad mesh fails before any work
+        spec = train_step.on_mesh(layout)
     on_gpu = jax.default_backend() == "gpu"
     shapes = fv.shapes or None
     if fv.shapes == ["all"]:
         shapes = list(spec.shapes) if on_gpu else list(spec.cpu_shapes)
     names = suites.runner.check_shape_names(spec, shapes)  # GPU-sized shapes off a GPU: refused before any work
-    unknown = [impl for impl in fv.impls if impl not in spec.implementations()]
+    if fv.mesh:  # a mesh that does not divide a preset's batch, heads or widths: refused before any work
+        for name in names:
+            train_step.check_mesh(spec.shapes[name], layout)
+    impls = list(fv.impls)
+    if fv.kernels:
+        from jaxfuse.kernels import KernelSet
+
+        if fv.op != "train_step" or impls:
+            raise flags.Error("--kernels names the train step's kernel sets: --op train_step, without --impls")
+        impls = [str(KernelSet.parse(k)) for k in fv.kernels]
+    unknown = [impl for impl in impls if impl not in spec.implementations()]
     if unknown:
         raise flags.Error(f"--impls: unknown {unknown}; {fv.op} has {list(spec.implementations())}")
     if fv.out:
@@ -328,9 +376,9 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
     deadline = time.time() + fv.budget_s if fv.budget_s else None
     start = time.time()
     _progress(f"benchmarking {fv.op} ({fv.iterations} iterations each{', tuning first' if fv.tune else ''}) ...")
-    result = suites.benchmark(fv.op, shapes, impls=fv.impls or None, iterations=fv.iterations, tune_first=fv.tune,
+    result = suites.benchmark(fv.op, shapes, impls=impls or None, iterations=fv.iterations, tune_first=fv.tune,
                               tuned_configs=fv.tuned_configs, out=fv.out or None, deadline=deadline,
-                              check=fv.check,
+                              check=fv.check, mesh=fv.mesh, fsdp=fv.fsdp,
                               progress=lambda message: _progress(f"[{time.time() - start:6.1f} s] {message}"))
     for path in result["written"]:
         _progress(f"wrote {path}")
@@ -371,6 +419,8 @@ def _define_train_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("out", None, "Also write the runs as JSON (environment, config, loss curves, step times) "
                         "to this path.", flag_values=fv)
     flags.DEFINE_bool("json", False, "Print the runs as JSON instead of the comparison table.", flag_values=fv)
+    _define_mesh_flags(fv, "--batch is the global batch, so the losses match a one-device run; the step is timed "
+                       "with the wall clock")
 
 
 def _train(fv: flags.FlagValues, rest: list[str]) -> int:
@@ -382,11 +432,17 @@ def _train(fv: flags.FlagValues, rest: list[str]) -> int:
 
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
+    _check_mesh_flags(fv)
     kernel_sets = [KernelSet.parse(spec) for spec in fv.kernels]
     cfg = train.TrainConfig(steps=fv.steps, batch=fv.batch, seq=fv.seq, dim=fv.dim, heads=fv.heads,
                             kv_heads=fv.kv_heads, layers=fv.layers, dtype=_DTYPES[fv.dtype], lr=fv.lr,
-                            warmup=fv.warmup, eval_every=fv.eval_every, seed=fv.seed, corpus=fv.corpus)
-    cfg.model_config()  # bad widths and head counts fail here, before any data is read
+                            warmup=fv.warmup, eval_every=fv.eval_every, seed=fv.seed, corpus=fv.corpus,
+                            mesh=fv.mesh, fsdp=fv.fsdp)
+    model_cfg = cfg.model_config()  # bad widths and head counts fail here, before any data is read
+    if fv.mesh:
+        from jaxfuse.sharding import Layout
+
+        Layout.parse(fv.mesh, fsdp=fv.fsdp).check_model(model_cfg, fv.batch)  # so does a mesh that does not fit
     for ks in kernel_sets:
         programs.check_kernels(ks)
     if fv.out:

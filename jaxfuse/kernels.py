@@ -15,7 +15,8 @@ Each site has one registry, a dict from implementation name to callable (``ATTEN
   xla_f32  the float32 references of ``pallas_kernels.reference`` (HIGHEST precision, nothing rounded to the
            compute dtype): what the kernels are tested against; slower, for checking numerics.
   pallas   the fused Pallas kernels of ``pallas_kernels``, backend "auto" (the fastest tuned backend that runs
-           here; Triton when nothing is tuned, interpret mode on CPU)
+           here; Triton when nothing is tuned, interpret mode on CPU); on a device mesh each
+           kernel runs under ``shard_map`` (``jaxfuse.sharded_kernels``)
   pallas_triton, pallas_mosaic   the same kernels on that backend (``backend="triton"`` / ``"mosaic"``); a
            backend the op does not implement yet raises ValueError when called (``unavailable_reason`` says so
            before). Results name these, never ``pallas``, so a record says which backend ran.
@@ -40,6 +41,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels
+from jaxfuse import sharded_kernels
 from pallas_kernels import reference
 
 __all__ = [
@@ -171,15 +173,16 @@ def _pallas_loss(backend: str) -> Callable[..., jax.Array]:
 
 
 # One registry per site: implementation name -> callable with the site's signature (module docstring).
+# The Pallas entries run under shard_map when a mesh is current (jaxfuse.sharded_kernels); XLA partitions the rest.
 ATTENTION: dict[str, Callable[..., jax.Array]] = {
     "xla": plain_attention, "xla_f32": reference.attention, "cudnn": _cudnn_attention,
-    **{name: _pallas_attention(backend) for name, backend in PALLAS_BACKENDS.items()}}
+    **{name: sharded_kernels.attention(_pallas_attention(backend)) for name, backend in PALLAS_BACKENDS.items()}}
 NORM_MATMUL: dict[str, Callable[..., jax.Array]] = {
     "xla": _rmsnorm_then_matmul, "xla_f32": reference.rmsnorm_matmul,
-    **{name: _pallas_norm_matmul(backend) for name, backend in PALLAS_BACKENDS.items()}}
+    **{name: sharded_kernels.norm_matmul(_pallas_norm_matmul(backend)) for name, backend in PALLAS_BACKENDS.items()}}
 LOSS: dict[str, Callable[..., jax.Array]] = {
     "xla": plain_cross_entropy, "xla_f32": reference.linear_cross_entropy,
-    **{name: _pallas_loss(backend) for name, backend in PALLAS_BACKENDS.items()}}
+    **{name: sharded_kernels.loss(_pallas_loss(backend)) for name, backend in PALLAS_BACKENDS.items()}}
 REGISTRIES: dict[str, dict[str, Callable[..., jax.Array]]] = {
     "attention": ATTENTION,
     "norm_matmul": NORM_MATMUL,

@@ -5,7 +5,9 @@
     >>> loss, grads = jax.jit(p.fn)(*p.args)          # or hlo_inspect.inspect(p.fn, *p.args)
 
 ``Program.fn`` is pure: parameters are its first argument (an ``nnx.State`` split off the model with
-``nnx.split``), so they are explicit jit arguments, not constants folded into the HLO.
+``nnx.split``), so they are explicit jit arguments, not constants folded into the HLO. With ``mesh=`` (and
+``fsdp=``) the arguments are placed on a device mesh (``jaxfuse.sharding``) and ``fn`` traces on it: compiling it
+gives one device's SPMD-partitioned program, its collectives included (``jaxfuse inspect --mesh data=2,model=2``).
 
   model="block", forward:     fn(params, x (B, T, D)) -> y (B, T, D)
   model="block", train_step:  fn(params, x) -> (loss, grads); loss = mean(y²) in float32, grads like params
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -43,6 +46,7 @@ import hlo_inspect
 from hlo_inspect.formatting import parse_xla_flags
 from jaxfuse.kernels import SITES, KernelSet
 from jaxfuse.models import Block, Config, Transformer
+from jaxfuse.sharding import Layout
 
 __all__ = ["DEFAULT_MODEL", "MODELS", "Program", "build_program", "check_kernels", "diff_programs",
            "foreign_flags_warning", "inspect_program", "interpret_mode_caveat", "triton_kernels", "xla_option_error"]
@@ -61,6 +65,7 @@ class Program:
     description: str  # one line: model, shapes, dtype, mode, kernels
     config: Config
     kernels: KernelSet
+    layout: Layout | None = None  # the device mesh the program is partitioned over (jaxfuse.sharding), or None
 
 
 def build_program(
@@ -77,12 +82,17 @@ def build_program(
     seed: int = 0,
     layers: int = DEFAULT_MODEL.n_layers,
     vocab: int = DEFAULT_MODEL.vocab,
+    mesh: str | None = None,
+    fsdp: bool = False,
 ) -> Program:
     """Builds the model ("block": one decoder block; "lm": ``layers`` blocks with embedding and LM head).
 
     Head dim is dim / heads and the MLP hidden width 8/3·dim rounded up to 64 (``Config.from_width``).
     ``layers`` and ``vocab`` apply to "lm" only. Parameters come from ``nnx.Rngs(seed)``, inputs from
-    ``jax.random.key(seed + 1)``. Raises ``ValueError`` naming the argument for bad values.
+    ``jax.random.key(seed + 1)``. ``mesh`` ("data=2,model=2", with ``fsdp``: ``jaxfuse.sharding.Layout``): the
+    parameters and inputs are placed with the layout's shardings and ``fn`` traces on its mesh, so compiling it
+    gives the SPMD-partitioned program of one device, collectives included. Raises ``ValueError`` naming the
+    argument for bad values.
     """
     if model not in MODELS:
         raise ValueError(f"model: expected one of {list(MODELS)}, got {model!r}")
@@ -95,6 +105,11 @@ def build_program(
                             vocab=vocab, max_seq=seq, dtype=dtype)
     x_key = jax.random.key(seed + 1)
     mode = "train_step" if train_step else "forward"
+    if fsdp and mesh is None:
+        raise ValueError("fsdp: shards over a mesh's data axis; give a mesh too (mesh='data=N')")
+    layout = Layout.parse(mesh, fsdp=fsdp) if mesh is not None else None
+    if layout is not None:
+        layout.check_model(cfg, batch)
 
     if model == "block":
         graphdef, params = nnx.split(Block(cfg, kernels=kernels, rngs=nnx.Rngs(seed)))
@@ -133,7 +148,24 @@ def build_program(
         f"{model} {mode}: {shapes}, dim {dim}, heads {heads}/{kv_heads} (head dim {cfg.head_dim}), "
         f"mlp {cfg.mlp_hidden}, {cfg.dtype.name} compute, {cfg.param_dtype.name} params, kernels {kernels}"
     )
-    return Program(fn=fn, args=args, description=description, config=cfg, kernels=kernels)
+    if layout is not None:
+        fn, args = _on_mesh(fn, args, layout)
+        description += f", mesh {layout} ({layout.strategy}, {layout.devices} devices)"
+    return Program(fn=fn, args=args, description=description, config=cfg, kernels=kernels, layout=layout)
+
+
+def _on_mesh(fn: Callable, args: tuple, layout: Layout) -> tuple[Callable, tuple]:
+    """(fn traced on the layout's mesh, args placed: parameters by its rules, inputs split over data)."""
+    params, *inputs = args
+
+    @functools.wraps(fn)
+    def on_mesh(*args):
+        with layout.tracing():
+            return fn(*args)
+
+    placed = [jax.device_put(params, layout.shardings(params))]
+    placed += [jax.device_put(x, layout.batch_sharding()) for x in inputs]
+    return on_mesh, tuple(placed)
 
 
 def _progress(message: str) -> None:

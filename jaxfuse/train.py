@@ -26,6 +26,7 @@ kernel has little to save here: it matters at vocabularies of 32k-256k (``jaxfus
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -42,9 +43,10 @@ from flax import nnx
 from jaxfuse import bench
 from jaxfuse.kernels import KernelSet
 from jaxfuse.models import Config, Transformer
+from jaxfuse.sharding import Layout, bytes_per_device
 
-__all__ = ["TrainConfig", "TrainResult", "compare", "comparison_table", "load_corpus", "optimizer", "sample_batch",
-           "step_functions", "train", "within_noise"]
+__all__ = ["TrainConfig", "TrainResult", "compare", "comparison_table", "load_corpus", "optimizer", "place",
+           "sample_batch", "step_functions", "train", "within_noise"]
 
 VOCAB = 256  # byte-level tokens
 _MODEL = Config.block_default()
@@ -75,6 +77,8 @@ class TrainConfig:
     eval_batches: int = 4
     seed: int = 0  # parameters, batch order and eval batches
     corpus: str | None = None
+    mesh: str | None = None  # "data=2,model=2" (jaxfuse.sharding); batch is the global batch, split over data
+    fsdp: bool = False  # parameters and optimizer state sharded over the mesh's data axis
     timing_iterations: int = 40  # timed calls of the compiled step after training (median and quartiles reported)
     timing_budget_s: float = 30.0  # ... fewer (at least 5) when they take longer than this: interpret mode on CPU
 
@@ -124,6 +128,11 @@ class TrainResult:
     top_kernels_us: tuple[tuple[str, float], ...] = ()  # GPU: the step's 10 costliest kernels, median µs per step
     step_time_iqr_us: tuple[float, float] = (math.nan, math.nan)  # 25th and 75th percentile of the step times
     train_loss_window: int = 10  # the reported train loss is the mean of this many last steps
+    mesh: str = ""  # "data=2,model=1" when run on a mesh, "" on one device
+    strategy: str = ""  # "dp", "fsdp", "dp+tp", "fsdp+tp" (jaxfuse.sharding.Layout.strategy), "" on one device
+    devices: int = 1
+    param_bytes_per_device: int = 0  # the most bytes of parameters one device holds (its addressable shards)
+    opt_bytes_per_device: int = 0  # the same for the optimizer state
 
     @property
     def tokens_per_s(self) -> float:
@@ -205,19 +214,37 @@ def optimizer(cfg: TrainConfig):
                        optax.adamw(schedule, weight_decay=cfg.weight_decay, mask=matrices_only)), optax
 
 
-def step_functions(graphdef, optimizer, optax):
+def step_functions(graphdef, optimizer, optax, layout: Layout | None = None):
     """(train step, loss) of the model ``graphdef`` with ``optimizer``: step(params, opt_state, tokens, labels) ->
-    (params, opt_state, loss float32); loss(params, tokens, labels)."""
+    (params, opt_state, loss float32); loss(params, tokens, labels). With ``layout`` both trace on its mesh (the
+    Pallas sites run under shard_map) and the step's new parameters and optimizer state keep the layout's
+    shardings; jit them with arguments placed by ``place``."""
 
     def loss_of(params, tokens, labels):
-        return nnx.merge(graphdef, params).loss(tokens, labels)
+        with layout.tracing() if layout else contextlib.nullcontext():
+            return nnx.merge(graphdef, params).loss(tokens, labels)
 
     def step(params, opt_state, tokens, labels):
         loss, grads = jax.value_and_grad(loss_of)(params, tokens, labels)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        params = optax.apply_updates(params, updates)
+        if layout is not None:
+            params, opt_state = layout.constrain(params), layout.constrain(opt_state)
+        return params, opt_state, loss
 
     return step, loss_of
+
+
+def place(layout: Layout | None, params, opt_state):
+    """(params, opt_state) on the layout's devices with its shardings (as they are without a layout)."""
+    if layout is None:
+        return params, opt_state
+    return jax.device_put(params, layout.shardings(params)), jax.device_put(opt_state, layout.shardings(opt_state))
+
+
+def _placed(layout: Layout | None, batch: tuple) -> tuple:
+    """A batch (tokens, labels) split over the layout's data axis (as it is without a layout)."""
+    return batch if layout is None else tuple(jax.device_put(b, layout.batch_sharding()) for b in batch)
 
 
 def train(cfg: TrainConfig = TrainConfig(), kernels: KernelSet = KernelSet(), *,
@@ -239,19 +266,24 @@ def _train(cfg: TrainConfig, kernels: KernelSet, *, progress: Callable[[str], No
     model_cfg = cfg.model_config()
     graphdef, params = nnx.split(Transformer(model_cfg, kernels=kernels, rngs=nnx.Rngs(cfg.seed)))
     opt, optax = optimizer(cfg)
-    opt_state = opt.init(params)
-    step, loss_of = step_functions(graphdef, opt, optax)
+    layout = Layout.parse(cfg.mesh, fsdp=cfg.fsdp) if cfg.mesh else None
+    if layout is not None:
+        layout.check_model(model_cfg, cfg.batch)
+    params, opt_state = place(layout, params, opt.init(params))
+    step, loss_of = step_functions(graphdef, opt, optax, layout)
     train_step = jax.jit(step, donate_argnums=(0, 1))
     eval_loss_of = jax.jit(loss_of)
     eval_rng = np.random.default_rng([cfg.seed, 1])
-    eval_set = [sample_batch(eval_part, cfg.batch, cfg.seq, eval_rng) for _ in range(cfg.eval_batches)]
+    eval_set = [_placed(layout, sample_batch(eval_part, cfg.batch, cfg.seq, eval_rng))
+                for _ in range(cfg.eval_batches)]
     batch_rng = np.random.default_rng([cfg.seed, 0])
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
     description = (f"byte-level LM: {cfg.layers} layers, dim {cfg.dim}, heads {cfg.heads}/{cfg.kv_heads}, "
                    f"mlp {model_cfg.mlp_hidden}, {n_params / 1e6:.2f}M params, batch {cfg.batch} x {cfg.seq} tokens, "
                    f"{model_cfg.dtype.name} compute, {cfg.steps} steps, corpus {len(data):,} bytes "
                    f"(sha256 {hashlib.sha256(data.tobytes()).hexdigest()[:12]}), "
-                   f"on {jax.devices()[0].device_kind}")
+                   f"on {jax.devices()[0].device_kind}"
+                   + (f" x {layout.devices}, mesh {layout} ({layout.strategy})" if layout is not None else ""))
 
     def evaluate() -> float:
         return float(np.mean([float(eval_loss_of(params, *batch)) for batch in eval_set]))
@@ -263,8 +295,8 @@ def _train(cfg: TrainConfig, kernels: KernelSet, *, progress: Callable[[str], No
     window = cfg.loss_window
     last_said = time.perf_counter()
     for i in range(1, cfg.steps + 1):
-        params, opt_state, loss = train_step(params, opt_state, *sample_batch(train_part, cfg.batch, cfg.seq,
-                                                                               batch_rng))
+        params, opt_state, loss = train_step(params, opt_state, *_placed(
+            layout, sample_batch(train_part, cfg.batch, cfg.seq, batch_rng)))
         losses.append(loss)
         if i > 1:  # at most one step in flight, so that a progress line says where training is
             jax.block_until_ready(losses[-2])
@@ -283,11 +315,14 @@ def _train(cfg: TrainConfig, kernels: KernelSet, *, progress: Callable[[str], No
                      f"eval loss {evals[-1][1]:.4f}")
     train_loss = tuple(float(x) for x in np.asarray(jnp.stack(losses)))
     timed_step = jax.jit(step)  # no donation: the same arguments are reused for every timed call
-    timed_args = (params, opt_state, *sample_batch(train_part, cfg.batch, cfg.seq, batch_rng))
+    timed_args = (params, opt_state, *_placed(layout, sample_batch(train_part, cfg.batch, cfg.seq, batch_rng)))
+    placement = {} if layout is None else dict(
+        mesh=str(layout), strategy=layout.strategy, devices=layout.devices,
+        param_bytes_per_device=bytes_per_device(params), opt_bytes_per_device=bytes_per_device(opt_state))
     result = TrainResult(kernels=str(kernels), description=description, train_loss=train_loss,
                          eval_loss=tuple(evals), step_time_us=math.nan, timing="", tokens_per_step=cfg.batch * cfg.seq,
                          n_params=n_params, wall_s=time.perf_counter() - start, stopped=stopped,
-                         train_loss_window=window)
+                         train_loss_window=window, **placement)
     return result, (timed_step, timed_args)
 
 
@@ -295,7 +330,8 @@ def _timed(results: Sequence[TrainResult], steps: Sequence[tuple[Callable, tuple
            progress: Callable[[str], None]) -> list[TrainResult]:
     """The results with their step times: the steps timed interleaved (``bench.time_interleaved``)."""
     start = time.perf_counter()
-    timings = bench.time_interleaved(steps, iterations=cfg.timing_iterations, budget_s=cfg.timing_budget_s)
+    timings = bench.time_interleaved(steps, iterations=cfg.timing_iterations, budget_s=cfg.timing_budget_s,
+                                     wall=cfg.mesh is not None)
     share = (time.perf_counter() - start) / len(results)
     out = []
     for r, timing in zip(results, timings):

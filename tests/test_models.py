@@ -49,17 +49,19 @@ def _ref_block(p, x, cfg):
     B, T, _ = x.shape
     N, K, H = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     h = _ref_rmsnorm(x, p["norm1"]["scale"], cfg.eps)
-    qkv = h @ p["attn"]["qkv_proj"]["kernel"]
-    q = _ref_rope(qkv[..., : N * H].reshape(B, T, N, H), cfg.rope_theta)
-    k = _ref_rope(qkv[..., N * H : (N + K) * H].reshape(B, T, K, H), cfg.rope_theta)
-    v = qkv[..., (N + K) * H :].reshape(B, T, K, H)
+    G = N // K
+    qkv = (h @ p["attn"]["qkv_proj"]["kernel"]).reshape(B, T, K, G + 2, H)  # per kv head: G query heads, k, v
+    q = _ref_rope(qkv[:, :, :, :G].reshape(B, T, N, H), cfg.rope_theta)
+    k = _ref_rope(qkv[:, :, :, G], cfg.rope_theta)
+    v = qkv[:, :, :, G + 1]
     k, v = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)  # query head n reads kv head n // (N/K)
     scores = jnp.einsum("BTNH,BSNH->BNTS", q, k) / np.sqrt(H)
     scores = jnp.where(np.tril(np.ones((T, T), bool)), scores, -jnp.inf)
     out = jnp.einsum("BNTS,BSNH->BTNH", jax.nn.softmax(scores, axis=-1), v).reshape(B, T, N * H)
     x = x + out @ p["attn"]["out_proj"]["kernel"]
     h = _ref_rmsnorm(x, p["norm2"]["scale"], cfg.eps)
-    gate, up = jnp.split(h @ p["mlp"]["gate_up_proj"]["kernel"], 2, axis=-1)
+    gate_up = h @ p["mlp"]["gate_up_proj"]["kernel"]  # columns interleaved: gate i, up i
+    gate, up = gate_up[..., 0::2], gate_up[..., 1::2]
     return x + (gate * jax.nn.sigmoid(gate) * up) @ p["mlp"]["down_proj"]["kernel"]
 
 
@@ -229,12 +231,14 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     gqa_cfg = models.Config.tiny(n_heads=N, n_kv_heads=K, head_dim=H)
     gqa, params = _model(models.Block, gqa_cfg)
     mha = models.Block(models.Config.tiny(n_heads=N, n_kv_heads=N, head_dim=H), rngs=nnx.Rngs(0))
-    w = params["attn"]["qkv_proj"]["kernel"]  # (D, (N + 2K)·H)
+    G = N // K
+    w = params["attn"]["qkv_proj"]["kernel"]  # (D, (N + 2K)·H), per kv head j: G query heads, k_j, v_j
     D = w.shape[0]
-    wq = w[:, : N * H]
-    wk, wv = (w[:, s : s + K * H].reshape(D, K, 1, H) for s in (N * H, (N + K) * H))  # (D, K, 1, H)
-    wk, wv = (jnp.broadcast_to(m, (D, K, N // K, H)).reshape(D, N * H) for m in (wk, wv))  # (D, N·H)
-    params["attn"]["qkv_proj"]["kernel"] = jnp.concatenate([wq, wk, wv], axis=1)  # (D, 3N·H)
+    groups = w.reshape(D, K, G + 2, H)
+    wq = groups[:, :, :G]  # (D, K, G, H): query head j·G + g
+    wk, wv = (jnp.broadcast_to(groups[:, :, None, G + i], (D, K, G, H)) for i in (0, 1))  # each kv head G times
+    # MHA (N kv heads, G = 1): per head n, [q_n | k_n | v_n]
+    params["attn"]["qkv_proj"]["kernel"] = jnp.stack([wq, wk, wv], axis=3).reshape(D, 3 * N * H)
     state = nnx.state(mha)
     nnx.replace_by_pure_dict(state, params)
     nnx.update(mha, state)

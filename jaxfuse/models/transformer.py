@@ -12,7 +12,9 @@ they are used; activations are in ``dtype``; the loss is float32.
 Fusable sites (``jaxfuse.kernels``): every RMSNorm that feeds a projection is handed to that projection, which
 computes ``rmsnorm(x) @ w`` through the ``norm_matmul`` site (norm1 -> attn.qkv_proj, norm2 -> mlp.gate_up_proj,
 final_norm -> lm_head). So that one call covers each pair, q/k/v and gate/up are stored as one fused weight
-each (columns [q | k | v] and [gate | up]). Attention goes through the ``attention`` site and ``Transformer.loss``
+each, in column orders that any contiguous split keeps whole (tensor parallelism, ``jaxfuse.sharding``, splits
+the columns into equal blocks): q/k/v grouped by key/value head (per kv head j: its G = N / K query heads, then
+k_j, then v_j) and gate/up interleaved (column 2i is gate i, column 2i + 1 is up i). Attention goes through the ``attention`` site and ``Transformer.loss``
 through the ``loss`` site (final_norm, then the LM head fused with cross-entropy).
 
 HLO scopes: Flax NNX puts no module names in op_name metadata, so each module's ``__call__`` runs inside
@@ -34,6 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxfuse.kernels import KernelSet
+from jaxfuse.sharding import DATA, MODEL, constrain_activation
 from pallas_kernels import reference
 
 __all__ = ["MLP", "Attention", "Block", "Config", "Embedding", "Linear", "RMSNorm", "Transformer", "rope"]
@@ -222,8 +225,9 @@ class Embedding(_Scoped):
 class Attention(_Scoped):
     """Causal grouped-query self-attention with RoPE: x (B, T, D) -> (B, T, D).
 
-    qkv_proj: D -> (N + 2K)·H, columns [q (N·H) | k (K·H) | v (K·H)], head-major within each part;
-    query head n reads key/value head n // (N // K). out_proj: N·H -> D.
+    qkv_proj: D -> (N + 2K)·H, columns grouped by key/value head: for kv head j (of K), its G = N / K query heads
+    (query heads jG .. jG + G − 1, H columns each), then k_j, then v_j; query head n reads key/value head n // G.
+    Equal column blocks of any size dividing K hold whole groups (tensor parallelism). out_proj: N·H -> D.
     """
 
     def __init__(self, cfg: Config, *, kernels: KernelSet, rngs: nnx.Rngs):
@@ -241,11 +245,13 @@ class Attention(_Scoped):
         cfg = self.cfg
         B, T, _ = x.shape
         N, K, H = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        qkv = self.qkv_proj(x, norm=norm)  # (B, T, (N + 2K)·H)
-        q, k, v = jnp.split(qkv, [N * H, (N + K) * H], axis=-1)  # (B, T, N·H), (B, T, K·H), (B, T, K·H)
-        q = q.reshape(B, T, N, H)  # (B, T, N·H) -> (B, T, N, H)
-        k = k.reshape(B, T, K, H)  # (B, T, K·H) -> (B, T, K, H)
-        v = v.reshape(B, T, K, H)  # (B, T, K·H) -> (B, T, K, H)
+        G = N // K
+        qkv = self.qkv_proj(x, norm=norm).reshape(B, T, K, G + 2, H)  # (B, T, (N + 2K)·H) -> (B, T, K, G + 2, H)
+        q = qkv[:, :, :, :G].reshape(B, T, N, H)  # (B, T, K, G, H) -> (B, T, N, H): head n = j·G + g
+        k = qkv[:, :, :, G]  # (B, T, K, H)
+        v = qkv[:, :, :, G + 1]  # (B, T, K, H)
+        # On a mesh (jaxfuse.sharding): batch over data, heads over model (tensor parallelism); a no-op otherwise.
+        q, k, v = (constrain_activation(a, DATA, None, MODEL, None) for a in (q, k, v))
         with jax.named_scope("rope"):
             q = rope(q, positions, theta=cfg.rope_theta)
             k = rope(k, positions, theta=cfg.rope_theta)
@@ -256,7 +262,8 @@ class Attention(_Scoped):
 
 
 class MLP(_Scoped):
-    """SwiGLU: x (B, T, D) -> down_proj(silu(gate) * up) (B, T, D); gate_up_proj D -> 2F, columns [gate | up]."""
+    """SwiGLU: x (B, T, D) -> down_proj(silu(gate) * up) (B, T, D); gate_up_proj D -> 2F, columns interleaved
+    (2i: gate i, 2i + 1: up i), so that equal column blocks hold matching gate and up columns."""
 
     def __init__(self, cfg: Config, *, kernels: KernelSet, rngs: nnx.Rngs):
         linear = functools.partial(Linear, kernels=kernels, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
@@ -268,7 +275,8 @@ class MLP(_Scoped):
     def __call__(self, x: jax.Array, *, norm: RMSNorm | None = None) -> jax.Array:
         """x (B, T, D); ``norm`` is applied to x inside gate_up_proj (norm_matmul site)."""
         gate_up = self.gate_up_proj(x, norm=norm)  # (B, T, 2F)
-        gate, up = jnp.split(gate_up, 2, axis=-1)  # (B, T, F) each
+        gate_up = gate_up.reshape(*gate_up.shape[:-1], -1, 2)  # (B, T, F, 2)
+        gate, up = (constrain_activation(a, DATA, None, MODEL) for a in (gate_up[..., 0], gate_up[..., 1]))  # (B, T, F)
         with jax.named_scope("swiglu"):
             hidden = jax.nn.silu(gate) * up  # (B, T, F)
         return self.down_proj(hidden)  # (B, T, D)

@@ -40,13 +40,27 @@ def get(op: str) -> OpSpec:
 
 def benchmark(op: str, shapes=None, *, impls=None, iterations: int = 20, tune_first: bool = False,
               tuned_configs=None, out: str | None = None, deadline: float | None = None, check: bool = True,
-              progress=None) -> dict:
+              progress=None, mesh: str | None = None, fsdp: bool = False) -> dict:
     """``jaxfuse bench``: optionally the sweep (``tune``) at ``shapes`` into ``tuned_configs``, then the suite (``run``)
-    with those configs (``check=False``: without comparing outputs to the float32 reference). With ``out``, writes ``<op>-<device tag>.json`` (+ .md) and, after a sweep,
-    ``<op>-sweep-<device tag>.json`` there. Returns {"environment", "records", "sweep", "written": [paths]}."""
+    with those configs (``check=False``: without comparing outputs to the float32 reference). With ``out``, writes
+    ``<op>-<device tag>.json`` (+ .md) and, after a sweep, ``<op>-sweep-<device tag>.json`` there. ``mesh``
+    ("data=2,model=2", with ``fsdp``): the train step on that mesh (``train_step.on_mesh``), written to
+    ``train_step-<device tag>-<mesh tag>.json``. Returns {"environment", "records", "sweep", "written": [paths]}."""
     from jaxfuse import bench
 
-    spec = get(op)
+    spec, suffix = get(op), ""
+    if mesh is not None:
+        from jaxfuse.sharding import Layout
+        from jaxfuse.suites import train_step
+
+        if op != "train_step" or tune_first:
+            raise ValueError(f"mesh: only the train step runs on a mesh (--op train_step, without --tune), got "
+                             f"op {op!r}{' with tune' if tune_first else ''}")
+        layout = Layout.parse(mesh, fsdp=fsdp)
+        spec = train_step.on_mesh(layout)
+        suffix = f"-{layout.strategy}-data{layout.data}-model{layout.model}".replace("+", "-")
+    elif fsdp:
+        raise ValueError("fsdp: shards over a mesh's data axis; give a mesh too (--mesh data=N)")
     kwargs = {} if progress is None else {"progress": progress}
     sweep_rows = None
     if tune_first:
@@ -58,7 +72,7 @@ def benchmark(op: str, shapes=None, *, impls=None, iterations: int = 20, tune_fi
     if out:
         tag = bench.device_tag(env["device"])
         if records:
-            written.append(bench.write_results(records, os.path.join(out, f"{op}-{tag}.json"), env=env))
+            written.append(bench.write_results(records, os.path.join(out, f"{op}-{tag}{suffix}.json"), env=env))
         if sweep_rows is not None:
             path = os.path.join(out, f"{op}-sweep-{tag}.json")
             os.makedirs(out, exist_ok=True)

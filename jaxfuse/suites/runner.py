@@ -11,8 +11,8 @@ compiles one jitted program, reads its memory analysis, compares its outputs wit
 (``bench.time_kernels``: CUPTI device time on GPU, wall time on CPU). Every record's ``extra`` carries
 ``shape_name``, the variant, ``note``, ``input_sets``, ``temp_bytes`` / ``temp_mib`` / ``peak_bytes``, ``rel_error``
 (the largest over the outputs) and ``rel_errors`` (per output), ``tolerance`` (the spec's rule at this shape),
-``per_kernel_us`` (the 8 costliest kernels, µs), ``spread``, and for Pallas implementations the ``config`` that ran
-and its ``config_source``. ``speedup_vs`` holds baseline time / this time for the spec's baselines. A failing or
+``per_kernel_us`` (the 8 costliest kernels, µs), ``spread``, ``tokens_per_s`` for a spec that counts tokens, and
+for Pallas implementations the ``config`` that ran and its ``config_source``. ``speedup_vs`` holds baseline time / this time for the spec's baselines. A failing or
 skipped implementation is a record with NaN time, ``method="failed"`` and ``extra["error"]``; the others still run.
 """
 
@@ -146,7 +146,7 @@ def _measure(spec: OpSpec, fn: Callable, mode: str, sets: list, ref: list | None
                 errors = {name: _rel_error(g, w) for name, g, w in zip(spec.output_names[mode], got, ref)}
                 out.update(rel_errors=errors, rel_error=max(errors.values()))
             _delete(result)
-        timing = bench.time_kernels(program, arg_sets, iterations=iterations)
+        timing = bench.time_kernels(program, arg_sets, iterations=iterations, wall=spec.wall_time)
     out.update(timing=timing)
     return out
 
@@ -231,6 +231,8 @@ def _run_case(spec: OpSpec, name: str, variant, impls: list[str], *, iterations:
                 extra=dict(extra, **m, spread=round(timing.spread, 3), per_kernel_us={
                     k: round(v, 2) for k, v in sorted(timing.per_kernel_us.items(), key=lambda kv: -kv[1])[:8]}),
             ).finish()
+            if spec.tokens is not None:
+                r.extra["tokens_per_s"] = spec.tokens(shape) / (r.time_us * 1e-6)
             records.append(r)
             err = f"{m['rel_error']:.1e}" if "rel_error" in m else "n/a"
             temp = f"{m['temp_mib']:.1f} MiB" if "temp_mib" in m else "?"

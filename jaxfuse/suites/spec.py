@@ -76,6 +76,10 @@ class OpSpec:
       reference_impl: the implementation whose float32 run every record's ``rel_error`` is taken against (inputs
         upcast to float32); None: no error check.
       summarize: program outputs -> numbers a record keeps (the train step's loss); None: nothing.
+      tokens: shape -> tokens one call processes (the train step's batch x seq): records then carry
+        ``tokens_per_s``; None: not a token count.
+      wall_time: time with the host wall clock on a GPU too (a program on several devices, where CUPTI would add up
+        every device's kernels).
     """
 
     name: str
@@ -105,6 +109,8 @@ class OpSpec:
     implementations_fn: Callable[[], dict[str, Callable]] | None = None
     reference_impl: str | None = "xla_f32"
     summarize: Callable[[Any], dict[str, float]] | None = None
+    tokens: Callable[[Mapping[str, Any]], int] | None = None
+    wall_time: bool = False
 
     def implementations(self) -> dict[str, Callable]:
         """Every implementation by name: the site registry's Pallas backends first (``pallas`` itself, the "auto"
