@@ -111,8 +111,11 @@ def flash_attention_table(head_dim: int, dtype, *, on_gpu: bool) -> dict[str, in
 # c7f45b9.json, forward µs against the schedule before): 800 vs 862 at the main shape (cuDNN 816), 233 vs 248 at
 # 1k (227), 1546 vs 1656 at 8k, 1561 vs 1673 GQA 32/8; with ping-pong 1-2% slower than without. Not causal (771 vs
 # 466 µs, 546 without ping-pong) nor H=64 (1239 vs 1216): there the schedule before stays.
+# H=64 backward (attention_bwd_h64_tiles-h100-66c32d0.json, fwd+bwd µs at B4 T=S=4096 N32): 128-row query tiles in
+# both kernels non-causal, 4670 vs 5098 (cuDNN 4126); causal only in the dQ kernel (64-row K/V tiles), 2768 vs 2843
+# (cuDNN 2421; 128-row query tiles in the dK/dV kernel made causal slower: 3097). At H=128 the same tiles spill.
 _FLASH_ATTENTION_MOSAIC_GPU = {
-    64: {False: dict(block_kv_dq=128), True: dict(block_kv_dq=128)},
+    64: {False: dict(block_q_dkv=128, block_q_dq=128), True: dict(block_q_dq=128)},
     128: {False: dict(block_kv_dq=128, overlap=True, ping_pong=False), True: dict(num_stages_dq=3, num_stages_dkv=4)},
     256: {False: dict(block_kv=64), True: dict(block_kv=64)},
 }
