@@ -35,6 +35,7 @@ SHAPES = {
     "8k": dict(B=2, T=8192, S=8192, N=16, K=16, H=128, note="long sequences, same tokens"),
     "gqa": dict(B=4, T=4096, S=4096, N=32, K=8, H=128, note="grouped-query attention, 32 q / 8 kv heads"),
     "h64": dict(B=4, T=4096, S=4096, N=32, K=32, H=64, note="head dim 64, N·H as the main shape"),
+    "small_lm": dict(B=8, T=1024, S=1024, N=8, K=2, H=64, note="the small train-step preset's attention"),
     "cpu": dict(B=2, T=40, S=40, N=4, K=2, H=32, note="smoke shape for CPU (interpret mode; odd T, GQA)"),
 }
 XLA_MAX_SCORES_BYTES = 20e9  # plain-jnp XLA is skipped where the (B, N, T, S) float32 scores exceed this
