@@ -29,6 +29,6 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv > "$OUT/multi_gpu-$tag-devices.txt" || true
 env | grep '^NCCL_' | sort >> "$OUT/multi_gpu-$tag-devices.txt" || true
 python3 -m jaxfuse.cli bench --op train_step --shapes 1b --mesh "$mesh" "$@" --iterations 20 \
-  --kernels '' --kernels attention=cudnn --kernels all=pallas --out "$OUT" 2>&1 | tee "$OUT/train_step-$tag-log.txt"
+  --kernels '' --kernels attention=cudnn --kernels attention=pallas_mosaic --out "$OUT" 2>&1 | tee "$OUT/train_step-$tag-log.txt"
 python3 -m jaxfuse.cli inspect --model lm --train-step --batch 8 --mesh "$mesh" "$@" --no-ledger 2>&1 \
   | tee "$OUT/inspect_lm_train-$tag.txt"
