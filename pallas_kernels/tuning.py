@@ -114,8 +114,10 @@ def flash_attention_table(head_dim: int, dtype, *, on_gpu: bool) -> dict[str, in
 # H=64 backward (attention_bwd_h64_tiles-h100-66c32d0.json, fwd+bwd µs at B4 T=S=4096 N32): 128-row query tiles in
 # both kernels non-causal, 4670 vs 5098 (cuDNN 4126); causal only in the dQ kernel (64-row K/V tiles), 2768 vs 2843
 # (cuDNN 2421; 128-row query tiles in the dK/dV kernel made causal slower: 3097). At H=128 the same tiles spill.
+# H=64 forward (attention_fwd_h64_tiles-h100-5f33c04.json): 128 query rows per warpgroup, 1161 vs 1206 µs (cuDNN
+# 1122), causal 662 vs 681 (623); not causal with at most 1024 keys (41.0 vs 36.6 at the small train-step preset).
 _FLASH_ATTENTION_MOSAIC_GPU = {
-    64: {False: dict(block_q_dkv=128, block_q_dq=128), True: dict(block_q_dq=128)},
+    64: {False: dict(block_q=128, block_q_dkv=128, block_q_dq=128), True: dict(block_q=128, block_q_dq=128)},
     128: {False: dict(block_kv_dq=128, overlap=True, ping_pong=False), True: dict(num_stages_dq=3, num_stages_dkv=4)},
     256: {False: dict(block_kv=64), True: dict(block_kv=64)},
 }
@@ -131,7 +133,7 @@ def flash_attention_mosaic_table(head_dim: int, *, causal: bool, kv_len: int) ->
     if head_dim == 64 and causal and kv_len <= _MOSAIC_PERSISTENT_MAX_KV_LEN:
         # The small train-step preset's attention (B8 T=S=1024 N8/K2, attention_small_lm_variants-h100-278cffa.json):
         # fwd+bwd 161.1 µs with 128-row K/V tiles in the dQ kernel against 163.3 with 128-row query tiles (cuDNN 156.3).
-        params = dict(block_kv_dq=128)
+        params = dict(block_kv_dq=128)  # and 64 query rows per forward warpgroup (see the table's notes)
     if head_dim == 128 and not causal and kv_len <= _MOSAIC_PERSISTENT_MAX_KV_LEN:
         params["persistent"] = True
     return params
