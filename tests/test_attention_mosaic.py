@@ -112,12 +112,11 @@ def test_shared_memory_estimates_match_the_lowering():
     assert "dQ kernel needs" in mosaic.config_reason(q, over, segments=False)
     problem = mosaic_bwd_kernels.Problem(B=1, T=512, S=512, N=2, K=2, H=128, T_pad=512, S_pad=512, causal=False,
                                          scale=1.0, has_segments=False, has_lengths=False)
-    dq = lambda q, k, v, do, o, o_lo, lse: mosaic_bwd_kernels.dq_call(  # noqa: E731
-        q, k, v, do, o, o_lo, lse, None, None, None, p=problem, block_q=128, block_kv=128, compute_wgs=2,
-        num_stages=4)
+    dq = lambda q, k, v, do, lse, delta: mosaic_bwd_kernels.dq_call(  # noqa: E731
+        q, k, v, do, lse, delta, None, None, None, p=problem, block_q=128, block_kv=128, compute_wgs=2, num_stages=4)
     rows = jax.ShapeDtypeStruct((1, 2, 512), jnp.float32)
     with pytest.raises(Exception, match="(?i)shared memory"):
-        jax.jit(dq).trace(q, k, v, q, q, q, rows).lower(lowering_platforms=("cuda",))
+        jax.jit(dq).trace(q, k, v, q, rows, rows).lower(lowering_platforms=("cuda",))
 
 
 @pytest.mark.parametrize("field,value", [("block_q", 32), ("block_kv", 100), ("num_stages", 1), ("ping_pong", 1),
