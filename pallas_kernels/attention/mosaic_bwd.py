@@ -2,19 +2,20 @@
 ``mosaic_bwd_kernels``. Called by the custom VJP in ``mosaic.py``.
 
 What runs, in this order:
-1. The (B, N, T) residuals padded to T_pad, a multiple of every query tile (the kernels read whole tiles of them,
+1. delta = rowsum((o + o_lo) · do), (B, N, T) float32: one fused XLA reduction that reads o, o_lo and do once (a
+   multiply-reduce over H, then a transpose of the small (B, T, N) result). o + o_lo is the forward's unrounded
+   output: with saturated softmax rows (one probability near 1), a delta from o rounded to bf16 would lose the
+   cancellation dP − delta to rounding. A kernel could not read fewer bytes; fusing delta into the dQ kernel would
+   save one read of do (B·T·N·H·2 bytes, ~1.5% of the backward at the main shape) for a third input stream.
+2. The (B, N, T) residuals padded to T_pad, a multiple of every query tile (the kernels read whole tiles of them,
    and TMA wants 16-byte row strides): lse with +inf (probability 0), delta with 0; segment ids with -1 (queries)
    and -2 (keys), which never match. q, do, k, v padded with zero rows to a multiple of 8 rows and at least one
    program's tile (TMA copies into (8, 64)-tiled shared memory; one XLA copy, only for such lengths). With
    kv_seq_lengths, K is zeroed past the length for the dQ kernel (one fused select over K; dQ += dS K reads whole
    K rows, and 0 · NaN is NaN).
-2. The dQ kernel, which also computes delta = rowsum((o + o_lo) · do) (float32, from its own o, o_lo and dO tiles)
-   and stores it; then the dK/dV kernel, which reads delta per query column. o + o_lo is the forward's unrounded
-   output: with saturated softmax rows (one probability near 1), a delta from o rounded to bf16 would lose the
-   cancellation dP − delta to rounding. Computing delta in the dQ kernel replaced one XLA reduction over o, o_lo and
-   do (71 µs at B4 T=S=4096 N16 H128) by two more TMA tile loads per dQ program.
+3. The dQ kernel and the dK/dV kernel, independent of each other.
 No (T, S) buffer; temporaries are delta and the padded lse ((B, N, T_pad) float32 each) and the zeroed K copy when
-kv_seq_lengths is given. (The fused backward, an option, still takes delta from the XLA reduction.) dK/dV for GQA sum the G query heads of each kv head inside the kernel: no atomics.
+kv_seq_lengths is given. dK/dV for GQA sum the G query heads of each kv head inside the kernel: no atomics.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def backward(q, k, v, o, o_lo, lse, do, q_seg, kv_seg, kv_lens, *, causal: bool,
     S_pad = round_up(S, max(c.block_kv_dq, c.compute_wgs_dkv * c.block_kv_dkv))
     pad_t = ((0, 0), (0, 0), (0, T_pad - T))
 
+    f32 = jnp.float32
+    o_f32 = o.astype(f32) + o_lo.astype(f32)
+    delta = jnp.einsum("btnh,btnh->bnt", o_f32, do.astype(f32))  # (B, N, T)
+    delta = jnp.pad(delta, pad_t)
     lse = jnp.pad(lse, pad_t, constant_values=jnp.inf)
     do = do.astype(q.dtype)
     if q_seg is not None:
@@ -73,17 +78,12 @@ def backward(q, k, v, o, o_lo, lse, do, q_seg, kv_seg, kv_lens, *, causal: bool,
     problem = kernels.Problem(B=B, T=T, S=S, N=N, K=K, H=H, T_pad=T_pad, S_pad=S_pad, causal=causal, scale=scale,
                               has_segments=q_seg is not None, has_lengths=kv_lens is not None)
     if c.fused_bwd:
-        f32 = jnp.float32
-        delta = jnp.pad(jnp.einsum("btnh,btnh->bnt", o.astype(f32) + o_lo.astype(f32), do[:, :T].astype(f32)), pad_t)
         dq, dk, dv = fused.fused_call(q_in, k_dq, v_in, do, lse, delta, q_seg, kv_seg, kv_lens, p=problem,
                                       block_q=c.block_q_dkv, block_kv=c.block_kv_dkv, compute_wgs=c.compute_wgs_dkv,
                                       num_stages=c.num_stages_dkv)
         return (dq[:, :T] * scale).astype(q.dtype), dk[:, :S], dv[:, :S]
-    o_in, o_lo_in = pad_rows(o, T_rows), pad_rows(o_lo, T_rows)
-    dq, delta = kernels.dq_call(q_in, k_dq, v_in, do, o_in, o_lo_in, lse, q_seg, kv_seg, kv_lens, p=problem,
-                                block_q=c.block_q_dq, block_kv=c.block_kv_dq, compute_wgs=c.compute_wgs_dq,
-                                num_stages=c.num_stages_dq)
-    delta = jnp.pad(delta, ((0, 0), (0, 0), (0, T_pad - delta.shape[-1])))  # rows past the dQ tiles: 0
+    dq = kernels.dq_call(q_in, k_dq, v_in, do, lse, delta, q_seg, kv_seg, kv_lens, p=problem, block_q=c.block_q_dq,
+                         block_kv=c.block_kv_dq, compute_wgs=c.compute_wgs_dq, num_stages=c.num_stages_dq)
     dk, dv = kernels.dkv_call(q_in, k_in, v_in, do, lse, delta, q_seg, kv_seg, kv_lens, p=problem,
                               block_q=c.block_q_dkv, block_kv=c.block_kv_dkv, compute_wgs=c.compute_wgs_dkv,
                               num_stages=c.num_stages_dkv)

@@ -6,8 +6,7 @@ accumulating in float32 registers; operands sit in 128-byte-swizzled shared memo
 score-gradient tiles, which are fed from registers as the A operand right after the softmax arithmetic makes them.
 
 ``dq_call``: one program per (query tile of compute_wgs · block_q rows, query head, batch). Each compute warpgroup
-  owns block_q query rows (its Q and dO tiles in shared memory, lse and delta in registers: delta computed from its
-  o, o_lo and dO tiles and stored for the dK/dV kernel) and streams K/V tiles
+  owns block_q query rows (its Q and dO tiles in shared memory, lse and delta in registers) and streams K/V tiles
   of block_kv rows: S = Q Kᵀ, dP = dO Vᵀ, P = exp2(S·scale·log2 e − lse), dS = P ∘ (dP − delta), dQ += dS K.
 ``dkv_call``: one program per (key tile of compute_wgs · block_kv rows, kv head, batch). Each compute warpgroup owns
   block_kv key rows (K and V in shared memory) and streams Q/dO tiles of block_q rows for each of the G query heads
@@ -77,7 +76,6 @@ def shared_memory_bytes(config, head_dim: int, itemsize: int = 2, *, segments: b
     barriers and Mosaic's own scratch (tests check that what fits this count lowers, and what does not, does not)."""
     c, H = config, head_dim
     dq = (2 * c.compute_wgs_dq * c.block_q_dq * H * itemsize  # Q, dO per warpgroup
-          + 4 * c.compute_wgs_dq * c.block_q_dq  # delta rows on the way out
           + c.num_stages_dq * (2 * c.block_kv_dq * H * itemsize + (4 * c.block_kv_dq if segments else 0)))
     dkv = (2 * c.compute_wgs_dkv * c.block_kv_dkv * H * itemsize  # K, V per warpgroup
            + c.num_stages_dkv * (2 * c.block_q_dkv * H * itemsize + 4 * c.block_q_dkv * (3 if segments else 2)))
@@ -135,13 +133,9 @@ def _iota(shape, dim):
 # ---------------------------------------------------------------------------------------------------------------
 # dQ kernel
 # ---------------------------------------------------------------------------------------------------------------
-def dq_call(q, k, v, do, o, o_lo, lse, q_seg, kv_seg, kv_lens, *, p: Problem, block_q: int, block_kv: int,
+def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, block_q: int, block_kv: int,
             compute_wgs: int, num_stages: int):
-    """(dQ (B, T_rows, N, H) in q.dtype, delta (B, N, cdiv(T, compute_wgs·block_q)·compute_wgs·block_q) float32).
-
-    o and o_lo (B, T_rows, N, H) (padded like q): the forward's output and its rounding error; each compute
-    warpgroup computes its rows' delta = rowsum((o + o_lo) · do) in float32 from its tiles before its loop, uses it,
-    and stores it for the dK/dV kernel. See the module docstring for the other inputs."""
+    """dQ (B, T, N, H) in q.dtype; see the module docstring for the inputs."""
     T, S, H, G = p.T, p.S, p.H, p.G
     bq, bk, wgs = block_q, block_kv, compute_wgs
     tile = wgs * bq
@@ -150,8 +144,8 @@ def dq_call(q, k, v, do, o, o_lo, lse, q_seg, kv_seg, kv_lens, *, p: Problem, bl
     key_tail = p.has_lengths or S % bk != 0  # some tile may reach past the valid keys
     dtype = q.dtype
 
-    def mosaic_attention_dq(q_ref, k_ref, v_ref, do_ref, o_ref, o_lo_ref, lse_ref, q_seg_ref, kv_seg_ref, len_ref,
-                            dq_ref, delta_ref, q_smem, do_smem, delta_smem, barrier):
+    def mosaic_attention_dq(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_seg_ref, len_ref,
+                            dq_ref, q_smem, do_smem, barrier):
         b, n = lax.axis_index("batch"), lax.axis_index("heads")
         qi = lax.axis_index("q_tiles")
         if p.causal:
@@ -207,18 +201,9 @@ def dq_call(q, k, v, do, o, o_lo, lse, q_seg, kv_seg, kv_lens, *, p: Problem, bl
             plgpu.copy_gmem_to_smem(q_ref.at[b, rows, n], q_smem.at[wg], barrier.at[wg])
             plgpu.copy_gmem_to_smem(do_ref.at[b, rows, n], do_smem.at[wg], barrier.at[wg])
             lse_rows = _load(lse_ref.at[b, n, rows], mu.ROWS)
+            delta_rows = _load(delta_ref.at[b, n, rows], mu.ROWS)
             q_seg_rows = None if q_seg_ref is None else _load(q_seg_ref.at[b, rows], mu.ROWS)
-            # delta = rowsum((o + o_lo) · do): o + o_lo is the forward's unrounded output (saturated rows keep the
-            # cancellation dP − delta); stored for the dK/dV kernel, which reads it per query column. o and o_lo
-            # come straight from global memory into registers (once per program: shared memory has no room for them
-            # beside the K/V pipeline), dO from its shared-memory tile.
-            out = lambda ref: _load(ref.at[b, rows, n], mu.TILE).astype(jnp.float32)  # noqa: E731
-            o_f32 = out(o_ref) + out(o_lo_ref)
             plgpu.barrier_wait(barrier.at[wg])
-            delta_rows = (o_f32 * mu.load(do_smem.at[wg], layout=mu.TILE).astype(jnp.float32)).sum(axis=1)
-            delta_smem[wg] = delta_rows
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(delta_smem.at[wg], delta_ref.at[b, n, rows])
 
             def run(dq_acc):
                 pipeline((dq_acc, lse_rows, delta_rows, q_seg_rows))
@@ -239,14 +224,12 @@ def dq_call(q, k, v, do, o, o_lo, lse, q_seg, kv_seg, kv_lens, *, p: Problem, bl
         )(k_ref.at[b, :, h, :], v_ref.at[b, :, h, :], None if kv_seg_ref is None else kv_seg_ref.at[b])
 
     q_tile = plgpu.SMEM((wgs, bq, H), dtype, transforms=mu.smem_transforms(H, dtype))
-    out_type = (jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct((p.B, p.N, num_q_tiles * tile), jnp.float32))
     return mu.kernel(
-        mosaic_attention_dq, out_type=out_type,
-        scratch_types=[q_tile, q_tile, plgpu.SMEM((wgs, bq), jnp.float32),
-                       plgpu.Barrier(num_arrivals=2, num_barriers=wgs)],
+        mosaic_attention_dq, out_type=jax.ShapeDtypeStruct(q.shape, dtype),
+        scratch_types=[q_tile, q_tile, plgpu.Barrier(num_arrivals=2, num_barriers=wgs)],
         grid=(num_q_tiles, p.N, p.B), grid_names=("q_tiles", "heads", "batch"), num_threads=wgs + 1,
         thread_name="wg", name="mosaic_attention_dq", approx_math=True,  # exp2 as ex2.approx
-    )(q, k, v, do, o, o_lo, lse, q_seg, kv_seg, kv_lens)
+    )(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens)
 
 
 def _and(a, b):
