@@ -21,6 +21,9 @@ is used here, handled in this module only:
     implements neither ``plgpu.load`` nor ``layout_cast``, and 0.10.2's cannot feed a transposed ref to wgmma:
     inside ``interpret_on_cpu()`` (tests, small shapes) ``load`` and ``layout_cast`` here become plain reads /
     no-ops, which is all the layouts mean there, and callers materialize transposed operands (``interpreting``).
+  - A zeroed global buffer that kernels add into (``kernel_accumulating``): a ``jax.new_ref`` through ``pl.kernel``,
+    discharged in place with jax's private ``discharge_state`` (same call in both versions), since ``custom_vmap``
+    (the attention backend's batching rule) has no state-discharge rule.
 Everything else used by the kernels (``emit_pipeline_warp_specialized``, ``nd_loop``, ``planar_snake``, ``wgmma``,
 ``ref.transpose``, TMA copies, barriers) has the same signature in both versions (0.11 deprecates
 ``plgpu.transpose_ref``: the kernels call ``ref.transpose(...)``).
