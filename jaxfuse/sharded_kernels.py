@@ -93,6 +93,13 @@ def loss(kernel: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
         rows = _axis(mesh, DATA, h.shape[0])
         vocab = _axis(mesh, MODEL, w.shape[1])
         V = w.shape[1]
+        changed = {k: v for k, v in options.items() if k in ("z_loss", "logit_soft_cap") and v not in (None, 0, 0.0)}
+        if vocab is not None and changed:
+            # row loss + z_label is the block's log-sum-exp only for the plain loss
+            raise ValueError(f"loss: {', '.join(f'{k}={v!r}' for k, v in changed.items())} with the vocabulary "
+                             f"split over '{MODEL}': the sharded loss recovers each block's log-sum-exp from the "
+                             "plain cross-entropy, so it takes neither z_loss nor logit_soft_cap (use a mesh whose "
+                             f"'{MODEL}' axis does not divide the vocabulary, or drop them)")
 
         def local(h, w, labels):  # h (M_b, D), w (D, V_b), labels (M_b,)
             valid = labels != ignore_index

@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from jaxfuse import cli
+from jaxfuse import cli, sharded_kernels
 from jaxfuse.sharding import Layout, parse_mesh
 
 _CHECKS = os.path.join(os.path.dirname(__file__), "mesh_checks.py")
@@ -119,3 +121,15 @@ def test_pallas_sites_under_shard_map_equal_unsharded():
 @pytest.mark.slow
 def test_pallas_train_step_on_fsdp_tp_equals_one_device():
     assert "fsdp+tp step (params, optimizer state, loss)" in _run_checks("pallas_step")
+
+
+def test_vocabulary_sharded_loss_refuses_options_its_log_sum_exp_recovery_does_not_hold_for():
+    mesh = AbstractMesh((1, 2), ("data", "model"))
+    calls = []
+    loss = sharded_kernels.loss(lambda *a, **k: calls.append(k))
+    h, w, labels = jnp.ones((4, 8)), jnp.ones((8, 16)), jnp.zeros((4,), jnp.int32)
+    with jax.sharding.use_abstract_mesh(mesh):
+        for option in (dict(z_loss=1e-4), dict(logit_soft_cap=30.0)):
+            with pytest.raises(ValueError, match=rf"loss: {next(iter(option))}=.* vocabulary split over 'model'"):
+                loss(h, w, labels, **option)
+    assert not calls  # refused before any kernel ran
