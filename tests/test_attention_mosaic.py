@@ -7,7 +7,9 @@ public function's ValueError, and Mosaic's own overflow error when the kernel is
 shorter than a tile and vmap lower too; the config, its table and its sweep candidates validate.
 GPU (sm90): configs other than the defaults (backward tiles, no ping-pong, persistent with more work items than
 SMs and every mask, negative scales), sequences shorter than a tile, and vmap / jit / grad / checkpoint in bf16
-against the float32 reference, through the public function.
+against the float32 reference, through the public function. The fused backward (``fused_bwd``, an option): one
+backward kernel with a TMA reduce-add, its shared memory counted, on the CPU; its numbers, with every mask and under
+vmap / checkpoint, on the GPU.
 """
 
 import jax
