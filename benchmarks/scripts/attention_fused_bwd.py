@@ -158,6 +158,31 @@ def timing(shape: str, causal: bool, iterations: int, fused_only: bool) -> list[
     return rows
 
 
+def results_file(out: str, name: str):
+    """(result dict with the environment, save() writing it to ``<out>/<name>-<device>.json``, that path)."""
+    result = {"environment": bench.environment(), "checks": [], "timings": []}
+    path = os.path.join(out, f"{name}-{bench.device_tag(jax.devices()[0].device_kind)}.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+    return result, save, path
+
+
+def run_checks(result: dict, save, check_case) -> None:
+    """``check_case(case)`` for every case of CASES into result["checks"], an exception recorded as a failed
+    check (the timings after it still matter), saved after each."""
+    for case in CASES:
+        try:
+            r = check_case(case)
+        except Exception as e:  # noqa: BLE001
+            r = {"error": f"{type(e).__name__}: {e}"[:800], "ok": False}
+        result["checks"].append(dict(case=case, **r))
+        print("check", case, r, flush=True)
+        save()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -166,22 +191,9 @@ def main() -> int:
     parser.add_argument("--fused-only", action="store_true")
     parser.add_argument("--skip-checks", action="store_true")
     args = parser.parse_args()
-    result = {"environment": bench.environment(), "checks": [], "timings": []}
-    path = os.path.join(args.out, f"attention_fused_bwd-{bench.device_tag(jax.devices()[0].device_kind)}.json")
-
-    def save():
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
-
+    result, save, path = results_file(args.out, "attention_fused_bwd")
     if not args.skip_checks:
-        for case in CASES:
-            try:
-                r = check(case)
-            except Exception as e:  # noqa: BLE001  (report and go on: the timings still matter)
-                r = {"error": f"{type(e).__name__}: {e}"[:800], "ok": False}
-            result["checks"].append(dict(case=case, **r))
-            print("check", case, r, flush=True)
-            save()
+        run_checks(result, save, check)
     for shape in args.shapes.split(","):
         for causal in (False, True):
             try:

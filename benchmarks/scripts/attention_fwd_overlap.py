@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import sys
 
 import jax
 import numpy as np
 
 import pallas_kernels
-from attention_fused_bwd import CASES, check, vjp_fn
+from attention_fused_bwd import check, results_file, run_checks, vjp_fn
 from jaxfuse import bench
 from jaxfuse.suites.attention import SHAPES, make_inputs
 from pallas_kernels import reference
@@ -65,22 +63,9 @@ def main() -> int:
         overrides = {k: int(v) for k, v in (f.split("=") for f in fields.split(","))}
         overrides = {k: bool(v) if k in ("overlap", "ping_pong", "persistent") else v for k, v in overrides.items()}
         VARIANTS[name] = lambda c, o=overrides: dataclasses.replace(c, **o)
-    result = {"environment": bench.environment(), "checks": [], "timings": []}
-    path = os.path.join(args.out, f"attention_fwd_overlap-{bench.device_tag(jax.devices()[0].device_kind)}.json")
-
-    def save():
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
-
+    result, save, path = results_file(args.out, "attention_fwd_overlap")
     if not args.skip_checks:
-        for case in CASES:
-            try:
-                r = dict(check(case, VARIANTS), forward=forward_error(case))
-            except Exception as e:  # noqa: BLE001
-                r = {"error": f"{type(e).__name__}: {e}"[:800], "ok": False}
-            result["checks"].append(dict(case=case, **r))
-            print("check", case, r, flush=True)
-            save()
+        run_checks(result, save, lambda case: dict(check(case, VARIANTS), forward=forward_error(case)))
     for shape in args.shapes.split(","):
         s = SHAPES[shape]
         sets = [make_inputs(s["B"], s["T"], s["S"], s["N"], s["K"], s["H"], seed=i) for i in range(3)]
