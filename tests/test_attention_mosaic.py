@@ -179,6 +179,8 @@ _CONFIGS = {  # name: (config overrides, (B, T, S, N, K, H), masks, scale)
                   0.07),
     "bwd-one-warpgroup": (dict(compute_wgs_dq=1, compute_wgs_dkv=1), (2, 1000, 1000, 4, 2, 128), "everything",
                           -0.1),
+    "overlap-ping-pong": (dict(overlap=True, ping_pong=True), (2, 1000, 777, 4, 2, 128), "everything", 0.07),
+    "overlap-causal": (dict(overlap=True, ping_pong=False), (2, 777, 1000, 4, 1, 128), "causal", -0.1),
     "fwd-h64-128-row-queries": (dict(block_q=128), (2, 1000, 777, 8, 2, 64), "everything", -0.1),
     "bwd-h64-128-row-queries": (dict(block_q_dkv=128, block_q_dq=128, block_kv_dq=64), (2, 1000, 777, 8, 2, 64),
                                 "everything", 0.07),
