@@ -97,15 +97,19 @@ _REDUCE = """            plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, pl
 
 _WAIT = """            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous reduce-add has read dq_smem
 """
-PRICED = {  # variant -> (source, replacement) in mosaic_bwd_fused; each gives a wrong dQ: it prices a part
+_SHIFT = "shift = lax.axis_index(\"kv_tiles\") * max(1, num_q_tiles // cdiv(S, tile))"
+PRICED = {  # variant -> (source, replacement) in mosaic_bwd_fused; the first three give a wrong dQ: they price a part
     "fused_without_reduce": (_REDUCE, ""),
+    # every program of a head walks the query tiles in the same order: its reduce-adds hit the same dQ rows together
+    # (L2-resident) instead of spreading over the head's rows
+    "fused_no_shift": (_SHIFT, "shift = 0"),
     "fused_without_reduce_wait": (_WAIT, ""),
     "fused_plain_store": (_REDUCE, _REDUCE.replace(',\n                                    reduction_op="add")', ")")),
 }
 
 
 def priced_without_reduce(shape: str, causal: bool, iterations: int, variant: str = "fused_without_reduce") -> dict:
-    """The fused kernel with a part removed (PRICED: dQ wrong, prices the part), patched in memory."""
+    """The fused kernel with a part removed or changed (PRICED), patched in memory."""
     import importlib.util
     import inspect
     from pallas_kernels.attention import mosaic_bwd, mosaic_bwd_fused
