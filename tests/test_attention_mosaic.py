@@ -184,6 +184,10 @@ _CONFIGS = {  # name: (config overrides, (B, T, S, N, K, H), masks, scale)
     "fwd-h64-128-row-queries": (dict(block_q=128), (2, 1000, 777, 8, 2, 64), "everything", -0.1),
     "bwd-h64-128-row-queries": (dict(block_q_dkv=128, block_q_dq=128, block_kv_dq=64), (2, 1000, 777, 8, 2, 64),
                                 "everything", 0.07),
+    # 320 dQ and 160 dK/dV programs on 132 SMs: 2 or 3 chained pipelines per CTA (80 CTAs of 2 for dK/dV)
+    "persistent-bwd-segments": (dict(persistent_bwd=True), (10, 1000, 1000, 4, 2, 128), "segments", 0.07),
+    "persistent-bwd-h64-tails": (dict(persistent_bwd=True, block_kv_dq=128, num_stages_dkv=4),
+                                 (3, 1000, 1000, 8, 8, 64), "none", -0.1),
 }
 
 
@@ -208,6 +212,32 @@ def test_other_configs_lower(name):
     kernels = _train_kernels(*_spec(B, T, S, N, K, H), block_sizes=overrides, scale=scale, **_masks(kind, B, T, S))
     assert [k.name for k in kernels] == KERNELS
     assert kernels[0].warpgroups == 3 and kernels[1].warpgroups == 1 + overrides.get("compute_wgs_dq", 2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_backward_lowers_to_one_cta_per_sm_where_its_steps_are_static(causal):
+    """persistent_bwd: both backward kernels on a grid of one CTA per SM (at most half their programs) without a
+    causal mask; causal (a dynamic step count per program) keeps one CTA per program."""
+    B, T, S, N, K, H = 2, 1000, 1000, 8, 2, 128
+    kernels = _train_kernels(*_spec(B, T, S, N, K, H), block_sizes=dict(persistent_bwd=True), causal=causal)
+    by_name = {k.name: k for k in kernels}
+    dq, dkv = by_name["mosaic_attention_dq"], by_name["mosaic_attention_dkv"]
+    cfg = Config(**tuning.flash_attention_mosaic_table(H, causal=causal, kv_len=S))
+    dq_programs = (-(-T // (cfg.compute_wgs_dq * cfg.block_q_dq)), N, B)
+    dkv_programs = (-(-S // (cfg.compute_wgs_dkv * cfg.block_kv_dkv)), K, B)
+    if causal:
+        assert sorted(dq.grid) == sorted(dq_programs) and sorted(dkv.grid) == sorted(dkv_programs)  # any order
+    else:
+        for kernel, programs in ((dq, dq_programs), (dkv, dkv_programs)):
+            items = programs[0] * programs[1] * programs[2]
+            assert kernel.grid == (min(mosaic_utils.H100_SMS, items // 2), 1, 1)
+    assert all(k.warpgroups == 3 for k in kernels)
+
+
+def test_persistent_schedule_needs_static_steps_that_fill_the_stages():
+    ctas = mosaic_bwd_kernels.persistent_ctas
+    assert ctas(2048, 8, 2) == mosaic_utils.H100_SMS and ctas(100, 8, 2) == 50
+    assert ctas(2048, 9, 2) == 0 and ctas(2048, None, 2) == 0 and ctas(1, 8, 2) == 0
 
 
 @gpu_only

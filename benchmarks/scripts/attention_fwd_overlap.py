@@ -55,13 +55,17 @@ def main() -> int:
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME:FIELD=VALUE,... more configs to time (0/1 for bools), e.g. nopp:overlap=1,ping_pong=0")
+    parser.add_argument("--variants-only", action="store_true",
+                        help="time the shipped config and the --variant ones only (not the built-in overlap)")
     parser.add_argument("--modes", default="fwd,fwd+bwd")
     parser.add_argument("--causal", default="0,1")
     args = parser.parse_args()
+    if args.variants_only:
+        del VARIANTS["overlap"]
     for spec in args.variant:
         name, _, fields = spec.partition(":")
         overrides = {k: int(v) for k, v in (f.split("=") for f in fields.split(","))}
-        overrides = {k: bool(v) if k in ("overlap", "ping_pong", "persistent") else v for k, v in overrides.items()}
+        overrides = {k: bool(v) if isinstance(getattr(mosaic.Config(), k), bool) else v for k, v in overrides.items()}
         VARIANTS[name] = lambda c, o=overrides: dataclasses.replace(c, **o)
     result, save, path = results_file(args.out, "attention_fwd_overlap")
     if not args.skip_checks:

@@ -168,6 +168,10 @@ class MosaicAttentionConfig:
       compute_wgs_dq: compute warpgroups per dQ program (1 or 2); num_stages_dq: its pipeline depth (1 to 4).
       block_q_dkv, block_kv_dkv, compute_wgs_dkv, num_stages_dkv: the same for the dK/dV kernel (query rows per
         step, key rows per compute warpgroup).
+      persistent_bwd: both backward kernels launch one CTA per SM that walks their programs, one chained
+        pipeline per program (the next program's first tiles stream in while this one finishes), where the step
+        count is static and a multiple of the kernel's num_stages (no causal mask, no kv_seq_lengths); elsewhere,
+        and for the fused backward, one CTA per program.
     Backward blocks are 64 or 128. No block needs to divide T or S (tails are masked). Whether a config fits
     shared memory at a head dim is the backend's ``unsupported_reason`` / a ValueError at the call.
     """
@@ -186,12 +190,13 @@ class MosaicAttentionConfig:
     block_kv_dkv: int = 64
     compute_wgs_dkv: int = 2
     num_stages_dkv: int = 2
+    persistent_bwd: bool = False
     fused_bwd: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
             name, value = field.name, getattr(self, field.name)
-            if name in ("ping_pong", "persistent", "overlap", "fused_bwd"):
+            if name in ("ping_pong", "persistent", "overlap", "persistent_bwd", "fused_bwd"):
                 ok, allowed = isinstance(value, bool), "a bool"
             elif name in ("block_q", "block_kv"):
                 ok, allowed = is_int(value) and value > 0 and value % 64 == 0, "a positive multiple of 64"

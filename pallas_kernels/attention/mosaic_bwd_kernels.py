@@ -26,6 +26,7 @@ kv_lens (B,) int32 or None. Rows past T and keys past S are read as zeros by TMA
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -130,12 +131,53 @@ def _iota(shape, dim):
     return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=mu.TILE)
 
 
+def persistent_ctas(items: int, steps, num_stages: int) -> int:
+    """CTAs of a kernel's persistent schedule (one per SM, each taking at least two of the ``items`` programs, so
+    that its chain of pipelines starts and stops in different items), or 0 where it cannot run one: a pipeline of
+    pipelines needs a static step count (``steps`` a Python int: no causal mask, no kv lengths) that is a multiple
+    of ``num_stages``."""
+    if not isinstance(steps, int) or steps % num_stages or items < 2:
+        return 0
+    return min(mu.num_sms(), items // 2)
+
+
+def _walk_items(program, *, ctas: int, items: int, decompose):
+    """The persistent schedule: CTA ``sm`` runs ``program(*decompose(item), state=, allocations=)`` for items sm,
+    sm + ctas, ... One warp-specialized pipeline per item, chained (``plgpu.PipelinePipeline``): the TMA
+    warpgroup streams the next item's first tiles while the compute warpgroups finish this one, and the CTA's
+    launch, barrier setup and pipeline fill are paid once. ``program(..., allocations_only=True)`` returns the
+    pipeline's ``get_allocations`` (shared by every item)."""
+    allocations = program(*decompose(jnp.int32(0)), allocations_only=True)
+    sm = lax.axis_index("sm")
+    count = lax.div(i32(items) - sm + i32(ctas - 1), i32(ctas))
+    start, steady, stop = (int(s) for s in (plgpu.PipelinePipeline.START, plgpu.PipelinePipeline.STEADY,
+                                            plgpu.PipelinePipeline.STOP))
+
+    def scope(allocs):
+        @pl.loop(0, count)
+        def _(i):
+            state = jnp.where(i == count - 1, i32(stop), jnp.where(i == 0, i32(start), i32(steady)))
+            program(*decompose(sm + i * ctas), state=state, allocations=allocs)
+
+    pl.run_scoped(scope, allocations, collective_axes="wg")
+
+
+def _unravel(item, sizes):
+    """Indices of ``item`` in a grid of ``sizes``, the first varying fastest (a launch grid's order)."""
+    out = []
+    for size in sizes[:-1]:
+        out.append(lax.rem(item, i32(size)))
+        item = lax.div(item, i32(size))
+    return (*out, item)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # dQ kernel
 # ---------------------------------------------------------------------------------------------------------------
 def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, block_q: int, block_kv: int,
-            compute_wgs: int, num_stages: int):
-    """dQ (B, T, N, H) in q.dtype; see the module docstring for the inputs."""
+            compute_wgs: int, num_stages: int, persistent: bool = False):
+    """dQ (B, T, N, H) in q.dtype; see the module docstring for the inputs. ``persistent``: one CTA per SM walking
+    the programs (``_walk_items``) where ``persistent_ctas`` allows, else one CTA per program."""
     T, S, H, G = p.T, p.S, p.H, p.G
     bq, bk, wgs = block_q, block_kv, compute_wgs
     tile = wgs * bq
@@ -143,11 +185,14 @@ def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, bloc
     c = p.scale * _LOG2E
     key_tail = p.has_lengths or S % bk != 0  # some tile may reach past the valid keys
     dtype = q.dtype
+    items = num_q_tiles * p.N * p.B
+    static_steps = None if (p.causal or p.has_lengths) else cdiv(S, bk)
+    ctas = persistent_ctas(items, static_steps, num_stages) if persistent else 0
 
-    def mosaic_attention_dq(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_seg_ref, len_ref,
-                            dq_ref, q_smem, do_smem, barrier):
-        b, n = lax.axis_index("batch"), lax.axis_index("heads")
-        qi = lax.axis_index("q_tiles")
+    def program(refs, qi, n, b, state=None, allocations=None, allocations_only=False):
+        """Query tile qi of head n, batch b (``_walk_items`` for the other arguments)."""
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_seg_ref, len_ref, dq_ref, q_smem, do_smem,
+         barrier) = refs
         if p.causal:
             qi = (num_q_tiles - 1) - qi  # the longest rows first: better tail balance
         wg = lax.axis_index("wg")
@@ -217,17 +262,28 @@ def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, bloc
 
         kv_spec = plgpu.BlockSpec((bk, H), lambda j: (j, 0), transforms=mu.smem_transforms(H, dtype))
         seg_spec = None if kv_seg_ref is None else plgpu.BlockSpec((bk,), lambda j: (j,))
-        plgpu.emit_pipeline_warp_specialized(
+        pipeline = plgpu.emit_pipeline_warp_specialized(
             body, grid=(num_steps,), memory_registers=_MEMORY_REGISTERS, in_specs=[kv_spec, kv_spec, seg_spec],
             max_concurrent_steps=num_stages, wg_axis="wg", num_compute_wgs=wgs, manual_consumed_barriers=True,
-            compute_context=compute_thread,
-        )(k_ref.at[b, :, h, :], v_ref.at[b, :, h, :], None if kv_seg_ref is None else kv_seg_ref.at[b])
+            compute_context=compute_thread, pipeline_state=state)
+        gmem = (k_ref.at[b, :, h, :], v_ref.at[b, :, h, :], None if kv_seg_ref is None else kv_seg_ref.at[b])
+        if allocations_only:
+            return pipeline.get_allocations(*gmem)
+        return pipeline(*gmem, allocations=allocations)
 
+    def mosaic_attention_dq(*refs):
+        if ctas:
+            _walk_items(functools.partial(program, refs), ctas=ctas, items=items,
+                        decompose=lambda t: _unravel(t, (num_q_tiles, p.N, p.B)))
+        else:
+            program(refs, lax.axis_index("q_tiles"), lax.axis_index("heads"), lax.axis_index("batch"))
+
+    grid = dict(grid=(ctas,), grid_names=("sm",)) if ctas else dict(
+        grid=(num_q_tiles, p.N, p.B), grid_names=("q_tiles", "heads", "batch"))
     q_tile = plgpu.SMEM((wgs, bq, H), dtype, transforms=mu.smem_transforms(H, dtype))
     return mu.kernel(
         mosaic_attention_dq, out_type=jax.ShapeDtypeStruct(q.shape, dtype),
-        scratch_types=[q_tile, q_tile, plgpu.Barrier(num_arrivals=2, num_barriers=wgs)],
-        grid=(num_q_tiles, p.N, p.B), grid_names=("q_tiles", "heads", "batch"), num_threads=wgs + 1,
+        scratch_types=[q_tile, q_tile, plgpu.Barrier(num_arrivals=2, num_barriers=wgs)], **grid, num_threads=wgs + 1,
         thread_name="wg", name="mosaic_attention_dq", approx_math=True,  # exp2 as ex2.approx
     )(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens)
 
@@ -240,19 +296,25 @@ def _and(a, b):
 # dK / dV kernel
 # ---------------------------------------------------------------------------------------------------------------
 def dkv_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, block_q: int, block_kv: int,
-             compute_wgs: int, num_stages: int):
-    """(dK, dV), each (B, S, K, H) in k.dtype; see the module docstring for the inputs."""
+             compute_wgs: int, num_stages: int, persistent: bool = False):
+    """(dK, dV), each (B, S, K, H) in k.dtype; see the module docstring for the inputs. ``persistent``: as
+    ``dq_call``'s."""
     T, S, H, G = p.T, p.S, p.H, p.G
     bq, bk, wgs = block_q, block_kv, compute_wgs
     tile = wgs * bk
     num_q_tiles = cdiv(T, bq)
     c = p.scale * _LOG2E
     dtype = k.dtype
+    num_kv_tiles = cdiv(S, tile)
+    items = num_kv_tiles * p.K * p.B
+    static_steps = None if (p.causal or p.has_lengths) else num_q_tiles * G
+    ctas = persistent_ctas(items, static_steps, num_stages) if persistent else 0
 
-    def mosaic_attention_dkv(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_seg_ref, len_ref,
-                             dk_ref, dv_ref, k_smem, v_smem, barrier):
-        b, h = lax.axis_index("batch"), lax.axis_index("heads")
-        s_cta = lax.axis_index("kv_tiles") * tile
+    def program(refs, kv_tile, h, b, state=None, allocations=None, allocations_only=False):
+        """Key tile kv_tile of kv head h, batch b (``_walk_items`` for the other arguments)."""
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref, kv_seg_ref, len_ref, dk_ref, dv_ref, k_smem,
+         v_smem, barrier) = refs
+        s_cta = kv_tile * tile
         wg = lax.axis_index("wg")
         s_wg = s_cta + wg * bk  # this warpgroup's first key (meaningful in compute warpgroups only)
         kv_len = _kv_len(len_ref, b, S)
@@ -334,17 +396,31 @@ def dkv_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, blo
                                   transforms=mu.smem_transforms(H, dtype))
         row_spec = plgpu.BlockSpec((None, bq), lambda i, g: (head(g), lo + i))
         seg_spec = None if q_seg_ref is None else plgpu.BlockSpec((bq,), lambda i, g: (lo + i,))
-        plgpu.emit_pipeline_warp_specialized(
+        pipeline = plgpu.emit_pipeline_warp_specialized(
             body, grid=(num_steps, G), memory_registers=_MEMORY_REGISTERS,
             in_specs=[qo_spec, qo_spec, row_spec, row_spec, seg_spec], max_concurrent_steps=num_stages,
             wg_axis="wg", num_compute_wgs=wgs, manual_consumed_barriers=True, compute_context=compute_thread,
-        )(q_ref.at[b], do_ref.at[b], lse_ref.at[b], delta_ref.at[b], None if q_seg_ref is None else q_seg_ref.at[b])
+            pipeline_state=state)
+        gmem = (q_ref.at[b], do_ref.at[b], lse_ref.at[b], delta_ref.at[b],
+                None if q_seg_ref is None else q_seg_ref.at[b])
+        if allocations_only:
+            return pipeline.get_allocations(*gmem)
+        return pipeline(*gmem, allocations=allocations)
 
-    kv_tile = plgpu.SMEM((wgs, bk, H), dtype, transforms=mu.smem_transforms(H, dtype))
+    def mosaic_attention_dkv(*refs):
+        if ctas:
+            _walk_items(functools.partial(program, refs), ctas=ctas, items=items,
+                        decompose=lambda t: _unravel(t, (num_kv_tiles, p.K, p.B)))
+        else:
+            program(refs, lax.axis_index("kv_tiles"), lax.axis_index("heads"), lax.axis_index("batch"))
+
+    grid = dict(grid=(ctas,), grid_names=("sm",)) if ctas else dict(
+        grid=(num_kv_tiles, p.K, p.B), grid_names=("kv_tiles", "heads", "batch"))
+    kv_smem = plgpu.SMEM((wgs, bk, H), dtype, transforms=mu.smem_transforms(H, dtype))
     out = jax.ShapeDtypeStruct(k.shape, dtype)
     return mu.kernel(
         mosaic_attention_dkv, out_type=(out, out),
-        scratch_types=[kv_tile, kv_tile, plgpu.Barrier(num_arrivals=2, num_barriers=wgs)],
-        grid=(cdiv(S, tile), p.K, p.B), grid_names=("kv_tiles", "heads", "batch"), num_threads=wgs + 1,
+        scratch_types=[kv_smem, kv_smem, plgpu.Barrier(num_arrivals=2, num_barriers=wgs)], **grid,
+        num_threads=wgs + 1,
         thread_name="wg", name="mosaic_attention_dkv", approx_math=True,
     )(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens)
