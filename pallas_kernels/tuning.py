@@ -124,12 +124,21 @@ _FLASH_ATTENTION_MOSAIC_GPU = {
 # The persistent forward (one CTA per SM walking the work items) measured 4.4% faster at T = S = 1024 non-causal,
 # H=128 (240 vs 251 µs), 1.4% slower at 4096 and 16% slower causal (attention_mosaic_fwd-persistent-h100.txt).
 _MOSAIC_PERSISTENT_MAX_KV_LEN = 1024
+# The persistent backward kernels (chained pipelines, non-causal only; attention_persistent_bwd-h100-5a39191.json,
+# fwd+bwd µs, both kernels persistent against neither, cuDNN in the same run): 1k 1051 vs 1267 (1043; dQ 291 vs
+# 440, dK/dV 449 vs 515), main 3531 vs 3707 (3280), 8k 6808 vs 7019 (6305), H64 4397 vs 4580 (4132); GQA 32/8
+# 7063 vs 7061 (6607): its dQ kernel 2062 vs 2157, its dK/dV kernel (4 query heads per step) 3256 vs 3155: the
+# persistent dK/dV kernel only without GQA. Each program's fixed cost (launch, prologue loads, pipeline fill,
+# epilogue) was 4.3 µs in the dQ kernel and 7.4 µs in the dK/dV kernel against 2.8 and 1.6 µs per step
+# (attention_program_cost-h100-943a141.json).
 
 
-def flash_attention_mosaic_table(head_dim: int, *, causal: bool, kv_len: int) -> dict[str, Any]:
-    """Built-in Mosaic flash-attention parameters for a head dim, causal setting and key count S: the fields of
-    MosaicAttentionConfig that differ from its defaults (a copy)."""
+def flash_attention_mosaic_table(head_dim: int, *, causal: bool, kv_len: int, groups: int = 1) -> dict[str, Any]:
+    """Built-in Mosaic flash-attention parameters for a head dim, causal setting, key count S and query heads per
+    kv head: the fields of MosaicAttentionConfig that differ from its defaults (a copy)."""
     params = dict(_FLASH_ATTENTION_MOSAIC_GPU[head_dim][bool(causal)])
+    if not causal and head_dim in (64, 128):
+        params.update(persistent_dq=True, persistent_dkv=groups == 1)
     if head_dim == 64 and causal and kv_len <= _MOSAIC_PERSISTENT_MAX_KV_LEN:
         # The small train-step preset's attention (B8 T=S=1024 N8/K2, attention_small_lm_variants-h100-278cffa.json):
         # fwd+bwd 161.1 µs with 128-row K/V tiles in the dQ kernel against 163.3 with 128-row query tiles (cuDNN 156.3).

@@ -185,8 +185,8 @@ _CONFIGS = {  # name: (config overrides, (B, T, S, N, K, H), masks, scale)
     "bwd-h64-128-row-queries": (dict(block_q_dkv=128, block_q_dq=128, block_kv_dq=64), (2, 1000, 777, 8, 2, 64),
                                 "everything", 0.07),
     # 320 dQ and 160 dK/dV programs on 132 SMs: 2 or 3 chained pipelines per CTA (80 CTAs of 2 for dK/dV)
-    "persistent-bwd-segments": (dict(persistent_bwd=True), (10, 1000, 1000, 4, 2, 128), "segments", 0.07),
-    "persistent-bwd-h64-tails": (dict(persistent_bwd=True, block_kv_dq=128, num_stages_dkv=4),
+    "persistent-bwd-segments": (dict(persistent_dq=True, persistent_dkv=True), (10, 1000, 1000, 4, 2, 128), "segments", 0.07),
+    "persistent-bwd-h64-tails": (dict(persistent_dq=True, persistent_dkv=True, block_kv_dq=128, num_stages_dkv=4),
                                  (3, 1000, 1000, 8, 8, 64), "none", -0.1),
 }
 
@@ -216,10 +216,10 @@ def test_other_configs_lower(name):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent_backward_lowers_to_one_cta_per_sm_where_its_steps_are_static(causal):
-    """persistent_bwd: both backward kernels on a grid of one CTA per SM (at most half their programs) without a
+    """persistent_dq / persistent_dkv: both backward kernels on a grid of one CTA per SM (at most half their programs) without a
     causal mask; causal (a dynamic step count per program) keeps one CTA per program."""
     B, T, S, N, K, H = 2, 1000, 1000, 8, 2, 128
-    kernels = _train_kernels(*_spec(B, T, S, N, K, H), block_sizes=dict(persistent_bwd=True), causal=causal)
+    kernels = _train_kernels(*_spec(B, T, S, N, K, H), block_sizes=dict(persistent_dq=True, persistent_dkv=True), causal=causal)
     by_name = {k.name: k for k in kernels}
     dq, dkv = by_name["mosaic_attention_dq"], by_name["mosaic_attention_dkv"]
     cfg = Config(**tuning.flash_attention_mosaic_table(H, causal=causal, kv_len=S))

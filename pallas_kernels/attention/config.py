@@ -168,10 +168,10 @@ class MosaicAttentionConfig:
       compute_wgs_dq: compute warpgroups per dQ program (1 or 2); num_stages_dq: its pipeline depth (1 to 4).
       block_q_dkv, block_kv_dkv, compute_wgs_dkv, num_stages_dkv: the same for the dK/dV kernel (query rows per
         step, key rows per compute warpgroup).
-      persistent_bwd: both backward kernels launch one CTA per SM that walks their programs, one chained
-        pipeline per program (the next program's first tiles stream in while this one finishes), where the step
-        count is static and a multiple of the kernel's num_stages (no causal mask, no kv_seq_lengths); elsewhere,
-        and for the fused backward, one CTA per program.
+      persistent_dq, persistent_dkv: that backward kernel launches one CTA per SM that walks its programs, one
+        chained pipeline per program (the next program's first tiles stream in while this one finishes), where its
+        step count is static and a multiple of its num_stages (no causal mask, no kv_seq_lengths); elsewhere, and
+        in the fused backward, one CTA per program.
     Backward blocks are 64 or 128. No block needs to divide T or S (tails are masked). Whether a config fits
     shared memory at a head dim is the backend's ``unsupported_reason`` / a ValueError at the call.
     """
@@ -190,13 +190,14 @@ class MosaicAttentionConfig:
     block_kv_dkv: int = 64
     compute_wgs_dkv: int = 2
     num_stages_dkv: int = 2
-    persistent_bwd: bool = False
+    persistent_dq: bool = False
+    persistent_dkv: bool = False
     fused_bwd: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
             name, value = field.name, getattr(self, field.name)
-            if name in ("ping_pong", "persistent", "overlap", "persistent_bwd", "fused_bwd"):
+            if name in ("ping_pong", "persistent", "overlap", "persistent_dq", "persistent_dkv", "fused_bwd"):
                 ok, allowed = isinstance(value, bool), "a bool"
             elif name in ("block_q", "block_kv"):
                 ok, allowed = is_int(value) and value > 0 and value % 64 == 0, "a positive multiple of 64"
@@ -221,7 +222,8 @@ def mosaic_default_config(q, k, *, causal: bool = False, device: str | None = No
     shape (backend "mosaic") if there is one, else the built-in table (``tuning.flash_attention_mosaic_table``)."""
     params = tuning.lookup(OP, shape_key(q, k, causal), backend="mosaic", device=device, path=cache_path)
     if params is None:
-        params = tuning.flash_attention_mosaic_table(q.shape[-1], causal=causal, kv_len=k.shape[1])
+        params = tuning.flash_attention_mosaic_table(q.shape[-1], causal=causal, kv_len=k.shape[1],
+                                                     groups=q.shape[2] // k.shape[2])
     return MosaicAttentionConfig(**params)
 
 
@@ -238,12 +240,13 @@ _MOSAIC_BACKWARD_FIELDS = ("block_kv_dq", "num_stages_dq", "num_stages_dkv")
 _MOSAIC_BACKWARD_CANDIDATES = [(128, 2, 2), (64, 2, 2), (64, 3, 4), (64, 3, 3), (128, 2, 4), (128, 3, 3)]
 
 
-def mosaic_sweep_candidates(head_dim: int, *, causal: bool, kv_len: int) -> tuple[list[dict], list[dict]]:
+def mosaic_sweep_candidates(head_dim: int, *, causal: bool, kv_len: int,
+                            groups: int = 1) -> tuple[list[dict], list[dict]]:
     """(forward, backward) MosaicAttentionConfig dicts for a sweep: the table entry first, then forward candidates
     varying only MOSAIC_FORWARD_FIELDS and backward ones varying only the backward fields, duplicates removed.
     Shared-memory fit at a head dim is not checked here (the backend module filters)."""
-    base = MosaicAttentionConfig(**tuning.flash_attention_mosaic_table(head_dim, causal=causal,
-                                                                       kv_len=kv_len)).to_dict()
+    base = MosaicAttentionConfig(**tuning.flash_attention_mosaic_table(head_dim, causal=causal, kv_len=kv_len,
+                                                                       groups=groups)).to_dict()
     forward_fields = ("block_kv", "num_stages", "ping_pong", "persistent", "overlap")
 
     def unique(overrides, fields):

@@ -82,7 +82,8 @@ def unsupported_reason(q, k, v, *, causal: bool, segment_ids, interpret: bool, *
 def sweep_candidates(q, k, v, *, causal: bool, segment_ids=None, **_) -> tuple[list[dict], list[dict]]:
     """(forward, backward) candidates for these shapes (``config.mosaic_sweep_candidates``), those that fit
     shared memory."""
-    forward, backward = _config.mosaic_sweep_candidates(q.shape[-1], causal=causal, kv_len=k.shape[1])
+    forward, backward = _config.mosaic_sweep_candidates(q.shape[-1], causal=causal, kv_len=k.shape[1],
+                                                        groups=q.shape[2] // k.shape[2])
     fits = lambda c: config_reason(q, Config(**c), segments=segment_ids is not None) is None  # noqa: E731
     return [c for c in forward if fits(c)], [c for c in backward if fits(c)]
 

@@ -84,8 +84,8 @@ def backward(q, k, v, o, o_lo, lse, do, q_seg, kv_seg, kv_lens, *, causal: bool,
         return (dq[:, :T] * scale).astype(q.dtype), dk[:, :S], dv[:, :S]
     dq = kernels.dq_call(q_in, k_dq, v_in, do, lse, delta, q_seg, kv_seg, kv_lens, p=problem, block_q=c.block_q_dq,
                          block_kv=c.block_kv_dq, compute_wgs=c.compute_wgs_dq, num_stages=c.num_stages_dq,
-                         persistent=c.persistent_bwd)
+                         persistent=c.persistent_dq)
     dk, dv = kernels.dkv_call(q_in, k_in, v_in, do, lse, delta, q_seg, kv_seg, kv_lens, p=problem,
                               block_q=c.block_q_dkv, block_kv=c.block_kv_dkv, compute_wgs=c.compute_wgs_dkv,
-                              num_stages=c.num_stages_dkv, persistent=c.persistent_bwd)
+                              num_stages=c.num_stages_dkv, persistent=c.persistent_dkv)
     return dq[:, :T], dk[:, :S], dv[:, :S]
