@@ -175,6 +175,7 @@ _CONFIGS = {  # name: (config overrides, (B, T, S, N, K, H), masks, scale)
     "no-ping-pong": (dict(ping_pong=False), (2, 1000, 777, 4, 2, 128), "lengths", -0.2),  # max(s)·c != max(s·c)
     "persistent-masks": (dict(persistent=True), (4, 1000, 1000, 8, 2, 128), "everything", 0.07),  # 256 items
     "persistent-h64": (dict(persistent=True, num_stages=3), (8, 300, 777, 8, 8, 64), "segments", 0.07),
+    "persistent-causal-3-rounds": (dict(persistent=True), (6, 1000, 1000, 8, 2, 128), "causal", 0.07),  # 384 items
     "bwd-tiles": (dict(block_kv_dq=128, num_stages_dq=3, num_stages_dkv=4), (2, 777, 1000, 4, 1, 64), "causal",
                   0.07),
     "bwd-one-warpgroup": (dict(compute_wgs_dq=1, compute_wgs_dkv=1), (2, 1000, 1000, 4, 2, 128), "everything",
