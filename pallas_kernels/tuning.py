@@ -142,7 +142,10 @@ def flash_attention_mosaic_table(head_dim: int, *, causal: bool, kv_len: int, gr
     if head_dim == 64 and causal and kv_len <= _MOSAIC_PERSISTENT_MAX_KV_LEN:
         # The small train-step preset's attention (B8 T=S=1024 N8/K2, attention_small_lm_variants-h100-278cffa.json):
         # fwd+bwd 161.1 µs with 128-row K/V tiles in the dQ kernel against 163.3 with 128-row query tiles (cuDNN 156.3).
-        params = dict(block_kv_dq=128)  # and 64 query rows per forward warpgroup (see the table's notes)
+        # One compute warpgroup per dK/dV program (64 keys: 256 programs instead of 128 on 132 SMs, the long causal
+        # ones no longer one wave's tail): 138.2 vs 159.3 µs (cuDNN 155.4); at H=128 causal it made 1k 1025 vs 877
+        # and main 2325 vs 2084 (attention_causal_dkv_one_wg-h100-d0df6f7.json).
+        params = dict(block_kv_dq=128, compute_wgs_dkv=1)  # and 64 query rows per forward warpgroup (table notes)
     if head_dim == 128 and not causal and kv_len <= _MOSAIC_PERSISTENT_MAX_KV_LEN:
         params["persistent"] = True
     return params
