@@ -290,7 +290,8 @@ _FUSED = {  # name: (config overrides, (B, T, S, N, K, H), masks, scale); dq_spl
 @pytest.mark.parametrize("name", list(_FUSED))
 def test_fused_backward_lowers_to_one_kernel_adding_into_dq(name):
     overrides, (B, T, S, N, K, H), kind, scale = _FUSED[name]
-    config = Config(**overrides)
+    table = tuning.flash_attention_mosaic_table(H, causal=kind in ("causal", "everything"), kv_len=S, groups=N // K)
+    config = Config(**dict(table, **overrides))  # what the call runs: the table entry with the overrides
     kernels = _train_kernels(*_spec(B, T, S, N, K, H), block_sizes=overrides, scale=scale, **_masks(kind, B, T, S))
     assert len(kernels) == 2 and kernels[0].name == "mosaic_attention_fwd"  # no dQ kernel
     fused = kernels[1]
