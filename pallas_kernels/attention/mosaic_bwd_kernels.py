@@ -12,6 +12,12 @@ score-gradient tiles, which are fed from registers as the A operand right after 
   block_kv key rows (K and V in shared memory) and streams Q/dO tiles of block_q rows for each of the G query heads
   of its kv head: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, dV += Pᵀ dO, dK += dSᵀ Q (the GQA head sum stays in registers).
 
+``persistent`` (either kernel, where its step count is static: no causal mask, no kv_seq_lengths, a multiple of
+num_stages): one CTA per SM walks the programs (``_walk_items``), one warp-specialized pipeline per program, chained
+(``plgpu.PipelinePipeline``): the TMA warpgroup streams the next program's first tiles while the compute warpgroups
+finish this one, so the launch, barrier setup and pipeline fill (measured 4.3 µs per dQ program and 7.4 µs per
+dK/dV program, against 2.8 and 1.6 µs per step) are paid once per CTA.
+
 Masks are applied only on tiles that need them (a ``lax.cond`` per tile: causal diagonal, the kv length, the key
 tail past S; every tile with segment ids); tiles no row can see are never visited. Masked entries are selected
 away (``where``), never multiplied by zero, so NaN or inf in K or V at padded keys cannot reach a gradient — except
