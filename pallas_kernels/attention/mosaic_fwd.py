@@ -316,11 +316,18 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             pl.when(g >= stages)(lambda: plgpu.barrier_wait(v_free.at[slot]))
             plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
 
-        pl.loop(0, minimum(stages, block_tiles))(load_kv)
-        for w in range(COMPUTE_WGS):
-            if cfg.persistent:  # the warpgroup's last q·kᵀ of the previous item is done
-                pl.when(jnp.logical_not(first))(functools.partial(plgpu.barrier_wait, q_free.at[w]))
-            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0 + w * bq, bq), n], q_smem.at[w], q_ready.at[w])
+        def load_q():
+            for w in range(COMPUTE_WGS):
+                if cfg.persistent:  # the warpgroup's last q·kᵀ of the previous item is done
+                    pl.when(jnp.logical_not(first))(functools.partial(plgpu.barrier_wait, q_free.at[w]))
+                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0 + w * bq, bq), n], q_smem.at[w], q_ready.at[w])
+
+        if cfg.persistent:  # the ring runs on while the q tiles wait for the previous item
+            pl.loop(0, minimum(stages, block_tiles))(load_kv)
+            load_q()
+        else:  # nothing to wait for: the q tiles first (the first q·kᵀ needs them), then the ring
+            load_q()
+            pl.loop(0, minimum(stages, block_tiles))(load_kv)
         pl.loop(stages, block_tiles)(load_kv)
         return block_tiles
 
