@@ -168,6 +168,26 @@ def _walk_items(program, *, ctas: int, items: int, decompose):
     pl.run_scoped(scope, allocations, collective_axes="wg")
 
 
+def _schedule(program, *, ctas: int, grid: tuple, names: tuple):
+    """(kernel body, launch kwargs of ``mu.kernel``): ``program(refs, *indices)`` once per CTA on ``grid`` (axes
+    ``names``), or, with ``ctas`` > 0, the persistent schedule (``_walk_items``) over the same programs."""
+    def body(*refs):
+        if ctas:
+            _walk_items(functools.partial(program, refs), ctas=ctas, items=math.prod(grid),
+                        decompose=lambda item: _unravel(item, grid))
+        else:
+            program(refs, *(lax.axis_index(name) for name in names))
+
+    return body, (dict(grid=(ctas,), grid_names=("sm",)) if ctas else dict(grid=grid, grid_names=names))
+
+
+def _run_pipeline(pipeline, gmem, allocations, allocations_only: bool):
+    """The pipeline's ``get_allocations`` (``allocations_only``), else the pipeline run over ``gmem``."""
+    if allocations_only:
+        return pipeline.get_allocations(*gmem)
+    return pipeline(*gmem, allocations=allocations)
+
+
 def _unravel(item, sizes):
     """Indices of ``item`` in a grid of ``sizes``, the first varying fastest (a launch grid's order)."""
     out = []
@@ -273,19 +293,10 @@ def dq_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, bloc
             max_concurrent_steps=num_stages, wg_axis="wg", num_compute_wgs=wgs, manual_consumed_barriers=True,
             compute_context=compute_thread, pipeline_state=state)
         gmem = (k_ref.at[b, :, h, :], v_ref.at[b, :, h, :], None if kv_seg_ref is None else kv_seg_ref.at[b])
-        if allocations_only:
-            return pipeline.get_allocations(*gmem)
-        return pipeline(*gmem, allocations=allocations)
+        return _run_pipeline(pipeline, gmem, allocations, allocations_only)
 
-    def mosaic_attention_dq(*refs):
-        if ctas:
-            _walk_items(functools.partial(program, refs), ctas=ctas, items=items,
-                        decompose=lambda t: _unravel(t, (num_q_tiles, p.N, p.B)))
-        else:
-            program(refs, lax.axis_index("q_tiles"), lax.axis_index("heads"), lax.axis_index("batch"))
-
-    grid = dict(grid=(ctas,), grid_names=("sm",)) if ctas else dict(
-        grid=(num_q_tiles, p.N, p.B), grid_names=("q_tiles", "heads", "batch"))
+    mosaic_attention_dq, grid = _schedule(program, ctas=ctas, grid=(num_q_tiles, p.N, p.B),
+                                          names=("q_tiles", "heads", "batch"))
     q_tile = plgpu.SMEM((wgs, bq, H), dtype, transforms=mu.smem_transforms(H, dtype))
     return mu.kernel(
         mosaic_attention_dq, out_type=jax.ShapeDtypeStruct(q.shape, dtype),
@@ -409,19 +420,10 @@ def dkv_call(q, k, v, do, lse, delta, q_seg, kv_seg, kv_lens, *, p: Problem, blo
             pipeline_state=state)
         gmem = (q_ref.at[b], do_ref.at[b], lse_ref.at[b], delta_ref.at[b],
                 None if q_seg_ref is None else q_seg_ref.at[b])
-        if allocations_only:
-            return pipeline.get_allocations(*gmem)
-        return pipeline(*gmem, allocations=allocations)
+        return _run_pipeline(pipeline, gmem, allocations, allocations_only)
 
-    def mosaic_attention_dkv(*refs):
-        if ctas:
-            _walk_items(functools.partial(program, refs), ctas=ctas, items=items,
-                        decompose=lambda t: _unravel(t, (num_kv_tiles, p.K, p.B)))
-        else:
-            program(refs, lax.axis_index("kv_tiles"), lax.axis_index("heads"), lax.axis_index("batch"))
-
-    grid = dict(grid=(ctas,), grid_names=("sm",)) if ctas else dict(
-        grid=(num_kv_tiles, p.K, p.B), grid_names=("kv_tiles", "heads", "batch"))
+    mosaic_attention_dkv, grid = _schedule(program, ctas=ctas, grid=(num_kv_tiles, p.K, p.B),
+                                           names=("kv_tiles", "heads", "batch"))
     kv_smem = plgpu.SMEM((wgs, bk, H), dtype, transforms=mu.smem_transforms(H, dtype))
     out = jax.ShapeDtypeStruct(k.shape, dtype)
     return mu.kernel(
