@@ -167,6 +167,7 @@ def test_sweep_candidates_fit_and_vary_only_their_kernels_fields(H, causal, S):
         assert mosaic.config_reason(q, Config(**c), segments=False) is None
     assert all(c[f] == base[f] for c in forward for f in c if f not in mosaic.FORWARD_FIELDS)
     assert all(c[f] == base[f] for c in backward for f in mosaic.FORWARD_FIELDS)
+    assert any(c["persistent_dq"] != base["persistent_dq"] for c in backward)  # the persistent schedule toggled
 
 
 # ------------------------------------------------------------------------------------------------------- GPU

@@ -238,6 +238,10 @@ _MOSAIC_FORWARD_CANDIDATES = [(128, 2, True, False, False), (128, 3, True, False
                               (128, 2, False, True, True)]
 _MOSAIC_BACKWARD_FIELDS = ("block_kv_dq", "num_stages_dq", "num_stages_dkv")
 _MOSAIC_BACKWARD_CANDIDATES = [(128, 2, 2), (64, 2, 2), (64, 3, 4), (64, 3, 3), (128, 2, 4), (128, 3, 3)]
+# and schedules, each on top of the table entry: the persistent backward kernels on or off (they run only where
+# the step count is static), one compute warpgroup per dK/dV program (more, shorter programs: short causal GQA)
+_MOSAIC_BACKWARD_SCHEDULES = [dict(persistent_dq=True, persistent_dkv=True), dict(persistent_dq=False,
+                              persistent_dkv=False), dict(compute_wgs_dkv=1)]
 
 
 def mosaic_sweep_candidates(head_dim: int, *, causal: bool, kv_len: int,
@@ -249,12 +253,13 @@ def mosaic_sweep_candidates(head_dim: int, *, causal: bool, kv_len: int,
                                                                        groups=groups)).to_dict()
     forward_fields = ("block_kv", "num_stages", "ping_pong", "persistent", "overlap")
 
-    def unique(overrides, fields):
+    def unique(overrides):
         out = {}
-        for values in [()] + list(overrides):
-            config = MosaicAttentionConfig(**dict(base, **dict(zip(fields, values)))).to_dict()
+        for override in [{}] + list(overrides):
+            config = MosaicAttentionConfig(**dict(base, **override)).to_dict()
             out.setdefault(tuple(sorted(config.items())), config)
         return list(out.values())
 
-    return (unique(_MOSAIC_FORWARD_CANDIDATES, forward_fields),
-            unique(_MOSAIC_BACKWARD_CANDIDATES, _MOSAIC_BACKWARD_FIELDS))
+    return (unique(dict(zip(forward_fields, values)) for values in _MOSAIC_FORWARD_CANDIDATES),
+            unique([dict(zip(_MOSAIC_BACKWARD_FIELDS, values)) for values in _MOSAIC_BACKWARD_CANDIDATES]
+                   + _MOSAIC_BACKWARD_SCHEDULES))
