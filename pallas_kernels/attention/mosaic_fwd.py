@@ -68,20 +68,13 @@ def _kernel(*refs, cfg, causal: bool, scale: float, residuals: bool, has_seg: bo
             body(lax.axis_index("heads"), lax.axis_index("q_tiles"), lax.axis_index("batch"), True, 0)
             return
         sm = lax.axis_index("sm")
-        items = N * nq * B
 
         def one(i, done):
-            # Round i runs items [i·num_sms, (i + 1)·num_sms), heads varying fastest: items sharing a kv head run
-            # side by side (L2). Odd rounds in reverse (a snake), so that under causal a CTA that took one of the
-            # round's longest items takes one of the next round's shortest: with a plain round robin every item of
-            # a CTA had nearly the same query tile (num_sms = 132 ≡ 4 mod N = 16) and length.
-            item = i * num_sms + jnp.where(lax.rem(i, 2) == 0, sm, num_sms - 1 - sm)
+            item = sm + i * num_sms  # heads vary fastest: items sharing a kv head run side by side (L2)
             rest = lax.div(item, N)
-            return lax.cond(item < items,
-                            lambda: done + body(lax.rem(item, N), lax.rem(rest, nq), lax.div(rest, nq), i == 0, done),
-                            lambda: done)
+            return done + body(lax.rem(item, N), lax.rem(rest, nq), lax.div(rest, nq), i == 0, done)
 
-        lax.fori_loop(0, cdiv(items, num_sms), one, jnp.int32(0))
+        lax.fori_loop(0, lax.div(N * nq * B - sm + (num_sms - 1), num_sms), one, jnp.int32(0))
 
     def item_bounds(qi, b):
         if causal:  # the longest rows first: better balance of the last wave
