@@ -245,7 +245,12 @@ def test_persistent_schedule_needs_static_steps_that_fill_the_stages():
 @gpu_only
 @pytest.mark.parametrize("name", list(_CONFIGS))
 def test_other_configs_match_reference(name):
-    overrides, (B, T, S, N, K, H), kind, scale = _CONFIGS[name]
+    _check_case(*_CONFIGS[name])
+
+
+def _check_case(overrides, shape, kind, scale):
+    """A case of _CONFIGS or _FUSED through the public function against the float32 reference (bf16, gradients)."""
+    B, T, S, N, K, H = shape
     q, k, v = qkv(B, T, S, N, K, H, jnp.bfloat16)
     _Mosaic().check_against_reference(q, k, v, tol(q, k), block_sizes=overrides, scale=scale,
                                       **_masks(kind, B, T, S))
@@ -320,10 +325,7 @@ def test_fused_backward_has_no_interpret_mode():
 @gpu_only
 @pytest.mark.parametrize("name", list(_FUSED))
 def test_fused_backward_matches_reference(name):
-    overrides, (B, T, S, N, K, H), kind, scale = _FUSED[name]
-    q, k, v = qkv(B, T, S, N, K, H, jnp.bfloat16)
-    _Mosaic().check_against_reference(q, k, v, tol(q, k), block_sizes=overrides, scale=scale,
-                                      **_masks(kind, B, T, S))
+    _check_case(*_FUSED[name])
 
 
 @gpu_only
