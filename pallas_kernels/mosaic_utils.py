@@ -134,28 +134,44 @@ def kernel_accumulating(body, *, accumulator: jax.ShapeDtypeStruct, out_type, sc
                         num_threads, thread_name, name: str, semantics: str = "lane", **params):
     """Like ``kernel``, plus one zero-initialized global buffer that programs may add into (TMA reduce-add:
     ``plgpu.copy_smem_to_gmem(..., reduction_op="add")``). ``body(*inputs, acc_ref, *outputs, *scratch)``; the
-    returned function gives ``(outputs, accumulated)``.
-
-    The buffer is a ``jax.new_ref`` passed to ``pl.kernel``, which aliases it in and out of the kernel
-    (``plgpu.kernel`` takes no refs), so XLA's memset is its only other cost. The ref is discharged right here
-    (``_discharged``): callers may run this under ``custom_vmap``, which has no state-discharge rule. No
-    interpret mode: jax's GPU interpreter implements no TMA reductions."""
+    returned function gives ``(outputs, accumulated)``. XLA's memset is the buffer's only other cost
+    (``kernel_updating``). No interpret mode: jax's GPU interpreter implements no TMA reductions."""
     if _INTERPRET_SMS.get() is not None:
         raise NotImplementedError(f"{name}: TMA reduce-add has no GPU interpret mode")
+    update = kernel_updating(body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names,
+                             num_threads=num_threads, thread_name=thread_name, name=name, semantics=semantics,
+                             **params)
+    return lambda *inputs: update(*inputs, jnp.zeros(accumulator.shape, accumulator.dtype))
+
+
+def kernel_updating(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, thread_name, name: str,
+                    semantics: str = "lane", **params):
+    """Like ``kernel``, plus one global buffer the kernel reads and writes in place: the returned function takes
+    ``(*inputs, buffer)`` and gives ``(outputs, updated buffer)``; ``body(*inputs, buffer_ref, *outputs,
+    *scratch)``.
+
+    The buffer is a ``jax.new_ref`` passed to ``pl.kernel``, which aliases it in and out of the kernel
+    (``plgpu.kernel`` takes no refs): where the caller's buffer is dead afterwards (a loop carry), XLA updates it
+    without a copy. The ref is discharged right here (``_discharged``): callers may run this under
+    ``custom_vmap``, which has no state-discharge rule. No interpret mode."""
+    if _INTERPRET_SMS.get() is not None:
+        raise NotImplementedError(f"{name}: a kernel updating a buffer in place has no GPU interpret mode here")
     from jax.experimental import pallas as pl
 
     mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=num_threads, thread_name=thread_name,
                       kernel_name=name)
 
-    def with_ref(*inputs):
-        acc = jax.new_ref(jnp.zeros(accumulator.shape, accumulator.dtype))
+    def with_ref(*inputs_and_buffer):
+        *inputs, buffer = inputs_and_buffer
+        ref = jax.new_ref(buffer)
 
         def scoped(*refs):
             pl.run_scoped(functools.partial(body, *refs), *scratch_types, collective_axes=thread_name)
 
+        scoped.__name__ = name  # the kernel's name where pl.kernel takes the body's (jax 0.10.2)
         outs = pl.kernel(scoped, out_type=out_type, mesh=mesh, compiler_params=compiler_params(semantics, **params),
-                         name=name)(*inputs, acc)
-        return outs, jax.freeze(acc)
+                         name=name)(*inputs, ref)
+        return outs, jax.freeze(ref)
 
     return _discharged(with_ref)
 

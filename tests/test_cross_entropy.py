@@ -11,6 +11,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 import hlo_inspect
+from hlo_inspect import mosaic_ir
 from base_cross_entropy import SMALL, CrossEntropyTests, inputs
 from conftest import ON_GPU, cuda_program, eqns_outside_kernels, tensors_with
 from jaxfuse import kernels
@@ -58,6 +59,16 @@ def test_config_variants_match_reference(fields):
     B, H, V = SMALL
     _TRITON.check_against_reference(B, H, V, jnp.bfloat16, block_sizes=dict(_TRITON.chunked_block_sizes, **fields),
                                     logit_soft_cap=5.0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the Mosaic-GPU dw GEMM runs on an sm90 GPU (its lowering is tested on CPU)")
+@pytest.mark.parametrize("dtype,reduction", [(jnp.bfloat16, "mean"), (jnp.float16, "none"), (jnp.bfloat16, "sum")])
+def test_mosaic_dw_accumulation_matches_reference(dtype, reduction):
+    """dw added chunk by chunk by the Mosaic GEMM core in place (5 chunks of 128 rows, the last sharing 64 with the
+    one before), against the float32 reference; the xla dw path at the same inputs is checked beside it."""
+    for dw_gemm in ("mosaic", "xla"):
+        _TRITON.check_against_reference(576, 256, 2048, dtype, reduction=reduction, z_loss=1e-3,
+                                        block_sizes={"chunk_rows": 128, "dw_gemm": dw_gemm})
 
 
 # ------------------------------------------------------------------------------------------------ programs
@@ -118,6 +129,39 @@ def test_temporary_memory_is_one_chunk_of_logits():
     assert tensors_with(cuda_program(jax.grad(fn, argnums=(0, 1)), h, w, labels), chunk, V)  # the chunk's logits
 
 
+def test_mosaic_dw_gemm_lowers_in_place_for_cuda():
+    """Lowered for CUDA: with dw_gemm "mosaic" (and "auto", where the shapes tile) the loop's dw update is one
+    Mosaic-GPU kernel whose output aliases its dw input and the peeled chunk's GEMM stays XLA's (it writes dw
+    first); "xla" has no Mosaic kernel. Where the Mosaic GEMM cannot run, "mosaic" names why and "auto" falls
+    back."""
+    B, H, V = 512, 256, 1024
+    args = (jax.ShapeDtypeStruct((B, H), jnp.bfloat16), jax.ShapeDtypeStruct((H, V), jnp.bfloat16),
+            jax.ShapeDtypeStruct((B,), jnp.int32))
+
+    def program(dw_gemm, h, w, y):
+        return jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes={"chunk_rows": 128, "dw_gemm": dw_gemm}),
+                                  argnums=(0, 1))
+
+    def lowered(dw_gemm, *args):
+        return jax.jit(program(dw_gemm, *args)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+        texts = {choice: lowered(choice, *args) for choice in ("mosaic", "auto", "xla")}
+        (kernel,) = mosaic_ir.lower_kernels(program("mosaic", *args), *args)
+        odd_v = (args[0], jax.ShapeDtypeStruct((H, 1000), jnp.bfloat16), args[2])
+        assert "mosaic_gpu" not in lowered("auto", *odd_v)
+        with pytest.raises(ValueError, match=r"dw_gemm='mosaic' cannot run here: V=1000 is not a positive multiple"):
+            lowered("mosaic", *odd_v)
+    assert sum(kernel.wgmma().values()) > 0  # its name: jax 0.10.2 calls an aliasing kernel "new_body"
+    for choice in ("mosaic", "auto"):
+        assert texts[choice].count("@mosaic_gpu") == 1  # one kernel: the loop body's dw update
+        assert "output_operand_alias<output_tuple_indices = [], operand_index = 2" in texts[choice]  # dw in place
+    assert "mosaic_gpu" not in texts["xla"]
+    h, w, labels = inputs(4, 16, 40, jnp.bfloat16, ignored_rows=())
+    with pytest.raises(ValueError, match="dw_gemm='mosaic' cannot run here"):
+        jax.grad(lambda w: _loss(h, w, labels, block_sizes={"dw_gemm": "mosaic"}))(w)
+
+
 def test_row_kernel_lowers_for_cuda_with_dlogits_over_the_logits():
     """Lowered for CUDA on any machine: value-and-grad has one row kernel per step kind (the peeled last chunk and
     the loop), each a Triton kernel with two vocabulary loops and no dot, writing dlogits over its logits input."""
@@ -162,7 +206,7 @@ def test_bad_block_sizes_and_mosaic():
 @pytest.mark.parametrize("fields,name", [
     ({"chunk_rows": 0}, "chunk_rows"), ({"rows_per_program": 3}, "rows_per_program"), ({"block_v": 100}, "block_v"),
     ({"num_warps": 3}, "num_warps"), ({"dw_dtype": "bf16"}, "dw_dtype"), ({"logits_dtype": "f32"}, "logits_dtype"),
-    ({"row_pass": "cuda"}, "row_pass")])
+    ({"row_pass": "cuda"}, "row_pass"), ({"dw_gemm": "cublas"}, "dw_gemm")])
 def test_config_validation_names_the_field(fields, name):
     with pytest.raises(ValueError, match=f"LinearCrossEntropyConfig.{name}"):
         LinearCrossEntropyConfig(**fields)

@@ -190,6 +190,24 @@ def test_gradients_are_two_more_gemms_without_transposes():
     assert "stablehlo.transpose" not in program
 
 
+@cpu_only
+def test_accumulate_into_is_one_kernel_updating_its_buffer_in_place():
+    """c + aᵀ b: one kernel (the peeled chunk's shape of a dw accumulation) with c aliased in and out, three stages
+    beside c's two prefetched tiles (four overflow shared memory); c's shape or dtype wrong is a ValueError."""
+    a_t, b, c = S((512, 256), jnp.bfloat16), S((512, 1024), jnp.bfloat16), S((256, 1024), jnp.bfloat16)
+    fn = lambda a_t, b, c: matmul(a_t, b, transpose_a=True, accumulate_into=c)  # noqa: E731
+    (k,) = mosaic_ir.lower_kernels(fn, a_t, b, c)
+    assert k.wgmma() == {"m64n128k16 f32 += bf16 x bf16": 8}
+    assert default_config(256, 1024, 512, accumulate_dtype=jnp.bfloat16).num_stages == 3
+    program = jax.jit(fn, donate_argnums=2).trace(a_t, b, c).lower(lowering_platforms=("cuda",)).as_text()
+    assert "output_operand_alias<output_tuple_indices = [], operand_index = 2" in program
+    a, b = jnp.zeros((512, 256), jnp.bfloat16), jnp.zeros((512, 1024), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"accumulate_into: expected shape \(256, 1024\) and dtype bfloat16"):
+        matmul(a, b, transpose_a=True, accumulate_into=jnp.zeros((1024, 256), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"accumulate_into: .* dtype float32 \(a @ b's\), got \(256, 1024\) bfloat16"):
+        matmul(a, b, transpose_a=True, out_dtype=jnp.float32, accumulate_into=jnp.zeros((256, 1024), jnp.bfloat16))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Numbers: sm90 GPU (real and odd tile-multiple shapes); CPU interpret mode (slow, tiny shapes)
 # ---------------------------------------------------------------------------------------------------------------
@@ -235,6 +253,30 @@ def test_nan_in_an_operand_reaches_the_output():
     a, b = _operands(256, 256, 256, jnp.bfloat16)
     got = jax.jit(matmul)(a.at[3, 5].set(jnp.nan), b)
     assert bool(jnp.all(jnp.isnan(got[3]))) and not bool(jnp.any(jnp.isnan(got[4:])))
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_accumulate_into_on_the_gpu(dtype):
+    """Three chunked updates c += a_iᵀ b_i in a loop (in place) against the float32 sum, rounding once per update;
+    the gradient of the accumulated input is the cotangent."""
+    M, K, N, chunks = 768, 512, 1280, 3
+    a, b = (jax.random.normal(_key(), (chunks * K, n), jnp.float32).astype(dtype) for n in (M, N))  # chunk i: rows
+    c0 = jax.random.normal(_key(), (M, N), jnp.float32).astype(dtype) * 10
+
+    @jax.jit
+    def run(a, b, c):
+        def step(i, c):
+            rows = lambda x: jax.lax.dynamic_slice_in_dim(x, i * K, K)  # noqa: E731
+            return matmul(rows(a), rows(b), transpose_a=True, accumulate_into=c)
+        return jax.lax.fori_loop(0, chunks, step, c)
+
+    got = run(a, b, c0)
+    want = c0.astype(jnp.float32) + _f32_product(a.T, b)
+    assert got.dtype == dtype and _rel_err(got, want) <= _tol(dtype, chunks * K) * chunks ** 0.5
+    dc = jax.grad(lambda c: jnp.sum(matmul(a[:K], b[:K], transpose_a=True, accumulate_into=c).astype(jnp.float32)
+                                    * 3.0))(c0)
+    assert bool(jnp.all(dc == 3.0))
 
 
 _TINY = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=32, num_stages=2, epi_tile_n=32)

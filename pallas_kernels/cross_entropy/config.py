@@ -27,7 +27,8 @@ OP = "linear_cross_entropy"  # the op's name in the tuning cache
 FORWARD_FIELDS = ("rows_per_program", "block_v", "num_warps", "num_stages")
 TEMP_FRACTION = 0.05  # chunk_rows=None: temporaries at most this fraction of the plain XLA loss's (issue 17's bound)
 GEMM_WORKSPACE_BYTES = 32 * 2**20  # XLA's cuBLAS workspace, one temporary (s8[33554432] in the H100 programs)
-_CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla")}
+_CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla"),
+            "dw_gemm": ("auto", "xla", "mosaic")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,10 @@ class LinearCrossEntropyConfig:
       logits_dtype: "compute": the logits GEMM writes the input dtype (as XLA's plain loss does); "float32":
         float32 logits (twice the bytes; dlogits then go to a separate buffer in the input dtype).
       row_pass: "pallas" (the row kernel) or "xla" (the same math as jnp, fused by XLA as it can).
+      dw_gemm: who adds each chunk's h_cᵀ·dlogits_c into dw: "xla" (cuBLAS with beta = 1, reading dw in its
+        epilogue), "mosaic" (the Mosaic-GPU GEMM core with ``accumulate_into``: each dw tile is prefetched while
+        the tile's K loop runs; sm90, 16-bit dw, H a multiple of 128, V of 256, Bc of 64), "auto" (mosaic where
+        it runs, else xla).
     """
 
     # Row-kernel defaults: the fastest of four tilings timed alone on the H100 at the suite's shapes
@@ -58,6 +63,7 @@ class LinearCrossEntropyConfig:
     dw_dtype: str = "param"
     logits_dtype: str = "compute"
     row_pass: str = "pallas"
+    dw_gemm: str = "auto"
 
     def __post_init__(self):
         tu.check_launch_fields(self)  # block_v, num_warps, num_stages

@@ -60,7 +60,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels import backends
 from pallas_kernels import triton_utils as tu
+from pallas_kernels import gemm as mosaic_gemm
 from pallas_kernels.cross_entropy import config as _config
 from pallas_kernels.cross_entropy.triton_rows import RowOptions, row_pass
 
@@ -155,6 +157,33 @@ def _row_losses_forward(h, w, labels, st: _Static):
     return jnp.where(bad, jnp.nan, jnp.where(valid, row_loss, 0.0)), lse
 
 
+def _mosaic_dw_reason(h, w, st: _Static) -> str | None:
+    """None when the Mosaic GEMM core can add each chunk's (H, V) dw update in place; else the sentence why not."""
+    if st.rows.interpret:
+        return "interpret mode runs no Mosaic-GPU kernel"
+    reason = backends.unavailable_reason("mosaic")
+    if reason:
+        return reason
+    if st.rows.config.dw_dtype != "param" or jnp.dtype(w.dtype) not in (jnp.dtype(jnp.bfloat16),
+                                                                          jnp.dtype(jnp.float16)):
+        return f"dw accumulates in {st.rows.config.dw_dtype} / {jnp.dtype(w.dtype)}; the Mosaic GEMM adds into " \
+               "a 16-bit dw only"
+    (H, V), Bc = w.shape, st.chunk_rows
+    config = mosaic_gemm.default_config(H, V, Bc, h.dtype, accumulate_dtype=w.dtype)
+    return mosaic_gemm.unsupported_reason(H, V, Bc, config, names=("H", "V", "chunk_rows"))
+
+
+def _mosaic_dw(h, w, st: _Static) -> bool:
+    """Whether the dw updates run on the Mosaic GEMM core (config.dw_gemm; ValueError when "mosaic" cannot)."""
+    choice = st.rows.config.dw_gemm
+    if choice == "xla":
+        return False
+    reason = _mosaic_dw_reason(h, w, st)
+    if reason and choice == "mosaic":
+        raise ValueError(f"linear_cross_entropy: dw_gemm='mosaic' cannot run here: {reason}")
+    return reason is None
+
+
 def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     """(total, dh, dw): total = Σ g·row loss (float32; 0 when lse is given), dh (B, H) in h's dtype and dw (H, V)
     in w's dtype (None where ``wanted`` says the caller does not differentiate that input: its GEMM never runs), for
@@ -166,6 +195,7 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     shared = n * Bc - B  # leading rows of the last chunk that the chunk before it also covers
     dw_dtype = jnp.float32 if st.rows.config.dw_dtype == "float32" else w.dtype
     prec = _precision(h.dtype)
+    mosaic_dw = wanted.dw and _mosaic_dw(h, w, st)
 
     def step(start, carry, first: bool):
         h_c = lax.dynamic_slice_in_dim(h, start, Bc)  # (Bc, H)
@@ -180,7 +210,9 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
             dh_c = lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=prec,
                                    preferred_element_type=h.dtype)  # (Bc, H) = dl wᵀ
             dh = lax.dynamic_update_slice_in_dim(jnp.zeros_like(h) if first else dh, dh_c, start, 0)
-        if wanted.dw:
+        if wanted.dw and mosaic_dw and not first:  # dw += h_cᵀ dl in place, h_c read transposed in SMEM
+            dw = mosaic_gemm.matmul(h_c, dl, transpose_a=True, accumulate_into=dw)
+        elif wanted.dw:
             dw_c = lax.dot_general(h_c, dl, (((0,), (0,)), ((), ())), precision=prec,
                                    preferred_element_type=dw_dtype)  # (H, V) = h_cᵀ dl
             dw = dw_c if first else dw + dw_c

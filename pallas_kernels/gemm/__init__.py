@@ -5,6 +5,7 @@
   c = matmul(a_t, b, transpose_a=True)                # a given as (K, M): read transposed from shared memory
   c = matmul(a, b_t, transpose_b=True)                # b given as (N, K)
   c = matmul(a, b, config=MosaicGemmConfig(tile_n=256, wg_split="m", tile_m=64))
+  c = matmul(a, b, accumulate_into=c)                 # c + a @ b in one kernel, over c's buffer where XLA can
   default_config(M, N, K)                             # the tiles, K loop and tile order a call uses
 
 ``matmul`` is differentiable: its gradients are the same kernel with the operands read transposed
@@ -17,11 +18,13 @@ fused kernels (``norm_matmul.mosaic``) use. Runs on an sm90 GPU; lowers for CUDA
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 
 __all__ = ["CANDIDATES", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul",
@@ -52,10 +55,17 @@ def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConf
     return candidates[-1]
 
 
-def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16) -> MosaicGemmConfig:
-    """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates."""
-    del dtype
-    return pick_config(M, N, K)
+def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dtype=None) -> MosaicGemmConfig:
+    """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates; with
+    ``accumulate_dtype`` (the dtype of ``accumulate_into``), as many pipeline stages as fit beside the two
+    prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
+    config = pick_config(M, N, K)
+    if accumulate_dtype is None:
+        return config
+    while config.num_stages > 2 and smem_bytes(config, dtype, accumulate_dtype, tile_input_dtypes=(accumulate_dtype,),
+                                               store_in_tile=True) > mu.H100_SMEM_BYTES - 1024:  # 1 KiB: barriers
+        config = dataclasses.replace(config, num_stages=config.num_stages - 1)
+    return config
 
 
 def _check(a, b, transpose_a: bool, transpose_b: bool, out_dtype) -> tuple[int, int, int]:
@@ -77,40 +87,54 @@ def _check(a, b, transpose_a: bool, transpose_b: bool, out_dtype) -> tuple[int, 
 
 
 def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None, out_dtype=None,
-           transpose_a: bool = False, transpose_b: bool = False) -> jax.Array:
+           transpose_a: bool = False, transpose_b: bool = False, accumulate_into: jax.Array | None = None) -> jax.Array:
     """a @ b in one Mosaic-GPU kernel, float32 accumulation.
 
     Args:
       a: (M, K), or (K, M) with transpose_a. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
       config: a ``MosaicGemmConfig``; default ``default_config(M, N, K)``. M, N, K must be multiples of its
         tiles (ValueError naming the constraint otherwise: no partial tiles).
-      out_dtype: default a's dtype; bfloat16, float16 or float32.
+      out_dtype: default a's dtype (accumulate_into's with one); bfloat16, float16 or float32.
+      accumulate_into: None, or an (M, N) array of out_dtype: the result is accumulate_into + a @ b (float32
+        sum, rounded once), computed over accumulate_into's buffer when XLA can donate it (a loop carry).
     Returns:
       (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads, with the config's
-      tiles; their shapes (M, K) and (K, N) must tile too.
+      tiles; their shapes (M, K) and (K, N) must tile too; accumulate_into's gradient is the cotangent.
     """
-    out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
+    if out_dtype is None:
+        out_dtype = a.dtype if accumulate_into is None else accumulate_into.dtype
+    out_dtype = jnp.dtype(out_dtype)
     M, N, K = _check(a, b, transpose_a, transpose_b, out_dtype)
-    config = config or default_config(M, N, K, a.dtype)
+    if accumulate_into is not None and (tuple(jnp.shape(accumulate_into)) != (M, N)
+                                        or jnp.dtype(accumulate_into.dtype) != out_dtype):
+        raise ValueError(f"accumulate_into: expected shape ({M}, {N}) and dtype {out_dtype} (a @ b's), got "
+                         f"{tuple(jnp.shape(accumulate_into))} {jnp.dtype(accumulate_into.dtype)}")
+    config = config or default_config(M, N, K, a.dtype,
+                                      accumulate_dtype=None if accumulate_into is None else out_dtype)
     reason = unsupported_reason(M, N, K, config)
     if reason:
         raise ValueError(f"matmul (mosaic): {reason}")
-    return _matmul(a, b, (config, out_dtype, transpose_a, transpose_b))
+    return _matmul(a, b, accumulate_into, (config, out_dtype, transpose_a, transpose_b, accumulate_into is not None))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _matmul(a, b, static):
-    config, out_dtype, transpose_a, transpose_b = static
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _matmul(a, b, c, static):
+    config, out_dtype, transpose_a, transpose_b, _ = static
     return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
-                name="mosaic_matmul")[0]
+                accumulate_into=c, name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
 
 
-def _matmul_fwd(a, b, static):
-    return _matmul(a, b, static), (a, b)
+def _matmul_fwd(a, b, c, static):
+    return _matmul(a, b, c, static), (a, b)
 
 
 def _matmul_bwd(static, saved, g):
-    config, _, transpose_a, transpose_b = static
+    da, db = _operand_grads(static, saved, g)
+    return da, db, (g if static[-1] else None)
+
+
+def _operand_grads(static, saved, g):
+    config, _, transpose_a, transpose_b, _ = static
     a, b = saved
     g = g.astype(a.dtype)
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.

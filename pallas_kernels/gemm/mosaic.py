@@ -4,6 +4,7 @@
   out = gemm(a_t, b, transpose_a=True, ...)[0]             # a given as (K, M): the A tiles are read transposed
   out = gemm(a, b_t, transpose_b=True, ...)[0]             # b given as (N, K)
   y, r = gemm(x, w, fusion=Fusion(prologue_step=..., epilogue=..., outputs=...), arrays={...}, ...)
+  c = gemm(a, b, accumulate_into=c, ...)[0]                # c + a @ b, written over c (XLA's beta = 1)
 
 One kernel launch, persistent: grid = one block per SM, each block walks the (cta_m, cta_n) output tiles in
 planar-snake order. A block has three warpgroups: two compute warpgroups, each owning a float32 (tile_m, tile_n)
@@ -32,6 +33,12 @@ first stages as soon as the current tile's last ones are released. "pallas" is j
 be consumed before it loads the next tile's first ones); "pallas_steady" passes it START / STEADY / STOP so the
 loads of tile i+1 start as stages of tile i free up (needs k_iters % num_stages == 0 and no delay_release: else it
 runs as "pallas"). Which is the default, and why: ``gemm.config``.
+
+``accumulate_into=c`` (M, N) of out_dtype: each compute warpgroup TMA-prefetches its tile of c at the tile's
+start, the epilogue adds it to the float32 accumulator and the sum is stored back from that same SMEM buffer into
+c's HBM buffer, aliased in and out of the kernel (``mosaic_utils.kernel_updating``): the read of c overlaps the
+K loop, where a GEMM with beta = 1 reads c in its epilogue. For a sum over K-chunks too short to hide the
+(M, N) read and write behind their FLOPs (a dw accumulated over token chunks).
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ __all__ = ["PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "sm
 
 _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
+_ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,12 +141,19 @@ class Fusion:
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
          transpose_b: bool = False, fusion: Fusion | None = None, arrays: Mapping[str, jax.Array] | None = None,
-         num_sms: int | None = None, name: str = "mosaic_gemm") -> list[jax.Array]:
+         accumulate_into: jax.Array | None = None, num_sms: int | None = None,
+         name: str = "mosaic_gemm") -> list[jax.Array]:
     """[out (M, N) in out_dtype, *fusion outputs] of epilogue(A @ B) in one Mosaic-GPU kernel.
 
     a: (M, K), or (K, M) with transpose_a; b: (K, N), or (N, K) with transpose_b; 16-bit floats of one dtype.
     The shapes must satisfy ``unsupported_reason`` (checked here: ValueError). ``arrays`` holds the fusion's
-    named inputs. Runs on an sm90 GPU; lowers for CUDA anywhere."""
+    named inputs. ``accumulate_into``: an (M, N) array of out_dtype; out = accumulate_into + A @ B, written in
+    place where XLA can (no fusion then). Runs on an sm90 GPU; lowers for CUDA anywhere."""
+    if accumulate_into is not None:
+        if fusion is not None:
+            raise ValueError(f"{name}: accumulate_into is its own epilogue; it takes no fusion")
+        fusion = Fusion(tile_inputs=(_ACCUMULATED,), store_in=_ACCUMULATED,
+                        epilogue=lambda ctx, acc, carry: (acc + ctx.load_tile(_ACCUMULATED), {}))
     fusion = fusion or Fusion()
     arrays = dict(arrays or {})
     if mu.interpreting() and (transpose_a or transpose_b):  # the CPU interpreter reads no transposed SMEM refs
@@ -153,7 +168,12 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
                          f"pipeline='own' with wg_split='n'; got pipeline={config.pipeline!r}, "
                          f"wg_split={config.wg_split!r}")
-    in_names = (*fusion.tile_inputs, *fusion.inputs)
+    if accumulate_into is not None:
+        arrays[_ACCUMULATED] = accumulate_into
+        if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
+            raise ValueError(f"{name}: accumulate_into must be ({M}, {N}) {jnp.dtype(out_dtype)}, got "
+                             f"{tuple(accumulate_into.shape)} {accumulate_into.dtype}")
+    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs) if n != _ACCUMULATED)
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
@@ -161,17 +181,22 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                                         or arrays[fusion.store_in].dtype != jnp.dtype(out_dtype)):
         raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
-                   (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs))
+                   (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
+                   accumulate_into is not None)
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
         body, num_threads = functools.partial(_kernel_body, shape=shape), 3
-    call = mu.kernel(
-        body,
-        out_type=[jax.ShapeDtypeStruct((M, N), out_dtype), *[s for _, s in fusion.outputs]],
-        grid=(num_sms or mu.num_sms(),), grid_names=("sm",), num_threads=num_threads, thread_name="wg", name=name,
-        semantics=config.semantics, reduction_scratch_bytes=fusion.reduction_scratch_bytes)
-    return list(call(a, b, *[arrays[n] for n in in_names]))
+    launch = dict(grid=(num_sms or mu.num_sms(),), grid_names=("sm",), num_threads=num_threads, thread_name="wg",
+                  name=name, semantics=config.semantics, reduction_scratch_bytes=fusion.reduction_scratch_bytes)
+    inputs = [a, b, *[arrays[n] for n in in_names]]
+    if accumulate_into is not None:  # the output is the aliased buffer, between the inputs and the other outputs
+        outs, out = mu.kernel_updating(body, out_type=[s for _, s in fusion.outputs], **launch)(
+            *inputs, accumulate_into)
+        return [out, *outs]
+    call = mu.kernel(body, out_type=[jax.ShapeDtypeStruct((M, N), out_dtype), *[s for _, s in fusion.outputs]],
+                     **launch)
+    return list(call(*inputs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +212,7 @@ class _Shape:
     dtype: Any
     out_dtype: Any
     tile_dtypes: tuple
+    accumulates: bool = False  # the output ref is also the tile input ``_ACCUMULATED`` (``accumulate_into``)
 
     @property
     def iters(self) -> tuple[int, int, int]:
@@ -229,7 +255,10 @@ class _Shape:
     def split_refs(self, refs):
         """The kernel's refs after A and B -> (named inputs, out, named outputs)."""
         n_in = len(self.in_names)
-        return dict(zip(self.in_names, refs[:n_in])), refs[n_in], dict(zip(self.out_names, refs[n_in + 1:]))
+        named_in = dict(zip(self.in_names, refs[:n_in]))
+        if self.accumulates:
+            named_in[_ACCUMULATED] = refs[n_in]
+        return named_in, refs[n_in], dict(zip(self.out_names, refs[n_in + 1:]))
 
     def tile_context(self, lin, wg, refs_by_name) -> TileContext:
         """Where compute warpgroup ``wg`` works on the lin-th CTA tile (planar-snake order)."""

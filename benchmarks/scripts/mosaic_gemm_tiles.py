@@ -1,0 +1,84 @@
+"""The Mosaic-GPU GEMM core's tile shapes and tile orders against cuBLAS on the H100, at the rmsnorm_matmul suite's
+GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
+
+    PYTHONPATH=$PWD python benchmarks/scripts/mosaic_gemm_tiles.py --out $OUT [--shapes 32768x4096x4096,...]
+
+Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
+(the core's default first), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output
+checked against cuBLAS's first (relative max difference). Writes ``mosaic_gemm_tiles-<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attention_fused_bwd import results_file
+from jaxfuse import bench
+from pallas_kernels.gemm import MosaicGemmConfig, matmul, unsupported_reason
+
+BASE = MosaicGemmConfig()
+CONFIGS = {
+    "default_128x128_n": BASE,
+    "64x256_m": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m"),
+    "64x256_m_w4": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_tile_width=4),
+    "64x256_m_w16": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_tile_width=16),
+    "64x256_m_minor_m": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m"),
+    "128x128_m": dataclasses.replace(BASE, wg_split="m"),
+    "default_w4": dataclasses.replace(BASE, grid_tile_width=4),
+    "default_minor_m": dataclasses.replace(BASE, grid_minor="m"),
+    "64x256_m_delay1": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", delay_release=1),
+}
+SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--iterations", type=int, default=20)
+    args = parser.parse_args()
+    result, save, path = results_file(args.out, "mosaic_gemm_tiles")
+    result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",")}
+    for shape in args.shapes.split(","):
+        M, K, N = map(int, shape.split("x"))
+        kx, kw = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(kx, (M, K), jnp.bfloat16)
+        w = (jax.random.normal(kw, (K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
+        calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.bfloat16))}
+        row = dict(shape=shape, skipped={}, max_rel_diff={})
+        for name in args.configs.split(","):
+            cfg = CONFIGS[name]
+            reason = unsupported_reason(M, N, K, cfg)
+            if reason:
+                row["skipped"][name] = reason
+                continue
+            calls[name] = jax.jit(lambda x, w, cfg=cfg: matmul(x, w, config=cfg))
+        want = np.asarray(calls["cublas"](x, w), np.float32)
+        for name in list(calls)[1:]:
+            try:
+                got = np.asarray(calls[name](x, w), np.float32)
+                row["max_rel_diff"][name] = float(np.abs(got - want).max() / np.abs(want).max())
+            except Exception as e:  # noqa: BLE001 - a config that fails to compile is recorded, the others run
+                row["skipped"][name] = f"{type(e).__name__}: {e}"[:600]
+                del calls[name]
+        timings = bench.time_interleaved([(fn, (x, w)) for fn in calls.values()], iterations=args.iterations)
+        row["us"] = {name: t.median_us for name, t in zip(calls, timings)}
+        row["vs_cublas"] = {name: row["us"]["cublas"] / us for name, us in row["us"].items()}
+        print(shape, {k: (round(v, 1), round(row["vs_cublas"][k], 3)) for k, v in row["us"].items()}, flush=True)
+        if row["skipped"]:
+            print(shape, "skipped", row["skipped"], flush=True)
+        result["timings"].append(row)
+        save()
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
