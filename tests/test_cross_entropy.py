@@ -51,9 +51,9 @@ def test_every_row_counts_once_whatever_the_chunk_layout(B, chunk_rows):
 
 
 @pytest.mark.parametrize("fields", [
-    {"row_pass": "xla"}, pytest.param({"logits_dtype": "float32"}, marks=pytest.mark.slow),
+    {"row_pass": "xla"}, {"eval_chunk_rows": 24}, pytest.param({"logits_dtype": "float32"}, marks=pytest.mark.slow),
     pytest.param({"dw_dtype": "float32", "rows_per_program": 1, "block_v": 64}, marks=pytest.mark.slow)],
-    ids=["xla_row_pass", "float32_logits", "float32_dw-one_row_per_program"])
+    ids=["xla_row_pass", "evaluation_chunks_of_24", "float32_logits", "float32_dw-one_row_per_program"])
 def test_config_variants_match_reference(fields):
     """The alternatives a config (or a sweep) may pick compute the same function."""
     B, H, V = SMALL
@@ -204,7 +204,7 @@ def test_bad_block_sizes_and_mosaic():
 
 
 @pytest.mark.parametrize("fields,name", [
-    ({"chunk_rows": 0}, "chunk_rows"), ({"rows_per_program": 3}, "rows_per_program"), ({"block_v": 100}, "block_v"),
+    ({"chunk_rows": 0}, "chunk_rows"), ({"eval_chunk_rows": -1}, "eval_chunk_rows"), ({"rows_per_program": 3}, "rows_per_program"), ({"block_v": 100}, "block_v"),
     ({"num_warps": 3}, "num_warps"), ({"dw_dtype": "bf16"}, "dw_dtype"), ({"logits_dtype": "f32"}, "logits_dtype"),
     ({"row_pass": "cuda"}, "row_pass"), ({"dw_gemm": "cublas"}, "dw_gemm")])
 def test_config_validation_names_the_field(fields, name):

@@ -1,20 +1,24 @@
 """Who adds each token chunk's dw update, on the H100: cuBLAS with beta = 1 (``dw_gemm="xla"``) against the
 Mosaic-GPU GEMM core updating dw in place with its tiles prefetched (``dw_gemm="mosaic"``), inside the fused linear
-cross-entropy's value and gradient and alone, plain XLA's loss in the same run.
+cross-entropy's value and gradient and alone, plain XLA's loss in the same run; and the evaluation loop's chunk.
 
     PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_dw_gemm.py --out $OUT [--shapes 8k_128k,4k_256k,16k_32k]
+        [--sections update,loss,update_configs,eval] [--eval-multipliers 1,2,4]
 
 Per shape (bf16, the suite's inputs, the memory rule's chunk): (1) one chunk's dw update alone, dw (H, V) +=
 h_cᵀ (H, Bc) @ dl_c (Bc, V), in a 4-step loop over fresh chunks (cuBLAS via XLA's fused add, and the Mosaic
 kernel), µs per update, with the floor of its FLOPs (at 805 TFLOP/s) and of its bytes (dw read and written, the
 chunk's dl read once: 2.94 TB/s); (2) value_and_grad of the loss, all three ways, interleaved (CUPTI medians and
 each run's costliest kernels), with the largest difference of dw between the two fused variants relative to the
-largest |dw|. Writes ``cross_entropy_dw_gemm-<device>.json``.
+largest |dw|; (3) "update_configs": the Mosaic update alone under the GEMM configs of UPDATE_CONFIGS; (4) "eval":
+the loss alone (evaluation) with eval_chunk_rows = m · Bc (at most B) for each multiplier m, against plain XLA's
+forward, interleaved. Writes ``cross_entropy_dw_gemm-<device>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import jax
@@ -26,13 +30,21 @@ from attention_fused_bwd import results_file
 from jaxfuse import bench, kernels
 from jaxfuse.suites.cross_entropy import SHAPES, make_inputs
 from pallas_kernels.cross_entropy import config as ce_config
-from pallas_kernels.gemm import matmul
+from pallas_kernels.gemm import default_config, matmul
 
 PEAK_FLOPS, PEAK_BYTES = 805e12, 2.94e12  # shared/anchors.md: the H100's measured bf16 GEMM and copy rates
 STEPS = 4
+UPDATE_CONFIGS = {  # overrides of the accumulating default (3 stages of 128x256 blocks beside two dw tiles)
+    "delay1": dict(delay_release=1),
+    "64x256_m": dict(tile_m=64, tile_n=256, wg_split="m"),
+    "minor_m": dict(grid_minor="m"),
+    "k32_6stages": dict(tile_k=32, num_stages=6),
+    "width16": dict(grid_tile_width=16),
+    "width4": dict(grid_tile_width=4),
+}
 
 
-def dw_update_fns(H: int, V: int, Bc: int):
+def dw_update_fns(H: int, V: int, Bc: int, config=None):
     """(xla, mosaic): dw after STEPS chunk updates dw += h_iᵀ dl_i, h (STEPS·Bc, H), dl (STEPS·Bc, V)."""
     def loop(update):
         def run(h, dl, dw):
@@ -42,20 +54,32 @@ def dw_update_fns(H: int, V: int, Bc: int):
 
     xla = loop(lambda h_c, dl_c, dw: dw + jax.lax.dot_general(h_c, dl_c, (((0,), (0,)), ((), ())),
                                                               preferred_element_type=dw.dtype))
-    mosaic = loop(lambda h_c, dl_c, dw: matmul(h_c, dl_c, transpose_a=True, accumulate_into=dw))
+    mosaic = loop(lambda h_c, dl_c, dw: matmul(h_c, dl_c, transpose_a=True, accumulate_into=dw, config=config))
     return {"xla": xla, "mosaic": mosaic}
 
 
-def time_dw_update(H: int, V: int, Bc: int, iterations: int) -> dict:
+def time_dw_update(H: int, V: int, Bc: int, iterations: int, configs=None) -> dict:
+    """µs per update of cuBLAS and the Mosaic kernel (default config), or, with ``configs`` ({name: overrides}),
+    of the Mosaic kernel under each."""
     keys = jax.random.split(jax.random.key(1), 3)
     h = jax.random.normal(keys[0], (STEPS * Bc, H), jnp.bfloat16)
     dl = (jax.random.normal(keys[1], (STEPS * Bc, V), jnp.float32) * 1e-3).astype(jnp.bfloat16)
-    fns = dw_update_fns(H, V, Bc)
+    if configs is None:
+        fns = dw_update_fns(H, V, Bc)
+    else:
+        base = default_config(H, V, Bc, jnp.bfloat16, accumulate_dtype=jnp.bfloat16)
+        fns = {"default": dw_update_fns(H, V, Bc)["mosaic"]}
+        fns.update({name: dw_update_fns(H, V, Bc, dataclasses.replace(base, **o))["mosaic"]
+                    for name, o in configs.items()})
     out = {}
     want = None
     for name, fn in fns.items():
         dw = jax.random.normal(keys[2], (H, V), jnp.bfloat16)
-        got = np.asarray(fn(h, dl, dw), np.float32)
+        try:
+            got = np.asarray(fn(h, dl, dw), np.float32)
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is recorded
+            out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:500]
+            continue
         want = got if want is None else want
         out[f"{name}_vs_xla_max_rel"] = float(np.abs(got - want).max() / np.abs(want).max())
         dws = [jax.random.normal(k, (H, V), jnp.bfloat16) for k in jax.random.split(keys[2], iterations + 4)]
@@ -80,12 +104,32 @@ def loss_fns(labels, Bc: int):
     return {"xla_plain": plain, "dw_xla": fused("xla"), "dw_mosaic": fused("mosaic")}
 
 
+def time_evaluation(h, w, labels, Bc: int, multipliers, iterations: int) -> dict:
+    """µs of the loss alone with eval_chunk_rows = m · Bc per multiplier (and plain XLA's), interleaved."""
+    B = h.shape[0]
+    fns = {"xla_plain": jax.jit(lambda h, w: kernels.plain_cross_entropy(h, w, labels))}
+    for m in multipliers:
+        sizes = {"chunk_rows": Bc, "eval_chunk_rows": min(B, m * Bc)}
+        fns[f"eval_x{m}"] = jax.jit(lambda h, w, sizes=sizes: pallas_kernels.linear_cross_entropy(
+            h, w, labels, backend="triton", block_sizes=sizes))
+    want = float(fns["xla_plain"](h, w))
+    out = {"loss_diff": {k: abs(float(fn(h, w)) - want) for k, fn in fns.items()}}
+    timings = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=iterations)
+    for name, t in zip(fns, timings):
+        out[name] = dict(us=t.median_us, top_kernels=sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:6])
+    out["speedup_vs_xla"] = {k: out["xla_plain"]["us"] / out[k]["us"] for k in fns}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default="8k_128k,4k_256k,16k_32k")
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--sections", default="update,loss")
+    parser.add_argument("--eval-multipliers", default="1,2,4")
     args = parser.parse_args()
+    sections = args.sections.split(",")
     result, save, path = results_file(args.out, "cross_entropy_dw_gemm")
     for name in args.shapes.split(","):
         s = SHAPES[name]
@@ -93,21 +137,31 @@ def main() -> int:
         Bc = ce_config.chunk_rows_for(B, H, V, jnp.bfloat16)
         row = dict(shape=name, B=B, H=H, V=V, chunk_rows=Bc)
         try:
-            row["dw_update"] = time_dw_update(H, V, Bc, args.iterations)
-            print(name, "dw update", row["dw_update"], flush=True)
+            if "update" in sections:
+                row["dw_update"] = time_dw_update(H, V, Bc, args.iterations)
+                print(name, "dw update", row["dw_update"], flush=True)
+            if "update_configs" in sections:
+                row["dw_update_configs"] = time_dw_update(H, V, Bc, args.iterations, UPDATE_CONFIGS)
+                print(name, "dw update configs", row["dw_update_configs"], flush=True)
             h, w, labels = make_inputs(B, H, V, seed=0)
-            fns = loss_fns(labels, Bc)
-            grads = {k: np.asarray(fns[k](h, w)[1][1], np.float32) for k in ("dw_xla", "dw_mosaic")}
-            row["dw_diff_rel"] = float(np.abs(grads["dw_xla"] - grads["dw_mosaic"]).max()
-                                       / np.abs(grads["dw_xla"]).max())
-            timings = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=args.iterations)
-            for impl, t in zip(fns, timings):
-                top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:8]
-                row[impl] = dict(us=t.median_us, top_kernels=top)
-                print(name, impl, round(t.median_us, 1), [(k[:40], round(v, 1)) for k, v in top[:5]], flush=True)
-            base = row["xla_plain"]["us"]
-            row["speedup_vs_xla"] = {k: base / row[k]["us"] for k in ("dw_xla", "dw_mosaic")}
-            print(name, "speedup vs plain XLA", row["speedup_vs_xla"], "dw diff", row["dw_diff_rel"], flush=True)
+            if "eval" in sections:
+                multipliers = [int(m) for m in args.eval_multipliers.split(",")]
+                row["eval"] = time_evaluation(h, w, labels, Bc, multipliers, args.iterations)
+                print(name, "eval", {k: round(v, 3) for k, v in row["eval"]["speedup_vs_xla"].items()},
+                      {k: round(row["eval"][k]["us"]) for k in row["eval"]["speedup_vs_xla"]}, flush=True)
+            if "loss" in sections:
+                fns = loss_fns(labels, Bc)
+                grads = {k: np.asarray(fns[k](h, w)[1][1], np.float32) for k in ("dw_xla", "dw_mosaic")}
+                row["dw_diff_rel"] = float(np.abs(grads["dw_xla"] - grads["dw_mosaic"]).max()
+                                           / np.abs(grads["dw_xla"]).max())
+                timings = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=args.iterations)
+                for impl, t in zip(fns, timings):
+                    top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:8]
+                    row[impl] = dict(us=t.median_us, top_kernels=top)
+                    print(name, impl, round(t.median_us, 1), [(k[:40], round(v, 1)) for k, v in top[:5]], flush=True)
+                base = row["xla_plain"]["us"]
+                row["speedup_vs_xla"] = {k: base / row[k]["us"] for k in ("dw_xla", "dw_mosaic")}
+                print(name, "speedup vs plain XLA", row["speedup_vs_xla"], "dw diff", row["dw_diff_rel"], flush=True)
         except Exception as e:  # noqa: BLE001 - the other shapes still run
             row["error"] = f"{type(e).__name__}: {e}"[:1500]
             print(name, "error", row["error"], flush=True)

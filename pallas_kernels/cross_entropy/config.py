@@ -38,6 +38,8 @@ class LinearCrossEntropyConfig:
     Attributes:
       chunk_rows: Bc, tokens per chunk (one chunk's (Bc, V) logits are the largest temporary); None: the memory
         rule of ``chunk_rows_for``, resolved per call (``for_shape``).
+      eval_chunk_rows: tokens per chunk of the loops that compute no gradient (evaluation, and the forward of
+        reduction="none"): one GEMM per chunk and no dh, dw or (Bc, H) dh slices; None: chunk_rows.
       rows_per_program, block_v: the row kernel's tile: each program owns rows_per_program rows (a power of two)
         and walks the vocabulary in (rows_per_program, block_v) tiles.
       num_warps, num_stages: Triton launch parameters of the row kernel.
@@ -56,6 +58,7 @@ class LinearCrossEntropyConfig:
     # (benchmarks/results/cross_entropy_chunked-rows-h100.json): one row per program gives a chunk of 512-1024 rows
     # enough programs to keep loads in flight (4 rows × 2048: 345 µs per 1024×128256 chunk; 1 × 4096: 314 µs).
     chunk_rows: int | None = None
+    eval_chunk_rows: int | None = None
     rows_per_program: int = 1
     block_v: int = 4096
     num_warps: int = 4
@@ -68,8 +71,10 @@ class LinearCrossEntropyConfig:
     def __post_init__(self):
         tu.check_launch_fields(self)  # block_v, num_warps, num_stages
         cls = type(self).__name__
-        if self.chunk_rows is not None and (not is_int(self.chunk_rows) or self.chunk_rows < 1):
-            raise ValueError(f"{cls}.chunk_rows: must be None or a positive int, got {self.chunk_rows!r}")
+        for name in ("chunk_rows", "eval_chunk_rows"):
+            rows = getattr(self, name)
+            if rows is not None and (not is_int(rows) or rows < 1):
+                raise ValueError(f"{cls}.{name}: must be None or a positive int, got {rows!r}")
         r = self.rows_per_program
         if not is_int(r) or r < 1 or r & (r - 1):
             raise ValueError(f"{cls}.rows_per_program: must be a power of two >= 1, got {r!r}")
@@ -115,9 +120,11 @@ def default_config(h, w, *, on_gpu: bool | None = None) -> LinearCrossEntropyCon
 
 
 def for_shape(config: LinearCrossEntropyConfig, B: int, H: int, V: int, dtype) -> LinearCrossEntropyConfig:
-    """chunk_rows resolved (``chunk_rows_for`` when None) and at most B."""
+    """chunk_rows and eval_chunk_rows resolved (``chunk_rows_for`` when None; eval_chunk_rows then chunk_rows),
+    each at most B."""
     rows = chunk_rows_for(B, H, V, dtype) if config.chunk_rows is None else config.chunk_rows
-    return dataclasses.replace(config, chunk_rows=min(rows, B))
+    eval_rows = rows if config.eval_chunk_rows is None else config.eval_chunk_rows
+    return dataclasses.replace(config, chunk_rows=min(rows, B), eval_chunk_rows=min(eval_rows, B))
 
 
 # Sweep candidates, overrides of the default config. Forward: the row-kernel tilings of the H100's row sweep

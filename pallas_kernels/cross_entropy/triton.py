@@ -140,7 +140,7 @@ def _row_losses_forward(h, w, labels, st: _Static):
     """Per-row losses (B,) float32 (0 for ignored rows, NaN for bad labels) and lse (B,): GEMM 1 and the statistics
     pass per chunk. The first step (the last chunk) writes rows a later step writes again with the same values."""
     B, V = h.shape[0], w.shape[1]
-    Bc = st.chunk_rows
+    Bc = st.rows.config.eval_chunk_rows
 
     def step(i, carry):
         row_loss, lses = carry
