@@ -18,8 +18,8 @@ from pallas_kernels import triton_utils as tu
 from pallas_kernels import tuning
 from pallas_kernels.index_math import is_int
 
-__all__ = ["FORWARD_FIELDS", "LinearCrossEntropyConfig", "chunk_rows_for", "default_config", "for_shape",
-           "shape_key", "sweep_candidates"]
+__all__ = ["FORWARD_FIELDS", "LinearCrossEntropyConfig", "chunk_rows_for", "default_config", "eval_chunk_rows_for",
+           "for_shape", "shape_key", "sweep_candidates"]
 
 OP = "linear_cross_entropy"  # the op's name in the tuning cache
 # The row kernel's fields: forward sweep candidates (timed on evaluation: the statistics pass) vary these,
@@ -39,7 +39,7 @@ class LinearCrossEntropyConfig:
       chunk_rows: Bc, tokens per chunk (one chunk's (Bc, V) logits are the largest temporary); None: the memory
         rule of ``chunk_rows_for``, resolved per call (``for_shape``).
       eval_chunk_rows: tokens per chunk of the loops that compute no gradient (evaluation, and the forward of
-        reduction="none"): one GEMM per chunk and no dh, dw or (Bc, H) dh slices; None: chunk_rows.
+        reduction="none"): one GEMM per chunk and no dh, dw or (Bc, H) dh slices; None: ``eval_chunk_rows_for``.
       rows_per_program, block_v: the row kernel's tile: each program owns rows_per_program rows (a power of two)
         and walks the vocabulary in (rows_per_program, block_v) tiles.
       num_warps, num_stages: Triton launch parameters of the row kernel.
@@ -51,7 +51,9 @@ class LinearCrossEntropyConfig:
       dw_gemm: who adds each chunk's h_cᵀ·dlogits_c into dw: "xla" (cuBLAS with beta = 1, reading dw in its
         epilogue), "mosaic" (the Mosaic-GPU GEMM core with ``accumulate_into``: each dw tile is prefetched while
         the tile's K loop runs; sm90, 16-bit dw, H a multiple of 128, V of 256, Bc of 64), "auto" (mosaic where
-        it runs, else xla).
+        it runs, else xla). Default "xla": inside the loss the Mosaic update measured as fast at 4096x2048x256000
+        (8255 vs 8228 µs for 7 updates) and slower at the other suite shapes (12452 vs 11568, 6553 vs 5869 µs;
+        benchmarks/results/NOTES.md).
     """
 
     # Row-kernel defaults: the fastest of four tilings timed alone on the H100 at the suite's shapes
@@ -66,7 +68,7 @@ class LinearCrossEntropyConfig:
     dw_dtype: str = "param"
     logits_dtype: str = "compute"
     row_pass: str = "pallas"
-    dw_gemm: str = "auto"
+    dw_gemm: str = "xla"
 
     def __post_init__(self):
         tu.check_launch_fields(self)  # block_v, num_warps, num_stages
@@ -108,6 +110,17 @@ def chunk_rows_for(B: int, H: int, V: int, dtype) -> int:
     return min(limit, pl.cdiv(pl.cdiv(B, pl.cdiv(B, limit)), 128) * 128)
 
 
+def eval_chunk_rows_for(B: int, chunk_rows: int) -> int:
+    """Rows per chunk of the loops without gradients: the larger of chunk_rows and a quarter of B (rounded down to
+    a multiple of 128), at most B: that loop's only large temporary, one chunk's logits, then stays within about a
+    quarter of the (B, V) logits plain XLA's forward holds. Measured on the H100 (benchmarks/results/NOTES.md),
+    evaluation against XLA's forward with chunks of 1x / 2x / 4x chunk_rows: 1.00 / 1.03 / 1.03x at
+    8192x4096x128256, 0.99 / 1.04 / 1.07x at 4096x2048x256000, 0.96 / 1.00 / 1.01x at 16384x4096x32000 (this rule
+    takes 2x, 2x and 4x there). The gradient loop's chunk_rows is bound by the dw, dh and dlogits it also holds."""
+    quarter = B // 4 // 128 * 128
+    return min(B, max(chunk_rows, quarter))
+
+
 def default_config(h, w, *, on_gpu: bool | None = None) -> LinearCrossEntropyConfig:
     """The config a call uses without ``block_sizes``: the tuning cache entry for this device and shape if there is
     one, else the built-in table (GPU defaults, or small tiles and chunks on CPU). chunk_rows may be None, resolved
@@ -120,10 +133,10 @@ def default_config(h, w, *, on_gpu: bool | None = None) -> LinearCrossEntropyCon
 
 
 def for_shape(config: LinearCrossEntropyConfig, B: int, H: int, V: int, dtype) -> LinearCrossEntropyConfig:
-    """chunk_rows and eval_chunk_rows resolved (``chunk_rows_for`` when None; eval_chunk_rows then chunk_rows),
-    each at most B."""
+    """chunk_rows and eval_chunk_rows resolved (``chunk_rows_for`` and ``eval_chunk_rows_for`` when None), each at
+    most B."""
     rows = chunk_rows_for(B, H, V, dtype) if config.chunk_rows is None else config.chunk_rows
-    eval_rows = rows if config.eval_chunk_rows is None else config.eval_chunk_rows
+    eval_rows = eval_chunk_rows_for(B, rows) if config.eval_chunk_rows is None else config.eval_chunk_rows
     return dataclasses.replace(config, chunk_rows=min(rows, B), eval_chunk_rows=min(eval_rows, B))
 
 

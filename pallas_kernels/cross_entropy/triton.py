@@ -75,9 +75,12 @@ FORWARD_FIELDS = _config.FORWARD_FIELDS
 
 def default_config(h, w, labels, *, interpret: bool, **_) -> Config:
     """The tuned or built-in config for h (B, H) and w (H, V) (``config.default_config``), chunk_rows resolved
-    (so ``plan`` and the benchmark records show the chunk that runs)."""
+    (so ``plan`` and the benchmark records show the chunk that runs); eval_chunk_rows stays as configured (None:
+    derived from the chunk_rows that runs, which block_sizes may change)."""
     B, H = h.shape
-    return _config.for_shape(_config.default_config(h, w, on_gpu=not interpret), B, H, w.shape[1], h.dtype)
+    config = _config.default_config(h, w, on_gpu=not interpret)
+    resolved = _config.for_shape(config, B, H, w.shape[1], h.dtype)
+    return dataclasses.replace(resolved, eval_chunk_rows=config.eval_chunk_rows)
 
 
 def unsupported_reason(h, w, labels, **_) -> str | None:
