@@ -3,7 +3,7 @@ Mosaic-GPU GEMM core updating dw in place with its tiles prefetched (``dw_gemm="
 cross-entropy's value and gradient and alone, plain XLA's loss in the same run; and the evaluation loop's chunk.
 
     PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_dw_gemm.py --out $OUT [--shapes 8k_128k,4k_256k,16k_32k]
-        [--sections update,loss,update_configs,eval] [--eval-multipliers 1,2,4]
+        [--sections update,loss,update_configs,eval,chunks] [--eval-multipliers 1,2,4] [--chunks 256,512,1024]
 
 Per shape (bf16, the suite's inputs, the memory rule's chunk): (1) one chunk's dw update alone, dw (H, V) +=
 h_cᵀ (H, Bc) @ dl_c (Bc, V), in a 4-step loop over fresh chunks (cuBLAS via XLA's fused add, and the Mosaic
@@ -12,7 +12,8 @@ chunk's dl read once: 2.94 TB/s); (2) value_and_grad of the loss, all three ways
 each run's costliest kernels), with the largest difference of dw between the two fused variants relative to the
 largest |dw|; (3) "update_configs": the Mosaic update alone under the GEMM configs of UPDATE_CONFIGS; (4) "eval":
 the loss alone (evaluation) with eval_chunk_rows = m · Bc (at most B) for each multiplier m, against plain XLA's
-forward, interleaved. Writes ``cross_entropy_dw_gemm-<device>.json``.
+forward, interleaved; (5) "chunks": value and gradient with each chunk_rows of --chunks (and the memory rule's),
+against plain XLA's, interleaved, with each program's temporary memory. Writes ``cross_entropy_dw_gemm-<device>.json``.
 """
 
 from __future__ import annotations
@@ -121,6 +122,23 @@ def time_evaluation(h, w, labels, Bc: int, multipliers, iterations: int) -> dict
     return out
 
 
+def time_chunks(h, w, labels, chunks, iterations: int) -> dict:
+    """µs and temporary MiB of value_and_grad with each chunk_rows (and plain XLA's), interleaved."""
+    grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1)))  # noqa: E731
+    fns = {"xla_plain": grad(lambda h, w: kernels.plain_cross_entropy(h, w, labels))}
+    for rows in chunks:
+        fns[f"chunk_{rows}"] = grad(lambda h, w, rows=rows: pallas_kernels.linear_cross_entropy(
+            h, w, labels, backend="triton", block_sizes={"chunk_rows": rows}))
+    out = {"temp_mib": {k: fn.lower(h, w).compile().memory_analysis().temp_size_in_bytes / 2**20
+                        for k, fn in fns.items()}}
+    timings = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=iterations)
+    for name, t in zip(fns, timings):
+        out[name] = dict(us=t.median_us, top_kernels=sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:6])
+    out["speedup_vs_xla"] = {k: out["xla_plain"]["us"] / out[k]["us"] for k in fns}
+    out["temp_pct_of_xla"] = {k: 100 * out["temp_mib"][k] / out["temp_mib"]["xla_plain"] for k in fns}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -128,6 +146,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--sections", default="update,loss")
     parser.add_argument("--eval-multipliers", default="1,2,4")
+    parser.add_argument("--chunks", default="256,512,1024,2048")
     args = parser.parse_args()
     sections = args.sections.split(",")
     result, save, path = results_file(args.out, "cross_entropy_dw_gemm")
@@ -149,6 +168,11 @@ def main() -> int:
                 row["eval"] = time_evaluation(h, w, labels, Bc, multipliers, args.iterations)
                 print(name, "eval", {k: round(v, 3) for k, v in row["eval"]["speedup_vs_xla"].items()},
                       {k: round(row["eval"][k]["us"]) for k in row["eval"]["speedup_vs_xla"]}, flush=True)
+            if "chunks" in sections:
+                sizes = sorted({Bc, *[min(B, int(c)) for c in args.chunks.split(",")]})
+                row["chunks"] = time_chunks(h, w, labels, sizes, args.iterations)
+                print(name, "chunks", {k: (round(v, 3), round(row["chunks"]["temp_pct_of_xla"][k], 2))
+                                       for k, v in row["chunks"]["speedup_vs_xla"].items()}, flush=True)
             if "loss" in sections:
                 fns = loss_fns(labels, Bc)
                 grads = {k: np.asarray(fns[k](h, w)[1][1], np.float32) for k in ("dw_xla", "dw_mosaic")}
