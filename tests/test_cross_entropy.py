@@ -182,23 +182,30 @@ def test_row_kernel_lowers_for_cuda_with_dlogits_over_the_logits():
 
 # ------------------------------------------------------------------------------------------------ config
 def test_chunk_rule_keeps_temporaries_under_the_memory_bound():
-    """At the suite's shapes Bc is 1024, 512 and 1024 (8, 8 and 16 chunks, dividing B): one chunk's bf16 logits, its
-    (Bc, H) slices of h and dh and a 32 MiB GEMM workspace stay within 5% of the plain loss's B·V·6 bytes (measured
-    on the H100: 298.5 MiB of 6012 at the first shape); B under the limit gives one chunk."""
-    for (b, h, v), want in {(8192, 4096, 128256): 1024, (4096, 2048, 256000): 512, (16384, 4096, 32000): 1024}.items():
-        bc = ce_config.chunk_rows_for(b, h, v, jnp.bfloat16)
-        assert bc == want and b % bc == 0
-        assert bc * (v + 2 * h) * 2 + ce_config.GEMM_WORKSPACE_BYTES <= ce_config.TEMP_FRACTION * b * v * 6
+    """At the suite's shapes Bc is 2048, 1024 and 2048 (4, 4 and 8 chunks, dividing B): one chunk's bf16 logits, its
+    (Bc, H) slices of h and dh and a 32 MiB GEMM workspace stay within 10% of the plain loss's B·V·6 bytes; with
+    temp_fraction=0.05, within 5% (1024, 512 and 1024 rows: measured on the H100, 298.5 MiB of 6012 at the first
+    shape); B under the limit gives one chunk."""
+    for (b, h, v), want in {(8192, 4096, 128256): 2048, (4096, 2048, 256000): 1024,
+                            (16384, 4096, 32000): 2048}.items():
+        for fraction, rows in ((ce_config.TEMP_FRACTION, want), (0.05, want // 2)):
+            bc = ce_config.chunk_rows_for(b, h, v, jnp.bfloat16, fraction)
+            assert bc == rows and b % bc == 0
+            assert bc * (v + 2 * h) * 2 + ce_config.GEMM_WORKSPACE_BYTES <= fraction * b * v * 6
+    assert ce_config.TEMP_FRACTION == 0.10
+    assert ce_config.chunk_rows_for(4096, 2048, 128256, jnp.bfloat16) == 1024  # the 1b model's head (5%: 256)
     assert ce_config.chunk_rows_for(100, 256, 50257, jnp.bfloat16) == 100
     assert ce_config.chunk_rows_for(1000, 64, 1000, jnp.float32) == 128  # at least 128 rows
     assert ce_config.chunk_rows_for(1100, 64, 1000, jnp.float32) == 128  # no divisor: 9 chunks, the last shared
     config = ce_config.for_shape(LinearCrossEntropyConfig(), 8192, 4096, 128256, jnp.bfloat16)
-    assert config.chunk_rows == 1024 and ce_config.for_shape(config, 100, 64, 1000, jnp.float32).chunk_rows == 100
-    # evaluation: a quarter of B where that is more than chunk_rows (2x, 2x and 4x at the suite's shapes), at most B
-    assert [ce_config.eval_chunk_rows_for(b, bc) for b, bc in ((8192, 1024), (4096, 512), (16384, 1024))] == [
+    assert config.chunk_rows == 2048 and ce_config.for_shape(config, 100, 64, 1000, jnp.float32).chunk_rows == 100
+    small = ce_config.for_shape(LinearCrossEntropyConfig(temp_fraction=0.05), 8192, 4096, 128256, jnp.bfloat16)
+    assert small.chunk_rows == 1024
+    # evaluation: a quarter of B where that is more than chunk_rows, at most B
+    assert [ce_config.eval_chunk_rows_for(b, bc) for b, bc in ((8192, 2048), (4096, 512), (16384, 2048))] == [
         2048, 1024, 4096]
     assert ce_config.eval_chunk_rows_for(300, 128) == 128 and ce_config.eval_chunk_rows_for(100, 128) == 100
-    assert config.eval_chunk_rows == 2048
+    assert config.eval_chunk_rows == small.eval_chunk_rows == 2048
 
 
 def test_bad_block_sizes_and_mosaic():
@@ -210,7 +217,8 @@ def test_bad_block_sizes_and_mosaic():
 
 
 @pytest.mark.parametrize("fields,name", [
-    ({"chunk_rows": 0}, "chunk_rows"), ({"eval_chunk_rows": -1}, "eval_chunk_rows"), ({"rows_per_program": 3}, "rows_per_program"), ({"block_v": 100}, "block_v"),
+    ({"chunk_rows": 0}, "chunk_rows"), ({"eval_chunk_rows": -1}, "eval_chunk_rows"),
+    ({"temp_fraction": 0.0}, "temp_fraction"), ({"temp_fraction": True}, "temp_fraction"), ({"rows_per_program": 3}, "rows_per_program"), ({"block_v": 100}, "block_v"),
     ({"num_warps": 3}, "num_warps"), ({"dw_dtype": "bf16"}, "dw_dtype"), ({"logits_dtype": "f32"}, "logits_dtype"),
     ({"row_pass": "cuda"}, "row_pass"), ({"dw_gemm": "cublas"}, "dw_gemm")])
 def test_config_validation_names_the_field(fields, name):

@@ -2,7 +2,7 @@
 tuning-cache key, the default config of a call and the block-size sweep's candidates.
 
   config = for_shape(default_config(h, w), *h.shape, w.shape[1], h.dtype)   # tuned or built-in, chunk_rows resolved
-  chunk_rows_for(8192, 4096, 128256, jnp.bfloat16)                          # 1024: the memory rule's Bc
+  chunk_rows_for(8192, 4096, 128256, jnp.bfloat16)                          # 2048: the memory rule's Bc
   forward, backward = sweep_candidates(h, w)                                # for `jaxfuse bench --tune`
 """
 
@@ -25,7 +25,13 @@ OP = "linear_cross_entropy"  # the op's name in the tuning cache
 # The row kernel's fields: forward sweep candidates (timed on evaluation: the statistics pass) vary these,
 # backward candidates (timed on value and gradient) the others.
 FORWARD_FIELDS = ("rows_per_program", "block_v", "num_warps", "num_stages")
-TEMP_FRACTION = 0.05  # chunk_rows=None: temporaries at most this fraction of the plain XLA loss's (issue 17's bound)
+# chunk_rows=None: temporaries at most this fraction of the plain XLA loss's. Measured on the H100 (NOTES.md,
+# cross_entropy_chunks-h100-91d3ae2.json), value and gradient against plain XLA at chunk_rows sizing 5% / 10%:
+# 0.93 / 1.11x at 4096x2048x256000 (512 / 1024 rows), 1.04 / 1.09x at 8192x4096x128256 (1024 / 2048), 1.00 / 1.06x
+# at 16384x4096x32000 (1024 / 2048), 0.60 / 1.11x at 4096x2048x128256 (the 1b model's head: 256 / 1024). Smaller
+# chunks re-read and re-write dw (H·V) more often, and below Bc·H / (2·H + Bc) ≈ 270 FLOPs per byte that update runs
+# on bandwidth; ``temp_fraction=0.05`` keeps the 5% bound at that cost.
+TEMP_FRACTION = 0.10
 GEMM_WORKSPACE_BYTES = 32 * 2**20  # XLA's cuBLAS workspace, one temporary (s8[33554432] in the H100 programs)
 _CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla"),
             "dw_gemm": ("auto", "xla", "mosaic")}
@@ -37,7 +43,9 @@ class LinearCrossEntropyConfig:
 
     Attributes:
       chunk_rows: Bc, tokens per chunk (one chunk's (Bc, V) logits are the largest temporary); None: the memory
-        rule of ``chunk_rows_for``, resolved per call (``for_shape``).
+        rule of ``chunk_rows_for`` with temp_fraction, resolved per call (``for_shape``).
+      temp_fraction: the memory rule's bound, a fraction of the plain XLA loss's temporaries (default
+        TEMP_FRACTION, 10%: smaller chunks cost time, see TEMP_FRACTION).
       eval_chunk_rows: tokens per chunk of the loops that compute no gradient (evaluation, and the forward of
         reduction="none"): one GEMM per chunk and no dh, dw or (Bc, H) dh slices; None: ``eval_chunk_rows_for``.
       rows_per_program, block_v: the row kernel's tile: each program owns rows_per_program rows (a power of two)
@@ -60,6 +68,7 @@ class LinearCrossEntropyConfig:
     # (benchmarks/results/cross_entropy_chunked-rows-h100.json): one row per program gives a chunk of 512-1024 rows
     # enough programs to keep loads in flight (4 rows × 2048: 345 µs per 1024×128256 chunk; 1 × 4096: 314 µs).
     chunk_rows: int | None = None
+    temp_fraction: float = TEMP_FRACTION
     eval_chunk_rows: int | None = None
     rows_per_program: int = 1
     block_v: int = 4096
@@ -77,6 +86,9 @@ class LinearCrossEntropyConfig:
             rows = getattr(self, name)
             if rows is not None and (not is_int(rows) or rows < 1):
                 raise ValueError(f"{cls}.{name}: must be None or a positive int, got {rows!r}")
+        if isinstance(self.temp_fraction, bool) or not isinstance(self.temp_fraction, (int, float)) \
+                or not 0 < self.temp_fraction <= 1:
+            raise ValueError(f"{cls}.temp_fraction: must be a number in (0, 1], got {self.temp_fraction!r}")
         r = self.rows_per_program
         if not is_int(r) or r < 1 or r & (r - 1):
             raise ValueError(f"{cls}.rows_per_program: must be a power of two >= 1, got {r!r}")
@@ -93,14 +105,14 @@ def shape_key(h, w) -> str:
     return f"{jnp.dtype(h.dtype).name}[B={h.shape[0]},H={h.shape[1]},V={w.shape[1]}]"
 
 
-def chunk_rows_for(B: int, H: int, V: int, dtype) -> int:
+def chunk_rows_for(B: int, H: int, V: int, dtype, fraction: float = TEMP_FRACTION) -> int:
     """Bc from the memory rule: one chunk's logits, its (Bc, H) slices of h and dh and XLA's 32 MiB GEMM workspace
-    within TEMP_FRACTION (5%) of the plain XLA loss's B·V·(s + 4) bytes (compute-dtype logits plus their float32
-    copy; s the itemsize), so Bc ≈ 0.15·B·V / (V + 2·H) in bf16 less the workspace. Bc is a multiple of 128 (at
-    least 128); among those the largest dividing B down to half the limit (no row computed twice), else B split
-    evenly; B itself when it fits."""
+    within ``fraction`` (default TEMP_FRACTION, 10%) of the plain XLA loss's B·V·(s + 4) bytes (compute-dtype logits
+    plus their float32 copy; s the itemsize), so Bc ≈ 0.3·B·V / (V + 2·H) in bf16 at 10%, less the workspace. Bc
+    is a multiple of 128 (at least 128); among those the largest dividing B down to half the limit (no row computed
+    twice), else B split evenly; B itself when it fits."""
     s = jnp.dtype(dtype).itemsize
-    budget = TEMP_FRACTION * B * V * (s + 4) - GEMM_WORKSPACE_BYTES
+    budget = fraction * B * V * (s + 4) - GEMM_WORKSPACE_BYTES
     limit = max(128, int(budget // ((V + 2 * H) * s)) // 128 * 128)
     if B <= limit:
         return B
@@ -114,9 +126,9 @@ def eval_chunk_rows_for(B: int, chunk_rows: int) -> int:
     """Rows per chunk of the loops without gradients: the larger of chunk_rows and a quarter of B (rounded down to
     a multiple of 128), at most B: that loop's only large temporary, one chunk's logits, then stays within about a
     quarter of the (B, V) logits plain XLA's forward holds. Measured on the H100 (benchmarks/results/NOTES.md),
-    evaluation against XLA's forward with chunks of 1x / 2x / 4x chunk_rows: 1.00 / 1.03 / 1.03x at
-    8192x4096x128256, 0.99 / 1.04 / 1.07x at 4096x2048x256000, 0.96 / 1.00 / 1.01x at 16384x4096x32000 (this rule
-    takes 2x, 2x and 4x there). The gradient loop's chunk_rows is bound by the dw, dh and dlogits it also holds."""
+    evaluation against XLA's forward with chunks of 1024 / 2048 / 4096 rows: 1.00 / 1.03 / 1.03x at
+    8192x4096x128256; 512 / 1024 / 2048: 0.99 / 1.04 / 1.07x at 4096x2048x256000; 1024 / 2048 / 4096: 0.96 / 1.00
+    / 1.01x at 16384x4096x32000 (this rule takes 2048, 1024 and 4096 there)."""
     quarter = B // 4 // 128 * 128
     return min(B, max(chunk_rows, quarter))
 
@@ -135,7 +147,7 @@ def default_config(h, w, *, on_gpu: bool | None = None) -> LinearCrossEntropyCon
 def for_shape(config: LinearCrossEntropyConfig, B: int, H: int, V: int, dtype) -> LinearCrossEntropyConfig:
     """chunk_rows and eval_chunk_rows resolved (``chunk_rows_for`` and ``eval_chunk_rows_for`` when None), each at
     most B."""
-    rows = chunk_rows_for(B, H, V, dtype) if config.chunk_rows is None else config.chunk_rows
+    rows = chunk_rows_for(B, H, V, dtype, config.temp_fraction) if config.chunk_rows is None else config.chunk_rows
     eval_rows = eval_chunk_rows_for(B, rows) if config.eval_chunk_rows is None else config.eval_chunk_rows
     return dataclasses.replace(config, chunk_rows=min(rows, B), eval_chunk_rows=min(eval_rows, B))
 
