@@ -218,7 +218,8 @@ def test_bad_block_sizes_and_mosaic():
 
 @pytest.mark.parametrize("fields,name", [
     ({"chunk_rows": 0}, "chunk_rows"), ({"eval_chunk_rows": -1}, "eval_chunk_rows"),
-    ({"temp_fraction": 0.0}, "temp_fraction"), ({"temp_fraction": True}, "temp_fraction"), ({"rows_per_program": 3}, "rows_per_program"), ({"block_v": 100}, "block_v"),
+    ({"temp_fraction": 0.0}, "temp_fraction"), ({"temp_fraction": True}, "temp_fraction"),
+    ({"rows_per_program": 3}, "rows_per_program"), ({"block_v": 100}, "block_v"),
     ({"num_warps": 3}, "num_warps"), ({"dw_dtype": "bf16"}, "dw_dtype"), ({"logits_dtype": "f32"}, "logits_dtype"),
     ({"row_pass": "cuda"}, "row_pass"), ({"dw_gemm": "cublas"}, "dw_gemm")])
 def test_config_validation_names_the_field(fields, name):

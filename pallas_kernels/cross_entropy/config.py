@@ -29,8 +29,8 @@ FORWARD_FIELDS = ("rows_per_program", "block_v", "num_warps", "num_stages")
 # cross_entropy_chunks-h100-91d3ae2.json), value and gradient against plain XLA at chunk_rows sizing 5% / 10%:
 # 0.93 / 1.11x at 4096x2048x256000 (512 / 1024 rows), 1.04 / 1.09x at 8192x4096x128256 (1024 / 2048), 1.00 / 1.06x
 # at 16384x4096x32000 (1024 / 2048), 0.60 / 1.11x at 4096x2048x128256 (the 1b model's head: 256 / 1024). Smaller
-# chunks re-read and re-write dw (H·V) more often, and below Bc·H / (2·H + Bc) ≈ 270 FLOPs per byte that update runs
-# on bandwidth; ``temp_fraction=0.05`` keeps the 5% bound at that cost.
+# chunks re-read and re-write dw (H·V) more often, and below Bc·H / (2·H + Bc) ≈ 270 FLOPs per byte that update
+# runs on bandwidth; ``temp_fraction=0.05`` keeps the 5% bound at that cost.
 TEMP_FRACTION = 0.10
 GEMM_WORKSPACE_BYTES = 32 * 2**20  # XLA's cuBLAS workspace, one temporary (s8[33554432] in the H100 programs)
 _CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla"),
