@@ -192,7 +192,7 @@ def test_gradients_are_two_more_gemms_without_transposes():
 
 @cpu_only
 def test_accumulate_into_is_one_kernel_updating_its_buffer_in_place():
-    """c + aᵀ b: one kernel (the peeled chunk's shape of a dw accumulation) with c aliased in and out, three stages
+    """c + aᵀ b: one kernel (a dw update of the cross-entropy's chunk loop) with c aliased in and out, three stages
     beside c's two prefetched tiles (four overflow shared memory); c's shape or dtype wrong is a ValueError."""
     a_t, b, c = S((512, 256), jnp.bfloat16), S((512, 1024), jnp.bfloat16), S((256, 1024), jnp.bfloat16)
     fn = lambda a_t, b, c: matmul(a_t, b, transpose_a=True, accumulate_into=c)  # noqa: E731
