@@ -61,7 +61,8 @@ def _f32_product(a, b):
 @pytest.mark.parametrize("field, value", [("tile_m", 96), ("tile_n", 512), ("tile_k", 24), ("num_stages", 1),
                                           ("wg_split", "k"), ("epi_tile_m", 32), ("epi_tile_n", 48),
                                           ("grid_minor", "x"), ("grid_tile_width", 0), ("delay_release", 2),
-                                          ("semantics", "warp"), ("pipeline", "cutlass"), ("mma_registers", 236)])
+                                          ("semantics", "warp"), ("pipeline", "cutlass"), ("mma_registers", 236),
+                                          ("schedule", "stream-k")])
 def test_config_rejects_a_bad_field_by_name(field, value):
     with pytest.raises(ValueError, match=f"MosaicGemmConfig.{field}"):
         MosaicGemmConfig(**{field: value})
@@ -126,6 +127,34 @@ def test_a_prologue_needs_our_k_loop_and_shared_rows(fields):
                                          "wg_split='n'"):
         jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(**fields), out_dtype=a.dtype,
                                          fusion=fusion), a, b)
+
+
+def test_pingpong_needs_our_k_loop_and_no_prologue():
+    """Ping-pong runs on our K loop only; a prologue warpgroup would have to follow two warpgroups' tiles."""
+    with pytest.raises(ValueError, match="MosaicGemmConfig.schedule: 'pingpong' runs on pipeline 'own'"):
+        MosaicGemmConfig(schedule="pingpong", pipeline="pallas")
+    fusion = Fusion(prologue_step=lambda ctx, a_ref, carry: carry, handoff_rows=1)
+    a, b = S((512, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16)
+    with pytest.raises(ValueError, match="schedule='cooperative'; got .*schedule='pingpong'"):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(schedule="pingpong"), out_dtype=a.dtype,
+                                         fusion=fusion), a, b)
+
+
+@cpu_only
+@pytest.mark.parametrize("tile_m, tile_n, stages", [(128, 128, 6), (64, 256, 4)])
+def test_pingpong_lowers_with_a_whole_tile_per_warpgroup(tile_m, tile_n, stages):
+    """Under ping-pong the CTA tile is one warpgroup's accumulator: each stage holds (tile_m + tile_n) · tile_k
+    operands (not cooperative's (tile_m + 2 · tile_n) · tile_k), and each warpgroup issues the whole stage's
+    wgmma; ready and consumed barriers come in two sets of num_stages (one per owner)."""
+    config = MosaicGemmConfig(tile_m=tile_m, tile_n=tile_n, num_stages=stages, schedule="pingpong")
+    assert (config.cta_m, config.cta_n) == (tile_m, tile_n)
+    M, K, N = SUITE_SHAPES[0]
+    (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
+                                   S((K, N), jnp.bfloat16))
+    assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == 3
+    assert abs(k.smem_bytes - smem_bytes(config, jnp.bfloat16, jnp.bfloat16)) < 4096
+    assert k.wgmma() == {f"m64n{tile_n}k16 f32 += bf16 x bf16": (tile_m // 64) * 4}
+    assert k.tma_loads() == 2
 
 
 @cpu_only
@@ -244,6 +273,16 @@ def test_transposed_reads_on_the_gpu(transpose_a, transpose_b):
 
 
 @gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (4096, 512, 4096, MosaicGemmConfig(schedule="pingpong", num_stages=6)),  # ~8 tiles per block, 8 k steps
+    (2304, 576, 2432, MosaicGemmConfig(schedule="pingpong", num_stages=4)),  # odd tiles per block, 9 k steps
+    (1536, 1024, 3072, MosaicGemmConfig(tile_m=64, tile_n=256, schedule="pingpong", delay_release=1)),
+])
+def test_pingpong_product_on_the_gpu(M, K, N, config):
+    _check_product(M, K, N, jnp.bfloat16, config=config)
+
+
+@gpu_only
 def test_gradients_on_the_gpu():
     _check_grads(1024, 512, 768, jnp.bfloat16, MosaicGemmConfig(tile_m=64, tile_n=128, wg_split="m"))
 
@@ -256,8 +295,9 @@ def test_nan_in_an_operand_reaches_the_output():
 
 
 @gpu_only
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_accumulate_into_on_the_gpu(dtype):
+@pytest.mark.parametrize("dtype, config", [(jnp.bfloat16, None), (jnp.float16, None),
+                                           (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5))])
+def test_accumulate_into_on_the_gpu(dtype, config):
     """Three chunked updates c += a_iᵀ b_i in a loop (in place) against the float32 sum, rounding once per update;
     the gradient of the accumulated input is the cotangent."""
     M, K, N, chunks = 768, 512, 1280, 3
@@ -268,7 +308,7 @@ def test_accumulate_into_on_the_gpu(dtype):
     def run(a, b, c):
         def step(i, c):
             rows = lambda x: jax.lax.dynamic_slice_in_dim(x, i * K, K)  # noqa: E731
-            return matmul(rows(a), rows(b), transpose_a=True, accumulate_into=c)
+            return matmul(rows(a), rows(b), transpose_a=True, accumulate_into=c, config=config)
         return jax.lax.fori_loop(0, chunks, step, c)
 
     got = run(a, b, c0)
@@ -293,7 +333,8 @@ def test_product_in_interpret_mode(transpose_a, transpose_b):
 @cpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("fields", [dict(pipeline="own"), dict(pipeline="own", delay_release=1),
-                                    dict(pipeline="pallas_steady"), dict(pipeline="pallas", grid_tile_width=1)])
+                                    dict(pipeline="pallas_steady"), dict(pipeline="pallas", grid_tile_width=1),
+                                    dict(schedule="pingpong"), dict(schedule="pingpong", delay_release=1)])
 @pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile (its loop starts and stops there)
 def test_every_k_loop_in_interpret_mode(fields, num_sms):
     with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles

@@ -4,13 +4,15 @@ cross-entropy's value and gradient and alone, plain XLA's loss in the same run; 
 
     PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_dw_gemm.py --out $OUT [--shapes 8k_128k,4k_256k,16k_32k]
         [--sections update,loss,update_configs,eval,chunks] [--eval-multipliers 1,2,4] [--chunks 256,512,1024]
+        [--temp-fraction 0.05] [--dw-configs pingpong_128x128,...]
 
 Per shape (bf16, the suite's inputs, the memory rule's chunk): (1) one chunk's dw update alone, dw (H, V) +=
 h_cᵀ (H, Bc) @ dl_c (Bc, V), in a 4-step loop over fresh chunks (cuBLAS via XLA's fused add, and the Mosaic
 kernel), µs per update, with the floor of its FLOPs (at 805 TFLOP/s) and of its bytes (dw read and written, the
-chunk's dl read once: 2.94 TB/s); (2) value_and_grad of the loss, all three ways, interleaved (CUPTI medians and
-each run's costliest kernels), with the largest difference of dw between the two fused variants relative to the
-largest |dw|; (3) "update_configs": the Mosaic update alone under the GEMM configs of UPDATE_CONFIGS; (4) "eval":
+chunk's dl read once: 2.94 TB/s); (2) value_and_grad of the loss: plain XLA's, the fused loss with cuBLAS's dw
+update and with the Mosaic one (its default config, and each --dw-configs entry of UPDATE_CONFIGS), interleaved
+(CUPTI medians and each run's costliest kernels), with each variant's largest difference of dw from the cuBLAS
+variant's relative to the largest |dw|, and the temporaries of the first three; (3) "update_configs": the Mosaic update alone under the GEMM configs of UPDATE_CONFIGS; (4) "eval":
 the loss alone (evaluation) with eval_chunk_rows = m · Bc (at most B) for each multiplier m, against plain XLA's
 forward, interleaved; (5) "chunks": value and gradient with each chunk_rows of --chunks (and the memory rule's),
 against plain XLA's, interleaved, with each program's temporary memory. Writes ``cross_entropy_dw_gemm-<device>.json``.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +34,7 @@ from attention_fused_bwd import results_file
 from jaxfuse import bench, kernels
 from jaxfuse.suites.cross_entropy import SHAPES, make_inputs
 from pallas_kernels.cross_entropy import config as ce_config
+from pallas_kernels import gemm as mosaic_gemm
 from pallas_kernels.gemm import default_config, matmul
 
 PEAK_FLOPS, PEAK_BYTES = 805e12, 2.94e12  # shared/anchors.md: the H100's measured bf16 GEMM and copy rates
@@ -42,6 +46,11 @@ UPDATE_CONFIGS = {  # overrides of the accumulating default (3 stages of 128x256
     "k32_6stages": dict(tile_k=32, num_stages=6),
     "width16": dict(grid_tile_width=16),
     "width4": dict(grid_tile_width=4),
+    # ping-pong (one warpgroup's epilogue, the read-add-store of its dw tile, under the other's K loop)
+    "pingpong_128x128": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5),
+    "pingpong_64x256": dict(tile_m=64, tile_n=256, schedule="pingpong", num_stages=4),
+    "pingpong_128x128_w16": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5, grid_tile_width=16),
+    "pingpong_128x128_minor_m": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5, grid_minor="m"),
 }
 
 
@@ -95,14 +104,40 @@ def time_dw_update(H: int, V: int, Bc: int, iterations: int, configs=None) -> di
     return out
 
 
-def loss_fns(labels, Bc: int):
-    def fused(dw_gemm):
+def loss_fns(labels, Bc: int, dw_configs=()):
+    """value_and_grad of plain XLA's loss, of the fused loss with cuBLAS's dw update, and with the Mosaic update:
+    the accumulating default config, and for each name of ``dw_configs`` that UPDATE_CONFIGS entry over it
+    (``dw_mosaic_<name>``). Each jitted function is traced at its first call inside ``with_config``."""
+    def fused(dw_gemm, overrides=None):
         sizes = {"chunk_rows": Bc, "dw_gemm": dw_gemm}
-        return jax.jit(jax.value_and_grad(lambda h, w: pallas_kernels.linear_cross_entropy(
+        fn = jax.jit(jax.value_and_grad(lambda h, w: pallas_kernels.linear_cross_entropy(
             h, w, labels, backend="triton", block_sizes=sizes), argnums=(0, 1)))
+        return fn if overrides is None else with_config(fn, overrides)
 
     plain = jax.jit(jax.value_and_grad(lambda h, w: kernels.plain_cross_entropy(h, w, labels), argnums=(0, 1)))
-    return {"xla_plain": plain, "dw_xla": fused("xla"), "dw_mosaic": fused("mosaic")}
+    fns = {"xla_plain": plain, "dw_xla": fused("xla"), "dw_mosaic": fused("mosaic")}
+    fns.update({f"dw_mosaic_{name}": fused("mosaic", UPDATE_CONFIGS[name]) for name in dw_configs})
+    return fns
+
+
+def with_config(fn, overrides: dict):
+    """fn, traced (at its first call) with the Mosaic GEMM core's accumulating default config replaced by the
+    default with ``overrides``: how the loss would run were that the default."""
+    default = mosaic_gemm.default_config
+    traced = []
+
+    def patched(M, N, K, dtype=jnp.bfloat16, *, accumulate_dtype=None):
+        config = default(M, N, K, dtype, accumulate_dtype=accumulate_dtype)
+        return config if accumulate_dtype is None else dataclasses.replace(config, **overrides)
+
+    def call(*args):
+        if not traced:
+            with mock.patch.object(mosaic_gemm, "default_config", patched):
+                fn.lower(*args)  # traced under the patch; jit's cache keeps this trace
+            traced.append(True)
+        return fn(*args)
+
+    return call
 
 
 def time_evaluation(h, w, labels, Bc: int, multipliers, iterations: int) -> dict:
@@ -147,14 +182,17 @@ def main() -> int:
     parser.add_argument("--sections", default="update,loss")
     parser.add_argument("--eval-multipliers", default="1,2,4")
     parser.add_argument("--chunks", default="256,512,1024,2048")
+    parser.add_argument("--temp-fraction", type=float, default=ce_config.TEMP_FRACTION,
+                        help="the memory rule's bound that picks each shape's chunk")
+    parser.add_argument("--dw-configs", default="", help="UPDATE_CONFIGS names the loss section also runs")
     args = parser.parse_args()
     sections = args.sections.split(",")
     result, save, path = results_file(args.out, "cross_entropy_dw_gemm")
     for name in args.shapes.split(","):
         s = SHAPES[name]
         B, H, V = s["B"], s["H"], s["V"]
-        Bc = ce_config.chunk_rows_for(B, H, V, jnp.bfloat16)
-        row = dict(shape=name, B=B, H=H, V=V, chunk_rows=Bc)
+        Bc = ce_config.chunk_rows_for(B, H, V, jnp.bfloat16, args.temp_fraction)
+        row = dict(shape=name, B=B, H=H, V=V, chunk_rows=Bc, temp_fraction=args.temp_fraction)
         try:
             if "update" in sections:
                 row["dw_update"] = time_dw_update(H, V, Bc, args.iterations)
@@ -174,17 +212,19 @@ def main() -> int:
                 print(name, "chunks", {k: (round(v, 3), round(row["chunks"]["temp_pct_of_xla"][k], 2))
                                        for k, v in row["chunks"]["speedup_vs_xla"].items()}, flush=True)
             if "loss" in sections:
-                fns = loss_fns(labels, Bc)
-                grads = {k: np.asarray(fns[k](h, w)[1][1], np.float32) for k in ("dw_xla", "dw_mosaic")}
-                row["dw_diff_rel"] = float(np.abs(grads["dw_xla"] - grads["dw_mosaic"]).max()
-                                           / np.abs(grads["dw_xla"]).max())
+                fns = loss_fns(labels, Bc, [c for c in args.dw_configs.split(",") if c])
+                want = np.asarray(fns["dw_xla"](h, w)[1][1], np.float32)
+                row["dw_diff_rel"] = {k: float(np.abs(np.asarray(fn(h, w)[1][1], np.float32) - want).max()
+                                               / np.abs(want).max()) for k, fn in fns.items() if k != "dw_xla"}
+                row["temp_mib"] = {k: fns[k].lower(h, w).compile().memory_analysis().temp_size_in_bytes / 2**20
+                                   for k in ("xla_plain", "dw_xla", "dw_mosaic")}
                 timings = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=args.iterations)
                 for impl, t in zip(fns, timings):
                     top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:8]
                     row[impl] = dict(us=t.median_us, top_kernels=top)
                     print(name, impl, round(t.median_us, 1), [(k[:40], round(v, 1)) for k, v in top[:5]], flush=True)
                 base = row["xla_plain"]["us"]
-                row["speedup_vs_xla"] = {k: base / row[k]["us"] for k in ("dw_xla", "dw_mosaic")}
+                row["speedup_vs_xla"] = {k: base / row[k]["us"] for k in fns if k != "xla_plain"}
                 print(name, "speedup vs plain XLA", row["speedup_vs_xla"], "dw diff", row["dw_diff_rel"], flush=True)
         except Exception as e:  # noqa: BLE001 - the other shapes still run
             row["error"] = f"{type(e).__name__}: {e}"[:1500]

@@ -25,9 +25,10 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["PIPELINES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
+__all__ = ["PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
+SCHEDULES = ("cooperative", "pingpong")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,10 @@ class MosaicGemmConfig:
         in a fourth warpgroup) and wg_split "n".
       mma_registers: registers per thread of each MMA warpgroup under pipeline "own" (0: 232 with three
         warpgroups, 208 with a prologue warpgroup; the memory warpgroup keeps 40, the prologue one the rest).
+      schedule: "cooperative": both compute warpgroups share each CTA tile (``wg_split``) and reach its epilogue
+        together; "pingpong" (pipeline "own", no prologue): each compute warpgroup owns whole CTA tiles of
+        (tile_m, tile_n), the block's tiles alternating between them, so one warpgroup's epilogue runs while the
+        other's wgmma stream keeps the tensor cores busy (``wg_split`` does not apply).
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -67,6 +72,7 @@ class MosaicGemmConfig:
     semantics: str = "lane"
     pipeline: str = "own"
     mma_registers: int = 0
+    schedule: str = "cooperative"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -92,6 +98,7 @@ class MosaicGemmConfig:
             ("mma_registers", self.mma_registers == 0 or (self.mma_registers % 8 == 0
                                                           and 160 <= self.mma_registers <= 232),
              "0 (automatic) or a multiple of 8 in [160, 232]"),
+            ("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -101,14 +108,22 @@ class MosaicGemmConfig:
                              "(256 float32 registers per thread)")
         if self.delay_release >= self.num_stages:
             raise ValueError(f"{cls}.delay_release: must be < num_stages={self.num_stages}")
+        if self.schedule == "pingpong" and self.pipeline != "own":
+            raise ValueError(f"{cls}.schedule: 'pingpong' runs on pipeline 'own', got pipeline={self.pipeline!r}")
+
+    @property
+    def pingpong(self) -> bool:
+        return self.schedule == "pingpong"
 
     @property
     def cta_m(self) -> int:
-        return self.tile_m * (2 if self.wg_split == "m" else 1)
+        """Rows of one CTA tile: a warpgroup's tile_m, or two stacked (cooperative, wg_split "m")."""
+        return self.tile_m * (2 if self.wg_split == "m" and not self.pingpong else 1)
 
     @property
     def cta_n(self) -> int:
-        return self.tile_n * (2 if self.wg_split == "n" else 1)
+        """Columns of one CTA tile: a warpgroup's tile_n, or two side by side (cooperative, wg_split "n")."""
+        return self.tile_n * (2 if self.wg_split == "n" and not self.pingpong else 1)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

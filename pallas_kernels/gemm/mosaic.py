@@ -71,7 +71,7 @@ class TileContext:
 
     row0, col0: first output row / column of this warpgroup's (tile_m, tile_n) accumulator.
     m_idx, n_idx: the CTA tile's indices; wg: the compute warpgroup (0 or 1); col_block: this accumulator's
-      tile_n column block in the output (n_idx · 2 + wg with wg_split "n", else n_idx).
+      tile_n column block in the output (n_idx · 2 + wg with wg_split "n", else n_idx; pingpong: n_idx).
     refs: the fusion's inputs and outputs (GMEM refs) and scratch (SMEM refs), by name.
     tiles: (epilogue only) this warpgroup's prefetched (tile_m, tile_n) SMEM tile of each tile input, by name.
     step: (prologue only) the pipeline step: the A tile holds columns [step · tile_k, (step + 1) · tile_k).
@@ -164,10 +164,10 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     reason = unsupported_reason(M, N, K, config)
     if reason:
         raise ValueError(f"{name}: {reason}")
-    if fusion.prologue_step is not None and (config.pipeline != "own" or config.wg_split != "n"):
+    if fusion.prologue_step is not None and (config.pipeline != "own" or config.wg_split != "n" or config.pingpong):
         raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
-                         f"pipeline='own' with wg_split='n'; got pipeline={config.pipeline!r}, "
-                         f"wg_split={config.wg_split!r}")
+                         f"pipeline='own' with wg_split='n' and schedule='cooperative'; got "
+                         f"pipeline={config.pipeline!r}, wg_split={config.wg_split!r}, schedule={config.schedule!r}")
     if accumulate_into is not None:
         arrays[_ACCUMULATED] = accumulate_into
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
@@ -266,7 +266,7 @@ class _Shape:
         m_iters, n_iters, _ = self.iters
         m_idx, n_idx = plgpu.planar_snake(lin, (m_iters, n_iters), 1 if cfg.grid_minor == "n" else 0,
                                           cfg.grid_tile_width)
-        wg_m, wg_n = (wg, 0) if cfg.wg_split == "m" else (0, wg)
+        wg_m, wg_n = (0, 0) if cfg.pingpong else (wg, 0) if cfg.wg_split == "m" else (0, wg)
         return TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
                            m_idx=m_idx, n_idx=n_idx, wg=wg,
                            col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name)
@@ -274,8 +274,9 @@ class _Shape:
     def issue_wgmma(self, acc_ref, a_smem, b_smem, wg) -> None:
         """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory."""
         cfg, (transpose_a, transpose_b) = self.cfg, self.transposes
-        wg_rows = pl.ds(wg * cfg.tile_m, cfg.tile_m) if cfg.wg_split == "m" else slice(None)
-        wg_cols = pl.ds(wg * cfg.tile_n, cfg.tile_n) if cfg.wg_split == "n" else slice(None)
+        shared = not cfg.pingpong  # cooperative: the stage holds both warpgroups' shares
+        wg_rows = pl.ds(wg * cfg.tile_m, cfg.tile_m) if shared and cfg.wg_split == "m" else slice(None)
+        wg_cols = pl.ds(wg * cfg.tile_n, cfg.tile_n) if shared and cfg.wg_split == "n" else slice(None)
         a_op = a_smem.at[:, wg_rows].transpose((1, 0)) if transpose_a else a_smem.at[wg_rows]
         b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
         plgpu.wgmma(acc_ref, a_op, b_op)

@@ -18,7 +18,14 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             their epilogue and arrive on ``handoff_free`` after it, which the prologue awaits before it writes the
             next tile's (one slot: the next tile's prologue ends with that tile's K loop, long after).
 ``consumed[s]`` counts one arrival per consumer warpgroup (2, or 3 with the prologue): a stage is refilled only
-when every consumer has read it. Registers per thread (setmaxnreg, 512 per lane in all): memory 40, MMA
+when every consumer has read it.
+
+Schedule "pingpong" (``MosaicGemmConfig.schedule``): the block's local tiles alternate between the MMA warpgroups
+(tile i to warpgroup i % 2, each with a whole (tile_m, tile_n) CTA tile), so one warpgroup's epilogue runs while
+the other's K loop keeps the tensor cores busy. The stages stay one ring in load order, but each owner has its
+own ``ready`` and ``consumed`` barriers (index owner · S + s): a warpgroup waits only on the barriers of its own
+steps, so Mosaic's per-thread barrier phases stay in step with the completions it skips; the memory warpgroup
+waits on the barrier of the slot's previous owner. ``consumed`` then counts one arrival. Registers per thread (setmaxnreg, 512 per lane in all): memory 40, MMA
 ``mma_registers`` (default 232 with three warpgroups, 208 with four), the prologue warpgroup the rest (56).
 """
 
@@ -71,11 +78,13 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     blocks = shape.operand_blocks()
     gmem = (a_gmem, b_gmem)
     transforms = mu.smem_transforms(cfg.tile_k, shape.dtype)
+    owners = 2 if cfg.pingpong else 1  # sets of barriers: one per warpgroup owning whole tiles
     scoped_types = dict(
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                 for ref, (block, _, _) in zip(gmem, blocks)],
-        ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=num_stages),
-        consumed=plgpu.Barrier(num_arrivals=2 + has_prologue_wg, num_barriers=num_stages),
+        ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=owners * num_stages),
+        consumed=plgpu.Barrier(num_arrivals=1 if cfg.pingpong else 2 + has_prologue_wg,
+                               num_barriers=owners * num_stages),
         **shape.scratch_types())
     if has_prologue_wg:
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.tile_m), _F32),
@@ -106,6 +115,14 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         def slot_of(local, k):
             return lax.rem(local * k_iters + k, num_stages)
 
+        def owner_of(local):
+            """The MMA warpgroup computing the block's local-th tile (always 0 when both share each tile)."""
+            return lax.rem(local, 2) if cfg.pingpong else 0
+
+        def barrier_of(step):
+            """Index into ``ready`` / ``consumed`` of the block's step-th pipeline step (step = local · k_iters + k)."""
+            return owner_of(lax.div(step, k_iters)) * num_stages + lax.rem(step, num_stages)
+
         @pl.when(wg == _MEMORY_WG)
         def _memory():
             plgpu.set_max_registers(memory_registers, action="decrease")
@@ -116,20 +133,20 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 ctas = [cta(ref, ctx.m_idx, ctx.n_idx) for ref, (_, _, cta) in zip(gmem, blocks)]
 
                 def step(k, _):
-                    slot = slot_of(local, k)
+                    g = local * k_iters + k
 
-                    @pl.when(local * k_iters + k >= num_stages)
-                    def _wait_free():
-                        plgpu.barrier_wait(consumed.at[slot])
+                    @pl.when(g >= num_stages)
+                    def _wait_free():  # the slot's previous step has been consumed (by its owner)
+                        plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
 
                     ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
                     for ref, smem, (_, k_axis, _) in zip(ctas, stages, blocks):
-                        plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks], smem.at[slot],
-                                                ready.at[slot])
+                        plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
+                                                smem.at[slot_of(local, k)], ready.at[barrier_of(g)])
                     return ()
 
                 lax.fori_loop(0, k_iters, step, ())
-                drain(consumed, local, num_local, k_iters, num_stages, lambda g: lax.rem(g, num_stages))
+                drain(consumed, local, num_local, k_iters, num_stages, barrier_of)
 
         if has_prologue_wg:
             @pl.when(wg == _PROLOGUE_WG)
@@ -167,9 +184,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         def _mma():
             plgpu.set_max_registers(mma_registers, action="increase")
 
-            @each_tile
-            def _(lin, local, num_local):
-                del num_local
+            def mma_tile(lin, local):
                 ctx = shape.tile_context(lin, wg, refs_by_name)
                 shape.start_tile(ctx, named_in, scoped)
                 in_mma = fusion.prologue_init is not None and not has_prologue_wg
@@ -177,23 +192,23 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 def acc_scope(acc_ref):
                     def step(k, acc_ref):
-                        slot = slot_of(local, k)
-                        plgpu.barrier_wait(ready.at[slot])
+                        slot, g = slot_of(local, k), local * k_iters + k
+                        plgpu.barrier_wait(ready.at[barrier_of(g)])
                         shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
                         plgpu.wgmma_wait(cfg.delay_release)
                         if cfg.delay_release:  # the previous step's wgmma is complete
 
                             @pl.when(k > 0)
                             def _release_previous():
-                                plgpu.barrier_arrive(consumed.at[slot_of(local, k + num_stages - 1)])
+                                plgpu.barrier_arrive(consumed.at[barrier_of(g - 1)])
                         else:
-                            plgpu.barrier_arrive(consumed.at[slot])
+                            plgpu.barrier_arrive(consumed.at[barrier_of(g)])
                         return acc_ref
 
                     lax.fori_loop(0, k_iters, step, acc_ref)
                     if cfg.delay_release:
                         plgpu.wgmma_wait(0)
-                        plgpu.barrier_arrive(consumed.at[slot_of(local, k_iters - 1)])
+                        plgpu.barrier_arrive(consumed.at[barrier_of(local * k_iters + k_iters - 1)])
                     carry = hook_carry
                     if has_prologue_wg:
                         plgpu.barrier_wait(handoff_full)
@@ -204,6 +219,17 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         plgpu.barrier_arrive(handoff_free)
 
                 pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
+
+            @each_tile
+            def _(lin, local, num_local):
+                del num_local
+                if not cfg.pingpong:
+                    mma_tile(lin, local)
+                    return
+
+                @pl.when(owner_of(local) == wg)
+                def _own_tile():
+                    mma_tile(lin, local)
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # all stores have left shared memory before exit
 
