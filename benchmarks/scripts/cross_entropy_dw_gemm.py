@@ -185,6 +185,8 @@ def main() -> int:
     parser.add_argument("--temp-fraction", type=float, default=ce_config.TEMP_FRACTION,
                         help="the memory rule's bound that picks each shape's chunk")
     parser.add_argument("--dw-configs", default="", help="UPDATE_CONFIGS names the loss section also runs")
+    parser.add_argument("--update-configs", default=",".join(UPDATE_CONFIGS),
+                        help="UPDATE_CONFIGS names the update_configs section times")
     args = parser.parse_args()
     sections = args.sections.split(",")
     result, save, path = results_file(args.out, "cross_entropy_dw_gemm")
@@ -198,7 +200,8 @@ def main() -> int:
                 row["dw_update"] = time_dw_update(H, V, Bc, args.iterations)
                 print(name, "dw update", row["dw_update"], flush=True)
             if "update_configs" in sections:
-                row["dw_update_configs"] = time_dw_update(H, V, Bc, args.iterations, UPDATE_CONFIGS)
+                row["dw_update_configs"] = time_dw_update(H, V, Bc, args.iterations,
+                                                              {n: UPDATE_CONFIGS[n] for n in args.update_configs.split(",")})
                 print(name, "dw update configs", row["dw_update_configs"], flush=True)
             h, w, labels = make_inputs(B, H, V, seed=0)
             if "eval" in sections:
