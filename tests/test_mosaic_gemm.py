@@ -60,7 +60,7 @@ def _f32_product(a, b):
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field, value", [("tile_m", 96), ("tile_n", 512), ("tile_k", 24), ("num_stages", 1),
                                           ("wg_split", "k"), ("epi_tile_m", 32), ("epi_tile_n", 48),
-                                          ("grid_minor", "x"), ("grid_tile_width", 0), ("delay_release", 2),
+                                          ("grid_minor", "x"), ("grid_tile_width", 0), ("delay_release", 3),
                                           ("semantics", "warp"), ("pipeline", "cutlass"), ("mma_registers", 236),
                                           ("schedule", "stream-k")])
 def test_config_rejects_a_bad_field_by_name(field, value):
@@ -275,7 +275,7 @@ def test_transposed_reads_on_the_gpu(transpose_a, transpose_b):
 @gpu_only
 @pytest.mark.parametrize("M, K, N, config", [
     (4096, 512, 4096, MosaicGemmConfig(schedule="pingpong", num_stages=6)),  # ~8 tiles per block, 8 k steps
-    (2304, 576, 2432, MosaicGemmConfig(schedule="pingpong", num_stages=4)),  # odd tiles per block, 9 k steps
+    (2304, 576, 2432, MosaicGemmConfig(schedule="pingpong", num_stages=4, delay_release=2)),  # odd tiles/block
     (1536, 1024, 3072, MosaicGemmConfig(tile_m=64, tile_n=256, schedule="pingpong", delay_release=1)),
 ])
 def test_pingpong_product_on_the_gpu(M, K, N, config):
@@ -334,7 +334,8 @@ def test_product_in_interpret_mode(transpose_a, transpose_b):
 @pytest.mark.slow
 @pytest.mark.parametrize("fields", [dict(pipeline="own"), dict(pipeline="own", delay_release=1),
                                     dict(pipeline="pallas_steady"), dict(pipeline="pallas", grid_tile_width=1),
-                                    dict(schedule="pingpong"), dict(schedule="pingpong", delay_release=1)])
+                                    dict(schedule="pingpong"), dict(schedule="pingpong", delay_release=1),
+                                    dict(schedule="pingpong", num_stages=3, delay_release=2)])
 @pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile (its loop starts and stops there)
 def test_every_k_loop_in_interpret_mode(fields, num_sms):
     with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles

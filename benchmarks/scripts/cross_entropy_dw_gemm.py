@@ -51,6 +51,13 @@ UPDATE_CONFIGS = {  # overrides of the accumulating default (3 stages of 128x256
     "pingpong_64x256": dict(tile_m=64, tile_n=256, schedule="pingpong", num_stages=4),
     "pingpong_128x128_w16": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5, grid_tile_width=16),
     "pingpong_128x128_minor_m": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5, grid_minor="m"),
+    "pingpong_128x128_delay1": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5, delay_release=1),
+    "pingpong_128x128_delay1_minor_m": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5,
+                                            delay_release=1, grid_minor="m"),
+    "pingpong_128x128_delay2_minor_m": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5,
+                                            delay_release=2, grid_minor="m"),
+    "pingpong_64x256_delay1_minor_m": dict(tile_m=64, tile_n=256, schedule="pingpong", num_stages=4,
+                                           delay_release=1, grid_minor="m"),
 }
 
 

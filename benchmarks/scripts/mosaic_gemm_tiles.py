@@ -39,6 +39,17 @@ CONFIGS = {
     "pingpong_128x128_s6_w16": dataclasses.replace(BASE, schedule="pingpong", num_stages=6, grid_tile_width=16),
     "pingpong_64x256_s4": dataclasses.replace(BASE, tile_m=64, tile_n=256, schedule="pingpong", num_stages=4),
     "pingpong_128x128_s6_delay1": dataclasses.replace(BASE, schedule="pingpong", num_stages=6, delay_release=1),
+    "pingpong_128x128_s6_delay2": dataclasses.replace(BASE, schedule="pingpong", num_stages=6, delay_release=2),
+    "pingpong_128x128_s6_delay1_minor_m": dataclasses.replace(BASE, schedule="pingpong", num_stages=6,
+                                                              delay_release=1, grid_minor="m"),
+    "pingpong_128x128_s6_delay1_w4": dataclasses.replace(BASE, schedule="pingpong", num_stages=6, delay_release=1,
+                                                         grid_tile_width=4),
+    "pingpong_128x128_s6_delay1_w16": dataclasses.replace(BASE, schedule="pingpong", num_stages=6,
+                                                          delay_release=1, grid_tile_width=16),
+    "pingpong_64x256_s4_delay1": dataclasses.replace(BASE, tile_m=64, tile_n=256, schedule="pingpong",
+                                                     num_stages=4, delay_release=1),
+    "pingpong_64x256_s4_delay2": dataclasses.replace(BASE, tile_m=64, tile_n=256, schedule="pingpong",
+                                                     num_stages=4, delay_release=2),
 }
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 

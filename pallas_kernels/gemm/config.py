@@ -45,7 +45,8 @@ class MosaicGemmConfig:
         the A tile); "n": along N (CTA tile (tile_m, 2·tile_n), both read all rows of the A tile).
       epi_tile_m, epi_tile_n: pieces the accumulator is stored in (two SMEM slots per warpgroup).
       grid_minor, grid_tile_width: planar-snake tile order: runs of grid_tile_width tiles along grid_minor.
-      delay_release: 0: wait for each step's wgmma before releasing its slot; 1: keep one wgmma in flight.
+      delay_release: 0: wait for each step's wgmma before releasing its slot; 1 or 2: keep that many wgmma groups
+        in flight (a single warpgroup issuing wgmma, as under "pingpong", needs them to keep the tensor cores fed).
       semantics: Mosaic lowering semantics, "lane" (explicit layouts) or "warpgroup" (jax's GEMM example's).
       pipeline: the K loop, "own" (ours, ``gemm.specialized``), "pallas" or "pallas_steady" (jax's
         ``emit_pipeline_warp_specialized``; ``gemm.mosaic``). A fusion with a prologue needs "own" (its prologue runs
@@ -92,7 +93,7 @@ class MosaicGemmConfig:
              f"a multiple of 64 dividing tile_m={self.tile_m}"),
             ("grid_minor", self.grid_minor in ("m", "n"), "'m' or 'n'"),
             ("grid_tile_width", self.grid_tile_width >= 1, ">= 1"),
-            ("delay_release", self.delay_release in (0, 1), "0 or 1"),
+            ("delay_release", self.delay_release in (0, 1, 2), "0, 1 or 2"),
             ("semantics", self.semantics in mu.SEMANTICS, f"one of {mu.SEMANTICS}"),
             ("pipeline", self.pipeline in PIPELINES, f"one of {PIPELINES}"),
             ("mma_registers", self.mma_registers == 0 or (self.mma_registers % 8 == 0

@@ -10,7 +10,7 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             blocks load as soon as the current tile's last stages are released.
   MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
             from shared memory), ``wgmma_wait(delay_release)``, arrive on ``consumed`` of the step whose wgmma is
-            complete; then the epilogue (``_Shape.finish_tile``), with the prologue warpgroup's carry from
+            complete (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with the prologue warpgroup's carry from
             ``handoff`` when there is one.
   prologue  per tile: ``prologue_init``; per step: wait ``ready[s]``, ``prologue_step`` on the stage's A block,
             arrive on ``consumed[s]``; then writes its carry, ``Fusion.handoff_rows`` (tile_m,) float32 row
@@ -184,6 +184,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         def _mma():
             plgpu.set_max_registers(mma_registers, action="increase")
 
+            delay = cfg.delay_release  # wgmma groups left in flight; their stages are released later
+
             def mma_tile(lin, local):
                 ctx = shape.tile_context(lin, wg, refs_by_name)
                 shape.start_tile(ctx, named_in, scoped)
@@ -195,20 +197,21 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         slot, g = slot_of(local, k), local * k_iters + k
                         plgpu.barrier_wait(ready.at[barrier_of(g)])
                         shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
-                        plgpu.wgmma_wait(cfg.delay_release)
-                        if cfg.delay_release:  # the previous step's wgmma is complete
+                        plgpu.wgmma_wait(delay)
+                        if delay:  # the wgmma of step k - delay is complete
 
-                            @pl.when(k > 0)
-                            def _release_previous():
-                                plgpu.barrier_arrive(consumed.at[barrier_of(g - 1)])
+                            @pl.when(k >= delay)
+                            def _release_older():
+                                plgpu.barrier_arrive(consumed.at[barrier_of(g - delay)])
                         else:
                             plgpu.barrier_arrive(consumed.at[barrier_of(g)])
                         return acc_ref
 
                     lax.fori_loop(0, k_iters, step, acc_ref)
-                    if cfg.delay_release:
+                    if delay:
                         plgpu.wgmma_wait(0)
-                        plgpu.barrier_arrive(consumed.at[barrier_of(local * k_iters + k_iters - 1)])
+                        for last in range(max(0, k_iters - delay), k_iters):
+                            plgpu.barrier_arrive(consumed.at[barrier_of(local * k_iters + last)])
                     carry = hook_carry
                     if has_prologue_wg:
                         plgpu.barrier_wait(handoff_full)
