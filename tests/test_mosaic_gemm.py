@@ -51,6 +51,11 @@ def _operands(M, K, N, dtype):
     return a, b
 
 
+def _wgmma_of(config: MosaicGemmConfig) -> dict:
+    """The wgmma instructions one warpgroup issues per pipeline step under ``config`` (bf16 operands)."""
+    return {f"m64n{config.tile_n}k16 f32 += bf16 x bf16": (config.tile_m // 64) * (config.tile_k // 16)}
+
+
 def _f32_product(a, b):
     return jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
 
@@ -105,8 +110,7 @@ def test_default_configs_lower_at_the_suite_shapes_within_shared_memory(M, K, N)
     (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b), S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
     assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
     assert abs(k.smem_bytes - smem_bytes(config, jnp.bfloat16, jnp.bfloat16)) < 4096  # barriers, reduction scratch
-    shape = f"m64n{config.tile_n}k16"
-    assert k.wgmma() == {f"{shape} f32 += bf16 x bf16": (config.tile_m // 64) * (config.tile_k // 16)}
+    assert k.wgmma() == _wgmma_of(config)
     assert k.tma_loads() >= 2 and k.tma_stores() >= 1
 
 
@@ -115,6 +119,11 @@ def test_the_defaults_are_the_measured_winners_and_matmul_is_exported():
 
     config = MosaicGemmConfig()  # gemm.config's docstring: the H100 numbers behind them
     assert (config.pipeline, config.semantics, config.grid_tile_width, config.grid_minor) == ("own", "lane", 8, "n")
+    # matmul's picks (gemm/__init__.py: the tile sweeps against cuBLAS): 64x256 accumulators stacked along M, and
+    # ping-pong 128x128 tiles where 256 does not divide N
+    stacked, pingpong = default_config(32768, 4096, 4096), default_config(16384, 5504, 1024)
+    assert (stacked.tile_m, stacked.tile_n, stacked.wg_split, stacked.grid_minor) == (64, 256, "m", "m")
+    assert (pingpong.schedule, pingpong.cta_n, pingpong.delay_release) == ("pingpong", 128, 1)
     assert pallas_kernels.matmul is matmul and pallas_kernels.MosaicGemmConfig is MosaicGemmConfig
 
 
@@ -167,7 +176,7 @@ def test_every_k_loop_lowers_at_the_largest_suite_shape_within_shared_memory(fie
     (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
                                    S((K, N), jnp.bfloat16))
     assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == 3
-    assert k.wgmma() == {"m64n128k16 f32 += bf16 x bf16": 8}
+    assert k.wgmma() == _wgmma_of(config)
     # TMA loads in the program text: ours issues one per operand per step; jax's unrolls its prologue of
     # num_stages steps, unless it runs under START/STEADY/STOP (then its prologue's trip count is dynamic)
     expected = dict(own=2, pallas_steady=4, pallas=2 * (config.num_stages + 1))[config.pipeline]
@@ -202,7 +211,7 @@ def test_transposed_operands_are_read_transposed_not_copied():
         a_t, b_t).lower(lowering_platforms=("cuda",)).as_text()
     assert "stablehlo.transpose" not in program  # the kernel reads both as stored
     (k,) = mosaic_ir.lower_kernels(lambda a_t, b: matmul(a_t, b, transpose_a=True), a_t, b)
-    assert k.wgmma() == {"m64n128k16 f32 += bf16 x bf16": 8}
+    assert k.wgmma() == _wgmma_of(default_config(1024, 1024, 512))
     del b_t
 
 
@@ -221,13 +230,18 @@ def test_gradients_are_two_more_gemms_without_transposes():
 
 @cpu_only
 def test_accumulate_into_is_one_kernel_updating_its_buffer_in_place():
-    """c + aᵀ b: one kernel (a dw update of the cross-entropy's chunk loop) with c aliased in and out, three stages
-    beside c's two prefetched tiles (four overflow shared memory); c's shape or dtype wrong is a ValueError."""
+    """c + aᵀ b: one kernel (a dw update of the cross-entropy's chunk loop) with c aliased in and out; its stages
+    fill the shared memory beside c's two prefetched tiles: five ping-pong stages of 128x128 tiles for a short K
+    loop (K <= 512), three of 128x256 blocks for a longer one (four overflow); c's shape or dtype wrong is a
+    ValueError."""
     a_t, b, c = S((512, 256), jnp.bfloat16), S((512, 1024), jnp.bfloat16), S((256, 1024), jnp.bfloat16)
     fn = lambda a_t, b, c: matmul(a_t, b, transpose_a=True, accumulate_into=c)  # noqa: E731
     (k,) = mosaic_ir.lower_kernels(fn, a_t, b, c)
-    assert k.wgmma() == {"m64n128k16 f32 += bf16 x bf16": 8}
-    assert default_config(256, 1024, 512, accumulate_dtype=jnp.bfloat16).num_stages == 3
+    short_k = default_config(256, 1024, 512, accumulate_dtype=jnp.bfloat16)
+    assert (short_k.schedule, short_k.num_stages) == ("pingpong", 5) and k.wgmma() == _wgmma_of(short_k)
+    assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    long_k = default_config(256, 1024, 1024, accumulate_dtype=jnp.bfloat16)
+    assert (long_k.schedule, long_k.cta_n, long_k.num_stages) == ("cooperative", 256, 3)
     program = jax.jit(fn, donate_argnums=2).trace(a_t, b, c).lower(lowering_platforms=("cuda",)).as_text()
     assert "output_operand_alias<output_tuple_indices = [], operand_index = 2" in program
     a, b = jnp.zeros((512, 256), jnp.bfloat16), jnp.zeros((512, 1024), jnp.bfloat16)

@@ -87,11 +87,12 @@ def test_config_takes_gemm_configs_or_their_fields():
     assert (config.forward.pipeline, config.forward.grid_tile_width, config.stats_in_kernel) == ("own", 8, False)
 
 
-@pytest.mark.parametrize("fields", [dict(pipeline="pallas_steady"), dict(wg_split="m", tile_m=64)])
+@pytest.mark.parametrize("fields", [dict(pipeline="pallas_steady"), dict(wg_split="m", tile_m=64),
+                                    dict(schedule="pingpong")])
 def test_the_statistics_warpgroup_needs_our_k_loop_and_shared_rows(fields):
     forward = MosaicGemmConfig(**fields)
     with pytest.raises(ValueError, match="stats_in_kernel: the statistics warpgroup needs the forward config's "
-                                         "pipeline='own' and wg_split='n'"):
+                                         "pipeline='own', wg_split='n' and schedule='cooperative'"):
         Config(forward=forward, dx=MosaicGemmConfig(), dw=MosaicGemmConfig(), stats_in_kernel=True)
 
 
@@ -157,6 +158,8 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
     with backends.lowering_for_gpu():
         forward, backward = norm_matmul.sweep_candidates(x, g, w, backend="mosaic")
     assert len(forward) >= 5 and len(backward) >= 4 and any(c["stats_in_kernel"] for c in forward)
+    assert any(c["forward"]["schedule"] == "pingpong" for c in forward)
+    assert any(c["dx"]["schedule"] == "pingpong" and c["dw"]["schedule"] == "pingpong" for c in backward)
     for params in forward + backward:
         _check_kernels(M, K, N, False, Config(**params))
 

@@ -34,16 +34,31 @@ _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OUT_DTYPES = (*_OPERAND_DTYPES, jnp.dtype(jnp.float32))
 
 
-# Built-in tiles (H100), best first, each with the config's default K loop and tile order (``gemm.config``): 128x256
-# output blocks (two 128x128 accumulators side by side), 64-wide K steps, four stages in flight; for N that 256 does
-# not divide, 256x128 blocks (accumulators stacked along M), then 64-row blocks.
+# Built-in tiles (H100), best first; each takes the config's K loop (``gemm.config``). Against cuBLAS in one run
+# (benchmarks/results/mosaic_gemm_tiles-h100-1f83762.json, at 32768x4096x4096 / 4096x4096x14336 / 8192x4096x6144 /
+# 8192x4096x128256): 128x256 blocks of two 64x256 accumulators stacked along M, tiles in runs of 8 along M, 0.957 /
+# 0.998 / 0.981 / 0.998x, where two 128x128 accumulators side by side (the dataclass default) took 0.956 / 0.981 /
+# 0.973 / 0.942x (0.966 / 0.976 / 0.969 / 0.938x in the run before). For N that 256 does not divide, ping-pong
+# 128x128 tiles with one wgmma group in flight: 1.016x cuBLAS at 16384x1024x5504, where 256x128 blocks took 0.974x
+# (``mosaic_gemm_tiles-h100-6ad8d32.json``); then 64-row blocks.
+_STACKED_M = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=64, num_stages=4, wg_split="m", grid_minor="m")
+_PINGPONG = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=6, schedule="pingpong", delay_release=1,
+                             grid_minor="m")
 CANDIDATES = (
-    MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
-    MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
+    _STACKED_M,
+    _PINGPONG,
     MosaicGemmConfig(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),
     MosaicGemmConfig(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="n"),
     MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"),
 )
+# accumulate_into (a dw updated over token chunks): short K loops (K <= 512) ping-pong, one warpgroup's read, add
+# and store of its c tile under the other's wgmma: 1056 µs against 1154 (two 128x128 accumulators side by side) per
+# update at (H, V, Bc) = (2048, 256000, 512), 7403 against 8223 µs (cuBLAS, beta = 1) for a 5% loss's updates; at K
+# = 1024 it lost (2053 against 1687 µs at 4096 x 128256): cross_entropy_dw_gemm_pingpong-h100-1f83762.json.
+_ACCUMULATE_LONG_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n")
+_ACCUMULATE_SHORT_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=5, schedule="pingpong",
+                                       delay_release=1, grid_minor="m")
+_SHORT_K = 512
 
 
 def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConfig:
@@ -57,11 +72,11 @@ def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConf
 
 def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dtype=None) -> MosaicGemmConfig:
     """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates; with
-    ``accumulate_dtype`` (the dtype of ``accumulate_into``), as many pipeline stages as fit beside the two
-    prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
-    config = pick_config(M, N, K)
+    ``accumulate_dtype`` (the dtype of ``accumulate_into``), the accumulating tiles first (ping-pong for K <= 512)
+    and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
     if accumulate_dtype is None:
-        return config
+        return pick_config(M, N, K)
+    config = pick_config(M, N, K, (_ACCUMULATE_SHORT_K if K <= _SHORT_K else _ACCUMULATE_LONG_K, *CANDIDATES))
     while config.num_stages > 2 and smem_bytes(config, dtype, accumulate_dtype, tile_input_dtypes=(accumulate_dtype,),
                                                store_in_tile=True) > mu.H100_SMEM_BYTES - 1024:  # 1 KiB: barriers
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)

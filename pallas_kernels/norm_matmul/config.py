@@ -240,10 +240,12 @@ class MosaicRMSNormMatmulConfig:
                                  f"fields, got {value!r}")
         if not isinstance(self.stats_in_kernel, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be a bool, got {self.stats_in_kernel!r}")
-        if self.stats_in_kernel and (self.forward.pipeline != "own" or self.forward.wg_split != "n"):
+        if self.stats_in_kernel and (self.forward.pipeline != "own" or self.forward.wg_split != "n"
+                                     or self.forward.pingpong):
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: the statistics warpgroup needs the forward "
-                             f"config's pipeline='own' and wg_split='n', got pipeline={self.forward.pipeline!r}, "
-                             f"wg_split={self.forward.wg_split!r}")
+                             f"config's pipeline='own', wg_split='n' and schedule='cooperative', got "
+                             f"pipeline={self.forward.pipeline!r}, wg_split={self.forward.wg_split!r}, "
+                             f"schedule={self.forward.schedule!r}")
 
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
@@ -296,13 +298,19 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     shape: tile order, K loop and semantics, the statistics warpgroup), backward ones the dx and dw GEMMs' tile
     order and K loop. Candidates that do not tile the shape are left out."""
     base = mosaic_default_config(M, K, N, dtype, residual=residual)
+    # the GEMM core's tile sweep winners (gemm/__init__.py): 64x256 accumulators stacked along M, ping-pong tiles
+    stacked_m = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")
+    pingpong = dict(tile_m=128, tile_n=128, schedule="pingpong", delay_release=1, grid_minor="m")
     fwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4), dict(grid_tile_width=16),
-                   dict(pipeline="pallas_steady", semantics="warpgroup"), dict(delay_release=1)]
+                   dict(pipeline="pallas_steady", semantics="warpgroup"), dict(delay_release=1), stacked_m,
+                   dict(pingpong, num_stages=6)]
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
-    if base.forward.wg_split == "n":
+    if base.forward.wg_split == "n" and not base.forward.pingpong:
         fwd.append(dataclasses.replace(base, stats_in_kernel=True))
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
                    dict(pipeline="pallas_steady", semantics="warpgroup")]
+    if not residual:  # beside the x tile (and no dh tile): 3 stages of 128x256 blocks, 5 of ping-pong 128x128
+        bwd_changes += [dict(stacked_m, num_stages=3), dict(pingpong, num_stages=5)]
     bwd = [dataclasses.replace(base, dx=dataclasses.replace(base.dx, **c), dw=dataclasses.replace(base.dw, **c))
            for c in bwd_changes]
     bwd.append(dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m")))
