@@ -36,6 +36,8 @@ SHAPES = {
     "32768x4096x4096": dict(M=32768, K=4096, N=4096, note="training step, square projection"),
     "4096x4096x14336": dict(M=4096, K=4096, N=14336, note="MLP up projection"),
     "8192x4096x6144-qkv": dict(M=8192, K=4096, N=6144, note="fused QKV projection (GQA 32q/8kv heads of 128)"),
+    "8192x512x2816-small": dict(M=8192, K=512, N=2816, note="train_step 'small' preset: MLP gate+up projection"),
+    "4096x2048x11008-1b": dict(M=4096, K=2048, N=11008, note="train_step '1b' preset: MLP gate+up projection"),
     "16x4096x4096-decode": dict(M=16, K=4096, N=4096, note="decode, 16 sequences"),
     "1x4096x14336-decode": dict(M=1, K=4096, N=14336, note="decode, one sequence"),
     "cpu": dict(M=37, K=64, N=32, note="smoke shape for CPU (interpret mode)"),
@@ -102,11 +104,11 @@ def _cost(s, variant, mode) -> tuple[float, float]:
 
 SPEC = OpSpec(
     name="rmsnorm_matmul", site="norm_matmul", op="rmsnorm_matmul", shapes=SHAPES,
-    default_shapes=("32768x4096x4096", "4096x4096x14336", "8192x4096x6144-qkv", "16x4096x4096-decode",
-                    "1x4096x14336-decode"),
+    default_shapes=("32768x4096x4096", "4096x4096x14336", "8192x4096x6144-qkv", "8192x512x2816-small",
+                    "4096x2048x11008-1b", "16x4096x4096-decode", "1x4096x14336-decode"),
     cpu_shapes=("cpu",),
     tune_shapes=("32768x4096x4096", "16x4096x4096-decode", "4096x4096x14336", "1x4096x14336-decode",
-                 "8192x4096x6144-qkv"),
+                 "8192x4096x6144-qkv", "8192x512x2816-small", "4096x2048x11008-1b"),
     make_inputs=lambda s, seed: make_inputs(s["M"], s["K"], s["N"], seed=seed),
     num_args=3, grad_argnums=(0, 1, 2), output_names={"fwd": ("y",), "fwd+bwd": ("y", "dx", "dgamma", "dw")},
     cost=_cost, reduction_length=lambda s: max(s["M"], s["K"], s["N"]),
