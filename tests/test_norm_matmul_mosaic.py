@@ -127,7 +127,9 @@ def _check_kernels(M, K, N, residual, config=None):
         kernels = mosaic_ir.lower_kernels(fn, *args)
         forward_only = mosaic_ir.lower_kernels(
             lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config), *args[:3])
-    assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", "rmsnorm_matmul_dw"]
+    resolved = config or nm_config.mosaic_default_config(M, K, N, residual=residual)
+    dw_kernel = [] if resolved.dw_by_xla(K, N) else ["rmsnorm_matmul_dw"]
+    assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", *dw_kernel]
     statistics_warpgroup = config is not None and config.stats_in_kernel
     for k, warpgroups in zip(kernels, (4 if statistics_warpgroup else 3, 3, 3)):
         assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == warpgroups
@@ -178,19 +180,22 @@ def _mk_producers(program: str, M: int, K: int, dtype: str = "") -> list[str]:
 
 
 @cpu_only
-@pytest.mark.parametrize("stats_in_kernel", [False, True])
-def test_no_normalized_activations_outside_the_kernels(stats_in_kernel):
+@pytest.mark.parametrize("stats_in_kernel, dw_in_xla", [(False, False), (True, False), (False, None)])
+def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xla):
     """In the CUDA lowering no (M, K) tensor in the MMA dtype is made outside the kernels (the normalized
     activations would be one, to feed a GEMM); the only (M, K) ops are XLA's row statistics squaring x in float32
-    (none with the statistics warpgroup)."""
+    (none with the statistics warpgroup). With dw's GEMM in XLA (the default where its output has few tiles, as
+    here: 8 x 3), cuBLAS reads x as it is."""
     from jaxfuse import kernels
 
     M, K, N = 2048, 1024, 768  # M, K, N distinct: an (M, K) tensor is recognizable by its shape
-    config = nm_config.mosaic_default_config(M, K, N, stats_in_kernel=stats_in_kernel)
+    config = dataclasses.replace(nm_config.mosaic_default_config(M, K, N, stats_in_kernel=stats_in_kernel),
+                                 dw_in_xla=dw_in_xla)
+    assert config.dw_by_xla(K, N) == (dw_in_xla is None)
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert program.count("mosaic_gpu_v2") == 3
+    assert program.count("mosaic_gpu_v2") == (2 if dw_in_xla is None else 3)
     assert _mk_producers(program, M, K, "bf16") == []  # dx (M, K) comes out of the dx kernel
     ops = {op for op, _ in _mk_producers(program, M, K)}
     assert ops == (set() if stats_in_kernel else {"convert", "multiply"})
@@ -206,7 +211,8 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel):
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dtype, stats_in_kernel", [
     (4096, 4096, 4096, jnp.bfloat16, False), (4096, 4096, 4096, jnp.bfloat16, True),
-    (2048, 2048, 1536, jnp.float16, False)])
+    (2048, 2048, 1536, jnp.float16, False),  # dw's GEMM in XLA (96 output tiles)
+    (8192, 512, 2816, jnp.bfloat16, False)])  # the 'small' preset's MLP projection: tuned ping-pong tiles
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
@@ -231,12 +237,14 @@ def test_nan_never_passes():
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype, residual, stats_in_kernel", [(jnp.bfloat16, False, False),
-                                                              (jnp.bfloat16, True, True),
-                                                              (jnp.float16, False, True)])
-def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel):
+@pytest.mark.parametrize("dtype, residual, stats_in_kernel, dw_in_xla", [(jnp.bfloat16, False, False, False),
+                                                                         (jnp.bfloat16, True, True, False),
+                                                                         (jnp.float16, False, True, False),
+                                                                         (jnp.float16, False, False, True)])
+def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla):
+    """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks dw's scale s."""
     tiles = _Interpreted.tiles
-    config = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=stats_in_kernel)
+    config = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=stats_in_kernel, dw_in_xla=dw_in_xla)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

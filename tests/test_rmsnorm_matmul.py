@@ -31,6 +31,7 @@ class TestMosaic(NormMatmulTests):
     backend = "mosaic"
     sizes = dict(odd=384, one=1, few=37, K=1152, N=640, N_odd=784)
     program_shape = (384, 1152, 640)
+    train_kernels = 2  # forward and dx: dw's (1152, 640) output has 45 tiles, too few for the core (cuBLAS runs it)
     program_context = staticmethod(backends.lowering_for_gpu)
     # XLA's row statistics: x squared in float32 inside the reduction fusion that gives r (and, with a residual,
     # h = x + residual, the op's output) -- never a normalized tensor (test_norm_matmul_mosaic checks the HLO).

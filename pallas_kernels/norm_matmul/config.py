@@ -205,6 +205,11 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
 # Mosaic backend (``norm_matmul.mosaic``): three GEMMs of the core in ``pallas_kernels.gemm``
 # ---------------------------------------------------------------------------------------------------------------
 MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel")
+# dw's GEMM (K, M) @ (M, N) goes to cuBLAS when its output has fewer CTA tiles than the H100 has SMs: the persistent
+# core would leave most SMs idle (no split-K), where cuBLAS splits the long M reduction. 8192x512x2816 (the 'small'
+# preset's MLP projection, 44 tiles of 128x256): fwd+bwd 182 µs with the core's dw, XLA's norm+matmul 131
+# (rmsnorm_matmul-models-h100-f7b9c98.md).
+FEW_TILES = 132
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +219,8 @@ class MosaicRMSNormMatmulConfig:
     forward: y = r ⊙ (x @ w_γ), an (M, K) @ (K, N) GEMM.  dx: (M, N) @ (N, K), the x tile (and dh) prefetched for
     the epilogue.  dw: (K, M) @ (M, N), the w tile prefetched for the epilogue. Each a ``MosaicGemmConfig`` (a
     mapping of its fields is converted, so tuned entries and ``block_sizes`` may give dicts).
+    dw_in_xla: dw's GEMM g = xᵀ @ dyr by XLA (cuBLAS, float32 out) and dw, dgamma from g by XLA fusions; None
+      (default): when the dw kernel's output has fewer than FEW_TILES CTA tiles (``dw_by_xla``).
     stats_in_kernel: r from a fourth warpgroup of the forward kernel that sums the squares of each x tile in shared
       memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n"); False (default): from one
       XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
@@ -229,6 +236,7 @@ class MosaicRMSNormMatmulConfig:
     dx: MosaicGemmConfig
     dw: MosaicGemmConfig
     stats_in_kernel: bool = False
+    dw_in_xla: bool | None = None
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -240,6 +248,8 @@ class MosaicRMSNormMatmulConfig:
                                  f"fields, got {value!r}")
         if not isinstance(self.stats_in_kernel, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be a bool, got {self.stats_in_kernel!r}")
+        if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         if self.stats_in_kernel and (self.forward.pipeline != "own" or self.forward.wg_split != "n"
                                      or self.forward.pingpong):
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: the statistics warpgroup needs the forward "
@@ -249,13 +259,21 @@ class MosaicRMSNormMatmulConfig:
 
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
-                    stats_in_kernel=self.stats_in_kernel)
+                    stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla)
+
+    def dw_by_xla(self, K: int, N: int) -> bool:
+        """Whether dw's GEMM runs in XLA (cuBLAS) for w (K, N): ``dw_in_xla``, or when None, when the dw kernel's
+        output would have fewer CTA tiles than FEW_TILES."""
+        if self.dw_in_xla is not None:
+            return self.dw_in_xla
+        return (K // self.dw.cta_m) * (N // self.dw.cta_n) < FEW_TILES
 
     def unsupported_reason(self, M: int, K: int, N: int) -> str | None:
-        """None when the three GEMMs tile (M, K, N) (forward (M, N, K), dx (M, K, N), dw (K, N, M)); else the
-        constraint, naming the kernel."""
+        """None when the Mosaic GEMMs tile (M, K, N) (forward (M, N, K), dx (M, K, N), dw (K, N, M) unless XLA
+        runs it); else the constraint, naming the kernel."""
         sizes = dict(M=M, K=K, N=N)
-        for kernel, names in (("forward", "MNK"), ("dx", "MKN"), ("dw", "KNM")):
+        kernels = (("forward", "MNK"), ("dx", "MKN")) + (() if self.dw_by_xla(K, N) else (("dw", "KNM"),))
+        for kernel, names in kernels:
             reason = gemm_unsupported_reason(*(sizes[n] for n in names), getattr(self, kernel), names=tuple(names))
             if reason:
                 return f"{reason} ({kernel} kernel)"
@@ -314,5 +332,6 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     bwd = [dataclasses.replace(base, dx=dataclasses.replace(base.dx, **c), dw=dataclasses.replace(base.dw, **c))
            for c in bwd_changes]
     bwd.append(dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m")))
+    bwd += [dataclasses.replace(base, dw_in_xla=True), dataclasses.replace(base, dw_in_xla=False)]
     return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None],
             [c.to_dict() for c in bwd if c.unsupported_reason(M, K, N) is None])

@@ -16,6 +16,7 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               max r for float16) come from one XLA fusion over dy and y.
   dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
               epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K)).
+              Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and XLA fusions the rest.
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction
 over K, which no dx block holds whole, by one over N. Forward + backward = three GEMMs, a pass over w (shared by both
 directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward) bytes.
@@ -200,6 +201,10 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
     (dx,) = gemm(dy, _scaled_w(gamma, w), transpose_b=True, config=cfg.dx, out_dtype=dtype,
                  fusion=_dx_fusion(K, dh is not None), arrays=arrays, name="rmsnorm_matmul_dx")
+    if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
+        g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
+        dw = (g * (gamma.astype(_F32) * scale)[:, None]).astype(w.dtype)
+        return dx, (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype), dw
     dw, dgamma_parts = gemm(xn, dyr, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
                             fusion=_dw_fusion(K, N, cfg.dw), arrays=dict(w=w, gamma_s=gamma.astype(_F32) * scale),
                             name="rmsnorm_matmul_dw")
