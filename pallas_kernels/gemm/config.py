@@ -14,7 +14,16 @@ and "own" under lane semantics was the fastest or within 0.3% of the fastest at 
 rmsnorm_matmul kernels also ran fastest on it, at all four suite shapes. So the defaults are "own", "lane" and width
 8 along N; that combination, and the width at any other shape, is not measured yet. ``delay_release=1`` measured no
 faster (1658 vs 1636 µs at the largest shape, equal at the others); 3 stages and 128-wide K steps were slower (1715
-and 1816 µs against 1631, jax's loop at width 1). They stay options for a sweep.
+and 1816 µs against 1631, jax's loop at width 1). They stay options for a sweep. Which tiles ``matmul`` picks per
+shape (``gemm.CANDIDATES``) came later, from sweeps against cuBLAS (``mosaic_gemm_tiles-h100-*.json``).
+
+The ping-pong schedule (``schedule="pingpong"``, 2026-11-24, ``mosaic_gemm_tiles-h100-561a317.json`` and
+``-1f83762.json``): with one warpgroup issuing wgmma at a time, releasing each stage only after its wgmma completes
+(delay_release=0) starves the tensor cores (0.52-0.81x cuBLAS); one group in flight (delay_release=1) brings 128x128
+tiles to 0.936 / 0.948 / 0.939x at 32768x4096x4096 / 4096x4096x14336 / 8192x4096x6144, below the cooperative
+0.956-0.981x, but to 0.997-1.016x at 16384x1024x5504, where a 16-step K loop makes the epilogue matter; two groups
+in flight and 64x256 tiles were slower. It wins where K is short: the rmsnorm_matmul forward and backward at the
+small preset's 8192x512x2816 and the cross-entropy's dw updates over 512-row chunks (``gemm.default_config``).
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@
 
 One kernel launch, persistent: grid = one block per SM, each block walks the (cta_m, cta_n) output tiles in
 planar-snake order. A block has three warpgroups: two compute warpgroups, each owning a float32 (tile_m, tile_n)
-accumulator in registers (the CTA tile is two accumulators stacked along M or N: ``wg_split``), and one memory
-warpgroup issuing the TMA loads of the A and B tiles ``num_stages`` steps ahead into swizzled shared memory. Per
-output tile, in each compute warpgroup:
+accumulator in registers (the CTA tile is two accumulators stacked along M or N: ``wg_split``; or, with
+``schedule="pingpong"``, one accumulator, the block's tiles alternating between the two warpgroups so that one's
+epilogue runs under the other's K loop: ``gemm.specialized``), and one memory warpgroup issuing the TMA loads of
+the A and B tiles ``num_stages`` steps ahead into swizzled shared memory. Per output tile, in each compute
+warpgroup:
   1. start: TMA prefetch of the fusion's tile inputs (its (tile_m, tile_n) tile of each, e.g. the x tile an
      epilogue adds), and ``prologue_init`` (a carry for the epilogue: e.g. row vectors loaded from HBM);
   2. K loop, per step of tile_k: wait for the step's tiles, issue wgmma (both operands from SMEM), wait for the

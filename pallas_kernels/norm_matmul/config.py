@@ -206,9 +206,10 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
 # ---------------------------------------------------------------------------------------------------------------
 MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel")
 # dw's GEMM (K, M) @ (M, N) goes to cuBLAS when its output has fewer CTA tiles than the H100 has SMs: the persistent
-# core would leave most SMs idle (no split-K), where cuBLAS splits the long M reduction. 8192x512x2816 (the 'small'
-# preset's MLP projection, 44 tiles of 128x256): fwd+bwd 182 µs with the core's dw, XLA's norm+matmul 131
-# (rmsnorm_matmul-models-h100-f7b9c98.md).
+# core, without split-K, leaves SMs idle over the long M reduction, which cuBLAS splits. Measured at one shape,
+# 8192x512x2816 (the 'small' preset's MLP projection; 44 tiles of 128x256, 88 of 128x128): fwd+bwd 180.7 µs with
+# cuBLAS's dw (38.9 µs of it; rmsnorm_matmul-models-h100-e32b86c.json), 181.7 with the tuned ping-pong dw kernel and
+# 212 with cooperative dx and dw kernels (rmsnorm_matmul-sweep-mosaic-models-h100-f7b9c98.json): neutral there.
 FEW_TILES = 132
 
 
