@@ -158,6 +158,16 @@ def test_mosaic_dw_gemm_lowers_in_place_for_cuda():
         assert texts[choice].count("@mosaic_gpu") == 1  # one kernel: the loop body's dw update
         assert "output_operand_alias<output_tuple_indices = [], operand_index = 2" in texts[choice]  # dw in place
     assert "mosaic_gpu" not in texts["xla"]
+    # "auto" (the default) takes the Mosaic update for chunks of at most 512 rows (its ping-pong K loop) only
+    long_chunks = (jax.ShapeDtypeStruct((1280, H), jnp.bfloat16), args[1], jax.ShapeDtypeStruct((1280,), jnp.int32))
+    with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+        auto_640 = jax.jit(jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes={"chunk_rows": 640}),
+                                              argnums=(0, 1))).trace(*long_chunks).lower(
+            lowering_platforms=("cuda",)).as_text()
+        default_128 = jax.jit(jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes={"chunk_rows": 128}),
+                                                 argnums=(0, 1))).trace(*args).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" not in auto_640 and default_128.count("@mosaic_gpu") == 1
     h, w, labels = inputs(4, 16, 40, jnp.bfloat16, ignored_rows=())
     with pytest.raises(ValueError, match="dw_gemm='mosaic' cannot run here"):
         jax.grad(lambda w: _loss(h, w, labels, block_sizes={"dw_gemm": "mosaic"}))(w)

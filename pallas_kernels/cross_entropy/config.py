@@ -62,10 +62,13 @@ class LinearCrossEntropyConfig:
       row_pass: "pallas" (the row kernel) or "xla" (the same math as jnp, fused by XLA as it can).
       dw_gemm: who adds each chunk's h_cᵀ·dlogits_c into dw: "xla" (cuBLAS with beta = 1, reading dw in its
         epilogue), "mosaic" (the Mosaic-GPU GEMM core with ``accumulate_into``: each dw tile is prefetched while
-        the tile's K loop runs; sm90, 16-bit dw, H a multiple of 128, V of 256, Bc of 64), "auto" (mosaic where
-        it runs, else xla). Default "xla": inside the loss the Mosaic update measured as fast at 4096x2048x256000
-        (8255 vs 8228 µs for 7 updates) and slower at the other suite shapes (12452 vs 11568, 6553 vs 5869 µs;
-        benchmarks/results/NOTES.md).
+        the tile's K loop runs; sm90, 16-bit dw, H a multiple of 128, V of 256, Bc of 64), "auto" (default:
+        mosaic where it runs and chunks have at most ``gemm.SHORT_K`` = 512 rows, its ping-pong update; else xla).
+        Why (H100, value and gradient against plain XLA, benchmarks/results/NOTES.md): with 512-row chunks the
+        Mosaic update ran 0.981x XLA at 4096x2048x256000 where cuBLAS's ran 0.946x, with 256-row chunks at the 1b
+        head 0.669x against 0.599x; with 1024-row chunks it was as fast at 8192x4096x128256 (1.023 vs 1.017x) and
+        slower at 16384x4096x32000 (0.997 vs 1.033x). The default 10% rule's chunks at the suite shapes are larger
+        than 512 rows: cuBLAS's.
     """
 
     # Row-kernel defaults: the fastest of four tilings timed alone on the H100 at the suite's shapes
@@ -81,7 +84,7 @@ class LinearCrossEntropyConfig:
     dw_dtype: str = "param"
     logits_dtype: str = "compute"
     row_pass: str = "pallas"
-    dw_gemm: str = "xla"
+    dw_gemm: str = "auto"
 
     def __post_init__(self):
         tu.check_launch_fields(self)  # block_v, num_warps, num_stages

@@ -182,7 +182,7 @@ def _mosaic_dw_reason(h, w, st: _Static) -> str | None:
 def _mosaic_dw(h, w, st: _Static) -> bool:
     """Whether the dw updates run on the Mosaic GEMM core (config.dw_gemm; ValueError when "mosaic" cannot)."""
     choice = st.rows.config.dw_gemm
-    if choice == "xla":
+    if choice == "xla" or (choice == "auto" and st.chunk_rows > mosaic_gemm.SHORT_K):
         return False
     reason = _mosaic_dw_reason(h, w, st)
     if reason and choice == "mosaic":

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 
-__all__ = ["CANDIDATES", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul",
+__all__ = ["CANDIDATES", "SHORT_K", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul",
            "pick_config", "smem_bytes", "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -58,7 +58,7 @@ CANDIDATES = (
 _ACCUMULATE_LONG_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n")
 _ACCUMULATE_SHORT_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=5, schedule="pingpong",
                                        delay_release=1, grid_minor="m")
-_SHORT_K = 512
+SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) accumulate_into runs ping-pong
 
 
 def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConfig:
@@ -76,7 +76,7 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
     if accumulate_dtype is None:
         return pick_config(M, N, K)
-    config = pick_config(M, N, K, (_ACCUMULATE_SHORT_K if K <= _SHORT_K else _ACCUMULATE_LONG_K, *CANDIDATES))
+    config = pick_config(M, N, K, (_ACCUMULATE_SHORT_K if K <= SHORT_K else _ACCUMULATE_LONG_K, *CANDIDATES))
     while config.num_stages > 2 and smem_bytes(config, dtype, accumulate_dtype, tile_input_dtypes=(accumulate_dtype,),
                                                store_in_tile=True) > mu.H100_SMEM_BYTES - 1024:  # 1 KiB: barriers
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)
