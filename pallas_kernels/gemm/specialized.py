@@ -10,8 +10,8 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             blocks load as soon as the current tile's last stages are released.
   MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
             from shared memory), ``wgmma_wait(delay_release)``, arrive on ``consumed`` of the step whose wgmma is
-            complete (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with the prologue warpgroup's carry from
-            ``handoff`` when there is one.
+            complete (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with the prologue
+            warpgroup's carry from ``handoff`` when there is one.
   prologue  per tile: ``prologue_init``; per step: wait ``ready[s]``, ``prologue_step`` on the stage's A block,
             arrive on ``consumed[s]``; then writes its carry, ``Fusion.handoff_rows`` (tile_m,) float32 row
             vectors, into ``handoff`` and arrives on ``handoff_full``; the MMA warpgroups wait for it only before
@@ -25,8 +25,10 @@ Schedule "pingpong" (``MosaicGemmConfig.schedule``): the block's local tiles alt
 the other's K loop keeps the tensor cores busy. The stages stay one ring in load order, but each owner has its
 own ``ready`` and ``consumed`` barriers (index owner · S + s): a warpgroup waits only on the barriers of its own
 steps, so Mosaic's per-thread barrier phases stay in step with the completions it skips; the memory warpgroup
-waits on the barrier of the slot's previous owner. ``consumed`` then counts one arrival. Registers per thread (setmaxnreg, 512 per lane in all): memory 40, MMA
-``mma_registers`` (default 232 with three warpgroups, 208 with four), the prologue warpgroup the rest (56).
+waits on the barrier of the slot's previous owner. ``consumed`` then counts one arrival.
+
+Registers per thread (setmaxnreg, 512 per lane in all): memory 40, MMA ``mma_registers`` (default 232 with three
+warpgroups, 208 with four), the prologue warpgroup the rest (56).
 """
 
 from __future__ import annotations
