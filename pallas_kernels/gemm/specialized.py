@@ -122,7 +122,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             return lax.rem(local, 2) if cfg.pingpong else 0
 
         def barrier_of(step):
-            """Index into ``ready`` / ``consumed`` of the block's step-th pipeline step (step = local · k_iters + k)."""
+            """Index into ``ready`` / ``consumed`` of the block's step-th step (step = local · k_iters + k)."""
             return owner_of(lax.div(step, k_iters)) * num_stages + lax.rem(step, num_stages)
 
         @pl.when(wg == _MEMORY_WG)
