@@ -12,7 +12,8 @@
 # (mesh, strategy, devices, tokens_per_s, param_bytes_per_device, opt_bytes_per_device, peak_bytes per device, loss);
 # then the partitioned LM train step's fusion report (collectives listed once hlo_inspect knows them).
 # The machine's NCCL variables (NCCL_NVLS_ENABLE=0 among them) are left as they are. optax must be importable (see
-# gpu_train.sh for installing it offline from .wheels).
+# gpu_train.sh for installing it offline from .wheels). KERNELS="attention=cudnn" times one kernel set instead of
+# the three (all XLA, cuDNN attention, Mosaic attention): about a third of the time per mesh.
 set -euo pipefail
 mesh=${1:?usage: OUT=DIR bash benchmarks/scripts/multi_gpu.sh data=2[,model=2] [--fsdp]}
 shift
@@ -28,7 +29,10 @@ tag="${mesh//[=,]/}${1:+-fsdp}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv > "$OUT/multi_gpu-$tag-devices.txt" || true
 env | grep '^NCCL_' | sort >> "$OUT/multi_gpu-$tag-devices.txt" || true
+if [ -n "${KERNELS+x}" ]; then read -ra sets <<< "$KERNELS"; else sets=("" attention=cudnn attention=pallas_mosaic); fi
+kernel_flags=()
+for set in "${sets[@]}"; do kernel_flags+=(--kernels "$set"); done
 python3 -m jaxfuse.cli bench --op train_step --shapes 1b --mesh "$mesh" "$@" --iterations 20 \
-  --kernels '' --kernels attention=cudnn --kernels attention=pallas_mosaic --out "$OUT" 2>&1 | tee "$OUT/train_step-$tag-log.txt"
+  "${kernel_flags[@]}" --out "$OUT" 2>&1 | tee "$OUT/train_step-$tag-log.txt"
 python3 -m jaxfuse.cli inspect --model lm --train-step --batch 8 --mesh "$mesh" "$@" --no-ledger 2>&1 \
   | tee "$OUT/inspect_lm_train-$tag.txt"
