@@ -140,8 +140,8 @@ def test_mosaic_dw_gemm_lowers_in_place_for_cuda():
             jax.ShapeDtypeStruct((B,), jnp.int32))
 
     def program(dw_gemm, h, w, y):
-        return jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes={"chunk_rows": 128, "dw_gemm": dw_gemm}),
-                                  argnums=(0, 1))
+        sizes = {"chunk_rows": 128, "dw_gemm": dw_gemm, "logits_gemm": "xla"}  # logits: cuBLAS (a test below)
+        return jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes=sizes), argnums=(0, 1))
 
     def lowered(dw_gemm, *args):
         return jax.jit(program(dw_gemm, *args)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -161,10 +161,12 @@ def test_mosaic_dw_gemm_lowers_in_place_for_cuda():
     # "auto" (the default) takes the Mosaic update for chunks of at most 512 rows (its ping-pong K loop) only
     long_chunks = (jax.ShapeDtypeStruct((1280, H), jnp.bfloat16), args[1], jax.ShapeDtypeStruct((1280,), jnp.int32))
     with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
-        auto_640 = jax.jit(jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes={"chunk_rows": 640}),
+        auto_640 = jax.jit(jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes={
+            "chunk_rows": 640, "logits_gemm": "xla"}),
                                               argnums=(0, 1))).trace(*long_chunks).lower(
             lowering_platforms=("cuda",)).as_text()
-        default_128 = jax.jit(jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes={"chunk_rows": 128}),
+        default_128 = jax.jit(jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes={
+            "chunk_rows": 128, "logits_gemm": "xla"}),
                                                  argnums=(0, 1))).trace(*args).lower(
             lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" not in auto_640 and default_128.count("@mosaic_gpu") == 1
@@ -175,7 +177,8 @@ def test_mosaic_dw_gemm_lowers_in_place_for_cuda():
 
 def test_row_kernel_lowers_for_cuda_with_dlogits_over_the_logits():
     """Lowered for CUDA on any machine: value-and-grad has one row kernel per step kind (the peeled last chunk and
-    the loop), each a Triton kernel with two vocabulary loops and no dot, writing dlogits over its logits input."""
+    the loop), each a Triton kernel with two vocabulary loops and no dot, writing dlogits over its logits input
+    (V = 5003 does not tile: the logits come from cuBLAS)."""
     from hlo_inspect import triton_ir
 
     B, H, V = 300, 256, 5003
@@ -188,6 +191,57 @@ def test_row_kernel_lowers_for_cuda_with_dlogits_over_the_logits():
     assert [k.name for k in found] == ["linear_cross_entropy_rows"] * 2
     assert all("2 loops" in k.summary() and "0 dots" in k.summary() for k in found)
     assert text.count("output_operand_alias<output_tuple_indices = [0], operand_index = 0") == 2
+
+
+# ------------------------------------------------------------------------------------------------ Mosaic logits
+@pytest.mark.parametrize("dtype,reduction,z_loss", [(jnp.bfloat16, "mean", 1e-3),
+                                                    pytest.param(jnp.float16, "sum", 0.0, marks=pytest.mark.slow)])
+def test_mosaic_logits_with_statistics_match_reference(dtype, reduction, z_loss):
+    """Logits and their log-sum-exp from the Mosaic GEMM core's epilogue (``logits_gemm="mosaic"``), the row kernel
+    writing dlogits only: 3 chunks of 128 rows (the last sharing 64 with the one before), against the float32
+    reference; on the CPU in GPU interpret mode (2 simulated SMs)."""
+    import contextlib
+
+    from pallas_kernels import mosaic_utils
+
+    B, H, V = (320, 256, 2048) if ON_GPU else (320, 64, 512)
+    with contextlib.nullcontext() if ON_GPU else mosaic_utils.interpret_on_cpu(num_sms=2):
+        _TRITON.check_against_reference(B, H, V, dtype, reduction=reduction, z_loss=z_loss,
+                                        block_sizes={"chunk_rows": 128, "logits_gemm": "mosaic"})
+
+
+def test_mosaic_logits_lower_for_cuda_and_fall_back():
+    """Lowered for CUDA: with logits_gemm "mosaic" (and "auto") value-and-grad runs one Mosaic logits kernel per step
+    kind and row kernels with one vocabulary loop (dlogits only); evaluation keeps cuBLAS and the statistics pass.
+    A soft cap or a V the tiles do not divide: "auto" falls back to cuBLAS, "mosaic" names why it cannot."""
+    from hlo_inspect import triton_ir
+
+    B, H, V = 384, 256, 1024
+    args = (jax.ShapeDtypeStruct((B, H), jnp.bfloat16), jax.ShapeDtypeStruct((H, V), jnp.bfloat16),
+            jax.ShapeDtypeStruct((B,), jnp.int32))
+
+    def grad_fn(logits_gemm, **kwargs):
+        sizes = {"chunk_rows": 128, "dw_gemm": "xla", "logits_gemm": logits_gemm}
+        return jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes=sizes, **kwargs), argnums=(0, 1))
+
+    def lowered(fn, *args):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+        for choice in ("mosaic", "auto"):
+            assert lowered(grad_fn(choice), *args).count("@mosaic_gpu") == 2, choice  # peeled chunk + loop body
+            rows = triton_ir.lower_kernels(grad_fn(choice), *args)
+            assert [k.name for k in rows] == ["linear_cross_entropy_rows"] * 2
+            assert all("1 loops" in k.summary() for k in rows), [k.summary() for k in rows]
+        assert "mosaic_gpu" not in lowered(grad_fn("xla"), *args)
+        assert "mosaic_gpu" not in lowered(lambda h, w, y: _loss(h, w, y, block_sizes={"chunk_rows": 128}), *args)
+        assert "mosaic_gpu" not in lowered(grad_fn("auto", logit_soft_cap=5.0), *args)
+        odd_v = (args[0], jax.ShapeDtypeStruct((H, 1000), jnp.bfloat16), args[2])
+        assert "mosaic_gpu" not in lowered(grad_fn("auto"), *odd_v)
+        with pytest.raises(ValueError, match=r"logits_gemm='mosaic' cannot run here: V=1000 is not a positive mult"):
+            lowered(grad_fn("mosaic"), *odd_v)
+        with pytest.raises(ValueError, match="logits_gemm='mosaic' cannot run here: logit_soft_cap"):
+            lowered(grad_fn("mosaic", logit_soft_cap=5.0), *args)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -236,7 +290,8 @@ def test_bad_block_sizes_and_mosaic():
     ({"temp_fraction": 0.0}, "temp_fraction"), ({"temp_fraction": True}, "temp_fraction"),
     ({"rows_per_program": 3}, "rows_per_program"), ({"block_v": 100}, "block_v"),
     ({"num_warps": 3}, "num_warps"), ({"dw_dtype": "bf16"}, "dw_dtype"), ({"logits_dtype": "f32"}, "logits_dtype"),
-    ({"row_pass": "cuda"}, "row_pass"), ({"dw_gemm": "cublas"}, "dw_gemm")])
+    ({"row_pass": "cuda"}, "row_pass"), ({"dw_gemm": "cublas"}, "dw_gemm"),
+    ({"logits_gemm": "triton"}, "logits_gemm")])
 def test_config_validation_names_the_field(fields, name):
     with pytest.raises(ValueError, match=f"LinearCrossEntropyConfig.{name}"):
         LinearCrossEntropyConfig(**fields)

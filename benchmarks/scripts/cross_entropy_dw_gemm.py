@@ -114,15 +114,19 @@ def time_dw_update(H: int, V: int, Bc: int, iterations: int, configs=None) -> di
 def loss_fns(labels, Bc: int, dw_configs=()):
     """value_and_grad of plain XLA's loss, of the fused loss with cuBLAS's dw update, and with the Mosaic update:
     the accumulating default config, and for each name of ``dw_configs`` that UPDATE_CONFIGS entry over it
-    (``dw_mosaic_<name>``). Each jitted function is traced at its first call inside ``with_config``."""
-    def fused(dw_gemm, overrides=None):
-        sizes = {"chunk_rows": Bc, "dw_gemm": dw_gemm}
+    (``dw_mosaic_<name>``); each with cuBLAS's logits, and the first two also with the logits and their
+    statistics from the Mosaic GEMM core (``*_stats``: ``logits_gemm="mosaic"``). Each jitted function is traced
+    at its first call inside ``with_config``."""
+    def fused(dw_gemm, overrides=None, logits_gemm="xla"):
+        sizes = {"chunk_rows": Bc, "dw_gemm": dw_gemm, "logits_gemm": logits_gemm}
         fn = jax.jit(jax.value_and_grad(lambda h, w: pallas_kernels.linear_cross_entropy(
             h, w, labels, backend="triton", block_sizes=sizes), argnums=(0, 1)))
         return fn if overrides is None else with_config(fn, overrides)
 
     plain = jax.jit(jax.value_and_grad(lambda h, w: kernels.plain_cross_entropy(h, w, labels), argnums=(0, 1)))
-    fns = {"xla_plain": plain, "dw_xla": fused("xla"), "dw_mosaic": fused("mosaic")}
+    fns = {"xla_plain": plain, "dw_xla": fused("xla"), "dw_mosaic": fused("mosaic"),
+           "dw_xla_stats": fused("xla", logits_gemm="mosaic"),
+           "dw_mosaic_stats": fused("mosaic", logits_gemm="mosaic")}
     fns.update({f"dw_mosaic_{name}": fused("mosaic", UPDATE_CONFIGS[name]) for name in dw_configs})
     return fns
 
@@ -227,7 +231,7 @@ def main() -> int:
                 row["dw_diff_rel"] = {k: float(np.abs(np.asarray(fn(h, w)[1][1], np.float32) - want).max()
                                                / np.abs(want).max()) for k, fn in fns.items() if k != "dw_xla"}
                 row["temp_mib"] = {k: fns[k].lower(h, w).compile().memory_analysis().temp_size_in_bytes / 2**20
-                                   for k in ("xla_plain", "dw_xla", "dw_mosaic")}
+                                   for k in ("xla_plain", "dw_xla", "dw_mosaic", "dw_xla_stats")}
                 timings = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=args.iterations)
                 for impl, t in zip(fns, timings):
                     top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:8]

@@ -38,7 +38,7 @@ GEMM_WORKSPACE_BYTES = 32 * 2**20  # XLA's cuBLAS workspace, one temporary (s8[3
 # runs on bandwidth and each extra chunk costs a whole pass over dw.
 RIDGE_FLOPS_PER_BYTE = 274
 _CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla"),
-            "dw_gemm": ("auto", "xla", "mosaic")}
+            "dw_gemm": ("auto", "xla", "mosaic"), "logits_gemm": ("auto", "xla", "mosaic")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,11 @@ class LinearCrossEntropyConfig:
         head 0.669x against 0.599x; with 1024-row chunks it was as fast at 8192x4096x128256 (1.023 vs 1.017x) and
         slower at 16384x4096x32000 (0.997 vs 1.033x). The default 10% rule's chunks at the suite shapes are larger
         than 512 rows: cuBLAS's.
+      logits_gemm: who computes each chunk's logits when the gradient is wanted: "xla" (cuBLAS; the row kernel
+        then reads them twice, for the log-sum-exp and for dlogits), "mosaic" (the Mosaic-GPU GEMM core with the
+        softmax statistics in its epilogue, ``mosaic_logits``: the row kernel reads them once; sm90, 16-bit inputs,
+        no logit_soft_cap, float32 logits not asked for, whole GEMM tiles), "auto" (default: mosaic where it runs,
+        else xla). Evaluation (no gradient) keeps cuBLAS and the statistics pass.
     """
 
     # Row-kernel defaults: the fastest of four tilings timed alone on the H100 at the suite's shapes
@@ -85,6 +90,7 @@ class LinearCrossEntropyConfig:
     logits_dtype: str = "compute"
     row_pass: str = "pallas"
     dw_gemm: str = "auto"
+    logits_gemm: str = "auto"
 
     def __post_init__(self):
         tu.check_launch_fields(self)  # block_v, num_warps, num_stages

@@ -66,7 +66,9 @@ from jax.experimental import pallas as pl
 from pallas_kernels import backends
 from pallas_kernels import triton_utils as tu
 from pallas_kernels import gemm as mosaic_gemm
+from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.cross_entropy import config as _config
+from pallas_kernels.cross_entropy import mosaic_logits
 from pallas_kernels.cross_entropy.triton_rows import RowOptions, row_pass
 
 __all__ = ["Config", "FORWARD_FIELDS", "default_config", "linear_cross_entropy", "sweep_candidates",
@@ -190,6 +192,39 @@ def _mosaic_dw(h, w, st: _Static) -> bool:
     return reason is None
 
 
+def _mosaic_logits_reason(h, w, st: _Static) -> str | None:
+    """None when each chunk's logits and log-sum-exp can come from the Mosaic GEMM core's statistics epilogue
+    (``mosaic_logits``); else the sentence why not."""
+    if st.rows.interpret and not mu.interpreting():
+        return "interpret mode runs no Mosaic-GPU kernel (outside mosaic_utils.interpret_on_cpu)"
+    if st.rows.logit_soft_cap is not None:
+        return "logit_soft_cap is applied by the row kernel, after the statistics the epilogue would take"
+    if st.rows.config.logits_dtype == "float32":
+        return "logits_dtype='float32': the Mosaic logits GEMM writes the input dtype"
+    return mosaic_logits.unsupported_reason(st.chunk_rows, h.shape[1], w.shape[1], h.dtype)
+
+
+def _mosaic_logits(h, w, st: _Static) -> bool:
+    """Whether the forward rule's chunks take their logits and lse from the Mosaic GEMM core (config.logits_gemm;
+    ValueError when "mosaic" cannot)."""
+    choice = st.rows.config.logits_gemm
+    if choice == "xla":
+        return False
+    reason = _mosaic_logits_reason(h, w, st)
+    if reason and choice == "mosaic":
+        raise ValueError(f"linear_cross_entropy: logits_gemm='mosaic' cannot run here: {reason}")
+    return reason is None
+
+
+def _label_logit(logits, labels):
+    """logits[r, labels[r]] (R,) float32, 0 for a label outside [0, V) (as the row kernel's: the caller marks such
+    rows through their weights)."""
+    V = logits.shape[1]
+    column = jnp.clip(labels, 0, V - 1)[:, None]
+    zy = jnp.take_along_axis(logits, column, axis=1)[:, 0].astype(jnp.float32)
+    return jnp.where((labels >= 0) & (labels < V), zy, 0.0)
+
+
 def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     """(total, dh, dw): total = Σ g·row loss (float32; 0 when lse is given), dh (B, H) in h's dtype and dw (H, V)
     in w's dtype (None where ``wanted`` says the caller does not differentiate that input: its GEMM never runs), for
@@ -202,6 +237,7 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     dw_dtype = jnp.float32 if st.rows.config.dw_dtype == "float32" else w.dtype
     prec = _precision(h.dtype)
     mosaic_dw = wanted.dw and _mosaic_dw(h, w, st)
+    stats_in_gemm = lse is None and _mosaic_logits(h, w, st)
 
     def step(start, carry, first: bool):
         h_c = lax.dynamic_slice_in_dim(h, start, Bc)  # (Bc, H)
@@ -209,7 +245,12 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         if first and shared:
             g_c = jnp.where(jnp.arange(Bc) >= shared, g_c, 0.0)  # counted by the next step
         lse_c = None if lse is None else lax.dynamic_slice_in_dim(lse, start, Bc)
-        dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # dl (Bc, V)
+        if stats_in_gemm:  # lse from GEMM 1's epilogue: the row kernel only writes dlogits
+            logits_c, lse_c = mosaic_logits.logits_and_lse(h_c, w)
+            zy = _label_logit(logits_c, y_c)
+            dl, _, _ = row_pass(logits_c, y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)
+        else:
+            dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # dl (Bc, V)
         total = jnp.float32(0.0) if zy is None else jnp.sum(g_c * _row_loss(lse_c, zy, st))
         dh, dw = (None, None) if first else carry[1:]
         if wanted.dh:

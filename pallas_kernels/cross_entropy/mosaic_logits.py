@@ -1,0 +1,81 @@
+"""GEMM 1 of a token chunk on the Mosaic-GPU core, with the softmax statistics in its epilogue.
+
+    logits, lse = logits_and_lse(h_c, w)       # h_c (Bc, H), w (H, V) 16-bit -> (Bc, V) in h's dtype, (Bc,) float32
+    unsupported_reason(Bc, H, V, dtype)        # None, or the sentence why this chunk cannot take it
+
+The chunk loop (``triton.py``) otherwise writes the logits with cuBLAS and its row kernel reads them twice: once
+for the log-sum-exp, once to write dlogits. Here each compute warpgroup, holding a (tile_m, tile_n) float32 tile of
+logits, also stores per row the tile's maximum and Σ exp(z − max) into (V / tile_n, Bc) arrays; a small XLA
+reduction combines the column blocks, lse = M + log Σ_c s_c·exp(m_c − M) with M = max_c m_c, and the row kernel
+only writes dlogits: per chunk one read of the logits fewer, Bc·V·s bytes (2.1 GB at 8192x128256 in bf16).
+
+The statistics are taken over the logits rounded to the input dtype, the values the row kernel reads back for
+dlogits (as on the cuBLAS path, where it computes both from them): a log-sum-exp of the unrounded float32
+accumulator instead left dh 1.5x further from the float32 reference (softmax of the rounded logits no longer
+summing to 1). Needs an sm90 GPU (or GPU
+interpret mode on the CPU, ``mosaic_utils.interpret_on_cpu``), 16-bit inputs, and the GEMM core's whole tiles: Bc
+a multiple of its block's rows, V of its columns (256 with the default tiles), H of tile_k.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels import backends
+from pallas_kernels import gemm as mosaic_gemm
+from pallas_kernels import mosaic_utils as mu
+
+__all__ = ["config_for", "logits_and_lse", "unsupported_reason"]
+
+_F32 = jnp.float32
+_BLOCK_MAX, _BLOCK_SUMEXP = "block_max", "block_sumexp"
+
+
+def config_for(Bc: int, H: int, V: int, dtype) -> mosaic_gemm.MosaicGemmConfig:
+    """The GEMM core's config for (Bc, H) @ (H, V): its default tiles (``gemm.default_config``)."""
+    return mosaic_gemm.default_config(Bc, V, H, dtype)
+
+
+def unsupported_reason(Bc: int, H: int, V: int, dtype) -> str | None:
+    """None when the logits of a (Bc, H) @ (H, V) chunk can come from this kernel; else one sentence why not."""
+    if not mu.interpreting():
+        reason = backends.unavailable_reason("mosaic")
+        if reason:
+            return reason
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"the Mosaic logits GEMM takes 16-bit inputs, got {jnp.dtype(dtype).name}"
+    return mosaic_gemm.unsupported_reason(Bc, V, H, config_for(Bc, H, V, dtype), names=("chunk_rows", "V", "H"))
+
+
+def _stats_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
+    """Epilogue: the tile rounded to ``dtype`` (what is stored), and per row its max and Σ exp(z − max) over those
+    rounded values, into row ``col_block`` of the (V / tile_n, Bc) outputs."""
+    blocks = V // tile_n
+
+    def epilogue(ctx, acc, carry):
+        del ctx, carry
+        z = acc.astype(dtype).astype(_F32)  # the stored logits: the row kernel's softmax of them sums to 1
+        block_max = jnp.max(z, axis=1)  # (tile_m,)
+        block_sumexp = jnp.sum(jnp.exp(z - lax.broadcast_in_dim(block_max, z.shape, [0])), axis=1)
+        return z, {_BLOCK_MAX: block_max, _BLOCK_SUMEXP: block_sumexp}
+
+    stats = jax.ShapeDtypeStruct((blocks, Bc), _F32)
+    return mosaic_gemm.Fusion(outputs=((_BLOCK_MAX, stats), (_BLOCK_SUMEXP, stats)), epilogue=epilogue)
+
+
+def logits_and_lse(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(logits (Bc, V) in h_c's dtype, lse (Bc,) float32) of h_c (Bc, H) @ w (H, V); ValueError (naming the
+    constraint) where ``unsupported_reason`` says no."""
+    (Bc, H), V = h_c.shape, w.shape[1]
+    reason = unsupported_reason(Bc, H, V, h_c.dtype)
+    if reason:
+        raise ValueError(f"linear_cross_entropy logits on the Mosaic GEMM: {reason}")
+    config = config_for(Bc, H, V, h_c.dtype)
+    logits, block_max, block_sumexp = mosaic_gemm.gemm(
+        h_c, w, config=config, out_dtype=h_c.dtype, fusion=_stats_fusion(Bc, V, config.tile_n, h_c.dtype),
+        name="linear_cross_entropy_logits")
+    row_max = jnp.max(block_max, axis=0)  # (Bc,)
+    lse = row_max + jnp.log(jnp.sum(block_sumexp * jnp.exp(block_max - row_max), axis=0))
+    return logits, lse
