@@ -4,7 +4,7 @@ cross-entropy's value and gradient and alone, plain XLA's loss in the same run; 
 
     PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_dw_gemm.py --out $OUT [--shapes 8k_128k,4k_256k,16k_32k]
         [--sections update,loss,update_configs,eval,chunks] [--eval-multipliers 1,2,4] [--chunks 256,512,1024]
-        [--temp-fraction 0.05] [--dw-configs pingpong_128x128,...]
+        [--temp-fraction 0.05] [--dw-configs pingpong_128x128,...] [--logits-configs pingpong_128x128,...]
 
 Per shape (bf16, the suite's inputs, the memory rule's chunk): (1) one chunk's dw update alone, dw (H, V) +=
 h_cᵀ (H, Bc) @ dl_c (Bc, V), in a 4-step loop over fresh chunks (cuBLAS via XLA's fused add, and the Mosaic
@@ -34,6 +34,7 @@ from attention_fused_bwd import results_file
 from jaxfuse import bench, kernels
 from jaxfuse.suites.cross_entropy import SHAPES, make_inputs
 from pallas_kernels.cross_entropy import config as ce_config
+from pallas_kernels.cross_entropy import mosaic_logits
 from pallas_kernels import gemm as mosaic_gemm
 from pallas_kernels.gemm import default_config, matmul
 
@@ -111,7 +112,7 @@ def time_dw_update(H: int, V: int, Bc: int, iterations: int, configs=None) -> di
     return out
 
 
-def loss_fns(labels, Bc: int, dw_configs=()):
+def loss_fns(labels, Bc: int, dw_configs=(), logits_configs=()):
     """value_and_grad of plain XLA's loss, of the fused loss with cuBLAS's dw update, and with the Mosaic update:
     the accumulating default config, and for each name of ``dw_configs`` that UPDATE_CONFIGS entry over it
     (``dw_mosaic_<name>``); each with cuBLAS's logits, and the first two also with the logits and their
@@ -128,7 +129,40 @@ def loss_fns(labels, Bc: int, dw_configs=()):
            "dw_xla_stats": fused("xla", logits_gemm="mosaic"),
            "dw_mosaic_stats": fused("mosaic", logits_gemm="mosaic")}
     fns.update({f"dw_mosaic_{name}": fused("mosaic", UPDATE_CONFIGS[name]) for name in dw_configs})
+    dw_auto = "mosaic" if Bc <= mosaic_gemm.SHORT_K else "xla"
+    fns.update({f"dw_{dw_auto}_stats_{name}": with_logits_config(fused(dw_auto, logits_gemm="mosaic"),
+                                                                 LOGITS_CONFIGS[name]) for name in logits_configs})
     return fns
+
+
+# Overrides of the Mosaic logits GEMM's config (``mosaic_logits.config_for``: the core's default tiles); ping-pong:
+# one warpgroup's epilogue (the statistics' exp and sums, the store) under the other's K loop.
+LOGITS_CONFIGS = {
+    "pingpong_128x128": dict(tile_m=128, tile_n=128, wg_split="n", schedule="pingpong", num_stages=6,
+                             delay_release=1, grid_minor="m"),
+    "pingpong_128x128_delay2": dict(tile_m=128, tile_n=128, wg_split="n", schedule="pingpong", num_stages=6,
+                                    delay_release=2, grid_minor="m"),
+    "pingpong_64x256": dict(tile_m=64, tile_n=256, wg_split="n", schedule="pingpong", num_stages=4,
+                            delay_release=1, grid_minor="m"),
+    "stacked_delay1": dict(delay_release=1),
+}
+
+
+def with_logits_config(fn, overrides: dict):
+    """fn, traced (at its first call) with the Mosaic logits GEMM's config replaced by its default with
+    ``overrides``."""
+    default = mosaic_logits.config_for
+    traced = []
+
+    def call(*args):
+        if not traced:
+            patched = lambda *a: dataclasses.replace(default(*a), **overrides)
+            with mock.patch.object(mosaic_logits, "config_for", patched):
+                fn.lower(*args)  # traced under the patch; jit's cache keeps this trace
+            traced.append(True)
+        return fn(*args)
+
+    return call
 
 
 def with_config(fn, overrides: dict):
@@ -196,6 +230,8 @@ def main() -> int:
     parser.add_argument("--temp-fraction", type=float, default=ce_config.TEMP_FRACTION,
                         help="the memory rule's bound that picks each shape's chunk")
     parser.add_argument("--dw-configs", default="", help="UPDATE_CONFIGS names the loss section also runs")
+    parser.add_argument("--logits-configs", default="", help="LOGITS_CONFIGS names the loss section also runs "
+                        "(with the dw update \"auto\" picks)")
     parser.add_argument("--update-configs", default=",".join(UPDATE_CONFIGS),
                         help="UPDATE_CONFIGS names the update_configs section times")
     args = parser.parse_args()
@@ -226,7 +262,8 @@ def main() -> int:
                 print(name, "chunks", {k: (round(v, 3), round(row["chunks"]["temp_pct_of_xla"][k], 2))
                                        for k, v in row["chunks"]["speedup_vs_xla"].items()}, flush=True)
             if "loss" in sections:
-                fns = loss_fns(labels, Bc, [c for c in args.dw_configs.split(",") if c])
+                fns = loss_fns(labels, Bc, [c for c in args.dw_configs.split(",") if c],
+                               [c for c in args.logits_configs.split(",") if c])
                 want = np.asarray(fns["dw_xla"](h, w)[1][1], np.float32)
                 row["dw_diff_rel"] = {k: float(np.abs(np.asarray(fn(h, w)[1][1], np.float32) - want).max()
                                                / np.abs(want).max()) for k, fn in fns.items() if k != "dw_xla"}
