@@ -227,6 +227,9 @@ def test_mosaic_logits_lower_for_cuda_and_fall_back():
     def lowered(fn, *args):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
+    from pallas_kernels.cross_entropy import mosaic_logits
+
+    assert mosaic_logits.config_for(128, H, V, jnp.bfloat16).schedule == "pingpong"  # its epilogue under a K loop
     with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
         for choice in ("mosaic", "auto"):
             assert lowered(grad_fn(choice), *args).count("@mosaic_gpu") == 2, choice  # peeled chunk + loop body

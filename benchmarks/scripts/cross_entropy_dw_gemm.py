@@ -135,16 +135,13 @@ def loss_fns(labels, Bc: int, dw_configs=(), logits_configs=()):
     return fns
 
 
-# Overrides of the Mosaic logits GEMM's config (``mosaic_logits.config_for``: the core's default tiles); ping-pong:
-# one warpgroup's epilogue (the statistics' exp and sums, the store) under the other's K loop.
+# Overrides of the Mosaic logits GEMM's config (``mosaic_logits.config_for``: ping-pong 128x128 tiles, one wgmma
+# group in flight, where they divide the shapes).
 LOGITS_CONFIGS = {
-    "pingpong_128x128": dict(tile_m=128, tile_n=128, wg_split="n", schedule="pingpong", num_stages=6,
-                             delay_release=1, grid_minor="m"),
-    "pingpong_128x128_delay2": dict(tile_m=128, tile_n=128, wg_split="n", schedule="pingpong", num_stages=6,
-                                    delay_release=2, grid_minor="m"),
-    "pingpong_64x256": dict(tile_m=64, tile_n=256, wg_split="n", schedule="pingpong", num_stages=4,
-                            delay_release=1, grid_minor="m"),
-    "stacked_delay1": dict(delay_release=1),
+    "stacked_64x256": dict(tile_m=64, tile_n=256, wg_split="m", schedule="cooperative", num_stages=4,
+                           delay_release=0),
+    "pingpong_128x128_delay2": dict(delay_release=2),
+    "pingpong_64x256": dict(tile_m=64, tile_n=256, num_stages=4),
 }
 
 
