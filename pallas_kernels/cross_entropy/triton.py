@@ -10,6 +10,11 @@ vocabulary-wide row work (``triton_rows.py``):
                            dh[c] = dlogits_c @ wᵀ                    (Bc, H), GEMM 2, written once
                            dw += h_cᵀ @ dlogits_c                    (H, V), GEMM 3, accumulated over chunks
 
+With ``logits_gemm`` (default "auto": on sm90 where the tiles divide the shapes) the forward rule's chunks take
+their logits from the Mosaic GEMM core, whose epilogue also stores per-row softmax statistics
+(``mosaic_logits.py``): the lse comes from them, and the row kernel only writes dlogits (one read of the chunk's
+logits fewer).
+
 Paths. ``reduction="mean"|"sum"`` is a scalar ``custom_vjp``: its primal (evaluation, no gradient) runs GEMM 1 and
 the statistics pass only (1 GEMM, like XLA's forward); its forward rule runs the GEMMs with dlogits_c already
 scaled by the row weight (1/count or 1, 0 for ignored rows) and keeps dh (B, H) and dw (H, V) as residuals; the
@@ -23,7 +28,7 @@ cotangent inside the GEMMs: its forward rule is the 1-GEMM path keeping lse (B,)
 Cost model (F = 2·B·H·V FLOPs, one GEMM of the problem; n = B / Bc chunks):
   evaluation: 1 F. HBM: w read n times (L2 absorbs little), logits written once and read once (2·B·V·s).
   value and gradient: 3 F. The row kernel reads each chunk's logits twice and writes dlogits over them: 3·B·V·s
-  bytes. The dw GEMM reads and writes dw (H·V·s each) at every chunk but the first (XLA folds the add into the
+  bytes (2·B·V·s with the statistics from the Mosaic logits GEMM). The dw GEMM reads and writes dw (H·V·s each) at every chunk but the first (XLA folds the add into the
   cuBLAS call as beta = 1): 2·(n − 1)·H·V·s bytes, overlapped with its 2·Bc·H·V FLOPs when Bc·H / (2·H + Bc)
   exceeds the machine's FLOP/byte ratio (about 270 on an H100), i.e. Bc >~ 600 at H = 4096.
 Stored (temporaries): one chunk's logits Bc·V·s (dlogits overwrite them), the chunk's (Bc, H) slices of h and dh,
@@ -34,9 +39,9 @@ sqrt(n) bf16 roundings (``dw_dtype="float32"``: an H·V·4 accumulator instead).
 without gradients (evaluation) take chunks of ``eval_chunk_rows`` (default: a quarter of B where that is larger).
 
 Measured (H100, bf16, CUPTI, XLA in the same run; benchmarks/results/NOTES.md, "Linear cross-entropy"): fwd+bwd
-1.09x XLA at 8192x4096x128256, 1.11x at 4096x2048x256000, 1.06x at 16384x4096x32000 with 2048, 1024 and 2048-row
-chunks (6.3-9.4% of XLA's temporaries); with temp_fraction=0.05 (1024, 512, 1024 rows, 3.7-5.0%): 1.04, 0.93 and
-1.00x, the dw updates over shorter chunks re-reading dw more often. Evaluation 1.02-1.05x.
+1.10x XLA at 8192x4096x128256, 1.12x at 4096x2048x256000, 1.06x at 16384x4096x32000 with 2048, 1024 and 2048-row
+chunks (6.3-9.4% of XLA's temporaries); with temp_fraction=0.05 (1024, 512, 1024 rows, 3.7-5.0%): 1.05, 1.01 and
+1.03x, the dw updates over shorter chunks re-reading dw more often. Evaluation 1.02-1.05x.
 
 Why not the earlier design (one Pallas kernel for the forward's online log-sum-exp over vocabulary tiles, a
 backward recomputing the logits: 4 GEMMs, Pallas-Triton GEMMs 15-20% below cuBLAS; in the history up to commit
