@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     with gzip.open(base + ".hlo.txt.gz", "wt") as f:
         f.write(hlo_text)
     print(f"{args.preset} {layout} ({layout.strategy}) {kernels} XLA_FLAGS={record['xla_flags']!r}: step "
-          f"{wall.median_us / 1e3:.1f} ms wall (spread {min(wall.samples_us) / 1e3:.1f}-{max(wall.samples_us) / 1e3:.1f}), "
+          f"{wall.median_us / 1e3:.1f} ms wall (spread {min(wall.samples_us) / 1e3:.1f}-"
+          f"{max(wall.samples_us) / 1e3:.1f}), "
           f"{record['tokens_per_s'] / 1e3:.1f}k tokens/s")
     print(f"collectives: {len(rows)}, payload by element type: "
           + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in record["collective_payload_bytes_by_type"].items()))

@@ -28,9 +28,10 @@ cotangent inside the GEMMs: its forward rule is the 1-GEMM path keeping lse (B,)
 Cost model (F = 2·B·H·V FLOPs, one GEMM of the problem; n = B / Bc chunks):
   evaluation: 1 F. HBM: w read n times (L2 absorbs little), logits written once and read once (2·B·V·s).
   value and gradient: 3 F. The row kernel reads each chunk's logits twice and writes dlogits over them: 3·B·V·s
-  bytes (2·B·V·s with the statistics from the Mosaic logits GEMM). The dw GEMM reads and writes dw (H·V·s each) at every chunk but the first (XLA folds the add into the
-  cuBLAS call as beta = 1): 2·(n − 1)·H·V·s bytes, overlapped with its 2·Bc·H·V FLOPs when Bc·H / (2·H + Bc)
-  exceeds the machine's FLOP/byte ratio (about 270 on an H100), i.e. Bc >~ 600 at H = 4096.
+  bytes (2·B·V·s with the statistics from the Mosaic logits GEMM). The dw GEMM reads and writes dw (H·V·s each)
+  at every chunk but the first (XLA folds the add into the cuBLAS call as beta = 1): 2·(n − 1)·H·V·s bytes,
+  overlapped with its 2·Bc·H·V FLOPs when Bc·H / (2·H + Bc) exceeds the machine's FLOP/byte ratio (about 270 on an
+  H100), i.e. Bc >~ 600 at H = 4096.
 Stored (temporaries): one chunk's logits Bc·V·s (dlogits overwrite them), the chunk's (Bc, H) slices of h and dh,
 per-row statistics, XLA's 32 MiB GEMM workspace; dh and dw are the outputs themselves (updated in place). dw
 accumulates in w's dtype by default: each chunk's GEMM adds in float32 and rounds once, so a bf16 dw carries about
