@@ -1,0 +1,99 @@
+"""The Mosaic rmsnorm_matmul under named config changes, against XLA's norm + matmul and cuBLAS's matmul alone.
+
+    PYTHONPATH=$PWD python benchmarks/scripts/rmsnorm_matmul_configs.py --out $OUT \
+        [--shapes 32768x4096x4096,4096x4096x14336,...] [--variants default,stats,gamma] [--iterations 20]
+
+Per suite shape (``jaxfuse.suites.rmsnorm_matmul``: bf16 inputs, the suite's forward and forward + backward
+programs) and mode, every variant of VARIANTS (changes to the shape's default Mosaic config: its tuned entry or the
+built-in tiles) and the suite's "xla" and "xla_matmul_alone", timed interleaved (CUPTI medians), each variant's
+largest output difference from the "default" variant relative to its largest value, and the costliest kernels.
+Writes ``rmsnorm_matmul_configs-<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_kernels
+from attention_fused_bwd import results_file
+from jaxfuse import bench
+from jaxfuse.suites import rmsnorm_matmul as suite
+from pallas_kernels.norm_matmul import config as nm_config
+
+# name -> changes to the default Mosaic config (forward tiles with wg_split "n" where the statistics warpgroup runs)
+VARIANTS = {
+    "default": {},
+    "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
+    "gamma": dict(stats_in_kernel=True, gamma_in_kernel=True),  # ... which also writes x ⊙ gamma: no w_γ pass
+}
+
+
+def variant_config(M: int, K: int, N: int, changes: dict):
+    """The shape's default Mosaic config with ``changes``; the statistics warpgroup's forward tiles when asked."""
+    base = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
+    if changes.get("stats_in_kernel") and (base.forward.wg_split != "n" or base.forward.pingpong):
+        base = dataclasses.replace(base, forward=nm_config.mosaic_default_config(
+            M, K, N, jnp.bfloat16, stats_in_kernel=True).forward)
+    return dataclasses.replace(base, **changes)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--iterations", type=int, default=20)
+    args = parser.parse_args()
+    spec = suite.SPEC
+    impls = spec.implementations()
+    result, save, path = results_file(args.out, "rmsnorm_matmul_configs")
+    for name in args.shapes.split(","):
+        shape = suite.SHAPES[name]
+        M, K, N = shape["M"], shape["K"], shape["N"]
+        row = dict(shape=name, M=M, K=K, N=N)
+        try:
+            inputs = spec.make_inputs(shape, 0)
+            fns = {}
+            for variant in args.variants.split(","):
+                config = variant_config(M, K, N, VARIANTS[variant])
+                row.setdefault("configs", {})[variant] = config.to_dict()
+                fns[variant] = lambda *a, _c=config: pallas_kernels.rmsnorm_matmul(*a, backend="mosaic",
+                                                                                  block_sizes=_c)
+            fns["xla"], fns["xla_matmul_alone"] = impls["xla"], impls["xla_matmul_alone"]
+            for mode in spec.modes:
+                args_ = inputs[:spec.num_args] if mode == "fwd" else inputs
+                programs = {k: jax.jit(spec.program(fn, mode, shape, {})) for k, fn in fns.items()}
+                outs = {k: [np.asarray(o, np.float32) for o in jax.tree.leaves(p(*args_))]
+                        for k, p in programs.items() if k in VARIANTS}
+                ref = outs.get("default")
+                timings = bench.time_interleaved([(p, args_) for p in programs.values()], iterations=args.iterations)
+                section = {}
+                for k, t in zip(programs, timings):
+                    top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:6]
+                    section[k] = dict(us=t.median_us, top_kernels=top)
+                    if ref is not None and k in outs:
+                        section[k]["max_rel_diff_vs_default"] = max(
+                            float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(outs[k], ref))
+                base = section["xla"]["us"]
+                section["speedup_vs_xla"] = {k: base / v["us"] for k, v in section.items() if k != "xla"}
+                row[mode] = section
+                print(name, mode, {k: round(v, 3) for k, v in section["speedup_vs_xla"].items()},
+                      {k: round(v["us"], 1) for k, v in section.items() if isinstance(v, dict) and "us" in v},
+                      flush=True)
+        except Exception as e:  # noqa: BLE001 - the other shapes still run
+            row["error"] = f"{type(e).__name__}: {e}"[:1500]
+            print(name, "error", row["error"], flush=True)
+        result["timings"].append(row)
+        save()
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
