@@ -31,6 +31,9 @@ VARIANTS = {
     "default": {},
     "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
     "gamma": dict(stats_in_kernel=True, gamma_in_kernel=True),  # ... which also writes x ⊙ gamma: no w_γ pass
+    # the same with fewer registers for the MMA warpgroups, more for the one rewriting the x tiles (56 by default)
+    "gamma_mma192": dict(stats_in_kernel=True, gamma_in_kernel=True, forward=dict(mma_registers=192)),
+    "gamma_mma168": dict(stats_in_kernel=True, gamma_in_kernel=True, forward=dict(mma_registers=168)),
 }
 
 
@@ -40,7 +43,9 @@ def variant_config(M: int, K: int, N: int, changes: dict):
     if changes.get("stats_in_kernel") and (base.forward.wg_split != "n" or base.forward.pingpong):
         base = dataclasses.replace(base, forward=nm_config.mosaic_default_config(
             M, K, N, jnp.bfloat16, stats_in_kernel=True).forward)
-    return dataclasses.replace(base, **changes)
+    changes = dict(changes)
+    forward = dataclasses.replace(base.forward, **changes.pop("forward", {}))
+    return dataclasses.replace(base, forward=forward, **changes)
 
 
 def main() -> int:
