@@ -26,14 +26,14 @@ from jaxfuse import bench
 from jaxfuse.suites import rmsnorm_matmul as suite
 from pallas_kernels.norm_matmul import config as nm_config
 
-# name -> changes to the default Mosaic config (forward tiles with wg_split "n" where the statistics warpgroup runs)
+# name -> changes to the default Mosaic config (forward tiles with wg_split "n" where the statistics warpgroup runs;
+# "forward": changes to the forward GEMM's config). A fourth warpgroup that also wrote x ⊙ gamma over each x tile in
+# shared memory (no w_γ pass; commit 11e4921, ``gamma_in_kernel``) ran 2.2x slower and was removed:
+# rmsnorm_matmul_configs-h100-11e4921.json, benchmarks/results/NOTES.md.
 VARIANTS = {
     "default": {},
     "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
-    "gamma": dict(stats_in_kernel=True, gamma_in_kernel=True),  # ... which also writes x ⊙ gamma: no w_γ pass
-    # the same with fewer registers for the MMA warpgroups, more for the one rewriting the x tiles (56 by default)
-    "gamma_mma192": dict(stats_in_kernel=True, gamma_in_kernel=True, forward=dict(mma_registers=192)),
-    "gamma_mma168": dict(stats_in_kernel=True, gamma_in_kernel=True, forward=dict(mma_registers=168)),
+    "stacked_m": dict(forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")),
 }
 
 
