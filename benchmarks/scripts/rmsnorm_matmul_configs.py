@@ -31,7 +31,7 @@ from pallas_kernels.norm_matmul import config as nm_config
 VARIANTS = {
     "default": {},
     "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
-    "gamma": dict(gamma_in_kernel=True),  # a fourth warpgroup writing x ⊙ gamma over each x tile: no w_γ pass
+    "gamma": dict(gamma_in_kernel=True, stats_in_kernel=False),  # a fourth warpgroup writing x ⊙ gamma over each x tile: no w_γ pass
     "stacked_m": dict(forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")),
 }
 

@@ -129,6 +129,8 @@ class Fusion:
       wg_split "n"; ``gemm.specialized``).
     prologue_writes_a: the prologue_step also rewrites the A tile in place (e.g. scales its columns); the MMA
       warpgroups then wait for it at every step (``gemm.specialized``'s ``transformed`` barriers).
+    prologue_handoff(carry) -> the part of the prologue warpgroup's final carry handed to the epilogue (default:
+      all of it), so the carry may also hold what only the prologue needs (a value loaded a step ahead).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -145,6 +147,7 @@ class Fusion:
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
     prologue_writes_a: bool = False
+    prologue_handoff: Callable | None = None
     epilogue: Callable | None = None
 
 

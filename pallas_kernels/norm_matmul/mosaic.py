@@ -116,20 +116,27 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel: a prologue warpgroup sums x² over
     each x tile (float32), the epilogue forms r from the sums and also stores it (M,). With gamma_in_kernel (r
     coming in): a prologue warpgroup writes x ⊙ gamma over each x tile ("gamma" (K,) float32 coming in), 64 rows
-    at a time, and hands r to the epilogue."""
+    at a time, loading the next step's gamma while it scales, and hands r to the epilogue."""
     epilogue = lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {})  # noqa: E731
     if gamma_in_kernel:
-        def scale(ctx, x_ref, rstd):
-            gamma = mu.load(ctx.refs["gamma"].at[pl.ds(ctx.step * cfg.tile_k, cfg.tile_k)], layout=mu.COLS,
-                            optimized=False)  # (tile_k,) this step's columns
+        k_iters = K // cfg.tile_k
+
+        def gamma_at(ctx, step):  # (tile_k,) float32: the gamma of a K step's columns
+            return mu.load(ctx.refs["gamma"].at[pl.ds(step * cfg.tile_k, cfg.tile_k)], layout=mu.COLS,
+                           optimized=False)
+
+        def scale(ctx, x_ref, carry):
+            rstd, gamma = carry
+            upcoming = gamma_at(ctx, jnp.minimum(ctx.step + 1, k_iters - 1))  # in flight while this step scales
             for r0 in range(0, cfg.tile_m, 64):  # 64-row pieces: 32 values per thread in this warpgroup
                 piece = x_ref.at[pl.ds(r0, 64)]
                 x = mu.load(piece, layout=mu.TILE).astype(_F32)  # (64, tile_k)
                 piece[...] = (x * lax.broadcast_in_dim(gamma, x.shape, [1])).astype(piece.dtype)
-            return rstd
+            return rstd, upcoming
 
-        return Fusion(inputs=("rstd", "gamma"), handoff_rows=1, prologue_init=lambda ctx: ctx.load_rows("rstd"),
-                      prologue_step=scale, prologue_writes_a=True, epilogue=epilogue)
+        return Fusion(inputs=("rstd", "gamma"), handoff_rows=1,
+                      prologue_init=lambda ctx: (ctx.load_rows("rstd"), gamma_at(ctx, 0)), prologue_step=scale,
+                      prologue_writes_a=True, prologue_handoff=lambda carry: carry[0], epilogue=epilogue)
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"), epilogue=epilogue)
 
