@@ -130,12 +130,7 @@ def _check_kernels(M, K, N, residual, config=None):
     resolved = config or nm_config.mosaic_default_config(M, K, N, residual=residual)
     dw_kernel = [] if resolved.dw_by_xla(K, N) else ["rmsnorm_matmul_dw"]
     assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", *dw_kernel]
-    statistics_warpgroup = config is not None and (config.stats_in_kernel or config.gamma_in_kernel)
-    if config is not None and config.gamma_in_kernel:  # no w_γ: the forward and dx kernels read w itself
-        with backends.lowering_for_gpu():
-            program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-        assert not [line for line in program.splitlines() if "stablehlo.multiply" in line
-                    and line.rstrip().endswith(f"tensor<{K}x{N}xbf16>")]
+    statistics_warpgroup = config is not None and config.stats_in_kernel
     for k, warpgroups in zip(kernels, (4 if statistics_warpgroup else 3, 3, 3)):
         assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == warpgroups
         assert k.wgmma() and k.tma_loads() >= 2
@@ -150,31 +145,11 @@ def test_three_kernels_within_shared_memory_at_the_suite_shapes(M, K, N, residua
 
 
 @cpu_only
-@pytest.mark.parametrize("gamma_in_kernel", [False, True], ids=["statistics", "gamma"])
 @pytest.mark.parametrize("M, K, N, residual", [(32768, 4096, 4096, False), (16384, 1024, 5504, True)])
-def test_the_fourth_warpgroup_fits(M, K, N, residual, gamma_in_kernel):
-    """The forward's fourth warpgroup: summing x² over each x tile (stats_in_kernel), or scaling it by gamma."""
+def test_the_statistics_warpgroup_fits(M, K, N, residual):
     config = nm_config.mosaic_default_config(M, K, N, residual=residual, stats_in_kernel=True)
-    config = dataclasses.replace(config, stats_in_kernel=not gamma_in_kernel, gamma_in_kernel=gamma_in_kernel)
     assert config.forward.wg_split == "n"
     _check_kernels(M, K, N, residual, config)
-
-
-def test_gamma_in_kernel_needs_our_k_loop_xla_statistics_and_bfloat16():
-    tiles = MosaicGemmConfig()
-    with pytest.raises(ValueError, match="gamma_in_kernel: the warpgroup scaling x tiles needs stats_in_kernel=False"):
-        Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_in_kernel=True)
-    with pytest.raises(ValueError, match="gamma_in_kernel: .* got stats_in_kernel=False, pipeline='own', "
-                                         "wg_split='m'"):
-        Config(forward=dataclasses.replace(tiles, wg_split="m"), dx=tiles, dw=tiles, gamma_in_kernel=True)
-    with pytest.raises(ValueError, match="gamma_in_kernel: must be a bool"):
-        Config(forward=tiles, dx=tiles, dw=tiles, gamma_in_kernel=1)
-    config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_in_kernel=True)
-    x, g, w = (jax.ShapeDtypeStruct(s, jnp.float16) for s in ((512, 512), (512,), (512, 512)))
-    with backends.lowering_for_gpu(), pytest.raises(ValueError, match="gamma_in_kernel rounds x·gamma to x's "
-                                                                      "dtype, bfloat16 only \\(x is float16"):
-        jax.eval_shape(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config),
-                       x, g, w)
 
 
 @cpu_only
@@ -205,9 +180,8 @@ def _mk_producers(program: str, M: int, K: int, dtype: str = "") -> list[str]:
 
 
 @cpu_only
-@pytest.mark.parametrize("stats_in_kernel, dw_in_xla, gamma_in_kernel", [
-    (False, False, False), (True, False, False), (False, None, False), (False, False, True)])
-def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xla, gamma_in_kernel):
+@pytest.mark.parametrize("stats_in_kernel, dw_in_xla", [(False, False), (True, False), (False, None)])
+def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xla):
     """In the CUDA lowering no (M, K) tensor in the MMA dtype is made outside the kernels (the normalized
     activations would be one, to feed a GEMM); the only (M, K) ops are XLA's row statistics squaring x in float32
     (none with the statistics warpgroup). With dw's GEMM in XLA (the default where its output has few tiles, as
@@ -216,7 +190,7 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
 
     M, K, N = 2048, 1024, 768  # M, K, N distinct: an (M, K) tensor is recognizable by its shape
     config = dataclasses.replace(nm_config.mosaic_default_config(M, K, N, stats_in_kernel=stats_in_kernel),
-                                 dw_in_xla=dw_in_xla, gamma_in_kernel=gamma_in_kernel)
+                                 dw_in_xla=dw_in_xla)
     assert config.dw_by_xla(K, N) == (dw_in_xla is None)
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
@@ -237,15 +211,12 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dtype, stats_in_kernel", [
     (4096, 4096, 4096, jnp.bfloat16, False), (4096, 4096, 4096, jnp.bfloat16, True),
-    (4096, 4096, 4096, jnp.bfloat16, "gamma"),  # gamma_in_kernel: x ⊙ gamma in shared memory, no w_γ
     (2048, 2048, 1536, jnp.float16, False),  # dw's GEMM in XLA (96 output tiles)
     (8192, 512, 2816, jnp.bfloat16, False)])  # the 'small' preset's MLP projection: tuned ping-pong tiles
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=bool(stats_in_kernel))
-    config = dataclasses.replace(config, stats_in_kernel=stats_in_kernel is True,
-                                 gamma_in_kernel=stats_in_kernel == "gamma")
+    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats_in_kernel)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
@@ -268,15 +239,12 @@ def test_nan_never_passes():
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, residual, stats_in_kernel, dw_in_xla", [(jnp.bfloat16, False, False, False),
                                                                          (jnp.bfloat16, True, True, False),
-                                                                         (jnp.bfloat16, True, "gamma", False),
                                                                          (jnp.float16, False, True, False),
                                                                          (jnp.float16, False, False, True)])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla):
-    """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks dw's scale s; "gamma":
-    gamma_in_kernel (x ⊙ gamma written over the A tile in shared memory, gamma on dx's columns)."""
+    """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks dw's scale s."""
     tiles = _Interpreted.tiles
-    config = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=stats_in_kernel is True, dw_in_xla=dw_in_xla,
-                    gamma_in_kernel=stats_in_kernel == "gamma")
+    config = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=stats_in_kernel, dw_in_xla=dw_in_xla)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

@@ -26,12 +26,13 @@ from jaxfuse import bench
 from jaxfuse.suites import rmsnorm_matmul as suite
 from pallas_kernels.norm_matmul import config as nm_config
 
-# name -> changes to the default Mosaic config (forward tiles with wg_split "n" where a fourth warpgroup runs;
-# "forward": changes to the forward GEMM's config).
+# name -> changes to the default Mosaic config (forward tiles with wg_split "n" where the statistics warpgroup runs;
+# "forward": changes to the forward GEMM's config). A fourth warpgroup writing x ⊙ gamma over each x tile in shared
+# memory (no w_γ pass; ``gamma_in_kernel`` at commits 11e4921, d83d186, beb29d4) ran slower in all three forms
+# tried and was removed: rmsnorm_matmul_configs-h100-{11e4921,d83d186,beb29d4}.json, benchmarks/results/NOTES.md.
 VARIANTS = {
     "default": {},
     "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
-    "gamma": dict(gamma_in_kernel=True, stats_in_kernel=False),  # a fourth warpgroup writing x ⊙ gamma over each x tile: no w_γ pass
     "stacked_m": dict(forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")),
 }
 
@@ -39,8 +40,7 @@ VARIANTS = {
 def variant_config(M: int, K: int, N: int, changes: dict):
     """The shape's default Mosaic config with ``changes``; the statistics warpgroup's forward tiles when asked."""
     base = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
-    fourth_warpgroup = changes.get("stats_in_kernel") or changes.get("gamma_in_kernel")
-    if fourth_warpgroup and (base.forward.wg_split != "n" or base.forward.pingpong):
+    if changes.get("stats_in_kernel") and (base.forward.wg_split != "n" or base.forward.pingpong):
         base = dataclasses.replace(base, forward=nm_config.mosaic_default_config(
             M, K, N, jnp.bfloat16, stats_in_kernel=True).forward)
     changes = dict(changes)

@@ -102,10 +102,6 @@ class TileContext:
         """This accumulator's rows of the (M,) GMEM input ``name``, one value per row (layout ROWS)."""
         return mu.load(self.refs[name].at[self.rows], layout=mu.ROWS, optimized=False)
 
-    def load_cols(self, name: str) -> jax.Array:
-        """This accumulator's columns of the (N,) GMEM input ``name``, one value per column (layout COLS)."""
-        return mu.load(self.refs[name].at[self.cols], layout=mu.COLS, optimized=False)
-
     def load_tile(self, name: str) -> jax.Array:
         """The prefetched tile input ``name`` as a float32 (tile_m, tile_n) array in the accumulator layout."""
         return mu.load(self.tiles[name], layout=mu.TILE).astype(_F32)
@@ -127,10 +123,6 @@ class Fusion:
       (cta_m = tile_m rows, tile_k) in SMEM (ctx.wg = 0, ctx.step the step); its final carry, ``handoff_rows``
       (tile_m,) float32 row vectors in any pytree, reaches the epilogue through shared memory (pipeline "own",
       wg_split "n"; ``gemm.specialized``).
-    prologue_writes_a: the prologue_step also rewrites the A tile in place (e.g. scales its columns); the MMA
-      warpgroups then wait for it at every step (``gemm.specialized``'s ``transformed`` barriers).
-    prologue_handoff(carry) -> the part of the prologue warpgroup's final carry handed to the epilogue (default:
-      all of it), so the carry may also hold what only the prologue needs (a value loaded a step ahead).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -146,8 +138,6 @@ class Fusion:
     reduction_scratch_bytes: int = 0
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
-    prologue_writes_a: bool = False
-    prologue_handoff: Callable | None = None
     epilogue: Callable | None = None
 
 
@@ -176,8 +166,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     reason = unsupported_reason(M, N, K, config)
     if reason:
         raise ValueError(f"{name}: {reason}")
-    if fusion.prologue_writes_a and fusion.prologue_step is None:
-        raise ValueError(f"{name}: Fusion.prologue_writes_a needs a prologue_step (the hook that writes the A tile)")
     if fusion.prologue_step is not None and (config.pipeline != "own" or config.wg_split != "n" or config.pingpong):
         raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
                          f"pipeline='own' with wg_split='n' and schedule='cooperative'; got "

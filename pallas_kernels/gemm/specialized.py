@@ -18,9 +18,7 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             their epilogue and arrive on ``handoff_free`` after it, which the prologue awaits before it writes the
             next tile's (one slot: the next tile's prologue ends with that tile's K loop, long after).
 ``consumed[s]`` counts one arrival per consumer warpgroup (2, or 3 with the prologue): a stage is refilled only
-when every consumer has read it. A prologue that rewrites the A block (``Fusion.prologue_writes_a``) fences its
-shared-memory writes for the async proxy (``commit_smem``) and arrives on ``transformed[s]``, which the MMA
-warpgroups wait for instead of ``ready[s]``.
+when every consumer has read it.
 
 Schedule "pingpong" (``MosaicGemmConfig.schedule``): the block's local tiles alternate between the MMA warpgroups
 (tile i to warpgroup i % 2, each with a whole (tile_m, tile_n) CTA tile), so one warpgroup's epilogue runs while
@@ -93,11 +91,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     if has_prologue_wg:
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.tile_m), _F32),
                             handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
-    if fusion.prologue_writes_a:
-        scoped_types.update(transformed=plgpu.Barrier(num_arrivals=1, num_barriers=num_stages))
 
-    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, transformed=None,
-              **scoped):
+    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
         wg = lax.axis_index("wg")
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
@@ -169,16 +164,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         slot = slot_of(local, k)
                         plgpu.barrier_wait(ready.at[slot])
                         carry = fusion.prologue_step(dataclasses.replace(ctx, step=k), stages[0].at[slot], carry)
-                        if transformed is not None:  # the A block rewritten: visible to wgmma, then released
-                            plgpu.commit_smem()
-                            plgpu.barrier_arrive(transformed.at[slot])
                         plgpu.barrier_arrive(consumed.at[slot])
                         return carry
 
-                    final = lax.fori_loop(0, k_iters, step, carry0)
-                    if fusion.prologue_handoff is not None:
-                        final = fusion.prologue_handoff(final)
-                    leaves, tree = jax.tree.flatten(final)
+                    leaves, tree = jax.tree.flatten(lax.fori_loop(0, k_iters, step, carry0))
                     if len(leaves) != fusion.handoff_rows:
                         raise ValueError(f"Fusion.handoff_rows={fusion.handoff_rows}, but the prologue's carry "
                                          f"holds {len(leaves)} arrays")
@@ -208,7 +197,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def acc_scope(acc_ref):
                     def step(k, acc_ref):
                         slot, g = slot_of(local, k), local * k_iters + k
-                        plgpu.barrier_wait(ready.at[barrier_of(g)] if transformed is None else transformed.at[slot])
+                        plgpu.barrier_wait(ready.at[barrier_of(g)])
                         shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
                         plgpu.wgmma_wait(delay)
                         if delay:  # the wgmma of step k - delay is complete

@@ -204,7 +204,7 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
 # ---------------------------------------------------------------------------------------------------------------
 # Mosaic backend (``norm_matmul.mosaic``): three GEMMs of the core in ``pallas_kernels.gemm``
 # ---------------------------------------------------------------------------------------------------------------
-MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_in_kernel")
+MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel")
 # dw's GEMM (K, M) @ (M, N) goes to cuBLAS when its output has fewer CTA tiles than the H100 has SMs: the persistent
 # core, without split-K, leaves SMs idle over the long M reduction, which cuBLAS splits. Measured at one shape,
 # 8192x512x2816 (the 'small' preset's MLP projection; 44 tiles of 128x256, 88 of 128x128): fwd+bwd 180.7 µs with
@@ -225,10 +225,6 @@ class MosaicRMSNormMatmulConfig:
     stats_in_kernel: r from a fourth warpgroup of the forward kernel that sums the squares of each x tile in shared
       memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n"); False (default): from one
       XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
-    gamma_in_kernel: a fourth warpgroup of the forward kernel scales each x tile's columns by gamma in shared memory
-      before the MMA warpgroups read it (r from XLA), so the forward reads w as it is (no w_γ pass over w) and the
-      dx kernel applies gamma to its output columns in its epilogue: no w_γ anywhere. bfloat16 only: a float16
-      x·γ would round small x (below 6.1e-5) into subnormals.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. It stays an option (a sweep candidate) while the GEMM core
@@ -242,7 +238,6 @@ class MosaicRMSNormMatmulConfig:
     dw: MosaicGemmConfig
     stats_in_kernel: bool = False
     dw_in_xla: bool | None = None
-    gamma_in_kernel: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -254,15 +249,6 @@ class MosaicRMSNormMatmulConfig:
                                  f"fields, got {value!r}")
         if not isinstance(self.stats_in_kernel, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be a bool, got {self.stats_in_kernel!r}")
-        if not isinstance(self.gamma_in_kernel, bool):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_in_kernel: must be a bool, got {self.gamma_in_kernel!r}")
-        if self.gamma_in_kernel and (self.stats_in_kernel or self.forward.pipeline != "own"
-                                     or self.forward.wg_split != "n" or self.forward.pingpong):
-            raise ValueError("MosaicRMSNormMatmulConfig.gamma_in_kernel: the warpgroup scaling x tiles needs "
-                             "stats_in_kernel=False (r from XLA) and the forward config's pipeline='own', "
-                             f"wg_split='n' and schedule='cooperative', got stats_in_kernel={self.stats_in_kernel}, "
-                             f"pipeline={self.forward.pipeline!r}, wg_split={self.forward.wg_split!r}, "
-                             f"schedule={self.forward.schedule!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         if self.stats_in_kernel and (self.forward.pipeline != "own" or self.forward.wg_split != "n"
@@ -274,8 +260,7 @@ class MosaicRMSNormMatmulConfig:
 
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
-                    stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla,
-                    gamma_in_kernel=self.gamma_in_kernel)
+                    stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla)
 
     def dw_by_xla(self, K: int, N: int) -> bool:
         """Whether dw's GEMM runs in XLA (cuBLAS) for w (K, N): ``dw_in_xla``, or when None, when the dw kernel's
@@ -341,8 +326,6 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
         fwd.append(dataclasses.replace(base, stats_in_kernel=True))
-        if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16):
-            fwd.append(dataclasses.replace(base, gamma_in_kernel=True))
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
                    dict(pipeline="pallas_steady", semantics="warpgroup")]
     if not residual:  # beside the x tile (and no dh tile): 3 stages of 128x256 blocks, 5 of ping-pong 128x128

@@ -41,7 +41,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
@@ -111,47 +110,25 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
-def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel: bool,
-                    gamma_in_kernel: bool) -> Fusion:
+def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel: bool) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel: a prologue warpgroup sums x² over
-    each x tile (float32), the epilogue forms r from the sums and also stores it (M,). With gamma_in_kernel (r
-    coming in): a prologue warpgroup writes x ⊙ gamma over each x tile ("gamma" (K,) float32 coming in), 64 rows
-    at a time, loading the next step's gamma while it scales, and hands r to the epilogue."""
-    epilogue = lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {})  # noqa: E731
-    if gamma_in_kernel:
-        k_iters = K // cfg.tile_k
-
-        def gamma_at(ctx, step):  # (tile_k,) float32: the gamma of a K step's columns
-            return mu.load(ctx.refs["gamma"].at[pl.ds(step * cfg.tile_k, cfg.tile_k)], layout=mu.COLS,
-                           optimized=False)
-
-        def scale(ctx, x_ref, carry):
-            rstd, gamma = carry
-            upcoming = gamma_at(ctx, jnp.minimum(ctx.step + 1, k_iters - 1))  # in flight while this step scales
-            for r0 in range(0, cfg.tile_m, 64):  # 64-row pieces: 32 values per thread in this warpgroup
-                piece = x_ref.at[pl.ds(r0, 64)]
-                x = mu.load(piece, layout=mu.TILE).astype(_F32)  # (64, tile_k)
-                piece[...] = (x * lax.broadcast_in_dim(gamma, x.shape, [1])).astype(piece.dtype)
-            return rstd, upcoming
-
-        return Fusion(inputs=("rstd", "gamma"), handoff_rows=1,
-                      prologue_init=lambda ctx: (ctx.load_rows("rstd"), gamma_at(ctx, 0)), prologue_step=scale,
-                      prologue_writes_a=True, prologue_handoff=lambda carry: carry[0], epilogue=epilogue)
+    each x tile (float32), the epilogue forms r from the sums and also stores it (M,)."""
     if not stats_in_kernel:
-        return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"), epilogue=epilogue)
+        return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
+                      epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
     def step(ctx, x_ref, sum_sq):
         del ctx
         x = mu.load(x_ref, layout=mu.TILE).astype(_F32)  # (tile_m, tile_k)
         return sum_sq + jnp.sum(x * x, axis=1)
 
-    def stats_epilogue(ctx, acc, sum_sq):
+    def epilogue(ctx, acc, sum_sq):
         del ctx
         rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
         return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
 
     return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), handoff_rows=1,
-                  prologue_init=lambda ctx: _rows_zero(cfg.tile_m), prologue_step=step, epilogue=stats_epilogue)
+                  prologue_init=lambda ctx: _rows_zero(tile_m), prologue_step=step, epilogue=epilogue)
 
 
 def _forward(x, residual, gamma, w, static: _Static):
@@ -162,40 +139,34 @@ def _forward(x, residual, gamma, w, static: _Static):
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
     cfg = static.config.forward
-    in_kernel = static.config.gamma_in_kernel
-    fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel, in_kernel)
+    fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, static.config.stats_in_kernel)
     if static.config.stats_in_kernel:
         y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
                        name="rmsnorm_matmul_fwd")
     else:  # one XLA row reduction over x
         x32 = x.astype(_F32)
         rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
-        arrays = dict(rstd=rstd, gamma=gamma.astype(_F32)) if in_kernel else dict(rstd=rstd)
-        (y,) = gemm(x, w if in_kernel else _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype,
-                    fusion=fusion, arrays=arrays, name="rmsnorm_matmul_fwd")
+        (y,) = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
+                    arrays=dict(rstd=rstd), name="rmsnorm_matmul_fwd")
     return y, rstd, h
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Backward
 # ---------------------------------------------------------------------------------------------------------------
-def _dx_fusion(K: int, has_dh: bool, gamma_in_epilogue: bool) -> Fusion:
+def _dx_fusion(K: int, has_dh: bool) -> Fusion:
     """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K, Σ_N(dy · y) coming in (M,) ("row_dot"); dx
-    is written into the prefetched x tile's buffer and stored from there. ``gamma_in_epilogue``: the GEMM reads w
-    itself, dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) float32 coming in ("gamma") over the output's columns."""
+    is written into the prefetched x tile's buffer and stored from there."""
 
     def epilogue(ctx, acc, carry):
         row_dot, rstd = carry
         coef = rstd * rstd * row_dot * (1.0 / K)  # r² · c
-        if gamma_in_epilogue:
-            acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
         dx = acc * _bcast_rows(rstd, acc.shape) - ctx.load_tile("x") * _bcast_rows(coef, acc.shape)
         if has_dh:
             dx = dx + ctx.load_tile("dh")
         return dx, {}
 
-    return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",),
-                  inputs=("rstd", "row_dot", "gamma") if gamma_in_epilogue else ("rstd", "row_dot"), store_in="x",
+    return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), inputs=("rstd", "row_dot"), store_in="x",
                   prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd")), epilogue=epilogue)
 
 
@@ -228,11 +199,8 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     if dh is not None:
         arrays["dh"] = dh.astype(dtype)
     dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
-    if cfg.gamma_in_kernel:  # as the forward: no w_γ, gamma on dx's columns in the epilogue
-        arrays["gamma"] = gamma.astype(_F32)
-    (dx,) = gemm(dy, w if cfg.gamma_in_kernel else _scaled_w(gamma, w), transpose_b=True, config=cfg.dx,
-                 out_dtype=dtype, fusion=_dx_fusion(K, dh is not None, cfg.gamma_in_kernel), arrays=arrays,
-                 name="rmsnorm_matmul_dx")
+    (dx,) = gemm(dy, _scaled_w(gamma, w), transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                 fusion=_dx_fusion(K, dh is not None), arrays=arrays, name="rmsnorm_matmul_dx")
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
         dw = (g * (gamma.astype(_F32) * scale)[:, None]).astype(w.dtype)
@@ -274,9 +242,6 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     out_dtype (= x's dtype), or (h, y); differentiable (custom VJP, three GEMMs in all). ValueError naming the
     constraint when ``unsupported_reason`` would, with the given config's tiles."""
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
-    if not reason and config.gamma_in_kernel and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
-        reason = (f"gamma_in_kernel rounds x·gamma to x's dtype, bfloat16 only (x is {jnp.dtype(x.dtype)}: small x "
-                  "would round into subnormals)")
     if reason:
         raise ValueError(f"rmsnorm_matmul (mosaic): {reason}")
     return _rmsnorm_matmul(x, residual, gamma, w, _Static(config=config, eps=float(eps),
