@@ -119,7 +119,9 @@ def _define_inspect_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("html", None, "Also write a self-contained HTML page (tables, ledger, kernel graph) to "
                         "this path.", flag_values=fv)
     flags.DEFINE_bool("measure", False, "GPU: also time every kernel (CUPTI) and set it beside its roofline and "
-                      "XLA's own estimate (compiled with --xla_gpu_collect_cost_model_stats).", flag_values=fv)
+                      "XLA's own estimate (compiled with --xla_gpu_collect_cost_model_stats); with --mesh, also "
+                      "each device's profiler trace: compute, collective time, how much of it runs beside compute "
+                      "and how much is exposed (jaxfuse.timeline).", flag_values=fv)
     flags.DEFINE_bool("ledger", True, "Also print the HBM round-trip ledger (tensors written by one kernel and read "
                       "back by another), costed at the device's measured bandwidth.", flag_values=fv)
     flags.DEFINE_bool("triton_ir", False, "Instead of the report: lower the program for CUDA (no GPU needed) and "
@@ -193,6 +195,14 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
         rows, summary = measure.measure_kernels(report, report.program.fn, report.program.args, device=spec)
         if not fv.json:
             print(measure.measured_table(rows, summary, spec))
+            print()
+        if report.program.layout is not None and not fv.json:  # CUPTI's sums mix the devices: a trace per device
+            from jaxfuse import timeline
+
+            _progress("tracing one call per device (jax.profiler) ...")
+            print("per device, from a profiler trace (median of 3 calls): how much collective time runs beside "
+                  "compute")
+            print(timeline.timeline_table(timeline.device_timeline(report.program.fn, report.program.args)))
             print()
     if fv.json:
         print(report.to_json())

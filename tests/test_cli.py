@@ -79,6 +79,19 @@ def test_jaxfuse_inspect_forward_json(capsys):
     assert "interpret mode" not in capsys.readouterr().err
 
 
+@pytest.mark.skipif(__import__("jax").default_backend() != "gpu", reason="--measure times kernels on a GPU")
+def test_jaxfuse_inspect_measure_on_a_mesh_adds_the_device_timeline(capsys):
+    """On a mesh, --measure also prints the per-device trace table (one GPU: data=1, no collective)."""
+    assert jaxfuse_cli.main(["inspect", "--model", "lm", "--train-step", "--batch", "2", "--seq", "128", "--dim",
+                             "256", "--heads", "4", "--kv-heads", "2", "--mesh", "data=1", "--measure",
+                             "--no-ledger"]) == 0
+    out = capsys.readouterr().out
+    assert "per device, from a profiler trace" in out
+    row = next(line for line in out.splitlines() if line.startswith("| /device:GPU:0 |"))
+    span, compute, collective = (float(v) for v in row.split("|")[2:5])
+    assert 0 < compute <= span and collective == 0.0
+
+
 def test_jaxfuse_inspect_pallas_on_cpu_says_interpret_mode(capsys):
     assert jaxfuse_cli.main(["inspect", "--seq", "16", "--dim", "64", "--heads", "2", "--kv-heads", "1",
                              "--kernels", "norm_matmul=pallas", "--json", "--no-ledger"]) == 0
