@@ -268,7 +268,7 @@ def main() -> int:
                                    for k in ("xla_plain", "dw_xla", "dw_mosaic", "dw_xla_stats")}
                 timings = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=args.iterations)
                 for impl, t in zip(fns, timings):
-                    top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:8]
+                    top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:16]
                     row[impl] = dict(us=t.median_us, top_kernels=top)
                     print(name, impl, round(t.median_us, 1), [(k[:40], round(v, 1)) for k, v in top[:5]], flush=True)
                 base = row["xla_plain"]["us"]
