@@ -14,6 +14,7 @@ output kept alive), each variant's per-kernel times, cuDNN's in the same run. Wr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -160,6 +161,19 @@ def timing(shape: str, causal: bool, iterations: int, fused_only: bool) -> list[
         rows.append(dict(shape=shape, causal=causal, impl="cudnn", us=t.median_us, spread=t.spread,
                          per_kernel_us=t.per_kernel_us))
     return rows
+
+
+@contextlib.contextmanager
+def recorded_row(result: dict, save, row: dict):
+    """A block that fills ``row`` (one shape's measurements): an exception inside is recorded as ``row["error"]``
+    and printed (the other shapes still run); the row is then appended to result["timings"] and saved."""
+    try:
+        yield row
+    except Exception as e:  # noqa: BLE001 - the other shapes still run
+        row["error"] = f"{type(e).__name__}: {e}"[:1500]
+        print(row.get("shape", ""), "error", row["error"], flush=True)
+    result["timings"].append(row)
+    save()
 
 
 def results_file(out: str, name: str):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels
-from attention_fused_bwd import results_file
+from attention_fused_bwd import recorded_row, results_file
 from jaxfuse import bench, kernels
 from jaxfuse.suites.cross_entropy import SHAPES, make_inputs
 from pallas_kernels.cross_entropy import config as ce_config
@@ -239,7 +239,7 @@ def main() -> int:
         B, H, V = s["B"], s["H"], s["V"]
         Bc = ce_config.chunk_rows_for(B, H, V, jnp.bfloat16, args.temp_fraction)
         row = dict(shape=name, B=B, H=H, V=V, chunk_rows=Bc, temp_fraction=args.temp_fraction)
-        try:
+        with recorded_row(result, save, row):
             if "update" in sections:
                 row["dw_update"] = time_dw_update(H, V, Bc, args.iterations)
                 print(name, "dw update", row["dw_update"], flush=True)
@@ -274,11 +274,6 @@ def main() -> int:
                 base = row["xla_plain"]["us"]
                 row["speedup_vs_xla"] = {k: base / row[k]["us"] for k in fns if k != "xla_plain"}
                 print(name, "speedup vs plain XLA", row["speedup_vs_xla"], "dw diff", row["dw_diff_rel"], flush=True)
-        except Exception as e:  # noqa: BLE001 - the other shapes still run
-            row["error"] = f"{type(e).__name__}: {e}"[:1500]
-            print(name, "error", row["error"], flush=True)
-        result["timings"].append(row)
-        save()
     print("wrote", path)
     return 0
 

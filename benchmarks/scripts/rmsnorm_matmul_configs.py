@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels
-from attention_fused_bwd import results_file
+from attention_fused_bwd import recorded_row, results_file
 from jaxfuse import bench
 from jaxfuse.suites import rmsnorm_matmul as suite
 from pallas_kernels.norm_matmul import config as nm_config
@@ -62,7 +62,7 @@ def main() -> int:
         shape = suite.SHAPES[name]
         M, K, N = shape["M"], shape["K"], shape["N"]
         row = dict(shape=name, M=M, K=K, N=N)
-        try:
+        with recorded_row(result, save, row):
             inputs = spec.make_inputs(shape, 0)
             fns = {}
             for variant in args.variants.split(","):
@@ -91,11 +91,6 @@ def main() -> int:
                 print(name, mode, {k: round(v, 3) for k, v in section["speedup_vs_xla"].items()},
                       {k: round(v["us"], 1) for k, v in section.items() if isinstance(v, dict) and "us" in v},
                       flush=True)
-        except Exception as e:  # noqa: BLE001 - the other shapes still run
-            row["error"] = f"{type(e).__name__}: {e}"[:1500]
-            print(name, "error", row["error"], flush=True)
-        result["timings"].append(row)
-        save()
     print("wrote", path)
     return 0
 
