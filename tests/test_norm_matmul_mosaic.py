@@ -152,6 +152,35 @@ def test_the_statistics_warpgroup_fits(M, K, N, residual):
     _check_kernels(M, K, N, residual, config)
 
 
+def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
+    tiles = MosaicGemmConfig()
+    with pytest.raises(ValueError, match="gamma_on: must be 'w' or 'x', got 'b'"):
+        Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="b")
+    with pytest.raises(ValueError, match="gamma_on: 'x' feeds the kernel x ⊙ gamma, .* stats_in_kernel=False"):
+        Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="x")
+    config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="x")
+    x, g, w = (jax.ShapeDtypeStruct(s, jnp.float16) for s in ((512, 512), (512,), (512, 512)))
+    with backends.lowering_for_gpu(), pytest.raises(ValueError, match="gamma_on='x' rounds x ⊙ gamma to x's dtype, "
+                                                                      "bfloat16 only \\(x is float16"):
+        jax.eval_shape(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config),
+                       x, g, w)
+
+
+@cpu_only
+def test_gamma_on_x_writes_x_times_gamma_and_no_w_gamma():
+    """gamma_on="x" in the CUDA lowering: one (M, K) bf16 tensor made outside the kernels (x ⊙ gamma, the forward's
+    A operand) and no (K, N) one (no w_γ: the forward and dx kernels read w itself)."""
+    M, K, N = 1024, 2048, 4096
+    config = dataclasses.replace(nm_config.mosaic_default_config(M, K, N), gamma_on="x", dw_in_xla=False)
+    fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
+    with backends.lowering_for_gpu():
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert program.count("mosaic_gpu_v2") == 3
+    assert {op for op, _ in _mk_producers(program, M, K, "bf16")} == {"convert"}  # (x ⊙ gamma) rounded
+    assert not [line for line in program.splitlines() if "= stablehlo." in line and "custom_call" not in line
+                and line.rstrip().endswith(f"tensor<{K}x{N}xbf16>")]
+
+
 @cpu_only
 @pytest.mark.slow
 def test_every_sweep_candidate_lowers_within_shared_memory():
@@ -211,12 +240,14 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dtype, stats_in_kernel", [
     (4096, 4096, 4096, jnp.bfloat16, False), (4096, 4096, 4096, jnp.bfloat16, True),
+    (2048, 4096, 8192, jnp.bfloat16, "gamma_on_x"),  # x ⊙ gamma as A, no w_γ
     (2048, 2048, 1536, jnp.float16, False),  # dw's GEMM in XLA (96 output tiles)
     (8192, 512, 2816, jnp.bfloat16, False)])  # the 'small' preset's MLP projection: tuned ping-pong tiles
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats_in_kernel)
+    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats_in_kernel is True)
+    config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w")
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
@@ -239,12 +270,15 @@ def test_nan_never_passes():
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, residual, stats_in_kernel, dw_in_xla", [(jnp.bfloat16, False, False, False),
                                                                          (jnp.bfloat16, True, True, False),
+                                                                         (jnp.bfloat16, True, "gamma_on_x", False),
                                                                          (jnp.float16, False, True, False),
                                                                          (jnp.float16, False, False, True)])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla):
-    """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks dw's scale s."""
+    """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks dw's scale s;
+    "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns."""
     tiles = _Interpreted.tiles
-    config = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=stats_in_kernel, dw_in_xla=dw_in_xla)
+    config = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=stats_in_kernel is True, dw_in_xla=dw_in_xla,
+                    gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w")
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

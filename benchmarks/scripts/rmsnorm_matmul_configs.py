@@ -34,6 +34,7 @@ VARIANTS = {
     "default": {},
     "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
     "stacked_m": dict(forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")),
+    "gamma_on_x": dict(gamma_on="x", stats_in_kernel=False),  # XLA writes x ⊙ gamma (2MK bytes), no w_γ (2KN)
 }
 
 

@@ -102,6 +102,10 @@ class TileContext:
         """This accumulator's rows of the (M,) GMEM input ``name``, one value per row (layout ROWS)."""
         return mu.load(self.refs[name].at[self.rows], layout=mu.ROWS, optimized=False)
 
+    def load_cols(self, name: str) -> jax.Array:
+        """This accumulator's columns of the (N,) GMEM input ``name``, one value per column (layout COLS)."""
+        return mu.load(self.refs[name].at[self.cols], layout=mu.COLS, optimized=False)
+
     def load_tile(self, name: str) -> jax.Array:
         """The prefetched tile input ``name`` as a float32 (tile_m, tile_n) array in the accumulator layout."""
         return mu.load(self.tiles[name], layout=mu.TILE).astype(_F32)

@@ -204,7 +204,7 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
 # ---------------------------------------------------------------------------------------------------------------
 # Mosaic backend (``norm_matmul.mosaic``): three GEMMs of the core in ``pallas_kernels.gemm``
 # ---------------------------------------------------------------------------------------------------------------
-MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel")
+MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on")
 # dw's GEMM (K, M) @ (M, N) goes to cuBLAS when its output has fewer CTA tiles than the H100 has SMs: the persistent
 # core, without split-K, leaves SMs idle over the long M reduction, which cuBLAS splits. Measured at one shape,
 # 8192x512x2816 (the 'small' preset's MLP projection; 44 tiles of 128x256, 88 of 128x128): fwd+bwd 180.7 µs with
@@ -225,6 +225,11 @@ class MosaicRMSNormMatmulConfig:
     stats_in_kernel: r from a fourth warpgroup of the forward kernel that sums the squares of each x tile in shared
       memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n"); False (default): from one
       XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
+    gamma_on: where gamma goes. "w" (default): the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w,
+      shared with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
+      writes x ⊙ gamma (the A operand; an (M, K) round trip, 2MK bytes, cheaper than w_γ's 2KN where M < N), and dx
+      applies gamma on its output columns in its epilogue, so no w_γ exists. bfloat16 only (float16 x ⊙ gamma
+      would round small x into subnormals), and with the statistics from XLA.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. It stays an option (a sweep candidate) while the GEMM core
@@ -238,6 +243,7 @@ class MosaicRMSNormMatmulConfig:
     dw: MosaicGemmConfig
     stats_in_kernel: bool = False
     dw_in_xla: bool | None = None
+    gamma_on: str = "w"
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -249,6 +255,11 @@ class MosaicRMSNormMatmulConfig:
                                  f"fields, got {value!r}")
         if not isinstance(self.stats_in_kernel, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be a bool, got {self.stats_in_kernel!r}")
+        if self.gamma_on not in ("w", "x"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be 'w' or 'x', got {self.gamma_on!r}")
+        if self.gamma_on == "x" and self.stats_in_kernel:
+            raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
+                             "not x's: it needs stats_in_kernel=False (r from XLA)")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         if self.stats_in_kernel and (self.forward.pipeline != "own" or self.forward.wg_split != "n"
@@ -260,7 +271,7 @@ class MosaicRMSNormMatmulConfig:
 
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
-                    stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla)
+                    stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on)
 
     def dw_by_xla(self, K: int, N: int) -> bool:
         """Whether dw's GEMM runs in XLA (cuBLAS) for w (K, N): ``dw_in_xla``, or when None, when the dw kernel's
@@ -326,6 +337,8 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
         fwd.append(dataclasses.replace(base, stats_in_kernel=True))
+    if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
+        fwd.append(dataclasses.replace(base, gamma_on="x"))
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
                    dict(pipeline="pallas_steady", semantics="warpgroup")]
     if not residual:  # beside the x tile (and no dh tile): 3 stages of 128x256 blocks, 5 of ping-pong 128x128

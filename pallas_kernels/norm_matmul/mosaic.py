@@ -7,7 +7,9 @@ Forward, one kernel: A = the raw x tile, B = w_γ = diag(gamma) w (one XLA pass 
 so both wgmma operands stay in shared memory as loaded; the epilogue scales the float32 accumulator rows by r.
 r comes from one XLA row reduction over x (default), or, with ``stats_in_kernel``, from a fourth warpgroup that
 sums the squares of each x tile in shared memory beside the MMA warpgroups (the kernel then also stores r). The
-normalized activations never exist.
+normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to the A side instead:
+the XLA fusion computing r also writes x ⊙ gamma (2MK bytes where w_γ costs 2KN: cheaper where M < N), B = w, and
+dx applies gamma on its columns; still no normalized tensor (r stays in the epilogue).
 
 Backward, two kernels (never the normalized activations; r from the forward; float32 statistics):
   dx kernel:  dx = r · (dy @ w_γᵀ) − r² · c · x (+ dh),  c = Σ_N(dy · y) / K per row.
@@ -143,10 +145,12 @@ def _forward(x, residual, gamma, w, static: _Static):
     if static.config.stats_in_kernel:
         y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
                        name="rmsnorm_matmul_fwd")
-    else:  # one XLA row reduction over x
+    else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma)
         x32 = x.astype(_F32)
         rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
-        (y,) = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
+        on_x = static.config.gamma_on == "x"
+        a = (x32 * gamma.astype(_F32)).astype(x.dtype) if on_x else x
+        (y,) = gemm(a, w if on_x else _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
                     arrays=dict(rstd=rstd), name="rmsnorm_matmul_fwd")
     return y, rstd, h
 
@@ -154,19 +158,23 @@ def _forward(x, residual, gamma, w, static: _Static):
 # ---------------------------------------------------------------------------------------------------------------
 # Backward
 # ---------------------------------------------------------------------------------------------------------------
-def _dx_fusion(K: int, has_dh: bool) -> Fusion:
+def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool) -> Fusion:
     """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K, Σ_N(dy · y) coming in (M,) ("row_dot"); dx
-    is written into the prefetched x tile's buffer and stored from there."""
+    is written into the prefetched x tile's buffer and stored from there. ``gamma_cols``: the GEMM reads w itself,
+    dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) float32 coming in ("gamma") over the output's columns."""
 
     def epilogue(ctx, acc, carry):
         row_dot, rstd = carry
         coef = rstd * rstd * row_dot * (1.0 / K)  # r² · c
+        if gamma_cols:
+            acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
         dx = acc * _bcast_rows(rstd, acc.shape) - ctx.load_tile("x") * _bcast_rows(coef, acc.shape)
         if has_dh:
             dx = dx + ctx.load_tile("dh")
         return dx, {}
 
-    return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), inputs=("rstd", "row_dot"), store_in="x",
+    return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",),
+                  inputs=("rstd", "row_dot", "gamma") if gamma_cols else ("rstd", "row_dot"), store_in="x",
                   prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd")), epilogue=epilogue)
 
 
@@ -199,8 +207,11 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     if dh is not None:
         arrays["dh"] = dh.astype(dtype)
     dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
-    (dx,) = gemm(dy, _scaled_w(gamma, w), transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                 fusion=_dx_fusion(K, dh is not None), arrays=arrays, name="rmsnorm_matmul_dx")
+    on_x = cfg.gamma_on == "x"  # no w_γ: gamma on dx's columns in the epilogue
+    if on_x:
+        arrays["gamma"] = gamma.astype(_F32)
+    (dx,) = gemm(dy, w if on_x else _scaled_w(gamma, w), transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                 fusion=_dx_fusion(K, dh is not None, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
         dw = (g * (gamma.astype(_F32) * scale)[:, None]).astype(w.dtype)
@@ -242,6 +253,9 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     out_dtype (= x's dtype), or (h, y); differentiable (custom VJP, three GEMMs in all). ValueError naming the
     constraint when ``unsupported_reason`` would, with the given config's tiles."""
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
+    if not reason and config.gamma_on == "x" and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
+        reason = (f"gamma_on='x' rounds x ⊙ gamma to x's dtype, bfloat16 only (x is {jnp.dtype(x.dtype)}: small x "
+                  "would round into subnormals; gamma_on='w' takes it)")
     if reason:
         raise ValueError(f"rmsnorm_matmul (mosaic): {reason}")
     return _rmsnorm_matmul(x, residual, gamma, w, _Static(config=config, eps=float(eps),
