@@ -229,7 +229,12 @@ class MosaicRMSNormMatmulConfig:
       shared with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand; an (M, K) round trip, 2MK bytes, cheaper than w_γ's 2KN where M < N), and dx
       applies gamma on its output columns in its epilogue, so no w_γ exists. bfloat16 only (float16 x ⊙ gamma
-      would round small x into subnormals), and with the statistics from XLA.
+      would round small x into subnormals), and with the statistics from XLA. The extra bytes are MK written (the
+      fusion reads x for r anyway) against w_γ's 2KN, so "x" pays where M < 2N: measured on the H100
+      (rmsnorm_matmul_configs-h100-93b449e.json, forward / forward + backward µs, "w" → "x"): 713 → 639 / 2098 →
+      2021 at 4096x4096x14336, 287 → 258 / 889 → 856 at 4096x2048x11008, 588 → 572 / 1768 → 1754 at 8192x4096x6144;
+      the tuned entries of those shapes take it. The default stays "w", which keeps every (M, K) tensor inside the
+      kernels (the model block's ledger shows no activation round trip from the norm site).
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. It stays an option (a sweep candidate) while the GEMM core
