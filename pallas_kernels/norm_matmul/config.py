@@ -227,7 +227,7 @@ class MosaicRMSNormMatmulConfig:
       XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
     gamma_on: where gamma goes. "w" (default): the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w,
       shared with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
-      writes x ⊙ gamma (the A operand; an (M, K) round trip, 2MK bytes, cheaper than w_γ's 2KN where M < N), and dx
+      writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
       applies gamma on its output columns in its epilogue, so no w_γ exists. bfloat16 only (float16 x ⊙ gamma
       would round small x into subnormals), and with the statistics from XLA. The extra bytes are MK written (the
       fusion reads x for r anyway) against w_γ's 2KN, so "x" pays where M < 2N: measured on the H100
