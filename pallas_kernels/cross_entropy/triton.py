@@ -187,15 +187,23 @@ def _mosaic_dw_reason(h, w, st: _Static) -> str | None:
     return mosaic_gemm.unsupported_reason(H, V, Bc, config, names=("H", "V", "chunk_rows"))
 
 
+def _runs_on_mosaic(field: str, choice: str, reason) -> bool:
+    """Whether a config choice ("auto" / "xla" / "mosaic", of ``field``) runs the Mosaic kernel; ``reason()`` is
+    None where it can run, else why not (a ValueError for "mosaic", the XLA path for "auto")."""
+    if choice == "xla":
+        return False
+    why = reason()
+    if why and choice == "mosaic":
+        raise ValueError(f"linear_cross_entropy: {field}='mosaic' cannot run here: {why}")
+    return why is None
+
+
 def _mosaic_dw(h, w, st: _Static) -> bool:
     """Whether the dw updates run on the Mosaic GEMM core (config.dw_gemm; ValueError when "mosaic" cannot)."""
     choice = st.rows.config.dw_gemm
-    if choice == "xla" or (choice == "auto" and st.chunk_rows > mosaic_gemm.SHORT_K):
+    if choice == "auto" and st.chunk_rows > mosaic_gemm.SHORT_K:
         return False
-    reason = _mosaic_dw_reason(h, w, st)
-    if reason and choice == "mosaic":
-        raise ValueError(f"linear_cross_entropy: dw_gemm='mosaic' cannot run here: {reason}")
-    return reason is None
+    return _runs_on_mosaic("dw_gemm", choice, lambda: _mosaic_dw_reason(h, w, st))
 
 
 def _mosaic_logits_reason(h, w, st: _Static) -> str | None:
@@ -213,13 +221,7 @@ def _mosaic_logits_reason(h, w, st: _Static) -> str | None:
 def _mosaic_logits(h, w, st: _Static) -> bool:
     """Whether the forward rule's chunks take their logits and lse from the Mosaic GEMM core (config.logits_gemm;
     ValueError when "mosaic" cannot)."""
-    choice = st.rows.config.logits_gemm
-    if choice == "xla":
-        return False
-    reason = _mosaic_logits_reason(h, w, st)
-    if reason and choice == "mosaic":
-        raise ValueError(f"linear_cross_entropy: logits_gemm='mosaic' cannot run here: {reason}")
-    return reason is None
+    return _runs_on_mosaic("logits_gemm", st.rows.config.logits_gemm, lambda: _mosaic_logits_reason(h, w, st))
 
 
 def _label_logit(logits, labels):
