@@ -33,6 +33,7 @@ _OP = re.compile(r"^\s*(?:%[^=]+=\s*)?\"?([a-z_]+\.[a-z_0-9.]+)")
 _LAUNCH = re.compile(r"gpu\.launch .*blocks\(.*\) in \(%\w+ = (%\w+), %\w+ = (%\w+), %\w+ = (%\w+)\) "
                      r"threads\(.*\) in \(%\w+ = (%\w+), %\w+ = %\w+, %\w+ = %\w+\) "
                      r"dynamic_shared_memory_size (%\w+)")
+_CLUSTER = re.compile(r"gpu\.launch .*clusters\(.*\) in \(%\w+ = (%\w+), %\w+ = (%\w+), %\w+ = (%\w+)\) blocks")
 _TMA_LOAD = "nvvm.cp.async.bulk.tensor.shared.cluster.global"
 _TMA_STORE = "nvvm.cp.async.bulk.tensor.global.shared.cta"
 
@@ -42,13 +43,14 @@ class MosaicKernel:
     """One Mosaic-GPU kernel: launch parameters and its module as text (locations stripped).
 
     name: the kernel's name (``kernel_name``); grid: blocks (x, y, z); threads: per block (128 per warpgroup);
-    smem_bytes: dynamic shared memory per block, bytes."""
+    smem_bytes: dynamic shared memory per block, bytes; cluster: blocks per cluster (x, y, z), (1, 1, 1) without."""
 
     name: str
     grid: tuple[int, int, int]
     threads: int
     smem_bytes: int
     text: str
+    cluster: tuple[int, int, int] = (1, 1, 1)
 
     @property
     def warpgroups(self) -> int:
@@ -71,6 +73,10 @@ class MosaicKernel:
         """TMA copies global -> shared memory."""
         return self.op_counts().get(_TMA_LOAD, 0)
 
+    def tma_multicast_loads(self) -> int:
+        """TMA copies global -> shared memory of every block of a cluster (a multicast mask)."""
+        return sum(1 for line in self.text.splitlines() if _TMA_LOAD in line and "multicast_mask" in line)
+
     def tma_stores(self) -> int:
         """TMA copies shared -> global memory."""
         return self.op_counts().get(_TMA_STORE, 0)
@@ -83,8 +89,10 @@ class MosaicKernel:
         """One paragraph: launch, shared memory, wgmma shapes, TMA copies, barriers, loops."""
         ops = self.op_counts()
         wgmma = "; ".join(f"{n}× {k}" for k, n in self.wgmma().items()) or "none"
-        return (f"{self.name}: grid {self.grid}, {self.threads} threads ({self.warpgroups} warpgroups), "
-                f"{self.smem_bytes} B shared memory; wgmma: {wgmma}; TMA: {self.tma_loads()} loads, "
+        cluster = f" in clusters of {self.cluster}" if self.cluster != (1, 1, 1) else ""
+        multicast = f" ({self.tma_multicast_loads()} multicast)" if self.tma_multicast_loads() else ""
+        return (f"{self.name}: grid {self.grid}{cluster}, {self.threads} threads ({self.warpgroups} warpgroups), "
+                f"{self.smem_bytes} B shared memory; wgmma: {wgmma}; TMA: {self.tma_loads()} loads{multicast}, "
                 f"{self.tma_stores()} stores; {self.barriers()} mbarriers; {ops.get('scf.for', 0)} loops")
 
 
@@ -132,6 +140,8 @@ def lower_kernels(fn: Callable, *args, **kwargs) -> list[MosaicKernel]:
         if launch is None:
             raise ValueError("mosaic_ir: the kernel module holds no gpu.launch")
         gx, gy, gz, threads, smem = (_constant(text, v) for v in launch.groups())
+        cluster = _CLUSTER.search(text)
+        cx, cy, cz = (_constant(text, v) for v in cluster.groups()) if cluster else (1, 1, 1)
         kernels.append(MosaicKernel(name=name_match.group(1) if name_match else "", grid=(gx, gy, gz),
-                                    threads=threads, smem_bytes=smem, text=text))
+                                    threads=threads, smem_bytes=smem, text=text, cluster=(cx, cy, cz)))
     return kernels

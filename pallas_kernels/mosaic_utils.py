@@ -121,13 +121,14 @@ def compiler_params(semantics: str = "lane", **kwargs) -> plgpu.CompilerParams:
 
 
 def kernel(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, thread_name, name: str,
-           semantics: str = "lane", **params):
-    """``plgpu.kernel`` with the arguments both supported jax versions accept; ``semantics`` and ``params`` go to
-    ``compiler_params``."""
+           semantics: str = "lane", cluster=(), cluster_names=(), **params):
+    """``plgpu.kernel`` with the arguments both supported jax versions accept (``cluster``: blocks per cluster,
+    named ``cluster_names``); ``semantics`` and ``params`` go to ``compiler_params``."""
     interpret = _interpret_params() if _INTERPRET_SMS.get() is not None else None
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names,
-                        num_threads=num_threads, thread_name=thread_name,
-                        compiler_params=compiler_params(semantics, **params), kernel_name=name, interpret=interpret)
+                        cluster=cluster, cluster_names=cluster_names, num_threads=num_threads,
+                        thread_name=thread_name, compiler_params=compiler_params(semantics, **params),
+                        kernel_name=name, interpret=interpret)
 
 
 def kernel_accumulating(body, *, accumulator: jax.ShapeDtypeStruct, out_type, scratch_types=(), grid, grid_names,
@@ -145,7 +146,7 @@ def kernel_accumulating(body, *, accumulator: jax.ShapeDtypeStruct, out_type, sc
 
 
 def kernel_updating(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, thread_name, name: str,
-                    semantics: str = "lane", **params):
+                    semantics: str = "lane", cluster=(), cluster_names=(), **params):
     """Like ``kernel``, plus one global buffer the kernel reads and writes in place: the returned function takes
     ``(*inputs, buffer)`` and gives ``(outputs, updated buffer)``; ``body(*inputs, buffer_ref, *outputs,
     *scratch)``.
@@ -158,8 +159,8 @@ def kernel_updating(body, *, out_type, scratch_types=(), grid, grid_names, num_t
         raise NotImplementedError(f"{name}: a kernel updating a buffer in place has no GPU interpret mode here")
     from jax.experimental import pallas as pl
 
-    mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=num_threads, thread_name=thread_name,
-                      kernel_name=name)
+    mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, cluster=cluster, cluster_names=cluster_names,
+                      num_threads=num_threads, thread_name=thread_name, kernel_name=name)
 
     def with_ref(*inputs_and_buffer):
         *inputs, buffer = inputs_and_buffer

@@ -67,10 +67,20 @@ def _f32_product(a, b):
                                           ("wg_split", "k"), ("epi_tile_m", 32), ("epi_tile_n", 48),
                                           ("grid_minor", "x"), ("grid_tile_width", 0), ("delay_release", 3),
                                           ("semantics", "warp"), ("pipeline", "cutlass"), ("mma_registers", 236),
-                                          ("schedule", "stream-k")])
+                                          ("schedule", "stream-k"), ("cluster", "k")])
 def test_config_rejects_a_bad_field_by_name(field, value):
     with pytest.raises(ValueError, match=f"MosaicGemmConfig.{field}"):
         MosaicGemmConfig(**{field: value})
+
+
+def test_a_cluster_needs_our_k_loop_and_two_tiles_along_its_axis():
+    with pytest.raises(ValueError, match="MosaicGemmConfig.cluster: 'm' runs on pipeline 'own'"):
+        MosaicGemmConfig(cluster="m", pipeline="pallas")
+    a, b = S((384, 512), jnp.bfloat16), S((512, 1024), jnp.bfloat16)  # 3 CTA tiles of 128 rows: not pairs
+    with pytest.raises(ValueError, match="M=384 is not a positive multiple of the rows of a cluster's two output "
+                                         "tiles=256"):
+        jax.eval_shape(lambda a, b: matmul(a, b, config=MosaicGemmConfig(cluster="m")), a, b)
+    jax.eval_shape(lambda a, b: matmul(a, b, config=MosaicGemmConfig(cluster="n")), a, b)  # 4 CTA tiles along N
 
 
 def test_config_rejects_an_accumulator_beyond_the_register_file():
@@ -164,6 +174,28 @@ def test_pingpong_lowers_with_a_whole_tile_per_warpgroup(tile_m, tile_n, stages)
     assert abs(k.smem_bytes - smem_bytes(config, jnp.bfloat16, jnp.bfloat16)) < 4096
     assert k.wgmma() == {f"m64n{tile_n}k16 f32 += bf16 x bf16": (tile_m // 64) * 4}
     assert k.tma_loads() == 2
+
+
+@cpu_only
+@pytest.mark.parametrize("cluster, schedule", [("m", "cooperative"), ("n", "cooperative"), ("m", "pingpong"),
+                                               ("n", "pingpong")])
+def test_a_cluster_multicasts_the_operand_its_two_blocks_share(cluster, schedule):
+    """Clusters of 2 blocks over the same 132 blocks; one of the two TMA loads (B's tile with cluster "m", A's
+    with "n") goes to both blocks, and the consumers release stages on cluster barriers (remote arrivals)."""
+    config = MosaicGemmConfig(cluster=cluster, schedule=schedule, delay_release=int(schedule == "pingpong"))
+    M, K, N = SUITE_SHAPES[0]
+    (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
+                                   S((K, N), jnp.bfloat16))
+    assert k.cluster == (2, 1, 1) and k.grid == (mosaic_utils.H100_SMS, 1, 1)
+    assert k.tma_loads() == 2 and k.tma_multicast_loads() == 1
+    assert "mbarrier.arrive.shared::cluster" in k.text
+    multicast = [line for line in k.text.splitlines() if "multicast_mask" in line][0]
+    loads = [line for line in k.text.splitlines() if mosaic_ir._TMA_LOAD in line]
+    assert loads.index(multicast) == {"m": 1, "n": 0}[cluster]  # loads in program order: A's, then B's
+    (plain,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=dataclasses.replace(config, cluster="none")),
+                                       S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
+    assert plain.cluster == (1, 1, 1) and plain.tma_multicast_loads() == 0
+    assert "mbarrier.arrive.shared::cluster" not in plain.text
 
 
 @cpu_only
@@ -297,6 +329,17 @@ def test_pingpong_product_on_the_gpu(M, K, N, config):
 
 
 @gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (4096, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", cluster="m")),
+    (2304, 576, 2560, MosaicGemmConfig(cluster="n")),  # 18 x 5 cluster tiles over 66 clusters: unequal counts
+    (2560, 512, 2304, MosaicGemmConfig(schedule="pingpong", num_stages=6, delay_release=1, cluster="m")),
+    (1280, 768, 2304, MosaicGemmConfig(schedule="pingpong", num_stages=5, delay_release=1, cluster="n")),
+])
+def test_cluster_product_on_the_gpu(M, K, N, config):
+    _check_product(M, K, N, jnp.bfloat16, config=config)
+
+
+@gpu_only
 def test_gradients_on_the_gpu():
     _check_grads(1024, 512, 768, jnp.bfloat16, MosaicGemmConfig(tile_m=64, tile_n=128, wg_split="m"))
 
@@ -310,7 +353,9 @@ def test_nan_in_an_operand_reaches_the_output():
 
 @gpu_only
 @pytest.mark.parametrize("dtype, config", [(jnp.bfloat16, None), (jnp.float16, None),
-                                           (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5))])
+                                           (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5)),
+                                           (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5,
+                                                                           delay_release=1, cluster="m"))])
 def test_accumulate_into_on_the_gpu(dtype, config):
     """Three chunked updates c += a_iᵀ b_i in a loop (in place) against the float32 sum, rounding once per update;
     the gradient of the accumulated input is the cotangent."""
@@ -349,7 +394,8 @@ def test_product_in_interpret_mode(transpose_a, transpose_b):
 @pytest.mark.parametrize("fields", [dict(pipeline="own"), dict(pipeline="own", delay_release=1),
                                     dict(pipeline="pallas_steady"), dict(pipeline="pallas", grid_tile_width=1),
                                     dict(schedule="pingpong"), dict(schedule="pingpong", delay_release=1),
-                                    dict(schedule="pingpong", num_stages=3, delay_release=2)])
+                                    dict(schedule="pingpong", num_stages=3, delay_release=2),
+                                    dict(cluster="m")])  # run without the cluster: the interpreter has none
 @pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile (its loop starts and stops there)
 def test_every_k_loop_in_interpret_mode(fields, num_sms):
     with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles

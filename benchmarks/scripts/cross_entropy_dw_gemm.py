@@ -59,6 +59,13 @@ UPDATE_CONFIGS = {  # overrides of the accumulating default (3 stages of 128x256
                                             delay_release=2, grid_minor="m"),
     "pingpong_64x256_delay1_minor_m": dict(tile_m=64, tile_n=256, schedule="pingpong", num_stages=4,
                                            delay_release=1, grid_minor="m"),
+    # clusters of two blocks: B's (dl's) tiles multicast along "m", A's (h_cᵀ's) along "n"
+    "pingpong_128x128_delay1_minor_m_cluster_m": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5,
+                                                      delay_release=1, grid_minor="m", cluster="m"),
+    "pingpong_128x128_delay1_minor_m_cluster_n": dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5,
+                                                      delay_release=1, grid_minor="m", cluster="n"),
+    "cluster_m": dict(cluster="m"),
+    "cluster_n": dict(cluster="n"),
 }
 
 
@@ -142,6 +149,8 @@ LOGITS_CONFIGS = {
                            delay_release=0),
     "pingpong_128x128_delay2": dict(delay_release=2),
     "pingpong_64x256": dict(tile_m=64, tile_n=256, num_stages=4),
+    "pingpong_128x128_cluster_m": dict(cluster="m"),  # w's tiles multicast to two row blocks
+    "pingpong_128x128_cluster_n": dict(cluster="n"),  # h_c's tiles multicast to two column blocks
 }
 
 

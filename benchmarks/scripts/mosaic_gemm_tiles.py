@@ -50,6 +50,21 @@ CONFIGS = {
                                                      num_stages=4, delay_release=1),
     "pingpong_64x256_s4_delay2": dataclasses.replace(BASE, tile_m=64, tile_n=256, schedule="pingpong",
                                                      num_stages=4, delay_release=2),
+    # clusters of two blocks sharing one operand's tiles by TMA multicast (B's along "m", A's along "n")
+    "64x256_m_minor_m_cluster_m": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
+                                                      cluster="m"),
+    "64x256_m_minor_m_cluster_n": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
+                                                      cluster="n"),
+    "64x256_m_cluster_m": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", cluster="m"),
+    "64x256_m_cluster_n": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", cluster="n"),
+    "default_cluster_m": dataclasses.replace(BASE, cluster="m"),
+    "default_cluster_n": dataclasses.replace(BASE, cluster="n"),
+    "pingpong_128x128_s6_delay1_minor_m_cluster_m": dataclasses.replace(BASE, schedule="pingpong", num_stages=6,
+                                                                        delay_release=1, grid_minor="m",
+                                                                        cluster="m"),
+    "pingpong_128x128_s6_delay1_minor_m_cluster_n": dataclasses.replace(BASE, schedule="pingpong", num_stages=6,
+                                                                        delay_release=1, grid_minor="m",
+                                                                        cluster="n"),
 }
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 

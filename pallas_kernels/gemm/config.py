@@ -34,10 +34,11 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
+__all__ = ["CLUSTERS", "PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
+CLUSTERS = ("none", "m", "n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,10 @@ class MosaicGemmConfig:
         together; "pingpong" (pipeline "own", no prologue): each compute warpgroup owns whole CTA tiles of
         (tile_m, tile_n), the block's tiles alternating between them, so one warpgroup's epilogue runs while the
         other's wgmma stream keeps the tensor cores busy (``wg_split`` does not apply).
+      cluster: "none", or two blocks of a cluster taking neighbouring CTA tiles along "m" (they share B's tiles:
+        each block's memory warpgroup loads half of each B tile and TMA multicasts it into both blocks' shared
+        memory) or along "n" (they share A's). Halves the L2 reads of the shared operand; a stage is refilled only
+        once both blocks' consumers have released it (a cluster barrier). Pipeline "own" only.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -83,6 +88,7 @@ class MosaicGemmConfig:
     pipeline: str = "own"
     mma_registers: int = 0
     schedule: str = "cooperative"
+    cluster: str = "none"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -109,6 +115,7 @@ class MosaicGemmConfig:
                                                           and 160 <= self.mma_registers <= 232),
              "0 (automatic) or a multiple of 8 in [160, 232]"),
             ("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}"),
+            ("cluster", self.cluster in CLUSTERS, f"one of {CLUSTERS}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -120,6 +127,8 @@ class MosaicGemmConfig:
             raise ValueError(f"{cls}.delay_release: must be < num_stages={self.num_stages}")
         if self.schedule == "pingpong" and self.pipeline != "own":
             raise ValueError(f"{cls}.schedule: 'pingpong' runs on pipeline 'own', got pipeline={self.pipeline!r}")
+        if self.cluster != "none" and self.pipeline != "own":
+            raise ValueError(f"{cls}.cluster: {self.cluster!r} runs on pipeline 'own', got pipeline={self.pipeline!r}")
 
     @property
     def pingpong(self) -> bool:
@@ -135,18 +144,34 @@ class MosaicGemmConfig:
         """Columns of one CTA tile: a warpgroup's tile_n, or two side by side (cooperative, wg_split "n")."""
         return self.tile_n * (2 if self.wg_split == "n" and not self.pingpong else 1)
 
+    @property
+    def cluster_size(self) -> int:
+        """Blocks per cluster: 1, or 2 sharing one operand's tiles (``cluster``)."""
+        return 1 if self.cluster == "none" else 2
+
+    @property
+    def cluster_m(self) -> int:
+        """Rows of the output one cluster covers per tile step (two CTA tiles with cluster "m")."""
+        return self.cta_m * (2 if self.cluster == "m" else 1)
+
+    @property
+    def cluster_n(self) -> int:
+        """Columns of the output one cluster covers per tile step (two CTA tiles with cluster "n")."""
+        return self.cta_n * (2 if self.cluster == "n" else 1)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, names=("M", "N", "K")) -> str | None:
     """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
-    constraint: no partial tiles (M, N, K multiples of the CTA tile and tile_k). ``names``: what the caller
-    calls M, N and K."""
-    for dim, size, tile, what in ((names[0], M, config.cta_m, "rows"), (names[1], N, config.cta_n, "columns"),
+    constraint: no partial tiles (M, N, K multiples of the CTA tile, two of them along the ``cluster`` axis, and
+    tile_k). ``names``: what the caller calls M, N and K."""
+    whose = "a cluster's two output tiles" if config.cluster_size > 1 else "a block's output tile"
+    for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),
                                   (names[2], K, config.tile_k, "tile_k")):
         if size <= 0 or size % tile:
-            what = "tile_k" if what == "tile_k" else f"the {what} of a block's output tile"
+            what = "tile_k" if what == "tile_k" else f"the {what} of {whose}"
             return f"{dim}={size} is not a positive multiple of {what}={tile}"
     return None
 

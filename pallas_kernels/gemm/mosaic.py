@@ -65,6 +65,7 @@ __all__ = ["PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "sm
 _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
+_CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +163,8 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                         epilogue=lambda ctx, acc, carry: (acc + ctx.load_tile(_ACCUMULATED), {}))
     fusion = fusion or Fusion()
     arrays = dict(arrays or {})
+    if mu.interpreting() and config.cluster != "none":  # jax's GPU interpreter has no cluster barriers; the
+        config = dataclasses.replace(config, cluster="none")  # multicast changes no value, only where tiles load
     if mu.interpreting() and (transpose_a or transpose_b):  # the CPU interpreter reads no transposed SMEM refs
         a, b = (a.T if transpose_a else a), (b.T if transpose_b else b)
         transpose_a = transpose_b = False
@@ -193,8 +196,11 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
         body, num_threads = functools.partial(_kernel_body, shape=shape), 3
-    launch = dict(grid=(num_sms or mu.num_sms(),), grid_names=("sm",), num_threads=num_threads, thread_name="wg",
-                  name=name, semantics=config.semantics, reduction_scratch_bytes=fusion.reduction_scratch_bytes)
+    launch = dict(grid=((num_sms or mu.num_sms()) // config.cluster_size,), grid_names=("sm",),
+                  num_threads=num_threads, thread_name="wg", name=name, semantics=config.semantics,
+                  reduction_scratch_bytes=fusion.reduction_scratch_bytes)
+    if config.cluster_size > 1:
+        launch.update(cluster=(config.cluster_size,), cluster_names=(_CLUSTER,))
     inputs = [a, b, *[arrays[n] for n in in_names]]
     if accumulate_into is not None:  # the output is the aliased buffer, between the inputs and the other outputs
         outs, out = mu.kernel_updating(body, out_type=[s for _, s in fusion.outputs], **launch)(
@@ -225,6 +231,17 @@ class _Shape:
         """(m_iters, n_iters, k_iters): CTA tiles along M and N, pipeline steps along K."""
         M, N, K = self.mnk
         return M // self.cfg.cta_m, N // self.cfg.cta_n, K // self.cfg.tile_k
+
+    @property
+    def cluster_tiles(self) -> int:
+        """Tile steps of the persistent loop: CTA tiles, or pairs of them along the cluster axis."""
+        m_iters, n_iters, _ = self.iters
+        return m_iters * n_iters // self.cfg.cluster_size
+
+    def multicast(self, operand: int) -> tuple[str, ...] | None:
+        """The collective axes of operand 0 (A) or 1 (B) when both blocks of a cluster load the same tiles of it
+        (TMA multicast: B with cluster "m", A with cluster "n"); else None."""
+        return (_CLUSTER,) if self.cfg.cluster == ("n", "m")[operand] else None
 
     @property
     def pieces(self) -> list:
@@ -267,11 +284,16 @@ class _Shape:
         return named_in, refs[n_in], dict(zip(self.out_names, refs[n_in + 1:]))
 
     def tile_context(self, lin, wg, refs_by_name) -> TileContext:
-        """Where compute warpgroup ``wg`` works on the lin-th CTA tile (planar-snake order)."""
+        """Where compute warpgroup ``wg`` works on the lin-th tile step (planar-snake order over CTA tiles, or over
+        pairs of them along the cluster axis)."""
         cfg = self.cfg
         m_iters, n_iters, _ = self.iters
-        m_idx, n_idx = plgpu.planar_snake(lin, (m_iters, n_iters), 1 if cfg.grid_minor == "n" else 0,
-                                          cfg.grid_tile_width)
+        pairs_m, pairs_n = (cfg.cluster == "m") + 1, (cfg.cluster == "n") + 1
+        m_idx, n_idx = plgpu.planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n),
+                                          1 if cfg.grid_minor == "n" else 0, cfg.grid_tile_width)
+        if cfg.cluster_size > 1:  # the cluster's tile pair; this block takes the one at its index in the cluster
+            block = lax.axis_index(_CLUSTER)
+            m_idx, n_idx = (m_idx * 2 + block, n_idx) if cfg.cluster == "m" else (m_idx, n_idx * 2 + block)
         wg_m, wg_n = (0, 0) if cfg.pingpong else (wg, 0) if cfg.wg_split == "m" else (0, wg)
         return TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
                            m_idx=m_idx, n_idx=n_idx, wg=wg,

@@ -18,7 +18,10 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             their epilogue and arrive on ``handoff_free`` after it, which the prologue awaits before it writes the
             next tile's (one slot: the next tile's prologue ends with that tile's K loop, long after).
 ``consumed[s]`` counts one arrival per consumer warpgroup (2, or 3 with the prologue): a stage is refilled only
-when every consumer has read it.
+when every consumer has read it. With ``MosaicGemmConfig.cluster``, the two blocks of a cluster walk tile pairs in
+step; the shared operand's copy is a TMA multicast (each memory warpgroup loads half of the tile into both blocks'
+stage), so ``consumed`` is a cluster barrier: every consumer arrives on it in both blocks, and a memory warpgroup
+refills a stage only once both blocks have read it.
 
 Schedule "pingpong" (``MosaicGemmConfig.schedule``): the block's local tiles alternate between the MMA warpgroups
 (tile i to warpgroup i % 2, each with a whole (tile_m, tile_n) CTA tile), so one warpgroup's epilogue runs while
@@ -69,11 +72,20 @@ def registers(shape) -> tuple[int, int, int]:
     return mma, _MEMORY_REGISTERS, prologue
 
 
+def _consumed_barrier(shape, *, num_arrivals: int, num_barriers: int):
+    """The barriers a consumer arrives on once it has read a stage: a cluster barrier when the stage also receives
+    the other block's multicast (its memory warpgroup must wait for this block's consumers too)."""
+    axes = shape.multicast(0) or shape.multicast(1)
+    if not axes:
+        return plgpu.Barrier(num_arrivals=num_arrivals, num_barriers=num_barriers)
+    return plgpu.ClusterBarrier(collective_axes=axes, num_arrivals=num_arrivals, num_barriers=num_barriers)
+
+
 def kernel_body(a_gmem, b_gmem, *refs, shape):
     """The kernel (``plgpu.kernel`` body) of one fused GEMM, ``shape`` a ``gemm.mosaic._Shape``."""
     cfg, fusion = shape.cfg, shape.fusion
     named_in, out_gmem, named_out = shape.split_refs(refs)
-    m_iters, n_iters, k_iters = shape.iters
+    k_iters = shape.iters[2]
     num_stages = min(cfg.num_stages, k_iters)
     has_prologue_wg = dedicated(shape)
     mma_registers, memory_registers, prologue_registers = registers(shape)
@@ -85,8 +97,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                 for ref, (block, _, _) in zip(gmem, blocks)],
         ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=owners * num_stages),
-        consumed=plgpu.Barrier(num_arrivals=1 if cfg.pingpong else 2 + has_prologue_wg,
-                               num_barriers=owners * num_stages),
+        consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_prologue_wg,
+                                   num_barriers=owners * num_stages),
         **shape.scratch_types())
     if has_prologue_wg:
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.tile_m), _F32),
@@ -98,7 +110,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
 
         def each_tile(body):
-            @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+            @plgpu.nd_loop((shape.cluster_tiles,), collective_axes="sm")
             def _tile_loop(loop_info):
                 body(loop_info.index[0], loop_info.local_index, loop_info.num_local_steps)
 
@@ -142,9 +154,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
 
                     ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
-                    for ref, smem, (_, k_axis, _) in zip(ctas, stages, blocks):
+                    for operand, (ref, smem, (_, k_axis, _)) in enumerate(zip(ctas, stages, blocks)):
                         plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
-                                                smem.at[slot_of(local, k)], ready.at[barrier_of(g)])
+                                                smem.at[slot_of(local, k)], ready.at[barrier_of(g)],
+                                                collective_axes=shape.multicast(operand))
                     return ()
 
                 lax.fori_loop(0, k_iters, step, ())
