@@ -1,13 +1,15 @@
 """GEMM 1 of a token chunk on the Mosaic-GPU core, with the softmax statistics in its epilogue.
 
-    logits, lse = logits_and_lse(h_c, w)       # h_c (Bc, H), w (H, V) 16-bit -> (Bc, V) in h's dtype, (Bc,) float32
+    logits, (block_max, block_sumexp) = logits_and_block_stats(h_c, w)   # h_c (Bc, H), w (H, V) 16-bit ->
+                                               # (Bc, V) in h's dtype, two (V / tile_n, Bc) float32
     unsupported_reason(Bc, H, V, dtype)        # None, or the sentence why this chunk cannot take it
 
 The chunk loop (``triton.py``) otherwise writes the logits with cuBLAS and its row kernel reads them twice: once
 for the log-sum-exp, once to write dlogits. Here each compute warpgroup, holding a (tile_m, tile_n) float32 tile of
-logits, also stores per row the tile's maximum and Σ exp(z − max) into (V / tile_n, Bc) arrays; a small XLA
-reduction combines the column blocks, lse = M + log Σ_c s_c·exp(m_c − M) with M = max_c m_c, and the row kernel
-only writes dlogits: per chunk one read of the logits fewer, Bc·V·s bytes (2.1 GB at 8192x128256 in bf16).
+logits, also stores per row the tile's maximum and Σ exp(z − max) into (C, Bc) arrays, C = V / tile_n; the row
+kernel combines the column blocks, lse = M + log Σ_c s_c·exp(m_c − M) with M = max_c m_c (``triton_rows``), and
+reads the logits once, to write dlogits: per chunk one read of the logits fewer, Bc·V·s bytes (2.1 GB at
+8192x128256 in bf16).
 
 The statistics are taken over the logits rounded to the input dtype, the values the row kernel reads back for
 dlogits (as on the cuBLAS path, where it computes both from them): a log-sum-exp of the unrounded float32
@@ -27,7 +29,7 @@ from pallas_kernels import backends
 from pallas_kernels import gemm as mosaic_gemm
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["config_for", "logits_and_lse", "unsupported_reason"]
+__all__ = ["config_for", "logits_and_block_stats", "unsupported_reason"]
 
 _F32 = jnp.float32
 _BLOCK_MAX, _BLOCK_SUMEXP = "block_max", "block_sumexp"
@@ -75,9 +77,9 @@ def _stats_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
     return mosaic_gemm.Fusion(outputs=((_BLOCK_MAX, stats), (_BLOCK_SUMEXP, stats)), epilogue=epilogue)
 
 
-def logits_and_lse(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(logits (Bc, V) in h_c's dtype, lse (Bc,) float32) of h_c (Bc, H) @ w (H, V); ValueError (naming the
-    constraint) where ``unsupported_reason`` says no."""
+def logits_and_block_stats(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """(logits (Bc, V) in h_c's dtype, (block max, block Σ exp(z − max)), two (V / tile_n, Bc) float32) of
+    h_c (Bc, H) @ w (H, V); ValueError (naming the constraint) where ``unsupported_reason`` says no."""
     (Bc, H), V = h_c.shape, w.shape[1]
     reason = unsupported_reason(Bc, H, V, h_c.dtype)
     if reason:
@@ -86,6 +88,4 @@ def logits_and_lse(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
     logits, block_max, block_sumexp = mosaic_gemm.gemm(
         h_c, w, config=config, out_dtype=h_c.dtype, fusion=_stats_fusion(Bc, V, config.tile_n, h_c.dtype),
         name="linear_cross_entropy_logits")
-    row_max = jnp.max(block_max, axis=0)  # (Bc,)
-    lse = row_max + jnp.log(jnp.sum(block_sumexp * jnp.exp(block_max - row_max), axis=0))
-    return logits, lse
+    return logits, (block_max, block_sumexp)

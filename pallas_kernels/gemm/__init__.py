@@ -54,10 +54,14 @@ CANDIDATES = (
 # accumulate_into (a dw updated over token chunks): short K loops (K <= 512) ping-pong, one warpgroup's read, add
 # and store of its c tile under the other's wgmma: 1056 µs against 1154 (two 128x128 accumulators side by side) per
 # update at (H, V, Bc) = (2048, 256000, 512), 7403 against 8223 µs (cuBLAS, beta = 1) for a 5% loss's updates; at K
-# = 1024 it lost (2053 against 1687 µs at 4096 x 128256): cross_entropy_dw_gemm_pingpong-h100-1f83762.json.
+# = 1024 it lost (2053 against 1687 µs at 4096 x 128256): cross_entropy_dw_gemm_pingpong-h100-1f83762.json. Two
+# blocks of a cluster along M sharing each dl tile (TMA multicast) took 1025 against 1060 µs per update there
+# (cross_entropy_dw_gemm_cluster-h100-725a270.json); along N (sharing h_cᵀ) 1069. Plain GEMMs with long K loops
+# lost under ping-pong with a cluster (0.81-0.84x cuBLAS against 0.92-0.96x: mosaic_gemm_tiles-h100-725a270.json).
 _ACCUMULATE_LONG_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n")
 _ACCUMULATE_SHORT_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=5, schedule="pingpong",
-                                       delay_release=1, grid_minor="m")
+                                       delay_release=1, grid_minor="m", cluster="m")
+_ACCUMULATE_SHORT_K_PAIRLESS = dataclasses.replace(_ACCUMULATE_SHORT_K, cluster="none")  # M not a pair of tiles
 SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) accumulate_into runs ping-pong
 
 
@@ -76,7 +80,8 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
     if accumulate_dtype is None:
         return pick_config(M, N, K)
-    config = pick_config(M, N, K, (_ACCUMULATE_SHORT_K if K <= SHORT_K else _ACCUMULATE_LONG_K, *CANDIDATES))
+    short_k = (_ACCUMULATE_SHORT_K, _ACCUMULATE_SHORT_K_PAIRLESS)
+    config = pick_config(M, N, K, (*(short_k if K <= SHORT_K else (_ACCUMULATE_LONG_K,)), *CANDIDATES))
     while config.num_stages > 2 and smem_bytes(config, dtype, accumulate_dtype, tile_input_dtypes=(accumulate_dtype,),
                                                store_in_tile=True) > mu.H100_SMEM_BYTES - 1024:  # 1 KiB: barriers
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)
