@@ -250,7 +250,8 @@ def test_mosaic_logits_lower_for_cuda_and_fall_back():
             lowered(grad_fn("mosaic", logit_soft_cap=5.0), *args)
 
 
-@pytest.mark.parametrize("R, V, tile_n, z_loss", [(5, 1000, 200, 0.0), (6, 2560, 8, 1e-3)])  # C = 5 and 320 blocks
+@pytest.mark.parametrize("R, V, tile_n, z_loss", [(5, 1000, 200, 0.0), (6, 2560, 8, 1e-3), (3, 8200, 2, 0.0)])
+# C = 5, 320 and 4100 blocks (three steps of 2048)
 def test_row_pass_combines_column_block_statistics(R, V, tile_n, z_loss):
     """The row kernel given each column block's max and Σ exp(z − max) (the Mosaic logits epilogue's outputs)
     returns the lse, the label logit (0 for a label outside [0, V)) and dlogits of a one-pass reference; logits
@@ -263,8 +264,8 @@ def test_row_pass_combines_column_block_statistics(R, V, tile_n, z_loss):
     labels = jax.random.randint(k2, (R,), 0, V).at[0].set(V + 3)
     g = jax.random.uniform(k3, (R,), jnp.float32, 0.5, 2.0)
     z = x.astype(jnp.float32).reshape(R, V // tile_n, tile_n)
-    block_max = jnp.max(z, axis=2).T  # (C, R)
-    block_sumexp = jnp.sum(jnp.exp(z - block_max.T[:, :, None]), axis=2).T
+    block_max = jnp.max(z, axis=2)  # (R, C)
+    block_sumexp = jnp.sum(jnp.exp(z - block_max[:, :, None]), axis=2)
     opt = RowOptions(config=LinearCrossEntropyConfig(), z_loss=z_loss, logit_soft_cap=None, interpret=True)
     with triton_utils.quiet_triton_deprecation():
         dl, lse, zy = jax.jit(lambda *a: row_pass(*a, None, opt, dl_dtype=jnp.float32,

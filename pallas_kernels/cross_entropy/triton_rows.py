@@ -9,9 +9,10 @@ their dtypes match). A program owns ``rows_per_program`` rows and walks the voca
   pass 2 (dlogits):    g · (softmax · (1 + 2·z_loss·lse) − onehot) · dz/dx, walking the tiles backwards so its
                        first tiles are pass 1's last, the likeliest still in L2
 
-Given the per-column-block statistics of the Mosaic logits GEMM (``block_stats``: each (C, R) block's max and
-Σ exp(z − max), ``mosaic_logits``), pass 1 is a combine over C values per row instead of a pass over V, and pass 2
-also picks the label logit: one read of the logits, no XLA kernels between the GEMM and this one.
+Given the per-column-block statistics of the Mosaic logits GEMM (``block_stats``: each row's max and Σ exp(z − max)
+over each of C column blocks, (R, C) arrays, ``mosaic_logits``), pass 1 is a combine over C values per row instead
+of a pass over V, and pass 2 also picks the label logit: one read of the logits, no XLA kernels between the GEMM
+and this one.
 
 Soft-capping (z = cap·tanh(x / cap)) is applied to every tile as it is read. Bytes per chunk: R·V·s read once for
 evaluation; read twice and written once (3·R·V·s) for the gradient.
@@ -33,7 +34,7 @@ from pallas_kernels.cross_entropy.config import LinearCrossEntropyConfig
 __all__ = ["RowOptions", "row_pass", "soft_cap"]
 
 _M_INIT = -1e30  # running max before any column: finite, so exp(m_old - m_new) never sees inf - inf
-_BLOCK_C = 256  # column-block statistics combined per step (``block_stats``)
+_BLOCK_C = 2048  # the most column-block statistics per row combined in one step (``block_stats``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,27 +61,29 @@ def _and(a, b):
 
 
 def _combined_lse(max_ref, sumexp_ref, r0, br: int, row_ok, C: int):
-    """lse (br,) of rows [r0, r0 + br) from their (C, R) column-block maxima and Σ exp(z − max)."""
+    """lse (br,) of rows [r0, r0 + br) from their (R, C) column-block maxima and Σ exp(z − max): one load of each
+    row's C values where C <= _BLOCK_C."""
+    bc = min(_BLOCK_C, pl.next_power_of_2(C))
+
     def step(c, carry):
         m, s = carry
-        blocks = c * _BLOCK_C + jnp.arange(_BLOCK_C, dtype=jnp.int32)
-        mask = _and(None if C % _BLOCK_C == 0 else (blocks < C)[:, None],
-                    None if row_ok is None else row_ok[None, :])
-        idx = (pl.ds(c * _BLOCK_C, _BLOCK_C), pl.ds(r0, br))
-        block_max = tu.load(max_ref, idx, mask=mask, other=-jnp.inf)  # (_BLOCK_C, br)
+        blocks = c * bc + jnp.arange(bc, dtype=jnp.int32)
+        mask = _and(None if row_ok is None else row_ok[:, None], None if C % bc == 0 else (blocks < C)[None, :])
+        idx = (pl.ds(r0, br), pl.ds(c * bc, bc))
+        block_max = tu.load(max_ref, idx, mask=mask, other=-jnp.inf)  # (br, bc)
         block_sum = tu.load(sumexp_ref, idx, mask=mask, other=0.0)
-        m_new = jnp.maximum(m, jnp.max(block_max, axis=0))
-        s = s * jnp.exp(m - m_new) + jnp.sum(block_sum * jnp.exp(block_max - m_new[None, :]), axis=0)
+        m_new = jnp.maximum(m, jnp.max(block_max, axis=1))
+        s = s * jnp.exp(m - m_new) + jnp.sum(block_sum * jnp.exp(block_max - m_new[:, None]), axis=1)
         return m_new, s
 
-    m, s = lax.fori_loop(0, pl.cdiv(C, _BLOCK_C), step,
+    m, s = lax.fori_loop(0, pl.cdiv(C, bc), step,
                          (jnp.full((br,), _M_INIT, jnp.float32), jnp.zeros((br,), jnp.float32)))
     return m + jnp.log(s)
 
 
 def _row_kernel(*refs, R: int, V: int, C: int, opt: RowOptions, stats: bool, grad: bool):
     """Program i: rows [i·r, (i+1)·r) of an (R, V) logits chunk. Refs, in order: x (R, V), labels (R,), [g (R,) if
-    grad], [lse (R,) if grad and not stats], [block max, block Σexp (C, R) if C]; outputs [dl (R, V) if grad],
+    grad], [lse (R,) if grad and not stats], [block max, block Σexp (R, C) if C]; outputs [dl (R, V) if grad],
     [lse, zy (R,) if stats or C]. C > 0: lse from the column-block statistics, zy from pass 2 (grad only)."""
     it = iter(refs)
     x_ref, labels_ref = next(it), next(it)
@@ -149,7 +152,7 @@ def _row_kernel(*refs, R: int, V: int, C: int, opt: RowOptions, stats: bool, gra
 
 def _row_pass_pallas(x, labels, g, lse, opt: RowOptions, *, dl_dtype, block_stats=None):
     R, V = x.shape
-    C = 0 if block_stats is None else block_stats[0].shape[0]
+    C = 0 if block_stats is None else block_stats[0].shape[1]
     stats, grad = lse is None and not C, g is not None
     cfg = opt.config
     f32 = jax.ShapeDtypeStruct((R,), jnp.float32)
@@ -173,8 +176,8 @@ def _row_pass_xla(x, labels, g, lse, opt: RowOptions, *, dl_dtype, block_stats=N
     zy = None
     if block_stats is not None:
         block_max, block_sumexp = block_stats
-        row_max = jnp.max(block_max, axis=0)
-        lse = row_max + jnp.log(jnp.sum(block_sumexp * jnp.exp(block_max - row_max), axis=0))
+        row_max = jnp.max(block_max, axis=1)
+        lse = row_max + jnp.log(jnp.sum(block_sumexp * jnp.exp(block_max - row_max[:, None]), axis=1))
     if lse is None or block_stats is not None:
         column = jnp.clip(labels, 0, V - 1)[:, None]
         zy = jnp.where((labels >= 0) & (labels < V), jnp.take_along_axis(z, column, axis=1)[:, 0], 0.0)
@@ -199,7 +202,7 @@ def row_pass(x, labels, g, lse, opt: RowOptions, *, dl_dtype, block_stats=None):
         label logit 0: the caller marks it); g: (R,) float32 row weights (upstream scale, 0 for rows that do not
         count), or None for statistics only; lse: (R,) float32 when known (then only dlogits are computed), or
         None; dl_dtype: the dtype dlogits are written in; block_stats: None, or (max, Σ exp(z − max)) of each of
-        C column blocks, two (C, R) float32 arrays (with g given, lse None): lse comes from them.
+        C column blocks, two (R, C) float32 arrays (with g given, lse None): lse comes from them.
     Returns dl (R, V) in dl_dtype (over x when the dtypes match), lse (R,) and the label logit zy (R,) float32
     (None when lse was given)."""
     if block_stats is not None and (g is None or lse is not None or opt.logit_soft_cap is not None):
