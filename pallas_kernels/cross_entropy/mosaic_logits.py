@@ -1,15 +1,13 @@
 """GEMM 1 of a token chunk on the Mosaic-GPU core, with the softmax statistics in its epilogue.
 
-    logits, (block_max, block_sumexp) = logits_and_block_stats(h_c, w)   # h_c (Bc, H), w (H, V) 16-bit ->
-                                               # (Bc, V) in h's dtype, two (Bc, V / tile_n) float32
+    logits, lse = logits_and_lse(h_c, w)       # h_c (Bc, H), w (H, V) 16-bit -> (Bc, V) in h's dtype, (Bc,) float32
     unsupported_reason(Bc, H, V, dtype)        # None, or the sentence why this chunk cannot take it
 
 The chunk loop (``triton.py``) otherwise writes the logits with cuBLAS and its row kernel reads them twice: once
 for the log-sum-exp, once to write dlogits. Here each compute warpgroup, holding a (tile_m, tile_n) float32 tile of
-logits, also stores per row the tile's maximum and Σ exp(z − max) into (Bc, C) arrays, C = V / tile_n (each row's
-C values contiguous, for the row kernel's one load of them); the row kernel combines the column blocks, lse = M +
-log Σ_c s_c·exp(m_c − M) with M = max_c m_c (``triton_rows``), and reads the logits once, to write dlogits: per
-chunk one read of the logits fewer, Bc·V·s bytes (2.1 GB at 8192x128256 in bf16).
+logits, also stores per row the tile's maximum and Σ exp(z − max) into (V / tile_n, Bc) arrays; a small XLA
+reduction combines the column blocks, lse = M + log Σ_c s_c·exp(m_c − M) with M = max_c m_c, and the row kernel
+only writes dlogits: per chunk one read of the logits fewer, Bc·V·s bytes (2.1 GB at 8192x128256 in bf16).
 
 The statistics are taken over the logits rounded to the input dtype, the values the row kernel reads back for
 dlogits (as on the cuBLAS path, where it computes both from them): a log-sum-exp of the unrounded float32
@@ -29,7 +27,7 @@ from pallas_kernels import backends
 from pallas_kernels import gemm as mosaic_gemm
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["config_for", "logits_and_block_stats", "unsupported_reason"]
+__all__ = ["config_for", "logits_and_lse", "unsupported_reason"]
 
 _F32 = jnp.float32
 _BLOCK_MAX, _BLOCK_SUMEXP = "block_max", "block_sumexp"
@@ -63,7 +61,7 @@ def unsupported_reason(Bc: int, H: int, V: int, dtype) -> str | None:
 
 def _stats_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
     """Epilogue: the tile rounded to ``dtype`` (what is stored), and per row its max and Σ exp(z − max) over those
-    rounded values, into column ``col_block`` of the (Bc, V / tile_n) outputs."""
+    rounded values, into row ``col_block`` of the (V / tile_n, Bc) outputs."""
     blocks = V // tile_n
 
     def epilogue(ctx, acc, carry):
@@ -73,14 +71,13 @@ def _stats_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
         block_sumexp = jnp.sum(jnp.exp(z - lax.broadcast_in_dim(block_max, z.shape, [0])), axis=1)
         return z, {_BLOCK_MAX: block_max, _BLOCK_SUMEXP: block_sumexp}
 
-    stats = jax.ShapeDtypeStruct((Bc, blocks), _F32)
-    return mosaic_gemm.Fusion(outputs=((_BLOCK_MAX, stats), (_BLOCK_SUMEXP, stats)), epilogue=epilogue,
-                              rows_by_block_minor=True)
+    stats = jax.ShapeDtypeStruct((blocks, Bc), _F32)
+    return mosaic_gemm.Fusion(outputs=((_BLOCK_MAX, stats), (_BLOCK_SUMEXP, stats)), epilogue=epilogue)
 
 
-def logits_and_block_stats(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """(logits (Bc, V) in h_c's dtype, (block max, block Σ exp(z − max)), two (Bc, V / tile_n) float32) of
-    h_c (Bc, H) @ w (H, V); ValueError (naming the constraint) where ``unsupported_reason`` says no."""
+def logits_and_lse(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(logits (Bc, V) in h_c's dtype, lse (Bc,) float32) of h_c (Bc, H) @ w (H, V); ValueError (naming the
+    constraint) where ``unsupported_reason`` says no."""
     (Bc, H), V = h_c.shape, w.shape[1]
     reason = unsupported_reason(Bc, H, V, h_c.dtype)
     if reason:
@@ -89,4 +86,6 @@ def logits_and_block_stats(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, tup
     logits, block_max, block_sumexp = mosaic_gemm.gemm(
         h_c, w, config=config, out_dtype=h_c.dtype, fusion=_stats_fusion(Bc, V, config.tile_n, h_c.dtype),
         name="linear_cross_entropy_logits")
-    return logits, (block_max, block_sumexp)
+    row_max = jnp.max(block_max, axis=0)  # (Bc,)
+    lse = row_max + jnp.log(jnp.sum(block_sumexp * jnp.exp(block_max - row_max), axis=0))
+    return logits, lse

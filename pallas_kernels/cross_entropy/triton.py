@@ -11,9 +11,9 @@ vocabulary-wide row work (``triton_rows.py``):
                            dw += h_cᵀ @ dlogits_c                    (H, V), GEMM 3, accumulated over chunks
 
 With ``logits_gemm`` (default "auto": on sm90 where the tiles divide the shapes) the forward rule's chunks take
-their logits from the Mosaic GEMM core, whose epilogue also stores per-row softmax statistics of each column block
-(``mosaic_logits.py``): the row kernel combines them into the lse and reads the logits once, to write dlogits and
-pick the label logit (one read of the chunk's logits fewer, no XLA kernel between the two).
+their logits from the Mosaic GEMM core, whose epilogue also stores per-row softmax statistics
+(``mosaic_logits.py``): the lse comes from them, and the row kernel only writes dlogits (one read of the chunk's
+logits fewer).
 
 Paths. ``reduction="mean"|"sum"`` is a scalar ``custom_vjp``: its primal (evaluation, no gradient) runs GEMM 1 and
 the statistics pass only (1 GEMM, like XLA's forward); its forward rule runs the GEMMs with dlogits_c already
@@ -224,6 +224,15 @@ def _mosaic_logits(h, w, st: _Static) -> bool:
     return _runs_on_mosaic("logits_gemm", st.rows.config.logits_gemm, lambda: _mosaic_logits_reason(h, w, st))
 
 
+def _label_logit(logits, labels):
+    """logits[r, labels[r]] (R,) float32, 0 for a label outside [0, V) (as the row kernel's: the caller marks such
+    rows through their weights)."""
+    V = logits.shape[1]
+    column = jnp.clip(labels, 0, V - 1)[:, None]
+    zy = jnp.take_along_axis(logits, column, axis=1)[:, 0].astype(jnp.float32)
+    return jnp.where((labels >= 0) & (labels < V), zy, 0.0)
+
+
 def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     """(total, dh, dw): total = Σ g·row loss (float32; 0 when lse is given), dh (B, H) in h's dtype and dw (H, V)
     in w's dtype (None where ``wanted`` says the caller does not differentiate that input: its GEMM never runs), for
@@ -244,9 +253,10 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         if first and shared:
             g_c = jnp.where(jnp.arange(Bc) >= shared, g_c, 0.0)  # counted by the next step
         lse_c = None if lse is None else lax.dynamic_slice_in_dim(lse, start, Bc)
-        if stats_in_gemm:  # column-block statistics from GEMM 1's epilogue: one pass of the row kernel
-            logits_c, block_stats = mosaic_logits.logits_and_block_stats(h_c, w)
-            dl, lse_c, zy = row_pass(logits_c, y_c, g_c, None, st.rows, dl_dtype=h.dtype, block_stats=block_stats)
+        if stats_in_gemm:  # lse from GEMM 1's epilogue: the row kernel only writes dlogits
+            logits_c, lse_c = mosaic_logits.logits_and_lse(h_c, w)
+            zy = _label_logit(logits_c, y_c)
+            dl, _, _ = row_pass(logits_c, y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)
         else:
             dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # dl (Bc, V)
         total = jnp.float32(0.0) if zy is None else jnp.sum(g_c * _row_loss(lse_c, zy, st))

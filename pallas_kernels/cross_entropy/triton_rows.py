@@ -9,11 +9,6 @@ their dtypes match). A program owns ``rows_per_program`` rows and walks the voca
   pass 2 (dlogits):    g · (softmax · (1 + 2·z_loss·lse) − onehot) · dz/dx, walking the tiles backwards so its
                        first tiles are pass 1's last, the likeliest still in L2
 
-Given the per-column-block statistics of the Mosaic logits GEMM (``block_stats``: each row's max and Σ exp(z − max)
-over each of C column blocks, (R, C) arrays, ``mosaic_logits``), pass 1 is a combine over C values per row instead
-of a pass over V, and pass 2 also picks the label logit: one read of the logits, no XLA kernels between the GEMM
-and this one.
-
 Soft-capping (z = cap·tanh(x / cap)) is applied to every tile as it is read. Bytes per chunk: R·V·s read once for
 evaluation; read twice and written once (3·R·V·s) for the gradient.
 """
@@ -34,7 +29,6 @@ from pallas_kernels.cross_entropy.config import LinearCrossEntropyConfig
 __all__ = ["RowOptions", "row_pass", "soft_cap"]
 
 _M_INIT = -1e30  # running max before any column: finite, so exp(m_old - m_new) never sees inf - inf
-_BLOCK_C = 2048  # the most column-block statistics per row combined in one step (``block_stats``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,38 +54,15 @@ def _and(a, b):
     return b if a is None else (a if b is None else jnp.logical_and(a, b))
 
 
-def _combined_lse(max_ref, sumexp_ref, r0, br: int, row_ok, C: int):
-    """lse (br,) of rows [r0, r0 + br) from their (R, C) column-block maxima and Σ exp(z − max): one load of each
-    row's C values where C <= _BLOCK_C."""
-    bc = min(_BLOCK_C, pl.next_power_of_2(C))
-
-    def step(c, carry):
-        m, s = carry
-        blocks = c * bc + jnp.arange(bc, dtype=jnp.int32)
-        mask = _and(None if row_ok is None else row_ok[:, None], None if C % bc == 0 else (blocks < C)[None, :])
-        idx = (pl.ds(r0, br), pl.ds(c * bc, bc))
-        block_max = tu.load(max_ref, idx, mask=mask, other=-jnp.inf)  # (br, bc)
-        block_sum = tu.load(sumexp_ref, idx, mask=mask, other=0.0)
-        m_new = jnp.maximum(m, jnp.max(block_max, axis=1))
-        s = s * jnp.exp(m - m_new) + jnp.sum(block_sum * jnp.exp(block_max - m_new[:, None]), axis=1)
-        return m_new, s
-
-    m, s = lax.fori_loop(0, pl.cdiv(C, bc), step,
-                         (jnp.full((br,), _M_INIT, jnp.float32), jnp.zeros((br,), jnp.float32)))
-    return m + jnp.log(s)
-
-
-def _row_kernel(*refs, R: int, V: int, C: int, opt: RowOptions, stats: bool, grad: bool):
+def _row_kernel(*refs, R: int, V: int, opt: RowOptions, stats: bool, grad: bool):
     """Program i: rows [i·r, (i+1)·r) of an (R, V) logits chunk. Refs, in order: x (R, V), labels (R,), [g (R,) if
-    grad], [lse (R,) if grad and not stats], [block max, block Σexp (R, C) if C]; outputs [dl (R, V) if grad],
-    [lse, zy (R,) if stats or C]. C > 0: lse from the column-block statistics, zy from pass 2 (grad only)."""
+    grad], [lse (R,) if grad and not stats]; outputs [dl (R, V) if grad], [lse, zy (R,) if stats]."""
     it = iter(refs)
     x_ref, labels_ref = next(it), next(it)
     g_ref = next(it) if grad else None
-    lse_in_ref = next(it) if grad and not stats and not C else None
-    max_ref, sumexp_ref = (next(it), next(it)) if C else (None, None)
+    lse_in_ref = next(it) if grad and not stats else None
     dl_ref = next(it) if grad else None
-    lse_ref, zy_ref = (next(it), next(it)) if stats or C else (None, None)
+    lse_ref, zy_ref = (next(it), next(it)) if stats else (None, None)
     br, bv = opt.config.rows_per_program, opt.config.block_v
     n_tiles = pl.cdiv(V, bv)
     r0 = pl.program_id(0) * br
@@ -124,65 +95,51 @@ def _row_kernel(*refs, R: int, V: int, C: int, opt: RowOptions, stats: bool, gra
         tu.store(lse_ref, (pl.ds(r0, br),), lse, mask=row_ok)
         tu.store(zy_ref, (pl.ds(r0, br),), zy, mask=row_ok)
     if grad:
-        if C:
-            lse = _combined_lse(max_ref, sumexp_ref, r0, br, row_ok, C)
-            tu.store(lse_ref, (pl.ds(r0, br),), lse, mask=row_ok)
-        elif not stats:
+        if not stats:
             lse = tu.load(lse_in_ref, (pl.ds(r0, br),), mask=row_ok)
         g = tu.load(g_ref, (pl.ds(r0, br),), mask=row_ok)  # rows past R: 0, not stored
         lse_scale = (1.0 + 2.0 * opt.z_loss * lse)[:, None] if opt.z_loss else None
 
-        def pass2(j, zy):
+        def pass2(j, carry):
             j = n_tiles - 1 - j  # backwards: pass 1's last tiles first (L2)
             cols, _, mask, z, dz_dx = tile(j)
-            onehot = cols[None, :] == labels[:, None]
             p = jnp.exp(z - lse[:, None])
             if lse_scale is not None:
                 p = p * lse_scale  # d(z_loss·lse²)/dz = 2·z_loss·lse·softmax
-            dz = p - onehot.astype(jnp.float32)
+            dz = p - (cols[None, :] == labels[:, None]).astype(jnp.float32)
             if dz_dx is not None:
                 dz = dz * dz_dx
             tu.store(dl_ref, (pl.ds(r0, br), pl.ds(j * bv, bv)), (dz * g[:, None]).astype(dl_ref.dtype), mask=mask)
-            return zy + jnp.sum(jnp.where(onehot, z, 0.0), axis=1) if C else zy
+            return carry
 
-        zy = lax.fori_loop(0, n_tiles, pass2, jnp.zeros((br,), jnp.float32))
-        if C:
-            tu.store(zy_ref, (pl.ds(r0, br),), zy, mask=row_ok)
+        lax.fori_loop(0, n_tiles, pass2, 0)
 
 
-def _row_pass_pallas(x, labels, g, lse, opt: RowOptions, *, dl_dtype, block_stats=None):
+def _row_pass_pallas(x, labels, g, lse, opt: RowOptions, *, dl_dtype):
     R, V = x.shape
-    C = 0 if block_stats is None else block_stats[0].shape[1]
-    stats, grad = lse is None and not C, g is not None
+    stats, grad = lse is None, g is not None
     cfg = opt.config
     f32 = jax.ShapeDtypeStruct((R,), jnp.float32)
-    out_shape = ([jax.ShapeDtypeStruct((R, V), dl_dtype)] if grad else []) + ([f32, f32] if stats or C else [])
-    inputs = ([x, labels] + ([g] if grad else []) + ([lse] if grad and not stats and not C else [])
-              + (list(block_stats) if C else []))
+    out_shape = ([jax.ShapeDtypeStruct((R, V), dl_dtype)] if grad else []) + ([f32, f32] if stats else [])
+    inputs = [x, labels] + ([g] if grad else []) + ([lse] if grad and not stats else [])
     outs = tu.pallas_call(
-        functools.partial(_row_kernel, R=R, V=V, C=C, opt=opt, stats=stats, grad=grad),
+        functools.partial(_row_kernel, R=R, V=V, opt=opt, stats=stats, grad=grad),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, interpret=opt.interpret,
         grid=(pl.cdiv(R, cfg.rows_per_program),), out_shape=out_shape,
         input_output_aliases={0: 0} if grad and x.dtype == dl_dtype else {},  # dlogits over the logits
         name="linear_cross_entropy_rows",
     )(*inputs)
     dl = outs[0] if grad else None
-    return (dl, outs[-2], outs[-1]) if stats or C else (dl, lse, None)
+    return (dl, outs[-2], outs[-1]) if stats else (dl, lse, None)
 
 
-def _row_pass_xla(x, labels, g, lse, opt: RowOptions, *, dl_dtype, block_stats=None):
+def _row_pass_xla(x, labels, g, lse, opt: RowOptions, *, dl_dtype):
     V = x.shape[1]
     z, dz_dx = soft_cap(x.astype(jnp.float32), opt.logit_soft_cap)
     zy = None
-    if block_stats is not None:
-        block_max, block_sumexp = block_stats
-        row_max = jnp.max(block_max, axis=1)
-        lse = row_max + jnp.log(jnp.sum(block_sumexp * jnp.exp(block_max - row_max[:, None]), axis=1))
-    if lse is None or block_stats is not None:
-        column = jnp.clip(labels, 0, V - 1)[:, None]
-        zy = jnp.where((labels >= 0) & (labels < V), jnp.take_along_axis(z, column, axis=1)[:, 0], 0.0)
     if lse is None:
         lse = jax.nn.logsumexp(z, axis=1)
+        zy = jnp.take_along_axis(z, jnp.clip(labels, 0, V - 1)[:, None], axis=1)[:, 0]
     if g is None:
         return None, lse, zy
     p = jnp.exp(z - lse[:, None])
@@ -194,18 +151,15 @@ def _row_pass_xla(x, labels, g, lse, opt: RowOptions, *, dl_dtype, block_stats=N
     return (dz * g[:, None]).astype(dl_dtype), lse, zy
 
 
-def row_pass(x, labels, g, lse, opt: RowOptions, *, dl_dtype, block_stats=None):
+def row_pass(x, labels, g, lse, opt: RowOptions, *, dl_dtype):
     """(dl or None, lse, zy or None) of one chunk.
 
     Args:
       x: (R, V) logits (input dtype or float32); labels: (R,) int32 (a row whose label lies outside [0, V) gets
         label logit 0: the caller marks it); g: (R,) float32 row weights (upstream scale, 0 for rows that do not
         count), or None for statistics only; lse: (R,) float32 when known (then only dlogits are computed), or
-        None; dl_dtype: the dtype dlogits are written in; block_stats: None, or (max, Σ exp(z − max)) of each of
-        C column blocks, two (R, C) float32 arrays (with g given, lse None): lse comes from them.
+        None; dl_dtype: the dtype dlogits are written in.
     Returns dl (R, V) in dl_dtype (over x when the dtypes match), lse (R,) and the label logit zy (R,) float32
     (None when lse was given)."""
-    if block_stats is not None and (g is None or lse is not None or opt.logit_soft_cap is not None):
-        raise ValueError("row_pass: block_stats replace lse in the gradient pass, without a soft cap")
     fn = _row_pass_pallas if opt.config.row_pass == "pallas" else _row_pass_xla
-    return fn(x, labels, g, lse, opt, dl_dtype=dl_dtype, block_stats=block_stats)
+    return fn(x, labels, g, lse, opt, dl_dtype=dl_dtype)

@@ -20,8 +20,7 @@ warpgroup:
   3. epilogue(acc f32, carry) -> (the f32 tile to store, row vectors to store): the tile is cast to out_dtype,
      written to SMEM in (epi_tile_m, epi_tile_n) pieces and each piece stored by TMA; row vectors (tile_m,) are
      stored from registers into the fusion's outputs (1-D (M,) outputs from the first column block only; 2-D
-     (C, M) outputs get row ``col_block``, the warpgroup's tile_n column block; (M, C) ones, with
-     ``Fusion.rows_by_block_minor``, that column).
+     (C, M) outputs get row ``col_block``, the warpgroup's tile_n column block).
 A fusion with a ``prologue_step`` (a hook on each A tile in shared memory, e.g. the sums of squares of x) gets a
 fourth warpgroup that runs it beside the MMA warpgroups and hands its carry to their epilogue through shared
 memory (``gemm.specialized``; needs pipeline "own" and wg_split "n"). The compute warpgroups themselves run no
@@ -131,8 +130,6 @@ class Fusion:
       wg_split "n"; ``gemm.specialized``).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
-    rows_by_block_minor: 2-D row-vector outputs are (M, C), each row's C column-block values contiguous (a strided
-      store of each (tile_m,) vector), instead of (C, M).
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
       hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
     """
@@ -143,7 +140,6 @@ class Fusion:
     scratch: tuple[tuple[str, Any], ...] = ()
     store_in: str | None = None
     handoff_rows: int = 1
-    rows_by_block_minor: bool = False
     reduction_scratch_bytes: int = 0
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
@@ -341,7 +337,7 @@ class _Shape:
         else:
             _store_tile(acc.astype(self.out_dtype), scoped["out_smem"].at[wg], out_gmem, ctx, self.pieces)
         for n, vec in rows_out.items():
-            _store_rows(vec, named_out[n], ctx, fusion.rows_by_block_minor)
+            _store_rows(vec, named_out[n], ctx)
 
 
 def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
@@ -425,15 +421,12 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> N
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
 
 
-def _store_rows(vec: jax.Array, out_gmem, ctx: TileContext, block_minor: bool) -> None:
+def _store_rows(vec: jax.Array, out_gmem, ctx: TileContext) -> None:
     """Stores a (tile_m,) row vector straight from registers: into an (M,) output from the first column block
-    only (every column block computes the same values), into a (C, M) output at row ctx.col_block, or with
-    ``block_minor`` into an (M, C) one at column ctx.col_block."""
+    only (every column block computes the same values), into a (C, M) output at row ctx.col_block."""
     if len(out_gmem.shape) == 1:
         @pl.when(ctx.col_block == 0)
         def _():
             out_gmem.at[ctx.rows][...] = vec.astype(out_gmem.dtype)
-    elif block_minor:
-        out_gmem.at[ctx.rows, ctx.col_block][...] = vec.astype(out_gmem.dtype)
     else:
         out_gmem.at[ctx.col_block, ctx.rows][...] = vec.astype(out_gmem.dtype)
