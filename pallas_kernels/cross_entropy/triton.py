@@ -264,7 +264,9 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         if wanted.dh:
             dh_c = lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=prec,
                                    preferred_element_type=h.dtype)  # (Bc, H) = dl wᵀ
-            dh = lax.dynamic_update_slice_in_dim(jnp.zeros_like(h) if first else dh, dh_c, start, 0)
+            # the first step's buffer is uninitialized (XLA's AllocateBuffer, zeros off the GPU): the steps write
+            # every row, [B - Bc, B) first and [0, (n - 1)·Bc) in the loop; zeros would cost a (B, H) write
+            dh = lax.dynamic_update_slice_in_dim(lax.empty(h.shape, h.dtype) if first else dh, dh_c, start, 0)
         if wanted.dw and mosaic_dw and not first:  # dw += h_cᵀ dl in place, h_c read transposed in SMEM
             dw = mosaic_gemm.matmul(h_c, dl, transpose_a=True, accumulate_into=dw)
         elif wanted.dw:
