@@ -210,6 +210,39 @@ def test_mosaic_logits_with_statistics_match_reference(dtype, reduction, z_loss)
                                         block_sizes={"chunk_rows": 128, "logits_gemm": "mosaic"})
 
 
+def test_mosaic_dh_gemm_matches_reference():
+    """dh_c on the Mosaic GEMM core (``dh_gemm="mosaic"``, dlogits times w read transposed), logits and dw too: 3
+    chunks of 128 rows (the last sharing 64), against the float32 reference; on the CPU in GPU interpret mode."""
+    import contextlib
+
+    from pallas_kernels import mosaic_utils
+
+    B, H, V = (320, 256, 2048) if ON_GPU else (320, 256, 512)
+    with contextlib.nullcontext() if ON_GPU else mosaic_utils.interpret_on_cpu(num_sms=2):
+        _TRITON.check_against_reference(B, H, V, jnp.bfloat16, reduction="mean",
+                                        block_sizes={"chunk_rows": 128, "dh_gemm": "mosaic", "logits_gemm": "mosaic"})
+
+
+def test_mosaic_dh_gemm_lowers_where_its_tiles_fill_the_gpu():
+    """Lowered for CUDA: "auto" takes the Mosaic dh GEMM where its (Bc / 128)·(H / 256) tiles fill 90% of the 132
+    SMs (1024 x 4096: 128 tiles) and not where they do not (512 x 2048: 32; cuBLAS splits K there); "mosaic" runs
+    it anyway and names the tile an H that does not divide breaks."""
+    def grad_fn(B, H, V, dh_gemm):
+        sizes = {"chunk_rows": B, "dw_gemm": "xla", "logits_gemm": "xla", "dh_gemm": dh_gemm}
+        args = (jax.ShapeDtypeStruct((B, H), jnp.bfloat16), jax.ShapeDtypeStruct((H, V), jnp.bfloat16),
+                jax.ShapeDtypeStruct((B,), jnp.int32))
+        fn = jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes=sizes), argnums=(0, 1))
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+        assert grad_fn(1024, 4096, 1024, "auto").count("@mosaic_gpu") == 1  # one chunk: the peeled step only
+        assert "mosaic_gpu" not in grad_fn(512, 2048, 1024, "auto")
+        assert grad_fn(512, 2048, 1024, "mosaic").count("@mosaic_gpu") == 1
+        assert "mosaic_gpu" not in grad_fn(1024, 4096, 1024, "xla")
+        with pytest.raises(ValueError, match="dh_gemm='mosaic' cannot run here: H=320 is not a positive multiple"):
+            grad_fn(512, 320, 1024, "mosaic")
+
+
 def test_mosaic_logits_lower_for_cuda_and_fall_back():
     """Lowered for CUDA: with logits_gemm "mosaic" (and "auto") value-and-grad runs one Mosaic logits kernel per step
     kind and row kernels with one vocabulary loop (dlogits only); evaluation keeps cuBLAS and the statistics pass.

@@ -7,7 +7,8 @@ vocabulary-wide row work (``triton_rows.py``):
 
   per chunk c of Bc rows:  logits_c = h_c @ w                       (Bc, V) input dtype, GEMM 1
                            lse, label logit; dlogits_c in place      the row kernel
-                           dh[c] = dlogits_c @ wᵀ                    (Bc, H), GEMM 2, written once
+                           dh[c] = dlogits_c @ wᵀ                    (Bc, H), GEMM 2, written once (``dh_gemm``:
+                                                                     on the Mosaic core, straight into dh's rows)
                            dw += h_cᵀ @ dlogits_c                    (H, V), GEMM 3, accumulated over chunks
 
 With ``logits_gemm`` (default "auto": on sm90 where the tiles divide the shapes) the forward rule's chunks take
@@ -224,6 +225,35 @@ def _mosaic_logits(h, w, st: _Static) -> bool:
     return _runs_on_mosaic("logits_gemm", st.rows.config.logits_gemm, lambda: _mosaic_logits_reason(h, w, st))
 
 
+_DH_MIN_WAVE = 0.9  # "auto": the Mosaic dh GEMM where its output tiles fill this fraction of the SMs at least
+
+
+def _mosaic_dh_reason(h, w, st: _Static) -> str | None:
+    """None when the Mosaic GEMM core can compute each chunk's dh_c = dlogits_c·wᵀ; else the sentence why not."""
+    if st.rows.interpret and not mu.interpreting():
+        return "interpret mode runs no Mosaic-GPU kernel (outside mosaic_utils.interpret_on_cpu)"
+    if not mu.interpreting():
+        reason = backends.unavailable_reason("mosaic")
+        if reason:
+            return reason
+    if jnp.dtype(h.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) or w.dtype != h.dtype:
+        return f"the Mosaic dh GEMM takes 16-bit h and w of one dtype, got {h.dtype} and {w.dtype}"
+    (H, V), Bc = w.shape, st.chunk_rows
+    return mosaic_gemm.unsupported_reason(Bc, H, V, mosaic_gemm.default_config(Bc, H, V, h.dtype),
+                                          names=("chunk_rows", "H", "V"))
+
+
+def _mosaic_dh(h, w, st: _Static) -> bool:
+    """Whether each chunk's dh_c runs on the Mosaic GEMM core (config.dh_gemm; ValueError when "mosaic" cannot)."""
+    choice = st.rows.config.dh_gemm
+    if choice == "auto":
+        (H, V), Bc = w.shape, st.chunk_rows
+        config = mosaic_gemm.default_config(Bc, H, V, h.dtype)
+        if (Bc // config.cta_m) * (H // config.cta_n) < _DH_MIN_WAVE * mu.num_sms():
+            return False
+    return _runs_on_mosaic("dh_gemm", choice, lambda: _mosaic_dh_reason(h, w, st))
+
+
 def _label_logit(logits, labels):
     """logits[r, labels[r]] (R,) float32, 0 for a label outside [0, V) (as the row kernel's: the caller marks such
     rows through their weights)."""
@@ -245,6 +275,7 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     dw_dtype = jnp.float32 if st.rows.config.dw_dtype == "float32" else w.dtype
     prec = _precision(h.dtype)
     mosaic_dw = wanted.dw and _mosaic_dw(h, w, st)
+    mosaic_dh = wanted.dh and _mosaic_dh(h, w, st)
     stats_in_gemm = lse is None and _mosaic_logits(h, w, st)
 
     def step(start, carry, first: bool):
@@ -262,8 +293,11 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         total = jnp.float32(0.0) if zy is None else jnp.sum(g_c * _row_loss(lse_c, zy, st))
         dh, dw = (None, None) if first else carry[1:]
         if wanted.dh:
-            dh_c = lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=prec,
-                                   preferred_element_type=h.dtype)  # (Bc, H) = dl wᵀ
+            if mosaic_dh:  # (Bc, H) = dl wᵀ, w read transposed in SMEM; XLA stores it in dh's rows in place
+                dh_c = mosaic_gemm.matmul(dl, w, transpose_b=True)
+            else:
+                dh_c = lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=prec,
+                                       preferred_element_type=h.dtype)  # (Bc, H) = dl wᵀ
             # the first step's buffer is uninitialized (XLA's AllocateBuffer, zeros off the GPU): the steps write
             # every row, [B - Bc, B) first and [0, (n - 1)·Bc) in the loop; zeros would cost a (B, H) write
             dh = lax.dynamic_update_slice_in_dim(lax.empty(h.shape, h.dtype) if first else dh, dh_c, start, 0)
@@ -277,6 +311,8 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
 
     carry = step(B - Bc, None, first=True)
     total, dh, dw = lax.fori_loop(1, n, lambda i, c: step((i - 1) * Bc, c, first=False), carry)
+    if (dh is None) == wanted.dh or (dw is None) == wanted.dw:  # a None here would reach jax as a zero gradient
+        raise AssertionError(f"linear_cross_entropy: gradients {wanted} but dh, dw = {dh is not None}, {dw is not None}")
     return total, dh, None if dw is None else dw.astype(w.dtype)
 
 
