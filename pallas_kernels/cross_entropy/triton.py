@@ -312,7 +312,8 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     carry = step(B - Bc, None, first=True)
     total, dh, dw = lax.fori_loop(1, n, lambda i, c: step((i - 1) * Bc, c, first=False), carry)
     if (dh is None) == wanted.dh or (dw is None) == wanted.dw:  # a None here would reach jax as a zero gradient
-        raise AssertionError(f"linear_cross_entropy: gradients {wanted} but dh, dw = {dh is not None}, {dw is not None}")
+        raise AssertionError(f"linear_cross_entropy: gradients {wanted}, but computed dh: {dh is not None}, "
+                             f"dw: {dw is not None}")
     return total, dh, None if dw is None else dw.astype(w.dtype)
 
 
