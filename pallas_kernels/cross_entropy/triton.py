@@ -207,11 +207,22 @@ def _mosaic_dw(h, w, st: _Static) -> bool:
     return _runs_on_mosaic("dw_gemm", choice, lambda: _mosaic_dw_reason(h, w, st))
 
 
+def _mosaic_runtime_reason(st: _Static) -> str | None:
+    """None where this call can run Mosaic-GPU kernels (an sm90 GPU, or GPU interpret mode inside
+    ``mosaic_utils.interpret_on_cpu``); else the sentence why not."""
+    if mu.interpreting():
+        return None
+    if st.rows.interpret:
+        return "interpret mode runs no Mosaic-GPU kernel (outside mosaic_utils.interpret_on_cpu)"
+    return backends.unavailable_reason("mosaic")
+
+
 def _mosaic_logits_reason(h, w, st: _Static) -> str | None:
     """None when each chunk's logits and log-sum-exp can come from the Mosaic GEMM core's statistics epilogue
     (``mosaic_logits``); else the sentence why not."""
-    if st.rows.interpret and not mu.interpreting():
-        return "interpret mode runs no Mosaic-GPU kernel (outside mosaic_utils.interpret_on_cpu)"
+    reason = _mosaic_runtime_reason(st)
+    if reason:
+        return reason
     if st.rows.logit_soft_cap is not None:
         return "logit_soft_cap is applied by the row kernel, after the statistics the epilogue would take"
     if st.rows.config.logits_dtype == "float32":
@@ -230,12 +241,9 @@ _DH_MIN_WAVE = 0.9  # "auto": the Mosaic dh GEMM where its output tiles fill thi
 
 def _mosaic_dh_reason(h, w, st: _Static) -> str | None:
     """None when the Mosaic GEMM core can compute each chunk's dh_c = dlogits_c·wᵀ; else the sentence why not."""
-    if st.rows.interpret and not mu.interpreting():
-        return "interpret mode runs no Mosaic-GPU kernel (outside mosaic_utils.interpret_on_cpu)"
-    if not mu.interpreting():
-        reason = backends.unavailable_reason("mosaic")
-        if reason:
-            return reason
+    reason = _mosaic_runtime_reason(st)
+    if reason:
+        return reason
     if jnp.dtype(h.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) or w.dtype != h.dtype:
         return f"the Mosaic dh GEMM takes 16-bit h and w of one dtype, got {h.dtype} and {w.dtype}"
     (H, V), Bc = w.shape, st.chunk_rows
