@@ -66,6 +66,22 @@ UPDATE_CONFIGS = {  # overrides of the accumulating default (3 stages of 128x256
                                                       delay_release=1, grid_minor="m", cluster="n"),
     "cluster_m": dict(cluster="m"),
     "cluster_n": dict(cluster="n"),
+    # 128x256 blocks (two accumulators) in clusters along M: L2 reads of operands per output element 2/3 of the
+    # ping-pong 128x128 cluster's; 3 stages fit beside the two prefetched dw tiles
+    "coop_128x256_cluster_m": dict(tile_m=128, tile_n=128, wg_split="n", schedule="cooperative", num_stages=3,
+                                   delay_release=0, grid_minor="m", cluster="m"),
+    "coop_128x256_cluster_m_delay1": dict(tile_m=128, tile_n=128, wg_split="n", schedule="cooperative",
+                                          num_stages=3, delay_release=1, grid_minor="m", cluster="m"),
+    "coop_128x256_cluster_m_minor_n": dict(tile_m=128, tile_n=128, wg_split="n", schedule="cooperative",
+                                           num_stages=3, delay_release=0, grid_minor="n", cluster="m"),
+    "stacked_64x256": dict(tile_m=64, tile_n=256, wg_split="m", schedule="cooperative", num_stages=3,
+                           delay_release=0, grid_minor="m", cluster="none"),
+    "stacked_64x256_cluster_m": dict(tile_m=64, tile_n=256, wg_split="m", schedule="cooperative", num_stages=3,
+                                     delay_release=0, grid_minor="m", cluster="m"),
+    "pingpong_k32_cluster_m": dict(tile_m=128, tile_n=128, tile_k=32, schedule="pingpong", num_stages=10,
+                                   delay_release=1, grid_minor="m", cluster="m"),
+    "pingpong_k128_cluster_m": dict(tile_m=128, tile_n=128, tile_k=128, schedule="pingpong", num_stages=2,
+                                    delay_release=1, grid_minor="m", cluster="m"),
 }
 
 
