@@ -42,10 +42,11 @@ def _loss(h, w, labels, **kwargs):
 # ------------------------------------------------------------------------------------------------ chunks, variants
 @pytest.mark.parametrize("B,chunk_rows", [pytest.param(37, 64, marks=pytest.mark.slow),
                                           pytest.param(32, 8, marks=pytest.mark.slow), (37, 36)],
-                         ids=["one_chunk", "chunks_divide_B", "last_chunk_shares_35_rows"])
+                         ids=["one_chunk", "chunks_divide_B", "last_chunk_of_one_row"])
 def test_every_row_counts_once_whatever_the_chunk_layout(B, chunk_rows):
-    """The peeled last chunk (it starts at B − Bc and runs first) and the loop's chunks: one chunk, chunks dividing
-    B (nothing shared), a last chunk sharing all but one row with the one before."""
+    """The peeled last chunk (its B − (n − 1)·Bc rows, run first) and the loop's chunks: one chunk, chunks dividing
+    B, a last chunk of one row. (A last chunk of Bc rows sharing some with the one before runs where an explicit
+    Mosaic GEMM does not tile the remainder: the Mosaic tests below.)"""
     _TRITON.check_against_reference(B, 24, 131, jnp.float32, reduction="sum", z_loss=1e-2,
                                     block_sizes={"chunk_rows": chunk_rows})
 
@@ -64,8 +65,9 @@ def test_config_variants_match_reference(fields):
 @pytest.mark.skipif(not ON_GPU, reason="the Mosaic-GPU dw GEMM runs on an sm90 GPU (its lowering is tested on CPU)")
 @pytest.mark.parametrize("dtype,reduction", [(jnp.bfloat16, "mean"), (jnp.float16, "none"), (jnp.bfloat16, "sum")])
 def test_mosaic_dw_accumulation_matches_reference(dtype, reduction):
-    """dw added chunk by chunk by the Mosaic GEMM core in place (5 chunks of 128 rows, the last sharing 64 with the
-    one before), against the float32 reference; the xla dw path at the same inputs is checked beside it."""
+    """dw added chunk by chunk by the Mosaic GEMM core in place (4 chunks of 128 rows after a last chunk of 64, whose
+    dw GEMM initializes dw), against the float32 reference; the xla dw path at the same inputs is checked beside
+    it."""
     for dw_gemm in ("mosaic", "xla"):
         _TRITON.check_against_reference(576, 256, 2048, dtype, reduction=reduction, z_loss=1e-3,
                                         block_sizes={"chunk_rows": 128, "dw_gemm": dw_gemm})
@@ -80,8 +82,9 @@ def _gemm_launches(fn, *args) -> int:
 
 
 def test_gemms_per_chunk_evaluation_one_gradients_three_recompute_four():
-    """3 chunks of 16 rows (the last sharing 11): evaluation runs GEMM 1 per chunk; value and gradient 3 per chunk
-    (logits, dh, dw); reduction="none" recomputes the logits in its backward (4 per chunk)."""
+    """3 chunks (16, 16 and the last 5 rows): evaluation runs GEMM 1 per chunk; value and gradient 3 per chunk
+    (logits, dh, dw); reduction="none" recomputes the logits in its backward (4 per chunk, less one: the forward's
+    and the backward's last chunks are the same logits GEMM on the same 5 rows, which XLA computes once)."""
     B, H, V = 37, 24, 131
     h, w, labels = inputs(B, H, V, jnp.float32)
     n = 3
@@ -89,7 +92,7 @@ def test_gemms_per_chunk_evaluation_one_gradients_three_recompute_four():
     rows = lambda h, w: _loss(h, w, labels, reduction="none", block_sizes={"chunk_rows": 16})
     assert _gemm_launches(mean, h, w) == n
     assert _gemm_launches(jax.value_and_grad(mean, argnums=(0, 1)), h, w) == 3 * n
-    assert _gemm_launches(lambda h, w: jax.vjp(rows, h, w)[1](jnp.ones((B,))), h, w) == 4 * n
+    assert _gemm_launches(lambda h, w: jax.vjp(rows, h, w)[1](jnp.ones((B,))), h, w) == 4 * n - 1
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
@@ -102,7 +105,8 @@ def test_an_input_not_differentiated_costs_no_gemm(reduction):
     loss = lambda h, w: jnp.sum(_loss(h, w, labels, reduction=reduction, block_sizes={"chunk_rows": 16}))
     dots = lambda argnums: sum(e.primitive.name == "dot_general" for e in eqns_outside_kernels(
         jax.make_jaxpr(jax.grad(loss, argnums=argnums))(h, w).jaxpr))
-    both = 6 if reduction == "mean" else 1 + 6  # "none": the forward's GEMM 1 loop, then the recompute's 3 GEMMs
+    both = 6 if reduction == "mean" else 2 + 6  # "none": the forward's GEMM 1 (peeled chunk and loop), then the
+    # recompute's 3 GEMMs
     assert dots((0, 1)) == both
     assert dots(0) == dots(1) == both - 2
 
@@ -274,6 +278,11 @@ def test_mosaic_logits_lower_for_cuda_and_fall_back():
         assert "mosaic_gpu" not in lowered(grad_fn("auto", logit_soft_cap=5.0), *args)
         odd_v = (args[0], jax.ShapeDtypeStruct((H, 1000), jnp.bfloat16), args[2])
         assert "mosaic_gpu" not in lowered(grad_fn("auto"), *odd_v)
+        # B = 352: the last chunk's 96 rows do not tile; "auto" runs XLA's logits there, "mosaic" a last chunk of
+        # 128 rows sharing 32 with the one before
+        rows_352 = (jax.ShapeDtypeStruct((352, H), jnp.bfloat16), args[1], jax.ShapeDtypeStruct((352,), jnp.int32))
+        assert lowered(grad_fn("auto"), *rows_352).count("@mosaic_gpu") == 1
+        assert lowered(grad_fn("mosaic"), *rows_352).count("@mosaic_gpu") == 2
         with pytest.raises(ValueError, match=r"logits_gemm='mosaic' cannot run here: V=1000 is not a positive mult"):
             lowered(grad_fn("mosaic"), *odd_v)
         with pytest.raises(ValueError, match="logits_gemm='mosaic' cannot run here: logit_soft_cap"):
@@ -282,26 +291,28 @@ def test_mosaic_logits_lower_for_cuda_and_fall_back():
 
 # ------------------------------------------------------------------------------------------------ config
 def test_chunk_rule_keeps_temporaries_under_the_memory_bound():
-    """At the suite's shapes Bc is 2048, 1024 and 2048 (4, 4 and 8 chunks, dividing B): one chunk's bf16 logits, its
-    (Bc, H) slices of h and dh and a 32 MiB GEMM workspace stay within 10% of the plain loss's B·V·6 bytes; with
-    temp_fraction=0.05, within 5% (1024, 512 and 1024 rows: measured on the H100, 298.5 MiB of 6012 at the first
-    shape); B under the limit gives one chunk."""
-    for (b, h, v), want in {(8192, 4096, 128256): 2048, (4096, 2048, 256000): 1024,
-                            (16384, 4096, 32000): 2048}.items():
-        for fraction, rows in ((ce_config.TEMP_FRACTION, want), (0.05, want // 2)):
+    """The fewest chunks whose bf16 logits, (Bc, H) slices of h and dh and a 32 MiB GEMM workspace stay within 10%
+    of the plain loss's B·V·6 bytes (5% with temp_fraction=0.05), B split evenly in multiples of 128, the last
+    chunk taking the rest: at the suite's shapes (Bc, last chunk) 2048 / 1024 / 3328 and 3072 (4, 4 and 5 chunks)
+    within 10%; 1024 / 512 / 1536 and 1024 (8, 8 and 11 chunks) within 5% (measured on the H100, 298.5 MiB of 6012
+    at the first shape); B under the limit gives one chunk."""
+    want = {(8192, 4096, 128256): ((2048, 2048), (1024, 1024)), (4096, 2048, 256000): ((1024, 1024), (512, 512)),
+            (16384, 4096, 32000): ((3328, 3072), (1536, 1024))}
+    for (b, h, v), chunks in want.items():
+        for fraction, (rows, last) in zip((ce_config.TEMP_FRACTION, 0.05), chunks):
             bc = ce_config.chunk_rows_for(b, h, v, jnp.bfloat16, fraction)
-            assert bc == rows and b % bc == 0
+            assert (bc, b - (pl.cdiv(b, bc) - 1) * bc) == (rows, last), (b, h, v, fraction)
             assert bc * (v + 2 * h) * 2 + ce_config.GEMM_WORKSPACE_BYTES <= fraction * b * v * 6
     assert ce_config.TEMP_FRACTION == 0.10
-    # the models' heads: where a divisor of B would leave the dw update bandwidth-bound, the fewest chunks instead
-    # (H100: 384 rows 0.77x XLA against 256 rows 0.59x at the 1b head within 5%; 1664 rows 1.33x against 1024 rows
-    # 1.28x at the small head within 10%)
+    # the models' heads (H100, with the last chunk overlapping the one before then: 384-row chunks 0.77x XLA
+    # against 256 rows, a divisor of B, 0.59x at the 1b head within 5%; 1664 rows 1.33x against 1024 rows 1.28x at
+    # the small head within 10%)
     assert ce_config.chunk_rows_for(4096, 2048, 128256, jnp.bfloat16) == 1024
     assert ce_config.chunk_rows_for(4096, 2048, 128256, jnp.bfloat16, 0.05) == 384
     assert ce_config.chunk_rows_for(8192, 512, 32768, jnp.bfloat16) == 1664
     assert ce_config.chunk_rows_for(100, 256, 50257, jnp.bfloat16) == 100
     assert ce_config.chunk_rows_for(1000, 64, 1000, jnp.float32) == 128  # at least 128 rows
-    assert ce_config.chunk_rows_for(1100, 64, 1000, jnp.float32) == 128  # no divisor: 9 chunks, the last shared
+    assert ce_config.chunk_rows_for(1100, 64, 1000, jnp.float32) == 128  # 9 chunks, the last of 76 rows
     config = ce_config.for_shape(LinearCrossEntropyConfig(), 8192, 4096, 128256, jnp.bfloat16)
     assert config.chunk_rows == 2048 and ce_config.for_shape(config, 100, 64, 1000, jnp.float32).chunk_rows == 100
     small = ce_config.for_shape(LinearCrossEntropyConfig(temp_fraction=0.05), 8192, 4096, 128256, jnp.bfloat16)

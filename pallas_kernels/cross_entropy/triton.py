@@ -53,8 +53,9 @@ meets a 5% bound at all three when asked (temp_fraction=0.05) and is faster than
 removed rather than kept as an option;
 its lessons are in NOTES.md.
 
-Chunks: the last chunk starts at B − Bc and runs first, outside the loop (its dw GEMM initializes dw: no memset,
-no read); rows it shares with the chunk before get weight 0 there and are written again by that chunk.
+Chunks: the last chunk, the B − (n − 1)·Bc rows after n − 1 whole chunks, runs first, outside the loop (its dw
+GEMM initializes dw: no memset, no read), so no row is computed twice. Only where the config asks for a Mosaic GEMM
+that those rows do not tile does it take Bc rows, sharing some with the chunk before, which get weight 0 there.
 
 Reached through ``pallas_kernels.linear_cross_entropy(..., backend="triton")``, which validates the inputs and
 resolves the config; the backend-module contract is in ``pallas_kernels.backends``.
@@ -153,27 +154,29 @@ def _row_loss(lse, zy, st: _Static):
 
 def _row_losses_forward(h, w, labels, st: _Static):
     """Per-row losses (B,) float32 (0 for ignored rows, NaN for bad labels) and lse (B,): GEMM 1 and the statistics
-    pass per chunk. The first step (the last chunk) writes rows a later step writes again with the same values."""
+    pass per chunk; the last chunk (its B − (n − 1)·Bc rows) runs first, outside the loop."""
     B, V = h.shape[0], w.shape[1]
     Bc = st.rows.config.eval_chunk_rows
 
-    def step(i, carry):
+    def step(start, rows, carry):
         row_loss, lses = carry
-        start = jnp.where(i == 0, B - Bc, (i - 1) * Bc)
-        y_c = lax.dynamic_slice_in_dim(labels, start, Bc)
-        _, lse, zy = row_pass(_logits(lax.dynamic_slice_in_dim(h, start, Bc), w, st), y_c, None, None, st.rows,
+        y_c = lax.dynamic_slice_in_dim(labels, start, rows)
+        _, lse, zy = row_pass(_logits(lax.dynamic_slice_in_dim(h, start, rows), w, st), y_c, None, None, st.rows,
                               dl_dtype=h.dtype)
         return (lax.dynamic_update_slice_in_dim(row_loss, _row_loss(lse, zy, st), start, 0),
                 lax.dynamic_update_slice_in_dim(lses, lse, start, 0))
 
+    n = pl.cdiv(B, Bc)
     zeros = jnp.zeros((B,), jnp.float32)
-    row_loss, lse = lax.fori_loop(0, pl.cdiv(B, Bc), step, (zeros, zeros))
+    carry = step((n - 1) * Bc, B - (n - 1) * Bc, (zeros, zeros))
+    row_loss, lse = lax.fori_loop(0, n - 1, lambda i, c: step(i * Bc, Bc, c), carry)
     valid, bad = _label_status(labels, V, st.ignore_index)
     return jnp.where(bad, jnp.nan, jnp.where(valid, row_loss, 0.0)), lse
 
 
-def _mosaic_dw_reason(h, w, st: _Static) -> str | None:
-    """None when the Mosaic GEMM core can add each chunk's (H, V) dw update in place; else the sentence why not."""
+def _mosaic_dw_reason(h, w, st: _Static, Bc: int) -> str | None:
+    """None when the Mosaic GEMM core can add a Bc-row chunk's (H, V) dw update in place; else the sentence why
+    not."""
     if st.rows.interpret:
         return "interpret mode runs no Mosaic-GPU kernel"
     reason = backends.unavailable_reason("mosaic")
@@ -183,7 +186,7 @@ def _mosaic_dw_reason(h, w, st: _Static) -> str | None:
                                                                           jnp.dtype(jnp.float16)):
         return f"dw accumulates in {st.rows.config.dw_dtype} / {jnp.dtype(w.dtype)}; the Mosaic GEMM adds into " \
                "a 16-bit dw only"
-    (H, V), Bc = w.shape, st.chunk_rows
+    H, V = w.shape
     config = mosaic_gemm.default_config(H, V, Bc, h.dtype, accumulate_dtype=w.dtype)
     return mosaic_gemm.unsupported_reason(H, V, Bc, config, names=("H", "V", "chunk_rows"))
 
@@ -199,12 +202,13 @@ def _runs_on_mosaic(field: str, choice: str, reason) -> bool:
     return why is None
 
 
-def _mosaic_dw(h, w, st: _Static) -> bool:
-    """Whether the dw updates run on the Mosaic GEMM core (config.dw_gemm; ValueError when "mosaic" cannot)."""
+def _mosaic_dw(h, w, st: _Static, Bc: int) -> bool:
+    """Whether a Bc-row chunk's dw update runs on the Mosaic GEMM core (config.dw_gemm; ValueError when "mosaic"
+    cannot)."""
     choice = st.rows.config.dw_gemm
-    if choice == "auto" and st.chunk_rows > mosaic_gemm.SHORT_K:
+    if choice == "auto" and Bc > mosaic_gemm.SHORT_K:
         return False
-    return _runs_on_mosaic("dw_gemm", choice, lambda: _mosaic_dw_reason(h, w, st))
+    return _runs_on_mosaic("dw_gemm", choice, lambda: _mosaic_dw_reason(h, w, st, Bc))
 
 
 def _mosaic_runtime_reason(st: _Static) -> str | None:
@@ -217,8 +221,8 @@ def _mosaic_runtime_reason(st: _Static) -> str | None:
     return backends.unavailable_reason("mosaic")
 
 
-def _mosaic_logits_reason(h, w, st: _Static) -> str | None:
-    """None when each chunk's logits and log-sum-exp can come from the Mosaic GEMM core's statistics epilogue
+def _mosaic_logits_reason(h, w, st: _Static, Bc: int) -> str | None:
+    """None when a Bc-row chunk's logits and log-sum-exp can come from the Mosaic GEMM core's statistics epilogue
     (``mosaic_logits``); else the sentence why not."""
     reason = _mosaic_runtime_reason(st)
     if reason:
@@ -227,39 +231,41 @@ def _mosaic_logits_reason(h, w, st: _Static) -> str | None:
         return "logit_soft_cap is applied by the row kernel, after the statistics the epilogue would take"
     if st.rows.config.logits_dtype == "float32":
         return "logits_dtype='float32': the Mosaic logits GEMM writes the input dtype"
-    return mosaic_logits.unsupported_reason(st.chunk_rows, h.shape[1], w.shape[1], h.dtype)
+    return mosaic_logits.unsupported_reason(Bc, h.shape[1], w.shape[1], h.dtype)
 
 
-def _mosaic_logits(h, w, st: _Static) -> bool:
-    """Whether the forward rule's chunks take their logits and lse from the Mosaic GEMM core (config.logits_gemm;
-    ValueError when "mosaic" cannot)."""
-    return _runs_on_mosaic("logits_gemm", st.rows.config.logits_gemm, lambda: _mosaic_logits_reason(h, w, st))
+def _mosaic_logits(h, w, st: _Static, Bc: int) -> bool:
+    """Whether the forward rule's Bc-row chunks take their logits and lse from the Mosaic GEMM core
+    (config.logits_gemm; ValueError when "mosaic" cannot)."""
+    return _runs_on_mosaic("logits_gemm", st.rows.config.logits_gemm, lambda: _mosaic_logits_reason(h, w, st, Bc))
 
 
 _DH_MIN_WAVE = 0.9  # "auto": the Mosaic dh GEMM where its output tiles fill this fraction of the SMs at least
 
 
-def _mosaic_dh_reason(h, w, st: _Static) -> str | None:
-    """None when the Mosaic GEMM core can compute each chunk's dh_c = dlogits_c·wᵀ; else the sentence why not."""
+def _mosaic_dh_reason(h, w, st: _Static, Bc: int) -> str | None:
+    """None when the Mosaic GEMM core can compute a Bc-row chunk's dh_c = dlogits_c·wᵀ; else the sentence why
+    not."""
     reason = _mosaic_runtime_reason(st)
     if reason:
         return reason
     if jnp.dtype(h.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) or w.dtype != h.dtype:
         return f"the Mosaic dh GEMM takes 16-bit h and w of one dtype, got {h.dtype} and {w.dtype}"
-    (H, V), Bc = w.shape, st.chunk_rows
+    H, V = w.shape
     return mosaic_gemm.unsupported_reason(Bc, H, V, mosaic_gemm.default_config(Bc, H, V, h.dtype),
                                           names=("chunk_rows", "H", "V"))
 
 
-def _mosaic_dh(h, w, st: _Static) -> bool:
-    """Whether each chunk's dh_c runs on the Mosaic GEMM core (config.dh_gemm; ValueError when "mosaic" cannot)."""
+def _mosaic_dh(h, w, st: _Static, Bc: int) -> bool:
+    """Whether a Bc-row chunk's dh_c runs on the Mosaic GEMM core (config.dh_gemm; ValueError when "mosaic"
+    cannot)."""
     choice = st.rows.config.dh_gemm
     if choice == "auto":
-        (H, V), Bc = w.shape, st.chunk_rows
+        H, V = w.shape
         config = mosaic_gemm.default_config(Bc, H, V, h.dtype)
         if (Bc // config.cta_m) * (H // config.cta_n) < _DH_MIN_WAVE * mu.num_sms():
             return False
-    return _runs_on_mosaic("dh_gemm", choice, lambda: _mosaic_dh_reason(h, w, st))
+    return _runs_on_mosaic("dh_gemm", choice, lambda: _mosaic_dh_reason(h, w, st, Bc))
 
 
 def _label_logit(logits, labels):
@@ -271,45 +277,71 @@ def _label_logit(logits, labels):
     return jnp.where((labels >= 0) & (labels < V), zy, 0.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class _ChunkPaths:
+    """Which GEMMs of one chunk size run on the Mosaic core (the rest on XLA's)."""
+
+    dw: bool
+    dh: bool
+    logits: bool
+
+
+def _chunk_paths(h, w, st: _Static, wanted: _Wanted, forward: bool, Bc: int, first: bool) -> _ChunkPaths:
+    """The paths of a Bc-row chunk (ValueError where the config asks for "mosaic" and Bc does not allow it); the
+    first chunk's dw GEMM initializes dw (XLA's, never an update)."""
+    return _ChunkPaths(dw=wanted.dw and not first and _mosaic_dw(h, w, st, Bc),
+                       dh=wanted.dh and _mosaic_dh(h, w, st, Bc),
+                       logits=forward and _mosaic_logits(h, w, st, Bc))
+
+
 def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     """(total, dh, dw): total = Σ g·row loss (float32; 0 when lse is given), dh (B, H) in h's dtype and dw (H, V)
     in w's dtype (None where ``wanted`` says the caller does not differentiate that input: its GEMM never runs), for
     row weights g (B,) float32. lse None: the forward rule (statistics and dlogits from one kernel per chunk); lse
-    (B,) given: the "none" backward (the kernel's dlogits pass only)."""
-    B, V = h.shape[0], w.shape[1]
+    (B,) given: the "none" backward (the kernel's dlogits pass only).
+
+    The last chunk runs first, outside the loop, on its B − (n − 1)·Bc rows; where the config asks for a Mosaic
+    GEMM that those rows do not tile, it takes Bc rows instead, the ones it shares with the chunk before weighted 0
+    there (that chunk counts them)."""
+    B = h.shape[0]
     Bc = st.chunk_rows
     n = pl.cdiv(B, Bc)
-    shared = n * Bc - B  # leading rows of the last chunk that the chunk before it also covers
     dw_dtype = jnp.float32 if st.rows.config.dw_dtype == "float32" else w.dtype
     prec = _precision(h.dtype)
-    mosaic_dw = wanted.dw and _mosaic_dw(h, w, st)
-    mosaic_dh = wanted.dh and _mosaic_dh(h, w, st)
-    stats_in_gemm = lse is None and _mosaic_logits(h, w, st)
+    paths = functools.partial(_chunk_paths, h, w, st, wanted, lse is None)
+    loop_paths = paths(Bc, first=False)
+    first_rows = B - (n - 1) * Bc
+    try:
+        first_paths = paths(first_rows, first=True)
+    except ValueError:  # "mosaic" asked for and not possible at first_rows: a whole chunk, overlapping
+        first_rows, first_paths = Bc, paths(Bc, first=True)
+    shared = first_rows - (B - (n - 1) * Bc)  # leading rows of the first step that the loop's last chunk covers
 
-    def step(start, carry, first: bool):
-        h_c = lax.dynamic_slice_in_dim(h, start, Bc)  # (Bc, H)
-        y_c, g_c = (lax.dynamic_slice_in_dim(a, start, Bc) for a in (labels, g))
-        if first and shared:
-            g_c = jnp.where(jnp.arange(Bc) >= shared, g_c, 0.0)  # counted by the next step
-        lse_c = None if lse is None else lax.dynamic_slice_in_dim(lse, start, Bc)
-        if stats_in_gemm:  # lse from GEMM 1's epilogue: the row kernel only writes dlogits
+    def step(start, rows, carry, first: bool):
+        on = first_paths if first else loop_paths
+        h_c = lax.dynamic_slice_in_dim(h, start, rows)  # (rows, H)
+        y_c, g_c = (lax.dynamic_slice_in_dim(a, start, rows) for a in (labels, g))
+        if shared and first:
+            g_c = jnp.where(jnp.arange(rows) >= shared, g_c, 0.0)  # counted by the loop's last step
+        lse_c = None if lse is None else lax.dynamic_slice_in_dim(lse, start, rows)
+        if on.logits:  # lse from GEMM 1's epilogue: the row kernel only writes dlogits
             logits_c, lse_c = mosaic_logits.logits_and_lse(h_c, w)
             zy = _label_logit(logits_c, y_c)
             dl, _, _ = row_pass(logits_c, y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)
         else:
-            dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # dl (Bc, V)
+            dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # (rows, V)
         total = jnp.float32(0.0) if zy is None else jnp.sum(g_c * _row_loss(lse_c, zy, st))
         dh, dw = (None, None) if first else carry[1:]
         if wanted.dh:
-            if mosaic_dh:  # (Bc, H) = dl wᵀ, w read transposed in SMEM; XLA stores it in dh's rows in place
+            if on.dh:  # (rows, H) = dl wᵀ, w read transposed in SMEM; XLA stores it in dh's rows in place
                 dh_c = mosaic_gemm.matmul(dl, w, transpose_b=True)
             else:
                 dh_c = lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=prec,
-                                       preferred_element_type=h.dtype)  # (Bc, H) = dl wᵀ
+                                       preferred_element_type=h.dtype)  # (rows, H) = dl wᵀ
             # the first step's buffer is uninitialized (XLA's AllocateBuffer, zeros off the GPU): the steps write
-            # every row, [B - Bc, B) first and [0, (n - 1)·Bc) in the loop; zeros would cost a (B, H) write
+            # every row, [B - rows, B) first and [0, (n - 1)·Bc) in the loop; zeros would cost a (B, H) write
             dh = lax.dynamic_update_slice_in_dim(lax.empty(h.shape, h.dtype) if first else dh, dh_c, start, 0)
-        if wanted.dw and mosaic_dw and not first:  # dw += h_cᵀ dl in place, h_c read transposed in SMEM
+        if wanted.dw and on.dw:  # dw += h_cᵀ dl in place, h_c read transposed in SMEM
             dw = mosaic_gemm.matmul(h_c, dl, transpose_a=True, accumulate_into=dw)
         elif wanted.dw:
             dw_c = lax.dot_general(h_c, dl, (((0,), (0,)), ((), ())), precision=prec,
@@ -317,8 +349,8 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
             dw = dw_c if first else dw + dw_c
         return (total if first else carry[0] + total), dh, dw
 
-    carry = step(B - Bc, None, first=True)
-    total, dh, dw = lax.fori_loop(1, n, lambda i, c: step((i - 1) * Bc, c, first=False), carry)
+    carry = step(B - first_rows, first_rows, None, first=True)
+    total, dh, dw = lax.fori_loop(0, n - 1, lambda i, c: step(i * Bc, Bc, c, first=False), carry)
     if (dh is None) == wanted.dh or (dw is None) == wanted.dw:  # a None here would reach jax as a zero gradient
         raise AssertionError(f"linear_cross_entropy: gradients {wanted}, but computed dh: {dh is not None}, "
                              f"dw: {dw is not None}")
