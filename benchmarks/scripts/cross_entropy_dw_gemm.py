@@ -4,6 +4,7 @@ cross-entropy's value and gradient and alone, plain XLA's loss in the same run; 
 
     PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_dw_gemm.py --out $OUT [--shapes 8k_128k,4k_256k,16k_32k]
         [--sections update,loss,update_configs,eval,chunks] [--eval-multipliers 1,2,4] [--chunks 256,512,1024]
+        [--chunk-variants dh_xla,...]
         [--temp-fraction 0.05] [--dw-configs pingpong_128x128,...] [--logits-configs pingpong_128x128,...]
 
 Per shape (bf16, the suite's inputs, the memory rule's chunk): (1) one chunk's dw update alone, dw (H, V) +=
@@ -15,7 +16,8 @@ update and with the Mosaic one (its default config, and each --dw-configs entry 
 variant's relative to the largest |dw|, and the temporaries of the first three; (3) "update_configs": the Mosaic update alone under the GEMM configs of UPDATE_CONFIGS; (4) "eval":
 the loss alone (evaluation) with eval_chunk_rows = m · Bc (at most B) for each multiplier m, against plain XLA's
 forward, interleaved; (5) "chunks": value and gradient with each chunk_rows of --chunks (and the memory rule's),
-against plain XLA's, interleaved, with each program's temporary memory. Writes ``cross_entropy_dw_gemm-<device>.json``.
+against plain XLA's, interleaved, with each program's temporary memory (and each --chunk-variants entry of
+CHUNK_VARIANTS at each size: the dh GEMM on cuBLAS or on other Mosaic tiles). Writes ``cross_entropy_dw_gemm-<device>.json``.
 """
 
 from __future__ import annotations
@@ -224,13 +226,54 @@ def time_evaluation(h, w, labels, Bc: int, multipliers, iterations: int) -> dict
     return out
 
 
-def time_chunks(h, w, labels, chunks, iterations: int) -> dict:
-    """µs and temporary MiB of value_and_grad with each chunk_rows (and plain XLA's), interleaved."""
+# Variants of each chunk size in the "chunks" section: (block_sizes fields, overrides of the Mosaic dh GEMM's
+# default config or None). The dh GEMM's (Bc / 128)·(H / 256) tiles of the default fill whole waves of SMs at some
+# chunk sizes only (1024 x 4096: 128 tiles on 132 SMs; 1536: 192, a wave and a half).
+CHUNK_VARIANTS = {
+    "dh_xla": ({"dh_gemm": "xla"}, None),
+    "dh_stacked_64x128": ({"dh_gemm": "mosaic"}, dict(tile_m=64, tile_n=128, wg_split="m", schedule="cooperative",
+                                                        num_stages=4, delay_release=0, grid_minor="m")),
+    "dh_pingpong_128x128": ({"dh_gemm": "mosaic"}, dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=6,
+                                                          delay_release=1, grid_minor="m")),
+}
+
+
+def with_dh_config(fn, overrides: dict):
+    """fn, traced (at its first call) with the Mosaic GEMM core's plain (not accumulating) default config, the dh
+    GEMM's in the loss, replaced by the default with ``overrides``."""
+    default = mosaic_gemm.default_config
+    traced = []
+
+    def patched(M, N, K, dtype=jnp.bfloat16, *, accumulate_dtype=None):
+        config = default(M, N, K, dtype, accumulate_dtype=accumulate_dtype)
+        return config if accumulate_dtype is not None else dataclasses.replace(config, **overrides)
+
+    def lower(*args):
+        with mock.patch.object(mosaic_gemm, "default_config", patched):
+            return fn.lower(*args)  # traced under the patch; jit's cache keeps this trace
+
+    def call(*args):
+        if not traced:
+            lower(*args)
+            traced.append(True)
+        return fn(*args)
+
+    call.lower = lower
+    return call
+
+
+def time_chunks(h, w, labels, chunks, iterations: int, variants=()) -> dict:
+    """µs and temporary MiB of value_and_grad with each chunk_rows (and plain XLA's), interleaved; each
+    CHUNK_VARIANTS name of ``variants`` also runs at every chunk size (``chunk_<rows>_<name>``)."""
     grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1)))  # noqa: E731
     fns = {"xla_plain": grad(lambda h, w: kernels.plain_cross_entropy(h, w, labels))}
     for rows in chunks:
-        fns[f"chunk_{rows}"] = grad(lambda h, w, rows=rows: pallas_kernels.linear_cross_entropy(
-            h, w, labels, backend="triton", block_sizes={"chunk_rows": rows}))
+        for name in ("", *variants):
+            fields, dh_config = CHUNK_VARIANTS[name] if name else ({}, None)
+            fn = grad(lambda h, w, sizes=dict(fields, chunk_rows=rows): pallas_kernels.linear_cross_entropy(
+                h, w, labels, backend="triton", block_sizes=sizes))
+            fns[f"chunk_{rows}_{name}" if name else f"chunk_{rows}"] = fn if dh_config is None else with_dh_config(
+                fn, dh_config)
     out = {"temp_mib": {k: fn.lower(h, w).compile().memory_analysis().temp_size_in_bytes / 2**20
                         for k, fn in fns.items()}}
     timings = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=iterations)
@@ -249,6 +292,7 @@ def main() -> int:
     parser.add_argument("--sections", default="update,loss")
     parser.add_argument("--eval-multipliers", default="1,2,4")
     parser.add_argument("--chunks", default="256,512,1024,2048")
+    parser.add_argument("--chunk-variants", default="", help="CHUNK_VARIANTS names the chunks section also runs")
     parser.add_argument("--temp-fraction", type=float, default=ce_config.TEMP_FRACTION,
                         help="the memory rule's bound that picks each shape's chunk")
     parser.add_argument("--dw-configs", default="", help="UPDATE_CONFIGS names the loss section also runs")
@@ -280,7 +324,8 @@ def main() -> int:
                       {k: round(row["eval"][k]["us"]) for k in row["eval"]["speedup_vs_xla"]}, flush=True)
             if "chunks" in sections:
                 sizes = sorted({Bc, *[min(B, int(c)) for c in args.chunks.split(",")]})
-                row["chunks"] = time_chunks(h, w, labels, sizes, args.iterations)
+                row["chunks"] = time_chunks(h, w, labels, sizes, args.iterations,
+                                            [v for v in args.chunk_variants.split(",") if v])
                 print(name, "chunks", {k: (round(v, 3), round(row["chunks"]["temp_pct_of_xla"][k], 2))
                                        for k, v in row["chunks"]["speedup_vs_xla"].items()}, flush=True)
             if "loss" in sections:
