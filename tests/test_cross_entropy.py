@@ -229,8 +229,9 @@ def test_mosaic_dh_gemm_matches_reference():
 
 def test_mosaic_dh_gemm_lowers_where_its_tiles_fill_the_gpu():
     """Lowered for CUDA: "auto" takes the Mosaic dh GEMM where its (Bc / 128)·(H / 256) tiles fill 90% of the 132
-    SMs (1024 x 4096: 128 tiles) and not where they do not (512 x 2048: 32; cuBLAS splits K there); "mosaic" runs
-    it anyway and names the tile an H that does not divide breaks."""
+    SMs over their waves (1024 x 4096: 128 tiles; 2048 x 4096: 256 in two waves) and not where they do not (512 x
+    2048: 32, cuBLAS splits K there; 1536 x 4096: 192, a second wave of 60); "mosaic" runs it anyway and names the
+    tile an H that does not divide breaks."""
     def grad_fn(B, H, V, dh_gemm):
         sizes = {"chunk_rows": B, "dw_gemm": "xla", "logits_gemm": "xla", "dh_gemm": dh_gemm}
         args = (jax.ShapeDtypeStruct((B, H), jnp.bfloat16), jax.ShapeDtypeStruct((H, V), jnp.bfloat16),
@@ -240,7 +241,9 @@ def test_mosaic_dh_gemm_lowers_where_its_tiles_fill_the_gpu():
 
     with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
         assert grad_fn(1024, 4096, 1024, "auto").count("@mosaic_gpu") == 1  # one chunk: the peeled step only
+        assert grad_fn(2048, 4096, 1024, "auto").count("@mosaic_gpu") == 1
         assert "mosaic_gpu" not in grad_fn(512, 2048, 1024, "auto")
+        assert "mosaic_gpu" not in grad_fn(1536, 4096, 1024, "auto")
         assert grad_fn(512, 2048, 1024, "mosaic").count("@mosaic_gpu") == 1
         assert "mosaic_gpu" not in grad_fn(1024, 4096, 1024, "xla")
         with pytest.raises(ValueError, match="dh_gemm='mosaic' cannot run here: H=320 is not a positive multiple"):
@@ -291,28 +294,26 @@ def test_mosaic_logits_lower_for_cuda_and_fall_back():
 
 # ------------------------------------------------------------------------------------------------ config
 def test_chunk_rule_keeps_temporaries_under_the_memory_bound():
-    """The fewest chunks whose bf16 logits, (Bc, H) slices of h and dh and a 32 MiB GEMM workspace stay within 10%
-    of the plain loss's B·V·6 bytes (5% with temp_fraction=0.05), B split evenly in multiples of 128, the last
-    chunk taking the rest: at the suite's shapes (Bc, last chunk) 2048 / 1024 / 3328 and 3072 (4, 4 and 5 chunks)
-    within 10%; 1024 / 512 / 1536 and 1024 (8, 8 and 11 chunks) within 5% (measured on the H100, 298.5 MiB of 6012
-    at the first shape); B under the limit gives one chunk."""
-    want = {(8192, 4096, 128256): ((2048, 2048), (1024, 1024)), (4096, 2048, 256000): ((1024, 1024), (512, 512)),
-            (16384, 4096, 32000): ((3328, 3072), (1536, 1024))}
-    for (b, h, v), chunks in want.items():
-        for fraction, (rows, last) in zip((ce_config.TEMP_FRACTION, 0.05), chunks):
+    """At the suite's shapes Bc is 2048, 1024 and 2048 (4, 4 and 8 chunks, dividing B): one chunk's bf16 logits, its
+    (Bc, H) slices of h and dh and a 32 MiB GEMM workspace stay within 10% of the plain loss's B·V·6 bytes; with
+    temp_fraction=0.05, within 5% (1024, 512 and 1024 rows: measured on the H100, 298.5 MiB of 6012 at the first
+    shape); B under the limit gives one chunk."""
+    for (b, h, v), want in {(8192, 4096, 128256): 2048, (4096, 2048, 256000): 1024,
+                            (16384, 4096, 32000): 2048}.items():
+        for fraction, rows in ((ce_config.TEMP_FRACTION, want), (0.05, want // 2)):
             bc = ce_config.chunk_rows_for(b, h, v, jnp.bfloat16, fraction)
-            assert (bc, b - (pl.cdiv(b, bc) - 1) * bc) == (rows, last), (b, h, v, fraction)
+            assert bc == rows and b % bc == 0
             assert bc * (v + 2 * h) * 2 + ce_config.GEMM_WORKSPACE_BYTES <= fraction * b * v * 6
     assert ce_config.TEMP_FRACTION == 0.10
-    # the models' heads (H100, with the last chunk overlapping the one before then: 384-row chunks 0.77x XLA
-    # against 256 rows, a divisor of B, 0.59x at the 1b head within 5%; 1664 rows 1.33x against 1024 rows 1.28x at
-    # the small head within 10%)
+    # the models' heads: where a divisor of B would leave the dw update bandwidth-bound, the fewest chunks instead
+    # (H100: 384 rows 0.77x XLA against 256 rows 0.59x at the 1b head within 5%; 1664 rows 1.33x against 1024 rows
+    # 1.28x at the small head within 10%)
     assert ce_config.chunk_rows_for(4096, 2048, 128256, jnp.bfloat16) == 1024
     assert ce_config.chunk_rows_for(4096, 2048, 128256, jnp.bfloat16, 0.05) == 384
     assert ce_config.chunk_rows_for(8192, 512, 32768, jnp.bfloat16) == 1664
     assert ce_config.chunk_rows_for(100, 256, 50257, jnp.bfloat16) == 100
     assert ce_config.chunk_rows_for(1000, 64, 1000, jnp.float32) == 128  # at least 128 rows
-    assert ce_config.chunk_rows_for(1100, 64, 1000, jnp.float32) == 128  # 9 chunks, the last of 76 rows
+    assert ce_config.chunk_rows_for(1100, 64, 1000, jnp.float32) == 128  # no divisor: 9 chunks, the last of 76 rows
     config = ce_config.for_shape(LinearCrossEntropyConfig(), 8192, 4096, 128256, jnp.bfloat16)
     assert config.chunk_rows == 2048 and ce_config.for_shape(config, 100, 64, 1000, jnp.float32).chunk_rows == 100
     small = ce_config.for_shape(LinearCrossEntropyConfig(temp_fraction=0.05), 8192, 4096, 128256, jnp.bfloat16)

@@ -33,6 +33,10 @@ FORWARD_FIELDS = ("rows_per_program", "block_v", "num_warps", "num_stages")
 # runs on bandwidth; ``temp_fraction=0.05`` keeps the 5% bound at that cost.
 TEMP_FRACTION = 0.10
 GEMM_WORKSPACE_BYTES = 32 * 2**20  # XLA's cuBLAS workspace, one temporary (s8[33554432] in the H100 programs)
+# FLOPs per HBM byte where the H100's bf16 GEMM (805 TFLOP/s) and copy (2.94 TB/s) rates meet (shared/anchors.md).
+# A chunk's dw update does Bc·H / (2·H + Bc) FLOPs per byte (dw read and written, dl read; 16-bit): below this it
+# runs on bandwidth and each extra chunk costs a whole pass over dw.
+RIDGE_FLOPS_PER_BYTE = 274
 _CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla"),
             "dw_gemm": ("auto", "xla", "mosaic"), "logits_gemm": ("auto", "xla", "mosaic"),
             "dh_gemm": ("auto", "xla", "mosaic")}
@@ -75,8 +79,10 @@ class LinearCrossEntropyConfig:
         writes into dh's rows), "mosaic" (the Mosaic-GPU GEMM core: XLA writes its result into dh's rows in place,
         a dynamic-slice fusion of the custom call; sm90, 16-bit h and w of one dtype, whole tiles: Bc a multiple
         of 128, H of 256, V of 64), "auto" (default: mosaic where it runs and its (Bc / 128)·(H / 256) output tiles
-        fill at least 90% of the GPU's SMs, else xla: it has no split-K for short, wide chunks). Measured on the
-        H100 at 1024x4096x32000 per chunk, 16 steps: 5152 µs against XLA's GEMM 5135 plus its copies 73.
+        fill at least 90% of the GPU's SMs over the waves they take, else xla: it has no split-K for short, wide
+        chunks, nor stream-K for a last wave of few tiles). Measured on the H100 at 1024x4096x32000 per chunk, 16
+        steps: 5152 µs against XLA's GEMM 5135 plus its copies 73; 1536-row chunks (192 tiles in two waves) made the
+        loss 6% slower with it than with XLA's (``triton._DH_MIN_WAVE``).
     """
 
     # Row-kernel defaults: the fastest of four tilings timed alone on the H100 at the suite's shapes
@@ -125,23 +131,30 @@ def shape_key(h, w) -> str:
 def chunk_rows_for(B: int, H: int, V: int, dtype, fraction: float = TEMP_FRACTION) -> int:
     """Bc from the memory rule: one chunk's logits, its (Bc, H) slices of h and dh and XLA's 32 MiB GEMM workspace
     within ``fraction`` (default TEMP_FRACTION, 10%) of the plain XLA loss's B·V·(s + 4) bytes (compute-dtype logits
-    plus their float32 copy; s the itemsize), so Bc ≈ 0.3·B·V / (V + 2·H) in bf16 at 10%, less the workspace. The
-    limit is a multiple of 128 (at least 128); B takes the fewest chunks within it, split evenly: Bc the smallest
-    multiple of 128 covering B in that many chunks (B itself when it fits). The last chunk takes the remaining
-    B − (n − 1)·Bc rows (``triton._chunk_gradients``), so no row is computed twice.
+    plus their float32 copy; s the itemsize), so Bc ≈ 0.3·B·V / (V + 2·H) in bf16 at 10%, less the workspace. Bc
+    is a multiple of 128 (at least 128); among those the largest dividing B down to half the limit, but not below the
+    chunk whose dw update turns bandwidth-bound (RIDGE_FLOPS_PER_BYTE); else the fewest chunks, B split evenly (the
+    last chunk taking the B − (n − 1)·Bc rows left); B itself when it fits.
 
-    Why the fewest chunks (H100): each chunk's dw update reads and writes all of dw (H·V), and below Bc·H / (2·H +
-    Bc) ≈ 274 FLOPs per byte (where the H100's 805 TFLOP/s and 2.94 TB/s meet) it runs on bandwidth. At the 1b
-    model's head (4096x2048x128256) within 5%, 256-row chunks (a divisor of B) ran 0.59x XLA and 384-row ones
-    0.77x; at the small model's (8192x512x32768) within 10%, 1024 rows 1.28x and 1664 rows 1.33x
-    (benchmarks/results/cross_entropy_chunks_*-h100-5a405ac.json, then with the last chunk overlapping the one
-    before). Where the update is compute-bound, larger chunks still pay through fewer passes over dw (NOTES.md,
-    "Linear cross-entropy", seventh session)."""
+    Why (H100, value and gradient against plain XLA): at the 1b model's head (4096x2048x128256) within 5%, 256-row
+    chunks (a divisor) ran 0.59x and 384-row ones (11 chunks) 0.77x; at the small model's (8192x512x32768) within
+    10%, 1024 rows 1.28x and 1664 (5 chunks) 1.33x (benchmarks/results/cross_entropy_chunks_*-h100-5a405ac.json).
+    Where the update is compute-bound, fewer chunks won once and lost once, and the divisor stays: at
+    16384x4096x32000 within 10%, 2048 rows (8 chunks) ran 1.074x and 3328 (5 chunks, the last of 3072) 0.975x, its
+    logits GEMMs 7511 against 5710 µs; within 5%, 1024 rows 1.027x and 1536 (11, the last of 1024) 1.043x, both
+    with the dh GEMM ``dh_gemm="auto"`` picks (cross_entropy_chunks_dh_5pct-h100-019d28d.json)."""
     s = jnp.dtype(dtype).itemsize
     budget = fraction * B * V * (s + 4) - GEMM_WORKSPACE_BYTES
     limit = max(128, int(budget // ((V + 2 * H) * s)) // 128 * 128)
     if B <= limit:
         return B
+    ridge = RIDGE_FLOPS_PER_BYTE * s / 2  # the ridge in the update's FLOPs per element of dw traffic
+    bandwidth_bound_below = 2 * ridge * H / (H - ridge) if H > ridge else float("inf")
+    for rows in range(limit, limit // 2 - 1, -128):
+        if rows < bandwidth_bound_below:
+            break
+        if B % rows == 0:
+            return rows
     return min(limit, pl.cdiv(pl.cdiv(B, pl.cdiv(B, limit)), 128) * 128)
 
 

@@ -240,7 +240,11 @@ def _mosaic_logits(h, w, st: _Static, Bc: int) -> bool:
     return _runs_on_mosaic("logits_gemm", st.rows.config.logits_gemm, lambda: _mosaic_logits_reason(h, w, st, Bc))
 
 
-_DH_MIN_WAVE = 0.9  # "auto": the Mosaic dh GEMM where its output tiles fill this fraction of the SMs at least
+# "auto": the Mosaic dh GEMM where its output tiles fill at least this fraction of the SMs over the waves they take
+# (it has no split-K or stream-K: a last wave of few tiles leaves SMs idle). H100, 16384x4096x32000 (benchmarks/
+# results/cross_entropy_chunks_dh_5pct-h100-019d28d.json): 1024-row chunks, 128 tiles on 132 SMs, 1.027x XLA against
+# cuBLAS's dh 1.021x; 1536 rows, 192 tiles in two waves (73%), 0.983x against 1.043x.
+_DH_MIN_WAVE = 0.9
 
 
 def _mosaic_dh_reason(h, w, st: _Static, Bc: int) -> str | None:
@@ -263,7 +267,8 @@ def _mosaic_dh(h, w, st: _Static, Bc: int) -> bool:
     if choice == "auto":
         H, V = w.shape
         config = mosaic_gemm.default_config(Bc, H, V, h.dtype)
-        if (Bc // config.cta_m) * (H // config.cta_n) < _DH_MIN_WAVE * mu.num_sms():
+        tiles, sms = (Bc // config.cta_m) * (H // config.cta_n), mu.num_sms()
+        if tiles < _DH_MIN_WAVE * pl.cdiv(tiles, sms) * sms:
             return False
     return _runs_on_mosaic("dh_gemm", choice, lambda: _mosaic_dh_reason(h, w, st, Bc))
 
