@@ -13,11 +13,12 @@ kernel), µs per update, with the floor of its FLOPs (at 805 TFLOP/s) and of its
 chunk's dl read once: 2.94 TB/s); (2) value_and_grad of the loss: plain XLA's, the fused loss with cuBLAS's dw
 update and with the Mosaic one (its default config, and each --dw-configs entry of UPDATE_CONFIGS), interleaved
 (CUPTI medians and each run's costliest kernels), with each variant's largest difference of dw from the cuBLAS
-variant's relative to the largest |dw|, and the temporaries of the first three; (3) "update_configs": the Mosaic update alone under the GEMM configs of UPDATE_CONFIGS; (4) "eval":
-the loss alone (evaluation) with eval_chunk_rows = m · Bc (at most B) for each multiplier m, against plain XLA's
-forward, interleaved; (5) "chunks": value and gradient with each chunk_rows of --chunks (and the memory rule's),
-against plain XLA's, interleaved, with each program's temporary memory (and each --chunk-variants entry of
-CHUNK_VARIANTS at each size: the dh GEMM on cuBLAS or on other Mosaic tiles). Writes ``cross_entropy_dw_gemm-<device>.json``.
+variant's relative to the largest |dw|, and the temporaries of the first three; (3) "update_configs": the Mosaic
+update alone under the GEMM configs of UPDATE_CONFIGS; (4) "eval": the loss alone (evaluation) with eval_chunk_rows
+= m · Bc (at most B) for each multiplier m, against plain XLA's forward, interleaved; (5) "chunks": value and
+gradient with each chunk_rows of --chunks (and the memory rule's), against plain XLA's, interleaved, with each
+program's temporary memory (and each --chunk-variants entry of CHUNK_VARIANTS at each size: the dh GEMM on cuBLAS
+or on other Mosaic tiles). Writes ``cross_entropy_dw_gemm-<device>.json``.
 """
 
 from __future__ import annotations
@@ -313,8 +314,8 @@ def main() -> int:
                 row["dw_update"] = time_dw_update(H, V, Bc, args.iterations)
                 print(name, "dw update", row["dw_update"], flush=True)
             if "update_configs" in sections:
-                row["dw_update_configs"] = time_dw_update(H, V, Bc, args.iterations,
-                                                              {n: UPDATE_CONFIGS[n] for n in args.update_configs.split(",")})
+                configs = {n: UPDATE_CONFIGS[n] for n in args.update_configs.split(",")}
+                row["dw_update_configs"] = time_dw_update(H, V, Bc, args.iterations, configs)
                 print(name, "dw update configs", row["dw_update_configs"], flush=True)
             h, w, labels = make_inputs(B, H, V, seed=0)
             if "eval" in sections:
