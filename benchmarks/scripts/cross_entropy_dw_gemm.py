@@ -190,23 +190,29 @@ def with_logits_config(fn, overrides: dict):
     return call
 
 
-def with_config(fn, overrides: dict):
-    """fn, traced (at its first call) with the Mosaic GEMM core's accumulating default config replaced by the
+def with_config(fn, overrides: dict, accumulating: bool = True):
+    """fn, traced (at its first call, or by its ``lower``) with the Mosaic GEMM core's default config for
+    accumulating calls (the dw update; ``accumulating=False``: plain calls, the loss's dh GEMM) replaced by the
     default with ``overrides``: how the loss would run were that the default."""
     default = mosaic_gemm.default_config
     traced = []
 
     def patched(M, N, K, dtype=jnp.bfloat16, *, accumulate_dtype=None):
         config = default(M, N, K, dtype, accumulate_dtype=accumulate_dtype)
-        return config if accumulate_dtype is None else dataclasses.replace(config, **overrides)
+        hit = (accumulate_dtype is not None) == accumulating
+        return dataclasses.replace(config, **overrides) if hit else config
+
+    def lower(*args):
+        with mock.patch.object(mosaic_gemm, "default_config", patched):
+            return fn.lower(*args)  # traced under the patch; jit's cache keeps this trace
 
     def call(*args):
         if not traced:
-            with mock.patch.object(mosaic_gemm, "default_config", patched):
-                fn.lower(*args)  # traced under the patch; jit's cache keeps this trace
+            lower(*args)
             traced.append(True)
         return fn(*args)
 
+    call.lower = lower
     return call
 
 
@@ -239,30 +245,6 @@ CHUNK_VARIANTS = {
 }
 
 
-def with_dh_config(fn, overrides: dict):
-    """fn, traced (at its first call) with the Mosaic GEMM core's plain (not accumulating) default config, the dh
-    GEMM's in the loss, replaced by the default with ``overrides``."""
-    default = mosaic_gemm.default_config
-    traced = []
-
-    def patched(M, N, K, dtype=jnp.bfloat16, *, accumulate_dtype=None):
-        config = default(M, N, K, dtype, accumulate_dtype=accumulate_dtype)
-        return config if accumulate_dtype is not None else dataclasses.replace(config, **overrides)
-
-    def lower(*args):
-        with mock.patch.object(mosaic_gemm, "default_config", patched):
-            return fn.lower(*args)  # traced under the patch; jit's cache keeps this trace
-
-    def call(*args):
-        if not traced:
-            lower(*args)
-            traced.append(True)
-        return fn(*args)
-
-    call.lower = lower
-    return call
-
-
 def time_chunks(h, w, labels, chunks, iterations: int, variants=()) -> dict:
     """µs and temporary MiB of value_and_grad with each chunk_rows (and plain XLA's), interleaved; each
     CHUNK_VARIANTS name of ``variants`` also runs at every chunk size (``chunk_<rows>_<name>``)."""
@@ -273,8 +255,8 @@ def time_chunks(h, w, labels, chunks, iterations: int, variants=()) -> dict:
             fields, dh_config = CHUNK_VARIANTS[name] if name else ({}, None)
             fn = grad(lambda h, w, sizes=dict(fields, chunk_rows=rows): pallas_kernels.linear_cross_entropy(
                 h, w, labels, backend="triton", block_sizes=sizes))
-            fns[f"chunk_{rows}_{name}" if name else f"chunk_{rows}"] = fn if dh_config is None else with_dh_config(
-                fn, dh_config)
+            fns[f"chunk_{rows}_{name}" if name else f"chunk_{rows}"] = fn if dh_config is None else with_config(
+                fn, dh_config, accumulating=False)
     out = {"temp_mib": {k: fn.lower(h, w).compile().memory_analysis().temp_size_in_bytes / 2**20
                         for k, fn in fns.items()}}
     timings = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=iterations)
