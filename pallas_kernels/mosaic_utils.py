@@ -44,7 +44,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 __all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
            "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load", "num_sms",
-           "smem_transforms"]
+           "on_second_stream", "smem_transforms"]
 
 # Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
 # row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
@@ -209,6 +209,21 @@ def num_sms() -> int:
     if device.platform == "gpu":
         return int(device.core_count)
     return H100_SMS
+
+
+SECOND_STREAM = "gpu_stream:1"  # XLA's stream annotation of ``on_second_stream``'s calls
+
+
+def on_second_stream(fn, *args):
+    """fn(*args) as its own jitted computation on a second GPU stream (jax's ``compute_on("gpu_stream:1")``:
+    XLA's ``call-start`` / ``call-done`` with ``_xla_stream_annotation``), so that its kernels can run at the same
+    time as the kernels XLA schedules between the two; under ``interpret_on_cpu`` a plain call. Two persistent
+    kernels overlap only where their grids leave each other SMs (``num_sms``)."""
+    if _INTERPRET_SMS.get() is not None:
+        return fn(*args)
+    from jax.experimental.compute_on import compute_on
+    with compute_on(SECOND_STREAM):
+        return jax.jit(fn)(*args)
 
 
 def smem_transforms(minor_elems: int, dtype) -> tuple:
