@@ -21,6 +21,8 @@ is used here, handled in this module only:
     implements neither ``plgpu.load`` nor ``layout_cast``, and 0.10.2's cannot feed a transposed ref to wgmma:
     inside ``interpret_on_cpu()`` (tests, small shapes) ``load`` and ``layout_cast`` here become plain reads /
     no-ops, which is all the layouts mean there, and callers materialize transposed operands (``interpreting``).
+  - A computation on a second GPU stream (``on_second_stream``): ``compute_on2(f, compute_type=...,
+    out_memory_spaces=...)`` in 0.10.2 (where ``compute_on`` is a context manager) is ``compute_on`` in 0.11.
   - A zeroed global buffer that kernels add into (``kernel_accumulating``): a ``jax.new_ref`` through ``pl.kernel``,
     discharged in place with jax's private ``discharge_state`` (same call in both versions), since ``custom_vmap``
     (the attention backend's batching rule) has no state-discharge rule.
@@ -215,15 +217,17 @@ SECOND_STREAM = "gpu_stream:1"  # XLA's stream annotation of ``on_second_stream`
 
 
 def on_second_stream(fn, *args):
-    """fn(*args) as its own jitted computation on a second GPU stream (jax's ``compute_on("gpu_stream:1")``:
+    """fn(*args) as its own computation on a second GPU stream (jax's ``compute_on``, compute_type "gpu_stream:1":
     XLA's ``call-start`` / ``call-done`` with ``_xla_stream_annotation``), so that its kernels can run at the same
     time as the kernels XLA schedules between the two; under ``interpret_on_cpu`` a plain call. Two persistent
     kernels overlap only where their grids leave each other SMs (``num_sms``)."""
     if _INTERPRET_SMS.get() is not None:
         return fn(*args)
-    from jax.experimental.compute_on import compute_on
-    with compute_on(SECOND_STREAM):
-        return jax.jit(fn)(*args)
+    from jax.experimental import compute_on as co
+    # jax 0.10.2: compute_on2(f, *, compute_type, out_memory_spaces) (compute_on is a context manager there);
+    # 0.11: the same function is compute_on
+    wrap = getattr(co, "compute_on2", co.compute_on)
+    return wrap(fn, compute_type=SECOND_STREAM, out_memory_spaces=jax.memory.Space.Device)(*args)
 
 
 def smem_transforms(minor_elems: int, dtype) -> tuple:
