@@ -46,7 +46,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 __all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
            "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load", "num_sms",
-           "on_second_stream", "smem_transforms"]
+           "on_second_stream", "scheduled_together", "smem_transforms"]
 
 # Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
 # row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
@@ -228,6 +228,14 @@ def on_second_stream(fn, *args):
     # 0.11: the same function is compute_on
     wrap = getattr(co, "compute_on2", co.compute_on)
     return wrap(fn, compute_type=SECOND_STREAM, out_memory_spaces=jax.memory.Space.Device)(*args)
+
+
+def scheduled_together(group: int = 1):
+    """A context: the ops traced inside form one XLA scheduling group (frontend attribute ``_scheduling_group_id``),
+    which XLA's latency-hiding scheduler places as a unit: an ``on_second_stream`` call started inside is awaited
+    only after the group's other ops, which run meanwhile."""
+    from jax.experimental.xla_metadata import set_xla_metadata
+    return set_xla_metadata(_scheduling_group_id=str(group))
 
 
 def smem_transforms(minor_elems: int, dtype) -> tuple:

@@ -308,8 +308,9 @@ def _dh_beside_dw_update(h_c, dl, w, dw, st: _Static):
     H = w.shape[0]
     dh_sms = _concurrent_dh_sms(H, dl.shape[0], st)
     dh_gemm = functools.partial(mosaic_gemm.matmul, config=_CONCURRENT_DH_CONFIG, transpose_b=True, num_sms=dh_sms)
-    dh_c = mu.on_second_stream(dh_gemm, dl, w)
-    dw = mosaic_gemm.matmul(h_c, dl, transpose_a=True, accumulate_into=dw, num_sms=mu.num_sms() - dh_sms)
+    with mu.scheduled_together():
+        dh_c = mu.on_second_stream(dh_gemm, dl, w)
+        dw = mosaic_gemm.matmul(h_c, dl, transpose_a=True, accumulate_into=dw, num_sms=mu.num_sms() - dh_sms)
     return dh_c, dw
 
 
