@@ -21,8 +21,9 @@ is used here, handled in this module only:
     implements neither ``plgpu.load`` nor ``layout_cast``, and 0.10.2's cannot feed a transposed ref to wgmma:
     inside ``interpret_on_cpu()`` (tests, small shapes) ``load`` and ``layout_cast`` here become plain reads /
     no-ops, which is all the layouts mean there, and callers materialize transposed operands (``interpreting``).
-  - A computation on a second GPU stream (``on_second_stream``): ``compute_on2(f, compute_type=...,
-    out_memory_spaces=...)`` in 0.10.2 (where ``compute_on`` is a context manager) is ``compute_on`` in 0.11.
+  - A computation on a second GPU stream (``on_second_stream``): the public ``compute_on`` is a context manager
+    in 0.10.2 and a function wrapper in 0.11 (``compute_on2`` in 0.10.2), whose call op drops other frontend
+    attributes; both versions have jax's private ``extend_compute_type``, which a jit call traced under it takes.
   - A zeroed global buffer that kernels add into (``kernel_accumulating``): a ``jax.new_ref`` through ``pl.kernel``,
     discharged in place with jax's private ``discharge_state`` (same call in both versions), since ``custom_vmap``
     (the attention backend's batching rule) has no state-discharge rule.
@@ -223,11 +224,12 @@ def on_second_stream(fn, *args):
     kernels overlap only where their grids leave each other SMs (``num_sms``)."""
     if _INTERPRET_SMS.get() is not None:
         return fn(*args)
-    from jax.experimental import compute_on as co
-    # jax 0.10.2: compute_on2(f, *, compute_type, out_memory_spaces) (compute_on is a context manager there);
-    # 0.11: the same function is compute_on
-    wrap = getattr(co, "compute_on2", co.compute_on)
-    return wrap(fn, compute_type=SECOND_STREAM, out_memory_spaces=jax.memory.Space.Device)(*args)
+    # A jit call traced under the compute type: its call op gets the stream annotation merged into its frontend
+    # attributes (pjit's lowering, the same in jax 0.10.2 and 0.11), so the caller's xla_metadata (a scheduling
+    # group) stays on it; jax's public compute_on (0.11; compute_on2 in 0.10.2) replaces them instead.
+    from jax._src.compute_on import extend_compute_type
+    with extend_compute_type(SECOND_STREAM):
+        return jax.jit(fn)(*args)
 
 
 def scheduled_together(group: int = 1):
