@@ -21,9 +21,6 @@ is used here, handled in this module only:
     implements neither ``plgpu.load`` nor ``layout_cast``, and 0.10.2's cannot feed a transposed ref to wgmma:
     inside ``interpret_on_cpu()`` (tests, small shapes) ``load`` and ``layout_cast`` here become plain reads /
     no-ops, which is all the layouts mean there, and callers materialize transposed operands (``interpreting``).
-  - A computation on a second GPU stream (``on_second_stream``): the public ``compute_on`` is a context manager
-    in 0.10.2 and a function wrapper in 0.11 (``compute_on2`` in 0.10.2), whose call op drops other frontend
-    attributes; both versions have jax's private ``extend_compute_type``, which a jit call traced under it takes.
   - A zeroed global buffer that kernels add into (``kernel_accumulating``): a ``jax.new_ref`` through ``pl.kernel``,
     discharged in place with jax's private ``discharge_state`` (same call in both versions), since ``custom_vmap``
     (the attention backend's batching rule) has no state-discharge rule.
@@ -47,7 +44,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 __all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
            "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load", "num_sms",
-           "on_second_stream", "scheduled_together", "smem_transforms"]
+           "smem_transforms"]
 
 # Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
 # row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
@@ -212,32 +209,6 @@ def num_sms() -> int:
     if device.platform == "gpu":
         return int(device.core_count)
     return H100_SMS
-
-
-SECOND_STREAM = "gpu_stream:1"  # XLA's stream annotation of ``on_second_stream``'s calls
-
-
-def on_second_stream(fn, *args):
-    """fn(*args) as its own computation on a second GPU stream (jax's ``compute_on``, compute_type "gpu_stream:1":
-    XLA's ``call-start`` / ``call-done`` with ``_xla_stream_annotation``), so that its kernels can run at the same
-    time as the kernels XLA schedules between the two; under ``interpret_on_cpu`` a plain call. Two persistent
-    kernels overlap only where their grids leave each other SMs (``num_sms``)."""
-    if _INTERPRET_SMS.get() is not None:
-        return fn(*args)
-    # A jit call traced under the compute type: its call op gets the stream annotation merged into its frontend
-    # attributes (pjit's lowering, the same in jax 0.10.2 and 0.11), so the caller's xla_metadata (a scheduling
-    # group) stays on it; jax's public compute_on (0.11; compute_on2 in 0.10.2) replaces them instead.
-    from jax._src.compute_on import extend_compute_type
-    with extend_compute_type(SECOND_STREAM):
-        return jax.jit(fn)(*args)
-
-
-def scheduled_together(group: int = 1):
-    """A context: the ops traced inside form one XLA scheduling group (frontend attribute ``_scheduling_group_id``),
-    which XLA's latency-hiding scheduler places as a unit: an ``on_second_stream`` call started inside is awaited
-    only after the group's other ops, which run meanwhile."""
-    from jax.experimental.xla_metadata import set_xla_metadata
-    return set_xla_metadata(_scheduling_group_id=str(group))
 
 
 def smem_transforms(minor_elems: int, dtype) -> tuple:

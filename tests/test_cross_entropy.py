@@ -4,11 +4,9 @@ not differentiated), its temporary memory against the plain XLA loss, the row ke
 rule, config validation and sweep candidates."""
 
 import math
-import re
 
 import jax
 import jax.numpy as jnp
-
 import pytest
 from jax.experimental import pallas as pl
 
@@ -73,46 +71,6 @@ def test_mosaic_dw_accumulation_matches_reference(dtype, reduction):
     for dw_gemm in ("mosaic", "xla"):
         _TRITON.check_against_reference(576, 256, 2048, dtype, reduction=reduction, z_loss=1e-3,
                                         block_sizes={"chunk_rows": 128, "dw_gemm": dw_gemm})
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the Mosaic-GPU dw update runs on an sm90 GPU (its lowering is tested on CPU)")
-@pytest.mark.parametrize("dtype,reduction,dh_sms", [(jnp.bfloat16, "mean", 0), (jnp.float16, "none", 3)])
-def test_concurrent_dh_beside_dw_update_matches_reference(dtype, reduction, dh_sms):
-    """dh on a second stream and its own SMs at the same time as the Mosaic dw update (``dh_gemm="concurrent"``):
-    5 chunks of 128 rows (the last of 64, whose dh runs as "auto" would), against the float32 reference."""
-    _TRITON.check_against_reference(576, 256, 2048, dtype, reduction=reduction, z_loss=1e-3,
-                                    block_sizes={"chunk_rows": 128, "dw_gemm": "mosaic", "dh_gemm": "concurrent",
-                                                 "dh_sms": dh_sms})
-
-
-def test_concurrent_dh_lowers_on_a_second_stream_beside_the_dw_update():
-    """Lowered for CUDA: with dh_gemm="concurrent" the loop's dh GEMM is a Mosaic kernel in a call XLA runs on
-    stream 1 (``_xla_stream_annotation``), on 128x128 tiles, one SM per tile (4 x 2 = 8 of the 132 here), the dw
-    update on the other 124 SMs (in clusters of two); without a Mosaic dw update (the peeled chunk; dw_gemm="xla")
-    nothing moves to a second stream; a chunk the 128x128 tiles do not divide gets a ValueError naming it."""
-    from hlo_inspect import mosaic_ir
-
-    def grad_fn(dw_gemm, B=1024, **fields):
-        sizes = dict({"chunk_rows": 512, "dw_gemm": dw_gemm, "dh_gemm": "concurrent", "logits_gemm": "xla"}, **fields)
-        args = (jax.ShapeDtypeStruct((B, 256), jnp.bfloat16), jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16),
-                jax.ShapeDtypeStruct((B,), jnp.int32))
-        return jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes=sizes), argnums=(0, 1)), args
-
-    def streamed_calls(*a, **k):  # calls XLA is to run on stream 1
-        fn, args = grad_fn(*a, **k)
-        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-        return re.findall(r"= call @\w+\(.*_xla_stream_annotation = \"1\"", text)
-
-    with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
-        assert len(streamed_calls("mosaic")) == 1
-        fn, args = grad_fn("mosaic")
-        kernels = mosaic_ir.lower_kernels(fn, *args)
-        assert sorted((k.grid, k.cluster) for k in kernels) == [((8, 1, 1), (1, 1, 1)), ((124, 1, 1), (2, 1, 1))]
-        assert not streamed_calls("xla")
-        fn, args = grad_fn("mosaic", dh_sms=100)  # 100 SMs of dh blocks (8 with a tile), 32 for dw
-        assert sorted(k.grid for k in mosaic_ir.lower_kernels(fn, *args)) == [(32, 1, 1), (100, 1, 1)]
-        with pytest.raises(ValueError, match="dh_gemm='concurrent' cannot run here: chunk_rows=192"):
-            streamed_calls("mosaic", B=384, chunk_rows=192)
 
 
 # ------------------------------------------------------------------------------------------------ programs

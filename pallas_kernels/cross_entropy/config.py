@@ -39,7 +39,7 @@ GEMM_WORKSPACE_BYTES = 32 * 2**20  # XLA's cuBLAS workspace, one temporary (s8[3
 RIDGE_FLOPS_PER_BYTE = 274
 _CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla"),
             "dw_gemm": ("auto", "xla", "mosaic"), "logits_gemm": ("auto", "xla", "mosaic"),
-            "dh_gemm": ("auto", "xla", "mosaic", "concurrent")}
+            "dh_gemm": ("auto", "xla", "mosaic")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +82,7 @@ class LinearCrossEntropyConfig:
         fill at least 90% of the GPU's SMs over the waves they take, else xla: it has no split-K for short, wide
         chunks, nor stream-K for a last wave of few tiles). Measured on the H100 at 1024x4096x32000 per chunk, 16
         steps: 5152 µs against XLA's GEMM 5135 plus its copies 73; 1536-row chunks (192 tiles in two waves) made the
-        loss 6% slower with it than with XLA's (``triton._DH_MIN_WAVE``). "concurrent": the Mosaic core on
-        ``dh_sms`` SMs, on a second GPU stream, at the same time as the chunk's Mosaic dw update on the other SMs
-        (the update streams dw through HBM while dh keeps the tensor cores busy; where the dw update is not the
-        Mosaic one, as "mosaic").
-      dh_sms: SMs the "concurrent" dh GEMM takes (0: one per output tile of its 128x128 tiles, at most half the
-        GPU's SMs).
+        loss 6% slower with it than with XLA's (``triton._DH_MIN_WAVE``).
     """
 
     # Row-kernel defaults: the fastest of four tilings timed alone on the H100 at the suite's shapes
@@ -106,13 +101,10 @@ class LinearCrossEntropyConfig:
     dw_gemm: str = "auto"
     logits_gemm: str = "auto"
     dh_gemm: str = "auto"
-    dh_sms: int = 0
 
     def __post_init__(self):
         tu.check_launch_fields(self)  # block_v, num_warps, num_stages
         cls = type(self).__name__
-        if not is_int(self.dh_sms) or self.dh_sms < 0:
-            raise ValueError(f"{cls}.dh_sms: must be a non-negative int, got {self.dh_sms!r}")
         for name in ("chunk_rows", "eval_chunk_rows"):
             rows = getattr(self, name)
             if rows is not None and (not is_int(rows) or rows < 1):

@@ -198,8 +198,8 @@ def _runs_on_mosaic(field: str, choice: str, reason) -> bool:
     if choice == "xla":
         return False
     why = reason()
-    if why and choice != "auto":
-        raise ValueError(f"linear_cross_entropy: {field}={choice!r} cannot run here: {why}")
+    if why and choice == "mosaic":
+        raise ValueError(f"linear_cross_entropy: {field}='mosaic' cannot run here: {why}")
     return why is None
 
 
@@ -261,12 +261,10 @@ def _mosaic_dh_reason(h, w, st: _Static, Bc: int) -> str | None:
                                           names=("chunk_rows", "H", "V"))
 
 
-def _mosaic_dh(h, w, st: _Static, Bc: int, choice: str | None = None) -> bool:
-    """Whether a Bc-row chunk's dh_c runs on the Mosaic GEMM core (``choice``, default config.dh_gemm; ValueError
-    when "mosaic" or "concurrent" cannot)."""
-    choice = choice or st.rows.config.dh_gemm
-    if choice == "concurrent":
-        return _runs_on_mosaic("dh_gemm", choice, lambda: _concurrent_dh_reason(h, w, st, Bc))
+def _mosaic_dh(h, w, st: _Static, Bc: int) -> bool:
+    """Whether a Bc-row chunk's dh_c runs on the Mosaic GEMM core (config.dh_gemm; ValueError when "mosaic"
+    cannot)."""
+    choice = st.rows.config.dh_gemm
     if choice == "auto":
         H, V = w.shape
         config = mosaic_gemm.default_config(Bc, H, V, h.dtype)
@@ -274,44 +272,6 @@ def _mosaic_dh(h, w, st: _Static, Bc: int, choice: str | None = None) -> bool:
         if tiles < _DH_MIN_WAVE * pl.cdiv(tiles, sms) * sms:
             return False
     return _runs_on_mosaic("dh_gemm", choice, lambda: _mosaic_dh_reason(h, w, st, Bc))
-
-
-# The dh GEMM beside the dw update (dh_gemm="concurrent"): two 64x128 accumulators stacked along M, so that a
-# 512 x 2048 chunk has 64 tiles, one per SM of its share.
-_CONCURRENT_DH_CONFIG = mosaic_gemm.MosaicGemmConfig(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m")
-
-
-def _concurrent_dh_reason(h, w, st: _Static, Bc: int) -> str | None:
-    """None when a Bc-row chunk's dh_c can run on the Mosaic core beside its dw update; else the sentence why
-    not."""
-    reason = _mosaic_runtime_reason(st)
-    if reason:
-        return reason
-    if jnp.dtype(h.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) or w.dtype != h.dtype:
-        return f"the Mosaic dh GEMM takes 16-bit h and w of one dtype, got {h.dtype} and {w.dtype}"
-    H, V = w.shape
-    return mosaic_gemm.unsupported_reason(Bc, H, V, _CONCURRENT_DH_CONFIG, names=("chunk_rows", "H", "V"))
-
-
-def _concurrent_dh_sms(H: int, Bc: int, st: _Static) -> int:
-    """SMs of the dh GEMM beside the dw update: config.dh_sms, or one per output tile, at most half the GPU's."""
-    sms = mu.num_sms()
-    if st.rows.config.dh_sms:
-        return min(st.rows.config.dh_sms, sms - 1)
-    cfg = _CONCURRENT_DH_CONFIG
-    return max(1, min((Bc // cfg.cta_m) * (H // cfg.cta_n), sms // 2))
-
-
-def _dh_beside_dw_update(h_c, dl, w, dw, st: _Static):
-    """(dh_c (Bc, H), dw + h_cᵀ dl): the dh GEMM on a second stream and its own SMs, the dw update on the others,
-    both Mosaic kernels, running at the same time."""
-    H = w.shape[0]
-    dh_sms = _concurrent_dh_sms(H, dl.shape[0], st)
-    dh_gemm = functools.partial(mosaic_gemm.matmul, config=_CONCURRENT_DH_CONFIG, transpose_b=True, num_sms=dh_sms)
-    with mu.scheduled_together():
-        dh_c = mu.on_second_stream(dh_gemm, dl, w)
-        dw = mosaic_gemm.matmul(h_c, dl, transpose_a=True, accumulate_into=dw, num_sms=mu.num_sms() - dh_sms)
-    return dh_c, dw
 
 
 def _label_logit(logits, labels):
@@ -330,18 +290,14 @@ class _ChunkPaths:
     dw: bool
     dh: bool
     logits: bool
-    concurrent: bool = False  # dh beside the dw update (``_dh_beside_dw_update``)
 
 
 def _chunk_paths(h, w, st: _Static, wanted: _Wanted, forward: bool, Bc: int, first: bool) -> _ChunkPaths:
-    """The paths of a Bc-row chunk (ValueError where the config asks for "mosaic" or "concurrent" and Bc does not
-    allow it); the first chunk's dw GEMM initializes dw (XLA's, never an update), so its dh runs as "auto"
-    would under "concurrent"."""
-    dw = wanted.dw and not first and _mosaic_dw(h, w, st, Bc)
-    beside = st.rows.config.dh_gemm == "concurrent"
-    concurrent = wanted.dh and beside and _mosaic_dh(h, w, st, Bc) and dw  # no Mosaic dw update: dh as "auto"
-    dh = wanted.dh and (concurrent or _mosaic_dh(h, w, st, Bc, "auto" if beside else None))
-    return _ChunkPaths(dw=dw, dh=dh, logits=forward and _mosaic_logits(h, w, st, Bc), concurrent=concurrent)
+    """The paths of a Bc-row chunk (ValueError where the config asks for "mosaic" and Bc does not allow it); the
+    first chunk's dw GEMM initializes dw (XLA's, never an update)."""
+    return _ChunkPaths(dw=wanted.dw and not first and _mosaic_dw(h, w, st, Bc),
+                       dh=wanted.dh and _mosaic_dh(h, w, st, Bc),
+                       logits=forward and _mosaic_logits(h, w, st, Bc))
 
 
 def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
@@ -382,9 +338,6 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
             dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # (rows, V)
         total = jnp.float32(0.0) if zy is None else jnp.sum(g_c * _row_loss(lse_c, zy, st))
         dh, dw = (None, None) if first else carry[1:]
-        if on.concurrent:
-            dh_c, dw = _dh_beside_dw_update(h_c, dl, w, dw, st)
-            return carry[0] + total, lax.dynamic_update_slice_in_dim(dh, dh_c, start, 0), dw
         if wanted.dh:
             if on.dh:  # (rows, H) = dl wᵀ, w read transposed in SMEM; XLA stores it in dh's rows in place
                 dh_c = mosaic_gemm.matmul(dl, w, transpose_b=True)

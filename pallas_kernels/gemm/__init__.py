@@ -107,8 +107,7 @@ def _check(a, b, transpose_a: bool, transpose_b: bool, out_dtype) -> tuple[int, 
 
 
 def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None, out_dtype=None,
-           transpose_a: bool = False, transpose_b: bool = False, accumulate_into: jax.Array | None = None,
-           num_sms: int | None = None) -> jax.Array:
+           transpose_a: bool = False, transpose_b: bool = False, accumulate_into: jax.Array | None = None) -> jax.Array:
     """a @ b in one Mosaic-GPU kernel, float32 accumulation.
 
     Args:
@@ -118,8 +117,6 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
       out_dtype: default a's dtype (accumulate_into's with one); bfloat16, float16 or float32.
       accumulate_into: None, or an (M, N) array of out_dtype: the result is accumulate_into + a @ b (float32
         sum, rounded once), computed over accumulate_into's buffer when XLA can donate it (a loop carry).
-      num_sms: blocks of the persistent grid (default: one per SM of the GPU); fewer leave SMs to a kernel running
-        beside this one on another stream.
     Returns:
       (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads, with the config's
       tiles; their shapes (M, K) and (K, N) must tile too; accumulate_into's gradient is the cotangent.
@@ -137,17 +134,14 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
     reason = unsupported_reason(M, N, K, config)
     if reason:
         raise ValueError(f"matmul (mosaic): {reason}")
-    if num_sms is not None and (isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
-        raise ValueError(f"num_sms: must be None or a positive int, got {num_sms!r}")
-    static = (config, out_dtype, transpose_a, transpose_b, num_sms, accumulate_into is not None)
-    return _matmul(a, b, accumulate_into, static)
+    return _matmul(a, b, accumulate_into, (config, out_dtype, transpose_a, transpose_b, accumulate_into is not None))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _matmul(a, b, c, static):
-    config, out_dtype, transpose_a, transpose_b, num_sms, _ = static
+    config, out_dtype, transpose_a, transpose_b, _ = static
     return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
-                accumulate_into=c, num_sms=num_sms, name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
+                accumulate_into=c, name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
 
 
 def _matmul_fwd(a, b, c, static):
@@ -160,7 +154,7 @@ def _matmul_bwd(static, saved, g):
 
 
 def _operand_grads(static, saved, g):
-    config, _, transpose_a, transpose_b, _, _ = static  # the gradients take every SM
+    config, _, transpose_a, transpose_b, _ = static
     a, b = saved
     g = g.astype(a.dtype)
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
