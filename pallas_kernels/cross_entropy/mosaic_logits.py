@@ -19,6 +19,8 @@ a multiple of its block's rows (128), V of its columns (128), H of tile_k (64).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -40,12 +42,23 @@ _BLOCK_MAX, _BLOCK_SUMEXP = "block_max", "block_sumexp"
 _CANDIDATES = (mosaic_gemm.CANDIDATES[1], *mosaic_gemm.CANDIDATES)
 
 
+# Tile order: runs of grid_tile_width row tiles (tile_m rows each) along the vocabulary. Runs of 8 lose where a chunk
+# has more than 16 row tiles. The logits GEMM with its statistics alone at H = 4096, V = 32000, µs per 16384 rows,
+# runs of 8 / 4 (benchmarks/scripts/cross_entropy_logits_order.py; benchmarks/results/NOTES.md): 5906 / 6024 at
+# 1024-row chunks, 5711 / 5832 at 1536, 5721 / 5881 at 2048, 7025 / 5920 at 3328 (26 row tiles).
+_LONG_CHUNK_ROW_TILES, _LONG_CHUNK_RUN = 16, 4
+
+
 def config_for(Bc: int, H: int, V: int, dtype) -> mosaic_gemm.MosaicGemmConfig:
     """The GEMM core's config for (Bc, H) @ (H, V): ping-pong 128x128 tiles where they divide the shapes, else the
-    core's default (``gemm.pick_config``). In GPU interpret mode on the CPU the default's: jax 0.10.2's interpreter
-    rejects the ping-pong barriers at 128x128 tiles ("operate on barrier without indexing")."""
+    core's default (``gemm.pick_config``), in runs of 4 row tiles where the chunk has more than 16. In GPU interpret
+    mode on the CPU the default's: jax 0.10.2's interpreter rejects the ping-pong barriers at 128x128 tiles
+    ("operate on barrier without indexing")."""
     del dtype
-    return mosaic_gemm.pick_config(Bc, V, H, mosaic_gemm.CANDIDATES if mu.interpreting() else _CANDIDATES)
+    config = mosaic_gemm.pick_config(Bc, V, H, mosaic_gemm.CANDIDATES if mu.interpreting() else _CANDIDATES)
+    if Bc // config.cta_m > _LONG_CHUNK_ROW_TILES and config.grid_minor == "m":
+        config = dataclasses.replace(config, grid_tile_width=min(config.grid_tile_width, _LONG_CHUNK_RUN))
+    return config
 
 
 def unsupported_reason(Bc: int, H: int, V: int, dtype) -> str | None:
