@@ -270,6 +270,9 @@ def test_mosaic_logits_lower_for_cuda_and_fall_back():
     from pallas_kernels.cross_entropy import mosaic_logits
 
     assert mosaic_logits.config_for(128, H, V, jnp.bfloat16).schedule == "pingpong"  # its epilogue under a K loop
+    # runs of 8 row tiles along the vocabulary, 4 where a chunk has more than 16 row tiles
+    assert [mosaic_logits.config_for(rows, 4096, 32000, jnp.bfloat16).grid_tile_width
+            for rows in (1024, 2048, 2176, 3328)] == [8, 8, 4, 4]
     with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
         for choice in ("mosaic", "auto"):
             assert lowered(grad_fn(choice), *args).count("@mosaic_gpu") == 2, choice  # peeled chunk + loop body

@@ -140,9 +140,10 @@ def chunk_rows_for(B: int, H: int, V: int, dtype, fraction: float = TEMP_FRACTIO
     chunks (a divisor) ran 0.59x and 384-row ones (11 chunks) 0.77x; at the small model's (8192x512x32768) within
     10%, 1024 rows 1.28x and 1664 (5 chunks) 1.33x (benchmarks/results/cross_entropy_chunks_*-h100-5a405ac.json).
     Where the update is compute-bound, fewer chunks won once and lost once, and the divisor stays: at
-    16384x4096x32000 within 10%, 2048 rows (8 chunks) ran 1.074x and 3328 (5 chunks, the last of 3072) 0.975x, its
-    logits GEMMs 7511 against 5710 µs; within 5%, 1024 rows 1.027x and 1536 (11, the last of 1024) 1.043x, both
-    with the dh GEMM ``dh_gemm="auto"`` picks (cross_entropy_chunks_dh_5pct-h100-019d28d.json)."""
+    16384x4096x32000 within 10%, 2048 rows (8 chunks) ran 1.058x and 3328 (5 chunks, the last of 3072) 1.047x
+    (cross_entropy_chunks_3328-h100-c4b6294.json; 0.975x before the logits GEMM's tile order for long chunks);
+    within 5%, 1024 rows 1.027 / 1.026x and 1536 (11, the last of 1024) 1.043 / 1.044x in two runs, both with the dh
+    GEMM ``dh_gemm="auto"`` picks (cross_entropy_chunks_dh_5pct-h100-019d28d.json, -1536_5pct-h100-00f4e6b.json)."""
     s = jnp.dtype(dtype).itemsize
     budget = fraction * B * V * (s + 4) - GEMM_WORKSPACE_BYTES
     limit = max(128, int(budget // ((V + 2 * H) * s)) // 128 * 128)

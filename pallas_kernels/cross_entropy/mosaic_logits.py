@@ -44,8 +44,9 @@ _CANDIDATES = (mosaic_gemm.CANDIDATES[1], *mosaic_gemm.CANDIDATES)
 
 # Tile order: runs of grid_tile_width row tiles (tile_m rows each) along the vocabulary. Runs of 8 lose where a chunk
 # has more than 16 row tiles. The logits GEMM with its statistics alone at H = 4096, V = 32000, µs per 16384 rows,
-# runs of 8 / 4 (benchmarks/scripts/cross_entropy_logits_order.py; benchmarks/results/NOTES.md): 5906 / 6024 at
-# 1024-row chunks, 5711 / 5832 at 1536, 5721 / 5881 at 2048, 7025 / 5920 at 3328 (26 row tiles).
+# runs of 8 / 4 (benchmarks/results/cross_entropy_logits_order-h100-c4b6294.json, `python benchmarks/scripts/
+# cross_entropy_logits_order.py`): 5987 / 6096 at 1024-row chunks, 5791 / 5959 at 2048, 7266 / 5951 at 3328 (26 row
+# tiles); in a run before, 5711 / 5832 at 1536.
 _LONG_CHUNK_ROW_TILES, _LONG_CHUNK_RUN = 16, 4
 
 
