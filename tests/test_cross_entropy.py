@@ -214,6 +214,14 @@ def test_mosaic_logits_with_statistics_match_reference(dtype, reduction, z_loss)
                                         block_sizes={"chunk_rows": 128, "logits_gemm": "mosaic"})
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a long chunk in GPU interpret mode takes minutes on the CPU")
+def test_mosaic_logits_of_a_long_chunk_match_reference():
+    """One chunk of 2304 rows (18 row tiles: the logits GEMM's tiles in runs of 4, ``mosaic_logits.config_for``)
+    against the float32 reference."""
+    _TRITON.check_against_reference(2304, 256, 2048, jnp.bfloat16, reduction="mean",
+                                    block_sizes={"chunk_rows": 2304, "logits_gemm": "mosaic"})
+
+
 def test_mosaic_dh_gemm_matches_reference():
     """dh_c on the Mosaic GEMM core (``dh_gemm="mosaic"``, dlogits times w read transposed), logits and dw too: 3
     chunks of 128 rows (the last sharing 64), against the float32 reference; on the CPU in GPU interpret mode."""
