@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention_fused_bwd import results_file
+from attention_fused_bwd import recorded_row, results_file
 from jaxfuse import bench
 from pallas_kernels.gemm import matmul
 
@@ -52,17 +52,16 @@ def main() -> int:
                                                      preferred_element_type=jnp.bfloat16), B, H, Bc),
         "mosaic": dh_loop(lambda dl, w: matmul(dl, w, transpose_b=True), B, H, Bc),
     }
-    row = dict(shape=args.shape, chunk_rows=Bc)
-    for name, fn in loops.items():
-        hlo = fn.lower(dl, w).compile().as_text()
-        row[name] = dict(dynamic_slice_fusion="dynamic-slice-fusion" in hlo, async_copies=hlo.count("fusion-start"))
-    timings = bench.time_interleaved([(fn, (dl, w)) for fn in loops.values()], iterations=args.iterations)
-    for name, t in zip(loops, timings):
-        top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:6]
-        row[name].update(us=t.median_us, top_kernels=top)
-        print(name, row[name], flush=True)
-    result["timings"].append(row)
-    save()
+    with recorded_row(result, save, dict(shape=args.shape, chunk_rows=Bc)) as row:
+        for name, fn in loops.items():
+            hlo = fn.lower(dl, w).compile().as_text()
+            row[name] = dict(dynamic_slice_fusion="dynamic-slice-fusion" in hlo,
+                             async_copies=hlo.count("fusion-start"))
+        timings = bench.time_interleaved([(fn, (dl, w)) for fn in loops.values()], iterations=args.iterations)
+        for name, t in zip(loops, timings):
+            top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:6]
+            row[name].update(us=t.median_us, top_kernels=top)
+            print(name, row[name], flush=True)
     print("wrote", path)
     return 0
 
