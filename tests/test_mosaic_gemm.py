@@ -14,7 +14,7 @@ import pytest
 from conftest import GPU_TIMEOUT
 from hlo_inspect import mosaic_ir
 from pallas_kernels import mosaic_utils
-from pallas_kernels.gemm import Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes
+from pallas_kernels.gemm import Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes, stream_k
 
 ON_SM90 = mosaic_utils.is_hopper()
 
@@ -407,3 +407,80 @@ def test_every_k_loop_in_interpret_mode(fields, num_sms):
 def test_gradients_in_interpret_mode():
     with mosaic_utils.interpret_on_cpu(num_sms=2):
         _check_grads(128, 128, 128, jnp.float16, config=_TINY)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stream-K: the last rounds' tiles split by K steps (gemm.stream_k)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tiles, blocks, k_iters", [(4096, 132, 64), (1792, 132, 64), (1536, 132, 64), (180, 132, 16),
+                                                    (4, 132, 32), (32, 132, 64), (7, 3, 5), (13, 4, 3), (5, 8, 4)])
+def test_stream_k_plan_sums_every_step_of_every_tile_once(tiles, blocks, k_iters):
+    plan = stream_k.plan_for(tiles, blocks, k_iters)
+    assert plan is not None and plan.rounds < -(-tiles // blocks) - stream_k.MIN_ROUND_SAVED + 1e-9
+    tile_n = 2
+    n_iters = 3 if tiles % 3 == 0 else 1
+    rng = np.random.default_rng(tiles)
+    a = rng.integers(-4, 5, (tiles // n_iters, k_iters)).astype(np.float64)  # 1x1 tiles of (tile_m=1, tile_k=1)
+    b = rng.integers(-4, 5, (k_iters, n_iters * tile_n)).astype(np.float64)
+    order = lambda lin: divmod(tiles - 1 - lin, n_iters)  # noqa: E731 - any order that visits each tile once
+    got = stream_k.emulate(plan, a, b, tile_m=1, tile_n=tile_n, tile_k=1, tile_index=order)
+    np.testing.assert_array_equal(got, a @ b)  # integers: exact, NaN (a tile never written) fails
+    assert max(plan.sources(t)[1] - plan.sources(t)[0] + 1 for t in range(plan.sk_tiles)) <= 2
+
+
+@pytest.mark.parametrize("tiles, blocks, k_iters", [(4224, 132, 64), (256, 132, 512), (130, 132, 1), (263, 132, 64)])
+def test_stream_k_plans_nothing_where_rounds_are_whole_or_nearly(tiles, blocks, k_iters):
+    assert stream_k.plan_for(tiles, blocks, k_iters) is None
+
+
+@pytest.mark.parametrize("fields", [dict(schedule="pingpong"), dict(cluster="m"), dict(pipeline="pallas")])
+def test_stream_k_needs_the_cooperative_own_loop_without_a_cluster(fields):
+    with pytest.raises(ValueError, match=r"MosaicGemmConfig.stream_k: runs on pipeline 'own'"):
+        MosaicGemmConfig(stream_k=True, **fields)
+    with pytest.raises(ValueError, match=r"MosaicGemmConfig.stream_k: must be True or False, got 1"):
+        MosaicGemmConfig(stream_k=1)
+
+
+@cpu_only
+@pytest.mark.parametrize("M, K, N, planned", [(32768, 4096, 4096, True), (33792, 4096, 4096, False)])
+def test_stream_k_lowers_with_semaphores_and_a_workspace_only_where_planned(M, K, N, planned):
+    config = dataclasses.replace(default_config(M, N, K), stream_k=True)
+    fn = lambda a, b: matmul(a, b, config=config)  # noqa: E731
+    (kernel,) = mosaic_ir.lower_kernels(fn, S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
+    assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    assert ("red.release.gpu.global.add" in kernel.text) == planned  # the partial sum's signal
+    assert ("atom.relaxed.gpu.global.cas" in kernel.text) == planned  # the owner's wait
+    text = jax.jit(fn).trace(S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert ("tensor<132x2x64x256xf32>" in text) == planned  # the partial sums' workspace, one per unit and warpgroup
+    assert jax.eval_shape(fn, S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)).shape == (M, N)
+
+
+def test_stream_k_refuses_a_prologue_that_needs_whole_tiles():
+    fusion = Fusion(prologue_step=lambda ctx, a_tile, carry: carry, prologue_init=lambda ctx: (), handoff_rows=0)
+    with pytest.raises(ValueError, match="stream_k splits tiles along K; a fusion with a prologue_step"):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(stream_k=True), out_dtype=jnp.bfloat16,
+                                         fusion=fusion), S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=True)),  # 3 segments/unit
+    (256, 2048, 512, dataclasses.replace(default_config(256, 512, 2048), stream_k=True)),  # 4 tiles, 8 units
+    (4352, 640, 4096, MosaicGemmConfig(delay_release=1, stream_k=True)),  # 17x16 tiles: 2 rounds + 8
+    (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, wg_split="m", stream_k=True)),  # 40 tiles, 80 half-tile units
+])
+def test_stream_k_product_on_the_gpu(M, K, N, config):
+    assert stream_k.plan_for(M // config.cta_m * (N // config.cta_n), mosaic_utils.num_sms(), K // config.tile_k)
+    for _ in range(3):  # the semaphores persist across calls: each call must leave them at zero
+        _check_product(M, K, N, jnp.bfloat16, config=config)
+
+
+@gpu_only
+def test_stream_k_accumulate_into_on_the_gpu():
+    M, K, N = 2304, 1024, 2560
+    config = dataclasses.replace(default_config(M, N, K, accumulate_dtype=jnp.float32), stream_k=True)
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    c = jax.random.normal(_key(), (M, N), jnp.float32)
+    got = jax.jit(lambda a, b, c: matmul(a, b, accumulate_into=c, config=config))(a, b, c)
+    assert _rel_err(got, c + _f32_product(a, b)) <= _tol(jnp.bfloat16, K)

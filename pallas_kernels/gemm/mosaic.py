@@ -57,7 +57,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
-from pallas_kernels.gemm import specialized
+from pallas_kernels.gemm import specialized, stream_k
 from pallas_kernels.gemm.config import PIPELINES, MosaicGemmConfig, smem_bytes, unsupported_reason
 
 __all__ = ["PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes", "unsupported_reason"]
@@ -165,6 +165,8 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     arrays = dict(arrays or {})
     if mu.interpreting() and config.cluster != "none":  # jax's GPU interpreter has no cluster barriers; the
         config = dataclasses.replace(config, cluster="none")  # multicast changes no value, only where tiles load
+    if mu.interpreting() and config.stream_k:  # nor semaphores: tile by tile computes the same sums (the plan's
+        config = dataclasses.replace(config, stream_k=False)  # arithmetic is checked by ``stream_k.emulate``)
     if mu.interpreting() and (transpose_a or transpose_b):  # the CPU interpreter reads no transposed SMEM refs
         a, b = (a.T if transpose_a else a), (b.T if transpose_b else b)
         transpose_a = transpose_b = False
@@ -189,26 +191,32 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     if fusion.store_in is not None and (fusion.store_in not in fusion.tile_inputs
                                         or arrays[fusion.store_in].dtype != jnp.dtype(out_dtype)):
         raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
+    grid = (num_sms or mu.num_sms()) // config.cluster_size
+    plan = None
+    if config.stream_k:
+        if fusion.prologue_step is not None:
+            raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step needs whole tiles")
+        plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k)
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
-                   accumulate_into is not None)
+                   accumulate_into is not None, plan)
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
         body, num_threads = functools.partial(_kernel_body, shape=shape), 3
-    launch = dict(grid=((num_sms or mu.num_sms()) // config.cluster_size,), grid_names=("sm",),
+    launch = dict(grid=(grid,), grid_names=("sm",),
                   num_threads=num_threads, thread_name="wg", name=name, semantics=config.semantics,
                   reduction_scratch_bytes=fusion.reduction_scratch_bytes)
     if config.cluster_size > 1:
         launch.update(cluster=(config.cluster_size,), cluster_names=(_CLUSTER,))
     inputs = [a, b, *[arrays[n] for n in in_names]]
     if accumulate_into is not None:  # the output is the aliased buffer, between the inputs and the other outputs
-        outs, out = mu.kernel_updating(body, out_type=[s for _, s in fusion.outputs], **launch)(
-            *inputs, accumulate_into)
-        return [out, *outs]
-    call = mu.kernel(body, out_type=[jax.ShapeDtypeStruct((M, N), out_dtype), *[s for _, s in fusion.outputs]],
-                     **launch)
-    return list(call(*inputs))
+        outs, out = mu.kernel_updating(body, out_type=[*[s for _, s in fusion.outputs], *shape.workspace_type()],
+                                       **launch)(*inputs, accumulate_into)
+        return [out, *outs[:len(fusion.outputs)]]
+    call = mu.kernel(body, out_type=[jax.ShapeDtypeStruct((M, N), out_dtype), *[s for _, s in fusion.outputs],
+                                     *shape.workspace_type()], **launch)
+    return list(call(*inputs))[:1 + len(fusion.outputs)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +233,7 @@ class _Shape:
     out_dtype: Any
     tile_dtypes: tuple
     accumulates: bool = False  # the output ref is also the tile input ``_ACCUMULATED`` (``accumulate_into``)
+    stream_k: stream_k.StreamKPlan | None = None  # the last rounds' tiles split by K steps (``gemm.stream_k``)
 
     @property
     def iters(self) -> tuple[int, int, int]:
@@ -283,6 +292,16 @@ class _Shape:
             named_in[_ACCUMULATED] = refs[n_in]
         return named_in, refs[n_in], dict(zip(self.out_names, refs[n_in + 1:]))
 
+    def workspace(self, refs):
+        """The stream-K partial sums' GMEM buffer (units, 2, tile_m, tile_n) float32: the output after the fusion's."""
+        return refs[len(self.in_names) + 1 + len(self.out_names)]
+
+    def workspace_type(self) -> list:
+        """[the stream-K workspace's ShapeDtypeStruct], or [] without stream-K."""
+        if self.stream_k is None:
+            return []
+        return [jax.ShapeDtypeStruct((self.stream_k.units, 2, self.cfg.tile_m, self.cfg.tile_n), _F32)]
+
     def tile_context(self, lin, wg, refs_by_name) -> TileContext:
         """Where compute warpgroup ``wg`` works on the lin-th tile step (planar-snake order over CTA tiles, or over
         pairs of them along the cluster axis)."""
@@ -317,12 +336,14 @@ class _Shape:
             plgpu.copy_gmem_to_smem(named_in[n].at[ctx.rows, ctx.cols], scoped["tile_smem"][n].at[ctx.wg],
                                     scoped["tile_barriers"][n].at[ctx.wg])
 
-    def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped) -> None:
-        """After the K loop: the epilogue on the float32 accumulator, the output tile and row vectors stored."""
+    def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped, acc=None) -> None:
+        """After the K loop: the epilogue on the float32 accumulator (``acc``: its value where the caller added to
+        it, e.g. stream-K partial sums), the output tile and row vectors stored."""
         fusion, wg = self.fusion, ctx.wg
-        if self.cfg.delay_release:
-            plgpu.wgmma_wait(0)
-        acc = acc_ref[...]
+        if acc is None:
+            if self.cfg.delay_release:
+                plgpu.wgmma_wait(0)
+            acc = acc_ref[...]
         for n in fusion.tile_inputs:
             plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
         rows_out = {}

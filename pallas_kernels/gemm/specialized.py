@@ -104,15 +104,29 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.tile_m), _F32),
                             handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
 
+    plan = shape.stream_k  # None: every tile whole, round after round
+    round_tiles = shape.cluster_tiles if plan is None else plan.dp_tiles  # tiles run whole by the tile loop
+
     def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
         wg = lax.axis_index("wg")
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
 
         def each_tile(body):
-            @plgpu.nd_loop((shape.cluster_tiles,), collective_axes="sm")
+            if round_tiles == 0:
+                return
+
+            @plgpu.nd_loop((round_tiles,), collective_axes="sm")
             def _tile_loop(loop_info):
                 body(loop_info.index[0], loop_info.local_index, loop_info.num_local_steps)
+
+        if plan is not None:
+            unit = lax.axis_index("sm")  # the block's stream-K unit
+            sk_start, sk_end = plan.unit_range(unit)
+            sk_steps = jnp.where(unit < plan.units, sk_end - sk_start, 0)  # this block's stream-K steps
+            sk_g0 = plan.dp_rounds * k_iters - sk_start  # ring position of stream-K step s: sk_g0 + s
+            semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((plan.units * 2,)))  # (unit, wg): partial ready
+            workspace = shape.workspace(refs)
 
         def drain(barrier, local, num_local, uses_per_tile, num_slots, slot_of_use):
             """In the block's last tile: wait for the last completions of ``barrier`` that no later wait observes
@@ -141,27 +155,41 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         def _memory():
             plgpu.set_max_registers(memory_registers, action="decrease")
 
+            def load_step(lin, k, g):
+                """TMA-loads step k of tile lin into the ring at position g, once its previous use is consumed."""
+                ctx = shape.tile_context(lin, 0, refs_by_name)
+
+                @pl.when(g >= num_stages)
+                def _wait_free():  # the slot's previous step has been consumed (by its owner)
+                    plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
+
+                ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
+                for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, stages, blocks)):
+                    ref = cta(ref, ctx.m_idx, ctx.n_idx)
+                    plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
+                                            smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)],
+                                            collective_axes=shape.multicast(operand))
+
             @each_tile
             def _(lin, local, num_local):
-                ctx = shape.tile_context(lin, 0, refs_by_name)
-                ctas = [cta(ref, ctx.m_idx, ctx.n_idx) for ref, (_, _, cta) in zip(gmem, blocks)]
+                lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, local * k_iters + k), c)[1], ())
+                if plan is None:
+                    drain(consumed, local, num_local, k_iters, num_stages, barrier_of)
 
-                def step(k, _):
-                    g = local * k_iters + k
+            if plan is not None:
+                @pl.when(unit < plan.units)
+                def _stream_k():
+                    def step(s, c):
+                        load_step(plan.dp_tiles + lax.div(s, k_iters), lax.rem(s, k_iters), sk_g0 + s)
+                        return c
 
-                    @pl.when(g >= num_stages)
-                    def _wait_free():  # the slot's previous step has been consumed (by its owner)
-                        plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
+                    lax.fori_loop(sk_start, sk_end, step, ())
 
-                    ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
-                    for operand, (ref, smem, (_, k_axis, _)) in enumerate(zip(ctas, stages, blocks)):
-                        plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
-                                                smem.at[slot_of(local, k)], ready.at[barrier_of(g)],
-                                                collective_axes=shape.multicast(operand))
-                    return ()
-
-                lax.fori_loop(0, k_iters, step, ())
-                drain(consumed, local, num_local, k_iters, num_stages, barrier_of)
+                total = plan.dp_rounds * k_iters + sk_steps  # the block's steps: the last num_stages are drained
+                for j in range(num_stages):
+                    @pl.when(total - num_stages + j >= 0)
+                    def _drain():
+                        plgpu.barrier_wait(consumed.at[barrier_of(total - num_stages + j)])
 
         if has_prologue_wg:
             @pl.when(wg == _PROLOGUE_WG)
@@ -201,32 +229,42 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             delay = cfg.delay_release  # wgmma groups left in flight; their stages are released later
 
+            in_mma = fusion.prologue_init is not None and not has_prologue_wg
+
+            def k_loop(acc_ref, g0, k0, k1):
+                """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released."""
+                def step(k, acc_ref):
+                    g = g0 + k - k0
+                    slot = lax.rem(g, num_stages)
+                    plgpu.barrier_wait(ready.at[barrier_of(g)])
+                    shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
+                    plgpu.wgmma_wait(delay)
+                    if delay:  # the wgmma of step k - delay is complete
+
+                        @pl.when(k - k0 >= delay)
+                        def _release_older():
+                            plgpu.barrier_arrive(consumed.at[barrier_of(g - delay)])
+                    else:
+                        plgpu.barrier_arrive(consumed.at[barrier_of(g)])
+                    return acc_ref
+
+                lax.fori_loop(k0, k1, step, acc_ref)
+                if delay:
+                    plgpu.wgmma_wait(0)
+                    for d in range(delay):  # the last `delay` steps (fewer where the segment is shorter)
+                        last = k1 - k0 - delay + d
+
+                        @pl.when(last >= 0)
+                        def _release_last():
+                            plgpu.barrier_arrive(consumed.at[barrier_of(g0 + last)])
+
             def mma_tile(lin, local):
                 ctx = shape.tile_context(lin, wg, refs_by_name)
                 shape.start_tile(ctx, named_in, scoped)
-                in_mma = fusion.prologue_init is not None and not has_prologue_wg
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
 
                 def acc_scope(acc_ref):
-                    def step(k, acc_ref):
-                        slot, g = slot_of(local, k), local * k_iters + k
-                        plgpu.barrier_wait(ready.at[barrier_of(g)])
-                        shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
-                        plgpu.wgmma_wait(delay)
-                        if delay:  # the wgmma of step k - delay is complete
-
-                            @pl.when(k >= delay)
-                            def _release_older():
-                                plgpu.barrier_arrive(consumed.at[barrier_of(g - delay)])
-                        else:
-                            plgpu.barrier_arrive(consumed.at[barrier_of(g)])
-                        return acc_ref
-
-                    lax.fori_loop(0, k_iters, step, acc_ref)
-                    if delay:
-                        plgpu.wgmma_wait(0)
-                        for last in range(max(0, k_iters - delay), k_iters):
-                            plgpu.barrier_arrive(consumed.at[barrier_of(local * k_iters + last)])
+                    k_loop(acc_ref, local * k_iters, 0, k_iters)
                     carry = hook_carry
                     if has_prologue_wg:
                         plgpu.barrier_wait(handoff_full)
@@ -238,6 +276,40 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
 
+            def sk_segment(j, c):
+                """The unit's j-th stream-K segment: a partial sum stored for the tile's owner, or (the owner) the
+                tile finished with its sources' partial sums."""
+                t, k0, k1 = plan.segment(unit, j)
+                ctx = shape.tile_context(plan.dp_tiles + t, wg, refs_by_name)
+                owner = k0 == 0
+
+                @pl.when(owner)
+                def _prefetch():
+                    shape.start_tile(ctx, named_in, scoped)
+
+                hook_carry = fusion.prologue_init(ctx) if in_mma else ()
+
+                def acc_scope(acc_ref):
+                    k_loop(acc_ref, sk_g0 + t * k_iters + k0, k0, k1)
+
+                    @pl.when(jnp.logical_not(owner))
+                    def _partial():
+                        workspace.at[unit, wg][...] = acc_ref[...]
+                        plgpu.semaphore_signal(semaphores.at[unit * 2 + wg], memory_scope="gpu")
+
+                    @pl.when(owner)
+                    def _finish():
+                        def add(src, acc):
+                            plgpu.semaphore_wait(semaphores.at[src * 2 + wg], 1, memory_scope="gpu")
+                            return acc + mu.load(workspace.at[src, wg], layout=mu.TILE, optimized=False)
+
+                        first, last = plan.sources(t)
+                        acc = lax.fori_loop(first, last + 1, add, acc_ref[...])
+                        shape.finish_tile(ctx, acc_ref, hook_carry, out_gmem, named_out, scoped, acc=acc)
+
+                pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
+                return c
+
             @each_tile
             def _(lin, local, num_local):
                 del num_local
@@ -248,6 +320,11 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 @pl.when(owner_of(local) == wg)
                 def _own_tile():
                     mma_tile(lin, local)
+
+            if plan is not None:
+                @pl.when(unit < plan.units)
+                def _stream_k():
+                    lax.fori_loop(0, plan.num_segments(unit), sk_segment, ())
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # all stores have left shared memory before exit
 

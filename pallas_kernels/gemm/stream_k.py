@@ -1,0 +1,171 @@
+"""Stream-K: the persistent GEMM's last rounds of output tiles spread over all blocks by K steps.
+
+  plan = stream_k.plan_for(tiles=4096, blocks=132, k_iters=64)   # None where whole rounds leave nothing to balance
+  start, end = plan.unit_range(u)           # unit (block) u's K steps in the stream-K region, [start, end)
+  t, k0, k1 = plan.segment(u, j)            # its j-th segment: steps [k0, k1) of stream-K tile t
+  first, last = plan.sources(t)             # the units holding tile t's later segments (their partial sums)
+
+Why: a persistent kernel with P blocks takes ceil(T / P) rounds of CTA tiles, and every round costs the same. On the
+H100 (132 SMs) the core's 128x256 tiles make 4096 tiles at 32768x4096x4096: 31.03 rounds run as 32. Measured there
+(``benchmarks/results/mosaic_gemm_waves-h100-700f5f5.json``, CUPTI): 1387 µs at M = 32768 (32 rounds), 1344 at
+M = 32256 (31 rounds), 1395 at M = 33792 (32 whole rounds, 3% more FLOPs); 4096x4096x14336 (13.6 rounds) took as
+long as 4224x4096x14336 (14). Time is rounds x round time; the last, nearly empty round costs 3% at these shapes,
+all of the gap to cuBLAS at the first one.
+
+The plan: the first ``dp_rounds`` rounds run tile by tile as before (data-parallel), then the remaining
+``sk_tiles`` (one whole round plus the partial one) are cut into their ``sk_tiles · k_iters`` K steps, split evenly
+into contiguous ranges over ``units`` blocks. A tile whose steps fall in two (or more) ranges is finished by its
+*owner*, the unit holding its first step: every other unit stores its float32 partial accumulator (its first
+segment, the only one that can start mid-tile) to a global workspace and signals a semaphore; the owner, after its
+own segment, waits for those signals, adds the partials and runs the epilogue. A unit does its non-owner segment
+first and waits only in its last, so no unit waits for one that waits: with one block per SM, all co-resident, it
+cannot deadlock. Ranges of at least half a tile (``units`` <= 2 · sk_tiles) keep the sources of a tile to two or
+three units.
+
+Integer helpers take Python ints (tests, the plan's static facts) or traced int32 scalars (inside the kernel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from jax import lax
+
+__all__ = ["StreamKPlan", "emulate", "plan_for"]
+
+MIN_ROUND_SAVED = 0.1  # plan only where the balanced schedule saves at least this fraction of a round
+
+
+def _div(a, b):
+    return a // b if isinstance(a, int) and isinstance(b, int) else lax.div(a, b)
+
+
+def _min(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else lax.min(a, b)
+
+
+def _max(a, b):
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else lax.max(a, b)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamKPlan:
+    """The static schedule of one persistent GEMM: ``tiles`` CTA tiles of ``k_iters`` K steps on ``blocks`` blocks.
+
+    dp_rounds: rounds run tile by tile first (tiles [0, dp_rounds · blocks) in the kernel's tile order);
+    units: blocks taking part in the stream-K phase (unit u = block u; the others only run the rounds).
+    """
+
+    tiles: int
+    blocks: int
+    k_iters: int
+    dp_rounds: int
+    units: int
+
+    @property
+    def dp_tiles(self) -> int:
+        return self.dp_rounds * self.blocks
+
+    @property
+    def sk_tiles(self) -> int:
+        """Tiles of the stream-K phase (its tile t is the kernel's tile dp_tiles + t)."""
+        return self.tiles - self.dp_tiles
+
+    @property
+    def sk_steps(self) -> int:
+        return self.sk_tiles * self.k_iters
+
+    def unit_range(self, u):
+        """[start, end): unit u's steps of the stream-K phase (step s is step s % k_iters of tile s // k_iters)."""
+        return _div(u * self.sk_steps, self.units), _div((u + 1) * self.sk_steps, self.units)
+
+    def unit_of(self, s):
+        """The unit whose range holds stream-K step s: the largest u with u · sk_steps // units <= s."""
+        return _div((s + 1) * self.units - 1, self.sk_steps)
+
+    def num_segments(self, u):
+        """Tiles unit u's range touches (one segment each)."""
+        start, end = self.unit_range(u)
+        return _div(end - 1, self.k_iters) - _div(start, self.k_iters) + 1
+
+    def segment(self, u, j):
+        """(t, k0, k1): unit u's j-th segment, steps [k0, k1) of stream-K tile t (j < num_segments(u)). k0 > 0
+        only for j = 0: a partial sum for the tile's owner; k0 == 0 makes u the owner of tile t."""
+        start, end = self.unit_range(u)
+        t = _div(start, self.k_iters) + j
+        return t, _max(start - t * self.k_iters, 0), _min(end - t * self.k_iters, self.k_iters)
+
+    def sources(self, t):
+        """(first, last): the units after tile t's owner that hold its later segments, first..last inclusive
+        (none when last < first: the owner's range holds the whole tile)."""
+        return self.unit_of(t * self.k_iters) + 1, self.unit_of((t + 1) * self.k_iters - 1)
+
+    @property
+    def max_segments(self) -> int:
+        return max(self.num_segments(u) for u in range(self.units))
+
+    @property
+    def rounds(self) -> float:
+        """The schedule's length in rounds of whole tiles: dp_rounds plus the longest unit range."""
+        return self.dp_rounds + max(e - s for s, e in map(self.unit_range, range(self.units))) / self.k_iters
+
+
+def plan_for(tiles: int, blocks: int, k_iters: int) -> StreamKPlan | None:
+    """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks, or
+    None where tile by tile loses less than ``MIN_ROUND_SAVED`` of a round (whole rounds, a last round nearly full)."""
+    if min(tiles, blocks, k_iters) <= 0:
+        raise ValueError(f"tiles, blocks, k_iters: must be positive, got {tiles}, {blocks}, {k_iters}")
+    full, rest = divmod(tiles, blocks)
+    if rest == 0 or k_iters < 2:
+        return None
+    dp_rounds = max(full - 1, 0)
+    sk_tiles = tiles - dp_rounds * blocks
+    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds, units=min(blocks, 2 * sk_tiles))
+    if -(-tiles // blocks) - plan.rounds < MIN_ROUND_SAVED:
+        return None
+    return plan
+
+
+def emulate(plan: StreamKPlan, a: np.ndarray, b: np.ndarray, tile_m: int, tile_n: int, tile_k: int,
+            tile_index) -> np.ndarray:
+    """a @ b (float64) computed the way the kernel schedules it: the rounds' tiles whole, the stream-K tiles as
+    their owners' segments plus the partial sums of their sources. ``tile_index(lin) -> (m_idx, n_idx)``: the
+    kernel's tile order. A check of the plan's arithmetic (every step of every tile summed once), for tests."""
+    out = np.full((a.shape[0], b.shape[1]), np.nan)
+
+    def product(lin, k0, k1):
+        m, n = tile_index(lin)
+        rows, cols, ks = slice(m * tile_m, (m + 1) * tile_m), slice(n * tile_n, (n + 1) * tile_n), \
+            slice(k0 * tile_k, k1 * tile_k)
+        return (m, n), a[rows, ks].astype(np.float64) @ b[ks, cols].astype(np.float64)
+
+    def put(mn, value):
+        m, n = mn
+        assert np.isnan(out[m * tile_m:(m + 1) * tile_m, n * tile_n:(n + 1) * tile_n]).all(), "tile written twice"
+        out[m * tile_m:(m + 1) * tile_m, n * tile_n:(n + 1) * tile_n] = value
+
+    for lin in range(plan.dp_tiles):
+        put(*product(lin, 0, plan.k_iters))
+    partials = {}
+    for u in range(plan.units):
+        for j in range(plan.num_segments(u)):
+            t, k0, k1 = plan.segment(u, j)
+            if k0 > 0:
+                assert j == 0 and u not in partials, "a unit stores one partial sum, from its first segment"
+                partials[u] = t, product(plan.dp_tiles + t, k0, k1)[1]
+    for u in range(plan.units):
+        for j in range(plan.num_segments(u)):
+            t, k0, k1 = plan.segment(u, j)
+            if k0 == 0:
+                mn, acc = product(plan.dp_tiles + t, k0, k1)
+                first, last = plan.sources(t)
+                assert (last >= first) == (k1 < plan.k_iters)
+                for src in range(first, last + 1):
+                    assert src > u, "an owner waits only for later units (which never wait before they signal)"
+                    src_tile, partial = partials.pop(src)
+                    assert src_tile == t, f"unit {src} holds a partial sum of tile {src_tile}, not {t}"
+                    acc = acc + partial
+                put(mn, acc)
+    assert not partials, f"partial sums nobody added: units {sorted(partials)}"
+    return out
