@@ -414,8 +414,14 @@ def test_gradients_in_interpret_mode():
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("tiles, blocks, k_iters", [(4096, 132, 64), (1792, 132, 64), (1536, 132, 64), (180, 132, 16),
                                                     (4, 132, 32), (32, 132, 64), (7, 3, 5), (13, 4, 3), (5, 8, 4)])
-def test_stream_k_plan_sums_every_step_of_every_tile_once(tiles, blocks, k_iters):
-    plan = stream_k.plan_for(tiles, blocks, k_iters)
+@pytest.mark.parametrize("align", [1, 4])
+def test_stream_k_plan_sums_every_step_of_every_tile_once(tiles, blocks, k_iters, align):
+    plan = stream_k.plan_for(tiles, blocks, k_iters, align)
+    if plan is None:  # ranges on multiples of 4 steps saved too little of a round
+        assert align > 1 and stream_k.plan_for(tiles, blocks, k_iters) is not None
+        return
+    starts = [plan.unit_range(u)[0] for u in range(plan.units)]
+    assert all(s % plan.align == 0 for s in starts) and k_iters % plan.align == 0
     assert plan is not None and plan.rounds < -(-tiles // blocks) - stream_k.MIN_ROUND_SAVED + 1e-9
     tile_n = 2
     n_iters = 3 if tiles % 3 == 0 else 1
@@ -436,15 +442,15 @@ def test_stream_k_plans_nothing_where_rounds_are_whole_or_nearly(tiles, blocks, 
 @pytest.mark.parametrize("fields", [dict(schedule="pingpong"), dict(cluster="m"), dict(pipeline="pallas")])
 def test_stream_k_needs_the_cooperative_own_loop_without_a_cluster(fields):
     with pytest.raises(ValueError, match=r"MosaicGemmConfig.stream_k: runs on pipeline 'own'"):
-        MosaicGemmConfig(stream_k=True, **fields)
-    with pytest.raises(ValueError, match=r"MosaicGemmConfig.stream_k: must be True or False, got 1"):
-        MosaicGemmConfig(stream_k=1)
+        MosaicGemmConfig(stream_k=1, **fields)
+    with pytest.raises(ValueError, match=r"MosaicGemmConfig.stream_k: must be a non-negative int, got -1"):
+        MosaicGemmConfig(stream_k=-1)
 
 
 @cpu_only
 @pytest.mark.parametrize("M, K, N, planned", [(32768, 4096, 4096, True), (33792, 4096, 4096, False)])
 def test_stream_k_lowers_with_semaphores_and_a_workspace_only_where_planned(M, K, N, planned):
-    config = dataclasses.replace(default_config(M, N, K), stream_k=True)
+    config = dataclasses.replace(default_config(M, N, K), stream_k=1)
     fn = lambda a, b: matmul(a, b, config=config)  # noqa: E731
     (kernel,) = mosaic_ir.lower_kernels(fn, S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
     assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
@@ -459,19 +465,21 @@ def test_stream_k_lowers_with_semaphores_and_a_workspace_only_where_planned(M, K
 def test_stream_k_refuses_a_prologue_that_needs_whole_tiles():
     fusion = Fusion(prologue_step=lambda ctx, a_tile, carry: carry, prologue_init=lambda ctx: (), handoff_rows=0)
     with pytest.raises(ValueError, match="stream_k splits tiles along K; a fusion with a prologue_step"):
-        jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(stream_k=True), out_dtype=jnp.bfloat16,
+        jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(stream_k=1), out_dtype=jnp.bfloat16,
                                          fusion=fusion), S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
 
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N, config", [
-    (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=True)),  # 3 segments/unit
-    (256, 2048, 512, dataclasses.replace(default_config(256, 512, 2048), stream_k=True)),  # 4 tiles, 8 units
-    (4352, 640, 4096, MosaicGemmConfig(delay_release=1, stream_k=True)),  # 17x16 tiles: 2 rounds + 8
-    (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, wg_split="m", stream_k=True)),  # 40 tiles, 80 half-tile units
+    (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=1)),  # 3 segments/unit
+    (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=4)),  # ranges start on 4s
+    (256, 2048, 512, dataclasses.replace(default_config(256, 512, 2048), stream_k=1)),  # 4 tiles, 8 units
+    (4352, 640, 4096, MosaicGemmConfig(delay_release=1, stream_k=1)),  # 17x16 tiles: 2 rounds + 8
+    (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, wg_split="m", stream_k=16)),  # 40 tiles, 80 half-tile units
 ])
 def test_stream_k_product_on_the_gpu(M, K, N, config):
-    assert stream_k.plan_for(M // config.cta_m * (N // config.cta_n), mosaic_utils.num_sms(), K // config.tile_k)
+    assert stream_k.plan_for(M // config.cta_m * (N // config.cta_n), mosaic_utils.num_sms(), K // config.tile_k,
+                             config.stream_k)
     for _ in range(3):  # the semaphores persist across calls: each call must leave them at zero
         _check_product(M, K, N, jnp.bfloat16, config=config)
 
@@ -479,7 +487,7 @@ def test_stream_k_product_on_the_gpu(M, K, N, config):
 @gpu_only
 def test_stream_k_accumulate_into_on_the_gpu():
     M, K, N = 2304, 1024, 2560
-    config = dataclasses.replace(default_config(M, N, K, accumulate_dtype=jnp.float32), stream_k=True)
+    config = dataclasses.replace(default_config(M, N, K, accumulate_dtype=jnp.float32), stream_k=1)
     a, b = _operands(M, K, N, jnp.bfloat16)
     c = jax.random.normal(_key(), (M, N), jnp.float32)
     got = jax.jit(lambda a, b, c: matmul(a, b, accumulate_into=c, config=config))(a, b, c)

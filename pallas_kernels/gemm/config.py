@@ -71,9 +71,10 @@ class MosaicGemmConfig:
         each block's memory warpgroup loads half of each B tile and TMA multicasts it into both blocks' shared
         memory) or along "n" (they share A's). Halves the L2 reads of the shared operand; a stage is refilled only
         once both blocks' consumers have released it (a cluster barrier). Pipeline "own" only.
-      stream_k: where the tiles leave the persistent grid's last round part-empty, run the last rounds' tiles
-        spread over all blocks by K steps (``gemm.stream_k``: partial sums through a float32 workspace and global
-        semaphores). Pipeline "own", schedule "cooperative", no cluster.
+      stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run the last
+        rounds' tiles spread over all blocks by K steps (``gemm.stream_k``: partial sums through a float32
+        workspace and global semaphores), each block's range starting on a multiple of stream_k steps (1:
+        anywhere). Pipeline "own", schedule "cooperative", no cluster.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -92,7 +93,7 @@ class MosaicGemmConfig:
     mma_registers: int = 0
     schedule: str = "cooperative"
     cluster: str = "none"
-    stream_k: bool = False
+    stream_k: int = 0
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -120,7 +121,6 @@ class MosaicGemmConfig:
              "0 (automatic) or a multiple of 8 in [160, 232]"),
             ("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}"),
             ("cluster", self.cluster in CLUSTERS, f"one of {CLUSTERS}"),
-            ("stream_k", isinstance(self.stream_k, bool), "True or False"),
         ]
         for name, ok, allowed in checks:
             if not ok:

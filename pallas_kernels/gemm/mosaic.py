@@ -166,7 +166,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     if mu.interpreting() and config.cluster != "none":  # jax's GPU interpreter has no cluster barriers; the
         config = dataclasses.replace(config, cluster="none")  # multicast changes no value, only where tiles load
     if mu.interpreting() and config.stream_k:  # nor semaphores: tile by tile computes the same sums (the plan's
-        config = dataclasses.replace(config, stream_k=False)  # arithmetic is checked by ``stream_k.emulate``)
+        config = dataclasses.replace(config, stream_k=0)  # arithmetic is checked by ``stream_k.emulate``)
     if mu.interpreting() and (transpose_a or transpose_b):  # the CPU interpreter reads no transposed SMEM refs
         a, b = (a.T if transpose_a else a), (b.T if transpose_b else b)
         transpose_a = transpose_b = False
@@ -196,7 +196,8 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     if config.stream_k:
         if fusion.prologue_step is not None:
             raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step needs whole tiles")
-        plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k)
+        plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k,
+                                 align=config.stream_k)
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
                    accumulate_into is not None, plan)

@@ -28,6 +28,7 @@ Integer helpers take Python ints (tests, the plan's static facts) or traced int3
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from jax import lax
@@ -62,6 +63,7 @@ class StreamKPlan:
     k_iters: int
     dp_rounds: int
     units: int
+    align: int = 1  # ranges start on multiples of this many steps (a divisor of k_iters)
 
     @property
     def dp_tiles(self) -> int:
@@ -76,13 +78,20 @@ class StreamKPlan:
     def sk_steps(self) -> int:
         return self.sk_tiles * self.k_iters
 
+    @property
+    def chunks(self) -> int:
+        """The stream-K phase in chunks of ``align`` steps, the units' share."""
+        return self.sk_steps // self.align
+
     def unit_range(self, u):
-        """[start, end): unit u's steps of the stream-K phase (step s is step s % k_iters of tile s // k_iters)."""
-        return _div(u * self.sk_steps, self.units), _div((u + 1) * self.sk_steps, self.units)
+        """[start, end): unit u's steps of the stream-K phase (step s is step s % k_iters of tile s // k_iters);
+        its chunks [u · chunks // units, (u + 1) · chunks // units)."""
+        return (_div(u * self.chunks, self.units) * self.align,
+                _div((u + 1) * self.chunks, self.units) * self.align)
 
     def unit_of(self, s):
-        """The unit whose range holds stream-K step s: the largest u with u · sk_steps // units <= s."""
-        return _div((s + 1) * self.units - 1, self.sk_steps)
+        """The unit whose range holds stream-K step s: the largest u with u · chunks // units <= s // align."""
+        return _div((_div(s, self.align) + 1) * self.units - 1, self.chunks)
 
     def num_segments(self, u):
         """Tiles unit u's range touches (one segment each)."""
@@ -111,17 +120,19 @@ class StreamKPlan:
         return self.dp_rounds + max(e - s for s, e in map(self.unit_range, range(self.units))) / self.k_iters
 
 
-def plan_for(tiles: int, blocks: int, k_iters: int) -> StreamKPlan | None:
-    """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks, or
-    None where tile by tile loses less than ``MIN_ROUND_SAVED`` of a round (whole rounds, a last round nearly full)."""
-    if min(tiles, blocks, k_iters) <= 0:
-        raise ValueError(f"tiles, blocks, k_iters: must be positive, got {tiles}, {blocks}, {k_iters}")
+def plan_for(tiles: int, blocks: int, k_iters: int, align: int = 1) -> StreamKPlan | None:
+    """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks, its
+    ranges starting on multiples of gcd(align, k_iters) steps; or None where tile by tile loses less than
+    ``MIN_ROUND_SAVED`` of a round (whole rounds, a last round nearly full)."""
+    if min(tiles, blocks, k_iters, align) <= 0:
+        raise ValueError(f"tiles, blocks, k_iters, align: must be positive, got {tiles}, {blocks}, {k_iters}, {align}")
     full, rest = divmod(tiles, blocks)
     if rest == 0 or k_iters < 2:
         return None
     dp_rounds = max(full - 1, 0)
     sk_tiles = tiles - dp_rounds * blocks
-    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds, units=min(blocks, 2 * sk_tiles))
+    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds, units=min(blocks, 2 * sk_tiles),
+                       align=math.gcd(align, k_iters))
     if -(-tiles // blocks) - plan.rounds < MIN_ROUND_SAVED:
         return None
     return plan
