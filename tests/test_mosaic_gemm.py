@@ -414,15 +414,13 @@ def test_gradients_in_interpret_mode():
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("tiles, blocks, k_iters", [(4096, 132, 64), (1792, 132, 64), (1536, 132, 64), (180, 132, 16),
                                                     (4, 132, 32), (32, 132, 64), (7, 3, 5), (13, 4, 3), (5, 8, 4)])
-@pytest.mark.parametrize("align", [1, 4])
-def test_stream_k_plan_sums_every_step_of_every_tile_once(tiles, blocks, k_iters, align):
-    plan = stream_k.plan_for(tiles, blocks, k_iters, align)
-    if plan is None:  # ranges on multiples of 4 steps saved too little of a round
-        assert align > 1 and stream_k.plan_for(tiles, blocks, k_iters) is not None
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_stream_k_plan_sums_every_step_of_every_tile_once(tiles, blocks, k_iters, split):
+    plan = stream_k.plan_for(tiles, blocks, k_iters, split)
+    if plan is None:  # too few units per tile to save MIN_ROUND_SAVED of the last round
+        assert split == 1 or tiles % blocks > blocks // split
         return
-    starts = [plan.unit_range(u)[0] for u in range(plan.units)]
-    assert all(s % plan.align == 0 for s in starts) and k_iters % plan.align == 0
-    assert plan is not None and plan.rounds < -(-tiles // blocks) - stream_k.MIN_ROUND_SAVED + 1e-9
+    assert plan.dp_rounds == tiles // blocks and plan.rounds <= tiles // blocks + 1 - stream_k.MIN_ROUND_SAVED
     tile_n = 2
     n_iters = 3 if tiles % 3 == 0 else 1
     rng = np.random.default_rng(tiles)
@@ -431,7 +429,7 @@ def test_stream_k_plan_sums_every_step_of_every_tile_once(tiles, blocks, k_iters
     order = lambda lin: divmod(tiles - 1 - lin, n_iters)  # noqa: E731 - any order that visits each tile once
     got = stream_k.emulate(plan, a, b, tile_m=1, tile_n=tile_n, tile_k=1, tile_index=order)
     np.testing.assert_array_equal(got, a @ b)  # integers: exact, NaN (a tile never written) fails
-    assert max(plan.sources(t)[1] - plan.sources(t)[0] + 1 for t in range(plan.sk_tiles)) <= 2
+    assert max(plan.sources(t)[1] - plan.sources(t)[0] + 1 for t in range(plan.sk_tiles)) <= split
 
 
 @pytest.mark.parametrize("tiles, blocks, k_iters", [(4224, 132, 64), (256, 132, 512), (130, 132, 1), (263, 132, 64)])
@@ -450,7 +448,7 @@ def test_stream_k_needs_the_cooperative_own_loop_without_a_cluster(fields):
 @cpu_only
 @pytest.mark.parametrize("M, K, N, planned", [(32768, 4096, 4096, True), (33792, 4096, 4096, False)])
 def test_stream_k_lowers_with_semaphores_and_a_workspace_only_where_planned(M, K, N, planned):
-    config = dataclasses.replace(default_config(M, N, K), stream_k=1)
+    config = dataclasses.replace(default_config(M, N, K), stream_k=4)
     fn = lambda a, b: matmul(a, b, config=config)  # noqa: E731
     (kernel,) = mosaic_ir.lower_kernels(fn, S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
     assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
@@ -458,7 +456,7 @@ def test_stream_k_lowers_with_semaphores_and_a_workspace_only_where_planned(M, K
     assert ("atom.relaxed.gpu.global.cas" in kernel.text) == planned  # the owner's wait
     text = jax.jit(fn).trace(S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)).lower(
         lowering_platforms=("cuda",)).as_text()
-    assert ("tensor<132x2x64x256xf32>" in text) == planned  # the partial sums' workspace, one per unit and warpgroup
+    assert ("tensor<16x2x64x256xf32>" in text) == planned  # the partial sums' workspace: 4 tiles on 16 units
     assert jax.eval_shape(fn, S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)).shape == (M, N)
 
 
@@ -471,11 +469,11 @@ def test_stream_k_refuses_a_prologue_that_needs_whole_tiles():
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N, config", [
-    (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=1)),  # 3 segments/unit
-    (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=4)),  # ranges start on 4s
-    (256, 2048, 512, dataclasses.replace(default_config(256, 512, 2048), stream_k=1)),  # 4 tiles, 8 units
-    (4352, 640, 4096, MosaicGemmConfig(delay_release=1, stream_k=1)),  # 17x16 tiles: 2 rounds + 8
-    (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, wg_split="m", stream_k=16)),  # 40 tiles, 80 half-tile units
+    (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=4)),  # 180 tiles: 48 split
+    (256, 2048, 512, dataclasses.replace(default_config(256, 512, 2048), stream_k=4)),  # 4 tiles on 16 units
+    (4352, 640, 4096, MosaicGemmConfig(delay_release=1, stream_k=2)),  # 17x16 tiles: 2 rounds + 8 on 16 units
+    (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, wg_split="m", stream_k=3)),  # 40 tiles, 120 units
+    (5120, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", stream_k=1)),  # 128 tiles, 127 whole
 ])
 def test_stream_k_product_on_the_gpu(M, K, N, config):
     assert stream_k.plan_for(M // config.cta_m * (N // config.cta_n), mosaic_utils.num_sms(), K // config.tile_k,

@@ -59,9 +59,7 @@ CONFIGS = {
     "64x256_m_cluster_n": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", cluster="n"),
     # stream-K: the last rounds' tiles split by K steps over all blocks (gemm.stream_k)
     **{f"64x256_m_minor_m_stream_k{s}": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m",
-                                                             grid_minor="m", stream_k=s) for s in (1, 4, 8, 16, 32)},
-    **{f"64x256_m_stream_k{s}": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", stream_k=s)
-       for s in (1, 8, 16)},
+                                                             grid_minor="m", stream_k=s) for s in (1, 2, 4, 8)},
     "default_cluster_m": dataclasses.replace(BASE, cluster="m"),
     "default_cluster_n": dataclasses.replace(BASE, cluster="n"),
     "pingpong_128x128_s6_delay1_minor_m_cluster_m": dataclasses.replace(BASE, schedule="pingpong", num_stages=6,

@@ -71,10 +71,9 @@ class MosaicGemmConfig:
         each block's memory warpgroup loads half of each B tile and TMA multicasts it into both blocks' shared
         memory) or along "n" (they share A's). Halves the L2 reads of the shared operand; a stage is refilled only
         once both blocks' consumers have released it (a cluster barrier). Pipeline "own" only.
-      stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run the last
-        rounds' tiles spread over all blocks by K steps (``gemm.stream_k``: partial sums through a float32
-        workspace and global semaphores), each block's range starting on a multiple of stream_k steps (1:
-        anywhere). Pipeline "own", schedule "cooperative", no cluster.
+      stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run that round's
+        tiles spread over up to stream_k blocks each by K steps (``gemm.stream_k``: partial sums through a float32
+        workspace and global semaphores). Pipeline "own", schedule "cooperative", no cluster.
     The defaults are the H100 measurements' winners (module docstring).
     """
 

@@ -197,7 +197,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         if fusion.prologue_step is not None:
             raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step needs whole tiles")
         plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k,
-                                 align=config.stream_k)
+                                 split=config.stream_k)
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
                    accumulate_into is not None, plan)

@@ -12,15 +12,20 @@ M = 32256 (31 rounds), 1395 at M = 33792 (32 whole rounds, 3% more FLOPs); 4096x
 long as 4224x4096x14336 (14). Time is rounds x round time; the last, nearly empty round costs 3% at these shapes,
 all of the gap to cuBLAS at the first one.
 
-The plan: the first ``dp_rounds`` rounds run tile by tile as before (data-parallel), then the remaining
-``sk_tiles`` (one whole round plus the partial one) are cut into their ``sk_tiles · k_iters`` K steps, split evenly
-into contiguous ranges over ``units`` blocks. A tile whose steps fall in two (or more) ranges is finished by its
-*owner*, the unit holding its first step: every other unit stores its float32 partial accumulator (its first
-segment, the only one that can start mid-tile) to a global workspace and signals a semaphore; the owner, after its
-own segment, waits for those signals, adds the partials and runs the epilogue. A unit does its non-owner segment
-first and waits only in its last, so no unit waits for one that waits: with one block per SM, all co-resident, it
-cannot deadlock. Ranges of at least half a tile (``units`` <= 2 · sk_tiles) keep the sources of a tile to two or
-three units.
+The plan: the whole rounds run tile by tile as before (data-parallel: all blocks at the same K step, sharing
+their operands' slices in L2), then the last round's ``sk_tiles`` are cut into their ``sk_tiles · k_iters`` K steps,
+split evenly into contiguous ranges over ``units`` blocks (at most ``split`` per tile). A tile whose steps fall in
+two or more ranges is finished by its *owner*, the unit holding its first step: every other unit stores its float32
+partial accumulator (its first segment, the only one that can start mid-tile) to a global workspace and signals a
+semaphore; the owner, after its own segment, waits for those signals, adds the partials and runs the epilogue. A
+unit does its non-owner segment first and waits only in its last, so no unit waits for one that waits: with one
+block per SM, all co-resident, it cannot deadlock.
+
+Measured and dropped (``mosaic_gemm_stream_k-h100-*.json``): taking the last whole round into the stream-K phase
+too (every unit 1-2 tiles' worth of steps, as stream-K is usually drawn) made that phase's steps up to twice as
+slow as the rounds' (4096x4096x14336: 667 against 605 µs tile by tile). The units then work at different K steps,
+so the L2 no longer serves one slice of an operand to the blocks that share it; ranges starting on multiples of
+4-16 steps did not bring it back (652 µs at 16).
 
 Integer helpers take Python ints (tests, the plan's static facts) or traced int32 scalars (inside the kernel).
 """
@@ -28,7 +33,6 @@ Integer helpers take Python ints (tests, the plan's static facts) or traced int3
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 from jax import lax
@@ -63,7 +67,6 @@ class StreamKPlan:
     k_iters: int
     dp_rounds: int
     units: int
-    align: int = 1  # ranges start on multiples of this many steps (a divisor of k_iters)
 
     @property
     def dp_tiles(self) -> int:
@@ -78,20 +81,13 @@ class StreamKPlan:
     def sk_steps(self) -> int:
         return self.sk_tiles * self.k_iters
 
-    @property
-    def chunks(self) -> int:
-        """The stream-K phase in chunks of ``align`` steps, the units' share."""
-        return self.sk_steps // self.align
-
     def unit_range(self, u):
-        """[start, end): unit u's steps of the stream-K phase (step s is step s % k_iters of tile s // k_iters);
-        its chunks [u · chunks // units, (u + 1) · chunks // units)."""
-        return (_div(u * self.chunks, self.units) * self.align,
-                _div((u + 1) * self.chunks, self.units) * self.align)
+        """[start, end): unit u's steps of the stream-K phase (step s is step s % k_iters of tile s // k_iters)."""
+        return _div(u * self.sk_steps, self.units), _div((u + 1) * self.sk_steps, self.units)
 
     def unit_of(self, s):
-        """The unit whose range holds stream-K step s: the largest u with u · chunks // units <= s // align."""
-        return _div((_div(s, self.align) + 1) * self.units - 1, self.chunks)
+        """The unit whose range holds stream-K step s: the largest u with u · sk_steps // units <= s."""
+        return _div((s + 1) * self.units - 1, self.sk_steps)
 
     def num_segments(self, u):
         """Tiles unit u's range touches (one segment each)."""
@@ -120,19 +116,17 @@ class StreamKPlan:
         return self.dp_rounds + max(e - s for s, e in map(self.unit_range, range(self.units))) / self.k_iters
 
 
-def plan_for(tiles: int, blocks: int, k_iters: int, align: int = 1) -> StreamKPlan | None:
-    """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks, its
-    ranges starting on multiples of gcd(align, k_iters) steps; or None where tile by tile loses less than
-    ``MIN_ROUND_SAVED`` of a round (whole rounds, a last round nearly full)."""
-    if min(tiles, blocks, k_iters, align) <= 0:
-        raise ValueError(f"tiles, blocks, k_iters, align: must be positive, got {tiles}, {blocks}, {k_iters}, {align}")
+def plan_for(tiles: int, blocks: int, k_iters: int, split: int = 4) -> StreamKPlan | None:
+    """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks: the
+    last, part-empty round's tiles on at most ``split`` units per tile (a tile's K steps fall into at most split + 1
+    ranges); or None where tile by tile loses less than ``MIN_ROUND_SAVED`` of a round (whole rounds, a last round
+    nearly full)."""
+    if min(tiles, blocks, k_iters, split) <= 0:
+        raise ValueError(f"tiles, blocks, k_iters, split: must be positive, got {tiles}, {blocks}, {k_iters}, {split}")
     full, rest = divmod(tiles, blocks)
     if rest == 0 or k_iters < 2:
         return None
-    dp_rounds = max(full - 1, 0)
-    sk_tiles = tiles - dp_rounds * blocks
-    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds, units=min(blocks, 2 * sk_tiles),
-                       align=math.gcd(align, k_iters))
+    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds=full, units=min(blocks, split * rest))
     if -(-tiles // blocks) - plan.rounds < MIN_ROUND_SAVED:
         return None
     return plan
