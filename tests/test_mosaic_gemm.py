@@ -473,7 +473,7 @@ def test_stream_k_refuses_a_prologue_that_needs_whole_tiles():
     (256, 2048, 512, dataclasses.replace(default_config(256, 512, 2048), stream_k=4)),  # 4 tiles on 16 units
     (4352, 640, 4096, MosaicGemmConfig(delay_release=1, stream_k=2)),  # 17x16 tiles: 2 rounds + 8 on 16 units
     (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, wg_split="m", stream_k=3)),  # 40 tiles, 120 units
-    (5120, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", stream_k=1)),  # 128 tiles, 127 whole
+    (2816, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", stream_k=2)),  # 2 rounds + 88 tiles
 ])
 def test_stream_k_product_on_the_gpu(M, K, N, config):
     assert stream_k.plan_for(M // config.cta_m * (N // config.cta_n), mosaic_utils.num_sms(), K // config.tile_k,
