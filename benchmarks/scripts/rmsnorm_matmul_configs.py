@@ -27,7 +27,7 @@ from jaxfuse.suites import rmsnorm_matmul as suite
 from pallas_kernels.norm_matmul import config as nm_config
 
 # name -> changes to the default Mosaic config (forward tiles with wg_split "n" where the statistics warpgroup runs;
-# "forward": changes to the forward GEMM's config). A fourth warpgroup writing x ⊙ gamma over each x tile in shared
+# "forward", "dx", "dw": changes to that GEMM's config). A fourth warpgroup writing x ⊙ gamma over each x tile in shared
 # memory (no w_γ pass; ``gamma_in_kernel`` at commits 11e4921, d83d186, beb29d4) ran slower in all three forms
 # tried and was removed: rmsnorm_matmul_configs-h100-{11e4921,d83d186,beb29d4}.json, benchmarks/results/NOTES.md.
 VARIANTS = {
@@ -35,6 +35,13 @@ VARIANTS = {
     "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
     "stacked_m": dict(forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")),
     "gamma_on_x": dict(gamma_on="x", stats_in_kernel=False),  # XLA writes x ⊙ gamma (2MK bytes), no w_γ (2KN)
+    # stream-K (gemm.stream_k) where the last round of tiles is less than half full: forward (stacked tiles, r from
+    # XLA's reduction: the statistics warpgroup needs whole tiles), dx, or both
+    "fwd_stream_k": dict(stats_in_kernel=False, forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
+                                                             schedule="cooperative", stream_k=4)),
+    "dx_stream_k": dict(dx=dict(stream_k=4)),
+    "stream_k": dict(stats_in_kernel=False, forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
+                                                         schedule="cooperative", stream_k=4), dx=dict(stream_k=4)),
 }
 
 
@@ -45,8 +52,8 @@ def variant_config(M: int, K: int, N: int, changes: dict):
         base = dataclasses.replace(base, forward=nm_config.mosaic_default_config(
             M, K, N, jnp.bfloat16, stats_in_kernel=True).forward)
     changes = dict(changes)
-    forward = dataclasses.replace(base.forward, **changes.pop("forward", {}))
-    return dataclasses.replace(base, forward=forward, **changes)
+    kernels = {k: dataclasses.replace(getattr(base, k), **changes.pop(k, {})) for k in ("forward", "dx", "dw")}
+    return dataclasses.replace(base, **kernels, **changes)
 
 
 def main() -> int:

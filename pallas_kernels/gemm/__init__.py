@@ -41,7 +41,11 @@ _OUT_DTYPES = (*_OPERAND_DTYPES, jnp.dtype(jnp.float32))
 # 0.973 / 0.942x (0.966 / 0.976 / 0.969 / 0.938x in the run before). For N that 256 does not divide, ping-pong
 # 128x128 tiles with one wgmma group in flight: 1.016x cuBLAS at 16384x1024x5504, where 256x128 blocks took 0.974x
 # (``mosaic_gemm_tiles-h100-6ad8d32.json``); then 64-row blocks.
-_STACKED_M = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=64, num_stages=4, wg_split="m", grid_minor="m")
+# A last round less than half full runs as stream-K, each of its tiles on up to 4 blocks (``gemm.stream_k``): 0.973x
+# against 0.961x cuBLAS at 32768x4096x4096 (4 tiles left over), 1.014x against 1.001x at 4096x2048x11008 (56, on 2
+# blocks each): mosaic_gemm_stream_k-h100-707d605.json.
+_STACKED_M = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=64, num_stages=4, wg_split="m", grid_minor="m",
+                              stream_k=4)
 _PINGPONG = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=6, schedule="pingpong", delay_release=1,
                              grid_minor="m")
 CANDIDATES = (

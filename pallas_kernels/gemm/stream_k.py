@@ -1,6 +1,6 @@
-"""Stream-K: the persistent GEMM's last rounds of output tiles spread over all blocks by K steps.
+"""Stream-K: the persistent GEMM's last, part-empty round of output tiles spread over more blocks by K steps.
 
-  plan = stream_k.plan_for(tiles=4096, blocks=132, k_iters=64)   # None where whole rounds leave nothing to balance
+  plan = stream_k.plan_for(tiles=4096, blocks=132, k_iters=64)   # None where it cannot pay (see below)
   start, end = plan.unit_range(u)           # unit (block) u's K steps in the stream-K region, [start, end)
   t, k0, k1 = plan.segment(u, j)            # its j-th segment: steps [k0, k1) of stream-K tile t
   first, last = plan.sources(t)             # the units holding tile t's later segments (their partial sums)
@@ -13,19 +13,23 @@ long as 4224x4096x14336 (14). Time is rounds x round time; the last, nearly empt
 all of the gap to cuBLAS at the first one.
 
 The plan: the whole rounds run tile by tile as before (data-parallel: all blocks at the same K step, sharing
-their operands' slices in L2), then the last round's ``sk_tiles`` are cut into their ``sk_tiles · k_iters`` K steps,
-split evenly into contiguous ranges over ``units`` blocks (at most ``split`` per tile). A tile whose steps fall in
-two or more ranges is finished by its *owner*, the unit holding its first step: every other unit stores its float32
-partial accumulator (its first segment, the only one that can start mid-tile) to a global workspace and signals a
-semaphore; the owner, after its own segment, waits for those signals, adds the partials and runs the epilogue. A
-unit does its non-owner segment first and waits only in its last, so no unit waits for one that waits: with one
-block per SM, all co-resident, it cannot deadlock.
+their operands' slices in L2), then each of the last round's R tiles is cut into S equal K ranges (S = split, at
+most blocks // R), one unit each: unit u takes range u % S of tile u // S, so the units of one range index run in
+step and share operand slices as the rounds do. The tile's *owner*, the unit of its first range, finishes it: every
+other unit stores its float32 partial accumulator to a global workspace and signals a semaphore; the owner, after
+its own range, waits for those signals, adds the partials and runs the epilogue. No unit waits for one that waits:
+with one block per SM, all co-resident, it cannot deadlock. The kernel takes any contiguous split of the steps
+(``unit_range``: a unit may cover a partial, whole and owned segment, its partial's signal deferred to its last
+segment); the plan keeps them aligned, for the reason below.
 
-Measured and dropped (``mosaic_gemm_stream_k-h100-*.json``): taking the last whole round into the stream-K phase
-too (every unit 1-2 tiles' worth of steps, as stream-K is usually drawn) made that phase's steps up to twice as
-slow as the rounds' (4096x4096x14336: 667 against 605 µs tile by tile). The units then work at different K steps,
-so the L2 no longer serves one slice of an operand to the blocks that share it; ranges starting on multiples of
-4-16 steps did not bring it back (652 µs at 16).
+Measured (H100, CUPTI; ``benchmarks/results/mosaic_gemm_stream_k-h100-*.json``): at 32768x4096x4096 (R = 4,
+16 units) 1376-1408 against 1395-1425 µs tile by tile (0.973-0.974x cuBLAS against 0.961); at 4096x2048x11008
+(R = 56, S = 2) 241.5-244.2 against 244.4-247.3. Ranges not aligned to the tiles lose: with the last whole round
+taken in too (every unit 1-2 tiles' worth of steps, as stream-K is usually drawn) 667 against 605 µs at
+4096x4096x14336, and one part-empty round spread evenly over all 132 blocks (R = 76: 0.58 tile each) 299.5 against
+156.7 µs at 512x16384x4864. Units at different K steps no longer read an operand slice together: each streams its
+own from HBM (there, B is 160 MB and each of its column panels serves 4 tiles). Ranges starting on multiples of 4-16
+steps did not bring it back (652 µs at 16). So a last round at least half full stays as it is.
 
 Integer helpers take Python ints (tests, the plan's static facts) or traced int32 scalars (inside the kernel).
 """
@@ -118,15 +122,16 @@ class StreamKPlan:
 
 def plan_for(tiles: int, blocks: int, k_iters: int, split: int = 4) -> StreamKPlan | None:
     """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks: the
-    last, part-empty round's tiles on at most ``split`` units per tile (a tile's K steps fall into at most split + 1
-    ranges); or None where tile by tile loses less than ``MIN_ROUND_SAVED`` of a round (whole rounds, a last round
-    nearly full)."""
+    last, part-empty round's R tiles each cut into S = min(split, blocks // R) equal K ranges, one unit each; or None
+    where S < 2 (a last round at least half full, or whole rounds) or too few steps to save ``MIN_ROUND_SAVED``
+    of a round."""
     if min(tiles, blocks, k_iters, split) <= 0:
         raise ValueError(f"tiles, blocks, k_iters, split: must be positive, got {tiles}, {blocks}, {k_iters}, {split}")
     full, rest = divmod(tiles, blocks)
-    if rest == 0 or k_iters < 2:
+    pieces = min(split, blocks // rest, k_iters) if rest else 0
+    if pieces < 2 or k_iters < 2:
         return None
-    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds=full, units=min(blocks, split * rest))
+    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds=full, units=pieces * rest)
     if -(-tiles // blocks) - plan.rounds < MIN_ROUND_SAVED:
         return None
     return plan
