@@ -120,7 +120,12 @@ def test_default_configs_lower_at_the_suite_shapes_within_shared_memory(M, K, N)
     (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b), S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
     assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
     assert abs(k.smem_bytes - smem_bytes(config, jnp.bfloat16, jnp.bfloat16)) < 4096  # barriers, reduction scratch
-    assert k.wgmma() == _wgmma_of(config)
+    # one K loop, or two where a stream-K phase follows the whole rounds (gemm.stream_k: 4 tiles left at the first)
+    plan = config.stream_k and stream_k.plan_for(M // config.cta_m * (N // config.cta_n), mosaic_utils.H100_SMS,
+                                                 K // config.tile_k, config.stream_k)
+    copies = 2 if plan else 1
+    assert copies == (2 if (M, K, N) == (32768, 4096, 4096) else 1)
+    assert k.wgmma() == {op: n * copies for op, n in _wgmma_of(config).items()}
     assert k.tma_loads() >= 2 and k.tma_stores() >= 1
 
 
@@ -205,7 +210,7 @@ def test_a_cluster_multicasts_the_operand_its_two_blocks_share(cluster, schedule
                                     dict(semantics="warpgroup", pipeline="pallas"), dict(grid_tile_width=1)])
 def test_every_k_loop_lowers_at_the_largest_suite_shape_within_shared_memory(fields):
     M, K, N = SUITE_SHAPES[0]
-    config = dataclasses.replace(default_config(M, N, K), **fields)
+    config = dataclasses.replace(default_config(M, N, K), stream_k=0, **fields)  # tile by tile: one K loop
     (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
                                    S((K, N), jnp.bfloat16))
     assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == 3
@@ -486,7 +491,7 @@ def test_stream_k_refuses_a_prologue_that_needs_whole_tiles():
     (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=4)),  # 180 tiles: 48 split
     (256, 2048, 512, dataclasses.replace(default_config(256, 512, 2048), stream_k=4)),  # 4 tiles on 16 units
     (4352, 640, 4096, MosaicGemmConfig(delay_release=1, stream_k=2)),  # 17x16 tiles: 2 rounds + 8 on 16 units
-    (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, wg_split="m", stream_k=3)),  # 40 tiles, 120 units
+    (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", stream_k=3)),  # 40 tiles, 120 units
     (4352, 1040, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=16, wg_split="m", stream_k=2)),  # 65 steps
 ])
 def test_stream_k_product_on_the_gpu(M, K, N, config):
