@@ -250,6 +250,9 @@ def test_mosaic_dh_gemm_lowers_where_its_tiles_fill_the_gpu():
     with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
         assert grad_fn(1024, 4096, 1024, "auto").count("@mosaic_gpu") == 1  # one chunk: the peeled step only
         assert grad_fn(2048, 4096, 1024, "auto").count("@mosaic_gpu") == 1
+        # 3328 x 4096: 416 tiles, a last round of 20; tile by tile, no stream-K workspace (temporary memory)
+        text = grad_fn(3328, 4096, 1024, "mosaic")
+        assert text.count("@mosaic_gpu") == 1 and "x2x64x256xf32>" not in text
         assert "mosaic_gpu" not in grad_fn(512, 2048, 1024, "auto")
         assert "mosaic_gpu" not in grad_fn(1536, 4096, 1024, "auto")
         assert grad_fn(512, 2048, 1024, "mosaic").count("@mosaic_gpu") == 1

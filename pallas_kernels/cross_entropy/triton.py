@@ -248,6 +248,12 @@ def _mosaic_logits(h, w, st: _Static, Bc: int) -> bool:
 _DH_MIN_WAVE = 0.9
 
 
+def _dh_config(Bc: int, H: int, V: int, dtype) -> mosaic_gemm.MosaicGemmConfig:
+    """The Mosaic dh GEMM's config: the core's default tiles, tile by tile (no stream-K: its float32 workspace, up
+    to 17 MB, would be temporary memory the loss's budget counts; not measured in the loss)."""
+    return dataclasses.replace(mosaic_gemm.default_config(Bc, H, V, dtype), stream_k=0)
+
+
 def _mosaic_dh_reason(h, w, st: _Static, Bc: int) -> str | None:
     """None when the Mosaic GEMM core can compute a Bc-row chunk's dh_c = dlogits_c·wᵀ; else the sentence why
     not."""
@@ -257,8 +263,7 @@ def _mosaic_dh_reason(h, w, st: _Static, Bc: int) -> str | None:
     if jnp.dtype(h.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) or w.dtype != h.dtype:
         return f"the Mosaic dh GEMM takes 16-bit h and w of one dtype, got {h.dtype} and {w.dtype}"
     H, V = w.shape
-    return mosaic_gemm.unsupported_reason(Bc, H, V, mosaic_gemm.default_config(Bc, H, V, h.dtype),
-                                          names=("chunk_rows", "H", "V"))
+    return mosaic_gemm.unsupported_reason(Bc, H, V, _dh_config(Bc, H, V, h.dtype), names=("chunk_rows", "H", "V"))
 
 
 def _mosaic_dh(h, w, st: _Static, Bc: int) -> bool:
@@ -267,7 +272,7 @@ def _mosaic_dh(h, w, st: _Static, Bc: int) -> bool:
     choice = st.rows.config.dh_gemm
     if choice == "auto":
         H, V = w.shape
-        config = mosaic_gemm.default_config(Bc, H, V, h.dtype)
+        config = _dh_config(Bc, H, V, h.dtype)
         tiles, sms = (Bc // config.cta_m) * (H // config.cta_n), mu.num_sms()
         if tiles < _DH_MIN_WAVE * pl.cdiv(tiles, sms) * sms:
             return False
@@ -340,7 +345,8 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         dh, dw = (None, None) if first else carry[1:]
         if wanted.dh:
             if on.dh:  # (rows, H) = dl wᵀ, w read transposed in SMEM; XLA stores it in dh's rows in place
-                dh_c = mosaic_gemm.matmul(dl, w, transpose_b=True)
+                H, V = w.shape
+                dh_c = mosaic_gemm.matmul(dl, w, transpose_b=True, config=_dh_config(dl.shape[0], H, V, h.dtype))
             else:
                 dh_c = lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=prec,
                                        preferred_element_type=h.dtype)  # (rows, H) = dl wᵀ
