@@ -30,6 +30,14 @@ own ``ready`` and ``consumed`` barriers (index owner · S + s): a warpgroup wait
 steps, so Mosaic's per-thread barrier phases stay in step with the completions it skips; the memory warpgroup
 waits on the barrier of the slot's previous owner. ``consumed`` then counts one arrival.
 
+Stream-K (``MosaicGemmConfig.stream_k``, a ``gemm.stream_k`` plan; cooperative schedule, no cluster, no
+prologue warpgroup): the tile loop above covers the whole rounds only; then every warpgroup walks the block's range
+of K steps of the last round's tiles (``StreamKPlan.unit_range``), the memory warpgroup step by step at the same
+ring positions, the MMA warpgroups segment by segment (``StreamKPlan.segment``): a segment starting mid-tile stores
+its float32 accumulator into the workspace output (rows of this unit and warpgroup) and signals a global semaphore;
+a tile's first segment, after its K loop, waits for the semaphores of the units holding the rest, adds their
+partial sums and runs the epilogue. The memory warpgroup drains ``consumed`` after both phases.
+
 Registers per thread (setmaxnreg, 512 per lane in all): memory 40, MMA ``mma_registers`` (default 232 with three
 warpgroups, 208 with four), the prologue warpgroup the rest (56).
 """
