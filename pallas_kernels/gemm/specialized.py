@@ -284,48 +284,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
 
-            def signal_partial():
-                plgpu.semaphore_signal(semaphores.at[unit * 2 + wg], memory_scope="gpu")
-
-            def sk_segment(j, c):
-                """The unit's j-th stream-K segment: a partial sum stored for the tile's owner (j = 0), or (the owner)
-                the tile finished with its sources' partial sums. The partial's signal (a release: it waits for the
-                stores to land) is deferred to the unit's last segment, where the tile's owner, at the end of its
-                own range, waits for it anyway: the next segment's wgmma starts while the stores drain."""
-                t, k0, k1 = plan.segment(unit, j)
-                ctx = shape.tile_context(plan.dp_tiles + t, wg, refs_by_name)
-                owner = k0 == 0
-                final = j == num_segments - 1
-
-                @pl.when(owner)
-                def _prefetch():
-                    shape.start_tile(ctx, named_in, scoped)
-
-                hook_carry = fusion.prologue_init(ctx) if in_mma else ()
-
-                def acc_scope(acc_ref):
-                    k_loop(acc_ref, sk_g0 + t * k_iters + k0, k0, k1)
-
-                    @pl.when(jnp.logical_not(owner))
-                    def _partial():
-                        workspace.at[unit, wg][...] = acc_ref[...]
-                        pl.when(final)(signal_partial)  # a unit with nothing else to do signals at once
-
-                    @pl.when(owner)
-                    def _finish():
-                        pl.when(final & has_partial)(signal_partial)
-
-                        def add(src, acc):
-                            plgpu.semaphore_wait(semaphores.at[src * 2 + wg], 1, memory_scope="gpu")
-                            return acc + mu.load(workspace.at[src, wg], layout=mu.TILE, optimized=False)
-
-                        first, last = plan.sources(t)
-                        acc = lax.fori_loop(first, last + 1, add, acc_ref[...])
-                        shape.finish_tile(ctx, acc_ref, hook_carry, out_gmem, named_out, scoped, acc=acc)
-
-                pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
-                return c
-
             @each_tile
             def _(lin, local, num_local):
                 del num_local
@@ -338,12 +296,44 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     mma_tile(lin, local)
 
             if plan is not None:
-                num_segments = plan.num_segments(unit)
-                has_partial = plan.segment(unit, 0)[1] > 0  # the unit's first segment starts mid-tile
+                def sk_segment(j, c):
+                    """The unit's j-th stream-K segment: its partial sum stored and signalled for the tile's owner
+                    (a segment starting mid-tile: only the first), or (the owner) the tile finished with its
+                    sources' partial sums."""
+                    t, k0, k1 = plan.segment(unit, j)
+                    ctx = shape.tile_context(plan.dp_tiles + t, wg, refs_by_name)
+                    owner = k0 == 0
+
+                    @pl.when(owner)
+                    def _prefetch():
+                        shape.start_tile(ctx, named_in, scoped)
+
+                    hook_carry = fusion.prologue_init(ctx) if in_mma else ()
+
+                    def acc_scope(acc_ref):
+                        k_loop(acc_ref, sk_g0 + t * k_iters + k0, k0, k1)
+
+                        @pl.when(jnp.logical_not(owner))
+                        def _partial():
+                            workspace.at[unit, wg][...] = acc_ref[...]
+                            plgpu.semaphore_signal(semaphores.at[unit * 2 + wg], memory_scope="gpu")  # release
+
+                        @pl.when(owner)
+                        def _finish():
+                            def add(src, acc):
+                                plgpu.semaphore_wait(semaphores.at[src * 2 + wg], 1, memory_scope="gpu")
+                                return acc + mu.load(workspace.at[src, wg], layout=mu.TILE, optimized=False)
+
+                            first, last = plan.sources(t)
+                            acc = lax.fori_loop(first, last + 1, add, acc_ref[...])
+                            shape.finish_tile(ctx, acc_ref, hook_carry, out_gmem, named_out, scoped, acc=acc)
+
+                    pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
+                    return c
 
                 @pl.when(unit < plan.units)
                 def _stream_k():
-                    lax.fori_loop(0, num_segments, sk_segment, ())
+                    lax.fori_loop(0, plan.num_segments(unit), sk_segment, ())
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # all stores have left shared memory before exit
 

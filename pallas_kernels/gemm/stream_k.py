@@ -19,8 +19,8 @@ step and share operand slices as the rounds do. The tile's *owner*, the unit of 
 other unit stores its float32 partial accumulator to a global workspace and signals a semaphore; the owner, after
 its own range, waits for those signals, adds the partials and runs the epilogue. No unit waits for one that waits:
 with one block per SM, all co-resident, it cannot deadlock. The kernel takes any contiguous split of the steps
-(``unit_range``: a unit may cover a partial, whole and owned segment, its partial's signal deferred to its last
-segment); the plan keeps them aligned, for the reason below.
+(``unit_range``: a unit may cover a partial, a whole and an owned segment, in that order); the plan keeps them
+aligned, for the reason below.
 
 Measured (H100, CUPTI; ``benchmarks/results/mosaic_gemm_stream_k-h100-*.json``): at 32768x4096x4096 (R = 4,
 16 units) 1376-1408 against 1395-1425 µs tile by tile (0.973-0.974x cuBLAS against 0.961); at 4096x2048x11008
