@@ -191,6 +191,7 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
     assert len(forward) >= 5 and len(backward) >= 4 and any(c["stats_in_kernel"] for c in forward)
     assert any(c["forward"]["schedule"] == "pingpong" for c in forward)
     assert any(c["dx"]["schedule"] == "pingpong" and c["dw"]["schedule"] == "pingpong" for c in backward)
+    assert any(c["forward"]["stream_k"] for c in forward) and any(c["dx"]["stream_k"] for c in backward)
     for params in forward + backward:
         _check_kernels(M, K, N, False, Config(**params))
 

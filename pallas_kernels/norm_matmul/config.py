@@ -331,14 +331,15 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     """(forward, backward) Mosaic candidates (``MosaicRMSNormMatmulConfig.to_dict()`` dicts) around the built-in
     config: forward ones vary the forward GEMM and the statistics' placement (the choices the H100 decided at one
     shape: tile order, K loop and semantics, the statistics warpgroup), backward ones the dx and dw GEMMs' tile
-    order and K loop. Candidates that do not tile the shape are left out."""
+    order and K loop; stream-K for a last round of tiles less than half full in both (at 32768x4096x4096 it won:
+    rmsnorm_matmul_configs-h100-788ee3f.json). Candidates that do not tile the shape are left out."""
     base = mosaic_default_config(M, K, N, dtype, residual=residual)
     # the GEMM core's tile sweep winners (gemm/__init__.py): 64x256 accumulators stacked along M, ping-pong tiles
     stacked_m = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")
     pingpong = dict(tile_m=128, tile_n=128, schedule="pingpong", delay_release=1, grid_minor="m")
     fwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4), dict(grid_tile_width=16),
                    dict(pipeline="pallas_steady", semantics="warpgroup"), dict(delay_release=1), stacked_m,
-                   dict(pingpong, num_stages=6)]
+                   dict(pingpong, num_stages=6), dict(stacked_m, stream_k=4)]  # stream-K: gemm.stream_k
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
         fwd.append(dataclasses.replace(base, stats_in_kernel=True))
@@ -347,7 +348,8 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
                    dict(pipeline="pallas_steady", semantics="warpgroup")]
     if not residual:  # beside the x tile (and no dh tile): 3 stages of 128x256 blocks, 5 of ping-pong 128x128
-        bwd_changes += [dict(stacked_m, num_stages=3), dict(pingpong, num_stages=5)]
+        bwd_changes += [dict(stacked_m, num_stages=3), dict(pingpong, num_stages=5),
+                        dict(stacked_m, num_stages=3, stream_k=4)]
     bwd = [dataclasses.replace(base, dx=dataclasses.replace(base.dx, **c), dw=dataclasses.replace(base.dw, **c))
            for c in bwd_changes]
     bwd.append(dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m")))
