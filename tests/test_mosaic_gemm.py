@@ -502,6 +502,14 @@ def test_stream_k_product_on_the_gpu(M, K, N, config):
 
 
 @gpu_only
+def test_stream_k_gradients_on_the_gpu():
+    """The forward and both gradient GEMMs (32 tiles each, on 128 blocks) split by K steps."""
+    config = dataclasses.replace(default_config(1024, 1024, 1024), stream_k=4)
+    assert stream_k.plan_for(32, mosaic_utils.num_sms(), 1024 // config.tile_k, 4).units == 128
+    _check_grads(1024, 1024, 1024, jnp.bfloat16, config)
+
+
+@gpu_only
 def test_stream_k_accumulate_into_on_the_gpu():
     M, K, N = 2304, 1024, 2560
     config = dataclasses.replace(default_config(M, N, K, accumulate_dtype=jnp.float32), stream_k=2)  # 48 tiles on 96

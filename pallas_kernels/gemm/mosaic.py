@@ -195,7 +195,8 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     plan = None
     if config.stream_k:
         if fusion.prologue_step is not None:
-            raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step needs whole tiles")
+            raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step needs whole tiles "
+                             f"(got stream_k={config.stream_k}; allowed with it: 0)")
         plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k,
                                  split=config.stream_k)
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
