@@ -81,10 +81,6 @@ class MosaicKernel:
         """TMA copies shared -> global memory."""
         return self.op_counts().get(_TMA_STORE, 0)
 
-    def l2_prefetches(self) -> int:
-        """TMA prefetches of global memory into L2 (``cp.async.bulk.prefetch.tensor``: no shared memory written)."""
-        return self.text.count("cp.async.bulk.prefetch.tensor")
-
     def barriers(self) -> int:
         """mbarriers initialized (one per slot of each barrier array)."""
         return self.op_counts().get("nvvm.mbarrier.init", 0)
@@ -95,10 +91,9 @@ class MosaicKernel:
         wgmma = "; ".join(f"{n}× {k}" for k, n in self.wgmma().items()) or "none"
         cluster = f" in clusters of {self.cluster}" if self.cluster != (1, 1, 1) else ""
         multicast = f" ({self.tma_multicast_loads()} multicast)" if self.tma_multicast_loads() else ""
-        prefetch = f", {self.l2_prefetches()} L2 prefetches" if self.l2_prefetches() else ""
         return (f"{self.name}: grid {self.grid}{cluster}, {self.threads} threads ({self.warpgroups} warpgroups), "
                 f"{self.smem_bytes} B shared memory; wgmma: {wgmma}; TMA: {self.tma_loads()} loads{multicast}, "
-                f"{self.tma_stores()} stores{prefetch}; {self.barriers()} mbarriers; {ops.get('scf.for', 0)} loops")
+                f"{self.tma_stores()} stores; {self.barriers()} mbarriers; {ops.get('scf.for', 0)} loops")
 
 
 def _constant(text: str, name: str) -> int:

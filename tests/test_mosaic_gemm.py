@@ -280,7 +280,6 @@ def test_accumulate_into_is_one_kernel_updating_its_buffer_in_place():
     assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
     long_k = default_config(256, 1024, 1024, accumulate_dtype=jnp.bfloat16)
     assert (long_k.schedule, long_k.cta_n, long_k.num_stages) == ("cooperative", 256, 3)
-    assert k.l2_prefetches() == 0
     program = jax.jit(fn, donate_argnums=2).trace(a_t, b, c).lower(lowering_platforms=("cuda",)).as_text()
     assert "output_operand_alias<output_tuple_indices = [], operand_index = 2" in program
     a, b = jnp.zeros((512, 256), jnp.bfloat16), jnp.zeros((512, 1024), jnp.bfloat16)
@@ -288,23 +287,6 @@ def test_accumulate_into_is_one_kernel_updating_its_buffer_in_place():
         matmul(a, b, transpose_a=True, accumulate_into=jnp.zeros((1024, 256), jnp.bfloat16))
     with pytest.raises(ValueError, match=r"accumulate_into: .* dtype float32 \(a @ b's\), got \(256, 1024\) bfloat16"):
         matmul(a, b, transpose_a=True, out_dtype=jnp.float32, accumulate_into=jnp.zeros((256, 1024), jnp.bfloat16))
-
-
-@cpu_only
-@pytest.mark.parametrize("K", [512, 1024])
-def test_l2_prefetch_issues_one_tile_input_prefetch_per_tile_ahead(K):
-    """With l2_prefetch each compute warpgroup prefetches into L2 the c tile of a later tile of its own (one TMA
-    prefetch per tile input), under both schedules; without a tile input there is nothing to prefetch; other K
-    loops refuse the field by name."""
-    a_t, b, c = S((K, 256), jnp.bfloat16), S((K, 1024), jnp.bfloat16), S((256, 1024), jnp.bfloat16)
-    config = dataclasses.replace(default_config(256, 1024, K, accumulate_dtype=jnp.bfloat16), l2_prefetch=2)
-    (k,) = mosaic_ir.lower_kernels(lambda a_t, b, c: matmul(a_t, b, transpose_a=True, accumulate_into=c,
-                                                            config=config), a_t, b, c)
-    assert k.l2_prefetches() == 1 and "L2 prefetches" in k.summary()
-    (plain,) = mosaic_ir.lower_kernels(lambda a_t, b: matmul(a_t, b, transpose_a=True, config=config), a_t, b)
-    assert plain.l2_prefetches() == 0
-    with pytest.raises(ValueError, match="l2_prefetch: runs on pipeline 'own', got pipeline='pallas'"):
-        MosaicGemmConfig(pipeline="pallas", l2_prefetch=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -379,11 +361,7 @@ def test_nan_in_an_operand_reaches_the_output():
 @pytest.mark.parametrize("dtype, config", [(jnp.bfloat16, None), (jnp.float16, None),
                                            (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5)),
                                            (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5,
-                                                                           delay_release=1, cluster="m")),
-                                           (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5,
-                                                                           delay_release=1, cluster="m",
-                                                                           l2_prefetch=1)),
-                                           (jnp.bfloat16, MosaicGemmConfig(num_stages=3, l2_prefetch=2))])
+                                                                           delay_release=1, cluster="m"))])
 def test_accumulate_into_on_the_gpu(dtype, config):
     """Three chunked updates c += a_iᵀ b_i in a loop (in place) against the float32 sum, rounding once per update;
     the gradient of the accumulated input is the cotangent."""

@@ -74,10 +74,6 @@ class MosaicGemmConfig:
       stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run that round's
         tiles spread over up to stream_k blocks each by K steps (``gemm.stream_k``: partial sums through a float32
         workspace and global semaphores). Pipeline "own", schedule "cooperative", no cluster.
-      l2_prefetch: 0 (off), or how many of its own tiles ahead each compute warpgroup prefetches the epilogue's
-        tile inputs (``accumulate_into``'s c) into L2 at a tile's start (TMA ``cp.async.bulk.prefetch``): the
-        shared-memory prefetch of a tile's c then reads L2 instead of HBM. Pipeline "own"; the stream-K phase takes
-        none.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -97,7 +93,6 @@ class MosaicGemmConfig:
     schedule: str = "cooperative"
     cluster: str = "none"
     stream_k: int = 0
-    l2_prefetch: int = 0
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -138,8 +133,6 @@ class MosaicGemmConfig:
             raise ValueError(f"{cls}.schedule: 'pingpong' runs on pipeline 'own', got pipeline={self.pipeline!r}")
         if self.cluster != "none" and self.pipeline != "own":
             raise ValueError(f"{cls}.cluster: {self.cluster!r} runs on pipeline 'own', got pipeline={self.pipeline!r}")
-        if self.l2_prefetch and self.pipeline != "own":
-            raise ValueError(f"{cls}.l2_prefetch: runs on pipeline 'own', got pipeline={self.pipeline!r}")
         if self.stream_k and (self.pipeline, self.schedule, self.cluster) != ("own", "cooperative", "none"):
             raise ValueError(f"{cls}.stream_k: runs on pipeline 'own', schedule 'cooperative', cluster 'none'; got "
                              f"pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}")

@@ -338,11 +338,6 @@ class _Shape:
             plgpu.copy_gmem_to_smem(named_in[n].at[ctx.rows, ctx.cols], scoped["tile_smem"][n].at[ctx.wg],
                                     scoped["tile_barriers"][n].at[ctx.wg])
 
-    def prefetch_to_l2(self, ctx: TileContext, named_in) -> None:
-        """TMA prefetch into L2 of the epilogue's tile inputs of a later tile (``MosaicGemmConfig.l2_prefetch``)."""
-        for n in self.fusion.tile_inputs:
-            plgpu.async_prefetch(named_in[n].at[ctx.rows, ctx.cols])
-
     def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped, acc=None) -> None:
         """After the K loop: the epilogue on the float32 accumulator (``acc``: its value where the caller added to
         it, e.g. stream-K partial sums), the output tile and row vectors stored."""

@@ -269,12 +269,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             def mma_tile(lin, local):
                 ctx = shape.tile_context(lin, wg, refs_by_name)
                 shape.start_tile(ctx, named_in, scoped)
-                if cfg.l2_prefetch and fusion.tile_inputs:  # a later tile of this warpgroup: its c into L2
-                    ahead = lin + cfg.l2_prefetch * owners * lax.axis_size("sm")
-
-                    @pl.when(ahead < round_tiles)
-                    def _prefetch_ahead():
-                        shape.prefetch_to_l2(shape.tile_context(ahead, wg, refs_by_name), named_in)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
 
                 def acc_scope(acc_ref):
