@@ -337,9 +337,7 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         lse_c = None if lse is None else lax.dynamic_slice_in_dim(lse, start, rows)
         if on.logits:  # lse from GEMM 1's epilogue: the row kernel only writes dlogits
             logits_c, lse_c = mosaic_logits.logits_and_lse(h_c, w)
-            # the label logits are read before the row kernel writes dlogits over the logits: without the barrier
-            # XLA may schedule the gather after it and copy the (rows, V) logits to keep them
-            zy, logits_c = lax.optimization_barrier((_label_logit(logits_c, y_c), logits_c))
+            zy = _label_logit(logits_c, y_c)
             dl, _, _ = row_pass(logits_c, y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)
         else:
             dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # (rows, V)
