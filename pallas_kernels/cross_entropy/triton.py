@@ -341,10 +341,8 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
             dl, _, _ = row_pass(logits_c, y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)
         else:
             dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # (rows, V)
-        terms, dh, dw = (None, None, None) if first else carry
-        if zy is not None:  # g·row loss into the rows' slots of a (B,) buffer (in place), summed after the loop
-            terms = lax.dynamic_update_slice_in_dim(jnp.zeros((B,), jnp.float32) if first else terms,
-                                                    g_c * _row_loss(lse_c, zy, st), start, 0)
+        total = jnp.float32(0.0) if zy is None else jnp.sum(g_c * _row_loss(lse_c, zy, st))
+        dh, dw = (None, None) if first else carry[1:]
         if wanted.dh:
             if on.dh:  # (rows, H) = dl wᵀ, w read transposed in SMEM; XLA stores it in dh's rows in place
                 H, V = w.shape
@@ -361,11 +359,10 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
             dw_c = lax.dot_general(h_c, dl, (((0,), (0,)), ((), ())), precision=prec,
                                    preferred_element_type=dw_dtype)  # (H, V) = h_cᵀ dl
             dw = dw_c if first else dw + dw_c
-        return terms, dh, dw
+        return (total if first else carry[0] + total), dh, dw
 
     carry = step(B - first_rows, first_rows, None, first=True)
-    terms, dh, dw = lax.fori_loop(0, n - 1, lambda i, c: step(i * Bc, Bc, c, first=False), carry)
-    total = jnp.float32(0.0) if terms is None else jnp.sum(terms)
+    total, dh, dw = lax.fori_loop(0, n - 1, lambda i, c: step(i * Bc, Bc, c, first=False), carry)
     if (dh is None) == wanted.dh or (dw is None) == wanted.dw:  # a None here would reach jax as a zero gradient
         raise AssertionError(f"linear_cross_entropy: gradients {wanted}, but computed dh: {dh is not None}, "
                              f"dw: {dw is not None}")
