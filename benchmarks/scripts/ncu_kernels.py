@@ -11,71 +11,109 @@ one more; ncu's kernel filter picks what it profiles (records: benchmarks/result
 (autotuning off keeps ncu from profiling the autotuner's candidates; cuBLAS then runs its heuristic's kernel).
 With NCU_RANGE=1 the last call of each case is bracketed by cudaProfilerStart/Stop (for ncu --profile-from-start
 off; that crashed python under ncu on the H100, so the records use the kernel filter)."""
-import ctypes, glob, os, sys
-import jax, jax.numpy as jnp, numpy as np
-from pallas_kernels.gemm import matmul
+import ctypes
+import dataclasses
+import glob
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import gemm
 from pallas_kernels.cross_entropy import mosaic_logits
 
+KEYS = jax.random.split(jax.random.key(0), 8)
+
+
 def cudart():
-    cands = glob.glob("/usr/local/cuda*/lib64/libcudart.so*")
-    for mod in ("nvidia.cuda_runtime", "nvidia.cu13", "nvidia.cu12"):
+    """The CUDA runtime library (for cudaProfilerStart / Stop), or None."""
+    paths = glob.glob("/usr/local/cuda*/lib64/libcudart.so*")
+    for module in ("nvidia.cuda_runtime", "nvidia.cu13", "nvidia.cu12"):
         try:
-            m = __import__(mod, fromlist=["x"])
-            cands += glob.glob(os.path.join(list(m.__path__)[0], "lib*", "libcudart.so*"))
-        except Exception:
+            package = __import__(module, fromlist=["_"])
+            paths += glob.glob(os.path.join(list(package.__path__)[0], "lib*", "libcudart.so*"))
+        except ImportError:
             pass
-    for c in cands + ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]:
+    for path in paths + ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]:
         try:
-            return ctypes.CDLL(c)
+            return ctypes.CDLL(path)
         except OSError:
             continue
     return None
 
-k = jax.random.split(jax.random.key(0), 8)
-cases = {}
-which = sys.argv[1].split(",")
-def upd(H, V, Bc, tag):
-    h = jax.random.normal(k[0], (Bc, H), jnp.bfloat16)
-    dl = (jax.random.normal(k[1], (Bc, V), jnp.float32) * 1e-3).astype(jnp.bfloat16)
-    dw = jax.random.normal(k[2], (H, V), jnp.bfloat16)
-    mos = jax.jit(lambda h, dl, dw: matmul(h, dl, transpose_a=True, accumulate_into=dw), donate_argnums=2)
-    xla = jax.jit(lambda h, dl, dw: dw + jax.lax.dot_general(h, dl, (((0,), (0,)), ((), ())), preferred_element_type=jnp.bfloat16), donate_argnums=2)
-    cases[f"update_mosaic_{tag}"] = (mos, lambda: (h, dl, jax.random.normal(k[3], (H, V), jnp.bfloat16)))
-    cases[f"update_cublas_{tag}"] = (xla, lambda: (h, dl, jax.random.normal(k[3], (H, V), jnp.bfloat16)))
-def logits(Bc, H, V, tag):
-    h = jax.random.normal(k[4], (Bc, H), jnp.bfloat16)
-    w = (jax.random.normal(k[5], (H, V), jnp.float32) * 0.02).astype(jnp.bfloat16)
-    cases[f"logits_mosaic_{tag}"] = (jax.jit(mosaic_logits.logits_and_lse), lambda: (h, w))
-    cases[f"logits_cublas_{tag}"] = (jax.jit(lambda h, w: h @ w), lambda: (h, w))
-if "upd256k" in which: upd(2048, 256000, 512, "2048x256000x512")
-if "upd32k" in which: upd(4096, 32000, 1024, "4096x32000x1024")
-if "log256k" in which: logits(512, 2048, 256000, "512x2048x256000")
-if "core32k" in which:
-    a = jax.random.normal(k[6], (32768, 4096), jnp.bfloat16)
-    b = (jax.random.normal(k[7], (4096, 4096), jnp.float32) * 0.02).astype(jnp.bfloat16)
-    cases["core_mosaic_32768x4096x4096"] = (jax.jit(lambda a, b: matmul(a, b)), lambda: (a, b))
-    cases["core_cublas_32768x4096x4096"] = (jax.jit(lambda a, b: a @ b), lambda: (a, b))
-if "logstacked" in which:
-    import dataclasses
-    from pallas_kernels import gemm as G
-    h = jax.random.normal(k[4], (512, 2048), jnp.bfloat16)
-    w = (jax.random.normal(k[5], (2048, 256000), jnp.float32) * 0.02).astype(jnp.bfloat16)
-    cfg = dataclasses.replace(G.CANDIDATES[0], stream_k=0)
-    fus = mosaic_logits._stats_fusion(512, 256000, cfg.tile_n, jnp.bfloat16)
-    cases["logits_mosaic_stacked_512x2048x256000"] = (jax.jit(lambda h, w: G.gemm(h, w, config=cfg, out_dtype=h.dtype, fusion=fus, name="logits_stacked")), lambda: (h, w))
-    cases["plain_mosaic_stacked_512x2048x256000"] = (jax.jit(lambda h, w: matmul(h, w)), lambda: (h, w))
-if "copy" in which:
-    x = jax.random.normal(k[6], (2**30,), jnp.bfloat16)
-    cases["copy_2GiB"] = (jax.jit(lambda x: x + 1), lambda: (x,))
-for name, (fn, args) in cases.items():
-    print("warm", name, flush=True)
-    for _ in range(3):
-        jax.block_until_ready(fn(*args()))
-rt = cudart() if os.environ.get("NCU_RANGE") else None
-print("cudart", rt)
-for name, (fn, args) in cases.items():
-    call_args = args(); jax.block_until_ready(call_args)
-    print("case", name, flush=True)
-    if rt: rt.cudaProfilerStart()
-    jax.block_until_ready(fn(*call_args))
-    if rt: rt.cudaProfilerStop()
+
+def normal(key, shape, scale=1.0):
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(jnp.bfloat16)
+
+
+def dw_update_cases(H, V, Bc):
+    """dw (H, V) += h_cᵀ (H, Bc) @ dl (Bc, V): the Mosaic update in place, and XLA's (cuBLAS, beta = 1)."""
+    h, dl = normal(KEYS[0], (Bc, H)), normal(KEYS[1], (Bc, V), 1e-3)
+    fresh_dw = lambda: (h, dl, normal(KEYS[3], (H, V)))  # noqa: E731 - each call donates its dw
+    mosaic = jax.jit(lambda h, dl, dw: gemm.matmul(h, dl, transpose_a=True, accumulate_into=dw), donate_argnums=2)
+    cublas = jax.jit(lambda h, dl, dw: dw + jax.lax.dot_general(h, dl, (((0,), (0,)), ((), ())),
+                                                                preferred_element_type=jnp.bfloat16), donate_argnums=2)
+    tag = f"{H}x{V}x{Bc}"
+    return {f"update_mosaic_{tag}": (mosaic, fresh_dw), f"update_cublas_{tag}": (cublas, fresh_dw)}
+
+
+def logits_cases(Bc, H, V, stacked=False):
+    """A chunk's logits (Bc, H) @ (H, V): the Mosaic GEMM with the softmax statistics (its ping-pong tiles, or the
+    core's stacked 64x256 tiles without stream-K, then also without the statistics), or cuBLAS."""
+    h, w = normal(KEYS[4], (Bc, H)), normal(KEYS[5], (H, V), 0.02)
+    tag = f"{Bc}x{H}x{V}"
+    if not stacked:
+        return {f"logits_mosaic_{tag}": (jax.jit(mosaic_logits.logits_and_lse), lambda: (h, w)),
+                f"logits_cublas_{tag}": (jax.jit(lambda h, w: h @ w), lambda: (h, w))}
+    config = dataclasses.replace(gemm.CANDIDATES[0], stream_k=0)
+    stats = mosaic_logits._stats_fusion(Bc, V, config.tile_n, jnp.bfloat16)
+    with_stats = jax.jit(lambda h, w: gemm.gemm(h, w, config=config, out_dtype=h.dtype, fusion=stats,
+                                                name="logits_stacked"))
+    plain = jax.jit(lambda h, w: gemm.matmul(h, w, config=config))
+    return {f"logits_mosaic_stacked_{tag}": (with_stats, lambda: (h, w)),
+            f"plain_mosaic_stacked_{tag}": (plain, lambda: (h, w))}
+
+
+def core_cases(M, K, N):
+    """The GEMM core's default tiles and cuBLAS on one product."""
+    a, b = normal(KEYS[6], (M, K)), normal(KEYS[7], (K, N), 0.02)
+    tag = f"{M}x{K}x{N}"
+    return {f"core_mosaic_{tag}": (jax.jit(lambda a, b: gemm.matmul(a, b)), lambda: (a, b)),
+            f"core_cublas_{tag}": (jax.jit(lambda a, b: a @ b), lambda: (a, b))}
+
+
+def copy_cases():
+    x = normal(KEYS[6], (2**30,))
+    return {"copy_2GiB": (jax.jit(lambda x: x + 1), lambda: (x,))}
+
+
+BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lambda: dw_update_cases(4096, 32000, 1024),
+            "log256k": lambda: logits_cases(512, 2048, 256000),
+            "logstacked": lambda: logits_cases(512, 2048, 256000, stacked=True),
+            "core32k": lambda: core_cases(32768, 4096, 4096), "copy": copy_cases}
+
+
+def main() -> int:
+    cases = {}
+    for name in sys.argv[1].split(","):
+        cases.update(BUILDERS[name]())
+    for name, (fn, args) in cases.items():
+        print("warm", name, flush=True)
+        for _ in range(3):
+            jax.block_until_ready(fn(*args()))
+    runtime = cudart() if os.environ.get("NCU_RANGE") else None
+    for name, (fn, args) in cases.items():
+        call_args = args()
+        jax.block_until_ready(call_args)
+        print("case", name, flush=True)
+        if runtime:
+            runtime.cudaProfilerStart()
+        jax.block_until_ready(fn(*call_args))
+        if runtime:
+            runtime.cudaProfilerStop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
