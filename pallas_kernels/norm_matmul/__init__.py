@@ -11,9 +11,9 @@ Backends (``BACKENDS``, in order of preference when nothing is tuned): "triton" 
 that normalizes each x tile on load, a dx and a dw kernel that recompute the normalized tiles) and "mosaic"
 (``mosaic.py``, sm90 only: GEMMs of ``pallas_kernels.gemm`` with gamma folded into w and r applied in the
 epilogue; 16-bit inputs, M, K and N multiples of its tiles). "auto" takes the backend with the lower tuned time
-for the shape on this device where both are tuned (the H100 cache: Mosaic at the suite's shapes of 4096 rows
-and more, the train step's QKV projections among them, Triton at the decode sizes, where Mosaic's tiles do not apply), and Triton where either is not. Tune on a
-GPU with ``jaxfuse bench --op rmsnorm_matmul --tune``.
+for the shape on this device where both are tuned (the H100 cache: Mosaic at the suite's shapes of 4096 rows and
+more, the train step's QKV projections among them; Triton at the decode sizes, where Mosaic's tiles do not apply),
+and Triton where either is not. Tune on a GPU with ``jaxfuse bench --op rmsnorm_matmul --tune``.
 """
 
 from __future__ import annotations
