@@ -238,6 +238,7 @@ def time_evaluation(h, w, labels, Bc: int, multipliers, iterations: int) -> dict
 # chunk sizes only (1024 x 4096: 128 tiles on 132 SMs; 1536: 192, a wave and a half).
 CHUNK_VARIANTS = {
     "dh_xla": ({"dh_gemm": "xla"}, None),
+    "logits_xla": ({"logits_gemm": "xla"}, None),  # cuBLAS's logits, the row kernel reading them twice
     "dh_stacked_64x128": ({"dh_gemm": "mosaic"}, dict(tile_m=64, tile_n=128, wg_split="m", schedule="cooperative",
                                                         num_stages=4, delay_release=0, grid_minor="m")),
     "dh_pingpong_128x128": ({"dh_gemm": "mosaic"}, dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=6,
