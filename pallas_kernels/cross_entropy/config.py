@@ -33,10 +33,11 @@ FORWARD_FIELDS = ("rows_per_program", "block_v", "num_warps", "num_stages")
 # runs on bandwidth; ``temp_fraction=0.05`` keeps the 5% bound at that cost.
 TEMP_FRACTION = 0.10
 GEMM_WORKSPACE_BYTES = 32 * 2**20  # XLA's cuBLAS workspace, one temporary (s8[33554432] in the H100 programs)
-# FLOPs per HBM byte where the H100's bf16 GEMM (805 TFLOP/s) and copy (2.94 TB/s) rates meet (shared/anchors.md).
-# A chunk's dw update does Bc·H / (2·H + Bc) FLOPs per byte (dw read and written, dl read; 16-bit): below this it
-# runs on bandwidth and each extra chunk costs a whole pass over dw.
-RIDGE_FLOPS_PER_BYTE = 274
+# The longest chunk the memory rule takes when B does not fit whole: 16 row tiles of the logits GEMM's 128 rows, past
+# which its tiles ran slower (cross_entropy_logits_order-h100-c4b6294.json): at 16384x4096x32000 within 10%, 2048
+# rows (8 chunks) 1.058 / 1.055x XLA against 3328 (5 chunks) 1.047 / 1.041x in two runs (-c4b6294, -b61eb60).
+MAX_CHUNK_ROWS = 2048
+
 _CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla"),
             "dw_gemm": ("auto", "xla", "mosaic"), "logits_gemm": ("auto", "xla", "mosaic"),
             "dh_gemm": ("auto", "xla", "mosaic")}
@@ -131,31 +132,23 @@ def shape_key(h, w) -> str:
 def chunk_rows_for(B: int, H: int, V: int, dtype, fraction: float = TEMP_FRACTION) -> int:
     """Bc from the memory rule: one chunk's logits, its (Bc, H) slices of h and dh and XLA's 32 MiB GEMM workspace
     within ``fraction`` (default TEMP_FRACTION, 10%) of the plain XLA loss's B·V·(s + 4) bytes (compute-dtype logits
-    plus their float32 copy; s the itemsize), so Bc ≈ 0.3·B·V / (V + 2·H) in bf16 at 10%, less the workspace. Bc
-    is a multiple of 128 (at least 128); among those the largest dividing B down to half the limit, but not below the
-    chunk whose dw update turns bandwidth-bound (RIDGE_FLOPS_PER_BYTE); else the fewest chunks, B split evenly (the
-    last chunk taking the B − (n − 1)·Bc rows left); B itself when it fits.
+    plus their float32 copy; s the itemsize), so Bc ≈ 0.3·B·V / (V + 2·H) in bf16 at 10%, less the workspace, at
+    least 128 rows. B itself when it fits; else the fewest chunks of at most that limit and MAX_CHUNK_ROWS rows, B
+    split evenly and rounded up to a multiple of 128 (the last chunk takes the B − (n − 1)·Bc rows left).
 
-    Why (H100, value and gradient against plain XLA): at the 1b model's head (4096x2048x128256) within 5%, 256-row
-    chunks (a divisor) ran 0.59x and 384-row ones (11 chunks) 0.77x; at the small model's (8192x512x32768) within
-    10%, 1024 rows 1.28x and 1664 (5 chunks) 1.33x (benchmarks/results/cross_entropy_chunks_*-h100-5a405ac.json).
-    Where the update is compute-bound, fewer chunks won once and lost once, and the divisor stays: at
-    16384x4096x32000 within 10%, 2048 rows (8 chunks) ran 1.058x and 3328 (5 chunks, the last of 3072) 1.047x
-    (cross_entropy_chunks_3328-h100-c4b6294.json; 0.975x before the logits GEMM's tile order for long chunks);
-    within 5%, 1024 rows 1.027 / 1.026x and 1536 (11, the last of 1024) 1.043 / 1.044x in two runs, both with the dh
-    GEMM ``dh_gemm="auto"`` picks (cross_entropy_chunks_dh_5pct-h100-019d28d.json, -1536_5pct-h100-00f4e6b.json)."""
+    Why the fewest chunks (H100, value and gradient against plain XLA): each chunk re-reads and re-writes dw (H·V)
+    and runs its own small kernels, and where the update turns bandwidth-bound (short chunks) each extra chunk costs
+    a whole pass over dw. Within 5%: at the 1b model's head (4096x2048x128256) 256-row chunks (a divisor of B) ran
+    0.59x and 384-row ones (11 chunks) 0.77x (cross_entropy_chunks_*-h100-5a405ac.json); at 16384x4096x32000 1024
+    rows (16 chunks) 1.017-1.029x and 1536 (11, the last of 1024) 1.038-1.044x in four runs (-019d28d, -00f4e6b,
+    cross_entropy_chunks_16k_32k-h100-{b61eb60,a9aae4b}.json). Within 10% at the small model's head
+    (8192x512x32768): 1024 rows 1.28x, 1664 (5 chunks) 1.33x."""
     s = jnp.dtype(dtype).itemsize
     budget = fraction * B * V * (s + 4) - GEMM_WORKSPACE_BYTES
     limit = max(128, int(budget // ((V + 2 * H) * s)) // 128 * 128)
     if B <= limit:
         return B
-    ridge = RIDGE_FLOPS_PER_BYTE * s / 2  # the ridge in the update's FLOPs per element of dw traffic
-    bandwidth_bound_below = 2 * ridge * H / (H - ridge) if H > ridge else float("inf")
-    for rows in range(limit, limit // 2 - 1, -128):
-        if rows < bandwidth_bound_below:
-            break
-        if B % rows == 0:
-            return rows
+    limit = min(limit, MAX_CHUNK_ROWS)
     return min(limit, pl.cdiv(pl.cdiv(B, pl.cdiv(B, limit)), 128) * 128)
 
 
