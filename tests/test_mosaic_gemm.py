@@ -205,23 +205,6 @@ def test_a_cluster_multicasts_the_operand_its_two_blocks_share(cluster, schedule
 
 
 @cpu_only
-@pytest.mark.parametrize("schedule", ["cooperative", "pingpong"])
-def test_a_2x2_cluster_multicasts_both_operands(schedule):
-    """cluster "mn": 33 clusters of 2 x 2 blocks, the 132 blocks; both TMA loads are multicasts (A's to the block beside
-    it along N, B's to the one along M); M and N must hold whole 2 x 2 groups of CTA tiles."""
-    config = MosaicGemmConfig(cluster="mn", schedule=schedule, delay_release=int(schedule == "pingpong"))
-    M, K, N = SUITE_SHAPES[0]
-    (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
-                                   S((K, N), jnp.bfloat16))
-    assert k.cluster == (2, 2, 1) and k.grid == (mosaic_utils.H100_SMS // 2, 2, 1)  # 33 clusters: 132 blocks
-    assert k.tma_loads() == 2 and k.tma_multicast_loads() == 2
-    assert "mbarrier.arrive.shared::cluster" in k.text
-    assert config.cluster_size == 4 and (config.cluster_m, config.cluster_n) == (2 * config.cta_m, 2 * config.cta_n)
-    with pytest.raises(ValueError, match=r"N=384 is not a positive multiple of the columns of a cluster's 2 x 2 "):
-        matmul(jnp.zeros((512, 64), jnp.bfloat16), jnp.zeros((64, 384), jnp.bfloat16), config=config)
-
-
-@cpu_only
 @pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(pipeline="pallas_steady"), dict(pipeline="own"),
                                     dict(pipeline="own", delay_release=1), dict(semantics="warpgroup"),
                                     dict(semantics="warpgroup", pipeline="pallas"), dict(grid_tile_width=1)])
@@ -357,8 +340,6 @@ def test_pingpong_product_on_the_gpu(M, K, N, config):
     (2304, 576, 2560, MosaicGemmConfig(cluster="n")),  # 18 x 5 cluster tiles over 66 clusters: unequal counts
     (2560, 512, 2304, MosaicGemmConfig(schedule="pingpong", num_stages=6, delay_release=1, cluster="m")),
     (1280, 768, 2304, MosaicGemmConfig(schedule="pingpong", num_stages=5, delay_release=1, cluster="n")),
-    (1280, 512, 2560, MosaicGemmConfig(cluster="mn")),  # 5 x 5 cluster tiles (2 x 2 blocks each) over 33 clusters
-    (2560, 384, 1792, MosaicGemmConfig(schedule="pingpong", num_stages=5, delay_release=1, cluster="mn")),
 ])
 def test_cluster_product_on_the_gpu(M, K, N, config):
     _check_product(M, K, N, jnp.bfloat16, config=config)
@@ -380,9 +361,7 @@ def test_nan_in_an_operand_reaches_the_output():
 @pytest.mark.parametrize("dtype, config", [(jnp.bfloat16, None), (jnp.float16, None),
                                            (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5)),
                                            (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5,
-                                                                           delay_release=1, cluster="m")),
-                                           (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5,
-                                                                           delay_release=1, cluster="mn"))])
+                                                                           delay_release=1, cluster="m"))])
 def test_accumulate_into_on_the_gpu(dtype, config):
     """Three chunked updates c += a_iᵀ b_i in a loop (in place) against the float32 sum, rounding once per update;
     the gradient of the accumulated input is the cotangent."""

@@ -45,7 +45,6 @@ PEAK_FLOPS, PEAK_BYTES = 805e12, 2.94e12  # shared/anchors.md: the H100's measur
 STEPS = 4
 UPDATE_CONFIGS = {  # overrides of the accumulating default (3 stages of 128x256 blocks beside two dw tiles)
     "delay1": dict(delay_release=1),
-    "cluster_mn": dict(cluster="mn"),  # 2 x 2 blocks: h_cᵀ's tiles multicast along N, dl's along M
     "64x256_m": dict(tile_m=64, tile_n=256, wg_split="m"),
     "minor_m": dict(grid_minor="m"),
     "k32_6stages": dict(tile_k=32, num_stages=6),

@@ -38,7 +38,7 @@ __all__ = ["CLUSTERS", "PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
-CLUSTERS = ("none", "m", "n", "mn")
+CLUSTERS = ("none", "m", "n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +69,8 @@ class MosaicGemmConfig:
         other's wgmma stream keeps the tensor cores busy (``wg_split`` does not apply).
       cluster: "none", or two blocks of a cluster taking neighbouring CTA tiles along "m" (they share B's tiles:
         each block's memory warpgroup loads half of each B tile and TMA multicasts it into both blocks' shared
-        memory) or along "n" (they share A's), or "mn": four blocks, 2 x 2 CTA tiles, each pair along N sharing A's
-        tiles and each pair along M sharing B's. Halves the L2 reads of the shared operand(s); a stage is refilled
-        only once the consumers of every block of the cluster have released it (a cluster barrier). Pipeline "own"
-        only.
+        memory) or along "n" (they share A's). Halves the L2 reads of the shared operand; a stage is refilled only
+        once both blocks' consumers have released it (a cluster barrier). Pipeline "own" only.
       stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run that round's
         tiles spread over up to stream_k blocks each by K steps (``gemm.stream_k``: partial sums through a float32
         workspace and global semaphores). Pipeline "own", schedule "cooperative", no cluster.
@@ -155,18 +153,18 @@ class MosaicGemmConfig:
 
     @property
     def cluster_size(self) -> int:
-        """Blocks per cluster: 1, 2 sharing one operand's tiles, or 4 (2 x 2) sharing both (``cluster``)."""
-        return {"none": 1, "m": 2, "n": 2, "mn": 4}[self.cluster]
+        """Blocks per cluster: 1, or 2 sharing one operand's tiles (``cluster``)."""
+        return 1 if self.cluster == "none" else 2
 
     @property
     def cluster_m(self) -> int:
-        """Rows of the output one cluster covers per tile step (two CTA tiles with cluster "m" or "mn")."""
-        return self.cta_m * (2 if self.cluster in ("m", "mn") else 1)
+        """Rows of the output one cluster covers per tile step (two CTA tiles with cluster "m")."""
+        return self.cta_m * (2 if self.cluster == "m" else 1)
 
     @property
     def cluster_n(self) -> int:
-        """Columns of the output one cluster covers per tile step (two CTA tiles with cluster "n" or "mn")."""
-        return self.cta_n * (2 if self.cluster in ("n", "mn") else 1)
+        """Columns of the output one cluster covers per tile step (two CTA tiles with cluster "n")."""
+        return self.cta_n * (2 if self.cluster == "n" else 1)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -176,8 +174,7 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
     """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
     constraint: no partial tiles (M, N, K multiples of the CTA tile, two of them along the ``cluster`` axis, and
     tile_k). ``names``: what the caller calls M, N and K."""
-    whose = {1: "a block's output tile", 2: "a cluster's two output tiles", 4: "a cluster's 2 x 2 output tiles"}[
-        config.cluster_size]
+    whose = "a cluster's two output tiles" if config.cluster_size > 1 else "a block's output tile"
     for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),
                                   (names[2], K, config.tile_k, "tile_k")):
         if size <= 0 or size % tile:

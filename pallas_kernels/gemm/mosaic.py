@@ -65,9 +65,7 @@ __all__ = ["PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "sm
 _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
-# The axis names of a block within its cluster (``MosaicGemmConfig.cluster``): "cluster" along the cluster's one
-# axis ("m" or "n"), or along M with "mn", whose N axis is "cluster_n".
-_CLUSTER, _CLUSTER_N = "cluster", "cluster_n"
+_CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,9 +209,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     launch = dict(grid=(grid,), grid_names=("sm",),
                   num_threads=num_threads, thread_name="wg", name=name, semantics=config.semantics,
                   reduction_scratch_bytes=fusion.reduction_scratch_bytes)
-    if config.cluster == "mn":
-        launch.update(cluster=(2, 2), cluster_names=(_CLUSTER, _CLUSTER_N))
-    elif config.cluster_size > 1:
+    if config.cluster_size > 1:
         launch.update(cluster=(config.cluster_size,), cluster_names=(_CLUSTER,))
     inputs = [a, b, *[arrays[n] for n in in_names]]
     if accumulate_into is not None:  # the output is the aliased buffer, between the inputs and the other outputs
@@ -254,17 +250,9 @@ class _Shape:
         return m_iters * n_iters // self.cfg.cluster_size
 
     def multicast(self, operand: int) -> tuple[str, ...] | None:
-        """The collective axes of operand 0 (A) or 1 (B) when blocks of a cluster load the same tiles of it (TMA
-        multicast: B along the cluster's M axis with cluster "m" or "mn", A along its N axis with "n" or "mn");
-        else None."""
-        cluster = self.cfg.cluster
-        if cluster == "mn":
-            return (_CLUSTER_N,) if operand == 0 else (_CLUSTER,)
-        return (_CLUSTER,) if cluster == ("n", "m")[operand] else None
-
-    def cluster_axes(self) -> tuple[str, ...]:
-        """The names of all the cluster's axes (none without a cluster)."""
-        return {"none": (), "m": (_CLUSTER,), "n": (_CLUSTER,), "mn": (_CLUSTER, _CLUSTER_N)}[self.cfg.cluster]
+        """The collective axes of operand 0 (A) or 1 (B) when both blocks of a cluster load the same tiles of it
+        (TMA multicast: B with cluster "m", A with cluster "n"); else None."""
+        return (_CLUSTER,) if self.cfg.cluster == ("n", "m")[operand] else None
 
     @property
     def pieces(self) -> list:
@@ -321,12 +309,10 @@ class _Shape:
         pairs of them along the cluster axis)."""
         cfg = self.cfg
         m_iters, n_iters, _ = self.iters
-        pairs_m, pairs_n = cfg.cluster_m // cfg.cta_m, cfg.cluster_n // cfg.cta_n
+        pairs_m, pairs_n = (cfg.cluster == "m") + 1, (cfg.cluster == "n") + 1
         m_idx, n_idx = plgpu.planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n),
                                           1 if cfg.grid_minor == "n" else 0, cfg.grid_tile_width)
-        if cfg.cluster == "mn":  # the cluster's 2 x 2 tiles; this block takes the one at its place in the cluster
-            m_idx, n_idx = m_idx * 2 + lax.axis_index(_CLUSTER), n_idx * 2 + lax.axis_index(_CLUSTER_N)
-        elif cfg.cluster_size > 1:  # the cluster's tile pair; this block takes the one at its index in the cluster
+        if cfg.cluster_size > 1:  # the cluster's tile pair; this block takes the one at its index in the cluster
             block = lax.axis_index(_CLUSTER)
             m_idx, n_idx = (m_idx * 2 + block, n_idx) if cfg.cluster == "m" else (m_idx, n_idx * 2 + block)
         wg_m, wg_n = (0, 0) if cfg.pingpong else (wg, 0) if cfg.wg_split == "m" else (0, wg)

@@ -83,7 +83,7 @@ def registers(shape) -> tuple[int, int, int]:
 def _consumed_barrier(shape, *, num_arrivals: int, num_barriers: int):
     """The barriers a consumer arrives on once it has read a stage: a cluster barrier when the stage also receives
     the other block's multicast (its memory warpgroup must wait for this block's consumers too)."""
-    axes = shape.cluster_axes()
+    axes = shape.multicast(0) or shape.multicast(1)
     if not axes:
         return plgpu.Barrier(num_arrivals=num_arrivals, num_barriers=num_barriers)
     return plgpu.ClusterBarrier(collective_axes=axes, num_arrivals=num_arrivals, num_barriers=num_barriers)
