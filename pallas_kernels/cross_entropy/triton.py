@@ -44,8 +44,8 @@ Measured (H100, bf16, CUPTI, XLA in the same run; benchmarks/results/NOTES.md, "
 1.07-1.10x XLA at 8192x4096x128256, 1.12-1.13x at 4096x2048x256000, 1.06-1.08x at 16384x4096x32000 with 2048, 1024
 and 2048-row chunks (6.3-9.4% of XLA's temporaries); with temp_fraction=0.05 (1024, 512 and 1024 rows, 3.7-5.0%):
 1.042-1.097, 1.024-1.035 and 1.029-1.044x over three runs, the dw updates over shorter chunks re-reading dw more
-often; 1536-row chunks at 16384x4096x32000 (5.0%, the rule's since 2026-11-24's eleventh session) 1.038-1.044x in
-four runs. Evaluation 1.02-1.05x.
+often; 1536-row chunks at 16384x4096x32000 (5.0%, the rule's since 2026-11-24's eleventh session) 1.038-1.053x in
+five runs. Evaluation 1.02-1.05x.
 
 Why not the earlier design (one Pallas kernel for the forward's online log-sum-exp over vocabulary tiles, a
 backward recomputing the logits: 4 GEMMs, Pallas-Triton GEMMs 15-20% below cuBLAS; in the history up to commit
