@@ -142,8 +142,7 @@ def chunk_rows_for(B: int, H: int, V: int, dtype, fraction: float = TEMP_FRACTIO
     0.59x and 384-row ones (11 chunks) 0.77x (cross_entropy_chunks_*-h100-5a405ac.json); at 16384x4096x32000 1024
     rows (16 chunks) 1.017-1.029x and 1536 (11, the last of 1024) 1.038-1.053x in five runs (-019d28d, -00f4e6b,
     cross_entropy_chunks_16k_32k-h100-{b61eb60,a9aae4b}.json, cross_entropy_5pct-h100-ac73455.json). Within 10% at
-    the small model's head
-    (8192x512x32768): 1024 rows 1.28x, 1664 (5 chunks) 1.33x."""
+    the small model's head (8192x512x32768): 1024 rows 1.28x, 1664 (5 chunks) 1.33x."""
     s = jnp.dtype(dtype).itemsize
     budget = fraction * B * V * (s + 4) - GEMM_WORKSPACE_BYTES
     limit = max(128, int(budget // ((V + 2 * H) * s)) // 128 * 128)
