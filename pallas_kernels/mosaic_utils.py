@@ -146,14 +146,14 @@ def kernel_accumulating(body, *, accumulator: jax.ShapeDtypeStruct, out_type, sc
 
 
 def kernel_updating(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, thread_name, name: str,
-                    semantics: str = "lane", cluster=(), cluster_names=(), **params):
-    """Like ``kernel``, plus one global buffer the kernel reads and writes in place: the returned function takes
-    ``(*inputs, buffer)`` and gives ``(outputs, updated buffer)``; ``body(*inputs, buffer_ref, *outputs,
-    *scratch)``.
+                    semantics: str = "lane", cluster=(), cluster_names=(), buffers: int = 1, **params):
+    """Like ``kernel``, plus ``buffers`` global buffers the kernel reads and writes in place: the returned function
+    takes ``(*inputs, *buffers)`` and gives ``(outputs, updated buffer)`` (a tuple of them when buffers > 1);
+    ``body(*inputs, *buffer_refs, *outputs, *scratch)``.
 
-    The buffer is a ``jax.new_ref`` passed to ``pl.kernel``, which aliases it in and out of the kernel
+    Each buffer is a ``jax.new_ref`` passed to ``pl.kernel``, which aliases it in and out of the kernel
     (``plgpu.kernel`` takes no refs): where the caller's buffer is dead afterwards (a loop carry), XLA updates it
-    without a copy. The ref is discharged right here (``_discharged``): callers may run this under
+    without a copy. The refs are discharged right here (``_discharged``): callers may run this under
     ``custom_vmap``, which has no state-discharge rule. No interpret mode."""
     if _INTERPRET_SMS.get() is not None:
         raise NotImplementedError(f"{name}: a kernel updating a buffer in place has no GPU interpret mode here")
@@ -162,19 +162,20 @@ def kernel_updating(body, *, out_type, scratch_types=(), grid, grid_names, num_t
     mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, cluster=cluster, cluster_names=cluster_names,
                       num_threads=num_threads, thread_name=thread_name, kernel_name=name)
 
-    def with_ref(*inputs_and_buffer):
-        *inputs, buffer = inputs_and_buffer
-        ref = jax.new_ref(buffer)
+    def with_refs(*inputs_and_buffers):
+        inputs, values = inputs_and_buffers[:-buffers], inputs_and_buffers[-buffers:]
+        refs = [jax.new_ref(v) for v in values]
 
-        def scoped(*refs):
-            pl.run_scoped(functools.partial(body, *refs), *scratch_types, collective_axes=thread_name)
+        def scoped(*kernel_refs):
+            pl.run_scoped(functools.partial(body, *kernel_refs), *scratch_types, collective_axes=thread_name)
 
         scoped.__name__ = name  # the kernel's name where pl.kernel takes the body's (jax 0.10.2)
         outs = pl.kernel(scoped, out_type=out_type, mesh=mesh, compiler_params=compiler_params(semantics, **params),
-                         name=name)(*inputs, ref)
-        return outs, jax.freeze(ref)
+                         name=name)(*inputs, *refs)
+        updated = tuple(jax.freeze(r) for r in refs)
+        return outs, (updated[0] if buffers == 1 else updated)
 
-    return _discharged(with_ref)
+    return _discharged(with_refs)
 
 
 def _discharged(fn):

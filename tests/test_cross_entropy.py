@@ -371,3 +371,83 @@ def test_sweep_candidates_are_valid_and_split_by_kernel():
         assert all(c[f] == base[f] for f in c if f not in ce_config.FORWARD_FIELDS)
     for c in backward:
         assert all(c[f] == base[f] for f in ce_config.FORWARD_FIELDS)
+
+
+# ------------------------------------------------------------------------------------------------ fused chunk step
+def _fused_step_inputs(Bc, H, V, seed=0):
+    keys = jax.random.split(jax.random.key(seed), 5)
+    bf16 = lambda k, shape, scale: (scale * jax.random.normal(k, shape, jnp.float32)).astype(jnp.bfloat16)  # noqa
+    return (bf16(keys[0], (Bc, H), 1.0), bf16(keys[1], (Bc, V), 1e-3), bf16(keys[2], (Bc, H), 1.0),
+            bf16(keys[3], (H, V), 0.05), bf16(keys[4], (H, V), 1e-2))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the fused chunk step runs on an sm90 GPU (its lowering is tested on CPU)")
+@pytest.mark.parametrize("V", [1024, 128 * 300])  # 8 units (most blocks idle); 300 units (2-3 per block)
+@pytest.mark.parametrize("first", [True, False], ids=["first", "accumulating"])
+def test_fused_step_kernel_matches_reference(V, first):
+    """One fused chunk step against float32 products: the logits h_next·w (stored over dl's buffer), dw +
+    h_prevᵀ·dl (or h_prevᵀ·dl for the first chunk), and the lse of the stored logits."""
+    from pallas_kernels.cross_entropy import mosaic_step
+
+    Bc, H = 256, 512
+    h_prev, dl, h_next, w, dw = _fused_step_inputs(Bc, H, V)
+    f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
+    want_logits = f32(h_next) @ f32(w)
+    want_dw = f32(h_prev).T @ f32(dl) + (0.0 if first else f32(dw))
+    logits, new_dw, lse = jax.jit(mosaic_step.update_and_logits)(h_prev, dl, h_next, w, None if first else dw)
+    for name, got, want in (("logits", logits, want_logits), ("dw", new_dw, want_dw)):
+        got = f32(got)
+        assert bool(jnp.all(jnp.isfinite(got))), name
+        err = float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want)))
+        assert err < 1e-2, (name, err)
+    want_lse = jax.nn.logsumexp(f32(logits), axis=1)
+    assert float(jnp.max(jnp.abs(lse - want_lse))) < 1e-4 * float(jnp.max(jnp.abs(want_lse)))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the fused chunk step runs on an sm90 GPU (its lowering is tested on CPU)")
+@pytest.mark.parametrize("reduction,B", [("mean", 1024), ("sum", 512)], ids=["4_chunks", "2_chunks"])
+def test_fused_step_loss_matches_reference(reduction, B):
+    """value_and_grad with the fused chunk steps (fused_step "on": the first chunk's logits, fused steps, the last
+    chunk's update alone) against the float32 reference, z-loss and ignored rows included."""
+    _TRITON.check_against_reference(B, 512, 2048, jnp.bfloat16, reduction=reduction, z_loss=1e-3,
+                                    block_sizes={"chunk_rows": 256, "fused_step": "on"})
+
+
+def test_fused_step_lowers_for_cuda_and_falls_back():
+    """Lowered for CUDA: with fused_step "on" (and "auto") value-and-grad runs the first chunk's logits GEMM, one
+    fused kernel for the peeled step and one in the loop (each aliasing dl's buffer to its logits and, in the
+    loop, dw to itself), and the last chunk's update; "auto" keeps the separate GEMMs where logits_gemm or
+    dw_gemm asks for XLA's, and where B is not whole chunks or H not a multiple of chunk_rows, which "on" names."""
+    from pallas_kernels.cross_entropy import mosaic_step
+
+    B, H, V = 1024, 512, 2048
+    args = (jax.ShapeDtypeStruct((B, H), jnp.bfloat16), jax.ShapeDtypeStruct((H, V), jnp.bfloat16),
+            jax.ShapeDtypeStruct((B,), jnp.int32))
+
+    def grad_fn(**sizes):
+        return jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes=dict({"chunk_rows": 256}, **sizes)),
+                                  argnums=(0, 1))
+
+    def lowered(fn, *args):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+        kernels_on = mosaic_ir.lower_kernels(grad_fn(fused_step="on"), *args)
+        auto = lowered(grad_fn(), *args)
+        assert lowered(grad_fn(fused_step="on"), *args) == auto
+        separate = lowered(grad_fn(fused_step="off"), *args)
+        assert lowered(grad_fn(logits_gemm="xla"), *args).count("@mosaic_gpu") == 1  # dw updates only
+        with pytest.raises(ValueError, match="fused_step='on' cannot run here: B=1000 is not two or more whole"):
+            lowered(grad_fn(fused_step="on"), jax.ShapeDtypeStruct((1000, H), jnp.bfloat16), args[1],
+                    jax.ShapeDtypeStruct((1000,), jnp.int32))
+        with pytest.raises(ValueError, match="H=384 is not a multiple of chunk_rows=256"):
+            lowered(grad_fn(fused_step="on"), jax.ShapeDtypeStruct((B, 384), jnp.bfloat16),
+                    jax.ShapeDtypeStruct((384, V), jnp.bfloat16), args[2])
+    assert len(kernels_on) == 4  # logits of chunk 0, the peeled fused step, the loop's, the last update
+    fused = kernels_on[1:3]
+    assert all(k.wgmma() and k.smem_bytes <= 227 * 1024 for k in fused), [k.smem_bytes for k in fused]
+    assert auto.count("@mosaic_gpu") == 4 and separate.count("@mosaic_gpu") == 3
+    assert "output_operand_alias<output_tuple_indices = [3], operand_index = 3" in auto  # peeled: logits over dl
+    with pytest.raises(ValueError, match="update_and_logits: dw must be"):
+        mosaic_step.update_and_logits(*(jnp.zeros(s, jnp.bfloat16) for s in ((256, 512), (256, 2048), (256, 512),
+                                                                               (512, 2048), (512, 1024))))

@@ -29,7 +29,7 @@ from pallas_kernels import backends
 from pallas_kernels import gemm as mosaic_gemm
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["config_for", "logits_and_lse", "unsupported_reason"]
+__all__ = ["config_for", "logits_and_lse", "lse_from_blocks", "tile_statistics", "unsupported_reason"]
 
 _F32 = jnp.float32
 _BLOCK_MAX, _BLOCK_SUMEXP = "block_max", "block_sumexp"
@@ -74,6 +74,21 @@ def unsupported_reason(Bc: int, H: int, V: int, dtype) -> str | None:
     return mosaic_gemm.unsupported_reason(Bc, V, H, config_for(Bc, H, V, dtype), names=("chunk_rows", "V", "H"))
 
 
+def tile_statistics(acc: jax.Array, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(z, max, Σ exp(z − max)) of a float32 accumulator tile (tile_m, tile_n): z the tile rounded to ``dtype``
+    (what is stored; the row kernel's softmax of it sums to 1) as float32, the statistics per row (tile_m,)."""
+    z = acc.astype(dtype).astype(_F32)
+    block_max = jnp.max(z, axis=1)
+    block_sumexp = jnp.sum(jnp.exp(z - lax.broadcast_in_dim(block_max, z.shape, [0])), axis=1)
+    return z, block_max, block_sumexp
+
+
+def lse_from_blocks(block_max: jax.Array, block_sumexp: jax.Array) -> jax.Array:
+    """lse (Bc,) float32 of per-column-block statistics (C, Bc): M + log Σ_c s_c·exp(m_c − M), M = max_c m_c."""
+    row_max = jnp.max(block_max, axis=0)
+    return row_max + jnp.log(jnp.sum(block_sumexp * jnp.exp(block_max - row_max), axis=0))
+
+
 def _stats_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
     """Epilogue: the tile rounded to ``dtype`` (what is stored), and per row its max and Σ exp(z − max) over those
     rounded values, into row ``col_block`` of the (V / tile_n, Bc) outputs."""
@@ -81,9 +96,7 @@ def _stats_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
 
     def epilogue(ctx, acc, carry):
         del ctx, carry
-        z = acc.astype(dtype).astype(_F32)  # the stored logits: the row kernel's softmax of them sums to 1
-        block_max = jnp.max(z, axis=1)  # (tile_m,)
-        block_sumexp = jnp.sum(jnp.exp(z - lax.broadcast_in_dim(block_max, z.shape, [0])), axis=1)
+        z, block_max, block_sumexp = tile_statistics(acc, dtype)
         return z, {_BLOCK_MAX: block_max, _BLOCK_SUMEXP: block_sumexp}
 
     stats = jax.ShapeDtypeStruct((blocks, Bc), _F32)
@@ -101,6 +114,4 @@ def logits_and_lse(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
     logits, block_max, block_sumexp = mosaic_gemm.gemm(
         h_c, w, config=config, out_dtype=h_c.dtype, fusion=_stats_fusion(Bc, V, config.tile_n, h_c.dtype),
         name="linear_cross_entropy_logits")
-    row_max = jnp.max(block_max, axis=0)  # (Bc,)
-    lse = row_max + jnp.log(jnp.sum(block_sumexp * jnp.exp(block_max - row_max), axis=0))
-    return logits, lse
+    return logits, lse_from_blocks(block_max, block_sumexp)

@@ -78,7 +78,7 @@ from pallas_kernels import triton_utils as tu
 from pallas_kernels import gemm as mosaic_gemm
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.cross_entropy import config as _config
-from pallas_kernels.cross_entropy import mosaic_logits
+from pallas_kernels.cross_entropy import mosaic_logits, mosaic_step
 from pallas_kernels.cross_entropy.triton_rows import RowOptions, row_pass
 
 __all__ = ["Config", "FORWARD_FIELDS", "default_config", "linear_cross_entropy", "sweep_candidates",
@@ -306,6 +306,82 @@ def _chunk_paths(h, w, st: _Static, wanted: _Wanted, forward: bool, Bc: int, fir
                        logits=forward and _mosaic_logits(h, w, st, Bc))
 
 
+def _dh_chunk(dl, w, on_mosaic: bool, dtype):
+    """GEMM 2: a chunk's dh_c (rows, H) = dl·wᵀ in ``dtype``, on the Mosaic core (w read transposed in SMEM; XLA
+    stores the result in dh's rows in place) or XLA's."""
+    if on_mosaic:
+        H, V = w.shape
+        return mosaic_gemm.matmul(dl, w, transpose_b=True, config=_dh_config(dl.shape[0], H, V, dtype))
+    return lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=_precision(dtype), preferred_element_type=dtype)
+
+
+def _fused_step_reason(h, w, st: _Static) -> str | None:
+    """None when the forward rule can run each chunk's dw update beside the next chunk's logits in one kernel
+    (``mosaic_step``); else the sentence why not."""
+    B, H = h.shape
+    Bc = st.chunk_rows
+    if B % Bc or B // Bc < 2:
+        return f"B={B} is not two or more whole chunks of chunk_rows={Bc}"
+    if st.rows.config.dw_dtype != "param" or w.dtype != h.dtype:
+        return f"dw accumulates in {st.rows.config.dw_dtype} / {w.dtype}; the fused step adds into a dw of h's dtype"
+    return _mosaic_logits_reason(h, w, st, Bc) or mosaic_step.unsupported_reason(Bc, H, w.shape[1], h.dtype)
+
+
+def _fused_step(h, w, st: _Static, wanted: _Wanted) -> bool:
+    """Whether the forward rule takes the fused chunk steps (config.fused_step; "auto" not where logits_gemm or
+    dw_gemm asks for XLA's GEMM; ValueError when "on" cannot)."""
+    config = st.rows.config
+    choice = config.fused_step
+    if choice == "off" or not wanted.dw or (choice == "auto" and "xla" in (config.logits_gemm, config.dw_gemm)):
+        return False
+    reason = _fused_step_reason(h, w, st)
+    if reason and choice == "on":
+        raise ValueError(f"linear_cross_entropy: fused_step='on' cannot run here: {reason}")
+    return reason is None
+
+
+def _chunk_gradients_fused(h, w, labels, g, st: _Static, wanted: _Wanted):
+    """(total, dh, dw) as ``_chunk_gradients`` (forward rule, dw wanted), n = B / Bc whole chunks: chunk 0's logits
+    on the Mosaic logits GEMM, then per chunk s >= 1 one kernel adding chunk s − 1 into dw and writing chunk s's
+    logits over chunk s − 1's dlogits (``mosaic_step``), and chunk n − 1's update alone at the end. Each chunk's
+    dh rows are computed from its dlogits before the next kernel overwrites them."""
+    B = h.shape[0]
+    Bc = st.chunk_rows
+    n = B // Bc
+    on_dh = wanted.dh and _mosaic_dh(h, w, st, Bc)
+    chunk = lambda a, s: lax.dynamic_slice_in_dim(a, s * Bc, Bc)  # noqa: E731
+
+    def finish(s, logits_c, lse_c, total, dh):
+        """Chunk s's dlogits (over its logits), its weighted loss added to total, its dh rows written."""
+        y_c, g_c = chunk(labels, s), chunk(g, s)
+        zy = _label_logit(logits_c, y_c)
+        dl, _, _ = row_pass(logits_c, y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)
+        total = total + jnp.sum(g_c * _row_loss(lse_c, zy, st))
+        if wanted.dh:
+            dh = lax.dynamic_update_slice_in_dim(dh, _dh_chunk(dl, w, on_dh, h.dtype), s * Bc, 0)
+        return dl, total, dh
+
+    dh = lax.empty(h.shape, h.dtype) if wanted.dh else None  # every row is written (see _chunk_gradients)
+    dl, total, dh = finish(0, *mosaic_logits.logits_and_lse(chunk(h, 0), w), jnp.float32(0.0), dh)
+    logits, dw, lse = mosaic_step.update_and_logits(chunk(h, 0), dl, chunk(h, 1), w)
+    dl, total, dh = finish(1, logits, lse, total, dh)
+
+    def step(s, carry):
+        total, dh, dw, dl = carry
+        logits, dw, lse = mosaic_step.update_and_logits(chunk(h, s - 1), dl, chunk(h, s), w, dw)
+        dl, total, dh = finish(s, logits, lse, total, dh)
+        return total, dh, dw, dl
+
+    total, dh, dw, dl = lax.fori_loop(2, n, step, (total, dh, dw, dl))
+    last = chunk(h, n - 1)
+    if _mosaic_dw(h, w, st, Bc):
+        dw = mosaic_gemm.matmul(last, dl, transpose_a=True, accumulate_into=dw)
+    else:
+        dw = dw + lax.dot_general(last, dl, (((0,), (0,)), ((), ())), precision=_precision(h.dtype),
+                                  preferred_element_type=w.dtype)
+    return total, dh, dw
+
+
 def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     """(total, dh, dw): total = Σ g·row loss (float32; 0 when lse is given), dh (B, H) in h's dtype and dw (H, V)
     in w's dtype (None where ``wanted`` says the caller does not differentiate that input: its GEMM never runs), for
@@ -315,6 +391,8 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
     The last chunk runs first, outside the loop, on its B − (n − 1)·Bc rows; where the config asks for a Mosaic
     GEMM that those rows do not tile, it takes Bc rows instead, the ones it shares with the chunk before weighted 0
     there (that chunk counts them)."""
+    if lse is None and _fused_step(h, w, st, wanted):
+        return _chunk_gradients_fused(h, w, labels, g, st, wanted)
     B = h.shape[0]
     Bc = st.chunk_rows
     n = pl.cdiv(B, Bc)
@@ -345,15 +423,10 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         total = jnp.float32(0.0) if zy is None else jnp.sum(g_c * _row_loss(lse_c, zy, st))
         dh, dw = (None, None) if first else carry[1:]
         if wanted.dh:
-            if on.dh:  # (rows, H) = dl wᵀ, w read transposed in SMEM; XLA stores it in dh's rows in place
-                H, V = w.shape
-                dh_c = mosaic_gemm.matmul(dl, w, transpose_b=True, config=_dh_config(dl.shape[0], H, V, h.dtype))
-            else:
-                dh_c = lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=prec,
-                                       preferred_element_type=h.dtype)  # (rows, H) = dl wᵀ
             # the first step's buffer is uninitialized (XLA's AllocateBuffer, zeros off the GPU): the steps write
             # every row, [B - rows, B) first and [0, (n - 1)·Bc) in the loop; zeros would cost a (B, H) write
-            dh = lax.dynamic_update_slice_in_dim(lax.empty(h.shape, h.dtype) if first else dh, dh_c, start, 0)
+            dh = lax.dynamic_update_slice_in_dim(lax.empty(h.shape, h.dtype) if first else dh,
+                                                 _dh_chunk(dl, w, on.dh, h.dtype), start, 0)
         if wanted.dw and on.dw:  # dw += h_cᵀ dl in place, h_c read transposed in SMEM
             dw = mosaic_gemm.matmul(h_c, dl, transpose_a=True, accumulate_into=dw)
         elif wanted.dw:
