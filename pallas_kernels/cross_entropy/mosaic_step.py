@@ -57,6 +57,7 @@ NUM_STAGES = 4  # ring of (128 x 64, 64 x 128) operand stages: 128 KiB, plus two
 _MEMORY_WG = 2
 _MMA_REGISTERS, _MEMORY_REGISTERS = 232, 40
 _UPDATE, _LOGITS = "update", "logits"
+_LAG = 2  # rounds between a unit's update tiles and its logits tiles (which wait for them only before storing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,41 +110,53 @@ def unsupported_reason(Bc: int, H: int, V: int, dtype) -> str | None:
     return None
 
 
-def _walk(geom: _Geometry, sm, grid, tile):
-    """Calls ``tile(kind, m, v, t, g)`` for the block's tiles in order: kind, the tile's row block m and unit v,
-    its index t in the block's sequence and the ring position g of its first K step."""
-    units = lax.div(geom.units - sm + grid - 1, grid)  # this block's units (0 where sm >= units)
-    n_d, n_l, q = geom.update_tiles, geom.logits_tiles, geom.group
-    k_d, k_l, unit_steps = geom.k_steps(_UPDATE), geom.k_steps(_LOGITS), geom.unit_steps
+def _walk(geom: _Geometry, sm, grid: int, tile, end_round=None):
+    """Calls ``tile(kind, m, v, t, g)`` for the block's tiles in order (kind, row block m, unit v, the tile's index t
+    in the block's sequence, the ring position g of its first K step), and ``end_round(v, has_update)`` after each
+    round; returns (tiles, K steps) of the block.
 
-    def slot(r, carry):
-        has_d, has_l = r < units, r >= 1
-        hd, hl = has_d.astype(jnp.int32), has_l.astype(jnp.int32)
-        t0 = jnp.where(r == 0, 0, n_d + (r - 1) * (n_d + n_l))
-        g0 = jnp.where(r == 0, 0, unit_steps + (r - 1) * 2 * unit_steps)
-        v_d = sm + r * grid
+    Round j: the update tiles of unit j·grid + sm (if it exists) in groups of ``group``, each group followed by one
+    logits tile of round j − _LAG's units: the block's i-th one is tile τ = i·grid + sm of that round's
+    grid·(Bc / 128) logits tiles, unit τ // (Bc / 128), row block τ % (Bc / 128), so neighbouring blocks take the row
+    blocks of one unit at once and share its w columns through L2."""
+    n_l, q = geom.logits_tiles, geom.group
+    k_d, k_l = geom.k_steps(_UPDATE), geom.k_steps(_LOGITS)
+    rounds = pl.cdiv(geom.units, grid)
+
+    def one_round(j, carry):
+        v_d = j * grid + sm
+        has_d = (j < rounds) & (v_d < geom.units)
+        hd = has_d.astype(jnp.int32)
 
         def group(i, carry):
-            t1, g1 = t0 + i * (q * hd + hl), g0 + i * (q * k_d * hd + k_l * hl)
+            t, g = carry
 
             @pl.when(has_d)
             def _updates():
-                def one(j, c):
-                    tile(_UPDATE, i * q + j, v_d, t1 + j, g1 + j * k_d)
+                def one(r, c):
+                    tile(_UPDATE, i * q + r, v_d, t + r, g + r * k_d)
                     return c
 
                 lax.fori_loop(0, q, one, ())
 
+            t, g = t + q * hd, g + q * k_d * hd
+            tau = i * grid + sm
+            v_l = (j - _LAG) * grid + lax.div(tau, n_l)
+            has_l = (j >= _LAG) & (v_l < geom.units)
+
             @pl.when(has_l)
             def _logits():
-                tile(_LOGITS, i, v_d - grid, t1 + q * hd, g1 + q * k_d * hd)
+                tile(_LOGITS, lax.rem(tau, n_l), v_l, t, g)
 
-            return carry
+            hl = has_l.astype(jnp.int32)
+            return t + hl, g + k_l * hl
 
-        return lax.fori_loop(0, n_l, group, carry)
+        carry = lax.fori_loop(0, n_l, group, carry)
+        if end_round is not None:
+            end_round(v_d, has_d)
+        return carry
 
-    lax.fori_loop(0, units + 1, slot, ())
-    return units
+    return lax.fori_loop(0, rounds + _LAG, one_round, (jnp.int32(0), jnp.int32(0)))
 
 
 def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate: bool):
@@ -165,6 +178,9 @@ def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate
     def scope(a_stages, b_stages, tiles, tile_loaded, ready, consumed):
         wg = lax.axis_index("wg")
         sm = lax.axis_index("sm")
+        # per unit: each MMA warpgroup adds Bc / 128 once its update tiles of the unit are done; each of the unit's
+        # logits tiles takes 2 before storing over dl[:, v] (back to 0 at exit)
+        updated = pl.get_global(plgpu.SemaphoreType.REGULAR((geom.units,)))
 
         @pl.when(wg == _MEMORY_WG)
         def _memory():
@@ -190,8 +206,7 @@ def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate
 
                 lax.fori_loop(0, geom.k_steps(kind), step, ())
 
-            units = _walk(geom, sm, grid, loads)
-            total = units * 2 * geom.unit_steps  # the block's K steps: the last `stages` releases are awaited
+            _, total = _walk(geom, sm, grid, loads)  # the block's K steps: the last `stages` releases are awaited
             for j in range(stages):
                 @pl.when(total - stages + j >= 0)
                 def _drain():
@@ -236,6 +251,8 @@ def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate
                         out_tile, out = acc.astype(dtype), dw.at[rows, cols]
                     else:
                         z, tile_max, tile_sumexp = mosaic_logits.tile_statistics(acc, dtype)
+                        # the unit's update tiles (another block, _LAG rounds ago) have read dl[:, v]
+                        plgpu.semaphore_wait(updated.at[v], 2, memory_scope="gpu")
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                         out_tile, out = z.astype(dtype), chunk.at[rows, cols]
                         block_max.at[v, rows][...] = tile_max
@@ -251,7 +268,12 @@ def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate
                 def _own():
                     run(kind, m, v, t, g)
 
-            _walk(geom, sm, grid, owned)
+            def signal_updated(v, has_update):  # each warpgroup's update tiles of unit v are complete
+                @pl.when(has_update)
+                def _signal():
+                    plgpu.semaphore_signal(updated.at[v], geom.logits_tiles, memory_scope="gpu")
+
+            _walk(geom, sm, grid, owned, signal_updated)
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # all stores have left shared memory before exit
 

@@ -374,8 +374,8 @@ def _chunk_gradients_fused(h, w, labels, g, st: _Static, wanted: _Wanted):
 
     total, dh, dw, dl = lax.fori_loop(2, n, step, (total, dh, dw, dl))
     last = chunk(h, n - 1)
-    if _mosaic_dw(h, w, st, Bc):
-        dw = mosaic_gemm.matmul(last, dl, transpose_a=True, accumulate_into=dw)
+    if st.rows.config.dw_gemm != "xla" and _mosaic_dw_reason(h, w, st, Bc) is None:  # in place: XLA's dot and add
+        dw = mosaic_gemm.matmul(last, dl, transpose_a=True, accumulate_into=dw)  # here held a second (H, V) buffer
     else:
         dw = dw + lax.dot_general(last, dl, (((0,), (0,)), ((), ())), precision=_precision(h.dtype),
                                   preferred_element_type=w.dtype)
