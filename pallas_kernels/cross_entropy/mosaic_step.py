@@ -58,6 +58,9 @@ _MEMORY_WG = 2
 _MMA_REGISTERS, _MEMORY_REGISTERS = 232, 40
 _UPDATE, _LOGITS = "update", "logits"
 _LAG = 2  # rounds between a unit's update tiles and its logits tiles (which wait for them only before storing)
+# The tile kinds a kernel runs: both. A measurement hook (benchmarks/scripts/cross_entropy_fused_step.py times each
+# kind alone by patching it); with one kind the kernel's results are incomplete.
+_PARTS = (_UPDATE, _LOGITS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +128,7 @@ def _walk(geom: _Geometry, sm, grid: int, tile, end_round=None):
 
     def one_round(j, carry):
         v_d = j * grid + sm
-        has_d = (j < rounds) & (v_d < geom.units)
+        has_d = (j < rounds) & (v_d < geom.units) & (_UPDATE in _PARTS)
         hd = has_d.astype(jnp.int32)
 
         def group(i, carry):
@@ -142,7 +145,7 @@ def _walk(geom: _Geometry, sm, grid: int, tile, end_round=None):
             t, g = t + q * hd, g + q * k_d * hd
             tau = i * grid + sm
             v_l = (j - _LAG) * grid + lax.div(tau, n_l)
-            has_l = (j >= _LAG) & (v_l < geom.units)
+            has_l = (j >= _LAG) & (v_l < geom.units) & (_LOGITS in _PARTS)
 
             @pl.when(has_l)
             def _logits():
@@ -252,7 +255,8 @@ def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate
                     else:
                         z, tile_max, tile_sumexp = mosaic_logits.tile_statistics(acc, dtype)
                         # the unit's update tiles (another block, _LAG rounds ago) have read dl[:, v]
-                        plgpu.semaphore_wait(updated.at[v], 2, memory_scope="gpu")
+                        if _UPDATE in _PARTS:
+                            plgpu.semaphore_wait(updated.at[v], 2, memory_scope="gpu")
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                         out_tile, out = z.astype(dtype), chunk.at[rows, cols]
                         block_max.at[v, rows][...] = tile_max
