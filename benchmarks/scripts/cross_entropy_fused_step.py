@@ -4,7 +4,7 @@ softmax statistics (``mosaic_logits``), each alone, and the fused kernel with bo
 only and with logits tiles only (a measurement hook: incomplete results).
 
     PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_fused_step.py --out $OUT [--shapes 4k_256k,8k_128k]
-        [--temp-fraction 0.05] [--iterations 20]
+        [--temp-fraction 0.05] [--iterations 20] [--stages 3,5]
 
 Per shape (the suite's H and V, the memory rule's chunk Bc): µs of each kernel (CUPTI, medians, interleaved), with
 the floors of one chunk's work: the FLOPs of both GEMMs (2 · 2·Bc·H·V at 805 TFLOP/s) and the bytes they must move
@@ -36,10 +36,12 @@ def kernel_us(timing, prefix: str) -> float:
     return sum(us for name, us in timing.per_kernel_us.items() if name.startswith(prefix))
 
 
-def with_parts(parts: tuple):
-    """update_and_logits traced with only the tile kinds ``parts`` (``mosaic_step._PARTS``)."""
+def with_parts(parts: tuple, stages: int | None = None):
+    """update_and_logits traced with only the tile kinds ``parts`` (``mosaic_step._PARTS``) and ``stages`` ring
+    stages (default: mosaic_step.NUM_STAGES)."""
     def fn(*args):
-        with mock.patch.object(mosaic_step, "_PARTS", parts):
+        with mock.patch.object(mosaic_step, "_PARTS", parts), \
+                mock.patch.object(mosaic_step, "NUM_STAGES", stages or mosaic_step.NUM_STAGES):
             return mosaic_step.update_and_logits(*args)
 
     return fn
@@ -51,6 +53,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="4k_256k,8k_128k")
     parser.add_argument("--temp-fraction", type=float, default=0.05)
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--stages", default="", help="ring depths the fused kernel also runs with (e.g. 3,5)")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "cross_entropy_fused_step")
     for name in args.shapes.split(","):
@@ -71,6 +74,11 @@ def main() -> int:
         for parts in ("update", "logits"):
             calls[f"fused_{parts}_tiles_only"] = (jax.jit(with_parts((parts,))), (h_prev, dl, h_next, w, dw),
                                                   "linear_cross_entropy_update_and_logits")
+        for stages in [int(x) for x in args.stages.split(",") if x]:
+            for parts, label in (((mosaic_step._UPDATE, mosaic_step._LOGITS), ""), (("update",), "_update_tiles_only")):
+                calls[f"fused{label}_{stages}_stages"] = (jax.jit(with_parts(parts, stages)),
+                                                          (h_prev, dl, h_next, w, dw),
+                                                          "linear_cross_entropy_update_and_logits")
         row = dict(shape=name, B=B, H=H, V=V, chunk_rows=Bc,
                    floor_flops_us=2 * 2 * Bc * H * V / PEAK_FLOPS * 1e6,
                    floor_bytes_us=2 * (2 * H * V + 2 * Bc * V + H * V) / PEAK_BYTES * 1e6)
