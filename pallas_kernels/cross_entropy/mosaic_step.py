@@ -53,7 +53,7 @@ __all__ = ["NUM_STAGES", "unsupported_reason", "update_and_logits"]
 _F32 = jnp.float32
 _TILE = 128  # rows and columns of every tile (one warpgroup's float32 accumulator)
 _TILE_K = 64  # K per pipeline step
-NUM_STAGES = 4  # ring of (128 x 64, 64 x 128) operand stages: 128 KiB, plus two 32 KiB epilogue buffers
+NUM_STAGES = 5  # ring of (128 x 64, 64 x 128) operand stages: 160 KiB, plus two 32 KiB epilogue buffers
 _MEMORY_WG = 2
 _MMA_REGISTERS, _MEMORY_REGISTERS = 232, 40
 _UPDATE, _LOGITS = "update", "logits"
@@ -113,51 +113,47 @@ def unsupported_reason(Bc: int, H: int, V: int, dtype) -> str | None:
     return None
 
 
-def _walk(geom: _Geometry, sm, grid: int, tile, end_round=None):
+def _walk(geom: _Geometry, sm, grid: int, tile):
     """Calls ``tile(kind, m, v, t, g)`` for the block's tiles in order (kind, row block m, unit v, the tile's index t
-    in the block's sequence, the ring position g of its first K step), and ``end_round(v, has_update)`` after each
-    round; returns (tiles, K steps) of the block.
+    in the block's sequence, the ring position g of its first K step); returns (tiles, K steps) of the block.
 
-    Round j: the update tiles of unit j·grid + sm (if it exists) in groups of ``group``, each group followed by one
-    logits tile of round j − _LAG's units: the block's i-th one is tile τ = i·grid + sm of that round's
-    grid·(Bc / 128) logits tiles, unit τ // (Bc / 128), row block τ % (Bc / 128), so neighbouring blocks take the row
-    blocks of one unit at once and share its w columns through L2."""
-    n_l, q = geom.logits_tiles, geom.group
+    Round j covers the update tiles of units [j·grid, (j + 1)·grid) and the logits tiles of round j − _LAG's units,
+    each kind's tiles numbered τ = unit·n + row block (n of them per unit) within its round; the block's i-th tile of
+    a kind is τ = i·grid + sm, so neighbouring blocks take the row blocks of one unit at once and share its B
+    columns (dl[:, v], w[:, v]) through L2. The block's update tiles run in groups of ``group``, each followed by one
+    logits tile."""
+    n_d, n_l, q = geom.update_tiles, geom.logits_tiles, geom.group
     k_d, k_l = geom.k_steps(_UPDATE), geom.k_steps(_LOGITS)
     rounds = pl.cdiv(geom.units, grid)
 
     def one_round(j, carry):
-        v_d = j * grid + sm
-        has_d = (j < rounds) & (v_d < geom.units) & (_UPDATE in _PARTS)
-        hd = has_d.astype(jnp.int32)
-
         def group(i, carry):
-            t, g = carry
+            def update(r, carry):
+                t, g = carry
+                tau = (i * q + r) * grid + sm
+                v = j * grid + lax.div(tau, n_d)
+                present = (j < rounds) & (v < geom.units) & (_UPDATE in _PARTS)
 
-            @pl.when(has_d)
-            def _updates():
-                def one(r, c):
-                    tile(_UPDATE, i * q + r, v_d, t + r, g + r * k_d)
-                    return c
+                @pl.when(present)
+                def _update():
+                    tile(_UPDATE, lax.rem(tau, n_d), v, t, g)
 
-                lax.fori_loop(0, q, one, ())
+                p = present.astype(jnp.int32)
+                return t + p, g + k_d * p
 
-            t, g = t + q * hd, g + q * k_d * hd
+            t, g = lax.fori_loop(0, q, update, carry)
             tau = i * grid + sm
-            v_l = (j - _LAG) * grid + lax.div(tau, n_l)
-            has_l = (j >= _LAG) & (v_l < geom.units) & (_LOGITS in _PARTS)
+            v = (j - _LAG) * grid + lax.div(tau, n_l)
+            present = (j >= _LAG) & (v < geom.units) & (_LOGITS in _PARTS)
 
-            @pl.when(has_l)
+            @pl.when(present)
             def _logits():
-                tile(_LOGITS, lax.rem(tau, n_l), v_l, t, g)
+                tile(_LOGITS, lax.rem(tau, n_l), v, t, g)
 
-            hl = has_l.astype(jnp.int32)
-            return t + hl, g + k_l * hl
+            p = present.astype(jnp.int32)
+            return t + p, g + k_l * p
 
-        carry = lax.fori_loop(0, n_l, group, carry)
-        if end_round is not None:
-            end_round(v_d, has_d)
-        return carry
+        return lax.fori_loop(0, n_l, group, carry)
 
     return lax.fori_loop(0, rounds + _LAG, one_round, (jnp.int32(0), jnp.int32(0)))
 
@@ -181,9 +177,21 @@ def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate
     def scope(a_stages, b_stages, tiles, tile_loaded, ready, consumed):
         wg = lax.axis_index("wg")
         sm = lax.axis_index("sm")
-        # per unit: each MMA warpgroup adds Bc / 128 once its update tiles of the unit are done; each of the unit's
-        # logits tiles takes 2 before storing over dl[:, v] (back to 0 at exit)
+        # Per unit v: updated[v] gets 1 from each update tile once its wgmma (so its loads of dl[:, v]) are done;
+        # the unit's logits tile of row block 0 takes all H / 128 before it stores over dl[:, v], then gives
+        # Bc / 128 − 1 to gate[v], from which each other logits tile of the unit takes 1 (both 0 again at exit).
         updated = pl.get_global(plgpu.SemaphoreType.REGULAR((geom.units,)))
+        gate = pl.get_global(plgpu.SemaphoreType.REGULAR((geom.units,)))
+
+        def wait_for_updates(m, v):
+            @pl.when(m == 0)
+            def _first():
+                plgpu.semaphore_wait(updated.at[v], geom.update_tiles, memory_scope="gpu")
+                plgpu.semaphore_signal(gate.at[v], geom.logits_tiles - 1, memory_scope="gpu")
+
+            @pl.when(m != 0)
+            def _others():
+                plgpu.semaphore_wait(gate.at[v], 1, memory_scope="gpu")
 
         @pl.when(wg == _MEMORY_WG)
         def _memory():
@@ -244,6 +252,8 @@ def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate
                     lax.fori_loop(0, k_steps, step, ())
                     plgpu.wgmma_wait(0)
                     plgpu.barrier_arrive(consumed.at[lax.rem(g + k_steps - 1, stages)])
+                    if kind == _UPDATE and _LOGITS in _PARTS:  # its loads of dl[:, v] have landed
+                        plgpu.semaphore_signal(updated.at[v], 1, memory_scope="gpu")
                     acc = acc_ref[...]
                     if kind == _UPDATE:
                         if accumulate:
@@ -254,9 +264,8 @@ def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate
                         out_tile, out = acc.astype(dtype), dw.at[rows, cols]
                     else:
                         z, tile_max, tile_sumexp = mosaic_logits.tile_statistics(acc, dtype)
-                        # the unit's update tiles (another block, _LAG rounds ago) have read dl[:, v]
-                        if _UPDATE in _PARTS:
-                            plgpu.semaphore_wait(updated.at[v], 2, memory_scope="gpu")
+                        if _UPDATE in _PARTS:  # the unit's update tiles (_LAG rounds ago) have read dl[:, v]
+                            wait_for_updates(m, v)
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                         out_tile, out = z.astype(dtype), chunk.at[rows, cols]
                         block_max.at[v, rows][...] = tile_max
@@ -272,12 +281,7 @@ def _kernel(h_t, h_next, w, chunk, *refs, geom: _Geometry, grid: int, accumulate
                 def _own():
                     run(kind, m, v, t, g)
 
-            def signal_updated(v, has_update):  # each warpgroup's update tiles of unit v are complete
-                @pl.when(has_update)
-                def _signal():
-                    plgpu.semaphore_signal(updated.at[v], geom.logits_tiles, memory_scope="gpu")
-
-            _walk(geom, sm, grid, owned, signal_updated)
+            _walk(geom, sm, grid, owned)
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # all stores have left shared memory before exit
 
