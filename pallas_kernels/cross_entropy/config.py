@@ -40,7 +40,7 @@ MAX_CHUNK_ROWS = 2048
 
 _CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla"),
             "dw_gemm": ("auto", "xla", "mosaic"), "logits_gemm": ("auto", "xla", "mosaic"),
-            "dh_gemm": ("auto", "xla", "mosaic"), "fused_step": ("auto", "off", "on")}
+            "dh_gemm": ("auto", "xla", "mosaic"), "fused_step": ("off", "on")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +85,11 @@ class LinearCrossEntropyConfig:
         steps: 5152 µs against XLA's GEMM 5135 plus its copies 73; 1536-row chunks (192 tiles in two waves) made the
         loss 6% slower with it than with XLA's (``triton._DH_MIN_WAVE``).
       fused_step: "on": the gradient's chunk loop runs chunk c − 1's dw update and chunk c's logits GEMM (with its
-        statistics) as one Mosaic-GPU kernel (``mosaic_step``: the update's dw traffic flows under the logits'
-        wgmma; sm90, B two or more whole chunks, 16-bit h, w and dw of one dtype, H a multiple of chunk_rows,
-        no logit_soft_cap; it overrides ``dw_gemm`` and ``logits_gemm``); "off": the two GEMMs as those say;
-        "auto" (default): on where it runs and neither of them asks for "xla".
+        statistics) as one Mosaic-GPU kernel (``mosaic_step``; sm90, B two or more whole chunks, 16-bit h, w and
+        dw of one dtype, H a multiple of chunk_rows, no logit_soft_cap; it overrides ``dw_gemm`` and
+        ``logits_gemm``); "off" (default): the two GEMMs as those say. Off because it is slower: on the H100 at
+        the 5% rule's chunks, 1962 µs per step against 1745 for the two kernels at 4096x2048x256000 and 4137
+        against 3091 at 8192x4096x128256 (``mosaic_step``'s docstring; benchmarks/results/NOTES.md).
     """
 
     # Row-kernel defaults: the fastest of four tilings timed alone on the H100 at the suite's shapes
@@ -107,7 +108,7 @@ class LinearCrossEntropyConfig:
     dw_gemm: str = "auto"
     logits_gemm: str = "auto"
     dh_gemm: str = "auto"
-    fused_step: str = "auto"
+    fused_step: str = "off"
 
     def __post_init__(self):
         tu.check_launch_fields(self)  # block_v, num_warps, num_stages

@@ -7,19 +7,29 @@
 
 Why one kernel: with short chunks (512 rows at 4096x2048x256000, the 5% memory rule) the dw update (K = Bc) moves
 2.36 GB per chunk for 0.54 TFLOP and runs on bandwidth (1017 µs against its 803 µs byte floor; 667 µs of FLOPs at
-805 TFLOP/s), while the logits GEMM, the same FLOPs, runs on the tensor cores (727 µs, reading 1.3 GB). Run as one
-kernel, the update's dw traffic can flow while the logits' wgmma run: 1334 µs of FLOPs and 3.7 GB (1250 µs) per
-chunk, against 1744 µs for the two kernels.
+805 TFLOP/s), while the logits GEMM, the same FLOPs, runs on the tensor cores (727 µs, reading 1.3 GB). In one
+kernel the update's dw traffic could flow while the logits' wgmma run: 1334 µs of FLOPs and 3.7 GB (1250 µs) per
+chunk, against 1745 µs for the two kernels.
 
-Layout. The vocabulary is cut into units of 128 columns (U = V / 128). A block (one per SM, persistent) owns the
-units sm, sm + grid, ...; unit v has H / 128 update tiles (128 rows of dw, K = Bc: A = h_prevᵀ rows, B = dl[:, v])
-and Bc / 128 logits tiles (128 rows of the chunk, K = H: A = h_next rows, B = w[:, v]); every tile is 128 x 128 and
-both kinds have the same FLOPs per unit. A unit's logits tiles are stored over dl[:, v], which only that unit's
-update tiles read: the block runs them one slot later, after every load of dl[:, v] has been consumed, so the
-in-place write is safe without any cross-block synchronisation. Slot r of a block interleaves unit r's update
-tiles with unit r − 1's logits tiles, in groups of H / Bc update tiles and one logits tile (equal K steps), so the
-block alternates between tiles that run on bandwidth and tiles that run on the tensor cores. The first slot holds
-update tiles only, the last logits tiles only.
+Measured, it does not (H100, ``benchmarks/scripts/cross_entropy_fused_step.py``, cross_entropy_fused_step-h100-
+fa22309.json): at 4096x2048x256000 (512-row chunks) 1962 µs against 1745 for the two kernels, its update tiles alone
+1040 and its logits tiles alone 763 (the separate kernels 1020 and 725); at 8192x4096x128256 (1024 rows) 4137
+against 3091. The kernel takes at least the sum of its parts. Our reading, not yet profiled: its two MMA
+warpgroups alternate whole tiles (one K loop at a time), so a block pulls an update tile's operands and dw only as
+fast as that one K loop runs, and the logits tiles between them add no concurrency; a layout where one warpgroup
+runs update tiles while the other runs logits tiles (two rings) would test it. ``config.fused_step`` is therefore
+off by default. Earlier layouts
+were slower still (NOTES.md): each block owning whole units read w's columns from HBM once per logits tile (2944 µs)
+and dl's once per update tile at 8192x4096x128256.
+
+Layout. The vocabulary is cut into units of 128 columns (U = V / 128); unit v has H / 128 update tiles (128 rows of
+dw, K = Bc: A = h_prevᵀ rows, B = dl[:, v]) and Bc / 128 logits tiles (128 rows of the chunk, K = H: A = h_next
+rows, B = w[:, v]); every tile is 128 x 128. A block (one per SM, persistent) walks rounds: round j holds the update
+tiles of units [j·grid, (j + 1)·grid) and the logits tiles of round j − 2's units, each kind spread so that
+neighbouring blocks take one unit's row blocks at once (its B columns shared through L2), in groups of H / Bc update
+tiles and one logits tile. A unit's logits tiles are stored over dl[:, v], which only that unit's update tiles read:
+per-unit global semaphores make the logits tile of row block 0 wait (before its store only) for all the unit's
+update tiles, and the unit's other logits tiles for it; two rounds of lag make those waits rare.
 
 Warpgroups (ping-pong, as ``gemm.specialized``): 0 and 1 issue wgmma on alternate tiles of the block's sequence (one's
 epilogue runs under the other's K loop), 2 issues the TMA loads into a ring of stages. ``ready`` has one barrier per
