@@ -84,7 +84,8 @@ class LinearCrossEntropyConfig:
         chunks, nor stream-K for a last wave of few tiles). Measured on the H100 at 1024x4096x32000 per chunk, 16
         steps: 5152 µs against XLA's GEMM 5135 plus its copies 73; 1536-row chunks (192 tiles in two waves) made the
         loss 6% slower with it than with XLA's (``triton._DH_MIN_WAVE``).
-      fused_step: "on": the gradient's chunk loop runs chunk c − 1's dw update and chunk c's logits GEMM (with its
+      fused_step: "on": the gradient's chunk loop (the forward rule of reduction "mean" / "sum"; "none"'s backward
+        keeps the separate GEMMs) runs chunk c − 1's dw update and chunk c's logits GEMM (with its
         statistics) as one Mosaic-GPU kernel (``mosaic_step``; sm90, B two or more whole chunks, 16-bit h, w and
         dw of one dtype, H a multiple of chunk_rows, no logit_soft_cap; it overrides ``dw_gemm`` and
         ``logits_gemm``); "off" (default): the two GEMMs as those say. Off because it is slower: on the H100 at
