@@ -94,15 +94,11 @@ class _Geometry:
         return self.Bc // _TILE
 
     @property
-    def group(self) -> int:  # update tiles per logits tile in a slot
+    def group(self) -> int:  # update tiles per logits tile in a round
         return self.H // self.Bc
 
     def k_steps(self, kind: str) -> int:
         return (self.Bc if kind == _UPDATE else self.H) // _TILE_K
-
-    @property
-    def unit_steps(self) -> int:  # K steps of one kind's tiles of one unit (equal for both kinds)
-        return self.update_tiles * self.k_steps(_UPDATE)
 
 
 def unsupported_reason(Bc: int, H: int, V: int, dtype) -> str | None:
