@@ -36,6 +36,7 @@ _LAUNCH = re.compile(r"gpu\.launch .*blocks\(.*\) in \(%\w+ = (%\w+), %\w+ = (%\
 _CLUSTER = re.compile(r"gpu\.launch .*clusters\(.*\) in \(%\w+ = (%\w+), %\w+ = (%\w+), %\w+ = (%\w+)\) blocks")
 _TMA_LOAD = "nvvm.cp.async.bulk.tensor.shared.cluster.global"
 _TMA_STORE = "nvvm.cp.async.bulk.tensor.global.shared.cta"
+_TMA_REDUCE = "cp.reduce.async.bulk.tensor"  # a TMA store that reduces into global memory (inline PTX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,11 @@ class MosaicKernel:
         """TMA copies shared -> global memory."""
         return self.op_counts().get(_TMA_STORE, 0)
 
+    def tma_reduce_stores(self) -> dict[str, int]:
+        """TMA copies shared -> global memory that reduce into the destination, by operation, e.g. {"add": 4}."""
+        ops = re.findall(re.escape(_TMA_REDUCE) + r"\.\w+\.global\.shared::cta\.(\w+)\.", self.text)
+        return dict(collections.Counter(ops))
+
     def barriers(self) -> int:
         """mbarriers initialized (one per slot of each barrier array)."""
         return self.op_counts().get("nvvm.mbarrier.init", 0)
@@ -91,9 +97,10 @@ class MosaicKernel:
         wgmma = "; ".join(f"{n}× {k}" for k, n in self.wgmma().items()) or "none"
         cluster = f" in clusters of {self.cluster}" if self.cluster != (1, 1, 1) else ""
         multicast = f" ({self.tma_multicast_loads()} multicast)" if self.tma_multicast_loads() else ""
+        reduce = "".join(f", {n} reduce-{op}" for op, n in self.tma_reduce_stores().items())
         return (f"{self.name}: grid {self.grid}{cluster}, {self.threads} threads ({self.warpgroups} warpgroups), "
                 f"{self.smem_bytes} B shared memory; wgmma: {wgmma}; TMA: {self.tma_loads()} loads{multicast}, "
-                f"{self.tma_stores()} stores; {self.barriers()} mbarriers; {ops.get('scf.for', 0)} loops")
+                f"{self.tma_stores()} stores{reduce}; {self.barriers()} mbarriers; {ops.get('scf.for', 0)} loops")
 
 
 def _constant(text: str, name: str) -> int:

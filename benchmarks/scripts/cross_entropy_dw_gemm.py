@@ -85,6 +85,11 @@ UPDATE_CONFIGS = {  # overrides of the accumulating default (3 stages of 128x256
                                    delay_release=1, grid_minor="m", cluster="m"),
     "pingpong_k128_cluster_m": dict(tile_m=128, tile_n=128, tile_k=128, schedule="pingpong", num_stages=2,
                                     delay_release=1, grid_minor="m", cluster="m"),
+    # no c read in the block: the epilogue's pieces reduce-added into dw by the TMA store; the two c tiles'
+    # shared memory freed for a stage (6 ping-pong 128x128 stages at K <= 512, 4 of 128x256 blocks above)
+    "tma_add": dict(accumulate="tma_add"),
+    "tma_add_6stages": dict(accumulate="tma_add", num_stages=6),
+    "tma_add_4stages": dict(accumulate="tma_add", num_stages=4),
 }
 
 
@@ -141,9 +146,9 @@ def time_dw_update(H: int, V: int, Bc: int, iterations: int, configs=None) -> di
 def loss_fns(labels, Bc: int, dw_configs=(), logits_configs=()):
     """value_and_grad of plain XLA's loss, of the fused loss with cuBLAS's dw update, and with the Mosaic update:
     the accumulating default config, and for each name of ``dw_configs`` that UPDATE_CONFIGS entry over it
-    (``dw_mosaic_<name>``); each with cuBLAS's logits, and the first two also with the logits and their
-    statistics from the Mosaic GEMM core (``*_stats``: ``logits_gemm="mosaic"``). Each jitted function is traced
-    at its first call inside ``with_config``."""
+    (``dw_mosaic_<name>``); each with cuBLAS's logits, and all but the XLA one also with the logits and their
+    statistics from the Mosaic GEMM core (``*_stats``: ``logits_gemm="mosaic"``; ``dw_mosaic_stats_<name>``).
+    Each jitted function is traced at its first call inside ``with_config``."""
     def fused(dw_gemm, overrides=None, logits_gemm="xla"):
         sizes = {"chunk_rows": Bc, "dw_gemm": dw_gemm, "logits_gemm": logits_gemm}
         fn = jax.jit(jax.value_and_grad(lambda h, w: pallas_kernels.linear_cross_entropy(
@@ -155,6 +160,8 @@ def loss_fns(labels, Bc: int, dw_configs=(), logits_configs=()):
            "dw_xla_stats": fused("xla", logits_gemm="mosaic"),
            "dw_mosaic_stats": fused("mosaic", logits_gemm="mosaic")}
     fns.update({f"dw_mosaic_{name}": fused("mosaic", UPDATE_CONFIGS[name]) for name in dw_configs})
+    fns.update({f"dw_mosaic_stats_{name}": fused("mosaic", UPDATE_CONFIGS[name], logits_gemm="mosaic")
+                for name in dw_configs})
     dw_auto = "mosaic" if Bc <= mosaic_gemm.SHORT_K else "xla"
     fns.update({f"dw_{dw_auto}_stats_{name}": with_logits_config(fused(dw_auto, logits_gemm="mosaic"),
                                                                  LOGITS_CONFIGS[name]) for name in logits_configs})
