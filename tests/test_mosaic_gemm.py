@@ -289,33 +289,6 @@ def test_accumulate_into_is_one_kernel_updating_its_buffer_in_place():
         matmul(a, b, transpose_a=True, out_dtype=jnp.float32, accumulate_into=jnp.zeros((256, 1024), jnp.bfloat16))
 
 
-@cpu_only
-def test_accumulate_by_tma_add_reduces_into_c_without_reading_it():
-    """accumulate="tma_add": the block loads only the A and B tiles (no c tile), stores every output piece with a
-    TMA reduce-add into c's aliased buffer, and frees c's two tiles of shared memory (a sixth ping-pong stage fits
-    where "prefetch" fills it with five); any other value is a ValueError naming the field."""
-    a_t, b, c = S((512, 256), jnp.bfloat16), S((512, 1024), jnp.bfloat16), S((256, 1024), jnp.bfloat16)
-    prefetch = default_config(256, 1024, 512, accumulate_dtype=jnp.bfloat16)
-    kernels = {}
-    for accumulate, stages in (("prefetch", 5), ("tma_add", 5), ("tma_add", 6)):
-        config = dataclasses.replace(prefetch, accumulate=accumulate, num_stages=stages)
-        (kernels[accumulate, stages],) = mosaic_ir.lower_kernels(
-            lambda a_t, b, c, config=config: matmul(a_t, b, transpose_a=True, accumulate_into=c, config=config),
-            a_t, b, c)
-    before, after, six = kernels["prefetch", 5], kernels["tma_add", 5], kernels["tma_add", 6]
-    assert before.tma_reduce_stores() == {} and before.tma_stores() >= 1
-    assert after.tma_reduce_stores() == {"add": len(after.text.split("cp.reduce.async.bulk.tensor")) - 1}
-    assert after.tma_reduce_stores()["add"] >= 1 and after.tma_stores() == 0
-    assert after.tma_loads() == before.tma_loads() - 1  # the c tile's prefetch is gone
-    assert after.smem_bytes <= before.smem_bytes - 32 * 1024 and six.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
-    program = jax.jit(lambda a_t, b, c: matmul(a_t, b, transpose_a=True, accumulate_into=c, config=dataclasses.replace(
-        prefetch, accumulate="tma_add")), donate_argnums=2).trace(a_t, b, c).lower(lowering_platforms=("cuda",))
-    assert "output_operand_alias<output_tuple_indices = [], operand_index = 2" in program.as_text()
-    with pytest.raises(ValueError, match=r"MosaicGemmConfig.accumulate: must be one of \('prefetch', 'tma_add'\), "
-                                         r"got 'atomic'"):
-        MosaicGemmConfig(accumulate="atomic")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Numbers: sm90 GPU (real and odd tile-multiple shapes); CPU interpret mode (slow, tiny shapes)
 # ---------------------------------------------------------------------------------------------------------------
@@ -388,16 +361,10 @@ def test_nan_in_an_operand_reaches_the_output():
 @pytest.mark.parametrize("dtype, config", [(jnp.bfloat16, None), (jnp.float16, None),
                                            (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5)),
                                            (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5,
-                                                                           delay_release=1, cluster="m")),
-                                           (jnp.bfloat16, MosaicGemmConfig(accumulate="tma_add")),
-                                           (jnp.float16, MosaicGemmConfig(accumulate="tma_add")),
-                                           (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=6,
-                                                                           delay_release=1, cluster="m",
-                                                                           accumulate="tma_add"))])
+                                                                           delay_release=1, cluster="m"))])
 def test_accumulate_into_on_the_gpu(dtype, config):
-    """Three chunked updates c += a_iᵀ b_i in a loop (in place) against the float32 sum, rounding once per update
-    (twice with accumulate="tma_add": the product, then the sum); the gradient of the accumulated input is the
-    cotangent."""
+    """Three chunked updates c += a_iᵀ b_i in a loop (in place) against the float32 sum, rounding once per update;
+    the gradient of the accumulated input is the cotangent."""
     M, K, N, chunks = 768, 512, 1280, 3
     a, b = (jax.random.normal(_key(), (chunks * K, n), jnp.float32).astype(dtype) for n in (M, N))  # chunk i: rows
     c0 = jax.random.normal(_key(), (M, N), jnp.float32).astype(dtype) * 10

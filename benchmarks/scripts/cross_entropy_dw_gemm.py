@@ -85,11 +85,6 @@ UPDATE_CONFIGS = {  # overrides of the accumulating default (3 stages of 128x256
                                    delay_release=1, grid_minor="m", cluster="m"),
     "pingpong_k128_cluster_m": dict(tile_m=128, tile_n=128, tile_k=128, schedule="pingpong", num_stages=2,
                                     delay_release=1, grid_minor="m", cluster="m"),
-    # no c read in the block: the epilogue's pieces reduce-added into dw by the TMA store; the two c tiles'
-    # shared memory freed for a stage (6 ping-pong 128x128 stages at K <= 512, 4 of 128x256 blocks above)
-    "tma_add": dict(accumulate="tma_add"),
-    "tma_add_6stages": dict(accumulate="tma_add", num_stages=6),
-    "tma_add_4stages": dict(accumulate="tma_add", num_stages=4),
 }
 
 

@@ -86,10 +86,8 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
         return pick_config(M, N, K)
     short_k = (_ACCUMULATE_SHORT_K, _ACCUMULATE_SHORT_K_PAIRLESS)
     config = pick_config(M, N, K, (*(short_k if K <= SHORT_K else (_ACCUMULATE_LONG_K,)), *CANDIDATES))
-    prefetch = config.accumulate == "prefetch"
-    while config.num_stages > 2 and smem_bytes(config, dtype, accumulate_dtype,
-                                               tile_input_dtypes=(accumulate_dtype,) if prefetch else (),
-                                               store_in_tile=prefetch) > mu.H100_SMEM_BYTES - 1024:  # barriers
+    while config.num_stages > 2 and smem_bytes(config, dtype, accumulate_dtype, tile_input_dtypes=(accumulate_dtype,),
+                                               store_in_tile=True) > mu.H100_SMEM_BYTES - 1024:  # 1 KiB: barriers
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)
     return config
 

@@ -34,10 +34,8 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["ACCUMULATE", "CLUSTERS", "PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes",
-           "unsupported_reason"]
+__all__ = ["CLUSTERS", "PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
 
-ACCUMULATE = ("prefetch", "tma_add")
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
 CLUSTERS = ("none", "m", "n")
@@ -76,12 +74,6 @@ class MosaicGemmConfig:
       stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run that round's
         tiles spread over up to stream_k blocks each by K steps (``gemm.stream_k``: partial sums through a float32
         workspace and global semaphores). Pipeline "own", schedule "cooperative", no cluster.
-      accumulate: how ``accumulate_into`` adds the product into its buffer. "prefetch": each compute warpgroup
-        TMA-loads its c tile into shared memory at the tile's start, the epilogue adds it to the float32
-        accumulator (one rounding) and stores the sum over it. "tma_add": no c read in the block; the epilogue
-        stores the accumulator rounded to c's dtype with a TMA reduce-add (``cp.reduce.async.bulk``: the L2 adds
-        it into c, so a 16-bit c is rounded twice: the product, then the sum), freeing the two c tiles' shared
-        memory for pipeline stages. Without ``accumulate_into`` it changes nothing.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -101,7 +93,6 @@ class MosaicGemmConfig:
     schedule: str = "cooperative"
     cluster: str = "none"
     stream_k: int = 0
-    accumulate: str = "prefetch"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -129,7 +120,6 @@ class MosaicGemmConfig:
              "0 (automatic) or a multiple of 8 in [160, 232]"),
             ("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}"),
             ("cluster", self.cluster in CLUSTERS, f"one of {CLUSTERS}"),
-            ("accumulate", self.accumulate in ACCUMULATE, f"one of {ACCUMULATE}"),
         ]
         for name, ok, allowed in checks:
             if not ok:

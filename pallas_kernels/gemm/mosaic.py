@@ -40,9 +40,7 @@ runs as "pallas"). Which is the default, and why: ``gemm.config``.
 start, the epilogue adds it to the float32 accumulator and the sum is stored back from that same SMEM buffer into
 c's HBM buffer, aliased in and out of the kernel (``mosaic_utils.kernel_updating``): the read of c overlaps the
 K loop, where a GEMM with beta = 1 reads c in its epilogue. For a sum over K-chunks too short to hide the
-(M, N) read and write behind their FLOPs (a dw accumulated over token chunks). With ``config.accumulate=
-"tma_add"`` the block never reads c: the epilogue's pieces are reduce-added into c's buffer by the TMA store
-(the L2 does the read-modify-write); in GPU interpret mode, which has no TMA reduce, the prefetch runs instead.
+(M, N) read and write behind their FLOPs (a dw accumulated over token chunks).
 """
 
 from __future__ import annotations
@@ -158,17 +156,11 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     The shapes must satisfy ``unsupported_reason`` (checked here: ValueError). ``arrays`` holds the fusion's
     named inputs. ``accumulate_into``: an (M, N) array of out_dtype; out = accumulate_into + A @ B, written in
     place where XLA can (no fusion then). Runs on an sm90 GPU; lowers for CUDA anywhere."""
-    if mu.interpreting() and config.accumulate == "tma_add":  # no TMA reduce in jax's GPU interpreter: the
-        config = dataclasses.replace(config, accumulate="prefetch")  # prefetched c gives the sum, rounded once
-    store_op = None
     if accumulate_into is not None:
         if fusion is not None:
             raise ValueError(f"{name}: accumulate_into is its own epilogue; it takes no fusion")
-        if config.accumulate == "tma_add":  # the product rounded and reduce-added into c by the TMA store
-            fusion, store_op = Fusion(), "add"
-        else:
-            fusion = Fusion(tile_inputs=(_ACCUMULATED,), store_in=_ACCUMULATED,
-                            epilogue=lambda ctx, acc, carry: (acc + ctx.load_tile(_ACCUMULATED), {}))
+        fusion = Fusion(tile_inputs=(_ACCUMULATED,), store_in=_ACCUMULATED,
+                        epilogue=lambda ctx, acc, carry: (acc + ctx.load_tile(_ACCUMULATED), {}))
     fusion = fusion or Fusion()
     arrays = dict(arrays or {})
     if mu.interpreting() and config.cluster != "none":  # jax's GPU interpreter has no cluster barriers; the
@@ -209,7 +201,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                                  split=config.stream_k)
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
-                   accumulate_into is not None, plan, store_op)
+                   accumulate_into is not None, plan)
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
@@ -244,7 +236,6 @@ class _Shape:
     tile_dtypes: tuple
     accumulates: bool = False  # the output ref is also the tile input ``_ACCUMULATED`` (``accumulate_into``)
     stream_k: stream_k.StreamKPlan | None = None  # the last rounds' tiles split by K steps (``gemm.stream_k``)
-    store_op: str | None = None  # "add": output tiles are TMA reduce-added into out (``accumulate="tma_add"``)
 
     @property
     def iters(self) -> tuple[int, int, int]:
@@ -367,8 +358,7 @@ class _Shape:
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
         else:
-            _store_tile(acc.astype(self.out_dtype), scoped["out_smem"].at[wg], out_gmem, ctx, self.pieces,
-                        self.store_op)
+            _store_tile(acc.astype(self.out_dtype), scoped["out_smem"].at[wg], out_gmem, ctx, self.pieces)
         for n, vec in rows_out.items():
             _store_rows(vec, named_out[n], ctx)
 
@@ -439,10 +429,9 @@ def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
                   **shape.scratch_types(), collective_axes="wg")
 
 
-def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, reduction_op=None) -> None:
+def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:
     """Stores a (tile_m, tile_n) register tile at the accumulator's place in out_gmem, piece by piece through two
-    alternating SMEM slots (a slot is reused once the store issued two pieces earlier has read it); with
-    ``reduction_op="add"`` each piece is added into out_gmem by the TMA (reduce-add) instead."""
+    alternating SMEM slots (a slot is reused once the store issued two pieces earlier has read it)."""
     cfg = ctx.config
     em, en = cfg.epi_tile_m, cfg.epi_tile_n
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -452,8 +441,7 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, redu
         slots[slot] = tile[i * em:(i + 1) * em, j * en:(j + 1) * en]
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(slots.at[slot],
-                                out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)],
-                                reduction_op=reduction_op)
+                                out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
 
 
 def _store_rows(vec: jax.Array, out_gmem, ctx: TileContext) -> None:
