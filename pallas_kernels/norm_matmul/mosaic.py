@@ -43,6 +43,8 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
@@ -112,9 +114,24 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
-def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel: bool) -> Fusion:
+def first_tile_cols(m_idx, cfg: MosaicGemmConfig, n_iters: int):
+    """The column index (n_idx) of row block m_idx's first CTA tile in the core's persistent order (planar snake
+    over (M / cta_m, N / cta_n) tiles, ``gemm.mosaic._Shape.tile_context``): runs along N start every row block
+    at column 0; runs of ``grid_tile_width`` row blocks along M walk the columns forward in even runs and backward
+    in odd ones. ``config.first_tile_order_reason`` says where it does not hold."""
+    if cfg.grid_minor == "n":
+        return jnp.int32(0)
+    odd_run = lax.rem(lax.div(m_idx, cfg.grid_tile_width), 2) == 1
+    return jnp.where(odd_run, n_iters - 1, 0)
+
+
+def _forward_fusion(M: int, K: int, N: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel: bool,
+                    stats_tiles: str) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel: a prologue warpgroup sums x² over
-    each x tile (float32), the epilogue forms r from the sums and also stores it (M,)."""
+    x tiles (float32) and the epilogue forms r from the sums and also stores it (M,): on every tile
+    (``stats_tiles="every"``), or on the first tile of each row block only ("first"), whose warpgroup 0 stores r
+    and signals the row block's semaphore 2 · (N / cta_n − 1) times; each warpgroup of the row block's later
+    tiles waits for one signal, then reads r back."""
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
@@ -124,13 +141,39 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel: bo
         x = mu.load(x_ref, layout=mu.TILE).astype(_F32)  # (tile_m, tile_k)
         return sum_sq + jnp.sum(x * x, axis=1)
 
-    def epilogue(ctx, acc, sum_sq):
-        del ctx
-        rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
-        return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
+    rstd_type = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
+    init = lambda ctx: _rows_zero(cfg.tile_m)  # noqa: E731
+    if stats_tiles == "every" or mu.interpreting():  # GPU interpret mode has no semaphores
+        def epilogue(ctx, acc, sum_sq):
+            del ctx
+            rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
+            return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
 
-    return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), handoff_rows=1,
-                  prologue_init=lambda ctx: _rows_zero(tile_m), prologue_step=step, epilogue=epilogue)
+        return Fusion(outputs=rstd_type, handoff_rows=1, prologue_init=init, prologue_step=step, epilogue=epilogue)
+
+    n_iters = N // cfg.cta_n
+    is_first = lambda ctx: ctx.n_idx == first_tile_cols(ctx.m_idx, cfg, n_iters)  # noqa: E731
+
+    def epilogue(ctx, acc, sum_sq):
+        first = is_first(ctx)
+        ready = ctx.refs["semaphores"].at[ctx.m_idx]
+
+        @pl.when(first & (ctx.wg == 0))
+        def _publish():
+            ctx.refs["rstd"].at[ctx.rows][...] = lax.rsqrt(sum_sq * (1.0 / K) + eps)
+            if n_iters > 1:  # one signal per warpgroup of each later tile (released: r is stored)
+                plgpu.semaphore_signal(ready, 2 * (n_iters - 1), memory_scope="gpu")
+
+        @pl.when(jnp.logical_not(first))
+        def _wait():
+            plgpu.semaphore_wait(ready, 1, memory_scope="gpu")
+
+        # the first tile's sums are its own; the later tiles read r back (their handoff carries nothing)
+        rstd = jnp.where(first, lax.rsqrt(sum_sq * (1.0 / K) + eps), ctx.load_rows("rstd"))
+        return acc * _bcast_rows(rstd, acc.shape), {}
+
+    return Fusion(outputs=rstd_type, handoff_rows=1, prologue_init=init, prologue_step=step, epilogue=epilogue,
+                  prologue_when=is_first, semaphores=M // cfg.cta_m)
 
 
 def _forward(x, residual, gamma, w, static: _Static):
@@ -141,7 +184,8 @@ def _forward(x, residual, gamma, w, static: _Static):
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
     cfg = static.config.forward
-    fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, static.config.stats_in_kernel)
+    fusion = _forward_fusion(M, K, w.shape[1], static.eps, cfg, static.config.stats_in_kernel,
+                             static.config.stats_tiles)
     if static.config.stats_in_kernel:
         y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
                        name="rmsnorm_matmul_fwd")
