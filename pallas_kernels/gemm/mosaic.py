@@ -133,6 +133,8 @@ class Fusion:
     prologue_when(ctx) -> bool: with a prologue_step, the tiles it runs on; on the others the prologue warpgroup
       only releases the stages and hands off nothing (the epilogue's carry is then undefined: the epilogue must
       not use it there). None: every tile.
+    prologue_end(ctx, carry): with a prologue_step, run by the prologue warpgroup after a tile's last step, before
+      the handoff (e.g. publishing the carry to other blocks: it runs ahead of the MMA warpgroups' epilogue).
     semaphores: global semaphores (pipeline "own") the hooks signal and wait on, ctx.refs["semaphores"] (a
       REGULAR semaphore array, zero at the kernel's start; the hooks must leave it zero). A wait may only be for
       a tile earlier in the persistent order (``_Shape.tile_context``): a block waiting on a later one could hold
@@ -152,6 +154,7 @@ class Fusion:
     prologue_step: Callable | None = None
     epilogue: Callable | None = None
     prologue_when: Callable | None = None
+    prologue_end: Callable | None = None
     semaphores: int = 0
 
 

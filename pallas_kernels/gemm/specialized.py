@@ -229,7 +229,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             plgpu.barrier_arrive(consumed.at[slot])
                             return carry
 
-                        leaves, tree = jax.tree.flatten(lax.fori_loop(0, k_iters, step, carry0))
+                        carry = lax.fori_loop(0, k_iters, step, carry0)
+                        if fusion.prologue_end is not None:
+                            fusion.prologue_end(ctx, carry)
+                        leaves, tree = jax.tree.flatten(carry)
                         if len(leaves) != fusion.handoff_rows:
                             raise ValueError(f"Fusion.handoff_rows={fusion.handoff_rows}, but the prologue's carry "
                                              f"holds {len(leaves)} arrays")

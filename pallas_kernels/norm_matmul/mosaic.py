@@ -129,9 +129,9 @@ def _forward_fusion(M: int, K: int, N: int, eps: float, cfg: MosaicGemmConfig, s
                     stats_tiles: str) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel: a prologue warpgroup sums x² over
     x tiles (float32) and the epilogue forms r from the sums and also stores it (M,): on every tile
-    (``stats_tiles="every"``), or on the first tile of each row block only ("first"), whose warpgroup 0 stores r
-    and signals the row block's semaphore 2 · (N / cta_n − 1) times; each warpgroup of the row block's later
-    tiles waits for one signal, then reads r back."""
+    (``stats_tiles="every"``), or on the first tile of each row block only ("first"), whose prologue warpgroup
+    stores r as soon as its sums are done and signals one semaphore per warpgroup of each later tile of the row
+    block; those wait for it before their epilogue, then read r back."""
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
@@ -153,27 +153,38 @@ def _forward_fusion(M: int, K: int, N: int, eps: float, cfg: MosaicGemmConfig, s
 
     n_iters = N // cfg.cta_n
     is_first = lambda ctx: ctx.n_idx == first_tile_cols(ctx.m_idx, cfg, n_iters)  # noqa: E731
+    rstd_of = lambda sum_sq: lax.rsqrt(sum_sq * (1.0 / K) + eps)  # noqa: E731  (tile_m,) float32
+
+    def semaphore(ctx, n_idx, wg):  # one per (CTA tile, compute warpgroup): one signal, one waiter
+        return ctx.refs["semaphores"].at[(ctx.m_idx * n_iters + n_idx) * 2 + wg]
+
+    def publish(ctx, sum_sq):
+        """The prologue warpgroup of a row block's first tile: r stored, then each later tile's warpgroups
+        signalled (release: r is visible to them)."""
+        ctx.refs["rstd"].at[ctx.rows][...] = rstd_of(sum_sq)
+        first_n = ctx.n_idx
+
+        def signal(j, carry):
+            n_idx = j + (j >= first_n).astype(jnp.int32)  # the row block's other columns
+            for wg in range(2):
+                plgpu.semaphore_signal(semaphore(ctx, n_idx, wg), 1, memory_scope="gpu")
+            return carry
+
+        lax.fori_loop(0, n_iters - 1, signal, ())
 
     def epilogue(ctx, acc, sum_sq):
         first = is_first(ctx)
-        ready = ctx.refs["semaphores"].at[ctx.m_idx]
-
-        @pl.when(first & (ctx.wg == 0))
-        def _publish():
-            ctx.refs["rstd"].at[ctx.rows][...] = lax.rsqrt(sum_sq * (1.0 / K) + eps)
-            if n_iters > 1:  # one signal per warpgroup of each later tile (released: r is stored)
-                plgpu.semaphore_signal(ready, 2 * (n_iters - 1), memory_scope="gpu")
 
         @pl.when(jnp.logical_not(first))
         def _wait():
-            plgpu.semaphore_wait(ready, 1, memory_scope="gpu")
+            plgpu.semaphore_wait(semaphore(ctx, ctx.n_idx, ctx.wg), 1, memory_scope="gpu")
 
         # the first tile's sums are its own; the later tiles read r back (their handoff carries nothing)
-        rstd = jnp.where(first, lax.rsqrt(sum_sq * (1.0 / K) + eps), ctx.load_rows("rstd"))
+        rstd = jnp.where(first, rstd_of(sum_sq), ctx.load_rows("rstd"))
         return acc * _bcast_rows(rstd, acc.shape), {}
 
     return Fusion(outputs=rstd_type, handoff_rows=1, prologue_init=init, prologue_step=step, epilogue=epilogue,
-                  prologue_when=is_first, semaphores=M // cfg.cta_m)
+                  prologue_when=is_first, prologue_end=publish, semaphores=M // cfg.cta_m * n_iters * 2)
 
 
 def _forward(x, residual, gamma, w, static: _Static):
