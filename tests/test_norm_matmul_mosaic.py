@@ -152,33 +152,6 @@ def test_the_statistics_warpgroup_fits(M, K, N, residual):
     _check_kernels(M, K, N, residual, config)
 
 
-@cpu_only
-def test_statistics_on_each_row_blocks_first_tile_only():
-    """stats_tiles="first": the forward kernel waits on and signals global semaphores (a compare-and-swap loop
-    with an acquire fence, a release add), "every" has none; the tile order must put each row block's first tile
-    where ``first_tile_cols`` says (no cluster; whole runs along M), else the config names the constraint; any
-    other value is a ValueError naming the field."""
-    M, K, N = 2048, 512, 1024
-    args = S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
-    base = nm_config.mosaic_default_config(M, K, N, stats_in_kernel=True)
-    texts = {}
-    for tiles in nm_config.STATS_TILES:
-        config = dataclasses.replace(base, stats_tiles=tiles)
-        with backends.lowering_for_gpu():
-            (k,) = mosaic_ir.lower_kernels(lambda x, g, w, c=config: norm_matmul.rmsnorm_matmul(
-                x, g, w, backend="mosaic", block_sizes=c), *args)
-        assert k.warpgroups == 4 and k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
-        texts[tiles] = k.text
-    assert "atom." in texts["first"] and "fence.acquire.gpu" in texts["first"]
-    assert "atom." not in texts["every"] and "fence.acquire.gpu" not in texts["every"]
-    runs_m = dataclasses.replace(base, forward=dataclasses.replace(base.forward, grid_minor="m", grid_tile_width=8))
-    assert runs_m.unsupported_reason(128 * 16, K, N) is None
-    assert "M / 128 = 12 is not a multiple of grid_tile_width=8" in runs_m.unsupported_reason(128 * 12, K, N)
-    assert dataclasses.replace(runs_m, stats_tiles="every").unsupported_reason(128 * 12, K, N) is None
-    with pytest.raises(ValueError, match=r"stats_tiles: must be one of \('first', 'every'\), got 'last'"):
-        dataclasses.replace(base, stats_tiles="last")
-
-
 def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
     tiles = MosaicGemmConfig()
     with pytest.raises(ValueError, match="gamma_on: must be 'w' or 'x', got 'b'"):
@@ -267,23 +240,15 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
 # ---------------------------------------------------------------------------------------------------------------
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dtype, stats_in_kernel", [
-    (4096, 4096, 4096, jnp.bfloat16, False), (4096, 4096, 4096, jnp.bfloat16, "first"),
-    (4096, 1024, 2048, jnp.bfloat16, "every"),
-    (4096, 1024, 2048, jnp.bfloat16, "first_runs_m"),  # odd runs of row blocks start at their last column
+    (4096, 4096, 4096, jnp.bfloat16, False), (4096, 4096, 4096, jnp.bfloat16, True),
     (2048, 4096, 8192, jnp.bfloat16, "gamma_on_x"),  # x ⊙ gamma as A, no w_γ
     (2048, 2048, 1536, jnp.float16, False),  # dw's GEMM in XLA (96 output tiles)
     (8192, 512, 2816, jnp.bfloat16, False)])  # the 'small' preset's MLP projection: tuned ping-pong tiles
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-    in_kernel = stats_in_kernel in ("first", "every", "first_runs_m")
-    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=in_kernel)
+    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats_in_kernel is True)
     config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w")
-    if in_kernel:
-        config = dataclasses.replace(config, stats_tiles="every" if stats_in_kernel == "every" else "first")
-    if stats_in_kernel == "first_runs_m":
-        config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, grid_minor="m",
-                                                                         grid_tile_width=2))
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 

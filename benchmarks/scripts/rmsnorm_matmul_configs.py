@@ -32,10 +32,7 @@ from pallas_kernels.norm_matmul import config as nm_config
 # tried and was removed: rmsnorm_matmul_configs-h100-{11e4921,d83d186,beb29d4}.json, benchmarks/results/NOTES.md.
 VARIANTS = {
     "default": {},
-    # r from a fourth warpgroup summing x² over the x tiles: of each row block's first tile only (the others wait
-    # for its r: stats_tiles "first"), or of every tile
-    "stats": dict(stats_in_kernel=True, stats_tiles="first", gamma_on="w"),
-    "stats_every": dict(stats_in_kernel=True, stats_tiles="every", gamma_on="w"),
+    "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
     "stacked_m": dict(forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")),
     "gamma_on_x": dict(gamma_on="x", stats_in_kernel=False),  # XLA writes x ⊙ gamma (2MK bytes), no w_γ (2KN)
     # stream-K (gemm.stream_k) where the last round of tiles is less than half full: forward (stacked tiles, r from

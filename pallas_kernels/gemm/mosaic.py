@@ -130,15 +130,6 @@ class Fusion:
       wg_split "n"; ``gemm.specialized``).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
-    prologue_when(ctx) -> bool: with a prologue_step, the tiles it runs on; on the others the prologue warpgroup
-      only releases the stages and hands off nothing (the epilogue's carry is then undefined: the epilogue must
-      not use it there). None: every tile.
-    prologue_end(ctx, carry): with a prologue_step, run by the prologue warpgroup after a tile's last step, before
-      the handoff (e.g. publishing the carry to other blocks: it runs ahead of the MMA warpgroups' epilogue).
-    semaphores: global semaphores (pipeline "own") the hooks signal and wait on, ctx.refs["semaphores"] (a
-      REGULAR semaphore array, zero at the kernel's start; the hooks must leave it zero). A wait may only be for
-      a tile earlier in the persistent order (``_Shape.tile_context``): a block waiting on a later one could hold
-      the SM it needs.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
       hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
     """
@@ -153,9 +144,6 @@ class Fusion:
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
     epilogue: Callable | None = None
-    prologue_when: Callable | None = None
-    prologue_end: Callable | None = None
-    semaphores: int = 0
 
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
@@ -191,9 +179,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
                          f"pipeline='own' with wg_split='n' and schedule='cooperative'; got "
                          f"pipeline={config.pipeline!r}, wg_split={config.wg_split!r}, schedule={config.schedule!r}")
-    if fusion.semaphores and (config.pipeline != "own" or mu.interpreting()):
-        raise ValueError(f"{name}: a fusion with semaphores runs on pipeline='own' on the GPU (no interpret mode); "
-                         f"got pipeline={config.pipeline!r}")
     if accumulate_into is not None:
         arrays[_ACCUMULATED] = accumulate_into
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):

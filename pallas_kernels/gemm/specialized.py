@@ -118,8 +118,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
         wg = lax.axis_index("wg")
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
-        if fusion.semaphores:
-            refs_by_name["semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR((fusion.semaphores,)))
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
 
         def each_tile(body):
@@ -209,52 +207,28 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 @each_tile
                 def _(lin, local, num_local):
                     ctx = shape.tile_context(lin, 0, refs_by_name)
+                    carry0 = fusion.prologue_init(ctx) if fusion.prologue_init is not None else ()
 
-                    def hand_off(leaves):
-                        @pl.when(local >= 1)
-                        def _wait_read():  # the MMA warpgroups have read what the previous tile left here
-                            plgpu.barrier_wait(handoff_free)
+                    def step(k, carry):
+                        slot = slot_of(local, k)
+                        plgpu.barrier_wait(ready.at[slot])
+                        carry = fusion.prologue_step(dataclasses.replace(ctx, step=k), stages[0].at[slot], carry)
+                        plgpu.barrier_arrive(consumed.at[slot])
+                        return carry
 
-                        for i, vec in enumerate(leaves):
-                            handoff.at[i][...] = vec.astype(_F32)
-                        plgpu.barrier_arrive(handoff_full)
+                    leaves, tree = jax.tree.flatten(lax.fori_loop(0, k_iters, step, carry0))
+                    if len(leaves) != fusion.handoff_rows:
+                        raise ValueError(f"Fusion.handoff_rows={fusion.handoff_rows}, but the prologue's carry "
+                                         f"holds {len(leaves)} arrays")
+                    carry_tree[:] = [tree]
 
-                    def run_prologue():
-                        carry0 = fusion.prologue_init(ctx) if fusion.prologue_init is not None else ()
+                    @pl.when(local >= 1)
+                    def _wait_read():  # the MMA warpgroups have read what the previous tile left here
+                        plgpu.barrier_wait(handoff_free)
 
-                        def step(k, carry):
-                            slot = slot_of(local, k)
-                            plgpu.barrier_wait(ready.at[slot])
-                            carry = fusion.prologue_step(dataclasses.replace(ctx, step=k), stages[0].at[slot], carry)
-                            plgpu.barrier_arrive(consumed.at[slot])
-                            return carry
-
-                        carry = lax.fori_loop(0, k_iters, step, carry0)
-                        if fusion.prologue_end is not None:
-                            fusion.prologue_end(ctx, carry)
-                        leaves, tree = jax.tree.flatten(carry)
-                        if len(leaves) != fusion.handoff_rows:
-                            raise ValueError(f"Fusion.handoff_rows={fusion.handoff_rows}, but the prologue's carry "
-                                             f"holds {len(leaves)} arrays")
-                        carry_tree[:] = [tree]
-                        hand_off(leaves)
-
-                    if fusion.prologue_when is None:
-                        run_prologue()
-                    else:
-                        runs = fusion.prologue_when(ctx)
-                        pl.when(runs)(run_prologue)
-
-                        @pl.when(jnp.logical_not(runs))
-                        def _release_only():  # the stages are released unread; nothing is handed off
-                            def step(k, carry):
-                                slot = slot_of(local, k)
-                                plgpu.barrier_wait(ready.at[slot])
-                                plgpu.barrier_arrive(consumed.at[slot])
-                                return carry
-
-                            lax.fori_loop(0, k_iters, step, ())
-                            hand_off([])
+                    for i, vec in enumerate(leaves):
+                        handoff.at[i][...] = vec.astype(_F32)
+                    plgpu.barrier_arrive(handoff_full)
                     drain(handoff_free, local, num_local, 1, 1, lambda t: None)
 
         @pl.when(wg < 2)

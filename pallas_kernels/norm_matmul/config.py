@@ -204,8 +204,7 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
 # ---------------------------------------------------------------------------------------------------------------
 # Mosaic backend (``norm_matmul.mosaic``): three GEMMs of the core in ``pallas_kernels.gemm``
 # ---------------------------------------------------------------------------------------------------------------
-MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "stats_tiles", "gamma_on")
-STATS_TILES = ("first", "every")
+MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on")
 # dw's GEMM (K, M) @ (M, N) goes to cuBLAS when its output has fewer CTA tiles than the H100 has SMs: the persistent
 # core, without split-K, leaves SMs idle over the long M reduction, which cuBLAS splits. Measured at one shape,
 # 8192x512x2816 (the 'small' preset's MLP projection; 44 tiles of 128x256, 88 of 128x128): fwd+bwd 180.7 µs with
@@ -226,11 +225,6 @@ class MosaicRMSNormMatmulConfig:
     stats_in_kernel: r from a fourth warpgroup of the forward kernel that sums the squares of each x tile in shared
       memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n"); False (default): from one
       XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
-    stats_tiles: with stats_in_kernel, which tiles sum x². "first" (default): only the first tile of each row block
-      in the kernel's persistent tile order; its epilogue stores r and signals a global semaphore that the row
-      block's other tiles wait on before their epilogue (their statistics warpgroup releases the stages unread).
-      "every": each tile sums its own rows (no waiting, N / cta_n times the work). In GPU interpret mode (no
-      semaphores) "first" runs as "every".
     gamma_on: where gamma goes. "w" (default): the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w,
       shared with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
@@ -255,7 +249,6 @@ class MosaicRMSNormMatmulConfig:
     stats_in_kernel: bool = False
     dw_in_xla: bool | None = None
     gamma_on: str = "w"
-    stats_tiles: str = "first"
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -267,9 +260,6 @@ class MosaicRMSNormMatmulConfig:
                                  f"fields, got {value!r}")
         if not isinstance(self.stats_in_kernel, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be a bool, got {self.stats_in_kernel!r}")
-        if self.stats_tiles not in STATS_TILES:
-            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_tiles: must be one of {STATS_TILES}, got "
-                             f"{self.stats_tiles!r}")
         if self.gamma_on not in ("w", "x"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be 'w' or 'x', got {self.gamma_on!r}")
         if self.gamma_on == "x" and self.stats_in_kernel:
@@ -286,8 +276,7 @@ class MosaicRMSNormMatmulConfig:
 
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
-                    stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
-                    stats_tiles=self.stats_tiles)
+                    stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on)
 
     def dw_by_xla(self, K: int, N: int) -> bool:
         """Whether dw's GEMM runs in XLA (cuBLAS) for w (K, N): ``dw_in_xla``, or when None, when the dw kernel's
@@ -298,31 +287,14 @@ class MosaicRMSNormMatmulConfig:
 
     def unsupported_reason(self, M: int, K: int, N: int) -> str | None:
         """None when the Mosaic GEMMs tile (M, K, N) (forward (M, N, K), dx (M, K, N), dw (K, N, M) unless XLA
-        runs it) and, with the statistics on each row block's first tile, the forward's tile order allows it;
-        else the constraint, naming the kernel."""
+        runs it); else the constraint, naming the kernel."""
         sizes = dict(M=M, K=K, N=N)
         kernels = (("forward", "MNK"), ("dx", "MKN")) + (() if self.dw_by_xla(K, N) else (("dw", "KNM"),))
         for kernel, names in kernels:
             reason = gemm_unsupported_reason(*(sizes[n] for n in names), getattr(self, kernel), names=tuple(names))
             if reason:
                 return f"{reason} ({kernel} kernel)"
-        if self.stats_in_kernel and self.stats_tiles == "first":
-            reason = first_tile_order_reason(M, self.forward)
-            if reason:
-                return f"{reason} (forward kernel)"
         return None
-
-
-def first_tile_order_reason(M: int, forward: MosaicGemmConfig) -> str | None:
-    """None when ``norm_matmul.mosaic.first_tile_cols`` names each row block's earliest tile in the forward
-    kernel's persistent order (planar snake over its CTA tiles) for M rows; else the sentence why not."""
-    if forward.cluster != "none":
-        return f"stats_tiles='first' needs the forward tiles without a cluster, got cluster={forward.cluster!r}"
-    m_iters = M // forward.cta_m
-    if forward.grid_minor == "m" and m_iters % forward.grid_tile_width:
-        return (f"stats_tiles='first' needs whole runs of row blocks: M / {forward.cta_m} = {m_iters} is not a "
-                f"multiple of grid_tile_width={forward.grid_tile_width} (grid_minor 'm')")
-    return None
 
 
 _G = MosaicGemmConfig
@@ -370,7 +342,7 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                    dict(pingpong, num_stages=6), dict(stacked_m, stream_k=4)]  # stream-K: gemm.stream_k
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
-        fwd += [dataclasses.replace(base, stats_in_kernel=True, stats_tiles=t) for t in STATS_TILES]
+        fwd.append(dataclasses.replace(base, stats_in_kernel=True))
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
         fwd.append(dataclasses.replace(base, gamma_on="x"))
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),

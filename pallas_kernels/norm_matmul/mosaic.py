@@ -43,8 +43,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
@@ -114,24 +112,9 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
-def first_tile_cols(m_idx, cfg: MosaicGemmConfig, n_iters: int):
-    """The column index (n_idx) of row block m_idx's first CTA tile in the core's persistent order (planar snake
-    over (M / cta_m, N / cta_n) tiles, ``gemm.mosaic._Shape.tile_context``): runs along N start every row block
-    at column 0; runs of ``grid_tile_width`` row blocks along M walk the columns forward in even runs and backward
-    in odd ones. ``config.first_tile_order_reason`` says where it does not hold."""
-    if cfg.grid_minor == "n":
-        return jnp.int32(0)
-    odd_run = lax.rem(lax.div(m_idx, cfg.grid_tile_width), 2) == 1
-    return jnp.where(odd_run, n_iters - 1, 0)
-
-
-def _forward_fusion(M: int, K: int, N: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel: bool,
-                    stats_tiles: str) -> Fusion:
+def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel: bool) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel: a prologue warpgroup sums x² over
-    x tiles (float32) and the epilogue forms r from the sums and also stores it (M,): on every tile
-    (``stats_tiles="every"``), or on the first tile of each row block only ("first"), whose prologue warpgroup
-    stores r as soon as its sums are done and signals one semaphore per warpgroup of each later tile of the row
-    block; those wait for it before their epilogue, then read r back."""
+    each x tile (float32), the epilogue forms r from the sums and also stores it (M,)."""
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
@@ -141,50 +124,13 @@ def _forward_fusion(M: int, K: int, N: int, eps: float, cfg: MosaicGemmConfig, s
         x = mu.load(x_ref, layout=mu.TILE).astype(_F32)  # (tile_m, tile_k)
         return sum_sq + jnp.sum(x * x, axis=1)
 
-    rstd_type = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
-    init = lambda ctx: _rows_zero(cfg.tile_m)  # noqa: E731
-    if stats_tiles == "every" or mu.interpreting():  # GPU interpret mode has no semaphores
-        def epilogue(ctx, acc, sum_sq):
-            del ctx
-            rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
-            return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
-
-        return Fusion(outputs=rstd_type, handoff_rows=1, prologue_init=init, prologue_step=step, epilogue=epilogue)
-
-    n_iters = N // cfg.cta_n
-    is_first = lambda ctx: ctx.n_idx == first_tile_cols(ctx.m_idx, cfg, n_iters)  # noqa: E731
-    rstd_of = lambda sum_sq: lax.rsqrt(sum_sq * (1.0 / K) + eps)  # noqa: E731  (tile_m,) float32
-
-    def semaphore(ctx, n_idx, wg):  # one per (CTA tile, compute warpgroup): one signal, one waiter
-        return ctx.refs["semaphores"].at[(ctx.m_idx * n_iters + n_idx) * 2 + wg]
-
-    def publish(ctx, sum_sq):
-        """The prologue warpgroup of a row block's first tile: r stored, then each later tile's warpgroups
-        signalled (release: r is visible to them)."""
-        ctx.refs["rstd"].at[ctx.rows][...] = rstd_of(sum_sq)
-        first_n = ctx.n_idx
-
-        def signal(j, carry):
-            n_idx = j + (j >= first_n).astype(jnp.int32)  # the row block's other columns
-            for wg in range(2):
-                plgpu.semaphore_signal(semaphore(ctx, n_idx, wg), 1, memory_scope="gpu")
-            return carry
-
-        lax.fori_loop(0, n_iters - 1, signal, ())
-
     def epilogue(ctx, acc, sum_sq):
-        first = is_first(ctx)
+        del ctx
+        rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
+        return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
 
-        @pl.when(jnp.logical_not(first))
-        def _wait():
-            plgpu.semaphore_wait(semaphore(ctx, ctx.n_idx, ctx.wg), 1, memory_scope="gpu")
-
-        # the first tile's sums are its own; the later tiles read r back (their handoff carries nothing)
-        rstd = jnp.where(first, rstd_of(sum_sq), ctx.load_rows("rstd"))
-        return acc * _bcast_rows(rstd, acc.shape), {}
-
-    return Fusion(outputs=rstd_type, handoff_rows=1, prologue_init=init, prologue_step=step, epilogue=epilogue,
-                  prologue_when=is_first, prologue_end=publish, semaphores=M // cfg.cta_m * n_iters * 2)
+    return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), handoff_rows=1,
+                  prologue_init=lambda ctx: _rows_zero(tile_m), prologue_step=step, epilogue=epilogue)
 
 
 def _forward(x, residual, gamma, w, static: _Static):
@@ -195,8 +141,7 @@ def _forward(x, residual, gamma, w, static: _Static):
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
     cfg = static.config.forward
-    fusion = _forward_fusion(M, K, w.shape[1], static.eps, cfg, static.config.stats_in_kernel,
-                             static.config.stats_tiles)
+    fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, static.config.stats_in_kernel)
     if static.config.stats_in_kernel:
         y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
                        name="rmsnorm_matmul_fwd")
