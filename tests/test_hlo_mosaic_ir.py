@@ -24,6 +24,7 @@ def test_gemm_kernel_launch_and_structure():
     # a 128x128 accumulator per warpgroup, 64-wide K steps: 2 (M halves of 64) x 4 (k of 16) instructions
     assert k.wgmma() == {"m64n128k16 f32 += bf16 x bf16": 8}
     assert k.tma_loads() >= 2 and k.tma_stores() >= 1  # A and B tiles in, output pieces out
+    assert k.tma_reduce_stores() == {} and "reduce-" not in k.summary()  # plain stores: nothing added into out
     assert k.barriers() >= 2 * 4  # ready and consumed barrier per stage
     assert "wgmma: 8× m64n128k16" in k.summary() and "3 warpgroups" in k.summary()
 
