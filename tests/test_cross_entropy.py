@@ -271,8 +271,8 @@ def test_mosaic_logits_lower_for_cuda_and_fall_back():
     args = (jax.ShapeDtypeStruct((B, H), jnp.bfloat16), jax.ShapeDtypeStruct((H, V), jnp.bfloat16),
             jax.ShapeDtypeStruct((B,), jnp.int32))
 
-    def grad_fn(logits_gemm, **kwargs):
-        sizes = {"chunk_rows": 128, "dw_gemm": "xla", "logits_gemm": logits_gemm}
+    def grad_fn(logits_gemm, **kwargs):  # the row kernel's softmax (the epilogue's: a test below)
+        sizes = {"chunk_rows": 128, "dw_gemm": "xla", "logits_gemm": logits_gemm, "softmax": "rows"}
         return jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes=sizes, **kwargs), argnums=(0, 1))
 
     def lowered(fn, *args):
@@ -304,6 +304,84 @@ def test_mosaic_logits_lower_for_cuda_and_fall_back():
             lowered(grad_fn("mosaic"), *odd_v)
         with pytest.raises(ValueError, match="logits_gemm='mosaic' cannot run here: logit_soft_cap"):
             lowered(grad_fn("mosaic", logit_soft_cap=5.0), *args)
+
+
+# ------------------------------------------------------------------------------------------------ epilogue softmax
+_EPILOGUE = {"chunk_rows": 128, "logits_gemm": "mosaic", "softmax": "epilogue"}
+
+
+def _mosaic_here():
+    """GPU interpret mode on the CPU (2 simulated SMs); nothing on the GPU."""
+    import contextlib
+
+    from pallas_kernels import mosaic_utils
+
+    return contextlib.nullcontext() if ON_GPU else mosaic_utils.interpret_on_cpu(num_sms=2)
+
+
+@pytest.mark.parametrize("reduction,z_loss", [("mean", 1e-3), pytest.param("sum", 0.0, marks=pytest.mark.slow)])
+def test_epilogue_softmax_matches_reference(reduction, z_loss):
+    """The softmax's exp in the logits GEMM's epilogue (``softmax="epilogue"``: exp(z − zy) stored, dlogits' row
+    scale applied by GEMMs 2 and 3): 3 chunks of 128 rows (the last sharing 64), an ignored row, against the float32
+    reference."""
+    B, H, V = (320, 256, 2048) if ON_GPU else (320, 64, 512)
+    with _mosaic_here():
+        _TRITON.check_against_reference(B, H, V, jnp.bfloat16, reduction=reduction, z_loss=z_loss,
+                                        block_sizes=_EPILOGUE)
+
+
+@pytest.mark.parametrize("scale,same", [(1.0, False), (40.0, True)], ids=["normal_logits", "losses_past_40_nats"])
+def test_epilogue_softmax_falls_back_to_the_row_kernel_on_huge_losses(scale, same):
+    """At logits ~ N(0, 4) the epilogue's path runs: its value and gradients differ from the row kernel's in the
+    last bits. With h scaled by 40 (logits ~ N(0, 6400)) every chunk has rows whose loss passes 40 nats and reruns
+    the row kernel's way in the same buffer: the results are the row kernel's, bit for bit."""
+    B, H, V = (384, 256, 2048) if ON_GPU else (320, 64, 512)
+    h, w, labels = inputs(B, H, V, jnp.bfloat16)
+    h = (h.astype(jnp.float32) * scale).astype(h.dtype)
+
+    def run(softmax):
+        fn = lambda h, w: _loss(h, w, labels, z_loss=1e-4, block_sizes=dict(_EPILOGUE, softmax=softmax))  # noqa: E731
+        with _mosaic_here():
+            return jax.tree.leaves(jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))(h, w))
+
+    rows, epilogue = run("rows"), run("epilogue")
+    assert all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in epilogue)
+    identical = [bool(jnp.array_equal(a, b)) for a, b in zip(rows, epilogue)]
+    assert identical == [same] * 3, identical
+
+
+def test_epilogue_softmax_lowers_for_cuda():
+    """Lowered for CUDA: "auto" takes the epilogue's softmax where the Mosaic logits GEMM runs in bf16: per step
+    one probabilities kernel, and inside a conditional the fallback (the statistics GEMM writing over the same
+    buffer, aliased, and the row kernel). float16 keeps the row kernel ("epilogue" names why), and so do cuBLAS's
+    logits."""
+    B, H, V = 384, 256, 1024
+    args = (jax.ShapeDtypeStruct((B, H), jnp.bfloat16), jax.ShapeDtypeStruct((H, V), jnp.bfloat16),
+            jax.ShapeDtypeStruct((B,), jnp.int32))
+
+    def lowered(*args, **sizes):
+        sizes = dict({"chunk_rows": 128, "dw_gemm": "xla"}, **sizes)
+        fn = jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes=sizes), argnums=(0, 1))
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+        names = [k.name for k in mosaic_ir.lower_kernels(
+            jax.value_and_grad(lambda h, w, y: _loss(h, w, y, block_sizes={"chunk_rows": 128, "dw_gemm": "xla"}),
+                               argnums=(0, 1)), *args)]
+        # the fallback's logits kernel writes an aliased buffer (jax 0.10.2 names such a kernel by its wrapper)
+        assert len(names) == 4 and names.count("linear_cross_entropy_probabilities") == 2, names
+        text = lowered(*args)
+        assert text.count("stablehlo.case") == 2 and text.count("@mosaic_gpu") == 4  # peeled step + loop body
+        assert text == lowered(*args, softmax="epilogue")
+        rows = lowered(*args, softmax="rows")
+        assert "stablehlo.case" not in rows and rows.count("@mosaic_gpu") == 2
+        half = (jax.ShapeDtypeStruct((B, H), jnp.float16), jax.ShapeDtypeStruct((H, V), jnp.float16), args[2])
+        assert "stablehlo.case" not in lowered(*half)
+        with pytest.raises(ValueError, match="softmax='epilogue' cannot run here: .* bfloat16 only, got float16"):
+            lowered(*half, softmax="epilogue")
+        assert "stablehlo.case" not in lowered(*args, logits_gemm="xla")
+        with pytest.raises(ValueError, match="softmax='epilogue' cannot run here: it needs the Mosaic logits GEMM"):
+            lowered(*args, logits_gemm="xla", softmax="epilogue")
 
 
 # ------------------------------------------------------------------------------------------------ config

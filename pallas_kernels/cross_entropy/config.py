@@ -40,7 +40,7 @@ MAX_CHUNK_ROWS = 2048
 
 _CHOICES = {"dw_dtype": ("param", "float32"), "logits_dtype": ("compute", "float32"), "row_pass": ("pallas", "xla"),
             "dw_gemm": ("auto", "xla", "mosaic"), "logits_gemm": ("auto", "xla", "mosaic"),
-            "dh_gemm": ("auto", "xla", "mosaic"), "fused_step": ("off", "on")}
+            "dh_gemm": ("auto", "xla", "mosaic"), "fused_step": ("off", "on"), "softmax": ("auto", "rows", "epilogue")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +84,11 @@ class LinearCrossEntropyConfig:
         chunks, nor stream-K for a last wave of few tiles). Measured on the H100 at 1024x4096x32000 per chunk, 16
         steps: 5152 µs against XLA's GEMM 5135 plus its copies 73; 1536-row chunks (192 tiles in two waves) made the
         loss 6% slower with it than with XLA's (``triton._DH_MIN_WAVE``).
+      softmax: where the forward rule's chunks take the softmax: "rows" (the row kernel reads the logits back and
+        writes dlogits over them), "epilogue" (the Mosaic logits GEMM's epilogue writes exp(z − zy), zy the label
+        logit; GEMMs 2 and 3 scale its rows: no pass over the logits, ``epilogue_softmax``; needs the Mosaic logits
+        GEMM and bf16; a chunk with a row loss above 40 nats falls back to "rows"), "auto" (default: "epilogue"
+        where it can run, else "rows").
       fused_step: "on": the gradient's chunk loop (the forward rule of reduction "mean" / "sum"; "none"'s backward
         keeps the separate GEMMs) runs chunk c − 1's dw update and chunk c's logits GEMM (with its
         statistics) as one Mosaic-GPU kernel (``mosaic_step``; sm90, B two or more whole chunks, 16-bit h, w and
@@ -110,6 +115,7 @@ class LinearCrossEntropyConfig:
     logits_gemm: str = "auto"
     dh_gemm: str = "auto"
     fused_step: str = "off"
+    softmax: str = "auto"
 
     def __post_init__(self):
         tu.check_launch_fields(self)  # block_v, num_warps, num_stages

@@ -1,6 +1,7 @@
 """GEMM 1 of a token chunk on the Mosaic-GPU core, with the softmax statistics in its epilogue.
 
     logits, lse = logits_and_lse(h_c, w)       # h_c (Bc, H), w (H, V) 16-bit -> (Bc, V) in h's dtype, (Bc,) float32
+    e, sumexp = probabilities(h_c, w, offset)  # exp(logits − offset[:, None]) (Bc, V) in h's dtype, Σ_j e (Bc,)
     unsupported_reason(Bc, H, V, dtype)        # None, or the sentence why this chunk cannot take it
 
 The chunk loop (``triton.py``) otherwise writes the logits with cuBLAS and its row kernel reads them twice: once
@@ -29,10 +30,11 @@ from pallas_kernels import backends
 from pallas_kernels import gemm as mosaic_gemm
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["config_for", "logits_and_lse", "lse_from_blocks", "tile_statistics", "unsupported_reason"]
+__all__ = ["config_for", "logits_and_lse", "lse_from_blocks", "probabilities", "tile_statistics",
+           "unsupported_reason"]
 
 _F32 = jnp.float32
-_BLOCK_MAX, _BLOCK_SUMEXP = "block_max", "block_sumexp"
+_BLOCK_MAX, _BLOCK_SUMEXP, _OFFSET = "block_max", "block_sumexp", "row_offset"
 
 
 # Ping-pong 128x128 tiles first: one warpgroup's epilogue (the statistics' exp and sums, the store) runs under the
@@ -103,15 +105,47 @@ def _stats_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
     return mosaic_gemm.Fusion(outputs=((_BLOCK_MAX, stats), (_BLOCK_SUMEXP, stats)), epilogue=epilogue)
 
 
-def logits_and_lse(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(logits (Bc, V) in h_c's dtype, lse (Bc,) float32) of h_c (Bc, H) @ w (H, V); ValueError (naming the
-    constraint) where ``unsupported_reason`` says no."""
+def _probabilities_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
+    """Epilogue: e = exp(z − offset) per row, rounded to ``dtype`` (what is stored), and per row Σ e over those
+    rounded values, into row ``col_block`` of the (V / tile_n, Bc) output."""
+    def epilogue(ctx, acc, carry):
+        del carry
+        offset = lax.broadcast_in_dim(ctx.load_rows(_OFFSET), acc.shape, [0])
+        e = jnp.exp(acc - offset).astype(dtype).astype(_F32)
+        return e, {_BLOCK_SUMEXP: jnp.sum(e, axis=1)}
+
+    stats = jax.ShapeDtypeStruct((V // tile_n, Bc), _F32)
+    return mosaic_gemm.Fusion(inputs=(_OFFSET,), outputs=((_BLOCK_SUMEXP, stats),), epilogue=epilogue)
+
+
+def _checked_config(h_c: jax.Array, w: jax.Array) -> mosaic_gemm.MosaicGemmConfig:
     (Bc, H), V = h_c.shape, w.shape[1]
     reason = unsupported_reason(Bc, H, V, h_c.dtype)
     if reason:
         raise ValueError(f"linear_cross_entropy logits on the Mosaic GEMM: {reason}")
-    config = config_for(Bc, H, V, h_c.dtype)
+    return config_for(Bc, H, V, h_c.dtype)
+
+
+def logits_and_lse(h_c: jax.Array, w: jax.Array, *, out_into: jax.Array | None = None
+                   ) -> tuple[jax.Array, jax.Array]:
+    """(logits (Bc, V) in h_c's dtype, lse (Bc,) float32) of h_c (Bc, H) @ w (H, V); ValueError (naming the
+    constraint) where ``unsupported_reason`` says no. ``out_into``: a (Bc, V) buffer the logits are written over
+    (in place where it is dead afterwards)."""
+    config = _checked_config(h_c, w)
+    V = w.shape[1]
     logits, block_max, block_sumexp = mosaic_gemm.gemm(
-        h_c, w, config=config, out_dtype=h_c.dtype, fusion=_stats_fusion(Bc, V, config.tile_n, h_c.dtype),
-        name="linear_cross_entropy_logits")
+        h_c, w, config=config, out_dtype=h_c.dtype, fusion=_stats_fusion(h_c.shape[0], V, config.tile_n, h_c.dtype),
+        out_into=out_into, name="linear_cross_entropy_logits")
     return logits, lse_from_blocks(block_max, block_sumexp)
+
+
+def probabilities(h_c: jax.Array, w: jax.Array, offset: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(e (Bc, V) in h_c's dtype, sumexp (Bc,) float32): e = exp(h_c @ w − offset[:, None]), computed from the
+    float32 accumulator and rounded, and Σ_j e over the rounded values; offset (Bc,) float32 (a row whose offset
+    is the float32 maximum gets e = 0). lse = offset + log(sumexp). Same constraints as ``logits_and_lse``."""
+    config = _checked_config(h_c, w)
+    (Bc, _), V = h_c.shape, w.shape[1]
+    e, block_sumexp = mosaic_gemm.gemm(
+        h_c, w, config=config, out_dtype=h_c.dtype, fusion=_probabilities_fusion(Bc, V, config.tile_n, h_c.dtype),
+        arrays={_OFFSET: offset.astype(_F32)}, name="linear_cross_entropy_probabilities")
+    return e, jnp.sum(block_sumexp, axis=0)

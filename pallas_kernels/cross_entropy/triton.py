@@ -81,7 +81,7 @@ from pallas_kernels import triton_utils as tu
 from pallas_kernels import gemm as mosaic_gemm
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.cross_entropy import config as _config
-from pallas_kernels.cross_entropy import mosaic_logits, mosaic_step
+from pallas_kernels.cross_entropy import epilogue_softmax, mosaic_logits, mosaic_step
 from pallas_kernels.cross_entropy.triton_rows import RowOptions, row_pass
 
 __all__ = ["Config", "FORWARD_FIELDS", "default_config", "linear_cross_entropy", "sweep_candidates",
@@ -299,23 +299,49 @@ class _ChunkPaths:
     dw: bool
     dh: bool
     logits: bool
+    softmax_in_epilogue: bool
+
+
+def _softmax_in_epilogue(h, st: _Static, logits_on_mosaic: bool) -> bool:
+    """Whether the forward rule's chunks take their softmax from the Mosaic logits GEMM's epilogue
+    (config.softmax; ValueError when "epilogue" cannot)."""
+    choice = st.rows.config.softmax
+    if choice == "rows":
+        return False
+    why = None if logits_on_mosaic else "it needs the Mosaic logits GEMM (logits_gemm), which does not run here"
+    why = why or epilogue_softmax.unsupported_reason(h.dtype)
+    if why and choice == "epilogue":
+        raise ValueError(f"linear_cross_entropy: softmax='epilogue' cannot run here: {why}")
+    return why is None
 
 
 def _chunk_paths(h, w, st: _Static, wanted: _Wanted, forward: bool, Bc: int, first: bool) -> _ChunkPaths:
     """The paths of a Bc-row chunk (ValueError where the config asks for "mosaic" and Bc does not allow it); the
     first chunk's dw GEMM initializes dw (XLA's, never an update)."""
+    logits = forward and _mosaic_logits(h, w, st, Bc)
     return _ChunkPaths(dw=wanted.dw and not first and _mosaic_dw(h, w, st, Bc),
-                       dh=wanted.dh and _mosaic_dh(h, w, st, Bc),
-                       logits=forward and _mosaic_logits(h, w, st, Bc))
+                       dh=wanted.dh and _mosaic_dh(h, w, st, Bc), logits=logits,
+                       softmax_in_epilogue=forward and _softmax_in_epilogue(h, st, logits))
 
 
-def _dh_chunk(dl, w, on_mosaic: bool, dtype):
-    """GEMM 2: a chunk's dh_c (rows, H) = dl·wᵀ in ``dtype``, on the Mosaic core (w read transposed in SMEM; XLA
-    stores the result in dh's rows in place) or XLA's."""
+_ROW_SCALED = mosaic_gemm.Fusion(
+    inputs=("row_scale",), prologue_init=lambda ctx: ctx.load_rows("row_scale"),
+    epilogue=lambda ctx, acc, scale: (acc * lax.broadcast_in_dim(scale, acc.shape, [0]), {}))
+
+
+def _dh_chunk(dl, w, on_mosaic: bool, dtype, row_scale=None):
+    """GEMM 2: a chunk's dh_c (rows, H) = diag(row_scale)·dl·wᵀ in ``dtype`` (row_scale (rows,) float32 or None),
+    on the Mosaic core (w read transposed in SMEM, the rows scaled in its epilogue; XLA stores the result in dh's
+    rows in place) or XLA's (its bf16 product rounded, scaled and rounded again)."""
     if on_mosaic:
         H, V = w.shape
-        return mosaic_gemm.matmul(dl, w, transpose_b=True, config=_dh_config(dl.shape[0], H, V, dtype))
-    return lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=_precision(dtype), preferred_element_type=dtype)
+        config = _dh_config(dl.shape[0], H, V, dtype)
+        if row_scale is None:
+            return mosaic_gemm.matmul(dl, w, transpose_b=True, config=config)
+        return mosaic_gemm.gemm(dl, w, transpose_b=True, config=config, out_dtype=dtype, fusion=_ROW_SCALED,
+                                arrays={"row_scale": row_scale}, name="linear_cross_entropy_dh")[0]
+    dh = lax.dot_general(dl, w, (((1,), (1,)), ((), ())), precision=_precision(dtype), preferred_element_type=dtype)
+    return dh if row_scale is None else (dh.astype(jnp.float32) * row_scale[:, None]).astype(dtype)
 
 
 def _fused_step_reason(h, w, st: _Static) -> str | None:
@@ -414,7 +440,17 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         if shared and first:
             g_c = jnp.where(jnp.arange(rows) >= shared, g_c, 0.0)  # counted by the loop's last step
         lse_c = None if lse is None else lax.dynamic_slice_in_dim(lse, start, rows)
-        if on.logits:  # lse from GEMM 1's epilogue: the row kernel only writes dlogits
+        row_scale = None  # dlogits = diag(row_scale)·dl where the softmax ran in GEMM 1's epilogue
+
+        def rows_way(buf):  # GEMM 1 with statistics written over buf, the row kernel's dlogits over its logits
+            logits_c, lse_rows = mosaic_logits.logits_and_lse(h_c, w, out_into=buf)
+            dl_rows, _, _ = row_pass(logits_c, y_c, g_c, lse_rows, st.rows, dl_dtype=h.dtype)
+            return dl_rows, lse_rows, _label_logit(logits_c, y_c)
+
+        if on.softmax_in_epilogue:  # no pass over the logits (``epilogue_softmax``)
+            dl, row_scale, lse_c, zy = epilogue_softmax.scaled_dlogits(h_c, w, y_c, g_c, z_loss=st.rows.z_loss,
+                                                                       fallback=rows_way)
+        elif on.logits:  # lse from GEMM 1's epilogue: the row kernel only writes dlogits
             logits_c, lse_c = mosaic_logits.logits_and_lse(h_c, w)
             zy = _label_logit(logits_c, y_c)
             dl, _, _ = row_pass(logits_c, y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)
@@ -426,7 +462,9 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
             # the first step's buffer is uninitialized (XLA's AllocateBuffer, zeros off the GPU): the steps write
             # every row, [B - rows, B) first and [0, (n - 1)·Bc) in the loop; zeros would cost a (B, H) write
             dh = lax.dynamic_update_slice_in_dim(lax.empty(h.shape, h.dtype) if first else dh,
-                                                 _dh_chunk(dl, w, on.dh, h.dtype), start, 0)
+                                                 _dh_chunk(dl, w, on.dh, h.dtype, row_scale), start, 0)
+        if row_scale is not None:  # dwᵀ rows: (diag(row_scale)·h_c)ᵀ·dl
+            h_c = (h_c.astype(jnp.float32) * row_scale[:, None]).astype(h.dtype)
         if wanted.dw and on.dw:  # dw += h_cᵀ dl in place, h_c read transposed in SMEM
             dw = mosaic_gemm.matmul(h_c, dl, transpose_a=True, accumulate_into=dw)
         elif wanted.dw:
