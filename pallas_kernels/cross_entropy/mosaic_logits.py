@@ -108,14 +108,14 @@ def _stats_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
 def _probabilities_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
     """Epilogue: e = exp(z − offset) per row, rounded to ``dtype`` (what is stored), and per row Σ e over those
     rounded values, into row ``col_block`` of the (V / tile_n, Bc) output."""
-    def epilogue(ctx, acc, carry):
-        del carry
-        offset = lax.broadcast_in_dim(ctx.load_rows(_OFFSET), acc.shape, [0])
-        e = jnp.exp(acc - offset).astype(dtype).astype(_F32)
+    def epilogue(ctx, acc, offset):  # offset: this tile's rows, loaded at the tile's start
+        del ctx
+        e = jnp.exp(acc - lax.broadcast_in_dim(offset, acc.shape, [0])).astype(dtype).astype(_F32)
         return e, {_BLOCK_SUMEXP: jnp.sum(e, axis=1)}
 
     stats = jax.ShapeDtypeStruct((V // tile_n, Bc), _F32)
-    return mosaic_gemm.Fusion(inputs=(_OFFSET,), outputs=((_BLOCK_SUMEXP, stats),), epilogue=epilogue)
+    return mosaic_gemm.Fusion(inputs=(_OFFSET,), outputs=((_BLOCK_SUMEXP, stats),),
+                              prologue_init=lambda ctx: ctx.load_rows(_OFFSET), epilogue=epilogue)
 
 
 def _checked_config(h_c: jax.Array, w: jax.Array) -> mosaic_gemm.MosaicGemmConfig:

@@ -442,14 +442,17 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         lse_c = None if lse is None else lax.dynamic_slice_in_dim(lse, start, rows)
         row_scale = None  # dlogits = diag(row_scale)·dl where the softmax ran in GEMM 1's epilogue
 
+        shift = jnp.float32(0.0) if first else carry[3]  # the epilogue softmax's shift: the last chunk's mean lse
+
         def rows_way(buf):  # GEMM 1 with statistics written over buf, the row kernel's dlogits over its logits
             logits_c, lse_rows = mosaic_logits.logits_and_lse(h_c, w, out_into=buf)
+            zy_rows = _label_logit(logits_c, y_c)  # before the row kernel writes over the logits
             dl_rows, _, _ = row_pass(logits_c, y_c, g_c, lse_rows, st.rows, dl_dtype=h.dtype)
-            return dl_rows, lse_rows, _label_logit(logits_c, y_c)
+            return dl_rows, lse_rows, zy_rows
 
         if on.softmax_in_epilogue:  # no pass over the logits (``epilogue_softmax``)
-            dl, row_scale, lse_c, zy = epilogue_softmax.scaled_dlogits(h_c, w, y_c, g_c, z_loss=st.rows.z_loss,
-                                                                       fallback=rows_way)
+            dl, row_scale, lse_c, zy, shift = epilogue_softmax.scaled_dlogits(
+                h_c, w, y_c, g_c, shift, z_loss=st.rows.z_loss, fallback=rows_way)
         elif on.logits:  # lse from GEMM 1's epilogue: the row kernel only writes dlogits
             logits_c, lse_c = mosaic_logits.logits_and_lse(h_c, w)
             zy = _label_logit(logits_c, y_c)
@@ -457,7 +460,7 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         else:
             dl, lse_c, zy = row_pass(_logits(h_c, w, st), y_c, g_c, lse_c, st.rows, dl_dtype=h.dtype)  # (rows, V)
         total = jnp.float32(0.0) if zy is None else jnp.sum(g_c * _row_loss(lse_c, zy, st))
-        dh, dw = (None, None) if first else carry[1:]
+        dh, dw = (None, None) if first else carry[1:3]
         if wanted.dh:
             # the first step's buffer is uninitialized (XLA's AllocateBuffer, zeros off the GPU): the steps write
             # every row, [B - rows, B) first and [0, (n - 1)·Bc) in the loop; zeros would cost a (B, H) write
@@ -471,10 +474,10 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
             dw_c = lax.dot_general(h_c, dl, (((0,), (0,)), ((), ())), precision=prec,
                                    preferred_element_type=dw_dtype)  # (H, V) = h_cᵀ dl
             dw = dw_c if first else dw + dw_c
-        return (total if first else carry[0] + total), dh, dw
+        return (total if first else carry[0] + total), dh, dw, shift
 
     carry = step(B - first_rows, first_rows, None, first=True)
-    total, dh, dw = lax.fori_loop(0, n - 1, lambda i, c: step(i * Bc, Bc, c, first=False), carry)
+    total, dh, dw, _ = lax.fori_loop(0, n - 1, lambda i, c: step(i * Bc, Bc, c, first=False), carry)
     if (dh is None) == wanted.dh or (dw is None) == wanted.dw:  # a None here would reach jax as a zero gradient
         raise AssertionError(f"linear_cross_entropy: gradients {wanted}, but computed dh: {dh is not None}, "
                              f"dw: {dw is not None}")
