@@ -19,8 +19,9 @@ so GEMM 2 scales its output rows by row_scale = g·f / Σ and GEMM 3 its h_c row
 row has |lse_i − c| <= 40 nats (e, Σ and the row scales stay where bf16 and float32 keep their precision, GEMM 2's
 float32 sums of e·w far from overflow), a label entry e_iy >= e^-80 (a row loss below about 80 nats) and a z-loss
 factor >= 0.5. Where some counted row does not (or is NaN), the chunk takes ``fallback``, the row-kernel path
-(logits written over buf, then dlogits over them), in the same buffer, under a ``lax.cond``: the row kernel's
-results, one GEMM more. Rows of weight 0 (ignored) get the float32 maximum as their shift: e = 0, never inf.
+(logits written over buf, then dlogits over them), in the same buffer, as a ``lax.while_loop`` of one step (XLA
+copies a buffer a ``lax.cond`` branch writes; a loop's it updates in place): the row kernel's results, one GEMM
+more. Rows of weight 0 (ignored) get the float32 maximum as their shift: e = 0, never inf.
 
 bf16 only: float16 keeps 5 exponent bits, and an e 17 nats below the shift flushes to 0.
 """
@@ -66,23 +67,25 @@ def scaled_dlogits(h_c: jax.Array, w: jax.Array, labels_c: jax.Array, g_c: jax.A
     counted = (g_c != 0) & (labels_c >= 0) & (labels_c < V)  # bad labels (weight NaN) are out of range
     column = jnp.clip(labels_c, 0, V - 1)
     e, sumexp = mosaic_logits.probabilities(h_c, w, jnp.where(counted, shift, jnp.finfo(_F32).max))
-    label_e = e[rows, column].astype(_F32)
+    # every read of e before the fallback may write over it: else XLA fuses the label gather into later
+    # consumers and keeps a copy of the whole chunk alive for them
+    e, label_e, sumexp = lax.optimization_barrier((e, e[rows, column].astype(_F32), sumexp))
     log_sum = jnp.log(sumexp)
     lse = jnp.where(counted, shift + log_sum, 0.0)
     factor = 1.0 + 2.0 * z_loss * lse if z_loss else jnp.ones_like(lse)
     fits = (jnp.abs(log_sum) <= MAX_SHIFT_GAP) & (jnp.log(label_e) >= _MIN_LOG_LABEL_E) & (factor >= 0.5)
+    fast = jnp.all(fits | ~counted)
+    zy = jnp.where(counted, shift + jnp.log(label_e), 0.0)
 
-    def fast_path(buf):
-        fixed = jnp.where(counted, label_e - sumexp / factor, label_e).astype(buf.dtype)
-        buf = buf.at[rows, column].set(fixed, unique_indices=True)
-        row_scale = jnp.where(g_c == 0, 0.0, g_c * factor / jnp.where(counted, sumexp, 1.0))
-        return buf, row_scale, lse, jnp.where(counted, shift + jnp.log(label_e), 0.0)
+    def rerun(state):  # a loop of at most one step: XLA updates a loop's buffer in place (a cond's it copies)
+        dl, _, _, _ = state
+        return (*fallback(dl), jnp.bool_(False))
 
-    def fallback_path(buf):
-        dl, lse_rows, zy_rows = fallback(buf)
-        return dl, jnp.ones_like(lse), lse_rows, zy_rows
-
-    buf, row_scale, lse, zy = lax.cond(jnp.all(fits | ~counted), fast_path, fallback_path, e)
+    buf, lse, zy, _ = lax.while_loop(lambda state: state[3], rerun, (e, lse, zy, ~fast))
+    fixed = jnp.where(counted, label_e - sumexp / factor, label_e).astype(buf.dtype)
+    buf = buf.at[rows, jnp.where(fast & counted, column, V)].set(fixed, mode="drop", unique_indices=True)
+    row_scale = jnp.where(g_c == 0, 0.0, g_c * factor / jnp.where(counted, sumexp, 1.0))
+    row_scale = jnp.where(fast, row_scale, 1.0)
     count = jnp.sum(counted)
     next_shift = jnp.where(count > 0, jnp.sum(jnp.where(counted, lse, 0.0)) / jnp.maximum(count, 1), shift)
     return buf, row_scale, lse, zy, next_shift
