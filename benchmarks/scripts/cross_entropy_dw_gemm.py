@@ -4,7 +4,7 @@ cross-entropy's value and gradient and alone, plain XLA's loss in the same run; 
 
     PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_dw_gemm.py --out $OUT [--shapes 8k_128k,4k_256k,16k_32k]
         [--sections update,loss,update_configs,eval,chunks] [--eval-multipliers 1,2,4] [--chunks 256,512,1024]
-        [--chunk-variants dh_xla,...]
+        [--chunk-variants dh_xla,softmax_rows,...] [--wall]
         [--temp-fraction 0.05] [--dw-configs pingpong_128x128,...] [--logits-configs pingpong_128x128,...]
 
 Per shape (bf16, the suite's inputs, the memory rule's chunk): (1) one chunk's dw update alone, dw (H, V) +=
@@ -232,6 +232,9 @@ def time_evaluation(h, w, labels, Bc: int, multipliers, iterations: int) -> dict
     for name, t in zip(fns, timings):
         out[name] = dict(us=t.median_us, top_kernels=sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:6])
     out["speedup_vs_xla"] = {k: out["xla_plain"]["us"] / out[k]["us"] for k in fns}
+    if wall:  # the host's wall clock of a blocked call: device time plus launch gaps and host syncs
+        walls = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=iterations, wall=True)
+        out["wall_us"] = {k: t.median_us for k, t in zip(fns, walls)}
     return out
 
 
@@ -250,9 +253,10 @@ CHUNK_VARIANTS = {
 }
 
 
-def time_chunks(h, w, labels, chunks, iterations: int, variants=()) -> dict:
+def time_chunks(h, w, labels, chunks, iterations: int, variants=(), wall: bool = False) -> dict:
     """µs and temporary MiB of value_and_grad with each chunk_rows (and plain XLA's), interleaved; each
-    CHUNK_VARIANTS name of ``variants`` also runs at every chunk size (``chunk_<rows>_<name>``)."""
+    CHUNK_VARIANTS name of ``variants`` also runs at every chunk size (``chunk_<rows>_<name>``); ``wall``: also the
+    wall clock of each (``wall_us``)."""
     grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1)))  # noqa: E731
     fns = {"xla_plain": grad(lambda h, w: kernels.plain_cross_entropy(h, w, labels))}
     for rows in chunks:
@@ -268,6 +272,9 @@ def time_chunks(h, w, labels, chunks, iterations: int, variants=()) -> dict:
     for name, t in zip(fns, timings):
         out[name] = dict(us=t.median_us, top_kernels=sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:6])
     out["speedup_vs_xla"] = {k: out["xla_plain"]["us"] / out[k]["us"] for k in fns}
+    if wall:  # the host's wall clock of a blocked call: device time plus launch gaps and host syncs
+        walls = bench.time_interleaved([(fn, (h, w)) for fn in fns.values()], iterations=iterations, wall=True)
+        out["wall_us"] = {k: t.median_us for k, t in zip(fns, walls)}
     out["temp_pct_of_xla"] = {k: 100 * out["temp_mib"][k] / out["temp_mib"]["xla_plain"] for k in fns}
     return out
 
@@ -281,6 +288,7 @@ def main() -> int:
     parser.add_argument("--eval-multipliers", default="1,2,4")
     parser.add_argument("--chunks", default="256,512,1024,2048")
     parser.add_argument("--chunk-variants", default="", help="CHUNK_VARIANTS names the chunks section also runs")
+    parser.add_argument("--wall", action="store_true", help="the chunks section also times wall clocks")
     parser.add_argument("--temp-fraction", type=float, default=ce_config.TEMP_FRACTION,
                         help="the memory rule's bound that picks each shape's chunk")
     parser.add_argument("--dw-configs", default="", help="UPDATE_CONFIGS names the loss section also runs")
@@ -313,7 +321,7 @@ def main() -> int:
             if "chunks" in sections:
                 sizes = sorted({Bc, *[min(B, int(c)) for c in args.chunks.split(",")]})
                 row["chunks"] = time_chunks(h, w, labels, sizes, args.iterations,
-                                            [v for v in args.chunk_variants.split(",") if v])
+                                            [v for v in args.chunk_variants.split(",") if v], args.wall)
                 print(name, "chunks", {k: (round(v, 3), round(row["chunks"]["temp_pct_of_xla"][k], 2))
                                        for k, v in row["chunks"]["speedup_vs_xla"].items()}, flush=True)
             if "loss" in sections:
