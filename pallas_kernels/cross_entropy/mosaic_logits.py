@@ -107,7 +107,8 @@ def _stats_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
 
 def _probabilities_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fusion:
     """Epilogue: e = exp(z − offset) per row, z the tile rounded to ``dtype`` (as the statistics take it), e rounded
-    to ``dtype`` (what is stored), and per row Σ e over those rounded values, into row ``col_block`` of the (V / tile_n, Bc) output."""
+    to ``dtype`` (what is stored), and per row Σ e over those rounded values, into row ``col_block`` of the
+    (V / tile_n, Bc) output."""
     def epilogue(ctx, acc, offset):  # offset: this tile's rows, loaded at the tile's start
         del ctx
         z = acc.astype(dtype).astype(_F32)  # exp of the unrounded accumulator ran 15% slower (1024x4096x128256)
@@ -127,23 +128,22 @@ def _checked_config(h_c: jax.Array, w: jax.Array) -> mosaic_gemm.MosaicGemmConfi
     return config_for(Bc, H, V, h_c.dtype)
 
 
-def logits_and_lse(h_c: jax.Array, w: jax.Array, *, out_into: jax.Array | None = None
-                   ) -> tuple[jax.Array, jax.Array]:
+def logits_and_lse(h_c: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(logits (Bc, V) in h_c's dtype, lse (Bc,) float32) of h_c (Bc, H) @ w (H, V); ValueError (naming the
-    constraint) where ``unsupported_reason`` says no. ``out_into``: a (Bc, V) buffer the logits are written over
-    (in place where it is dead afterwards)."""
+    constraint) where ``unsupported_reason`` says no."""
     config = _checked_config(h_c, w)
     V = w.shape[1]
     logits, block_max, block_sumexp = mosaic_gemm.gemm(
         h_c, w, config=config, out_dtype=h_c.dtype, fusion=_stats_fusion(h_c.shape[0], V, config.tile_n, h_c.dtype),
-        out_into=out_into, name="linear_cross_entropy_logits")
+        name="linear_cross_entropy_logits")
     return logits, lse_from_blocks(block_max, block_sumexp)
 
 
 def probabilities(h_c: jax.Array, w: jax.Array, offset: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(e (Bc, V) in h_c's dtype, sumexp (Bc,) float32): e = exp(h_c @ w − offset[:, None]), the logits rounded to
-    h_c's dtype first (as ``logits_and_lse`` takes them) and e rounded, and Σ_j e over the rounded values; offset (Bc,) float32 (a row whose offset
-    is the float32 maximum gets e = 0). lse = offset + log(sumexp). Same constraints as ``logits_and_lse``."""
+    h_c's dtype first (as ``logits_and_lse`` takes them) and e rounded, and Σ_j e over the rounded values; offset
+    (Bc,) float32 (a row whose offset is the float32 maximum gets e = 0). lse = offset + log(sumexp). Same
+    constraints as ``logits_and_lse``."""
     config = _checked_config(h_c, w)
     (Bc, _), V = h_c.shape, w.shape[1]
     e, block_sumexp = mosaic_gemm.gemm(

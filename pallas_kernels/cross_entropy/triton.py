@@ -302,11 +302,19 @@ class _ChunkPaths:
     softmax_in_epilogue: bool
 
 
-def _softmax_in_epilogue(h, st: _Static, logits_on_mosaic: bool) -> bool:
-    """Whether the forward rule's chunks take their softmax from the Mosaic logits GEMM's epilogue
+# "auto": the epilogue's softmax for chunks of at most this many rows. H100, value and gradient against plain XLA
+# (benchmarks/results/cross_entropy_epilogue_softmax-h100-*.json): 512 / 1024 / 1536-row chunks 1.10 / 1.10 / 1.08x
+# against the row kernel's 1.02 / 1.05 / 1.05x (4096x2048x256000 / 8192x4096x128256 / 16384x4096x32000), and 1024
+# rows at the first 1.25 against 1.12x; at 2048 rows the probabilities kernel ran 18-22% slower than the statistics
+# one (not understood) and the loss lost: 1.07 against 1.09x, 1.03 against 1.07x.
+_EPILOGUE_MAX_CHUNK_ROWS = 1536
+
+
+def _softmax_in_epilogue(h, st: _Static, logits_on_mosaic: bool, Bc: int) -> bool:
+    """Whether the forward rule's Bc-row chunks take their softmax from the Mosaic logits GEMM's epilogue
     (config.softmax; ValueError when "epilogue" cannot)."""
     choice = st.rows.config.softmax
-    if choice == "rows":
+    if choice == "rows" or (choice == "auto" and Bc > _EPILOGUE_MAX_CHUNK_ROWS):
         return False
     why = None if logits_on_mosaic else "it needs the Mosaic logits GEMM (logits_gemm), which does not run here"
     why = why or epilogue_softmax.unsupported_reason(h.dtype)
@@ -321,7 +329,7 @@ def _chunk_paths(h, w, st: _Static, wanted: _Wanted, forward: bool, Bc: int, fir
     logits = forward and _mosaic_logits(h, w, st, Bc)
     return _ChunkPaths(dw=wanted.dw and not first and _mosaic_dw(h, w, st, Bc),
                        dh=wanted.dh and _mosaic_dh(h, w, st, Bc), logits=logits,
-                       softmax_in_epilogue=forward and _softmax_in_epilogue(h, st, logits))
+                       softmax_in_epilogue=forward and _softmax_in_epilogue(h, st, logits, Bc))
 
 
 _ROW_SCALED = mosaic_gemm.Fusion(
@@ -442,17 +450,12 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
         lse_c = None if lse is None else lax.dynamic_slice_in_dim(lse, start, rows)
         row_scale = None  # dlogits = diag(row_scale)·dl where the softmax ran in GEMM 1's epilogue
 
-        shift = jnp.float32(0.0) if first else carry[3]  # the epilogue softmax's shift: the last chunk's mean lse
-
-        def rows_way(buf):  # GEMM 1 with statistics written over buf, the row kernel's dlogits over its logits
-            logits_c, lse_rows = mosaic_logits.logits_and_lse(h_c, w, out_into=buf)
-            zy_rows = _label_logit(logits_c, y_c)  # before the row kernel writes over the logits
-            dl_rows, _, _ = row_pass(logits_c, y_c, g_c, lse_rows, st.rows, dl_dtype=h.dtype)
-            return dl_rows, lse_rows, zy_rows
-
+        # the epilogue softmax's shift (the last chunk's mean lse) and whether every chunk stayed in its range
+        shift, fits = (jnp.float32(0.0), jnp.bool_(True)) if first else carry[3:]
         if on.softmax_in_epilogue:  # no pass over the logits (``epilogue_softmax``)
-            dl, row_scale, lse_c, zy, shift = epilogue_softmax.scaled_dlogits(
-                h_c, w, y_c, g_c, shift, z_loss=st.rows.z_loss, fallback=rows_way)
+            dl, row_scale, lse_c, zy, shift, chunk_fits = epilogue_softmax.scaled_dlogits(
+                h_c, w, y_c, g_c, shift, z_loss=st.rows.z_loss)
+            fits = fits & chunk_fits
         elif on.logits:  # lse from GEMM 1's epilogue: the row kernel only writes dlogits
             logits_c, lse_c = mosaic_logits.logits_and_lse(h_c, w)
             zy = _label_logit(logits_c, y_c)
@@ -478,14 +481,22 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
             dw_c = lax.dot_general(h_c, dl, (((0,), (0,)), ((), ())), precision=prec,
                                    preferred_element_type=dw_dtype)  # (H, V) = h_cᵀ dl
             dw = dw_c if first else dw + dw_c
-        return (total if first else carry[0] + total), dh, dw, shift
+        return (total if first else carry[0] + total), dh, dw, shift, fits
 
     carry = step(B - first_rows, first_rows, None, first=True)
-    total, dh, dw, _ = lax.fori_loop(0, n - 1, lambda i, c: step(i * Bc, Bc, c, first=False), carry)
+    total, dh, dw, _, fits = lax.fori_loop(0, n - 1, lambda i, c: step(i * Bc, Bc, c, first=False), carry)
     if (dh is None) == wanted.dh or (dw is None) == wanted.dw:  # a None here would reach jax as a zero gradient
         raise AssertionError(f"linear_cross_entropy: gradients {wanted}, but computed dh: {dh is not None}, "
                              f"dw: {dw is not None}")
-    return total, dh, None if dw is None else dw.astype(w.dtype)
+    result = total, dh, None if dw is None else dw.astype(w.dtype)
+    if not (first_paths.softmax_in_epilogue or loop_paths.softmax_in_epilogue):
+        return result
+    # some row left the epilogue softmax's range: all again, the row kernel's way (a loop of at most one step
+    # updates dh and dw in place; one host round trip per call)
+    rows_only = dataclasses.replace(st, rows=dataclasses.replace(
+        st.rows, config=dataclasses.replace(st.rows.config, softmax="rows")))
+    again = lambda state: (*_chunk_gradients(h, w, labels, g, lse, rows_only, wanted), jnp.bool_(False))  # noqa
+    return lax.while_loop(lambda state: state[-1], again, (*result, ~fits))[:3]
 
 
 # ---------------------------------------------------------------------------------------------------------------

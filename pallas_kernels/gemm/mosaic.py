@@ -148,16 +148,14 @@ class Fusion:
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
          transpose_b: bool = False, fusion: Fusion | None = None, arrays: Mapping[str, jax.Array] | None = None,
-         accumulate_into: jax.Array | None = None, out_into: jax.Array | None = None, num_sms: int | None = None,
+         accumulate_into: jax.Array | None = None, num_sms: int | None = None,
          name: str = "mosaic_gemm") -> list[jax.Array]:
     """[out (M, N) in out_dtype, *fusion outputs] of epilogue(A @ B) in one Mosaic-GPU kernel.
 
     a: (M, K), or (K, M) with transpose_a; b: (K, N), or (N, K) with transpose_b; 16-bit floats of one dtype.
     The shapes must satisfy ``unsupported_reason`` (checked here: ValueError). ``arrays`` holds the fusion's
     named inputs. ``accumulate_into``: an (M, N) array of out_dtype; out = accumulate_into + A @ B, written in
-    place where XLA can (no fusion then). ``out_into``: an (M, N) array of out_dtype whose buffer receives the
-    output, never read: XLA writes it in place where the array is dead afterwards (in GPU interpret mode a new
-    array). Runs on an sm90 GPU; lowers for CUDA anywhere."""
+    place where XLA can (no fusion then). Runs on an sm90 GPU; lowers for CUDA anywhere."""
     if accumulate_into is not None:
         if fusion is not None:
             raise ValueError(f"{name}: accumulate_into is its own epilogue; it takes no fusion")
@@ -177,10 +175,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     reason = unsupported_reason(M, N, K, config)
     if reason:
         raise ValueError(f"{name}: {reason}")
-    if out_into is not None and (accumulate_into is not None or out_into.shape != (M, N)
-                                 or out_into.dtype != jnp.dtype(out_dtype)):
-        raise ValueError(f"{name}: out_into must be an ({M}, {N}) {jnp.dtype(out_dtype)} array (and excludes "
-                         f"accumulate_into), got {tuple(out_into.shape)} {out_into.dtype}")
     if fusion.prologue_step is not None and (config.pipeline != "own" or config.wg_split != "n" or config.pingpong):
         raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
                          f"pipeline='own' with wg_split='n' and schedule='cooperative'; got "
@@ -218,10 +212,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     if config.cluster_size > 1:
         launch.update(cluster=(config.cluster_size,), cluster_names=(_CLUSTER,))
     inputs = [a, b, *[arrays[n] for n in in_names]]
-    buffer = accumulate_into if accumulate_into is not None else None if mu.interpreting() else out_into
-    if buffer is not None:  # the output is the aliased buffer, between the inputs and the other outputs
+    if accumulate_into is not None:  # the output is the aliased buffer, between the inputs and the other outputs
         outs, out = mu.kernel_updating(body, out_type=[*[s for _, s in fusion.outputs], *shape.workspace_type()],
-                                       **launch)(*inputs, buffer)
+                                       **launch)(*inputs, accumulate_into)
         return [out, *outs[:len(fusion.outputs)]]
     call = mu.kernel(body, out_type=[jax.ShapeDtypeStruct((M, N), out_dtype), *[s for _, s in fusion.outputs],
                                      *shape.workspace_type()], **launch)
