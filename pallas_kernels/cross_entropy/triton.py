@@ -469,10 +469,10 @@ def _chunk_gradients(h, w, labels, g, lse, st: _Static, wanted: _Wanted):
             # every row, [B - rows, B) first and [0, (n - 1)·Bc) in the loop; zeros would cost a (B, H) write
             dh = lax.dynamic_update_slice_in_dim(lax.empty(h.shape, h.dtype) if first else dh,
                                                  _dh_chunk(dl, w, on.dh, h.dtype, row_scale), start, 0)
-        if row_scale is not None:  # dwᵀ rows: (diag(row_scale)·h_c)ᵀ·dl, sliced from h again once row_scale
-            # exists: h_c's buffer is then free for it (scaling h_c itself held both, 2 MiB over the 5% rule's
-            # budget at 4096x2048x256000)
-            h_again, row_scale = lax.optimization_barrier((h, row_scale))
+        if row_scale is not None:  # dwᵀ rows: (diag(row_scale)·h_c)ᵀ·dl, sliced from h again once dh is written:
+            # the (Bc, H) operand then takes memory the dh GEMM's split-K partial sums held (XLA made it beside
+            # them, 2 MiB over the 5% rule's budget at 4096x2048x256000)
+            h_again, row_scale, dh = lax.optimization_barrier((h, row_scale, dh))
             h_c = (lax.dynamic_slice_in_dim(h_again, start, rows).astype(jnp.float32)
                    * row_scale[:, None]).astype(h.dtype)
         if wanted.dw and on.dw:  # dw += h_cᵀ dl in place, h_c read transposed in SMEM
