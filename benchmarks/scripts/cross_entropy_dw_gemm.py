@@ -3,7 +3,7 @@ Mosaic-GPU GEMM core updating dw in place with its tiles prefetched (``dw_gemm="
 cross-entropy's value and gradient and alone, plain XLA's loss in the same run; and the evaluation loop's chunk.
 
     PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_dw_gemm.py --out $OUT [--shapes 8k_128k,4k_256k,16k_32k]
-        [--sections update,loss,update_configs,eval,chunks] [--eval-multipliers 1,2,4] [--chunks 256,512,1024]
+        [--sections update,loss,update_configs,eval,chunks,precision] [--eval-multipliers 1,2,4] [--chunks 256,512,1024]
         [--chunk-variants dh_xla,softmax_rows,...] [--wall]
         [--temp-fraction 0.05] [--dw-configs pingpong_128x128,...] [--logits-configs pingpong_128x128,...]
 
@@ -18,7 +18,8 @@ update alone under the GEMM configs of UPDATE_CONFIGS; (4) "eval": the loss alon
 = m · Bc (at most B) for each multiplier m, against plain XLA's forward, interleaved; (5) "chunks": value and
 gradient with each chunk_rows of --chunks (and the memory rule's), against plain XLA's, interleaved, with each
 program's temporary memory (and each --chunk-variants entry of CHUNK_VARIANTS at each size: the dh GEMM on cuBLAS
-or on other Mosaic tiles). Writes ``cross_entropy_dw_gemm-<device>.json``.
+or on other Mosaic tiles); (6) "precision": the largest errors of the loss, dh and dw against the float32
+reference at the memory rule's chunk (and each --chunk-variants entry). Writes ``cross_entropy_dw_gemm-<device>.json``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels
+from pallas_kernels import reference
 from attention_fused_bwd import recorded_row, results_file
 from jaxfuse import bench, kernels
 from jaxfuse.suites.cross_entropy import SHAPES, make_inputs
@@ -279,6 +281,23 @@ def time_chunks(h, w, labels, chunks, iterations: int, variants=(), wall: bool =
     return out
 
 
+def precision(h, w, labels, Bc: int, variants=()) -> dict:
+    """Largest |ours − float32 reference| / largest |reference| of the loss, dh and dw (value and gradient, mean
+    reduction) at chunk_rows Bc, and for each CHUNK_VARIANTS name of ``variants``."""
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    ref = jax.jit(jax.value_and_grad(lambda h, w: reference.linear_cross_entropy(f32(h), f32(w), labels),
+                                     argnums=(0, 1)))(h, w)
+    out = {}
+    for name in ("", *variants):
+        fields = dict(CHUNK_VARIANTS[name][0] if name else {}, chunk_rows=Bc)
+        ours = jax.jit(jax.value_and_grad(lambda h, w: pallas_kernels.linear_cross_entropy(
+            h, w, labels, backend="triton", block_sizes=fields), argnums=(0, 1)))(h, w)
+        out[f"chunk_{Bc}_{name}" if name else f"chunk_{Bc}"] = {
+            what: float(jnp.max(jnp.abs(f32(a) - b)) / jnp.max(jnp.abs(b)))
+            for what, a, b in zip(("loss", "dh", "dw"), jax.tree.leaves(ours), jax.tree.leaves(ref))}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -324,6 +343,9 @@ def main() -> int:
                                             [v for v in args.chunk_variants.split(",") if v], args.wall)
                 print(name, "chunks", {k: (round(v, 3), round(row["chunks"]["temp_pct_of_xla"][k], 2))
                                        for k, v in row["chunks"]["speedup_vs_xla"].items()}, flush=True)
+            if "precision" in sections:
+                row["precision"] = precision(h, w, labels, Bc, [v for v in args.chunk_variants.split(",") if v])
+                print(name, "precision", row["precision"], flush=True)
             if "loss" in sections:
                 fns = loss_fns(labels, Bc, [c for c in args.dw_configs.split(",") if c],
                                [c for c in args.logits_configs.split(",") if c])
