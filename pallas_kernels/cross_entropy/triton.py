@@ -14,7 +14,10 @@ vocabulary-wide row work (``triton_rows.py``):
 With ``logits_gemm`` (default "auto": on sm90 where the tiles divide the shapes) the forward rule's chunks take
 their logits from the Mosaic GEMM core, whose epilogue also stores per-row softmax statistics
 (``mosaic_logits.py``): the lse comes from them, and the row kernel only writes dlogits (one read of the chunk's
-logits fewer).
+logits fewer). With ``softmax`` (default "auto": bf16 chunks of at most 1536 rows on those) the epilogue writes
+exp(z − c) instead, c a per-chunk shift, and no kernel reads the logits back (``epilogue_softmax.py``): GEMM 2
+scales its output rows and GEMM 3 its h_c rows by dlogits' row scale; a call with a row out of that path's range
+runs again the row kernel's way.
 
 ``fused_step="on"`` (off by default: measured slower) runs chunk c − 1's dw update and chunk c's logits GEMM as one
 Mosaic-GPU kernel (``mosaic_step.py``), the logits written over chunk c − 1's dlogits.
@@ -32,7 +35,8 @@ cotangent inside the GEMMs: its forward rule is the 1-GEMM path keeping lse (B,)
 Cost model (F = 2·B·H·V FLOPs, one GEMM of the problem; n = B / Bc chunks):
   evaluation: 1 F. HBM: w read n times (L2 absorbs little), logits written once and read once (2·B·V·s).
   value and gradient: 3 F. The row kernel reads each chunk's logits twice and writes dlogits over them: 3·B·V·s
-  bytes (2·B·V·s with the statistics from the Mosaic logits GEMM). The dw GEMM reads and writes dw (H·V·s each)
+  bytes (2·B·V·s with the statistics from the Mosaic logits GEMM, none with the epilogue's softmax: the logits
+  GEMM writes B·V·s, GEMMs 2 and 3 read it). The dw GEMM reads and writes dw (H·V·s each)
   at every chunk but the first (XLA folds the add into the cuBLAS call as beta = 1): 2·(n − 1)·H·V·s bytes,
   overlapped with its 2·Bc·H·V FLOPs when Bc·H / (2·H + Bc) exceeds the machine's FLOP/byte ratio (about 270 on an
   H100), i.e. Bc >~ 600 at H = 4096.
@@ -43,12 +47,11 @@ sqrt(n) bf16 roundings (``dw_dtype="float32"``: an H·V·4 accumulator instead).
 ``config.chunk_rows_for``: temporaries within ``temp_fraction`` (default 10%) of the plain XLA loss's. The loops
 without gradients (evaluation) take chunks of ``eval_chunk_rows`` (default: a quarter of B where that is larger).
 
-Measured (H100, bf16, CUPTI, XLA in the same run; benchmarks/results/NOTES.md, "Linear cross-entropy"): fwd+bwd
-1.07-1.10x XLA at 8192x4096x128256, 1.12-1.13x at 4096x2048x256000, 1.06-1.08x at 16384x4096x32000 with 2048, 1024
-and 2048-row chunks (6.3-9.4% of XLA's temporaries); with temp_fraction=0.05 (1024, 512 and 1024 rows, 3.7-5.0%):
-1.042-1.097, 1.024-1.035 and 1.029-1.044x over three runs, the dw updates over shorter chunks re-reading dw more
-often; 1536-row chunks at 16384x4096x32000 (5.0%, the rule's since 2026-11-24's eleventh session) 1.038-1.053x in
-five runs. Evaluation 1.02-1.05x.
+Measured (H100, bf16, CUPTI, XLA in the same run; benchmarks/results/NOTES.md, "Linear cross-entropy"): with
+temp_fraction=0.05 (512, 1024 and 1536-row chunks, 4.97-4.99% of XLA's temporaries) and the epilogue's softmax,
+fwd+bwd 1.105x at 4096x2048x256000, 1.108x at 8192x4096x128256, 1.096x at 16384x4096x32000 (the row kernel's way
+1.026 / 1.062 / 1.057x in the same run; cross_entropy_epilogue_softmax_5pct_*-h100-8950e5d.json); with the
+default 10% rule 1.24x, 1.09x and 1.07x (cross_entropy-h100-8950e5d.md). Evaluation 1.02-1.05x.
 
 Why not the earlier design (one Pallas kernel for the forward's online log-sum-exp over vocabulary tiles, a
 backward recomputing the logits: 4 GEMMs, Pallas-Triton GEMMs 15-20% below cuBLAS; in the history up to commit
@@ -303,8 +306,8 @@ class _ChunkPaths:
 
 
 # "auto": the epilogue's softmax for chunks of at most this many rows. H100, value and gradient against plain XLA
-# (benchmarks/results/cross_entropy_epilogue_softmax-h100-*.json): 512 / 1024 / 1536-row chunks 1.10 / 1.10 / 1.08x
-# against the row kernel's 1.02 / 1.05 / 1.05x (4096x2048x256000 / 8192x4096x128256 / 16384x4096x32000), and 1024
+# (benchmarks/results/cross_entropy_epilogue_softmax_chunks_*-h100-9bc0271.json): 512 / 1024 / 1536-row chunks
+# 1.10 / 1.10 / 1.08x against the row kernel's 1.02 / 1.05 / 1.05x (4096x2048x256000 / 8192x4096x128256 / 16384x4096x32000), and 1024
 # rows at the first 1.25 against 1.12x; at 2048 rows the probabilities kernel ran 18-22% slower than the statistics
 # one (not understood) and the loss lost: 1.07 against 1.09x, 1.03 against 1.07x.
 _EPILOGUE_MAX_CHUNK_ROWS = 1536
