@@ -307,9 +307,9 @@ class _ChunkPaths:
 
 # "auto": the epilogue's softmax for chunks of at most this many rows. H100, value and gradient against plain XLA
 # (benchmarks/results/cross_entropy_epilogue_softmax_chunks_*-h100-9bc0271.json): 512 / 1024 / 1536-row chunks
-# 1.10 / 1.10 / 1.08x against the row kernel's 1.02 / 1.05 / 1.05x (4096x2048x256000 / 8192x4096x128256 / 16384x4096x32000), and 1024
-# rows at the first 1.25 against 1.12x; at 2048 rows the probabilities kernel ran 18-22% slower than the statistics
-# one (not understood) and the loss lost: 1.07 against 1.09x, 1.03 against 1.07x.
+# 1.10 / 1.10 / 1.08x against the row kernel's 1.02 / 1.05 / 1.05x (4096x2048x256000 / 8192x4096x128256 /
+# 16384x4096x32000), and 1024 rows at the first 1.25 against 1.12x; at 2048 rows the probabilities kernel ran 18-22%
+# slower than the statistics one (not understood) and the loss lost: 1.07 against 1.09x, 1.03 against 1.07x.
 _EPILOGUE_MAX_CHUNK_ROWS = 1536
 
 
