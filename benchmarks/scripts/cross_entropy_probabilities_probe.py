@@ -2,12 +2,14 @@
 checkout of commit 1bf450c (its ``mosaic_logits.probabilities`` is the "prologue_load" variant):
 
     OUT=DIR PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_probabilities_probe.py kernels hlo
+    OUT=DIR PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_probabilities_probe.py kernels_now   # at HEAD
 
 (1) "kernels": the probabilities GEMM at 1024x4096x128256 under epilogue variants (the row shift loaded per tile or
 a constant; the exp of the float32 accumulator or of the logits rounded to bf16 first) against the logits GEMM with
 statistics; (2) "hlo": the loss at 4096x2048x256000 (512-row chunks) with the fallback as a loop of at most one
 step per chunk, against the row kernel's: temporaries and whole-chunk copies in the optimized HLO, and the time of
-both. Writes DIR/r/probs_exp.json."""
+both; (3) "kernels_now": at a later commit, whose kernel rounds first and reads the offset at each tile's start
+("prologue_load"), against the offset read in the epilogue, at 1024 and 2048 rows. Writes DIR/r/probs_exp.json."""
 import json, re, sys, os
 import jax, jax.numpy as jnp
 from jax import lax
@@ -26,6 +28,13 @@ def fusion_variant(kind):
             def epi(ctx, acc, carry):
                 off = lax.broadcast_in_dim(ctx.load_rows(ml._OFFSET), acc.shape, [0])
                 e = jnp.exp(acc - off).astype(dtype).astype(F32)
+                return e, {ml._BLOCK_SUMEXP: jnp.sum(e, axis=1)}
+            return mosaic_gemm.Fusion(inputs=(ml._OFFSET,), outputs=((ml._BLOCK_SUMEXP, stats),), epilogue=epi)
+        if kind == "round_first_epilogue_load":  # the offset rows read in the epilogue, under the other K loop
+            def epi(ctx, acc, carry):
+                z = acc.astype(dtype).astype(F32)
+                off = lax.broadcast_in_dim(ctx.load_rows(ml._OFFSET), z.shape, [0])
+                e = jnp.exp(z - off).astype(dtype).astype(F32)
                 return e, {ml._BLOCK_SUMEXP: jnp.sum(e, axis=1)}
             return mosaic_gemm.Fusion(inputs=(ml._OFFSET,), outputs=((ml._BLOCK_SUMEXP, stats),), epilogue=epi)
         if kind == "no_load":
@@ -72,18 +81,22 @@ def probs_fn(kind):
                                 arrays={ml._OFFSET: off}, name="probs_" + kind.replace("-", "m"))
     return jax.jit(f)
 
-if "kernels" in sys.argv:
-    for (Bc, H, V) in ((1024, 4096, 128256),):
+KINDS = ("prologue_load", "no_input", "const0", "const-10", "const20", "round_first", "stats_exp_out")
+if "kernels_now" in sys.argv:  # at a later commit: its probabilities kernel against the offset read in the epilogue
+    KINDS = ("prologue_load", "round_first_epilogue_load", "round_first")
+if "kernels" in sys.argv or "kernels_now" in sys.argv:
+    for (Bc, H, V) in ((1024, 4096, 128256),) + (((2048, 4096, 128256),) if "kernels_now" in sys.argv else ()):
         h, w, _ = make_inputs(Bc * 4, H, V, seed=0)
         hs = [h[i * Bc:(i + 1) * Bc] for i in range(4)]
         off = jnp.full((Bc,), 10.0, F32)
         fns = {"stats": jax.jit(lambda h_c, w, off: ml.logits_and_lse(h_c, w))}
-        for kind in ("prologue_load", "no_input", "const0", "const-10", "const20", "round_first", "stats_exp_out"):
+        for kind in KINDS:
             fns[kind] = probs_fn(kind)
         calls = [(fn, (hs[0], w, off)) for fn in fns.values()]
         ts = bench.time_interleaved(calls, iterations=20)
         out[f"{Bc}x{H}x{V}"] = {k: t.median_us for k, t in zip(fns, ts)}
         print(Bc, H, V, {k: round(t.median_us, 1) for k, t in zip(fns, ts)}, flush=True)
+        del hs, h, w
 
 def scaled_v2(h_c, w, labels_c, g_c, shift, *, z_loss, fallback):
     """fix outside the cond: the fast branch is the identity."""
