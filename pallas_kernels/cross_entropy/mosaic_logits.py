@@ -110,9 +110,9 @@ def _probabilities_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fu
     to ``dtype`` (what is stored), and per row Σ e over those rounded values, into row ``col_block`` of the
     (V / tile_n, Bc) output."""
     # Measured on the H100 (benchmarks/results/cross_entropy_probabilities_probe-h100-{1bf450c,0dbb964}.json): the
-    # exp of the unrounded accumulator ran 15% slower at 1024x4096x128256, and the offset read at the tile's start
-    # (``prologue_init``) 21% slower at 2048 rows (3403 against 2833 µs; the statistics kernel 2819): here the
-    # offset is read in the epilogue, under the other warpgroup's K loop.
+    # exp of the unrounded accumulator ran 15% slower at 1024x4096x128256; at 2048 rows the offset read at the
+    # tile's start (``prologue_init``) took 3403 µs, a constant offset with no read 3392, the read here in the
+    # epilogue 2833 (the statistics kernel 2819). Why the other two lose is not understood.
     def epilogue(ctx, acc, carry):
         del carry
         z = acc.astype(dtype).astype(_F32)
