@@ -248,6 +248,7 @@ CHUNK_VARIANTS = {
     "logits_xla": ({"logits_gemm": "xla"}, None),  # cuBLAS's logits, the row kernel reading them twice
     "fused_on": ({"fused_step": "on"}, None),  # the dw update and the next chunk's logits as one kernel
     "softmax_rows": ({"softmax": "rows"}, None),  # the row kernel's softmax, not the logits GEMM's epilogue's
+    "softmax_epilogue": ({"softmax": "epilogue"}, None),  # the epilogue's, also where "auto" would not take it
     "dh_stacked_64x128": ({"dh_gemm": "mosaic"}, dict(tile_m=64, tile_n=128, wg_split="m", schedule="cooperative",
                                                         num_stages=4, delay_release=0, grid_minor="m")),
     "dh_pingpong_128x128": ({"dh_gemm": "mosaic"}, dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=6,
