@@ -88,8 +88,8 @@ class LinearCrossEntropyConfig:
         writes dlogits over them), "epilogue" (the Mosaic logits GEMM's epilogue writes exp(z − c), c a per-chunk
         shift; GEMMs 2 and 3 scale its rows: no pass over the logits, ``epilogue_softmax``; needs the Mosaic
         logits GEMM and bf16; where a row's loss passes 80 nats or its lse lies more than 40 nats from the chunk
-        before's mean, the call runs again the "rows" way), "auto" (default: "epilogue" where it can run on chunks
-        of at most 1536 rows, else "rows").
+        before's mean, the call runs again the "rows" way), "auto" (default: "epilogue" where it can run, else
+        "rows").
       fused_step: "on": the gradient's chunk loop (the forward rule of reduction "mean" / "sum"; "none"'s backward
         keeps the separate GEMMs) runs chunk c − 1's dw update and chunk c's logits GEMM (with its
         statistics) as one Mosaic-GPU kernel (``mosaic_step``; sm90, B two or more whole chunks, 16-bit h, w and

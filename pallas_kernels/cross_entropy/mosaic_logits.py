@@ -35,6 +35,7 @@ __all__ = ["config_for", "logits_and_lse", "lse_from_blocks", "probabilities", "
 
 _F32 = jnp.float32
 _BLOCK_MAX, _BLOCK_SUMEXP, _OFFSET = "block_max", "block_sumexp", "row_offset"
+_OFFSET_AT_TILE_START_MAX_ROWS = 1536  # longer chunks read the probabilities' offsets in the epilogue
 
 
 # Ping-pong 128x128 tiles first: one warpgroup's epilogue (the statistics' exp and sums, the store) runs under the
@@ -109,19 +110,25 @@ def _probabilities_fusion(Bc: int, V: int, tile_n: int, dtype) -> mosaic_gemm.Fu
     """Epilogue: e = exp(z − offset) per row, z the tile rounded to ``dtype`` (as the statistics take it), e rounded
     to ``dtype`` (what is stored), and per row Σ e over those rounded values, into row ``col_block`` of the
     (V / tile_n, Bc) output."""
-    # Measured on the H100 (benchmarks/results/cross_entropy_probabilities_probe-h100-{1bf450c,0dbb964}.json): the
-    # exp of the unrounded accumulator ran 15% slower at 1024x4096x128256; at 2048 rows the offset read at the
-    # tile's start (``prologue_init``) took 3403 µs, a constant offset with no read 3392, the read here in the
-    # epilogue 2833 (the statistics kernel 2819). Why the other two lose is not understood.
-    def epilogue(ctx, acc, carry):
-        del carry
+    # Where the offset rows are read, measured on the H100 (kernel alone: benchmarks/results/
+    # cross_entropy_probabilities_probe-h100-0dbb964.json; in the 5% loss: cross_entropy_epilogue_softmax_5pct_*-h100-
+    # {8950e5d,0a4ef9f}.json): at 2048 rows read at the tile's start (``prologue_init``) the kernel took 3403 µs, a
+    # constant offset with no read 3392, the read in the epilogue 2833 (the statistics kernel 2819); at 512-1536 rows
+    # in the loss the read at the tile's start was the faster, by 1-7% (8 chunks of 1024 rows: 11463 against 12284
+    # µs). Why is not understood. (The exp of the unrounded accumulator ran 15% slower at 1024 rows:
+    # cross_entropy_probabilities_probe-h100-1bf450c.json.)
+    read_in_epilogue = Bc > _OFFSET_AT_TILE_START_MAX_ROWS
+
+    def epilogue(ctx, acc, offset):
         z = acc.astype(dtype).astype(_F32)
-        offset = lax.broadcast_in_dim(ctx.load_rows(_OFFSET), z.shape, [0])
-        e = jnp.exp(z - offset).astype(dtype).astype(_F32)
+        offset = ctx.load_rows(_OFFSET) if read_in_epilogue else offset
+        e = jnp.exp(z - lax.broadcast_in_dim(offset, z.shape, [0])).astype(dtype).astype(_F32)
         return e, {_BLOCK_SUMEXP: jnp.sum(e, axis=1)}
 
     stats = jax.ShapeDtypeStruct((V // tile_n, Bc), _F32)
-    return mosaic_gemm.Fusion(inputs=(_OFFSET,), outputs=((_BLOCK_SUMEXP, stats),), epilogue=epilogue)
+    return mosaic_gemm.Fusion(
+        inputs=(_OFFSET,), outputs=((_BLOCK_SUMEXP, stats),), epilogue=epilogue,
+        prologue_init=None if read_in_epilogue else (lambda ctx: ctx.load_rows(_OFFSET)))
 
 
 def _checked_config(h_c: jax.Array, w: jax.Array) -> mosaic_gemm.MosaicGemmConfig:

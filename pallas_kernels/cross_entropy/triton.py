@@ -14,7 +14,7 @@ vocabulary-wide row work (``triton_rows.py``):
 With ``logits_gemm`` (default "auto": on sm90 where the tiles divide the shapes) the forward rule's chunks take
 their logits from the Mosaic GEMM core, whose epilogue also stores per-row softmax statistics
 (``mosaic_logits.py``): the lse comes from them, and the row kernel only writes dlogits (one read of the chunk's
-logits fewer). With ``softmax`` (default "auto": bf16 chunks of at most 1536 rows on those) the epilogue writes
+logits fewer). With ``softmax`` (default "auto": bf16 chunks on those) the epilogue writes
 exp(z − c) instead, c a per-chunk shift, and no kernel reads the logits back (``epilogue_softmax.py``): GEMM 2
 scales its output rows and GEMM 3 its h_c rows by dlogits' row scale; a call with a row out of that path's range
 runs again the row kernel's way.
@@ -305,19 +305,14 @@ class _ChunkPaths:
     softmax_in_epilogue: bool
 
 
-# "auto": the epilogue's softmax for chunks of at most this many rows. H100, value and gradient against plain XLA
-# (benchmarks/results/cross_entropy_epilogue_softmax_chunks_*-h100-9bc0271.json): 512 / 1024 / 1536-row chunks
-# 1.10 / 1.10 / 1.08x against the row kernel's 1.02 / 1.05 / 1.05x (4096x2048x256000 / 8192x4096x128256 /
-# 16384x4096x32000), and 1024 rows at the first 1.25 against 1.12x; at 2048 rows the probabilities kernel ran 18-22%
-# slower than the statistics one (not understood) and the loss lost: 1.07 against 1.09x, 1.03 against 1.07x.
-_EPILOGUE_MAX_CHUNK_ROWS = 1536
-
-
-def _softmax_in_epilogue(h, st: _Static, logits_on_mosaic: bool, Bc: int) -> bool:
-    """Whether the forward rule's Bc-row chunks take their softmax from the Mosaic logits GEMM's epilogue
-    (config.softmax; ValueError when "epilogue" cannot)."""
+def _softmax_in_epilogue(h, st: _Static, logits_on_mosaic: bool) -> bool:
+    """Whether the forward rule's chunks take their softmax from the Mosaic logits GEMM's epilogue (config.softmax;
+    ValueError when "epilogue" cannot). H100, value and gradient against plain XLA: with 512 / 1024 / 1536-row
+    chunks 1.10 / 1.08-1.11 / 1.08-1.10x against the row kernel's 1.02-1.03 / 1.05-1.06 / 1.04-1.06x at
+    4096x2048x256000 / 8192x4096x128256 / 16384x4096x32000, with 2048 rows 1.15 / 1.10x against 1.09 / 1.06x at
+    the last two (benchmarks/results/cross_entropy_epilogue_softmax_*-h100-*.json)."""
     choice = st.rows.config.softmax
-    if choice == "rows" or (choice == "auto" and Bc > _EPILOGUE_MAX_CHUNK_ROWS):
+    if choice == "rows":
         return False
     why = None if logits_on_mosaic else "it needs the Mosaic logits GEMM (logits_gemm), which does not run here"
     why = why or epilogue_softmax.unsupported_reason(h.dtype)
@@ -332,7 +327,7 @@ def _chunk_paths(h, w, st: _Static, wanted: _Wanted, forward: bool, Bc: int, fir
     logits = forward and _mosaic_logits(h, w, st, Bc)
     return _ChunkPaths(dw=wanted.dw and not first and _mosaic_dw(h, w, st, Bc),
                        dh=wanted.dh and _mosaic_dh(h, w, st, Bc), logits=logits,
-                       softmax_in_epilogue=forward and _softmax_in_epilogue(h, st, logits, Bc))
+                       softmax_in_epilogue=forward and _softmax_in_epilogue(h, st, logits))
 
 
 _ROW_SCALED = mosaic_gemm.Fusion(
