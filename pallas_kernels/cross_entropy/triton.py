@@ -49,9 +49,10 @@ without gradients (evaluation) take chunks of ``eval_chunk_rows`` (default: a qu
 
 Measured (H100, bf16, CUPTI, XLA in the same run; benchmarks/results/NOTES.md, "Linear cross-entropy"): with
 temp_fraction=0.05 (512, 1024 and 1536-row chunks, 4.97-4.99% of XLA's temporaries) and the epilogue's softmax,
-fwd+bwd 1.105x at 4096x2048x256000, 1.108x at 8192x4096x128256, 1.096x at 16384x4096x32000 (the row kernel's way
-1.026 / 1.062 / 1.057x in the same run; cross_entropy_epilogue_softmax_5pct_*-h100-8950e5d.json); with the
-default 10% rule 1.24x, 1.09x and 1.07x (cross_entropy-h100-8950e5d.md). Evaluation 1.02-1.05x.
+fwd+bwd 1.098-1.105x at 4096x2048x256000, 1.084-1.108x at 8192x4096x128256, 1.076-1.096x at 16384x4096x32000 in
+two runs (the row kernel's way 1.019-1.026 / 1.031-1.062 / 1.041-1.057x in the same runs;
+cross_entropy_epilogue_softmax_5pct_*-h100-{8950e5d,a4e1813}.json); with the default 10% rule 1.24x, 1.14x and
+1.11x (cross_entropy-h100-a4e1813.md). Evaluation 1.02-1.05x.
 
 Why not the earlier design (one Pallas kernel for the forward's online log-sum-exp over vocabulary tiles, a
 backward recomputing the logits: 4 GEMMs, Pallas-Triton GEMMs 15-20% below cuBLAS; in the history up to commit
@@ -308,7 +309,7 @@ class _ChunkPaths:
 def _softmax_in_epilogue(h, st: _Static, logits_on_mosaic: bool) -> bool:
     """Whether the forward rule's chunks take their softmax from the Mosaic logits GEMM's epilogue (config.softmax;
     ValueError when "epilogue" cannot). H100, value and gradient against plain XLA: with 512 / 1024 / 1536-row
-    chunks 1.10 / 1.08-1.11 / 1.08-1.10x against the row kernel's 1.02-1.03 / 1.05-1.06 / 1.04-1.06x at
+    chunks 1.10 / 1.08-1.11 / 1.08-1.10x against the row kernel's 1.02-1.03 / 1.03-1.06 / 1.04-1.06x at
     4096x2048x256000 / 8192x4096x128256 / 16384x4096x32000, with 2048 rows 1.15 / 1.10x against 1.09 / 1.06x at
     the last two (benchmarks/results/cross_entropy_epilogue_softmax_*-h100-*.json)."""
     choice = st.rows.config.softmax
