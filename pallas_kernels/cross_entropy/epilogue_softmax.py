@@ -28,6 +28,7 @@ bf16 only: float16 keeps 5 exponent bits, and an e 17 nats below the shift flush
 from __future__ import annotations
 
 import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
