@@ -13,9 +13,9 @@ from jax.experimental import pallas as pl
 import hlo_inspect
 from hlo_inspect import mosaic_ir
 from base_cross_entropy import SMALL, CrossEntropyTests, inputs
-from conftest import ON_GPU, cuda_program, eqns_outside_kernels, tensors_with
+from conftest import ON_GPU, assert_close, cuda_program, eqns_outside_kernels, tensors_with, tolerance
 from jaxfuse import kernels
-from pallas_kernels import LinearCrossEntropyConfig, backends, cross_entropy, triton_utils
+from pallas_kernels import LinearCrossEntropyConfig, backends, cross_entropy, reference, triton_utils
 from pallas_kernels.cross_entropy import config as ce_config
 
 
@@ -328,6 +328,22 @@ def test_epilogue_softmax_matches_reference(reduction, z_loss):
     with _mosaic_here():
         _TRITON.check_against_reference(B, H, V, jnp.bfloat16, reduction=reduction, z_loss=z_loss,
                                         block_sizes=_EPILOGUE)
+
+
+@pytest.mark.slow
+def test_epilogue_softmax_gradient_of_one_input():
+    """Differentiating h alone (dw's GEMM never traced, no scaled h_c) or w alone (no dh GEMM) on the epilogue's
+    path: each gradient against the float32 reference."""
+    B, H, V = (320, 256, 2048) if ON_GPU else (320, 64, 512)
+    h, w, labels = inputs(B, H, V, jnp.bfloat16)
+    ours = lambda h, w: _loss(h, w, labels, block_sizes=_EPILOGUE)  # noqa: E731
+    ref = lambda h, w: reference.linear_cross_entropy(h.astype(jnp.float32), w.astype(jnp.float32), labels)  # noqa
+    tol = tolerance(jnp.bfloat16, max(B, H, V))
+    for argnum, name in ((0, "dh"), (1, "dw")):
+        with _mosaic_here():
+            got = jax.jit(jax.grad(ours, argnums=argnum))(h, w)
+        factor = _TRITON.dw_tolerance_factor(h, w, labels, _EPILOGUE) if name == "dw" else 1.0
+        assert_close(got, jax.grad(ref, argnums=argnum)(h, w), tol * factor, name)
 
 
 @pytest.mark.parametrize("scale,same", [(1.0, False), (40.0, True)], ids=["normal_logits", "losses_past_40_nats"])
