@@ -1,15 +1,17 @@
-"""Probes behind the epilogue softmax (``pallas_kernels/cross_entropy/epilogue_softmax.py``), H100 only; run from a
-checkout of commit 1bf450c (its ``mosaic_logits.probabilities`` is the "prologue_load" variant):
+"""Probes behind the epilogue softmax (``pallas_kernels/cross_entropy/epilogue_softmax.py``), H100 only. "kernels"
+and "hlo" ran with this script copied into a checkout of commit 1bf450c (there ``mosaic_logits.probabilities`` is
+the "prologue_load" variant and ``scaled_dlogits`` takes the ``fallback`` argument "hlo" patches):
 
     OUT=DIR PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_probabilities_probe.py kernels hlo
-    OUT=DIR PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_probabilities_probe.py kernels_now   # at HEAD
+    OUT=DIR PYTHONPATH=$PWD python benchmarks/scripts/cross_entropy_probabilities_probe.py kernels_now   # at 0dbb964
 
 (1) "kernels": the probabilities GEMM at 1024x4096x128256 under epilogue variants (the row shift loaded per tile or
 a constant; the exp of the float32 accumulator or of the logits rounded to bf16 first) against the logits GEMM with
 statistics; (2) "hlo": the loss at 4096x2048x256000 (512-row chunks) with the fallback as a loop of at most one
 step per chunk, against the row kernel's: temporaries and whole-chunk copies in the optimized HLO, and the time of
-both; (3) "kernels_now": at a later commit, whose kernel rounds first and reads the offset at each tile's start
-("prologue_load"), against the offset read in the epilogue, at 1024 and 2048 rows. Writes DIR/r/probs_exp.json."""
+both; (3) "kernels_now": at 0dbb964, whose kernel rounds first and reads the offset at each tile's start
+("prologue_load"), against the offset read in the epilogue, at 1024 and 2048 rows (from a4e1813 on, the library
+kernel itself reads it in the epilogue above 1536 rows, so there both variants read it there at 2048). Writes DIR/r/probs_exp.json."""
 import json, re, sys, os
 import jax, jax.numpy as jnp
 from jax import lax
@@ -24,22 +26,11 @@ F32 = jnp.float32
 def fusion_variant(kind):
     def make(Bc, V, tile_n, dtype):
         stats = jax.ShapeDtypeStruct((V // tile_n, Bc), F32)
-        if kind == "epilogue_load":
-            def epi(ctx, acc, carry):
-                off = lax.broadcast_in_dim(ctx.load_rows(ml._OFFSET), acc.shape, [0])
-                e = jnp.exp(acc - off).astype(dtype).astype(F32)
-                return e, {ml._BLOCK_SUMEXP: jnp.sum(e, axis=1)}
-            return mosaic_gemm.Fusion(inputs=(ml._OFFSET,), outputs=((ml._BLOCK_SUMEXP, stats),), epilogue=epi)
         if kind == "round_first_epilogue_load":  # the offset rows read in the epilogue, under the other K loop
             def epi(ctx, acc, carry):
                 z = acc.astype(dtype).astype(F32)
                 off = lax.broadcast_in_dim(ctx.load_rows(ml._OFFSET), z.shape, [0])
                 e = jnp.exp(z - off).astype(dtype).astype(F32)
-                return e, {ml._BLOCK_SUMEXP: jnp.sum(e, axis=1)}
-            return mosaic_gemm.Fusion(inputs=(ml._OFFSET,), outputs=((ml._BLOCK_SUMEXP, stats),), epilogue=epi)
-        if kind == "no_load":
-            def epi(ctx, acc, carry):
-                e = jnp.exp(acc - 10.0).astype(dtype).astype(F32)
                 return e, {ml._BLOCK_SUMEXP: jnp.sum(e, axis=1)}
             return mosaic_gemm.Fusion(inputs=(ml._OFFSET,), outputs=((ml._BLOCK_SUMEXP, stats),), epilogue=epi)
         if kind.startswith("const"):
@@ -97,30 +88,6 @@ if "kernels" in sys.argv or "kernels_now" in sys.argv:
         out[f"{Bc}x{H}x{V}"] = {k: t.median_us for k, t in zip(fns, ts)}
         print(Bc, H, V, {k: round(t.median_us, 1) for k, t in zip(fns, ts)}, flush=True)
         del hs, h, w
-
-def scaled_v2(h_c, w, labels_c, g_c, shift, *, z_loss, fallback):
-    """fix outside the cond: the fast branch is the identity."""
-    V = w.shape[1]
-    rows = jnp.arange(labels_c.shape[0])
-    counted = (g_c != 0) & (labels_c >= 0) & (labels_c < V)
-    column = jnp.clip(labels_c, 0, V - 1)
-    e, sumexp = ml.probabilities(h_c, w, jnp.where(counted, shift, jnp.finfo(F32).max))
-    label_e = e[rows, column].astype(F32)
-    log_sum = jnp.log(sumexp)
-    lse = jnp.where(counted, shift + log_sum, 0.0)
-    factor = 1.0 + 2.0 * z_loss * lse if z_loss else jnp.ones_like(lse)
-    fits = (jnp.abs(log_sum) <= 40) & (jnp.log(label_e) >= -80) & (factor >= 0.5)
-    fast = jnp.all(fits | ~counted)
-    def fb(buf):
-        dl, l, z = fallback(buf)
-        return dl, l, z
-    buf, lse_f, zy_f = lax.cond(fast, lambda b: (b, lse, jnp.where(counted, shift + jnp.log(label_e), 0.0)), fb, e)
-    fixed = jnp.where(counted, label_e - sumexp / factor, label_e).astype(buf.dtype)
-    buf = buf.at[rows, jnp.where(fast & counted, column, V)].set(fixed, mode="drop")
-    row_scale = jnp.where(fast, jnp.where(g_c == 0, 0.0, g_c * factor / jnp.where(counted, sumexp, 1.0)), 1.0)
-    count = jnp.sum(counted)
-    nxt = jnp.where(count > 0, jnp.sum(jnp.where(counted, lse_f, 0.0)) / jnp.maximum(count, 1), shift)
-    return buf, row_scale, lse_f, zy_f, nxt
 
 def scaled_while(h_c, w, labels_c, g_c, shift, *, z_loss, fallback):
     """the fallback as a while loop of 0 or 1 steps over the buffer; the fix after it."""
