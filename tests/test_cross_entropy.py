@@ -451,7 +451,7 @@ def test_bad_block_sizes_and_mosaic():
     ({"rows_per_program": 3}, "rows_per_program"), ({"block_v": 100}, "block_v"),
     ({"num_warps": 3}, "num_warps"), ({"dw_dtype": "bf16"}, "dw_dtype"), ({"logits_dtype": "f32"}, "logits_dtype"),
     ({"row_pass": "cuda"}, "row_pass"), ({"dw_gemm": "cublas"}, "dw_gemm"),
-    ({"logits_gemm": "triton"}, "logits_gemm")])
+    ({"logits_gemm": "triton"}, "logits_gemm"), ({"softmax": "exp"}, "softmax")])
 def test_config_validation_names_the_field(fields, name):
     with pytest.raises(ValueError, match=f"LinearCrossEntropyConfig.{name}"):
         LinearCrossEntropyConfig(**fields)
