@@ -25,7 +25,8 @@ from pallas_kernels.norm_matmul import mosaic as nm
 ON_SM90 = mosaic_utils.is_hopper()
 cpu_only = pytest.mark.skipif(jax.default_backend() == "gpu", reason="structure / interpret-mode checks")
 S = jax.ShapeDtypeStruct
-SUITE_SHAPES = [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144), (16384, 1024, 5504)]  # (M, K, N)
+SUITE_SHAPES = [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144), (16384, 1024, 5504),
+               (4096, 2048, 128256)]  # (M, K, N); the last: the 1b preset's lm_head (row_dot "k")
 Config = nm_config.MosaicRMSNormMatmulConfig
 
 
@@ -152,6 +153,17 @@ def test_the_statistics_warpgroup_fits(M, K, N, residual):
     _check_kernels(M, K, N, residual, config)
 
 
+def test_row_dot_side_is_k_from_n_twice_k_unless_named():
+    tiles = MosaicGemmConfig()
+    with pytest.raises(ValueError, match="row_dot: must be None, 'n' or 'k', got 'm'"):
+        Config(forward=tiles, dx=tiles, dw=tiles, row_dot="m")
+    auto = Config(forward=tiles, dx=tiles, dw=tiles)
+    assert [auto.row_dot_side(K, N) for K, N in ((4096, 4096), (4096, 8191), (4096, 8192), (2048, 128256))] == [
+        "n", "n", "k", "k"]
+    assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n").row_dot_side(2048, 128256) == "n"
+    assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="k").row_dot_side(4096, 4096) == "k"
+
+
 def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
     tiles = MosaicGemmConfig()
     with pytest.raises(ValueError, match="gamma_on: must be 'w' or 'x', got 'b'"):
@@ -209,26 +221,43 @@ def _mk_producers(program: str, M: int, K: int, dtype: str = "") -> list[str]:
     return found
 
 
+def _custom_call_operands(program: str) -> set[str]:
+    """The SSA names (%12, %arg0) the custom calls (the kernels) of a StableHLO text take."""
+    names = set()
+    for line in program.splitlines():
+        if "stablehlo.custom_call" in line:
+            names.update(n.strip() for n in line.split("(", 1)[1].split(")", 1)[0].split(","))
+    return names
+
+
 @cpu_only
-@pytest.mark.parametrize("stats_in_kernel, dw_in_xla", [(False, False), (True, False), (False, None)])
-def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xla):
-    """In the CUDA lowering no (M, K) tensor in the MMA dtype is made outside the kernels (the normalized
-    activations would be one, to feed a GEMM); the only (M, K) ops are XLA's row statistics squaring x in float32
-    (none with the statistics warpgroup). With dw's GEMM in XLA (the default where its output has few tiles, as
-    here: 8 x 3), cuBLAS reads x as it is."""
+@pytest.mark.parametrize("stats_in_kernel, dw_in_xla, row_dot", [(False, False, "n"), (True, False, "n"),
+                                                                  (False, None, "n"), (False, False, "k")])
+def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xla, row_dot):
+    """In the CUDA lowering no (M, K) tensor in the MMA dtype made outside the kernels feeds one (the normalized
+    activations would, to feed a GEMM); the only (M, K) ops are XLA's row statistics squaring x in float32 (none
+    with the statistics warpgroup) and, with row_dot "k", the row fusion that turns the dx kernel's float32 u into
+    dx (the one (M, K) bf16 tensor: the gradient itself). With dw's GEMM in XLA (the default where its output has
+    few tiles, as here: 8 x 3), cuBLAS reads x as it is."""
     from jaxfuse import kernels
 
     M, K, N = 2048, 1024, 768  # M, K, N distinct: an (M, K) tensor is recognizable by its shape
     config = dataclasses.replace(nm_config.mosaic_default_config(M, K, N, stats_in_kernel=stats_in_kernel),
-                                 dw_in_xla=dw_in_xla)
+                                 dw_in_xla=dw_in_xla, row_dot=row_dot)
     assert config.dw_by_xla(K, N) == (dw_in_xla is None)
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert program.count("mosaic_gpu_v2") == (2 if dw_in_xla is None else 3)
-    assert _mk_producers(program, M, K, "bf16") == []  # dx (M, K) comes out of the dx kernel
+    made = _mk_producers(program, M, K, "bf16")
+    if row_dot == "n":
+        assert made == []  # dx (M, K) comes out of the dx kernel
+    else:  # dx = u − (r² / K) · Σ_K(u ⊙ x) · x rounded, read by no kernel
+        assert [op for op, _ in made] == ["convert"]
+        assert made[0][1].split(" = ")[0] not in _custom_call_operands(program)
     ops = {op for op, _ in _mk_producers(program, M, K)}
-    assert ops == (set() if stats_in_kernel else {"convert", "multiply"})
+    row_fusion = {"broadcast_in_dim", "subtract"} if row_dot == "k" else set()
+    assert ops == (set() if stats_in_kernel else {"convert", "multiply"} | row_fusion)
     # the check sees them where they exist: XLA's norm + matmul rounds rmsnorm(x) to bf16 for its GEMM
     xla = jax.jit(lambda x, g, w, dy: jax.vjp(kernels.NORM_MATMUL["xla"], x, g, w)[1](dy)).trace(*args).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -239,16 +268,18 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
 # Numbers: sm90 GPU; CPU interpret mode (slow)
 # ---------------------------------------------------------------------------------------------------------------
 @gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, stats_in_kernel", [
-    (4096, 4096, 4096, jnp.bfloat16, False), (4096, 4096, 4096, jnp.bfloat16, True),
-    (2048, 4096, 8192, jnp.bfloat16, "gamma_on_x"),  # x ⊙ gamma as A, no w_γ
-    (2048, 2048, 1536, jnp.float16, False),  # dw's GEMM in XLA (96 output tiles)
-    (8192, 512, 2816, jnp.bfloat16, False)])  # the 'small' preset's MLP projection: tuned ping-pong tiles
+@pytest.mark.parametrize("M, K, N, dtype, stats_in_kernel, row_dot", [
+    (4096, 4096, 4096, jnp.bfloat16, False, "n"), (4096, 4096, 4096, jnp.bfloat16, True, "k"),
+    (2048, 4096, 8192, jnp.bfloat16, "gamma_on_x", "n"),  # x ⊙ gamma as A, no w_γ
+    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k"),
+    (2048, 2048, 1536, jnp.float16, False, "n"),  # dw's GEMM in XLA (96 output tiles)
+    (2048, 1024, 4096, jnp.float16, False, "k"),
+    (8192, 512, 2816, jnp.bfloat16, False, None)])  # the 'small' preset's MLP projection: tuned ping-pong tiles
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, residual):
+def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats_in_kernel is True)
-    config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w")
+    config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
@@ -269,17 +300,18 @@ def test_nan_never_passes():
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype, residual, stats_in_kernel, dw_in_xla", [(jnp.bfloat16, False, False, False),
-                                                                         (jnp.bfloat16, True, True, False),
-                                                                         (jnp.bfloat16, True, "gamma_on_x", False),
-                                                                         (jnp.float16, False, True, False),
-                                                                         (jnp.float16, False, False, True)])
-def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla):
-    """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks dw's scale s;
-    "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns."""
+@pytest.mark.parametrize("dtype, residual, stats_in_kernel, dw_in_xla, row_dot", [
+    (jnp.bfloat16, False, False, False, "n"), (jnp.bfloat16, False, False, False, "k"),
+    (jnp.bfloat16, True, True, False, "n"), (jnp.bfloat16, True, True, False, "k"),
+    (jnp.bfloat16, True, "gamma_on_x", False, "n"), (jnp.bfloat16, True, "gamma_on_x", False, "k"),
+    (jnp.float16, False, True, False, "n"), (jnp.float16, False, False, False, "k"),
+    (jnp.float16, False, False, True, "n")])
+def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
+    """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
+    "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot."""
     tiles = _Interpreted.tiles
     config = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=stats_in_kernel is True, dw_in_xla=dw_in_xla,
-                    gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w")
+                    gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

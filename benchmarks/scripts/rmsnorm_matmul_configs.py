@@ -1,7 +1,8 @@
 """The Mosaic rmsnorm_matmul under named config changes, against XLA's norm + matmul and cuBLAS's matmul alone.
 
     PYTHONPATH=$PWD python benchmarks/scripts/rmsnorm_matmul_configs.py --out $OUT \
-        [--shapes 32768x4096x4096,4096x4096x14336,...] [--variants default,stats,gamma] [--iterations 20]
+        [--shapes 32768x4096x4096,4096x4096x14336,...] [--variants default,stats,gamma] [--iterations 20] \
+        [--modes fwd,fwd+bwd]
 
 Per suite shape (``jaxfuse.suites.rmsnorm_matmul``: bf16 inputs, the suite's forward and forward + backward
 programs) and mode, every variant of VARIANTS (changes to the shape's default Mosaic config: its tuned entry or the
@@ -40,6 +41,10 @@ VARIANTS = {
     "fwd_stream_k": dict(stats_in_kernel=False, forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
                                                              schedule="cooperative", stream_k=4)),
     "dx_stream_k": dict(dx=dict(stream_k=4)),
+    # the backward's row dot (config.row_dot): Σ_N(dy · y) in an XLA pass with dyr, or u from the dx kernel (A = dyr)
+    # and one XLA row fusion over u and x
+    "row_dot_n": dict(row_dot="n"),
+    "row_dot_k": dict(row_dot="k"),
     "stream_k": dict(stats_in_kernel=False, forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
                                                          schedule="cooperative", stream_k=4), dx=dict(stream_k=4)),
 }
@@ -62,6 +67,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--modes", default="fwd,fwd+bwd", help="of the suite's modes, comma-separated")
     args = parser.parse_args()
     spec = suite.SPEC
     impls = spec.implementations()
@@ -79,7 +85,7 @@ def main() -> int:
                 fns[variant] = lambda *a, _c=config: pallas_kernels.rmsnorm_matmul(*a, backend="mosaic",
                                                                                   block_sizes=_c)
             fns["xla"], fns["xla_matmul_alone"] = impls["xla"], impls["xla_matmul_alone"]
-            for mode in spec.modes:
+            for mode in args.modes.split(","):
                 args_ = inputs[:spec.num_args] if mode == "fwd" else inputs
                 programs = {k: jax.jit(spec.program(fn, mode, shape, {})) for k, fn in fns.items()}
                 outs = {k: [np.asarray(o, np.float32) for o in jax.tree.leaves(p(*args_))]

@@ -211,6 +211,13 @@ MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on")
 # cuBLAS's dw (38.9 µs of it; rmsnorm_matmul-models-h100-e32b86c.json), 181.7 with the tuned ping-pong dw kernel and
 # 212 with cooperative dx and dw kernels (rmsnorm_matmul-sweep-mosaic-models-h100-f7b9c98.json): neutral there.
 FEW_TILES = 132
+# The backward's row dot on the K side from N >= ROW_DOT_K_FROM · K (``row_dot_side``). Bytes outside the GEMMs
+# (2-byte dy, y, x, dyr; float32 u): the N side reads dy and y and writes dyr (6MN), and the dx kernel reads x and
+# writes dx (4MK); the K side reads dy and writes dyr (4MN), the dx kernel writes u (4MK) and one XLA row fusion
+# reads u and x and writes dx (8MK): 2MN fewer bytes and 8MK more, so the K side moves less from N > 4K when dy is
+# an input; where dy comes out of an XLA fusion (a model's backward) that fusion can write dyr instead of dy, and
+# the K side's (M, N) pass goes.
+ROW_DOT_K_FROM = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +242,11 @@ class MosaicRMSNormMatmulConfig:
       2021 at 4096x4096x14336, 287 → 258 / 889 → 856 at 4096x2048x11008, 588 → 572 / 1768 → 1754 at 8192x4096x6144;
       the tuned entries of those shapes take it. The default stays "w", which keeps every (M, K) tensor inside the
       kernels (the model block's ledger shows no activation round trip from the norm site).
+    row_dot: where the backward takes its row dot c = Σ_N(dy · y) = Σ_K(u ⊙ x) / r, u = r ⊙ (dy @ w_γᵀ). "n": one
+      XLA fusion over dy and y gives Σ_N(dy · y) and dyr = r ⊙ dy, and the dx kernel (A = dy) finishes dx in its
+      epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr and it writes u in float32; one
+      XLA row fusion over u and x finishes dx; dy is read only to form dyr, a product XLA can fuse into the
+      fusion that produces dy, and y is not kept for the backward. None (default): ``row_dot_side``.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. It stays an option (a sweep candidate) while the GEMM core
@@ -249,6 +261,7 @@ class MosaicRMSNormMatmulConfig:
     stats_in_kernel: bool = False
     dw_in_xla: bool | None = None
     gamma_on: str = "w"
+    row_dot: str | None = None
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -265,6 +278,8 @@ class MosaicRMSNormMatmulConfig:
         if self.gamma_on == "x" and self.stats_in_kernel:
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
                              "not x's: it needs stats_in_kernel=False (r from XLA)")
+        if self.row_dot not in (None, "n", "k"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot: must be None, 'n' or 'k', got {self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         if self.stats_in_kernel and (self.forward.pipeline != "own" or self.forward.wg_split != "n"
@@ -276,7 +291,15 @@ class MosaicRMSNormMatmulConfig:
 
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
-                    stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on)
+                    stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
+                    row_dot=self.row_dot)
+
+    def row_dot_side(self, K: int, N: int) -> str:
+        """Where the backward takes its row dot for w (K, N): ``row_dot``, or when None, "k" where N >= ROW_DOT_K_FROM
+        times K (the K side's extra (M, K) passes cost less than the N side's (M, N) ones), else "n"."""
+        if self.row_dot is not None:
+            return self.row_dot
+        return "k" if N >= ROW_DOT_K_FROM * K else "n"
 
     def dw_by_xla(self, K: int, N: int) -> bool:
         """Whether dw's GEMM runs in XLA (cuBLAS) for w (K, N): ``dw_in_xla``, or when None, when the dw kernel's

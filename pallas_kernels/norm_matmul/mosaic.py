@@ -20,8 +20,14 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K)).
               Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and XLA fusions the rest.
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction
-over K, which no dx block holds whole, by one over N. Forward + backward = three GEMMs, a pass over w (shared by both
-directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward) bytes.
+over K, which no dx block holds whole, by one over N (``row_dot="n"``). Forward + backward = three GEMMs, a pass
+over w (shared by both directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward)
+bytes. Where N is much larger than K (``row_dot="k"``, the default from N >= 2K: ``config.row_dot_side``) the
+reduction stays on the K side instead:
+  dx kernel:  u = r ⊙ (dy @ w_γᵀ) = (dyr @ w_γᵀ) · s in float32 (A = dyr, no epilogue but gamma's columns with
+              gamma_on "x"); one XLA row fusion gives dx = u − (r² / K) · Σ_K(u ⊙ x) · x (+ dh).
+dy is then read once, to form dyr (4MN bytes; a product XLA can fuse into the fusion that produces dy), y is not
+kept, and the row statistics cost 12MK bytes.
 
 Numerics: x and w_γ are the only rounded operands of the forward, and x is the input itself: fp16 x near 1e-6
 (or 1e-7) is multiplied as it is, never rounded again after a scaling, so y is as accurate as the unfused fp16
@@ -178,6 +184,20 @@ def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool) -> Fusion:
                   prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd")), epilogue=epilogue)
 
 
+def _gamma_cols_fusion() -> Fusion:
+    """Epilogue acc ⊙ gamma over the output's columns, gamma (K,) float32 coming in ("gamma")."""
+    return Fusion(inputs=("gamma",), epilogue=lambda ctx, acc, carry: (
+        acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1]), {}))
+
+
+def _dx_from_u(u, xn, rstd, dh):
+    """dx = u − (r² / K) · Σ_K(u ⊙ x) · x (+ dh) from u = r ⊙ (dy @ w_γᵀ) (M, K) float32: one XLA row fusion."""
+    x32 = xn.astype(_F32)
+    coef = rstd * rstd * jnp.sum(u * x32, axis=1) * (1.0 / xn.shape[1])  # r² · c, c = Σ_N(dy · y) / K
+    dx = u - coef[:, None] * x32
+    return (dx if dh is None else dx + dh.astype(_F32)).astype(xn.dtype)
+
+
 def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig) -> Fusion:
     """g = xᵀ @ dyr; dw = (gamma · s) ⊙ g and per-column-block partial dgamma Σ w ⊙ g (s applied by the
     caller)."""
@@ -200,18 +220,24 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     dtype = xn.dtype
     # float16: dyr = (r / s) ⊙ dy with s = max r stays <= |dy|; bfloat16 has float32's range (s = 1).
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
-    dy = dy.astype(dtype)
-    # one XLA fusion reads dy and y: Σ_N(dy · y) and dyr
-    dy32 = dy.astype(_F32)
-    arrays = dict(x=xn, rstd=rstd, row_dot=jnp.sum(dy32 * y.astype(_F32), axis=1))
-    if dh is not None:
-        arrays["dh"] = dh.astype(dtype)
-    dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
     on_x = cfg.gamma_on == "x"  # no w_γ: gamma on dx's columns in the epilogue
-    if on_x:
-        arrays["gamma"] = gamma.astype(_F32)
-    (dx,) = gemm(dy, w if on_x else _scaled_w(gamma, w), transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                 fusion=_dx_fusion(K, dh is not None, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
+    b = w if on_x else _scaled_w(gamma, w)
+    if cfg.row_dot_side(K, N) == "k":  # dx from u = r ⊙ (dy @ w_γᵀ) and one XLA row fusion; dy read once, for dyr
+        dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
+        (u,) = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=_F32,
+                    fusion=_gamma_cols_fusion() if on_x else None,
+                    arrays=dict(gamma=gamma.astype(_F32)) if on_x else None, name="rmsnorm_matmul_dx")
+        dx = _dx_from_u(u * scale, xn, rstd, dh)
+    else:  # one XLA fusion reads dy and y: Σ_N(dy · y) and dyr; the dx kernel's epilogue finishes dx
+        dy32 = dy.astype(dtype).astype(_F32)
+        arrays = dict(x=xn, rstd=rstd, row_dot=jnp.sum(dy32 * y.astype(_F32), axis=1))
+        if dh is not None:
+            arrays["dh"] = dh.astype(dtype)
+        dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
+        if on_x:
+            arrays["gamma"] = gamma.astype(_F32)
+        (dx,) = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                     fusion=_dx_fusion(K, dh is not None, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
         dw = (g * (gamma.astype(_F32) * scale)[:, None]).astype(w.dtype)
@@ -234,7 +260,8 @@ def _rmsnorm_matmul(x, residual, gamma, w, static: _Static):
 
 def _rmsnorm_matmul_fwd(x, residual, gamma, w, static: _Static):
     y, rstd, h = _forward(x, residual, gamma, w, static)
-    return (y if residual is None else (h, y)), (x if residual is None else h, gamma, w, rstd, y)
+    kept_y = y if static.config.row_dot_side(x.shape[1], w.shape[1]) == "n" else None  # the K side needs no y
+    return (y if residual is None else (h, y)), (x if residual is None else h, gamma, w, rstd, kept_y)
 
 
 def _rmsnorm_matmul_bwd(static: _Static, saved, cotangent):
