@@ -166,7 +166,7 @@ def test_row_dot_side_is_k_from_n_twice_k_unless_named():
 
 def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
     tiles = MosaicGemmConfig()
-    with pytest.raises(ValueError, match="gamma_on: must be 'w' or 'x', got 'b'"):
+    with pytest.raises(ValueError, match="gamma_on: must be None, 'w' or 'x', got 'b'"):
         Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="b")
     with pytest.raises(ValueError, match="gamma_on: 'x' feeds the kernel x ⊙ gamma, .* stats_in_kernel=False"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="x")

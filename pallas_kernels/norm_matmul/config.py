@@ -212,11 +212,11 @@ MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on")
 # 212 with cooperative dx and dw kernels (rmsnorm_matmul-sweep-mosaic-models-h100-f7b9c98.json): neutral there.
 FEW_TILES = 132
 # The backward's row dot on the K side from N >= ROW_DOT_K_FROM · K (``row_dot_side``). Bytes outside the GEMMs
-# (2-byte dy, y, x, dyr; float32 u): the N side reads dy and y and writes dyr (6MN), and the dx kernel reads x and
-# writes dx (4MK); the K side reads dy and writes dyr (4MN), the dx kernel writes u (4MK) and one XLA row fusion
-# reads u and x and writes dx (8MK): 2MN fewer bytes and 8MK more, so the K side moves less from N > 4K when dy is
-# an input; where dy comes out of an XLA fusion (a model's backward) that fusion can write dyr instead of dy, and
-# the K side's (M, N) pass goes.
+# (2-byte elements): the N side reads dy and y and writes dyr (6MN), and the dx kernel reads x and writes dx (4MK);
+# the K side reads dy and writes dyr (4MN), the dx kernel reads x and writes u (4MK) and one XLA fusion reads u and
+# x and writes dx (6MK): 2MN fewer bytes and 6MK more, so the K side moves less from N > 3K when dy is an input;
+# where dy comes out of an XLA fusion (a model's backward) that fusion can write dyr instead of dy, and the K
+# side's (M, N) pass goes.
 ROW_DOT_K_FROM = 2
 
 
@@ -232,21 +232,23 @@ class MosaicRMSNormMatmulConfig:
     stats_in_kernel: r from a fourth warpgroup of the forward kernel that sums the squares of each x tile in shared
       memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n"); False (default): from one
       XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
-    gamma_on: where gamma goes. "w" (default): the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w,
-      shared with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
+    gamma_on: where gamma goes. "w": the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w, shared
+      with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
       applies gamma on its output columns in its epilogue, so no w_γ exists. bfloat16 only (float16 x ⊙ gamma
       would round small x into subnormals), and with the statistics from XLA. The extra bytes are MK written (the
       fusion reads x for r anyway) against w_γ's 2KN, so "x" pays where M < 2N: measured on the H100
       (rmsnorm_matmul_configs-h100-93b449e.json, forward / forward + backward µs, "w" → "x"): 713 → 639 / 2098 →
       2021 at 4096x4096x14336, 287 → 258 / 889 → 856 at 4096x2048x11008, 588 → 572 / 1768 → 1754 at 8192x4096x6144;
-      the tuned entries of those shapes take it. The default stays "w", which keeps every (M, K) tensor inside the
-      kernels (the model block's ledger shows no activation round trip from the norm site).
+      the tuned entries of those shapes take it. None (default): ``gamma_side``, "x" where it moves fewer bytes
+      (bfloat16, statistics from XLA, M < 2N: an LM head's w_γ pass cost 369 µs of 9643 at 4096x2048x128256,
+      rmsnorm_matmul_configs_row_dot-h100-68cbc7e.json), else "w".
     row_dot: where the backward takes its row dot c = Σ_N(dy · y) = Σ_K(u ⊙ x) / r, u = r ⊙ (dy @ w_γᵀ). "n": one
       XLA fusion over dy and y gives Σ_N(dy · y) and dyr = r ⊙ dy, and the dx kernel (A = dy) finishes dx in its
-      epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr and it writes u in float32; one
-      XLA row fusion over u and x finishes dx; dy is read only to form dyr, a product XLA can fuse into the
-      fusion that produces dy, and y is not kept for the backward. None (default): ``row_dot_side``.
+      epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr; it writes u = dyr @ w_γᵀ and
+      per column block the partial sums Σ u ⊙ x; one XLA fusion over u and x finishes dx; dy is read only to form
+      dyr, a product XLA can fuse into the fusion that produces dy, and y is not kept for the backward. None
+      (default): ``row_dot_side``.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. It stays an option (a sweep candidate) while the GEMM core
@@ -260,7 +262,7 @@ class MosaicRMSNormMatmulConfig:
     dw: MosaicGemmConfig
     stats_in_kernel: bool = False
     dw_in_xla: bool | None = None
-    gamma_on: str = "w"
+    gamma_on: str | None = None
     row_dot: str | None = None
 
     def __post_init__(self):
@@ -273,8 +275,8 @@ class MosaicRMSNormMatmulConfig:
                                  f"fields, got {value!r}")
         if not isinstance(self.stats_in_kernel, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be a bool, got {self.stats_in_kernel!r}")
-        if self.gamma_on not in ("w", "x"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be 'w' or 'x', got {self.gamma_on!r}")
+        if self.gamma_on not in (None, "w", "x"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w' or 'x', got {self.gamma_on!r}")
         if self.gamma_on == "x" and self.stats_in_kernel:
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
                              "not x's: it needs stats_in_kernel=False (r from XLA)")
@@ -293,6 +295,14 @@ class MosaicRMSNormMatmulConfig:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot)
+
+    def gamma_side(self, M: int, N: int, dtype) -> str:
+        """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with
+        the statistics from XLA where M < 2N (x ⊙ gamma's MK bytes written cost less than w_γ's 2KN), else "w"."""
+        if self.gamma_on is not None:
+            return self.gamma_on
+        on_x = jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not self.stats_in_kernel and M < 2 * N
+        return "x" if on_x else "w"
 
     def row_dot_side(self, K: int, N: int) -> str:
         """Where the backward takes its row dot for w (K, N): ``row_dot``, or when None, "k" where N >= ROW_DOT_K_FROM
@@ -365,9 +375,9 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                    dict(pingpong, num_stages=6), dict(stacked_m, stream_k=4)]  # stream-K: gemm.stream_k
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
-        fwd.append(dataclasses.replace(base, stats_in_kernel=True))
+        fwd.append(dataclasses.replace(base, stats_in_kernel=True, gamma_on=None))
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
-        fwd.append(dataclasses.replace(base, gamma_on="x"))
+        fwd += [dataclasses.replace(base, gamma_on=side) for side in ("w", "x")]
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
                    dict(pipeline="pallas_steady", semantics="warpgroup")]
     if not residual:  # beside the x tile (and no dh tile): 3 stages of 128x256 blocks, 5 of ping-pong 128x128
@@ -377,5 +387,6 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
            for c in bwd_changes]
     bwd.append(dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m")))
     bwd += [dataclasses.replace(base, dw_in_xla=True), dataclasses.replace(base, dw_in_xla=False)]
+    bwd += [dataclasses.replace(base, row_dot=side) for side in ("n", "k")]
     return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None],
             [c.to_dict() for c in bwd if c.unsupported_reason(M, K, N) is None])

@@ -24,10 +24,11 @@ over K, which no dx block holds whole, by one over N (``row_dot="n"``). Forward 
 over w (shared by both directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward)
 bytes. Where N is much larger than K (``row_dot="k"``, the default from N >= 2K: ``config.row_dot_side``) the
 reduction stays on the K side instead:
-  dx kernel:  u = r ⊙ (dy @ w_γᵀ) = (dyr @ w_γᵀ) · s in float32 (A = dyr, no epilogue but gamma's columns with
-              gamma_on "x"); one XLA row fusion gives dx = u − (r² / K) · Σ_K(u ⊙ x) · x (+ dh).
+  dx kernel:  u = dyr @ w_γᵀ = (r / s) ⊙ (dy @ w_γᵀ) (A = dyr; gamma on the columns with gamma_on "x"), written in
+              x's dtype into the prefetched x tile's buffer, and per column block the float32 partial row dots
+              Σ u ⊙ x over its columns; one XLA fusion gives dx = s · (u − (r² / K) · Σ_K(u ⊙ x) · x) (+ dh).
 dy is then read once, to form dyr (4MN bytes; a product XLA can fuse into the fusion that produces dy), y is not
-kept, and the row statistics cost 12MK bytes.
+kept, and the row statistics cost 10MK bytes (x read by the kernel, u written and read, x read, dx written).
 
 Numerics: x and w_γ are the only rounded operands of the forward, and x is the input itself: fp16 x near 1e-6
 (or 1e-7) is multiplied as it is, never rounded again after a scaling, so y is as accurate as the unfused fp16
@@ -154,7 +155,7 @@ def _forward(x, residual, gamma, w, static: _Static):
     else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma)
         x32 = x.astype(_F32)
         rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
-        on_x = static.config.gamma_on == "x"
+        on_x = static.config.gamma_side(M, w.shape[1], x.dtype) == "x"
         a = (x32 * gamma.astype(_F32)).astype(x.dtype) if on_x else x
         (y,) = gemm(a, w if on_x else _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
                     arrays=dict(rstd=rstd), name="rmsnorm_matmul_fwd")
@@ -184,17 +185,26 @@ def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool) -> Fusion:
                   prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd")), epilogue=epilogue)
 
 
-def _gamma_cols_fusion() -> Fusion:
-    """Epilogue acc ⊙ gamma over the output's columns, gamma (K,) float32 coming in ("gamma")."""
-    return Fusion(inputs=("gamma",), epilogue=lambda ctx, acc, carry: (
-        acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1]), {}))
+def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool) -> Fusion:
+    """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
+    ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
+    dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32)."""
+
+    def epilogue(ctx, acc, carry):
+        del carry
+        if gamma_cols:
+            acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
+        return acc, {"row_dot_parts": jnp.sum(acc * ctx.load_tile("x"), axis=1)}
+
+    return Fusion(tile_inputs=("x",), inputs=("gamma",) if gamma_cols else (), store_in="x",
+                  outputs=(("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32)),), epilogue=epilogue)
 
 
-def _dx_from_u(u, xn, rstd, dh):
-    """dx = u − (r² / K) · Σ_K(u ⊙ x) · x (+ dh) from u = r ⊙ (dy @ w_γᵀ) (M, K) float32: one XLA row fusion."""
-    x32 = xn.astype(_F32)
-    coef = rstd * rstd * jnp.sum(u * x32, axis=1) * (1.0 / xn.shape[1])  # r² · c, c = Σ_N(dy · y) / K
-    dx = u - coef[:, None] * x32
+def _dx_from_parts(u, row_dot_parts, xn, rstd, scale, dh):
+    """dx = s · (u − (r² / K) · Σ_K(u ⊙ x) · x) (+ dh), Σ_K(u ⊙ x) the sum of the column blocks' parts: one XLA
+    fusion over (M, K) (and a small one over the parts)."""
+    coef = rstd * rstd * jnp.sum(row_dot_parts, axis=0) * (1.0 / xn.shape[1])  # r² · c / s, c = Σ_N(dy · y) / K
+    dx = (u.astype(_F32) - coef[:, None] * xn.astype(_F32)) * scale
     return (dx if dh is None else dx + dh.astype(_F32)).astype(xn.dtype)
 
 
@@ -220,14 +230,14 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     dtype = xn.dtype
     # float16: dyr = (r / s) ⊙ dy with s = max r stays <= |dy|; bfloat16 has float32's range (s = 1).
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
-    on_x = cfg.gamma_on == "x"  # no w_γ: gamma on dx's columns in the epilogue
+    on_x = cfg.gamma_side(M, N, dtype) == "x"  # no w_γ: gamma on dx's columns in the epilogue
     b = w if on_x else _scaled_w(gamma, w)
-    if cfg.row_dot_side(K, N) == "k":  # dx from u = r ⊙ (dy @ w_γᵀ) and one XLA row fusion; dy read once, for dyr
+    if cfg.row_dot_side(K, N) == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts; dy read once, for dyr
         dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
-        (u,) = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=_F32,
-                    fusion=_gamma_cols_fusion() if on_x else None,
-                    arrays=dict(gamma=gamma.astype(_F32)) if on_x else None, name="rmsnorm_matmul_dx")
-        dx = _dx_from_u(u * scale, xn, rstd, dh)
+        arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
+        u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                        fusion=_dx_partial_fusion(M, K, cfg.dx, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
+        dx = _dx_from_parts(u, parts, xn, rstd, scale, dh)
     else:  # one XLA fusion reads dy and y: Σ_N(dy · y) and dyr; the dx kernel's epilogue finishes dx
         dy32 = dy.astype(dtype).astype(_F32)
         arrays = dict(x=xn, rstd=rstd, row_dot=jnp.sum(dy32 * y.astype(_F32), axis=1))
