@@ -43,6 +43,8 @@ VARIANTS = {
     "dx_stream_k": dict(dx=dict(stream_k=4)),
     # the backward's row dot (config.row_dot): Σ_N(dy · y) in an XLA pass with dyr, or u from the dx kernel (A = dyr)
     # and one XLA row fusion over u and x
+    "stacked_fwd_dw": dict(forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative"),
+                           dw=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")),
     "row_dot_n": dict(row_dot="n"),
     "row_dot_k": dict(row_dot="k"),
     "stream_k": dict(stats_in_kernel=False, forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m",

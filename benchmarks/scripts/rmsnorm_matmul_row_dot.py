@@ -61,6 +61,16 @@ def kernel_operand_producers(hlo: str) -> list[dict]:
     return found
 
 
+def kernel_kinds(per_kernel_us: dict) -> dict:
+    """µs per kind of kernel: the name without its trailing numbers (``input_reduce_fusion_71`` ->
+    ``input_reduce_fusion``), so that two programs' fusions compare though XLA numbers them apart."""
+    kinds: dict[str, float] = {}
+    for name, us in per_kernel_us.items():
+        kind = re.sub(r"(_\d+)+$", "", name)
+        kinds[kind] = kinds.get(kind, 0.0) + us
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
 def warmed(program, inputs, k_from: float | None):
     """jit(program), traced and compiled (one call) with ROW_DOT_K_FROM = k_from (None: as it is)."""
     saved = nm_config.ROW_DOT_K_FROM
@@ -98,7 +108,8 @@ def main() -> int:
             timings = bench.time_interleaved([(f, inputs) for f in fns.values()], iterations=args.iterations)
             for label, t in zip(fns, timings):
                 top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:15]
-                row[label] = dict(us=t.median_us, samples=list(t.samples_us), top_kernels=top)
+                row[label] = dict(us=t.median_us, samples=list(t.samples_us), top_kernels=top,
+                                  by_kind=kernel_kinds(t.per_kernel_us))
             base = row["xla"]["us"]
             row["speedup_vs_xla"] = {label: base / row[label]["us"] for label in fns if label != "xla"}
             print(name, {label: round(row[label]["us"], 1) for label in fns}, row["speedup_vs_xla"], flush=True)
