@@ -3,7 +3,7 @@
 fusion that produces dy, and what does the step gain?
 
     PYTHONPATH=$PWD python benchmarks/scripts/rmsnorm_matmul_row_dot.py --out $OUT [--presets small,1b] \
-        [--iterations 10]
+        [--iterations 10] [--save-hlo]
 
 Per preset of ``jaxfuse.suites.train_step`` three programs, timed interleaved (CUPTI medians): "xla" (every site
 XLA), "mosaic_n" (norm_matmul=pallas_mosaic, every site's row dot on the N side: ``config.ROW_DOT_K_FROM`` set out
@@ -17,6 +17,8 @@ Writes ``rmsnorm_matmul_row_dot-<device>.json``.
 from __future__ import annotations
 
 import argparse
+import gzip
+import os
 import re
 import sys
 
@@ -90,6 +92,8 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--presets", default="small,1b")
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--save-hlo", action="store_true", help="also write each Mosaic program's optimized HLO "
+                        "(rmsnorm_matmul_row_dot-<preset>-<program>.hlo.txt.gz)")
     args = parser.parse_args()
     spec = train_step.SPEC
     result, save, path = results_file(args.out, "rmsnorm_matmul_row_dot")
@@ -105,6 +109,10 @@ def main() -> int:
                 fns[label], hlo = warmed(spec.program(kernels, "step", preset, {}), inputs, k_from)
                 if label != "xla":
                     row.setdefault("kernel_operands", {})[label] = kernel_operand_producers(hlo)
+                    if args.save_hlo:
+                        with gzip.open(os.path.join(args.out, f"rmsnorm_matmul_row_dot-{name}-{label}.hlo.txt.gz"),
+                                       "wt") as f:
+                            f.write(hlo)
             timings = bench.time_interleaved([(f, inputs) for f in fns.values()], iterations=args.iterations)
             for label, t in zip(fns, timings):
                 top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:15]
