@@ -92,7 +92,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--presets", default="small,1b")
     parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--save-hlo", action="store_true", help="also write each Mosaic program's optimized HLO "
+    parser.add_argument("--save-hlo", action="store_true", help="also write each program's optimized HLO "
                         "(rmsnorm_matmul_row_dot-<preset>-<program>.hlo.txt.gz)")
     args = parser.parse_args()
     spec = train_step.SPEC
@@ -109,10 +109,10 @@ def main() -> int:
                 fns[label], hlo = warmed(spec.program(kernels, "step", preset, {}), inputs, k_from)
                 if label != "xla":
                     row.setdefault("kernel_operands", {})[label] = kernel_operand_producers(hlo)
-                    if args.save_hlo:
-                        with gzip.open(os.path.join(args.out, f"rmsnorm_matmul_row_dot-{name}-{label}.hlo.txt.gz"),
-                                       "wt") as f:
-                            f.write(hlo)
+                if args.save_hlo:
+                    with gzip.open(os.path.join(args.out, f"rmsnorm_matmul_row_dot-{name}-{label}.hlo.txt.gz"),
+                                   "wt") as f:
+                        f.write(hlo)
             timings = bench.time_interleaved([(f, inputs) for f in fns.values()], iterations=args.iterations)
             for label, t in zip(fns, timings):
                 top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:15]
