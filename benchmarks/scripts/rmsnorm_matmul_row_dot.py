@@ -117,7 +117,7 @@ def main() -> int:
             for label, t in zip(fns, timings):
                 top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:15]
                 row[label] = dict(us=t.median_us, samples=list(t.samples_us), top_kernels=top,
-                                  by_kind=kernel_kinds(t.per_kernel_us))
+                                  by_kind=kernel_kinds(t.per_kernel_us), per_kernel_us=t.per_kernel_us)
             base = row["xla"]["us"]
             row["speedup_vs_xla"] = {label: base / row[label]["us"] for label in fns if label != "xla"}
             print(name, {label: round(row[label]["us"], 1) for label in fns}, row["speedup_vs_xla"], flush=True)
