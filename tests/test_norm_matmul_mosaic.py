@@ -153,15 +153,22 @@ def test_the_statistics_warpgroup_fits(M, K, N, residual):
     _check_kernels(M, K, N, residual, config)
 
 
-def test_row_dot_side_is_k_from_n_twice_k_unless_named():
+def test_row_dot_side_is_k_unless_named():
     tiles = MosaicGemmConfig()
     with pytest.raises(ValueError, match="row_dot: must be None, 'n' or 'k', got 'm'"):
         Config(forward=tiles, dx=tiles, dw=tiles, row_dot="m")
+    assert Config(forward=tiles, dx=tiles, dw=tiles).row_dot_side() == "k"
+    assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n").row_dot_side() == "n"
+
+
+def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
+    tiles = MosaicGemmConfig()
     auto = Config(forward=tiles, dx=tiles, dw=tiles)
-    assert [auto.row_dot_side(K, N) for K, N in ((4096, 4096), (4096, 8191), (4096, 8192), (2048, 128256))] == [
-        "n", "n", "k", "k"]
-    assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n").row_dot_side(2048, 128256) == "n"
-    assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="k").row_dot_side(4096, 4096) == "k"
+    assert [auto.gamma_side(M, N, jnp.bfloat16) for M, N in ((4096, 128256), (8192, 4097), (8192, 4096))] == [
+        "x", "x", "w"]
+    assert auto.gamma_side(4096, 128256, jnp.float16) == "w"
+    assert dataclasses.replace(auto, stats_in_kernel=True).gamma_side(4096, 128256, jnp.bfloat16) == "w"
+    assert Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="w").gamma_side(4096, 128256, jnp.bfloat16) == "w"
 
 
 def test_gamma_on_x_needs_xla_statistics_and_bfloat16():

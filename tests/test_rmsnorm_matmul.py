@@ -34,9 +34,11 @@ class TestMosaic(NormMatmulTests):
     train_kernels = 2  # forward and dx: dw's (1152, 640) output has 45 tiles, too few for the core (cuBLAS runs it)
     program_context = staticmethod(backends.lowering_for_gpu)
     # XLA's row statistics: x squared in float32 inside the reduction fusion that gives r (and, with a residual,
-    # h = x + residual, the op's output) -- never a normalized tensor (test_norm_matmul_mosaic checks the HLO).
-    mk_ops_outside_kernels = {False: ("convert_element_type", "mul"),
-                              True: ("add", "convert_element_type", "mul", "pad")}
+    # h = x + residual, the op's output) -- never a normalized tensor (test_norm_matmul_mosaic checks the HLO); x ⊙
+    # gamma (gamma_on "x", the default at M < 2N); the row dot on the K side (the default): dx = s · (u − (r² / K)
+    # · c · x) from the dx kernel's u, in one XLA fusion.
+    mk_ops_outside_kernels = {False: ("convert_element_type", "mul", "sub"),
+                              True: ("add", "convert_element_type", "mul", "pad", "sub")}
 
 
 _TRITON = TestTriton()

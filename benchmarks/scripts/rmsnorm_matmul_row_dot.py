@@ -1,13 +1,13 @@
 """The train step with the Mosaic rmsnorm_matmul at every norm site, its backward's row dot on the N side against
-``row_dot_side``'s choice (the K side from N >= 2K), beside the all-XLA step: does the K side's dyr fuse into the
+the default (the K side), beside the all-XLA step: does the K side's dyr fuse into the
 fusion that produces dy, and what does the step gain?
 
     PYTHONPATH=$PWD python benchmarks/scripts/rmsnorm_matmul_row_dot.py --out $OUT [--presets small,1b] \
         [--iterations 10] [--save-hlo]
 
 Per preset of ``jaxfuse.suites.train_step`` three programs, timed interleaved (CUPTI medians): "xla" (every site
-XLA), "mosaic_n" (norm_matmul=pallas_mosaic, every site's row dot on the N side: ``config.ROW_DOT_K_FROM`` set out
-of reach while the program is traced and compiled) and "mosaic_auto" (the default rule). For each: the step's time,
+XLA), "mosaic_n" (norm_matmul=pallas_mosaic, the row dot on the N side wherever no tuned entry names it:
+``config.ROW_DOT_DEFAULT`` set to "n" while the program is traced and compiled) and "mosaic_auto" (as it is). For each: the step's time,
 its costliest kernels, and for the Mosaic programs, per Mosaic kernel of the optimized HLO, the fusions that
 produce its operands (``kernel_operand_producers``: is dyr made by the fusion that makes dy?). The per-site op figures
 (``row_dot="n"`` against "k" at one shape) come from ``rmsnorm_matmul_configs.py --variants row_dot_n,row_dot_k``.
@@ -73,17 +73,17 @@ def kernel_kinds(per_kernel_us: dict) -> dict:
     return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
-def warmed(program, inputs, k_from: float | None):
-    """jit(program), traced and compiled (one call) with ROW_DOT_K_FROM = k_from (None: as it is)."""
-    saved = nm_config.ROW_DOT_K_FROM
-    if k_from is not None:
-        nm_config.ROW_DOT_K_FROM = k_from
+def warmed(program, inputs, side: str | None):
+    """jit(program), traced and compiled (one call) with ROW_DOT_DEFAULT = side (None: as it is)."""
+    saved = nm_config.ROW_DOT_DEFAULT
+    if side is not None:
+        nm_config.ROW_DOT_DEFAULT = side
     try:
         fn = jax.jit(program)
         jax.block_until_ready(fn(*inputs))
         hlo = fn.lower(*inputs).compile().as_text()
     finally:
-        nm_config.ROW_DOT_K_FROM = saved
+        nm_config.ROW_DOT_DEFAULT = saved
     return fn, hlo
 
 
@@ -97,7 +97,7 @@ def main() -> int:
     args = parser.parse_args()
     spec = train_step.SPEC
     result, save, path = results_file(args.out, "rmsnorm_matmul_row_dot")
-    programs = {"xla": (KernelSet(), None), "mosaic_n": (KernelSet(norm_matmul="pallas_mosaic"), float("inf")),
+    programs = {"xla": (KernelSet(), None), "mosaic_n": (KernelSet(norm_matmul="pallas_mosaic"), "n"),
                 "mosaic_auto": (KernelSet(norm_matmul="pallas_mosaic"), None)}
     for name in args.presets.split(","):
         preset = train_step.PRESETS[name]
@@ -105,8 +105,8 @@ def main() -> int:
         with recorded_row(result, save, row):
             inputs = spec.make_inputs(preset, 0)
             fns = {}
-            for label, (kernels, k_from) in programs.items():
-                fns[label], hlo = warmed(spec.program(kernels, "step", preset, {}), inputs, k_from)
+            for label, (kernels, side) in programs.items():
+                fns[label], hlo = warmed(spec.program(kernels, "step", preset, {}), inputs, side)
                 if label != "xla":
                     row.setdefault("kernel_operands", {})[label] = kernel_operand_producers(hlo)
                 if args.save_hlo:

@@ -211,13 +211,18 @@ MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on")
 # cuBLAS's dw (38.9 µs of it; rmsnorm_matmul-models-h100-e32b86c.json), 181.7 with the tuned ping-pong dw kernel and
 # 212 with cooperative dx and dw kernels (rmsnorm_matmul-sweep-mosaic-models-h100-f7b9c98.json): neutral there.
 FEW_TILES = 132
-# The backward's row dot on the K side from N >= ROW_DOT_K_FROM · K (``row_dot_side``). Bytes outside the GEMMs
-# (2-byte elements): the N side reads dy and y and writes dyr (6MN), and the dx kernel reads x and writes dx (4MK);
-# the K side reads dy and writes dyr (4MN), the dx kernel reads x and writes u (4MK) and one XLA fusion reads u and
-# x and writes dx (6MK): 2MN fewer bytes and 6MK more, so the K side moves less from N > 3K when dy is an input;
-# where dy comes out of an XLA fusion (a model's backward) that fusion can write dyr instead of dy, and the K
-# side's (M, N) pass goes.
-ROW_DOT_K_FROM = 2
+# Where the backward takes its row dot unless a config names it (``row_dot_side``). Bytes outside the GEMMs (2-byte
+# elements): the N side reads dy and y and writes dyr (6MN), and the dx kernel reads x and writes dx (4MK); the K
+# side reads dy and writes dyr (4MN), the dx kernel reads x and writes u (4MK) and one XLA fusion reads u and x and
+# writes dx (6MK). With dy an input (the op benchmarked alone) the K side moves less from N > 3K: measured on the
+# H100 (rmsnorm_matmul_configs_row_dot-h100-74cf102.json, fwd+bwd µs, "n" → "k") 8192x4096x6144 1720 → 1766,
+# 4096x4096x14336 1986 → 1996, 4096x2048x11008 850 → 842, 4096x2048x128256 9518 → 9137. In a model dy comes out of
+# an XLA fusion, which then writes dyr in place of dy (the K side's (M, N) pass goes), while the N side's
+# reduction over dy gets fused into that producer and slows it: in the 1b train step XLA fused the QKV
+# projection's row dot with the attention backward's output into a reduction fusion costing 286 µs per layer,
+# beside the 41 µs loop fusion that makes dy (4.6 ms of the step; rmsnorm_matmul_row_dot-h100-3278f6b.json). So the
+# K side is the default; the tuned entries of shapes measured alone may name "n".
+ROW_DOT_DEFAULT = "k"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +253,7 @@ class MosaicRMSNormMatmulConfig:
       epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr; it writes u = dyr @ w_γᵀ and
       per column block the partial sums Σ u ⊙ x; one XLA fusion over u and x finishes dx; dy is read only to form
       dyr, a product XLA can fuse into the fusion that produces dy, and y is not kept for the backward. None
-      (default): ``row_dot_side``.
+      (default): ``row_dot_side`` ("k"; ROW_DOT_DEFAULT says why).
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. It stays an option (a sweep candidate) while the GEMM core
@@ -304,12 +309,9 @@ class MosaicRMSNormMatmulConfig:
         on_x = jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not self.stats_in_kernel and M < 2 * N
         return "x" if on_x else "w"
 
-    def row_dot_side(self, K: int, N: int) -> str:
-        """Where the backward takes its row dot for w (K, N): ``row_dot``, or when None, "k" where N >= ROW_DOT_K_FROM
-        times K (the K side's extra (M, K) passes cost less than the N side's (M, N) ones), else "n"."""
-        if self.row_dot is not None:
-            return self.row_dot
-        return "k" if N >= ROW_DOT_K_FROM * K else "n"
+    def row_dot_side(self) -> str:
+        """Where the backward takes its row dot: ``row_dot``, or when None, ROW_DOT_DEFAULT ("k")."""
+        return self.row_dot if self.row_dot is not None else ROW_DOT_DEFAULT
 
     def dw_by_xla(self, K: int, N: int) -> bool:
         """Whether dw's GEMM runs in XLA (cuBLAS) for w (K, N): ``dw_in_xla``, or when None, when the dw kernel's

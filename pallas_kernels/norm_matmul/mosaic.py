@@ -22,8 +22,8 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction
 over K, which no dx block holds whole, by one over N (``row_dot="n"``). Forward + backward = three GEMMs, a pass
 over w (shared by both directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward)
-bytes. Where N is much larger than K (``row_dot="k"``, the default from N >= 2K: ``config.row_dot_side``) the
-reduction stays on the K side instead:
+bytes. By default (``row_dot="k"``; ``config.ROW_DOT_DEFAULT`` has the measurements) the reduction stays on the
+K side instead:
   dx kernel:  u = dyr @ w_γᵀ = (r / s) ⊙ (dy @ w_γᵀ) (A = dyr; gamma on the columns with gamma_on "x"), written in
               x's dtype into the prefetched x tile's buffer, and per column block the float32 partial row dots
               Σ u ⊙ x over its columns; one XLA fusion gives dx = s · (u − (r² / K) · Σ_K(u ⊙ x) · x) (+ dh).
@@ -232,7 +232,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
     on_x = cfg.gamma_side(M, N, dtype) == "x"  # no w_γ: gamma on dx's columns in the epilogue
     b = w if on_x else _scaled_w(gamma, w)
-    if cfg.row_dot_side(K, N) == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts; dy read once, for dyr
+    if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts; dy read once, for dyr
         dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
         arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
         u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
@@ -270,7 +270,7 @@ def _rmsnorm_matmul(x, residual, gamma, w, static: _Static):
 
 def _rmsnorm_matmul_fwd(x, residual, gamma, w, static: _Static):
     y, rstd, h = _forward(x, residual, gamma, w, static)
-    kept_y = y if static.config.row_dot_side(x.shape[1], w.shape[1]) == "n" else None  # the K side needs no y
+    kept_y = y if static.config.row_dot_side() == "n" else None  # the K side needs no y
     return (y if residual is None else (h, y)), (x if residual is None else h, gamma, w, rstd, kept_y)
 
 
