@@ -220,7 +220,7 @@ FEW_TILES = 132
 # an XLA fusion, which then writes dyr in place of dy (the K side's (M, N) pass goes), while the N side's
 # reduction over dy gets fused into that producer and slows it: in the 1b train step XLA fused the QKV
 # projection's row dot with the attention backward's output into a reduction fusion costing 286 µs per layer,
-# beside the 41 µs loop fusion that makes dy (4.6 ms of the step; rmsnorm_matmul_row_dot-h100-3278f6b.json). So the
+# beside the 44 µs loop fusion that makes dy (4.6 ms of the step; rmsnorm_matmul_row_dot-h100-3278f6b.json). So the
 # K side is the default; the tuned entries of shapes measured alone may name "n".
 ROW_DOT_DEFAULT = "k"
 
