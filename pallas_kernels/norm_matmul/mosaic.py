@@ -9,7 +9,8 @@ r comes from one XLA row reduction over x (default), or, with ``stats_in_kernel`
 sums the squares of each x tile in shared memory beside the MMA warpgroups (the kernel then also stores r). The
 normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to the A side instead:
 the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more bytes where w_γ costs 2KN (fewer
-where M < 2N); B = w, and dx applies gamma on its columns; still no normalized tensor (r stays in the epilogue).
+where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies gamma on its columns; still
+no normalized tensor (r stays in the epilogue).
 
 Backward, two kernels (never the normalized activations; r from the forward; float32 statistics):
   dx kernel:  dx = r · (dy @ w_γᵀ) − r² · c · x (+ dh),  c = Σ_N(dy · y) / K per row.
