@@ -20,7 +20,9 @@ import numpy as np
 
 from attention_fused_bwd import results_file
 from jaxfuse import bench
-from pallas_kernels.gemm import MosaicGemmConfig, matmul, unsupported_reason
+from pallas_kernels.gemm import Fusion, MosaicGemmConfig, gemm, matmul, unsupported_reason
+
+_A_FROM_REGISTERS = Fusion(a_step=lambda ctx, a, vectors, carry: (a, carry))
 
 BASE = MosaicGemmConfig()
 CONFIGS = {
@@ -69,6 +71,9 @@ CONFIGS = {
                                                                         delay_release=1, grid_minor="m",
                                                                         cluster="n"),
 }
+# A from registers (``Fusion.a_step`` returning the loaded block unchanged): what wgmma with its A operand in
+# registers costs against the same tiles reading A from shared memory
+REGISTER_A = {"64x256_m_minor_m_regs_a": "64x256_m_minor_m", "default_regs_a": "default_128x128_n"}
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 
@@ -80,7 +85,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_gemm_tiles")
-    result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",")}
+    result["configs"] = {name: CONFIGS[REGISTER_A.get(name, name)].to_dict() for name in args.configs.split(",")}
     for shape in args.shapes.split(","):
         M, K, N = map(int, shape.split("x"))
         kx, kw = jax.random.split(jax.random.key(0))
@@ -89,12 +94,16 @@ def main() -> int:
         calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.bfloat16))}
         row = dict(shape=shape, skipped={}, max_rel_diff={})
         for name in args.configs.split(","):
-            cfg = CONFIGS[name]
+            cfg = CONFIGS[REGISTER_A.get(name, name)]
             reason = unsupported_reason(M, N, K, cfg)
             if reason:
                 row["skipped"][name] = reason
                 continue
-            calls[name] = jax.jit(lambda x, w, cfg=cfg: matmul(x, w, config=cfg))
+            if name in REGISTER_A:
+                calls[name] = jax.jit(lambda x, w, cfg=cfg: gemm(x, w, config=cfg, out_dtype=x.dtype,
+                                                                 fusion=_A_FROM_REGISTERS)[0])
+            else:
+                calls[name] = jax.jit(lambda x, w, cfg=cfg: matmul(x, w, config=cfg))
         want = np.asarray(calls["cublas"](x, w), np.float32)
         for name in list(calls)[1:]:
             try:

@@ -128,6 +128,14 @@ class Fusion:
       (cta_m = tile_m rows, tile_k) in SMEM (ctx.wg = 0, ctx.step the step); its final carry, ``handoff_rows``
       (tile_m,) float32 row vectors in any pytree, reaches the epilogue through shared memory (pipeline "own",
       wg_split "n"; ``gemm.specialized``).
+    a_step(ctx, a, vectors, carry) -> (a, carry): run per K step by each MMA warpgroup on its rows of the step's
+      A block, loaded from shared memory into registers (a (tile_m, tile_k) array of the operand dtype in the
+      accumulator layout: (cta_m, tile_k) with wg_split "n"); the returned array is what wgmma multiplies (A from
+      registers). ``vectors``: the step's tile_k slice of each ``step_inputs`` vector, (tile_k,) in layout COLS;
+      ctx.step the step. Its carry starts at ``prologue_init`` and reaches the epilogue (pipeline "own", A not
+      transposed, no stream-K; ``gemm.specialized``).
+    step_inputs: (K,) float32 vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the
+      stage beside the A and B blocks, for ``a_step`` (e.g. gamma over the contraction).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -143,6 +151,8 @@ class Fusion:
     reduction_scratch_bytes: int = 0
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
+    a_step: Callable | None = None
+    step_inputs: tuple[str, ...] = ()
     epilogue: Callable | None = None
 
 
@@ -179,12 +189,19 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
                          f"pipeline='own' with wg_split='n' and schedule='cooperative'; got "
                          f"pipeline={config.pipeline!r}, wg_split={config.wg_split!r}, schedule={config.schedule!r}")
+    if (fusion.a_step is not None or fusion.step_inputs) and (
+            config.pipeline != "own" or transpose_a or fusion.prologue_step is not None or fusion.a_step is None):
+        raise ValueError(f"{name}: a fusion with an a_step (and step_inputs, which only it reads) runs it in the MMA "
+                         f"warpgroups of the K loop pipeline='own' on an A read as stored, without a prologue_step; "
+                         f"got pipeline={config.pipeline!r}, transpose_a={transpose_a}, "
+                         f"a_step={'set' if fusion.a_step else None}, "
+                         f"prologue_step={'set' if fusion.prologue_step else None}")
     if accumulate_into is not None:
         arrays[_ACCUMULATED] = accumulate_into
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
             raise ValueError(f"{name}: accumulate_into must be ({M}, {N}) {jnp.dtype(out_dtype)}, got "
                              f"{tuple(accumulate_into.shape)} {accumulate_into.dtype}")
-    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs) if n != _ACCUMULATED)
+    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs, *fusion.step_inputs) if n != _ACCUMULATED)
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
@@ -194,9 +211,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     grid = (num_sms or mu.num_sms()) // config.cluster_size
     plan = None
     if config.stream_k:
-        if fusion.prologue_step is not None:
-            raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step needs whole tiles "
-                             f"(got stream_k={config.stream_k}; allowed with it: 0)")
+        if fusion.prologue_step is not None or fusion.a_step is not None:
+            raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step or an a_step "
+                             f"needs whole tiles (got stream_k={config.stream_k}; allowed with it: 0)")
         plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k,
                                  split=config.stream_k)
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
@@ -320,13 +337,21 @@ class _Shape:
                            m_idx=m_idx, n_idx=n_idx, wg=wg,
                            col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name)
 
-    def issue_wgmma(self, acc_ref, a_smem, b_smem, wg) -> None:
-        """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory."""
+    def wg_a_rows(self, wg):
+        """The rows of a stage's A block that compute warpgroup ``wg`` multiplies (all of them unless the
+        cooperative warpgroups stack along M)."""
+        cfg = self.cfg
+        return pl.ds(wg * cfg.tile_m, cfg.tile_m) if not cfg.pingpong and cfg.wg_split == "m" else slice(None)
+
+    def issue_wgmma(self, acc_ref, a_smem, b_smem, wg, a_regs=None) -> None:
+        """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory, or A
+        from registers (``a_regs``, this warpgroup's rows of the A block in the accumulator layout)."""
         cfg, (transpose_a, transpose_b) = self.cfg, self.transposes
-        shared = not cfg.pingpong  # cooperative: the stage holds both warpgroups' shares
-        wg_rows = pl.ds(wg * cfg.tile_m, cfg.tile_m) if shared and cfg.wg_split == "m" else slice(None)
-        wg_cols = pl.ds(wg * cfg.tile_n, cfg.tile_n) if shared and cfg.wg_split == "n" else slice(None)
-        a_op = a_smem.at[:, wg_rows].transpose((1, 0)) if transpose_a else a_smem.at[wg_rows]
+        wg_cols = pl.ds(wg * cfg.tile_n, cfg.tile_n) if not cfg.pingpong and cfg.wg_split == "n" else slice(None)
+        if a_regs is not None:
+            a_op = a_regs
+        else:
+            a_op = a_smem.at[:, self.wg_a_rows(wg)].transpose((1, 0)) if transpose_a else a_smem.at[self.wg_a_rows(wg)]
         b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
         plgpu.wgmma(acc_ref, a_op, b_op)
 

@@ -101,10 +101,12 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     gmem = (a_gmem, b_gmem)
     transforms = mu.smem_transforms(cfg.tile_k, shape.dtype)
     owners = 2 if cfg.pingpong else 1  # sets of barriers: one per warpgroup owning whole tiles
+    vector_names = fusion.step_inputs  # (K,) vectors whose step slices load beside the A and B blocks
     scoped_types = dict(
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                 for ref, (block, _, _) in zip(gmem, blocks)],
-        ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=owners * num_stages),
+        vector_stages={n: plgpu.SMEM((num_stages, cfg.tile_k), named_in[n].dtype) for n in vector_names},
+        ready=plgpu.Barrier(num_arrivals=len(gmem) + len(vector_names), num_barriers=owners * num_stages),
         consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_prologue_wg,
                                    num_barriers=owners * num_stages),
         **shape.scratch_types())
@@ -115,7 +117,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     plan = shape.stream_k  # None: every tile whole, round after round
     round_tiles = shape.cluster_tiles if plan is None else plan.dp_tiles  # tiles run whole by the tile loop
 
-    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
+    def scope(stages, vector_stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
         wg = lax.axis_index("wg")
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
@@ -177,6 +179,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
                                             smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)],
                                             collective_axes=shape.multicast(operand))
+                for n in vector_names:
+                    plgpu.copy_gmem_to_smem(named_in[n].at[ks], vector_stages[n].at[lax.rem(g, num_stages)],
+                                            ready.at[barrier_of(g)])
 
             @each_tile
             def _(lin, local, num_local):
@@ -239,13 +244,22 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             in_mma = fusion.prologue_init is not None and not has_prologue_wg
 
-            def k_loop(acc_ref, g0, k0, k1):
-                """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released."""
-                def step(k, acc_ref):
+            def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=()):
+                """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
+                With ``Fusion.a_step`` the A block goes through registers and the hook; returns its carry."""
+                def step(k, carry):
+                    acc_ref, hook_carry = carry
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
                     plgpu.barrier_wait(ready.at[barrier_of(g)])
-                    shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
+                    a_regs = None
+                    if fusion.a_step is not None:
+                        a_regs = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
+                        vectors = {n: mu.load(vector_stages[n].at[slot], layout=mu.COLS, optimized=False)
+                                   for n in vector_names}
+                        a_regs, hook_carry = fusion.a_step(dataclasses.replace(ctx, step=k), a_regs, vectors,
+                                                           hook_carry)
+                    shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete
 
@@ -254,9 +268,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             plgpu.barrier_arrive(consumed.at[barrier_of(g - delay)])
                     else:
                         plgpu.barrier_arrive(consumed.at[barrier_of(g)])
-                    return acc_ref
+                    return acc_ref, hook_carry
 
-                lax.fori_loop(k0, k1, step, acc_ref)
+                _, hook_carry = lax.fori_loop(k0, k1, step, (acc_ref, hook_carry))
                 if delay:
                     plgpu.wgmma_wait(0)
                     for d in range(delay):  # the last `delay` steps (fewer where the segment is shorter)
@@ -265,6 +279,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         @pl.when(last >= 0)
                         def _release_last():
                             plgpu.barrier_arrive(consumed.at[barrier_of(g0 + last)])
+                return hook_carry
 
             def mma_tile(lin, local):
                 ctx = shape.tile_context(lin, wg, refs_by_name)
@@ -272,8 +287,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
 
                 def acc_scope(acc_ref):
-                    k_loop(acc_ref, local * k_iters, 0, k_iters)
-                    carry = hook_carry
+                    carry = k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, hook_carry)
                     if has_prologue_wg:
                         plgpu.barrier_wait(handoff_full)
                         carry = carry_tree[0].unflatten([mu.load(handoff.at[i], layout=mu.ROWS, optimized=False)

@@ -234,9 +234,11 @@ class MosaicRMSNormMatmulConfig:
     mapping of its fields is converted, so tuned entries and ``block_sizes`` may give dicts).
     dw_in_xla: dw's GEMM g = xᵀ @ dyr by XLA (cuBLAS, float32 out) and dw, dgamma from g by XLA fusions; None
       (default): when the dw kernel's output has fewer than FEW_TILES CTA tiles (``dw_by_xla``).
-    stats_in_kernel: r from a fourth warpgroup of the forward kernel that sums the squares of each x tile in shared
-      memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n"); False (default): from one
-      XLA row reduction over x (2MK bytes read), the kernel only scaling rows in its epilogue.
+    stats_in_kernel: where r comes from. False (default): one XLA row reduction over x (2MK bytes read), the kernel
+      only scaling rows in its epilogue. True: a fourth warpgroup of the forward kernel that sums the squares of
+      each x tile in shared memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n").
+      "mma": the MMA warpgroups themselves, from the x block they load into registers each step and multiply from
+      there (wgmma with A from registers: ``gemm.Fusion.a_step``; forward pipeline "own", no stream-K).
     gamma_on: where gamma goes. "w": the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w, shared
       with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
@@ -247,7 +249,10 @@ class MosaicRMSNormMatmulConfig:
       2021 at 4096x4096x14336, 287 → 258 / 889 → 856 at 4096x2048x11008, 588 → 572 / 1768 → 1754 at 8192x4096x6144;
       the tuned entries of those shapes take it. None (default): ``gamma_side``, "x" where it moves fewer bytes
       (bfloat16, statistics from XLA, M < 2N: an LM head's w_γ pass cost 369 µs of 9643 at 4096x2048x128256,
-      rmsnorm_matmul_configs_row_dot-h100-68cbc7e.json), else "w".
+      rmsnorm_matmul_configs_row_dot-h100-68cbc7e.json), else "w". "a": gamma multiplies the x block in the forward
+      kernel's registers before wgmma (A from registers, gamma's slices loaded by TMA with each stage: no pass
+      outside the kernel; bfloat16 only, forward pipeline "own", no stream-K, not with the statistics warpgroup);
+      dx as with "x".
     row_dot: where the backward takes its row dot c = Σ_N(dy · y) = Σ_K(u ⊙ x) / r, u = r ⊙ (dy @ w_γᵀ). "n": one
       XLA fusion over dy and y gives Σ_N(dy · y) and dyr = r ⊙ dy, and the dx kernel (A = dy) finishes dx in its
       epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr; it writes u = dyr @ w_γᵀ and
@@ -265,7 +270,7 @@ class MosaicRMSNormMatmulConfig:
     forward: MosaicGemmConfig
     dx: MosaicGemmConfig
     dw: MosaicGemmConfig
-    stats_in_kernel: bool = False
+    stats_in_kernel: bool | str = False
     dw_in_xla: bool | None = None
     gamma_on: str | None = None
     row_dot: str | None = None
@@ -278,18 +283,27 @@ class MosaicRMSNormMatmulConfig:
             elif not isinstance(value, MosaicGemmConfig):
                 raise ValueError(f"MosaicRMSNormMatmulConfig.{name}: must be a MosaicGemmConfig or a mapping of its "
                                  f"fields, got {value!r}")
-        if not isinstance(self.stats_in_kernel, bool):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be a bool, got {self.stats_in_kernel!r}")
-        if self.gamma_on not in (None, "w", "x"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w' or 'x', got {self.gamma_on!r}")
+        if self.stats_in_kernel not in (False, True, "mma"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be False, True or 'mma', got "
+                             f"{self.stats_in_kernel!r}")
+        if self.gamma_on not in (None, "w", "x", "a"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x' or 'a', got "
+                             f"{self.gamma_on!r}")
         if self.gamma_on == "x" and self.stats_in_kernel:
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
                              "not x's: it needs stats_in_kernel=False (r from XLA)")
+        if self.gamma_on == "a" and self.stats_in_kernel is True:
+            raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'a' scales the x block in the MMA warpgroups, "
+                             "which the statistics warpgroup excludes: it needs stats_in_kernel False or 'mma'")
+        if self.registers_a and (self.forward.pipeline != "own" or self.forward.stream_k):
+            raise ValueError("MosaicRMSNormMatmulConfig: stats_in_kernel='mma' and gamma_on='a' run in the MMA "
+                             "warpgroups on whole tiles: the forward config needs pipeline='own' and stream_k=0, got "
+                             f"pipeline={self.forward.pipeline!r}, stream_k={self.forward.stream_k}")
         if self.row_dot not in (None, "n", "k"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot: must be None, 'n' or 'k', got {self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
-        if self.stats_in_kernel and (self.forward.pipeline != "own" or self.forward.wg_split != "n"
+        if self.stats_in_kernel is True and (self.forward.pipeline != "own" or self.forward.wg_split != "n"
                                      or self.forward.pingpong):
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: the statistics warpgroup needs the forward "
                              f"config's pipeline='own', wg_split='n' and schedule='cooperative', got "
@@ -300,6 +314,11 @@ class MosaicRMSNormMatmulConfig:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot)
+
+    @property
+    def registers_a(self) -> bool:
+        """Whether the forward kernel multiplies x from registers (statistics or gamma in its MMA warpgroups)."""
+        return self.stats_in_kernel == "mma" or self.gamma_on == "a"
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with
@@ -345,7 +364,7 @@ _DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n")
 
 
 def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
-                          stats_in_kernel: bool = False) -> MosaicRMSNormMatmulConfig:
+                          stats_in_kernel: bool | str = False) -> MosaicRMSNormMatmulConfig:
     """The Mosaic config a call uses without ``block_sizes``: the tuning-cache entry for this device and shape if
     its tiles fit the shape, else per kernel the first built-in tiles that divide its GEMM (``unsupported_reason``
     of the result names what divides nothing). ``stats_in_kernel``: forward tiles with wg_split "n" only."""
