@@ -35,6 +35,8 @@ CONFIGS = {
     "default_w4": dataclasses.replace(BASE, grid_tile_width=4),
     "default_minor_m": dataclasses.replace(BASE, grid_minor="m"),
     "64x256_m_delay1": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", delay_release=1),
+    "64x256_m_minor_m_delay1": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
+                                                   delay_release=1),
     # ping-pong: each warpgroup owns whole (tile_m, tile_n) tiles; its epilogue runs under the other's K loop
     "pingpong_128x128_s6": dataclasses.replace(BASE, schedule="pingpong", num_stages=6),
     "pingpong_128x128_s4": dataclasses.replace(BASE, schedule="pingpong", num_stages=4),
@@ -73,7 +75,8 @@ CONFIGS = {
 }
 # A from registers (``Fusion.a_step`` returning the loaded block unchanged): what wgmma with its A operand in
 # registers costs against the same tiles reading A from shared memory
-REGISTER_A = {"64x256_m_minor_m_regs_a": "64x256_m_minor_m", "default_regs_a": "default_128x128_n"}
+REGISTER_A = {"64x256_m_minor_m_regs_a": "64x256_m_minor_m", "default_regs_a": "default_128x128_n",
+              "64x256_m_minor_m_delay1_regs_a": "64x256_m_minor_m_delay1"}
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 

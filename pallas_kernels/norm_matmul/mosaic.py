@@ -130,6 +130,8 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, ga
 
     def scale_rows(ctx, acc, sum_sq):
         del ctx
+        if sum_sq.ndim == 2:  # the MMA warpgroups' elementwise sums over the K steps: reduced once, per tile
+            sum_sq = jnp.sum(sum_sq, axis=1)
         rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
         return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
 
@@ -137,14 +139,18 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, ga
         del ctx
         x = a.astype(_F32)  # (rows, tile_k)
         if stats_in_kernel == "mma":
-            carry = carry + jnp.sum(x * x, axis=1)
+            carry = carry + x * x  # no cross-lane reduction per step: the epilogue reduces the elementwise sums
         if gamma_in_a:
             a = (x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])).astype(a.dtype)
         return a, carry
 
     if stats_in_kernel == "mma":
-        return Fusion(outputs=out_rstd, step_inputs=step_inputs, prologue_init=lambda ctx: _rows_zero(tile_m),
-                      a_step=a_step, epilogue=scale_rows)
+        def init(ctx):
+            rows = ctx.config.cta_m if ctx.config.wg_split == "n" or ctx.config.pingpong else ctx.config.tile_m
+            return mu.layout_cast(jnp.zeros((rows, ctx.config.tile_k), _F32), mu.TILE)
+
+        return Fusion(outputs=out_rstd, step_inputs=step_inputs, prologue_init=init, a_step=a_step,
+                      epilogue=scale_rows)
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), step_inputs=step_inputs, prologue_init=lambda ctx: ctx.load_rows("rstd"),
                       a_step=a_step if gamma_in_a else None,
