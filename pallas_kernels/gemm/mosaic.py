@@ -134,7 +134,7 @@ class Fusion:
       registers). ``vectors``: the step's tile_k slice of each ``step_inputs`` vector, (tile_k,) in layout COLS;
       ctx.step the step. Its carry starts at ``prologue_init`` and reaches the epilogue (pipeline "own", A not
       transposed, no stream-K; ``gemm.specialized``).
-    step_inputs: (K,) float32 vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the
+    step_inputs: (K,) vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the
       stage beside the A and B blocks, for ``a_step`` (e.g. gamma over the contraction).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.

@@ -110,6 +110,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_prologue_wg,
                                    num_barriers=owners * num_stages),
         **shape.scratch_types())
+    interpret_a = fusion.a_step is not None and mu.interpreting()
+    if interpret_a:  # jax's GPU interpreter multiplies no register A: the hook's output goes through SMEM there
+        a_rows = cfg.tile_m if cfg.wg_split == "m" and not cfg.pingpong else cfg.cta_m
+        scoped_types.update(a_scratch=plgpu.SMEM((2, a_rows, cfg.tile_k), shape.dtype, transforms=transforms))
     if has_prologue_wg:
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.tile_m), _F32),
                             handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
@@ -259,6 +263,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                                    for n in vector_names}
                         a_regs, hook_carry = fusion.a_step(dataclasses.replace(ctx, step=k), a_regs, vectors,
                                                            hook_carry)
+                        if interpret_a:
+                            scoped["a_scratch"].at[wg][...] = a_regs
+                            a_regs = scoped["a_scratch"].at[wg]
                     shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete

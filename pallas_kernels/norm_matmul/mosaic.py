@@ -120,11 +120,14 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
+_SQ_COLS = 16  # columns of the MMA warpgroups' elementwise sums of squares (registers: rows · 16 / 128 per thread)
+
+
 def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, gamma_in_a: bool) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel True: a prologue warpgroup sums x²
     over each x tile (float32); "mma": each MMA warpgroup sums the squares of the x block it loads into registers
     and multiplies from there; then the epilogue forms r from the sums and also stores it (M,). ``gamma_in_a``: the
-    x block in registers is multiplied by gamma's step slice ("gamma", (K,) float32) before wgmma."""
+    x block in registers is multiplied by gamma's step slice ("gamma", (K,) in x's dtype) before wgmma."""
     out_rstd = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     step_inputs = ("gamma",) if gamma_in_a else ()
 
@@ -137,17 +140,18 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, ga
 
     def a_step(ctx, a, vectors, carry):
         del ctx
-        x = a.astype(_F32)  # (rows, tile_k)
-        if stats_in_kernel == "mma":
-            carry = carry + x * x  # no cross-lane reduction per step: the epilogue reduces the elementwise sums
-        if gamma_in_a:
-            a = (x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])).astype(a.dtype)
+        if stats_in_kernel == "mma":  # elementwise sums over _SQ_COLS-wide column chunks, no cross-lane reduction
+            for j in range(a.shape[1] // _SQ_COLS):  # per step: the epilogue reduces them once per tile
+                x = a[:, j * _SQ_COLS:(j + 1) * _SQ_COLS].astype(_F32)
+                carry = carry + x * x
+        if gamma_in_a:  # in the operand dtype: the exact product rounded once, as (x ⊙ gamma) in float32 would be
+            a = a * lax.broadcast_in_dim(vectors["gamma"], a.shape, [1])
         return a, carry
 
     if stats_in_kernel == "mma":
         def init(ctx):
             rows = ctx.config.cta_m if ctx.config.wg_split == "n" or ctx.config.pingpong else ctx.config.tile_m
-            return mu.layout_cast(jnp.zeros((rows, ctx.config.tile_k), _F32), mu.TILE)
+            return mu.layout_cast(jnp.zeros((rows, _SQ_COLS), _F32), mu.TILE)
 
         return Fusion(outputs=out_rstd, step_inputs=step_inputs, prologue_init=init, a_step=a_step,
                       epilogue=scale_rows)
@@ -176,7 +180,7 @@ def _forward(x, residual, gamma, w, static: _Static):
     side = static.config.gamma_side(M, w.shape[1], x.dtype)
     fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, static.config.stats_in_kernel, side == "a")
     b = _scaled_w(gamma, w) if side == "w" else w
-    arrays = dict(gamma=gamma.astype(_F32)) if side == "a" else {}
+    arrays = dict(gamma=gamma.astype(x.dtype)) if side == "a" else {}  # multiplied in x's dtype, in registers
     if static.config.stats_in_kernel:
         y, rstd = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
                        name="rmsnorm_matmul_fwd")
