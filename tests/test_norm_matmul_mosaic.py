@@ -173,16 +173,24 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
 
 def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
     tiles = MosaicGemmConfig()
-    with pytest.raises(ValueError, match="gamma_on: must be None, 'w' or 'x', got 'b'"):
+    with pytest.raises(ValueError, match="gamma_on: must be None, 'w', 'x' or 'a', got 'b'"):
         Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="b")
     with pytest.raises(ValueError, match="gamma_on: 'x' feeds the kernel x ⊙ gamma, .* stats_in_kernel=False"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="x")
+    with pytest.raises(ValueError, match="gamma_on: 'a' scales the x block in the MMA warpgroups, .* False or 'mma'"):
+        Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="a")
+    with pytest.raises(ValueError, match="stats_in_kernel: must be False, True or 'mma', got 'warpgroup'"):
+        Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="warpgroup")
+    with pytest.raises(ValueError, match="forward config needs pipeline='own' and stream_k=0, got .* stream_k=4"):
+        Config(forward=dataclasses.replace(tiles, stream_k=4), dx=tiles, dw=tiles, stats_in_kernel="mma")
     config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="x")
     x, g, w = (jax.ShapeDtypeStruct(s, jnp.float16) for s in ((512, 512), (512,), (512, 512)))
     with backends.lowering_for_gpu(), pytest.raises(ValueError, match="gamma_on='x' rounds x ⊙ gamma to x's dtype, "
                                                                       "bfloat16 only \\(x is float16"):
         jax.eval_shape(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config),
                        x, g, w)
+    registers = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="mma")  # gamma goes on w for float16
+    assert registers.gamma_side(512, 512, jnp.float16) == "w" and registers.gamma_side(512, 512, jnp.bfloat16) == "a"
 
 
 @cpu_only
@@ -239,7 +247,8 @@ def _custom_call_operands(program: str) -> set[str]:
 
 @cpu_only
 @pytest.mark.parametrize("stats_in_kernel, dw_in_xla, row_dot", [(False, False, "n"), (True, False, "n"),
-                                                                  (False, None, "n"), (False, False, "k")])
+                                                                  (False, None, "n"), (False, False, "k"),
+                                                                  ("mma", False, "n")])
 def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xla, row_dot):
     """In the CUDA lowering no (M, K) tensor in the MMA dtype made outside the kernels feeds one (the normalized
     activations would, to feed a GEMM); the only (M, K) ops are XLA's row statistics squaring x in float32 (none
@@ -281,12 +290,18 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
     (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k"),
     (2048, 2048, 1536, jnp.float16, False, "n"),  # dw's GEMM in XLA (96 output tiles)
     (2048, 1024, 4096, jnp.float16, False, "k"),
-    (8192, 512, 2816, jnp.bfloat16, False, None)])  # the 'small' preset's MLP projection: tuned ping-pong tiles
+    (8192, 512, 2816, jnp.bfloat16, False, None),  # the 'small' preset's MLP projection: tuned ping-pong tiles
+    (4096, 4096, 4096, jnp.bfloat16, "mma", "k"), (2048, 4096, 8192, jnp.bfloat16, "mma", "n"),  # x from registers,
+    (2048, 1024, 4096, jnp.float16, "mma", "k")])  # r from its squares there, gamma on it ("a"; float16: on w)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats_in_kernel is True)
-    config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
+    stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
+    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
+    config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else (
+        None if stats == "mma" else "w"), row_dot=row_dot)
+    assert config.gamma_side(M, N, dtype) == {"mma": "a" if dtype == jnp.bfloat16 else "w", "gamma_on_x": "x"}.get(
+        stats_in_kernel, "w")
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
@@ -312,13 +327,20 @@ def test_nan_never_passes():
     (jnp.bfloat16, True, True, False, "n"), (jnp.bfloat16, True, True, False, "k"),
     (jnp.bfloat16, True, "gamma_on_x", False, "n"), (jnp.bfloat16, True, "gamma_on_x", False, "k"),
     (jnp.float16, False, True, False, "n"), (jnp.float16, False, False, False, "k"),
-    (jnp.float16, False, False, True, "n")])
+    (jnp.float16, False, False, True, "n"), (jnp.bfloat16, True, "mma", False, "k"),
+    (jnp.float16, False, "mma", False, "n"), (jnp.bfloat16, False, "gamma_on_a", False, "k")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
-    "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot."""
+    "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": x
+    multiplied from registers, r from its squares there and gamma on it (bfloat16; on w for float16);
+    "gamma_on_a": gamma on x in registers, r from XLA. Stacked tiles (wg_split "m": each MMA warpgroup its rows)."""
     tiles = _Interpreted.tiles
-    config = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=stats_in_kernel is True, dw_in_xla=dw_in_xla,
-                    gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
+    stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
+    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats_in_kernel in ("mma", "gamma_on_a") \
+        else tiles
+    gamma_on = {"gamma_on_x": "x", "gamma_on_a": "a", "mma": None}.get(stats_in_kernel, "w")
+    config = Config(forward=forward, dx=tiles, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
+                    gamma_on=gamma_on, row_dot=row_dot)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

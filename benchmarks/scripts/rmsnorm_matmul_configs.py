@@ -60,6 +60,7 @@ VARIANTS = {
     "mma_stats_d1": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1)),
     "mma_stats_gamma_a_d1": dict(stats_in_kernel="mma", gamma_on="a", forward=dict(_STACKED, stream_k=0,
                                                                                  delay_release=1)),
+    "registers": dict(stats_in_kernel="mma", gamma_on=None, forward=dict(_STACKED, stream_k=0, delay_release=1)),
     "mma_stats_gamma_a_n": dict(stats_in_kernel="mma", gamma_on="a", forward=dict(_SIDE_BY_SIDE, stream_k=0)),
 }
 

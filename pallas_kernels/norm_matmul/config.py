@@ -321,12 +321,15 @@ class MosaicRMSNormMatmulConfig:
         return self.stats_in_kernel == "mma" or self.gamma_on == "a"
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
-        """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with
-        the statistics from XLA where M < 2N (x ⊙ gamma's MK bytes written cost less than w_γ's 2KN), else "w"."""
+        """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None: with the statistics in
+        the MMA warpgroups "a" for bfloat16 (no pass outside the kernel), else "w"; with XLA's statistics "x" for
+        bfloat16 where M < 2N (x ⊙ gamma's MK bytes written cost less than w_γ's 2KN), else "w"."""
         if self.gamma_on is not None:
             return self.gamma_on
-        on_x = jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not self.stats_in_kernel and M < 2 * N
-        return "x" if on_x else "w"
+        bfloat16 = jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16)
+        if self.stats_in_kernel == "mma":
+            return "a" if bfloat16 else "w"
+        return "x" if bfloat16 and not self.stats_in_kernel and M < 2 * N else "w"
 
     def row_dot_side(self) -> str:
         """Where the backward takes its row dot: ``row_dot``, or when None, ROW_DOT_DEFAULT ("k")."""
@@ -360,6 +363,11 @@ _SMALLER = (_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),  #
             _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
 _FORWARD = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"), *_SMALLER)
 _DX = _DW = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"), *_SMALLER)
+# The forward multiplying x from registers (stats_in_kernel "mma", gamma on "a"): one wgmma group left in flight, so
+# that a step's loads and arithmetic run under the previous step's wgmma (waiting for each one, the MMA warpgroups'
+# sums of squares cost 10% at 32768x4096x4096; with one in flight 1.2%: rmsnorm_matmul_configs-h100-eab2baa.json).
+_REGISTERS_FORWARD = tuple(dataclasses.replace(c, delay_release=1, stream_k=0) for c in (
+    _G(tile_m=64, tile_n=256, tile_k=64, num_stages=4, wg_split="m", grid_minor="m"), *_SMALLER))
 _DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n"), *_SMALLER)
 
 
@@ -367,14 +375,16 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
                           stats_in_kernel: bool | str = False) -> MosaicRMSNormMatmulConfig:
     """The Mosaic config a call uses without ``block_sizes``: the tuning-cache entry for this device and shape if
     its tiles fit the shape, else per kernel the first built-in tiles that divide its GEMM (``unsupported_reason``
-    of the result names what divides nothing). ``stats_in_kernel``: forward tiles with wg_split "n" only."""
+    of the result names what divides nothing). ``stats_in_kernel`` (no tuned entry then): True, forward tiles with
+    wg_split "n" only; "mma", forward tiles for x from registers (one wgmma group in flight, whole tiles)."""
     if not stats_in_kernel:
         params = tuning.lookup(OP, shape_key(M, K, N, dtype, residual=residual), backend="mosaic")
         if params is not None:
             tuned = MosaicRMSNormMatmulConfig(**params)
             if tuned.unsupported_reason(M, K, N) is None:
                 return tuned
-    forward = _FORWARD if not stats_in_kernel else tuple(c for c in _FORWARD if c.wg_split == "n")
+    forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
+               "mma": _REGISTERS_FORWARD}[stats_in_kernel]
     return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, forward),
                                      dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
                                      dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel)

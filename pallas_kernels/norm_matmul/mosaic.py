@@ -120,9 +120,6 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
-_SQ_COLS = 16  # columns of the MMA warpgroups' elementwise sums of squares (registers: rows · 16 / 128 per thread)
-
-
 def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, gamma_in_a: bool) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel True: a prologue warpgroup sums x²
     over each x tile (float32); "mma": each MMA warpgroup sums the squares of the x block it loads into registers
@@ -140,10 +137,9 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, ga
 
     def a_step(ctx, a, vectors, carry):
         del ctx
-        if stats_in_kernel == "mma":  # elementwise sums over _SQ_COLS-wide column chunks, no cross-lane reduction
-            for j in range(a.shape[1] // _SQ_COLS):  # per step: the epilogue reduces them once per tile
-                x = a[:, j * _SQ_COLS:(j + 1) * _SQ_COLS].astype(_F32)
-                carry = carry + x * x
+        if stats_in_kernel == "mma":  # elementwise sums of squares: no cross-lane reduction per step, the
+            x = a.astype(_F32)        # epilogue reduces them once per tile
+            carry = carry + x * x
         if gamma_in_a:  # in the operand dtype: the exact product rounded once, as (x ⊙ gamma) in float32 would be
             a = a * lax.broadcast_in_dim(vectors["gamma"], a.shape, [1])
         return a, carry
@@ -151,7 +147,7 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, ga
     if stats_in_kernel == "mma":
         def init(ctx):
             rows = ctx.config.cta_m if ctx.config.wg_split == "n" or ctx.config.pingpong else ctx.config.tile_m
-            return mu.layout_cast(jnp.zeros((rows, _SQ_COLS), _F32), mu.TILE)
+            return mu.layout_cast(jnp.zeros((rows, ctx.config.tile_k), _F32), mu.TILE)
 
         return Fusion(outputs=out_rstd, step_inputs=step_inputs, prologue_init=init, a_step=a_step,
                       epilogue=scale_rows)
