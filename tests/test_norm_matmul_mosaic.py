@@ -131,7 +131,7 @@ def _check_kernels(M, K, N, residual, config=None):
     resolved = config or nm_config.mosaic_default_config(M, K, N, residual=residual)
     dw_kernel = [] if resolved.dw_by_xla(K, N) else ["rmsnorm_matmul_dw"]
     assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", *dw_kernel]
-    statistics_warpgroup = config is not None and config.stats_in_kernel
+    statistics_warpgroup = config is not None and config.stats_in_kernel is True
     for k, warpgroups in zip(kernels, (4 if statistics_warpgroup else 3, 3, 3)):
         assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == warpgroups
         assert k.wgmma() and k.tma_loads() >= 2
@@ -143,6 +143,21 @@ def _check_kernels(M, K, N, residual, config=None):
 @pytest.mark.parametrize("M, K, N", SUITE_SHAPES)
 def test_three_kernels_within_shared_memory_at_the_suite_shapes(M, K, N, residual):
     _check_kernels(M, K, N, residual)
+
+
+@cpu_only
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336)])
+def test_the_mma_warpgroups_statistics_fit(M, K, N):
+    """stats_in_kernel "mma": three warpgroups, whole tiles with one wgmma group in flight; the forward program has
+    no XLA pass over x (the kernel outputs r)."""
+    config = nm_config.mosaic_default_config(M, K, N, stats_in_kernel="mma")
+    assert (config.forward.delay_release, config.forward.stream_k, config.gamma_side(M, N, jnp.bfloat16)) == (1, 0, "w")
+    _check_kernels(M, K, N, False, config)
+    with backends.lowering_for_gpu():
+        program = jax.jit(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)
+                          ).trace(S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert _mk_producers(program, M, K) == []
 
 
 @cpu_only
@@ -173,24 +188,23 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
 
 def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
     tiles = MosaicGemmConfig()
-    with pytest.raises(ValueError, match="gamma_on: must be None, 'w', 'x' or 'a', got 'b'"):
+    with pytest.raises(ValueError, match="gamma_on: must be None, 'w' or 'x', got 'b'"):
         Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="b")
     with pytest.raises(ValueError, match="gamma_on: 'x' feeds the kernel x ⊙ gamma, .* stats_in_kernel=False"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="x")
-    with pytest.raises(ValueError, match="gamma_on: 'a' scales the x block in the MMA warpgroups, .* False or 'mma'"):
-        Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="a")
+    with pytest.raises(ValueError, match="gamma_on: 'x' feeds the kernel x ⊙ gamma, .* stats_in_kernel=False"):
+        Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="mma", gamma_on="x")
     with pytest.raises(ValueError, match="stats_in_kernel: must be False, True or 'mma', got 'warpgroup'"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="warpgroup")
-    with pytest.raises(ValueError, match="forward config needs pipeline='own' and stream_k=0, got .* stream_k=4"):
+    with pytest.raises(ValueError, match="stats_in_kernel: 'mma' .* needs pipeline='own' and stream_k=0, got pipeline='own', stream_k=4"):
         Config(forward=dataclasses.replace(tiles, stream_k=4), dx=tiles, dw=tiles, stats_in_kernel="mma")
+    assert Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="mma").gamma_side(512, 4096, jnp.bfloat16) == "w"
     config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="x")
     x, g, w = (jax.ShapeDtypeStruct(s, jnp.float16) for s in ((512, 512), (512,), (512, 512)))
     with backends.lowering_for_gpu(), pytest.raises(ValueError, match="gamma_on='x' rounds x ⊙ gamma to x's dtype, "
                                                                       "bfloat16 only \\(x is float16"):
         jax.eval_shape(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config),
                        x, g, w)
-    registers = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="mma")  # gamma goes on w for float16
-    assert registers.gamma_side(512, 512, jnp.float16) == "w" and registers.gamma_side(512, 512, jnp.bfloat16) == "a"
 
 
 @cpu_only
@@ -291,17 +305,13 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
     (2048, 2048, 1536, jnp.float16, False, "n"),  # dw's GEMM in XLA (96 output tiles)
     (2048, 1024, 4096, jnp.float16, False, "k"),
     (8192, 512, 2816, jnp.bfloat16, False, None),  # the 'small' preset's MLP projection: tuned ping-pong tiles
-    (4096, 4096, 4096, jnp.bfloat16, "mma", "k"), (2048, 4096, 8192, jnp.bfloat16, "mma", "n"),  # x from registers,
-    (2048, 1024, 4096, jnp.float16, "mma", "k")])  # r from its squares there, gamma on it ("a"; float16: on w)
+    (4096, 4096, 4096, jnp.bfloat16, "mma", "k"), (2048, 1024, 4096, jnp.float16, "mma", "n")])  # r from the MMA wgs
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
-    config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else (
-        None if stats == "mma" else "w"), row_dot=row_dot)
-    assert config.gamma_side(M, N, dtype) == {"mma": "a" if dtype == jnp.bfloat16 else "w", "gamma_on_x": "x"}.get(
-        stats_in_kernel, "w")
+    config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
@@ -328,19 +338,16 @@ def test_nan_never_passes():
     (jnp.bfloat16, True, "gamma_on_x", False, "n"), (jnp.bfloat16, True, "gamma_on_x", False, "k"),
     (jnp.float16, False, True, False, "n"), (jnp.float16, False, False, False, "k"),
     (jnp.float16, False, False, True, "n"), (jnp.bfloat16, True, "mma", False, "k"),
-    (jnp.float16, False, "mma", False, "n"), (jnp.bfloat16, False, "gamma_on_a", False, "k")])
+    (jnp.float16, False, "mma", False, "n")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
-    "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": x
-    multiplied from registers, r from its squares there and gamma on it (bfloat16; on w for float16);
-    "gamma_on_a": gamma on x in registers, r from XLA. Stacked tiles (wg_split "m": each MMA warpgroup its rows)."""
+    "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
+    from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows)."""
     tiles = _Interpreted.tiles
     stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
-    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats_in_kernel in ("mma", "gamma_on_a") \
-        else tiles
-    gamma_on = {"gamma_on_x": "x", "gamma_on_a": "a", "mma": None}.get(stats_in_kernel, "w")
+    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats == "mma" else tiles
     config = Config(forward=forward, dx=tiles, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
-                    gamma_on=gamma_on, row_dot=row_dot)
+                    gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

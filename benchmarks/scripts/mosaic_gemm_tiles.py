@@ -20,9 +20,7 @@ import numpy as np
 
 from attention_fused_bwd import results_file
 from jaxfuse import bench
-from pallas_kernels.gemm import Fusion, MosaicGemmConfig, gemm, matmul, unsupported_reason
-
-_A_FROM_REGISTERS = Fusion(a_step=lambda ctx, a, vectors, carry: (a, carry))
+from pallas_kernels.gemm import MosaicGemmConfig, matmul, unsupported_reason
 
 BASE = MosaicGemmConfig()
 CONFIGS = {
@@ -35,8 +33,6 @@ CONFIGS = {
     "default_w4": dataclasses.replace(BASE, grid_tile_width=4),
     "default_minor_m": dataclasses.replace(BASE, grid_minor="m"),
     "64x256_m_delay1": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", delay_release=1),
-    "64x256_m_minor_m_delay1": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
-                                                   delay_release=1),
     # ping-pong: each warpgroup owns whole (tile_m, tile_n) tiles; its epilogue runs under the other's K loop
     "pingpong_128x128_s6": dataclasses.replace(BASE, schedule="pingpong", num_stages=6),
     "pingpong_128x128_s4": dataclasses.replace(BASE, schedule="pingpong", num_stages=4),
@@ -73,10 +69,6 @@ CONFIGS = {
                                                                         delay_release=1, grid_minor="m",
                                                                         cluster="n"),
 }
-# A from registers (``Fusion.a_step`` returning the loaded block unchanged): what wgmma with its A operand in
-# registers costs against the same tiles reading A from shared memory
-REGISTER_A = {"64x256_m_minor_m_regs_a": "64x256_m_minor_m", "default_regs_a": "default_128x128_n",
-              "64x256_m_minor_m_delay1_regs_a": "64x256_m_minor_m_delay1"}
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 
@@ -88,7 +80,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_gemm_tiles")
-    result["configs"] = {name: CONFIGS[REGISTER_A.get(name, name)].to_dict() for name in args.configs.split(",")}
+    result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",")}
     for shape in args.shapes.split(","):
         M, K, N = map(int, shape.split("x"))
         kx, kw = jax.random.split(jax.random.key(0))
@@ -97,16 +89,12 @@ def main() -> int:
         calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.bfloat16))}
         row = dict(shape=shape, skipped={}, max_rel_diff={})
         for name in args.configs.split(","):
-            cfg = CONFIGS[REGISTER_A.get(name, name)]
+            cfg = CONFIGS[name]
             reason = unsupported_reason(M, N, K, cfg)
             if reason:
                 row["skipped"][name] = reason
                 continue
-            if name in REGISTER_A:
-                calls[name] = jax.jit(lambda x, w, cfg=cfg: gemm(x, w, config=cfg, out_dtype=x.dtype,
-                                                                 fusion=_A_FROM_REGISTERS)[0])
-            else:
-                calls[name] = jax.jit(lambda x, w, cfg=cfg: matmul(x, w, config=cfg))
+            calls[name] = jax.jit(lambda x, w, cfg=cfg: matmul(x, w, config=cfg))
         want = np.asarray(calls["cublas"](x, w), np.float32)
         for name in list(calls)[1:]:
             try:

@@ -32,7 +32,6 @@ from pallas_kernels.norm_matmul import config as nm_config
 # memory (no w_γ pass; ``gamma_in_kernel`` at commits 11e4921, d83d186, beb29d4) ran slower in all three forms
 # tried and was removed: rmsnorm_matmul_configs-h100-{11e4921,d83d186,beb29d4}.json, benchmarks/results/NOTES.md.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
-_SIDE_BY_SIDE = dict(tile_m=128, tile_n=128, wg_split="n", grid_minor="n", schedule="cooperative", num_stages=4)
 VARIANTS = {
     "default": {},
     "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
@@ -51,17 +50,11 @@ VARIANTS = {
     "row_dot_k": dict(row_dot="k"),
     "stream_k": dict(stats_in_kernel=False, forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
                                                          schedule="cooperative", stream_k=4), dx=dict(stream_k=4)),
-    # x multiplied from registers (gemm.Fusion.a_step): r from the MMA warpgroups' sums over the x block they load,
-    # gamma on that block ("a"), or both; stacked 64x256 or side-by-side 128x128 forward tiles, whole tiles
-    "stacked_whole": dict(stats_in_kernel=False, forward=dict(_STACKED, stream_k=0)),
-    "mma_stats": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0)),
-    "mma_stats_gamma_a": dict(stats_in_kernel="mma", gamma_on="a", forward=dict(_STACKED, stream_k=0)),
-    "gamma_a": dict(stats_in_kernel=False, gamma_on="a", forward=dict(_STACKED, stream_k=0)),
-    "mma_stats_d1": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1)),
-    "mma_stats_gamma_a_d1": dict(stats_in_kernel="mma", gamma_on="a", forward=dict(_STACKED, stream_k=0,
-                                                                                 delay_release=1)),
-    "registers": dict(stats_in_kernel="mma", gamma_on=None, forward=dict(_STACKED, stream_k=0, delay_release=1)),
-    "mma_stats_gamma_a_n": dict(stats_in_kernel="mma", gamma_on="a", forward=dict(_SIDE_BY_SIDE, stream_k=0)),
+    # r from the MMA warpgroups: after issuing each step's wgmma (A from SMEM) they load their rows of the x block
+    # into registers and add its squares (gemm.Fusion.a_observe); one wgmma group in flight, or none; gamma on w
+    "mma_stats": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1)),
+    "mma_stats_d0": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0)),
+    "stacked_whole_d1": dict(stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1)),
 }
 
 

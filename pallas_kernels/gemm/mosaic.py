@@ -128,14 +128,12 @@ class Fusion:
       (cta_m = tile_m rows, tile_k) in SMEM (ctx.wg = 0, ctx.step the step); its final carry, ``handoff_rows``
       (tile_m,) float32 row vectors in any pytree, reaches the epilogue through shared memory (pipeline "own",
       wg_split "n"; ``gemm.specialized``).
-    a_step(ctx, a, vectors, carry) -> (a, carry): run per K step by each MMA warpgroup on its rows of the step's
-      A block, loaded from shared memory into registers (a (tile_m, tile_k) array of the operand dtype in the
-      accumulator layout: (cta_m, tile_k) with wg_split "n"); the returned array is what wgmma multiplies (A from
-      registers). ``vectors``: the step's tile_k slice of each ``step_inputs`` vector, (tile_k,) in layout COLS;
-      ctx.step the step. Its carry starts at ``prologue_init`` and reaches the epilogue (pipeline "own", A not
-      transposed, no stream-K; ``gemm.specialized``).
-    step_inputs: (K,) vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the
-      stage beside the A and B blocks, for ``a_step`` (e.g. gamma over the contraction).
+    a_observe(ctx, a, carry) -> carry: run per K step by each MMA warpgroup right after it issues the step's wgmma
+      (A from shared memory, as ever), on its rows of the step's A block loaded into registers ((tile_m, tile_k) in
+      the accumulator layout; (cta_m, tile_k) with wg_split "n"); ctx.step the step. It reads A, never feeds the
+      wgmma: with ``delay_release`` 1 its loads and arithmetic run under the wgmma in flight. Its carry starts at
+      ``prologue_init`` and reaches the epilogue (e.g. sums of squares of x). Pipeline "own", A read as stored,
+      no prologue_step, no stream-K (``gemm.specialized``).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -151,8 +149,7 @@ class Fusion:
     reduction_scratch_bytes: int = 0
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
-    a_step: Callable | None = None
-    step_inputs: tuple[str, ...] = ()
+    a_observe: Callable | None = None
     epilogue: Callable | None = None
 
 
@@ -189,19 +186,17 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
                          f"pipeline='own' with wg_split='n' and schedule='cooperative'; got "
                          f"pipeline={config.pipeline!r}, wg_split={config.wg_split!r}, schedule={config.schedule!r}")
-    if (fusion.a_step is not None or fusion.step_inputs) and (
-            config.pipeline != "own" or transpose_a or fusion.prologue_step is not None or fusion.a_step is None):
-        raise ValueError(f"{name}: a fusion with an a_step (and step_inputs, which only it reads) runs it in the MMA "
-                         f"warpgroups of the K loop pipeline='own' on an A read as stored, without a prologue_step; "
-                         f"got pipeline={config.pipeline!r}, transpose_a={transpose_a}, "
-                         f"a_step={'set' if fusion.a_step else None}, "
+    if fusion.a_observe is not None and (config.pipeline != "own" or transpose_a or fusion.prologue_step is not None):
+        raise ValueError(f"{name}: a fusion with an a_observe runs it in the MMA warpgroups of the K loop "
+                         f"pipeline='own' on an A read as stored, without a prologue_step; got "
+                         f"pipeline={config.pipeline!r}, transpose_a={transpose_a}, "
                          f"prologue_step={'set' if fusion.prologue_step else None}")
     if accumulate_into is not None:
         arrays[_ACCUMULATED] = accumulate_into
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
             raise ValueError(f"{name}: accumulate_into must be ({M}, {N}) {jnp.dtype(out_dtype)}, got "
                              f"{tuple(accumulate_into.shape)} {accumulate_into.dtype}")
-    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs, *fusion.step_inputs) if n != _ACCUMULATED)
+    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs) if n != _ACCUMULATED)
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
@@ -211,8 +206,8 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     grid = (num_sms or mu.num_sms()) // config.cluster_size
     plan = None
     if config.stream_k:
-        if fusion.prologue_step is not None or fusion.a_step is not None:
-            raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step or an a_step "
+        if fusion.prologue_step is not None or fusion.a_observe is not None:
+            raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step or an a_observe "
                              f"needs whole tiles (got stream_k={config.stream_k}; allowed with it: 0)")
         plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k,
                                  split=config.stream_k)
@@ -338,20 +333,18 @@ class _Shape:
                            col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name)
 
     def wg_a_rows(self, wg):
-        """The rows of a stage's A block that compute warpgroup ``wg`` multiplies (all of them unless the
-        cooperative warpgroups stack along M)."""
+        """The rows of a stage's A block that compute warpgroup ``wg`` multiplies (all of them unless the cooperative
+        warpgroups stack along M)."""
         cfg = self.cfg
         return pl.ds(wg * cfg.tile_m, cfg.tile_m) if not cfg.pingpong and cfg.wg_split == "m" else slice(None)
 
-    def issue_wgmma(self, acc_ref, a_smem, b_smem, wg, a_regs=None) -> None:
-        """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory, or A
-        from registers (``a_regs``, this warpgroup's rows of the A block in the accumulator layout)."""
+    def issue_wgmma(self, acc_ref, a_smem, b_smem, wg) -> None:
+        """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory."""
         cfg, (transpose_a, transpose_b) = self.cfg, self.transposes
-        wg_cols = pl.ds(wg * cfg.tile_n, cfg.tile_n) if not cfg.pingpong and cfg.wg_split == "n" else slice(None)
-        if a_regs is not None:
-            a_op = a_regs
-        else:
-            a_op = a_smem.at[:, self.wg_a_rows(wg)].transpose((1, 0)) if transpose_a else a_smem.at[self.wg_a_rows(wg)]
+        shared = not cfg.pingpong  # cooperative: the stage holds both warpgroups' shares
+        wg_rows = self.wg_a_rows(wg)
+        wg_cols = pl.ds(wg * cfg.tile_n, cfg.tile_n) if shared and cfg.wg_split == "n" else slice(None)
+        a_op = a_smem.at[:, wg_rows].transpose((1, 0)) if transpose_a else a_smem.at[wg_rows]
         b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
         plgpu.wgmma(acc_ref, a_op, b_op)
 

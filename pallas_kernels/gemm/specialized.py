@@ -101,19 +101,13 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     gmem = (a_gmem, b_gmem)
     transforms = mu.smem_transforms(cfg.tile_k, shape.dtype)
     owners = 2 if cfg.pingpong else 1  # sets of barriers: one per warpgroup owning whole tiles
-    vector_names = fusion.step_inputs  # (K,) vectors whose step slices load beside the A and B blocks
     scoped_types = dict(
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                 for ref, (block, _, _) in zip(gmem, blocks)],
-        vector_stages={n: plgpu.SMEM((num_stages, cfg.tile_k), named_in[n].dtype) for n in vector_names},
-        ready=plgpu.Barrier(num_arrivals=len(gmem) + len(vector_names), num_barriers=owners * num_stages),
+        ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=owners * num_stages),
         consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_prologue_wg,
                                    num_barriers=owners * num_stages),
         **shape.scratch_types())
-    interpret_a = fusion.a_step is not None and mu.interpreting()
-    if interpret_a:  # jax's GPU interpreter multiplies no register A: the hook's output goes through SMEM there
-        a_rows = cfg.tile_m if cfg.wg_split == "m" and not cfg.pingpong else cfg.cta_m
-        scoped_types.update(a_scratch=plgpu.SMEM((2, a_rows, cfg.tile_k), shape.dtype, transforms=transforms))
     if has_prologue_wg:
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.tile_m), _F32),
                             handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
@@ -121,7 +115,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     plan = shape.stream_k  # None: every tile whole, round after round
     round_tiles = shape.cluster_tiles if plan is None else plan.dp_tiles  # tiles run whole by the tile loop
 
-    def scope(stages, vector_stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
+    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
         wg = lax.axis_index("wg")
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
@@ -183,9 +177,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
                                             smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)],
                                             collective_axes=shape.multicast(operand))
-                for n in vector_names:
-                    plgpu.copy_gmem_to_smem(named_in[n].at[ks], vector_stages[n].at[lax.rem(g, num_stages)],
-                                            ready.at[barrier_of(g)])
 
             @each_tile
             def _(lin, local, num_local):
@@ -250,23 +241,16 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=()):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
-                With ``Fusion.a_step`` the A block goes through registers and the hook; returns its carry."""
+                With ``Fusion.a_observe``, run after each wgmma is issued; returns its carry."""
                 def step(k, carry):
                     acc_ref, hook_carry = carry
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
                     plgpu.barrier_wait(ready.at[barrier_of(g)])
-                    a_regs = None
-                    if fusion.a_step is not None:
-                        a_regs = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
-                        vectors = {n: mu.load(vector_stages[n].at[slot], layout=mu.COLS, optimized=False)
-                                   for n in vector_names}
-                        a_regs, hook_carry = fusion.a_step(dataclasses.replace(ctx, step=k), a_regs, vectors,
-                                                           hook_carry)
-                        if interpret_a:
-                            scoped["a_scratch"].at[wg][...] = a_regs
-                            a_regs = scoped["a_scratch"].at[wg]
-                    shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
+                    shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
+                    if fusion.a_observe is not None:  # under the wgmma just issued (and one in flight with delay)
+                        a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
+                        hook_carry = fusion.a_observe(dataclasses.replace(ctx, step=k), a, hook_carry)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete
 

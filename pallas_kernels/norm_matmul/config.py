@@ -237,8 +237,8 @@ class MosaicRMSNormMatmulConfig:
     stats_in_kernel: where r comes from. False (default): one XLA row reduction over x (2MK bytes read), the kernel
       only scaling rows in its epilogue. True: a fourth warpgroup of the forward kernel that sums the squares of
       each x tile in shared memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n").
-      "mma": the MMA warpgroups themselves, from the x block they load into registers each step and multiply from
-      there (wgmma with A from registers: ``gemm.Fusion.a_step``; forward pipeline "own", no stream-K).
+      "mma": the MMA warpgroups themselves, each loading its rows of the x block into registers after issuing the
+      step's wgmma (``gemm.Fusion.a_observe``; forward pipeline "own", no stream-K).
     gamma_on: where gamma goes. "w": the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w, shared
       with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
@@ -249,10 +249,7 @@ class MosaicRMSNormMatmulConfig:
       2021 at 4096x4096x14336, 287 → 258 / 889 → 856 at 4096x2048x11008, 588 → 572 / 1768 → 1754 at 8192x4096x6144;
       the tuned entries of those shapes take it. None (default): ``gamma_side``, "x" where it moves fewer bytes
       (bfloat16, statistics from XLA, M < 2N: an LM head's w_γ pass cost 369 µs of 9643 at 4096x2048x128256,
-      rmsnorm_matmul_configs_row_dot-h100-68cbc7e.json), else "w". "a": gamma multiplies the x block in the forward
-      kernel's registers before wgmma (A from registers, gamma's slices loaded by TMA with each stage: no pass
-      outside the kernel; bfloat16 only, forward pipeline "own", no stream-K, not with the statistics warpgroup);
-      dx as with "x".
+      rmsnorm_matmul_configs_row_dot-h100-68cbc7e.json), else "w".
     row_dot: where the backward takes its row dot c = Σ_N(dy · y) = Σ_K(u ⊙ x) / r, u = r ⊙ (dy @ w_γᵀ). "n": one
       XLA fusion over dy and y gives Σ_N(dy · y) and dyr = r ⊙ dy, and the dx kernel (A = dy) finishes dx in its
       epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr; it writes u = dyr @ w_γᵀ and
@@ -286,19 +283,15 @@ class MosaicRMSNormMatmulConfig:
         if self.stats_in_kernel not in (False, True, "mma"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be False, True or 'mma', got "
                              f"{self.stats_in_kernel!r}")
-        if self.gamma_on not in (None, "w", "x", "a"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x' or 'a', got "
-                             f"{self.gamma_on!r}")
+        if self.stats_in_kernel == "mma" and (self.forward.pipeline != "own" or self.forward.stream_k):
+            raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma' sums squares in the MMA warpgroups over "
+                             "whole tiles: the forward config needs pipeline='own' and stream_k=0, got "
+                             f"pipeline={self.forward.pipeline!r}, stream_k={self.forward.stream_k}")
+        if self.gamma_on not in (None, "w", "x"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w' or 'x', got {self.gamma_on!r}")
         if self.gamma_on == "x" and self.stats_in_kernel:
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
                              "not x's: it needs stats_in_kernel=False (r from XLA)")
-        if self.gamma_on == "a" and self.stats_in_kernel is True:
-            raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'a' scales the x block in the MMA warpgroups, "
-                             "which the statistics warpgroup excludes: it needs stats_in_kernel False or 'mma'")
-        if self.registers_a and (self.forward.pipeline != "own" or self.forward.stream_k):
-            raise ValueError("MosaicRMSNormMatmulConfig: stats_in_kernel='mma' and gamma_on='a' run in the MMA "
-                             "warpgroups on whole tiles: the forward config needs pipeline='own' and stream_k=0, got "
-                             f"pipeline={self.forward.pipeline!r}, stream_k={self.forward.stream_k}")
         if self.row_dot not in (None, "n", "k"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot: must be None, 'n' or 'k', got {self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
@@ -315,21 +308,13 @@ class MosaicRMSNormMatmulConfig:
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot)
 
-    @property
-    def registers_a(self) -> bool:
-        """Whether the forward kernel multiplies x from registers (statistics or gamma in its MMA warpgroups)."""
-        return self.stats_in_kernel == "mma" or self.gamma_on == "a"
-
     def gamma_side(self, M: int, N: int, dtype) -> str:
-        """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None: with the statistics in
-        the MMA warpgroups "a" for bfloat16 (no pass outside the kernel), else "w"; with XLA's statistics "x" for
-        bfloat16 where M < 2N (x ⊙ gamma's MK bytes written cost less than w_γ's 2KN), else "w"."""
+        """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with
+        the statistics from XLA where M < 2N (x ⊙ gamma's MK bytes written cost less than w_γ's 2KN), else "w"."""
         if self.gamma_on is not None:
             return self.gamma_on
-        bfloat16 = jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16)
-        if self.stats_in_kernel == "mma":
-            return "a" if bfloat16 else "w"
-        return "x" if bfloat16 and not self.stats_in_kernel and M < 2 * N else "w"
+        on_x = jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not self.stats_in_kernel and M < 2 * N
+        return "x" if on_x else "w"
 
     def row_dot_side(self) -> str:
         """Where the backward takes its row dot: ``row_dot``, or when None, ROW_DOT_DEFAULT ("k")."""
@@ -363,10 +348,9 @@ _SMALLER = (_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m"),  #
             _G(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n"))
 _FORWARD = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n"), *_SMALLER)
 _DX = _DW = (_G(tile_m=128, tile_n=128, tile_k=64, num_stages=3, wg_split="n"), *_SMALLER)
-# The forward multiplying x from registers (stats_in_kernel "mma", gamma on "a"): one wgmma group left in flight, so
-# that a step's loads and arithmetic run under the previous step's wgmma (waiting for each one, the MMA warpgroups'
-# sums of squares cost 10% at 32768x4096x4096; with one in flight 1.2%: rmsnorm_matmul_configs-h100-eab2baa.json).
-_REGISTERS_FORWARD = tuple(dataclasses.replace(c, delay_release=1, stream_k=0) for c in (
+# Forward tiles for the MMA warpgroups' statistics (stats_in_kernel "mma"): one wgmma group left in flight, so that a
+# step's x loads and squares run under the wgmma (whole tiles: no stream-K).
+_MMA_STATS_FORWARD = tuple(dataclasses.replace(c, delay_release=1, stream_k=0) for c in (
     _G(tile_m=64, tile_n=256, tile_k=64, num_stages=4, wg_split="m", grid_minor="m"), *_SMALLER))
 _DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n"), *_SMALLER)
 
@@ -376,7 +360,7 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
     """The Mosaic config a call uses without ``block_sizes``: the tuning-cache entry for this device and shape if
     its tiles fit the shape, else per kernel the first built-in tiles that divide its GEMM (``unsupported_reason``
     of the result names what divides nothing). ``stats_in_kernel`` (no tuned entry then): True, forward tiles with
-    wg_split "n" only; "mma", forward tiles for x from registers (one wgmma group in flight, whole tiles)."""
+    wg_split "n" only; "mma", forward tiles with one wgmma group in flight and no stream-K."""
     if not stats_in_kernel:
         params = tuning.lookup(OP, shape_key(M, K, N, dtype, residual=residual), backend="mosaic")
         if params is not None:
@@ -384,7 +368,7 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
             if tuned.unsupported_reason(M, K, N) is None:
                 return tuned
     forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
-               "mma": _REGISTERS_FORWARD}[stats_in_kernel]
+               "mma": _MMA_STATS_FORWARD}[stats_in_kernel]
     return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, forward),
                                      dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
                                      dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel)

@@ -120,49 +120,43 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
-def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, gamma_in_a: bool) -> Fusion:
+def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel True: a prologue warpgroup sums x²
-    over each x tile (float32); "mma": each MMA warpgroup sums the squares of the x block it loads into registers
-    and multiplies from there; then the epilogue forms r from the sums and also stores it (M,). ``gamma_in_a``: the
-    x block in registers is multiplied by gamma's step slice ("gamma", (K,) in x's dtype) before wgmma."""
-    out_rstd = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
-    step_inputs = ("gamma",) if gamma_in_a else ()
+    over each x tile (float32); "mma": each MMA warpgroup, after issuing a step's wgmma, loads its rows of the x
+    block into registers and adds their squares elementwise (reduced across the row once, in the epilogue); then
+    the epilogue forms r from the sums and also stores it (M,)."""
+    if not stats_in_kernel:
+        return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
+                      epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
-    def scale_rows(ctx, acc, sum_sq):
+    def epilogue(ctx, acc, sum_sq):
         del ctx
-        if sum_sq.ndim == 2:  # the MMA warpgroups' elementwise sums over the K steps: reduced once, per tile
+        if sum_sq.ndim == 2:  # the MMA warpgroups' elementwise sums (rows, tile_k)
             sum_sq = jnp.sum(sum_sq, axis=1)
         rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
         return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
 
-    def a_step(ctx, a, vectors, carry):
-        del ctx
-        if stats_in_kernel == "mma":  # elementwise sums of squares: no cross-lane reduction per step, the
-            x = a.astype(_F32)        # epilogue reduces them once per tile
-            carry = carry + x * x
-        if gamma_in_a:  # in the operand dtype: the exact product rounded once, as (x ⊙ gamma) in float32 would be
-            a = a * lax.broadcast_in_dim(vectors["gamma"], a.shape, [1])
-        return a, carry
-
+    outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     if stats_in_kernel == "mma":
         def init(ctx):
-            rows = ctx.config.cta_m if ctx.config.wg_split == "n" or ctx.config.pingpong else ctx.config.tile_m
-            return mu.layout_cast(jnp.zeros((rows, ctx.config.tile_k), _F32), mu.TILE)
+            cfg = ctx.config
+            rows = cfg.tile_m if cfg.wg_split == "m" and not cfg.pingpong else cfg.cta_m
+            return mu.layout_cast(jnp.zeros((rows, cfg.tile_k), _F32), mu.TILE)
 
-        return Fusion(outputs=out_rstd, step_inputs=step_inputs, prologue_init=init, a_step=a_step,
-                      epilogue=scale_rows)
-    if not stats_in_kernel:
-        return Fusion(inputs=("rstd",), step_inputs=step_inputs, prologue_init=lambda ctx: ctx.load_rows("rstd"),
-                      a_step=a_step if gamma_in_a else None,
-                      epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
+        def observe(ctx, x, sum_sq):
+            del ctx
+            x = x.astype(_F32)
+            return sum_sq + x * x  # no cross-lane reduction per step
+
+        return Fusion(outputs=outputs, prologue_init=init, a_observe=observe, epilogue=epilogue)
 
     def step(ctx, x_ref, sum_sq):
         del ctx
         x = mu.load(x_ref, layout=mu.TILE).astype(_F32)  # (tile_m, tile_k)
         return sum_sq + jnp.sum(x * x, axis=1)
 
-    return Fusion(outputs=out_rstd, handoff_rows=1, prologue_init=lambda ctx: _rows_zero(tile_m), prologue_step=step,
-                  epilogue=scale_rows)
+    return Fusion(outputs=outputs, handoff_rows=1, prologue_init=lambda ctx: _rows_zero(tile_m), prologue_step=step,
+                  epilogue=epilogue)
 
 
 def _forward(x, residual, gamma, w, static: _Static):
@@ -173,20 +167,17 @@ def _forward(x, residual, gamma, w, static: _Static):
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
     cfg = static.config.forward
-    side = static.config.gamma_side(M, w.shape[1], x.dtype)
-    fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, static.config.stats_in_kernel, side == "a")
-    b = _scaled_w(gamma, w) if side == "w" else w
-    arrays = dict(gamma=gamma.astype(x.dtype)) if side == "a" else {}  # multiplied in x's dtype, in registers
+    fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, static.config.stats_in_kernel)
     if static.config.stats_in_kernel:
-        y, rstd = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
+        y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
                        name="rmsnorm_matmul_fwd")
     else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma)
         x32 = x.astype(_F32)
-        arrays["rstd"] = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
-        a = (x32 * gamma.astype(_F32)).astype(x.dtype) if side == "x" else x
-        (y,) = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
-                    name="rmsnorm_matmul_fwd")
-        rstd = arrays["rstd"]
+        rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
+        on_x = static.config.gamma_side(M, w.shape[1], x.dtype) == "x"
+        a = (x32 * gamma.astype(_F32)).astype(x.dtype) if on_x else x
+        (y,) = gemm(a, w if on_x else _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
+                    arrays=dict(rstd=rstd), name="rmsnorm_matmul_fwd")
     return y, rstd, h
 
 
@@ -258,7 +249,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     dtype = xn.dtype
     # float16: dyr = (r / s) ⊙ dy with s = max r stays <= |dy|; bfloat16 has float32's range (s = 1).
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
-    on_x = cfg.gamma_side(M, N, dtype) in ("x", "a")  # no w_γ: gamma on dx's columns in the epilogue
+    on_x = cfg.gamma_side(M, N, dtype) == "x"  # no w_γ: gamma on dx's columns in the epilogue
     b = w if on_x else _scaled_w(gamma, w)
     if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts; dy read once, for dyr
         dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
@@ -318,9 +309,9 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     out_dtype (= x's dtype), or (h, y); differentiable (custom VJP, three GEMMs in all). ValueError naming the
     constraint when ``unsupported_reason`` would, with the given config's tiles."""
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
-    if not reason and config.gamma_on in ("x", "a") and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
-        reason = (f"gamma_on={config.gamma_on!r} rounds x ⊙ gamma to x's dtype, bfloat16 only (x is "
-                  f"{jnp.dtype(x.dtype)}: small x would round into subnormals; gamma_on='w' takes it)")
+    if not reason and config.gamma_on == "x" and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
+        reason = (f"gamma_on='x' rounds x ⊙ gamma to x's dtype, bfloat16 only (x is {jnp.dtype(x.dtype)}: small x "
+                  "would round into subnormals; gamma_on='w' takes it)")
     if reason:
         raise ValueError(f"rmsnorm_matmul (mosaic): {reason}")
     return _rmsnorm_matmul(x, residual, gamma, w, _Static(config=config, eps=float(eps),
