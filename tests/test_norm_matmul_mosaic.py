@@ -305,6 +305,7 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
     (2048, 2048, 1536, jnp.float16, False, "n"),  # dw's GEMM in XLA (96 output tiles)
     (2048, 1024, 4096, jnp.float16, False, "k"),
     (8192, 512, 2816, jnp.bfloat16, False, None),  # the 'small' preset's MLP projection: tuned ping-pong tiles
+    (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", None),  # the 1b MLP's: tuned forward and dw with stream-K
     (4096, 4096, 4096, jnp.bfloat16, "mma", "k"), (2048, 1024, 4096, jnp.float16, "mma", "n")])  # r from the MMA wgs
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
