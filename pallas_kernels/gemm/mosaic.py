@@ -23,11 +23,13 @@ warpgroup:
      (C, M) outputs get row ``col_block``, the warpgroup's tile_n column block).
 A fusion with a ``prologue_step`` (a hook on each A tile in shared memory, e.g. the sums of squares of x) gets a
 fourth warpgroup that runs it beside the MMA warpgroups and hands its carry to their epilogue through shared
-memory (``gemm.specialized``; needs pipeline "own" and wg_split "n"). The compute warpgroups themselves run no
-prologue: loading operand tiles into registers between issuing and awaiting wgmma made rmsnorm_matmul 14% slower
-forward and 54% slower forward + backward than the XLA passes it replaced, at 32768x4096x4096 on the H100
-(benchmarks/results/NOTES.md). A hook never sees a partial tile: shapes must divide the CTA tile
-(``unsupported_reason``).
+memory (``gemm.specialized``; needs pipeline "own" and wg_split "n"). A fusion with an ``a_observe`` runs it in the
+compute warpgroups instead, on their rows of each A block loaded into registers right after the step's wgmma is
+issued: with one wgmma group in flight (``delay_release=1``) that hides under the tensor cores (the sums of squares
+of x cost the rmsnorm_matmul forward 2% at 32768x4096x4096, where waiting for each wgmma cost 14%; NOTES.md). wgmma
+always reads A from shared memory: A from registers with a group in flight gave wrong products on the H100 (the
+next step's load overwrote the registers the wgmma in flight still read), and waiting for each one cost 4% of the
+plain GEMM. A hook never sees a partial tile: shapes must divide the CTA tile (``unsupported_reason``).
 
 The K loop (``config.pipeline``): "own" is ours (``gemm.specialized``): the memory warpgroup loads the next tile's
 first stages as soon as the current tile's last ones are released. "pallas" is jax's

@@ -9,9 +9,10 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             blocks into stage s, signalling ``ready[s]``. It never waits for a tile to end: the next tile's first
             blocks load as soon as the current tile's last stages are released.
   MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
-            from shared memory), ``wgmma_wait(delay_release)``, arrive on ``consumed`` of the step whose wgmma is
-            complete (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with the prologue
-            warpgroup's carry from ``handoff`` when there is one.
+            from shared memory), with a ``Fusion.a_observe`` load its rows of the A block into registers and run
+            it (under the wgmma just issued), ``wgmma_wait(delay_release)``, arrive on ``consumed`` of the step
+            whose wgmma is complete (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with
+            the prologue warpgroup's carry from ``handoff`` when there is one.
   prologue  per tile: ``prologue_init``; per step: wait ``ready[s]``, ``prologue_step`` on the stage's A block,
             arrive on ``consumed[s]``; then writes its carry, ``Fusion.handoff_rows`` (tile_m,) float32 row
             vectors, into ``handoff`` and arrives on ``handoff_full``; the MMA warpgroups wait for it only before

@@ -258,8 +258,13 @@ class MosaicRMSNormMatmulConfig:
       (default): ``row_dot_side`` ("k"; ROW_DOT_DEFAULT says why).
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
-    4096x4096x14336 and 385 vs 368 at 16384x1024x5504. It stays an option (a sweep candidate) while the GEMM core
-    gets faster. The backward's row statistics always come from one XLA fusion: computing them in the dx kernel
+    4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
+    forward µs, the default config's in brackets, XLA's norm + matmul in the same run): 1459.7 (1502.6, XLA 1513.9)
+    at 32768x4096x4096, its tuned entry now: the sums cost the kernel 31 µs (1436.7 against 1405.3 with whole tiles
+    and one group in flight) and spare the 88 µs reduction; but w_γ's pass (gamma cannot go on x: the kernel would
+    square x ⊙ gamma) made it lose where the default takes gamma on x: 702.8 (629.6) at 4096x4096x14336, 564.2
+    (560.7) at 8192x4096x6144, 320.1 (258.2) at 4096x2048x11008. Waiting for each wgmma instead (delay_release 0)
+    it took 1624.4. Both in-kernel forms stay options (sweep candidates). The backward's row statistics always come from one XLA fusion: computing them in the dx kernel
     made forward + backward 1.48x slower with a fourth warpgroup (7654 vs 5177 µs at 32768x4096x4096) and 1.54x
     with the MMA warpgroups (NOTES.md).
     """

@@ -5,9 +5,12 @@ row, float32; y = rmsnorm(x) · gamma @ w = diag(r) · x · (diag(gamma) w).
 
 Forward, one kernel: A = the raw x tile, B = w_γ = diag(gamma) w (one XLA pass over w, rounded to w's dtype),
 so both wgmma operands stay in shared memory as loaded; the epilogue scales the float32 accumulator rows by r.
-r comes from one XLA row reduction over x (default), or, with ``stats_in_kernel``, from a fourth warpgroup that
-sums the squares of each x tile in shared memory beside the MMA warpgroups (the kernel then also stores r). The
-normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to the A side instead:
+r comes from one XLA row reduction over x (default), or, with ``stats_in_kernel``, from the kernel, which then
+also stores r: True, a fourth warpgroup that sums the squares of each x tile in shared memory beside the MMA
+warpgroups; "mma", the MMA warpgroups themselves, each loading its rows of the x block into registers right after
+issuing the step's wgmma (``Fusion.a_observe``) and adding their squares elementwise, reduced across the row once
+per tile in the epilogue (one wgmma group in flight hides it: the 32768x4096x4096 default). The normalized
+activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to the A side instead:
 the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more bytes where w_γ costs 2KN (fewer
 where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies gamma on its columns; still
 no normalized tensor (r stays in the epilogue).
