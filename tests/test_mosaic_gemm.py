@@ -486,6 +486,19 @@ def test_stream_k_refuses_a_prologue_that_needs_whole_tiles():
                                          fusion=fusion), S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
 
 
+@pytest.mark.parametrize("changes, transpose_a, match", [
+    (dict(stream_k=1), False, "stream_k splits tiles along K; a fusion with a prologue_step or an a_observe"),
+    (dict(pipeline="pallas"), False, "a_observe runs it in the MMA warpgroups of the K loop pipeline='own' .* got "
+                                     "pipeline='pallas', transpose_a=False"),
+    ({}, True, "on an A read as stored, without a prologue_step; got pipeline='own', transpose_a=True")])
+def test_a_observe_needs_whole_tiles_of_an_untransposed_a_on_our_k_loop(changes, transpose_a, match):
+    fusion = Fusion(a_observe=lambda ctx, a, carry: carry)
+    a = S((256, 256), jnp.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(**changes), out_dtype=jnp.bfloat16,
+                                         transpose_a=transpose_a, fusion=fusion), a, S((256, 512), jnp.bfloat16))
+
+
 @gpu_only
 @pytest.mark.parametrize("M, K, N, config", [
     (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=4)),  # 180 tiles: 48 split

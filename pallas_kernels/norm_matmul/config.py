@@ -264,9 +264,9 @@ class MosaicRMSNormMatmulConfig:
     and one group in flight) and spare the 88 µs reduction; but w_γ's pass (gamma cannot go on x: the kernel would
     square x ⊙ gamma) made it lose where the default takes gamma on x: 702.8 (629.6) at 4096x4096x14336, 564.2
     (560.7) at 8192x4096x6144, 320.1 (258.2) at 4096x2048x11008. Waiting for each wgmma instead (delay_release 0)
-    it took 1624.4. Both in-kernel forms stay options (sweep candidates). The backward's row statistics always come from one XLA fusion: computing them in the dx kernel
-    made forward + backward 1.48x slower with a fourth warpgroup (7654 vs 5177 µs at 32768x4096x4096) and 1.54x
-    with the MMA warpgroups (NOTES.md).
+    it took 1624.4. Both in-kernel forms stay options (sweep candidates). The backward's row statistics always come
+    from one XLA fusion: computing them in the dx kernel made forward + backward 1.48x slower with a fourth
+    warpgroup (7654 vs 5177 µs at 32768x4096x4096) and 1.54x with the MMA warpgroups (NOTES.md).
     """
 
     forward: MosaicGemmConfig
@@ -396,6 +396,8 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
         fwd.append(dataclasses.replace(base, stats_in_kernel=True, gamma_on=None))
+    fwd.append(dataclasses.replace(base, forward=pick_config(M, N, K, _MMA_STATS_FORWARD), stats_in_kernel="mma",
+                                   gamma_on=None))  # r from the MMA warpgroups
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
         fwd += [dataclasses.replace(base, gamma_on=side) for side in ("w", "x")]
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
