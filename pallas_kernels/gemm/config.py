@@ -147,6 +147,12 @@ class MosaicGemmConfig:
         return self.tile_m * (2 if self.wg_split == "m" and not self.pingpong else 1)
 
     @property
+    def wg_rows(self) -> int:
+        """Rows of the A block one compute warpgroup multiplies: tile_m when the cooperative warpgroups stack along
+        M, else the whole block's cta_m."""
+        return self.tile_m if self.wg_split == "m" and not self.pingpong else self.cta_m
+
+    @property
     def cta_n(self) -> int:
         """Columns of one CTA tile: a warpgroup's tile_n, or two side by side (cooperative, wg_split "n")."""
         return self.tile_n * (2 if self.wg_split == "n" and not self.pingpong else 1)

@@ -338,7 +338,7 @@ class _Shape:
         """The rows of a stage's A block that compute warpgroup ``wg`` multiplies (all of them unless the cooperative
         warpgroups stack along M)."""
         cfg = self.cfg
-        return pl.ds(wg * cfg.tile_m, cfg.tile_m) if not cfg.pingpong and cfg.wg_split == "m" else slice(None)
+        return pl.ds(wg * cfg.wg_rows, cfg.wg_rows) if cfg.wg_rows < cfg.cta_m else slice(None)
 
     def issue_wgmma(self, acc_ref, a_smem, b_smem, wg) -> None:
         """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory."""

@@ -142,9 +142,7 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel) ->
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     if stats_in_kernel == "mma":
         def init(ctx):
-            cfg = ctx.config
-            rows = cfg.tile_m if cfg.wg_split == "m" and not cfg.pingpong else cfg.cta_m
-            return mu.layout_cast(jnp.zeros((rows, cfg.tile_k), _F32), mu.TILE)
+            return mu.layout_cast(jnp.zeros((ctx.config.wg_rows, ctx.config.tile_k), _F32), mu.TILE)
 
         def observe(ctx, x, sum_sq):
             del ctx
