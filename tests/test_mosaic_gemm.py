@@ -499,6 +499,80 @@ def test_a_observe_needs_whole_tiles_of_an_untransposed_a_on_our_k_loop(changes,
                                          transpose_a=transpose_a, fusion=fusion), a, S((256, 512), jnp.bfloat16))
 
 
+def _column_scaling(k_steps: int = 0) -> Fusion:
+    """A fusion whose a_transform scales the A block's columns by the (K,) step input "v" and counts its calls in
+    the carry; the epilogue zeroes a tile whose count is not ``k_steps`` (the tile's K steps)."""
+    def transform(ctx, a, steps):
+        v = jax.lax.broadcast_in_dim(ctx.load_step_cols("v"), a.shape, [1])
+        return a.astype(jnp.float32) * v, steps + 1
+
+    def epilogue(ctx, acc, steps):
+        return acc * (steps == k_steps).astype(jnp.float32), {}
+
+    return Fusion(step_inputs=("v",), a_transform=transform, prologue_init=lambda ctx: jnp.zeros((), jnp.int32),
+                  epilogue=epilogue)
+
+
+@pytest.mark.parametrize("changes, transpose_a, match", [
+    (dict(wg_split="n"), False, "rewrites each MMA warpgroup's own rows .* got pipeline='own', wg_split='n', "
+                                "schedule='cooperative', transpose_a=False"),
+    (dict(wg_split="m", pipeline="pallas"), False, "got pipeline='pallas', wg_split='m'"),
+    (dict(wg_split="m", stream_k=2), False, "stream_k=2, cluster='none'"),
+    (dict(schedule="pingpong", cluster="m"), False, "cluster='m'"),
+    (dict(wg_split="m"), True, "transpose_a=True")])
+def test_a_transform_needs_each_warpgroup_to_own_its_rows_on_our_k_loop(changes, transpose_a, match):
+    a = S((256, 256), jnp.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b, v: gemm(a, b, config=MosaicGemmConfig(**changes), out_dtype=jnp.bfloat16,
+                                            transpose_a=transpose_a, fusion=_column_scaling(), arrays=dict(v=v)),
+                       a, S((256, 512), jnp.bfloat16), S((256,), jnp.float32))
+    with pytest.raises(ValueError, match=r"step input 'v' must have shape \(K,\) = \(256,\), got \(128,\)"):
+        jax.eval_shape(lambda a, b, v: gemm(a, b, config=MosaicGemmConfig(wg_split="m"), out_dtype=jnp.bfloat16,
+                                            fusion=_column_scaling(), arrays=dict(v=v)),
+                       a, S((256, 512), jnp.bfloat16), S((128,), jnp.float32))
+
+
+def test_a_transform_lowers_to_a_store_and_fence_before_each_wgmma():
+    """The step input's slice is a third TMA load per stage; the rewritten A block is fenced for the async proxy."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1)
+    operands = S((1024, 512), jnp.bfloat16), S((512, 1024), jnp.bfloat16), S((512,), jnp.float32)
+    (kernel,) = mosaic_ir.lower_kernels(lambda a, b, v: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
+                                                             fusion=_column_scaling(), arrays=dict(v=v))[0], *operands)
+    (plain,) = mosaic_ir.lower_kernels(lambda a, b, v: matmul(a, b, config=config), *operands)
+    fences = [k.text.count("proxy_kind<async.shared>") for k in (kernel, plain)]
+    assert kernel.tma_loads() == 3 and plain.tma_loads() == 2 and kernel.wgmma() == plain.wgmma()
+    assert fences[0] == fences[1] + 1, fences  # the K loop's, beside the epilogue's before its TMA stores
+    assert kernel.smem_bytes - plain.smem_bytes == config.num_stages * config.tile_k * 4  # the (tile_k,) f32 slices
+    assert 0 <= kernel.smem_bytes - smem_bytes(config, jnp.bfloat16, jnp.bfloat16,
+                                                step_input_dtypes=(jnp.float32,)) < 4096  # barriers
+
+
+def _check_column_scaling(M, K, N, config):
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    v = jax.random.uniform(_key(), (K,), jnp.float32, 0.5, 2.0)
+    fusion = _column_scaling(K // config.tile_k)
+    got = jax.jit(lambda a, b, v: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion,
+                                       arrays=dict(v=v))[0])(a, b, v)
+    scaled = (a.astype(jnp.float32) * v).astype(jnp.bfloat16)  # the kernel rounds a ⊙ v to a's dtype in SMEM
+    assert _rel_err(got, _f32_product(scaled, b)) <= _tol(jnp.bfloat16, K)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1)),
+    (1280, 640, 1536, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3)),
+    (2304, 576, 2432, MosaicGemmConfig(schedule="pingpong", num_stages=4, delay_release=1))])
+def test_a_transform_product_on_the_gpu(M, K, N, config):
+    _check_column_scaling(M, K, N, config)
+
+
+@cpu_only
+@pytest.mark.slow
+def test_a_transform_in_interpret_mode():
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _check_column_scaling(128, 128, 256, dataclasses.replace(_TINY, wg_split="m", delay_release=1))
+
+
 @gpu_only
 @pytest.mark.parametrize("M, K, N, config", [
     (2304, 1024, 2560, dataclasses.replace(default_config(2304, 2560, 1024), stream_k=4)),  # 180 tiles: 48 split

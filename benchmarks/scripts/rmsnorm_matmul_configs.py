@@ -54,6 +54,10 @@ VARIANTS = {
     # into registers and add its squares (gemm.Fusion.a_observe); one wgmma group in flight, or none; gamma on w
     "mma_stats": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1)),
     "mma_stats_d0": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0)),
+    # and gamma on x by them: before each step's wgmma each MMA warpgroup loads its rows of the x block, sums their
+    # squares and writes x ⊙ gamma back in shared memory (gemm.Fusion.a_transform): no pass over x or w outside
+    "mma_gamma_x": dict(stats_in_kernel="mma", gamma_on="x", forward=dict(_STACKED, stream_k=0, delay_release=1)),
+    "mma_gamma_x_d0": dict(stats_in_kernel="mma", gamma_on="x", forward=dict(_STACKED, stream_k=0)),
     "dw_stream_k": dict(dw=dict(stream_k=4)),  # the dw kernel's part-empty last round spread over K (gemm.stream_k)
     "fwd_dw_stream_k": dict(forward=dict(stream_k=4), dw=dict(stream_k=4)),
     "stacked_whole_d1": dict(stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1)),

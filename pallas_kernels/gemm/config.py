@@ -190,11 +190,13 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
 
 
 def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes: tuple = (),
-               store_in_tile: bool = False, scratch_bytes: int = 0) -> int:
+               store_in_tile: bool = False, scratch_bytes: int = 0, step_input_dtypes: tuple = ()) -> int:
     """Shared memory one block allocates (bytes; barriers and Mosaic's reduction scratch excluded): the
-    pipeline's A/B tiles, the output staging, prefetched tile inputs and the hooks' scratch."""
+    pipeline's A/B tiles (and slices of step inputs), the output staging, prefetched tile inputs and the hooks'
+    scratch."""
     size = jnp.dtype(dtype).itemsize
     per_stage = (config.cta_m + config.cta_n) * config.tile_k * size
+    per_stage += sum(config.tile_k * jnp.dtype(d).itemsize for d in step_input_dtypes)
     pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
     staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
         out_dtype).itemsize
