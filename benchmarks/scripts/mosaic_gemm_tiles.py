@@ -69,6 +69,10 @@ CONFIGS = {
                                                                         delay_release=1, grid_minor="m",
                                                                         cluster="n"),
 }
+# the output tile stored from registers straight into global memory (``out_store="direct"``: no SMEM staging, no
+# waits for TMA stores to read it) instead of through SMEM pieces by TMA
+CONFIGS.update({f"{name}_direct": dataclasses.replace(CONFIGS[name], out_store="direct") for name in (
+    "64x256_m_minor_m", "64x256_m_minor_m_stream_k4", "pingpong_128x128_s6_delay1_minor_m", "default_128x128_n")})
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 

@@ -61,6 +61,15 @@ VARIANTS = {
     "dw_stream_k": dict(dw=dict(stream_k=4)),  # the dw kernel's part-empty last round spread over K (gemm.stream_k)
     "fwd_dw_stream_k": dict(forward=dict(stream_k=4), dw=dict(stream_k=4)),
     "stacked_whole_d1": dict(stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1)),
+    # the backward kernels beside their prefetched x / w tiles (3 stages of 64x256 stacked tiles): B shared by two
+    # blocks of a cluster (TMA multicast: half the L2 reads of it), one wgmma group in flight, 32-wide K steps
+    "dx_cluster_m": dict(dx=dict(cluster="m", stream_k=0)),
+    "dx_d1": dict(dx=dict(delay_release=1)),
+    "dx_k32": dict(dx=dict(tile_k=32, num_stages=6)),
+    "dw_cluster_m": dict(dw=dict(cluster="m")),
+    "dw_d1": dict(dw=dict(delay_release=1)),
+    # the forward's output tile stored from registers into global memory (gemm out_store "direct")
+    "fwd_direct": dict(forward=dict(out_store="direct")),
 }
 
 

@@ -326,7 +326,7 @@ class _Shape:
         """Shared memory besides the pipeline stages: output staging, prefetched tile inputs, the hooks' scratch."""
         cfg, fusion = self.cfg, self.fusion
         return dict(
-            out_smem=None if fusion.store_in else plgpu.SMEM(
+            out_smem=None if fusion.store_in or cfg.out_store == "direct" else plgpu.SMEM(
                 (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
                 transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype)),
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
@@ -411,6 +411,8 @@ class _Shape:
             buffer[...] = acc.astype(self.out_dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
+        elif self.cfg.out_store == "direct":  # from registers, no SMEM staging
+            out_gmem.at[ctx.rows, ctx.cols][...] = acc.astype(self.out_dtype)
         else:
             _store_tile(acc.astype(self.out_dtype), scoped["out_smem"].at[wg], out_gmem, ctx, self.pieces)
         for n, vec in rows_out.items():
