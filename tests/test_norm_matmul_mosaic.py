@@ -146,24 +146,18 @@ def test_three_kernels_within_shared_memory_at_the_suite_shapes(M, K, N, residua
 
 
 @cpu_only
-@pytest.mark.parametrize("gamma_on", ["w", "x"])
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336)])
-def test_the_mma_warpgroups_statistics_fit(M, K, N, gamma_on):
+def test_the_mma_warpgroups_statistics_fit(M, K, N):
     """stats_in_kernel "mma": three warpgroups, whole tiles with one wgmma group in flight; the forward program has
-    no XLA pass over x (the kernel outputs r); with gamma on x (the kernel writes x ⊙ gamma over its x blocks in
-    shared memory) none over w either: no (K, N) tensor made."""
-    config = dataclasses.replace(nm_config.mosaic_default_config(M, K, N, stats_in_kernel="mma"), gamma_on=gamma_on)
-    assert (config.forward.delay_release, config.forward.stream_k, config.gamma_side(M, N, jnp.bfloat16)) == (
-        1, 0, gamma_on)
+    no XLA pass over x (the kernel outputs r)."""
+    config = nm_config.mosaic_default_config(M, K, N, stats_in_kernel="mma")
+    assert (config.forward.delay_release, config.forward.stream_k, config.gamma_side(M, N, jnp.bfloat16)) == (1, 0, "w")
     _check_kernels(M, K, N, False, config)
     with backends.lowering_for_gpu():
         program = jax.jit(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)
                           ).trace(S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)).lower(
             lowering_platforms=("cuda",)).as_text()
     assert _mk_producers(program, M, K) == []
-    kn_made = [line for line in program.splitlines() if "= stablehlo." in line and "custom_call" not in line
-               and line.rstrip().endswith(f"tensor<{K}x{N}xbf16>")]
-    assert bool(kn_made) == (gamma_on == "w")  # w_γ
 
 
 @cpu_only
@@ -192,19 +186,14 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
     assert Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="w").gamma_side(4096, 128256, jnp.bfloat16) == "w"
 
 
-def test_gamma_on_x_needs_statistics_of_x_and_bfloat16():
+def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
     tiles = MosaicGemmConfig()
     with pytest.raises(ValueError, match="gamma_on: must be None, 'w' or 'x', got 'b'"):
         Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="b")
-    with pytest.raises(ValueError, match="gamma_on: 'x' feeds the statistics warpgroup x ⊙ gamma, .* needs "
-                                         "stats_in_kernel=False \\(r from XLA\\) or 'mma'"):
+    with pytest.raises(ValueError, match="gamma_on: 'x' feeds the kernel x ⊙ gamma, .* stats_in_kernel=False"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="x")
-    with pytest.raises(ValueError, match="gamma_on: 'x' with stats_in_kernel='mma' rewrites each MMA warpgroup's own "
-                                         "rows .* got wg_split='n', schedule='cooperative'"):
+    with pytest.raises(ValueError, match="gamma_on: 'x' feeds the kernel x ⊙ gamma, .* stats_in_kernel=False"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="mma", gamma_on="x")
-    for forward in (dataclasses.replace(tiles, wg_split="m"), dataclasses.replace(tiles, schedule="pingpong")):
-        assert Config(forward=forward, dx=tiles, dw=tiles, stats_in_kernel="mma",
-                      gamma_on="x").gamma_side(512, 4096, jnp.bfloat16) == "x"
     with pytest.raises(ValueError, match="stats_in_kernel: must be False, True or 'mma', got 'warpgroup'"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="warpgroup")
     with pytest.raises(ValueError, match="stats_in_kernel: 'mma' .* needs pipeline='own' and stream_k=0, got "
@@ -244,7 +233,6 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
         forward, backward = norm_matmul.sweep_candidates(x, g, w, backend="mosaic")
     assert len(forward) >= 5 and len(backward) >= 4 and any(c["stats_in_kernel"] is True for c in forward)
     assert any(c["stats_in_kernel"] == "mma" for c in forward)
-    assert any(c["stats_in_kernel"] == "mma" and c["gamma_on"] == "x" for c in forward)
     assert any(c["forward"]["schedule"] == "pingpong" for c in forward)
     assert any(c["dx"]["schedule"] == "pingpong" and c["dw"]["schedule"] == "pingpong" for c in backward)
     assert any(c["forward"]["stream_k"] for c in forward) and any(c["dx"]["stream_k"] for c in backward)
@@ -312,13 +300,6 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
 # ---------------------------------------------------------------------------------------------------------------
 # Numbers: sm90 GPU; CPU interpret mode (slow)
 # ---------------------------------------------------------------------------------------------------------------
-def _variant(name) -> tuple:
-    """(stats_in_kernel, gamma_on) of a test variant: False, True, "mma", "gamma_on_x" (r from XLA) or
-    "mma_gamma_on_x" (r and x ⊙ gamma from the MMA warpgroups)."""
-    stats = "mma" if str(name).startswith("mma") else name if name is True else False
-    return stats, "x" if str(name).endswith("gamma_on_x") else "w"
-
-
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dtype, stats_in_kernel, row_dot", [
     (4096, 4096, 4096, jnp.bfloat16, False, "n"), (4096, 4096, 4096, jnp.bfloat16, True, "k"),
@@ -328,15 +309,13 @@ def _variant(name) -> tuple:
     (2048, 1024, 4096, jnp.float16, False, "k"),
     (8192, 512, 2816, jnp.bfloat16, False, None),  # the 'small' preset's MLP projection: tuned ping-pong tiles
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", None),  # the 1b MLP's: tuned forward and dw with stream-K
-    (4096, 4096, 4096, jnp.bfloat16, "mma", "k"), (2048, 1024, 4096, jnp.float16, "mma", "n"),  # r from the MMA wgs
-    (4096, 4096, 4096, jnp.bfloat16, "mma_gamma_on_x", "n"), (2048, 2048, 8192, jnp.bfloat16, "mma_gamma_on_x", "k"),
-    (4096, 4096, 14336, jnp.bfloat16, "mma_gamma_on_x", "n")])  # and x ⊙ gamma written over the x blocks
+    (4096, 4096, 4096, jnp.bfloat16, "mma", "k"), (2048, 1024, 4096, jnp.float16, "mma", "n")])  # r from the MMA wgs
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-    stats, gamma_on = _variant(stats_in_kernel)
+    stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
-    config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot)
+    config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
@@ -363,18 +342,16 @@ def test_nan_never_passes():
     (jnp.bfloat16, True, "gamma_on_x", False, "n"), (jnp.bfloat16, True, "gamma_on_x", False, "k"),
     (jnp.float16, False, True, False, "n"), (jnp.float16, False, False, False, "k"),
     (jnp.float16, False, False, True, "n"), (jnp.bfloat16, True, "mma", False, "k"),
-    (jnp.float16, False, "mma", False, "n"), (jnp.bfloat16, True, "mma_gamma_on_x", False, "k"),
-    (jnp.bfloat16, False, "mma_gamma_on_x", False, "n")])
+    (jnp.float16, False, "mma", False, "n")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
-    from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows);
-    "mma_gamma_on_x": and x ⊙ gamma written by them over those rows in shared memory."""
+    from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows)."""
     tiles = _Interpreted.tiles
-    stats, gamma_on = _variant(stats_in_kernel)
+    stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats == "mma" else tiles
     config = Config(forward=forward, dx=tiles, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
-                    gamma_on=gamma_on, row_dot=row_dot)
+                    gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

@@ -69,10 +69,9 @@ CONFIGS = {
                                                                         delay_release=1, grid_minor="m",
                                                                         cluster="n"),
 }
-# the output tile stored from registers straight into global memory (``out_store="direct"``: no SMEM staging, no
-# waits for TMA stores to read it) instead of through SMEM pieces by TMA
-CONFIGS.update({f"{name}_direct": dataclasses.replace(CONFIGS[name], out_store="direct") for name in (
-    "64x256_m_minor_m", "64x256_m_minor_m_stream_k4", "pingpong_128x128_s6_delay1_minor_m", "default_128x128_n")})
+# The output tile stored from registers straight into global memory (no SMEM staging, no waits for TMA stores;
+# ``out_store="direct"`` at a5bfb81) lost at every shape and tile: 0.61-0.89x cuBLAS against 0.93-1.01x through SMEM
+# by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 

@@ -31,6 +31,10 @@ from pallas_kernels.norm_matmul import config as nm_config
 # "forward", "dx", "dw": changes to that GEMM's config). A fourth warpgroup writing x ⊙ gamma over each x tile in shared
 # memory (no w_γ pass; ``gamma_in_kernel`` at commits 11e4921, d83d186, beb29d4) ran slower in all three forms
 # tried and was removed: rmsnorm_matmul_configs-h100-{11e4921,d83d186,beb29d4}.json, benchmarks/results/NOTES.md.
+# So did the MMA warpgroups writing x ⊙ gamma over their own rows before each wgmma (``Fusion.a_transform``,
+# 0bcb2e7; variants "mma_gamma_x", "mma_gamma_x_d0": rmsnorm_matmul_configs_gamma_mma-h100-0bcb2e7.json), and the
+# forward's output stored from registers (``out_store="direct"``, a5bfb81, "fwd_direct":
+# rmsnorm_matmul_configs_direct_store-h100-a5bfb81.json).
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 VARIANTS = {
     "default": {},
@@ -54,22 +58,17 @@ VARIANTS = {
     # into registers and add its squares (gemm.Fusion.a_observe); one wgmma group in flight, or none; gamma on w
     "mma_stats": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1)),
     "mma_stats_d0": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0)),
-    # and gamma on x by them: before each step's wgmma each MMA warpgroup loads its rows of the x block, sums their
-    # squares and writes x ⊙ gamma back in shared memory (gemm.Fusion.a_transform): no pass over x or w outside
-    "mma_gamma_x": dict(stats_in_kernel="mma", gamma_on="x", forward=dict(_STACKED, stream_k=0, delay_release=1)),
-    "mma_gamma_x_d0": dict(stats_in_kernel="mma", gamma_on="x", forward=dict(_STACKED, stream_k=0)),
     "dw_stream_k": dict(dw=dict(stream_k=4)),  # the dw kernel's part-empty last round spread over K (gemm.stream_k)
     "fwd_dw_stream_k": dict(forward=dict(stream_k=4), dw=dict(stream_k=4)),
     "stacked_whole_d1": dict(stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1)),
     # the backward kernels beside their prefetched x / w tiles (3 stages of 64x256 stacked tiles): B shared by two
-    # blocks of a cluster (TMA multicast: half the L2 reads of it), one wgmma group in flight, 32-wide K steps
+    # blocks of a cluster (TMA multicast: half the L2 reads of it), one wgmma group in flight, 32-wide K steps.
+    # None won: rmsnorm_matmul_configs_bwd_tiles-h100-0bcb2e7.json
     "dx_cluster_m": dict(dx=dict(cluster="m", stream_k=0)),
     "dx_d1": dict(dx=dict(delay_release=1)),
     "dx_k32": dict(dx=dict(tile_k=32, num_stages=6)),
     "dw_cluster_m": dict(dw=dict(cluster="m")),
     "dw_d1": dict(dw=dict(delay_release=1)),
-    # the forward's output tile stored from registers into global memory (gemm out_store "direct")
-    "fwd_direct": dict(forward=dict(out_store="direct")),
 }
 
 

@@ -34,9 +34,8 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["CLUSTERS", "OUT_STORES", "PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
+__all__ = ["CLUSTERS", "PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
 
-OUT_STORES = ("tma", "direct")
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
 CLUSTERS = ("none", "m", "n")
@@ -72,10 +71,6 @@ class MosaicGemmConfig:
         each block's memory warpgroup loads half of each B tile and TMA multicasts it into both blocks' shared
         memory) or along "n" (they share A's). Halves the L2 reads of the shared operand; a stage is refilled only
         once both blocks' consumers have released it (a cluster barrier). Pipeline "own" only.
-      out_store: how the epilogue stores the output tile (without a fusion's ``store_in``): "tma", cast and written
-        into SMEM in (epi_tile_m, epi_tile_n) pieces through two slots per warpgroup, each piece stored by TMA (a
-        slot is rewritten once the TMA store two pieces back has read it); "direct", from registers straight into
-        global memory (st.global of 2 values per thread and instruction), no SMEM staging and no waits.
       stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run that round's
         tiles spread over up to stream_k blocks each by K steps (``gemm.stream_k``: partial sums through a float32
         workspace and global semaphores). Pipeline "own", schedule "cooperative", no cluster.
@@ -98,7 +93,6 @@ class MosaicGemmConfig:
     schedule: str = "cooperative"
     cluster: str = "none"
     stream_k: int = 0
-    out_store: str = "tma"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -126,7 +120,6 @@ class MosaicGemmConfig:
              "0 (automatic) or a multiple of 8 in [160, 232]"),
             ("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}"),
             ("cluster", self.cluster in CLUSTERS, f"one of {CLUSTERS}"),
-            ("out_store", self.out_store in OUT_STORES, f"one of {OUT_STORES}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -197,15 +190,13 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
 
 
 def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes: tuple = (),
-               store_in_tile: bool = False, scratch_bytes: int = 0, step_input_dtypes: tuple = ()) -> int:
+               store_in_tile: bool = False, scratch_bytes: int = 0) -> int:
     """Shared memory one block allocates (bytes; barriers and Mosaic's reduction scratch excluded): the
-    pipeline's A/B tiles (and slices of step inputs), the output staging, prefetched tile inputs and the hooks'
-    scratch."""
+    pipeline's A/B tiles, the output staging, prefetched tile inputs and the hooks' scratch."""
     size = jnp.dtype(dtype).itemsize
     per_stage = (config.cta_m + config.cta_n) * config.tile_k * size
-    per_stage += sum(config.tile_k * jnp.dtype(d).itemsize for d in step_input_dtypes)
     pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
-    staging = 0 if store_in_tile or config.out_store == "direct" else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
+    staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
         out_dtype).itemsize
     tiles = sum(2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes

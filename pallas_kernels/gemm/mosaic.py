@@ -79,9 +79,7 @@ class TileContext:
       tile_n column block in the output (n_idx · 2 + wg with wg_split "n", else n_idx; pingpong: n_idx).
     refs: the fusion's inputs and outputs (GMEM refs) and scratch (SMEM refs), by name.
     tiles: (epilogue only) this warpgroup's prefetched (tile_m, tile_n) SMEM tile of each tile input, by name.
-    step: (prologue, a_observe, a_transform) the pipeline step: the A tile holds columns [step · tile_k,
-      (step + 1) · tile_k).
-    slices: (a_transform only) this step's (tile_k,) SMEM slice of each ``Fusion.step_inputs``, by name.
+    step: (prologue only) the pipeline step: the A tile holds columns [step · tile_k, (step + 1) · tile_k).
     """
 
     row0: Any
@@ -94,7 +92,6 @@ class TileContext:
     refs: Mapping[str, Any]
     tiles: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     step: Any = None
-    slices: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def rows(self):
@@ -111,11 +108,6 @@ class TileContext:
     def load_cols(self, name: str) -> jax.Array:
         """This accumulator's columns of the (N,) GMEM input ``name``, one value per column (layout COLS)."""
         return mu.load(self.refs[name].at[self.cols], layout=mu.COLS, optimized=False)
-
-    def load_step_cols(self, name: str) -> jax.Array:
-        """This step's slice of the (K,) step input ``name`` as a float32 (tile_k,) vector in the column layout of
-        an A block in registers (layout COLS)."""
-        return mu.load(self.slices[name], layout=mu.COLS, optimized=False).astype(_F32)
 
     def load_tile(self, name: str) -> jax.Array:
         """The prefetched tile input ``name`` as a float32 (tile_m, tile_n) array in the accumulator layout."""
@@ -144,15 +136,6 @@ class Fusion:
       wgmma: with ``delay_release`` 1 its loads and arithmetic run under the wgmma in flight. Its carry starts at
       ``prologue_init`` and reaches the epilogue (e.g. sums of squares of x). Pipeline "own", A read as stored,
       no prologue_step, no stream-K (``gemm.specialized``).
-    step_inputs: (K,) arrays (K the contraction) whose (tile_k,) slice at each step is TMA-loaded into the pipeline
-      stage beside the A and B blocks, for ``a_transform`` (``TileContext.load_step_cols``).
-    a_transform(ctx, a, carry) -> (a, carry): run per K step by each MMA warpgroup before it issues the step's
-      wgmma, on its rows of the step's A block loaded from shared memory into registers ((tile_m, tile_k) in the
-      accumulator layout); the block it returns is stored back over them in shared memory, fenced for the tensor
-      cores, and the wgmma reads it there (e.g. x ⊙ gamma, the squares of the raw x summed in the carry). With
-      ``delay_release`` 1 it runs under the previous step's wgmma. Each MMA warpgroup must own its rows of the A
-      block (wg_split "m", or schedule "pingpong"); pipeline "own", A read as stored, no prologue_step or
-      a_observe, no stream-K, no cluster. Its carry starts at ``prologue_init`` and reaches the epilogue.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -169,8 +152,6 @@ class Fusion:
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
     a_observe: Callable | None = None
-    step_inputs: tuple[str, ...] = ()
-    a_transform: Callable | None = None
     epilogue: Callable | None = None
 
 
@@ -212,30 +193,15 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"pipeline='own' on an A read as stored, without a prologue_step; got "
                          f"pipeline={config.pipeline!r}, transpose_a={transpose_a}, "
                          f"prologue_step={'set' if fusion.prologue_step else None}")
-    if fusion.a_transform is not None or fusion.step_inputs:
-        owns_rows = config.pingpong or config.wg_split == "m"
-        if (config.pipeline != "own" or transpose_a or not owns_rows or fusion.prologue_step is not None
-                or fusion.a_observe is not None or config.stream_k or config.cluster != "none"):
-            raise ValueError(
-                f"{name}: a fusion with an a_transform (or step_inputs) rewrites each MMA warpgroup's own rows of the "
-                f"A block in the K loop pipeline='own' (wg_split='m' or schedule='pingpong'), on an A read as stored, "
-                f"without a prologue_step or an a_observe, stream_k=0, cluster='none'; got pipeline={config.pipeline!r}, "
-                f"wg_split={config.wg_split!r}, schedule={config.schedule!r}, transpose_a={transpose_a}, "
-                f"prologue_step={'set' if fusion.prologue_step else None}, "
-                f"a_observe={'set' if fusion.a_observe else None}, stream_k={config.stream_k}, "
-                f"cluster={config.cluster!r}")
     if accumulate_into is not None:
         arrays[_ACCUMULATED] = accumulate_into
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
             raise ValueError(f"{name}: accumulate_into must be ({M}, {N}) {jnp.dtype(out_dtype)}, got "
                              f"{tuple(accumulate_into.shape)} {accumulate_into.dtype}")
-    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs, *fusion.step_inputs) if n != _ACCUMULATED)
+    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs) if n != _ACCUMULATED)
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
-    for n in fusion.step_inputs:
-        if arrays[n].shape != (K,):
-            raise ValueError(f"{name}: step input {n!r} must have shape (K,) = ({K},), got {tuple(arrays[n].shape)}")
     if fusion.store_in is not None and (fusion.store_in not in fusion.tile_inputs
                                         or arrays[fusion.store_in].dtype != jnp.dtype(out_dtype)):
         raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
@@ -326,7 +292,7 @@ class _Shape:
         """Shared memory besides the pipeline stages: output staging, prefetched tile inputs, the hooks' scratch."""
         cfg, fusion = self.cfg, self.fusion
         return dict(
-            out_smem=None if fusion.store_in or cfg.out_store == "direct" else plgpu.SMEM(
+            out_smem=None if fusion.store_in else plgpu.SMEM(
                 (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
                 transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype)),
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
@@ -411,8 +377,6 @@ class _Shape:
             buffer[...] = acc.astype(self.out_dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
-        elif self.cfg.out_store == "direct":  # from registers, no SMEM staging
-            out_gmem.at[ctx.rows, ctx.cols][...] = acc.astype(self.out_dtype)
         else:
             _store_tile(acc.astype(self.out_dtype), scoped["out_smem"].at[wg], out_gmem, ctx, self.pieces)
         for n, vec in rows_out.items():

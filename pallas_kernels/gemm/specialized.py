@@ -6,12 +6,10 @@ persistent sequence of CTA tiles (planar snake, ``_Shape.tile_context``); the gl
 k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memory.
 
   memory    per step: wait ``consumed[s]`` (from the second round of the stages on), TMA-load the step's A and B
-            blocks (and the slices of ``Fusion.step_inputs``) into stage s, signalling ``ready[s]``. It never waits for a tile to end: the next tile's first
+            blocks into stage s, signalling ``ready[s]``. It never waits for a tile to end: the next tile's first
             blocks load as soon as the current tile's last stages are released.
-  MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, with a
-            ``Fusion.a_transform`` rewrite its own rows of the A block in shared memory (load, hook, store, fence:
-            under the previous step's wgmma with delay_release 1), issue wgmma (both operands from shared memory),
-            with a ``Fusion.a_observe`` load its rows of the A block into registers and run
+  MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
+            from shared memory), with a ``Fusion.a_observe`` load its rows of the A block into registers and run
             it (under the wgmma just issued), ``wgmma_wait(delay_release)``, arrive on ``consumed`` of the step
             whose wgmma is complete (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with
             the prologue warpgroup's carry from ``handoff`` when there is one.
@@ -107,10 +105,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     scoped_types = dict(
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                 for ref, (block, _, _) in zip(gmem, blocks)],
-        ready=plgpu.Barrier(num_arrivals=len(gmem) + len(fusion.step_inputs), num_barriers=owners * num_stages),
+        ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=owners * num_stages),
         consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_prologue_wg,
                                    num_barriers=owners * num_stages),
-        step_slices={n: plgpu.SMEM((num_stages, cfg.tile_k), named_in[n].dtype) for n in fusion.step_inputs},
         **shape.scratch_types())
     if has_prologue_wg:
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.tile_m), _F32),
@@ -119,7 +116,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     plan = shape.stream_k  # None: every tile whole, round after round
     round_tiles = shape.cluster_tiles if plan is None else plan.dp_tiles  # tiles run whole by the tile loop
 
-    def scope(stages, ready, consumed, step_slices, handoff=None, handoff_full=None, handoff_free=None, **scoped):
+    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
         wg = lax.axis_index("wg")
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
@@ -181,9 +178,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
                                             smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)],
                                             collective_axes=shape.multicast(operand))
-                for n, smem in step_slices.items():  # the step's slice of each (K,) step input
-                    plgpu.copy_gmem_to_smem(named_in[n].at[ks], smem.at[lax.rem(g, num_stages)],
-                                            ready.at[barrier_of(g)])
 
             @each_tile
             def _(lin, local, num_local):
@@ -254,13 +248,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
                     plgpu.barrier_wait(ready.at[barrier_of(g)])
-                    if fusion.a_transform is not None:  # this warpgroup's rows of A, rewritten before its wgmma
-                        a_ref = stages[0].at[slot].at[shape.wg_a_rows(wg)]
-                        step_ctx = dataclasses.replace(ctx, step=k, slices={n: smem.at[slot]
-                                                                            for n, smem in step_slices.items()})
-                        a, hook_carry = fusion.a_transform(step_ctx, mu.load(a_ref, layout=mu.TILE), hook_carry)
-                        a_ref[...] = a.astype(a_ref.dtype)
-                        plgpu.commit_smem()  # visible to the tensor cores (async proxy) once every thread wrote
                     shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
                     if fusion.a_observe is not None:  # under the wgmma just issued (and one in flight with delay)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)

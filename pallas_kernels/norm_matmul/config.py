@@ -243,9 +243,7 @@ class MosaicRMSNormMatmulConfig:
       with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
       applies gamma on its output columns in its epilogue, so no w_γ exists. bfloat16 only (float16 x ⊙ gamma
-      would round small x into subnormals), with the statistics from XLA or "mma". With "mma" no tensor is
-      written at all: the MMA warpgroups scale their own rows of each x block by gamma in shared memory before the
-      step's wgmma (``gemm.Fusion.a_transform``; forward wg_split "m" or ping-pong). With XLA's statistics the extra bytes are MK written (the
+      would round small x into subnormals), and with the statistics from XLA. The extra bytes are MK written (the
       fusion reads x for r anyway) against w_γ's 2KN, so "x" pays where M < 2N: measured on the H100
       (rmsnorm_matmul_configs-h100-93b449e.json, forward / forward + backward µs, "w" → "x"): 713 → 639 / 2098 →
       2021 at 4096x4096x14336, 287 → 258 / 889 → 856 at 4096x2048x11008, 588 → 572 / 1768 → 1754 at 8192x4096x6144;
@@ -296,16 +294,9 @@ class MosaicRMSNormMatmulConfig:
                              f"pipeline={self.forward.pipeline!r}, stream_k={self.forward.stream_k}")
         if self.gamma_on not in (None, "w", "x"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w' or 'x', got {self.gamma_on!r}")
-        if self.gamma_on == "x" and self.stats_in_kernel is True:
-            raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the statistics warpgroup x ⊙ gamma, whose "
-                             "squares are not x's: it needs stats_in_kernel=False (r from XLA) or 'mma' (the MMA "
-                             "warpgroups sum x² and scale x by gamma in shared memory)")
-        if self.gamma_on == "x" and self.stats_in_kernel == "mma" and not (self.forward.wg_split == "m"
-                                                                           or self.forward.pingpong):
-            raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' with stats_in_kernel='mma' rewrites each MMA "
-                             "warpgroup's own rows of the x blocks: the forward config needs wg_split='m' or "
-                             f"schedule='pingpong', got wg_split={self.forward.wg_split!r}, "
-                             f"schedule={self.forward.schedule!r}")
+        if self.gamma_on == "x" and self.stats_in_kernel:
+            raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
+                             "not x's: it needs stats_in_kernel=False (r from XLA)")
         if self.row_dot not in (None, "n", "k"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot: must be None, 'n' or 'k', got {self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
@@ -405,11 +396,8 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
         fwd.append(dataclasses.replace(base, stats_in_kernel=True, gamma_on=None))
-    mma = dataclasses.replace(base, forward=pick_config(M, N, K, _MMA_STATS_FORWARD), stats_in_kernel="mma",
-                              gamma_on=None)
-    fwd.append(mma)  # r from the MMA warpgroups, gamma on w
-    if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and (mma.forward.wg_split == "m" or mma.forward.pingpong):
-        fwd.append(dataclasses.replace(mma, gamma_on="x"))  # and x ⊙ gamma written by them in shared memory
+    fwd.append(dataclasses.replace(base, forward=pick_config(M, N, K, _MMA_STATS_FORWARD), stats_in_kernel="mma",
+                                   gamma_on=None))  # r from the MMA warpgroups
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
         fwd += [dataclasses.replace(base, gamma_on=side) for side in ("w", "x")]
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),

@@ -13,10 +13,7 @@ per tile in the epilogue (one wgmma group in flight hides it: the 32768x4096x409
 activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to the A side instead:
 the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more bytes where w_γ costs 2KN (fewer
 where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies gamma on its columns; still
-no normalized tensor (r stays in the epilogue). With ``gamma_on="x"`` and ``stats_in_kernel="mma"`` the kernel
-itself scales x: each MMA warpgroup loads its rows of every x block from shared memory before the step's wgmma, sums
-their squares and writes x ⊙ gamma back over them (``Fusion.a_transform``), gamma's slice arriving with the stage:
-no pass over x or w outside the kernel at all.
+no normalized tensor (r stays in the epilogue).
 
 Backward, two kernels (never the normalized activations; r from the forward; float32 statistics):
   dx kernel:  dx = r · (dy @ w_γᵀ) − r² · c · x (+ dh),  c = Σ_N(dy · y) / K per row.
@@ -126,15 +123,11 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
-def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, gamma_in_kernel: bool = False
-                    ) -> Fusion:
+def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel True: a prologue warpgroup sums x²
     over each x tile (float32); "mma": each MMA warpgroup, after issuing a step's wgmma, loads its rows of the x
     block into registers and adds their squares elementwise (reduced across the row once, in the epilogue); then
-    the epilogue forms r from the sums and also stores it (M,). ``gamma_in_kernel`` ("mma" only): each MMA
-    warpgroup instead loads its rows of the x block before the step's wgmma, adds their squares and writes x ⊙ gamma
-    back over them in shared memory, gamma's (tile_k,) slice arriving with the stage ("gamma", (K,) float32), so
-    the B operand is w itself."""
+    the epilogue forms r from the sums and also stores it (M,)."""
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
@@ -150,15 +143,6 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel, ga
     if stats_in_kernel == "mma":
         def init(ctx):
             return mu.layout_cast(jnp.zeros((ctx.config.wg_rows, ctx.config.tile_k), _F32), mu.TILE)
-
-        if gamma_in_kernel:
-            def transform(ctx, x, sum_sq):
-                x = x.astype(_F32)
-                gamma = lax.broadcast_in_dim(ctx.load_step_cols("gamma"), x.shape, [1])
-                return x * gamma, sum_sq + x * x  # x ⊙ gamma is rounded to x's dtype where it is stored
-
-            return Fusion(outputs=outputs, prologue_init=init, step_inputs=("gamma",), a_transform=transform,
-                          epilogue=epilogue)
 
         def observe(ctx, x, sum_sq):
             del ctx
@@ -184,15 +168,14 @@ def _forward(x, residual, gamma, w, static: _Static):
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
     cfg = static.config.forward
-    on_x = static.config.gamma_side(M, w.shape[1], x.dtype) == "x"
-    stats = static.config.stats_in_kernel
-    fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, stats, gamma_in_kernel=on_x and stats == "mma")
-    if stats:  # the kernel stores r; with gamma on x ("mma") it scales the x blocks in shared memory, B = w
-        y, rstd = gemm(x, w if on_x else _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
-                       arrays=dict(gamma=gamma.astype(_F32)) if on_x else None, name="rmsnorm_matmul_fwd")
+    fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, static.config.stats_in_kernel)
+    if static.config.stats_in_kernel:
+        y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
+                       name="rmsnorm_matmul_fwd")
     else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma)
         x32 = x.astype(_F32)
         rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
+        on_x = static.config.gamma_side(M, w.shape[1], x.dtype) == "x"
         a = (x32 * gamma.astype(_F32)).astype(x.dtype) if on_x else x
         (y,) = gemm(a, w if on_x else _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
                     arrays=dict(rstd=rstd), name="rmsnorm_matmul_fwd")
