@@ -487,7 +487,8 @@ def test_stream_k_refuses_a_prologue_that_needs_whole_tiles():
 
 
 @pytest.mark.parametrize("changes, transpose_a, match", [
-    (dict(stream_k=1), False, "stream_k splits tiles along K; a fusion with a prologue_step or an a_observe"),
+    (dict(stream_k=1), False, "stream_k splits tiles along K; a fusion with a prologue_step, or an a_observe "
+                              "without carry_shapes, needs whole tiles"),
     (dict(pipeline="pallas"), False, "a_observe runs it in the MMA warpgroups of the K loop pipeline='own' .* got "
                                      "pipeline='pallas', transpose_a=False"),
     ({}, True, "on an A read as stored, without a prologue_step; got pipeline='own', transpose_a=True")])
@@ -497,6 +498,53 @@ def test_a_observe_needs_whole_tiles_of_an_untransposed_a_on_our_k_loop(changes,
     with pytest.raises(ValueError, match=match):
         jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(**changes), out_dtype=jnp.bfloat16,
                                          transpose_a=transpose_a, fusion=fusion), a, S((256, 512), jnp.bfloat16))
+
+
+def _row_sums_of_squares(config, M: int) -> Fusion:
+    """A fusion whose a_observe sums the squares of its rows of each A block (float32, elementwise over the step's
+    columns) and whose epilogue stores their row sums (M,): additive over K steps, so stream-K may split it."""
+    def init(ctx):
+        return mosaic_utils.layout_cast(jnp.zeros((config.wg_rows, config.tile_k), jnp.float32), mosaic_utils.TILE)
+
+    def observe(ctx, a, sums):
+        a = a.astype(jnp.float32)
+        return sums + a * a
+
+    return Fusion(outputs=(("sumsq", S((M,), jnp.float32)),), prologue_init=init, a_observe=observe,
+                  carry_shapes=((config.wg_rows, config.tile_k),),
+                  epilogue=lambda ctx, acc, sums: (acc, {"sumsq": jnp.sum(sums, axis=1)}))
+
+
+def test_stream_k_passes_the_a_observe_carry_through_a_workspace():
+    """Lowered for CUDA: beside the accumulators' (units, 2, 64, 256) float32 workspace, one (units, 2, 64, 64) for
+    the sums of squares (16 tiles left over, each on 4 units); carry_shapes that do not match the carry fail."""
+    M, K, N = 4352, 1024, 4096
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, stream_k=4)
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
+    fn = lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_row_sums_of_squares(config, M))  # noqa: E731
+    text = jax.jit(fn).trace(*operands).lower(lowering_platforms=("cuda",)).as_text()
+    assert "tensor<64x2x64x256xf32>" in text and "tensor<64x2x64x64xf32>" in text
+    wrong = dataclasses.replace(_row_sums_of_squares(config, M), carry_shapes=((64,),))
+    with pytest.raises(ValueError, match=r"carry_shapes=\(\(64,\),\), but the a_observe carry holds \[\(64, 64\)\]"):
+        mosaic_ir.lower_kernels(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=wrong),
+                                *operands)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, stream_k=4)),
+    (4352, 640, 4096, MosaicGemmConfig(delay_release=1, stream_k=2)),  # wg_split "n": both warpgroups sum all rows
+])
+def test_stream_k_adds_the_a_observe_carry_on_the_gpu(M, K, N, config):
+    assert stream_k.plan_for(M // config.cta_m * (N // config.cta_n), mosaic_utils.num_sms(), K // config.tile_k,
+                             config.stream_k)
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    fusion = _row_sums_of_squares(config, M)
+    for _ in range(2):  # the semaphores persist across calls
+        got, sumsq = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion))(a, b)
+        assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, K)
+        want = jnp.sum(jnp.square(a.astype(jnp.float32)), axis=1)
+        assert _rel_err(sumsq, want) <= 1e-5
 
 
 @gpu_only

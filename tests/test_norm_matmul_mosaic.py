@@ -18,7 +18,7 @@ from base_norm_matmul import NormMatmulTests, inputs
 from conftest import GPU_TIMEOUT, tolerance
 from hlo_inspect import mosaic_ir
 from pallas_kernels import backends, mosaic_utils, norm_matmul
-from pallas_kernels.gemm import MosaicGemmConfig
+from pallas_kernels.gemm import MosaicGemmConfig, stream_k
 from pallas_kernels.norm_matmul import config as nm_config
 from pallas_kernels.norm_matmul import mosaic as nm
 
@@ -196,9 +196,9 @@ def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="mma", gamma_on="x")
     with pytest.raises(ValueError, match="stats_in_kernel: must be False, True or 'mma', got 'warpgroup'"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="warpgroup")
-    with pytest.raises(ValueError, match="stats_in_kernel: 'mma' .* needs pipeline='own' and stream_k=0, got "
-                                         "pipeline='own', stream_k=4"):
-        Config(forward=dataclasses.replace(tiles, stream_k=4), dx=tiles, dw=tiles, stats_in_kernel="mma")
+    with pytest.raises(ValueError, match="stats_in_kernel: 'mma' .* needs pipeline='own', got 'pallas'"):
+        Config(forward=dataclasses.replace(tiles, pipeline="pallas"), dx=tiles, dw=tiles, stats_in_kernel="mma")
+    Config(forward=dataclasses.replace(tiles, stream_k=4), dx=tiles, dw=tiles, stats_in_kernel="mma")  # partial sums
     registers = Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="mma")  # the kernel squares its A: x
     assert registers.gamma_side(512, 4096, jnp.bfloat16) == "w"
     config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="x")
@@ -317,6 +317,19 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
     config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, residual", [(4352, 1024, 4096, False), (4352, 2048, 2048, True)])
+def test_mma_statistics_with_stream_k_on_the_gpu(M, K, N, residual):
+    """r from the MMA warpgroups with the last round's tiles split by K steps: their partial sums of squares are
+    added like the accumulators (34 x 16 and 34 x 8 tiles of 128x256 on 132 blocks: a last round of 16 and 8)."""
+    config = nm_config.mosaic_default_config(M, K, N, residual=residual, stats_in_kernel="mma")
+    config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, stream_k=4))
+    assert stream_k.plan_for(M // config.forward.cta_m * (N // config.forward.cta_n), mosaic_utils.num_sms(),
+                             K // config.forward.tile_k, 4) is not None
+    x, g, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
+    _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
 
 
 @gpu_only

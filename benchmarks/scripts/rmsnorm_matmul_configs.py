@@ -58,6 +58,8 @@ VARIANTS = {
     # into registers and add its squares (gemm.Fusion.a_observe); one wgmma group in flight, or none; gamma on w
     "mma_stats": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1)),
     "mma_stats_d0": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0)),
+    # and the last round of tiles split by K steps, the partial sums of squares added like the accumulators
+    "mma_stats_sk4": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=4, delay_release=1)),
     "dw_stream_k": dict(dw=dict(stream_k=4)),  # the dw kernel's part-empty last round spread over K (gemm.stream_k)
     "fwd_dw_stream_k": dict(forward=dict(stream_k=4), dw=dict(stream_k=4)),
     "stacked_whole_d1": dict(stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1)),

@@ -135,7 +135,11 @@ class Fusion:
       the accumulator layout; (cta_m, tile_k) with wg_split "n"); ctx.step the step. It reads A, never feeds the
       wgmma: with ``delay_release`` 1 its loads and arithmetic run under the wgmma in flight. Its carry starts at
       ``prologue_init`` and reaches the epilogue (e.g. sums of squares of x). Pipeline "own", A read as stored,
-      no prologue_step, no stream-K (``gemm.specialized``).
+      no prologue_step (``gemm.specialized``); with stream-K, ``carry_shapes``.
+    carry_shapes: (stream-K with an a_observe) the shapes of the a_observe carry's float32 leaves, in tree order:
+      (rows, cols) arrays in the accumulator layout or (rows,) row vectors. They must add over K steps (sums): a
+      segment that starts mid-tile stores its partial carry beside its partial accumulator, and the tile's owner
+      adds them to its own before the epilogue. None: the carry needs whole tiles (no stream-K).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -152,6 +156,7 @@ class Fusion:
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
     a_observe: Callable | None = None
+    carry_shapes: tuple[tuple[int, ...], ...] | None = None
     epilogue: Callable | None = None
 
 
@@ -208,9 +213,10 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     grid = (num_sms or mu.num_sms()) // config.cluster_size
     plan = None
     if config.stream_k:
-        if fusion.prologue_step is not None or fusion.a_observe is not None:
-            raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step or an a_observe "
-                             f"needs whole tiles (got stream_k={config.stream_k}; allowed with it: 0)")
+        if fusion.prologue_step is not None or (fusion.a_observe is not None and fusion.carry_shapes is None):
+            raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step, or an a_observe "
+                             f"without carry_shapes, needs whole tiles (got stream_k={config.stream_k}; allowed with "
+                             f"it: 0)")
         plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k,
                                  split=config.stream_k)
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
@@ -312,11 +318,23 @@ class _Shape:
         """The stream-K partial sums' GMEM buffer (units, 2, tile_m, tile_n) float32: the output after the fusion's."""
         return refs[len(self.in_names) + 1 + len(self.out_names)]
 
+    def carry_workspaces(self, refs) -> list:
+        """The stream-K partial a_observe carries' GMEM buffers (units, 2, *shape) float32, one per carry leaf."""
+        first = len(self.in_names) + 2 + len(self.out_names)
+        return list(refs[first:first + len(self.observed_carry_shapes)])
+
+    @property
+    def observed_carry_shapes(self) -> tuple:
+        """The a_observe carry's leaf shapes that stream-K segments pass on (none without an a_observe)."""
+        return tuple(self.fusion.carry_shapes or ()) if self.fusion.a_observe is not None else ()
+
     def workspace_type(self) -> list:
-        """[the stream-K workspace's ShapeDtypeStruct], or [] without stream-K."""
+        """[the stream-K workspace's ShapeDtypeStruct, then the partial carries'], or [] without stream-K."""
         if self.stream_k is None:
             return []
-        return [jax.ShapeDtypeStruct((self.stream_k.units, 2, self.cfg.tile_m, self.cfg.tile_n), _F32)]
+        units = self.stream_k.units
+        return [jax.ShapeDtypeStruct((units, 2, self.cfg.tile_m, self.cfg.tile_n), _F32),
+                *[jax.ShapeDtypeStruct((units, 2, *shape), _F32) for shape in self.observed_carry_shapes]]
 
     def tile_context(self, lin, wg, refs_by_name) -> TileContext:
         """Where compute warpgroup ``wg`` works on the lin-th tile step (planar-snake order over CTA tiles, or over

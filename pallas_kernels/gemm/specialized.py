@@ -35,9 +35,9 @@ Stream-K (``MosaicGemmConfig.stream_k``, a ``gemm.stream_k`` plan; cooperative s
 prologue warpgroup): the tile loop above covers the whole rounds only; then every warpgroup walks the block's range
 of K steps of the last round's tiles (``StreamKPlan.unit_range``), the memory warpgroup step by step at the same
 ring positions, the MMA warpgroups segment by segment (``StreamKPlan.segment``): a segment starting mid-tile stores
-its float32 accumulator into the workspace output (rows of this unit and warpgroup) and signals a global semaphore;
-a tile's first segment, after its K loop, waits for the semaphores of the units holding the rest, adds their
-partial sums and runs the epilogue. The memory warpgroup drains ``consumed`` after both phases.
+its float32 accumulator (and its ``Fusion.a_observe`` carry, ``Fusion.carry_shapes``) into the workspace outputs
+(rows of this unit and warpgroup) and signals a global semaphore; a tile's first segment, after its K loop, waits
+for the semaphores of the units holding the rest, adds their partial sums and runs the epilogue. The memory warpgroup drains ``consumed`` after both phases.
 
 Registers per thread (setmaxnreg, 512 per lane in all): memory 40, MMA ``mma_registers`` (default 232 with three
 warpgroups, 208 with four), the prologue warpgroup the rest (56).
@@ -136,6 +136,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             sk_g0 = plan.dp_rounds * k_iters - sk_start  # ring position of stream-K step s: sk_g0 + s
             semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((plan.units * 2,)))  # (unit, wg): partial ready
             workspace = shape.workspace(refs)
+            carry_workspaces = shape.carry_workspaces(refs)
 
         def drain(barrier, local, num_local, uses_per_tile, num_slots, slot_of_use):
             """In the block's last tile: wait for the last completions of ``barrier`` that no later wait observes
@@ -317,22 +318,38 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     hook_carry = fusion.prologue_init(ctx) if in_mma else ()
 
                     def acc_scope(acc_ref):
-                        k_loop(acc_ref, sk_g0 + t * k_iters + k0, k0, k1)
+                        g0 = sk_g0 + t * k_iters + k0
+                        if fusion.a_observe is None:  # the carry (prologue_init's) stays out of the K loop
+                            k_loop(acc_ref, g0, k0, k1)
+                            carry = hook_carry
+                        else:
+                            carry = k_loop(acc_ref, g0, k0, k1, ctx, hook_carry)
+                        parts, tree = jax.tree.flatten(carry) if fusion.a_observe is not None else ([], None)
+                        if [p.shape for p in parts] != [tuple(s) for s in shape.observed_carry_shapes]:
+                            raise ValueError(f"Fusion.carry_shapes={fusion.carry_shapes}, but the a_observe carry "
+                                             f"holds {[p.shape for p in parts]}")
 
                         @pl.when(jnp.logical_not(owner))
                         def _partial():
                             workspace.at[unit, wg][...] = acc_ref[...]
+                            for part, buffer in zip(parts, carry_workspaces):
+                                buffer.at[unit, wg][...] = part
                             plgpu.semaphore_signal(semaphores.at[unit * 2 + wg], memory_scope="gpu")  # release
 
                         @pl.when(owner)
                         def _finish():
-                            def add(src, acc):
+                            def add(src, sums):
+                                acc, parts = sums
                                 plgpu.semaphore_wait(semaphores.at[src * 2 + wg], 1, memory_scope="gpu")
-                                return acc + mu.load(workspace.at[src, wg], layout=mu.TILE, optimized=False)
+                                acc = acc + mu.load(workspace.at[src, wg], layout=mu.TILE, optimized=False)
+                                parts = [p + mu.load(b.at[src, wg], layout=mu.TILE if p.ndim == 2 else mu.ROWS,
+                                                     optimized=False) for p, b in zip(parts, carry_workspaces)]
+                                return acc, parts
 
                             first, last = plan.sources(t)
-                            acc = lax.fori_loop(first, last + 1, add, acc_ref[...])
-                            shape.finish_tile(ctx, acc_ref, hook_carry, out_gmem, named_out, scoped, acc=acc)
+                            acc, summed = lax.fori_loop(first, last + 1, add, (acc_ref[...], parts))
+                            shape.finish_tile(ctx, acc_ref, tree.unflatten(summed) if parts else carry, out_gmem,
+                                              named_out, scoped, acc=acc)
 
                     pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
                     return c

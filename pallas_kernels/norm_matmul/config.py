@@ -238,7 +238,8 @@ class MosaicRMSNormMatmulConfig:
       only scaling rows in its epilogue. True: a fourth warpgroup of the forward kernel that sums the squares of
       each x tile in shared memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n").
       "mma": the MMA warpgroups themselves, each loading its rows of the x block into registers after issuing the
-      step's wgmma (``gemm.Fusion.a_observe``; forward pipeline "own", no stream-K).
+      step's wgmma (``gemm.Fusion.a_observe``; forward pipeline "own"; with stream-K the warpgroups' partial sums
+      are added like their partial accumulators).
     gamma_on: where gamma goes. "w": the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w, shared
       with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
@@ -288,10 +289,9 @@ class MosaicRMSNormMatmulConfig:
         if self.stats_in_kernel not in (False, True, "mma"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be False, True or 'mma', got "
                              f"{self.stats_in_kernel!r}")
-        if self.stats_in_kernel == "mma" and (self.forward.pipeline != "own" or self.forward.stream_k):
-            raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma' sums squares in the MMA warpgroups over "
-                             "whole tiles: the forward config needs pipeline='own' and stream_k=0, got "
-                             f"pipeline={self.forward.pipeline!r}, stream_k={self.forward.stream_k}")
+        if self.stats_in_kernel == "mma" and self.forward.pipeline != "own":
+            raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma' sums squares in the MMA warpgroups of "
+                             f"our K loop: the forward config needs pipeline='own', got {self.forward.pipeline!r}")
         if self.gamma_on not in (None, "w", "x"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w' or 'x', got {self.gamma_on!r}")
         if self.gamma_on == "x" and self.stats_in_kernel:
@@ -396,8 +396,9 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
         fwd.append(dataclasses.replace(base, stats_in_kernel=True, gamma_on=None))
-    fwd.append(dataclasses.replace(base, forward=pick_config(M, N, K, _MMA_STATS_FORWARD), stats_in_kernel="mma",
-                                   gamma_on=None))  # r from the MMA warpgroups
+    mma = dataclasses.replace(base, forward=pick_config(M, N, K, _MMA_STATS_FORWARD), stats_in_kernel="mma",
+                              gamma_on=None)  # r from the MMA warpgroups
+    fwd += [mma, dataclasses.replace(mma, forward=dataclasses.replace(mma.forward, stream_k=4))]
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
         fwd += [dataclasses.replace(base, gamma_on=side) for side in ("w", "x")]
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),

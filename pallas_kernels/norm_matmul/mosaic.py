@@ -123,11 +123,12 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
-def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel) -> Fusion:
+def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel True: a prologue warpgroup sums x²
     over each x tile (float32); "mma": each MMA warpgroup, after issuing a step's wgmma, loads its rows of the x
     block into registers and adds their squares elementwise (reduced across the row once, in the epilogue); then
-    the epilogue forms r from the sums and also stores it (M,)."""
+    the epilogue forms r from the sums and also stores it (M,); with stream-K the MMA warpgroups' partial sums
+    are added like the accumulators (``Fusion.carry_shapes``)."""
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
@@ -149,14 +150,15 @@ def _forward_fusion(M: int, K: int, eps: float, tile_m: int, stats_in_kernel) ->
             x = x.astype(_F32)
             return sum_sq + x * x  # no cross-lane reduction per step
 
-        return Fusion(outputs=outputs, prologue_init=init, a_observe=observe, epilogue=epilogue)
+        return Fusion(outputs=outputs, prologue_init=init, a_observe=observe, epilogue=epilogue,
+                      carry_shapes=((cfg.wg_rows, cfg.tile_k),))
 
     def step(ctx, x_ref, sum_sq):
         del ctx
         x = mu.load(x_ref, layout=mu.TILE).astype(_F32)  # (tile_m, tile_k)
         return sum_sq + jnp.sum(x * x, axis=1)
 
-    return Fusion(outputs=outputs, handoff_rows=1, prologue_init=lambda ctx: _rows_zero(tile_m), prologue_step=step,
+    return Fusion(outputs=outputs, handoff_rows=1, prologue_init=lambda ctx: _rows_zero(cfg.tile_m), prologue_step=step,
                   epilogue=epilogue)
 
 
@@ -168,7 +170,7 @@ def _forward(x, residual, gamma, w, static: _Static):
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
     cfg = static.config.forward
-    fusion = _forward_fusion(M, K, static.eps, cfg.tile_m, static.config.stats_in_kernel)
+    fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel)
     if static.config.stats_in_kernel:
         y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
                        name="rmsnorm_matmul_fwd")
