@@ -60,6 +60,11 @@ VARIANTS = {
     "mma_stats_d0": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0)),
     # and the last round of tiles split by K steps, the partial sums of squares added like the accumulators
     "mma_stats_sk4": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=4, delay_release=1)),
+    # and the tile order: runs of 4 or 16 tiles along M, or 8 along N
+    **{f"mma_stats_{name}": dict(stats_in_kernel="mma", gamma_on="w",
+                                 forward=dict(_STACKED, stream_k=0, delay_release=1, **order))
+       for name, order in (("w4", dict(grid_tile_width=4)), ("w16", dict(grid_tile_width=16)),
+                           ("minor_n", dict(grid_minor="n")))},
     "dw_stream_k": dict(dw=dict(stream_k=4)),  # the dw kernel's part-empty last round spread over K (gemm.stream_k)
     "fwd_dw_stream_k": dict(forward=dict(stream_k=4), dw=dict(stream_k=4)),
     "stacked_whole_d1": dict(stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1)),
