@@ -1,11 +1,13 @@
 """The Mosaic-GPU GEMM core's tile shapes and tile orders against cuBLAS on the H100, at the rmsnorm_matmul suite's
 GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
 
-    PYTHONPATH=$PWD python benchmarks/scripts/mosaic_gemm_tiles.py --out $OUT [--shapes 32768x4096x4096,...]
+    PYTHONPATH=$PWD python benchmarks/scripts/mosaic_gemm_tiles.py --out $OUT [--shapes 32768x4096x4096,...] \
+        [--transpose_b]
 
 Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
 (the core's default first), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output
-checked against cuBLAS's first (relative max difference). Writes ``mosaic_gemm_tiles-<device>.json``.
+checked against cuBLAS's first (relative max difference). ``--transpose_b``: w given as (N, K), read transposed
+(the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Writes ``mosaic_gemm_tiles-<device>.json``.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ CONFIGS = {
     # stream-K: the last rounds' tiles split by K steps over all blocks (gemm.stream_k)
     **{f"64x256_m_minor_m_stream_k{s}": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m",
                                                              grid_minor="m", stream_k=s) for s in (1, 2, 4, 8)},
+    # with 3 stages, as the rmsnorm_matmul backward kernels beside their prefetched x / w tile
+    "64x256_m_minor_m_stream_k4_s3": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
+                                                         stream_k=4, num_stages=3),
+    "64x256_m_minor_m_s3": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
+                                               num_stages=3),
     "default_cluster_m": dataclasses.replace(BASE, cluster="m"),
     "default_cluster_n": dataclasses.replace(BASE, cluster="n"),
     "pingpong_128x128_s6_delay1_minor_m_cluster_m": dataclasses.replace(BASE, schedule="pingpong", num_stages=6,
@@ -81,15 +88,19 @@ def main() -> int:
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--transpose_b", action="store_true", help="w given as (N, K), read transposed")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_gemm_tiles")
     result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",")}
+    result["transpose_b"] = args.transpose_b
     for shape in args.shapes.split(","):
         M, K, N = map(int, shape.split("x"))
         kx, kw = jax.random.split(jax.random.key(0))
         x = jax.random.normal(kx, (M, K), jnp.bfloat16)
-        w = (jax.random.normal(kw, (K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
-        calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.bfloat16))}
+        w = (jax.random.normal(kw, (N, K) if args.transpose_b else (K, N), jnp.float32) * K**-0.5).astype(
+            jnp.bfloat16)
+        t = args.transpose_b
+        calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x, w.T if t else w, preferred_element_type=jnp.bfloat16))}
         row = dict(shape=shape, skipped={}, max_rel_diff={})
         for name in args.configs.split(","):
             cfg = CONFIGS[name]
@@ -97,7 +108,7 @@ def main() -> int:
             if reason:
                 row["skipped"][name] = reason
                 continue
-            calls[name] = jax.jit(lambda x, w, cfg=cfg: matmul(x, w, config=cfg))
+            calls[name] = jax.jit(lambda x, w, cfg=cfg: matmul(x, w, config=cfg, transpose_b=t))
         want = np.asarray(calls["cublas"](x, w), np.float32)
         for name in list(calls)[1:]:
             try:
