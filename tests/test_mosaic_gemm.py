@@ -521,10 +521,11 @@ def test_stream_k_passes_the_a_observe_carry_through_a_workspace():
     M, K, N = 4352, 1024, 4096
     config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, stream_k=4)
     operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
-    fn = lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_row_sums_of_squares(config, M))  # noqa: E731
-    text = jax.jit(fn).trace(*operands).lower(lowering_platforms=("cuda",)).as_text()
+    fusion = _row_sums_of_squares(config, M)
+    text = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion)).trace(
+        *operands).lower(lowering_platforms=("cuda",)).as_text()
     assert "tensor<64x2x64x256xf32>" in text and "tensor<64x2x64x64xf32>" in text
-    wrong = dataclasses.replace(_row_sums_of_squares(config, M), carry_shapes=((64,),))
+    wrong = dataclasses.replace(fusion, carry_shapes=((64,),))
     with pytest.raises(ValueError, match=r"carry_shapes=\(\(64,\),\), but the a_observe carry holds \[\(64, 64\)\]"):
         mosaic_ir.lower_kernels(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=wrong),
                                 *operands)

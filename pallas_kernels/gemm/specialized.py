@@ -37,7 +37,8 @@ of K steps of the last round's tiles (``StreamKPlan.unit_range``), the memory wa
 ring positions, the MMA warpgroups segment by segment (``StreamKPlan.segment``): a segment starting mid-tile stores
 its float32 accumulator (and its ``Fusion.a_observe`` carry, ``Fusion.carry_shapes``) into the workspace outputs
 (rows of this unit and warpgroup) and signals a global semaphore; a tile's first segment, after its K loop, waits
-for the semaphores of the units holding the rest, adds their partial sums and runs the epilogue. The memory warpgroup drains ``consumed`` after both phases.
+for the semaphores of the units holding the rest, adds their partial sums and runs the epilogue. The memory
+warpgroup drains ``consumed`` after both phases.
 
 Registers per thread (setmaxnreg, 512 per lane in all): memory 40, MMA ``mma_registers`` (default 232 with three
 warpgroups, 208 with four), the prologue warpgroup the rest (56).
