@@ -579,3 +579,54 @@ def test_stream_k_accumulate_into_on_the_gpu():
     c = jax.random.normal(_key(), (M, N), jnp.float32)
     got = jax.jit(lambda a, b, c: matmul(a, b, accumulate_into=c, config=config))(a, b, c)
     assert _rel_err(got, c + _f32_product(a, b)) <= _tol(jnp.bfloat16, K)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fusion.a_copy: the MMA warpgroups write each A block, transformed, into an (M, K) output
+# ---------------------------------------------------------------------------------------------------------------
+def _doubled_a(M: int, K: int) -> Fusion:
+    """A fusion whose a_copy writes 2·A (exact in bfloat16: a wrong block, row or step shows as a mismatch)."""
+    return Fusion(outputs=(("a2", S((M, K), jnp.bfloat16)),),
+                  a_copy=("a2", lambda ctx, a, carry: a.astype(jnp.float32) * 2.0))
+
+
+@pytest.mark.parametrize("fusion_changes, transpose_a, match", [
+    ({}, True, "a fusion with an a_copy runs it in the MMA warpgroups .* got pipeline='own', transpose_a=True"),
+    (dict(a_observe=lambda ctx, a, carry: carry), False, "takes an a_observe or an a_copy, not both"),
+    (dict(outputs=(("a2", S((256, 512), jnp.bfloat16)),)), False,
+     r"a_copy='a2' must name an output of A's shape \(256, 256\) and a 16-bit dtype, got \(\(256, 512\)"),
+    (dict(outputs=()), False, "a_copy='a2' must name an output .* got None")])
+def test_a_copy_needs_an_output_like_a_and_our_k_loop(fusion_changes, transpose_a, match):
+    fusion = dataclasses.replace(_doubled_a(256, 256), **fusion_changes)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16,
+                                         transpose_a=transpose_a, fusion=fusion),
+                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
+
+
+def _check_a_copy(M, K, N, config):
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    for _ in range(2):
+        got, a2 = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
+                                            fusion=_doubled_a(M, K)))(a, b)
+        assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, K)
+        np.testing.assert_array_equal(np.asarray(a2, np.float32), 2 * np.asarray(a, np.float32))
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", [dict(wg_split="m"), dict(wg_split="n"), dict(schedule="pingpong")])
+def test_a_copy_in_interpret_mode(fields):
+    with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 column blocks (1 with pingpong) over 4 steps
+        _check_a_copy(128, 128, 128, dataclasses.replace(_TINY, **fields))
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (2048, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3)),  # 16 column blocks
+    (2048, 1024, 512, MosaicGemmConfig(num_stages=3)),  # wg_split "n": 4 column blocks of 16 steps
+    (1024, 256, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3)),  # 4 steps, 16 blocks
+    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, stream_k=4)),
+    (2048, 1024, 2048, MosaicGemmConfig(schedule="pingpong", delay_release=1))])
+def test_a_copy_on_the_gpu(M, K, N, config):
+    _check_a_copy(M, K, N, config)

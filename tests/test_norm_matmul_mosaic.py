@@ -297,6 +297,40 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
     assert len(_mk_producers(xla, M, K, "bf16")) >= 1
 
 
+# the dx kernel's tiles where the dyr copy fits beside 3 stages and the x tile (the H100's tuned entries' dx tiles)
+_DYR_DX = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", num_stages=3)
+
+
+@cpu_only
+@pytest.mark.parametrize("stream_k_split", [0, 4])
+def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(stream_k_split):
+    """dyr_in_dx: the dx kernel also stores dyr by TMA from its own shared memory (a second copy to global memory)
+    within shared memory, and the backward program makes no (M, N) tensor outside the kernels: XLA's pass over dy
+    and y only reduces. Without it, that pass writes dyr."""
+    M, K, N = 32768, 4096, 4096
+    base = dataclasses.replace(nm_config.mosaic_default_config(M, K, N), row_dot="n",
+                               dx=dataclasses.replace(_DYR_DX, stream_k=stream_k_split))
+    stores = {}
+    for in_dx in (False, True):
+        fn, args = _fwd_bwd(M, K, N, False, dataclasses.replace(base, dyr_in_dx=in_dx))
+        with backends.lowering_for_gpu():
+            (dx_kernel,) = [k for k in mosaic_ir.lower_kernels(fn, *args) if k.name == "rmsnorm_matmul_dx"]
+            program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        assert dx_kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+        stores[in_dx] = dx_kernel.tma_stores()
+        made = [op for op, _ in _mk_producers(program, M, N, "bf16")]
+        assert made == ([] if in_dx else ["convert"]), made
+    assert stores[True] > stores[False]
+
+
+def test_dyr_in_dx_needs_the_row_dot_on_the_n_side():
+    tiles = MosaicGemmConfig()
+    with pytest.raises(ValueError, match=r"dyr_in_dx: must be a bool, True only with row_dot='n' .* got "
+                                         r"dyr_in_dx=True, row_dot=None"):
+        Config(forward=tiles, dx=tiles, dw=tiles, dyr_in_dx=True)
+    assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n", dyr_in_dx=True).to_dict()["dyr_in_dx"] is True
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Numbers: sm90 GPU; CPU interpret mode (slow)
 # ---------------------------------------------------------------------------------------------------------------
@@ -333,6 +367,19 @@ def test_mma_statistics_with_stream_k_on_the_gpu(M, K, N, residual):
 
 
 @gpu_only
+@pytest.mark.parametrize("M, K, N, dtype, residual, dx", [
+    (4096, 4096, 4096, jnp.bfloat16, False, _DYR_DX),  # 32 x 16 dx tiles: every column block writes 4 of 64 steps
+    (4352, 2048, 2048, jnp.bfloat16, True, None),  # the residual's dx tiles (128x64, both warpgroups on all rows)
+    (4352, 2048, 4096, jnp.bfloat16, False, dataclasses.replace(_DYR_DX, stream_k=4)),  # 34 x 8 dx tiles: stream-K
+    (2048, 1024, 4096, jnp.float16, False, _DYR_DX)])  # dyr = (r / max r) ⊙ dy; 4 column blocks of 64 steps
+def test_dyr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, residual, dx):
+    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
+    config = dataclasses.replace(config, row_dot="n", dyr_in_dx=True, gamma_on="w", dx=dx or config.dx)
+    x, g, w, res = inputs(M, K, N, dtype, residual=residual)
+    _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
+
+
+@gpu_only
 @pytest.mark.parametrize("dtype, scale", [(jnp.bfloat16, 1e3), (jnp.float16, 30.0)])
 def test_large_magnitudes_on_the_gpu(dtype, scale):
     x, g, w, _ = inputs(512, 1024, 768, dtype)
@@ -355,16 +402,21 @@ def test_nan_never_passes():
     (jnp.bfloat16, True, "gamma_on_x", False, "n"), (jnp.bfloat16, True, "gamma_on_x", False, "k"),
     (jnp.float16, False, True, False, "n"), (jnp.float16, False, False, False, "k"),
     (jnp.float16, False, False, True, "n"), (jnp.bfloat16, True, "mma", False, "k"),
-    (jnp.float16, False, "mma", False, "n")])
+    (jnp.float16, False, "mma", False, "n"), (jnp.bfloat16, False, False, False, "n_dyr"),
+    (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
-    from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows)."""
+    from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows);
+    "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the residual)."""
     tiles = _Interpreted.tiles
     stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats == "mma" else tiles
-    config = Config(forward=forward, dx=tiles, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
-                    gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
+    dyr_in_dx = row_dot == "n_dyr"
+    dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
+    config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
+                    gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot[:1],
+                    dyr_in_dx=dyr_in_dx)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

@@ -76,6 +76,9 @@ VARIANTS = {
     "dx_k32": dict(dx=dict(tile_k=32, num_stages=6)),
     "dw_cluster_m": dict(dw=dict(cluster="m")),
     "dw_d1": dict(dw=dict(delay_release=1)),
+    # dyr = r ⊙ dy written by the dx kernel from its dy blocks in shared memory (gemm.Fusion.a_copy): XLA's pass
+    # over dy and y only reduces (no (M, N) write)
+    "dyr_in_dx": dict(row_dot="n", dyr_in_dx=True),
 }
 
 

@@ -140,6 +140,12 @@ class Fusion:
       (rows, cols) arrays in the accumulator layout or (rows,) row vectors. They must add over K steps (sums): a
       segment that starts mid-tile stores its partial carry beside its partial accumulator, and the tile's owner
       adds them to its own before the epilogue. None: the carry needs whole tiles (no stream-K).
+    a_copy: (name, fn): the MMA warpgroups also write each A block, transformed, into the output ``name`` (an
+      (M, K) 16-bit array of ``outputs``): fn(ctx, a, carry) -> the block's values, a as for a_observe, carry
+      ``prologue_init``'s (ctx.step the step). Each block is written once, by the accumulators whose column block is
+      the step modulo the column blocks (N / tile_n), right after issuing its wgmma, through a per-warpgroup SMEM
+      buffer and one TMA copy: e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy blocks, sparing the XLA
+      pass that writes it. Pipeline "own", A read as stored, no prologue_step or a_observe.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -157,6 +163,7 @@ class Fusion:
     prologue_step: Callable | None = None
     a_observe: Callable | None = None
     carry_shapes: tuple[tuple[int, ...], ...] | None = None
+    a_copy: tuple[str, Callable] | None = None
     epilogue: Callable | None = None
 
 
@@ -193,11 +200,21 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
                          f"pipeline='own' with wg_split='n' and schedule='cooperative'; got "
                          f"pipeline={config.pipeline!r}, wg_split={config.wg_split!r}, schedule={config.schedule!r}")
-    if fusion.a_observe is not None and (config.pipeline != "own" or transpose_a or fusion.prologue_step is not None):
-        raise ValueError(f"{name}: a fusion with an a_observe runs it in the MMA warpgroups of the K loop "
-                         f"pipeline='own' on an A read as stored, without a prologue_step; got "
-                         f"pipeline={config.pipeline!r}, transpose_a={transpose_a}, "
-                         f"prologue_step={'set' if fusion.prologue_step else None}")
+    for hook in ("a_observe", "a_copy"):
+        if getattr(fusion, hook) is not None and (config.pipeline != "own" or transpose_a
+                                                  or fusion.prologue_step is not None):
+            raise ValueError(f"{name}: a fusion with an {hook} runs it in the MMA warpgroups of the K loop "
+                             f"pipeline='own' on an A read as stored, without a prologue_step; got "
+                             f"pipeline={config.pipeline!r}, transpose_a={transpose_a}, "
+                             f"prologue_step={'set' if fusion.prologue_step else None}")
+    if fusion.a_copy is not None:
+        copied = dict(fusion.outputs).get(fusion.a_copy[0])
+        if fusion.a_observe is not None:
+            raise ValueError(f"{name}: a fusion takes an a_observe or an a_copy, not both (both run on the A block "
+                             "in registers, with different carries)")
+        if copied is None or copied.shape != (M, K) or jnp.dtype(copied.dtype).itemsize != 2:
+            raise ValueError(f"{name}: a_copy={fusion.a_copy[0]!r} must name an output of A's shape ({M}, {K}) and a "
+                             f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
     if accumulate_into is not None:
         arrays[_ACCUMULATED] = accumulate_into
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
@@ -304,7 +321,31 @@ class _Shape:
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
                        for n, d in zip(fusion.tile_inputs, self.tile_dtypes)},
             tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs},
+            a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
+                (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(cfg.tile_k,
+                                                                                              self.a_copy_dtype)),
             scratch=dict(fusion.scratch))
+
+    @property
+    def a_copy_dtype(self):
+        """The dtype of the ``Fusion.a_copy`` output."""
+        return jnp.dtype(dict(self.fusion.outputs)[self.fusion.a_copy[0]].dtype)
+
+    def copy_a(self, ctx: TileContext, k, a_smem, carry, named_out, scoped) -> None:
+        """``Fusion.a_copy`` at step k of this warpgroup's tile, if its column block writes that step: its rows of
+        the A block (a_smem, the stage's) loaded into registers, transformed, staged in SMEM and stored by TMA."""
+        cfg = self.cfg
+        name, fn = self.fusion.a_copy
+
+        @pl.when(lax.rem(k, self.mnk[1] // cfg.tile_n) == ctx.col_block)
+        def _copy():
+            a = mu.load(a_smem.at[self.wg_a_rows(ctx.wg)], layout=mu.TILE)
+            buffer = scoped["a_copy_smem"].at[ctx.wg]
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the buffer's last copy has read it
+            buffer[...] = fn(dataclasses.replace(ctx, step=k), a, carry).astype(buffer.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buffer, named_out[name].at[pl.ds(ctx.row0, cfg.wg_rows),
+                                                               pl.ds(k * cfg.tile_k, cfg.tile_k)])
 
     def split_refs(self, refs):
         """The kernel's refs after A and B -> (named inputs, out, named outputs)."""

@@ -10,9 +10,10 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             blocks load as soon as the current tile's last stages are released.
   MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
             from shared memory), with a ``Fusion.a_observe`` load its rows of the A block into registers and run
-            it (under the wgmma just issued), ``wgmma_wait(delay_release)``, arrive on ``consumed`` of the step
-            whose wgmma is complete (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with
-            the prologue warpgroup's carry from ``handoff`` when there is one.
+            it (under the wgmma just issued; a ``Fusion.a_copy`` likewise, on the steps its column block writes),
+            ``wgmma_wait(delay_release)``, arrive on ``consumed`` of the step whose wgmma is complete
+            (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with the prologue warpgroup's
+            carry from ``handoff`` when there is one.
   prologue  per tile: ``prologue_init``; per step: wait ``ready[s]``, ``prologue_step`` on the stage's A block,
             arrive on ``consumed[s]``; then writes its carry, ``Fusion.handoff_rows`` (tile_m,) float32 row
             vectors, into ``handoff`` and arrives on ``handoff_full``; the MMA warpgroups wait for it only before
@@ -254,6 +255,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     if fusion.a_observe is not None:  # under the wgmma just issued (and one in flight with delay)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         hook_carry = fusion.a_observe(dataclasses.replace(ctx, step=k), a, hook_carry)
+                    if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
+                        shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete
 
@@ -320,8 +323,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                     def acc_scope(acc_ref):
                         g0 = sk_g0 + t * k_iters + k0
-                        if fusion.a_observe is None:  # the carry (prologue_init's) stays out of the K loop
-                            k_loop(acc_ref, g0, k0, k1)
+                        if fusion.a_observe is None:  # the carry (prologue_init's) stays as it is
+                            k_loop(acc_ref, g0, k0, k1, ctx, hook_carry)
                             carry = hook_carry
                         else:
                             carry = k_loop(acc_ref, g0, k0, k1, ctx, hook_carry)

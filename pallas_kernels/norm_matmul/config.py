@@ -257,6 +257,9 @@ class MosaicRMSNormMatmulConfig:
       per column block the partial sums Σ u ⊙ x; one XLA fusion over u and x finishes dx; dy is read only to form
       dyr, a product XLA can fuse into the fusion that produces dy, and y is not kept for the backward. None
       (default): ``row_dot_side`` ("k"; ROW_DOT_DEFAULT says why).
+    dyr_in_dx: (row_dot "n") the dx kernel also writes dyr = (r / s) ⊙ dy for the dw GEMM, from the dy blocks of
+      its A operand in shared memory (``gemm.Fusion.a_copy``), so that the XLA fusion over dy and y only reduces
+      (4MN bytes read, none written, against 6MN). False (default): that fusion writes dyr too.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
@@ -277,6 +280,7 @@ class MosaicRMSNormMatmulConfig:
     dw_in_xla: bool | None = None
     gamma_on: str | None = None
     row_dot: str | None = None
+    dyr_in_dx: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -299,6 +303,10 @@ class MosaicRMSNormMatmulConfig:
                              "not x's: it needs stats_in_kernel=False (r from XLA)")
         if self.row_dot not in (None, "n", "k"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot: must be None, 'n' or 'k', got {self.row_dot!r}")
+        if not isinstance(self.dyr_in_dx, bool) or (self.dyr_in_dx and self.row_dot_side() != "n"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be a bool, True only with row_dot='n' (with "
+                             f"'k' the dx kernel reads dyr as its A operand); got dyr_in_dx={self.dyr_in_dx!r}, "
+                             f"row_dot={self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         if self.stats_in_kernel is True and (self.forward.pipeline != "own" or self.forward.wg_split != "n"
@@ -311,7 +319,7 @@ class MosaicRMSNormMatmulConfig:
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
-                    row_dot=self.row_dot)
+                    row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with

@@ -19,7 +19,8 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
   dx kernel:  dx = r · (dy @ w_γᵀ) − r² · c · x (+ dh),  c = Σ_N(dy · y) / K per row.
               A = dy, B = w_γ read transposed (no copy); the epilogue reads the x tile prefetched by TMA at the
               start of each output tile and writes dx in place of it. c and dyr = (r / s) ⊙ dy (s = 1, or
-              max r for float16) come from one XLA fusion over dy and y.
+              max r for float16) come from one XLA fusion over dy and y (with ``dyr_in_dx``, dyr from the dx
+              kernel instead: its MMA warpgroups scale and store their rows of the dy blocks, ``Fusion.a_copy``).
   dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
               epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K)).
               Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and XLA fusions the rest.
@@ -187,13 +188,15 @@ def _forward(x, residual, gamma, w, static: _Static):
 # ---------------------------------------------------------------------------------------------------------------
 # Backward
 # ---------------------------------------------------------------------------------------------------------------
-def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool) -> Fusion:
+def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct | None = None) -> Fusion:
     """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K, Σ_N(dy · y) coming in (M,) ("row_dot"); dx
     is written into the prefetched x tile's buffer and stored from there. ``gamma_cols``: the GEMM reads w itself,
-    dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) float32 coming in ("gamma") over the output's columns."""
+    dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) float32 coming in ("gamma") over the output's columns. ``dyr``
+    (M, N): also write dyr = (r / s) ⊙ dy from the dy blocks (``Fusion.a_copy``), r / s coming in (M,)
+    ("dyr_scale")."""
 
     def epilogue(ctx, acc, carry):
-        row_dot, rstd = carry
+        row_dot, rstd = carry[:2]
         coef = rstd * rstd * row_dot * (1.0 / K)  # r² · c
         if gamma_cols:
             acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
@@ -202,9 +205,19 @@ def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool) -> Fusion:
             dx = dx + ctx.load_tile("dh")
         return dx, {}
 
-    return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",),
-                  inputs=("rstd", "row_dot", "gamma") if gamma_cols else ("rstd", "row_dot"), store_in="x",
-                  prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd")), epilogue=epilogue)
+    inputs = ("rstd", "row_dot", "gamma") if gamma_cols else ("rstd", "row_dot")
+    if dyr is None:
+        return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), inputs=inputs, store_in="x",
+                      prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd")), epilogue=epilogue)
+
+    def scaled_dy(ctx, dy, carry):
+        del ctx
+        return dy.astype(_F32) * _bcast_rows(carry[2], dy.shape)
+
+    return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), inputs=(*inputs, "dyr_scale"), store_in="x",
+                  outputs=(("dyr", dyr),), a_copy=("dyr", scaled_dy), epilogue=epilogue,
+                  prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd"),
+                                             ctx.load_rows("dyr_scale")))
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool) -> Fusion:
@@ -260,16 +273,22 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
         u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                         fusion=_dx_partial_fusion(M, K, cfg.dx, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
         dx = _dx_from_parts(u, parts, xn, rstd, scale, dh)
-    else:  # one XLA fusion reads dy and y: Σ_N(dy · y) and dyr; the dx kernel's epilogue finishes dx
+    else:  # one XLA fusion reads dy and y: Σ_N(dy · y) (and dyr); the dx kernel's epilogue finishes dx
         dy32 = dy.astype(dtype).astype(_F32)
         arrays = dict(x=xn, rstd=rstd, row_dot=jnp.sum(dy32 * y.astype(_F32), axis=1))
         if dh is not None:
             arrays["dh"] = dh.astype(dtype)
-        dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
         if on_x:
             arrays["gamma"] = gamma.astype(_F32)
-        (dx,) = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                     fusion=_dx_fusion(K, dh is not None, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
+        if cfg.dyr_in_dx:  # the dx kernel writes dyr from its dy blocks
+            arrays["dyr_scale"] = rstd / scale
+            dx, dyr = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                           fusion=_dx_fusion(K, dh is not None, on_x, jax.ShapeDtypeStruct((M, N), dtype)),
+                           arrays=arrays, name="rmsnorm_matmul_dx")
+        else:
+            dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
+            (dx,) = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                         fusion=_dx_fusion(K, dh is not None, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
         dw = (g * (gamma.astype(_F32) * scale)[:, None]).astype(w.dtype)
