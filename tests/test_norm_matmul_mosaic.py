@@ -323,12 +323,17 @@ def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(stream_k_split):
     assert stores[True] > stores[False]
 
 
-def test_dyr_in_dx_needs_the_row_dot_on_the_n_side():
-    tiles = MosaicGemmConfig()
-    with pytest.raises(ValueError, match=r"dyr_in_dx: must be a bool, True only with row_dot='n' .* got "
+def test_dyr_in_dx_needs_the_row_dot_on_the_n_side_and_by_default_takes_it_where_it_fits():
+    tiles = MosaicGemmConfig()  # 128x128 accumulators side by side: a 32 KiB copy buffer that does not fit
+    with pytest.raises(ValueError, match=r"dyr_in_dx: must be None or a bool, True only with row_dot='n' .* got "
                                          r"dyr_in_dx=True, row_dot=None"):
         Config(forward=tiles, dx=tiles, dw=tiles, dyr_in_dx=True)
     assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n", dyr_in_dx=True).to_dict()["dyr_in_dx"] is True
+    by_dx = {(dx, row_dot, residual): Config(forward=tiles, dx=dx, dw=tiles, row_dot=row_dot).dyr_by_dx(
+        jnp.bfloat16, residual) for dx in (tiles, _DYR_DX) for row_dot in ("n", "k") for residual in (False, True)}
+    assert [key for key, value in by_dx.items() if value] == [(_DYR_DX, "n", False)]
+    assert Config(forward=tiles, dx=_DYR_DX, dw=tiles, row_dot="n", dyr_in_dx=False).dyr_by_dx(jnp.bfloat16, False) \
+        is False
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -431,3 +436,13 @@ def test_float16_near_1e_6_in_interpret_mode():
     with mosaic_utils.interpret_on_cpu(num_sms=2):
         for scale in (1e-6, 1e-7):
             _Interpreted().test_float16_near_1e_6_is_as_accurate_as_the_unfused_computation(scale)
+
+
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])
+def test_the_h100_entries_of_the_suite_shapes_write_dyr_from_the_dx_kernel(M, K, N):
+    """Their row dot is on the N side and their dx tiles leave room for the copy: the measured default."""
+    from pallas_kernels import tuning
+
+    entries = tuning.load_cache()["entries"]["NVIDIA H100 80GB HBM3"]["mosaic"]["rmsnorm_matmul"]
+    config = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
+    assert config.row_dot_side() == "n" and config.dyr_by_dx(jnp.bfloat16, residual=False)

@@ -68,8 +68,6 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
-import os  # noqa: E402  (experiment: how the a_copy is scheduled)
-_A_COPY = os.environ.get("JAXFUSE_A_COPY", "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,8 +143,8 @@ class Fusion:
     a_copy: (name, fn): the MMA warpgroups also write each A block, transformed, into the output ``name`` (an
       (M, K) 16-bit array of ``outputs``): fn(ctx, a, carry) -> the block's values, a as for a_observe, carry
       ``prologue_init``'s (ctx.step the step). Each block is written once, by the accumulators whose column block is
-      the step modulo the column blocks (N / tile_n), right after issuing its wgmma, through a per-warpgroup SMEM
-      buffer and one TMA copy: e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy blocks, sparing the XLA
+      the step modulo the column blocks (N / tile_n; ``_Shape.copy_step``), right after issuing its wgmma, through
+      a per-warpgroup SMEM buffer and one TMA copy: e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy blocks, sparing the XLA
       pass that writes it. Pipeline "own", A read as stored, no prologue_step or a_observe.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
@@ -336,15 +334,18 @@ class _Shape:
     def copy_step(self, ctx: TileContext, k):
         """Whether this warpgroup writes step k's A block (``Fusion.a_copy``): its column block is k modulo the
         column blocks (N / tile_n); the second of two warpgroups stacked along M shifted by half of them, so that
-        the two copy on different steps."""
+        the two copy on different steps (the dx kernel of rmsnorm_matmul took 35 against 44 µs more than without
+        the copy at 32768x4096x4096; storing a step later, under the next wgmma, changed nothing measurable:
+        rmsnorm_matmul_configs_dyr_schedule-h100-63e8ede.json)."""
         cols = self.mnk[1] // self.cfg.tile_n
-        shift = cols // 2 if self.cfg.wg_rows < self.cfg.cta_m and "stagger" in _A_COPY else 0
+        shift = cols // 2 if self.cfg.wg_rows < self.cfg.cta_m else 0
         return lax.rem(k + ctx.wg * shift, cols) == ctx.col_block
 
     def copy_a(self, ctx: TileContext, k, a_smem, carry, named_out, scoped) -> None:
         """``Fusion.a_copy`` at step k of this warpgroup's tile, if it writes that step: its rows of the A block
-        (a_smem, the stage's) loaded into registers, transformed and staged in SMEM (then ``store_a_copy``)."""
-        fn = self.fusion.a_copy[1]
+        (a_smem, the stage's) loaded into registers, transformed, staged in SMEM and stored by TMA."""
+        cfg = self.cfg
+        name, fn = self.fusion.a_copy
 
         @pl.when(self.copy_step(ctx, k))
         def _copy():
@@ -352,16 +353,9 @@ class _Shape:
             buffer = scoped["a_copy_smem"].at[ctx.wg]
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the buffer's last copy has read it
             buffer[...] = fn(dataclasses.replace(ctx, step=k), a, carry).astype(buffer.dtype)
-            if "lag" not in _A_COPY:
-                self.store_a_copy(ctx, k, named_out, scoped)
-
-    def store_a_copy(self, ctx: TileContext, k, named_out, scoped) -> None:
-        """The TMA copy of step k's staged A block (``copy_a``) to its place in the a_copy output."""
-        cfg = self.cfg
-        buffer = scoped["a_copy_smem"].at[ctx.wg]
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(buffer, named_out[self.fusion.a_copy[0]].at[pl.ds(ctx.row0, cfg.wg_rows),
-                                                                             pl.ds(k * cfg.tile_k, cfg.tile_k)])
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buffer, named_out[name].at[pl.ds(ctx.row0, cfg.wg_rows),
+                                                               pl.ds(k * cfg.tile_k, cfg.tile_k)])
 
     def split_refs(self, refs):
         """The kernel's refs after A and B -> (named inputs, out, named outputs)."""

@@ -56,7 +56,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
-from pallas_kernels.gemm import mosaic as mosaic_mod
 
 __all__ = ["kernel_body", "num_threads", "registers"]
 
@@ -257,10 +256,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         hook_carry = fusion.a_observe(dataclasses.replace(ctx, step=k), a, hook_carry)
                     if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
-                        if "lag" in mosaic_mod._A_COPY:
-                            @pl.when((k > k0) & shape.copy_step(ctx, k - 1))
-                            def _store_previous():
-                                shape.store_a_copy(ctx, k - 1, named_out, scoped)
                         shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete
@@ -273,10 +268,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     return acc_ref, hook_carry
 
                 _, hook_carry = lax.fori_loop(k0, k1, step, (acc_ref, hook_carry))
-                if fusion.a_copy is not None and "lag" in mosaic_mod._A_COPY:
-                    @pl.when((k1 > k0) & shape.copy_step(ctx, k1 - 1))
-                    def _store_last():
-                        shape.store_a_copy(ctx, k1 - 1, named_out, scoped)
                 if delay:
                     plgpu.wgmma_wait(0)
                     for d in range(delay):  # the last `delay` steps (fewer where the segment is shorter)

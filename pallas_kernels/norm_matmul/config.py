@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
-from pallas_kernels import tuning
-from pallas_kernels.gemm import MosaicGemmConfig, pick_config
+from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
@@ -223,6 +223,7 @@ FEW_TILES = 132
 # beside the 44 µs loop fusion that makes dy (4.6 ms of the step; rmsnorm_matmul_row_dot-h100-3278f6b.json). So the
 # K side is the default; the tuned entries of shapes measured alone may name "n".
 ROW_DOT_DEFAULT = "k"
+_BARRIER_BYTES = 1024  # shared memory a GEMM kernel's barriers may take beyond ``gemm.smem_bytes`` (measured: 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,9 +258,13 @@ class MosaicRMSNormMatmulConfig:
       per column block the partial sums Σ u ⊙ x; one XLA fusion over u and x finishes dx; dy is read only to form
       dyr, a product XLA can fuse into the fusion that produces dy, and y is not kept for the backward. None
       (default): ``row_dot_side`` ("k"; ROW_DOT_DEFAULT says why).
-    dyr_in_dx: (row_dot "n") the dx kernel also writes dyr = (r / s) ⊙ dy for the dw GEMM, from the dy blocks of
-      its A operand in shared memory (``gemm.Fusion.a_copy``), so that the XLA fusion over dy and y only reduces
-      (4MN bytes read, none written, against 6MN). False (default): that fusion writes dyr too.
+    dyr_in_dx: (row_dot "n") True: the dx kernel also writes dyr = (r / s) ⊙ dy for the dw GEMM, from the dy
+      blocks of its A operand in shared memory (``gemm.Fusion.a_copy``), so that the XLA fusion over dy and y only
+      reduces (4MN bytes read, none written, against 6MN). False: that fusion writes dyr too. None (default):
+      ``dyr_by_dx``, True with row_dot "n" where the copy's SMEM buffers fit beside the dx kernel's. Measured on the
+      H100 (rmsnorm_matmul_configs_dyr_in_dx-h100-b8ddd9f.json, fwd+bwd µs, False → True, the tuned dx tiles):
+      4473.1 → 4442.9 at 32768x4096x4096 (XLA's pass 260.1 → 172.9, the dx kernel 1419.6 → 1472.8),
+      1970.8 → 1962.5 at 4096x4096x14336, 1710.6 → 1699.8 at 8192x4096x6144.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
@@ -280,7 +285,7 @@ class MosaicRMSNormMatmulConfig:
     dw_in_xla: bool | None = None
     gamma_on: str | None = None
     row_dot: str | None = None
-    dyr_in_dx: bool = False
+    dyr_in_dx: bool | None = None
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -303,8 +308,9 @@ class MosaicRMSNormMatmulConfig:
                              "not x's: it needs stats_in_kernel=False (r from XLA)")
         if self.row_dot not in (None, "n", "k"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot: must be None, 'n' or 'k', got {self.row_dot!r}")
-        if not isinstance(self.dyr_in_dx, bool) or (self.dyr_in_dx and self.row_dot_side() != "n"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be a bool, True only with row_dot='n' (with "
+        if self.dyr_in_dx not in (None, False, True) or (self.dyr_in_dx and self.row_dot_side() != "n"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool, True only with "
+                             f"row_dot='n' (with "
                              f"'k' the dx kernel reads dyr as its A operand); got dyr_in_dx={self.dyr_in_dx!r}, "
                              f"row_dot={self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
@@ -332,6 +338,16 @@ class MosaicRMSNormMatmulConfig:
     def row_dot_side(self) -> str:
         """Where the backward takes its row dot: ``row_dot``, or when None, ROW_DOT_DEFAULT ("k")."""
         return self.row_dot if self.row_dot is not None else ROW_DOT_DEFAULT
+
+    def dyr_by_dx(self, dtype, residual: bool) -> bool:
+        """Whether the dx kernel writes dyr: ``dyr_in_dx``, or when None, with row_dot "n" where its staging
+        (two (wg_rows, tile_k) blocks) fits in shared memory beside the dx kernel's stages and x (and dh) tiles."""
+        if self.dyr_in_dx is not None or self.row_dot_side() != "n":
+            return bool(self.dyr_in_dx)
+        staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
+        need = smem_bytes(self.dx, dtype, dtype, tile_input_dtypes=(dtype,) * (2 if residual else 1),
+                          store_in_tile=True, scratch_bytes=staging)
+        return need + _BARRIER_BYTES <= mosaic_utils.H100_SMEM_BYTES
 
     def dw_by_xla(self, K: int, N: int) -> bool:
         """Whether dw's GEMM runs in XLA (cuBLAS) for w (K, N): ``dw_in_xla``, or when None, when the dw kernel's
@@ -421,5 +437,6 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     bwd.append(dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m")))
     bwd += [dataclasses.replace(base, dw_in_xla=True), dataclasses.replace(base, dw_in_xla=False)]
     bwd += [dataclasses.replace(base, row_dot=side) for side in ("n", "k")]
+    bwd.append(dataclasses.replace(base, row_dot="n", dyr_in_dx=False))  # None: dyr from the dx kernel where it fits
     return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None],
             [c.to_dict() for c in bwd if c.unsupported_reason(M, K, N) is None])

@@ -280,7 +280,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             arrays["dh"] = dh.astype(dtype)
         if on_x:
             arrays["gamma"] = gamma.astype(_F32)
-        if cfg.dyr_in_dx:  # the dx kernel writes dyr from its dy blocks
+        if cfg.dyr_by_dx(dtype, dh is not None):  # the dx kernel writes dyr from its dy blocks
             arrays["dyr_scale"] = rstd / scale
             dx, dyr = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                            fusion=_dx_fusion(K, dh is not None, on_x, jax.ShapeDtypeStruct((M, N), dtype)),
