@@ -79,6 +79,7 @@ VARIANTS = {
     # dyr = r ⊙ dy written by the dx kernel from its dy blocks in shared memory (gemm.Fusion.a_copy): XLA's pass
     # over dy and y only reduces (no (M, N) write)
     "dyr_in_dx": dict(row_dot="n", dyr_in_dx=True),
+    "dyr_in_xla": dict(row_dot="n", dyr_in_dx=False),  # where the default writes it from the dx kernel
     "dyr_in_dx_d1": dict(row_dot="n", dyr_in_dx=True, dx=dict(delay_release=1)),  # the copy under 2 wgmmas
 }
 
