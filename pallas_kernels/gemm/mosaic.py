@@ -164,7 +164,6 @@ class Fusion:
     a_observe: Callable | None = None
     carry_shapes: tuple[tuple[int, ...], ...] | None = None
     a_copy: tuple[str, Callable] | None = None
-    a_copy_warpgroup: bool = False
     epilogue: Callable | None = None
 
 
@@ -213,10 +212,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         if fusion.a_observe is not None:
             raise ValueError(f"{name}: a fusion takes an a_observe or an a_copy, not both (both run on the A block "
                              "in registers, with different carries)")
-        if fusion.a_copy_warpgroup and (config.wg_rows == config.cta_m or config.pingpong):
-            raise ValueError(f"{name}: a_copy_warpgroup copies the rows of two MMA warpgroups stacked along M "
-                             f"(wg_split='m', schedule='cooperative'); got wg_split={config.wg_split!r}, "
-                             f"schedule={config.schedule!r}")
         if copied is None or copied.shape != (M, K) or jnp.dtype(copied.dtype).itemsize != 2:
             raise ValueError(f"{name}: a_copy={fusion.a_copy[0]!r} must name an output of A's shape ({M}, {K}) and a "
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
@@ -354,8 +349,6 @@ class _Shape:
 
         @pl.when(self.copy_step(ctx, k))
         def _copy():
-            nonlocal carry
-            carry = carry() if callable(carry) else carry
             a = mu.load(a_smem.at[self.wg_a_rows(ctx.wg)], layout=mu.TILE)
             buffer = scoped["a_copy_smem"].at[ctx.wg]
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the buffer's last copy has read it

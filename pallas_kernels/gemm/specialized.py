@@ -69,22 +69,16 @@ def dedicated(shape) -> bool:
     return shape.fusion.prologue_step is not None
 
 
-def copier(shape) -> bool:
-    """Whether a fourth warpgroup runs the fusion's a_copy (``Fusion.a_copy_warpgroup``)."""
-    return shape.fusion.a_copy is not None and shape.fusion.a_copy_warpgroup
-
-
 def num_threads(shape) -> int:
-    """Warpgroups of one block: 3, or 4 with a dedicated prologue or copy warpgroup."""
-    return 4 if dedicated(shape) or copier(shape) else 3
+    """Warpgroups of one block: 3, or 4 with a dedicated prologue warpgroup."""
+    return 4 if dedicated(shape) else 3
 
 
 def registers(shape) -> tuple[int, int, int]:
-    """(MMA, memory, prologue or copy) registers per thread; they add up to 512 per lane across the warpgroups."""
-    fourth = dedicated(shape) or copier(shape)
-    mma = shape.cfg.mma_registers or (208 if fourth else 232)
-    prologue = 512 - 2 * mma - _MEMORY_REGISTERS if fourth else 0
-    if fourth and prologue < 24:
+    """(MMA, memory, prologue) registers per thread; they add up to 512 per lane across the warpgroups."""
+    mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 232)
+    prologue = 512 - 2 * mma - _MEMORY_REGISTERS if dedicated(shape) else 0
+    if dedicated(shape) and prologue < 24:
         raise ValueError(f"mma_registers={mma} leaves the prologue warpgroup {prologue} registers (needs >= 24)")
     return mma, _MEMORY_REGISTERS, prologue
 
@@ -114,7 +108,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                 for ref, (block, _, _) in zip(gmem, blocks)],
         ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=owners * num_stages),
-        consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + (has_prologue_wg or copier(shape)),
+        consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_prologue_wg,
                                    num_barriers=owners * num_stages),
         **shape.scratch_types())
     if has_prologue_wg:
@@ -241,38 +235,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.barrier_arrive(handoff_full)
                     drain(handoff_free, local, num_local, 1, 1, lambda t: None)
 
-        if copier(shape):
-            @pl.when(wg == _PROLOGUE_WG)
-            def _copier():
-                plgpu.set_max_registers(prologue_registers, action="decrease")
-
-                def copy_step(lin, k, g, carries):
-                    """Step k of tile lin at ring position g: both MMA warpgroups' a_copy, then the release."""
-                    plgpu.barrier_wait(ready.at[barrier_of(g)])
-                    for h in range(2):
-                        ctx = shape.tile_context(lin, h, refs_by_name)
-                        shape.copy_a(ctx, k, stages[0].at[lax.rem(g, num_stages)],
-                                     carries[h] if carries else (lambda ctx=ctx: fusion.prologue_init(ctx)),
-                                     named_out, scoped)
-                    plgpu.barrier_arrive(consumed.at[barrier_of(g)])
-
-                @each_tile
-                def _(lin, local, num_local):
-                    del num_local
-                    carries = [fusion.prologue_init(shape.tile_context(lin, h, refs_by_name))
-                               if fusion.prologue_init is not None else () for h in range(2)]
-                    lax.fori_loop(0, k_iters, lambda k, c: (copy_step(lin, k, local * k_iters + k, carries), c)[1],
-                                  ())
-
-                if plan is not None:
-                    @pl.when(unit < plan.units)
-                    def _stream_k():
-                        def step(s, c):
-                            copy_step(plan.dp_tiles + lax.div(s, k_iters), lax.rem(s, k_iters), sk_g0 + s, None)
-                            return c
-
-                        lax.fori_loop(sk_start, sk_end, step, ())
-
         @pl.when(wg < 2)
         def _mma():
             plgpu.set_max_registers(mma_registers, action="increase")
@@ -293,7 +255,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     if fusion.a_observe is not None:  # under the wgmma just issued (and one in flight with delay)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         hook_carry = fusion.a_observe(dataclasses.replace(ctx, step=k), a, hook_carry)
-                    if fusion.a_copy is not None and not copier(shape):  # likewise, on this warpgroup's steps
+                    if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
                         shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete

@@ -214,10 +214,8 @@ def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct
         del ctx
         return dy.astype(_F32) * _bcast_rows(carry[2], dy.shape)
 
-    import os
     return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), inputs=(*inputs, "dyr_scale"), store_in="x",
                   outputs=(("dyr", dyr),), a_copy=("dyr", scaled_dy), epilogue=epilogue,
-                  a_copy_warpgroup=os.environ.get("JAXFUSE_A_COPY_WG") == "1",
                   prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd"),
                                              ctx.load_rows("dyr_scale")))
 
