@@ -26,8 +26,8 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and XLA fusions the rest.
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction
 over K, which no dx block holds whole, by one over N (``row_dot="n"``). Forward + backward = three GEMMs, a pass
-over w (shared by both directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward)
-bytes. By default (``row_dot="k"``; ``config.ROW_DOT_DEFAULT`` has the measurements) the reduction stays on the
+over w (shared by both directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward; 4MN
+with dyr from the dx kernel) bytes. By default (``row_dot="k"``; ``config.ROW_DOT_DEFAULT`` has the measurements) the reduction stays on the
 K side instead:
   dx kernel:  u = dyr @ w_γᵀ = (r / s) ⊙ (dy @ w_γᵀ) (A = dyr; gamma on the columns with gamma_on "x"), written in
               x's dtype into the prefetched x tile's buffer, and per column block the float32 partial row dots
