@@ -334,6 +334,13 @@ def test_dyr_in_dx_needs_the_row_dot_on_the_n_side_and_by_default_takes_it_where
     assert [key for key, value in by_dx.items() if value] == [(_DYR_DX, "n", False)]
     assert Config(forward=tiles, dx=_DYR_DX, dw=tiles, row_dot="n", dyr_in_dx=False).dyr_by_dx(jnp.bfloat16, False) \
         is False
+    x, g, w, _ = (jnp.zeros(s, jnp.bfloat16) for s in ((4096, 4096), (4096,), (4096, 4096), ()))
+    with pytest.raises(ValueError, match=r"rmsnorm_matmul \(mosaic\): dyr_in_dx=True: the dx kernel would need 246784 "
+                                         r"bytes of shared memory with the dyr copy's 32768-byte staging \(at most "
+                                         r"232448\); take dx tiles stacked along M"):
+        nm.rmsnorm_matmul(x, g, w, eps=1e-6, residual=None, out_dtype=x.dtype, interpret=False,
+                          config=Config(forward=tiles, dx=dataclasses.replace(tiles, num_stages=3), dw=tiles,
+                                        row_dot="n", dyr_in_dx=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------

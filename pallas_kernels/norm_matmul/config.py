@@ -344,10 +344,19 @@ class MosaicRMSNormMatmulConfig:
         (two (wg_rows, tile_k) blocks) fits in shared memory beside the dx kernel's stages and x (and dh) tiles."""
         if self.dyr_in_dx is not None or self.row_dot_side() != "n":
             return bool(self.dyr_in_dx)
+        return self.dyr_smem_reason(dtype, residual) is None
+
+    def dyr_smem_reason(self, dtype, residual: bool) -> str | None:
+        """None when the dx kernel's shared memory holds the dyr copy's staging too; else the sentence saying how
+        much it would need."""
         staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
         need = smem_bytes(self.dx, dtype, dtype, tile_input_dtypes=(dtype,) * (2 if residual else 1),
-                          store_in_tile=True, scratch_bytes=staging)
-        return need + _BARRIER_BYTES <= mosaic_utils.H100_SMEM_BYTES
+                          store_in_tile=True, scratch_bytes=staging) + _BARRIER_BYTES
+        if need <= mosaic_utils.H100_SMEM_BYTES:
+            return None
+        return (f"dyr_in_dx=True: the dx kernel would need {need} bytes of shared memory with the dyr copy's "
+                f"{staging}-byte staging (at most {mosaic_utils.H100_SMEM_BYTES}); take dx tiles stacked along M "
+                f"(wg_split='m': 64-row copies), fewer num_stages, or dyr_in_dx=None (the copy where it fits)")
 
     def dw_by_xla(self, K: int, N: int) -> bool:
         """Whether dw's GEMM runs in XLA (cuBLAS) for w (K, N): ``dw_in_xla``, or when None, when the dw kernel's

@@ -331,6 +331,8 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     out_dtype (= x's dtype), or (h, y); differentiable (custom VJP, three GEMMs in all). ValueError naming the
     constraint when ``unsupported_reason`` would, with the given config's tiles."""
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
+    if not reason and config.dyr_in_dx:
+        reason = config.dyr_smem_reason(x.dtype, residual is not None)
     if not reason and config.gamma_on == "x" and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
         reason = (f"gamma_on='x' rounds x ⊙ gamma to x's dtype, bfloat16 only (x is {jnp.dtype(x.dtype)}: small x "
                   "would round into subnormals; gamma_on='w' takes it)")
