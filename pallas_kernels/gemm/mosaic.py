@@ -144,8 +144,8 @@ class Fusion:
       (M, K) 16-bit array of ``outputs``): fn(ctx, a, carry) -> the block's values, a as for a_observe, carry
       ``prologue_init``'s (ctx.step the step). Each block is written once, by the accumulators whose column block is
       the step modulo the column blocks (N / tile_n; ``_Shape.copy_step``), right after issuing its wgmma, through
-      a per-warpgroup SMEM buffer and one TMA copy: e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy blocks, sparing the XLA
-      pass that writes it. Pipeline "own", A read as stored, no prologue_step or a_observe.
+      a per-warpgroup SMEM buffer and one TMA copy: e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy
+      blocks, sparing the XLA pass that writes it. Pipeline "own", A read as stored, no prologue_step or a_observe.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -336,7 +336,7 @@ class _Shape:
         column blocks (N / tile_n); the second of two warpgroups stacked along M shifted by half of them, so that
         the two copy on different steps (the dx kernel of rmsnorm_matmul took 35 against 44 µs more than without
         the copy at 32768x4096x4096; storing a step later, under the next wgmma, changed nothing measurable:
-        rmsnorm_matmul_configs_dyr_schedule-h100-63e8ede.json)."""
+        rmsnorm_matmul_configs_dyr_schedule*-h100-63e8ede.*)."""
         cols = self.mnk[1] // self.cfg.tile_n
         shift = cols // 2 if self.cfg.wg_rows < self.cfg.cta_m else 0
         return lax.rem(k + ctx.wg * shift, cols) == ctx.col_block

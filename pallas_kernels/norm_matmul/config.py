@@ -310,9 +310,8 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot: must be None, 'n' or 'k', got {self.row_dot!r}")
         if self.dyr_in_dx not in (None, False, True) or (self.dyr_in_dx and self.row_dot_side() != "n"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool, True only with "
-                             f"row_dot='n' (with "
-                             f"'k' the dx kernel reads dyr as its A operand); got dyr_in_dx={self.dyr_in_dx!r}, "
-                             f"row_dot={self.row_dot!r}")
+                             f"row_dot='n' (with 'k' the dx kernel reads dyr as its A operand); got "
+                             f"dyr_in_dx={self.dyr_in_dx!r}, row_dot={self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         if self.stats_in_kernel is True and (self.forward.pipeline != "own" or self.forward.wg_split != "n"

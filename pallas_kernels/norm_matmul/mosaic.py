@@ -27,8 +27,8 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction
 over K, which no dx block holds whole, by one over N (``row_dot="n"``). Forward + backward = three GEMMs, a pass
 over w (shared by both directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward; 4MN
-with dyr from the dx kernel) bytes. By default (``row_dot="k"``; ``config.ROW_DOT_DEFAULT`` has the measurements) the reduction stays on the
-K side instead:
+with dyr from the dx kernel) bytes. By default (``row_dot="k"``; ``config.ROW_DOT_DEFAULT`` has the measurements)
+the reduction stays on the K side instead:
   dx kernel:  u = dyr @ w_γᵀ = (r / s) ⊙ (dy @ w_γᵀ) (A = dyr; gamma on the columns with gamma_on "x"), written in
               x's dtype into the prefetched x tile's buffer, and per column block the float32 partial row dots
               Σ u ⊙ x over its columns; one XLA fusion gives dx = s · (u − (r² / K) · Σ_K(u ⊙ x) · x) (+ dh).
@@ -205,19 +205,16 @@ def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct
             dx = dx + ctx.load_tile("dh")
         return dx, {}
 
-    inputs = ("rstd", "row_dot", "gamma") if gamma_cols else ("rstd", "row_dot")
-    if dyr is None:
-        return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), inputs=inputs, store_in="x",
-                      prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd")), epilogue=epilogue)
-
-    def scaled_dy(ctx, dy, carry):
+    def scaled_dy(ctx, dy, carry):  # dyr's (rows, tile_k) block
         del ctx
         return dy.astype(_F32) * _bcast_rows(carry[2], dy.shape)
 
-    return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), inputs=(*inputs, "dyr_scale"), store_in="x",
-                  outputs=(("dyr", dyr),), a_copy=("dyr", scaled_dy), epilogue=epilogue,
-                  prologue_init=lambda ctx: (ctx.load_rows("row_dot"), ctx.load_rows("rstd"),
-                                             ctx.load_rows("dyr_scale")))
+    rows = ("row_dot", "rstd") + (("dyr_scale",) if dyr is not None else ())  # the carry
+    return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
+                  inputs=("rstd", "row_dot", *(("gamma",) if gamma_cols else ()), *rows[2:]),
+                  outputs=(("dyr", dyr),) if dyr is not None else (),
+                  a_copy=("dyr", scaled_dy) if dyr is not None else None,
+                  prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool) -> Fusion:
