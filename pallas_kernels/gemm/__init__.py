@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
+from pallas_kernels.gemm.config import BARRIER_BYTES
 
 __all__ = ["CANDIDATES", "SHORT_K", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul",
            "pick_config", "smem_bytes", "unsupported_reason"]
@@ -87,7 +88,7 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
     short_k = (_ACCUMULATE_SHORT_K, _ACCUMULATE_SHORT_K_PAIRLESS)
     config = pick_config(M, N, K, (*(short_k if K <= SHORT_K else (_ACCUMULATE_LONG_K,)), *CANDIDATES))
     while config.num_stages > 2 and smem_bytes(config, dtype, accumulate_dtype, tile_input_dtypes=(accumulate_dtype,),
-                                               store_in_tile=True) > mu.H100_SMEM_BYTES - 1024:  # 1 KiB: barriers
+                                               store_in_tile=True) > mu.H100_SMEM_BYTES - BARRIER_BYTES:
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)
     return config
 

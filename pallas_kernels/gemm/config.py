@@ -34,11 +34,13 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["CLUSTERS", "PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
+__all__ = ["BARRIER_BYTES", "CLUSTERS", "PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes",
+           "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
 CLUSTERS = ("none", "m", "n")
+BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes
+from pallas_kernels.gemm.config import BARRIER_BYTES
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
@@ -223,7 +224,6 @@ FEW_TILES = 132
 # beside the 44 µs loop fusion that makes dy (4.6 ms of the step; rmsnorm_matmul_row_dot-h100-3278f6b.json). So the
 # K side is the default; the tuned entries of shapes measured alone may name "n".
 ROW_DOT_DEFAULT = "k"
-_BARRIER_BYTES = 1024  # shared memory a GEMM kernel's barriers may take beyond ``gemm.smem_bytes`` (measured: 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,7 +350,7 @@ class MosaicRMSNormMatmulConfig:
         much it would need."""
         staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
         need = smem_bytes(self.dx, dtype, dtype, tile_input_dtypes=(dtype,) * (2 if residual else 1),
-                          store_in_tile=True, scratch_bytes=staging) + _BARRIER_BYTES
+                          store_in_tile=True, scratch_bytes=staging) + BARRIER_BYTES
         if need <= mosaic_utils.H100_SMEM_BYTES:
             return None
         return (f"dyr_in_dx=True: the dx kernel would need {need} bytes of shared memory with the dyr copy's "
