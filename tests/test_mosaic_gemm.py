@@ -145,13 +145,23 @@ def test_the_defaults_are_the_measured_winners_and_matmul_is_exported():
 
 @pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(pipeline="pallas_steady"), dict(wg_split="m")])
 def test_a_prologue_needs_our_k_loop_and_shared_rows(fields):
-    """A prologue runs in a fourth warpgroup of our K loop ("own") reading the CTA's rows (wg_split "n")."""
+    """A prologue runs in our K loop ("own"), in a fourth warpgroup reading the CTA's rows (wg_split "n") unless
+    the memory warpgroup runs it."""
     fusion = Fusion(prologue_step=lambda ctx, a_ref, carry: carry, handoff_rows=1)
     a, b = S((512, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16)
-    with pytest.raises(ValueError, match="runs it in a fourth warpgroup of the K loop pipeline='own' with "
-                                         "wg_split='n'"):
+    with pytest.raises(ValueError, match="runs it in the K loop pipeline='own' with schedule='cooperative', in a "
+                                         "fourth warpgroup with wg_split='n' or in the memory warpgroup"):
         jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(**fields), out_dtype=a.dtype,
                                          fusion=fusion), a, b)
+
+
+@pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(schedule="pingpong"), dict(cluster="m")])
+def test_the_memory_warpgroups_prologue_needs_our_cooperative_loop(fields):
+    with pytest.raises(ValueError, match="prologue_in: 'memory' runs on pipeline 'own', schedule 'cooperative', "
+                                         "cluster 'none'; got"):
+        MosaicGemmConfig(prologue_in="memory", **fields)
+    with pytest.raises(ValueError, match="MosaicGemmConfig.prologue_in: must be one of .*, got 'mma'"):
+        MosaicGemmConfig(prologue_in="mma")
 
 
 def test_pingpong_needs_our_k_loop_and_no_prologue():
@@ -160,7 +170,7 @@ def test_pingpong_needs_our_k_loop_and_no_prologue():
         MosaicGemmConfig(schedule="pingpong", pipeline="pallas")
     fusion = Fusion(prologue_step=lambda ctx, a_ref, carry: carry, handoff_rows=1)
     a, b = S((512, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16)
-    with pytest.raises(ValueError, match="schedule='cooperative'; got .*schedule='pingpong'"):
+    with pytest.raises(ValueError, match="schedule='cooperative', .*; got .*schedule='pingpong'"):
         jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(schedule="pingpong"), out_dtype=a.dtype,
                                          fusion=fusion), a, b)
 
@@ -630,3 +640,60 @@ def test_a_copy_in_interpret_mode(fields):
     (2048, 1024, 2048, MosaicGemmConfig(schedule="pingpong", delay_release=1))])
 def test_a_copy_on_the_gpu(M, K, N, config):
     _check_a_copy(M, K, N, config)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A prologue in the memory warpgroup (MosaicGemmConfig.prologue_in="memory")
+# ---------------------------------------------------------------------------------------------------------------
+def _row_sums(M: int) -> Fusion:
+    """A prologue summing each row of A over K (float32, per step of tile_k columns) and an epilogue storing the
+    sums (M,) beside the product: a step summed twice, skipped or taken from the wrong tile shows as a mismatch."""
+    def step(ctx, a_ref, sums):
+        del ctx
+        return sums + jnp.sum(mosaic_utils.load(a_ref, layout=mosaic_utils.TILE).astype(jnp.float32), axis=1)
+
+    return Fusion(outputs=(("sums", S((M,), jnp.float32)),), handoff_rows=1,
+                  prologue_init=lambda ctx: mosaic_utils.layout_cast(jnp.zeros((ctx.config.cta_m,), jnp.float32),
+                                                                     mosaic_utils.ROWS),
+                  prologue_step=step, epilogue=lambda ctx, acc, sums: (acc, {"sums": sums}))
+
+
+def _check_row_sums(M, K, N, config):
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    for _ in range(2):
+        got, sums = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_row_sums(M)))(a, b)
+        assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, K)
+        want = np.asarray(a, np.float64).sum(axis=1)
+        np.testing.assert_allclose(np.asarray(sums, np.float64), want, rtol=0, atol=1e-5 * K ** 0.5)
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", [dict(wg_split="m", prologue_in="memory"), dict(wg_split="n", prologue_in="memory"),
+                                    dict(wg_split="m", prologue_in="memory", num_stages=3),
+                                    dict(wg_split="n", prologue_in="fourth")])
+@pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile, its last steps after the loop
+def test_prologue_in_interpret_mode(fields, num_sms):
+    with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 output tiles of 4 steps (2 with 3 stages: 4 steps)
+        _check_row_sums(128, 128, 256, dataclasses.replace(_TINY, **fields))
+
+
+@cpu_only
+def test_the_memory_warpgroups_prologue_lowers_with_stacked_tiles():
+    """Three warpgroups (no fourth for the prologue), 64x256 wgmma per warpgroup, within shared memory."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=4, prologue_in="memory")
+    fn = lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_row_sums(4096))  # noqa: E731
+    (kernel,) = mosaic_ir.lower_kernels(fn, S((4096, 2048), jnp.bfloat16), S((2048, 4096), jnp.bfloat16))
+    assert kernel.warpgroups == 3 and kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and kernel.tma_loads() >= 2
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (2048, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", prologue_in="memory")),
+    (2048, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", prologue_in="memory", delay_release=1)),
+    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, prologue_in="memory")),
+    (1024, 256, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", prologue_in="memory")),  # 4 steps
+    (2048, 1024, 512, MosaicGemmConfig(prologue_in="memory")),  # wg_split "n"
+    (2048, 1024, 512, MosaicGemmConfig())])  # a fourth warpgroup
+def test_prologue_on_the_gpu(M, K, N, config):
+    _check_row_sums(M, K, N, config)

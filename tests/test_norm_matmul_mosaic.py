@@ -92,9 +92,11 @@ def test_config_takes_gemm_configs_or_their_fields():
                                     dict(schedule="pingpong")])
 def test_the_statistics_warpgroup_needs_our_k_loop_and_shared_rows(fields):
     forward = MosaicGemmConfig(**fields)
-    with pytest.raises(ValueError, match="stats_in_kernel: the statistics warpgroup needs the forward config's "
-                                         "pipeline='own', wg_split='n' and schedule='cooperative'"):
+    with pytest.raises(ValueError, match="stats_in_kernel: the statistics need the forward config's pipeline='own' "
+                                         "and schedule='cooperative', and wg_split='n' in a fourth warpgroup"):
         Config(forward=forward, dx=MosaicGemmConfig(), dw=MosaicGemmConfig(), stats_in_kernel=True)
+    stacked = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", prologue_in="memory")
+    assert Config(forward=stacked, dx=stacked, dw=stacked, stats_in_kernel=True).forward.prologue_in == "memory"
 
 
 def test_block_sizes_override_single_kernels():
@@ -131,7 +133,8 @@ def _check_kernels(M, K, N, residual, config=None):
     resolved = config or nm_config.mosaic_default_config(M, K, N, residual=residual)
     dw_kernel = [] if resolved.dw_by_xla(K, N) else ["rmsnorm_matmul_dw"]
     assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", *dw_kernel]
-    statistics_warpgroup = config is not None and config.stats_in_kernel is True
+    statistics_warpgroup = (config is not None and config.stats_in_kernel is True
+                            and config.forward.prologue_in == "fourth")
     for k, warpgroups in zip(kernels, (4 if statistics_warpgroup else 3, 3, 3)):
         assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == warpgroups
         assert k.wgmma() and k.tma_loads() >= 2
@@ -152,6 +155,22 @@ def test_the_mma_warpgroups_statistics_fit(M, K, N):
     no XLA pass over x (the kernel outputs r)."""
     config = nm_config.mosaic_default_config(M, K, N, stats_in_kernel="mma")
     assert (config.forward.delay_release, config.forward.stream_k, config.gamma_side(M, N, jnp.bfloat16)) == (1, 0, "w")
+    _check_kernels(M, K, N, False, config)
+    with backends.lowering_for_gpu():
+        program = jax.jit(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)
+                          ).trace(S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert _mk_producers(program, M, K) == []
+
+
+@cpu_only
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336)])
+def test_the_memory_warpgroups_statistics_fit(M, K, N):
+    """stats_in_kernel True with the forward's prologue_in "memory": the stacked 64x256 tiles in three warpgroups,
+    and no XLA pass over x in the forward program."""
+    base = nm_config.mosaic_default_config(M, K, N)
+    forward = dataclasses.replace(base.forward, prologue_in="memory", stream_k=0)
+    config = dataclasses.replace(base, forward=forward, stats_in_kernel=True, gamma_on="w")
     _check_kernels(M, K, N, False, config)
     with backends.lowering_for_gpu():
         program = jax.jit(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)
@@ -376,6 +395,21 @@ def test_mma_statistics_with_stream_k_on_the_gpu(M, K, N, residual):
                              K // config.forward.tile_k, 4) is not None
     x, g, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, dtype, residual", [
+    (4096, 4096, 4096, jnp.bfloat16, False), (2048, 1024, 4096, jnp.float16, False),
+    (4352, 2048, 2048, jnp.bfloat16, True), (1024, 256, 4096, jnp.bfloat16, False)])  # 4 steps: lag over tiles
+@pytest.mark.parametrize("delay_release", [0, 1])
+def test_statistics_from_the_memory_warpgroup_on_the_gpu(M, K, N, dtype, residual, delay_release):
+    """r summed by the memory warpgroup between its loads (prologue_in "memory"), stacked 64x256 tiles."""
+    base = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
+    forward = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", prologue_in="memory",
+                               delay_release=delay_release)
+    config = dataclasses.replace(base, forward=forward, stats_in_kernel=True, gamma_on="w")
+    x, g, w, res = inputs(M, K, N, dtype, residual=residual)
+    _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
 @gpu_only

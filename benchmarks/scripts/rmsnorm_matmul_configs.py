@@ -80,6 +80,11 @@ VARIANTS = {
     # over dy and y only reduces (no (M, N) write)
     "dyr_in_dx": dict(row_dot="n", dyr_in_dx=True),
     "dyr_in_xla": dict(row_dot="n", dyr_in_dx=False),  # where the default writes it from the dx kernel
+    # r summed by the memory warpgroup between its loads (gemm prologue_in "memory"), stacked tiles, whole tiles
+    "stats_memory": dict(stats_in_kernel=True, gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=0,
+                                                                          prologue_in="memory")),
+    "stats_memory_d1": dict(stats_in_kernel=True, gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1,
+                                                                             prologue_in="memory")),
     "dyr_in_dx_d1": dict(row_dot="n", dyr_in_dx=True, dx=dict(delay_release=1)),  # the copy under 2 wgmmas
 }
 

@@ -34,12 +34,13 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["BARRIER_BYTES", "CLUSTERS", "PIPELINES", "SCHEDULES", "MosaicGemmConfig", "smem_bytes",
-           "unsupported_reason"]
+__all__ = ["BARRIER_BYTES", "CLUSTERS", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES", "MosaicGemmConfig",
+           "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
 CLUSTERS = ("none", "m", "n")
+PROLOGUE_PLACES = ("fourth", "memory")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
@@ -76,6 +77,9 @@ class MosaicGemmConfig:
       stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run that round's
         tiles spread over up to stream_k blocks each by K steps (``gemm.stream_k``: partial sums through a float32
         workspace and global semaphores). Pipeline "own", schedule "cooperative", no cluster.
+      prologue_in: where a ``Fusion.prologue_step`` runs: "fourth", a fourth warpgroup (wg_split "n": with four
+        warpgroups ptxas compiles for 128 registers, too few for a 64x256 wgmma); "memory", the memory warpgroup,
+        on each stage num_stages - 1 loads after issuing it (any wg_split; no cluster). ``gemm.specialized``.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -95,6 +99,7 @@ class MosaicGemmConfig:
     schedule: str = "cooperative"
     cluster: str = "none"
     stream_k: int = 0
+    prologue_in: str = "fourth"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -122,6 +127,7 @@ class MosaicGemmConfig:
              "0 (automatic) or a multiple of 8 in [160, 232]"),
             ("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}"),
             ("cluster", self.cluster in CLUSTERS, f"one of {CLUSTERS}"),
+            ("prologue_in", self.prologue_in in PROLOGUE_PLACES, f"one of {PROLOGUE_PLACES}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -138,6 +144,11 @@ class MosaicGemmConfig:
         if self.stream_k and (self.pipeline, self.schedule, self.cluster) != ("own", "cooperative", "none"):
             raise ValueError(f"{cls}.stream_k: runs on pipeline 'own', schedule 'cooperative', cluster 'none'; got "
                              f"pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}")
+        if self.prologue_in == "memory" and (self.pipeline, self.schedule, self.cluster) != ("own", "cooperative",
+                                                                                            "none"):
+            raise ValueError(f"{cls}.prologue_in: 'memory' runs on pipeline 'own', schedule 'cooperative', cluster "
+                             f"'none'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}, "
+                             f"cluster={self.cluster!r}")
 
     @property
     def pingpong(self) -> bool:

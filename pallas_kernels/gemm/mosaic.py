@@ -21,9 +21,10 @@ warpgroup:
      written to SMEM in (epi_tile_m, epi_tile_n) pieces and each piece stored by TMA; row vectors (tile_m,) are
      stored from registers into the fusion's outputs (1-D (M,) outputs from the first column block only; 2-D
      (C, M) outputs get row ``col_block``, the warpgroup's tile_n column block).
-A fusion with a ``prologue_step`` (a hook on each A tile in shared memory, e.g. the sums of squares of x) gets a
-fourth warpgroup that runs it beside the MMA warpgroups and hands its carry to their epilogue through shared
-memory (``gemm.specialized``; needs pipeline "own" and wg_split "n"). A fusion with an ``a_observe`` runs it in the
+A fusion with a ``prologue_step`` (a hook on each A tile in shared memory, e.g. the sums of squares of x) runs it
+beside the MMA warpgroups, in a fourth warpgroup (wg_split "n") or in the memory warpgroup between its loads
+(``MosaicGemmConfig.prologue_in``), and hands its carry to their epilogue through shared memory
+(``gemm.specialized``; needs pipeline "own"). A fusion with an ``a_observe`` runs it in the
 compute warpgroups instead, on their rows of each A block loaded into registers right after the step's wgmma is
 issued: with one wgmma group in flight (``delay_release=1``) that hides under the tensor cores (the sums of squares
 of x cost the rmsnorm_matmul forward 2% at 32768x4096x4096, where waiting for each wgmma cost 14%; NOTES.md). wgmma
@@ -126,10 +127,12 @@ class Fusion:
       and is stored from there by one TMA copy: no separate output staging (saves 2 · 2 · epi pieces of SMEM).
     prologue_init(ctx) -> carry: without a prologue_step, run by each compute warpgroup at a tile's start (e.g.
       row vectors the epilogue needs); with one, the prologue warpgroup's initial carry.
-    prologue_step(ctx, a_tile_ref, carry) -> carry: run per K step by a fourth warpgroup on the step's A tile
-      (cta_m = tile_m rows, tile_k) in SMEM (ctx.wg = 0, ctx.step the step); its final carry, ``handoff_rows``
-      (tile_m,) float32 row vectors in any pytree, reaches the epilogue through shared memory (pipeline "own",
-      wg_split "n"; ``gemm.specialized``).
+    prologue_step(ctx, a_tile_ref, carry) -> carry: run per K step on the step's A block (cta_m, tile_k) in SMEM
+      (ctx.wg = 0, ctx.step the step), by a fourth warpgroup (wg_split "n") or, with ``prologue_in="memory"``,
+      by the memory warpgroup; its final carry, ``handoff_rows`` (cta_m,) float32 row vectors in any pytree,
+      reaches the epilogue through shared memory, each compute warpgroup taking its rows (pipeline "own";
+      ``gemm.specialized``). In the memory warpgroup prologue_init runs at every step (its value used on a
+      tile's first): keep it cheap.
     a_observe(ctx, a, carry) -> carry: run per K step by each MMA warpgroup right after it issues the step's wgmma
       (A from shared memory, as ever), on its rows of the step's A block loaded into registers ((tile_m, tile_k) in
       the accumulator layout; (cta_m, tile_k) with wg_split "n"); ctx.step the step. It reads A, never feeds the
@@ -196,10 +199,12 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     reason = unsupported_reason(M, N, K, config)
     if reason:
         raise ValueError(f"{name}: {reason}")
-    if fusion.prologue_step is not None and (config.pipeline != "own" or config.wg_split != "n" or config.pingpong):
-        raise ValueError(f"{name}: a fusion with a prologue_step runs it in a fourth warpgroup of the K loop "
-                         f"pipeline='own' with wg_split='n' and schedule='cooperative'; got "
-                         f"pipeline={config.pipeline!r}, wg_split={config.wg_split!r}, schedule={config.schedule!r}")
+    if fusion.prologue_step is not None and (config.pipeline != "own" or config.pingpong or (
+            config.wg_split != "n" and config.prologue_in == "fourth")):
+        raise ValueError(f"{name}: a fusion with a prologue_step runs it in the K loop pipeline='own' with "
+                         f"schedule='cooperative', in a fourth warpgroup with wg_split='n' or in the memory warpgroup "
+                         f"(prologue_in='memory'); got pipeline={config.pipeline!r}, wg_split={config.wg_split!r}, "
+                         f"schedule={config.schedule!r}, prologue_in={config.prologue_in!r}")
     for hook in ("a_observe", "a_copy"):
         if getattr(fusion, hook) is not None and (config.pipeline != "own" or transpose_a
                                                   or fusion.prologue_step is not None):

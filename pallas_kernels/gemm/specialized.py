@@ -65,8 +65,13 @@ _MEMORY_WG, _PROLOGUE_WG = 2, 3
 
 
 def dedicated(shape) -> bool:
-    """Whether the kernel runs a prologue in a fourth warpgroup (the fusion has a prologue_step)."""
-    return shape.fusion.prologue_step is not None
+    """Whether the kernel runs a prologue in a fourth warpgroup (a prologue_step, ``prologue_in="fourth"``)."""
+    return shape.fusion.prologue_step is not None and shape.cfg.prologue_in == "fourth"
+
+
+def in_memory(shape) -> bool:
+    """Whether the memory warpgroup runs the prologue between its loads (``prologue_in="memory"``)."""
+    return shape.fusion.prologue_step is not None and shape.cfg.prologue_in == "memory"
 
 
 def num_threads(shape) -> int:
@@ -75,12 +80,14 @@ def num_threads(shape) -> int:
 
 
 def registers(shape) -> tuple[int, int, int]:
-    """(MMA, memory, prologue) registers per thread; they add up to 512 per lane across the warpgroups."""
-    mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 232)
+    """(MMA, memory, prologue) registers per thread; they add up to 512 per lane across the warpgroups (the
+    memory warpgroup running the prologue takes what the MMA warpgroups leave: 64 by default)."""
+    mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 224 if in_memory(shape) else 232)
+    memory = 512 - 2 * mma if in_memory(shape) else _MEMORY_REGISTERS
     prologue = 512 - 2 * mma - _MEMORY_REGISTERS if dedicated(shape) else 0
     if dedicated(shape) and prologue < 24:
         raise ValueError(f"mma_registers={mma} leaves the prologue warpgroup {prologue} registers (needs >= 24)")
-    return mma, _MEMORY_REGISTERS, prologue
+    return mma, memory, prologue
 
 
 def _consumed_barrier(shape, *, num_arrivals: int, num_barriers: int):
@@ -99,6 +106,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     k_iters = shape.iters[2]
     num_stages = min(cfg.num_stages, k_iters)
     has_prologue_wg = dedicated(shape)
+    prologue_in_memory = in_memory(shape)
+    has_handoff = fusion.prologue_step is not None  # the prologue's carry reaches the epilogue through SMEM
     mma_registers, memory_registers, prologue_registers = registers(shape)
     blocks = shape.operand_blocks()
     gmem = (a_gmem, b_gmem)
@@ -108,11 +117,11 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                 for ref, (block, _, _) in zip(gmem, blocks)],
         ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=owners * num_stages),
-        consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_prologue_wg,
+        consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_handoff,
                                    num_barriers=owners * num_stages),
         **shape.scratch_types())
-    if has_prologue_wg:
-        scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.tile_m), _F32),
+    if has_handoff:
+        scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.cta_m), _F32),
                             handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
 
     plan = shape.stream_k  # None: every tile whole, round after round
@@ -163,6 +172,77 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             """Index into ``ready`` / ``consumed`` of the block's step-th step (step = local · k_iters + k)."""
             return owner_of(lax.div(step, k_iters)) * num_stages + lax.rem(step, num_stages)
 
+        def prologue_on(lin, local, k, carry, valid):
+            """(``prologue_in="memory"``) The prologue on the A block of step k of the block's local-th tile, its
+            carry handed to the MMA warpgroups after the tile's last step. Not ``valid`` (a step before the block's
+            first): computed on whatever the slot holds, discarded, no barrier touched. Returns the carry."""
+            g = local * k_iters + k
+            slot = lax.rem(g + num_stages, num_stages)  # g >= 1 - num_stages
+            ctx = dataclasses.replace(shape.tile_context(lin, 0, refs_by_name), step=k)
+
+            @pl.when(valid)
+            def _wait_loaded():
+                plgpu.barrier_wait(ready.at[slot])
+
+            init = fusion.prologue_init(ctx) if fusion.prologue_init is not None else ()
+            start = jax.tree.map(lambda c, z: jnp.where(k == 0, z, c), carry, init)
+            new = fusion.prologue_step(ctx, stages[0].at[slot], start)
+
+            @pl.when(valid)
+            def _release():
+                plgpu.barrier_arrive(consumed.at[slot])
+
+            @pl.when(valid & (k == k_iters - 1))
+            def _hand_off():
+                @pl.when(local >= 1)
+                def _wait_read():  # the MMA warpgroups have read the previous tile's carry
+                    plgpu.barrier_wait(handoff_free)
+
+                for i, vec in enumerate(jax.tree.leaves(new)):
+                    handoff.at[i][...] = vec.astype(_F32)
+                plgpu.barrier_arrive(handoff_full)
+
+            return jax.tree.map(lambda n, c: jnp.where(valid, n, c), new, carry)
+
+        def loads_with_prologue(load_step):
+            """The memory warpgroup's loop with the prologue: per step g, load g, then run the prologue on step
+            g - (num_stages - 1), the oldest loaded step whose slot it refills next (the previous tile's at a tile's
+            start); after the last tile, its last steps and the drains."""
+            lag = num_stages - 1
+            carry0 = fusion.prologue_init(shape.tile_context(0, 0, refs_by_name)) if fusion.prologue_init else ()
+            leaves, tree = jax.tree.flatten(carry0)
+            if len(leaves) != fusion.handoff_rows or any(v.shape != (cfg.cta_m,) for v in leaves):
+                raise ValueError(f"Fusion.handoff_rows={fusion.handoff_rows}: the prologue's carry must hold that "
+                                 f"many ({cfg.cta_m},) row vectors, got {[v.shape for v in leaves]}")
+            carry_tree[:] = [tree]
+
+            def tile(loop_info, carry):
+                lin, local = loop_info.index[0], loop_info.local_index
+                prev_lin, _, hook_carry = carry
+
+                def step(k, hook_carry):
+                    load_step(lin, k, local * k_iters + k)
+                    behind = k < lag  # the step lag loads back belongs to the previous tile
+                    return prologue_on(jnp.where(behind, prev_lin, lin), jnp.where(behind, local - 1, local),
+                                       jnp.where(behind, k - lag + k_iters, k - lag), hook_carry,
+                                       local * k_iters + k >= lag)
+
+                return lin, local + 1, lax.fori_loop(0, k_iters, step, hook_carry)
+
+            last_lin, num_local, hook_carry = plgpu.nd_loop(
+                (round_tiles,), collective_axes="sm", init_carry=(jnp.int32(0), jnp.int32(0), carry0))(tile)
+            for d in range(lag):  # the last tile's last steps
+                hook_carry = prologue_on(last_lin, num_local - 1, k_iters - lag + d, hook_carry, num_local >= 1)
+            total = num_local * k_iters
+            for j in range(num_stages):  # the completions of consumed no load waited for
+                @pl.when(total - num_stages + j >= 0)
+                def _drain():
+                    plgpu.barrier_wait(consumed.at[barrier_of(total - num_stages + j)])
+
+            @pl.when(num_local >= 1)
+            def _drain_handoff():
+                plgpu.barrier_wait(handoff_free)
+
         @pl.when(wg == _MEMORY_WG)
         def _memory():
             plgpu.set_max_registers(memory_registers, action="decrease")
@@ -181,6 +261,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
                                             smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)],
                                             collective_axes=shape.multicast(operand))
+
+            if prologue_in_memory:
+                loads_with_prologue(load_step)
+                return
 
             @each_tile
             def _(lin, local, num_local):
@@ -241,7 +325,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             delay = cfg.delay_release  # wgmma groups left in flight; their stages are released later
 
-            in_mma = fusion.prologue_init is not None and not has_prologue_wg
+            in_mma = fusion.prologue_init is not None and not has_handoff
 
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=()):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
@@ -285,12 +369,13 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 def acc_scope(acc_ref):
                     carry = k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, hook_carry)
-                    if has_prologue_wg:
+                    if has_handoff:
                         plgpu.barrier_wait(handoff_full)
-                        carry = carry_tree[0].unflatten([mu.load(handoff.at[i], layout=mu.ROWS, optimized=False)
-                                                         for i in range(fusion.handoff_rows)])
+                        carry = carry_tree[0].unflatten([
+                            mu.load(handoff.at[i, shape.wg_a_rows(wg)], layout=mu.ROWS, optimized=False)
+                            for i in range(fusion.handoff_rows)])
                     shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped)
-                    if has_prologue_wg:
+                    if has_handoff:
                         plgpu.barrier_arrive(handoff_free)
 
                 pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))

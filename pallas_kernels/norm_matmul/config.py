@@ -236,8 +236,9 @@ class MosaicRMSNormMatmulConfig:
     dw_in_xla: dw's GEMM g = xᵀ @ dyr by XLA (cuBLAS, float32 out) and dw, dgamma from g by XLA fusions; None
       (default): when the dw kernel's output has fewer than FEW_TILES CTA tiles (``dw_by_xla``).
     stats_in_kernel: where r comes from. False (default): one XLA row reduction over x (2MK bytes read), the kernel
-      only scaling rows in its epilogue. True: a fourth warpgroup of the forward kernel that sums the squares of
-      each x tile in shared memory beside the MMA warpgroups (needs forward pipeline "own" and wg_split "n").
+      only scaling rows in its epilogue. True: the forward kernel sums the squares of each x block in shared
+      memory beside the MMA warpgroups (forward pipeline "own"), in a fourth warpgroup (wg_split "n") or, with the
+      forward config's ``prologue_in="memory"``, in the memory warpgroup between its loads.
       "mma": the MMA warpgroups themselves, each loading its rows of the x block into registers after issuing the
       step's wgmma (``gemm.Fusion.a_observe``; forward pipeline "own"; with stream-K the warpgroups' partial sums
       are added like their partial accumulators).
@@ -314,12 +315,13 @@ class MosaicRMSNormMatmulConfig:
                              f"dyr_in_dx={self.dyr_in_dx!r}, row_dot={self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
-        if self.stats_in_kernel is True and (self.forward.pipeline != "own" or self.forward.wg_split != "n"
-                                     or self.forward.pingpong):
-            raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: the statistics warpgroup needs the forward "
-                             f"config's pipeline='own', wg_split='n' and schedule='cooperative', got "
-                             f"pipeline={self.forward.pipeline!r}, wg_split={self.forward.wg_split!r}, "
-                             f"schedule={self.forward.schedule!r}")
+        fwd = self.forward
+        if self.stats_in_kernel is True and (fwd.pipeline != "own" or fwd.pingpong or (
+                fwd.wg_split != "n" and fwd.prologue_in == "fourth")):
+            raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: the statistics need the forward config's "
+                             "pipeline='own' and schedule='cooperative', and wg_split='n' in a fourth warpgroup "
+                             f"(prologue_in='fourth'); got pipeline={fwd.pipeline!r}, wg_split={fwd.wg_split!r}, "
+                             f"schedule={fwd.schedule!r}, prologue_in={fwd.prologue_in!r}")
 
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},

@@ -159,7 +159,7 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
         x = mu.load(x_ref, layout=mu.TILE).astype(_F32)  # (tile_m, tile_k)
         return sum_sq + jnp.sum(x * x, axis=1)
 
-    return Fusion(outputs=outputs, handoff_rows=1, prologue_init=lambda ctx: _rows_zero(cfg.tile_m),
+    return Fusion(outputs=outputs, handoff_rows=1, prologue_init=lambda ctx: _rows_zero(cfg.cta_m),
                   prologue_step=step, epilogue=epilogue)
 
 
