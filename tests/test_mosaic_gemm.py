@@ -5,6 +5,7 @@ CPU at tiny shapes, for every K loop."""
 import dataclasses
 import itertools
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -685,6 +686,21 @@ def test_the_memory_warpgroups_prologue_lowers_with_stacked_tiles():
     fn = lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_row_sums(4096))  # noqa: E731
     (kernel,) = mosaic_ir.lower_kernels(fn, S((4096, 2048), jnp.bfloat16), S((2048, 4096), jnp.bfloat16))
     assert kernel.warpgroups == 3 and kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and kernel.tma_loads() >= 2
+
+
+def test_the_memory_warpgroups_prologue_keeps_registers_within_the_launch():
+    """setmaxnreg moves registers within the block's launch allocation (168 per thread with three warpgroups):
+    MMA and memory add up to 504, and the memory warpgroup keeps enough for the prologue."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", prologue_in="memory", mma_registers=232)
+    fn = lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_row_sums(4096))  # noqa: E731
+    with pytest.raises(ValueError, match="mma_registers=232 leaves the memory warpgroup running the prologue 40 "
+                                         r"registers \(needs >= 56: mma_registers <= 224\)"):
+        jax.eval_shape(fn, S((4096, 2048), jnp.bfloat16), S((2048, 4096), jnp.bfloat16))
+    from pallas_kernels.gemm import specialized
+    for mma_registers, want in ((0, (216, 72, 0)), (224, (224, 56, 0)), (160, (160, 184, 0))):
+        shape = types.SimpleNamespace(cfg=dataclasses.replace(config, mma_registers=mma_registers),
+                                      fusion=_row_sums(4096))
+        assert specialized.registers(shape) == want
 
 
 @gpu_only

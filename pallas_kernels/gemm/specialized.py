@@ -41,8 +41,9 @@ its float32 accumulator (and its ``Fusion.a_observe`` carry, ``Fusion.carry_shap
 for the semaphores of the units holding the rest, adds their partial sums and runs the epilogue. The memory
 warpgroup drains ``consumed`` after both phases.
 
-Registers per thread (setmaxnreg, 512 per lane in all): memory 40, MMA ``mma_registers`` (default 232 with three
-warpgroups, 208 with four), the prologue warpgroup the rest (56).
+Registers per thread (setmaxnreg within the launch's allocation, ``registers``): memory 40, MMA ``mma_registers``
+(default 232 with three warpgroups, 208 with four), the prologue warpgroup the rest (56); with the prologue in the
+memory warpgroup, MMA 216 and memory 72.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ __all__ = ["kernel_body", "num_threads", "registers"]
 
 _F32 = jnp.float32
 _MEMORY_REGISTERS = 40
+_MEMORY_PROLOGUE_REGISTERS = 56  # the memory warpgroup that also runs a prologue (a 128x64 block in registers)
 _MEMORY_WG, _PROLOGUE_WG = 2, 3
 
 
@@ -80,13 +82,19 @@ def num_threads(shape) -> int:
 
 
 def registers(shape) -> tuple[int, int, int]:
-    """(MMA, memory, prologue) registers per thread; they add up to 512 per lane across the warpgroups (the
-    memory warpgroup running the prologue takes what the MMA warpgroups leave: 64 by default)."""
-    mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 224 if in_memory(shape) else 232)
-    memory = 512 - 2 * mma if in_memory(shape) else _MEMORY_REGISTERS
+    """(MMA, memory, prologue) registers per thread. setmaxnreg only moves registers within the block's launch
+    allocation, 65536 / threads per thread rounded down to 8 (168 with three warpgroups, 128 with four): an
+    increase the decreases do not cover waits forever. So they add up to 504 per lane across three warpgroups and
+    512 across four; the memory warpgroup running the prologue takes what the MMA warpgroups leave (72)."""
+    mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 216 if in_memory(shape) else 232)
+    memory = 504 - 2 * mma if in_memory(shape) else _MEMORY_REGISTERS
     prologue = 512 - 2 * mma - _MEMORY_REGISTERS if dedicated(shape) else 0
     if dedicated(shape) and prologue < 24:
         raise ValueError(f"mma_registers={mma} leaves the prologue warpgroup {prologue} registers (needs >= 24)")
+    if in_memory(shape) and memory < _MEMORY_PROLOGUE_REGISTERS:
+        raise ValueError(f"mma_registers={mma} leaves the memory warpgroup running the prologue {memory} registers "
+                         f"(needs >= {_MEMORY_PROLOGUE_REGISTERS}: mma_registers <= "
+                         f"{(504 - _MEMORY_PROLOGUE_REGISTERS) // 2})")
     return mma, memory, prologue
 
 
