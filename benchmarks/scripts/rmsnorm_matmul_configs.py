@@ -85,6 +85,10 @@ VARIANTS = {
                                                                           prologue_in="memory")),
     "stats_memory_d1": dict(stats_in_kernel=True, gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1,
                                                                              prologue_in="memory")),
+    "stats_memory_r200": dict(stats_in_kernel=True, gamma_on="w", forward=dict(
+        _STACKED, stream_k=0, prologue_in="memory", mma_registers=200)),  # memory warpgroup: 104 registers
+    "stats_memory_r176": dict(stats_in_kernel=True, gamma_on="w", forward=dict(
+        _STACKED, stream_k=0, prologue_in="memory", mma_registers=176)),  # 152
     "dyr_in_dx_d1": dict(row_dot="n", dyr_in_dx=True, dx=dict(delay_release=1)),  # the copy under 2 wgmmas
 }
 
