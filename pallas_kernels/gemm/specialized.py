@@ -1,7 +1,8 @@
 """Our own warp-specialized K loop for the GEMM core (``MosaicGemmConfig.pipeline == "own"``).
 
 Warpgroups of a block (``wg``): 0 and 1 issue wgmma (MMA), 2 issues the TMA loads (memory) and, when the fusion
-has a ``Fusion.prologue_step``, 3 runs the prologue on each stage (prologue). Every warpgroup walks the same
+has a ``Fusion.prologue_step``, 3 runs the prologue on each stage (prologue; with ``prologue_in="memory"`` the
+memory warpgroup runs it instead, below). Every warpgroup walks the same
 persistent sequence of CTA tiles (planar snake, ``_Shape.tile_context``); the global step g = local tile index ·
 k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memory.
 
@@ -19,6 +20,14 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             vectors, into ``handoff`` and arrives on ``handoff_full``; the MMA warpgroups wait for it only before
             their epilogue and arrive on ``handoff_free`` after it, which the prologue awaits before it writes the
             next tile's (one slot: the next tile's prologue ends with that tile's K loop, long after).
+  memory + prologue (``prologue_in="memory"``, ``loads_with_prologue``): per step g, after loading g, wait
+            ``ready`` of step g - (S - 1) and run the prologue on it, then arrive on its ``consumed``: the slot it
+            refills next, so its own arrival is never what it waits for. A tile's first S - 1 loads run the
+            previous tile's last steps; after the last tile, its last ones. The carry goes to ``handoff`` as
+            above. Measured on the H100 at 32768x4096x4096 (``gemm_prologue_cost-h100-cd21120.json``): the
+            protocol is free (1409.5 against 1406.7 µs with a prologue passing its carry on), but the work is on
+            the loads' critical path: row sums of each 128x64 A block took 1722.9 µs (1636.9 with 104 registers
+            there), where a fourth warpgroup beside 128x128 accumulators took 1477.8 against their plain 1415.4.
 ``consumed[s]`` counts one arrival per consumer warpgroup (2, or 3 with the prologue): a stage is refilled only
 when every consumer has read it. With ``MosaicGemmConfig.cluster``, the two blocks of a cluster walk tile pairs in
 step; the shared operand's copy is a TMA multicast (each memory warpgroup loads half of the tile into both blocks'

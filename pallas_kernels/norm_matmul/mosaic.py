@@ -7,13 +7,14 @@ Forward, one kernel: A = the raw x tile, B = w_γ = diag(gamma) w (one XLA pass 
 so both wgmma operands stay in shared memory as loaded; the epilogue scales the float32 accumulator rows by r.
 r comes from one XLA row reduction over x (default), or, with ``stats_in_kernel``, from the kernel, which then
 also stores r: True, a fourth warpgroup that sums the squares of each x tile in shared memory beside the MMA
-warpgroups; "mma", the MMA warpgroups themselves, each loading its rows of the x block into registers right after
-issuing the step's wgmma (``Fusion.a_observe``) and adding their squares elementwise, reduced across the row once
-per tile in the epilogue (one wgmma group in flight hides it: the 32768x4096x4096 default). The normalized
-activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to the A side instead:
-the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more bytes where w_γ costs 2KN (fewer
-where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies gamma on its columns; still
-no normalized tensor (r stays in the epilogue).
+warpgroups (or the memory warpgroup between its loads, with the forward config's ``prologue_in="memory"``:
+slower, ``gemm.specialized``); "mma", the MMA warpgroups themselves, each loading its rows of the x block into
+registers right after issuing the step's wgmma (``Fusion.a_observe``) and adding their squares elementwise,
+reduced across the row once per tile in the epilogue (one wgmma group in flight hides it: the 32768x4096x4096
+default). The normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to
+the A side instead: the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more bytes where
+w_γ costs 2KN (fewer where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies gamma
+on its columns; still no normalized tensor (r stays in the epilogue).
 
 Backward, two kernels (never the normalized activations; r from the forward; float32 statistics):
   dx kernel:  dx = r · (dy @ w_γᵀ) − r² · c · x (+ dh),  c = Σ_N(dy · y) / K per row.
@@ -125,11 +126,11 @@ def _scaled_w(gamma, w):
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
 def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel) -> Fusion:
-    """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel True: a prologue warpgroup sums x²
-    over each x tile (float32); "mma": each MMA warpgroup, after issuing a step's wgmma, loads its rows of the x
-    block into registers and adds their squares elementwise (reduced across the row once, in the epilogue); then
-    the epilogue forms r from the sums and also stores it (M,); with stream-K the MMA warpgroups' partial sums
-    are added like the accumulators (``Fusion.carry_shapes``)."""
+    """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel True: the prologue (a fourth
+    warpgroup, or the memory warpgroup) sums x² over each x block (float32); "mma": each MMA warpgroup, after
+    issuing a step's wgmma, loads its rows of the x block into registers and adds their squares elementwise
+    (reduced across the row once, in the epilogue); then the epilogue forms r from the sums and also stores it
+    (M,); with stream-K the MMA warpgroups' partial sums are added like the accumulators (``Fusion.carry_shapes``)."""
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
