@@ -148,29 +148,26 @@ def test_three_kernels_within_shared_memory_at_the_suite_shapes(M, K, N, residua
     _check_kernels(M, K, N, residual)
 
 
-@cpu_only
-@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336)])
-def test_the_mma_warpgroups_statistics_fit(M, K, N):
-    """stats_in_kernel "mma": three warpgroups, whole tiles with one wgmma group in flight; the forward program has
-    no XLA pass over x (the kernel outputs r)."""
-    config = nm_config.mosaic_default_config(M, K, N, stats_in_kernel="mma")
-    assert (config.forward.delay_release, config.forward.stream_k, config.gamma_side(M, N, jnp.bfloat16)) == (1, 0, "w")
-    _check_kernels(M, K, N, False, config)
-    with backends.lowering_for_gpu():
-        program = jax.jit(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)
-                          ).trace(S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)).lower(
-            lowering_platforms=("cuda",)).as_text()
-    assert _mk_producers(program, M, K) == []
-
-
-@cpu_only
-@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336)])
-def test_the_memory_warpgroups_statistics_fit(M, K, N):
-    """stats_in_kernel True with the forward's prologue_in "memory": the stacked 64x256 tiles in three warpgroups,
-    and no XLA pass over x in the forward program."""
+def _statistics_config(M: int, K: int, N: int, where: str):
+    """The default config with r summed in the forward kernel: by the MMA warpgroups ("mma": whole tiles, one wgmma
+    group in flight) or by the memory warpgroup ("memory": the stacked 64x256 tiles, prologue_in "memory")."""
+    if where == "mma":
+        config = nm_config.mosaic_default_config(M, K, N, stats_in_kernel="mma")
+        assert (config.forward.delay_release, config.forward.stream_k) == (1, 0)
+        return config
     base = nm_config.mosaic_default_config(M, K, N)
     forward = dataclasses.replace(base.forward, prologue_in="memory", stream_k=0)
-    config = dataclasses.replace(base, forward=forward, stats_in_kernel=True, gamma_on="w")
+    return dataclasses.replace(base, forward=forward, stats_in_kernel=True, gamma_on="w")
+
+
+@cpu_only
+@pytest.mark.parametrize("where", ["mma", "memory"])
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336)])
+def test_the_kernels_statistics_fit_in_three_warpgroups(M, K, N, where):
+    """r summed by the MMA warpgroups or the memory warpgroup: three warpgroups, within shared memory, γ on w, and
+    the forward program has no XLA pass over x (the kernel outputs r)."""
+    config = _statistics_config(M, K, N, where)
+    assert config.gamma_side(M, N, jnp.bfloat16) == "w"
     _check_kernels(M, K, N, False, config)
     with backends.lowering_for_gpu():
         program = jax.jit(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)
