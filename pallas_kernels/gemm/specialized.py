@@ -178,6 +178,14 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         plgpu.barrier_wait(barrier if num_slots == 1 else
                                            barrier.at[slot_of_use(total - num_slots + j)])
 
+        def drain_consumed(total):
+            """After the memory warpgroup's last load of the block's ``total`` steps: wait for the completions of
+            ``consumed`` that no load waited for (the last num_stages steps'), so none is left mid-phase at exit."""
+            for j in range(num_stages):
+                @pl.when(total - num_stages + j >= 0)
+                def _drain():
+                    plgpu.barrier_wait(consumed.at[barrier_of(total - num_stages + j)])
+
         def slot_of(local, k):
             return lax.rem(local * k_iters + k, num_stages)
 
@@ -250,11 +258,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 (round_tiles,), collective_axes="sm", init_carry=(jnp.int32(0), jnp.int32(0), carry0))(tile)
             for d in range(lag):  # the last tile's last steps
                 hook_carry = prologue_on(last_lin, num_local - 1, k_iters - lag + d, hook_carry, num_local >= 1)
-            total = num_local * k_iters
-            for j in range(num_stages):  # the completions of consumed no load waited for
-                @pl.when(total - num_stages + j >= 0)
-                def _drain():
-                    plgpu.barrier_wait(consumed.at[barrier_of(total - num_stages + j)])
+            drain_consumed(num_local * k_iters)
 
             @pl.when(num_local >= 1)
             def _drain_handoff():
@@ -298,11 +302,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                     lax.fori_loop(sk_start, sk_end, step, ())
 
-                total = plan.dp_rounds * k_iters + sk_steps  # the block's steps: the last num_stages are drained
-                for j in range(num_stages):
-                    @pl.when(total - num_stages + j >= 0)
-                    def _drain():
-                        plgpu.barrier_wait(consumed.at[barrier_of(total - num_stages + j)])
+                drain_consumed(plan.dp_rounds * k_iters + sk_steps)
 
         if has_prologue_wg:
             @pl.when(wg == _PROLOGUE_WG)
