@@ -90,6 +90,11 @@ VARIANTS = {
     "stats_memory_r176": dict(stats_in_kernel=True, gamma_on="w", forward=dict(
         _STACKED, stream_k=0, prologue_in="memory", mma_registers=176)),  # 152
     "dyr_in_dx_d1": dict(row_dot="n", dyr_in_dx=True, dx=dict(delay_release=1)),  # the copy under 2 wgmmas
+    # dyr copied by the dx kernel's memory warpgroup (gemm a_copy_in "memory": a second TMA load of each copied dy
+    # block, scaled in 64-row chunks between its loads): MMA 224 / memory 56 registers, or 232 / 40
+    "dyr_memory": dict(row_dot="n", dyr_in_dx=True, dx=dict(a_copy_in="memory")),
+    "dyr_memory_r232": dict(row_dot="n", dyr_in_dx=True, dx=dict(a_copy_in="memory", mma_registers=232)),
+    "dyr_memory_sk0": dict(row_dot="n", dyr_in_dx=True, dx=dict(a_copy_in="memory", stream_k=0)),
 }
 
 
