@@ -415,15 +415,13 @@ def test_statistics_from_the_memory_warpgroup_on_the_gpu(M, K, N, dtype, residua
     (4096, 4096, 4096, jnp.bfloat16, False, _DYR_DX),  # 32 x 16 dx tiles: every column block writes 4 of 64 steps
     (4352, 2048, 2048, jnp.bfloat16, True, None),  # the residual's dx tiles (128x64, both warpgroups on all rows)
     (4352, 2048, 4096, jnp.bfloat16, False, dataclasses.replace(_DYR_DX, stream_k=4)),  # 34 x 8 dx tiles: stream-K
-    (2048, 1024, 4096, jnp.float16, False, _DYR_DX),  # dyr = (r / max r) ⊙ dy; 4 column blocks of 64 steps
-    # the copy by the memory warpgroup (a_copy_in "memory"):
-    (4096, 4096, 4096, jnp.bfloat16, False, dataclasses.replace(_DYR_DX, a_copy_in="memory")),
-    (4352, 2048, 2048, jnp.bfloat16, True, dataclasses.replace(_DYR_DX, a_copy_in="memory")),
-    (4352, 2048, 4096, jnp.bfloat16, False, dataclasses.replace(_DYR_DX, stream_k=4, a_copy_in="memory")),
-    (2048, 1024, 4096, jnp.float16, False, dataclasses.replace(_DYR_DX, a_copy_in="memory"))])
-def test_dyr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, residual, dx):
+    (2048, 1024, 4096, jnp.float16, False, _DYR_DX)])  # dyr = (r / max r) ⊙ dy; 4 column blocks of 64 steps
+@pytest.mark.parametrize("a_copy_in", ["mma", "memory"])
+def test_dyr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, residual, dx, a_copy_in):
+    """dyr copied by the dx kernel's MMA warpgroups or its memory warpgroup (``MosaicGemmConfig.a_copy_in``)."""
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
-    config = dataclasses.replace(config, row_dot="n", dyr_in_dx=True, gamma_on="w", dx=dx or config.dx)
+    dx = dataclasses.replace(dx or config.dx, a_copy_in=a_copy_in)
+    config = dataclasses.replace(config, row_dot="n", dyr_in_dx=True, gamma_on="w", dx=dx)
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
