@@ -73,6 +73,7 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40
 _MEMORY_PROLOGUE_REGISTERS = 56  # the memory warpgroup that also runs a prologue (a 128x64 block in registers)
 _MEMORY_WG, _PROLOGUE_WG = 2, 3
+_COPY_LAG = 2  # (a_copy_in "memory") steps between loading a copied block and transforming its first chunk
 
 
 def dedicated(shape) -> bool:
@@ -273,9 +274,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
         def loads_with_copy(load_step):
             """The memory warpgroup's loop with the a_copy: per step, load it; run the pending copy's chunk c if
-            its loads were issued 2 + c steps back; start a copy if the step's CTA column block writes it, first
-            finishing the pending one (two tiles' copy steps may lie closer than N / cta_n). After the last step,
-            the pending chunks and the drain."""
+            its loads were issued _COPY_LAG + c steps back; start a copy if the step's CTA column block writes it,
+            first finishing the pending one (two tiles' copy steps may lie closer than N / cta_n). After the last
+            step, the pending chunks and the drain."""
             chunks = shape.memory_copy_chunks
 
             def after_load(lin, k, state):
@@ -283,7 +284,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 ctx = shape.tile_context(lin, 0, refs_by_name)
                 start = shape.memory_copy_step(ctx, k)
                 for c in range(chunks):
-                    @pl.when((age == 2 + c) | (start & (age < 2 + c)))
+                    @pl.when((age == _COPY_LAG + c) | (start & (age < _COPY_LAG + c)))
                     def _chunk():
                         shape.memory_copy_chunk(c, shape.tile_context(copy_lin, 0, refs_by_name), copy_k, named_out,
                                                 scoped)
@@ -320,7 +321,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 total = plan.dp_rounds * k_iters + sk_steps
             age, copy_lin, copy_k = state
             for c in range(chunks):  # the last copy's chunks not run yet
-                @pl.when(age <= 2 + c)
+                @pl.when(age <= _COPY_LAG + c)
                 def _chunk():
                     shape.memory_copy_chunk(c, shape.tile_context(copy_lin, 0, refs_by_name), copy_k, named_out,
                                             scoped)
