@@ -632,65 +632,6 @@ def test_a_copy_in_interpret_mode(fields):
         _check_a_copy(128, 128, 128, dataclasses.replace(_TINY, **fields))
 
 
-def _scaled_a(M: int, K: int) -> Fusion:
-    """A fusion whose a_copy writes A ⊙ s row by row, s (M,) float32 powers of two (exact: a wrong row vector,
-    chunk or block shows as a mismatch)."""
-    return Fusion(inputs=("s",), a_copy_rows=("s",), outputs=(("as", S((M, K), jnp.bfloat16)),),
-                  a_copy=("as", lambda ctx, a, rows: a.astype(jnp.float32) * jax.lax.broadcast_in_dim(
-                      rows[0], a.shape, [0])))
-
-
-def _check_scaled_copy(M, K, N, config):
-    a, b = _operands(M, K, N, jnp.bfloat16)
-    for _ in range(2):
-        s = 2.0 ** jax.random.randint(_key(), (M,), -3, 4).astype(jnp.float32)
-        got, a_s = jax.jit(lambda a, b, s: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
-                                                fusion=_scaled_a(M, K), arrays=dict(s=s)))(a, b, s)
-        assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, K)
-        np.testing.assert_array_equal(np.asarray(a_s, np.float32),
-                                      np.asarray(a, np.float32) * np.asarray(s)[:, None])
-
-
-@pytest.mark.parametrize("fields", [dict(schedule="pingpong"), dict(cluster="m"), dict(pipeline="pallas")])
-def test_a_copy_in_memory_needs_our_cooperative_k_loop(fields):
-    with pytest.raises(ValueError, match="a_copy_in: 'memory' runs on pipeline 'own', schedule 'cooperative', "
-                                         "cluster 'none'"):
-        MosaicGemmConfig(a_copy_in="memory", **fields)
-
-
-def test_a_copy_rows_must_be_float32_row_vectors():
-    with pytest.raises(ValueError, match=r"a_copy_rows \['s'\] must name inputs of shape \(256,\), float32"):
-        jax.eval_shape(lambda a, b, s: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16,
-                                            fusion=_scaled_a(256, 256), arrays=dict(s=s)),
-                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((256,), jnp.bfloat16))
-
-
-@cpu_only
-@pytest.mark.slow
-@pytest.mark.parametrize("M, K, N, fields", [
-    (256, 256, 256, dict(tile_m=64, wg_split="m", a_copy_in="memory")),  # 2 chunks, 4 column blocks, 8 steps
-    (128, 192, 384, dict(a_copy_in="memory")),  # cta 64x128: 1 chunk, 3 column blocks, 6 steps
-    (256, 128, 128, dict(tile_m=64, wg_split="m", a_copy_in="memory")),  # a copy every step: each waits
-    (256, 256, 256, dict(tile_m=64, wg_split="m"))])  # the MMA warpgroups' copy with row vectors
-def test_scaled_copy_in_interpret_mode(M, K, N, fields):
-    with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks: copies cross tiles and stages
-        _check_scaled_copy(M, K, N, dataclasses.replace(_TINY, **fields))
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, config", [
-    (2048, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, a_copy_in="memory")),
-    (2048, 1024, 1024, MosaicGemmConfig(num_stages=3, a_copy_in="memory")),  # cta 128x256: 4 blocks, 16 steps
-    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, stream_k=4,
-                                        a_copy_in="memory")),
-    (1024, 256, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, a_copy_in="memory")),
-    (2048, 512, 512, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, a_copy_in="memory")),
-    (2048, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, mma_registers=232,
-                                        a_copy_in="memory"))])  # the memory warpgroup at 40 registers
-def test_scaled_copy_in_memory_on_the_gpu(M, K, N, config):
-    _check_scaled_copy(M, K, N, config)
-
-
 @gpu_only
 @pytest.mark.parametrize("M, K, N, config", [
     (2048, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3)),  # 16 column blocks

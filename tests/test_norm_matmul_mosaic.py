@@ -319,14 +319,13 @@ _DYR_DX = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", 
 
 @cpu_only
 @pytest.mark.parametrize("stream_k_split", [0, 4])
-@pytest.mark.parametrize("a_copy_in", ["mma", "memory"])
-def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(stream_k_split, a_copy_in):
+def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(stream_k_split):
     """dyr_in_dx: the dx kernel also stores dyr by TMA from its own shared memory (a second copy to global memory)
-    within shared memory, by its MMA or its memory warpgroup, and the backward program makes no (M, N) tensor
-    outside the kernels: XLA's pass over dy and y only reduces. Without it, that pass writes dyr."""
+    within shared memory, and the backward program makes no (M, N) tensor outside the kernels: XLA's pass over dy
+    and y only reduces. Without it, that pass writes dyr."""
     M, K, N = 32768, 4096, 4096
     base = dataclasses.replace(nm_config.mosaic_default_config(M, K, N), row_dot="n",
-                               dx=dataclasses.replace(_DYR_DX, stream_k=stream_k_split, a_copy_in=a_copy_in))
+                               dx=dataclasses.replace(_DYR_DX, stream_k=stream_k_split))
     stores = {}
     for in_dx in (False, True):
         fn, args = _fwd_bwd(M, K, N, False, dataclasses.replace(base, dyr_in_dx=in_dx))
@@ -416,12 +415,9 @@ def test_statistics_from_the_memory_warpgroup_on_the_gpu(M, K, N, dtype, residua
     (4352, 2048, 2048, jnp.bfloat16, True, None),  # the residual's dx tiles (128x64, both warpgroups on all rows)
     (4352, 2048, 4096, jnp.bfloat16, False, dataclasses.replace(_DYR_DX, stream_k=4)),  # 34 x 8 dx tiles: stream-K
     (2048, 1024, 4096, jnp.float16, False, _DYR_DX)])  # dyr = (r / max r) ⊙ dy; 4 column blocks of 64 steps
-@pytest.mark.parametrize("a_copy_in", ["mma", "memory"])
-def test_dyr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, residual, dx, a_copy_in):
-    """dyr copied by the dx kernel's MMA warpgroups or its memory warpgroup (``MosaicGemmConfig.a_copy_in``)."""
+def test_dyr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, residual, dx):
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
-    dx = dataclasses.replace(dx or config.dx, a_copy_in=a_copy_in)
-    config = dataclasses.replace(config, row_dot="n", dyr_in_dx=True, gamma_on="w", dx=dx)
+    config = dataclasses.replace(config, row_dot="n", dyr_in_dx=True, gamma_on="w", dx=dx or config.dx)
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
@@ -450,21 +446,17 @@ def test_nan_never_passes():
     (jnp.float16, False, True, False, "n"), (jnp.float16, False, False, False, "k"),
     (jnp.float16, False, False, True, "n"), (jnp.bfloat16, True, "mma", False, "k"),
     (jnp.float16, False, "mma", False, "n"), (jnp.bfloat16, False, False, False, "n_dyr"),
-    (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr"),
-    (jnp.bfloat16, False, False, False, "n_dyr_memory"), (jnp.float16, False, False, True, "n_dyr_memory")])
+    (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
     from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows);
-    "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the residual); "n_dyr_memory": the
-    same, copied by its memory warpgroup."""
+    "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the residual)."""
     tiles = _Interpreted.tiles
     stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats == "mma" else tiles
-    dyr_in_dx = row_dot.startswith("n_dyr")
+    dyr_in_dx = row_dot == "n_dyr"
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
-    if row_dot == "n_dyr_memory":
-        dx = dataclasses.replace(dx, a_copy_in="memory")
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
                     gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot[:1],
                     dyr_in_dx=dyr_in_dx)

@@ -34,7 +34,8 @@ from pallas_kernels.norm_matmul import config as nm_config
 # So did the MMA warpgroups writing x ⊙ gamma over their own rows before each wgmma (``Fusion.a_transform``,
 # 0bcb2e7; variants "mma_gamma_x", "mma_gamma_x_d0": rmsnorm_matmul_configs_gamma_mma-h100-0bcb2e7.json), and the
 # forward's output stored from registers (``out_store="direct"``, a5bfb81, "fwd_direct":
-# rmsnorm_matmul_configs_direct_store-h100-a5bfb81.json).
+# rmsnorm_matmul_configs_direct_store-h100-a5bfb81.json). So did dyr copied by the dx kernel's memory warpgroup
+# (``a_copy_in="memory"``, c7e9fbf-245e44f, reverted; "dyr_memory*": rmsnorm_matmul_configs_dyr_memory*-h100-*.json).
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 VARIANTS = {
     "default": {},
@@ -90,11 +91,6 @@ VARIANTS = {
     "stats_memory_r176": dict(stats_in_kernel=True, gamma_on="w", forward=dict(
         _STACKED, stream_k=0, prologue_in="memory", mma_registers=176)),  # 152
     "dyr_in_dx_d1": dict(row_dot="n", dyr_in_dx=True, dx=dict(delay_release=1)),  # the copy under 2 wgmmas
-    # dyr copied by the dx kernel's memory warpgroup (gemm a_copy_in "memory": a second TMA load of each copied dy
-    # block, scaled in 64-row chunks between its loads): MMA 224 / memory 56 registers, or 232 / 40
-    "dyr_memory": dict(row_dot="n", dyr_in_dx=True, dx=dict(a_copy_in="memory")),
-    "dyr_memory_r232": dict(row_dot="n", dyr_in_dx=True, dx=dict(a_copy_in="memory", mma_registers=232)),
-    "dyr_memory_sk0": dict(row_dot="n", dyr_in_dx=True, dx=dict(a_copy_in="memory", stream_k=0)),
 }
 
 

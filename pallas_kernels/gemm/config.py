@@ -34,14 +34,13 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["A_COPY_PLACES", "BARRIER_BYTES", "CLUSTERS", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
-           "MosaicGemmConfig", "a_copy_smem_bytes", "smem_bytes", "unsupported_reason"]
+__all__ = ["BARRIER_BYTES", "CLUSTERS", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES", "MosaicGemmConfig",
+           "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
-A_COPY_PLACES = ("mma", "memory")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
@@ -82,12 +81,6 @@ class MosaicGemmConfig:
         warpgroups ptxas compiles for 128 registers, too few for a 64x256 wgmma); "memory", the memory warpgroup,
         on each stage num_stages - 1 loads after issuing it (any wg_split; no cluster): free as a protocol, but
         its work delays the loads (row sums of each A block: 1.22x the plain core; ``gemm.specialized``).
-      a_copy_in: where a ``Fusion.a_copy`` runs: "mma", each MMA warpgroup on its rows of the stage's A block,
-        right after issuing the step's wgmma; "memory", the memory warpgroup, which TMA-loads the block a second
-        time (with the copy's row vectors) into its own buffer, transforms it in 64-row chunks on the following
-        steps, between its loads, and stores it (pipeline "own", cooperative, no cluster). A copy due while the
-        last one is unfinished (copy steps closer than cta_m / 64 + 2, as N / cta_n or a tile boundary may put
-        them) first finishes it, waiting for its loads.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -108,7 +101,6 @@ class MosaicGemmConfig:
     cluster: str = "none"
     stream_k: int = 0
     prologue_in: str = "fourth"
-    a_copy_in: str = "mma"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -137,7 +129,6 @@ class MosaicGemmConfig:
             ("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}"),
             ("cluster", self.cluster in CLUSTERS, f"one of {CLUSTERS}"),
             ("prologue_in", self.prologue_in in PROLOGUE_PLACES, f"one of {PROLOGUE_PLACES}"),
-            ("a_copy_in", self.a_copy_in in A_COPY_PLACES, f"one of {A_COPY_PLACES}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -157,11 +148,6 @@ class MosaicGemmConfig:
         if self.prologue_in == "memory" and (self.pipeline, self.schedule, self.cluster) != ("own", "cooperative",
                                                                                             "none"):
             raise ValueError(f"{cls}.prologue_in: 'memory' runs on pipeline 'own', schedule 'cooperative', cluster "
-                             f"'none'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}, "
-                             f"cluster={self.cluster!r}")
-        if self.a_copy_in == "memory" and (self.pipeline, self.schedule, self.cluster) != ("own", "cooperative",
-                                                                                          "none"):
-            raise ValueError(f"{cls}.a_copy_in: 'memory' runs on pipeline 'own', schedule 'cooperative', cluster "
                              f"'none'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}, "
                              f"cluster={self.cluster!r}")
 
@@ -228,13 +214,3 @@ def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes:
         out_dtype).itemsize
     tiles = sum(2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes
-
-
-def a_copy_smem_bytes(config: MosaicGemmConfig, dtype, num_rows: int = 0) -> int:
-    """Shared memory a ``Fusion.a_copy`` adds (bytes): two (wg_rows, tile_k) blocks of ``dtype`` (one per MMA
-    warpgroup), or with ``a_copy_in="memory"`` one (cta_m, tile_k) block and ``num_rows`` float32 row vectors of
-    cta_m."""
-    size = jnp.dtype(dtype).itemsize
-    if config.a_copy_in == "memory":
-        return config.cta_m * config.tile_k * size + num_rows * config.cta_m * 4
-    return 2 * config.wg_rows * config.tile_k * size

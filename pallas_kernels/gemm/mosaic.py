@@ -143,17 +143,12 @@ class Fusion:
       (rows, cols) arrays in the accumulator layout or (rows,) row vectors. They must add over K steps (sums): a
       segment that starts mid-tile stores its partial carry beside its partial accumulator, and the tile's owner
       adds them to its own before the epilogue. None: the carry needs whole tiles (no stream-K).
-    a_copy: (name, fn): the kernel also writes each A block, transformed, into the output ``name`` (an (M, K)
-      16-bit array of ``outputs``): fn(ctx, a, rows) -> the block's values, row by row: a float32-castable block of
-      A's rows in the accumulator layout, rows the ``a_copy_rows`` vectors at those rows (layout ROWS), ctx.step
-      the step. Each block is written once, through SMEM and one TMA copy: e.g. dyr = r ⊙ dy from the
-      rmsnorm_matmul dx kernel's dy blocks, sparing the XLA pass that writes it. Pipeline "own", A read as
-      stored, no prologue_step or a_observe. Where (``MosaicGemmConfig.a_copy_in``): "mma", each MMA warpgroup
-      on its rows of the stage's block right after issuing the step's wgmma, at the steps its column block is the
-      step modulo the column blocks (N / tile_n; ``_Shape.copy_step``); "memory", the memory warpgroup, at the
-      steps the CTA tile's column block is the step modulo N / cta_n, on a second TMA load of the block, in 64-row
-      chunks (ctx.row0 the chunk's first row; ``_Shape.start_memory_copy``).
-    a_copy_rows: the (M,) inputs (of ``inputs``) an a_copy reads per row.
+    a_copy: (name, fn): the MMA warpgroups also write each A block, transformed, into the output ``name`` (an
+      (M, K) 16-bit array of ``outputs``): fn(ctx, a, carry) -> the block's values, a as for a_observe, carry
+      ``prologue_init``'s (ctx.step the step). Each block is written once, by the accumulators whose column block is
+      the step modulo the column blocks (N / tile_n; ``_Shape.copy_step``), right after issuing its wgmma, through
+      a per-warpgroup SMEM buffer and one TMA copy: e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy
+      blocks, sparing the XLA pass that writes it. Pipeline "own", A read as stored, no prologue_step or a_observe.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -172,7 +167,6 @@ class Fusion:
     a_observe: Callable | None = None
     carry_shapes: tuple[tuple[int, ...], ...] | None = None
     a_copy: tuple[str, Callable] | None = None
-    a_copy_rows: tuple[str, ...] = ()
     epilogue: Callable | None = None
 
 
@@ -226,10 +220,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         if copied is None or copied.shape != (M, K) or jnp.dtype(copied.dtype).itemsize != 2:
             raise ValueError(f"{name}: a_copy={fusion.a_copy[0]!r} must name an output of A's shape ({M}, {K}) and a "
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
-        not_rows = [n for n in fusion.a_copy_rows if n not in fusion.inputs or n not in arrays
-                    or arrays[n].shape != (M,) or jnp.dtype(arrays[n].dtype) != jnp.dtype(_F32)]
-        if not_rows:
-            raise ValueError(f"{name}: a_copy_rows {not_rows} must name inputs of shape ({M},), float32")
     if accumulate_into is not None:
         arrays[_ACCUMULATED] = accumulate_into
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
@@ -336,21 +326,10 @@ class _Shape:
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
                        for n, d in zip(fusion.tile_inputs, self.tile_dtypes)},
             tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs},
-            **self._a_copy_types(),
+            a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
+                (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(cfg.tile_k,
+                                                                                              self.a_copy_dtype)),
             scratch=dict(fusion.scratch))
-
-    def _a_copy_types(self) -> dict:
-        """The a_copy's SMEM: a (wg_rows, tile_k) block per MMA warpgroup; with a_copy_in "memory", one (cta_m,
-        tile_k) block, its rows of the a_copy_rows vectors and the barrier their TMA loads arrive on."""
-        cfg, fusion = self.cfg, self.fusion
-        if fusion.a_copy is None:
-            return {}
-        transforms = mu.smem_transforms(cfg.tile_k, self.a_copy_dtype)
-        if cfg.a_copy_in == "mma":
-            return dict(a_copy_smem=plgpu.SMEM((2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=transforms))
-        return dict(a_copy_smem=plgpu.SMEM((cfg.cta_m, cfg.tile_k), self.a_copy_dtype, transforms=transforms),
-                    a_copy_rows_smem=plgpu.SMEM((max(1, len(fusion.a_copy_rows)), cfg.cta_m), _F32),
-                    a_copy_ready=plgpu.Barrier(num_arrivals=1 + len(fusion.a_copy_rows)))
 
     @property
     def a_copy_dtype(self):
@@ -367,15 +346,9 @@ class _Shape:
         shift = cols // 2 if self.cfg.wg_rows < self.cfg.cta_m else 0
         return lax.rem(k + ctx.wg * shift, cols) == ctx.col_block
 
-    def copy_rows(self, ctx: TileContext) -> tuple:
-        """(a_copy_in "mma") This warpgroup's rows of the a_copy_rows vectors, loaded at its tile's start."""
-        if self.fusion.a_copy is None or self.cfg.a_copy_in != "mma":
-            return ()
-        return tuple(ctx.load_rows(n) for n in self.fusion.a_copy_rows)
-
-    def copy_a(self, ctx: TileContext, k, a_smem, rows, named_out, scoped) -> None:
-        """(a_copy_in "mma") ``Fusion.a_copy`` at step k of this warpgroup's tile, if it writes that step: its rows
-        of the A block (a_smem, the stage's) loaded into registers, transformed, staged in SMEM and stored by TMA."""
+    def copy_a(self, ctx: TileContext, k, a_smem, carry, named_out, scoped) -> None:
+        """``Fusion.a_copy`` at step k of this warpgroup's tile, if it writes that step: its rows of the A block
+        (a_smem, the stage's) loaded into registers, transformed, staged in SMEM and stored by TMA."""
         cfg = self.cfg
         name, fn = self.fusion.a_copy
 
@@ -384,48 +357,9 @@ class _Shape:
             a = mu.load(a_smem.at[self.wg_a_rows(ctx.wg)], layout=mu.TILE)
             buffer = scoped["a_copy_smem"].at[ctx.wg]
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the buffer's last copy has read it
-            buffer[...] = fn(dataclasses.replace(ctx, step=k), a, rows).astype(buffer.dtype)
+            buffer[...] = fn(dataclasses.replace(ctx, step=k), a, carry).astype(buffer.dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(buffer, named_out[name].at[pl.ds(ctx.row0, cfg.wg_rows),
-                                                               pl.ds(k * cfg.tile_k, cfg.tile_k)])
-
-    @property
-    def memory_copy_chunks(self) -> int:
-        """(a_copy_in "memory") The 64-row chunks of one copied (cta_m, tile_k) block."""
-        return self.cfg.cta_m // 64
-
-    def memory_copy_step(self, ctx: TileContext, k):
-        """(a_copy_in "memory") Whether the block copies step k's A block of the CTA tile at ctx: the tile's column
-        block is k modulo the N / cta_n column blocks (each (cta_m, tile_k) block of A written once)."""
-        return lax.rem(k, self.mnk[1] // self.cfg.cta_n) == ctx.n_idx
-
-    def start_memory_copy(self, ctx: TileContext, k, a_gmem, named_in, scoped) -> None:
-        """(a_copy_in "memory", the memory warpgroup) TMA-load step k's A block of the CTA tile at ctx and its rows
-        of the a_copy_rows vectors into the copy's buffers, once the previous copy's store has read them."""
-        cfg = self.cfg
-        rows = pl.ds(ctx.m_idx * cfg.cta_m, cfg.cta_m)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        plgpu.copy_gmem_to_smem(a_gmem.at[rows, pl.ds(k * cfg.tile_k, cfg.tile_k)], scoped["a_copy_smem"],
-                                scoped["a_copy_ready"])
-        for i, n in enumerate(self.fusion.a_copy_rows):
-            plgpu.copy_gmem_to_smem(named_in[n].at[rows], scoped["a_copy_rows_smem"].at[i], scoped["a_copy_ready"])
-
-    def memory_copy_chunk(self, chunk: int, ctx: TileContext, k, named_out, scoped) -> None:
-        """(a_copy_in "memory", the memory warpgroup) The a_copy on 64-row chunk ``chunk`` of the loaded block of
-        step k (the first chunk waits for its loads), written back in place; after the last chunk the block is
-        stored by TMA."""
-        cfg = self.cfg
-        name, fn = self.fusion.a_copy
-        buffer, rows = scoped["a_copy_smem"], pl.ds(chunk * 64, 64)
-        if chunk == 0:
-            plgpu.barrier_wait(scoped["a_copy_ready"])
-        vectors = tuple(mu.load(scoped["a_copy_rows_smem"].at[i, rows], layout=mu.ROWS, optimized=False)
-                        for i in range(len(self.fusion.a_copy_rows)))
-        chunk_ctx = dataclasses.replace(ctx, row0=ctx.m_idx * cfg.cta_m + chunk * 64, step=k)
-        buffer.at[rows][...] = fn(chunk_ctx, mu.load(buffer.at[rows], layout=mu.TILE), vectors).astype(buffer.dtype)
-        if chunk == self.memory_copy_chunks - 1:
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(buffer, named_out[name].at[pl.ds(ctx.m_idx * cfg.cta_m, cfg.cta_m),
                                                                pl.ds(k * cfg.tile_k, cfg.tile_k)])
 
     def split_refs(self, refs):

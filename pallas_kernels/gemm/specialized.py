@@ -73,7 +73,6 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40
 _MEMORY_PROLOGUE_REGISTERS = 56  # the memory warpgroup that also runs a prologue (a 128x64 block in registers)
 _MEMORY_WG, _PROLOGUE_WG = 2, 3
-_COPY_LAG = 2  # (a_copy_in "memory") steps between loading a copied block and transforming its first chunk
 
 
 def dedicated(shape) -> bool:
@@ -86,11 +85,6 @@ def in_memory(shape) -> bool:
     return shape.fusion.prologue_step is not None and shape.cfg.prologue_in == "memory"
 
 
-def copies_in_memory(shape) -> bool:
-    """Whether the memory warpgroup runs the ``Fusion.a_copy`` (``a_copy_in="memory"``)."""
-    return shape.fusion.a_copy is not None and shape.cfg.a_copy_in == "memory"
-
-
 def num_threads(shape) -> int:
     """Warpgroups of one block: 3, or 4 with a dedicated prologue warpgroup."""
     return 4 if dedicated(shape) else 3
@@ -100,11 +94,9 @@ def registers(shape) -> tuple[int, int, int]:
     """(MMA, memory, prologue) registers per thread. setmaxnreg only moves registers within the block's launch
     allocation, 65536 / threads per thread rounded down to 8 (168 with three warpgroups, 128 with four): an
     increase the decreases do not cover waits forever. So they add up to 504 per lane across three warpgroups and
-    512 across four; the memory warpgroup running the prologue or the a_copy takes what the MMA warpgroups leave
-    (72, or 56 beside the copy's 224)."""
-    mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 216 if in_memory(shape)
-                                      else 224 if copies_in_memory(shape) else 232)
-    memory = 504 - 2 * mma if in_memory(shape) or copies_in_memory(shape) else _MEMORY_REGISTERS
+    512 across four; the memory warpgroup running the prologue takes what the MMA warpgroups leave (72)."""
+    mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 216 if in_memory(shape) else 232)
+    memory = 504 - 2 * mma if in_memory(shape) else _MEMORY_REGISTERS
     prologue = 512 - 2 * mma - _MEMORY_REGISTERS if dedicated(shape) else 0
     if dedicated(shape) and prologue < 24:
         raise ValueError(f"mma_registers={mma} leaves the prologue warpgroup {prologue} registers (needs >= 24)")
@@ -272,61 +264,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             def _drain_handoff():
                 plgpu.barrier_wait(handoff_free)
 
-        def loads_with_copy(load_step):
-            """The memory warpgroup's loop with the a_copy: per step, load it; run the pending copy's chunk c if
-            its loads were issued _COPY_LAG + c steps back; start a copy if the step's CTA column block writes it,
-            first finishing the pending one (two tiles' copy steps may lie closer than N / cta_n). After the last
-            step, the pending chunks and the drain."""
-            chunks = shape.memory_copy_chunks
-
-            def after_load(lin, k, state):
-                age, copy_lin, copy_k = state  # steps since the pending copy was started, its tile and step
-                ctx = shape.tile_context(lin, 0, refs_by_name)
-                start = shape.memory_copy_step(ctx, k)
-                for c in range(chunks):
-                    @pl.when((age == _COPY_LAG + c) | (start & (age < _COPY_LAG + c)))
-                    def _chunk():
-                        shape.memory_copy_chunk(c, shape.tile_context(copy_lin, 0, refs_by_name), copy_k, named_out,
-                                                scoped)
-
-                @pl.when(start)
-                def _start():
-                    shape.start_memory_copy(ctx, k, a_gmem, named_in, scoped)
-
-                return jnp.where(start, 0, age) + 1, jnp.where(start, lin, copy_lin), jnp.where(start, k, copy_k)
-
-            idle = jnp.int32(1 << 24)  # no copy pending
-            state = (idle, jnp.int32(0), jnp.int32(0))
-            num_local = jnp.int32(0)
-            if round_tiles:
-                def tile(loop_info, carry):
-                    lin, local = loop_info.index[0], loop_info.local_index
-
-                    def step(k, state):
-                        load_step(lin, k, local * k_iters + k)
-                        return after_load(lin, k, state)
-
-                    return local + 1, lax.fori_loop(0, k_iters, step, carry[1])
-
-                num_local, state = plgpu.nd_loop((round_tiles,), collective_axes="sm",
-                                                 init_carry=(num_local, state))(tile)
-            total = num_local * k_iters
-            if plan is not None:
-                def sk_step(s, state):
-                    lin, k = plan.dp_tiles + lax.div(s, k_iters), lax.rem(s, k_iters)
-                    load_step(lin, k, sk_g0 + s)
-                    return after_load(lin, k, state)
-
-                state = lax.fori_loop(sk_start, jnp.where(unit < plan.units, sk_end, sk_start), sk_step, state)
-                total = plan.dp_rounds * k_iters + sk_steps
-            age, copy_lin, copy_k = state
-            for c in range(chunks):  # the last copy's chunks not run yet
-                @pl.when(age <= _COPY_LAG + c)
-                def _chunk():
-                    shape.memory_copy_chunk(c, shape.tile_context(copy_lin, 0, refs_by_name), copy_k, named_out,
-                                            scoped)
-            drain_consumed(total)
-
         @pl.when(wg == _MEMORY_WG)
         def _memory():
             plgpu.set_max_registers(memory_registers, action="decrease")
@@ -348,9 +285,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             if prologue_in_memory:
                 loads_with_prologue(load_step)
-                return
-            if copies_in_memory(shape):
-                loads_with_copy(load_step)
                 return
 
             @each_tile
@@ -410,12 +344,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             in_mma = fusion.prologue_init is not None and not has_handoff
 
-            copy_in_mma = fusion.a_copy is not None and not copies_in_memory(shape)
-
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=()):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
                 With ``Fusion.a_observe``, run after each wgmma is issued; returns its carry."""
-                copy_rows = shape.copy_rows(ctx) if copy_in_mma else ()
                 def step(k, carry):
                     acc_ref, hook_carry = carry
                     g = g0 + k - k0
@@ -425,8 +356,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     if fusion.a_observe is not None:  # under the wgmma just issued (and one in flight with delay)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         hook_carry = fusion.a_observe(dataclasses.replace(ctx, step=k), a, hook_carry)
-                    if copy_in_mma:  # likewise, on the steps this warpgroup's column block writes
-                        shape.copy_a(ctx, k, stages[0].at[slot], copy_rows, named_out, scoped)
+                    if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
+                        shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete
 

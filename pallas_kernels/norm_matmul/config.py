@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes
-from pallas_kernels.gemm.config import BARRIER_BYTES, a_copy_smem_bytes
+from pallas_kernels.gemm.config import BARRIER_BYTES
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
@@ -350,7 +350,7 @@ class MosaicRMSNormMatmulConfig:
     def dyr_smem_reason(self, dtype, residual: bool) -> str | None:
         """None when the dx kernel's shared memory holds the dyr copy's staging too; else the sentence saying how
         much it would need."""
-        staging = a_copy_smem_bytes(self.dx, dtype, num_rows=1)
+        staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
         need = smem_bytes(self.dx, dtype, dtype, tile_input_dtypes=(dtype,) * (2 if residual else 1),
                           store_in_tile=True, scratch_bytes=staging) + BARRIER_BYTES
         if need <= mosaic_utils.H100_SMEM_BYTES:

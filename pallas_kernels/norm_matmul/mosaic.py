@@ -206,17 +206,15 @@ def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct
             dx = dx + ctx.load_tile("dh")
         return dx, {}
 
-    def scaled_dy(ctx, dy, rows):  # dyr's (rows, tile_k) block
+    def scaled_dy(ctx, dy, carry):  # dyr's (rows, tile_k) block
         del ctx
-        return dy.astype(_F32) * _bcast_rows(rows[0], dy.shape)
+        return dy.astype(_F32) * _bcast_rows(carry[2], dy.shape)
 
-    rows = ("row_dot", "rstd")  # the carry
+    rows = ("row_dot", "rstd") + (("dyr_scale",) if dyr is not None else ())  # the carry
     return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
-                  inputs=("rstd", "row_dot", *(("gamma",) if gamma_cols else ()),
-                          *(("dyr_scale",) if dyr is not None else ())),
+                  inputs=("rstd", "row_dot", *(("gamma",) if gamma_cols else ()), *rows[2:]),
                   outputs=(("dyr", dyr),) if dyr is not None else (),
                   a_copy=("dyr", scaled_dy) if dyr is not None else None,
-                  a_copy_rows=("dyr_scale",) if dyr is not None else (),
                   prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
 
