@@ -91,6 +91,10 @@ VARIANTS = {
     "stats_memory_r176": dict(stats_in_kernel=True, gamma_on="w", forward=dict(
         _STACKED, stream_k=0, prologue_in="memory", mma_registers=176)),  # 152
     "dyr_in_dx_d1": dict(row_dot="n", dyr_in_dx=True, dx=dict(delay_release=1)),  # the copy under 2 wgmmas
+    # dgamma summed by the dw kernel from a prefetched w tile (before dgamma_in_dx), where the default (gamma on x)
+    # sums it in the dx kernel's epilogue; and the dw kernel with the fourth stage that sparing the w tile frees
+    "dgamma_in_dw": dict(dgamma_in_dx=False),
+    "dgamma_dx_dw4": dict(dgamma_in_dx=True, dw=dict(num_stages=4)),
 }
 
 
