@@ -362,7 +362,8 @@ def test_dyr_in_dx_needs_the_row_dot_on_the_n_side_and_by_default_takes_it_where
 @cpu_only
 def test_dgamma_from_the_dx_kernel_spares_the_dw_kernel_its_w_tile():
     """Where gamma goes on x (4096x4096x14336's tuned entry), dgamma's sums come from the dx kernel's epilogue by
-    default (one more output, a cross-warp reduction's scratch) and the dw kernel loads no w tile: 64 KiB less
+    default (one more output, a cross-warp reduction's scratch, two barriers for the warpgroups' turns at it) and
+    the dw kernel loads no w tile: 64 KiB less
     shared memory, one TMA load fewer per tile; with dgamma_in_dx=False the dw kernel sums them as before."""
     M, K, N = 4096, 4096, 14336
     base = nm_config.mosaic_default_config(M, K, N)
@@ -378,7 +379,7 @@ def test_dgamma_from_the_dx_kernel_spares_the_dw_kernel_its_w_tile():
     assert dw.smem_bytes == dw_alone.smem_bytes - w_tile - 2 * 8 + staging  # and the w tile's two barriers
     assert dw.tma_loads() == dw_alone.tma_loads() - 1
     dx, dx_alone = kernels[True]["rmsnorm_matmul_dx"], kernels[False]["rmsnorm_matmul_dx"]
-    assert dx.smem_bytes == dx_alone.smem_bytes + 2048 <= mosaic_utils.H100_SMEM_BYTES
+    assert dx.smem_bytes == dx_alone.smem_bytes + 2048 + 2 * 8 <= mosaic_utils.H100_SMEM_BYTES  # and its 2 turns
 
 
 def test_dgamma_in_dx_needs_gamma_on_x():

@@ -269,8 +269,8 @@ class MosaicRMSNormMatmulConfig:
     dgamma_in_dx: True: dgamma_k = Σ_M x ⊙ r ⊙ (dy @ wᵀ) is summed in the dx kernel's epilogue, over each
       accumulator's rows (its product before gamma, the x tile it already holds; (M / tile_m, K) partial sums that
       XLA adds), so the dw kernel needs no w tile (a plain row-scaling epilogue: its shared memory then holds a
-      fourth stage). Needs gamma on x (the dx kernel reading w itself). None (default): ``dgamma_by_dx``, where
-      gamma goes on x. False: the dw kernel sums Σ_N w ⊙ g from a prefetched w tile.
+      fourth stage). Needs gamma on x (the dx kernel reading w itself) and cooperative dx tiles. None (default):
+      ``dgamma_by_dx``, where both hold. False: the dw kernel sums Σ_N w ⊙ g from a prefetched w tile.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
@@ -355,7 +355,7 @@ class MosaicRMSNormMatmulConfig:
         goes on x (``gamma_side``: the dx kernel then reads w itself)."""
         if self.dgamma_in_dx is not None:
             return self.dgamma_in_dx
-        return self.gamma_side(M, N, dtype) == "x"
+        return self.gamma_side(M, N, dtype) == "x" and not self.dx.pingpong
 
     def dyr_by_dx(self, dtype, residual: bool, dgamma: bool = False) -> bool:
         """Whether the dx kernel writes dyr: ``dyr_in_dx``, or when None, with row_dot "n" where its staging

@@ -56,6 +56,8 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
@@ -190,6 +192,31 @@ def _forward(x, residual, gamma, w, static: _Static):
 # ---------------------------------------------------------------------------------------------------------------
 # Backward
 # ---------------------------------------------------------------------------------------------------------------
+_DGAMMA_TURN = "dgamma_turn"  # the barriers that serialize the two MMA warpgroups' sums over rows
+
+
+def _sum_over_rows_in_turn(ctx, values: jax.Array) -> jax.Array:
+    """Σ over the accumulator's rows of ``values`` (tile_m, tile_n) -> (tile_n,), one MMA warpgroup after the other:
+    Mosaic's cross-warp reduction uses one shared-memory scratch per block, and the two warpgroups of a cooperative
+    tile reach their epilogues together (summing at once, they overwrote each other's partial sums: dgamma off by
+    ~100% on the H100, 9d66ba4). Warpgroup 0 sums first; each tile completes both barriers once."""
+    turn = ctx.refs[_DGAMMA_TURN]
+
+    @pl.when(ctx.wg == 1)
+    def _wait_first():
+        plgpu.barrier_wait(turn.at[0])
+
+    sums = jnp.sum(values, axis=0)
+    plgpu.commit_smem()  # the whole warpgroup has read the scratch
+    plgpu.barrier_arrive(turn.at[ctx.wg])
+
+    @pl.when(ctx.wg == 0)
+    def _wait_second():  # before the next tile's sums
+        plgpu.barrier_wait(turn.at[1])
+
+    return sums
+
+
 def _dgamma_output(M: int, K: int, cfg: MosaicGemmConfig) -> tuple:
     """The dx kernel's partial dgamma: per accumulator's rows, Σ over them of x ⊙ u (u its product before gamma),
     (M / tile_m, K) float32 (``Fusion.column_outputs``)."""
@@ -209,7 +236,7 @@ def _dx_fusion(M: int, K: int, cfg: MosaicGemmConfig, has_dh: bool, gamma_cols: 
         row_dot, rstd = carry[:2]
         coef = rstd * rstd * row_dot * (1.0 / K)  # r² · c
         acc = acc * _bcast_rows(rstd, acc.shape)  # r ⊙ (dy @ wᵀ), or r ⊙ (dy @ w_γᵀ)
-        rows_out = {"dgamma_parts": jnp.sum(acc * ctx.load_tile("x"), axis=0)} if dgamma else {}
+        rows_out = {"dgamma_parts": _sum_over_rows_in_turn(ctx, acc * ctx.load_tile("x"))} if dgamma else {}
         if gamma_cols:
             acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
         dx = acc - ctx.load_tile("x") * _bcast_rows(coef, acc.shape)
@@ -226,7 +253,9 @@ def _dx_fusion(M: int, K: int, cfg: MosaicGemmConfig, has_dh: bool, gamma_cols: 
                   inputs=("rstd", "row_dot", *(("gamma",) if gamma_cols else ()), *rows[2:]),
                   outputs=(*((("dyr", dyr),) if dyr is not None else ()),
                            *(_dgamma_output(M, K, cfg) if dgamma else ())),
-                  column_outputs=("dgamma_parts",) if dgamma else (), reduction_scratch_bytes=REDUCTION_BYTES if dgamma else 0,
+                  column_outputs=("dgamma_parts",) if dgamma else (),
+                  reduction_scratch_bytes=REDUCTION_BYTES if dgamma else 0,
+                  scratch=((_DGAMMA_TURN, plgpu.Barrier(num_arrivals=1, num_barriers=2)),) if dgamma else (),
                   a_copy=("dyr", scaled_dy) if dyr is not None else None,
                   prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
@@ -240,7 +269,7 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool, 
 
     def epilogue(ctx, acc, carry):
         del carry
-        rows_out = {"dgamma_parts": jnp.sum(acc * ctx.load_tile("x"), axis=0)} if dgamma else {}
+        rows_out = {"dgamma_parts": _sum_over_rows_in_turn(ctx, acc * ctx.load_tile("x"))} if dgamma else {}
         if gamma_cols:
             acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
         return acc, {"row_dot_parts": jnp.sum(acc * ctx.load_tile("x"), axis=1), **rows_out}
@@ -248,7 +277,9 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool, 
     return Fusion(tile_inputs=("x",), inputs=("gamma",) if gamma_cols else (), store_in="x",
                   outputs=(("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32)),
                            *(_dgamma_output(M, K, cfg) if dgamma else ())),
-                  column_outputs=("dgamma_parts",) if dgamma else (), reduction_scratch_bytes=REDUCTION_BYTES if dgamma else 0,
+                  column_outputs=("dgamma_parts",) if dgamma else (),
+                  reduction_scratch_bytes=REDUCTION_BYTES if dgamma else 0,
+                  scratch=((_DGAMMA_TURN, plgpu.Barrier(num_arrivals=1, num_barriers=2)),) if dgamma else (),
                   epilogue=epilogue)
 
 
@@ -363,6 +394,9 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     if not reason and config.dyr_in_dx:
         reason = config.dyr_smem_reason(x.dtype, residual is not None,
                                         dgamma=config.dgamma_by_dx(x.shape[0], w.shape[1], x.dtype))
+    if not reason and config.dgamma_in_dx and config.dx.pingpong:
+        reason = ("dgamma_in_dx=True: the dx kernel's two warpgroups take turns summing dgamma over each tile's rows, "
+                  "which needs them on the same tiles (schedule='cooperative'), got the dx config's 'pingpong'")
     if not reason and config.dgamma_in_dx and config.gamma_side(x.shape[0], w.shape[1], x.dtype) != "x":
         reason = ("dgamma_in_dx=True sums dgamma from the dx kernel's product before gamma: gamma must go on x "
                   f"(gamma_on='x'), but this shape and config put it on w (gamma_on={config.gamma_on!r})")
