@@ -351,46 +351,12 @@ def test_dyr_in_dx_needs_the_row_dot_on_the_n_side_and_by_default_takes_it_where
     assert Config(forward=tiles, dx=_DYR_DX, dw=tiles, row_dot="n", dyr_in_dx=False).dyr_by_dx(jnp.bfloat16, False) \
         is False
     x, g, w, _ = (jnp.zeros(s, jnp.bfloat16) for s in ((4096, 4096), (4096,), (4096, 4096), ()))
-    with pytest.raises(ValueError, match=r"rmsnorm_matmul \(mosaic\): dyr_in_dx=True: the dx kernel would need 248832 "
+    with pytest.raises(ValueError, match=r"rmsnorm_matmul \(mosaic\): dyr_in_dx=True: the dx kernel would need 246784 "
                                          r"bytes of shared memory with the dyr copy's 32768-byte staging \(at most "
                                          r"232448\); take dx tiles stacked along M"):
         nm.rmsnorm_matmul(x, g, w, eps=1e-6, residual=None, out_dtype=x.dtype, interpret=False,
                           config=Config(forward=tiles, dx=dataclasses.replace(tiles, num_stages=3), dw=tiles,
                                         row_dot="n", dyr_in_dx=True))
-
-
-@cpu_only
-def test_dgamma_from_the_dx_kernel_spares_the_dw_kernel_its_w_tile():
-    """Where gamma goes on x (4096x4096x14336's tuned entry), dgamma's sums come from the dx kernel's epilogue by
-    default (one more output, a cross-warp reduction's scratch, two barriers for the warpgroups' turns at it) and
-    the dw kernel loads no w tile: 64 KiB less
-    shared memory, one TMA load fewer per tile; with dgamma_in_dx=False the dw kernel sums them as before."""
-    M, K, N = 4096, 4096, 14336
-    base = nm_config.mosaic_default_config(M, K, N)
-    assert base.gamma_side(M, N, jnp.bfloat16) == "x" and base.dgamma_by_dx(M, N, jnp.bfloat16)
-    kernels = {}
-    for in_dx in (True, False):
-        fn, args = _fwd_bwd(M, K, N, False, dataclasses.replace(base, dgamma_in_dx=in_dx))
-        with backends.lowering_for_gpu():
-            kernels[in_dx] = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}
-    dw, dw_alone = kernels[True]["rmsnorm_matmul_dw"], kernels[False]["rmsnorm_matmul_dw"]
-    w_tile = 2 * base.dw.tile_m * base.dw.tile_n * 2
-    staging = 2 * 2 * base.dw.epi_tile_m * base.dw.epi_tile_n * 2  # the output's SMEM pieces (no store_in tile)
-    assert dw.smem_bytes == dw_alone.smem_bytes - w_tile - 2 * 8 + staging  # and the w tile's two barriers
-    assert dw.tma_loads() == dw_alone.tma_loads() - 1
-    dx, dx_alone = kernels[True]["rmsnorm_matmul_dx"], kernels[False]["rmsnorm_matmul_dx"]
-    assert dx.smem_bytes == dx_alone.smem_bytes + 2048 + 2 * 8 <= mosaic_utils.H100_SMEM_BYTES  # and its 2 turns
-
-
-def test_dgamma_in_dx_needs_gamma_on_x():
-    tiles = MosaicGemmConfig()
-    with pytest.raises(ValueError, match="dgamma_in_dx: must be None or a bool, got 'yes'"):
-        Config(forward=tiles, dx=tiles, dw=tiles, dgamma_in_dx="yes")
-    x, g, w, _ = (jnp.zeros(s, jnp.bfloat16) for s in ((4096, 4096), (4096,), (4096, 4096), ()))
-    with pytest.raises(ValueError, match=r"rmsnorm_matmul \(mosaic\): dgamma_in_dx=True sums dgamma from the dx "
-                                         r"kernel's product before gamma: gamma must go on x .* \(gamma_on='w'\)"):
-        nm.rmsnorm_matmul(x, g, w, eps=1e-6, residual=None, out_dtype=x.dtype, interpret=False,
-                          config=Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="w", dgamma_in_dx=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -35,7 +35,10 @@ from pallas_kernels.norm_matmul import config as nm_config
 # 0bcb2e7; variants "mma_gamma_x", "mma_gamma_x_d0": rmsnorm_matmul_configs_gamma_mma-h100-0bcb2e7.json), and the
 # forward's output stored from registers (``out_store="direct"``, a5bfb81, "fwd_direct":
 # rmsnorm_matmul_configs_direct_store-h100-a5bfb81.json). So did dyr copied by the dx kernel's memory warpgroup
-# (``a_copy_in="memory"``, c7e9fbf-245e44f, reverted; "dyr_memory*": rmsnorm_matmul_configs_dyr_memory*-h100-*.json).
+# (``a_copy_in="memory"``, c7e9fbf-245e44f, reverted; "dyr_memory*": rmsnorm_matmul_configs_dyr_memory*-h100-*.json),
+# and dgamma summed over rows in the dx kernel's epilogue, sparing the dw kernel its w tile (``dgamma_in_dx``,
+# 9d66ba4-dd77cc4, reverted; "default" there, "dgamma_in_dw", "dgamma_dx_dw4":
+# rmsnorm_matmul_configs_dgamma_in_dx-h100-dd77cc4.json).
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 VARIANTS = {
     "default": {},
@@ -91,10 +94,6 @@ VARIANTS = {
     "stats_memory_r176": dict(stats_in_kernel=True, gamma_on="w", forward=dict(
         _STACKED, stream_k=0, prologue_in="memory", mma_registers=176)),  # 152
     "dyr_in_dx_d1": dict(row_dot="n", dyr_in_dx=True, dx=dict(delay_release=1)),  # the copy under 2 wgmmas
-    # dgamma summed by the dw kernel from a prefetched w tile (before dgamma_in_dx), where the default (gamma on x)
-    # sums it in the dx kernel's epilogue; and the dw kernel with the fourth stage that sparing the w tile frees
-    "dgamma_in_dw": dict(dgamma_in_dx=False),
-    "dgamma_dx_dw4": dict(dgamma_in_dx=True, dw=dict(num_stages=4)),
 }
 
 

@@ -34,15 +34,14 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["BARRIER_BYTES", "CLUSTERS", "PIPELINES", "PROLOGUE_PLACES", "REDUCTION_BYTES", "SCHEDULES",
-           "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
+__all__ = ["BARRIER_BYTES", "CLUSTERS", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES", "MosaicGemmConfig",
+           "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
-REDUCTION_BYTES = 2048  # shared memory for a fusion's cross-warp reductions (Mosaic's default reduction scratch)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -149,11 +149,7 @@ class Fusion:
       the step modulo the column blocks (N / tile_n; ``_Shape.copy_step``), right after issuing its wgmma, through
       a per-warpgroup SMEM buffer and one TMA copy: e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy
       blocks, sparing the XLA pass that writes it. Pipeline "own", A read as stored, no prologue_step or a_observe.
-    epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector, or (tile_n,) column vector for the
-      ``column_outputs``}); acc (tile_m, tile_n) float32.
-    column_outputs: the outputs (each (M // tile_m, N) float32) the epilogue gives a (tile_n,) column vector for,
-      e.g. sums over its accumulator's rows: stored at row row0 // tile_m, columns [col0, col0 + tile_n). A sum over
-      rows crosses warps: it needs ``reduction_scratch_bytes``.
+    epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
       hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
@@ -172,7 +168,6 @@ class Fusion:
     carry_shapes: tuple[tuple[int, ...], ...] | None = None
     a_copy: tuple[str, Callable] | None = None
     epilogue: Callable | None = None
-    column_outputs: tuple[str, ...] = ()
 
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
@@ -225,13 +220,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         if copied is None or copied.shape != (M, K) or jnp.dtype(copied.dtype).itemsize != 2:
             raise ValueError(f"{name}: a_copy={fusion.a_copy[0]!r} must name an output of A's shape ({M}, {K}) and a "
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
-    outputs = dict(fusion.outputs)
-    bad_columns = [n for n in fusion.column_outputs if n not in outputs or tuple(outputs[n].shape) != (
-        M // config.tile_m, N) or jnp.dtype(outputs[n].dtype) != jnp.dtype(_F32)]
-    if bad_columns:
-        raise ValueError(f"{name}: column_outputs {bad_columns} must name outputs of shape (M // tile_m, N) = "
-                         f"({M // config.tile_m}, {N}), float32; got "
-                         f"{[outputs[n] if n in outputs else None for n in bad_columns]}")
     if accumulate_into is not None:
         arrays[_ACCUMULATED] = accumulate_into
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
@@ -466,7 +454,7 @@ class _Shape:
         else:
             _store_tile(acc.astype(self.out_dtype), scoped["out_smem"].at[wg], out_gmem, ctx, self.pieces)
         for n, vec in rows_out.items():
-            (_store_cols if n in fusion.column_outputs else _store_rows)(vec, named_out[n], ctx)
+            _store_rows(vec, named_out[n], ctx)
 
 
 def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
@@ -548,12 +536,6 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> N
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(slots.at[slot],
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
-
-
-def _store_cols(vec: jax.Array, out_gmem, ctx: TileContext) -> None:
-    """Stores a (tile_n,) column vector straight from registers into an (M // tile_m, N) output at row
-    row0 // tile_m (this accumulator's rows)."""
-    out_gmem.at[ctx.row0 // ctx.config.tile_m, ctx.cols][...] = vec.astype(out_gmem.dtype)
 
 
 def _store_rows(vec: jax.Array, out_gmem, ctx: TileContext) -> None:

@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes
-from pallas_kernels.gemm.config import BARRIER_BYTES, REDUCTION_BYTES
+from pallas_kernels.gemm.config import BARRIER_BYTES
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
@@ -266,11 +266,6 @@ class MosaicRMSNormMatmulConfig:
       H100 (rmsnorm_matmul_configs_dyr_in_dx-h100-b8ddd9f.json, fwd+bwd µs, False → True, the tuned dx tiles):
       4473.1 → 4442.9 at 32768x4096x4096 (XLA's pass 260.1 → 172.9, the dx kernel 1419.6 → 1472.8),
       1970.8 → 1962.5 at 4096x4096x14336, 1710.6 → 1699.8 at 8192x4096x6144.
-    dgamma_in_dx: True: dgamma_k = Σ_M x ⊙ r ⊙ (dy @ wᵀ) is summed in the dx kernel's epilogue, over each
-      accumulator's rows (its product before gamma, the x tile it already holds; (M / tile_m, K) partial sums that
-      XLA adds), so the dw kernel needs no w tile (a plain row-scaling epilogue: its shared memory then holds a
-      fourth stage). Needs gamma on x (the dx kernel reading w itself) and cooperative dx tiles. None (default):
-      ``dgamma_by_dx``, where both hold. False: the dw kernel sums Σ_N w ⊙ g from a prefetched w tile.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
@@ -292,7 +287,6 @@ class MosaicRMSNormMatmulConfig:
     gamma_on: str | None = None
     row_dot: str | None = None
     dyr_in_dx: bool | None = None
-    dgamma_in_dx: bool | None = None
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -319,9 +313,6 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool, True only with "
                              f"row_dot='n' (with 'k' the dx kernel reads dyr as its A operand); got "
                              f"dyr_in_dx={self.dyr_in_dx!r}, row_dot={self.row_dot!r}")
-        if self.dgamma_in_dx not in (None, False, True):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.dgamma_in_dx: must be None or a bool, got "
-                             f"{self.dgamma_in_dx!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         fwd = self.forward
@@ -335,7 +326,7 @@ class MosaicRMSNormMatmulConfig:
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
-                    row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, dgamma_in_dx=self.dgamma_in_dx)
+                    row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with
@@ -349,29 +340,19 @@ class MosaicRMSNormMatmulConfig:
         """Where the backward takes its row dot: ``row_dot``, or when None, ROW_DOT_DEFAULT ("k")."""
         return self.row_dot if self.row_dot is not None else ROW_DOT_DEFAULT
 
-    def dgamma_by_dx(self, M: int, N: int, dtype) -> bool:
-        """Whether dgamma's partial sums come from the dx kernel's epilogue (its product before gamma, beside the
-        x tile it holds), sparing the dw kernel its prefetched w tile: ``dgamma_in_dx``, or when None, where gamma
-        goes on x (``gamma_side``: the dx kernel then reads w itself)."""
-        if self.dgamma_in_dx is not None:
-            return self.dgamma_in_dx
-        return self.gamma_side(M, N, dtype) == "x" and not self.dx.pingpong
-
-    def dyr_by_dx(self, dtype, residual: bool, dgamma: bool = False) -> bool:
+    def dyr_by_dx(self, dtype, residual: bool) -> bool:
         """Whether the dx kernel writes dyr: ``dyr_in_dx``, or when None, with row_dot "n" where its staging
-        (two (wg_rows, tile_k) blocks) fits in shared memory beside the dx kernel's stages and x (and dh) tiles
-        (and with ``dgamma``, the reduction scratch of dgamma's sums)."""
+        (two (wg_rows, tile_k) blocks) fits in shared memory beside the dx kernel's stages and x (and dh) tiles."""
         if self.dyr_in_dx is not None or self.row_dot_side() != "n":
             return bool(self.dyr_in_dx)
-        return self.dyr_smem_reason(dtype, residual, dgamma) is None
+        return self.dyr_smem_reason(dtype, residual) is None
 
-    def dyr_smem_reason(self, dtype, residual: bool, dgamma: bool = False) -> str | None:
+    def dyr_smem_reason(self, dtype, residual: bool) -> str | None:
         """None when the dx kernel's shared memory holds the dyr copy's staging too; else the sentence saying how
         much it would need."""
         staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
         need = smem_bytes(self.dx, dtype, dtype, tile_input_dtypes=(dtype,) * (2 if residual else 1),
-                          store_in_tile=True, scratch_bytes=staging + (REDUCTION_BYTES if dgamma else 0)
-                          ) + BARRIER_BYTES
+                          store_in_tile=True, scratch_bytes=staging) + BARRIER_BYTES
         if need <= mosaic_utils.H100_SMEM_BYTES:
             return None
         return (f"dyr_in_dx=True: the dx kernel would need {need} bytes of shared memory with the dyr copy's "

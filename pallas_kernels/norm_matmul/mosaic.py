@@ -56,12 +56,9 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
-from pallas_kernels.gemm.config import REDUCTION_BYTES
 from pallas_kernels.norm_matmul import config as _config
 
 __all__ = ["Config", "FORWARD_FIELDS", "default_config", "rmsnorm_matmul", "sweep_candidates", "unsupported_reason"]
@@ -192,57 +189,22 @@ def _forward(x, residual, gamma, w, static: _Static):
 # ---------------------------------------------------------------------------------------------------------------
 # Backward
 # ---------------------------------------------------------------------------------------------------------------
-_DGAMMA_TURN = "dgamma_turn"  # the barriers that serialize the two MMA warpgroups' sums over rows
-
-
-def _sum_over_rows_in_turn(ctx, values: jax.Array) -> jax.Array:
-    """Σ over the accumulator's rows of ``values`` (tile_m, tile_n) -> (tile_n,), one MMA warpgroup after the other:
-    Mosaic's cross-warp reduction uses one shared-memory scratch per block, and the two warpgroups of a cooperative
-    tile reach their epilogues together (summing at once, they overwrote each other's partial sums: dgamma off by
-    ~100% on the H100, 9d66ba4). Warpgroup 0 sums first; each tile completes both barriers once."""
-    turn = ctx.refs[_DGAMMA_TURN]
-
-    @pl.when(ctx.wg == 1)
-    def _wait_first():
-        plgpu.barrier_wait(turn.at[0])
-
-    sums = jnp.sum(values, axis=0)
-    plgpu.commit_smem()  # the whole warpgroup has read the scratch
-    plgpu.barrier_arrive(turn.at[ctx.wg])
-
-    @pl.when(ctx.wg == 0)
-    def _wait_second():  # before the next tile's sums
-        plgpu.barrier_wait(turn.at[1])
-
-    return sums
-
-
-def _dgamma_output(M: int, K: int, cfg: MosaicGemmConfig) -> tuple:
-    """The dx kernel's partial dgamma: per accumulator's rows, Σ over them of x ⊙ u (u its product before gamma),
-    (M / tile_m, K) float32 (``Fusion.column_outputs``)."""
-    return (("dgamma_parts", jax.ShapeDtypeStruct((M // cfg.tile_m, K), _F32)),)
-
-
-def _dx_fusion(M: int, K: int, cfg: MosaicGemmConfig, has_dh: bool, gamma_cols: bool,
-               dyr: jax.ShapeDtypeStruct | None = None, dgamma: bool = False) -> Fusion:
+def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct | None = None) -> Fusion:
     """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K, Σ_N(dy · y) coming in (M,) ("row_dot"); dx
     is written into the prefetched x tile's buffer and stored from there. ``gamma_cols``: the GEMM reads w itself,
     dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) float32 coming in ("gamma") over the output's columns. ``dyr``
     (M, N): also write dyr = (r / s) ⊙ dy from the dy blocks (``Fusion.a_copy``), r / s coming in (M,)
-    ("dyr_scale"). ``dgamma`` (with gamma_cols): also the partial sums of dgamma_k = Σ_M x ⊙ r ⊙ (dy @ wᵀ)
-    ("dgamma_parts", ``_dgamma_output``), from the accumulator before gamma and the x tile already here."""
+    ("dyr_scale")."""
 
     def epilogue(ctx, acc, carry):
         row_dot, rstd = carry[:2]
         coef = rstd * rstd * row_dot * (1.0 / K)  # r² · c
-        acc = acc * _bcast_rows(rstd, acc.shape)  # r ⊙ (dy @ wᵀ), or r ⊙ (dy @ w_γᵀ)
-        rows_out = {"dgamma_parts": _sum_over_rows_in_turn(ctx, acc * ctx.load_tile("x"))} if dgamma else {}
         if gamma_cols:
             acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
-        dx = acc - ctx.load_tile("x") * _bcast_rows(coef, acc.shape)
+        dx = acc * _bcast_rows(rstd, acc.shape) - ctx.load_tile("x") * _bcast_rows(coef, acc.shape)
         if has_dh:
             dx = dx + ctx.load_tile("dh")
-        return dx, rows_out
+        return dx, {}
 
     def scaled_dy(ctx, dy, carry):  # dyr's (rows, tile_k) block
         del ctx
@@ -251,36 +213,24 @@ def _dx_fusion(M: int, K: int, cfg: MosaicGemmConfig, has_dh: bool, gamma_cols: 
     rows = ("row_dot", "rstd") + (("dyr_scale",) if dyr is not None else ())  # the carry
     return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
                   inputs=("rstd", "row_dot", *(("gamma",) if gamma_cols else ()), *rows[2:]),
-                  outputs=(*((("dyr", dyr),) if dyr is not None else ()),
-                           *(_dgamma_output(M, K, cfg) if dgamma else ())),
-                  column_outputs=("dgamma_parts",) if dgamma else (),
-                  reduction_scratch_bytes=REDUCTION_BYTES if dgamma else 0,
-                  scratch=((_DGAMMA_TURN, plgpu.Barrier(num_arrivals=1, num_barriers=2)),) if dgamma else (),
+                  outputs=(("dyr", dyr),) if dyr is not None else (),
                   a_copy=("dyr", scaled_dy) if dyr is not None else None,
                   prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
 
-def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool, dgamma: bool = False) -> Fusion:
+def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
-    dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``dgamma`` (with
-    gamma_cols): also Σ over the accumulator's rows of x ⊙ acc before gamma ("dgamma_parts", times s =
-    dgamma's partial sums)."""
+    dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32)."""
 
     def epilogue(ctx, acc, carry):
         del carry
-        rows_out = {"dgamma_parts": _sum_over_rows_in_turn(ctx, acc * ctx.load_tile("x"))} if dgamma else {}
         if gamma_cols:
             acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
-        return acc, {"row_dot_parts": jnp.sum(acc * ctx.load_tile("x"), axis=1), **rows_out}
+        return acc, {"row_dot_parts": jnp.sum(acc * ctx.load_tile("x"), axis=1)}
 
     return Fusion(tile_inputs=("x",), inputs=("gamma",) if gamma_cols else (), store_in="x",
-                  outputs=(("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32)),
-                           *(_dgamma_output(M, K, cfg) if dgamma else ())),
-                  column_outputs=("dgamma_parts",) if dgamma else (),
-                  reduction_scratch_bytes=REDUCTION_BYTES if dgamma else 0,
-                  scratch=((_DGAMMA_TURN, plgpu.Barrier(num_arrivals=1, num_barriers=2)),) if dgamma else (),
-                  epilogue=epilogue)
+                  outputs=(("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32)),), epilogue=epilogue)
 
 
 def _dx_from_parts(u, row_dot_parts, xn, rstd, scale, dh):
@@ -291,18 +241,14 @@ def _dx_from_parts(u, row_dot_parts, xn, rstd, scale, dh):
     return (dx if dh is None else dx + dh.astype(_F32)).astype(xn.dtype)
 
 
-def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig, dgamma: bool = True) -> Fusion:
-    """g = xᵀ @ dyr; dw = (gamma · s) ⊙ g and, with ``dgamma``, per-column-block partial dgamma Σ w ⊙ g (s applied
-    by the caller; it needs the prefetched w tile). Without: dgamma comes from the dx kernel."""
+def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig) -> Fusion:
+    """g = xᵀ @ dyr; dw = (gamma · s) ⊙ g and per-column-block partial dgamma Σ w ⊙ g (s applied by the
+    caller)."""
 
     def epilogue(ctx, acc, gamma_s):
-        dw = acc * _bcast_rows(gamma_s, acc.shape)
-        if not dgamma:
-            return dw, {}
-        return dw, {"dgamma_parts": jnp.sum(ctx.load_tile("w") * acc, axis=1)}  # (tile_m,) over its tile_n columns
+        partial = jnp.sum(ctx.load_tile("w") * acc, axis=1)  # (tile_m,) over this block's tile_n columns
+        return acc * _bcast_rows(gamma_s, acc.shape), {"dgamma_parts": partial}
 
-    if not dgamma:
-        return Fusion(inputs=("gamma_s",), prologue_init=lambda ctx: ctx.load_rows("gamma_s"), epilogue=epilogue)
     return Fusion(tile_inputs=("w",), inputs=("gamma_s",),
                   outputs=(("dgamma_parts", jax.ShapeDtypeStruct((N // cfg.tile_n, K), _F32)),), store_in="w",
                   prologue_init=lambda ctx: ctx.load_rows("gamma_s"), epilogue=epilogue)
@@ -318,16 +264,13 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     # float16: dyr = (r / s) ⊙ dy with s = max r stays <= |dy|; bfloat16 has float32's range (s = 1).
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
     on_x = cfg.gamma_side(M, N, dtype) == "x"  # no w_γ: gamma on dx's columns in the epilogue
-    in_dx = cfg.dgamma_by_dx(M, N, dtype)  # dgamma's partial sums from the dx kernel (gamma on its columns)
     b = w if on_x else _scaled_w(gamma, w)
     if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts; dy read once, for dyr
         dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
         arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
-        u, parts, *dgamma_parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                                       fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, in_dx), arrays=arrays,
-                                       name="rmsnorm_matmul_dx")
+        u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                        fusion=_dx_partial_fusion(M, K, cfg.dx, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
         dx = _dx_from_parts(u, parts, xn, rstd, scale, dh)
-        dgamma = jnp.sum(dgamma_parts[0], axis=0) * scale if in_dx else None  # its A is dyr: r / s
     else:  # one XLA fusion reads dy and y: Σ_N(dy · y) (and dyr); the dx kernel's epilogue finishes dx
         dy32 = dy.astype(dtype).astype(_F32)
         arrays = dict(x=xn, rstd=rstd, row_dot=jnp.sum(dy32 * y.astype(_F32), axis=1))
@@ -335,29 +278,24 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             arrays["dh"] = dh.astype(dtype)
         if on_x:
             arrays["gamma"] = gamma.astype(_F32)
-        dyr_by_dx = cfg.dyr_by_dx(dtype, dh is not None, dgamma=in_dx)  # dyr from the dx kernel's dy blocks
-        if dyr_by_dx:
+        if cfg.dyr_by_dx(dtype, dh is not None):  # the dx kernel writes dyr from its dy blocks
             arrays["dyr_scale"] = rstd / scale
-        dx, *outs = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                         fusion=_dx_fusion(M, K, cfg.dx, dh is not None, on_x,
-                                           jax.ShapeDtypeStruct((M, N), dtype) if dyr_by_dx else None, in_dx),
-                         arrays=arrays, name="rmsnorm_matmul_dx")
-        dyr = outs.pop(0) if dyr_by_dx else (dy32 * (rstd / scale)[:, None]).astype(dtype)
-        dgamma = jnp.sum(outs[0], axis=0) if in_dx else None  # Σ_M x ⊙ r ⊙ (dy @ wᵀ): no s
-    gamma_s = gamma.astype(_F32) * scale
+            dx, dyr = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                           fusion=_dx_fusion(K, dh is not None, on_x, jax.ShapeDtypeStruct((M, N), dtype)),
+                           arrays=arrays, name="rmsnorm_matmul_dx")
+        else:
+            dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
+            (dx,) = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                         fusion=_dx_fusion(K, dh is not None, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
-        dw = (g * gamma_s[:, None]).astype(w.dtype)
-        if dgamma is None:
-            dgamma = jnp.sum(g * w.astype(_F32), axis=1) * scale
-    else:
-        dw, *dw_parts = gemm(xn, dyr, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
-                             fusion=_dw_fusion(K, N, cfg.dw, dgamma=not in_dx),
-                             arrays=dict(gamma_s=gamma_s) if in_dx else dict(w=w, gamma_s=gamma_s),
-                             name="rmsnorm_matmul_dw")
-        if dgamma is None:
-            dgamma = jnp.sum(dw_parts[0], axis=0) * scale
-    return dx, dgamma.astype(gamma.dtype), dw
+        dw = (g * (gamma.astype(_F32) * scale)[:, None]).astype(w.dtype)
+        return dx, (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype), dw
+    dw, dgamma_parts = gemm(xn, dyr, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
+                            fusion=_dw_fusion(K, N, cfg.dw), arrays=dict(w=w, gamma_s=gamma.astype(_F32) * scale),
+                            name="rmsnorm_matmul_dw")
+    dgamma = (jnp.sum(dgamma_parts, axis=0) * scale).astype(gamma.dtype)
+    return dx, dgamma, dw
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -392,14 +330,7 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     constraint when ``unsupported_reason`` would, with the given config's tiles."""
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
     if not reason and config.dyr_in_dx:
-        reason = config.dyr_smem_reason(x.dtype, residual is not None,
-                                        dgamma=config.dgamma_by_dx(x.shape[0], w.shape[1], x.dtype))
-    if not reason and config.dgamma_in_dx and config.dx.pingpong:
-        reason = ("dgamma_in_dx=True: the dx kernel's two warpgroups take turns summing dgamma over each tile's rows, "
-                  "which needs them on the same tiles (schedule='cooperative'), got the dx config's 'pingpong'")
-    if not reason and config.dgamma_in_dx and config.gamma_side(x.shape[0], w.shape[1], x.dtype) != "x":
-        reason = ("dgamma_in_dx=True sums dgamma from the dx kernel's product before gamma: gamma must go on x "
-                  f"(gamma_on='x'), but this shape and config put it on w (gamma_on={config.gamma_on!r})")
+        reason = config.dyr_smem_reason(x.dtype, residual is not None)
     if not reason and config.gamma_on == "x" and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
         reason = (f"gamma_on='x' rounds x ⊙ gamma to x's dtype, bfloat16 only (x is {jnp.dtype(x.dtype)}: small x "
                   "would round into subnormals; gamma_on='w' takes it)")
