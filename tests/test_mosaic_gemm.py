@@ -5,6 +5,7 @@ CPU at tiny shapes, for every K loop."""
 import dataclasses
 import itertools
 import math
+import re
 import types
 
 import jax
@@ -590,6 +591,100 @@ def test_stream_k_accumulate_into_on_the_gpu():
     c = jax.random.normal(_key(), (M, N), jnp.float32)
     got = jax.jit(lambda a, b, c: matmul(a, b, accumulate_into=c, config=config))(a, b, c)
     assert _rel_err(got, c + _f32_product(a, b)) <= _tol(jnp.bfloat16, K)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fusion.a_operand: the MMA warpgroups transform their rows of each A block in registers and wgmma reads them there
+# ---------------------------------------------------------------------------------------------------------------
+def _scaled_a(config, M: int) -> Fusion:
+    """A fusion whose a_operand multiplies A by a (K,) step vector "g" over its columns (in A's dtype) and sums the
+    squares of the loaded rows, stored as row sums (M,): a wrong step, vector slice or register block shows."""
+    def init(ctx):
+        return mosaic_utils.layout_cast(jnp.zeros((config.wg_rows, config.tile_k), jnp.float32), mosaic_utils.TILE)
+
+    def operand(ctx, a, vectors, sums):
+        a32 = a.astype(jnp.float32)
+        return a * jax.lax.broadcast_in_dim(vectors["g"], a.shape, [1]), sums + a32 * a32
+
+    return Fusion(outputs=(("sumsq", S((M,), jnp.float32)),), step_inputs=("g",), prologue_init=init,
+                  a_operand=operand, epilogue=lambda ctx, acc, sums: (acc, {"sumsq": jnp.sum(sums, axis=1)}))
+
+
+def _check_a_operand(M, K, N, config, calls=1):
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    g = (1.0 + 0.5 * jax.random.normal(_key(), (K,), jnp.float32)).astype(jnp.bfloat16)
+    want = _f32_product((a.astype(jnp.float32) * g.astype(jnp.float32)).astype(jnp.bfloat16), b)
+    fn = jax.jit(lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_scaled_a(config, M),
+                                      arrays=dict(g=g)))
+    for _ in range(calls):
+        got, sumsq = fn(a, b, g)
+        assert _rel_err(got, want) <= _tol(jnp.bfloat16, K)  # NaN fails
+        assert _rel_err(sumsq, jnp.sum(jnp.square(a.astype(jnp.float32)), axis=1)) <= 1e-5
+
+
+@pytest.mark.parametrize("config_changes, fusion_changes, transpose_a, match", [
+    (dict(stream_k=1), {}, False, "a_operand takes no a_observe or a_copy .* got a_observe=None, a_copy=None, "
+                                  "stream_k=1"),
+    ({}, dict(a_observe=lambda ctx, a, carry: carry), False, "a_operand takes no a_observe .* a_observe=set"),
+    (dict(pipeline="pallas"), {}, False, "a_operand runs it in the MMA warpgroups of the K loop pipeline='own'"),
+    ({}, {}, True, "a_operand runs it .* got pipeline='own', transpose_a=True"),
+    ({}, dict(a_operand=None), False, r"step_inputs=\('g',\) are read by an a_operand only")])
+def test_a_operand_needs_whole_tiles_of_an_untransposed_a_on_our_k_loop(config_changes, fusion_changes,
+                                                                        transpose_a, match):
+    config = MosaicGemmConfig(**config_changes)
+    fusion = dataclasses.replace(_scaled_a(config, 256), **fusion_changes)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16, transpose_a=transpose_a,
+                                            fusion=fusion, arrays=dict(g=g)),
+                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((256,), jnp.bfloat16))
+
+
+def test_a_operand_step_input_must_run_along_k():
+    config = MosaicGemmConfig()
+    with pytest.raises(ValueError, match=r"step input 'g' must have shape \(256,\) .* got \(512,\)"):
+        jax.eval_shape(lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
+                                            fusion=_scaled_a(config, 256), arrays=dict(g=g)),
+                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((512,), jnp.bfloat16))
+
+
+@cpu_only
+@pytest.mark.parametrize("delay_release, steps_per_iteration", [(0, 1), (1, 2), (2, 3)])
+def test_a_operand_gives_each_step_in_flight_its_own_registers(delay_release, steps_per_iteration):
+    """Lowered for CUDA: wgmma reads A from registers ({$..} operands, not a shared-memory descriptor), and the K
+    loop's body holds delay_release + 1 steps (4 wgmma each at 64x256 with tile_k 64), so no register block is
+    loaded again while its wgmma may still read it; 32 steps leave 32 % (delay_release + 1) steps after the loop."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=delay_release, num_stages=4)
+    M, K, N = 4096, 2048, 4096
+    fn = lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_scaled_a(config, M),  # noqa: E731
+                              arrays=dict(g=g))
+    (kernel,) = mosaic_ir.lower_kernels(fn, S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((K,), jnp.bfloat16))
+    rest = 32 % steps_per_iteration
+    assert kernel.wgmma() == {"m64n256k16 f32 += bf16 x bf16": 4 * (steps_per_iteration + rest)}
+    wgmma = [line for line in kernel.text.splitlines() if "wgmma.mma_async" in line]
+    assert wgmma and all(re.search(r"bf16 \{\$\d+(,\$\d+)*\}, \{\$\d+,\$\d+,\$\d+,\$\d+\}, \$\d+", line)
+                         for line in wgmma)  # accumulator {..}, A in four registers {..}, B's descriptor
+    assert kernel.tma_loads() == 3 and kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES  # A, B and g's slice
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", [dict(delay_release=0), dict(delay_release=1), dict(wg_split="m", delay_release=1),
+                                    dict(num_stages=3, delay_release=2), dict(schedule="pingpong", delay_release=1)])
+def test_a_operand_in_interpret_mode(fields):
+    with mosaic_utils.interpret_on_cpu(num_sms=2):  # 5 steps: an odd count leaves steps after the paired loop
+        _check_a_operand(128, 160, 256, dataclasses.replace(_TINY, **fields))
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)),
+    (2048, 1088, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1)),  # 17 steps
+    (2048, 1024, 2048, MosaicGemmConfig(delay_release=1)),  # wg_split "n": both warpgroups load all rows
+    (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=4, delay_release=2)),
+    (2048, 1024, 2048, MosaicGemmConfig(schedule="pingpong", delay_release=1))])
+def test_a_operand_on_the_gpu(M, K, N, config):
+    """With one or two wgmma groups in flight: a register block rewritten under its wgmma gave wrong products."""
+    _check_a_operand(M, K, N, config, calls=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -204,7 +204,7 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
 
 def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
     tiles = MosaicGemmConfig()
-    with pytest.raises(ValueError, match="gamma_on: must be None, 'w' or 'x', got 'b'"):
+    with pytest.raises(ValueError, match="gamma_on: must be None, 'w', 'x' or 'a', got 'b'"):
         Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="b")
     with pytest.raises(ValueError, match="gamma_on: 'x' feeds the kernel x ⊙ gamma, .* stats_in_kernel=False"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="x")
@@ -223,6 +223,50 @@ def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
                                                                       "bfloat16 only \\(x is float16"):
         jax.eval_shape(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config),
                        x, g, w)
+
+
+def test_gamma_on_a_needs_our_k_loop_bfloat16_and_no_statistics_warpgroup():
+    tiles = MosaicGemmConfig(delay_release=1)
+    with pytest.raises(ValueError, match="gamma_on: 'a' multiplies the x blocks in the MMA warpgroups' registers: .* "
+                                         "got pipeline='own', stats_in_kernel=True"):
+        Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="a")
+    with pytest.raises(ValueError, match="gamma_on: 'a' .* got pipeline='pallas', stats_in_kernel=False"):
+        Config(forward=dataclasses.replace(tiles, pipeline="pallas"), dx=tiles, dw=tiles, gamma_on="a")
+    for stats in (False, "mma"):
+        assert Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=stats, gamma_on="a").gamma_side(
+            512, 4096, jnp.bfloat16) == "a"
+    x, g, w = (jax.ShapeDtypeStruct(s, jnp.float16) for s in ((512, 512), (512,), (512, 512)))
+    config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="a")
+    with backends.lowering_for_gpu(), pytest.raises(ValueError, match="gamma_on='a' rounds x ⊙ gamma to x's dtype, "
+                                                                      "bfloat16 only \\(x is float16"):
+        jax.eval_shape(lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config),
+                       x, g, w)
+
+
+@cpu_only
+@pytest.mark.parametrize("stats_in_kernel", [False, "mma"])
+def test_gamma_on_a_makes_no_tensor_for_gamma_and_with_mma_no_pass_over_x(stats_in_kernel):
+    """gamma_on="a" in the CUDA lowering: the forward kernel takes x and w as they are and gamma's (K,) slices with
+    its stages (a third TMA load); no (M, K) or (K, N) tensor is made outside the kernels, and with r from the MMA
+    warpgroups ("mma") the forward reads x only in its kernel (no XLA reduction over x)."""
+    M, K, N = 1024, 2048, 4096
+    base = nm_config.mosaic_default_config(M, K, N)
+    forward = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1)
+    config = dataclasses.replace(base, forward=forward, gamma_on="a", stats_in_kernel=stats_in_kernel,
+                                 dw_in_xla=False, row_dot="n", dyr_in_dx=False)
+    fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
+    with backends.lowering_for_gpu():
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        (forward_kernel,) = mosaic_ir.lower_kernels(
+            lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config), *args[:3])
+    assert program.count("mosaic_gpu_v2") == 3
+    assert forward_kernel.tma_loads() == 3 and forward_kernel.wgmma() == {"m64n256k16 f32 += bf16 x bf16": 8}
+    assert not _mk_producers(program, M, K, "bf16")  # neither x ⊙ gamma nor the normalized x
+    assert not [line for line in program.splitlines() if "= stablehlo." in line and "custom_call" not in line
+                and line.rstrip().endswith(f"tensor<{K}x{N}xbf16>")]  # no w_γ
+    reductions_over_x = [line for line in program.splitlines() if "stablehlo.reduce" in line
+                         and f"tensor<{M}x{K}x" in line]
+    assert bool(reductions_over_x) == (stats_in_kernel is False)
 
 
 @cpu_only
@@ -371,14 +415,27 @@ def test_dyr_in_dx_needs_the_row_dot_on_the_n_side_and_by_default_takes_it_where
     (2048, 1024, 4096, jnp.float16, False, "k"),
     (8192, 512, 2816, jnp.bfloat16, False, None),  # the 'small' preset's MLP projection: tuned ping-pong tiles
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", None),  # the 1b MLP's: tuned forward and dw with stream-K
-    (4096, 4096, 4096, jnp.bfloat16, "mma", "k"), (2048, 1024, 4096, jnp.float16, "mma", "n")])  # r from the MMA wgs
+    (4096, 4096, 4096, jnp.bfloat16, "mma", "k"), (2048, 1024, 4096, jnp.float16, "mma", "n"),  # r from the MMA wgs
+    (4096, 4096, 4096, jnp.bfloat16, "gamma_on_a", "n"), (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a_mma", "k"),
+    (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a_mma", "n")])  # gamma (and r) in the MMA warpgroups' registers
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-    stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
-    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
-    config = dataclasses.replace(config, gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot)
+    config = _numbers_config(M, K, N, dtype, residual, stats_in_kernel, row_dot)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
+
+
+def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
+    """The default config of a shape with the forward's variant: False / True / "mma" (where r comes from, gamma
+    on w), "gamma_on_x", "gamma_on_a" (r from XLA) or "gamma_on_a_mma" (gamma and r in the MMA warpgroups'
+    registers, stacked 64x256 forward tiles with one wgmma group in flight)."""
+    stats = variant if variant in (True, "mma") else "mma" if variant == "gamma_on_a_mma" else False
+    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
+    gamma_on = {"gamma_on_x": "x", "gamma_on_a": "a", "gamma_on_a_mma": "a"}.get(variant, "w")
+    if gamma_on == "a":
+        config = dataclasses.replace(config, forward=dataclasses.replace(
+            nm_config._MMA_STATS_FORWARD[0], grid_minor="m"))
+    return dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot)
 
 
 @gpu_only
@@ -446,20 +503,24 @@ def test_nan_never_passes():
     (jnp.float16, False, True, False, "n"), (jnp.float16, False, False, False, "k"),
     (jnp.float16, False, False, True, "n"), (jnp.bfloat16, True, "mma", False, "k"),
     (jnp.float16, False, "mma", False, "n"), (jnp.bfloat16, False, False, False, "n_dyr"),
-    (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr")])
+    (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr"),
+    (jnp.bfloat16, False, "gamma_on_a", False, "n"), (jnp.bfloat16, True, "gamma_on_a_mma", False, "k")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
     from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows);
-    "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the residual)."""
+    "gamma_on_a": x ⊙ gamma formed in the MMA warpgroups' registers, wgmma reading A from there ("_mma": r from the
+    same registers); "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the residual)."""
     tiles = _Interpreted.tiles
-    stats = stats_in_kernel if stats_in_kernel in (True, "mma") else False
-    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats == "mma" else tiles
+    stats = stats_in_kernel if stats_in_kernel in (True, "mma") else "mma" if stats_in_kernel == "gamma_on_a_mma" \
+        else False
+    gamma_on = {"gamma_on_x": "x", "gamma_on_a": "a", "gamma_on_a_mma": "a"}.get(stats_in_kernel, "w")
+    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats == "mma" or gamma_on == "a" \
+        else tiles
     dyr_in_dx = row_dot == "n_dyr"
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
-                    gamma_on="x" if stats_in_kernel == "gamma_on_x" else "w", row_dot=row_dot[:1],
-                    dyr_in_dx=dyr_in_dx)
+                    gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

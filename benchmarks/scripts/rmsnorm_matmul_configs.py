@@ -94,6 +94,14 @@ VARIANTS = {
     "stats_memory_r176": dict(stats_in_kernel=True, gamma_on="w", forward=dict(
         _STACKED, stream_k=0, prologue_in="memory", mma_registers=176)),  # 152
     "dyr_in_dx_d1": dict(row_dot="n", dyr_in_dx=True, dx=dict(delay_release=1)),  # the copy under 2 wgmmas
+    # gamma multiplied into the x block in the MMA warpgroups' registers, wgmma reading A from there
+    # (gemm.Fusion.a_operand: delay_release + 1 steps per loop iteration, each its own registers): no w_γ or x ⊙ gamma
+    # pass; r from XLA's reduction, or from the same registers ("mma": the forward reads x and w once, in one kernel)
+    "gamma_a": dict(gamma_on="a", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1)),
+    "gamma_a_mma": dict(gamma_on="a", stats_in_kernel="mma", forward=dict(_STACKED, stream_k=0, delay_release=1)),
+    "gamma_a_mma_d2": dict(gamma_on="a", stats_in_kernel="mma", forward=dict(_STACKED, stream_k=0, delay_release=2)),
+    "gamma_a_mma_n": dict(gamma_on="a", stats_in_kernel="mma", forward=dict(
+        _STACKED, stream_k=0, delay_release=1, grid_minor="n")),
 }
 
 

@@ -27,10 +27,14 @@ beside the MMA warpgroups, in a fourth warpgroup (wg_split "n") or in the memory
 (``gemm.specialized``; needs pipeline "own"). A fusion with an ``a_observe`` runs it in the
 compute warpgroups instead, on their rows of each A block loaded into registers right after the step's wgmma is
 issued: with one wgmma group in flight (``delay_release=1``) that hides under the tensor cores (the sums of squares
-of x cost the rmsnorm_matmul forward 2% at 32768x4096x4096, where waiting for each wgmma cost 14%; NOTES.md). wgmma
-always reads A from shared memory: A from registers with a group in flight gave wrong products on the H100 (the
-next step's load overwrote the registers the wgmma in flight still read), and waiting for each one cost 4% of the
-plain GEMM. A hook never sees a partial tile: shapes must divide the CTA tile (``unsupported_reason``).
+of x cost the rmsnorm_matmul forward 2% at 32768x4096x4096, where waiting for each wgmma cost 14%; NOTES.md).
+A fusion with an ``a_operand`` changes the A block itself: each compute warpgroup loads its rows into registers,
+the hook transforms them (e.g. gamma over the contraction) and wgmma reads A from those registers. A wgmma reads
+its register operand until it completes, so a register block must not be rewritten while its wgmma is in flight:
+in one rolled loop every step's load writes the same registers, which with a group in flight gave wrong products
+on the H100 (2026-11-24). The K loop therefore runs delay_release + 1 steps per iteration, each loading into its
+own registers: a step's registers are written again only after ``wgmma_wait(delay_release)`` has seen its wgmma
+complete. A hook never sees a partial tile: shapes must divide the CTA tile (``unsupported_reason``).
 
 The K loop (``config.pipeline``): "own" is ours (``gemm.specialized``): the memory warpgroup loads the next tile's
 first stages as soon as the current tile's last ones are released. "pallas" is jax's
@@ -149,6 +153,14 @@ class Fusion:
       the step modulo the column blocks (N / tile_n; ``_Shape.copy_step``), right after issuing its wgmma, through
       a per-warpgroup SMEM buffer and one TMA copy: e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy
       blocks, sparing the XLA pass that writes it. Pipeline "own", A read as stored, no prologue_step or a_observe.
+    a_operand(ctx, a, vectors, carry) -> (a, carry): run per K step by each MMA warpgroup before the step's wgmma,
+      on its rows of the A block loaded into registers (as for a_observe, in A's dtype); the array it returns (same
+      shape and dtype) is the wgmma's A operand, read from registers. ``vectors``: the step's tile_k slice of each
+      ``step_inputs`` vector, (tile_k,) in layout COLS; ctx.step the step; carry as for a_observe. The K loop then
+      takes delay_release + 1 steps per iteration, one register block each (module docstring). Pipeline "own", A
+      read as stored, no prologue_step, a_observe or a_copy, no stream-K.
+    step_inputs: (K,) vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the stage
+      beside the A and B blocks, for ``a_operand`` (e.g. gamma over the contraction).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -167,6 +179,8 @@ class Fusion:
     a_observe: Callable | None = None
     carry_shapes: tuple[tuple[int, ...], ...] | None = None
     a_copy: tuple[str, Callable] | None = None
+    a_operand: Callable | None = None
+    step_inputs: tuple[str, ...] = ()
     epilogue: Callable | None = None
 
 
@@ -205,7 +219,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"schedule='cooperative', in a fourth warpgroup with wg_split='n' or in the memory warpgroup "
                          f"(prologue_in='memory'); got pipeline={config.pipeline!r}, wg_split={config.wg_split!r}, "
                          f"schedule={config.schedule!r}, prologue_in={config.prologue_in!r}")
-    for hook in ("a_observe", "a_copy"):
+    for hook in ("a_observe", "a_copy", "a_operand"):
         if getattr(fusion, hook) is not None and (config.pipeline != "own" or transpose_a
                                                   or fusion.prologue_step is not None):
             raise ValueError(f"{name}: a fusion with an {hook} runs it in the MMA warpgroups of the K loop "
@@ -220,15 +234,27 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         if copied is None or copied.shape != (M, K) or jnp.dtype(copied.dtype).itemsize != 2:
             raise ValueError(f"{name}: a_copy={fusion.a_copy[0]!r} must name an output of A's shape ({M}, {K}) and a "
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
+    if fusion.a_operand is not None and (fusion.a_observe is not None or fusion.a_copy is not None
+                                         or config.stream_k):
+        raise ValueError(f"{name}: a fusion with an a_operand takes no a_observe or a_copy (its hook sees the A "
+                         f"block already) and no stream_k (its K loop pairs whole tiles' steps); got "
+                         f"a_observe={'set' if fusion.a_observe else None}, "
+                         f"a_copy={'set' if fusion.a_copy else None}, stream_k={config.stream_k}")
+    if fusion.step_inputs and fusion.a_operand is None:
+        raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
         arrays[_ACCUMULATED] = accumulate_into
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
             raise ValueError(f"{name}: accumulate_into must be ({M}, {N}) {jnp.dtype(out_dtype)}, got "
                              f"{tuple(accumulate_into.shape)} {accumulate_into.dtype}")
-    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs) if n != _ACCUMULATED)
+    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs, *fusion.step_inputs) if n != _ACCUMULATED)
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
+    for n in fusion.step_inputs:
+        if arrays[n].shape != (K,):
+            raise ValueError(f"{name}: step input {n!r} must have shape ({K},) (one value per K index), got "
+                             f"{tuple(arrays[n].shape)}")
     if fusion.store_in is not None and (fusion.store_in not in fusion.tile_inputs
                                         or arrays[fusion.store_in].dtype != jnp.dtype(out_dtype)):
         raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
@@ -243,7 +269,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                                  split=config.stream_k)
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
-                   accumulate_into is not None, plan)
+                   accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs))
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
@@ -278,6 +304,7 @@ class _Shape:
     tile_dtypes: tuple
     accumulates: bool = False  # the output ref is also the tile input ``_ACCUMULATED`` (``accumulate_into``)
     stream_k: stream_k.StreamKPlan | None = None  # the last rounds' tiles split by K steps (``gemm.stream_k``)
+    step_dtypes: tuple = ()  # the dtypes of ``Fusion.step_inputs``
 
     @property
     def iters(self) -> tuple[int, int, int]:
@@ -329,6 +356,11 @@ class _Shape:
             a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
                 (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(cfg.tile_k,
                                                                                               self.a_copy_dtype)),
+            # jax's GPU interpreter multiplies no register A: there the a_operand's output goes through SMEM
+            a_operand_smem=plgpu.SMEM((2, cfg.wg_rows, cfg.tile_k), self.dtype) if (
+                fusion.a_operand is not None and mu.interpreting()) else None,
+            step_smem={n: plgpu.SMEM((max(1, min(cfg.num_stages, self.iters[2])), cfg.tile_k), d)
+                       for n, d in zip(fusion.step_inputs, self.step_dtypes)},
             scratch=dict(fusion.scratch))
 
     @property
@@ -414,13 +446,17 @@ class _Shape:
         cfg = self.cfg
         return pl.ds(wg * cfg.wg_rows, cfg.wg_rows) if cfg.wg_rows < cfg.cta_m else slice(None)
 
-    def issue_wgmma(self, acc_ref, a_smem, b_smem, wg) -> None:
-        """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory."""
+    def issue_wgmma(self, acc_ref, a_smem, b_smem, wg, a_regs=None) -> None:
+        """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory, or A
+        from ``a_regs`` (this warpgroup's rows of the A block, ``Fusion.a_operand``'s output)."""
         cfg, (transpose_a, transpose_b) = self.cfg, self.transposes
         shared = not cfg.pingpong  # cooperative: the stage holds both warpgroups' shares
         wg_rows = self.wg_a_rows(wg)
         wg_cols = pl.ds(wg * cfg.tile_n, cfg.tile_n) if shared and cfg.wg_split == "n" else slice(None)
-        a_op = a_smem.at[:, wg_rows].transpose((1, 0)) if transpose_a else a_smem.at[wg_rows]
+        if a_regs is not None:
+            a_op = a_regs
+        else:
+            a_op = a_smem.at[:, wg_rows].transpose((1, 0)) if transpose_a else a_smem.at[wg_rows]
         b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
         plgpu.wgmma(acc_ref, a_op, b_op)
 

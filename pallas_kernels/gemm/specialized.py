@@ -133,7 +133,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     scoped_types = dict(
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                 for ref, (block, _, _) in zip(gmem, blocks)],
-        ready=plgpu.Barrier(num_arrivals=len(gmem), num_barriers=owners * num_stages),
+        ready=plgpu.Barrier(num_arrivals=len(gmem) + len(fusion.step_inputs), num_barriers=owners * num_stages),
         consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_handoff,
                                    num_barriers=owners * num_stages),
         **shape.scratch_types())
@@ -282,6 +282,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
                                             smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)],
                                             collective_axes=shape.multicast(operand))
+                for n in fusion.step_inputs:  # the step's slice of each (K,) vector, for the a_operand
+                    plgpu.copy_gmem_to_smem(named_in[n].at[ks], scoped["step_smem"][n].at[lax.rem(g, num_stages)],
+                                            ready.at[barrier_of(g)])
 
             if prologue_in_memory:
                 loads_with_prologue(load_step)
@@ -346,13 +349,25 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=()):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
-                With ``Fusion.a_observe``, run after each wgmma is issued; returns its carry."""
+                With ``Fusion.a_observe``, run after each wgmma is issued; with ``Fusion.a_operand``, before it, on
+                the registers it reads. Returns the hook's carry."""
                 def step(k, carry):
                     acc_ref, hook_carry = carry
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
                     plgpu.barrier_wait(ready.at[barrier_of(g)])
-                    shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg)
+                    a_regs = None
+                    if fusion.a_operand is not None:  # registers of its own (the caller's unrolled steps)
+                        a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
+                        vectors = {n: mu.load(buf.at[slot], layout=mu.COLS, optimized=False)
+                                   for n, buf in scoped["step_smem"].items()}
+                        a_regs, hook_carry = fusion.a_operand(dataclasses.replace(ctx, step=k), a, vectors,
+                                                              hook_carry)
+                        if mu.interpreting():  # the interpreter's wgmma takes A from SMEM only
+                            staged = scoped["a_operand_smem"].at[wg]
+                            staged[...] = a_regs
+                            a_regs = staged
+                    shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
                     if fusion.a_observe is not None:  # under the wgmma just issued (and one in flight with delay)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         hook_carry = fusion.a_observe(dataclasses.replace(ctx, step=k), a, hook_carry)
@@ -368,7 +383,22 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         plgpu.barrier_arrive(consumed.at[barrier_of(g)])
                     return acc_ref, hook_carry
 
-                _, hook_carry = lax.fori_loop(k0, k1, step, (acc_ref, hook_carry))
+                if fusion.a_operand is None:
+                    _, hook_carry = lax.fori_loop(k0, k1, step, (acc_ref, hook_carry))
+                else:  # delay + 1 steps per iteration, each its own register block: a block is loaded again only
+                    # after the wgmma_wait(delay) of a later step has seen its wgmma complete (k0, k1 static here)
+                    unroll = delay + 1
+                    rounds, rest = divmod(k1 - k0, unroll)
+
+                    def steps(j, carry):
+                        for i in range(unroll):
+                            carry = step(k0 + j * unroll + i, carry)
+                        return carry
+
+                    carry = lax.fori_loop(0, rounds, steps, (acc_ref, hook_carry))
+                    for i in range(rest):
+                        carry = step(k0 + rounds * unroll + i, carry)
+                    hook_carry = carry[1]
                 if delay:
                     plgpu.wgmma_wait(0)
                     for d in range(delay):  # the last `delay` steps (fewer where the segment is shorter)

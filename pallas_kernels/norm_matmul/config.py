@@ -252,7 +252,12 @@ class MosaicRMSNormMatmulConfig:
       2021 at 4096x4096x14336, 287 → 258 / 889 → 856 at 4096x2048x11008, 588 → 572 / 1768 → 1754 at 8192x4096x6144;
       the tuned entries of those shapes take it. None (default): ``gamma_side``, "x" where it moves fewer bytes
       (bfloat16, statistics from XLA, M < 2N: an LM head's w_γ pass cost 369 µs of 9643 at 4096x2048x128256,
-      rmsnorm_matmul_configs_row_dot-h100-68cbc7e.json), else "w".
+      rmsnorm_matmul_configs_row_dot-h100-68cbc7e.json), else "w". "a": the forward's MMA warpgroups multiply
+      their rows of each x block by gamma's step slice in registers and feed wgmma from there
+      (``gemm.Fusion.a_operand``: no (M, K) or (K, N) tensor made for gamma, no pass over x or w); with
+      stats_in_kernel "mma" the sums of squares come from the same registers, before gamma, so the forward is one
+      kernel reading x and w once. bfloat16 only (x ⊙ gamma rounded), the forward on pipeline "own"; the backward
+      as with "x" (gamma on dx's columns).
     row_dot: where the backward takes its row dot c = Σ_N(dy · y) = Σ_K(u ⊙ x) / r, u = r ⊙ (dy @ w_γᵀ). "n": one
       XLA fusion over dy and y gives Σ_N(dy · y) and dyr = r ⊙ dy, and the dx kernel (A = dy) finishes dx in its
       epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr; it writes u = dyr @ w_γᵀ and
@@ -302,8 +307,14 @@ class MosaicRMSNormMatmulConfig:
         if self.stats_in_kernel == "mma" and self.forward.pipeline != "own":
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma' sums squares in the MMA warpgroups of "
                              f"our K loop: the forward config needs pipeline='own', got {self.forward.pipeline!r}")
-        if self.gamma_on not in (None, "w", "x"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w' or 'x', got {self.gamma_on!r}")
+        if self.gamma_on not in (None, "w", "x", "a"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x' or 'a', got "
+                             f"{self.gamma_on!r}")
+        if self.gamma_on == "a" and (self.stats_in_kernel is True or self.forward.pipeline != "own"):
+            raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'a' multiplies the x blocks in the MMA warpgroups' "
+                             "registers: it needs the forward config's pipeline='own' and stats_in_kernel False or "
+                             f"'mma'; got pipeline={self.forward.pipeline!r}, "
+                             f"stats_in_kernel={self.stats_in_kernel!r}")
         if self.gamma_on == "x" and self.stats_in_kernel:
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
                              "not x's: it needs stats_in_kernel=False (r from XLA)")

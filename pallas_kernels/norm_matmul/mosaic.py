@@ -125,34 +125,30 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
-def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel) -> Fusion:
+def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel,
+                    gamma_in_registers: bool = False) -> Fusion:
     """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel True: the prologue (a fourth
     warpgroup, or the memory warpgroup) sums x² over each x block (float32); "mma": each MMA warpgroup, after
     issuing a step's wgmma, loads its rows of the x block into registers and adds their squares elementwise
     (reduced across the row once, in the epilogue); then the epilogue forms r from the sums and also stores it
-    (M,); with stream-K the MMA warpgroups' partial sums are added like the accumulators (``Fusion.carry_shapes``)."""
+    (M,); with stream-K the MMA warpgroups' partial sums are added like the accumulators (``Fusion.carry_shapes``).
+    ``gamma_in_registers`` (gamma_on "a"): each MMA warpgroup loads its rows of the x block into registers before
+    the step's wgmma, multiplies them by gamma's step slice ("gamma", (K,) in x's dtype) and wgmma reads them from
+    there (``Fusion.a_operand``); with "mma" the squares are summed from those registers, before gamma."""
+    if gamma_in_registers:
+        return _gamma_in_registers_fusion(M, K, eps, stats_in_kernel)
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
-    def epilogue(ctx, acc, sum_sq):
-        del ctx
-        if sum_sq.ndim == 2:  # the MMA warpgroups' elementwise sums (rows, tile_k)
-            sum_sq = jnp.sum(sum_sq, axis=1)
-        rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
-        return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
-
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     if stats_in_kernel == "mma":
-        def init(ctx):
-            return mu.layout_cast(jnp.zeros((ctx.config.wg_rows, ctx.config.tile_k), _F32), mu.TILE)
-
         def observe(ctx, x, sum_sq):
             del ctx
             x = x.astype(_F32)
             return sum_sq + x * x  # no cross-lane reduction per step
 
-        return Fusion(outputs=outputs, prologue_init=init, a_observe=observe, epilogue=epilogue,
+        return Fusion(outputs=outputs, prologue_init=_squares_zero, a_observe=observe, epilogue=_scale_by_rstd(K, eps),
                       carry_shapes=((cfg.wg_rows, cfg.tile_k),))
 
     def step(ctx, x_ref, sum_sq):
@@ -161,7 +157,45 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
         return sum_sq + jnp.sum(x * x, axis=1)
 
     return Fusion(outputs=outputs, handoff_rows=1, prologue_init=lambda ctx: _rows_zero(cfg.cta_m),
-                  prologue_step=step, epilogue=epilogue)
+                  prologue_step=step, epilogue=_scale_by_rstd(K, eps))
+
+
+def _squares_zero(ctx) -> jax.Array:
+    """The MMA warpgroups' elementwise sums of squares at a tile's start: (wg_rows, tile_k) float32 zeros."""
+    return mu.layout_cast(jnp.zeros((ctx.config.wg_rows, ctx.config.tile_k), _F32), mu.TILE)
+
+
+def _scale_by_rstd(K: int, eps: float):
+    """The forward's epilogue from the float32 sums of squares (rows, or (rows, tile_k) elementwise): y = r ⊙ acc,
+    and r stored (M,)."""
+    def epilogue(ctx, acc, sum_sq):
+        del ctx
+        if sum_sq.ndim == 2:  # the MMA warpgroups' elementwise sums (rows, tile_k)
+            sum_sq = jnp.sum(sum_sq, axis=1)
+        rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
+        return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
+
+    return epilogue
+
+
+def _gamma_in_registers_fusion(M: int, K: int, eps: float, stats_in_kernel) -> Fusion:
+    """gamma_on "a": A = x ⊙ gamma formed in the MMA warpgroups' registers per step (``Fusion.a_operand``), gamma's
+    slice loaded with each stage; r from XLA ("rstd" in), or with "mma" from the same registers' squares."""
+    def times_gamma(x, vectors):  # in x's dtype: x ⊙ gamma rounded once (gamma itself rounded to x's dtype)
+        return x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])
+
+    if not stats_in_kernel:
+        return Fusion(inputs=("rstd",), step_inputs=("gamma",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
+                      a_operand=lambda ctx, x, vectors, rstd: (times_gamma(x, vectors), rstd),
+                      epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
+
+    def operand(ctx, x, vectors, sum_sq):
+        del ctx
+        x32 = x.astype(_F32)
+        return times_gamma(x, vectors), sum_sq + x32 * x32  # elementwise: reduced across the row once per tile
+
+    return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), step_inputs=("gamma",),
+                  prologue_init=_squares_zero, a_operand=operand, epilogue=_scale_by_rstd(K, eps))
 
 
 def _forward(x, residual, gamma, w, static: _Static):
@@ -172,17 +206,19 @@ def _forward(x, residual, gamma, w, static: _Static):
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
     cfg = static.config.forward
-    fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel)
+    side = static.config.gamma_side(M, w.shape[1], x.dtype)
+    fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel, gamma_in_registers=side == "a")
+    b = _scaled_w(gamma, w) if side == "w" else w
+    arrays = dict(gamma=gamma.astype(x.dtype)) if side == "a" else {}
     if static.config.stats_in_kernel:
-        y, rstd = gemm(x, _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
+        y, rstd = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
                        name="rmsnorm_matmul_fwd")
     else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma)
         x32 = x.astype(_F32)
         rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
-        on_x = static.config.gamma_side(M, w.shape[1], x.dtype) == "x"
-        a = (x32 * gamma.astype(_F32)).astype(x.dtype) if on_x else x
-        (y,) = gemm(a, w if on_x else _scaled_w(gamma, w), config=cfg, out_dtype=static.out_dtype, fusion=fusion,
-                    arrays=dict(rstd=rstd), name="rmsnorm_matmul_fwd")
+        a = (x32 * gamma.astype(_F32)).astype(x.dtype) if side == "x" else x
+        (y,) = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=dict(arrays, rstd=rstd),
+                    name="rmsnorm_matmul_fwd")
     return y, rstd, h
 
 
@@ -263,7 +299,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     dtype = xn.dtype
     # float16: dyr = (r / s) ⊙ dy with s = max r stays <= |dy|; bfloat16 has float32's range (s = 1).
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
-    on_x = cfg.gamma_side(M, N, dtype) == "x"  # no w_γ: gamma on dx's columns in the epilogue
+    on_x = cfg.gamma_side(M, N, dtype) in ("x", "a")  # no w_γ: gamma on dx's columns in the epilogue
     b = w if on_x else _scaled_w(gamma, w)
     if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts; dy read once, for dyr
         dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
@@ -331,9 +367,9 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
     if not reason and config.dyr_in_dx:
         reason = config.dyr_smem_reason(x.dtype, residual is not None)
-    if not reason and config.gamma_on == "x" and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
-        reason = (f"gamma_on='x' rounds x ⊙ gamma to x's dtype, bfloat16 only (x is {jnp.dtype(x.dtype)}: small x "
-                  "would round into subnormals; gamma_on='w' takes it)")
+    if not reason and config.gamma_on in ("x", "a") and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
+        reason = (f"gamma_on={config.gamma_on!r} rounds x ⊙ gamma to x's dtype, bfloat16 only (x is "
+                  f"{jnp.dtype(x.dtype)}: small x would round into subnormals; gamma_on='w' takes it)")
     if reason:
         raise ValueError(f"rmsnorm_matmul (mosaic): {reason}")
     return _rmsnorm_matmul(x, residual, gamma, w, _Static(config=config, eps=float(eps),
