@@ -596,26 +596,32 @@ def test_stream_k_accumulate_into_on_the_gpu():
 # ---------------------------------------------------------------------------------------------------------------
 # Fusion.a_operand: the MMA warpgroups transform their rows of each A block in registers and wgmma reads them there
 # ---------------------------------------------------------------------------------------------------------------
-def _scaled_a(config, M: int) -> Fusion:
-    """A fusion whose a_operand multiplies A by a (K,) step vector "g" over its columns (in A's dtype) and sums the
-    squares of the loaded rows, stored as row sums (M,): a wrong step, vector slice or register block shows."""
+def _scaled_a(config, M: int, squares_in: str = "operand") -> Fusion:
+    """A fusion whose a_operand multiplies A by a (K,) step vector "g" over its columns (in A's dtype), and which
+    sums the squares of the loaded rows, stored as row sums (M,), in the a_operand or (``squares_in="observe"``) in
+    an a_observe on the same registers after the wgmma's issue: a wrong step, vector slice or register block shows."""
     def init(ctx):
         return mosaic_utils.layout_cast(jnp.zeros((config.wg_rows, config.tile_k), jnp.float32), mosaic_utils.TILE)
 
-    def operand(ctx, a, vectors, sums):
+    def add_squares(ctx, a, sums):
         a32 = a.astype(jnp.float32)
-        return a * jax.lax.broadcast_in_dim(vectors["g"], a.shape, [1]), sums + a32 * a32
+        return sums + a32 * a32
+
+    def operand(ctx, a, vectors, sums):
+        scaled = a * jax.lax.broadcast_in_dim(vectors["g"], a.shape, [1])
+        return scaled, add_squares(ctx, a, sums) if squares_in == "operand" else sums
 
     return Fusion(outputs=(("sumsq", S((M,), jnp.float32)),), step_inputs=("g",), prologue_init=init,
-                  a_operand=operand, epilogue=lambda ctx, acc, sums: (acc, {"sumsq": jnp.sum(sums, axis=1)}))
+                  a_operand=operand, a_observe=add_squares if squares_in == "observe" else None,
+                  epilogue=lambda ctx, acc, sums: (acc, {"sumsq": jnp.sum(sums, axis=1)}))
 
 
-def _check_a_operand(M, K, N, config, calls=1):
+def _check_a_operand(M, K, N, config, calls=1, squares_in="operand"):
     a, b = _operands(M, K, N, jnp.bfloat16)
     g = (1.0 + 0.5 * jax.random.normal(_key(), (K,), jnp.float32)).astype(jnp.bfloat16)
     want = _f32_product((a.astype(jnp.float32) * g.astype(jnp.float32)).astype(jnp.bfloat16), b)
-    fn = jax.jit(lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_scaled_a(config, M),
-                                      arrays=dict(g=g)))
+    fn = jax.jit(lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
+                                      fusion=_scaled_a(config, M, squares_in), arrays=dict(g=g)))
     for _ in range(calls):
         got, sumsq = fn(a, b, g)
         assert _rel_err(got, want) <= _tol(jnp.bfloat16, K)  # NaN fails
@@ -623,9 +629,7 @@ def _check_a_operand(M, K, N, config, calls=1):
 
 
 @pytest.mark.parametrize("config_changes, fusion_changes, transpose_a, match", [
-    (dict(stream_k=1), {}, False, "a_operand takes no a_observe or a_copy .* got a_observe=None, a_copy=None, "
-                                  "stream_k=1"),
-    ({}, dict(a_observe=lambda ctx, a, carry: carry), False, "a_operand takes no a_observe .* a_observe=set"),
+    (dict(stream_k=1), {}, False, "a_operand takes no a_copy and no stream_k .* got a_copy=None, stream_k=1"),
     (dict(pipeline="pallas"), {}, False, "a_operand runs it in the MMA warpgroups of the K loop pipeline='own'"),
     ({}, {}, True, "a_operand runs it .* got pipeline='own', transpose_a=True"),
     ({}, dict(a_operand=None), False, r"step_inputs=\('g',\) are read by an a_operand only")])
@@ -668,23 +672,29 @@ def test_a_operand_gives_each_step_in_flight_its_own_registers(delay_release, st
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("fields", [dict(delay_release=0), dict(delay_release=1), dict(wg_split="m", delay_release=1),
-                                    dict(num_stages=3, delay_release=2), dict(schedule="pingpong", delay_release=1)])
-def test_a_operand_in_interpret_mode(fields):
+@pytest.mark.parametrize("fields, squares_in", [
+    (dict(delay_release=0), "operand"), (dict(delay_release=1), "operand"),
+    (dict(wg_split="m", delay_release=1), "observe"), (dict(num_stages=3, delay_release=2), "observe"),
+    (dict(schedule="pingpong", delay_release=1), "operand")])
+def test_a_operand_in_interpret_mode(fields, squares_in):
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 5 steps: an odd count leaves steps after the paired loop
-        _check_a_operand(128, 160, 256, dataclasses.replace(_TINY, **fields))
+        _check_a_operand(128, 160, 256, dataclasses.replace(_TINY, **fields), squares_in=squares_in)
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, config", [
-    (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)),
-    (2048, 1088, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1)),  # 17 steps
-    (2048, 1024, 2048, MosaicGemmConfig(delay_release=1)),  # wg_split "n": both warpgroups load all rows
-    (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=4, delay_release=2)),
-    (2048, 1024, 2048, MosaicGemmConfig(schedule="pingpong", delay_release=1))])
-def test_a_operand_on_the_gpu(M, K, N, config):
+@pytest.mark.parametrize("M, K, N, config, squares_in", [
+    (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1),
+     "operand"),
+    (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1),
+     "observe"),
+    (2048, 1088, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1), "operand"),  # 17 steps
+    (2048, 1024, 2048, MosaicGemmConfig(delay_release=1), "observe"),  # wg_split "n": both warpgroups load all rows
+    (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=4, delay_release=2),
+     "operand"),
+    (2048, 1024, 2048, MosaicGemmConfig(schedule="pingpong", delay_release=1), "operand")])
+def test_a_operand_on_the_gpu(M, K, N, config, squares_in):
     """With one or two wgmma groups in flight: a register block rewritten under its wgmma gave wrong products."""
-    _check_a_operand(M, K, N, config, calls=2)
+    _check_a_operand(M, K, N, config, calls=2, squares_in=squares_in)
 
 
 # ---------------------------------------------------------------------------------------------------------------

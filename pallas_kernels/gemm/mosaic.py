@@ -157,8 +157,9 @@ class Fusion:
       on its rows of the A block loaded into registers (as for a_observe, in A's dtype); the array it returns (same
       shape and dtype) is the wgmma's A operand, read from registers. ``vectors``: the step's tile_k slice of each
       ``step_inputs`` vector, (tile_k,) in layout COLS; ctx.step the step; carry as for a_observe. The K loop then
-      takes delay_release + 1 steps per iteration, one register block each (module docstring). Pipeline "own", A
-      read as stored, no prologue_step, a_observe or a_copy, no stream-K.
+      takes delay_release + 1 steps per iteration, one register block each (module docstring). With an a_observe
+      too, that one gets the same loaded registers (as loaded, before a_operand's change) after the wgmma's issue,
+      and the carry passes through both. Pipeline "own", A read as stored, no prologue_step or a_copy, no stream-K.
     step_inputs: (K,) vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the stage
       beside the A and B blocks, for ``a_operand`` (e.g. gamma over the contraction).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
@@ -234,12 +235,10 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         if copied is None or copied.shape != (M, K) or jnp.dtype(copied.dtype).itemsize != 2:
             raise ValueError(f"{name}: a_copy={fusion.a_copy[0]!r} must name an output of A's shape ({M}, {K}) and a "
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
-    if fusion.a_operand is not None and (fusion.a_observe is not None or fusion.a_copy is not None
-                                         or config.stream_k):
-        raise ValueError(f"{name}: a fusion with an a_operand takes no a_observe or a_copy (its hook sees the A "
-                         f"block already) and no stream_k (its K loop pairs whole tiles' steps); got "
-                         f"a_observe={'set' if fusion.a_observe else None}, "
-                         f"a_copy={'set' if fusion.a_copy else None}, stream_k={config.stream_k}")
+    if fusion.a_operand is not None and (fusion.a_copy is not None or config.stream_k):
+        raise ValueError(f"{name}: a fusion with an a_operand takes no a_copy and no stream_k (its K loop takes "
+                         f"whole tiles' steps in groups); got a_copy={'set' if fusion.a_copy else None}, "
+                         f"stream_k={config.stream_k}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:

@@ -143,13 +143,8 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
 
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     if stats_in_kernel == "mma":
-        def observe(ctx, x, sum_sq):
-            del ctx
-            x = x.astype(_F32)
-            return sum_sq + x * x  # no cross-lane reduction per step
-
-        return Fusion(outputs=outputs, prologue_init=_squares_zero, a_observe=observe, epilogue=_scale_by_rstd(K, eps),
-                      carry_shapes=((cfg.wg_rows, cfg.tile_k),))
+        return Fusion(outputs=outputs, prologue_init=_squares_zero, a_observe=_add_squares,
+                      epilogue=_scale_by_rstd(K, eps), carry_shapes=((cfg.wg_rows, cfg.tile_k),))
 
     def step(ctx, x_ref, sum_sq):
         del ctx
@@ -158,6 +153,14 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
 
     return Fusion(outputs=outputs, handoff_rows=1, prologue_init=lambda ctx: _rows_zero(cfg.cta_m),
                   prologue_step=step, epilogue=_scale_by_rstd(K, eps))
+
+
+def _add_squares(ctx, x, sum_sq) -> jax.Array:
+    """The MMA warpgroups' a_observe: x's squares added elementwise (no cross-lane reduction per step; the
+    epilogue reduces each row once per tile)."""
+    del ctx
+    x = x.astype(_F32)
+    return sum_sq + x * x
 
 
 def _squares_zero(ctx) -> jax.Array:
@@ -180,7 +183,8 @@ def _scale_by_rstd(K: int, eps: float):
 
 def _gamma_in_registers_fusion(M: int, K: int, eps: float, stats_in_kernel) -> Fusion:
     """gamma_on "a": A = x ⊙ gamma formed in the MMA warpgroups' registers per step (``Fusion.a_operand``), gamma's
-    slice loaded with each stage; r from XLA ("rstd" in), or with "mma" from the same registers' squares."""
+    slice loaded with each stage; r from XLA ("rstd" in), or with "mma" from the same registers' squares, summed
+    after the step's wgmma is issued (``Fusion.a_observe`` on the loaded x)."""
     def times_gamma(x, vectors):  # in x's dtype: x ⊙ gamma rounded once (gamma itself rounded to x's dtype)
         return x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])
 
@@ -189,13 +193,10 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, stats_in_kernel) -> F
                       a_operand=lambda ctx, x, vectors, rstd: (times_gamma(x, vectors), rstd),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
-    def operand(ctx, x, vectors, sum_sq):
-        del ctx
-        x32 = x.astype(_F32)
-        return times_gamma(x, vectors), sum_sq + x32 * x32  # elementwise: reduced across the row once per tile
-
     return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), step_inputs=("gamma",),
-                  prologue_init=_squares_zero, a_operand=operand, epilogue=_scale_by_rstd(K, eps))
+                  prologue_init=_squares_zero, a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors),
+                                                                                         sum_sq),
+                  a_observe=_add_squares, epilogue=_scale_by_rstd(K, eps))
 
 
 def _forward(x, residual, gamma, w, static: _Static):
