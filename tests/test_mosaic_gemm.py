@@ -599,7 +599,8 @@ def test_stream_k_accumulate_into_on_the_gpu():
 def _scaled_a(config, M: int, squares_in: str = "operand") -> Fusion:
     """A fusion whose a_operand multiplies A by a (K,) step vector "g" over its columns (in A's dtype), and which
     sums the squares of the loaded rows, stored as row sums (M,), in the a_operand or (``squares_in="observe"``) in
-    an a_observe on the same registers after the wgmma's issue: a wrong step, vector slice or register block shows."""
+    an a_observe after the wgmma's issue (which loads the block again): a wrong step, vector slice or register block
+    shows."""
     def init(ctx):
         return mosaic_utils.layout_cast(jnp.zeros((config.wg_rows, config.tile_k), jnp.float32), mosaic_utils.TILE)
 

@@ -510,7 +510,8 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
     from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows);
     "gamma_on_a": x ⊙ gamma formed in the MMA warpgroups' registers, wgmma reading A from there ("_mma": r from the
-    same registers); "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the residual)."""
+    x blocks loaded again after each wgmma's issue); "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx
+    tiles without the residual)."""
     tiles = _Interpreted.tiles
     stats = stats_in_kernel if stats_in_kernel in (True, "mma") else "mma" if stats_in_kernel == "gamma_on_a_mma" \
         else False

@@ -158,8 +158,8 @@ class Fusion:
       shape and dtype) is the wgmma's A operand, read from registers. ``vectors``: the step's tile_k slice of each
       ``step_inputs`` vector, (tile_k,) in layout COLS; ctx.step the step; carry as for a_observe. The K loop then
       takes delay_release + 1 steps per iteration, one register block each (module docstring). With an a_observe
-      too, that one gets the same loaded registers (as loaded, before a_operand's change) after the wgmma's issue,
-      and the carry passes through both. Pipeline "own", A read as stored, no prologue_step or a_copy, no stream-K.
+      too, that one loads the block again after the wgmma's issue (as without an a_operand), and the carry passes
+      through both. Pipeline "own", A read as stored, no prologue_step or a_copy, no stream-K.
     step_inputs: (K,) vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the stage
       beside the A and B blocks, for ``a_operand`` (e.g. gamma over the contraction).
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.

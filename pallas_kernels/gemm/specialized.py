@@ -356,7 +356,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
                     plgpu.barrier_wait(ready.at[barrier_of(g)])
-                    a = a_regs = None
+                    a_regs = None
                     if fusion.a_operand is not None:  # registers of its own (the caller's unrolled steps)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         vectors = {n: mu.load(buf.at[slot], layout=mu.COLS, optimized=False)
@@ -369,10 +369,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             a_regs = staged
                     shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
                     if fusion.a_observe is not None:  # under the wgmma just issued (and one in flight with delay)
-                        if a is None:
-                            a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
-                        else:  # the a_operand's registers, kept for after the wgmma's issue (a side-effecting
-                            a = lax.optimization_barrier(a)  # barrier LLVM does not move the arithmetic above)
+                        # loaded again with an a_operand: its registers passed through an optimization barrier
+                        # past the issue cost the rmsnorm_matmul forward 10% (NOTES.md, 2026-11-28)
+                        a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         hook_carry = fusion.a_observe(dataclasses.replace(ctx, step=k), a, hook_carry)
                     if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
                         shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)

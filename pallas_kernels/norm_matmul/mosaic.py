@@ -183,8 +183,8 @@ def _scale_by_rstd(K: int, eps: float):
 
 def _gamma_in_registers_fusion(M: int, K: int, eps: float, stats_in_kernel) -> Fusion:
     """gamma_on "a": A = x ⊙ gamma formed in the MMA warpgroups' registers per step (``Fusion.a_operand``), gamma's
-    slice loaded with each stage; r from XLA ("rstd" in), or with "mma" from the same registers' squares, summed
-    after the step's wgmma is issued (``Fusion.a_observe`` on the loaded x)."""
+    slice loaded with each stage; r from XLA ("rstd" in), or with "mma" from x's squares, summed after the step's
+    wgmma is issued (``Fusion.a_observe``, which loads the block again)."""
     def times_gamma(x, vectors):  # in x's dtype: x ⊙ gamma rounded once (gamma itself rounded to x's dtype)
         return x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])
 
