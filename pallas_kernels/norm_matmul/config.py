@@ -448,6 +448,9 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     fwd += [mma, dataclasses.replace(mma, forward=dataclasses.replace(mma.forward, stream_k=4))]
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
         fwd += [dataclasses.replace(base, gamma_on=side) for side in ("w", "x")]
+        # gamma in the MMA warpgroups' registers (gemm.Fusion.a_operand), r from XLA: stacked tiles, one group in flight
+        fwd.append(dataclasses.replace(base, gamma_on="a", forward=dataclasses.replace(
+            pick_config(M, N, K, _MMA_STATS_FORWARD), grid_minor="m")))
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
                    dict(pipeline="pallas_steady", semantics="warpgroup")]
     if not residual:  # beside the x tile (and no dh tile): 3 stages of 128x256 blocks, 5 of ping-pong 128x128
