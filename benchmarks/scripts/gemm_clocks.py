@@ -1,5 +1,5 @@
-"""The SM clock and board power under each GEMM, sustained: how much of the tensor cores' rate per clock a GEMM
-keeps, and at what clock the power limit holds it.
+"""The SM clock, board power and clock-event reasons under each GEMM, sustained: whether the power limit sets the
+GEMMs' clock.
 
     PYTHONPATH=$PWD python benchmarks/scripts/gemm_clocks.py --out $OUT [--seconds 2] \
         [--shapes 32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv]
@@ -8,10 +8,13 @@ Cases: the tensor-core ceiling kernel (``tensor_core_ceiling.wgmma_loop``: wgmma
 once, no memory traffic), and per suite shape cuBLAS's matmul alone, XLA's norm + matmul and our Mosaic forward in its
 default config (``jaxfuse.suites.rmsnorm_matmul``). Each case first gets its CUPTI time (``bench.time_kernels``,
 median), then runs back to back for ``--seconds`` while ``nvidia-smi -lms`` samples the SM clock, the board power and
-the active clock-event (throttle) reasons; the samples of the second half (steady state) give the medians. The rate
-per clock, TFLOP/s over GHz, against the chip's 132 SMs x 4096 dense bf16 FLOP per clock (540.7 TFLOP/s per GHz),
-says how busy the tensor pipe is at the clock it gets: a GEMM near the ceiling's fraction runs as fast as that clock
-allows, and only a clock the power limit grants can make it faster. Writes ``gemm_clocks-<device>.json``.
+the active clock-event (throttle) reasons; the samples of the second half (steady state) give the medians.
+What the samples can and cannot say (H100, gemm_clocks-h100-9055c87.json): every case ran at the 700 W limit with
+the software power cap (reason 0x4) active, at sampled clocks of 1.34-1.64 GHz; but the sampled clock is not the
+clock a kernel ran at on average (the power cap moves it faster than 20 ms samples see): the first record divided
+each rate by it and got more FLOP per clock than the tensor cores have (132 SMs x 4096), so this script no longer
+reports rates per clock. Nsight Compute's per-kernel clock (``ncu_kernels.py``) is the one to divide by.
+Writes ``gemm_clocks-<device>.json``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from jaxfuse.suites import rmsnorm_matmul as suite
 from pallas_kernels import mosaic_utils as mu
 from tensor_core_ceiling import TILE_K, TILE_M, TILE_N, wgmma_loop
 
-FLOP_PER_CLOCK = 132 * 4096  # H100 SXM: dense bf16 FLOP per clock over all SMs (989.4 TFLOP/s at 1.83 GHz)
 QUERIES = ("clocks.sm,power.draw,clocks_event_reasons.active", "clocks.sm,power.draw,clocks_throttle_reasons.active")
 
 
@@ -104,9 +106,6 @@ def main() -> int:
             timing = bench.time_kernels(fn, [fn_args], iterations=10, warmup=2)
             row.update(us=timing.median_us, tflops=flops / timing.median_us / 1e6)
             row.update(sample_clocks(fn, fn_args, args.seconds, query))
-            if row.get("sm_mhz"):
-                per_ghz = row["tflops"] / (row["sm_mhz"] / 1e3)
-                row.update(tflops_per_ghz=per_ghz, tensor_fraction_at_clock=per_ghz * 1e12 / 1e9 / FLOP_PER_CLOCK)
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     print("wrote", path)
     return 0
