@@ -256,8 +256,8 @@ class MosaicRMSNormMatmulConfig:
       their rows of each x block by gamma's step slice in registers and feed wgmma from there
       (``gemm.Fusion.a_operand``: no (M, K) or (K, N) tensor made for gamma, no pass over x or w); with
       stats_in_kernel "mma" the sums of squares come from x's blocks loaded again after each wgmma's issue, so the
-      forward is one kernel reading x and w once. bfloat16 only (x ⊙ gamma rounded), the forward on pipeline
-      "own"; the backward as with "x" (gamma on dx's columns).
+      forward is one kernel reading x and w once. bfloat16 only (gamma rounded to bfloat16, then x ⊙ gamma rounded),
+      the forward on pipeline "own"; the backward as with "x" (gamma on dx's columns).
     row_dot: where the backward takes its row dot c = Σ_N(dy · y) = Σ_K(u ⊙ x) / r, u = r ⊙ (dy @ w_γᵀ). "n": one
       XLA fusion over dy and y gives Σ_N(dy · y) and dyr = r ⊙ dy, and the dx kernel (A = dy) finishes dx in its
       epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr; it writes u = dyr @ w_γᵀ and

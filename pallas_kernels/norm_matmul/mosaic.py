@@ -14,7 +14,11 @@ reduced across the row once per tile in the epilogue (one wgmma group in flight 
 default). The normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to
 the A side instead: the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more bytes where
 w_γ costs 2KN (fewer where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies gamma
-on its columns; still no normalized tensor (r stays in the epilogue).
+on its columns; still no normalized tensor (r stays in the epilogue). With ``gamma_on="a"`` (bfloat16) no tensor is
+made for gamma at all: the MMA warpgroups load their rows of each x block into registers, multiply them by gamma's
+step slice (loaded with the stage) and wgmma reads A from those registers (``Fusion.a_operand``: the K loop gives
+each step in flight registers of its own); B = w, dx as with "x". The tuned entries of 4096x4096x14336 and
+8192x4096x6144 take it (NOTES.md, 2026-11-28).
 
 Backward, two kernels (never the normalized activations; r from the forward; float32 statistics):
   dx kernel:  dx = r · (dy @ w_γᵀ) − r² · c · x (+ dh),  c = Σ_N(dy · y) / K per row.
@@ -134,7 +138,8 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     (M,); with stream-K the MMA warpgroups' partial sums are added like the accumulators (``Fusion.carry_shapes``).
     ``gamma_in_registers`` (gamma_on "a"): each MMA warpgroup loads its rows of the x block into registers before
     the step's wgmma, multiplies them by gamma's step slice ("gamma", (K,) in x's dtype) and wgmma reads them from
-    there (``Fusion.a_operand``); with "mma" the squares are summed from those registers, before gamma."""
+    there (``Fusion.a_operand``); with "mma" the squares come from the a_observe above, which loads the x block
+    again after the wgmma's issue."""
     if gamma_in_registers:
         return _gamma_in_registers_fusion(M, K, eps, stats_in_kernel)
     if not stats_in_kernel:
