@@ -601,20 +601,15 @@ def _scaled_a(config, M: int, squares_in: str = "operand") -> Fusion:
     sums the squares of the loaded rows, stored as row sums (M,), in the a_operand or (``squares_in="observe"``) in
     an a_observe after the wgmma's issue (which loads the block again): a wrong step, vector slice or register block
     shows."""
-    def init(ctx):
-        return mosaic_utils.layout_cast(jnp.zeros((config.wg_rows, config.tile_k), jnp.float32), mosaic_utils.TILE)
+    sums = _row_sums_of_squares(config, M)  # its zero carry, elementwise squares and row-sum epilogue
+    add_squares = sums.a_observe
 
-    def add_squares(ctx, a, sums):
-        a32 = a.astype(jnp.float32)
-        return sums + a32 * a32
-
-    def operand(ctx, a, vectors, sums):
+    def operand(ctx, a, vectors, carry):
         scaled = a * jax.lax.broadcast_in_dim(vectors["g"], a.shape, [1])
-        return scaled, add_squares(ctx, a, sums) if squares_in == "operand" else sums
+        return scaled, add_squares(ctx, a, carry) if squares_in == "operand" else carry
 
-    return Fusion(outputs=(("sumsq", S((M,), jnp.float32)),), step_inputs=("g",), prologue_init=init,
-                  a_operand=operand, a_observe=add_squares if squares_in == "observe" else None,
-                  epilogue=lambda ctx, acc, sums: (acc, {"sumsq": jnp.sum(sums, axis=1)}))
+    return dataclasses.replace(sums, step_inputs=("g",), carry_shapes=None, a_operand=operand,
+                               a_observe=add_squares if squares_in == "observe" else None)
 
 
 def _check_a_operand(M, K, N, config, calls=1, squares_in="operand"):

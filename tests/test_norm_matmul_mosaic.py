@@ -429,13 +429,19 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     """The default config of a shape with the forward's variant: False / True / "mma" (where r comes from, gamma
     on w), "gamma_on_x", "gamma_on_a" (r from XLA) or "gamma_on_a_mma" (gamma and r in the MMA warpgroups'
     registers, stacked 64x256 forward tiles with one wgmma group in flight)."""
-    stats = variant if variant in (True, "mma") else "mma" if variant == "gamma_on_a_mma" else False
+    stats, gamma_on = _variant_fields(variant)
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
-    gamma_on = {"gamma_on_x": "x", "gamma_on_a": "a", "gamma_on_a_mma": "a"}.get(variant, "w")
     if gamma_on == "a":
         config = dataclasses.replace(config, forward=dataclasses.replace(
             nm_config._MMA_STATS_FORWARD[0], grid_minor="m"))
     return dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot)
+
+
+def _variant_fields(variant) -> tuple:
+    """(stats_in_kernel, gamma_on) of a test variant: False / True / "mma" (gamma on w), "gamma_on_x",
+    "gamma_on_a", "gamma_on_a_mma"."""
+    stats = variant if variant in (True, "mma") else "mma" if variant == "gamma_on_a_mma" else False
+    return stats, {"gamma_on_x": "x", "gamma_on_a": "a", "gamma_on_a_mma": "a"}.get(variant, "w")
 
 
 @gpu_only
@@ -513,9 +519,7 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     x blocks loaded again after each wgmma's issue); "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx
     tiles without the residual)."""
     tiles = _Interpreted.tiles
-    stats = stats_in_kernel if stats_in_kernel in (True, "mma") else "mma" if stats_in_kernel == "gamma_on_a_mma" \
-        else False
-    gamma_on = {"gamma_on_x": "x", "gamma_on_a": "a", "gamma_on_a_mma": "a"}.get(stats_in_kernel, "w")
+    stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats == "mma" or gamma_on == "a" \
         else tiles
     dyr_in_dx = row_dot == "n_dyr"
