@@ -35,6 +35,9 @@ CONFIGS = {
     "default_w4": dataclasses.replace(BASE, grid_tile_width=4),
     "default_minor_m": dataclasses.replace(BASE, grid_minor="m"),
     "64x256_m_delay1": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", delay_release=1),
+    # the rmsnorm_matmul forward's tiles (H100 entries of 4096x4096x14336 and 8192x4096x6144)
+    "64x256_m_minor_m_delay1": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
+                                                   delay_release=1),
     # ping-pong: each warpgroup owns whole (tile_m, tile_n) tiles; its epilogue runs under the other's K loop
     "pingpong_128x128_s6": dataclasses.replace(BASE, schedule="pingpong", num_stages=6),
     "pingpong_128x128_s4": dataclasses.replace(BASE, schedule="pingpong", num_stages=4),
