@@ -166,6 +166,25 @@ def test_the_memory_warpgroups_prologue_needs_our_cooperative_loop(fields):
         MosaicGemmConfig(prologue_in="mma")
 
 
+@pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(schedule="pingpong"), dict(stream_k=4)])
+def test_storing_under_the_next_tile_needs_our_cooperative_loop_without_stream_k(fields):
+    with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: 'next_tile' runs on pipeline 'own', "
+                                         r"schedule 'cooperative', stream_k 0; got "):
+        MosaicGemmConfig(epilogue_store="next_tile", **fields)
+    with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: must be one of \('end', 'next_tile'\), "
+                                         r"got 'later'"):
+        MosaicGemmConfig(epilogue_store="later")
+
+
+def test_storing_under_the_next_tile_takes_no_fusion_storing_from_its_tile_input():
+    a, b, c = (jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((256, 128), (128, 256), (256, 256)))
+    with pytest.raises(ValueError, match=r"mosaic_matmul_accumulate: epilogue_store='next_tile' keeps the output tile in registers "
+                                         r"and stages it in its own SMEM slots; a fusion storing from its tile input \(store_in='accumulate_into', or "
+                                         r"accumulate_into\) takes epilogue_store='end'"):
+        jax.eval_shape(lambda a, b, c: matmul(a, b, accumulate_into=c, config=MosaicGemmConfig(
+            epilogue_store="next_tile")), a, b, c)
+
+
 def test_pingpong_needs_our_k_loop_and_no_prologue():
     """Ping-pong runs on our K loop only; a prologue warpgroup would have to follow two warpgroups' tiles."""
     with pytest.raises(ValueError, match="MosaicGemmConfig.schedule: 'pingpong' runs on pipeline 'own'"):
@@ -331,6 +350,20 @@ def test_product_on_the_gpu(M, K, N, dtype):
 
 
 @gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)),
+    (4096, 4160, 1024, MosaicGemmConfig()),  # 65 steps; 128 tiles on 132 blocks: four blocks run none
+    (16896, 1024, 512, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m")),  # two tiles per block
+    (1280, 640, 512, MosaicGemmConfig(epi_tile_n=128))])  # 20 tiles: one per block or none
+def test_output_stored_under_the_next_tile_on_the_gpu(M, K, N, config):
+    """epilogue_store="next_tile": each tile's output stored under the next tile's first wgmma, the block's last
+    after its loop: every tile lands where it belongs, twice in a row (the staging slots' waits across calls)."""
+    config = dataclasses.replace(config, epilogue_store="next_tile")
+    for _ in range(2):
+        _check_product(M, K, N, jnp.bfloat16, config=config)
+
+
+@gpu_only
 @pytest.mark.parametrize("transpose_a, transpose_b", [(True, False), (False, True), (True, True)])
 def test_transposed_reads_on_the_gpu(transpose_a, transpose_b):
     _check_product(1024, 768, 1280, jnp.bfloat16, transpose_a, transpose_b)
@@ -413,7 +446,8 @@ def test_product_in_interpret_mode(transpose_a, transpose_b):
                                     dict(pipeline="pallas_steady"), dict(pipeline="pallas", grid_tile_width=1),
                                     dict(schedule="pingpong"), dict(schedule="pingpong", delay_release=1),
                                     dict(schedule="pingpong", num_stages=3, delay_release=2),
-                                    dict(cluster="m")])  # run without the cluster: the interpreter has none
+                                    dict(cluster="m"),  # run without the cluster: the interpreter has none
+                                    dict(epilogue_store="next_tile"), dict(epilogue_store="next_tile", delay_release=1)])
 @pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile (its loop starts and stops there)
 def test_every_k_loop_in_interpret_mode(fields, num_sms):
     with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles

@@ -445,6 +445,21 @@ def _variant_fields(variant) -> tuple:
 
 
 @gpu_only
+@pytest.mark.parametrize("M, K, N, variant", [
+    (4096, 4096, 4096, "mma"), (4096, 4096, 14336, "gamma_on_a"), (2048, 2048, 8192, "gamma_on_a_mma"),
+    (256, 1024, 4096, False)])  # 16 or 32 forward tiles on 132 blocks: one tile per block, or none
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_forward_stored_under_the_next_tile_on_the_gpu(M, K, N, variant, residual):
+    """The forward's output tile kept in registers and stored under the next tile's first wgmma
+    (epilogue_store="next_tile"), with r from XLA or the MMA warpgroups and gamma on w or in the registers."""
+    config = _numbers_config(M, K, N, jnp.bfloat16, residual, variant, "n")
+    forward = config.forward if not config.forward.pingpong else MosaicGemmConfig()
+    config = dataclasses.replace(config, forward=dataclasses.replace(forward, epilogue_store="next_tile", stream_k=0))
+    x, g, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
+    _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
+
+
+@gpu_only
 @pytest.mark.parametrize("M, K, N, residual", [(4352, 1024, 4096, False), (4352, 2048, 2048, True)])
 def test_mma_statistics_with_stream_k_on_the_gpu(M, K, N, residual):
     """r from the MMA warpgroups with the last round's tiles split by K steps: their partial sums of squares are

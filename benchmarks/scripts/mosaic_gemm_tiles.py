@@ -38,6 +38,13 @@ CONFIGS = {
     # the rmsnorm_matmul forward's tiles (H100 entries of 4096x4096x14336 and 8192x4096x6144)
     "64x256_m_minor_m_delay1": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
                                                    delay_release=1),
+    # the output tile stored under the next tile's first wgmma (epilogue_store="next_tile")
+    "64x256_m_minor_m_delay1_next_tile": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m",
+                                                             grid_minor="m", delay_release=1,
+                                                             epilogue_store="next_tile"),
+    "64x256_m_minor_m_next_tile": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
+                                                      epilogue_store="next_tile"),
+    "default_next_tile": dataclasses.replace(BASE, epilogue_store="next_tile"),
     # ping-pong: each warpgroup owns whole (tile_m, tile_n) tiles; its epilogue runs under the other's K loop
     "pingpong_128x128_s6": dataclasses.replace(BASE, schedule="pingpong", num_stages=6),
     "pingpong_128x128_s4": dataclasses.replace(BASE, schedule="pingpong", num_stages=4),

@@ -102,6 +102,11 @@ VARIANTS = {
     "gamma_a_mma_d2": dict(gamma_on="a", stats_in_kernel="mma", forward=dict(_STACKED, stream_k=0, delay_release=2)),
     "gamma_a_mma_n": dict(gamma_on="a", stats_in_kernel="mma", forward=dict(
         _STACKED, stream_k=0, delay_release=1, grid_minor="n")),
+    # the forward's output tile kept in registers and stored under the next tile's first wgmma
+    # (MosaicGemmConfig.epilogue_store): the tensor cores no longer idle through each tile's stores
+    "fwd_next_tile": dict(forward=dict(epilogue_store="next_tile", stream_k=0)),
+    "gamma_a_next_tile": dict(gamma_on="a", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1,
+                                                                                epilogue_store="next_tile")),
 }
 
 

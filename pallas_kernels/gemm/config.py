@@ -34,11 +34,12 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["BARRIER_BYTES", "CLUSTERS", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES", "MosaicGemmConfig",
+__all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES", "MosaicGemmConfig",
            "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
+EPILOGUE_STORES = ("end", "next_tile")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
@@ -81,6 +82,10 @@ class MosaicGemmConfig:
         warpgroups ptxas compiles for 128 registers, too few for a 64x256 wgmma); "memory", the memory warpgroup,
         on each stage num_stages - 1 loads after issuing it (any wg_split; no cluster): free as a protocol, but
         its work delays the loads (row sums of each A block: 1.22x the plain core; ``gemm.specialized``).
+      epilogue_store: where the cooperative warpgroups store a tile's output: "end", right after its epilogue, the
+        tensor cores idle meanwhile; "next_tile", kept in registers (out_dtype, tile_m · tile_n / 128 values per
+        thread) and stored under the next tile's first wgmma (the block's last tile after its loop). Pipeline "own",
+        schedule "cooperative", no stream-K, and a fusion without ``store_in``.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -101,6 +106,7 @@ class MosaicGemmConfig:
     cluster: str = "none"
     stream_k: int = 0
     prologue_in: str = "fourth"
+    epilogue_store: str = "end"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -129,6 +135,7 @@ class MosaicGemmConfig:
             ("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}"),
             ("cluster", self.cluster in CLUSTERS, f"one of {CLUSTERS}"),
             ("prologue_in", self.prologue_in in PROLOGUE_PLACES, f"one of {PROLOGUE_PLACES}"),
+            ("epilogue_store", self.epilogue_store in EPILOGUE_STORES, f"one of {EPILOGUE_STORES}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -150,6 +157,12 @@ class MosaicGemmConfig:
             raise ValueError(f"{cls}.prologue_in: 'memory' runs on pipeline 'own', schedule 'cooperative', cluster "
                              f"'none'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}, "
                              f"cluster={self.cluster!r}")
+
+        if self.epilogue_store == "next_tile" and (self.pipeline, self.schedule, self.stream_k) != (
+                "own", "cooperative", 0):
+            raise ValueError(f"{cls}.epilogue_store: 'next_tile' runs on pipeline 'own', schedule 'cooperative', "
+                             f"stream_k 0; got pipeline={self.pipeline!r}, schedule={self.schedule!r}, "
+                             f"stream_k={self.stream_k}")
 
     @property
     def pingpong(self) -> bool:

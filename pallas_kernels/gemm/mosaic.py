@@ -239,6 +239,10 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: a fusion with an a_operand takes no a_copy and no stream_k (its K loop takes "
                          f"whole tiles' steps in groups); got a_copy={'set' if fusion.a_copy else None}, "
                          f"stream_k={config.stream_k}")
+    if config.epilogue_store == "next_tile" and fusion.store_in is not None:
+        raise ValueError(f"{name}: epilogue_store='next_tile' keeps the output tile in registers and stages it in "
+                         f"its own SMEM slots; a fusion storing from its tile input (store_in={fusion.store_in!r}, "
+                         f"or accumulate_into) takes epilogue_store='end'")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -467,9 +471,10 @@ class _Shape:
             plgpu.copy_gmem_to_smem(named_in[n].at[ctx.rows, ctx.cols], scoped["tile_smem"][n].at[ctx.wg],
                                     scoped["tile_barriers"][n].at[ctx.wg])
 
-    def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped, acc=None) -> None:
+    def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped, acc=None, store=True):
         """After the K loop: the epilogue on the float32 accumulator (``acc``: its value where the caller added to
-        it, e.g. stream-K partial sums), the output tile and row vectors stored."""
+        it, e.g. stream-K partial sums), the row vectors stored, and the output tile stored (``store``) or returned
+        in out_dtype (for ``store_output`` under the next tile's first wgmma: ``epilogue_store="next_tile"``)."""
         fusion, wg = self.fusion, ctx.wg
         if acc is None:
             if self.cfg.delay_release:
@@ -481,15 +486,24 @@ class _Shape:
         if fusion.epilogue is not None:
             tile_ctx = dataclasses.replace(ctx, tiles={n: scoped["tile_smem"][n].at[wg] for n in fusion.tile_inputs})
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
+        for n, vec in rows_out.items():
+            _store_rows(vec, named_out[n], ctx)
+        tile = acc.astype(self.out_dtype)
+        if not store:
+            return tile
         if fusion.store_in is not None:
             buffer = scoped["tile_smem"][fusion.store_in].at[wg]
-            buffer[...] = acc.astype(self.out_dtype)
+            buffer[...] = tile
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
         else:
-            _store_tile(acc.astype(self.out_dtype), scoped["out_smem"].at[wg], out_gmem, ctx, self.pieces)
-        for n, vec in rows_out.items():
-            _store_rows(vec, named_out[n], ctx)
+            self.store_output(ctx, tile, scoped, out_gmem)
+        return None
+
+    def store_output(self, ctx: TileContext, tile: jax.Array, scoped, out_gmem) -> None:
+        """Stores this warpgroup's (tile_m, tile_n) output tile (out_dtype registers) at ctx's place, piece by piece
+        through its SMEM staging slots."""
+        _store_tile(tile, scoped["out_smem"].at[ctx.wg], out_gmem, ctx, self.pieces)
 
 
 def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):

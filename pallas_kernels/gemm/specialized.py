@@ -347,11 +347,12 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             in_mma = fusion.prologue_init is not None and not has_handoff
 
-            def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=()):
+            def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
                 With ``Fusion.a_observe``, run after each wgmma is issued; with ``Fusion.a_operand``, before it, on
-                the registers it reads. Returns the hook's carry."""
-                def step(k, carry):
+                the registers it reads. ``under_first()``: run once, right after the first step's wgmma is issued
+                (that step taken out of the loop; k0, k1 static). Returns the hook's carry."""
+                def step(k, carry, after_issue=None):
                     acc_ref, hook_carry = carry
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
@@ -368,6 +369,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             staged[...] = a_regs
                             a_regs = staged
                     shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
+                    if after_issue is not None:
+                        after_issue()
                     if fusion.a_observe is not None:  # under the wgmma just issued (and one in flight with delay)
                         # loaded again with an a_operand: its registers passed through an optimization barrier
                         # past the issue cost the rmsnorm_matmul forward 10% (NOTES.md, 2026-11-28)
@@ -385,21 +388,25 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         plgpu.barrier_arrive(consumed.at[barrier_of(g)])
                     return acc_ref, hook_carry
 
+                first = k0
+                if under_first is not None:  # outside the loop: what it stores is no loop constant
+                    _, hook_carry = step(k0, (acc_ref, hook_carry), after_issue=under_first)
+                    first = k0 + 1
                 if fusion.a_operand is None:
-                    _, hook_carry = lax.fori_loop(k0, k1, step, (acc_ref, hook_carry))
+                    _, hook_carry = lax.fori_loop(first, k1, step, (acc_ref, hook_carry))
                 else:  # delay + 1 steps per iteration, each its own register block: a block is loaded again only
                     # after the wgmma_wait(delay) of a later step has seen its wgmma complete (k0, k1 static here)
                     unroll = delay + 1
-                    rounds, rest = divmod(k1 - k0, unroll)
+                    rounds, rest = divmod(k1 - first, unroll)
 
                     def steps(j, carry):
                         for i in range(unroll):
-                            carry = step(k0 + j * unroll + i, carry)
+                            carry = step(first + j * unroll + i, carry)
                         return carry
 
                     carry = lax.fori_loop(0, rounds, steps, (acc_ref, hook_carry))
                     for i in range(rest):
-                        carry = step(k0 + rounds * unroll + i, carry)
+                        carry = step(first + rounds * unroll + i, carry)
                     hook_carry = carry[1]
                 if delay:
                     plgpu.wgmma_wait(0)
@@ -411,34 +418,65 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             plgpu.barrier_arrive(consumed.at[barrier_of(g0 + last)])
                 return hook_carry
 
-            def mma_tile(lin, local):
+            def mma_tile(lin, local, pending=None):
+                """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
+                stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
+                the same way (``epilogue_store="next_tile"``)."""
                 ctx = shape.tile_context(lin, wg, refs_by_name)
                 shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
+                under_first = None
+                if pending is not None:
+                    def under_first():
+                        @pl.when(local > 0)
+                        def _store_previous():
+                            tile, prev = pending
+                            shape.store_output(shape.tile_context(prev, wg, refs_by_name), tile, scoped, out_gmem)
 
                 def acc_scope(acc_ref):
-                    carry = k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, hook_carry)
+                    carry = k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, hook_carry, under_first)
                     if has_handoff:
                         plgpu.barrier_wait(handoff_full)
                         carry = carry_tree[0].unflatten([
                             mu.load(handoff.at[i, shape.wg_a_rows(wg)], layout=mu.ROWS, optimized=False)
                             for i in range(fusion.handoff_rows)])
-                    shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped)
+                    tile = shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped,
+                                             store=pending is None)
                     if has_handoff:
                         plgpu.barrier_arrive(handoff_free)
+                    return tile
 
-                pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
+                tile = pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
+                return None if pending is None else (tile, lin)
 
-            @each_tile
-            def _(lin, local, num_local):
-                del num_local
-                if not cfg.pingpong:
-                    mma_tile(lin, local)
-                    return
+            def each_tile_storing_later():
+                """The tile loop of ``epilogue_store="next_tile"``: each tile's output carried to the next."""
+                nothing = (mu.layout_cast(jnp.zeros((cfg.tile_m, cfg.tile_n), shape.out_dtype), mu.TILE),
+                           jnp.int32(0))
 
-                @pl.when(owner_of(local) == wg)
-                def _own_tile():
-                    mma_tile(lin, local)
+                @plgpu.nd_loop((round_tiles,), collective_axes="sm", init_carry=nothing)
+                def last_output(loop_info, carry):
+                    return mma_tile(loop_info.index[0], loop_info.local_index, pending=carry)
+
+                @pl.when(lax.axis_index("sm") < round_tiles)  # the block ran a tile: its last one is pending
+                def _store_last():
+                    tile, lin = last_output
+                    shape.store_output(shape.tile_context(lin, wg, refs_by_name), tile, scoped, out_gmem)
+
+            if cfg.epilogue_store == "next_tile":
+                if round_tiles:
+                    each_tile_storing_later()
+            else:
+                @each_tile
+                def _(lin, local, num_local):
+                    del num_local
+                    if not cfg.pingpong:
+                        mma_tile(lin, local)
+                        return
+
+                    @pl.when(owner_of(local) == wg)
+                    def _own_tile():
+                        mma_tile(lin, local)
 
             if plan is not None:
                 def sk_segment(j, c):
