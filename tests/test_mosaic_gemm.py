@@ -354,7 +354,7 @@ def test_product_on_the_gpu(M, K, N, dtype):
     (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)),
     (4096, 4160, 1024, MosaicGemmConfig()),  # 65 steps; 128 tiles on 132 blocks: four blocks run none
     (16896, 1024, 512, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m")),  # two tiles per block
-    (1280, 640, 512, MosaicGemmConfig(epi_tile_n=128))])  # 20 tiles: one per block or none
+    (1280, 640, 512, MosaicGemmConfig())])  # 20 tiles: one per block or none
 def test_output_stored_under_the_next_tile_on_the_gpu(M, K, N, config):
     """epilogue_store="next_tile": each tile's output stored under the next tile's first wgmma, the block's last
     after its loop: every tile lands where it belongs, twice in a row (the staging slots' waits across calls)."""

@@ -417,7 +417,9 @@ def test_dyr_in_dx_needs_the_row_dot_on_the_n_side_and_by_default_takes_it_where
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", None),  # the 1b MLP's: tuned forward and dw with stream-K
     (4096, 4096, 4096, jnp.bfloat16, "mma", "k"), (2048, 1024, 4096, jnp.float16, "mma", "n"),  # r from the MMA wgs
     (4096, 4096, 4096, jnp.bfloat16, "gamma_on_a", "n"), (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a_mma", "k"),
-    (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a_mma", "n")])  # gamma (and r) in the MMA warpgroups' registers
+    (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a_mma", "n"),  # gamma (and r) in the MMA warpgroups' registers
+    (4096, 4096, 4096, jnp.bfloat16, "mma_rows", "n"), (2048, 1024, 4096, jnp.float16, "mma_rows", "k"),
+    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a_mma_rows", "n")])  # r's squares summed per row at each step
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
@@ -438,16 +440,19 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
 
 
 def _variant_fields(variant) -> tuple:
-    """(stats_in_kernel, gamma_on) of a test variant: False / True / "mma" (gamma on w), "gamma_on_x",
-    "gamma_on_a", "gamma_on_a_mma"."""
-    stats = variant if variant in (True, "mma") else "mma" if variant == "gamma_on_a_mma" else False
-    return stats, {"gamma_on_x": "x", "gamma_on_a": "a", "gamma_on_a_mma": "a"}.get(variant, "w")
+    """(stats_in_kernel, gamma_on) of a test variant: False / True / "mma" / "mma_rows" (gamma on w), "gamma_on_x",
+    "gamma_on_a", "gamma_on_a_mma", "gamma_on_a_mma_rows"."""
+    if variant in (True, *nm_config.MMA_STATS):
+        return variant, "w"
+    if isinstance(variant, str) and variant.startswith("gamma_on_a_"):
+        return variant[len("gamma_on_a_"):], "a"
+    return False, {"gamma_on_x": "x", "gamma_on_a": "a"}.get(variant, "w")
 
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N, variant", [
-    (4096, 4096, 4096, "mma"), (4096, 4096, 14336, "gamma_on_a"), (2048, 2048, 8192, "gamma_on_a_mma"),
-    (256, 1024, 4096, False)])  # 16 or 32 forward tiles on 132 blocks: one tile per block, or none
+    (4096, 4096, 4096, "mma"), (4096, 4096, 4096, "mma_rows"), (4096, 4096, 14336, "gamma_on_a"),
+    (2048, 2048, 8192, "gamma_on_a_mma"), (256, 1024, 4096, False)])  # 16 or 32 forward tiles on 132 blocks: one tile per block, or none
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_stored_under_the_next_tile_on_the_gpu(M, K, N, variant, residual):
     """The forward's output tile kept in registers and stored under the next tile's first wgmma
@@ -525,18 +530,20 @@ def test_nan_never_passes():
     (jnp.float16, False, False, True, "n"), (jnp.bfloat16, True, "mma", False, "k"),
     (jnp.float16, False, "mma", False, "n"), (jnp.bfloat16, False, False, False, "n_dyr"),
     (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr"),
-    (jnp.bfloat16, False, "gamma_on_a", False, "n"), (jnp.bfloat16, True, "gamma_on_a_mma", False, "k")])
+    (jnp.bfloat16, False, "gamma_on_a", False, "n"), (jnp.bfloat16, True, "gamma_on_a_mma", False, "k"),
+    (jnp.float16, True, "mma_rows", False, "k"), (jnp.bfloat16, False, "gamma_on_a_mma_rows", False, "n")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
     from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows);
     "gamma_on_a": x ⊙ gamma formed in the MMA warpgroups' registers, wgmma reading A from there ("_mma": r from the
-    x blocks loaded again after each wgmma's issue); "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx
+    x blocks loaded again after each wgmma's issue); "mma_rows": those squares summed per row at each step;
+    "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx
     tiles without the residual)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
-    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats == "mma" or gamma_on == "a" \
-        else tiles
+    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
+        or gamma_on == "a" else tiles
     dyr_in_dx = row_dot == "n_dyr"
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,

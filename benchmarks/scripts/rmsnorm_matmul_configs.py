@@ -105,6 +105,16 @@ VARIANTS = {
     # the forward's output tile kept in registers and stored under the next tile's first wgmma
     # (MosaicGemmConfig.epilogue_store): the tensor cores no longer idle through each tile's stores
     "fwd_next_tile": dict(forward=dict(epilogue_store="next_tile", stream_k=0)),
+    # r's squares reduced per row at each step ("mma_rows": a (rows,) carry, not (rows, tile_k) elementwise)
+    "mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1)),
+    "mma_next_tile": dict(stats_in_kernel="mma", gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=1,
+                                                                           epilogue_store="next_tile")),
+    "mma_rows_next_tile": dict(stats_in_kernel="mma_rows", gamma_on="w", forward=dict(
+        _STACKED, stream_k=0, delay_release=1, epilogue_store="next_tile")),
+    "mma_rows_d0_next_tile": dict(stats_in_kernel="mma_rows", gamma_on="w", forward=dict(
+        _STACKED, stream_k=0, delay_release=0, epilogue_store="next_tile")),
+    "gamma_a_mma_rows": dict(gamma_on="a", stats_in_kernel="mma_rows", forward=dict(_STACKED, stream_k=0,
+                                                                                   delay_release=1)),
     "gamma_a_next_tile": dict(gamma_on="a", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1,
                                                                                 epilogue_store="next_tile")),
 }

@@ -206,6 +206,7 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
 # Mosaic backend (``norm_matmul.mosaic``): three GEMMs of the core in ``pallas_kernels.gemm``
 # ---------------------------------------------------------------------------------------------------------------
 MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on")
+MMA_STATS = ("mma", "mma_rows")  # stats_in_kernel values whose sums of squares the MMA warpgroups take
 # dw's GEMM (K, M) @ (M, N) goes to cuBLAS when its output has fewer CTA tiles than the H100 has SMs: the persistent
 # core, without split-K, leaves SMs idle over the long M reduction, which cuBLAS splits. Measured at one shape,
 # 8192x512x2816 (the 'small' preset's MLP projection; 44 tiles of 128x256, 88 of 128x128): fwd+bwd 180.7 µs with
@@ -241,7 +242,10 @@ class MosaicRMSNormMatmulConfig:
       forward config's ``prologue_in="memory"``, in the memory warpgroup between its loads.
       "mma": the MMA warpgroups themselves, each loading its rows of the x block into registers after issuing the
       step's wgmma (``gemm.Fusion.a_observe``; forward pipeline "own"; with stream-K the warpgroups' partial sums
-      are added like their partial accumulators).
+      are added like their partial accumulators): the squares added elementwise into a (rows, tile_k) float32
+      carry, reduced across each row once per tile. "mma_rows": the same, each step's squares reduced across the
+      row at once into a (rows,) carry (two registers per thread against 32 at 64x64 blocks, for a few shuffles
+      per step).
     gamma_on: where gamma goes. "w": the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w, shared
       with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
@@ -301,19 +305,20 @@ class MosaicRMSNormMatmulConfig:
             elif not isinstance(value, MosaicGemmConfig):
                 raise ValueError(f"MosaicRMSNormMatmulConfig.{name}: must be a MosaicGemmConfig or a mapping of its "
                                  f"fields, got {value!r}")
-        if self.stats_in_kernel not in (False, True, "mma"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be False, True or 'mma', got "
-                             f"{self.stats_in_kernel!r}")
-        if self.stats_in_kernel == "mma" and self.forward.pipeline != "own":
-            raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma' sums squares in the MMA warpgroups of "
-                             f"our K loop: the forward config needs pipeline='own', got {self.forward.pipeline!r}")
+        if self.stats_in_kernel not in (False, True, *MMA_STATS):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be False, True, 'mma' or 'mma_rows', "
+                             f"got {self.stats_in_kernel!r}")
+        if self.stats_in_kernel in MMA_STATS and self.forward.pipeline != "own":
+            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: {self.stats_in_kernel!r} sums squares in the "
+                             f"MMA warpgroups of our K loop: the forward config needs pipeline='own', got "
+                             f"{self.forward.pipeline!r}")
         if self.gamma_on not in (None, "w", "x", "a"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x' or 'a', got "
                              f"{self.gamma_on!r}")
         if self.gamma_on == "a" and (self.stats_in_kernel is True or self.forward.pipeline != "own"):
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'a' multiplies the x blocks in the MMA warpgroups' "
-                             "registers: it needs the forward config's pipeline='own' and stats_in_kernel False or "
-                             f"'mma'; got pipeline={self.forward.pipeline!r}, "
+                             "registers: it needs the forward config's pipeline='own' and stats_in_kernel False, "
+                             f"'mma' or 'mma_rows'; got pipeline={self.forward.pipeline!r}, "
                              f"stats_in_kernel={self.stats_in_kernel!r}")
         if self.gamma_on == "x" and self.stats_in_kernel:
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
@@ -420,7 +425,7 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
             if tuned.unsupported_reason(M, K, N) is None:
                 return tuned
     forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
-               "mma": _MMA_STATS_FORWARD}[stats_in_kernel]
+               "mma": _MMA_STATS_FORWARD, "mma_rows": _MMA_STATS_FORWARD}[stats_in_kernel]
     return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, forward),
                                      dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
                                      dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel)

@@ -64,6 +64,7 @@ from jax import lax
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
+from pallas_kernels.norm_matmul.config import MMA_STATS
 
 __all__ = ["Config", "FORWARD_FIELDS", "default_config", "rmsnorm_matmul", "sweep_candidates", "unsupported_reason"]
 
@@ -147,9 +148,9 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
-    if stats_in_kernel == "mma":
-        return Fusion(outputs=outputs, prologue_init=_squares_zero, a_observe=_add_squares,
-                      epilogue=_scale_by_rstd(K, eps), carry_shapes=((cfg.wg_rows, cfg.tile_k),))
+    if stats_in_kernel in MMA_STATS:
+        return Fusion(outputs=outputs, **_mma_squares(stats_in_kernel), epilogue=_scale_by_rstd(K, eps),
+                      carry_shapes=((cfg.wg_rows, cfg.tile_k) if stats_in_kernel == "mma" else (cfg.wg_rows,),))
 
     def step(ctx, x_ref, sum_sq):
         del ctx
@@ -171,6 +172,21 @@ def _add_squares(ctx, x, sum_sq) -> jax.Array:
 def _squares_zero(ctx) -> jax.Array:
     """The MMA warpgroups' elementwise sums of squares at a tile's start: (wg_rows, tile_k) float32 zeros."""
     return mu.layout_cast(jnp.zeros((ctx.config.wg_rows, ctx.config.tile_k), _F32), mu.TILE)
+
+
+def _add_row_squares(ctx, x, sum_sq) -> jax.Array:
+    """The MMA warpgroups' a_observe with stats_in_kernel "mma_rows": each row's squares summed at once into a
+    (rows,) float32 carry (a reduction within each warp per step, two registers of carry per thread)."""
+    del ctx
+    x = x.astype(_F32)
+    return sum_sq + jnp.sum(x * x, axis=1)
+
+
+def _mma_squares(stats_in_kernel) -> dict:
+    """The Fusion hooks by which the MMA warpgroups sum x's squares: elementwise ("mma") or per row ("mma_rows")."""
+    if stats_in_kernel == "mma":
+        return dict(prologue_init=_squares_zero, a_observe=_add_squares)
+    return dict(prologue_init=lambda ctx: _rows_zero(ctx.config.wg_rows), a_observe=_add_row_squares)
 
 
 def _scale_by_rstd(K: int, eps: float):
@@ -199,9 +215,8 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, stats_in_kernel) -> F
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
     return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), step_inputs=("gamma",),
-                  prologue_init=_squares_zero, a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors),
-                                                                                         sum_sq),
-                  a_observe=_add_squares, epilogue=_scale_by_rstd(K, eps))
+                  a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq),
+                  **_mma_squares(stats_in_kernel), epilogue=_scale_by_rstd(K, eps))
 
 
 def _forward(x, residual, gamma, w, static: _Static):
