@@ -122,11 +122,13 @@ def test_default_configs_lower_at_the_suite_shapes_within_shared_memory(M, K, N)
     (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b), S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
     assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
     assert abs(k.smem_bytes - smem_bytes(config, jnp.bfloat16, jnp.bfloat16)) < 4096  # barriers, reduction scratch
-    # one K loop, or two where a stream-K phase follows the whole rounds (gemm.stream_k: 4 tiles left at the first)
+    # the whole tiles' K loop and its first step taken out of it (the previous output stored under that step's
+    # wgmma), and a stream-K phase where the whole rounds leave one (gemm.stream_k: 4 tiles left at the first)
     plan = config.stream_k and stream_k.plan_for(M // config.cta_m * (N // config.cta_n), mosaic_utils.H100_SMS,
                                                  K // config.tile_k, config.stream_k)
-    copies = 2 if plan else 1
-    assert copies == (2 if (M, K, N) == (32768, 4096, 4096) else 1)
+    assert config.epilogue_store == ("end" if config.pingpong else "next_tile")
+    assert bool(plan) == ((M, K, N) == (32768, 4096, 4096))
+    copies = 1 + (config.epilogue_store == "next_tile") + bool(plan)
     assert k.wgmma() == {op: n * copies for op, n in _wgmma_of(config).items()}
     assert k.tma_loads() >= 2 and k.tma_stores() >= 1
 
@@ -141,6 +143,7 @@ def test_the_defaults_are_the_measured_winners_and_matmul_is_exported():
     stacked, pingpong = default_config(32768, 4096, 4096), default_config(16384, 5504, 1024)
     assert (stacked.tile_m, stacked.tile_n, stacked.wg_split, stacked.grid_minor) == (64, 256, "m", "m")
     assert stacked.stream_k == 4  # gemm.stream_k: a last round less than half full on up to 4 blocks per tile
+    assert stacked.epilogue_store == "next_tile"  # each output stored under the next tile's first wgmma
     assert (pingpong.schedule, pingpong.cta_n, pingpong.delay_release) == ("pingpong", 128, 1)
     assert pallas_kernels.matmul is matmul and pallas_kernels.MosaicGemmConfig is MosaicGemmConfig
 
@@ -166,10 +169,10 @@ def test_the_memory_warpgroups_prologue_needs_our_cooperative_loop(fields):
         MosaicGemmConfig(prologue_in="mma")
 
 
-@pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(schedule="pingpong"), dict(stream_k=4)])
-def test_storing_under_the_next_tile_needs_our_cooperative_loop_without_stream_k(fields):
+@pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(schedule="pingpong")])
+def test_storing_under_the_next_tile_needs_our_cooperative_loop(fields):
     with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: 'next_tile' runs on pipeline 'own', "
-                                         r"schedule 'cooperative', stream_k 0; got "):
+                                         r"schedule 'cooperative'; got "):
         MosaicGemmConfig(epilogue_store="next_tile", **fields)
     with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: must be one of \('end', 'next_tile'\), "
                                          r"got 'later'"):
@@ -241,7 +244,7 @@ def test_a_cluster_multicasts_the_operand_its_two_blocks_share(cluster, schedule
                                     dict(semantics="warpgroup", pipeline="pallas"), dict(grid_tile_width=1)])
 def test_every_k_loop_lowers_at_the_largest_suite_shape_within_shared_memory(fields):
     M, K, N = SUITE_SHAPES[0]
-    config = dataclasses.replace(default_config(M, N, K), stream_k=0, **fields)  # tile by tile: one K loop
+    config = dataclasses.replace(default_config(M, N, K), stream_k=0, epilogue_store="end", **fields)  # one K loop
     (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
                                    S((K, N), jnp.bfloat16))
     assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == 3
@@ -354,7 +357,8 @@ def test_product_on_the_gpu(M, K, N, dtype):
     (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)),
     (4096, 4160, 1024, MosaicGemmConfig()),  # 65 steps; 128 tiles on 132 blocks: four blocks run none
     (16896, 1024, 512, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m")),  # two tiles per block
-    (1280, 640, 512, MosaicGemmConfig())])  # 20 tiles: one per block or none
+    (1280, 640, 512, MosaicGemmConfig()),  # 20 tiles: one per block or none
+    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", stream_k=4))])  # + a stream-K round
 def test_output_stored_under_the_next_tile_on_the_gpu(M, K, N, config):
     """epilogue_store="next_tile": each tile's output stored under the next tile's first wgmma, the block's last
     after its loop: every tile lands where it belongs, twice in a row (the staging slots' waits across calls)."""

@@ -45,6 +45,8 @@ CONFIGS = {
     "64x256_m_minor_m_next_tile": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
                                                       epilogue_store="next_tile"),
     "default_next_tile": dataclasses.replace(BASE, epilogue_store="next_tile"),
+    "64x256_m_minor_m_stream_k4_next_tile": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m",
+                                                                grid_minor="m", stream_k=4, epilogue_store="next_tile"),
     # ping-pong: each warpgroup owns whole (tile_m, tile_n) tiles; its epilogue runs under the other's K loop
     "pingpong_128x128_s6": dataclasses.replace(BASE, schedule="pingpong", num_stages=6),
     "pingpong_128x128_s4": dataclasses.replace(BASE, schedule="pingpong", num_stages=4),

@@ -63,6 +63,11 @@ CANDIDATES = (
 # blocks of a cluster along M sharing each dl tile (TMA multicast) took 1025 against 1060 µs per update there
 # (cross_entropy_dw_gemm_cluster-h100-725a270.json); along N (sharing h_cᵀ) 1069. Plain GEMMs with long K loops
 # lost under ping-pong with a cluster (0.81-0.84x cuBLAS against 0.92-0.96x: mosaic_gemm_tiles-h100-725a270.json).
+# A plain product (no fusion) keeps each tile's output in registers and stores it under the next tile's first wgmma
+# (``epilogue_store``): on the H100 at 32768x4096x4096 1364.8 against 1386.7 µs tile by tile (cuBLAS 1324.3), equal
+# at 4096x4096x14336 and 8192x4096x6144 (mosaic_gemm_tiles_next_tile-h100-63798a7.json). The fused kernels keep
+# "end": beside their hooks' registers it cost them 0.4-15% (NOTES.md, 2026-11-28, twenty-second session).
+PLAIN_EPILOGUE_STORE = "next_tile"
 _ACCUMULATE_LONG_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n")
 _ACCUMULATE_SHORT_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=5, schedule="pingpong",
                                        delay_release=1, grid_minor="m", cluster="m")
@@ -80,11 +85,13 @@ def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConf
 
 
 def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dtype=None) -> MosaicGemmConfig:
-    """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates; with
+    """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates (cooperative ones storing
+    each output tile under the next tile's first wgmma, ``PLAIN_EPILOGUE_STORE``); with
     ``accumulate_dtype`` (the dtype of ``accumulate_into``), the accumulating tiles first (ping-pong for K <= 512)
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
     if accumulate_dtype is None:
-        return pick_config(M, N, K)
+        config = pick_config(M, N, K)
+        return config if config.pingpong else dataclasses.replace(config, epilogue_store=PLAIN_EPILOGUE_STORE)
     short_k = (_ACCUMULATE_SHORT_K, _ACCUMULATE_SHORT_K_PAIRLESS)
     config = pick_config(M, N, K, (*(short_k if K <= SHORT_K else (_ACCUMULATE_LONG_K,)), *CANDIDATES))
     while config.num_stages > 2 and smem_bytes(config, dtype, accumulate_dtype, tile_input_dtypes=(accumulate_dtype,),
