@@ -28,8 +28,8 @@ from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 from pallas_kernels.gemm.config import BARRIER_BYTES
 
-__all__ = ["CANDIDATES", "SHORT_K", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul",
-           "pick_config", "smem_bytes", "unsupported_reason"]
+__all__ = ["CANDIDATES", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig",
+           "TileContext", "default_config", "gemm", "matmul", "pick_config", "smem_bytes", "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OUT_DTYPES = (*_OPERAND_DTYPES, jnp.dtype(jnp.float32))
@@ -68,6 +68,12 @@ CANDIDATES = (
 # at 4096x4096x14336 and 8192x4096x6144 (mosaic_gemm_tiles_next_tile-h100-63798a7.json). The fused kernels keep
 # "end": beside their hooks' registers it cost them 0.4-15% (NOTES.md, 2026-11-28, twenty-second session).
 PLAIN_EPILOGUE_STORE = "next_tile"
+# Stream-K pays only over long K loops: its partial sums' round trip through the float32 workspace costs about what
+# a tile of 24 steps takes. H100, 64x256 stacked tiles storing under the next tile, whole tiles against stream_k=4 at
+# a last round of 16-32 tiles (mosaic_gemm_tiles_stream_k_steps-h100-003728a.json, µs): 12 steps 81.5 / 90.0, 16
+# steps 56.1 / 61.2, 24 steps 150.3 / 152.5, 32 steps 109.6 / 107.5, 64 steps 211.6 / 195.9. So matmul runs whole
+# tiles below STREAM_K_MIN_STEPS pipeline steps.
+STREAM_K_MIN_STEPS = 32
 _ACCUMULATE_LONG_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=4, wg_split="n")
 _ACCUMULATE_SHORT_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_stages=5, schedule="pingpong",
                                        delay_release=1, grid_minor="m", cluster="m")
@@ -86,11 +92,14 @@ def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConf
 
 def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dtype=None) -> MosaicGemmConfig:
     """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates (cooperative ones storing
-    each output tile under the next tile's first wgmma, ``PLAIN_EPILOGUE_STORE``); with
+    each output tile under the next tile's first wgmma, ``PLAIN_EPILOGUE_STORE``; stream-K only over K loops of
+    ``STREAM_K_MIN_STEPS`` steps or more); with
     ``accumulate_dtype`` (the dtype of ``accumulate_into``), the accumulating tiles first (ping-pong for K <= 512)
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
     if accumulate_dtype is None:
         config = pick_config(M, N, K)
+        if K // config.tile_k < STREAM_K_MIN_STEPS:
+            config = dataclasses.replace(config, stream_k=0)
         return config if config.pingpong else dataclasses.replace(config, epilogue_store=PLAIN_EPILOGUE_STORE)
     short_k = (_ACCUMULATE_SHORT_K, _ACCUMULATE_SHORT_K_PAIRLESS)
     config = pick_config(M, N, K, (*(short_k if K <= SHORT_K else (_ACCUMULATE_LONG_K,)), *CANDIDATES))
