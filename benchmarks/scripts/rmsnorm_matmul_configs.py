@@ -38,7 +38,9 @@ from pallas_kernels.norm_matmul import config as nm_config
 # (``a_copy_in="memory"``, c7e9fbf-245e44f, reverted; "dyr_memory*": rmsnorm_matmul_configs_dyr_memory*-h100-*.json),
 # and dgamma summed over rows in the dx kernel's epilogue, sparing the dw kernel its w tile (``dgamma_in_dx``,
 # 9d66ba4-dd77cc4, reverted; "default" there, "dgamma_in_dw", "dgamma_dx_dw4":
-# rmsnorm_matmul_configs_dgamma_in_dx-h100-dd77cc4.json).
+# rmsnorm_matmul_configs_dgamma_in_dx-h100-dd77cc4.json). The forward's output stored under the next tile's first
+# wgmma ("*next_tile") and r's squares summed per row at each step ("mma_rows*") were slower too:
+# rmsnorm_matmul_configs_next_tile-h100-63798a7.json, rmsnorm_matmul_configs_mma_rows-h100-d0df74c.json.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 VARIANTS = {
     "default": {},

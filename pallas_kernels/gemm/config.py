@@ -86,7 +86,9 @@ class MosaicGemmConfig:
         tensor cores idle meanwhile; "next_tile", kept in registers (out_dtype, tile_m · tile_n / 128 values per
         thread) and stored under the next tile's first wgmma (the block's last whole tile after their loop, before
         any stream-K segments, which store as "end"). Pipeline "own", schedule "cooperative", and a fusion without
-        ``store_in``.
+        ``store_in``. Measured on the H100 (NOTES.md, 2026-11-28, twenty-second session): 0.1-0.7% faster for the
+        plain core (``gemm.PLAIN_EPILOGUE_STORE``); slower in the rmsnorm_matmul forward (1.4% with r's sums, 15%
+        with an ``a_operand``, whose wgmma ptxas then serializes: ``hlo_inspect.ptxas``, warning C7513).
     The defaults are the H100 measurements' winners (module docstring).
     """
 
