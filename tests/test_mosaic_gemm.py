@@ -181,11 +181,28 @@ def test_storing_under_the_next_tile_needs_our_cooperative_loop(fields):
         MosaicGemmConfig(epilogue_store="later")
 
 
+@cpu_only
+@pytest.mark.parametrize("cluster", ["none", "m"])
+def test_storing_under_the_next_tile_takes_the_first_step_out_of_the_k_loop(cluster):
+    """epilogue_store="next_tile": the first step's wgmma is issued outside the K loop (the previous output stored
+    under it), so the module holds two copies of a step's wgmma; same shared memory; a cluster multicasts as ever."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", cluster=cluster, epilogue_store="next_tile")
+    M, K, N = SUITE_SHAPES[0]
+    (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
+                                   S((K, N), jnp.bfloat16))
+    at_end = dataclasses.replace(config, epilogue_store="end")
+    (end,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=at_end), S((M, K), jnp.bfloat16),
+                                     S((K, N), jnp.bfloat16))
+    assert k.wgmma() == {op: 2 * n for op, n in _wgmma_of(config).items()} and end.wgmma() == _wgmma_of(config)
+    assert k.smem_bytes == end.smem_bytes and k.tma_multicast_loads() == (cluster == "m")
+
+
 def test_storing_under_the_next_tile_takes_no_fusion_storing_from_its_tile_input():
     a, b, c = (jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((256, 128), (128, 256), (256, 256)))
-    with pytest.raises(ValueError, match=r"mosaic_matmul_accumulate: epilogue_store='next_tile' keeps the output tile in registers "
-                                         r"and stages it in its own SMEM slots; a fusion storing from its tile input \(store_in='accumulate_into', or "
-                                         r"accumulate_into\) takes epilogue_store='end'"):
+    with pytest.raises(ValueError, match=r"mosaic_matmul_accumulate: epilogue_store='next_tile' keeps the output "
+                                         r"tile in registers and stages it in its own SMEM slots; a fusion storing "
+                                         r"from its tile input \(store_in='accumulate_into', or accumulate_into\) "
+                                         r"takes epilogue_store='end'"):
         jax.eval_shape(lambda a, b, c: matmul(a, b, accumulate_into=c, config=MosaicGemmConfig(
             epilogue_store="next_tile")), a, b, c)
 
@@ -454,7 +471,8 @@ def test_product_in_interpret_mode(transpose_a, transpose_b):
                                     dict(schedule="pingpong"), dict(schedule="pingpong", delay_release=1),
                                     dict(schedule="pingpong", num_stages=3, delay_release=2),
                                     dict(cluster="m"),  # run without the cluster: the interpreter has none
-                                    dict(epilogue_store="next_tile"), dict(epilogue_store="next_tile", delay_release=1)])
+                                    dict(epilogue_store="next_tile"),
+                                    dict(epilogue_store="next_tile", delay_release=1)])
 @pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile (its loop starts and stops there)
 def test_every_k_loop_in_interpret_mode(fields, num_sms):
     with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles

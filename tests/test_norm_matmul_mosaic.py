@@ -452,7 +452,8 @@ def _variant_fields(variant) -> tuple:
 @gpu_only
 @pytest.mark.parametrize("M, K, N, variant", [
     (4096, 4096, 4096, "mma"), (4096, 4096, 4096, "mma_rows"), (4096, 4096, 14336, "gamma_on_a"),
-    (2048, 2048, 8192, "gamma_on_a_mma"), (256, 1024, 4096, False)])  # 16 or 32 forward tiles on 132 blocks: one tile per block, or none
+    (2048, 2048, 8192, "gamma_on_a_mma"),
+    (256, 1024, 4096, False)])  # 16 or 32 forward tiles on 132 blocks: one tile per block, or none
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_stored_under_the_next_tile_on_the_gpu(M, K, N, variant, residual):
     """The forward's output tile kept in registers and stored under the next tile's first wgmma

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES", "MosaicGemmConfig",
+__all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
+           "MosaicGemmConfig",
            "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
