@@ -10,11 +10,12 @@ the PTX into SASS. Two matter most for wgmma kernels: spills (local-memory loads
 out) and warning C7513, "wgmma.mma_async instructions are serialized": ptxas found a non-wgmma instruction writing
 a register a wgmma in flight reads, and waits for each wgmma before the next, so the tensor cores stop overlapping
 (measured on the H100: the rmsnorm_matmul forward with gamma in the registers and its output stored under the next
-tile's first wgmma ran 15% slower, with this warning; benchmarks/results/NOTES.md, 2026-11-28). C7519 ("warpgroup.arrive
-is injected") is benign. ``compile_report`` sets Mosaic's ``MOSAIC_GPU_DUMP_PTXAS`` switch, which prints ptxas's log
-to the process's stdout, and captures file descriptor 1 while compiling. Mosaic compiles a kernel once per
-process: one built earlier (same module) prints nothing, and ``compile_report`` then raises. With setmaxnreg
-(warp-specialized kernels) "Used N registers" is the launch's allocation per thread, not a warpgroup's share.
+tile's first wgmma ran 15% slower, with this warning; benchmarks/results/NOTES.md, 2026-11-28). C7519
+("warpgroup.arrive is injected") is benign. ``compile_report`` sets Mosaic's ``MOSAIC_GPU_DUMP_PTXAS`` switch, which
+prints ptxas's log to the process's stdout, and captures file descriptor 1 while compiling. Mosaic compiles a
+kernel once per process: one built earlier (same module) prints nothing, and ``compile_report`` then raises. With
+setmaxnreg (warp-specialized kernels) "Used N registers" is the launch's allocation per thread, not a warpgroup's
+share.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             it (under the wgmma just issued; a ``Fusion.a_copy`` likewise, on the steps its column block writes),
             ``wgmma_wait(delay_release)``, arrive on ``consumed`` of the step whose wgmma is complete
             (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with the prologue warpgroup's
-            carry from ``handoff`` when there is one.
+            carry from ``handoff`` when there is one. With ``epilogue_store="next_tile"`` the output tile stays in
+            registers, carried by the tile loop into the next tile, whose first step runs before its K loop and
+            stores it right after issuing its wgmma; the block's last whole tile is stored after the loop.
   prologue  per tile: ``prologue_init``; per step: wait ``ready[s]``, ``prologue_step`` on the stage's A block,
             arrive on ``consumed[s]``; then writes its carry, ``Fusion.handoff_rows`` (tile_m,) float32 row
             vectors, into ``handoff`` and arrives on ``handoff_full``; the MMA warpgroups wait for it only before
