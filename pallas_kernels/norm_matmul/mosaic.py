@@ -11,8 +11,8 @@ warpgroups (or the memory warpgroup between its loads, with the forward config's
 slower, ``gemm.specialized``); "mma", the MMA warpgroups themselves, each loading its rows of the x block into
 registers right after issuing the step's wgmma (``Fusion.a_observe``) and adding their squares elementwise,
 reduced across the row once per tile in the epilogue (one wgmma group in flight hides it: the 32768x4096x4096
-default); "mma_rows" reduces each step's squares per row at once instead (an option: slower on the H100). The normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to
-the A side instead: the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more bytes where
+default); "mma_rows" reduces each step's squares per row at once instead (an option: slower on the H100). The
+normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to the A side instead: the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more bytes where
 w_γ costs 2KN (fewer where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies gamma
 on its columns; still no normalized tensor (r stays in the epilogue). With ``gamma_on="a"`` (bfloat16) no tensor is
 made for gamma at all: the MMA warpgroups load their rows of each x block into registers, multiply them by gamma's
