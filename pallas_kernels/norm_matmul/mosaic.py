@@ -3,22 +3,22 @@
 Notation: x (M, K) (h = x + residual with a residual), gamma (K,), w (K, N); r = rsqrt(mean_K(x²) + eps) per
 row, float32; y = rmsnorm(x) · gamma @ w = diag(r) · x · (diag(gamma) w).
 
-Forward, one kernel: A = the raw x tile, B = w_γ = diag(gamma) w (one XLA pass over w, rounded to w's dtype),
-so both wgmma operands stay in shared memory as loaded; the epilogue scales the float32 accumulator rows by r.
-r comes from one XLA row reduction over x (default), or, with ``stats_in_kernel``, from the kernel, which then
-also stores r: True, a fourth warpgroup that sums the squares of each x tile in shared memory beside the MMA
-warpgroups (or the memory warpgroup between its loads, with the forward config's ``prologue_in="memory"``:
-slower, ``gemm.specialized``); "mma", the MMA warpgroups themselves, each loading its rows of the x block into
-registers right after issuing the step's wgmma (``Fusion.a_observe``) and adding their squares elementwise,
-reduced across the row once per tile in the epilogue (one wgmma group in flight hides it: the 32768x4096x4096
-default); "mma_rows" reduces each step's squares per row at once instead (an option: slower on the H100). The
-normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from XLA) gamma goes to the A side instead: the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more bytes where
-w_γ costs 2KN (fewer where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies gamma
-on its columns; still no normalized tensor (r stays in the epilogue). With ``gamma_on="a"`` (bfloat16) no tensor is
-made for gamma at all: the MMA warpgroups load their rows of each x block into registers, multiply them by gamma's
-step slice (loaded with the stage) and wgmma reads A from those registers (``Fusion.a_operand``: the K loop gives
-each step in flight registers of its own); B = w, dx as with "x". The tuned entries of 4096x4096x14336 and
-8192x4096x6144 take it (NOTES.md, 2026-11-28).
+Forward, one kernel: A = the raw x tile, B = w_γ = diag(gamma) w (one XLA pass over w, rounded to w's dtype), so both
+wgmma operands stay in shared memory as loaded; the epilogue scales the float32 accumulator rows by r. r comes from one
+XLA row reduction over x (default), or, with ``stats_in_kernel``, from the kernel, which then also stores r: True, a
+fourth warpgroup that sums the squares of each x tile in shared memory beside the MMA warpgroups (or the memory
+warpgroup between its loads, with the forward config's ``prologue_in="memory"``: slower, ``gemm.specialized``); "mma",
+the MMA warpgroups themselves, each loading its rows of the x block into registers right after issuing the step's wgmma
+(``Fusion.a_observe``) and adding their squares elementwise, reduced across the row once per tile in the epilogue (one
+wgmma group in flight hides it: the 32768x4096x4096 default); "mma_rows" reduces each step's squares per row at once
+instead (an option: slower on the H100). The normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from
+XLA) gamma goes to the A side instead: the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more
+bytes where w_γ costs 2KN (fewer where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies
+gamma on its columns; still no normalized tensor (r stays in the epilogue). With ``gamma_on="a"`` (bfloat16) no tensor
+is made for gamma at all: the MMA warpgroups load their rows of each x block into registers, multiply them by gamma's
+step slice (loaded with the stage) and wgmma reads A from those registers (``Fusion.a_operand``: the K loop gives each
+step in flight registers of its own); B = w, dx as with "x". The tuned entries of 4096x4096x14336 and 8192x4096x6144
+take it (NOTES.md, 2026-11-28).
 
 Backward, two kernels (never the normalized activations; r from the forward; float32 statistics):
   dx kernel:  dx = r · (dy @ w_γᵀ) − r² · c · x (+ dh),  c = Σ_N(dy · y) / K per row.
