@@ -873,3 +873,109 @@ def test_the_memory_warpgroups_prologue_keeps_registers_within_the_launch():
     (2048, 1024, 512, MosaicGemmConfig())])  # a fourth warpgroup
 def test_prologue_on_the_gpu(M, K, N, config):
     _check_row_sums(M, K, N, config)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fusion.share_rows: one tile per row block takes the a_observe; the others wait for its row vector
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("m_iters, n_iters, minor_dim, width", [(4, 3, 0, 2), (5, 1, 0, 8), (3, 7, 1, 2),
+                                                                 (256, 16, 0, 8), (32, 24, 0, 8)])
+def test_the_first_column_runs_first_then_every_other_tile_once(m_iters, n_iters, minor_dim, width):
+    from pallas_kernels.gemm.mosaic import first_column_then_snake
+    lin = jnp.arange(m_iters * n_iters, dtype=jnp.int32)
+    m_idx, n_idx = (np.asarray(i) for i in jax.vmap(
+        lambda i: first_column_then_snake(i, m_iters, n_iters, minor_dim, width))(lin))
+    assert sorted(zip(m_idx.tolist(), n_idx.tolist())) == [(m, n) for m in range(m_iters) for n in range(n_iters)]
+    assert m_idx[:m_iters].tolist() == list(range(m_iters)) and not n_idx[:m_iters].any()
+
+
+def _shared_row_scale(config, M: int, K: int) -> Fusion:
+    """A fusion sharing each row block's sums of squares of A (float32, stored as "sumsq" (M,)) from its first tile
+    with its others, whose epilogue scales the rows by rsqrt(mean(a²)): a wrong or stale row vector shows."""
+    sums = _row_sums_of_squares(config, M)
+    return dataclasses.replace(sums, carry_shapes=None, share_rows=("sumsq", lambda ctx, c: jnp.sum(c, axis=1)),
+                               epilogue=lambda ctx, acc, sumsq: (
+                                   acc * jax.lax.broadcast_in_dim(jax.lax.rsqrt(sumsq * (1.0 / K)), acc.shape, [0]),
+                                   {}))
+
+
+@pytest.mark.parametrize("config_changes, fusion_changes, match", [
+    (dict(stream_k=4), {}, "share_rows takes an a_observe's carry from one tile per row block; .* stream_k=4"),
+    (dict(schedule="pingpong", tile_m=128, tile_n=128), {}, "needs an a_observe, schedule='cooperative'"),
+    (dict(epilogue_store="next_tile"), {}, "epilogue_store='next_tile'"),
+    ({}, dict(a_observe=None), "a_observe=None"),
+    ({}, dict(outputs=(("sumsq", S((256,), jnp.bfloat16)),)),
+     r"share_rows='sumsq' must name an \(256,\) float32 output, got shape \(256,\), dtype bfloat16"),
+    ({}, dict(outputs=()), "share_rows='sumsq' must name an .* got no such output")])
+def test_share_rows_needs_an_a_observe_whole_tiles_and_a_float32_row_output(config_changes, fusion_changes, match):
+    config = MosaicGemmConfig(**dict(dict(tile_m=64, tile_n=256, wg_split="m", delay_release=1), **config_changes))
+    fusion = dataclasses.replace(_shared_row_scale(config, 256, 256), **fusion_changes)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion),
+                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
+
+
+@cpu_only
+def test_share_rows_lowers_a_k_loop_with_and_one_without_the_a_observe():
+    """Lowered for CUDA: two K loops (twice the wgmma of one), one of them loading A blocks into registers, and a
+    global semaphore array, (row blocks, 2) int32, beside the outputs."""
+    M, K, N = 4096, 1024, 4096
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)
+    fn = lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,  # noqa: E731
+                           fusion=_shared_row_scale(config, M, K))
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
+    (kernel,) = mosaic_ir.lower_kernels(fn, *operands)
+    (alone,) = mosaic_ir.lower_kernels(
+        lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_row_sums_of_squares(config, M)),
+        *operands)
+    assert sum(kernel.wgmma().values()) == 2 * sum(alone.wgmma().values())
+    assert kernel.smem_bytes == alone.smem_bytes
+    text = jax.jit(fn).trace(*operands).lower(lowering_platforms=("cuda",)).as_text()
+    assert "scf.index_switch" in kernel.text or "scf.if" in kernel.text
+    assert text.count("mosaic_gpu") >= 1
+
+
+def _check_shared_rows(M, K, N, config, calls=2, with_operand=False):
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    fusion = _shared_row_scale(config, M, K)
+    arrays = {}
+    if with_operand:  # an a_operand multiplying A by g in registers beside it (rmsnorm_matmul's gamma_on="a")
+        fusion = dataclasses.replace(fusion, step_inputs=("g",),
+                                     a_operand=lambda ctx, x, v, c: (x * jax.lax.broadcast_in_dim(v["g"], x.shape, [1]),
+                                                                      c))
+        arrays = dict(g=(1.0 + 0.5 * jax.random.normal(_key(), (K,), jnp.float32)).astype(jnp.bfloat16))
+    a32 = a.astype(jnp.float32)
+    sumsq_want = jnp.sum(a32 * a32, axis=1)
+    a_used = (a32 * arrays["g"].astype(jnp.float32)).astype(jnp.bfloat16) if with_operand else a
+    want = _f32_product(a_used, b) * jax.lax.rsqrt(sumsq_want / K)[:, None]
+    fn = jax.jit(lambda a, b, arrays: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion,
+                                           arrays=arrays))
+    for _ in range(calls):  # the semaphores persist across calls: each call must leave them at zero
+        got, sumsq = fn(a, b, arrays)
+        err = _rel_err(got, want)
+        assert err <= _tol(jnp.bfloat16, K), err  # NaN fails
+        assert _rel_err(sumsq, sumsq_want) <= 1e-5
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("fields, with_operand", [(dict(wg_split="m", delay_release=1), False),
+                                                  (dict(delay_release=1), True)])
+def test_share_rows_in_interpret_mode(fields, with_operand):
+    with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2x4 tiles on 2 blocks (every tile sums its own rows here)
+        _check_shared_rows(128, 128, 256, dataclasses.replace(_TINY, **fields), calls=1, with_operand=with_operand)
+
+
+_SHARED_STACKED = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config, with_operand", [
+    (32768, 1024, 1024, _SHARED_STACKED, False),  # 256 row blocks: the first column takes two rounds
+    (4096, 4096, 4096, _SHARED_STACKED, False),  # 32 row blocks: most of the first round waits for its row block
+    (4096, 2048, 256, _SHARED_STACKED, False),  # one column: every tile its row block's first
+    (2048, 1024, 2048, MosaicGemmConfig(delay_release=1), False),  # wg_split "n": both warpgroups share all rows
+    (8192, 4096, 6144, _SHARED_STACKED, True),  # beside an a_operand (gamma_on="a" of rmsnorm_matmul)
+])
+def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
+    _check_shared_rows(M, K, N, config, with_operand=with_operand)

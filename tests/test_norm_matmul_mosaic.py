@@ -202,6 +202,15 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
     assert Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="w").gamma_side(4096, 128256, jnp.bfloat16) == "w"
 
 
+@pytest.mark.parametrize("fields", [dict(stream_k=4), dict(epilogue_store="next_tile"),
+                                    dict(schedule="pingpong", tile_m=128, tile_n=128), dict(cluster="m")])
+def test_r_shared_from_each_row_blocks_first_tile_needs_whole_cooperative_tiles(fields):
+    forward = MosaicGemmConfig(**dict(dict(tile_m=64, tile_n=256, wg_split="m", delay_release=1), **fields))
+    with pytest.raises(ValueError, match="stats_in_kernel: 'mma_shared' passes r from each row block's first tile "
+                                         "to its others; the forward config needs schedule='cooperative'"):
+        Config(forward=forward, dx=MosaicGemmConfig(), dw=MosaicGemmConfig(), stats_in_kernel="mma_shared")
+
+
 def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
     tiles = MosaicGemmConfig()
     with pytest.raises(ValueError, match="gamma_on: must be None, 'w', 'x' or 'a', got 'b'"):
@@ -210,7 +219,8 @@ def test_gamma_on_x_needs_xla_statistics_and_bfloat16():
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel=True, gamma_on="x")
     with pytest.raises(ValueError, match="gamma_on: 'x' feeds the kernel x ⊙ gamma, .* stats_in_kernel=False"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="mma", gamma_on="x")
-    with pytest.raises(ValueError, match="stats_in_kernel: must be False, True, 'mma' or 'mma_rows', got 'warpgroup'"):
+    with pytest.raises(ValueError, match="stats_in_kernel: must be False, True, 'mma', 'mma_rows' or 'mma_shared', "
+                                         "got 'warpgroup'"):
         Config(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="warpgroup")
     with pytest.raises(ValueError, match="stats_in_kernel: 'mma' .* needs pipeline='own', got 'pallas'"):
         Config(forward=dataclasses.replace(tiles, pipeline="pallas"), dx=tiles, dw=tiles, stats_in_kernel="mma")
@@ -419,7 +429,10 @@ def test_dyr_in_dx_needs_the_row_dot_on_the_n_side_and_by_default_takes_it_where
     (4096, 4096, 4096, jnp.bfloat16, "gamma_on_a", "n"), (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a_mma", "k"),
     (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a_mma", "n"),  # gamma (and r) in the MMA warpgroups' registers
     (4096, 4096, 4096, jnp.bfloat16, "mma_rows", "n"), (2048, 1024, 4096, jnp.float16, "mma_rows", "k"),
-    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a_mma_rows", "n")])  # r's squares summed per row at each step
+    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a_mma_rows", "n"),  # r's squares summed per row at each step
+    (4096, 4096, 4096, jnp.bfloat16, "mma_shared", "n"), (2048, 1024, 4096, jnp.float16, "mma_shared", "k"),
+    (8192, 4096, 6144, jnp.bfloat16, "gamma_on_a_mma_shared", "n"),  # r from each row block's first tile
+    (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared", "k")])  # 256 row blocks: two rounds of first tiles
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
@@ -557,15 +570,17 @@ def test_nan_never_passes():
     (jnp.float16, False, "mma", False, "n"), (jnp.bfloat16, False, False, False, "n_dyr"),
     (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr"),
     (jnp.bfloat16, False, "gamma_on_a", False, "n"), (jnp.bfloat16, True, "gamma_on_a_mma", False, "k"),
-    (jnp.float16, True, "mma_rows", False, "k"), (jnp.bfloat16, False, "gamma_on_a_mma_rows", False, "n")])
+    (jnp.float16, True, "mma_rows", False, "k"), (jnp.bfloat16, False, "gamma_on_a_mma_rows", False, "n"),
+    (jnp.bfloat16, True, "mma_shared", False, "n"), (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "k")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
     from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows);
     "gamma_on_a": x ⊙ gamma formed in the MMA warpgroups' registers, wgmma reading A from there ("_mma": r from the
     x blocks loaded again after each wgmma's issue); "mma_rows": those squares summed per row at each step;
-    "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx
-    tiles without the residual)."""
+    "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
+    every tile sums its own); "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the
+    residual)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \

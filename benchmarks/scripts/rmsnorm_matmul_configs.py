@@ -119,6 +119,12 @@ VARIANTS = {
                                                                                    delay_release=1)),
     "gamma_a_next_tile": dict(gamma_on="a", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1,
                                                                                 epilogue_store="next_tile")),
+    # r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the
+    # other tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers
+    "mma_shared": dict(stats_in_kernel="mma_shared", gamma_on="w", forward=dict(_STACKED, stream_k=0,
+                                                                                delay_release=1)),
+    "gamma_a_mma_shared": dict(gamma_on="a", stats_in_kernel="mma_shared", forward=dict(_STACKED, stream_k=0,
+                                                                                        delay_release=1)),
 }
 
 

@@ -162,6 +162,16 @@ class Fusion:
       through both. Pipeline "own", A read as stored, no prologue_step or a_copy, no stream-K.
     step_inputs: (K,) vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the stage
       beside the A and B blocks, for ``a_operand`` (e.g. gamma over the contraction).
+    share_rows: (name, fn): the a_observe carry is a statistic of the A rows alone (the same in every column
+      block), so only one CTA tile per row block takes it: the tile loop runs each row block's column-0 tile first
+      (all of them, then the other tiles in the usual order), and only those tiles run the a_observe; fn(ctx,
+      carry) -> (tile_m,) float32 row vector (e.g. r from the sums of squares), stored into the (M,) float32
+      output ``name`` and signalled through a global semaphore per row block and warpgroup. The other tiles wait
+      for that signal after their K loop and load the vector back. Every tile's epilogue receives the row vector
+      as its carry. No tile waits for one that waits, and a row block's first tile runs rounds before most of its
+      others (the whole first column runs first), so with one block per SM it cannot deadlock and seldom waits.
+      Needs an a_observe; cooperative schedule, no cluster, no stream-K, epilogue_store "end". In interpret mode
+      (no semaphores) every tile takes the a_observe itself.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -182,6 +192,7 @@ class Fusion:
     a_copy: tuple[str, Callable] | None = None
     a_operand: Callable | None = None
     step_inputs: tuple[str, ...] = ()
+    share_rows: tuple[str, Callable] | None = None
     epilogue: Callable | None = None
 
 
@@ -243,6 +254,18 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: epilogue_store='next_tile' keeps the output tile in registers and stages it in "
                          f"its own SMEM slots; a fusion storing from its tile input (store_in={fusion.store_in!r}, "
                          f"or accumulate_into) takes epilogue_store='end'")
+    if fusion.share_rows is not None:
+        shared = dict(fusion.outputs).get(fusion.share_rows[0])
+        if fusion.a_observe is None or config.pingpong or config.cluster != "none" or config.stream_k or (
+                config.epilogue_store != "end"):
+            raise ValueError(f"{name}: share_rows takes an a_observe's carry from one tile per row block; it needs "
+                             f"an a_observe, schedule='cooperative', cluster='none', stream_k=0 and "
+                             f"epilogue_store='end'; got a_observe={'set' if fusion.a_observe else None}, "
+                             f"schedule={config.schedule!r}, cluster={config.cluster!r}, "
+                             f"stream_k={config.stream_k}, epilogue_store={config.epilogue_store!r}")
+        if shared is None or shared.shape != (M,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):
+            raise ValueError(f"{name}: share_rows={fusion.share_rows[0]!r} must name an ({M},) float32 output, got "
+                             f"{'no such output' if shared is None else f'shape {shared.shape}, dtype {jnp.dtype(shared.dtype)}'}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -433,8 +456,12 @@ class _Shape:
         cfg = self.cfg
         m_iters, n_iters, _ = self.iters
         pairs_m, pairs_n = (cfg.cluster == "m") + 1, (cfg.cluster == "n") + 1
-        m_idx, n_idx = plgpu.planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n),
-                                          1 if cfg.grid_minor == "n" else 0, cfg.grid_tile_width)
+        minor = 1 if cfg.grid_minor == "n" else 0
+        if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
+            m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
+        else:
+            m_idx, n_idx = plgpu.planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor,
+                                              cfg.grid_tile_width)
         if cfg.cluster_size > 1:  # the cluster's tile pair; this block takes the one at its index in the cluster
             block = lax.axis_index(_CLUSTER)
             m_idx, n_idx = (m_idx * 2 + block, n_idx) if cfg.cluster == "m" else (m_idx, n_idx * 2 + block)
@@ -570,6 +597,18 @@ def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
 
     pl.run_scoped(scope, pipeline_allocs=pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem),
                   **shape.scratch_types(), collective_axes="wg")
+
+
+def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, tile_width: int):
+    """(m_idx, n_idx) of the lin-th CTA tile in the order of ``Fusion.share_rows``: tiles 0 .. m_iters - 1 are
+    column 0 of each row block (the tiles that compute the shared row vectors), the rest columns 1 .. n_iters - 1
+    in planar-snake order. lin: a traced int32 scalar, or a Python int (tests)."""
+    if n_iters == 1:
+        return lin, lin * 0
+    rest = jnp.maximum(lin - m_iters, 0)
+    m_rest, n_rest = plgpu.planar_snake(jnp.asarray(rest, jnp.int32), (m_iters, n_iters - 1), minor_dim, tile_width)
+    first = lin < m_iters
+    return jnp.where(first, lin, m_rest), jnp.where(first, 0, n_rest + 1)
 
 
 def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:

@@ -159,6 +159,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             def _tile_loop(loop_info):
                 body(loop_info.index[0], loop_info.local_index, loop_info.num_local_steps)
 
+        sharing = fusion.share_rows is not None  # (Fusion.share_rows) one tile per row block takes the a_observe
+        if sharing and not mu.interpreting():  # (row block, warpgroup): its row vector is stored
+            row_semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.iters[0] * 2,)))
         if plan is not None:
             unit = lax.axis_index("sm")  # the block's stream-K unit
             sk_start, sk_end = plan.unit_range(unit)
@@ -349,11 +352,12 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             in_mma = fusion.prologue_init is not None and not has_handoff
 
-            def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None):
+            def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
-                With ``Fusion.a_observe``, run after each wgmma is issued; with ``Fusion.a_operand``, before it, on
-                the registers it reads. ``under_first()``: run once, right after the first step's wgmma is issued
-                (that step taken out of the loop; k0, k1 static). Returns the hook's carry."""
+                With ``Fusion.a_observe`` (and ``observe``), run after each wgmma is issued; with
+                ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run once, right after
+                the first step's wgmma is issued (that step taken out of the loop; k0, k1 static). Returns the
+                hook's carry."""
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry = carry
                     g = g0 + k - k0
@@ -373,7 +377,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
                     if after_issue is not None:
                         after_issue()
-                    if fusion.a_observe is not None:  # under the wgmma just issued (and one in flight with delay)
+                    if fusion.a_observe is not None and observe:  # under the wgmma just issued (and one in flight with delay)
                         # loaded again with an a_operand: its registers passed through an optimization barrier
                         # past the issue cost the rmsnorm_matmul forward 10% (NOTES.md, 2026-11-28)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
@@ -420,6 +424,38 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             plgpu.barrier_arrive(consumed.at[barrier_of(g0 + last)])
                 return hook_carry
 
+            def shared_rows_k_loop(acc_ref, ctx, local, hook_carry):
+                """The K loop of a tile under ``Fusion.share_rows``: a row block's column-0 tile runs the a_observe,
+                stores fn(ctx, carry) into the shared output and signals the row block's other tiles (n_iters - 1
+                of them); those skip the a_observe and, after their K loop, wait for that signal and load the row
+                vector. Returns it (the epilogue's carry). In interpret mode every tile computes it itself."""
+                name, rows_from = fusion.share_rows
+                shared_out = named_out[name]
+                others = shape.iters[1] - 1
+
+                def first():
+                    carry = k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, hook_carry)
+                    rows = rows_from(ctx, carry).astype(_F32)
+
+                    @pl.when(ctx.n_idx == 0)  # in interpret mode every tile gets here
+                    def _store():
+                        shared_out.at[ctx.rows][...] = rows
+
+                    if others and not mu.interpreting():
+                        plgpu.semaphore_signal(row_semaphores.at[ctx.m_idx * 2 + wg], others,
+                                               memory_scope="gpu")  # release: the stores above come first
+                    return rows
+
+                if mu.interpreting() or not others:
+                    return first()
+
+                def other():
+                    k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, (), observe=False)
+                    plgpu.semaphore_wait(row_semaphores.at[ctx.m_idx * 2 + wg], 1, memory_scope="gpu")
+                    return mu.load(shared_out.at[ctx.rows], layout=mu.ROWS, optimized=False)
+
+                return lax.cond(ctx.n_idx == 0, first, other)
+
             def mma_tile(lin, local, pending=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
@@ -436,7 +472,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             shape.store_output(shape.tile_context(prev, wg, refs_by_name), tile, scoped, out_gmem)
 
                 def acc_scope(acc_ref):
-                    carry = k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, hook_carry, under_first)
+                    if sharing:
+                        carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry)
+                    else:
+                        carry = k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, hook_carry, under_first)
                     if has_handoff:
                         plgpu.barrier_wait(handoff_full)
                         carry = carry_tree[0].unflatten([

@@ -206,7 +206,7 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
 # Mosaic backend (``norm_matmul.mosaic``): three GEMMs of the core in ``pallas_kernels.gemm``
 # ---------------------------------------------------------------------------------------------------------------
 MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on")
-MMA_STATS = ("mma", "mma_rows")  # stats_in_kernel values whose sums of squares the MMA warpgroups take
+MMA_STATS = ("mma", "mma_rows", "mma_shared")  # stats_in_kernel values whose sums of squares the MMA warpgroups take
 # dw's GEMM (K, M) @ (M, N) goes to cuBLAS when its output has fewer CTA tiles than the H100 has SMs: the persistent
 # core, without split-K, leaves SMs idle over the long M reduction, which cuBLAS splits. Measured at one shape,
 # 8192x512x2816 (the 'small' preset's MLP projection; 44 tiles of 128x256, 88 of 128x128): fwd+bwd 180.7 µs with
@@ -307,19 +307,26 @@ class MosaicRMSNormMatmulConfig:
                 raise ValueError(f"MosaicRMSNormMatmulConfig.{name}: must be a MosaicGemmConfig or a mapping of its "
                                  f"fields, got {value!r}")
         if self.stats_in_kernel not in (False, True, *MMA_STATS):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be False, True, 'mma' or 'mma_rows', "
-                             f"got {self.stats_in_kernel!r}")
+            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be False, True, 'mma', 'mma_rows' or "
+                             f"'mma_shared', got {self.stats_in_kernel!r}")
         if self.stats_in_kernel in MMA_STATS and self.forward.pipeline != "own":
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: {self.stats_in_kernel!r} sums squares in the "
                              f"MMA warpgroups of our K loop: the forward config needs pipeline='own', got "
                              f"{self.forward.pipeline!r}")
+        if self.stats_in_kernel == "mma_shared" and (self.forward.pingpong or self.forward.cluster != "none" or
+                                                      self.forward.stream_k or self.forward.epilogue_store != "end"):
+            raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma_shared' passes r from each row block's "
+                             "first tile to its others; the forward config needs schedule='cooperative', "
+                             "cluster='none', stream_k=0 and epilogue_store='end'; got "
+                             f"schedule={self.forward.schedule!r}, cluster={self.forward.cluster!r}, "
+                             f"stream_k={self.forward.stream_k}, epilogue_store={self.forward.epilogue_store!r}")
         if self.gamma_on not in (None, "w", "x", "a"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x' or 'a', got "
                              f"{self.gamma_on!r}")
         if self.gamma_on == "a" and (self.stats_in_kernel is True or self.forward.pipeline != "own"):
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'a' multiplies the x blocks in the MMA warpgroups' "
                              "registers: it needs the forward config's pipeline='own' and stats_in_kernel False, "
-                             f"'mma' or 'mma_rows'; got pipeline={self.forward.pipeline!r}, "
+                             f"'mma', 'mma_rows' or 'mma_shared'; got pipeline={self.forward.pipeline!r}, "
                              f"stats_in_kernel={self.stats_in_kernel!r}")
         if self.gamma_on == "x" and self.stats_in_kernel:
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
@@ -426,7 +433,7 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
             if tuned.unsupported_reason(M, K, N) is None:
                 return tuned
     forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
-               "mma": _MMA_STATS_FORWARD, "mma_rows": _MMA_STATS_FORWARD}[stats_in_kernel]
+               **{name: _MMA_STATS_FORWARD for name in MMA_STATS}}[stats_in_kernel]
     return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, forward),
                                      dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
                                      dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel)

@@ -142,15 +142,14 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     there (``Fusion.a_operand``); with "mma" the squares come from the a_observe above, which loads the x block
     again after the wgmma's issue."""
     if gamma_in_registers:
-        return _gamma_in_registers_fusion(M, K, eps, stats_in_kernel)
+        return _gamma_in_registers_fusion(M, K, eps, cfg, stats_in_kernel)
     if not stats_in_kernel:
         return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     if stats_in_kernel in MMA_STATS:
-        return Fusion(outputs=outputs, **_mma_squares(stats_in_kernel), epilogue=_scale_by_rstd(K, eps),
-                      carry_shapes=((cfg.wg_rows, cfg.tile_k) if stats_in_kernel == "mma" else (cfg.wg_rows,),))
+        return Fusion(outputs=outputs, **_mma_stats(M, K, eps, cfg, stats_in_kernel))
 
     def step(ctx, x_ref, sum_sq):
         del ctx
@@ -182,11 +181,27 @@ def _add_row_squares(ctx, x, sum_sq) -> jax.Array:
     return sum_sq + jnp.sum(x * x, axis=1)
 
 
-def _mma_squares(stats_in_kernel) -> dict:
-    """The Fusion hooks by which the MMA warpgroups sum x's squares: elementwise ("mma") or per row ("mma_rows")."""
-    if stats_in_kernel == "mma":
-        return dict(prologue_init=_squares_zero, a_observe=_add_squares)
-    return dict(prologue_init=lambda ctx: _rows_zero(ctx.config.wg_rows), a_observe=_add_row_squares)
+def _mma_stats(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel) -> dict:
+    """The Fusion hooks by which the MMA warpgroups sum x's squares, elementwise ("mma", "mma_shared") or per row
+    ("mma_rows"), and the epilogue y = r ⊙ acc. "mma_shared": only each row block's first tile sums them, and its r
+    reaches the row block's other tiles through the "rstd" output (``Fusion.share_rows``)."""
+    if stats_in_kernel == "mma_rows":
+        hooks = dict(prologue_init=lambda ctx: _rows_zero(ctx.config.wg_rows), a_observe=_add_row_squares,
+                     carry_shapes=((cfg.wg_rows,),))
+    else:
+        hooks = dict(prologue_init=_squares_zero, a_observe=_add_squares, carry_shapes=((cfg.wg_rows, cfg.tile_k),))
+    if stats_in_kernel == "mma_shared":
+        return dict(hooks, share_rows=("rstd", lambda ctx, sum_sq: _rstd_from_squares(sum_sq, K, eps)),
+                    epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
+    return dict(hooks, epilogue=_scale_by_rstd(K, eps))
+
+
+def _rstd_from_squares(sum_sq, K: int, eps: float) -> jax.Array:
+    """r = rsqrt(mean(x²) + eps) (tile_m,) float32 from the sums of squares: (rows,), or (rows, tile_k) elementwise
+    (the MMA warpgroups'), reduced across each row here."""
+    if sum_sq.ndim == 2:
+        sum_sq = jnp.sum(sum_sq, axis=1)
+    return lax.rsqrt(sum_sq * (1.0 / K) + eps)
 
 
 def _scale_by_rstd(K: int, eps: float):
@@ -194,15 +209,13 @@ def _scale_by_rstd(K: int, eps: float):
     and r stored (M,)."""
     def epilogue(ctx, acc, sum_sq):
         del ctx
-        if sum_sq.ndim == 2:  # the MMA warpgroups' elementwise sums (rows, tile_k)
-            sum_sq = jnp.sum(sum_sq, axis=1)
-        rstd = lax.rsqrt(sum_sq * (1.0 / K) + eps)  # (tile_m,) float32
+        rstd = _rstd_from_squares(sum_sq, K, eps)
         return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
 
     return epilogue
 
 
-def _gamma_in_registers_fusion(M: int, K: int, eps: float, stats_in_kernel) -> Fusion:
+def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel) -> Fusion:
     """gamma_on "a": A = x ⊙ gamma formed in the MMA warpgroups' registers per step (``Fusion.a_operand``), gamma's
     slice loaded with each stage; r from XLA ("rstd" in), or with "mma" from x's squares, summed after the step's
     wgmma is issued (``Fusion.a_observe``, which loads the block again)."""
@@ -214,9 +227,10 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, stats_in_kernel) -> F
                       a_operand=lambda ctx, x, vectors, rstd: (times_gamma(x, vectors), rstd),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
+    hooks = _mma_stats(M, K, eps, cfg, stats_in_kernel)
+    hooks.pop("carry_shapes")  # an a_operand takes whole tiles (no stream-K)
     return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), step_inputs=("gamma",),
-                  a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq),
-                  **_mma_squares(stats_in_kernel), epilogue=_scale_by_rstd(K, eps))
+                  a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq), **hooks)
 
 
 def _forward(x, residual, gamma, w, static: _Static):
