@@ -976,6 +976,9 @@ _SHARED_STACKED = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_min
     (4096, 2048, 256, _SHARED_STACKED, False),  # one column: every tile its row block's first
     (2048, 1024, 2048, MosaicGemmConfig(delay_release=1), False),  # wg_split "n": both warpgroups share all rows
     (8192, 4096, 6144, _SHARED_STACKED, True),  # beside an a_operand (gamma_on="a" of rmsnorm_matmul)
+    (4096, 4096, 4096, dataclasses.replace(_SHARED_STACKED, shared_rows_wait=0), False),  # after the K loop
+    (2048, 128, 2048, _SHARED_STACKED, False),  # 2 steps: the wait 4 steps before the end is at the first
+    (4096, 1024, 4096, dataclasses.replace(_SHARED_STACKED, shared_rows_wait=1), True),
 ])
 def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
     _check_shared_rows(M, K, N, config, with_operand=with_operand)

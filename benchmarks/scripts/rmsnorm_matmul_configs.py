@@ -42,6 +42,14 @@ from pallas_kernels.norm_matmul import config as nm_config
 # wgmma ("*next_tile") and r's squares summed per row at each step ("mma_rows*") were slower too:
 # rmsnorm_matmul_configs_next_tile-h100-63798a7.json, rmsnorm_matmul_configs_mma_rows-h100-d0df74c.json.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
+# r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the other
+# tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers
+VARIANTS_SHARED = {
+    "mma_shared": dict(stats_in_kernel="mma_shared", gamma_on="w", forward=dict(_STACKED, stream_k=0,
+                                                                                delay_release=1)),
+    "gamma_a_mma_shared": dict(gamma_on="a", stats_in_kernel="mma_shared", forward=dict(_STACKED, stream_k=0,
+                                                                                        delay_release=1)),
+}
 VARIANTS = {
     "default": {},
     "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
@@ -119,12 +127,11 @@ VARIANTS = {
                                                                                    delay_release=1)),
     "gamma_a_next_tile": dict(gamma_on="a", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1,
                                                                                 epilogue_store="next_tile")),
-    # r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the
-    # other tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers
-    "mma_shared": dict(stats_in_kernel="mma_shared", gamma_on="w", forward=dict(_STACKED, stream_k=0,
-                                                                                delay_release=1)),
-    "gamma_a_mma_shared": dict(gamma_on="a", stats_in_kernel="mma_shared", forward=dict(_STACKED, stream_k=0,
-                                                                                        delay_release=1)),
+    **VARIANTS_SHARED,
+    # and where the other tiles wait for r: after the K loop (0), or 2, 8 steps before its end (default 4)
+    **{f"{name}_w{lag}": dict(VARIANTS_SHARED[name], forward=dict(VARIANTS_SHARED[name]["forward"],
+                                                                    shared_rows_wait=lag))
+       for name in ("mma_shared", "gamma_a_mma_shared") for lag in (0, 2, 8)},
 }
 
 

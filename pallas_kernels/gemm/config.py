@@ -90,6 +90,10 @@ class MosaicGemmConfig:
         ``store_in``. Measured on the H100 (NOTES.md, 2026-11-28, twenty-second session): 0.1-0.7% faster for the
         plain core (``gemm.PLAIN_EPILOGUE_STORE``); slower in the rmsnorm_matmul forward (1.4% with r's sums, 15%
         with an ``a_operand``, whose wgmma ptxas then serializes: ``hlo_inspect.ptxas``, warning C7513).
+      shared_rows_wait: under a ``Fusion.share_rows``, how many K steps before a tile's K loop ends a tile that
+        does not compute the shared row vector waits for it and loads it: right after issuing that step's wgmma,
+        so the semaphore's and the load's round trips to L2 run under the wgmma in flight (0: after the K loop,
+        where they stall the epilogue).
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -111,6 +115,7 @@ class MosaicGemmConfig:
     stream_k: int = 0
     prologue_in: str = "fourth"
     epilogue_store: str = "end"
+    shared_rows_wait: int = 4
 
     def __post_init__(self):
         cls = type(self).__name__

@@ -167,7 +167,8 @@ class Fusion:
       (all of them, then the other tiles in the usual order), and only those tiles run the a_observe; fn(ctx,
       carry) -> (tile_m,) float32 row vector (e.g. r from the sums of squares), stored into the (M,) float32
       output ``name`` and signalled through a global semaphore per row block and warpgroup. The other tiles wait
-      for that signal after their K loop and load the vector back. Every tile's epilogue receives the row vector
+      for that signal a few steps before their K loop ends (``MosaicGemmConfig.shared_rows_wait``, under a wgmma)
+      and load the vector back. Every tile's epilogue receives the row vector
       as its carry. No tile waits for one that waits, and a row block's first tile runs rounds before most of its
       others (the whole first column runs first), so with one block per SM it cannot deadlock and seldom waits.
       Needs an a_observe; cooperative schedule, no cluster, no stream-K, epilogue_store "end". In interpret mode

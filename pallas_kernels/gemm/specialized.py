@@ -352,12 +352,14 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             in_mma = fusion.prologue_init is not None and not has_handoff
 
-            def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True):
+            def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True,
+                       fetch_at=None):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
                 With ``Fusion.a_observe`` (and ``observe``), run after each wgmma is issued; with
                 ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run once, right after
-                the first step's wgmma is issued (that step taken out of the loop; k0, k1 static). Returns the
-                hook's carry."""
+                the first step's wgmma is issued (that step taken out of the loop; k0, k1 static). ``fetch_at``:
+                (step, fetch): at that step, after the wgmma's issue, the carry becomes fetch() (the shared rows of
+                ``Fusion.share_rows``). Returns the hook's carry."""
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry = carry
                     g = g0 + k - k0
@@ -384,6 +386,12 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         hook_carry = fusion.a_observe(dataclasses.replace(ctx, step=k), a, hook_carry)
                     if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
                         shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
+                    if fetch_at is not None:  # under the wgmma just issued
+                        at, fetch = fetch_at
+                        if isinstance(k, int):
+                            hook_carry = fetch() if k == at else hook_carry
+                        else:
+                            hook_carry = lax.cond(k == at, fetch, lambda c=hook_carry: c)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete
 
@@ -428,7 +436,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 """The K loop of a tile under ``Fusion.share_rows``: a row block's column-0 tile runs the a_observe,
                 stores fn(ctx, carry) into the shared output and signals the row block's other tiles (n_iters - 1
                 of them); those skip the a_observe and, after their K loop, wait for that signal and load the row
-                vector. Returns it (the epilogue's carry). In interpret mode every tile computes it itself."""
+                vector (``MosaicGemmConfig.shared_rows_wait`` steps before the loop's end, under a wgmma). Returns it
+                (the epilogue's carry). In interpret mode every tile computes it itself."""
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
@@ -449,10 +458,17 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 if mu.interpreting() or not others:
                     return first()
 
-                def other():
-                    k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, (), observe=False)
-                    plgpu.semaphore_wait(row_semaphores.at[ctx.m_idx * 2 + wg], 1, memory_scope="gpu")
+                def fetch():
+                    plgpu.semaphore_wait(row_semaphores.at[ctx.m_idx * 2 + wg], 1, memory_scope="gpu")  # acquire
                     return mu.load(shared_out.at[ctx.rows], layout=mu.ROWS, optimized=False)
+
+                def other():
+                    if not cfg.shared_rows_wait:
+                        k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, (), observe=False)
+                        return fetch()
+                    zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
+                    return k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, zeros, observe=False,
+                                  fetch_at=(max(0, k_iters - cfg.shared_rows_wait), fetch))
 
                 return lax.cond(ctx.n_idx == 0, first, other)
 
