@@ -355,13 +355,15 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True,
                        fetch_at=None):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
-                With ``Fusion.a_observe`` (and ``observe``), run after each wgmma is issued; with
-                ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run once, right after
-                the first step's wgmma is issued (that step taken out of the loop; k0, k1 static). ``fetch_at``:
-                (step, fetch): at that step, after the wgmma's issue, the carry becomes fetch() (the shared rows of
-                ``Fusion.share_rows``). Returns the hook's carry."""
+                With ``Fusion.a_observe``, run after each wgmma is issued (where ``observe``: True, or a traced bool
+                of the tile); with ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run
+                once, right after the first step's wgmma is issued (that step taken out of the loop; k0, k1 static).
+                ``fetch_at``: (step, when, fetch, rows): a second carry starting at rows, which at that step (and
+                ``when``, a traced bool), after the wgmma's issue, becomes fetch() (the shared row vector of
+                ``Fusion.share_rows``). Returns the hook's carry, or (it, that second carry) with fetch_at. No branch
+                holds a wgmma: ptxas keeps them asynchronous."""
                 def step(k, carry, after_issue=None):
-                    acc_ref, hook_carry = carry
+                    acc_ref, hook_carry, rows = carry
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
                     plgpu.barrier_wait(ready.at[barrier_of(g)])
@@ -379,19 +381,20 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
                     if after_issue is not None:
                         after_issue()
-                    if fusion.a_observe is not None and observe:  # under the wgmma just issued (and one in flight with delay)
-                        # loaded again with an a_operand: its registers passed through an optimization barrier
-                        # past the issue cost the rmsnorm_matmul forward 10% (NOTES.md, 2026-11-28)
-                        a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
-                        hook_carry = fusion.a_observe(dataclasses.replace(ctx, step=k), a, hook_carry)
+                    if fusion.a_observe is not None and observe is not False:  # under the wgmma just issued
+                        # (and one in flight with delay); loaded again with an a_operand: its registers passed
+                        # through an optimization barrier past the issue cost the rmsnorm_matmul forward 10%
+                        def observed(c):
+                            a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
+                            return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c)
+
+                        hook_carry = observed(hook_carry) if observe is True else lax.cond(
+                            observe, observed, lambda c: c, hook_carry)
                     if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
                         shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
                     if fetch_at is not None:  # under the wgmma just issued
-                        at, fetch = fetch_at
-                        if isinstance(k, int):
-                            hook_carry = fetch() if k == at else hook_carry
-                        else:
-                            hook_carry = lax.cond(k == at, fetch, lambda c=hook_carry: c)
+                        at, when, fetch, _ = fetch_at
+                        rows = lax.cond(when & (k == at), lambda r: fetch(), lambda r: r, rows)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete
 
@@ -400,14 +403,15 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             plgpu.barrier_arrive(consumed.at[barrier_of(g - delay)])
                     else:
                         plgpu.barrier_arrive(consumed.at[barrier_of(g)])
-                    return acc_ref, hook_carry
+                    return acc_ref, hook_carry, rows
 
+                rows = () if fetch_at is None else fetch_at[3]
                 first = k0
                 if under_first is not None:  # outside the loop: what it stores is no loop constant
-                    _, hook_carry = step(k0, (acc_ref, hook_carry), after_issue=under_first)
+                    _, hook_carry, rows = step(k0, (acc_ref, hook_carry, rows), after_issue=under_first)
                     first = k0 + 1
                 if fusion.a_operand is None:
-                    _, hook_carry = lax.fori_loop(first, k1, step, (acc_ref, hook_carry))
+                    _, hook_carry, rows = lax.fori_loop(first, k1, step, (acc_ref, hook_carry, rows))
                 else:  # delay + 1 steps per iteration, each its own register block: a block is loaded again only
                     # after the wgmma_wait(delay) of a later step has seen its wgmma complete (k0, k1 static here)
                     unroll = delay + 1
@@ -418,10 +422,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             carry = step(first + j * unroll + i, carry)
                         return carry
 
-                    carry = lax.fori_loop(0, rounds, steps, (acc_ref, hook_carry))
+                    carry = lax.fori_loop(0, rounds, steps, (acc_ref, hook_carry, rows))
                     for i in range(rest):
                         carry = step(first + rounds * unroll + i, carry)
-                    hook_carry = carry[1]
+                    _, hook_carry, rows = carry
                 if delay:
                     plgpu.wgmma_wait(0)
                     for d in range(delay):  # the last `delay` steps (fewer where the segment is shorter)
@@ -430,20 +434,22 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         @pl.when(last >= 0)
                         def _release_last():
                             plgpu.barrier_arrive(consumed.at[barrier_of(g0 + last)])
-                return hook_carry
+                return hook_carry if fetch_at is None else (hook_carry, rows)
 
             def shared_rows_k_loop(acc_ref, ctx, local, hook_carry):
                 """The K loop of a tile under ``Fusion.share_rows``: a row block's column-0 tile runs the a_observe,
                 stores fn(ctx, carry) into the shared output and signals the row block's other tiles (n_iters - 1
-                of them); those skip the a_observe and, after their K loop, wait for that signal and load the row
-                vector (``MosaicGemmConfig.shared_rows_wait`` steps before the loop's end, under a wgmma). Returns it
-                (the epilogue's carry). In interpret mode every tile computes it itself."""
+                of them); those skip the a_observe and wait for that signal and load the row vector
+                ``MosaicGemmConfig.shared_rows_wait`` steps before the loop's end, under a wgmma (0: after the
+                loop). One K loop for both kinds of tile, the difference in branches without a wgmma: a K loop
+                inside a branch made ptxas serialize the wgmma. Returns the row vector (the epilogue's carry). In
+                interpret mode every tile computes it itself."""
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
+                g0 = local * k_iters
 
-                def first():
-                    carry = k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, hook_carry)
+                def produce(carry):
                     rows = rows_from(ctx, carry).astype(_F32)
 
                     @pl.when(ctx.n_idx == 0)  # in interpret mode every tile gets here
@@ -456,21 +462,21 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     return rows
 
                 if mu.interpreting() or not others:
-                    return first()
+                    return produce(k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry))
 
                 def fetch():
                     plgpu.semaphore_wait(row_semaphores.at[ctx.m_idx * 2 + wg], 1, memory_scope="gpu")  # acquire
                     return mu.load(shared_out.at[ctx.rows], layout=mu.ROWS, optimized=False)
 
-                def other():
-                    if not cfg.shared_rows_wait:
-                        k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, (), observe=False)
-                        return fetch()
-                    zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
-                    return k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, zeros, observe=False,
-                                  fetch_at=(max(0, k_iters - cfg.shared_rows_wait), fetch))
-
-                return lax.cond(ctx.n_idx == 0, first, other)
+                first = ctx.n_idx == 0
+                if not cfg.shared_rows_wait:
+                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first)
+                    return lax.cond(first, produce, lambda c: fetch(), carry)
+                zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
+                at = max(0, k_iters - cfg.shared_rows_wait)
+                carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first,
+                                     fetch_at=(at, jnp.logical_not(first), fetch, zeros))
+                return lax.cond(first, lambda c, r: produce(c), lambda c, r: r, carry, rows)
 
             def mma_tile(lin, local, pending=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
