@@ -465,7 +465,12 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     return produce(k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry))
 
                 def fetch():
-                    plgpu.semaphore_wait(row_semaphores.at[ctx.m_idx * 2 + wg], 1, memory_scope="gpu")  # acquire
+                    # One load polls for the signal (a decrementing wait compares-and-swaps, two round trips to L2
+                    # at least, each contended by the row block's other tiles); then -1, fire and forget: the count
+                    # stays >= 1 until the row block's last tile has passed, and ends the call at zero.
+                    semaphore = row_semaphores.at[ctx.m_idx * 2 + wg]
+                    plgpu.semaphore_wait(semaphore, 1, decrement=False, memory_scope="gpu")  # acquire
+                    plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
                     return mu.load(shared_out.at[ctx.rows], layout=mu.ROWS, optimized=False)
 
                 first = ctx.n_idx == 0
