@@ -311,8 +311,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 """(``Fusion.share_rows``) Tile lin's row vector into its SMEM slot (local % 2), once the MMA
                 warpgroups have read that slot's last: a tile other than its row block's first polls the row
                 block's counts (one per warpgroup of the first tile) with one load each, takes its one off each,
-                and loads the vector from HBM; every tile then arrives on ``rows_full``. The memory warpgroup runs
-                num_stages steps ahead of the MMA warpgroups, so its round trips to L2 delay no wgmma."""
+                and loads the vector from HBM; every tile then arrives on ``rows_full``. Here, after the tile's
+                first loads, the round trips run while the MMA warpgroups finish the tile before."""
                 ctx = shape.tile_context(lin, 0, refs_by_name)
                 slot = lax.rem(local, 2)
 
@@ -336,14 +336,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def loads(k0, k1):
                     lax.fori_loop(k0, k1, lambda k, c: (load_step(lin, k, local * k_iters + k), c)[1], ())
 
-                if fetches_rows:  # fetched as the MMA warpgroups near the step they read it at: a row block's
-                    # first tile may run in the same round, and a poll at the tile's start stalled its loads (and
-                    # the MMA warpgroups) for that whole tile (NOTES.md, 2026-11-28)
-                    split = min(k_iters, max(num_stages, k_iters - cfg.shared_rows_wait)) if (
-                        cfg.shared_rows_wait) else k_iters
-                    loads(0, split)
+                if fetches_rows:
+                    loads(0, num_stages)
                     fetch_rows(lin, local)
-                    loads(split, k_iters)
+                    loads(num_stages, k_iters)
                     drain(rows_free, local, num_local, 1, 2, lambda t: lax.rem(t, 2))
                 else:
                     loads(0, k_iters)
