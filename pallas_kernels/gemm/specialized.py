@@ -87,12 +87,6 @@ def in_memory(shape) -> bool:
     return shape.fusion.prologue_step is not None and shape.cfg.prologue_in == "memory"
 
 
-def fetches_shared_rows(shape) -> bool:
-    """Whether the memory warpgroup fetches each tile's ``Fusion.share_rows`` vector (on the GPU, more than one
-    column block: some tiles wait for their row block's first)."""
-    return shape.fusion.share_rows is not None and not mu.interpreting() and shape.iters[1] > 1
-
-
 def num_threads(shape) -> int:
     """Warpgroups of one block: 3, or 4 with a dedicated prologue warpgroup."""
     return 4 if dedicated(shape) else 3
@@ -145,11 +139,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_handoff,
                                    num_barriers=owners * num_stages),
         **shape.scratch_types())
-    fetches_rows = fetches_shared_rows(shape)
-    if fetches_rows:  # the memory warpgroup's copy of each tile's shared row vector, two tiles' slots
-        scoped_types.update(rows_smem=plgpu.SMEM((2, cfg.cta_m), _F32),
-                            rows_full=plgpu.Barrier(num_arrivals=1, num_barriers=2),
-                            rows_free=plgpu.Barrier(num_arrivals=2, num_barriers=2))
     if has_handoff:
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.cta_m), _F32),
                             handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
@@ -157,8 +146,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     plan = shape.stream_k  # None: every tile whole, round after round
     round_tiles = shape.cluster_tiles if plan is None else plan.dp_tiles  # tiles run whole by the tile loop
 
-    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, rows_smem=None,
-              rows_full=None, rows_free=None, **scoped):
+    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
         wg = lax.axis_index("wg")
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
@@ -172,7 +160,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 body(loop_info.index[0], loop_info.local_index, loop_info.num_local_steps)
 
         sharing = fusion.share_rows is not None  # (Fusion.share_rows) one tile per row block takes the a_observe
-        if fetches_rows:  # (row block, warpgroup): the first tile's count of the others yet to read its vector
+        if sharing and not mu.interpreting():  # (row block, warpgroup): its row vector is stored
             row_semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.iters[0] * 2,)))
         if plan is not None:
             unit = lax.axis_index("sm")  # the block's stream-K unit
@@ -307,42 +295,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 loads_with_prologue(load_step)
                 return
 
-            def fetch_rows(lin, local):
-                """(``Fusion.share_rows``) Tile lin's row vector into its SMEM slot (local % 2), once the MMA
-                warpgroups have read that slot's last: a tile other than its row block's first polls the row
-                block's counts (one per warpgroup of the first tile) with one load each, takes its one off each,
-                and loads the vector from HBM; every tile then arrives on ``rows_full``. Here, after the tile's
-                first loads, the round trips run while the MMA warpgroups finish the tile before."""
-                ctx = shape.tile_context(lin, 0, refs_by_name)
-                slot = lax.rem(local, 2)
-
-                @pl.when(local >= 2)
-                def _wait_read():
-                    plgpu.barrier_wait(rows_free.at[slot])
-
-                @pl.when(ctx.n_idx != 0)
-                def _fetch():
-                    for w in range(2):
-                        semaphore = row_semaphores.at[ctx.m_idx * 2 + w]
-                        plgpu.semaphore_wait(semaphore, 1, decrement=False, memory_scope="gpu")  # acquire
-                        plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
-                    shared = named_out[fusion.share_rows[0]].at[pl.ds(ctx.m_idx * cfg.cta_m, cfg.cta_m)]
-                    rows_smem.at[slot][...] = mu.load(shared, layout=mu.ROWS, optimized=False)
-
-                plgpu.barrier_arrive(rows_full.at[slot])
-
             @each_tile
             def _(lin, local, num_local):
-                def loads(k0, k1):
-                    lax.fori_loop(k0, k1, lambda k, c: (load_step(lin, k, local * k_iters + k), c)[1], ())
-
-                if fetches_rows:
-                    loads(0, num_stages)
-                    fetch_rows(lin, local)
-                    loads(num_stages, k_iters)
-                    drain(rows_free, local, num_local, 1, 2, lambda t: lax.rem(t, 2))
-                else:
-                    loads(0, k_iters)
+                lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, local * k_iters + k), c)[1], ())
                 if plan is None:
                     drain(consumed, local, num_local, k_iters, num_stages, barrier_of)
 
@@ -493,7 +448,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
                 g0 = local * k_iters
-                slot = lax.rem(local, 2)
 
                 def produce(carry):
                     rows = rows_from(ctx, carry).astype(_F32)
@@ -502,21 +456,22 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     def _store():
                         shared_out.at[ctx.rows][...] = rows
 
-                    if fetches_rows:
+                    if others and not mu.interpreting():
                         plgpu.semaphore_signal(row_semaphores.at[ctx.m_idx * 2 + wg], others,
                                                memory_scope="gpu")  # release: the stores above come first
-                        plgpu.barrier_wait(rows_full.at[slot])  # the memory warpgroup's arrival for every tile
-                        plgpu.barrier_arrive(rows_free.at[slot])
                     return rows
 
-                if not fetches_rows:
+                if mu.interpreting() or not others:
                     return produce(k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry))
 
-                def fetch():  # the memory warpgroup's copy (``fetch_rows``); the slot released once read
-                    plgpu.barrier_wait(rows_full.at[slot])
-                    rows = mu.load(rows_smem.at[slot].at[shape.wg_a_rows(wg)], layout=mu.ROWS, optimized=False)
-                    plgpu.barrier_arrive(rows_free.at[slot])
-                    return rows
+                def fetch():
+                    # One load polls for the signal (a decrementing wait compares-and-swaps, two round trips to L2
+                    # at least, each contended by the row block's other tiles); then -1, fire and forget: the count
+                    # stays >= 1 until the row block's last tile has passed, and ends the call at zero.
+                    semaphore = row_semaphores.at[ctx.m_idx * 2 + wg]
+                    plgpu.semaphore_wait(semaphore, 1, decrement=False, memory_scope="gpu")  # acquire
+                    plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
+                    return mu.load(shared_out.at[ctx.rows], layout=mu.ROWS, optimized=False)
 
                 first = ctx.n_idx == 0
                 if not cfg.shared_rows_wait:
