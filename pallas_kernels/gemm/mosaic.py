@@ -166,13 +166,14 @@ class Fusion:
       block), so only one CTA tile per row block takes it: the tile loop runs each row block's column-0 tile first
       (all of them, then the other tiles in the usual order), and only those tiles run the a_observe; fn(ctx,
       carry) -> (tile_m,) float32 row vector (e.g. r from the sums of squares), stored into the (M,) float32
-      output ``name`` and signalled through a global semaphore per row block and warpgroup. The other tiles wait
-      for that signal a few steps before their K loop ends (``MosaicGemmConfig.shared_rows_wait``, under a wgmma)
-      and load the vector back. Every tile's epilogue receives the row vector
-      as its carry. No tile waits for one that waits, and a row block's first tile runs rounds before most of its
-      others (the whole first column runs first), so with one block per SM it cannot deadlock and seldom waits.
-      Needs an a_observe; cooperative schedule, no cluster, no stream-K, epilogue_store "end". In interpret mode
-      (no semaphores) every tile takes the a_observe itself.
+      output ``name``, and a global count per row block and warpgroup raised by the number of the other tiles.
+      Those poll it with one load a few steps before their K loop ends (``MosaicGemmConfig.shared_rows_wait``,
+      under a wgmma), take their one off (a reduction, no compare-and-swap: that loop cost 1-2% of each tile) and
+      load the vector back; the counts end each call at zero. Every tile's epilogue receives the row vector as its
+      carry. No tile waits for one that waits, and a row block's first tile runs before its others (the whole
+      first column runs first), so with one block per SM it cannot deadlock and seldom waits. Needs an a_observe;
+      cooperative schedule, no cluster, no stream-K, epilogue_store "end". In interpret mode (no semaphores)
+      every tile takes the a_observe itself.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a

@@ -247,6 +247,13 @@ class MosaicRMSNormMatmulConfig:
       row at once into a (rows,) carry (two registers per thread against 32 at 64x64 blocks, for a few shuffles
       per step): slower on the H100, the shuffles cost more than the registers (forward 1424.9 against 1410.8 µs at
       32768x4096x4096; 6-7% beside gamma_on "a": rmsnorm_matmul_configs_mma_rows-h100-d0df74c.json).
+      "mma_shared": as "mma", but only the first tile of each row block sums the squares; the others get its r
+      through HBM (``gemm.Fusion.share_rows``: the forward's whole first column runs first, then the other tiles,
+      each polling the row block's count a few steps before its K loop ends). Whole cooperative tiles (no stream-K,
+      cluster or ping-pong, epilogue_store "end"). Beside gamma_on "a" the forward is one kernel reading x and w
+      once, no XLA pass at all. Measured on the H100 (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json,
+      forward µs, the tuned entry → gamma_on "a" with "mma_shared"): 1462.3 → 1453.2 at 32768x4096x4096, 621.4 →
+      620.9 at 4096x4096x14336, 548.3 → 533.8 at 8192x4096x6144 (NOTES.md, 2026-11-28, twenty-third session).
     gamma_on: where gamma goes. "w": the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w, shared
       with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
@@ -458,12 +465,15 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
         fwd.append(dataclasses.replace(base, stats_in_kernel=True, gamma_on=None))
     mma = dataclasses.replace(base, forward=pick_config(M, N, K, _MMA_STATS_FORWARD), stats_in_kernel="mma",
                               gamma_on=None)  # r from the MMA warpgroups
-    fwd += [mma, dataclasses.replace(mma, forward=dataclasses.replace(mma.forward, stream_k=4))]
+    fwd += [mma, dataclasses.replace(mma, forward=dataclasses.replace(mma.forward, stream_k=4)),
+            dataclasses.replace(mma, stats_in_kernel="mma_shared")]  # r from each row block's first tile
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
         fwd += [dataclasses.replace(base, gamma_on=side) for side in ("w", "x")]
         # gamma in the MMA warpgroups' registers (gemm.Fusion.a_operand), r from XLA: stacked tiles, one group in flight
-        fwd.append(dataclasses.replace(base, gamma_on="a", forward=dataclasses.replace(
-            pick_config(M, N, K, _MMA_STATS_FORWARD), grid_minor="m")))
+        gamma_a = dataclasses.replace(base, gamma_on="a", forward=dataclasses.replace(
+            pick_config(M, N, K, _MMA_STATS_FORWARD), grid_minor="m"))
+        # and r from each row block's first tile only (gemm.Fusion.share_rows): one kernel, no XLA pass
+        fwd += [gamma_a, dataclasses.replace(gamma_a, stats_in_kernel="mma_shared")]
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
                    dict(pipeline="pallas_steady", semantics="warpgroup")]
     if not residual:  # beside the x tile (and no dh tile): 3 stages of 128x256 blocks, 5 of ping-pong 128x128

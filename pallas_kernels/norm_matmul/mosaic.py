@@ -11,7 +11,9 @@ warpgroup between its loads, with the forward config's ``prologue_in="memory"``:
 the MMA warpgroups themselves, each loading its rows of the x block into registers right after issuing the step's wgmma
 (``Fusion.a_observe``) and adding their squares elementwise, reduced across the row once per tile in the epilogue (one
 wgmma group in flight hides it: the 32768x4096x4096 default); "mma_rows" reduces each step's squares per row at once
-instead (an option: slower on the H100). The normalized activations never exist. With ``gamma_on="x"`` (bfloat16, r from
+instead (an option: slower on the H100); "mma_shared" has only each row block's first tile sum them and pass r to the
+row block's other tiles through HBM and a global semaphore (``Fusion.share_rows``). The normalized activations never
+exist. With ``gamma_on="x"`` (bfloat16, r from
 XLA) gamma goes to the A side instead: the XLA fusion computing r (which reads x anyway) also writes x ⊙ gamma, MK more
 bytes where w_γ costs 2KN (fewer where M < 2N, and so the default there: ``config.gamma_side``); B = w, and dx applies
 gamma on its columns; still no normalized tensor (r stays in the epilogue). With ``gamma_on="a"`` (bfloat16) no tensor
