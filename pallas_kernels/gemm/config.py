@@ -94,7 +94,7 @@ class MosaicGemmConfig:
         does not compute the shared row vector waits for it and loads it: right after issuing that step's wgmma,
         so the poll's and the load's round trips to L2 run beside the wgmma in flight (0: after the K loop). On
         the H100 (rmsnorm_matmul forward) 4 and 8 measured within 0.2% of each other
-        (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json), and 0, 4 and 8 within 0.7% with an earlier
+        (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json), and 0, 4 and 8 within 1% with an earlier
         compare-and-swap wait (..._mma_shared_wait-h100-37feb47.json).
     The defaults are the H100 measurements' winners (module docstring).
     """
