@@ -458,7 +458,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                     if others and not mu.interpreting():
                         plgpu.semaphore_signal(row_semaphores.at[ctx.m_idx * 2 + wg], others,
-                                               memory_scope="gpu")  # release: the stores above come first
+                                               memory_scope="gpu")  # after a warpgroup barrier: a release
+                        # by one lane that orders every lane's stores above before it
                     return rows
 
                 if mu.interpreting() or not others:
