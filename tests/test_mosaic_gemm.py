@@ -763,7 +763,6 @@ def _doubled_a(M: int, K: int) -> Fusion:
 
 @pytest.mark.parametrize("fusion_changes, transpose_a, match", [
     ({}, True, "a fusion with an a_copy runs it in the MMA warpgroups .* got pipeline='own', transpose_a=True"),
-    (dict(a_observe=lambda ctx, a, carry: carry), False, "takes an a_observe or an a_copy, not both"),
     (dict(outputs=(("a2", S((256, 512), jnp.bfloat16)),)), False,
      r"a_copy='a2' must name an output of A's shape \(256, 256\) and a 16-bit dtype, got \(\(256, 512\)"),
     (dict(outputs=()), False, "a_copy='a2' must name an output .* got None")])
@@ -894,9 +893,9 @@ def _shared_row_scale(config, M: int, K: int) -> Fusion:
     with its others, whose epilogue scales the rows by rsqrt(mean(a²)): a wrong or stale row vector shows."""
     sums = _row_sums_of_squares(config, M)
     return dataclasses.replace(sums, carry_shapes=None, share_rows=("sumsq", lambda ctx, c: jnp.sum(c, axis=1)),
-                               epilogue=lambda ctx, acc, sumsq: (
-                                   acc * jax.lax.broadcast_in_dim(jax.lax.rsqrt(sumsq * (1.0 / K)), acc.shape, [0]),
-                                   {}))
+                               epilogue=lambda ctx, acc, shared: (
+                                   acc * jax.lax.broadcast_in_dim(jax.lax.rsqrt(shared[0] * (1.0 / K)), acc.shape,
+                                                                  [0]), {}))
 
 
 @pytest.mark.parametrize("config_changes, fusion_changes, match", [

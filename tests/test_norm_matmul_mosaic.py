@@ -202,6 +202,40 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
     assert Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="w").gamma_side(4096, 128256, jnp.bfloat16) == "w"
 
 
+@pytest.mark.parametrize("changes, match", [
+    (dict(row_dot="k"), "row_dot_in_dx: must be a bool, True only with row_dot='n' .* row_dot='k'"),
+    (dict(row_dot=None), "True only with row_dot='n'"),
+    (dict(dx=MosaicGemmConfig(stream_k=4)), "row_dot_in_dx: the dx kernel's first tile of each row block passes the "
+                                            "row dot to its others; .* stream_k=4"),
+    (dict(dx=MosaicGemmConfig(schedule="pingpong")), "schedule='pingpong'")])
+def test_the_row_dot_from_the_dx_kernel_needs_the_n_side_and_whole_cooperative_tiles(changes, match):
+    tiles = MosaicGemmConfig()
+    with pytest.raises(ValueError, match=match):
+        Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="n", row_dot_in_dx=True), **changes))
+    assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n", row_dot_in_dx=True).to_dict()["row_dot_in_dx"]
+
+
+@cpu_only
+def test_the_row_dot_from_the_dx_kernel_leaves_no_xla_pass_over_dy():
+    """row_dot_in_dx in the CUDA lowering: no XLA reduction over an (M, N) tensor (M, K, N distinct here); the dx
+    kernel takes y as an input and lowers within shared memory."""
+    M, K, N = 1024, 2048, 4096
+    base = nm_config.mosaic_default_config(M, K, N)
+    config = dataclasses.replace(base, row_dot="n", row_dot_in_dx=True, dw_in_xla=False)
+    fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
+    with backends.lowering_for_gpu():
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        kernels = mosaic_ir.lower_kernels(fn, *args)
+    assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", "rmsnorm_matmul_dw"]
+    assert all(k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES for k in kernels)
+    assert not [line for line in program.splitlines() if "stablehlo.reduce" in line and f"tensor<{M}x{N}x" in line]
+    without = dataclasses.replace(config, row_dot_in_dx=False)
+    fn, args = _fwd_bwd(M, K, N, residual=False, config=without)
+    with backends.lowering_for_gpu():
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert [line for line in program.splitlines() if "stablehlo.reduce" in line and f"tensor<{M}x{N}x" in line]
+
+
 @pytest.mark.parametrize("fields", [dict(stream_k=4), dict(epilogue_store="next_tile"),
                                     dict(schedule="pingpong", tile_m=128, tile_n=128), dict(cluster="m")])
 def test_r_shared_from_each_row_blocks_first_tile_needs_whole_cooperative_tiles(fields):
@@ -440,6 +474,22 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
+@gpu_only
+@pytest.mark.parametrize("M, K, N, dtype, variant", [
+    (4096, 4096, 4096, jnp.bfloat16, False), (2048, 1024, 4096, jnp.float16, False),
+    (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared"),  # 256 row blocks, r shared in the forward too
+    (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a")])  # 224 steps of dy · y per first tile
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, residual):
+    """Σ_N(dy · y) summed by the dx kernel's first tile of each row block and shared with the others
+    (``row_dot_in_dx``): gradients against the float32 reference, two calls (the counts end each at zero)."""
+    config = _numbers_config(M, K, N, dtype, residual, variant, "n")
+    config = dataclasses.replace(config, row_dot_in_dx=True, dx=dataclasses.replace(config.dx, stream_k=0))
+    x, g, w, res = inputs(M, K, N, dtype, residual=residual)
+    for _ in range(2):
+        _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
+
+
 def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     """The default config of a shape with the forward's variant: False / True / "mma" (where r comes from, gamma
     on w), "gamma_on_x", "gamma_on_a" (r from XLA) or "gamma_on_a_mma" (gamma and r in the MMA warpgroups'
@@ -571,7 +621,9 @@ def test_nan_never_passes():
     (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr"),
     (jnp.bfloat16, False, "gamma_on_a", False, "n"), (jnp.bfloat16, True, "gamma_on_a_mma", False, "k"),
     (jnp.float16, True, "mma_rows", False, "k"), (jnp.bfloat16, False, "gamma_on_a_mma_rows", False, "n"),
-    (jnp.bfloat16, True, "mma_shared", False, "n"), (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "k")])
+    (jnp.bfloat16, True, "mma_shared", False, "n"), (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "k"),
+    (jnp.bfloat16, True, "gamma_on_x", False, "n_dx"), (jnp.float16, False, False, False, "n_dyr_dx"),
+    (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
@@ -580,15 +632,15 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     x blocks loaded again after each wgmma's issue); "mma_rows": those squares summed per row at each step;
     "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
     every tile sums its own); "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the
-    residual)."""
+    residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
         or gamma_on == "a" else tiles
-    dyr_in_dx = row_dot == "n_dyr"
+    dyr_in_dx = row_dot.startswith("n_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
-                    gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx)
+                    gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx, row_dot_in_dx=row_dot.endswith("_dx"))
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

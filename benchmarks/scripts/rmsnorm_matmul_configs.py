@@ -132,6 +132,13 @@ VARIANTS = {
     **{f"{name}_w{lag}": dict(VARIANTS_SHARED[name], forward=dict(VARIANTS_SHARED[name]["forward"],
                                                                     shared_rows_wait=lag))
        for name in ("mma_shared", "gamma_a_mma_shared") for lag in (0, 2, 8)},
+    # Σ_N(dy · y) from the dx kernel's first tile of each row block (row_dot_in_dx: y's blocks loaded from HBM by
+    # its MMA warpgroups, the row dot shared like r above): no XLA pass over dy and y; whole dx tiles (and the same
+    # dx tiles without stream-K for comparison), alone or with the forward's shared r
+    "dx_whole": dict(dx=dict(stream_k=0)),
+    "row_dot_in_dx": dict(row_dot="n", row_dot_in_dx=True, dx=dict(stream_k=0)),
+    "gamma_a_mma_shared_row_dot_in_dx": dict(VARIANTS_SHARED["gamma_a_mma_shared"], row_dot="n", row_dot_in_dx=True,
+                                             dx=dict(stream_k=0)),
 }
 
 

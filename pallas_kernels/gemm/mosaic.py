@@ -149,10 +149,11 @@ class Fusion:
       adds them to its own before the epilogue. None: the carry needs whole tiles (no stream-K).
     a_copy: (name, fn): the MMA warpgroups also write each A block, transformed, into the output ``name`` (an
       (M, K) 16-bit array of ``outputs``): fn(ctx, a, carry) -> the block's values, a as for a_observe, carry
-      ``prologue_init``'s (ctx.step the step). Each block is written once, by the accumulators whose column block is
-      the step modulo the column blocks (N / tile_n; ``_Shape.copy_step``), right after issuing its wgmma, through
-      a per-warpgroup SMEM buffer and one TMA copy: e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy
-      blocks, sparing the XLA pass that writes it. Pipeline "own", A read as stored, no prologue_step or a_observe.
+      ``prologue_init``'s (ctx.step the step; with an a_observe too, its carry after this step's). Each block is
+      written once, by the accumulators whose column block is the step modulo the column blocks (N / tile_n;
+      ``_Shape.copy_step``), right after issuing its wgmma, through a per-warpgroup SMEM buffer and one TMA copy:
+      e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy blocks, sparing the XLA pass that writes it.
+      Pipeline "own", A read as stored, no prologue_step.
     a_operand(ctx, a, vectors, carry) -> (a, carry): run per K step by each MMA warpgroup before the step's wgmma,
       on its rows of the A block loaded into registers (as for a_observe, in A's dtype); the array it returns (same
       shape and dtype) is the wgmma's A operand, read from registers. ``vectors``: the step's tile_k slice of each
@@ -169,8 +170,8 @@ class Fusion:
       output ``name``, and a global count per row block and warpgroup raised by the number of the other tiles.
       Those poll it with one load a few steps before their K loop ends (``MosaicGemmConfig.shared_rows_wait``,
       under a wgmma), take their one off (a reduction, no compare-and-swap: that loop cost 1-2% of each tile) and
-      load the vector back; the counts end each call at zero. Every tile's epilogue receives the row vector as its
-      carry. No tile waits for one that waits, and a row block's first tile runs before its others (the whole
+      load the vector back; the counts end each call at zero. Every tile's epilogue receives (the row vector, the
+      carry) as its carry (the other tiles' carry as prologue_init and any a_operand left it). No tile waits for one that waits, and a row block's first tile runs before its others (the whole
       first column runs first), so with one block per SM it cannot deadlock and seldom waits. Needs an a_observe;
       cooperative schedule, no cluster, no stream-K, epilogue_store "end". In interpret mode (no semaphores)
       every tile takes the a_observe itself.
@@ -242,9 +243,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"prologue_step={'set' if fusion.prologue_step else None}")
     if fusion.a_copy is not None:
         copied = dict(fusion.outputs).get(fusion.a_copy[0])
-        if fusion.a_observe is not None:
-            raise ValueError(f"{name}: a fusion takes an a_observe or an a_copy, not both (both run on the A block "
-                             "in registers, with different carries)")
         if copied is None or copied.shape != (M, K) or jnp.dtype(copied.dtype).itemsize != 2:
             raise ValueError(f"{name}: a_copy={fusion.a_copy[0]!r} must name an output of A's shape ({M}, {K}) and a "
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")

@@ -442,8 +442,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 of them); those skip the a_observe and wait for that signal and load the row vector
                 ``MosaicGemmConfig.shared_rows_wait`` steps before the loop's end, under a wgmma (0: after the
                 loop). One K loop for both kinds of tile, the difference in branches without a wgmma: a K loop
-                inside a branch made ptxas serialize the wgmma. Returns the row vector (the epilogue's carry). In
-                interpret mode every tile computes it itself."""
+                inside a branch made ptxas serialize the wgmma. Returns (the row vector, the hook's carry): the
+                epilogue's carry. In interpret mode every tile computes it itself."""
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
@@ -463,7 +463,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     return rows
 
                 if mu.interpreting() or not others:
-                    return produce(k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry))
+                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry)
+                    return produce(carry), carry
 
                 def fetch():
                     # One load polls for the signal (a decrementing wait compares-and-swaps, two round trips to L2
@@ -477,12 +478,12 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 first = ctx.n_idx == 0
                 if not cfg.shared_rows_wait:
                     carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first)
-                    return lax.cond(first, produce, lambda c: fetch(), carry)
+                    return lax.cond(first, produce, lambda c: fetch(), carry), carry
                 zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
                 at = max(0, k_iters - cfg.shared_rows_wait)
                 carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first,
                                      fetch_at=(at, jnp.logical_not(first), fetch, zeros))
-                return lax.cond(first, lambda c, r: produce(c), lambda c, r: r, carry, rows)
+                return lax.cond(first, lambda c, r: produce(c), lambda c, r: r, carry, rows), carry
 
             def mma_tile(lin, local, pending=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),

@@ -283,6 +283,11 @@ class MosaicRMSNormMatmulConfig:
       H100 (rmsnorm_matmul_configs_dyr_in_dx-h100-b8ddd9f.json, fwd+bwd µs, False → True, the tuned dx tiles):
       4473.1 → 4442.9 at 32768x4096x4096 (XLA's pass 260.1 → 172.9, the dx kernel 1419.6 → 1472.8),
       1970.8 → 1962.5 at 4096x4096x14336, 1710.6 → 1699.8 at 8192x4096x6144.
+    row_dot_in_dx: (row_dot "n") True: Σ_N(dy · y) comes from the dx kernel instead of an XLA pass over dy and y
+      (4MN bytes): the first tile of each row block sums dy · y over its K loop (over N), dy from its A blocks and
+      y's blocks loaded from HBM by its MMA warpgroups, and passes the row dot to the row block's other tiles
+      through HBM (``gemm.Fusion.share_rows``, as "mma_shared" does r in the forward). The dx config takes whole
+      cooperative tiles (no stream-K). Not measured yet on a GPU (NOTES.md, 2026-11-28, twenty-third session).
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
@@ -291,9 +296,10 @@ class MosaicRMSNormMatmulConfig:
     and one group in flight) and spare the 88 µs reduction; but w_γ's pass (gamma cannot go on x: the kernel would
     square x ⊙ gamma) made it lose where the default takes gamma on x: 702.8 (629.6) at 4096x4096x14336, 564.2
     (560.7) at 8192x4096x6144, 320.1 (258.2) at 4096x2048x11008. Waiting for each wgmma instead (delay_release 0)
-    it took 1624.4. Both in-kernel forms stay options (sweep candidates). The backward's row statistics always come
-    from one XLA fusion: computing them in the dx kernel made forward + backward 1.48x slower with a fourth
-    warpgroup (7654 vs 5177 µs at 32768x4096x4096) and 1.54x with the MMA warpgroups (NOTES.md).
+    it took 1624.4. Both in-kernel forms stay options (sweep candidates). The backward's row statistics come
+    from one XLA fusion by default: computing them in every dx tile made forward + backward 1.48x slower with a
+    fourth warpgroup (7654 vs 5177 µs at 32768x4096x4096) and 1.54x with the MMA warpgroups (NOTES.md, in the
+    first sessions); ``row_dot_in_dx`` computes them in one tile per row block.
     """
 
     forward: MosaicGemmConfig
@@ -304,6 +310,7 @@ class MosaicRMSNormMatmulConfig:
     gamma_on: str | None = None
     row_dot: str | None = None
     dyr_in_dx: bool | None = None
+    row_dot_in_dx: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -344,6 +351,17 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool, True only with "
                              f"row_dot='n' (with 'k' the dx kernel reads dyr as its A operand); got "
                              f"dyr_in_dx={self.dyr_in_dx!r}, row_dot={self.row_dot!r}")
+        if not isinstance(self.row_dot_in_dx, bool) or (self.row_dot_in_dx and self.row_dot_side() != "n"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be a bool, True only with row_dot='n' "
+                             f"(the dx kernel sums dy · y over N); got row_dot_in_dx={self.row_dot_in_dx!r}, "
+                             f"row_dot={self.row_dot!r}")
+        dx = self.dx
+        if self.row_dot_in_dx and (dx.pipeline != "own" or dx.pingpong or dx.cluster != "none" or dx.stream_k):
+            raise ValueError("MosaicRMSNormMatmulConfig.row_dot_in_dx: the dx kernel's first tile of each row block "
+                             "passes the row dot to its others; the dx config needs pipeline='own', "
+                             "schedule='cooperative', cluster='none' and stream_k=0; got "
+                             f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, cluster={dx.cluster!r}, "
+                             f"stream_k={dx.stream_k}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         fwd = self.forward
@@ -357,7 +375,7 @@ class MosaicRMSNormMatmulConfig:
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
-                    row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx)
+                    row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with
@@ -485,5 +503,8 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     bwd += [dataclasses.replace(base, dw_in_xla=True), dataclasses.replace(base, dw_in_xla=False)]
     bwd += [dataclasses.replace(base, row_dot=side) for side in ("n", "k")]
     bwd.append(dataclasses.replace(base, row_dot="n", dyr_in_dx=False))  # None: dyr from the dx kernel where it fits
+    if not base.dx.pingpong and base.dx.cluster == "none":  # the row dot from the dx kernel's first tiles
+        bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx=True,
+                                       dx=dataclasses.replace(base.dx, stream_k=0)))
     return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None],
             [c.to_dict() for c in bwd if c.unsupported_reason(M, K, N) is None])

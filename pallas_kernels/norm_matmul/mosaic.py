@@ -62,6 +62,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
@@ -194,7 +195,7 @@ def _mma_stats(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kerne
         hooks = dict(prologue_init=_squares_zero, a_observe=_add_squares, carry_shapes=((cfg.wg_rows, cfg.tile_k),))
     if stats_in_kernel == "mma_shared":
         return dict(hooks, share_rows=("rstd", lambda ctx, sum_sq: _rstd_from_squares(sum_sq, K, eps)),
-                    epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
+                    epilogue=lambda ctx, acc, shared: (acc * _bcast_rows(shared[0], acc.shape), {}))
     return dict(hooks, epilogue=_scale_by_rstd(K, eps))
 
 
@@ -262,15 +263,22 @@ def _forward(x, residual, gamma, w, static: _Static):
 # ---------------------------------------------------------------------------------------------------------------
 # Backward
 # ---------------------------------------------------------------------------------------------------------------
-def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct | None = None) -> Fusion:
+def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct | None = None,
+               row_dot_in_kernel: bool = False) -> Fusion:
     """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K, Σ_N(dy · y) coming in (M,) ("row_dot"); dx
     is written into the prefetched x tile's buffer and stored from there. ``gamma_cols``: the GEMM reads w itself,
     dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) float32 coming in ("gamma") over the output's columns. ``dyr``
     (M, N): also write dyr = (r / s) ⊙ dy from the dy blocks (``Fusion.a_copy``), r / s coming in (M,)
-    ("dyr_scale")."""
+    ("dyr_scale"). ``row_dot_in_kernel``: Σ_N(dy · y) summed by the first tile of each row block instead, from its
+    dy blocks (A, after each wgmma's issue) and y's ("y" (M, N) coming in, each block loaded from HBM), and shared
+    with the row block's other tiles (``Fusion.share_rows``; also an output, "row_dot" (M,) float32)."""
 
     def epilogue(ctx, acc, carry):
-        row_dot, rstd = carry[:2]
+        if row_dot_in_kernel:  # (the shared row dot, the carry)
+            row_dot, carry = carry
+        else:
+            row_dot = carry[0]
+        rstd = carry[1]
         coef = rstd * rstd * row_dot * (1.0 / K)  # r² · c
         if gamma_cols:
             acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
@@ -284,11 +292,27 @@ def _dx_fusion(K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct
         return dy.astype(_F32) * _bcast_rows(carry[2], dy.shape)
 
     rows = ("row_dot", "rstd") + (("dyr_scale",) if dyr is not None else ())  # the carry
+    outputs = (("dyr", dyr),) if dyr is not None else ()
+    if not row_dot_in_kernel:
+        return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
+                      inputs=("rstd", "row_dot", *(("gamma",) if gamma_cols else ()), *rows[2:]),
+                      outputs=outputs, a_copy=("dyr", scaled_dy) if dyr is not None else None,
+                      prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
+
+    def init(ctx):  # the row dot's sums (rows,) float32 in place of the row dot, then r and r / s
+        return (_rows_zero(ctx.config.tile_m), *(ctx.load_rows(n) for n in rows[1:]))
+
+    def add_row_dot(ctx, dy, carry):  # this step's Σ dy · y per row, y's block loaded from HBM
+        cfg = ctx.config
+        y = mu.load(ctx.refs["y"].at[ctx.rows, pl.ds(ctx.step * cfg.tile_k, cfg.tile_k)], layout=mu.TILE,
+                    optimized=False)
+        return (carry[0] + jnp.sum(dy.astype(_F32) * y.astype(_F32), axis=1), *carry[1:])
+
     return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
-                  inputs=("rstd", "row_dot", *(("gamma",) if gamma_cols else ()), *rows[2:]),
-                  outputs=(("dyr", dyr),) if dyr is not None else (),
-                  a_copy=("dyr", scaled_dy) if dyr is not None else None,
-                  prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
+                  inputs=("rstd", "y", *(("gamma",) if gamma_cols else ()), *rows[2:]),
+                  outputs=(*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32))),
+                  a_copy=("dyr", scaled_dy) if dyr is not None else None, prologue_init=init,
+                  a_observe=add_row_dot, share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool) -> Fusion:
@@ -344,22 +368,30 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
         u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                         fusion=_dx_partial_fusion(M, K, cfg.dx, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
         dx = _dx_from_parts(u, parts, xn, rstd, scale, dh)
-    else:  # one XLA fusion reads dy and y: Σ_N(dy · y) (and dyr); the dx kernel's epilogue finishes dx
+    else:  # Σ_N(dy · y) from one XLA fusion over dy and y (which may write dyr too), or from the dx kernel's
+        # first tile of each row block (``row_dot_in_dx``); the dx kernel's epilogue finishes dx
         dy32 = dy.astype(dtype).astype(_F32)
-        arrays = dict(x=xn, rstd=rstd, row_dot=jnp.sum(dy32 * y.astype(_F32), axis=1))
+        in_kernel = cfg.row_dot_in_dx
+        arrays = dict(x=xn, rstd=rstd)
+        if in_kernel:
+            arrays["y"] = y.astype(dtype)
+        else:
+            arrays["row_dot"] = jnp.sum(dy32 * y.astype(_F32), axis=1)
         if dh is not None:
             arrays["dh"] = dh.astype(dtype)
         if on_x:
             arrays["gamma"] = gamma.astype(_F32)
         if cfg.dyr_by_dx(dtype, dh is not None):  # the dx kernel writes dyr from its dy blocks
             arrays["dyr_scale"] = rstd / scale
-            dx, dyr = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                           fusion=_dx_fusion(K, dh is not None, on_x, jax.ShapeDtypeStruct((M, N), dtype)),
-                           arrays=arrays, name="rmsnorm_matmul_dx")
+            dx, dyr, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                               fusion=_dx_fusion(M, K, dh is not None, on_x, jax.ShapeDtypeStruct((M, N), dtype),
+                                                 row_dot_in_kernel=in_kernel),
+                               arrays=arrays, name="rmsnorm_matmul_dx")
         else:
             dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
-            (dx,) = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                         fusion=_dx_fusion(K, dh is not None, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
+            dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                          fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel), arrays=arrays,
+                          name="rmsnorm_matmul_dx")
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
         dw = (g * (gamma.astype(_F32) * scale)[:, None]).astype(w.dtype)
