@@ -27,7 +27,9 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               A = dy, B = w_γ read transposed (no copy); the epilogue reads the x tile prefetched by TMA at the
               start of each output tile and writes dx in place of it. c and dyr = (r / s) ⊙ dy (s = 1, or
               max r for float16) come from one XLA fusion over dy and y (with ``dyr_in_dx``, dyr from the dx
-              kernel instead: its MMA warpgroups scale and store their rows of the dy blocks, ``Fusion.a_copy``).
+              kernel instead: its MMA warpgroups scale and store their rows of the dy blocks, ``Fusion.a_copy``;
+              with ``row_dot_in_dx``, c from the dx kernel's first tile of each row block, which sums dy · y with
+              y's blocks loaded from HBM and shares it, ``Fusion.share_rows``: no XLA pass left).
   dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
               epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K)).
               Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and XLA fusions the rest.
