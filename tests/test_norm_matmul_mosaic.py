@@ -203,8 +203,10 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
 
 
 @pytest.mark.parametrize("changes, match", [
-    (dict(row_dot="k"), "row_dot_in_dx: must be a bool, True only with row_dot='n' .* row_dot='k'"),
-    (dict(row_dot=None), "True only with row_dot='n'"),
+    (dict(row_dot="k"), "row_dot_in_dx: must be False, True or 'prefetch', not False only with row_dot='n' .* "
+                        "row_dot='k'"),
+    (dict(row_dot_in_dx="always"), "must be False, True or 'prefetch'"),
+    (dict(row_dot=None), "not False only with row_dot='n'"),
     (dict(dx=MosaicGemmConfig(stream_k=4)), "row_dot_in_dx: the dx kernel's first tile of each row block passes the "
                                             "row dot to its others; .* stream_k=4"),
     (dict(dx=MosaicGemmConfig(schedule="pingpong")), "schedule='pingpong'")])
@@ -480,11 +482,12 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
     (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared"),  # 256 row blocks, r shared in the forward too
     (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a")])  # 224 steps of dy · y per first tile
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, residual):
+@pytest.mark.parametrize("in_dx", [True, "prefetch"])
+def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, residual, in_dx):
     """Σ_N(dy · y) summed by the dx kernel's first tile of each row block and shared with the others
     (``row_dot_in_dx``): gradients against the float32 reference, two calls (the counts end each at zero)."""
     config = _numbers_config(M, K, N, dtype, residual, variant, "n")
-    config = dataclasses.replace(config, row_dot_in_dx=True, dx=dataclasses.replace(config.dx, stream_k=0))
+    config = dataclasses.replace(config, row_dot_in_dx=in_dx, dx=dataclasses.replace(config.dx, stream_k=0))
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
@@ -623,7 +626,8 @@ def test_nan_never_passes():
     (jnp.float16, True, "mma_rows", False, "k"), (jnp.bfloat16, False, "gamma_on_a_mma_rows", False, "n"),
     (jnp.bfloat16, True, "mma_shared", False, "n"), (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "k"),
     (jnp.bfloat16, True, "gamma_on_x", False, "n_dx"), (jnp.float16, False, False, False, "n_dyr_dx"),
-    (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx")])
+    (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
+    (jnp.bfloat16, True, False, False, "n_dx_prefetch")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
@@ -632,7 +636,8 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     x blocks loaded again after each wgmma's issue); "mma_rows": those squares summed per row at each step;
     "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
     every tile sums its own); "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the
-    residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too)."""
+    residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
+    "n_dx_prefetch" each y block loaded a step ahead)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
@@ -640,7 +645,8 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     dyr_in_dx = row_dot.startswith("n_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
-                    gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx, row_dot_in_dx=row_dot.endswith("_dx"))
+                    gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx,
+                    row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else row_dot.endswith("_dx"))
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

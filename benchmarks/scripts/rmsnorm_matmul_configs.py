@@ -137,6 +137,7 @@ VARIANTS = {
     # dx tiles without stream-K for comparison), alone or with the forward's shared r
     "dx_whole": dict(dx=dict(stream_k=0)),
     "row_dot_in_dx": dict(row_dot="n", row_dot_in_dx=True, dx=dict(stream_k=0)),
+    "row_dot_in_dx_prefetch": dict(row_dot="n", row_dot_in_dx="prefetch", dx=dict(stream_k=0)),  # y a step ahead
     "gamma_a_mma_shared_row_dot_in_dx": dict(VARIANTS_SHARED["gamma_a_mma_shared"], row_dot="n", row_dot_in_dx=True,
                                              dx=dict(stream_k=0)),
 }

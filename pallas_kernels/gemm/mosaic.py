@@ -171,10 +171,11 @@ class Fusion:
       Those poll it with one load a few steps before their K loop ends (``MosaicGemmConfig.shared_rows_wait``,
       under a wgmma), take their one off (a reduction, no compare-and-swap: that loop cost 1-2% of each tile) and
       load the vector back; the counts end each call at zero. Every tile's epilogue receives (the row vector, the
-      carry) as its carry (the other tiles' carry as prologue_init and any a_operand left it). No tile waits for one that waits, and a row block's first tile runs before its others (the whole
-      first column runs first), so with one block per SM it cannot deadlock and seldom waits. Needs an a_observe;
-      cooperative schedule, no cluster, no stream-K, epilogue_store "end". In interpret mode (no semaphores)
-      every tile takes the a_observe itself.
+      carry) as its carry (the other tiles' carry as prologue_init and any a_operand left it). No tile waits for
+      one that waits, and a row block's first tile runs before its others (the whole first column runs first), so
+      with one block per SM it cannot deadlock and seldom waits. Needs an a_observe; cooperative schedule, no
+      cluster, no stream-K, epilogue_store "end". In interpret mode (no semaphores) every tile takes the a_observe
+      itself.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -264,8 +265,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"schedule={config.schedule!r}, cluster={config.cluster!r}, "
                              f"stream_k={config.stream_k}, epilogue_store={config.epilogue_store!r}")
         if shared is None or shared.shape != (M,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):
+            seen = "no such output" if shared is None else f"shape {shared.shape}, dtype {jnp.dtype(shared.dtype)}"
             raise ValueError(f"{name}: share_rows={fusion.share_rows[0]!r} must name an ({M},) float32 output, got "
-                             f"{'no such output' if shared is None else f'shape {shared.shape}, dtype {jnp.dtype(shared.dtype)}'}")
+                             f"{seen}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:

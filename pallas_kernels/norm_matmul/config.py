@@ -286,7 +286,8 @@ class MosaicRMSNormMatmulConfig:
     row_dot_in_dx: (row_dot "n") True: Σ_N(dy · y) comes from the dx kernel instead of an XLA pass over dy and y
       (4MN bytes): the first tile of each row block sums dy · y over its K loop (over N), dy from its A blocks and
       y's blocks loaded from HBM by its MMA warpgroups, and passes the row dot to the row block's other tiles
-      through HBM (``gemm.Fusion.share_rows``, as "mma_shared" does r in the forward). The dx config takes whole
+      through HBM (``gemm.Fusion.share_rows``, as "mma_shared" does r in the forward). "prefetch": each step loads
+      the next step's y block (one block of registers more in every tile's carry). The dx config takes whole
       cooperative tiles (no stream-K). Not measured yet on a GPU (NOTES.md, 2026-11-28, twenty-third session).
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
@@ -310,7 +311,7 @@ class MosaicRMSNormMatmulConfig:
     gamma_on: str | None = None
     row_dot: str | None = None
     dyr_in_dx: bool | None = None
-    row_dot_in_dx: bool = False
+    row_dot_in_dx: bool | str = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -351,8 +352,10 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool, True only with "
                              f"row_dot='n' (with 'k' the dx kernel reads dyr as its A operand); got "
                              f"dyr_in_dx={self.dyr_in_dx!r}, row_dot={self.row_dot!r}")
-        if not isinstance(self.row_dot_in_dx, bool) or (self.row_dot_in_dx and self.row_dot_side() != "n"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be a bool, True only with row_dot='n' "
+        in_dx = self.row_dot_in_dx
+        if in_dx not in (False, True, "prefetch") or (in_dx and self.row_dot_side() != "n"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True or 'prefetch', not False "
+                             f"only with row_dot='n' "
                              f"(the dx kernel sums dy · y over N); got row_dot_in_dx={self.row_dot_in_dx!r}, "
                              f"row_dot={self.row_dot!r}")
         dx = self.dx

@@ -266,14 +266,15 @@ def _forward(x, residual, gamma, w, static: _Static):
 # Backward
 # ---------------------------------------------------------------------------------------------------------------
 def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct | None = None,
-               row_dot_in_kernel: bool = False) -> Fusion:
+               row_dot_in_kernel: bool | str = False) -> Fusion:
     """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K, Σ_N(dy · y) coming in (M,) ("row_dot"); dx
     is written into the prefetched x tile's buffer and stored from there. ``gamma_cols``: the GEMM reads w itself,
     dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) float32 coming in ("gamma") over the output's columns. ``dyr``
     (M, N): also write dyr = (r / s) ⊙ dy from the dy blocks (``Fusion.a_copy``), r / s coming in (M,)
     ("dyr_scale"). ``row_dot_in_kernel``: Σ_N(dy · y) summed by the first tile of each row block instead, from its
     dy blocks (A, after each wgmma's issue) and y's ("y" (M, N) coming in, each block loaded from HBM), and shared
-    with the row block's other tiles (``Fusion.share_rows``; also an output, "row_dot" (M,) float32)."""
+    with the row block's other tiles (``Fusion.share_rows``; also an output, "row_dot" (M,) float32); "prefetch":
+    each step loads the next step's y block into the carry (its load's latency under a step's wgmma)."""
 
     def epilogue(ctx, acc, carry):
         if row_dot_in_kernel:  # (the shared row dot, the carry)
@@ -301,14 +302,26 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                       outputs=outputs, a_copy=("dyr", scaled_dy) if dyr is not None else None,
                       prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
-    def init(ctx):  # the row dot's sums (rows,) float32 in place of the row dot, then r and r / s
-        return (_rows_zero(ctx.config.tile_m), *(ctx.load_rows(n) for n in rows[1:]))
+    prefetch = row_dot_in_kernel == "prefetch"
+
+    def init(ctx):  # the row dot's sums (rows,) float32 in place of the row dot, then r and r / s (and y's next)
+        cfg = ctx.config
+        y_dtype = ctx.refs["y"].dtype
+        ahead = (mu.layout_cast(jnp.zeros((cfg.tile_m, cfg.tile_k), y_dtype), mu.TILE),) if prefetch else ()
+        return (_rows_zero(cfg.tile_m), *(ctx.load_rows(n) for n in rows[1:]), *ahead)
+
+    def y_block(ctx, step):
+        k = ctx.config.tile_k
+        return mu.load(ctx.refs["y"].at[ctx.rows, pl.ds(step * k, k)], layout=mu.TILE, optimized=False)
 
     def add_row_dot(ctx, dy, carry):  # this step's Σ dy · y per row, y's block loaded from HBM
-        cfg = ctx.config
-        y = mu.load(ctx.refs["y"].at[ctx.rows, pl.ds(ctx.step * cfg.tile_k, cfg.tile_k)], layout=mu.TILE,
-                    optimized=False)
-        return (carry[0] + jnp.sum(dy.astype(_F32) * y.astype(_F32), axis=1), *carry[1:])
+        if prefetch:  # the block loaded at the step before (at the first step, now), and the next one's load
+            y = lax.cond(ctx.step == 0, lambda: y_block(ctx, 0), lambda: carry[-1])
+            last = ctx.refs["y"].shape[1] // ctx.config.tile_k - 1
+            rest = (*carry[1:-1], y_block(ctx, jnp.minimum(ctx.step + 1, last)))
+        else:
+            y, rest = y_block(ctx, ctx.step), carry[1:]
+        return (carry[0] + jnp.sum(dy.astype(_F32) * y.astype(_F32), axis=1), *rest)
 
     return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
                   inputs=("rstd", "y", *(("gamma",) if gamma_cols else ()), *rows[2:]),
