@@ -169,6 +169,20 @@ def test_tuning_cache_round_trip_and_lookup_order(tmp_path):
     assert default(False).block_q == 128
 
 
+def test_an_h200_takes_the_h100s_tuned_entries_until_it_has_its_own(tmp_path):
+    path, key = tmp_path / "tuned.json", "bfloat16[M=8,K=8,N=8]"
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    assert tuning.SAME_CHIP[h200] == h100
+    tuning.store("rmsnorm_matmul", key, {"tile_n": 128}, backend="mosaic", time_us=10.0, device=h100, path=path)
+    assert tuning.lookup("rmsnorm_matmul", key, backend="mosaic", device=h200, path=path) == {"tile_n": 128}
+    assert tuning.tuned_time_us("rmsnorm_matmul", key, backend="mosaic", device=h200, path=path) == 10.0
+    assert tuning.lookup("rmsnorm_matmul", key, backend="triton", device=h200, path=path) is None
+    assert tuning.lookup("rmsnorm_matmul", key, backend="mosaic", device="NVIDIA A100-SXM4-80GB", path=path) is None
+    tuning.store("rmsnorm_matmul", key, {"tile_n": 256}, backend="mosaic", time_us=9.0, device=h200, path=path)
+    assert tuning.lookup("rmsnorm_matmul", key, backend="mosaic", device=h200, path=path) == {"tile_n": 256}
+    assert tuning.lookup("rmsnorm_matmul", key, backend="mosaic", device=h100, path=path) == {"tile_n": 128}
+
+
 def test_table_tiles_shrink_to_short_sequences_but_explicit_sizes_do_not(tmp_path):
     q, k, v = zeros(T=20, S=40, H=128, dtype=jnp.bfloat16)
     none = tmp_path / "none.json"
