@@ -2,7 +2,11 @@
 of ``rmsnorm_matmul_configs.VARIANTS``, and the plain GEMM core under configs of ``mosaic_gemm_tiles.CONFIGS``.
 
     PYTHONPATH=$PWD python benchmarks/scripts/mosaic_ptxas_registers.py --out $OUT \
-        [--shapes 4096x4096x14336,...] [--variants default,fwd_next_tile] [--configs 64x256_m_minor_m,...]
+        [--shapes 4096x4096x14336,...] [--variants default,fwd_next_tile] [--configs 64x256_m_minor_m,...] \
+        [--backward-variants default,row_dot_in_dx]
+
+``--backward-variants``: the kernels of the variant's gradient program (dx, dw and the forward, each as ptxas reports
+it; a kernel an earlier program of this process built already is not compiled again, so not listed).
 
 Each program is compiled (not run) by ``hlo_inspect.ptxas.compile_report``, which reads ptxas's log through Mosaic's
 ``MOSAIC_GPU_DUMP_PTXAS`` switch: registers per thread (the launch's allocation under setmaxnreg), stack frame and
@@ -40,13 +44,14 @@ def main() -> int:
     parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336")
     parser.add_argument("--variants", default="default,fwd_next_tile,mma_next_tile,gamma_a,gamma_a_next_tile")
     parser.add_argument("--configs", default="64x256_m_minor_m_delay1,64x256_m_minor_m_delay1_next_tile")
+    parser.add_argument("--backward-variants", default="")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_ptxas_registers")
     for shape in args.shapes.split(","):
         M, K, N = map(int, shape.split("x"))
         x, w = jax.ShapeDtypeStruct((M, K), jnp.bfloat16), jax.ShapeDtypeStruct((K, N), jnp.bfloat16)
         gamma = jax.ShapeDtypeStruct((K,), jnp.bfloat16)
-        row = dict(shape=shape, forward={}, core={})
+        row = dict(shape=shape, forward={}, core={}, backward={})
         for variant in filter(None, args.variants.split(",")):
             config = variant_config(M, K, N, VARIANTS[variant])
 
@@ -56,6 +61,24 @@ def main() -> int:
 
             row["forward"][variant] = dict(config=config.to_dict(), **report(fn, x, gamma, w))
             print(shape, variant, {k: v for k, v in row["forward"][variant].items() if k != "config"}, flush=True)
+        for variant in filter(None, args.backward_variants.split(",")):
+            config = variant_config(M, K, N, VARIANTS[variant])
+
+            def grads(x, g, w, dy, c=config):
+                y, vjp = jax.vjp(lambda *a: nm.rmsnorm_matmul(*a, eps=1e-6, residual=None, out_dtype=x.dtype,
+                                                              interpret=False, config=c), x, g, w)
+                return vjp(dy)
+
+            dy = jax.ShapeDtypeStruct((M, N), jnp.bfloat16)
+            try:
+                kernels = ptxas.compile_report(grads, x, gamma, w, dy)
+            except ValueError as error:  # every kernel built before in this process
+                row["backward"][variant] = dict(config=config.to_dict(), error=str(error))
+            else:
+                row["backward"][variant] = dict(config=config.to_dict(), kernels={
+                    k.name: dict(dataclasses.asdict(k), serialized_wgmma=k.serialized_wgmma) for k in kernels})
+            print(shape, variant, "backward", {k: v for k, v in row["backward"][variant].items() if k != "config"},
+                  flush=True)
         for name in filter(None, args.configs.split(",")):
             row["core"][name] = report(lambda x, w, c=CONFIGS[name]: matmul(x, w, config=c), x, w)
             print(shape, name, row["core"][name], flush=True)

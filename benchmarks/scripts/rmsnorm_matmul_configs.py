@@ -138,6 +138,8 @@ VARIANTS = {
     "dx_whole": dict(dx=dict(stream_k=0)),
     "row_dot_in_dx": dict(row_dot="n", row_dot_in_dx=True, dx=dict(stream_k=0)),
     "row_dot_in_dx_prefetch": dict(row_dot="n", row_dot_in_dx="prefetch", dx=dict(stream_k=0)),  # y a step ahead
+    "dx_delay1": dict(dx=dict(stream_k=0, delay_release=1)),  # one wgmma group in flight: the step's loads under it
+    "row_dot_in_dx_delay1": dict(row_dot="n", row_dot_in_dx=True, dx=dict(stream_k=0, delay_release=1)),
     "gamma_a_mma_shared_row_dot_in_dx": dict(VARIANTS_SHARED["gamma_a_mma_shared"], row_dot="n", row_dot_in_dx=True,
                                              dx=dict(stream_k=0)),
 }
