@@ -175,16 +175,16 @@ def main() -> int:
             inputs = spec.make_inputs(shape, 0)
             fns = {}
             for variant in args.variants.split(","):
-                config = variant_config(M, K, N, VARIANTS[variant])
-                row.setdefault("configs", {})[variant] = config.to_dict()
-                fn = lambda *a, _c=config: pallas_kernels.rmsnorm_matmul(*a, backend="mosaic", block_sizes=_c)
                 try:  # a variant this shape's config cannot take is recorded, not timed; the others still run
+                    config = variant_config(M, K, N, VARIANTS[variant])
+                    fn = lambda *a, _c=config: pallas_kernels.rmsnorm_matmul(*a, backend="mosaic", block_sizes=_c)
                     jax.eval_shape(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2)),
                                    *inputs[:spec.num_args])
                 except ValueError as error:
                     row.setdefault("skipped", {})[variant] = str(error)
                     print(name, "skipped", variant, error, flush=True)
                     continue
+                row.setdefault("configs", {})[variant] = config.to_dict()
                 fns[variant] = fn
             fns["xla"], fns["xla_matmul_alone"] = impls["xla"], impls["xla_matmul_alone"]
             for mode in args.modes.split(","):
