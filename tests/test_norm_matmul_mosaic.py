@@ -408,13 +408,13 @@ _DYR_DX = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", 
 
 
 @cpu_only
-@pytest.mark.parametrize("stream_k_split", [0, 4])
-def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(stream_k_split):
+@pytest.mark.parametrize("row_dot, stream_k_split", [("n", 0), ("n", 4), ("k", 0)])
+def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(row_dot, stream_k_split):
     """dyr_in_dx: the dx kernel also stores dyr by TMA from its own shared memory (a second copy to global memory)
-    within shared memory, and the backward program makes no (M, N) tensor outside the kernels: XLA's pass over dy
-    and y only reduces. Without it, that pass writes dyr."""
-    M, K, N = 32768, 4096, 4096
-    base = dataclasses.replace(nm_config.mosaic_default_config(M, K, N), row_dot="n",
+    within shared memory, and the backward program makes no (M, N) tensor outside the kernels: on the N side XLA's
+    pass over dy and y only reduces, on the K side no XLA pass reads dy. Without it, XLA writes dyr."""
+    M, K, N = 16384, 2048, 4096  # K != N: the K side's XLA pass makes dx, (M, K)
+    base = dataclasses.replace(nm_config.mosaic_default_config(M, K, N), row_dot=row_dot,
                                dx=dataclasses.replace(_DYR_DX, stream_k=stream_k_split))
     stores = {}
     for in_dx in (False, True):
@@ -425,16 +425,18 @@ def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(stream_k_split):
         assert dx_kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
         stores[in_dx] = dx_kernel.tma_stores()
         made = [op for op, _ in _mk_producers(program, M, N, "bf16")]
-        assert made == ([] if in_dx else ["convert"]), made
+        assert (made == []) if in_dx else ("convert" in made), made
     assert stores[True] > stores[False]
 
 
-def test_dyr_in_dx_needs_the_row_dot_on_the_n_side_and_by_default_takes_it_where_it_fits():
+def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
     tiles = MosaicGemmConfig()  # 128x128 accumulators side by side: a 32 KiB copy buffer that does not fit
-    with pytest.raises(ValueError, match=r"dyr_in_dx: must be None or a bool, True only with row_dot='n' .* got "
-                                         r"dyr_in_dx=True, row_dot=None"):
-        Config(forward=tiles, dx=tiles, dw=tiles, dyr_in_dx=True)
+    with pytest.raises(ValueError, match=r"dyr_in_dx: must be None or a bool; got dyr_in_dx='yes'"):
+        Config(forward=tiles, dx=tiles, dw=tiles, dyr_in_dx="yes")
     assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n", dyr_in_dx=True).to_dict()["dyr_in_dx"] is True
+    assert Config(forward=tiles, dx=_DYR_DX, dw=tiles, row_dot="k", dyr_in_dx=True).dyr_by_dx(jnp.bfloat16, True)
+    # the K side adds dh outside the dx kernel: with a residual its copy still fits beside x's tile alone
+    assert Config(forward=tiles, dx=_DYR_DX, dw=tiles, row_dot="k").dyr_smem_reason(jnp.bfloat16, True) is None
     by_dx = {(dx, row_dot, residual): Config(forward=tiles, dx=dx, dw=tiles, row_dot=row_dot).dyr_by_dx(
         jnp.bfloat16, residual) for dx in (tiles, _DYR_DX) for row_dot in ("n", "k") for residual in (False, True)}
     assert [key for key, value in by_dx.items() if value] == [(_DYR_DX, "n", False)]
@@ -468,7 +470,9 @@ def test_dyr_in_dx_needs_the_row_dot_on_the_n_side_and_by_default_takes_it_where
     (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a_mma_rows", "n"),  # r's squares summed per row at each step
     (4096, 4096, 4096, jnp.bfloat16, "mma_shared", "n"), (2048, 1024, 4096, jnp.float16, "mma_shared", "k"),
     (8192, 4096, 6144, jnp.bfloat16, "gamma_on_a_mma_shared", "n"),  # r from each row block's first tile
-    (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared", "k")])  # 256 row blocks: two rounds of first tiles
+    (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared", "k"),  # 256 row blocks: two rounds of first tiles
+    (8192, 512, 2816, jnp.bfloat16, False, "k_dyr"), (2048, 1024, 4096, jnp.float16, False, "k_dyr"),  # A = dy,
+    (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr")])  # dyr written by the dx kernel
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
@@ -496,13 +500,15 @@ def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, resi
 def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     """The default config of a shape with the forward's variant: False / True / "mma" (where r comes from, gamma
     on w), "gamma_on_x", "gamma_on_a" (r from XLA) or "gamma_on_a_mma" (gamma and r in the MMA warpgroups'
-    registers, stacked 64x256 forward tiles with one wgmma group in flight)."""
+    registers, stacked 64x256 forward tiles with one wgmma group in flight). row_dot "n", "k", None (the config's) or
+    "k_dyr" (the K side with dyr from the dx kernel, its stages fewer where the copy needs the room)."""
     stats, gamma_on = _variant_fields(variant)
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
     if gamma_on == "a":
         config = dataclasses.replace(config, forward=dataclasses.replace(
             nm_config._MMA_STATS_FORWARD[0], grid_minor="m"))
-    return dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot)
+    config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0])
+    return config.with_dyr_from_dx(dtype, residual) if row_dot and row_dot.endswith("_dyr") else config
 
 
 def _variant_fields(variant) -> tuple:
@@ -627,7 +633,8 @@ def test_nan_never_passes():
     (jnp.bfloat16, True, "mma_shared", False, "n"), (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "k"),
     (jnp.bfloat16, True, "gamma_on_x", False, "n_dx"), (jnp.float16, False, False, False, "n_dyr_dx"),
     (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
-    (jnp.bfloat16, True, False, False, "n_dx_prefetch")])
+    (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr"),
+    (jnp.float16, False, False, False, "k_dyr")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
@@ -635,14 +642,14 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     "gamma_on_a": x ⊙ gamma formed in the MMA warpgroups' registers, wgmma reading A from there ("_mma": r from the
     x blocks loaded again after each wgmma's issue); "mma_rows": those squares summed per row at each step;
     "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
-    every tile sums its own); "n_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without the
-    residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
+    every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
+    the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
     "n_dx_prefetch" each y block loaded a step ahead)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
         or gamma_on == "a" else tiles
-    dyr_in_dx = row_dot.startswith("n_dyr")
+    dyr_in_dx = row_dot[1:].startswith("_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
                     gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx,

@@ -94,6 +94,9 @@ VARIANTS = {
     # over dy and y only reduces (no (M, N) write)
     "dyr_in_dx": dict(row_dot="n", dyr_in_dx=True),
     "dyr_in_xla": dict(row_dot="n", dyr_in_dx=False),  # where the default writes it from the dx kernel
+    # the K side with dy as the dx kernel's A operand, which writes dyr (no XLA pass over dy); _s4: one stage fewer
+    "k_dyr_in_dx": dict(row_dot="k", dyr_in_dx=True),
+    "k_dyr_in_dx_s4": dict(row_dot="k", dyr_in_dx=True, dx=dict(num_stages=4)),
     # r summed by the memory warpgroup between its loads (gemm prologue_in "memory"), stacked tiles, whole tiles
     "stats_memory": dict(stats_in_kernel=True, gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=0,
                                                                           prologue_in="memory")),

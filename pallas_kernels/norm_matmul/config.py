@@ -276,9 +276,10 @@ class MosaicRMSNormMatmulConfig:
       per column block the partial sums Σ u ⊙ x; one XLA fusion over u and x finishes dx; dy is read only to form
       dyr, a product XLA can fuse into the fusion that produces dy, and y is not kept for the backward. None
       (default): ``row_dot_side`` ("k"; ROW_DOT_DEFAULT says why).
-    dyr_in_dx: (row_dot "n") True: the dx kernel also writes dyr = (r / s) ⊙ dy for the dw GEMM, from the dy
-      blocks of its A operand in shared memory (``gemm.Fusion.a_copy``), so that the XLA fusion over dy and y only
-      reduces (4MN bytes read, none written, against 6MN). False: that fusion writes dyr too. None (default):
+    dyr_in_dx: True: the dx kernel also writes dyr = (r / s) ⊙ dy for the dw GEMM, from the dy blocks of its A
+      operand in shared memory (``gemm.Fusion.a_copy``). Row dot "n": the XLA fusion over dy and y then only
+      reduces (4MN bytes read, none written, against 6MN). "k": A is dy instead of dyr, the epilogue scales u's rows
+      by r / s, and no XLA pass over dy is left (4MN bytes fewer). False: XLA writes dyr. None (default):
       ``dyr_by_dx``, True with row_dot "n" where the copy's SMEM buffers fit beside the dx kernel's. Measured on the
       H100 (rmsnorm_matmul_configs_dyr_in_dx-h100-b8ddd9f.json, fwd+bwd µs, False → True, the tuned dx tiles):
       4473.1 → 4442.9 at 32768x4096x4096 (XLA's pass 260.1 → 172.9, the dx kernel 1419.6 → 1472.8),
@@ -348,10 +349,9 @@ class MosaicRMSNormMatmulConfig:
                              "not x's: it needs stats_in_kernel=False (r from XLA)")
         if self.row_dot not in (None, "n", "k"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot: must be None, 'n' or 'k', got {self.row_dot!r}")
-        if self.dyr_in_dx not in (None, False, True) or (self.dyr_in_dx and self.row_dot_side() != "n"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool, True only with "
-                             f"row_dot='n' (with 'k' the dx kernel reads dyr as its A operand); got "
-                             f"dyr_in_dx={self.dyr_in_dx!r}, row_dot={self.row_dot!r}")
+        if self.dyr_in_dx not in (None, False, True):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool; got "
+                             f"dyr_in_dx={self.dyr_in_dx!r}")
         in_dx = self.row_dot_in_dx
         if in_dx not in (False, True, "prefetch") or (in_dx and self.row_dot_side() != "n"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True or 'prefetch', not False "
@@ -403,13 +403,24 @@ class MosaicRMSNormMatmulConfig:
         """None when the dx kernel's shared memory holds the dyr copy's staging too; else the sentence saying how
         much it would need."""
         staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
-        need = smem_bytes(self.dx, dtype, dtype, tile_input_dtypes=(dtype,) * (2 if residual else 1),
+        tiles = 2 if residual and self.row_dot_side() == "n" else 1  # x (and dh, added on the N side's epilogue)
+        need = smem_bytes(self.dx, dtype, dtype, tile_input_dtypes=(dtype,) * tiles,
                           store_in_tile=True, scratch_bytes=staging) + BARRIER_BYTES
         if need <= mosaic_utils.H100_SMEM_BYTES:
             return None
         return (f"dyr_in_dx=True: the dx kernel would need {need} bytes of shared memory with the dyr copy's "
                 f"{staging}-byte staging (at most {mosaic_utils.H100_SMEM_BYTES}); take dx tiles stacked along M "
                 f"(wg_split='m': 64-row copies), fewer num_stages, or dyr_in_dx=None (the copy where it fits)")
+
+    def with_dyr_from_dx(self, dtype, residual: bool) -> "MosaicRMSNormMatmulConfig | None":
+        """This config with ``dyr_in_dx=True``, its dx kernel one or more stages shallower where the copy's staging
+        would not fit beside them (at least 2 stages); None where even 2 do not leave room."""
+        config = dataclasses.replace(self, dyr_in_dx=True)
+        while config.dyr_smem_reason(dtype, residual) is not None:
+            if config.dx.num_stages <= 2:
+                return None
+            config = dataclasses.replace(config, dx=dataclasses.replace(config.dx, num_stages=config.dx.num_stages - 1))
+        return config
 
     def dw_by_xla(self, K: int, N: int) -> bool:
         """Whether dw's GEMM runs in XLA (cuBLAS) for w (K, N): ``dw_in_xla``, or when None, when the dw kernel's
@@ -506,8 +517,10 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     bwd += [dataclasses.replace(base, dw_in_xla=True), dataclasses.replace(base, dw_in_xla=False)]
     bwd += [dataclasses.replace(base, row_dot=side) for side in ("n", "k")]
     bwd.append(dataclasses.replace(base, row_dot="n", dyr_in_dx=False))  # None: dyr from the dx kernel where it fits
+    # K side, dyr from the dx kernel (A = dy): no XLA pass over dy at all
+    bwd.append(dataclasses.replace(base, row_dot="k").with_dyr_from_dx(dtype, residual))
     if not base.dx.pingpong and base.dx.cluster == "none":  # the row dot from the dx kernel's first tiles
         bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx=True,
                                        dx=dataclasses.replace(base.dx, stream_k=0)))
     return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None],
-            [c.to_dict() for c in bwd if c.unsupported_reason(M, K, N) is None])
+            [c.to_dict() for c in bwd if c is not None and c.unsupported_reason(M, K, N) is None])

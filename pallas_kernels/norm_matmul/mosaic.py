@@ -330,19 +330,33 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                   a_observe=add_row_dot, share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
-def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool) -> Fusion:
+def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
+                       dyr: jax.ShapeDtypeStruct | None = None) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
-    dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32)."""
+    dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``dyr`` (M, N): A is dy itself;
+    u = (r / s) ⊙ acc, r / s coming in (M,) ("dyr_scale"), and dyr = (r / s) ⊙ dy is written from the dy blocks
+    (``Fusion.a_copy``) for the dw GEMM."""
 
     def epilogue(ctx, acc, carry):
-        del carry
+        if dyr is not None:
+            acc = acc * _bcast_rows(carry[0], acc.shape)
         if gamma_cols:
             acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
         return acc, {"row_dot_parts": jnp.sum(acc * ctx.load_tile("x"), axis=1)}
 
-    return Fusion(tile_inputs=("x",), inputs=("gamma",) if gamma_cols else (), store_in="x",
-                  outputs=(("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32)),), epilogue=epilogue)
+    parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
+    gamma = ("gamma",) if gamma_cols else ()
+    if dyr is None:
+        return Fusion(tile_inputs=("x",), inputs=gamma, store_in="x", outputs=(parts,), epilogue=epilogue)
+
+    def scaled_dy(ctx, dy, carry):  # dyr's (rows, tile_k) block
+        del ctx
+        return dy.astype(_F32) * _bcast_rows(carry[0], dy.shape)
+
+    return Fusion(tile_inputs=("x",), inputs=("dyr_scale", *gamma), store_in="x", outputs=(("dyr", dyr), parts),
+                  a_copy=("dyr", scaled_dy), prologue_init=lambda ctx: (ctx.load_rows("dyr_scale"),),
+                  epilogue=epilogue)
 
 
 def _dx_from_parts(u, row_dot_parts, xn, rstd, scale, dh):
@@ -377,11 +391,16 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
     on_x = cfg.gamma_side(M, N, dtype) in ("x", "a")  # no w_γ: gamma on dx's columns in the epilogue
     b = w if on_x else _scaled_w(gamma, w)
-    if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts; dy read once, for dyr
-        dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
+    if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts
         arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
-        u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                        fusion=_dx_partial_fusion(M, K, cfg.dx, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
+        if cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
+            u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                                 fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype)),
+                                 arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
+        else:  # dy read once, for dyr; A is dyr
+            dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
+            u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                            fusion=_dx_partial_fusion(M, K, cfg.dx, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
         dx = _dx_from_parts(u, parts, xn, rstd, scale, dh)
     else:  # Σ_N(dy · y) from one XLA fusion over dy and y (which may write dyr too), or from the dx kernel's
         # first tile of each row block (``row_dot_in_dx``); the dx kernel's epilogue finishes dx
