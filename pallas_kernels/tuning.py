@@ -223,7 +223,8 @@ def load_cache(path: str | os.PathLike = DEFAULT_CACHE_PATH) -> dict:
 
 # Device kinds that are the same processor as another (same SMs, shared memory and tensor cores; other memory): with
 # no entry of their own, they take that kind's entries. The H200 is the H100's Hopper die with HBM3e (4.8 against
-# 3.35 TB/s), so tiles tuned on one suit the other; a tuned time read through this is the other chip's time.
+# 3.35 TB/s), so tiles tuned on one suit the other. A tuned time read through this is the other chip's time, and
+# backend="auto" compares it as it is with the device's own entries (an H200 time is the lower for memory-bound work).
 SAME_CHIP = {"NVIDIA H200": "NVIDIA H100 80GB HBM3"}
 
 

@@ -289,7 +289,10 @@ class MosaicRMSNormMatmulConfig:
       y's blocks loaded from HBM by its MMA warpgroups, and passes the row dot to the row block's other tiles
       through HBM (``gemm.Fusion.share_rows``, as "mma_shared" does r in the forward). "prefetch": each step loads
       the next step's y block (one block of registers more in every tile's carry). The dx config takes whole
-      cooperative tiles (no stream-K). Not measured yet on a GPU (NOTES.md, 2026-11-28, twenty-third session).
+      cooperative tiles (no stream-K). Slower wherever measured (H200, fwd+bwd µs against the XLA pass,
+      rmsnorm_matmul_configs_row_dot_in_dx-h200-28a1f9a.json): 4414.9 / 4387.9 at 32768x4096x4096, 2042.6 /
+      1918.9 at 4096x4096x14336, 1681.9 / 1648.6 at 8192x4096x6144: the first tiles' loads of y into registers
+      stall (ncu_dx_row_dot_in_dx-h200-182d5cf.txt). A sweep candidate, not a default.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
