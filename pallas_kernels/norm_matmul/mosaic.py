@@ -127,6 +127,16 @@ def _bcast_rows(vec: jax.Array, shape) -> jax.Array:
     return lax.broadcast_in_dim(vec, shape, [0])
 
 
+def _dyr_copy(leaf: int):
+    """The ``Fusion.a_copy`` function writing dyr's (rows, tile_k) block: dy's block times the rows' r / s, the
+    fusion's carry leaf ``leaf``."""
+    def scaled_dy(ctx, dy, carry):
+        del ctx
+        return dy.astype(_F32) * _bcast_rows(carry[leaf], dy.shape)
+
+    return scaled_dy
+
+
 def _scaled_w(gamma, w):
     """w_γ = diag(gamma) w in w's dtype: one XLA pass over w."""
     return (gamma.astype(_F32)[:, None] * w.astype(_F32)).astype(w.dtype)
@@ -290,16 +300,12 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
             dx = dx + ctx.load_tile("dh")
         return dx, {}
 
-    def scaled_dy(ctx, dy, carry):  # dyr's (rows, tile_k) block
-        del ctx
-        return dy.astype(_F32) * _bcast_rows(carry[2], dy.shape)
-
     rows = ("row_dot", "rstd") + (("dyr_scale",) if dyr is not None else ())  # the carry
     outputs = (("dyr", dyr),) if dyr is not None else ()
     if not row_dot_in_kernel:
         return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
                       inputs=("rstd", "row_dot", *(("gamma",) if gamma_cols else ()), *rows[2:]),
-                      outputs=outputs, a_copy=("dyr", scaled_dy) if dyr is not None else None,
+                      outputs=outputs, a_copy=("dyr", _dyr_copy(2)) if dyr is not None else None,
                       prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
     prefetch = row_dot_in_kernel == "prefetch"
@@ -326,7 +332,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
     return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
                   inputs=("rstd", "y", *(("gamma",) if gamma_cols else ()), *rows[2:]),
                   outputs=(*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32))),
-                  a_copy=("dyr", scaled_dy) if dyr is not None else None, prologue_init=init,
+                  a_copy=("dyr", _dyr_copy(2)) if dyr is not None else None, prologue_init=init,
                   a_observe=add_row_dot, share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
@@ -350,12 +356,8 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     if dyr is None:
         return Fusion(tile_inputs=("x",), inputs=gamma, store_in="x", outputs=(parts,), epilogue=epilogue)
 
-    def scaled_dy(ctx, dy, carry):  # dyr's (rows, tile_k) block
-        del ctx
-        return dy.astype(_F32) * _bcast_rows(carry[0], dy.shape)
-
     return Fusion(tile_inputs=("x",), inputs=("dyr_scale", *gamma), store_in="x", outputs=(("dyr", dyr), parts),
-                  a_copy=("dyr", scaled_dy), prologue_init=lambda ctx: (ctx.load_rows("dyr_scale"),),
+                  a_copy=("dyr", _dyr_copy(0)), prologue_init=lambda ctx: (ctx.load_rows("dyr_scale"),),
                   epilogue=epilogue)
 
 
