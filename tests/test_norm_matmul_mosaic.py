@@ -678,3 +678,22 @@ def test_the_h100_entries_of_the_suite_shapes_write_dyr_from_the_dx_kernel(M, K,
     entries = tuning.load_cache()["entries"]["NVIDIA H100 80GB HBM3"]["mosaic"]["rmsnorm_matmul"]
     config = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     assert config.row_dot_side() == "n" and config.dyr_by_dx(jnp.bfloat16, residual=False)
+
+
+@cpu_only
+@pytest.mark.parametrize("M, K, N", [(4096, 2048, 11008), (8192, 512, 2816)])
+def test_the_h200_entries_of_the_model_mlp_shapes_read_dy_only_in_the_dx_kernel(M, K, N):
+    """The H200's own entries (measured: rmsnorm_matmul_configs_{1b,small}_k_dyr-h200-c795e44.json) take the row dot
+    over K with dyr from the dx kernel: their dx kernels fit shared memory, and no XLA op makes an (M, N) tensor."""
+    from pallas_kernels import tuning
+
+    params = tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
+                           device="NVIDIA H200")
+    config = Config(**params)
+    assert config.row_dot_side() == "k" and config.dyr_by_dx(jnp.bfloat16, residual=False)
+    fn, args = _fwd_bwd(M, K, N, False, config)
+    with backends.lowering_for_gpu():
+        kernels = mosaic_ir.lower_kernels(fn, *args)
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert all(k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES for k in kernels), [(k.name, k.smem_bytes) for k in kernels]
+    assert _mk_producers(program, M, N, "bf16") == []
