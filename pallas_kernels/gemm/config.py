@@ -35,8 +35,7 @@ import jax.numpy as jnp
 from pallas_kernels import mosaic_utils as mu
 
 __all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
-           "MosaicGemmConfig",
-           "smem_bytes", "unsupported_reason"]
+           "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")

@@ -413,7 +413,8 @@ class MosaicRMSNormMatmulConfig:
             return None
         return (f"dyr_in_dx=True: the dx kernel would need {need} bytes of shared memory with the dyr copy's "
                 f"{staging}-byte staging (at most {mosaic_utils.H100_SMEM_BYTES}); take dx tiles stacked along M "
-                f"(wg_split='m': 64-row copies), fewer num_stages, or dyr_in_dx=None (the copy where it fits)")
+                f"(wg_split='m': 64-row copies), fewer num_stages (config.with_dyr_from_dx() takes them off until "
+                f"it fits), or dyr_in_dx=None (the copy where it fits)")
 
     def with_dyr_from_dx(self, dtype, residual: bool) -> "MosaicRMSNormMatmulConfig | None":
         """This config with ``dyr_in_dx=True``, its dx kernel one or more stages shallower where the copy's staging
