@@ -40,7 +40,10 @@ from pallas_kernels.norm_matmul import config as nm_config
 # 9d66ba4-dd77cc4, reverted; "default" there, "dgamma_in_dw", "dgamma_dx_dw4":
 # rmsnorm_matmul_configs_dgamma_in_dx-h100-dd77cc4.json). The forward's output stored under the next tile's first
 # wgmma ("*next_tile") and r's squares summed per row at each step ("mma_rows*") were slower too:
-# rmsnorm_matmul_configs_next_tile-h100-63798a7.json, rmsnorm_matmul_configs_mma_rows-h100-d0df74c.json.
+# rmsnorm_matmul_configs_next_tile-h100-63798a7.json, rmsnorm_matmul_configs_mma_rows-h100-d0df74c.json. So did
+# dgamma summed by XLA from the K side's u before gamma, sparing the dw kernel its w tile (``dgamma_from="u"``,
+# 136258a, reverted; "k_dgamma_u*", "gamma_{x,a}_k_dgamma_u_dw4": rmsnorm_matmul_configs_dgamma_u{,_mlp}-h200-
+# 136258a.json): XLA ran the column sum as a pass of its own.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 # r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the other
 # tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers
@@ -97,6 +100,24 @@ VARIANTS = {
     # the K side with dy as the dx kernel's A operand, which writes dyr (no XLA pass over dy); _s4: one stage fewer
     "k_dyr_in_dx": dict(row_dot="k", dyr_in_dx=True),
     "k_dyr_in_dx_s4": dict(row_dot="k", dyr_in_dx=True, dx=dict(num_stages=4)),
+    # and the dx kernel's tiles beside the copy (at the model's MLP shapes, K of 512 or 2048 gives 256-wide tiles
+    # few column blocks); "k_dyr_in_xla": XLA writes dyr instead
+    "k_dyr_in_xla": dict(row_dot="k", dyr_in_dx=False),
+    "kdyr_dx_pp": dict(row_dot="k", dyr_in_dx=True, dx=dict(tile_m=128, tile_n=128, wg_split="n", grid_minor="m",
+                                                             schedule="pingpong", delay_release=1, num_stages=4,
+                                                             stream_k=0)),
+    "kdyr_dx_pp_d0": dict(row_dot="k", dyr_in_dx=True, dx=dict(tile_m=128, tile_n=128, wg_split="n", grid_minor="m",
+                                                                schedule="pingpong", delay_release=0, num_stages=4,
+                                                                stream_k=0)),
+    "kdyr_dx_stacked": dict(row_dot="k", dyr_in_dx=True, dx=dict(_STACKED, num_stages=3, stream_k=0,
+                                                                  delay_release=0)),
+    "kdyr_dx_stacked_d1": dict(row_dot="k", dyr_in_dx=True, dx=dict(_STACKED, num_stages=3, stream_k=0,
+                                                                     delay_release=1)),
+    "kdyr_dx_stacked_n128": dict(row_dot="k", dyr_in_dx=True, dx=dict(_STACKED, tile_n=128, num_stages=5,
+                                                                       stream_k=0, delay_release=0)),
+    "kdyr_dx_side64": dict(row_dot="k", dyr_in_dx=True, dx=dict(tile_m=128, tile_n=64, wg_split="n", grid_minor="m",
+                                                                 schedule="cooperative", num_stages=5, stream_k=0,
+                                                                 delay_release=0)),
     # r summed by the memory warpgroup between its loads (gemm prologue_in "memory"), stacked tiles, whole tiles
     "stats_memory": dict(stats_in_kernel=True, gamma_on="w", forward=dict(_STACKED, stream_k=0, delay_release=0,
                                                                           prologue_in="memory")),
