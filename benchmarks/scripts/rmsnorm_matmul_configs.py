@@ -1,8 +1,8 @@
 """The Mosaic rmsnorm_matmul under named config changes, against XLA's norm + matmul and cuBLAS's matmul alone.
 
     PYTHONPATH=$PWD python benchmarks/scripts/rmsnorm_matmul_configs.py --out $OUT \
-        [--shapes 32768x4096x4096,4096x4096x14336,...] [--variants default,stats,gamma] [--iterations 20] \
-        [--modes fwd,fwd+bwd]
+        [--shapes 32768x4096x4096,4096x4096x14336,...] [--variants default,stats,gamma,gamma_on_x+dx_d1] \
+        [--iterations 20] [--modes fwd,fwd+bwd]
 
 Per suite shape (``jaxfuse.suites.rmsnorm_matmul``: bf16 inputs, the suite's forward and forward + backward
 programs) and mode, every variant of VARIANTS (changes to the shape's default Mosaic config: its tuned entry or the
@@ -103,6 +103,7 @@ VARIANTS = {
     # and the dx kernel's tiles beside the copy (at the model's MLP shapes, K of 512 or 2048 gives 256-wide tiles
     # few column blocks); "k_dyr_in_xla": XLA writes dyr instead
     "k_dyr_in_xla": dict(row_dot="k", dyr_in_dx=False),
+    "fwd_d0": dict(forward=dict(delay_release=0)),
     "kdyr_dx_pp": dict(row_dot="k", dyr_in_dx=True, dx=dict(tile_m=128, tile_n=128, wg_split="n", grid_minor="m",
                                                              schedule="pingpong", delay_release=1, num_stages=4,
                                                              stream_k=0)),
@@ -169,6 +170,16 @@ VARIANTS = {
 }
 
 
+def combined(name: str) -> dict:
+    """The changes of a variant name, or of "a+b+...": each part's changes in turn (a later part's wins; the
+    "forward", "dx" and "dw" changes merged field by field)."""
+    changes = {}
+    for part in name.split("+"):
+        for key, value in VARIANTS[part].items():
+            changes[key] = dict(changes.get(key, {}), **value) if key in ("forward", "dx", "dw") else value
+    return changes
+
+
 def variant_config(M: int, K: int, N: int, changes: dict):
     """The shape's default Mosaic config with ``changes``; the statistics warpgroup's forward tiles when asked."""
     base = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
@@ -188,6 +199,9 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--modes", default="fwd,fwd+bwd", help="of the suite's modes, comma-separated")
     args = parser.parse_args()
+    unknown = sorted({p for v in args.variants.split(",") for p in v.split("+")} - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     spec = suite.SPEC
     impls = spec.implementations()
     result, save, path = results_file(args.out, "rmsnorm_matmul_configs")
@@ -200,7 +214,7 @@ def main() -> int:
             fns = {}
             for variant in args.variants.split(","):
                 try:  # a variant this shape's config cannot take is recorded, not timed; the others still run
-                    config = variant_config(M, K, N, VARIANTS[variant])
+                    config = variant_config(M, K, N, combined(variant))
                     fn = lambda *a, _c=config: pallas_kernels.rmsnorm_matmul(*a, backend="mosaic", block_sizes=_c)
                     jax.eval_shape(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2)),
                                    *inputs[:spec.num_args])
@@ -215,7 +229,7 @@ def main() -> int:
                 args_ = inputs[:spec.num_args] if mode == "fwd" else inputs
                 programs = {k: jax.jit(spec.program(fn, mode, shape, {})) for k, fn in fns.items()}
                 outs = {k: [np.asarray(o, np.float32) for o in jax.tree.leaves(p(*args_))]
-                        for k, p in programs.items() if k in VARIANTS}
+                        for k, p in programs.items() if k not in ("xla", "xla_matmul_alone")}
                 ref = outs.get("default")
                 timings = bench.time_interleaved([(p, args_) for p in programs.values()], iterations=args.iterations)
                 section = {}
