@@ -472,7 +472,8 @@ def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
     (8192, 4096, 6144, jnp.bfloat16, "gamma_on_a_mma_shared", "n"),  # r from each row block's first tile
     (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared", "k"),  # 256 row blocks: two rounds of first tiles
     (8192, 512, 2816, jnp.bfloat16, False, "k_dyr"), (2048, 1024, 4096, jnp.float16, False, "k_dyr"),  # A = dy,
-    (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr")])  # dyr written by the dx kernel
+    (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr"),  # dyr written by the dx kernel
+    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", None)])  # the H200's entry there: stacked dx tiles beside the copy
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
