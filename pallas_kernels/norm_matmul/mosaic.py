@@ -147,7 +147,9 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel,
                     gamma_in_registers: bool = False) -> Fusion:
-    """Epilogue y = r ⊙ acc, r coming in (M,) ("rstd"). With stats_in_kernel True: the prologue (a fourth
+    """Epilogue y = r ⊙ acc, r formed at each tile's start from the rows' sums of squares coming in (M,) float32
+    ("sum_sq": XLA's reduction over x, whose rsqrt would otherwise be an XLA kernel of its own, about 1 µs).
+    With stats_in_kernel True: the prologue (a fourth
     warpgroup, or the memory warpgroup) sums x² over each x block (float32); "mma": each MMA warpgroup, after
     issuing a step's wgmma, loads its rows of the x block into registers and adds their squares elementwise
     (reduced across the row once, in the epilogue); then the epilogue forms r from the sums and also stores it
@@ -159,7 +161,7 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     if gamma_in_registers:
         return _gamma_in_registers_fusion(M, K, eps, cfg, stats_in_kernel)
     if not stats_in_kernel:
-        return Fusion(inputs=("rstd",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
+        return Fusion(inputs=("sum_sq",), prologue_init=_rstd_in(K, eps),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
@@ -219,6 +221,11 @@ def _rstd_from_squares(sum_sq, K: int, eps: float) -> jax.Array:
     return lax.rsqrt(sum_sq * (1.0 / K) + eps)
 
 
+def _rstd_in(K: int, eps: float):
+    """The prologue_init that forms this accumulator's rows of r from the (M,) input "sum_sq"."""
+    return lambda ctx: _rstd_from_squares(ctx.load_rows("sum_sq"), K, eps)
+
+
 def _scale_by_rstd(K: int, eps: float):
     """The forward's epilogue from the float32 sums of squares (rows, or (rows, tile_k) elementwise): y = r ⊙ acc,
     and r stored (M,)."""
@@ -232,13 +239,13 @@ def _scale_by_rstd(K: int, eps: float):
 
 def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel) -> Fusion:
     """gamma_on "a": A = x ⊙ gamma formed in the MMA warpgroups' registers per step (``Fusion.a_operand``), gamma's
-    slice loaded with each stage; r from XLA ("rstd" in), or with "mma" from x's squares, summed after the step's
-    wgmma is issued (``Fusion.a_observe``, which loads the block again)."""
+    slice loaded with each stage; r from XLA's sums of squares ("sum_sq" in), or with "mma" from x's squares,
+    summed after the step's wgmma is issued (``Fusion.a_observe``, which loads the block again)."""
     def times_gamma(x, vectors):  # in x's dtype: x ⊙ gamma rounded once (gamma itself rounded to x's dtype)
         return x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])
 
     if not stats_in_kernel:
-        return Fusion(inputs=("rstd",), step_inputs=("gamma",), prologue_init=lambda ctx: ctx.load_rows("rstd"),
+        return Fusion(inputs=("sum_sq",), step_inputs=("gamma",), prologue_init=_rstd_in(K, eps),
                       a_operand=lambda ctx, x, vectors, rstd: (times_gamma(x, vectors), rstd),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
@@ -263,11 +270,12 @@ def _forward(x, residual, gamma, w, static: _Static):
     if static.config.stats_in_kernel:
         y, rstd = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
                        name="rmsnorm_matmul_fwd")
-    else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma)
+    else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma); the kernel forms r
         x32 = x.astype(_F32)
-        rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=1) * (1.0 / K) + static.eps)
+        sum_sq = jnp.sum(x32 * x32, axis=1)
+        rstd = _rstd_from_squares(sum_sq, K, static.eps)  # for the backward, where XLA fuses it into its users
         a = (x32 * gamma.astype(_F32)).astype(x.dtype) if side == "x" else x
-        (y,) = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=dict(arrays, rstd=rstd),
+        (y,) = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=dict(arrays, sum_sq=sum_sq),
                     name="rmsnorm_matmul_fwd")
     return y, rstd, h
 
