@@ -283,7 +283,10 @@ class MosaicRMSNormMatmulConfig:
       ``dyr_by_dx``, True with row_dot "n" where the copy's SMEM buffers fit beside the dx kernel's. Measured on the
       H100 (rmsnorm_matmul_configs_dyr_in_dx-h100-b8ddd9f.json, fwd+bwd µs, False → True, the tuned dx tiles):
       4473.1 → 4442.9 at 32768x4096x4096 (XLA's pass 260.1 → 172.9, the dx kernel 1419.6 → 1472.8),
-      1970.8 → 1962.5 at 4096x4096x14336, 1710.6 → 1699.8 at 8192x4096x6144.
+      1970.8 → 1962.5 at 4096x4096x14336, 1710.6 → 1699.8 at 8192x4096x6144. The copy wants cooperative dx tiles
+      that wait for each wgmma (delay_release 0): at 8192x512x2816 on the H200 the dx kernel took 40.8 µs with
+      stacked 64x256 tiles against 56.3 with ping-pong 128x128 tiles and one wgmma group in flight (56.4 with the
+      stacked tiles and one in flight; rmsnorm_matmul_configs_k_dyr_dx_tiles-h200-dc57a0b.json).
     row_dot_in_dx: (row_dot "n") True: Σ_N(dy · y) comes from the dx kernel instead of an XLA pass over dy and y
       (4MN bytes): the first tile of each row block sums dy · y over its K loop (over N), dy from its A blocks and
       y's blocks loaded from HBM by its MMA warpgroups, and passes the row dot to the row block's other tiles
