@@ -15,7 +15,7 @@ import pytest
 
 from conftest import GPU_TIMEOUT
 from hlo_inspect import mosaic_ir
-from pallas_kernels import mosaic_utils
+from pallas_kernels import backends, mosaic_utils
 from pallas_kernels.gemm import Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes, stream_k
 
 ON_SM90 = mosaic_utils.is_hopper()
@@ -320,6 +320,38 @@ def test_gradients_are_two_more_gemms_without_transposes():
     assert "stablehlo.transpose" not in program
 
 
+@pytest.mark.parametrize("transpose_a, transpose_b", [(False, False), (True, True)])
+def test_gradient_gemms_take_the_default_tiles_of_their_own_shapes_unless_given(monkeypatch, transpose_a,
+                                                                                 transpose_b):
+    """The small preset's MLP projection x (8192, 512) @ w (512, 2816): its db GEMM (512 x 2816 over 8192) has 11
+    output tiles per 64 of the forward's, so it takes its own default (with stream-K), not the forward's tiles;
+    a config given to ``matmul`` runs all three GEMMs."""
+    import pallas_kernels.gemm as gemm_module
+
+    M, K, N = 8192, 512, 2816
+    used = {}
+
+    def recording(a, b, *, config, name, **kwargs):
+        used[name] = config
+        return gemm(a, b, config=config, name=name, **kwargs)
+
+    monkeypatch.setattr(gemm_module, "gemm", recording)
+    a = S((K, M) if transpose_a else (M, K), jnp.bfloat16)
+    b = S((N, K) if transpose_b else (K, N), jnp.bfloat16)
+    assert default_config(*((N, K, M) if transpose_b else (K, N, M))).stream_k  # db: 44 tiles, 128 steps each
+    for config in (None, MosaicGemmConfig(tile_m=64, tile_n=128, wg_split="m")):
+        used.clear()
+        fn = lambda a, b, g: jax.vjp(lambda a, b: matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b,
+                                                         config=config), a, b)[1](g)  # noqa: E731
+        with backends.lowering_for_gpu():
+            jax.eval_shape(fn, a, b, S((M, N), jnp.bfloat16))
+        da_shape = (K, M, N) if transpose_a else (M, K, N)  # (rows, cols) of the GEMM's output, then its depth
+        db_shape = (N, K, M) if transpose_b else (K, N, M)
+        want = [config] * 3 if config else [default_config(M, N, K), default_config(*da_shape),
+                                            default_config(*db_shape)]
+        assert [used[n] for n in ("mosaic_matmul", "mosaic_matmul_da", "mosaic_matmul_db")] == want
+
+
 @cpu_only
 def test_accumulate_into_is_one_kernel_updating_its_buffer_in_place():
     """c + aᵀ b: one kernel (a dw update of the cross-entropy's chunk loop) with c aliased in and out; its stages
@@ -417,6 +449,23 @@ def test_cluster_product_on_the_gpu(M, K, N, config):
 @gpu_only
 def test_gradients_on_the_gpu():
     _check_grads(1024, 512, 768, jnp.bfloat16, MosaicGemmConfig(tile_m=64, tile_n=128, wg_split="m"))
+
+
+@gpu_only
+@pytest.mark.parametrize("transpose_a, transpose_b", [(False, False), (True, False)])
+def test_gradients_with_their_own_default_tiles_on_the_gpu(transpose_a, transpose_b):
+    """A short-K forward (the small preset's MLP projection): each gradient GEMM with the default tiles of its own
+    shape (the db GEMM's stream-K over M)."""
+    M, K, N = 8192, 512, 2816
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    g = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
+    a_in = a.T if transpose_a else a
+    _, vjp = jax.vjp(lambda a_in, b: matmul(a_in, b, transpose_a=transpose_a), a_in, b)
+    da, db = jax.jit(vjp)(g)
+    _, vjp_ref = jax.vjp(_f32_product, a.astype(jnp.float32), b.astype(jnp.float32))
+    da_ref, db_ref = vjp_ref(g.astype(jnp.float32))
+    da = da.T if transpose_a else da
+    assert _rel_err(da, da_ref) <= _tol(jnp.bfloat16, N) and _rel_err(db, db_ref) <= _tol(jnp.bfloat16, M)
 
 
 @gpu_only

@@ -5,7 +5,7 @@ GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
         [--transpose_b]
 
 Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
-(the core's default first), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output
+(the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output
 checked against cuBLAS's first (relative max difference). ``--transpose_b``: w given as (N, K), read transposed
 (the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Writes ``mosaic_gemm_tiles-<device>.json``.
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 from attention_fused_bwd import results_file
 from jaxfuse import bench
-from pallas_kernels.gemm import MosaicGemmConfig, matmul, unsupported_reason
+from pallas_kernels.gemm import MosaicGemmConfig, default_config, matmul, unsupported_reason
 
 BASE = MosaicGemmConfig()
 CONFIGS = {
@@ -103,7 +103,7 @@ def main() -> int:
     parser.add_argument("--transpose_b", action="store_true", help="w given as (N, K), read transposed")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_gemm_tiles")
-    result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",")}
+    result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",") if name != "auto"}
     result["transpose_b"] = args.transpose_b
     for shape in args.shapes.split(","):
         M, K, N = map(int, shape.split("x"))
@@ -115,7 +115,9 @@ def main() -> int:
         calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x, w.T if t else w, preferred_element_type=jnp.bfloat16))}
         row = dict(shape=shape, skipped={}, max_rel_diff={})
         for name in args.configs.split(","):
-            cfg = CONFIGS[name]
+            cfg = default_config(M, N, K) if name == "auto" else CONFIGS[name]
+            if name == "auto":
+                row["auto"] = cfg.to_dict()
             reason = unsupported_reason(M, N, K, cfg)
             if reason:
                 row["skipped"][name] = reason

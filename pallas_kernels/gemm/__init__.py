@@ -139,8 +139,9 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
       accumulate_into: None, or an (M, N) array of out_dtype: the result is accumulate_into + a @ b (float32
         sum, rounded once), computed over accumulate_into's buffer when XLA can donate it (a loop carry).
     Returns:
-      (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads, with the config's
-      tiles; their shapes (M, K) and (K, N) must tile too; accumulate_into's gradient is the cotangent.
+      (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads: da (M, K) over N and
+      db (K, N) over M, each with ``default_config`` of its own shape, or with a given config's tiles (their
+      shapes must tile too); accumulate_into's gradient is the cotangent.
     """
     if out_dtype is None:
         out_dtype = a.dtype if accumulate_into is None else accumulate_into.dtype
@@ -150,17 +151,19 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
                                         or jnp.dtype(accumulate_into.dtype) != out_dtype):
         raise ValueError(f"accumulate_into: expected shape ({M}, {N}) and dtype {out_dtype} (a @ b's), got "
                          f"{tuple(jnp.shape(accumulate_into))} {jnp.dtype(accumulate_into.dtype)}")
+    given = config is not None  # else each gradient GEMM takes the default of its own shape
     config = config or default_config(M, N, K, a.dtype,
                                       accumulate_dtype=None if accumulate_into is None else out_dtype)
     reason = unsupported_reason(M, N, K, config)
     if reason:
         raise ValueError(f"matmul (mosaic): {reason}")
-    return _matmul(a, b, accumulate_into, (config, out_dtype, transpose_a, transpose_b, accumulate_into is not None))
+    return _matmul(a, b, accumulate_into, (config, out_dtype, transpose_a, transpose_b, given,
+                                           accumulate_into is not None))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _matmul(a, b, c, static):
-    config, out_dtype, transpose_a, transpose_b, _ = static
+    config, out_dtype, transpose_a, transpose_b, _, _ = static
     return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
                 accumulate_into=c, name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
 
@@ -175,20 +178,30 @@ def _matmul_bwd(static, saved, g):
 
 
 def _operand_grads(static, saved, g):
-    config, _, transpose_a, transpose_b, _ = static
+    config, _, transpose_a, transpose_b, given, _ = static
     a, b = saved
     g = g.astype(a.dtype)
+    (M, N), K = g.shape, a.shape[0 if transpose_a else 1]
+
+    def config_for(rows: int, cols: int, depth: int) -> MosaicGemmConfig:
+        """A gradient GEMM's config: the given one, or the default of its (rows, cols) output over depth (the dw
+        GEMM of a short-K forward has few output tiles and a long K loop, where the forward's tiles idle most
+        SMs)."""
+        return config if given else default_config(rows, cols, depth, a.dtype)
+
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
     if transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
-        da = gemm(b, g, config=config, out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
+        da = gemm(b, g, config=config_for(K, M, N), out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
                   name="mosaic_matmul_da")[0]
     else:
-        da = gemm(g, b, config=config, out_dtype=a.dtype, transpose_b=not transpose_b, name="mosaic_matmul_da")[0]
+        da = gemm(g, b, config=config_for(M, K, N), out_dtype=a.dtype, transpose_b=not transpose_b,
+                  name="mosaic_matmul_da")[0]
     if transpose_b:  # b (N, K): db = g ᵀ A
-        db = gemm(g, a, config=config, out_dtype=b.dtype, transpose_a=True, transpose_b=transpose_a,
+        db = gemm(g, a, config=config_for(N, K, M), out_dtype=b.dtype, transpose_a=True, transpose_b=transpose_a,
                   name="mosaic_matmul_db")[0]
     else:
-        db = gemm(a, g, config=config, out_dtype=b.dtype, transpose_a=not transpose_a, name="mosaic_matmul_db")[0]
+        db = gemm(a, g, config=config_for(K, N, M), out_dtype=b.dtype, transpose_a=not transpose_a,
+                  name="mosaic_matmul_db")[0]
     return da, db
 
 
