@@ -324,8 +324,8 @@ def test_gradients_are_two_more_gemms_without_transposes():
 def test_gradient_gemms_take_the_default_tiles_of_their_own_shapes_unless_given(monkeypatch, transpose_a,
                                                                                  transpose_b):
     """The small preset's MLP projection x (8192, 512) @ w (512, 2816): its db GEMM (512 x 2816 over 8192) has 11
-    output tiles per 64 of the forward's, so it takes its own default (with stream-K), not the forward's tiles;
-    a config given to ``matmul`` runs all three GEMMs."""
+    output tiles per 64 of the forward's, so it takes its own default (with stream-K), not the forward's ping-pong
+    tiles; a config given to ``matmul`` runs all three GEMMs."""
     import pallas_kernels.gemm as gemm_module
 
     M, K, N = 8192, 512, 2816
@@ -339,6 +339,7 @@ def test_gradient_gemms_take_the_default_tiles_of_their_own_shapes_unless_given(
     a = S((K, M) if transpose_a else (M, K), jnp.bfloat16)
     b = S((N, K) if transpose_b else (K, N), jnp.bfloat16)
     assert default_config(*((N, K, M) if transpose_b else (K, N, M))).stream_k  # db: 44 tiles, 128 steps each
+    assert default_config(M, N, K).pingpong  # the forward's 8 steps: ping-pong tiles (SHORT_K)
     for config in (None, MosaicGemmConfig(tile_m=64, tile_n=128, wg_split="m")):
         used.clear()
         fn = lambda a, b, g: jax.vjp(lambda a, b: matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b,

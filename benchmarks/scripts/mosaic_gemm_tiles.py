@@ -5,8 +5,9 @@ GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
         [--transpose_b]
 
 Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
-(the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output
-checked against cuBLAS's first (relative max difference). ``--transpose_b``: w given as (N, K), read transposed
+(the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one), and
+``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked against cuBLAS's first
+(relative max difference). ``--transpose_b``: w given as (N, K), read transposed
 (the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Writes ``mosaic_gemm_tiles-<device>.json``.
 """
 
