@@ -608,8 +608,8 @@ def test_stream_k_refuses_a_prologue_that_needs_whole_tiles():
 
 
 @pytest.mark.parametrize("changes, transpose_a, match", [
-    (dict(stream_k=1), False, "stream_k splits tiles along K; a fusion with a prologue_step, or an a_observe "
-                              "without carry_shapes, needs whole tiles"),
+    (dict(stream_k=1), False, r"stream_k splits tiles along K; a fusion with a prologue_step, or an a_observe "
+                              r"without carry_shapes \(or share_rows\), needs whole tiles"),
     (dict(pipeline="pallas"), False, "a_observe runs it in the MMA warpgroups of the K loop pipeline='own' .* got "
                                      "pipeline='pallas', transpose_a=False"),
     ({}, True, "on an A read as stored, without a prologue_step; got pipeline='own', transpose_a=True")])
@@ -647,7 +647,7 @@ def test_stream_k_passes_the_a_observe_carry_through_a_workspace():
         *operands).lower(lowering_platforms=("cuda",)).as_text()
     assert "tensor<64x2x64x256xf32>" in text and "tensor<64x2x64x64xf32>" in text
     wrong = dataclasses.replace(fusion, carry_shapes=((64,),))
-    with pytest.raises(ValueError, match=r"carry_shapes=\(\(64,\),\), but the a_observe carry holds \[\(64, 64\)\]"):
+    with pytest.raises(ValueError, match=r"carry_shapes=\(\(64,\),\), but the hook carry holds \[\(64, 64\)\]"):
         mosaic_ir.lower_kernels(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=wrong),
                                 *operands)
 
@@ -717,7 +717,7 @@ def _scaled_a(config, M: int, squares_in: str = "operand") -> Fusion:
         scaled = a * jax.lax.broadcast_in_dim(vectors["g"], a.shape, [1])
         return scaled, add_squares(ctx, a, carry) if squares_in == "operand" else carry
 
-    return dataclasses.replace(sums, step_inputs=("g",), carry_shapes=None, a_operand=operand,
+    return dataclasses.replace(sums, step_inputs=("g",), a_operand=operand,  # carry_shapes: sums add (stream-K)
                                a_observe=add_squares if squares_in == "observe" else None)
 
 
@@ -734,7 +734,8 @@ def _check_a_operand(M, K, N, config, calls=1, squares_in="operand"):
 
 
 @pytest.mark.parametrize("config_changes, fusion_changes, transpose_a, match", [
-    (dict(stream_k=1), {}, False, "a_operand takes no a_copy and no stream_k .* got a_copy=None, stream_k=1"),
+    ({}, dict(outputs=(("sumsq", S((256,), jnp.float32)), ("a2", S((256, 256), jnp.bfloat16))),
+          a_copy=("a2", lambda ctx, a, carry: a)), False, "a fusion with an a_operand takes no a_copy; got a_copy='a2'"),
     (dict(pipeline="pallas"), {}, False, "a_operand runs it in the MMA warpgroups of the K loop pipeline='own'"),
     ({}, {}, True, "a_operand runs it .* got pipeline='own', transpose_a=True"),
     ({}, dict(a_operand=None), False, r"step_inputs=\('g',\) are read by an a_operand only")])
@@ -754,6 +755,37 @@ def test_a_operand_step_input_must_run_along_k():
         jax.eval_shape(lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
                                             fusion=_scaled_a(config, 256), arrays=dict(g=g)),
                        S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((512,), jnp.bfloat16))
+
+
+def test_a_operand_takes_stream_k_ranges_of_one_length_only():
+    """4 tiles on 3 blocks: one tile left over, cut into 3 ranges of its 4 K steps (2, 1, 1 steps): the unrolled
+    K loop of an a_operand needs one static length; stream_k=2 (2 ranges of 2 steps) takes it."""
+    fn = lambda a, b, g, split: gemm(a, b, config=MosaicGemmConfig(stream_k=split), out_dtype=jnp.bfloat16,  # noqa: E731
+                                     fusion=_scaled_a(MosaicGemmConfig(), 256), arrays=dict(g=g), num_sms=3)
+    operands = S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((256,), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"a_operand unrolls its K loop in static groups, so stream-K's ranges must "
+                                         r"be equal and within one tile: stream_k=3 cuts 1 tiles of 4 steps over 3 "
+                                         r"blocks; take a split that divides 4, or stream_k=0"):
+        jax.eval_shape(lambda a, b, g: fn(a, b, g, 3), *operands)
+    assert jax.eval_shape(lambda a, b, g: fn(a, b, g, 2), *operands)[0].shape == (256, 512)
+
+
+@cpu_only
+def test_a_operand_lowers_with_stream_k_segments_in_register_blocks():
+    """Lowered for CUDA at 4352x1024x4096 (16 tiles left over, 4 ranges of 4 steps each): the stream-K workspace
+    beside the output, wgmma reading A from registers in the rounds' K loop and in the segments' (two register
+    blocks per iteration with one group in flight), and the sums of squares' partial carries (carry_shapes)."""
+    M, K, N = 4352, 1024, 4096
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, stream_k=4)
+    fusion = _scaled_a(config, M)
+    fn = lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion, arrays=dict(g=g))  # noqa: E731
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((K,), jnp.bfloat16)
+    text = jax.jit(fn).trace(*operands).lower(lowering_platforms=("cuda",)).as_text()
+    assert "tensor<64x2x64x256xf32>" in text and "tensor<64x2x64x64xf32>" in text
+    (kernel,) = mosaic_ir.lower_kernels(fn, *operands)
+    wgmma = [line for line in kernel.text.splitlines() if "wgmma.mma_async" in line]
+    assert len(wgmma) >= 2 * 2 * 4 and all(re.search(r"bf16 \{\$\d+(,\$\d+)*\}, \{\$\d+,\$\d+,\$\d+,\$\d+\}",
+                                                      line) for line in wgmma)
 
 
 @cpu_only
@@ -796,7 +828,11 @@ def test_a_operand_in_interpret_mode(fields, squares_in):
     (2048, 1024, 2048, MosaicGemmConfig(delay_release=1), "observe"),  # wg_split "n": both warpgroups load all rows
     (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=4, delay_release=2),
      "operand"),
-    (2048, 1024, 2048, MosaicGemmConfig(schedule="pingpong", delay_release=1), "operand")])
+    (2048, 1024, 2048, MosaicGemmConfig(schedule="pingpong", delay_release=1), "operand"),
+    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, stream_k=4),
+     "operand"),  # 16 tiles left over, 4 ranges of 4 steps each; the sums' partial carries added
+    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=0, stream_k=4),
+     "observe")])
 def test_a_operand_on_the_gpu(M, K, N, config, squares_in):
     """With one or two wgmma groups in flight: a register block rewritten under its wgmma gave wrong products."""
     _check_a_operand(M, K, N, config, calls=2, squares_in=squares_in)
@@ -949,14 +985,14 @@ def _shared_row_scale(config, M: int, K: int) -> Fusion:
 
 
 @pytest.mark.parametrize("config_changes, fusion_changes, match", [
-    (dict(stream_k=4), {}, "share_rows takes an a_observe's carry from one tile per row block; .* stream_k=4"),
     (dict(schedule="pingpong", tile_m=128, tile_n=128), {}, "needs an a_observe, schedule='cooperative'"),
     (dict(epilogue_store="next_tile"), {}, "epilogue_store='next_tile'"),
     ({}, dict(a_observe=None), "a_observe=None"),
     ({}, dict(outputs=(("sumsq", S((256,), jnp.bfloat16)),)),
      r"share_rows='sumsq' must name an \(256,\) float32 output, got shape \(256,\), dtype bfloat16"),
     ({}, dict(outputs=()), "share_rows='sumsq' must name an .* got no such output")])
-def test_share_rows_needs_an_a_observe_whole_tiles_and_a_float32_row_output(config_changes, fusion_changes, match):
+def test_share_rows_needs_an_a_observe_cooperative_tiles_and_a_float32_row_output(config_changes, fusion_changes,
+                                                                                   match):
     config = MosaicGemmConfig(**dict(dict(tile_m=64, tile_n=256, wg_split="m", delay_release=1), **config_changes))
     fusion = dataclasses.replace(_shared_row_scale(config, 256, 256), **fusion_changes)
     with pytest.raises(ValueError, match=match):
@@ -979,6 +1015,42 @@ def test_share_rows_lowers_one_k_loop_for_both_kinds_of_tile():
         *operands)
     assert kernel.wgmma() == alone.wgmma() and kernel.smem_bytes == alone.smem_bytes
     assert kernel.text.count("scf.index_switch") > alone.text.count("scf.index_switch")
+
+
+def test_share_rows_takes_stream_k_only_with_the_first_column_in_the_whole_rounds():
+    """One column of 8 row blocks on 6 blocks: the whole round holds 6 first tiles, the 2 left over would be cut
+    into K ranges that never run the a_observe."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, stream_k=4)
+    fusion = _shared_row_scale(config, 1024, 256)
+    with pytest.raises(ValueError, match=r"share_rows needs every row block's first tile in the whole rounds .* the "
+                                         r"rounds hold 6 tiles of the 8 first ones; take stream_k=0 here"):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion, num_sms=6),
+                       S((1024, 256), jnp.bfloat16), S((256, 256), jnp.bfloat16))
+
+
+@cpu_only
+@pytest.mark.parametrize("with_operand", [False, True])
+def test_share_rows_lowers_with_stream_k_and_no_partial_carries(with_operand):
+    """Lowered for CUDA at 4352x1024x4096 (16 tiles left over on 4 units each): the accumulators' stream-K workspace
+    but none for the a_observe carry (stream-K tiles never take it), and the shared memory of whole tiles."""
+    M, K, N = 4352, 1024, 4096
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)
+    fusion = _shared_row_scale(config, M, K)
+    operands = [S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)]
+    if with_operand:
+        fusion = dataclasses.replace(fusion, step_inputs=("g",), a_operand=lambda ctx, x, v, c: (x, c))
+        operands.append(S((K,), jnp.bfloat16))
+
+    def fn(config):
+        return lambda a, b, *g: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion,
+                                     arrays=dict(g=g[0]) if g else {})
+
+    split = dataclasses.replace(config, stream_k=4)
+    text = jax.jit(fn(split)).trace(*operands).lower(lowering_platforms=("cuda",)).as_text()
+    assert "tensor<64x2x64x256xf32>" in text and "tensor<64x2x64x64xf32>" not in text
+    (kernel,) = mosaic_ir.lower_kernels(fn(split), *operands)
+    (whole,) = mosaic_ir.lower_kernels(fn(config), *operands)
+    assert kernel.smem_bytes == whole.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
 
 
 def _check_shared_rows(M, K, N, config, calls=2, with_operand=False):
@@ -1025,6 +1097,9 @@ _SHARED_STACKED = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_min
     (4096, 4096, 4096, dataclasses.replace(_SHARED_STACKED, shared_rows_wait=0), False),  # after the K loop
     (2048, 128, 2048, _SHARED_STACKED, False),  # 2 steps: the wait 4 steps before the end is at the first
     (4096, 1024, 4096, dataclasses.replace(_SHARED_STACKED, shared_rows_wait=1), True),
+    (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4), False),  # 16 tiles left over, 4 units each
+    (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4), True),  # the same beside an a_operand
+    (32768, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4), True),  # 4 left over; 256 first tiles
 ])
 def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
     _check_shared_rows(M, K, N, config, with_operand=with_operand)

@@ -238,9 +238,9 @@ def test_the_row_dot_from_the_dx_kernel_leaves_no_xla_pass_over_dy():
     assert [line for line in program.splitlines() if "stablehlo.reduce" in line and f"tensor<{M}x{N}x" in line]
 
 
-@pytest.mark.parametrize("fields", [dict(stream_k=4), dict(epilogue_store="next_tile"),
+@pytest.mark.parametrize("fields", [dict(epilogue_store="next_tile"),
                                     dict(schedule="pingpong", tile_m=128, tile_n=128), dict(cluster="m")])
-def test_r_shared_from_each_row_blocks_first_tile_needs_whole_cooperative_tiles(fields):
+def test_r_shared_from_each_row_blocks_first_tile_needs_cooperative_tiles(fields):
     forward = MosaicGemmConfig(**dict(dict(tile_m=64, tile_n=256, wg_split="m", delay_release=1), **fields))
     with pytest.raises(ValueError, match="stats_in_kernel: 'mma_shared' passes r from each row block's first tile "
                                          "to its others; the forward config needs schedule='cooperative'"):
@@ -520,6 +520,23 @@ def _variant_fields(variant) -> tuple:
     if isinstance(variant, str) and variant.startswith("gamma_on_a_"):
         return variant[len("gamma_on_a_"):], "a"
     return False, {"gamma_on_x": "x", "gamma_on_a": "a"}.get(variant, "w")
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, variant", [
+    (32768, 1024, 4096, "mma_shared"),  # 4096 tiles: 4 left over, each on 4 units; r shared by the first column
+    (32768, 1024, 4096, "gamma_on_a_mma_shared"),  # beside gamma in the registers: one kernel, no XLA pass
+    (32768, 1024, 4096, "gamma_on_a"),  # gamma in the registers, r from XLA
+    (4352, 2048, 4096, "gamma_on_a_mma_shared")])  # 544 tiles: 16 left over
+def test_forward_with_stream_k_beside_shared_r_or_gamma_in_registers_on_the_gpu(M, K, N, variant):
+    """The forward's last round cut by K steps (stream_k=4) where r comes from each row block's first tile
+    (``gemm.Fusion.share_rows``) or gamma multiplies the x blocks in registers (``gemm.Fusion.a_operand``): forward
+    and gradients against the float32 reference, two calls (the row counts end each at zero)."""
+    config = _numbers_config(M, K, N, jnp.bfloat16, False, variant, "n")  # stacked 64x256 forward tiles
+    config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, stream_k=4))
+    x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
+    for _ in range(2):
+        _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
 
 
 @gpu_only

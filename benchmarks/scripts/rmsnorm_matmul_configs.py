@@ -106,6 +106,7 @@ VARIANTS = {
     "fwd_d0": dict(forward=dict(delay_release=0)),
     "fwd_stacked": dict(forward=dict(_STACKED, stream_k=0, delay_release=0)),  # whatever the entry's stages
     "fwd_stacked_sk": dict(forward=dict(_STACKED, stream_k=4, delay_release=0)),
+    "fwd_sk": dict(forward=dict(stream_k=4)),  # combine: "mma_shared+fwd_sk", "gamma_a+fwd_sk", ...
     "kdyr_dx_pp": dict(row_dot="k", dyr_in_dx=True, dx=dict(tile_m=128, tile_n=128, wg_split="n", grid_minor="m",
                                                              schedule="pingpong", delay_release=1, num_stages=4,
                                                              stream_k=0)),

@@ -143,10 +143,12 @@ class Fusion:
       wgmma: with ``delay_release`` 1 its loads and arithmetic run under the wgmma in flight. Its carry starts at
       ``prologue_init`` and reaches the epilogue (e.g. sums of squares of x). Pipeline "own", A read as stored,
       no prologue_step (``gemm.specialized``); with stream-K, ``carry_shapes``.
-    carry_shapes: (stream-K with an a_observe) the shapes of the a_observe carry's float32 leaves, in tree order:
+    carry_shapes: (stream-K with an a_observe or a carry-changing a_operand) the shapes of the hook carry's float32
+      leaves, in tree order:
       (rows, cols) arrays in the accumulator layout or (rows,) row vectors. They must add over K steps (sums): a
       segment that starts mid-tile stores its partial carry beside its partial accumulator, and the tile's owner
-      adds them to its own before the epilogue. None: the carry needs whole tiles (no stream-K).
+      adds them to its own before the epilogue. None: the carry needs whole tiles (no stream-K), unless
+      ``share_rows`` takes it from whole first tiles only.
     a_copy: (name, fn): the MMA warpgroups also write each A block, transformed, into the output ``name`` (an
       (M, K) 16-bit array of ``outputs``): fn(ctx, a, carry) -> the block's values, a as for a_observe, carry
       ``prologue_init``'s (ctx.step the step; with an a_observe too, its carry after this step's). Each block is
@@ -160,7 +162,9 @@ class Fusion:
       ``step_inputs`` vector, (tile_k,) in layout COLS; ctx.step the step; carry as for a_observe. The K loop then
       takes delay_release + 1 steps per iteration, one register block each (module docstring). With an a_observe
       too, that one loads the block again after the wgmma's issue (as without an a_operand), and the carry passes
-      through both. Pipeline "own", A read as stored, no prologue_step or a_copy, no stream-K.
+      through both. Pipeline "own", A read as stored, no prologue_step or a_copy; stream-K only where its ranges
+      all have one length within a tile (``StreamKPlan.segment_steps``: the split divides the K steps), and then
+      the a_operand's carry must pass through unchanged unless ``carry_shapes`` says how its partial sums add.
     step_inputs: (K,) vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the stage
       beside the A and B blocks, for ``a_operand`` (e.g. gamma over the contraction).
     share_rows: (name, fn): the a_observe carry is a statistic of the A rows alone (the same in every column
@@ -174,8 +178,9 @@ class Fusion:
       carry) as its carry (the other tiles' carry as prologue_init and any a_operand left it). No tile waits for
       one that waits, and a row block's first tile runs before its others (the whole first column runs first), so
       with one block per SM it cannot deadlock and seldom waits. Needs an a_observe; cooperative schedule, no
-      cluster, no stream-K, epilogue_store "end". In interpret mode (no semaphores) every tile takes the a_observe
-      itself.
+      cluster, epilogue_store "end". With stream-K the last round's tiles (never a first tile: the whole rounds
+      must hold the first column) skip the a_observe, and each tile's owner polls after its range. In interpret
+      mode (no semaphores) every tile takes the a_observe itself.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -247,23 +252,20 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         if copied is None or copied.shape != (M, K) or jnp.dtype(copied.dtype).itemsize != 2:
             raise ValueError(f"{name}: a_copy={fusion.a_copy[0]!r} must name an output of A's shape ({M}, {K}) and a "
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
-    if fusion.a_operand is not None and (fusion.a_copy is not None or config.stream_k):
-        raise ValueError(f"{name}: a fusion with an a_operand takes no a_copy and no stream_k (its K loop takes "
-                         f"whole tiles' steps in groups); got a_copy={'set' if fusion.a_copy else None}, "
-                         f"stream_k={config.stream_k}")
+    if fusion.a_operand is not None and fusion.a_copy is not None:
+        raise ValueError(f"{name}: a fusion with an a_operand takes no a_copy; got a_copy={fusion.a_copy[0]!r}")
     if config.epilogue_store == "next_tile" and fusion.store_in is not None:
         raise ValueError(f"{name}: epilogue_store='next_tile' keeps the output tile in registers and stages it in "
                          f"its own SMEM slots; a fusion storing from its tile input (store_in={fusion.store_in!r}, "
                          f"or accumulate_into) takes epilogue_store='end'")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
-        if fusion.a_observe is None or config.pingpong or config.cluster != "none" or config.stream_k or (
+        if fusion.a_observe is None or config.pingpong or config.cluster != "none" or (
                 config.epilogue_store != "end"):
             raise ValueError(f"{name}: share_rows takes an a_observe's carry from one tile per row block; it needs "
-                             f"an a_observe, schedule='cooperative', cluster='none', stream_k=0 and "
-                             f"epilogue_store='end'; got a_observe={'set' if fusion.a_observe else None}, "
-                             f"schedule={config.schedule!r}, cluster={config.cluster!r}, "
-                             f"stream_k={config.stream_k}, epilogue_store={config.epilogue_store!r}")
+                             f"an a_observe, schedule='cooperative', cluster='none' and epilogue_store='end'; got "
+                             f"a_observe={'set' if fusion.a_observe else None}, schedule={config.schedule!r}, "
+                             f"cluster={config.cluster!r}, epilogue_store={config.epilogue_store!r}")
         if shared is None or shared.shape != (M,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):
             seen = "no such output" if shared is None else f"shape {shared.shape}, dtype {jnp.dtype(shared.dtype)}"
             raise ValueError(f"{name}: share_rows={fusion.share_rows[0]!r} must name an ({M},) float32 output, got "
@@ -289,12 +291,23 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     grid = (num_sms or mu.num_sms()) // config.cluster_size
     plan = None
     if config.stream_k:
-        if fusion.prologue_step is not None or (fusion.a_observe is not None and fusion.carry_shapes is None):
+        if fusion.prologue_step is not None or (fusion.a_observe is not None and fusion.carry_shapes is None
+                                                and fusion.share_rows is None):
             raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step, or an a_observe "
-                             f"without carry_shapes, needs whole tiles (got stream_k={config.stream_k}; allowed with "
-                             f"it: 0)")
+                             f"without carry_shapes (or share_rows), needs whole tiles (got "
+                             f"stream_k={config.stream_k}; allowed with it: 0)")
         plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k,
                                  split=config.stream_k)
+        m_iters = M // config.cta_m
+        if plan is not None and fusion.a_operand is not None and plan.segment_steps is None:
+            raise ValueError(f"{name}: a fusion with an a_operand unrolls its K loop in static groups, so stream-K's "
+                             f"ranges must be equal and within one tile: stream_k={config.stream_k} cuts "
+                             f"{plan.sk_tiles} tiles of {plan.k_iters} steps over {plan.units} blocks; take a split "
+                             f"that divides {plan.k_iters}, or stream_k=0")
+        if plan is not None and fusion.share_rows is not None and plan.dp_tiles < m_iters:
+            raise ValueError(f"{name}: share_rows needs every row block's first tile in the whole rounds (stream-K "
+                             f"tiles never run the a_observe), but the rounds hold {plan.dp_tiles} tiles of the "
+                             f"{m_iters} first ones; take stream_k=0 here")
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
                    accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs))
@@ -441,8 +454,10 @@ class _Shape:
 
     @property
     def observed_carry_shapes(self) -> tuple:
-        """The a_observe carry's leaf shapes that stream-K segments pass on (none without an a_observe)."""
-        return tuple(self.fusion.carry_shapes or ()) if self.fusion.a_observe is not None else ()
+        """The hook carry's leaf shapes whose partial sums stream-K segments pass on: ``Fusion.carry_shapes`` with
+        an a_observe or an a_operand (none with share_rows: stream-K tiles do not observe)."""
+        hooked = self.fusion.a_observe is not None or self.fusion.a_operand is not None
+        return tuple(self.fusion.carry_shapes or ()) if hooked and self.fusion.share_rows is None else ()
 
     def workspace_type(self) -> list:
         """[the stream-K workspace's ShapeDtypeStruct, then the partial carries'], or [] without stream-K."""

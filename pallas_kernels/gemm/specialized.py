@@ -353,15 +353,16 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             in_mma = fusion.prologue_init is not None and not has_handoff
 
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True,
-                       fetch_at=None):
+                       fetch_at=None, length=None):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
                 With ``Fusion.a_observe``, run after each wgmma is issued (where ``observe``: True, or a traced bool
                 of the tile); with ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run
                 once, right after the first step's wgmma is issued (that step taken out of the loop; k0, k1 static).
                 ``fetch_at``: (step, when, fetch, rows): a second carry starting at rows, which at that step (and
                 ``when``, a traced bool), after the wgmma's issue, becomes fetch() (the shared row vector of
-                ``Fusion.share_rows``). Returns the hook's carry, or (it, that second carry) with fetch_at. No branch
-                holds a wgmma: ptxas keeps them asynchronous."""
+                ``Fusion.share_rows``). ``length``: k1 - k0 as a Python int where k0 and k1 are traced (a stream-K
+                segment); an a_operand needs the step count static. Returns the hook's carry, or (it, that second
+                carry) with fetch_at. No branch holds a wgmma: ptxas keeps them asynchronous."""
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry, rows = carry
                     g = g0 + k - k0
@@ -413,9 +414,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 if fusion.a_operand is None:
                     _, hook_carry, rows = lax.fori_loop(first, k1, step, (acc_ref, hook_carry, rows))
                 else:  # delay + 1 steps per iteration, each its own register block: a block is loaded again only
-                    # after the wgmma_wait(delay) of a later step has seen its wgmma complete (k0, k1 static here)
+                    # after the wgmma_wait(delay) of a later step has seen its wgmma complete (a static count)
                     unroll = delay + 1
-                    rounds, rest = divmod(k1 - first, unroll)
+                    count = (k1 - k0 if length is None else length) - (under_first is not None)
+                    rounds, rest = divmod(count, unroll)
 
                     def steps(j, carry):
                         for i in range(unroll):
@@ -435,6 +437,16 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         def _release_last():
                             plgpu.barrier_arrive(consumed.at[barrier_of(g0 + last)])
                 return hook_carry if fetch_at is None else (hook_carry, rows)
+
+            def fetch_shared_rows(ctx):
+                """A row block's shared vector (``Fusion.share_rows``), this tile's rows, once its first tile has
+                stored it. One load polls for the signal (a decrementing wait compares-and-swaps, two round trips
+                to L2 at least, each contended by the row block's other tiles); then -1, fire and forget: the count
+                stays >= 1 until the row block's last tile has passed, and ends the call at zero."""
+                semaphore = row_semaphores.at[ctx.m_idx * 2 + wg]
+                plgpu.semaphore_wait(semaphore, 1, decrement=False, memory_scope="gpu")  # acquire
+                plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
+                return mu.load(named_out[fusion.share_rows[0]].at[ctx.rows], layout=mu.ROWS, optimized=False)
 
             def shared_rows_k_loop(acc_ref, ctx, local, hook_carry):
                 """The K loop of a tile under ``Fusion.share_rows``: a row block's column-0 tile runs the a_observe,
@@ -467,13 +479,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     return produce(carry), carry
 
                 def fetch():
-                    # One load polls for the signal (a decrementing wait compares-and-swaps, two round trips to L2
-                    # at least, each contended by the row block's other tiles); then -1, fire and forget: the count
-                    # stays >= 1 until the row block's last tile has passed, and ends the call at zero.
-                    semaphore = row_semaphores.at[ctx.m_idx * 2 + wg]
-                    plgpu.semaphore_wait(semaphore, 1, decrement=False, memory_scope="gpu")  # acquire
-                    plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
-                    return mu.load(shared_out.at[ctx.rows], layout=mu.ROWS, optimized=False)
+                    return fetch_shared_rows(ctx)
 
                 first = ctx.n_idx == 0
                 if not cfg.shared_rows_wait:
@@ -562,17 +568,16 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         shape.start_tile(ctx, named_in, scoped)
 
                     hook_carry = fusion.prologue_init(ctx) if in_mma else ()
+                    observed = fusion.a_observe is not None and not sharing  # (share_rows: never a first tile)
+                    combined = bool(shape.observed_carry_shapes)  # partial carries the owner adds
 
                     def acc_scope(acc_ref):
                         g0 = sk_g0 + t * k_iters + k0
-                        if fusion.a_observe is None:  # the carry (prologue_init's) stays as it is
-                            k_loop(acc_ref, g0, k0, k1, ctx, hook_carry)
-                            carry = hook_carry
-                        else:
-                            carry = k_loop(acc_ref, g0, k0, k1, ctx, hook_carry)
-                        parts, tree = jax.tree.flatten(carry) if fusion.a_observe is not None else ([], None)
+                        carry = k_loop(acc_ref, g0, k0, k1, ctx, hook_carry, observe=observed,
+                                       length=plan.segment_steps)  # (None: an a_operand is refused then)
+                        parts, tree = jax.tree.flatten(carry) if combined else ([], None)
                         if [p.shape for p in parts] != [tuple(s) for s in shape.observed_carry_shapes]:
-                            raise ValueError(f"Fusion.carry_shapes={fusion.carry_shapes}, but the a_observe carry "
+                            raise ValueError(f"Fusion.carry_shapes={fusion.carry_shapes}, but the hook carry "
                                              f"holds {[p.shape for p in parts]}")
 
                         @pl.when(jnp.logical_not(owner))
@@ -594,8 +599,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                             first, last = plan.sources(t)
                             acc, summed = lax.fori_loop(first, last + 1, add, (acc_ref[...], parts))
-                            shape.finish_tile(ctx, acc_ref, tree.unflatten(summed) if parts else carry, out_gmem,
-                                              named_out, scoped, acc=acc)
+                            epilogue_carry = tree.unflatten(summed) if parts else carry
+                            if sharing:  # (the row vector, the carry), as the whole rounds' tiles get it
+                                epilogue_carry = (fetch_shared_rows(ctx), epilogue_carry)
+                            shape.finish_tile(ctx, acc_ref, epilogue_carry, out_gmem, named_out, scoped, acc=acc)
 
                     pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
                     return c

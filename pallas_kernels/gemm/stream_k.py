@@ -111,6 +111,14 @@ class StreamKPlan:
         return self.unit_of(t * self.k_iters) + 1, self.unit_of((t + 1) * self.k_iters - 1)
 
     @property
+    def segment_steps(self) -> int | None:
+        """The length of every unit's one segment where all have the same (the split divides k_iters: each unit
+        takes one aligned range of one tile, as ``plan_for``'s plans do then), else None. A K loop that unrolls
+        its steps in static groups (``gemm.Fusion.a_operand``) needs it."""
+        steps, rest = divmod(self.sk_steps, self.units)
+        return steps if not rest and self.k_iters % steps == 0 else None
+
+    @property
     def max_segments(self) -> int:
         return max(self.num_segments(u) for u in range(self.units))
 

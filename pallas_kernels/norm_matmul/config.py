@@ -336,12 +336,12 @@ class MosaicRMSNormMatmulConfig:
                              f"MMA warpgroups of our K loop: the forward config needs pipeline='own', got "
                              f"{self.forward.pipeline!r}")
         if self.stats_in_kernel == "mma_shared" and (self.forward.pingpong or self.forward.cluster != "none" or
-                                                      self.forward.stream_k or self.forward.epilogue_store != "end"):
+                                                      self.forward.epilogue_store != "end"):
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma_shared' passes r from each row block's "
                              "first tile to its others; the forward config needs schedule='cooperative', "
-                             "cluster='none', stream_k=0 and epilogue_store='end'; got "
+                             "cluster='none' and epilogue_store='end'; got "
                              f"schedule={self.forward.schedule!r}, cluster={self.forward.cluster!r}, "
-                             f"stream_k={self.forward.stream_k}, epilogue_store={self.forward.epilogue_store!r}")
+                             f"epilogue_store={self.forward.epilogue_store!r}")
         if self.gamma_on not in (None, "w", "x", "a"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x' or 'a', got "
                              f"{self.gamma_on!r}")
