@@ -557,6 +557,16 @@ def test_forward_stored_under_the_next_tile_on_the_gpu(M, K, N, variant, residua
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])
+def test_the_suite_shapes_tuned_entries_on_the_gpu(M, K, N):
+    """Forward and gradients of the suite shapes with this device's tuned entries (no block_sizes), against the
+    float32 reference, two calls (the shared r's counts end each at zero)."""
+    x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
+    for _ in range(2):
+        _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])
 def test_the_tuned_forward_keeps_its_wgmma_unserialized_and_unspilled_on_the_gpu(M, K, N):
     """ptxas's report on the suite shapes' tuned forward kernels (built 128 rows further down, a kernel no other test
     compiles first: Mosaic builds each once per process): no spills, no serialized wgmma (warning C7513). Gamma in
@@ -696,6 +706,28 @@ def test_the_h100_entries_of_the_suite_shapes_write_dyr_from_the_dx_kernel(M, K,
     entries = tuning.load_cache()["entries"]["NVIDIA H100 80GB HBM3"]["mosaic"]["rmsnorm_matmul"]
     config = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     assert config.row_dot_side() == "n" and config.dyr_by_dx(jnp.bfloat16, residual=False)
+
+
+@cpu_only
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])
+def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K, N):
+    """The H200's own entries (rmsnorm_matmul_configs_stream_k_shared{,_fwd_bwd}-h200-1bb672a.json): gamma in the
+    MMA warpgroups' registers and r from each row block's first tile, so the forward is one kernel and XLA makes no
+    (M, K) tensor and reads no (K, N) one for w_γ; at 32768x4096x4096 its last round of tiles is cut by K steps."""
+    from pallas_kernels import tuning
+
+    params = tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
+                           device="NVIDIA H200")
+    config = Config(**params)
+    assert (config.gamma_on, config.stats_in_kernel) == ("a", "mma_shared")
+    assert config.forward.stream_k == (4 if M == 32768 else 0)
+    args = (S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16))
+    fn = lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)  # noqa: E731
+    with backends.lowering_for_gpu():
+        (kernel,) = mosaic_ir.lower_kernels(fn, *args)
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    assert _mk_producers(program, M, K) == [] and _mk_producers(program, K, N) == []
 
 
 @cpu_only
