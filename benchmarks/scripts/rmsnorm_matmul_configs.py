@@ -93,6 +93,11 @@ VARIANTS = {
     "dx_k32": dict(dx=dict(tile_k=32, num_stages=6)),
     "dw_cluster_m": dict(dw=dict(cluster="m")),
     "dw_d1": dict(dw=dict(delay_release=1)),
+    # 128x128 dw tiles: a 32 KiB w tile leaves room for 6 stages, and twice the tiles a short last round (stream-K)
+    "dw_128_s6": dict(dw=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=6, stream_k=0)),
+    "dw_128_s6_sk": dict(dw=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=6, stream_k=4)),
+    "dw_pp_s5": dict(dw=dict(tile_m=128, tile_n=128, schedule="pingpong", num_stages=5, delay_release=1,
+                             stream_k=0)),
     # dyr = r ⊙ dy written by the dx kernel from its dy blocks in shared memory (gemm.Fusion.a_copy): XLA's pass
     # over dy and y only reduces (no (M, N) write)
     "dyr_in_dx": dict(row_dot="n", dyr_in_dx=True),
