@@ -711,7 +711,8 @@ def test_the_h100_entries_of_the_suite_shapes_write_dyr_from_the_dx_kernel(M, K,
 @cpu_only
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])
 def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K, N):
-    """The H200's own entries (rmsnorm_matmul_configs_stream_k_shared{,_fwd_bwd}-h200-1bb672a.json): gamma in the
+    """The H200's own entries (rmsnorm_matmul_configs_{stream_k_shared,stream_k_shared_fwd_bwd,shared_r}-h200-
+    1bb672a.json): gamma in the
     MMA warpgroups' registers and r from each row block's first tile, so the forward is one kernel and XLA makes no
     (M, K) tensor and reads no (K, N) one for w_γ; at 32768x4096x4096 its last round of tiles is cut by K steps."""
     from pallas_kernels import tuning

@@ -249,11 +249,14 @@ class MosaicRMSNormMatmulConfig:
       32768x4096x4096; 6-7% beside gamma_on "a": rmsnorm_matmul_configs_mma_rows-h100-d0df74c.json).
       "mma_shared": as "mma", but only the first tile of each row block sums the squares; the others get its r
       through HBM (``gemm.Fusion.share_rows``: the forward's whole first column runs first, then the other tiles,
-      each polling the row block's count a few steps before its K loop ends). Whole cooperative tiles (no stream-K,
-      cluster or ping-pong, epilogue_store "end"). Beside gamma_on "a" the forward is one kernel reading x and w
-      once, no XLA pass at all. Measured on the H100 (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json,
-      forward µs, the tuned entry → gamma_on "a" with "mma_shared"): 1462.3 → 1453.2 at 32768x4096x4096, 621.4 →
-      620.9 at 4096x4096x14336, 548.3 → 533.8 at 8192x4096x6144 (NOTES.md, 2026-11-28, twenty-third session).
+      each polling the row block's count a few steps before its K loop ends). Cooperative tiles (no cluster or
+      ping-pong, epilogue_store "end"); with stream-K the last round's tiles take r like the others. Beside gamma_on
+      "a" the forward is one kernel reading x and w once, no XLA pass at all. Measured on the H100
+      (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json, forward µs, the tuned entry → gamma_on "a" with
+      "mma_shared"): 1462.3 → 1453.2 at 32768x4096x4096, 621.4 → 620.9 at 4096x4096x14336, 548.3 → 533.8 at
+      8192x4096x6144 (NOTES.md, 2026-11-28, twenty-third session). On the H200 (rmsnorm_matmul_configs_{stream_k_
+      shared,shared_r}-h200-1bb672a.json, forward µs, H100 entry → this): 1432.1 → 1429.7 with stream-K (1438.8
+      without), 613.9 → 610.9, 537.6 → 528.9; the H200's entries at the three shapes.
     gamma_on: where gamma goes. "w": the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w, shared
       with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx

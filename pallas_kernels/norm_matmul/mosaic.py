@@ -250,7 +250,7 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
     hooks = _mma_stats(M, K, eps, cfg, stats_in_kernel)
-    hooks.pop("carry_shapes")  # an a_operand takes whole tiles (no stream-K)
+    hooks.pop("carry_shapes")  # "mma", "mma_rows": whole tiles (stream-K beside the a_operand: "mma_shared" only)
     return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), step_inputs=("gamma",),
                   a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq), **hooks)
 
