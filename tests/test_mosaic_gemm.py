@@ -839,6 +839,101 @@ def test_a_operand_on_the_gpu(M, K, N, config, squares_in):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# MosaicGemmConfig.tile_input_in="ring": the epilogue's tile input loaded into two B stages after the K loop
+# ---------------------------------------------------------------------------------------------------------------
+def _added_tile(M: int, n_blocks: int = 1) -> Fusion:
+    """A fusion whose epilogue adds its tile input "c" to the product, stores the result from c's SMEM (store_in)
+    and writes the row sums of acc ⊙ c ("dot", one (M,) row per column block): a wrong, stale or overwritten tile
+    input shows in both."""
+    def epilogue(ctx, acc, carry):
+        c = ctx.load_tile("c")
+        return acc + c, {"dot": jnp.sum(acc * c, axis=1)}
+
+    return Fusion(tile_inputs=("c",), store_in="c", outputs=(("dot", S((M,), jnp.float32)),), epilogue=epilogue)
+
+
+def _check_ring_input(M, K, N, config, calls=1, transpose_a=False):
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    c = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
+    fn = jax.jit(lambda a, b, c: gemm(a.T if transpose_a else a, b, config=config, out_dtype=jnp.bfloat16,
+                                      transpose_a=transpose_a, fusion=_added_tile(M), arrays=dict(c=c)))
+    product = _f32_product(a, b)
+    for _ in range(calls):
+        got, dot = fn(a, b, c)
+        assert _rel_err(got, product + c.astype(jnp.float32)) <= _tol(jnp.bfloat16, K)  # NaN fails
+        assert _rel_err(dot, jnp.sum(product * c.astype(jnp.float32), axis=1)) <= _tol(jnp.bfloat16, K)
+
+
+_RING = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=64, num_stages=4, wg_split="m", tile_input_in="ring")
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(wg_split="n"), "tile_input_in: 'ring' puts each warpgroup's .* got tile_m=64, tile_k=64, wg_split='n'"),
+    (dict(tile_k=32), "it needs tile_m == tile_k, .* got tile_m=64, tile_k=32"),
+    (dict(stream_k=4), "no cluster and stream_k=0; .* stream_k=4"),
+    (dict(schedule="pingpong", tile_m=128, tile_n=128, tile_k=128), "schedule='pingpong'")])
+def test_ring_tile_input_needs_the_b_stage_shape_and_cooperative_whole_tiles(fields, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(_RING, **fields)
+
+
+@pytest.mark.parametrize("fusion, arrays, transpose_b, match", [
+    (Fusion(tile_inputs=("c", "d"), store_in="c"), ("c", "d"), False, r"exactly one.* tile_inputs=\('c', 'd'\)"),
+    (Fusion(tile_inputs=("c",)), ("c",), False, "store_in=None"),
+    (Fusion(tile_inputs=("c",), store_in="c"), ("c",), True, "transpose_b=True")])
+def test_ring_tile_input_is_the_one_store_in_tile_of_b_s_dtype(fusion, arrays, transpose_b, match):
+    with pytest.raises(ValueError, match="tile_input_in='ring' loads the one tile input, the output's store_in, into "
+                                         "B stages: .*" + match):
+        jax.eval_shape(lambda a, b, **arr: gemm(a, b, config=_RING, out_dtype=jnp.bfloat16, transpose_b=transpose_b,
+                                                fusion=fusion, arrays=arr),
+                       S((256, 256), jnp.bfloat16), S((256, 256), jnp.bfloat16),
+                       **{n: S((256, 256), jnp.bfloat16) for n in arrays})
+
+
+@cpu_only
+def test_ring_tile_input_takes_no_shared_memory_of_its_own():
+    """Lowered for CUDA at 4096x4096x4096: the 64 KiB tile buffer gone (with 3 stages; with 4, which the buffer
+    leaves no room for, the stages and barriers only), and the tile's prefetch replaced by the halves' loads."""
+    M, K, N = 4096, 4096, 4096
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, N), jnp.bfloat16)
+
+    def lowered(config):
+        (kernel,) = mosaic_ir.lower_kernels(
+            lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_added_tile(M),
+                                 arrays=dict(c=c)), *operands)
+        return kernel
+
+    three = dataclasses.replace(_RING, num_stages=3)
+    ring, buffer = lowered(three), lowered(dataclasses.replace(three, tile_input_in="buffer"))
+    assert 0 <= buffer.smem_bytes - ring.smem_bytes - 2 * 64 * 256 * 2 <= 64  # (and the buffer's barriers)
+    assert (ring.tma_loads(), buffer.tma_loads()) == (6, 3)  # A, B, each warpgroup's two halves; A, B, the prefetch
+    assert lowered(_RING).smem_bytes <= smem_bytes(_RING, jnp.bfloat16, jnp.bfloat16, tile_input_dtypes=(
+        jnp.bfloat16,), store_in_tile=True) + 1024 <= mosaic_utils.H100_SMEM_BYTES
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("M, K, N, fields, transpose_a", [
+    (512, 256, 64, dict(num_stages=2), False),  # 4 tiles on 2 blocks, 4 steps each: the input's slots wrap the ring
+    (384, 320, 64, dict(num_stages=3, delay_release=1), True)])  # 5 steps, one wgmma group in flight; A transposed
+def test_ring_tile_input_in_interpret_mode(M, K, N, fields, transpose_a):
+    config = dataclasses.replace(_RING, tile_n=64, epi_tile_n=32, **fields)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _check_ring_input(M, K, N, config, transpose_a=transpose_a)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config, transpose_a", [
+    (4096, 4096, 4096, _RING, False),
+    (4096, 4096, 14336, dataclasses.replace(_RING, grid_minor="m", num_stages=4), True),  # the dw GEMM's form
+    (2048, 640, 1024, dataclasses.replace(_RING, num_stages=3, delay_release=1), False),  # 10 steps, 1 in flight
+    (1024, 128, 512, dataclasses.replace(_RING, num_stages=2), False)])  # 2 steps: every slot turns over per tile
+def test_ring_tile_input_on_the_gpu(M, K, N, config, transpose_a):
+    """Two calls each (the barriers' phases carry over tiles, not calls)."""
+    _check_ring_input(M, K, N, config, calls=2, transpose_a=transpose_a)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Fusion.a_copy: the MMA warpgroups write each A block, transformed, into an (M, K) output
 # ---------------------------------------------------------------------------------------------------------------
 def _doubled_a(M: int, K: int) -> Fusion:

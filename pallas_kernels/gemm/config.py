@@ -35,13 +35,14 @@ import jax.numpy as jnp
 from pallas_kernels import mosaic_utils as mu
 
 __all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
-           "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
+           "TILE_INPUT_PLACES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
 EPILOGUE_STORES = ("end", "next_tile")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
+TILE_INPUT_PLACES = ("buffer", "ring")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
@@ -95,6 +96,13 @@ class MosaicGemmConfig:
         the H100 (rmsnorm_matmul forward) 4 and 8 measured within 0.2% of each other
         (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json), and 0, 4 and 8 within 1% with an earlier
         compare-and-swap wait (..._mma_shared_wait-h100-37feb47.json).
+      tile_input_in: where a fusion's tile input (``Fusion.tile_inputs``: one, its ``store_in``) waits for the
+        epilogue: "buffer", its own SMEM (2 · tile_m · tile_n elements), prefetched at each tile's start; "ring",
+        two slots of the B stages, which the memory warpgroup fills with the warpgroups' halves after the tile's
+        last K step and the epilogue frees once the output stored from them has left: no SMEM of its own, so a
+        stage more fits (a 64x256 bfloat16 tile input takes 64 KiB, a 64x256 B stage 32 KiB). The warpgroups'
+        tile must be the B block's shape (tile_m == tile_k, wg_split "m", cooperative), on pipeline "own" without
+        stream-K or a cluster.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -117,6 +125,7 @@ class MosaicGemmConfig:
     prologue_in: str = "fourth"
     epilogue_store: str = "end"
     shared_rows_wait: int = 4
+    tile_input_in: str = "buffer"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -146,6 +155,7 @@ class MosaicGemmConfig:
             ("cluster", self.cluster in CLUSTERS, f"one of {CLUSTERS}"),
             ("prologue_in", self.prologue_in in PROLOGUE_PLACES, f"one of {PROLOGUE_PLACES}"),
             ("epilogue_store", self.epilogue_store in EPILOGUE_STORES, f"one of {EPILOGUE_STORES}"),
+            ("tile_input_in", self.tile_input_in in TILE_INPUT_PLACES, f"one of {TILE_INPUT_PLACES}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -168,6 +178,14 @@ class MosaicGemmConfig:
                              f"'none'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}, "
                              f"cluster={self.cluster!r}")
 
+        if self.tile_input_in == "ring" and (
+                (self.pipeline, self.schedule, self.cluster, self.wg_split) != ("own", "cooperative", "none", "m")
+                or self.stream_k or self.tile_m != self.tile_k):
+            raise ValueError(f"{cls}.tile_input_in: 'ring' puts each warpgroup's (tile_m, tile_n) tile input in a B "
+                             f"stage (tile_k, tile_n): it needs tile_m == tile_k, wg_split 'm', pipeline 'own', "
+                             f"schedule 'cooperative', no cluster and stream_k=0; got tile_m={self.tile_m}, "
+                             f"tile_k={self.tile_k}, wg_split={self.wg_split!r}, pipeline={self.pipeline!r}, "
+                             f"schedule={self.schedule!r}, cluster={self.cluster!r}, stream_k={self.stream_k}")
         if self.epilogue_store == "next_tile" and (self.pipeline, self.schedule) != ("own", "cooperative"):
             raise ValueError(f"{cls}.epilogue_store: 'next_tile' runs on pipeline 'own', schedule 'cooperative'; got "
                              f"pipeline={self.pipeline!r}, schedule={self.schedule!r}")
@@ -233,5 +251,6 @@ def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes:
     pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
     staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
         out_dtype).itemsize
-    tiles = sum(2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
+    tiles = 0 if config.tile_input_in == "ring" else sum(
+        2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes

@@ -288,6 +288,16 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     if fusion.store_in is not None and (fusion.store_in not in fusion.tile_inputs
                                         or arrays[fusion.store_in].dtype != jnp.dtype(out_dtype)):
         raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
+    if config.tile_input_in == "ring":
+        dtypes = [jnp.dtype(arrays[n].dtype) for n in fusion.tile_inputs]
+        if (len(fusion.tile_inputs) != 1 or fusion.store_in != fusion.tile_inputs[0] or transpose_b
+                or dtypes[0] != jnp.dtype(b.dtype) or fusion.prologue_step is not None or fusion.step_inputs):
+            raise ValueError(f"{name}: tile_input_in='ring' loads the one tile input, the output's store_in, into "
+                             f"B stages: it needs exactly one, of B's dtype {jnp.dtype(b.dtype)}, B read as stored, "
+                             f"and no prologue_step or step_inputs; got tile_inputs={fusion.tile_inputs} "
+                             f"({', '.join(map(str, dtypes))}), store_in={fusion.store_in!r}, "
+                             f"transpose_b={transpose_b}, prologue_step={'set' if fusion.prologue_step else None}, "
+                             f"step_inputs={fusion.step_inputs}")
     grid = (num_sms or mu.num_sms()) // config.cluster_size
     plan = None
     if config.stream_k:
@@ -392,8 +402,8 @@ class _Shape:
                 (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
                 transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype)),
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
-                       for n, d in zip(fusion.tile_inputs, self.tile_dtypes)},
-            tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs},
+                       for n, d in zip(fusion.tile_inputs, self.tile_dtypes) if n != self.ring_input},
+            tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs if n != self.ring_input},
             a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
                 (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(cfg.tile_k,
                                                                                               self.a_copy_dtype)),
@@ -507,28 +517,40 @@ class _Shape:
         b_op = b_smem.at[wg_cols].transpose((1, 0)) if transpose_b else b_smem.at[:, wg_cols]
         plgpu.wgmma(acc_ref, a_op, b_op)
 
+    @property
+    def ring_input(self) -> str | None:
+        """The tile input that arrives through the B stages (``MosaicGemmConfig.tile_input_in="ring"``), or None."""
+        return self.fusion.tile_inputs[0] if self.cfg.tile_input_in == "ring" and self.fusion.tile_inputs else None
+
     def start_tile(self, ctx: TileContext, named_in, scoped) -> None:
-        """At a tile's start in each compute warpgroup: TMA prefetch of the epilogue's tile inputs."""
+        """At a tile's start in each compute warpgroup: TMA prefetch of the epilogue's tile inputs (a ring input
+        comes with the stages instead)."""
+        if self.ring_input:
+            return
         if self.fusion.store_in is not None:  # the last tile's output has left the buffer we prefetch into
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         for n in self.fusion.tile_inputs:
             plgpu.copy_gmem_to_smem(named_in[n].at[ctx.rows, ctx.cols], scoped["tile_smem"][n].at[ctx.wg],
                                     scoped["tile_barriers"][n].at[ctx.wg])
 
-    def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped, acc=None, store=True):
+    def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped, acc=None, store=True,
+                    tile_refs=None):
         """After the K loop: the epilogue on the float32 accumulator (``acc``: its value where the caller added to
         it, e.g. stream-K partial sums), the row vectors stored, and the output tile stored (``store``) or returned
-        in out_dtype (for ``store_output`` under the next tile's first wgmma: ``epilogue_store="next_tile"``)."""
+        in out_dtype (for ``store_output`` under the next tile's first wgmma: ``epilogue_store="next_tile"``).
+        ``tile_refs``: the tile inputs' SMEM, loaded already (a ring input's B stage), instead of the buffers."""
         fusion, wg = self.fusion, ctx.wg
         if acc is None:
             if self.cfg.delay_release:
                 plgpu.wgmma_wait(0)
             acc = acc_ref[...]
-        for n in fusion.tile_inputs:
-            plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
+        if tile_refs is None:
+            tile_refs = {n: scoped["tile_smem"][n].at[wg] for n in fusion.tile_inputs}
+            for n in fusion.tile_inputs:
+                plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
         rows_out = {}
         if fusion.epilogue is not None:
-            tile_ctx = dataclasses.replace(ctx, tiles={n: scoped["tile_smem"][n].at[wg] for n in fusion.tile_inputs})
+            tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
         for n, vec in rows_out.items():
             _store_rows(vec, named_out[n], ctx)
@@ -536,7 +558,7 @@ class _Shape:
         if not store:
             return tile
         if fusion.store_in is not None:
-            buffer = scoped["tile_smem"][fusion.store_in].at[wg]
+            buffer = tile_refs[fusion.store_in]
             buffer[...] = tile
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])

@@ -124,6 +124,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     named_in, out_gmem, named_out = shape.split_refs(refs)
     k_iters = shape.iters[2]
     num_stages = min(cfg.num_stages, k_iters)
+    ring_input = shape.ring_input  # (MosaicGemmConfig.tile_input_in "ring") the tile input loaded into B stages
+    tile_steps = k_iters + (2 if ring_input else 0)  # ring positions per tile: its K steps, then its input's halves
     has_prologue_wg = dedicated(shape)
     prologue_in_memory = in_memory(shape)
     has_handoff = fusion.prologue_step is not None  # the prologue's carry reaches the epilogue through SMEM
@@ -295,11 +297,30 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 loads_with_prologue(load_step)
                 return
 
+            def load_tile_input(lin, g, wg_half):
+                """(tile_input_in "ring") TMA-loads compute warpgroup wg_half's (tile_m, tile_n) tile of the tile
+                input into the B stage at ring position g, in two halves: the two arrivals ``ready`` counts."""
+                ctx = shape.tile_context(lin, wg_half, refs_by_name)
+
+                @pl.when(g >= num_stages)
+                def _wait_free():
+                    plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
+
+                half = cfg.tile_m // 2
+                for h in range(2):
+                    plgpu.copy_gmem_to_smem(
+                        named_in[ring_input].at[pl.ds(ctx.row0 + h * half, half), ctx.cols],
+                        stages[1].at[lax.rem(g, num_stages)].at[pl.ds(h * half, half)], ready.at[barrier_of(g)])
+
             @each_tile
             def _(lin, local, num_local):
-                lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, local * k_iters + k), c)[1], ())
+                g0 = local * tile_steps
+                lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, g0 + k), c)[1], ())
+                if ring_input:
+                    for wg_half in range(2):
+                        load_tile_input(lin, g0 + k_iters + wg_half, wg_half)
                 if plan is None:
-                    drain(consumed, local, num_local, k_iters, num_stages, barrier_of)
+                    drain(consumed, local, num_local, tile_steps, num_stages, barrier_of)
 
             if plan is not None:
                 @pl.when(unit < plan.units)
@@ -459,7 +480,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
-                g0 = local * k_iters
+                g0 = local * tile_steps
 
                 def produce(carry):
                     rows = rows_from(ctx, carry).astype(_F32)
@@ -510,14 +531,24 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     if sharing:
                         carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry)
                     else:
-                        carry = k_loop(acc_ref, local * k_iters, 0, k_iters, ctx, hook_carry, under_first)
+                        carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
                     if has_handoff:
                         plgpu.barrier_wait(handoff_full)
                         carry = carry_tree[0].unflatten([
                             mu.load(handoff.at[i, shape.wg_a_rows(wg)], layout=mu.ROWS, optimized=False)
                             for i in range(fusion.handoff_rows)])
+                    tile_refs = None
+                    if ring_input:  # both halves' arrivals waited for by both warpgroups (barrier phases)
+                        g_in = local * tile_steps + k_iters
+                        for h in range(2):
+                            plgpu.barrier_wait(ready.at[barrier_of(g_in + h)])
+                        tile_refs = {ring_input: stages[1].at[lax.rem(g_in + wg, num_stages)]}
                     tile = shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped,
-                                             store=pending is None)
+                                             store=pending is None, tile_refs=tile_refs)
+                    if ring_input:  # the output stored from this warpgroup's slot has left it: both slots free
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                        for h in range(2):
+                            plgpu.barrier_arrive(consumed.at[barrier_of(g_in + h)])
                     if has_handoff:
                         plgpu.barrier_arrive(handoff_free)
                     return tile
