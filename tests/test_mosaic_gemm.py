@@ -841,27 +841,30 @@ def test_a_operand_on_the_gpu(M, K, N, config, squares_in):
 # ---------------------------------------------------------------------------------------------------------------
 # MosaicGemmConfig.tile_input_in="ring": the epilogue's tile input loaded into two B stages after the K loop
 # ---------------------------------------------------------------------------------------------------------------
-def _added_tile(M: int, n_blocks: int = 1) -> Fusion:
+def _added_tile(M: int, col_blocks: int = 1) -> Fusion:
     """A fusion whose epilogue adds its tile input "c" to the product, stores the result from c's SMEM (store_in)
-    and writes the row sums of acc ⊙ c ("dot", one (M,) row per column block): a wrong, stale or overwritten tile
-    input shows in both."""
+    and writes the row sums of acc ⊙ c over each column block's columns ("dot", (col_blocks, M)): a wrong, stale
+    or overwritten tile input shows in both."""
     def epilogue(ctx, acc, carry):
         c = ctx.load_tile("c")
         return acc + c, {"dot": jnp.sum(acc * c, axis=1)}
 
-    return Fusion(tile_inputs=("c",), store_in="c", outputs=(("dot", S((M,), jnp.float32)),), epilogue=epilogue)
+    return Fusion(tile_inputs=("c",), store_in="c", outputs=(("dot", S((col_blocks, M), jnp.float32)),),
+                  epilogue=epilogue)
 
 
 def _check_ring_input(M, K, N, config, calls=1, transpose_a=False):
     a, b = _operands(M, K, N, jnp.bfloat16)
     c = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
+    blocks = N // config.tile_n
     fn = jax.jit(lambda a, b, c: gemm(a.T if transpose_a else a, b, config=config, out_dtype=jnp.bfloat16,
-                                      transpose_a=transpose_a, fusion=_added_tile(M), arrays=dict(c=c)))
+                                      transpose_a=transpose_a, fusion=_added_tile(M, blocks), arrays=dict(c=c)))
     product = _f32_product(a, b)
+    want_dot = jnp.sum((product * c.astype(jnp.float32)).reshape(M, blocks, -1), axis=2).T
     for _ in range(calls):
         got, dot = fn(a, b, c)
         assert _rel_err(got, product + c.astype(jnp.float32)) <= _tol(jnp.bfloat16, K)  # NaN fails
-        assert _rel_err(dot, jnp.sum(product * c.astype(jnp.float32), axis=1)) <= _tol(jnp.bfloat16, K)
+        assert _rel_err(dot, want_dot) <= _tol(jnp.bfloat16, K)
 
 
 _RING = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=64, num_stages=4, wg_split="m", tile_input_in="ring")
@@ -899,7 +902,7 @@ def test_ring_tile_input_takes_no_shared_memory_of_its_own():
 
     def lowered(config):
         (kernel,) = mosaic_ir.lower_kernels(
-            lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_added_tile(M),
+            lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_added_tile(M, N // 256),
                                  arrays=dict(c=c)), *operands)
         return kernel
 

@@ -754,6 +754,7 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
     config = Config(**params)
     assert (config.gamma_on, config.stats_in_kernel) == ("a", "mma_shared")
     assert config.forward.stream_k == (4 if M == 32768 else 0)
+    assert (config.dw.tile_input_in, config.dw.num_stages) == ("ring", 4)  # rmsnorm_matmul_configs_dw_ring-h200-98795b6
     args = (S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16))
     fn = lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)  # noqa: E731
     with backends.lowering_for_gpu():
