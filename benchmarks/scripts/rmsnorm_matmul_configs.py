@@ -97,7 +97,7 @@ VARIANTS = {
     # buffer of its own, so a fourth stage fits beside 64x256 tiles
     "dw_ring": dict(dw=dict(tile_input_in="ring", stream_k=0)),
     "dw_ring4": dict(dw=dict(tile_input_in="ring", num_stages=4, stream_k=0)),
-    "dw_ring_staged4": dict(dw=dict(tile_input_in="ring_staged", num_stages=4, stream_k=0)),
+    "dw_ring5": dict(dw=dict(tile_input_in="ring", num_stages=5, stream_k=0)),
     # 128x128 dw tiles: a 32 KiB w tile leaves room for 6 stages, and twice the tiles a short last round (stream-K)
     "dw_128_s6": dict(dw=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=6, stream_k=0)),
     "dw_128_s6_sk": dict(dw=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=6, stream_k=4)),

@@ -42,7 +42,7 @@ SCHEDULES = ("cooperative", "pingpong")
 EPILOGUE_STORES = ("end", "next_tile")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
-TILE_INPUT_PLACES = ("buffer", "ring", "ring_staged")
+TILE_INPUT_PLACES = ("buffer", "ring")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
@@ -102,8 +102,7 @@ class MosaicGemmConfig:
         last K step and the epilogue frees once the output stored from them has left: no SMEM of its own, so a
         stage more fits (a 64x256 bfloat16 tile input takes 64 KiB, a 64x256 B stage 32 KiB). The warpgroups'
         tile must be the B block's shape (tile_m == tile_k, wg_split "m", cooperative), on pipeline "own" without
-        stream-K or a cluster. "ring_staged": the same, but the output goes through its own staging slots (the
-        fusion without ``store_in``), so the two B slots are freed as soon as the epilogue has read the input.
+        stream-K or a cluster.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -179,11 +178,10 @@ class MosaicGemmConfig:
                              f"'none'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}, "
                              f"cluster={self.cluster!r}")
 
-        if self.tile_input_in != "buffer" and (
+        if self.tile_input_in == "ring" and (
                 (self.pipeline, self.schedule, self.cluster, self.wg_split) != ("own", "cooperative", "none", "m")
                 or self.stream_k or self.tile_m != self.tile_k):
-            raise ValueError(f"{cls}.tile_input_in: {self.tile_input_in!r} puts each warpgroup's (tile_m, tile_n) "
-                             f"tile input in a B "
+            raise ValueError(f"{cls}.tile_input_in: 'ring' puts each warpgroup's (tile_m, tile_n) tile input in a B "
                              f"stage (tile_k, tile_n): it needs tile_m == tile_k, wg_split 'm', pipeline 'own', "
                              f"schedule 'cooperative', no cluster and stream_k=0; got tile_m={self.tile_m}, "
                              f"tile_k={self.tile_k}, wg_split={self.wg_split!r}, pipeline={self.pipeline!r}, "
@@ -253,6 +251,6 @@ def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes:
     pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
     staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
         out_dtype).itemsize
-    tiles = 0 if config.tile_input_in != "buffer" else sum(
+    tiles = 0 if config.tile_input_in == "ring" else sum(
         2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes

@@ -288,14 +288,12 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     if fusion.store_in is not None and (fusion.store_in not in fusion.tile_inputs
                                         or arrays[fusion.store_in].dtype != jnp.dtype(out_dtype)):
         raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
-    if config.tile_input_in != "buffer":
+    if config.tile_input_in == "ring":
         dtypes = [jnp.dtype(arrays[n].dtype) for n in fusion.tile_inputs]
-        store_in = fusion.tile_inputs[0] if config.tile_input_in == "ring" else None
-        if (len(fusion.tile_inputs) != 1 or fusion.store_in != store_in or transpose_b
+        if (len(fusion.tile_inputs) != 1 or fusion.store_in != fusion.tile_inputs[0] or transpose_b
                 or dtypes[0] != jnp.dtype(b.dtype) or fusion.prologue_step is not None or fusion.step_inputs):
-            raise ValueError(f"{name}: tile_input_in={config.tile_input_in!r} loads the one tile input into B stages "
-                             f"(with 'ring' the output's store_in, with 'ring_staged' none): it needs exactly one, of "
-                             f"B's dtype {jnp.dtype(b.dtype)}, B read as stored, "
+            raise ValueError(f"{name}: tile_input_in='ring' loads the one tile input, the output's store_in, into "
+                             f"B stages: it needs exactly one, of B's dtype {jnp.dtype(b.dtype)}, B read as stored, "
                              f"and no prologue_step or step_inputs; got tile_inputs={fusion.tile_inputs} "
                              f"({', '.join(map(str, dtypes))}), store_in={fusion.store_in!r}, "
                              f"transpose_b={transpose_b}, prologue_step={'set' if fusion.prologue_step else None}, "
@@ -521,9 +519,8 @@ class _Shape:
 
     @property
     def ring_input(self) -> str | None:
-        """The tile input that arrives through the B stages (``MosaicGemmConfig.tile_input_in`` "ring" or
-        "ring_staged"), or None."""
-        return self.fusion.tile_inputs[0] if self.cfg.tile_input_in != "buffer" and self.fusion.tile_inputs else None
+        """The tile input that arrives through the B stages (``MosaicGemmConfig.tile_input_in="ring"``), or None."""
+        return self.fusion.tile_inputs[0] if self.cfg.tile_input_in == "ring" and self.fusion.tile_inputs else None
 
     def start_tile(self, ctx: TileContext, named_in, scoped) -> None:
         """At a tile's start in each compute warpgroup: TMA prefetch of the epilogue's tile inputs (a ring input
@@ -537,12 +534,11 @@ class _Shape:
                                     scoped["tile_barriers"][n].at[ctx.wg])
 
     def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped, acc=None, store=True,
-                    tile_refs=None, after_epilogue=None):
+                    tile_refs=None):
         """After the K loop: the epilogue on the float32 accumulator (``acc``: its value where the caller added to
         it, e.g. stream-K partial sums), the row vectors stored, and the output tile stored (``store``) or returned
         in out_dtype (for ``store_output`` under the next tile's first wgmma: ``epilogue_store="next_tile"``).
-        ``tile_refs``: the tile inputs' SMEM, loaded already (a ring input's B stage), instead of the buffers;
-        ``after_epilogue()``: run once the epilogue has read them (freeing a ring input's stages)."""
+        ``tile_refs``: the tile inputs' SMEM, loaded already (a ring input's B stage), instead of the buffers."""
         fusion, wg = self.fusion, ctx.wg
         if acc is None:
             if self.cfg.delay_release:
@@ -556,8 +552,6 @@ class _Shape:
         if fusion.epilogue is not None:
             tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
-        if after_epilogue is not None:
-            after_epilogue()
         for n, vec in rows_out.items():
             _store_rows(vec, named_out[n], ctx)
         tile = acc.astype(self.out_dtype)

@@ -537,24 +537,18 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         carry = carry_tree[0].unflatten([
                             mu.load(handoff.at[i, shape.wg_a_rows(wg)], layout=mu.ROWS, optimized=False)
                             for i in range(fusion.handoff_rows)])
-                    tile_refs, release = None, None
+                    tile_refs = None
                     if ring_input:  # both halves' arrivals waited for by both warpgroups (barrier phases)
                         g_in = local * tile_steps + k_iters
                         for h in range(2):
                             plgpu.barrier_wait(ready.at[barrier_of(g_in + h)])
                         tile_refs = {ring_input: stages[1].at[lax.rem(g_in + wg, num_stages)]}
-
-                        def release():
-                            for h in range(2):
-                                plgpu.barrier_arrive(consumed.at[barrier_of(g_in + h)])
-
-                    staged = cfg.tile_input_in == "ring_staged"  # the output through its own slots
                     tile = shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped,
-                                             store=pending is None, tile_refs=tile_refs,
-                                             after_epilogue=release if staged else None)
-                    if ring_input and not staged:  # the output stored from this warpgroup's slot has left it
+                                             store=pending is None, tile_refs=tile_refs)
+                    if ring_input:  # the output stored from this warpgroup's slot has left it: both slots free
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                        release()
+                        for h in range(2):
+                            plgpu.barrier_arrive(consumed.at[barrier_of(g_in + h)])
                     if has_handoff:
                         plgpu.barrier_arrive(handoff_free)
                     return tile

@@ -386,8 +386,7 @@ def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig) -> Fusion:
         return acc * _bcast_rows(gamma_s, acc.shape), {"dgamma_parts": partial}
 
     return Fusion(tile_inputs=("w",), inputs=("gamma_s",),
-                  outputs=(("dgamma_parts", jax.ShapeDtypeStruct((N // cfg.tile_n, K), _F32)),),
-                  store_in=None if cfg.tile_input_in == "ring_staged" else "w",  # (dw staged in slots of its own)
+                  outputs=(("dgamma_parts", jax.ShapeDtypeStruct((N // cfg.tile_n, K), _F32)),), store_in="w",
                   prologue_init=lambda ctx: ctx.load_rows("gamma_s"), epilogue=epilogue)
 
 
