@@ -43,7 +43,9 @@ from pallas_kernels.norm_matmul import config as nm_config
 # rmsnorm_matmul_configs_next_tile-h100-63798a7.json, rmsnorm_matmul_configs_mma_rows-h100-d0df74c.json. So did
 # dgamma summed by XLA from the K side's u before gamma, sparing the dw kernel its w tile (``dgamma_from="u"``,
 # 136258a, reverted; "k_dgamma_u*", "gamma_{x,a}_k_dgamma_u_dw4": rmsnorm_matmul_configs_dgamma_u{,_mlp}-h200-
-# 136258a.json): XLA ran the column sum as a pass of its own.
+# 136258a.json): XLA ran the column sum as a pass of its own. And the dw kernel's output staged in slots of its own,
+# so that the ring's two w slots free right after the epilogue (``tile_input_in="ring_staged"``, 2515134, reverted;
+# "dw_ring_staged4": rmsnorm_matmul_configs_dw_ring_staged-h200-2515134.json): no faster than storing from them.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 # r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the other
 # tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers
