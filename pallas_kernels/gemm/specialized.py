@@ -8,7 +8,10 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
 
   memory    per step: wait ``consumed[s]`` (from the second round of the stages on), TMA-load the step's A and B
             blocks into stage s, signalling ``ready[s]``. It never waits for a tile to end: the next tile's first
-            blocks load as soon as the current tile's last stages are released.
+            blocks load as soon as the current tile's last stages are released. With ``tile_input_in="ring"`` each
+            tile takes two more ring positions after its K steps: the MMA warpgroups' halves of the epilogue's tile
+            input, loaded into those B stages, which the MMA warpgroups release once the output stored from them
+            has left.
   MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
             from shared memory), with a ``Fusion.a_observe`` load its rows of the A block into registers and run
             it (under the wgmma just issued; a ``Fusion.a_copy`` likewise, on the steps its column block writes),
