@@ -560,6 +560,12 @@ def test_stream_k_plan_sums_every_step_of_every_tile_once(tiles, blocks, k_iters
     np.testing.assert_array_equal(got, a @ b)  # integers: exact, NaN (a tile never written) fails
 
 
+def test_stream_k_segment_steps_is_the_one_static_length_of_aligned_ranges():
+    assert stream_k.plan_for(4096, 132, 64, 4).segment_steps == 16  # 4 tiles left, 4 ranges of 16 steps each
+    assert stream_k.plan_for(4096, 132, 60, 8).segment_steps is None  # 8 ranges of 7.5 steps
+    assert stream_k.StreamKPlan(tiles=5, blocks=4, k_iters=2, dp_rounds=1, units=4).segment_steps is None  # < 1 step
+
+
 def test_stream_k_kernel_arithmetic_takes_unaligned_ranges_too():
     """The kernel's segments (partial, whole, owned) for ranges that cut tiles anywhere (as 132 units over 76 tiles
     would; the plan does not choose them: they lost on the H100)."""

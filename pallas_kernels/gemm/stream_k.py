@@ -116,7 +116,7 @@ class StreamKPlan:
         takes one aligned range of one tile, as ``plan_for``'s plans do then), else None. A K loop that unrolls
         its steps in static groups (``gemm.Fusion.a_operand``) needs it."""
         steps, rest = divmod(self.sk_steps, self.units)
-        return steps if not rest and self.k_iters % steps == 0 else None
+        return steps if steps and not rest and self.k_iters % steps == 0 else None
 
     @property
     def max_segments(self) -> int:
