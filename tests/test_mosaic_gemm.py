@@ -741,7 +741,8 @@ def _check_a_operand(M, K, N, config, calls=1, squares_in="operand"):
 
 @pytest.mark.parametrize("config_changes, fusion_changes, transpose_a, match", [
     ({}, dict(outputs=(("sumsq", S((256,), jnp.float32)), ("a2", S((256, 256), jnp.bfloat16))),
-          a_copy=("a2", lambda ctx, a, carry: a)), False, "a fusion with an a_operand takes no a_copy; got a_copy='a2'"),
+          a_copy=("a2", lambda ctx, a, carry: a)), False,
+     "a fusion with an a_operand takes no a_copy; got a_copy='a2'"),
     (dict(pipeline="pallas"), {}, False, "a_operand runs it in the MMA warpgroups of the K loop pipeline='own'"),
     ({}, {}, True, "a_operand runs it .* got pipeline='own', transpose_a=True"),
     ({}, dict(a_operand=None), False, r"step_inputs=\('g',\) are read by an a_operand only")])
@@ -766,8 +767,10 @@ def test_a_operand_step_input_must_run_along_k():
 def test_a_operand_takes_stream_k_ranges_of_one_length_only():
     """4 tiles on 3 blocks: one tile left over, cut into 3 ranges of its 4 K steps (2, 1, 1 steps): the unrolled
     K loop of an a_operand needs one static length; stream_k=2 (2 ranges of 2 steps) takes it."""
-    fn = lambda a, b, g, split: gemm(a, b, config=MosaicGemmConfig(stream_k=split), out_dtype=jnp.bfloat16,  # noqa: E731
-                                     fusion=_scaled_a(MosaicGemmConfig(), 256), arrays=dict(g=g), num_sms=3)
+    def fn(a, b, g, split):
+        return gemm(a, b, config=MosaicGemmConfig(stream_k=split), out_dtype=jnp.bfloat16,
+                    fusion=_scaled_a(MosaicGemmConfig(), 256), arrays=dict(g=g), num_sms=3)
+
     operands = S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((256,), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"a_operand unrolls its K loop in static groups, so stream-K's ranges must "
                                          r"be equal and within one tile: stream_k=3 cuts 1 tiles of 4 steps over 3 "
@@ -784,7 +787,10 @@ def test_a_operand_lowers_with_stream_k_segments_in_register_blocks():
     M, K, N = 4352, 1024, 4096
     config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, stream_k=4)
     fusion = _scaled_a(config, M)
-    fn = lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion, arrays=dict(g=g))  # noqa: E731
+
+    def fn(a, b, g):
+        return gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion, arrays=dict(g=g))
+
     operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((K,), jnp.bfloat16)
     text = jax.jit(fn).trace(*operands).lower(lowering_platforms=("cuda",)).as_text()
     assert "tensor<64x2x64x256xf32>" in text and "tensor<64x2x64x64xf32>" in text

@@ -31,7 +31,9 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               with ``row_dot_in_dx``, c from the dx kernel's first tile of each row block, which sums dy · y with
               y's blocks loaded from HBM and shares it, ``Fusion.share_rows``: no XLA pass left).
   dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
-              epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K)).
+              epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K));
+              with the dw config's ``tile_input_in="ring"`` the w tile arrives through its B stages instead, which
+              leaves room for a fourth stage (the H200's entries at the suite shapes).
               Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and XLA fusions the rest.
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction
 over K, which no dx block holds whole, by one over N (``row_dot="n"``). Forward + backward = three GEMMs, a pass
