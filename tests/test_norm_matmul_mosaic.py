@@ -429,6 +429,51 @@ def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(row_dot, stream_k_sp
     assert stores[True] > stores[False]
 
 
+@cpu_only
+def test_dgamma_from_u_leaves_the_dw_kernel_no_w_tile_and_room_for_a_fourth_stage():
+    """dgamma_from="u" (the K side, gamma on x's side): the dx kernel stores u before gamma, XLA's fusion that
+    finishes dx sums dgamma from u and x, and the dw kernel loads nothing but its A and B blocks (one TMA load
+    fewer per tile: no w tile), so 4 stages of 64x256 blocks fit beside its output staging, which with the w tile
+    they do not. The program still makes no (M, N) tensor outside the kernels."""
+    M, K, N = 4096, 2048, 11008  # the 1b preset's MLP projection
+    dw4 = dataclasses.replace(_DYR_DX, num_stages=4)
+    base = Config(forward=_DYR_DX, dx=_DYR_DX, dw=dw4, gamma_on="x", row_dot="k", dyr_in_dx=True)
+    for dgamma_from, fits in (("u", True), ("dw", False)):
+        fn, args = _fwd_bwd(M, K, N, False, dataclasses.replace(base, dgamma_from=dgamma_from))
+        with backends.lowering_for_gpu():
+            if not fits:
+                with pytest.raises(ValueError, match="shared memory"):
+                    mosaic_ir.lower_kernels(fn, *args)
+                continue
+            kernels = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}
+            program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        assert kernels["rmsnorm_matmul_dw"].smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+        assert _mk_producers(program, M, N, "bf16") == []
+    three = {}  # the dw kernel at 3 stages, with and without the w tile
+    for dgamma_from in ("u", "dw"):
+        fn, args = _fwd_bwd(M, K, N, False, dataclasses.replace(base, dw=_DYR_DX, dgamma_from=dgamma_from))
+        with backends.lowering_for_gpu():
+            three[dgamma_from] = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}["rmsnorm_matmul_dw"]
+    assert three["dw"].tma_loads() > three["u"].tma_loads()
+    assert three["dw"].smem_bytes - three["u"].smem_bytes >= 2 * 64 * 256 * 2 - 2 * 2 * 64 * 64 * 2  # w tile gone
+
+
+def test_dgamma_from_u_needs_the_k_side_and_gamma_off_w():
+    tiles = MosaicGemmConfig()
+    with pytest.raises(ValueError, match=r"dgamma_from: must be None, 'dw' or 'u', 'u' only with row_dot='k' .*"
+                                         r"got dgamma_from='u', row_dot='n'"):
+        Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n", dgamma_from="u")
+    with pytest.raises(ValueError, match=r"dgamma_from: .* got dgamma_from='x'"):
+        Config(forward=tiles, dx=tiles, dw=tiles, dgamma_from="x")
+    config = Config(forward=tiles, dx=tiles, dw=tiles, row_dot="k", gamma_on="w", dgamma_from="u")
+    assert config.to_dict()["dgamma_from"] == "u" and Config(**config.to_dict()) == config
+    x, g, w = (jnp.zeros(s, jnp.bfloat16) for s in ((4096, 4096), (4096,), (4096, 4096)))
+    with pytest.raises(ValueError, match=r"rmsnorm_matmul \(mosaic\): dgamma_from='u' needs the dx GEMM to read w "
+                                         r"itself \(gamma_on 'x' or 'a'\); with gamma on w"):
+        nm.rmsnorm_matmul(x, g, w, eps=1e-6, residual=None, out_dtype=x.dtype, interpret=False, config=config)
+    assert Config(forward=tiles, dx=tiles, dw=tiles).dgamma_source(4096, 4096, jnp.bfloat16) == "dw"
+
+
 def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
     tiles = MosaicGemmConfig()  # 128x128 accumulators side by side: a 32 KiB copy buffer that does not fit
     with pytest.raises(ValueError, match=r"dyr_in_dx: must be None or a bool; got dyr_in_dx='yes'"):
@@ -473,7 +518,10 @@ def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
     (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared", "k"),  # 256 row blocks: two rounds of first tiles
     (8192, 512, 2816, jnp.bfloat16, False, "k_dyr"), (2048, 1024, 4096, jnp.float16, False, "k_dyr"),  # A = dy,
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr"),  # dyr written by the dx kernel
-    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", None)])  # the H200's entry there: stacked dx tiles beside the copy
+    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", None),  # the H200's entry there: stacked dx tiles beside the copy
+    (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu"), (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a",
+                                                                    "k_dgu"),  # dgamma from u, dw at 4 stages
+    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu")])  # (dw's GEMM in XLA there)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
@@ -502,14 +550,17 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     """The default config of a shape with the forward's variant: False / True / "mma" (where r comes from, gamma
     on w), "gamma_on_x", "gamma_on_a" (r from XLA) or "gamma_on_a_mma" (gamma and r in the MMA warpgroups'
     registers, stacked 64x256 forward tiles with one wgmma group in flight). row_dot "n", "k", None (the config's) or
-    "k_dyr" (the K side with dyr from the dx kernel, its stages fewer where the copy needs the room)."""
+    "k_dyr" (the K side with dyr from the dx kernel, its stages fewer where the copy needs the room); "_dgu" at the
+    end: dgamma from u (``dgamma_from="u"``), the dw kernel at 4 stages of 64x256 stacked tiles (no w tile)."""
     stats, gamma_on = _variant_fields(variant)
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
     if gamma_on == "a":
         config = dataclasses.replace(config, forward=dataclasses.replace(
             nm_config._MMA_STATS_FORWARD[0], grid_minor="m"))
     config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0])
-    return config.with_dyr_from_dx(dtype, residual) if row_dot and row_dot.endswith("_dyr") else config
+    if row_dot and row_dot.endswith("_dgu"):
+        config = dataclasses.replace(config, dgamma_from="u", dw=dataclasses.replace(_DYR_DX, num_stages=4))
+    return config.with_dyr_from_dx(dtype, residual) if row_dot and "_dyr" in row_dot else config
 
 
 def _variant_fields(variant) -> tuple:
@@ -694,7 +745,8 @@ def test_nan_never_passes():
     (jnp.bfloat16, True, "gamma_on_x", False, "n_dx"), (jnp.float16, False, False, False, "n_dyr_dx"),
     (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
     (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr"),
-    (jnp.float16, False, False, False, "k_dyr")])
+    (jnp.float16, False, False, False, "k_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dgu"),
+    (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"), (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
@@ -704,7 +756,8 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
     every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
     the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
-    "n_dx_prefetch" each y block loaded a step ahead)."""
+    "n_dx_prefetch" each y block loaded a step ahead); "_dgu": dgamma from u (``dgamma_from="u"``: the dw kernel
+    without its w tile, or dw's GEMM in XLA)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
@@ -713,7 +766,8 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
                     gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx,
-                    row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else row_dot.endswith("_dx"))
+                    row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else row_dot.endswith("_dx"),
+                    dgamma_from="u" if row_dot.endswith("_dgu") else None)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)

@@ -299,6 +299,12 @@ class MosaicRMSNormMatmulConfig:
       rmsnorm_matmul_configs_row_dot_in_dx-h200-28a1f9a.json): 4414.9 / 4387.9 at 32768x4096x4096, 2042.6 /
       1918.9 at 4096x4096x14336, 1681.9 / 1648.6 at 8192x4096x6144: the first tiles' loads of y into registers
       stall (ncu_dx_row_dot_in_dx-h200-182d5cf.txt). A sweep candidate, not a default.
+    dgamma_from: where dgamma comes from. "dw": the dw kernel's epilogue sums w ⊙ g over its columns, with the w
+      tile prefetched into shared memory (64 KiB at 64x256 tiles: its stages stay 3). "u": (row_dot "k", with the
+      dx GEMM reading w itself: gamma_on "x" or "a") the dx kernel writes u before gamma, u = (r / s) ⊙ (dy @ wᵀ),
+      and the XLA fusion that finishes dx also sums dgamma = s · Σ_M(u ⊙ x) over the same two tensors; the dw
+      kernel's epilogue then only scales rows (no tile input: a fourth stage fits). None (default):
+      ``dgamma_source``, "dw".
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
@@ -322,6 +328,7 @@ class MosaicRMSNormMatmulConfig:
     row_dot: str | None = None
     dyr_in_dx: bool | None = None
     row_dot_in_dx: bool | str = False
+    dgamma_from: str | None = None
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -374,6 +381,10 @@ class MosaicRMSNormMatmulConfig:
                              "schedule='cooperative', cluster='none' and stream_k=0; got "
                              f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, cluster={dx.cluster!r}, "
                              f"stream_k={dx.stream_k}")
+        if self.dgamma_from not in (None, "dw", "u") or (self.dgamma_from == "u" and self.row_dot_side() != "k"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.dgamma_from: must be None, 'dw' or 'u', 'u' only with "
+                             f"row_dot='k' (u is the K side's dx output); got dgamma_from={self.dgamma_from!r}, "
+                             f"row_dot={self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         fwd = self.forward
@@ -387,7 +398,8 @@ class MosaicRMSNormMatmulConfig:
     def to_dict(self) -> dict:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
-                    row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx)
+                    row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx,
+                    dgamma_from=self.dgamma_from)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with
@@ -400,6 +412,18 @@ class MosaicRMSNormMatmulConfig:
     def row_dot_side(self) -> str:
         """Where the backward takes its row dot: ``row_dot``, or when None, ROW_DOT_DEFAULT ("k")."""
         return self.row_dot if self.row_dot is not None else ROW_DOT_DEFAULT
+
+    def dgamma_source(self, M: int, N: int, dtype) -> str:
+        """Where dgamma comes from for x (M, K) of ``dtype`` and w (K, N): ``dgamma_from``, or when None, "dw"."""
+        return self.dgamma_from or "dw"
+
+    def dgamma_reason(self, M: int, N: int, dtype) -> str | None:
+        """None when dgamma can come from where ``dgamma_source`` says; else the sentence saying why not."""
+        side = self.gamma_side(M, N, dtype)
+        if self.dgamma_source(M, N, dtype) == "u" and side == "w":
+            return ("dgamma_from='u' needs the dx GEMM to read w itself (gamma_on 'x' or 'a'); with gamma on w "
+                    "(here gamma_side is 'w') u holds gamma's product, and dgamma would need a division by gamma")
+        return None
 
     def dyr_by_dx(self, dtype, residual: bool) -> bool:
         """Whether the dx kernel writes dyr: ``dyr_in_dx``, or when None, with row_dot "n" where its staging

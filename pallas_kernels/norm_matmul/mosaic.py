@@ -72,6 +72,7 @@ from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
 from pallas_kernels.norm_matmul.config import MMA_STATS
+from pallas_kernels.norm_matmul.dx_finish import finish_dx
 
 __all__ = ["Config", "FORWARD_FIELDS", "default_config", "rmsnorm_matmul", "sweep_candidates", "unsupported_reason"]
 
@@ -347,19 +348,25 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
-                       dyr: jax.ShapeDtypeStruct | None = None) -> Fusion:
+                       dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
-    dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``dyr`` (M, N): A is dy itself;
-    u = (r / s) ⊙ acc, r / s coming in (M,) ("dyr_scale"), and dyr = (r / s) ⊙ dy is written from the dy blocks
-    (``Fusion.a_copy``) for the dw GEMM."""
+    dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``gamma_in_u`` False (with
+    ``gamma_cols``): u is stored before gamma (for dgamma = s · Σ_M(u ⊙ x)), the parts still sum u ⊙ gamma ⊙ x.
+    ``dyr`` (M, N): A is dy itself; u = (r / s) ⊙ acc, r / s coming in (M,) ("dyr_scale"), and dyr = (r / s) ⊙ dy
+    is written from the dy blocks (``Fusion.a_copy``) for the dw GEMM."""
 
     def epilogue(ctx, acc, carry):
         if dyr is not None:
             acc = acc * _bcast_rows(carry[0], acc.shape)
-        if gamma_cols:
-            acc = acc * lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
-        return acc, {"row_dot_parts": jnp.sum(acc * ctx.load_tile("x"), axis=1)}
+        x = ctx.load_tile("x")
+        if not gamma_cols:
+            return acc, {"row_dot_parts": jnp.sum(acc * x, axis=1)}
+        gamma = lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
+        if gamma_in_u:
+            acc = acc * gamma
+            return acc, {"row_dot_parts": jnp.sum(acc * x, axis=1)}
+        return acc, {"row_dot_parts": jnp.sum(acc * (gamma * x), axis=1)}
 
     parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
     gamma = ("gamma",) if gamma_cols else ()
@@ -371,22 +378,30 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                   epilogue=epilogue)
 
 
-def _dx_from_parts(u, row_dot_parts, xn, rstd, scale, dh):
+def _dx_from_parts(u, row_dot_parts, xn, rstd, scale, dh, gamma=None):
     """dx = s · (u − (r² / K) · Σ_K(u ⊙ x) · x) (+ dh), Σ_K(u ⊙ x) the sum of the column blocks' parts: one XLA
-    fusion over (M, K) (and a small one over the parts)."""
+    fusion over (M, K) (and a small one over the parts). ``gamma`` (K,) float32: u came before gamma (the parts
+    after it): dx takes gamma ⊙ u, and ``dx_finish.finish_dx`` (one kernel reading u and x once) returns
+    (dx, dgamma = s · Σ_M(u ⊙ x) in float32) instead."""
     coef = rstd * rstd * jnp.sum(row_dot_parts, axis=0) * (1.0 / xn.shape[1])  # r² · c / s, c = Σ_N(dy · y) / K
+    if gamma is not None:
+        dx, dgamma_parts = finish_dx(u, xn, coef * scale, gamma * scale, dh, interpret=mu.interpreting())
+        return dx, jnp.sum(dgamma_parts, axis=0) * scale
     dx = (u.astype(_F32) - coef[:, None] * xn.astype(_F32)) * scale
     return (dx if dh is None else dx + dh.astype(_F32)).astype(xn.dtype)
 
 
-def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig) -> Fusion:
-    """g = xᵀ @ dyr; dw = (gamma · s) ⊙ g and per-column-block partial dgamma Σ w ⊙ g (s applied by the
-    caller)."""
+def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig, dgamma: bool = True) -> Fusion:
+    """g = xᵀ @ dyr; dw = (gamma · s) ⊙ g and, with ``dgamma``, per-column-block partial dgamma Σ w ⊙ g (s applied
+    by the caller) from the prefetched w tile; without, no tile input at all."""
 
     def epilogue(ctx, acc, gamma_s):
         partial = jnp.sum(ctx.load_tile("w") * acc, axis=1)  # (tile_m,) over this block's tile_n columns
         return acc * _bcast_rows(gamma_s, acc.shape), {"dgamma_parts": partial}
 
+    if not dgamma:
+        return Fusion(inputs=("gamma_s",), prologue_init=lambda ctx: ctx.load_rows("gamma_s"),
+                      epilogue=lambda ctx, acc, gamma_s: (acc * _bcast_rows(gamma_s, acc.shape), {}))
     return Fusion(tile_inputs=("w",), inputs=("gamma_s",),
                   outputs=(("dgamma_parts", jax.ShapeDtypeStruct((N // cfg.tile_n, K), _F32)),), store_in="w",
                   prologue_init=lambda ctx: ctx.load_rows("gamma_s"), epilogue=epilogue)
@@ -403,17 +418,24 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
     on_x = cfg.gamma_side(M, N, dtype) in ("x", "a")  # no w_γ: gamma on dx's columns in the epilogue
     b = w if on_x else _scaled_w(gamma, w)
+    dgamma = None  # from the dw GEMM's epilogue, unless from u (``dgamma_from="u"``)
     if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts
         arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
+        from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
         if cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
+            fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u)
             u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                                 fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype)),
-                                 arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
+                                 fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
         else:  # dy read once, for dyr; A is dyr
             dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
             u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                            fusion=_dx_partial_fusion(M, K, cfg.dx, on_x), arrays=arrays, name="rmsnorm_matmul_dx")
-        dx = _dx_from_parts(u, parts, xn, rstd, scale, dh)
+                            fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u), arrays=arrays,
+                            name="rmsnorm_matmul_dx")
+        if from_u:
+            dx, dgamma = _dx_from_parts(u, parts, xn, rstd, scale, dh, gamma.astype(_F32))
+            dgamma = dgamma.astype(gamma.dtype)
+        else:
+            dx = _dx_from_parts(u, parts, xn, rstd, scale, dh)
     else:  # Σ_N(dy · y) from one XLA fusion over dy and y (which may write dyr too), or from the dx kernel's
         # first tile of each row block (``row_dot_in_dx``); the dx kernel's epilogue finishes dx
         dy32 = dy.astype(dtype).astype(_F32)
@@ -438,12 +460,20 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                           fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel), arrays=arrays,
                           name="rmsnorm_matmul_dx")
+    gamma_s = gamma.astype(_F32) * scale
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
-        dw = (g * (gamma.astype(_F32) * scale)[:, None]).astype(w.dtype)
-        return dx, (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype), dw
+        dw = (g * gamma_s[:, None]).astype(w.dtype)
+        if dgamma is None:
+            dgamma = (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype)
+        return dx, dgamma, dw
+    if dgamma is not None:  # the dw kernel only scales rows: no w tile (nor a ring to carry one)
+        dw_cfg = dataclasses.replace(cfg.dw, tile_input_in="buffer")
+        dw, = gemm(xn, dyr, transpose_a=True, config=dw_cfg, out_dtype=w.dtype, fusion=_dw_fusion(K, N, dw_cfg, False),
+                   arrays=dict(gamma_s=gamma_s), name="rmsnorm_matmul_dw")
+        return dx, dgamma, dw
     dw, dgamma_parts = gemm(xn, dyr, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
-                            fusion=_dw_fusion(K, N, cfg.dw), arrays=dict(w=w, gamma_s=gamma.astype(_F32) * scale),
+                            fusion=_dw_fusion(K, N, cfg.dw), arrays=dict(w=w, gamma_s=gamma_s),
                             name="rmsnorm_matmul_dw")
     dgamma = (jnp.sum(dgamma_parts, axis=0) * scale).astype(gamma.dtype)
     return dx, dgamma, dw
@@ -482,6 +512,8 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
     if not reason and config.dyr_in_dx:
         reason = config.dyr_smem_reason(x.dtype, residual is not None)
+    if not reason:
+        reason = config.dgamma_reason(x.shape[0], w.shape[1], x.dtype)
     if not reason and config.gamma_on in ("x", "a") and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
         reason = (f"gamma_on={config.gamma_on!r} rounds x ⊙ gamma to x's dtype, bfloat16 only (x is "
                   f"{jnp.dtype(x.dtype)}: small x would round into subnormals; gamma_on='w' takes it)")
