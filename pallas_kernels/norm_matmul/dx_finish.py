@@ -55,17 +55,21 @@ def _kernel(u_ref, x_ref, coef_ref, gamma_ref, *refs, block_m: int, block_k: int
 
 
 def finish_dx(u: jax.Array, x: jax.Array, coef_s: jax.Array, gamma_s: jax.Array, dh: jax.Array | None = None, *,
+              blocks: tuple[int, int] | None = None, num_warps: int = 4,
               interpret: bool = False) -> tuple[jax.Array, jax.Array]:
-    """(dx (M, K) in x's dtype, dgamma_parts (M / block_m, K) float32); see the module docstring."""
+    """(dx (M, K) in x's dtype, dgamma_parts (M / block_m, K) float32); see the module docstring. ``blocks``:
+    (block_m, block_k), powers of two dividing M and K (default ``block_sizes``)."""
     M, K = x.shape
     for name, a, shape in (("u", u, (M, K)), ("coef_s", coef_s, (M,)), ("gamma_s", gamma_s, (K,)),
                            ("dh", dh, (M, K))):
         if a is not None and tuple(a.shape) != shape:
             raise ValueError(f"finish_dx: {name} must have shape {shape} (x is {(M, K)}), got {tuple(a.shape)}")
-    block_m, block_k = block_sizes(M, K)
+    block_m, block_k = block_sizes(M, K) if blocks is None else blocks
+    if M % block_m or K % block_k:
+        raise ValueError(f"finish_dx: blocks={(block_m, block_k)} must divide (M, K) = {(M, K)}")
     kernel = functools.partial(_kernel, block_m=block_m, block_k=block_k, has_dh=dh is not None)
     call = tu.pallas_call(
-        kernel, num_warps=4, num_stages=1, interpret=interpret, grid=(M // block_m, K // block_k),
+        kernel, num_warps=num_warps, num_stages=1, interpret=interpret, grid=(M // block_m, K // block_k),
         out_shape=[jax.ShapeDtypeStruct((M, K), x.dtype), jax.ShapeDtypeStruct((M // block_m, K), _F32)],
         name="rmsnorm_matmul_dx_finish")
     with tu.quiet_triton_deprecation():
