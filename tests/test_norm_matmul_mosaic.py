@@ -431,8 +431,8 @@ def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(row_dot, stream_k_sp
 
 @cpu_only
 def test_dgamma_from_u_leaves_the_dw_kernel_no_w_tile_and_room_for_a_fourth_stage():
-    """dgamma_from="u" (the K side, gamma on x's side): the dx kernel stores u before gamma, XLA's fusion that
-    finishes dx sums dgamma from u and x, and the dw kernel loads nothing but its A and B blocks (one TMA load
+    """dgamma_from="u" (the K side, gamma on x's side): the dx kernel stores u before gamma, one Pallas-Triton
+    kernel (``dx_finish``) finishes dx and sums dgamma from u and x, and the dw kernel loads nothing but its A and B blocks (one TMA load
     fewer per tile: no w tile), so 4 stages of 64x256 blocks fit beside its output staging, which with the w tile
     they do not. The program still makes no (M, N) tensor outside the kernels."""
     M, K, N = 4096, 2048, 11008  # the 1b preset's MLP projection
@@ -808,7 +808,10 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
     config = Config(**params)
     assert (config.gamma_on, config.stats_in_kernel) == ("a", "mma_shared")
     assert config.forward.stream_k == (4 if M == 32768 else 0)
-    assert (config.dw.tile_input_in, config.dw.num_stages) == ("ring", 4)  # rmsnorm_matmul_configs_dw_ring-h200-98795b6
+    if (M, K, N) == (4096, 4096, 14336):  # rmsnorm_matmul_configs_dgamma_u_finish-h200-943f73b: no tile input in dw
+        assert (config.row_dot, config.dyr_in_dx, config.dgamma_from, config.dw.num_stages) == ("k", True, "u", 4)
+    else:
+        assert (config.dw.tile_input_in, config.dw.num_stages) == ("ring", 4)  # ..._dw_ring-h200-98795b6
     args = (S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16))
     fn = lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)  # noqa: E731
     with backends.lowering_for_gpu():
@@ -816,6 +819,30 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
     assert _mk_producers(program, M, K) == [] and _mk_producers(program, K, N) == []
+
+
+@cpu_only
+def test_the_h200_entry_at_4096x4096x14336_finishes_dx_and_dgamma_in_one_pass_over_u_and_x():
+    """Its backward (dgamma from u): the Mosaic dx and dw kernels, the dw kernel with no tile input, and one
+    Pallas-Triton kernel finishing dx and summing dgamma's parts; no XLA op makes an (M, N), (M, K) or (K, N)
+    tensor of bf16 (u and dx come out of kernels; XLA only sums the small row-dot and dgamma parts)."""
+    from pallas_kernels import tuning
+
+    M, K, N = 4096, 4096, 14336
+    config = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
+                                    device="NVIDIA H200"))
+    fn, args = _fwd_bwd(M, K, N, False, config)
+    with backends.lowering_for_gpu():
+        kernels = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert all(k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES for k in kernels.values())
+    assert "rmsnorm_matmul_dx_finish" in program
+    assert [_mk_producers(program, *dims, "bf16") for dims in ((M, N), (M, K), (K, N))] == [[], [], []]
+    fn, args = _fwd_bwd(M, K, N, False, dataclasses.replace(config, dgamma_from="dw", dw=dataclasses.replace(
+        config.dw, tile_input_in="ring")))  # the same entry with dgamma from the dw kernel: w through its ring
+    with backends.lowering_for_gpu():
+        dw_with_w = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}["rmsnorm_matmul_dw"]
+    assert kernels["rmsnorm_matmul_dw"].tma_loads() < dw_with_w.tma_loads()
 
 
 @cpu_only

@@ -300,11 +300,15 @@ class MosaicRMSNormMatmulConfig:
       1918.9 at 4096x4096x14336, 1681.9 / 1648.6 at 8192x4096x6144: the first tiles' loads of y into registers
       stall (ncu_dx_row_dot_in_dx-h200-182d5cf.txt). A sweep candidate, not a default.
     dgamma_from: where dgamma comes from. "dw": the dw kernel's epilogue sums w ⊙ g over its columns, with the w
-      tile prefetched into shared memory (64 KiB at 64x256 tiles: its stages stay 3). "u": (row_dot "k", with the
+      tile prefetched into shared memory or through its B stages (``tile_input_in``). "u": (row_dot "k", with the
       dx GEMM reading w itself: gamma_on "x" or "a") the dx kernel writes u before gamma, u = (r / s) ⊙ (dy @ wᵀ),
-      and the XLA fusion that finishes dx also sums dgamma = s · Σ_M(u ⊙ x) over the same two tensors; the dw
-      kernel's epilogue then only scales rows (no tile input: a fourth stage fits). None (default):
-      ``dgamma_source``, "dw".
+      and one Pallas-Triton kernel (``norm_matmul.dx_finish``) finishes dx and sums dgamma = s · Σ_M(u ⊙ x) over
+      the same two tensors, read once; the dw kernel's epilogue then only scales rows (no tile input: a fourth stage
+      fits). Measured on the H200 (fwd+bwd µs, rmsnorm_matmul_configs_dgamma_u_finish-h200-943f73b.json, N side
+      tuned → K side with dyr from dx → and dgamma from u): 1865.6 → 1836.6 → 1824.6 at 4096x4096x14336 (the dw
+      kernel 603.4 → 580.3, the finish 31.3 against XLA's dx fusion's 24.4, the dx kernel 602.2 → 607.0), 1595.0
+      → 1597.0 → 1611.4 at 8192x4096x6144, 738.7 → 740.1 → 737.3 at 4096x2048x11008; the H200's entry at
+      4096x4096x14336 takes it. None (default): ``dgamma_source``, "dw".
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,

@@ -3,16 +3,18 @@ u and x once and writes dx and dgamma's column sums per row block.
 
   dx, dgamma_parts = finish_dx(u, x, coef_s, gamma_s, dh=None)   # dgamma = s · dgamma_parts.sum(0)
 
-Shapes and units: u, x, dh (M, K) in x's 16-bit dtype; coef_s (M,) float32 = s · r² · Σ_K(γ ⊙ u ⊙ x) / K per row;
-gamma_s (K,) float32 = s · γ. Out: dx = gamma_s ⊙ u − coef_s ⊙ x (+ dh), rounded to x's dtype, and dgamma_parts
-(M / block_m, K) float32, row i holding Σ u ⊙ x over the i-th block of block_m rows.
+Shapes and units: u, x (M, K) in x's 16-bit dtype, dh (M, K) any float dtype; coef_s (M,) float32 =
+s · r² · Σ_K(γ ⊙ u ⊙ x) / K per row; gamma_s (K,) float32 = s · γ. Out: dx = gamma_s ⊙ u − coef_s ⊙ x (+ dh),
+rounded to x's dtype, and dgamma_parts (M / block_m, K) float32, row i holding Σ u ⊙ x over the i-th block of
+block_m rows.
 
 Why a kernel and not XLA: the fusion that finishes dx reads u and x anyway, and dgamma = s · Σ_M(u ⊙ x) needs the
-same two tensors; given both as jnp expressions, XLA ran the column sum as a second fusion over them (NOTES.md,
-2026-11-28, twenty-fifth session: the passes 69.1 → 84.4 µs at 4096x4096x14336 on the H200). Here each program loads
-a (block_m, block_k) tile of u and x once and writes dx's tile and the tile's column sums: 6MK bytes in all, the
-bytes of the dx fusion alone. Runs where the Mosaic kernels run (the GPU, or lowered for CUDA on a CPU inside
-``backends.lowering_for_gpu()``), and in interpret mode on the CPU.
+same two tensors; given both as jnp expressions, XLA ran the column sum as a second fusion over them at 4096x4096
+and 4096x2048 (74.0 and 35.2 µs against 25.0 and 11.6 for dx alone), though not at 8192x4096 (54.6 against 50.5).
+Here each program loads a (block_m, block_k) tile of u and x once and writes dx's tile and the tile's column sums:
+6MK bytes in all, the bytes of the dx fusion alone, at about 0.9x that fusion's speed (``block_sizes``). Runs where
+the Mosaic kernels run (the GPU, or lowered for CUDA on a CPU inside ``backends.lowering_for_gpu()``), and in
+interpret mode on the CPU.
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ _F32 = jnp.float32
 
 
 def block_sizes(M: int, K: int) -> tuple[int, int]:
-    """(block_m, block_k): 64 rows by the widest of 256, 128, 64 columns dividing K (a 64x256 tile of each input
-    per program). ValueError naming the dimension when none divides."""
-    block_m = next((b for b in (64, 32, 16) if M % b == 0), None)
-    block_k = next((b for b in (256, 128, 64) if K % b == 0), None)
+    """(block_m, block_k): 32 rows (16 where 32 does not divide M) by 128 columns (64 where 128 does not divide K).
+    Measured on the H200 (``benchmarks/scripts/dx_finish_blocks.py``, dx_finish_blocks-h200-bfa708a.json, µs at
+    4096x4096 / 8192x4096 / 4096x2048): 32x128 with 4 warps 28.2 / 55.4 / 14.0, 64x256 29.0 / 60.5 / 15.3, the
+    best of the other eight 28.4 / 56.0 / 13.8; XLA's fusion of dx alone 25.0 / 50.5 / 11.6, and of dx with the
+    column sum 74.0 / 54.6 / 35.2. ValueError naming the dimension when none divides."""
+    block_m = next((b for b in (32, 16) if M % b == 0), None)
+    block_k = next((b for b in (128, 64) if K % b == 0), None)
     if block_m is None or block_k is None:
         raise ValueError(f"finish_dx: M={M} must be a multiple of 16 and K={K} a multiple of 64 (the kernel's "
                          f"tiles); the Mosaic GEMMs' tiles already make them so")
