@@ -135,8 +135,8 @@ VARIANTS = {
                                                                  schedule="cooperative", num_stages=5, stream_k=0,
                                                                  delay_release=0)),
     # and dgamma from u (dgamma_from "u": norm_matmul.dx_finish finishes dx and sums it; the dw kernel has no w
-    # tile), its dw kernel at the same 3 stages or a fourth; the last two with gamma on x or in the registers (the dx GEMM then
-    # reads w itself, which dgamma from u needs) and 64x256 stacked dw tiles, 4 stages
+    # tile), its dw kernel at the same 3 stages or a fourth; the last two with gamma on x or in the registers (the dx
+    # GEMM then reads w itself, which dgamma from u needs) and 64x256 stacked dw tiles, 4 stages
     "k_dgamma_u": dict(row_dot="k", dyr_in_dx=True, dgamma_from="u"),
     "k_dgamma_u_dw4": dict(row_dot="k", dyr_in_dx=True, dgamma_from="u", dw=dict(num_stages=4)),
     "gamma_x_k_dgamma_u_dw4": dict(gamma_on="x", stats_in_kernel=False, row_dot="k", dyr_in_dx=True,
