@@ -381,16 +381,15 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                   epilogue=epilogue)
 
 
-def _dx_from_parts(u, row_dot_parts, xn, rstd, scale, dh, gamma=None):
+def _row_coef(row_dot_parts, rstd, K: int) -> jax.Array:
+    """r² · c / s per row (M,) float32, c = Σ_N(dy · y) / K, from the dx kernel's (K / tile_n, M) partial row dots."""
+    return rstd * rstd * jnp.sum(row_dot_parts, axis=0) * (1.0 / K)
+
+
+def _dx_from_parts(u, row_dot_parts, xn, rstd, scale, dh):
     """dx = s · (u − (r² / K) · Σ_K(u ⊙ x) · x) (+ dh), Σ_K(u ⊙ x) the sum of the column blocks' parts: one XLA
-    fusion over (M, K) (and a small one over the parts). ``gamma`` (K,) float32: u came before gamma (the parts
-    after it): dx takes gamma ⊙ u, and ``dx_finish.finish_dx`` (one kernel reading u and x once) returns
-    (dx, dgamma = s · Σ_M(u ⊙ x) in float32) instead."""
-    coef = rstd * rstd * jnp.sum(row_dot_parts, axis=0) * (1.0 / xn.shape[1])  # r² · c / s, c = Σ_N(dy · y) / K
-    if gamma is not None:
-        dx, dgamma_parts = finish_dx(u, xn, coef * scale, gamma * scale, dh, interpret=mu.interpreting())
-        return dx, jnp.sum(dgamma_parts, axis=0) * scale
-    dx = (u.astype(_F32) - coef[:, None] * xn.astype(_F32)) * scale
+    fusion over (M, K) (and a small one over the parts)."""
+    dx = (u.astype(_F32) - _row_coef(row_dot_parts, rstd, xn.shape[1])[:, None] * xn.astype(_F32)) * scale
     return (dx if dh is None else dx + dh.astype(_F32)).astype(xn.dtype)
 
 
@@ -434,9 +433,10 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                             fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u), arrays=arrays,
                             name="rmsnorm_matmul_dx")
-        if from_u:
-            dx, dgamma = _dx_from_parts(u, parts, xn, rstd, scale, dh, gamma.astype(_F32))
-            dgamma = dgamma.astype(gamma.dtype)
+        if from_u:  # u before gamma: one kernel finishes dx and sums dgamma from the same reads of u and x
+            dx, dgamma_parts = finish_dx(u, xn, _row_coef(parts, rstd, K) * scale, gamma.astype(_F32) * scale, dh,
+                                         interpret=mu.interpreting())
+            dgamma = (jnp.sum(dgamma_parts, axis=0) * scale).astype(gamma.dtype)
         else:
             dx = _dx_from_parts(u, parts, xn, rstd, scale, dh)
     else:  # Σ_N(dy · y) from one XLA fusion over dy and y (which may write dyr too), or from the dx kernel's
