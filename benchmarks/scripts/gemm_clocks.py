@@ -4,9 +4,9 @@ GEMMs' clock.
     PYTHONPATH=$PWD python benchmarks/scripts/gemm_clocks.py --out $OUT [--seconds 2] \
         [--shapes 32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv]
 
-Cases: the tensor-core ceiling kernel (``tensor_core_ceiling.wgmma_loop``: wgmma on operands loaded into shared memory
-once, no memory traffic), and per suite shape cuBLAS's matmul alone, XLA's norm + matmul and our Mosaic forward in its
-default config (``jaxfuse.suites.rmsnorm_matmul``). Each case first gets its CUPTI time (``bench.time_kernels``,
+Cases: the tensor-core ceiling kernel in each of its operand cases (``tensor_core_ceiling.OPERANDS``: wgmma on
+operands loaded into shared memory once, no memory traffic), and per suite shape cuBLAS's matmul alone, XLA's
+norm + matmul and our Mosaic forward in its default config (``jaxfuse.suites.rmsnorm_matmul``). Each case first gets its CUPTI time (``bench.time_kernels``,
 median), then runs back to back for ``--seconds`` while ``nvidia-smi -lms`` samples the SM clock, the board power and
 the active clock-event (throttle) reasons; the samples of the second half (steady state) give the medians.
 What the samples can and cannot say (H100, gemm_clocks-h100-9055c87.json): every case ran at the 700 W limit with
@@ -27,14 +27,13 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 
 import pallas_kernels
 from attention_fused_bwd import recorded_row, results_file
 from jaxfuse import bench
 from jaxfuse.suites import rmsnorm_matmul as suite
 from pallas_kernels import mosaic_utils as mu
-from tensor_core_ceiling import TILE_K, TILE_M, TILE_N, wgmma_loop
+from tensor_core_ceiling import OPERANDS, TILE_K, TILE_M, TILE_N, ceiling_case
 
 QUERIES = ("clocks.sm,power.draw,clocks_event_reasons.active", "clocks.sm,power.draw,clocks_throttle_reasons.active")
 
@@ -82,15 +81,13 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--steps", type=int, default=20000, help="the ceiling kernel's wgmma steps per warpgroup")
+    parser.add_argument("--operands", default=",".join(OPERANDS), help="the ceiling kernel's operand cases")
     parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "gemm_clocks")
     query = smi_query()
-    ka, kb = jax.random.split(jax.random.key(0))
-    a = jax.random.normal(ka, (TILE_M, TILE_K), jnp.float32).astype(jnp.bfloat16)
-    b = jax.random.normal(kb, (TILE_K, TILE_N), jnp.float32).astype(jnp.bfloat16)
-    cases = [("ceiling", jax.jit(wgmma_loop(args.steps)), (a, b), mu.num_sms() * args.steps * 2.0 * TILE_M * TILE_N
-              * TILE_K)]
+    ceiling_flops = mu.num_sms() * args.steps * 2.0 * TILE_M * TILE_N * TILE_K
+    cases = [(f"ceiling/{c}", *ceiling_case(c, args.steps), ceiling_flops) for c in args.operands.split(",")]
     impls = suite.SPEC.implementations()
     for name in args.shapes.split(","):
         s = suite.SHAPES[name]
