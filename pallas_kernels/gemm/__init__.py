@@ -158,7 +158,7 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
     given = config is not None  # else each gradient GEMM takes the default of its own shape
     config = config or default_config(M, N, K, a.dtype,
                                       accumulate_dtype=None if accumulate_into is None else out_dtype)
-    reason = unsupported_reason(M, N, K, config)
+    reason = unsupported_reason(M, N, K, config, partial_columns=accumulate_into is None)
     if reason:
         raise ValueError(f"matmul (mosaic): {reason}")
     return _matmul(a, b, accumulate_into, (config, out_dtype, transpose_a, transpose_b, given,

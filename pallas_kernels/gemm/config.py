@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from pallas_kernels import mosaic_utils as mu
 
 __all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
-           "TILE_INPUT_PLACES", "MosaicGemmConfig", "smem_bytes", "unsupported_reason"]
+           "TILE_INPUT_PLACES", "MosaicGemmConfig", "operand_swizzle_elems", "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
@@ -229,17 +229,38 @@ class MosaicGemmConfig:
         return dataclasses.asdict(self)
 
 
-def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, names=("M", "N", "K")) -> str | None:
+def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, names=("M", "N", "K"),
+                       partial_columns: bool = False) -> str | None:
     """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
     constraint: no partial tiles (M, N, K multiples of the CTA tile, two of them along the ``cluster`` axis, and
-    tile_k). ``names``: what the caller calls M, N and K."""
+    tile_k). ``partial_columns``: the caller takes a last column of tiles that runs past N (``Fusion.partial_columns``:
+    TMA loads zeros there and stores nothing), so N need only be a multiple of 8 (TMA's 16-byte row stride), with
+    cluster "none". ``names``: what the caller calls M, N and K."""
     whose = "a cluster's two output tiles" if config.cluster_size > 1 else "a block's output tile"
+    ragged = partial_columns and config.cluster == "none"
     for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),
                                   (names[2], K, config.tile_k, "tile_k")):
+        if dim == names[1] and ragged:
+            if size <= 0 or size % 8:
+                return f"{dim}={size} is not a positive multiple of 8 (TMA's 16-byte rows; tiles may run past it)"
+            continue
         if size <= 0 or size % tile:
             what = "tile_k" if what == "tile_k" else f"the {what} of {whose}"
             return f"{dim}={size} is not a positive multiple of {what}={tile}"
     return None
+
+
+def operand_swizzle_elems(config: MosaicGemmConfig, dtype, transpose_b: bool = False) -> int:
+    """Elements per swizzled row of the A and B stage tiles (one swizzle for both: wgmma takes one): the largest of
+    128, 64 or 32 bytes whose elements divide tile_k and, with B read as stored (N minor), tile_n. A 160-column
+    tile (wave quantization: ``partial_columns``) swizzles 64 bytes of bf16."""
+    itemsize = jnp.dtype(dtype).itemsize
+    for swizzle in (128, 64, 32):
+        elems = swizzle // itemsize
+        if config.tile_k % elems == 0 and (transpose_b or config.tile_n % elems == 0):
+            return elems
+    raise ValueError(f"tile_k={config.tile_k}, tile_n={config.tile_n}: no swizzle of 32, 64 or 128 bytes "
+                     f"({jnp.dtype(dtype)}) divides both")
 
 
 def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes: tuple = (),

@@ -65,7 +65,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm import specialized, stream_k
-from pallas_kernels.gemm.config import PIPELINES, MosaicGemmConfig, smem_bytes, unsupported_reason
+from pallas_kernels.gemm.config import (PIPELINES, MosaicGemmConfig, operand_swizzle_elems, smem_bytes,
+                                        unsupported_reason)
 
 __all__ = ["PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes", "unsupported_reason"]
 
@@ -185,6 +186,9 @@ class Fusion:
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
       hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
+    partial_columns: the hooks read no (N,) input and no tile input, so the last column of tiles may run past N
+      (tile_n not dividing N, to even out the rounds as cuBLAS's 128x160 tiles do): TMA loads zeros past N and
+      stores nothing there. A plain GEMM (no fusion) takes it too.
     """
 
     tile_inputs: tuple[str, ...] = ()
@@ -194,6 +198,7 @@ class Fusion:
     store_in: str | None = None
     handoff_rows: int = 1
     reduction_scratch_bytes: int = 0
+    partial_columns: bool = False
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
     a_observe: Callable | None = None
@@ -220,7 +225,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             raise ValueError(f"{name}: accumulate_into is its own epilogue; it takes no fusion")
         fusion = Fusion(tile_inputs=(_ACCUMULATED,), store_in=_ACCUMULATED,
                         epilogue=lambda ctx, acc, carry: (acc + ctx.load_tile(_ACCUMULATED), {}))
-    fusion = fusion or Fusion()
+    fusion = fusion or Fusion(partial_columns=accumulate_into is None)
     arrays = dict(arrays or {})
     if mu.interpreting() and config.cluster != "none":  # jax's GPU interpreter has no cluster barriers; the
         config = dataclasses.replace(config, cluster="none")  # multicast changes no value, only where tiles load
@@ -231,9 +236,16 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         transpose_a = transpose_b = False
     M, K = a.shape[::-1] if transpose_a else a.shape
     N = b.shape[0] if transpose_b else b.shape[1]
-    reason = unsupported_reason(M, N, K, config)
+    partial = fusion.partial_columns and not fusion.tile_inputs
+    reason = unsupported_reason(M, N, K, config, partial_columns=partial)
     if reason:
         raise ValueError(f"{name}: {reason}")
+    padded_n = -(-N // config.cta_n) * config.cta_n
+    if mu.interpreting() and padded_n != N:  # the interpreter clamps slices where TMA would load zeros: pad B
+        b = jnp.pad(b, ((0, padded_n - N), (0, 0)) if transpose_b else ((0, 0), (0, padded_n - N)))
+        outs = gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
+                    fusion=fusion, arrays=arrays, accumulate_into=accumulate_into, num_sms=num_sms, name=name)
+        return [outs[0][:, :N], *outs[1:]]
     if fusion.prologue_step is not None and (config.pipeline != "own" or config.pingpong or (
             config.wg_split != "n" and config.prologue_in == "fourth")):
         raise ValueError(f"{name}: a fusion with a prologue_step runs it in the K loop pipeline='own' with "
@@ -306,7 +318,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step, or an a_observe "
                              f"without carry_shapes (or share_rows), needs whole tiles (got "
                              f"stream_k={config.stream_k}; allowed with it: 0)")
-        plan = stream_k.plan_for(M // config.cta_m * (N // config.cta_n), grid, K // config.tile_k,
+        plan = stream_k.plan_for(M // config.cta_m * -(-N // config.cta_n), grid, K // config.tile_k,
                                  split=config.stream_k)
         m_iters = M // config.cta_m
         if plan is not None and fusion.a_operand is not None and plan.segment_steps is None:
@@ -359,9 +371,15 @@ class _Shape:
 
     @property
     def iters(self) -> tuple[int, int, int]:
-        """(m_iters, n_iters, k_iters): CTA tiles along M and N, pipeline steps along K."""
+        """(m_iters, n_iters, k_iters): CTA tiles along M and N (the last column of them may run past N:
+        ``Fusion.partial_columns``), pipeline steps along K."""
         M, N, K = self.mnk
-        return M // self.cfg.cta_m, N // self.cfg.cta_n, K // self.cfg.tile_k
+        return M // self.cfg.cta_m, -(-N // self.cfg.cta_n), K // self.cfg.tile_k
+
+    @property
+    def stage_transforms(self) -> tuple:
+        """The swizzle and tiling of every A and B stage tile (``operand_swizzle_elems``: one for both)."""
+        return mu.smem_transforms(operand_swizzle_elems(self.cfg, self.dtype, self.transposes[1]), self.dtype)
 
     @property
     def cluster_tiles(self) -> int:
@@ -579,7 +597,7 @@ def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
     m_iters, n_iters, k_iters = shape.iters
     stages = min(cfg.num_stages, k_iters)
     steady = cfg.pipeline == "pallas_steady" and k_iters % stages == 0 and cfg.delay_release == 0
-    transforms = mu.smem_transforms(cfg.tile_k, shape.dtype)  # every operand tile: swizzle of a tile_k-long row
+    transforms = shape.stage_transforms
     index_maps = (lambda k: (k, 0), lambda k: (0, k))  # by the block's K axis
     specs = [plgpu.BlockSpec(block, index_maps[k_axis], transforms=transforms, delay_release=cfg.delay_release)
              for block, k_axis, _ in shape.operand_blocks()]

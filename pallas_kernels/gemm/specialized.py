@@ -135,7 +135,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     mma_registers, memory_registers, prologue_registers = registers(shape)
     blocks = shape.operand_blocks()
     gmem = (a_gmem, b_gmem)
-    transforms = mu.smem_transforms(cfg.tile_k, shape.dtype)
+    transforms = shape.stage_transforms
     owners = 2 if cfg.pingpong else 1  # sets of barriers: one per warpgroup owning whole tiles
     scoped_types = dict(
         stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
