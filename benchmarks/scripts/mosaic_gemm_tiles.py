@@ -5,7 +5,8 @@ GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
         [--transpose_b]
 
 Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
-(the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one), and
+(the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one, and
+``AUTO_VARIANTS`` of it), and
 ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked against cuBLAS's first
 (relative max difference). ``--transpose_b``: w given as (N, K), read transposed
 (the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Writes ``mosaic_gemm_tiles-<device>.json``.
@@ -99,6 +100,8 @@ CONFIGS = {
 # The output tile stored from registers straight into global memory (no SMEM staging, no waits for TMA stores;
 # ``out_store="direct"`` at a5bfb81) lost at every shape and tile: 0.61-0.89x cuBLAS against 0.93-1.01x through SMEM
 # by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.
+# "auto" and its variants: ``default_config`` of each shape (what ``matmul`` takes), with these fields replaced
+AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0), "auto_spread": dict(stream_k=1)}
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 
@@ -111,7 +114,7 @@ def main() -> int:
     parser.add_argument("--transpose_b", action="store_true", help="w given as (N, K), read transposed")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_gemm_tiles")
-    result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",") if name != "auto"}
+    result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",") if name in CONFIGS}
     result["transpose_b"] = args.transpose_b
     for shape in args.shapes.split(","):
         M, K, N = map(int, shape.split("x"))
@@ -123,9 +126,10 @@ def main() -> int:
         calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x, w.T if t else w, preferred_element_type=jnp.bfloat16))}
         row = dict(shape=shape, skipped={}, max_rel_diff={})
         for name in args.configs.split(","):
-            cfg = default_config(M, N, K) if name == "auto" else CONFIGS[name]
-            if name == "auto":
-                row["auto"] = cfg.to_dict()
+            cfg = CONFIGS[name] if name in CONFIGS else dataclasses.replace(default_config(M, N, K),
+                                                                             **AUTO_VARIANTS[name])
+            if name in AUTO_VARIANTS:
+                row[name] = cfg.to_dict()
             reason = unsupported_reason(M, N, K, cfg, partial_columns=True)
             if reason:
                 row["skipped"][name] = reason

@@ -129,17 +129,25 @@ class StreamKPlan:
 
 
 def plan_for(tiles: int, blocks: int, k_iters: int, split: int = 4) -> StreamKPlan | None:
-    """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks: the
-    last, part-empty round's R tiles each cut into S = min(split, blocks // R) equal K ranges, one unit each; or None
-    where S < 2 (a last round at least half full, or whole rounds) or too few steps to save ``MIN_ROUND_SAVED``
-    of a round."""
+    """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks.
+
+    split >= 2: the last, part-empty round's R tiles each cut into S = min(split, blocks // R) equal K ranges, one
+    unit each; None where S < 2 (a last round at least half full, or whole rounds). split == 1 ("spread"): the last
+    round's steps cut evenly over all ``blocks`` units, ranges that start anywhere in a tile (the only plan for a
+    last round more than half full). None also where too few steps would save ``MIN_ROUND_SAVED`` of a round."""
     if min(tiles, blocks, k_iters, split) <= 0:
         raise ValueError(f"tiles, blocks, k_iters, split: must be positive, got {tiles}, {blocks}, {k_iters}, {split}")
     full, rest = divmod(tiles, blocks)
-    pieces = min(split, blocks // rest, k_iters) if rest else 0
-    if pieces < 2 or k_iters < 2:
+    if not rest or k_iters < 2:
         return None
-    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds=full, units=pieces * rest)
+    if split == 1:
+        units = blocks
+    else:
+        pieces = min(split, blocks // rest, k_iters)
+        if pieces < 2:
+            return None
+        units = pieces * rest
+    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds=full, units=units)
     if -(-tiles // blocks) - plan.rounds < MIN_ROUND_SAVED:
         return None
     return plan
