@@ -101,7 +101,7 @@ CONFIGS = {
 # ``out_store="direct"`` at a5bfb81) lost at every shape and tile: 0.61-0.89x cuBLAS against 0.93-1.01x through SMEM
 # by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.
 # "auto" and its variants: ``default_config`` of each shape (what ``matmul`` takes), with these fields replaced
-AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0), "auto_spread": dict(stream_k=1)}
+AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0)}
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 

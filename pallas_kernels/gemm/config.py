@@ -78,8 +78,7 @@ class MosaicGemmConfig:
         once both blocks' consumers have released it (a cluster barrier). Pipeline "own" only.
       stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run that round's
         tiles spread over up to stream_k blocks each by K steps (``gemm.stream_k``: partial sums through a float32
-        workspace and global semaphores); 1, that round's steps spread evenly over all blocks. Pipeline "own",
-        schedule "cooperative", no cluster.
+        workspace and global semaphores). Pipeline "own", schedule "cooperative", no cluster.
       prologue_in: where a ``Fusion.prologue_step`` runs: "fourth", a fourth warpgroup (wg_split "n": with four
         warpgroups ptxas compiles for 128 registers, too few for a 64x256 wgmma); "memory", the memory warpgroup,
         on each stage num_stages - 1 loads after issuing it (any wg_split; no cluster): free as a protocol, but

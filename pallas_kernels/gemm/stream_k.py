@@ -29,7 +29,11 @@ taken in too (every unit 1-2 tiles' worth of steps, as stream-K is usually drawn
 4096x4096x14336, and one part-empty round spread evenly over all 132 blocks (R = 76: 0.58 tile each) 299.5 against
 156.7 µs at 512x16384x4864. Units at different K steps no longer read an operand slice together: each streams its
 own from HBM (there, B is 160 MB and each of its column panels serves 4 tiles). Ranges starting on multiples of 4-16
-steps did not bring it back (652 µs at 16). So a last round at least half full stays as it is.
+steps did not bring it back (652 µs at 16). Spreading only a last round more than half full evenly over all 132
+blocks (each range ~37 of 64 steps, at most two segments; H200, ``mosaic_gemm_tiles_spread-h200-5352753.json``)
+saved nothing either: 588.8 against 588.0 µs at 4096x4096x14336, 506.1 against 505.4 at 8192x4096x6144 (the 0.42
+round it frees is what the partial sums' round trip and two pipeline fills cost). So a last round at least half
+full stays as it is.
 
 Integer helpers take Python ints (tests, the plan's static facts) or traced int32 scalars (inside the kernel).
 """
@@ -129,25 +133,17 @@ class StreamKPlan:
 
 
 def plan_for(tiles: int, blocks: int, k_iters: int, split: int = 4) -> StreamKPlan | None:
-    """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks.
-
-    split >= 2: the last, part-empty round's R tiles each cut into S = min(split, blocks // R) equal K ranges, one
-    unit each; None where S < 2 (a last round at least half full, or whole rounds). split == 1 ("spread"): the last
-    round's steps cut evenly over all ``blocks`` units, ranges that start anywhere in a tile (the only plan for a
-    last round more than half full). None also where too few steps would save ``MIN_ROUND_SAVED`` of a round."""
+    """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks: the
+    last, part-empty round's R tiles each cut into S = min(split, blocks // R) equal K ranges, one unit each; or None
+    where S < 2 (a last round at least half full, or whole rounds) or too few steps to save ``MIN_ROUND_SAVED``
+    of a round."""
     if min(tiles, blocks, k_iters, split) <= 0:
         raise ValueError(f"tiles, blocks, k_iters, split: must be positive, got {tiles}, {blocks}, {k_iters}, {split}")
     full, rest = divmod(tiles, blocks)
-    if not rest or k_iters < 2:
+    pieces = min(split, blocks // rest, k_iters) if rest else 0
+    if pieces < 2 or k_iters < 2:
         return None
-    if split == 1:
-        units = blocks
-    else:
-        pieces = min(split, blocks // rest, k_iters)
-        if pieces < 2:
-            return None
-        units = pieces * rest
-    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds=full, units=units)
+    plan = StreamKPlan(tiles, blocks, k_iters, dp_rounds=full, units=pieces * rest)
     if -(-tiles // blocks) - plan.rounds < MIN_ROUND_SAVED:
         return None
     return plan
