@@ -85,23 +85,26 @@ _ACCUMULATE_SHORT_K_PAIRLESS = dataclasses.replace(_ACCUMULATE_SHORT_K, cluster=
 SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) that runs ping-pong first (matmul, accumulate_into)
 
 
-def pick_config(M: int, N: int, K: int, candidates=CANDIDATES) -> MosaicGemmConfig:
-    """The first candidate whose tiles divide (M, N, K); when none does, the last (the smallest tiles: its
-    ``unsupported_reason`` names the constraint no candidate meets)."""
-    for config in candidates:
-        if unsupported_reason(M, N, K, config) is None:
-            return config
+def pick_config(M: int, N: int, K: int, candidates=CANDIDATES, *, partial_columns: bool = False) -> MosaicGemmConfig:
+    """The first candidate whose tiles divide (M, N, K); with ``partial_columns`` (a plain product: its last column
+    of tiles may run past N), else the first whose tiles divide M and K; when none does, the last (the smallest
+    tiles: its ``unsupported_reason`` names the constraint no candidate meets)."""
+    for partial in (False, True) if partial_columns else (False,):
+        for config in candidates:
+            if unsupported_reason(M, N, K, config, partial_columns=partial) is None:
+                return config
     return candidates[-1]
 
 
 def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dtype=None) -> MosaicGemmConfig:
-    """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates, ping-pong first for
+    """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates (tiles that divide N
+    first, else a last column of tiles past N: ``gemm.Fusion.partial_columns``), ping-pong first for
     K <= SHORT_K (cooperative ones storing each output tile under the next tile's first wgmma,
     ``PLAIN_EPILOGUE_STORE``; stream-K only over K loops of ``STREAM_K_MIN_STEPS`` steps or more); with
     ``accumulate_dtype`` (the dtype of ``accumulate_into``), the accumulating tiles first (ping-pong for K <= 512)
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
     if accumulate_dtype is None:
-        config = pick_config(M, N, K, (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES)
+        config = pick_config(M, N, K, (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES, partial_columns=True)
         if K // config.tile_k < STREAM_K_MIN_STEPS:
             config = dataclasses.replace(config, stream_k=0)
         return config if config.pingpong else dataclasses.replace(config, epilogue_store=PLAIN_EPILOGUE_STORE)
@@ -181,11 +184,20 @@ def _matmul_bwd(static, saved, g):
     return da, db, (g if static[-1] else None)
 
 
+_GRAD_N_MULTIPLE = 256  # N padded to this in the gradients of a product with partial columns (tile_k and tile_n)
+
+
 def _operand_grads(static, saved, g):
     config, _, transpose_a, transpose_b, given, _ = static
     a, b = saved
     g = g.astype(a.dtype)
     (M, N), K = g.shape, a.shape[0 if transpose_a else 1]
+    n_pad = -N % _GRAD_N_MULTIPLE
+    if n_pad:  # a forward whose last column of tiles ran past N: dA contracts over N, so pad it with zeros
+        g = jnp.pad(g, ((0, 0), (0, n_pad)))
+        b = jnp.pad(b, ((0, n_pad), (0, 0)) if transpose_b else ((0, 0), (0, n_pad)))
+        da, db = _operand_grads(static, (a, b), g)
+        return da, (db[:N] if transpose_b else db[:, :N])
 
     def config_for(rows: int, cols: int, depth: int) -> MosaicGemmConfig:
         """A gradient GEMM's config: the given one, or the default of its (rows, cols) output over depth (the dw
