@@ -94,7 +94,7 @@ def test_config_rejects_an_accumulator_beyond_the_register_file():
 @pytest.mark.parametrize("shape_a, shape_b, message", [
     ((1024, 4100), (4100, 1024), "K=4100 is not a positive multiple of tile_k=64"),
     ((100, 512), (512, 1024), "M=100 is not a positive multiple of the rows of a block's output tile"),
-    ((1024, 512), (512, 1004), "N=1004 is not a positive multiple of 8"),  # a plain product may run past N
+    ((1024, 512), (512, 1000), "N=1000 is not a positive multiple of 64"),  # a plain product may run past N
 ])
 def test_shapes_that_do_not_tile_are_a_value_error_naming_the_constraint(shape_a, shape_b, message):
     a, b = S(shape_a, jnp.bfloat16), S(shape_b, jnp.bfloat16)
@@ -550,16 +550,16 @@ def test_a_and_b_share_the_widest_swizzle_that_tile_k_and_tile_n_allow(fields, t
 
 
 def test_a_plain_product_takes_n_past_its_tiles_and_a_fusion_only_if_it_says_so():
-    a, b = S((1024, 512), jnp.bfloat16), S((512, 1000), jnp.bfloat16)  # 1000 = 3 x 256 + 232
-    assert jax.eval_shape(lambda a, b: matmul(a, b), a, b).shape == (1024, 1000)
-    assert default_config(1024, 1000, 1024).tile_n == 256  # the first long-K candidate, its last tiles partial
+    a, b = S((1024, 512), jnp.bfloat16), S((512, 1088), jnp.bfloat16)  # 1088 = 4 x 256 + 64
+    assert jax.eval_shape(lambda a, b: matmul(a, b), a, b).shape == (1024, 1088)
+    assert default_config(1024, 1088, 1024).tile_n == 256  # the first long-K candidate, its last tiles partial
     fusion = Fusion(epilogue=lambda ctx, acc, carry: (acc, {}))
-    with pytest.raises(ValueError, match="N=1000 is not a positive multiple of the columns of a block's output"):
+    with pytest.raises(ValueError, match="N=1088 is not a positive multiple of the columns of a block's output"):
         jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16, fusion=fusion), a, b)
     ragged = dataclasses.replace(fusion, partial_columns=True)
     out = jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16, fusion=ragged),
                          a, b)
-    assert out[0].shape == (1024, 1000)
+    assert out[0].shape == (1024, 1088)
 
 
 @cpu_only
@@ -577,20 +577,21 @@ def test_partial_columns_lower_with_one_more_column_of_tiles_within_shared_memor
 @pytest.mark.parametrize("fields", [dict(tile_n=128), dict(tile_n=160, epi_tile_n=32)])
 def test_partial_columns_in_interpret_mode(fields):
     config = MosaicGemmConfig(tile_m=64, tile_k=64, num_stages=2, wg_split="m", **fields)
-    with mosaic_utils.interpret_on_cpu(num_sms=2):  # N = 200: two columns of tiles, the second 72 or 40 real
-        _check_product(128, 128, 200, jnp.bfloat16, config=config)
-        _check_grads(128, 128, 200, jnp.bfloat16, config=config)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):  # N = 192: two columns of tiles, the second 64 or 32 real
+        _check_product(128, 128, 192, jnp.bfloat16, config=config)
+        _check_grads(128, 128, 192, jnp.bfloat16, config=config)
 
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N, fields", [
-    (1024, 512, 1000, {}),  # the default tiles, the last column 232 of 256 real
+    (1024, 512, 1088, {}),  # the default (ping-pong) tiles, the last column 64 of 128 real
+    (2048, 1024, 1088, {}),  # the default (stacked) tiles, the last column 64 of 256 real
     (4096, 4096, 14336, dict(tile_n=192)),  # 75 columns of tiles, the last 128 of 192 real
-    (2048, 1024, 1000, dict(tile_n=160, epi_tile_n=32))])  # 64-byte swizzle; last column 40 of 160 real
+    (2048, 1024, 1216, dict(tile_n=160, epi_tile_n=32))])  # 64-byte swizzle; last column 96 of 160 real
 def test_partial_columns_on_the_gpu(M, K, N, fields):
     config = dataclasses.replace(default_config(M, N, K), **fields)
     _check_product(M, K, N, jnp.bfloat16, config=config)
-    if M * N <= 2048 * 1000:
+    if M * N <= 2048 * 1216:
         _check_grads(M, K, N, jnp.bfloat16, config=config)
 
 
