@@ -243,7 +243,7 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
     ragged = partial_columns and config.cluster == "none"
     for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),
                                   (names[2], K, config.tile_k, "tile_k")):
-        if dim == names[1] and ragged:
+        if dim == names[1] and ragged and size % tile:
             if size <= 0 or size % PARTIAL_COLUMNS_MULTIPLE:
                 return (f"{dim}={size} is not a positive multiple of {PARTIAL_COLUMNS_MULTIPLE} (TMA's swizzled "
                         f"rows; tiles may run past it)")
