@@ -91,7 +91,8 @@ def copy_cases():
 BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lambda: dw_update_cases(4096, 32000, 1024),
             "log256k": lambda: logits_cases(512, 2048, 256000),
             "logstacked": lambda: logits_cases(512, 2048, 256000, stacked=True),
-            "core32k": lambda: core_cases(32768, 4096, 4096), "copy": copy_cases}
+            "core32k": lambda: core_cases(32768, 4096, 4096), "core14336": lambda: core_cases(4096, 4096, 14336),
+            "core6144": lambda: core_cases(8192, 4096, 6144), "copy": copy_cases}
 
 
 def main() -> int:
