@@ -83,6 +83,18 @@ def core_cases(M, K, N):
             f"core_cublas_{tag}": (jax.jit(lambda a, b: a @ b), lambda: (a, b))}
 
 
+def fused_forward_cases(M, K, N):
+    """rmsnorm_matmul's forward: the Mosaic kernel in its tuned entry, and XLA's norm + matmul (the suite's)."""
+    import pallas_kernels
+    from jaxfuse.suites import rmsnorm_matmul as suite
+
+    x, g, w, _ = suite.make_inputs(M, K, N)
+    tag = f"{M}x{K}x{N}"
+    mosaic = jax.jit(lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic"))
+    return {f"fused_mosaic_{tag}": (mosaic, lambda: (x, g, w)),
+            f"fused_xla_{tag}": (jax.jit(suite.SPEC.implementations()["xla"]), lambda: (x, g, w))}
+
+
 def copy_cases():
     x = normal(KEYS[6], (2**30,))
     return {"copy_2GiB": (jax.jit(lambda x: x + 1), lambda: (x,))}
@@ -92,7 +104,8 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             "log256k": lambda: logits_cases(512, 2048, 256000),
             "logstacked": lambda: logits_cases(512, 2048, 256000, stacked=True),
             "core32k": lambda: core_cases(32768, 4096, 4096), "core14336": lambda: core_cases(4096, 4096, 14336),
-            "core6144": lambda: core_cases(8192, 4096, 6144), "copy": copy_cases}
+            "core6144": lambda: core_cases(8192, 4096, 6144), "fused14336": lambda: fused_forward_cases(4096, 4096, 14336),
+            "fused6144": lambda: fused_forward_cases(8192, 4096, 6144), "copy": copy_cases}
 
 
 def main() -> int:
