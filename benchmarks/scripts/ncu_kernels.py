@@ -95,6 +95,21 @@ def fused_forward_cases(M, K, N):
             f"fused_xla_{tag}": (jax.jit(suite.SPEC.implementations()["xla"]), lambda: (x, g, w))}
 
 
+def fused_backward_cases(M, K, N):
+    """rmsnorm_matmul forward + backward (the suite's program, a random cotangent): the Mosaic kernels in their
+    tuned entry, and XLA's."""
+    import pallas_kernels
+    from jaxfuse.suites import rmsnorm_matmul as suite
+
+    inputs = suite.make_inputs(M, K, N)
+    shape = dict(M=M, K=K, N=N)
+    mosaic = lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic")  # noqa: E731
+    tag = f"{M}x{K}x{N}"
+    return {f"fused_bwd_mosaic_{tag}": (jax.jit(suite.SPEC.program(mosaic, "fwd+bwd", shape, {})), lambda: inputs),
+            f"fused_bwd_xla_{tag}": (jax.jit(suite.SPEC.program(suite.SPEC.implementations()["xla"], "fwd+bwd",
+                                                                shape, {})), lambda: inputs)}
+
+
 def copy_cases():
     x = normal(KEYS[6], (2**30,))
     return {"copy_2GiB": (jax.jit(lambda x: x + 1), lambda: (x,))}
@@ -105,7 +120,8 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             "logstacked": lambda: logits_cases(512, 2048, 256000, stacked=True),
             "core32k": lambda: core_cases(32768, 4096, 4096), "core14336": lambda: core_cases(4096, 4096, 14336),
             "core6144": lambda: core_cases(8192, 4096, 6144), "fused14336": lambda: fused_forward_cases(4096, 4096, 14336),
-            "fused6144": lambda: fused_forward_cases(8192, 4096, 6144), "copy": copy_cases}
+            "fused6144": lambda: fused_forward_cases(8192, 4096, 6144),
+            "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases}
 
 
 def main() -> int:
