@@ -2,6 +2,7 @@
 
   from pallas_kernels.gemm import matmul
   c = matmul(a, b)                                    # a (M, K), b (K, N) -> (M, N); one persistent kernel
+                                                      # (N a multiple of 64: a last column of tiles may run past N)
   c = matmul(a_t, b, transpose_a=True)                # a given as (K, M): read transposed from shared memory
   c = matmul(a, b_t, transpose_b=True)                # b given as (N, K)
   c = matmul(a, b, config=MosaicGemmConfig(tile_n=256, wg_split="m", tile_m=64))
