@@ -6,9 +6,10 @@ GEMMs' clock.
 
 Cases: the tensor-core ceiling kernel in each of its operand cases (``tensor_core_ceiling.OPERANDS``: wgmma on
 operands loaded into shared memory once, no memory traffic), and per suite shape cuBLAS's matmul alone, XLA's
-norm + matmul and our Mosaic forward in its default config (``jaxfuse.suites.rmsnorm_matmul``). Each case first gets its CUPTI time (``bench.time_kernels``,
-median), then runs back to back for ``--seconds`` while ``nvidia-smi -lms`` samples the SM clock, the board power and
-the active clock-event (throttle) reasons; the samples of the second half (steady state) give the medians.
+norm + matmul and our Mosaic forward in its default config (``jaxfuse.suites.rmsnorm_matmul``). Each case first
+gets its CUPTI time (``bench.time_kernels``, median), then runs back to back for ``--seconds`` while ``nvidia-smi
+-lms`` samples the SM clock, the board power and the active clock-event (throttle) reasons; the samples of the
+second half (steady state) give the medians.
 What the samples can and cannot say (H100, gemm_clocks-h100-9055c87.json): every case ran at the 700 W limit with
 the software power cap (reason 0x4) active, at sampled clocks of 1.34-1.64 GHz; but the sampled clock is not the
 clock a kernel ran at on average (the power cap moves it faster than 20 ms samples see): the first record divided

@@ -119,7 +119,8 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             "log256k": lambda: logits_cases(512, 2048, 256000),
             "logstacked": lambda: logits_cases(512, 2048, 256000, stacked=True),
             "core32k": lambda: core_cases(32768, 4096, 4096), "core14336": lambda: core_cases(4096, 4096, 14336),
-            "core6144": lambda: core_cases(8192, 4096, 6144), "fused14336": lambda: fused_forward_cases(4096, 4096, 14336),
+            "core6144": lambda: core_cases(8192, 4096, 6144),
+            "fused14336": lambda: fused_forward_cases(4096, 4096, 14336),
             "fused6144": lambda: fused_forward_cases(8192, 4096, 6144),
             "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases}
 

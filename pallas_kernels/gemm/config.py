@@ -236,9 +236,10 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
                        partial_columns: bool = False) -> str | None:
     """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
     constraint: no partial tiles (M, N, K multiples of the CTA tile, two of them along the ``cluster`` axis, and
-    tile_k). ``partial_columns``: the caller takes a last column of tiles that runs past N (``Fusion.partial_columns``:
-    TMA loads zeros there and stores nothing), so N need only be a multiple of PARTIAL_COLUMNS_MULTIPLE (a TMA
-    descriptor's rows hold whole swizzle atoms of up to 128 bytes), with cluster "none". ``names``: what the caller calls M, N and K."""
+    tile_k). ``partial_columns``: the caller takes a last column of tiles that runs past N
+    (``Fusion.partial_columns``: TMA loads zeros there and stores nothing), so N need only be a multiple of
+    PARTIAL_COLUMNS_MULTIPLE (a TMA descriptor's rows hold whole swizzle atoms of up to 128 bytes), with cluster
+    "none". ``names``: what the caller calls M, N and K."""
     whose = "a cluster's two output tiles" if config.cluster_size > 1 else "a block's output tile"
     ragged = partial_columns and config.cluster == "none"
     for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),
