@@ -1,14 +1,21 @@
-"""Kernels to read with Nsight Compute (ncu) on the H100: the loss's dw update (Mosaic accumulate_into / cuBLAS
-beta = 1), its logits GEMM (Mosaic with the softmax statistics, ping-pong and stacked tiles / cuBLAS), the GEMM core
-at 32768x4096x4096 against cuBLAS, and a 2 GiB copy (x + 1) as the HBM reference. Each case runs 3 warm calls, then
-one more; ncu's kernel filter picks what it profiles (records: benchmarks/results/ncu_*-h100-*.json):
+"""Kernels to read with Nsight Compute (ncu) on the H100 or H200: the loss's dw update (Mosaic accumulate_into /
+cuBLAS beta = 1), its logits GEMM (Mosaic with the softmax statistics, ping-pong and stacked tiles / cuBLAS), the GEMM
+core against cuBLAS (32768x4096x4096, 4096x4096x14336, 8192x4096x6144), rmsnorm_matmul's fused forward (and forward
++ backward) against XLA's norm + matmul, and a 2 GiB copy (x + 1) as the HBM reference. Each case runs 3 warm calls,
+then one more; ncu's kernel filter picks what it profiles (records: benchmarks/results/ncu_*.json, ncu_*.txt):
 
     XLA_FLAGS="--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false" ncu --clock-control none \
         -k regex:"mosaic|nvjet|gemm|add_fusion" -c 80 --section SpeedOfLight --section WarpStateStats \
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum \
         python benchmarks/scripts/ncu_kernels.py core32k,log256k,logstacked,upd256k,upd32k,copy
 
-(autotuning off keeps ncu from profiling the autotuner's candidates; cuBLAS then runs its heuristic's kernel).
+(autotuning off keeps ncu from profiling the autotuner's candidates; cuBLAS then runs its heuristic's kernel). The
+H200 records of the core and the fused forward (``ncu_core_14336_6144-h200-9e45f8b.txt``,
+``ncu_fused_14336_6144-h200-365a14f.txt``) came from ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.3``, ``-k
+regex:"mosaic|nvjet"`` (``"rmsnorm|nvjet"`` for the fused cases: a wider filter profiles the inputs' random-number
+kernels), ``-c 16 --section SpeedOfLight --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,
+sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active`` and the
+cases ``core14336,core6144`` and ``fused14336,fused6144``.
 With NCU_RANGE=1 the last call of each case is bracketed by cudaProfilerStart/Stop (for ncu --profile-from-start
 off; that crashed python under ncu on the H100, so the records use the kernel filter)."""
 import ctypes
