@@ -15,7 +15,9 @@ H200 records of the core and the fused forward (``ncu_core_14336_6144-h200-9e45f
 regex:"mosaic|nvjet"`` (``"rmsnorm|nvjet"`` for the fused cases: a wider filter profiles the inputs' random-number
 kernels), ``-c 16 --section SpeedOfLight --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,
 sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active`` and the
-cases ``core14336,core6144`` and ``fused14336,fused6144``.
+cases ``core14336,core6144`` and ``fused14336,fused6144``; ``python -m hlo_inspect.ncu REPORT.txt --json
+REPORT.json --meta device=... --meta commit=...`` reads such a report back (medians per kernel and shape, and where
+each launch's cycles go).
 With NCU_RANGE=1 the last call of each case is bracketed by cudaProfilerStart/Stop (for ncu --profile-from-start
 off; that crashed python under ncu on the H100, so the records use the kernel filter)."""
 import ctypes
