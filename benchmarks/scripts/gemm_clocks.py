@@ -86,6 +86,9 @@ def main() -> int:
     parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "gemm_clocks")
+    unknown = sorted(set(args.operands.split(",")) - set(OPERANDS))
+    if unknown:
+        parser.error(f"--operands: unknown {unknown}; allowed: {sorted(OPERANDS)}")
     query = smi_query()
     ceiling_flops = mu.num_sms() * args.steps * 2.0 * TILE_M * TILE_N * TILE_K
     cases = [(f"ceiling/{c}", *ceiling_case(c, args.steps), ceiling_flops) for c in args.operands.split(",")]

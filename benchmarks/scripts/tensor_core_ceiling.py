@@ -58,8 +58,10 @@ def wgmma_loop(steps: int, num_sms: int | None = None, stages: int = 1, a_from: 
     """f(a (stages, 128, 64) bf16, b (stages, 64, 256) bf16) -> (SMs · 128,) float32 row sums after ``steps`` wgmma
     per warpgroup, step i on stage i % stages (``steps`` a multiple of ``stages``); A read from shared memory by each
     wgmma, or (``a_from="registers"``) loaded into registers once per stage before the loop."""
-    if steps % stages or a_from not in ("smem", "registers"):
-        raise ValueError(f"steps={steps} must be a multiple of stages={stages}; a_from={a_from!r}: smem or registers")
+    if steps <= 0 or steps % stages:
+        raise ValueError(f"steps: must be a positive multiple of stages={stages}, got {steps}")
+    if a_from not in ("smem", "registers"):
+        raise ValueError(f"a_from: must be 'smem' or 'registers', got {a_from!r}")
     sms = num_sms or mu.num_sms()
     half = TILE_M // 2
 
