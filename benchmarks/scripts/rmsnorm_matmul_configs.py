@@ -192,6 +192,15 @@ VARIANTS = {
     "row_dot_in_dx_delay1": dict(row_dot="n", row_dot_in_dx=True, dx=dict(stream_k=0, delay_release=1)),
     "gamma_a_mma_shared_row_dot_in_dx": dict(VARIANTS_SHARED["gamma_a_mma_shared"], row_dot="n", row_dot_in_dx=True,
                                              dx=dict(stream_k=0)),
+    # x ⊙ gamma made once per row block by its column-0 tile (in place in shared memory, stored to HBM) and read
+    # as A by the later tiles (gemm.Fusion.a_shared); tiles within shared_a_rounds rounds of it make their own
+    # ("_all": every tile does: the in-place cost alone)
+    "gamma_once": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(_STACKED, stream_k=0,
+                                                                                   delay_release=1)),
+    "gamma_once_r2": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(
+        _STACKED, stream_k=0, delay_release=1, shared_a_rounds=2)),
+    "gamma_once_all": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(
+        _STACKED, stream_k=0, delay_release=1, shared_a_rounds=1000)),
 }
 
 

@@ -182,6 +182,16 @@ class Fusion:
       cluster, epilogue_store "end". With stream-K the last round's tiles (never a first tile: the whole rounds
       must hold the first column) skip the a_observe, and each tile's owner polls after its range. In interpret
       mode (no semaphores) every tile takes the a_observe itself.
+    a_shared: name of an (M, K) output of A's dtype (with share_rows and an a_operand): the A operand is made
+      once per row block. The a_operand then transforms each A block in place, in shared memory (the wgmma reads
+      it from there, never from registers), and only in the tiles that make their A themselves: the row block's
+      column-0 tile, which also stores each transformed block into this output (its rows, by TMA, from the stage)
+      and then raises a global count per (row block, warpgroup) by the row block's other tiles, and any tile fewer
+      than ``MosaicGemmConfig.shared_a_rounds`` rounds of the persistent grid behind that tile (``_Shape.makes_a``).
+      Every other tile's memory warpgroup waits for the counts and loads its A blocks from this output by TMA;
+      the tiles that made their A take their one off the counts one tile later. The a_operand's carry plays the
+      a_observe's part for share_rows (e.g. sums of squares of the untransformed block). wg_split "m" (each
+      warpgroup transforms its own rows), no stream-K. In interpret mode every tile makes its A.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -207,6 +217,7 @@ class Fusion:
     a_operand: Callable | None = None
     step_inputs: tuple[str, ...] = ()
     share_rows: tuple[str, Callable] | None = None
+    a_shared: str | None = None
     epilogue: Callable | None = None
 
 
@@ -270,12 +281,26 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: epilogue_store='next_tile' keeps the output tile in registers and stages it in "
                          f"its own SMEM slots; a fusion storing from its tile input (store_in={fusion.store_in!r}, "
                          f"or accumulate_into) takes epilogue_store='end'")
+    if fusion.a_shared is not None:
+        made = dict(fusion.outputs).get(fusion.a_shared)
+        if (fusion.share_rows is None or fusion.a_operand is None or fusion.a_observe is not None
+                or config.wg_split != "m" or config.stream_k):
+            raise ValueError(f"{name}: a_shared={fusion.a_shared!r} makes A once per row block: it needs share_rows, "
+                             f"an a_operand (applied in place), no a_observe, wg_split='m' and stream_k=0; got "
+                             f"share_rows={'set' if fusion.share_rows else None}, "
+                             f"a_operand={'set' if fusion.a_operand else None}, "
+                             f"a_observe={'set' if fusion.a_observe else None}, wg_split={config.wg_split!r}, "
+                             f"stream_k={config.stream_k}")
+        if made is None or made.shape != (M, K) or jnp.dtype(made.dtype) != jnp.dtype(a.dtype):
+            seen = "no such output" if made is None else f"shape {made.shape}, dtype {jnp.dtype(made.dtype)}"
+            raise ValueError(f"{name}: a_shared={fusion.a_shared!r} must name an ({M}, {K}) {jnp.dtype(a.dtype)} "
+                             f"output (A's shape and dtype), got {seen}")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
-        if fusion.a_observe is None or config.pingpong or config.cluster != "none" or (
+        if (fusion.a_observe is None and fusion.a_shared is None) or config.pingpong or config.cluster != "none" or (
                 config.epilogue_store != "end"):
             raise ValueError(f"{name}: share_rows takes an a_observe's carry from one tile per row block; it needs "
-                             f"an a_observe, schedule='cooperative', cluster='none' and epilogue_store='end'; got "
+                             f"an a_observe (or an a_shared a_operand), schedule='cooperative', cluster='none' and epilogue_store='end'; got "
                              f"a_observe={'set' if fusion.a_observe else None}, schedule={config.schedule!r}, "
                              f"cluster={config.cluster!r}, epilogue_store={config.epilogue_store!r}")
         if shared is None or shared.shape != (M,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):
@@ -332,7 +357,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"{m_iters} first ones; take stream_k=0 here")
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
-                   accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs))
+                   accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs), grid)
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
@@ -368,6 +393,7 @@ class _Shape:
     accumulates: bool = False  # the output ref is also the tile input ``_ACCUMULATED`` (``accumulate_into``)
     stream_k: stream_k.StreamKPlan | None = None  # the last rounds' tiles split by K steps (``gemm.stream_k``)
     step_dtypes: tuple = ()  # the dtypes of ``Fusion.step_inputs``
+    grid: int = 0  # blocks of the persistent grid (tile steps per round)
 
     @property
     def iters(self) -> tuple[int, int, int]:
@@ -514,6 +540,14 @@ class _Shape:
         return TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
                            m_idx=m_idx, n_idx=n_idx, wg=wg,
                            col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name)
+
+    def makes_a(self, lin, m_idx):
+        """(``Fusion.a_shared``) Whether the lin-th tile step, in row block m_idx, makes its A itself: fewer than
+        ``shared_a_rounds`` rounds behind its row block's column-0 tile (the m_idx-th tile step in the share_rows
+        order; so every column-0 tile does). True (a Python bool) in interpret mode, which has no semaphores."""
+        if mu.interpreting():
+            return True
+        return lax.div(lin, self.grid) - lax.div(m_idx, self.grid) < self.cfg.shared_a_rounds
 
     def wg_a_rows(self, wg):
         """The rows of a stage's A block that compute warpgroup ``wg`` multiplies (all of them unless the cooperative
