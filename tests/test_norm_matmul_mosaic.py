@@ -548,17 +548,19 @@ def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, resi
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, rounds", [
-    (8192, 4096, 6144, 1), (4096, 4096, 14336, 2),  # 64 / 32 row blocks: the first round makes its own
-    (32768, 1024, 1024, 1),  # 256 row blocks: the column-0 tiles fill two rounds
-    (4352, 2048, 4096, 1)])  # 34 row blocks, 16 columns: 544 tiles, a last round of 16
-def test_gamma_made_once_per_row_block_on_the_gpu(M, K, N, rounds):
+@pytest.mark.parametrize("M, K, N, rounds, lead", [
+    (8192, 4096, 6144, 1, 0), (4096, 4096, 14336, 2, 0),  # 64 / 32 row blocks: the first round makes its own
+    (32768, 1024, 1024, 1, 0),  # 256 row blocks: the column-0 tiles fill two rounds
+    (32768, 1024, 2048, 1, 1),  # or 136 of them, then 8 per band of the others (first_column_lead)
+    (4352, 2048, 4096, 1, 1)])  # 34 row blocks, 16 columns: 544 tiles, a last round of 16 (bands not whole)
+def test_gamma_made_once_per_row_block_on_the_gpu(M, K, N, rounds, lead):
     """gamma_on "once" (``gemm.Fusion.a_shared``): forward and gradients against the float32 reference, and y
     bitwise equal to the same kernel where every tile makes its own x ⊙ gamma and to gamma_on "a" (the same
     products rounded the same way, summed in the same order): a later tile reading x ⊙ gamma from HBM before its
     column-0 tile had stored it would differ. Three calls (the counts end each at zero)."""
     config = _numbers_config(M, K, N, jnp.bfloat16, False, "gamma_once", "k")
-    config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, shared_a_rounds=rounds))
+    config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, shared_a_rounds=rounds,
+                                                                     first_column_lead=lead))
     every_tile = dataclasses.replace(config, forward=dataclasses.replace(config.forward, shared_a_rounds=1 << 20))
     in_registers = dataclasses.replace(config, gamma_on="a")
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
@@ -808,6 +810,8 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
         or gamma_on in ("a", "once") else tiles
+    if gamma_on == "once":  # each step's A made under the previous step's wgmma: delay_release + 2 stages
+        forward = dataclasses.replace(forward, num_stages=3)
     dyr_in_dx = row_dot[1:].startswith("_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,

@@ -201,6 +201,12 @@ VARIANTS = {
         _STACKED, stream_k=0, delay_release=1, shared_a_rounds=2)),
     "gamma_once_all": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(
         _STACKED, stream_k=0, delay_release=1, shared_a_rounds=1000)),
+    # where the row blocks outnumber the grid: one round of column-0 tiles first, then each band's other tiles
+    # after the column-0 tiles of the band a round further down (MosaicGemmConfig.first_column_lead)
+    "gamma_once_lead1": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(
+        _STACKED, stream_k=0, delay_release=1, first_column_lead=1)),
+    "gamma_a_mma_shared_lead1": dict(gamma_on="a", stats_in_kernel="mma_shared", forward=dict(
+        _STACKED, stream_k=0, delay_release=1, first_column_lead=1)),
 }
 
 

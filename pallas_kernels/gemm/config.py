@@ -108,6 +108,11 @@ class MosaicGemmConfig:
         behind makes its A itself (the a_operand in place, in shared memory), so that it never waits a whole tile.
         1: only the tiles of the column-0 tile's own round; 2: also the next round's, whose memory warpgroup would
         otherwise wait for the column-0 tile's last steps while loading ahead.
+      first_column_lead: under a ``Fusion.share_rows``, 0: every row block's column-0 tile runs first, all of
+        them; p >= 1 (planar-snake runs along M, grid_minor "m"): only p rounds' worth of them (in whole bands),
+        then each band's other tiles after the column-0 tiles of the band that many rows further down
+        (``gemm.mosaic.first_column_then_snake``): where the row blocks outnumber the grid, the column-0 tiles
+        (which read, and with an a_shared write, whole rows of A) no longer fill the first rounds alone.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -132,6 +137,7 @@ class MosaicGemmConfig:
     shared_rows_wait: int = 4
     tile_input_in: str = "buffer"
     shared_a_rounds: int = 1
+    first_column_lead: int = 0
 
     def __post_init__(self):
         cls = type(self).__name__

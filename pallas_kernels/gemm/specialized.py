@@ -457,16 +457,24 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 of the tile, or True): the a_operand runs in place on each A block (``make_a``); the tile loads
                 its A made already otherwise. Returns the hook's carry, or (it, that second carry) with fetch_at.
                 No branch holds a wgmma: ptxas keeps them asynchronous."""
+                def prepare(k, hook_carry):
+                    """(``Fusion.a_shared``) Wait for step k's stage and, where this tile makes its A, make it in
+                    place: one step ahead of its wgmma, under the wgmma just issued (and any in flight)."""
+                    g = g0 + k - k0
+                    plgpu.barrier_wait(ready.at[barrier_of(g)])
+                    slot = lax.rem(g, num_stages)
+                    return make_a(ctx, k, slot, hook_carry) if makes is True else lax.cond(
+                        makes, lambda c: make_a(ctx, k, slot, c), lambda c: c, hook_carry)
+
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry, rows = carry
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
-                    plgpu.barrier_wait(ready.at[barrier_of(g)])
+                    if not sharing_a:  # (with an a_shared, the step before waited for it)
+                        plgpu.barrier_wait(ready.at[barrier_of(g)])
                     a_regs = None
-                    if sharing_a:  # in place in shared memory, where this tile makes its A
-                        hook_carry = make_a(ctx, k, slot, hook_carry) if makes is True else lax.cond(
-                            makes, lambda c: make_a(ctx, k, slot, c), lambda c: c, hook_carry)
-                    elif fusion.a_operand is not None:  # registers of its own (the caller's unrolled steps)
+                    if fusion.a_operand is not None and not sharing_a:  # registers of its own (the caller's
+                        # unrolled steps)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         vectors = {n: mu.load(buf.at[slot], layout=mu.COLS, optimized=False)
                                    for n, buf in scoped["step_smem"].items()}
@@ -493,8 +501,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     if fetch_at is not None:  # under the wgmma just issued
                         at, when, fetch, _ = fetch_at
                         rows = lax.cond(when & (k == at), lambda r: fetch(), lambda r: r, rows)
+                    if sharing_a:  # the next step's A, under this step's wgmma
+                        hook_carry = lax.cond(k + 1 < k1, lambda c: prepare(k + 1, c), lambda c: c, hook_carry)
                     plgpu.wgmma_wait(delay)
-                    stores_read(ctx, delay)
+                    stores_read(ctx, delay + 1 if sharing_a else delay)  # (and the next step's store)
                     if delay:  # the wgmma of step k - delay is complete
 
                         @pl.when(k - k0 >= delay)
@@ -506,6 +516,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 rows = () if fetch_at is None else fetch_at[3]
                 first = k0
+                if sharing_a:
+                    hook_carry = prepare(k0, hook_carry)
                 if under_first is not None:  # outside the loop: what it stores is no loop constant
                     _, hook_carry, rows = step(k0, (acc_ref, hook_carry, rows), after_issue=under_first)
                     first = k0 + 1
