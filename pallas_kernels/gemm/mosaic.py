@@ -563,15 +563,20 @@ class _Shape:
         head = -(-cfg.first_column_lead * self.grid // width) * width
         return head if head < m_iters else None
 
+    def rounds_behind(self, lin, m_idx):
+        """(``Fusion.share_rows``) Rounds of the persistent grid between the lin-th tile step and its row block's
+        column-0 tile (traced int32)."""
+        m_iters, n_iters, _ = self.iters
+        first = first_column_position(m_idx, m_iters, n_iters, self.cfg.grid_tile_width, self.first_column_head)
+        return lax.div(lin, self.grid) - lax.div(first, self.grid)
+
     def makes_a(self, lin, m_idx):
         """(``Fusion.a_shared``) Whether the lin-th tile step, in row block m_idx, makes its A itself: fewer than
         ``shared_a_rounds`` rounds behind its row block's column-0 tile (so every column-0 tile does). True (a
         Python bool) in interpret mode, which has no semaphores."""
         if mu.interpreting():
             return True
-        m_iters, n_iters, _ = self.iters
-        first = first_column_position(m_idx, m_iters, n_iters, self.cfg.grid_tile_width, self.first_column_head)
-        return lax.div(lin, self.grid) - lax.div(first, self.grid) < self.cfg.shared_a_rounds
+        return self.rounds_behind(lin, m_idx) < self.cfg.shared_a_rounds
 
     def wg_a_rows(self, wg):
         """The rows of a stage's A block that compute warpgroup ``wg`` multiplies (all of them unless the cooperative

@@ -347,18 +347,42 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def _take():
                     take_a_count(m_idx)
 
+            def waits_early(lin):
+                """(Fusion.a_shared) Whether the memory warpgroup takes the lin-th tile's counts halfway through the
+                loads of the block's tile before it: a tile that reads the shared A two rounds or more behind its
+                column-0 tile, which has finished by then, so that the two round trips to L2 run while the ring is
+                full. One round behind, the column-0 tile may still run: those wait at their own start."""
+                m_idx = shape.tile_context(lin, 0, refs_by_name).m_idx
+                return jnp.logical_not(shape.makes_a(lin, m_idx)) & (shape.rounds_behind(lin, m_idx) >= 2)
+
             @each_tile
             def _(lin, local, num_local):
                 g0 = local * tile_steps
                 a_waits = sharing_a and not mu.interpreting()
-                if a_waits:
+                if not a_waits:
+                    lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, g0 + k), c)[1], ())
+                else:
                     m_idx = shape.tile_context(lin, 0, refs_by_name).m_idx
 
-                    @pl.when(jnp.logical_not(shape.makes_a(lin, m_idx)))
+                    @pl.when(jnp.logical_not(shape.makes_a(lin, m_idx))
+                             & ((local == 0) | jnp.logical_not(waits_early(lin))))
                     def _wait_for_a():
                         take_a_count(m_idx)
 
-                lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, g0 + k), c)[1], ())
+                    following = lin + shape.grid  # the block's next tile
+
+                    def load_and_look_ahead(k, c):
+                        load_step(lin, k, g0 + k)
+
+                        @pl.when((k == k_iters // 2) & (following < round_tiles))
+                        def _next():
+                            @pl.when(waits_early(following))
+                            def _early():
+                                take_a_count(shape.tile_context(following, 0, refs_by_name).m_idx)
+
+                        return c
+
+                    lax.fori_loop(0, k_iters, load_and_look_ahead, ())
                 if a_waits:  # the previous tile's count a tile late: its column-0 tile has long finished
                     pl.when(local >= 1)(lambda: count_made(lin - shape.grid))
                     pl.when(local == num_local - 1)(lambda: count_made(lin))
