@@ -205,6 +205,14 @@ VARIANTS = {
     # after the column-0 tiles of the band a round further down (MosaicGemmConfig.first_column_lead)
     "gamma_once_lead1": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(
         _STACKED, stream_k=0, delay_release=1, first_column_lead=1)),
+    # the forward's K loop without hooks (x ⊙ gamma and r's sums from XLA): waiting for each wgmma (d0, as the plain
+    # core does) or one group in flight (d1), the output stored at the tile's end or under the next tile's first wgmma
+    "plain_x_d0": dict(gamma_on="x", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=0)),
+    "plain_x_d0_next": dict(gamma_on="x", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=0,
+                                                                            epilogue_store="next_tile")),
+    "plain_x_d1_next": dict(gamma_on="x", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1,
+                                                                            epilogue_store="next_tile")),
+    "gamma_a_d0": dict(gamma_on="a", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=0)),
     "gamma_a_mma_shared_lead1": dict(gamma_on="a", stats_in_kernel="mma_shared", forward=dict(
         _STACKED, stream_k=0, delay_release=1, first_column_lead=1)),
 }
