@@ -213,6 +213,14 @@ VARIANTS = {
     "plain_x_d1_next": dict(gamma_on="x", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1,
                                                                             epilogue_store="next_tile")),
     "gamma_a_d0": dict(gamma_on="a", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=0)),
+    # r shared beside gamma on w, waiting for each wgmma: only the column-0 tiles run the a_observe (1/16 of the
+    # tiles at 32768x4096x4096), the others a plain K loop; whole tiles or the last round cut by K steps
+    "mma_shared_d0": dict(stats_in_kernel="mma_shared", gamma_on="w", forward=dict(_STACKED, stream_k=0,
+                                                                                   delay_release=0)),
+    "mma_shared_d0_sk4": dict(stats_in_kernel="mma_shared", gamma_on="w", forward=dict(_STACKED, stream_k=4,
+                                                                                       delay_release=0)),
+    "mma_shared_sk4": dict(stats_in_kernel="mma_shared", gamma_on="w", forward=dict(_STACKED, stream_k=4,
+                                                                                    delay_release=1)),
     "gamma_a_mma_shared_lead1": dict(gamma_on="a", stats_in_kernel="mma_shared", forward=dict(
         _STACKED, stream_k=0, delay_release=1, first_column_lead=1)),
 }
