@@ -12,7 +12,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from base_norm_matmul import NormMatmulTests, inputs
@@ -547,35 +546,6 @@ def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, resi
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
-@gpu_only
-@pytest.mark.parametrize("M, K, N, rounds, lead", [
-    (8192, 4096, 6144, 1, 0), (4096, 4096, 14336, 2, 0),  # 64 / 32 row blocks: the first round makes its own
-    (32768, 1024, 1024, 1, 0),  # 256 row blocks: the column-0 tiles fill two rounds
-    (32768, 1024, 2048, 1, 1),  # or 136 of them, then 8 per band of the others (first_column_lead)
-    (4352, 2048, 4096, 1, 1)])  # 34 row blocks, 16 columns: 544 tiles, a last round of 16 (bands not whole)
-def test_gamma_made_once_per_row_block_on_the_gpu(M, K, N, rounds, lead):
-    """gamma_on "once" (``gemm.Fusion.a_shared``): forward and gradients against the float32 reference, and y
-    bitwise equal to the same kernel where every tile makes its own x ⊙ gamma and to gamma_on "a" (the same
-    products rounded the same way, summed in the same order): a later tile reading x ⊙ gamma from HBM before its
-    column-0 tile had stored it would differ. Three calls (the counts end each at zero)."""
-    config = _numbers_config(M, K, N, jnp.bfloat16, False, "gamma_once", "k")
-    config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, shared_a_rounds=rounds,
-                                                                     first_column_lead=lead))
-    every_tile = dataclasses.replace(config, forward=dataclasses.replace(config.forward, shared_a_rounds=1 << 20))
-    in_registers = dataclasses.replace(config, gamma_on="a")
-    x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
-    _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
-
-    def forward(c):
-        return np.asarray(jax.jit(lambda *a: norm_matmul.rmsnorm_matmul(*a, backend="mosaic", block_sizes=c))(
-            x, g, w).astype(jnp.float32))
-
-    expected = forward(every_tile)
-    np.testing.assert_array_equal(forward(in_registers), expected)
-    for _ in range(3):
-        np.testing.assert_array_equal(forward(config), expected)
-
-
 def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     """The default config of a shape with the forward's variant: False / True / "mma" (where r comes from, gamma
     on w), "gamma_on_x", "gamma_on_a" (r from XLA) or "gamma_on_a_mma" (gamma and r in the MMA warpgroups'
@@ -584,7 +554,7 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     end: dgamma from u (``dgamma_from="u"``), the dw kernel at 4 stages of 64x256 stacked tiles (no w tile)."""
     stats, gamma_on = _variant_fields(variant)
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
-    if gamma_on in ("a", "once"):
+    if gamma_on == "a":
         config = dataclasses.replace(config, forward=dataclasses.replace(
             nm_config._MMA_STATS_FORWARD[0], grid_minor="m"))
     config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0])
@@ -598,8 +568,6 @@ def _variant_fields(variant) -> tuple:
     "gamma_on_a", "gamma_on_a_mma", "gamma_on_a_mma_rows"."""
     if variant in (True, *nm_config.MMA_STATS):
         return variant, "w"
-    if variant == "gamma_once":  # x ⊙ gamma made once per row block, r shared from the same tile
-        return "mma_shared", "once"
     if isinstance(variant, str) and variant.startswith("gamma_on_a_"):
         return variant[len("gamma_on_a_"):], "a"
     return False, {"gamma_on_x": "x", "gamma_on_a": "a"}.get(variant, "w")
@@ -706,20 +674,6 @@ def test_the_tuned_forward_keeps_its_wgmma_unserialized_and_unspilled_on_the_gpu
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N", [(4096, 4096, 14336), (8192, 4096, 6144)])
-def test_gamma_made_once_keeps_its_wgmma_unserialized_and_unspilled_on_the_gpu(M, K, N):
-    """ptxas's report on the forward with gamma_on "once": the in-place multiply by gamma sits in a branch before
-    each wgmma's issue (no wgmma inside it), so ptxas keeps the wgmma asynchronous (no warning C7513), unspilled."""
-    config = _numbers_config(M, K, N, jnp.bfloat16, False, "gamma_once", "k")
-    args = (jax.ShapeDtypeStruct((M + 256, K), jnp.bfloat16), jax.ShapeDtypeStruct((K,), jnp.bfloat16),
-            jax.ShapeDtypeStruct((K, N), jnp.bfloat16))
-    (kernel,) = ptxas.compile_report(lambda x, g, w: nm.rmsnorm_matmul(
-        x, g, w, eps=1e-6, residual=None, out_dtype=x.dtype, interpret=False, config=config), *args)
-    assert kernel.name == "rmsnorm_matmul_fwd_mosaic_gpu_kernel" and not kernel.spills, kernel
-    assert not kernel.serialized_wgmma, kernel.warnings
-
-
-@gpu_only
 @pytest.mark.parametrize("M, K, N, residual", [(4352, 1024, 4096, False), (4352, 2048, 2048, True)])
 def test_mma_statistics_with_stream_k_on_the_gpu(M, K, N, residual):
     """r from the MMA warpgroups with the last round's tiles split by K steps: their partial sums of squares are
@@ -792,8 +746,7 @@ def test_nan_never_passes():
     (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
     (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr"),
     (jnp.float16, False, False, False, "k_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dgu"),
-    (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"), (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu"),
-    (jnp.bfloat16, False, "gamma_once", False, "k"), (jnp.bfloat16, True, "gamma_once", False, "n")])
+    (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"), (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
@@ -801,17 +754,14 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     "gamma_on_a": x ⊙ gamma formed in the MMA warpgroups' registers, wgmma reading A from there ("_mma": r from the
     x blocks loaded again after each wgmma's issue); "mma_rows": those squares summed per row at each step;
     "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
-    every tile sums its own); "gamma_once": x ⊙ gamma made in place in shared memory and stored by each row block's
-    first tile (in interpret mode every tile makes its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
+    every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
     the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
     "n_dx_prefetch" each y block loaded a step ahead); "_dgu": dgamma from u (``dgamma_from="u"``: the dw kernel
     without its w tile, or dw's GEMM in XLA)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
-        or gamma_on in ("a", "once") else tiles
-    if gamma_on == "once":  # each step's A made under the previous step's wgmma: delay_release + 2 stages
-        forward = dataclasses.replace(forward, num_stages=3)
+        or gamma_on == "a" else tiles
     dyr_in_dx = row_dot[1:].startswith("_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,

@@ -1,7 +1,7 @@
 """Kernels to read with Nsight Compute (ncu) on the H100 or H200: the loss's dw update (Mosaic accumulate_into /
 cuBLAS beta = 1), its logits GEMM (Mosaic with the softmax statistics, ping-pong and stacked tiles / cuBLAS), the GEMM
 core against cuBLAS (32768x4096x4096, 4096x4096x14336, 8192x4096x6144), rmsnorm_matmul's fused forward (and forward
-+ backward) against XLA's norm + matmul, its forward with x ⊙ gamma made once per row block, and a 2 GiB copy (x + 1) as the HBM reference. Each case runs 3 warm calls,
++ backward) against XLA's norm + matmul, and a 2 GiB copy (x + 1) as the HBM reference. Each case runs 3 warm calls,
 then one more; ncu's kernel filter picks what it profiles (records: benchmarks/results/ncu_*.json, ncu_*.txt):
 
     XLA_FLAGS="--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false" ncu --clock-control none \
@@ -104,24 +104,6 @@ def fused_forward_cases(M, K, N):
             f"fused_xla_{tag}": (jax.jit(suite.SPEC.implementations()["xla"]), lambda: (x, g, w))}
 
 
-def gamma_once_cases(M, K, N):
-    """rmsnorm_matmul's forward with x ⊙ gamma made once per row block (gamma_on "once"; the tuned entry otherwise,
-    whole tiles), and with every tile making its own (shared_a_rounds past the last round)."""
-    import pallas_kernels
-    from jaxfuse.suites import rmsnorm_matmul as suite
-    from pallas_kernels.norm_matmul import config as nm_config
-
-    x, g, w, _ = suite.make_inputs(M, K, N)
-    base = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
-    once = dataclasses.replace(base, gamma_on="once", stats_in_kernel="mma_shared",
-                               forward=dataclasses.replace(base.forward, stream_k=0))
-    every = dataclasses.replace(once, forward=dataclasses.replace(once.forward, shared_a_rounds=1 << 20))
-    tag = f"{M}x{K}x{N}"
-    return {f"once_{kind}_{tag}": (jax.jit(lambda x, g, w, c=c: pallas_kernels.rmsnorm_matmul(
-        x, g, w, backend="mosaic", block_sizes=c)), lambda: (x, g, w)) for kind, c in (("shared", once),
-                                                                                       ("every", every))}
-
-
 def fused_backward_cases(M, K, N):
     """rmsnorm_matmul forward + backward (the suite's program, a random cotangent): the Mosaic kernels in their
     tuned entry, and XLA's."""
@@ -149,8 +131,7 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             "core6144": lambda: core_cases(8192, 4096, 6144),
             "fused14336": lambda: fused_forward_cases(4096, 4096, 14336),
             "fused6144": lambda: fused_forward_cases(8192, 4096, 6144),
-            "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases,
-            "once14336": lambda: gamma_once_cases(4096, 4096, 14336)}
+            "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases}
 
 
 def main() -> int:

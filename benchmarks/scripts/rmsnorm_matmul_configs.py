@@ -46,6 +46,10 @@ from pallas_kernels.norm_matmul import config as nm_config
 # 136258a.json): XLA ran the column sum as a pass of its own. And the dw kernel's output staged in slots of its own,
 # so that the ring's two w slots free right after the epilogue (``tile_input_in="ring_staged"``, 2515134, reverted;
 # "dw_ring_staged4": rmsnorm_matmul_configs_dw_ring_staged-h200-2515134.json): no faster than storing from them.
+# And x ⊙ gamma made once per row block by its column-0 tile, in place in shared memory, and read back from HBM as A
+# by the later tiles (``gemm.Fusion.a_shared``, gamma_on "once", 8ae2f46-a88ba1f, reverted; "gamma_once",
+# "gamma_once_r2", "gamma_once_all", "gamma_once_lead1", "gamma_a_mma_shared_lead1":
+# rmsnorm_matmul_configs_gamma_once*-h200-*.json): 2-5% slower than gamma in the registers at the three suite shapes.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 # r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the other
 # tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers
@@ -192,19 +196,6 @@ VARIANTS = {
     "row_dot_in_dx_delay1": dict(row_dot="n", row_dot_in_dx=True, dx=dict(stream_k=0, delay_release=1)),
     "gamma_a_mma_shared_row_dot_in_dx": dict(VARIANTS_SHARED["gamma_a_mma_shared"], row_dot="n", row_dot_in_dx=True,
                                              dx=dict(stream_k=0)),
-    # x ⊙ gamma made once per row block by its column-0 tile (in place in shared memory, stored to HBM) and read
-    # as A by the later tiles (gemm.Fusion.a_shared); tiles within shared_a_rounds rounds of it make their own
-    # ("_all": every tile does: the in-place cost alone)
-    "gamma_once": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(_STACKED, stream_k=0,
-                                                                                   delay_release=1)),
-    "gamma_once_r2": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(
-        _STACKED, stream_k=0, delay_release=1, shared_a_rounds=2)),
-    "gamma_once_all": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(
-        _STACKED, stream_k=0, delay_release=1, shared_a_rounds=1000)),
-    # where the row blocks outnumber the grid: one round of column-0 tiles first, then each band's other tiles
-    # after the column-0 tiles of the band a round further down (MosaicGemmConfig.first_column_lead)
-    "gamma_once_lead1": dict(gamma_on="once", stats_in_kernel="mma_shared", forward=dict(
-        _STACKED, stream_k=0, delay_release=1, first_column_lead=1)),
     # the forward's K loop without hooks (x ⊙ gamma and r's sums from XLA): waiting for each wgmma (d0, as the plain
     # core does) or one group in flight (d1), the output stored at the tile's end or under the next tile's first wgmma
     "plain_x_d0": dict(gamma_on="x", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=0)),
@@ -221,8 +212,6 @@ VARIANTS = {
                                                                                        delay_release=0)),
     "mma_shared_sk4": dict(stats_in_kernel="mma_shared", gamma_on="w", forward=dict(_STACKED, stream_k=4,
                                                                                     delay_release=1)),
-    "gamma_a_mma_shared_lead1": dict(gamma_on="a", stats_in_kernel="mma_shared", forward=dict(
-        _STACKED, stream_k=0, delay_release=1, first_column_lead=1)),
 }
 
 

@@ -103,16 +103,6 @@ class MosaicGemmConfig:
         stage more fits (a 64x256 bfloat16 tile input takes 64 KiB, a 64x256 B stage 32 KiB). The warpgroups'
         tile must be the B block's shape (tile_m == tile_k, wg_split "m", cooperative), on pipeline "own" without
         stream-K or a cluster.
-      shared_a_rounds: under a ``Fusion.a_shared``, the rounds of the persistent grid by which a row block's
-        column-0 tile must run ahead of a tile for that tile to read the A blocks it wrote; a tile fewer rounds
-        behind makes its A itself (the a_operand in place, in shared memory), so that it never waits a whole tile.
-        1: only the tiles of the column-0 tile's own round; 2: also the next round's, whose memory warpgroup would
-        otherwise wait for the column-0 tile's last steps while loading ahead.
-      first_column_lead: under a ``Fusion.share_rows``, 0: every row block's column-0 tile runs first, all of
-        them; p >= 1 (planar-snake runs along M, grid_minor "m"): only p rounds' worth of them (in whole bands),
-        then each band's other tiles after the column-0 tiles of the band that many rows further down
-        (``gemm.mosaic.first_column_then_snake``): where the row blocks outnumber the grid, the column-0 tiles
-        (which read, and with an a_shared write, whole rows of A) no longer fill the first rounds alone.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -136,8 +126,6 @@ class MosaicGemmConfig:
     epilogue_store: str = "end"
     shared_rows_wait: int = 4
     tile_input_in: str = "buffer"
-    shared_a_rounds: int = 1
-    first_column_lead: int = 0
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -168,7 +156,6 @@ class MosaicGemmConfig:
             ("prologue_in", self.prologue_in in PROLOGUE_PLACES, f"one of {PROLOGUE_PLACES}"),
             ("epilogue_store", self.epilogue_store in EPILOGUE_STORES, f"one of {EPILOGUE_STORES}"),
             ("tile_input_in", self.tile_input_in in TILE_INPUT_PLACES, f"one of {TILE_INPUT_PLACES}"),
-            ("shared_a_rounds", self.shared_a_rounds >= 1, ">= 1"),
         ]
         for name, ok, allowed in checks:
             if not ok:

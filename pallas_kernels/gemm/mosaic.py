@@ -182,17 +182,6 @@ class Fusion:
       cluster, epilogue_store "end". With stream-K the last round's tiles (never a first tile: the whole rounds
       must hold the first column) skip the a_observe, and each tile's owner polls after its range. In interpret
       mode (no semaphores) every tile takes the a_observe itself.
-    a_shared: name of an (M, K) output of A's dtype (with share_rows and an a_operand): the A operand is made
-      once per row block. The a_operand then transforms each A block in place, in shared memory (the wgmma reads
-      it from there, never from registers), and only in the tiles that make their A themselves: the row block's
-      column-0 tile, which also stores each transformed block into this output (its rows, by TMA, from the stage)
-      and then raises a global count per (row block, warpgroup) by the row block's other tiles, and any tile fewer
-      than ``MosaicGemmConfig.shared_a_rounds`` rounds of the persistent grid behind that tile (``_Shape.makes_a``).
-      Every other tile's memory warpgroup waits for the counts and loads its A blocks from this output by TMA;
-      the tiles that made their A take their one off the counts one tile later. Each step's block is made under
-      the previous step's wgmma (so delay_release + 2 stages at least). The a_operand's carry plays the
-      a_observe's part for share_rows (e.g. sums of squares of the untransformed block). wg_split "m" (each
-      warpgroup transforms its own rows), no stream-K. In interpret mode every tile makes its A.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -218,7 +207,6 @@ class Fusion:
     a_operand: Callable | None = None
     step_inputs: tuple[str, ...] = ()
     share_rows: tuple[str, Callable] | None = None
-    a_shared: str | None = None
     epilogue: Callable | None = None
 
 
@@ -282,35 +270,13 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: epilogue_store='next_tile' keeps the output tile in registers and stages it in "
                          f"its own SMEM slots; a fusion storing from its tile input (store_in={fusion.store_in!r}, "
                          f"or accumulate_into) takes epilogue_store='end'")
-    if fusion.a_shared is not None:
-        made = dict(fusion.outputs).get(fusion.a_shared)
-        if (fusion.share_rows is None or fusion.a_operand is None or fusion.a_observe is not None
-                or config.wg_split != "m" or config.stream_k):
-            raise ValueError(f"{name}: a_shared={fusion.a_shared!r} makes A once per row block: it needs share_rows, "
-                             f"an a_operand (applied in place), no a_observe, wg_split='m' and stream_k=0; got "
-                             f"share_rows={'set' if fusion.share_rows else None}, "
-                             f"a_operand={'set' if fusion.a_operand else None}, "
-                             f"a_observe={'set' if fusion.a_observe else None}, wg_split={config.wg_split!r}, "
-                             f"stream_k={config.stream_k}")
-        stages = min(config.num_stages, K // config.tile_k)
-        if stages < config.delay_release + 2:  # a step's A is made under the previous step's wgmma, before the
-            # wgmma_wait(delay_release) that lets the memory warpgroup refill the slot it needs
-            raise ValueError(f"{name}: a_shared={fusion.a_shared!r} makes each step's A one step ahead, so it needs "
-                             f"delay_release + 2 pipeline stages at least; got {stages} (num_stages="
-                             f"{config.num_stages}, {K // config.tile_k} K steps) with delay_release="
-                             f"{config.delay_release}")
-        if made is None or made.shape != (M, K) or jnp.dtype(made.dtype) != jnp.dtype(a.dtype):
-            seen = "no such output" if made is None else f"shape {made.shape}, dtype {jnp.dtype(made.dtype)}"
-            raise ValueError(f"{name}: a_shared={fusion.a_shared!r} must name an ({M}, {K}) {jnp.dtype(a.dtype)} "
-                             f"output (A's shape and dtype), got {seen}")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
-        if (fusion.a_observe is None and fusion.a_shared is None) or config.pingpong or config.cluster != "none" or (
+        if fusion.a_observe is None or config.pingpong or config.cluster != "none" or (
                 config.epilogue_store != "end"):
             raise ValueError(f"{name}: share_rows takes an a_observe's carry from one tile per row block; it needs "
                              f"an a_observe, schedule='cooperative', cluster='none' and epilogue_store='end'; got "
-                             f"a_observe={'set' if fusion.a_observe else None} (or an a_shared a_operand), "
-                             f"schedule={config.schedule!r}, "
+                             f"a_observe={'set' if fusion.a_observe else None}, schedule={config.schedule!r}, "
                              f"cluster={config.cluster!r}, epilogue_store={config.epilogue_store!r}")
         if shared is None or shared.shape != (M,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):
             seen = "no such output" if shared is None else f"shape {shared.shape}, dtype {jnp.dtype(shared.dtype)}"
@@ -366,7 +332,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"{m_iters} first ones; take stream_k=0 here")
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
-                   accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs), grid)
+                   accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs))
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
@@ -402,7 +368,6 @@ class _Shape:
     accumulates: bool = False  # the output ref is also the tile input ``_ACCUMULATED`` (``accumulate_into``)
     stream_k: stream_k.StreamKPlan | None = None  # the last rounds' tiles split by K steps (``gemm.stream_k``)
     step_dtypes: tuple = ()  # the dtypes of ``Fusion.step_inputs``
-    grid: int = 0  # blocks of the persistent grid (tile steps per round)
 
     @property
     def iters(self) -> tuple[int, int, int]:
@@ -537,9 +502,8 @@ class _Shape:
         m_iters, n_iters, _ = self.iters
         pairs_m, pairs_n = (cfg.cluster == "m") + 1, (cfg.cluster == "n") + 1
         minor = 1 if cfg.grid_minor == "n" else 0
-        if self.fusion.share_rows is not None:  # column 0 of every row block ahead of its other tiles
-            m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width,
-                                                   self.first_column_head)
+        if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
+            m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
         else:
             m_idx, n_idx = plgpu.planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor,
                                               cfg.grid_tile_width)
@@ -550,33 +514,6 @@ class _Shape:
         return TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
                            m_idx=m_idx, n_idx=n_idx, wg=wg,
                            col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name)
-
-    @property
-    def first_column_head(self) -> int | None:
-        """(``Fusion.share_rows``) How many column-0 tiles run before the others (``first_column_then_snake``):
-        None (all of them) unless ``MosaicGemmConfig.first_column_lead`` rounds of them leave more row blocks
-        over, in whole bands of grid_tile_width along M."""
-        cfg, (m_iters, n_iters, _) = self.cfg, self.iters
-        width = cfg.grid_tile_width
-        if not cfg.first_column_lead or cfg.grid_minor != "m" or m_iters % width or n_iters == 1:
-            return None
-        head = -(-cfg.first_column_lead * self.grid // width) * width
-        return head if head < m_iters else None
-
-    def rounds_behind(self, lin, m_idx):
-        """(``Fusion.share_rows``) Rounds of the persistent grid between the lin-th tile step and its row block's
-        column-0 tile (traced int32)."""
-        m_iters, n_iters, _ = self.iters
-        first = first_column_position(m_idx, m_iters, n_iters, self.cfg.grid_tile_width, self.first_column_head)
-        return lax.div(lin, self.grid) - lax.div(first, self.grid)
-
-    def makes_a(self, lin, m_idx):
-        """(``Fusion.a_shared``) Whether the lin-th tile step, in row block m_idx, makes its A itself: fewer than
-        ``shared_a_rounds`` rounds behind its row block's column-0 tile (so every column-0 tile does). True (a
-        Python bool) in interpret mode, which has no semaphores."""
-        if mu.interpreting():
-            return True
-        return self.rounds_behind(lin, m_idx) < self.cfg.shared_a_rounds
 
     def wg_a_rows(self, wg):
         """The rows of a stage's A block that compute warpgroup ``wg`` multiplies (all of them unless the cooperative
@@ -719,43 +656,16 @@ def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
                   **shape.scratch_types(), collective_axes="wg")
 
 
-def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, tile_width: int, head: int | None = None):
-    """(m_idx, n_idx) of the lin-th CTA tile in the order of ``Fusion.share_rows``: column 0 of each row block (the
-    tiles that compute the shared row vectors) ahead of the row block's other tiles, which run in planar-snake order
-    over columns 1 .. n_iters - 1. ``head`` None: all of column 0 first (tiles 0 .. m_iters - 1). ``head`` (a
-    multiple of tile_width below m_iters, planar-snake runs along M: ``interleaves_first_column``): the first head
-    column-0 tiles, then per band of tile_width row blocks the column-0 tiles of the band head rows further down
-    followed by the band's other tiles, so that the column-0 tiles, which read (and may write) whole rows of A, are
-    spread over the rounds instead of filling the first ones. lin: a traced int32 scalar, or a Python int (tests)."""
+def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, tile_width: int):
+    """(m_idx, n_idx) of the lin-th CTA tile in the order of ``Fusion.share_rows``: tiles 0 .. m_iters - 1 are
+    column 0 of each row block (the tiles that compute the shared row vectors), the rest columns 1 .. n_iters - 1
+    in planar-snake order. lin: a traced int32 scalar, or a Python int (tests)."""
     if n_iters == 1:
         return lin, lin * 0
-    lin = jnp.asarray(lin, jnp.int32)
-    if head is None:
-        head, rest = m_iters, jnp.maximum(lin - m_iters, 0)
-        producer = lin < m_iters
-        first_m = lin
-    else:
-        width = tile_width
-        chunk = width * n_iters  # a band's column-0 tiles (of the band head rows down) and the band's others
-        chunks = (m_iters - head) // width  # bands whose rest follows column-0 tiles of their own
-        j = jnp.maximum(lin - head, 0)
-        band, t = j // chunk, j % chunk
-        interleaved = j < chunks * chunk
-        producer = (lin < head) | (interleaved & (t < width))
-        first_m = jnp.where(lin < head, lin, head + band * width + t)
-        rest = jnp.where(interleaved, band * width * (n_iters - 1) + t - width,
-                         chunks * width * (n_iters - 1) + j - chunks * chunk)
-        rest = jnp.maximum(rest, 0)
-    m_rest, n_rest = plgpu.planar_snake(rest, (m_iters, n_iters - 1), minor_dim, tile_width)
-    return jnp.where(producer, first_m, m_rest), jnp.where(producer, 0, n_rest + 1)
-
-
-def first_column_position(m_idx, m_iters: int, n_iters: int, tile_width: int, head: int | None = None):
-    """The lin of row block m_idx's column-0 tile in ``first_column_then_snake``'s order (traced or Python int)."""
-    if head is None or n_iters == 1:
-        return m_idx
-    band, t = (m_idx - head) // tile_width, (m_idx - head) % tile_width
-    return jnp.where(m_idx < head, m_idx, head + band * tile_width * n_iters + t)
+    rest = jnp.maximum(lin - m_iters, 0)
+    m_rest, n_rest = plgpu.planar_snake(jnp.asarray(rest, jnp.int32), (m_iters, n_iters - 1), minor_dim, tile_width)
+    first = lin < m_iters
+    return jnp.where(first, lin, m_rest), jnp.where(first, 0, n_rest + 1)
 
 
 def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:

@@ -167,18 +167,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         sharing = fusion.share_rows is not None  # (Fusion.share_rows) one tile per row block takes the a_observe
         if sharing and not mu.interpreting():  # (row block, warpgroup): its row vector is stored
             row_semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.iters[0] * 2,)))
-        sharing_a = fusion.a_shared is not None  # (Fusion.a_shared) A made once per row block
-        if sharing_a and not mu.interpreting():  # (row block, warpgroup): its rows of A are in HBM
-            a_semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.iters[0] * 2,)))
-
-        def take_a_count(m_idx):
-            """(Fusion.a_shared, the memory warpgroup) Wait until both warpgroups of the row block's column-0 tile
-            have stored their rows of A, and take this tile's one off each count (fire and forget, as
-            ``fetch_shared_rows`` does)."""
-            for w in range(2):
-                semaphore = a_semaphores.at[m_idx * 2 + w]
-                plgpu.semaphore_wait(semaphore, 1, decrement=False, memory_scope="gpu")  # acquire
-                plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
         if plan is not None:
             unit = lax.axis_index("sm")  # the block's stream-K unit
             sk_start, sk_end = plan.unit_range(unit)
@@ -299,21 +287,11 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
 
                 ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
-
-                def load(operand, ref, smem, k_axis, cta):
+                for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, stages, blocks)):
                     ref = cta(ref, ctx.m_idx, ctx.n_idx)
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
                                             smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)],
                                             collective_axes=shape.multicast(operand))
-
-                for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, stages, blocks)):
-                    made = True if operand or not sharing_a else shape.makes_a(lin, ctx.m_idx)
-                    if made is True:
-                        load(operand, ref, smem, k_axis, cta)
-                        continue
-                    pl.when(made)(lambda: load(operand, ref, smem, k_axis, cta))  # x itself
-                    pl.when(jnp.logical_not(made))(  # the A its row block's column-0 tile made
-                        lambda: load(operand, named_out[fusion.a_shared], smem, k_axis, cta))
                 for n in fusion.step_inputs:  # the step's slice of each (K,) vector, for the a_operand
                     plgpu.copy_gmem_to_smem(named_in[n].at[ks], scoped["step_smem"][n].at[lax.rem(g, num_stages)],
                                             ready.at[barrier_of(g)])
@@ -337,55 +315,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         named_in[ring_input].at[pl.ds(ctx.row0 + h * half, half), ctx.cols],
                         stages[1].at[lax.rem(g, num_stages)].at[pl.ds(h * half, half)], ready.at[barrier_of(g)])
 
-            def count_made(lin):
-                """(Fusion.a_shared) A tile that made its A itself and is not its row block's column-0 tile takes
-                its one off the counts too, once its column-0 tile has signalled."""
-                ctx = shape.tile_context(lin, 0, refs_by_name)
-                m_idx, n_idx = ctx.m_idx, ctx.n_idx
-
-                @pl.when(shape.makes_a(lin, m_idx) & (n_idx != 0))
-                def _take():
-                    take_a_count(m_idx)
-
-            def waits_early(lin):
-                """(Fusion.a_shared) Whether the memory warpgroup takes the lin-th tile's counts halfway through the
-                loads of the block's tile before it: a tile that reads the shared A two rounds or more behind its
-                column-0 tile, which has finished by then, so that the two round trips to L2 run while the ring is
-                full. One round behind, the column-0 tile may still run: those wait at their own start."""
-                m_idx = shape.tile_context(lin, 0, refs_by_name).m_idx
-                return jnp.logical_not(shape.makes_a(lin, m_idx)) & (shape.rounds_behind(lin, m_idx) >= 2)
-
             @each_tile
             def _(lin, local, num_local):
                 g0 = local * tile_steps
-                a_waits = sharing_a and not mu.interpreting()
-                if not a_waits:
-                    lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, g0 + k), c)[1], ())
-                else:
-                    m_idx = shape.tile_context(lin, 0, refs_by_name).m_idx
-
-                    @pl.when(jnp.logical_not(shape.makes_a(lin, m_idx))
-                             & ((local == 0) | jnp.logical_not(waits_early(lin))))
-                    def _wait_for_a():
-                        take_a_count(m_idx)
-
-                    following = lin + shape.grid  # the block's next tile
-
-                    def load_and_look_ahead(k, c):
-                        load_step(lin, k, g0 + k)
-
-                        @pl.when((k == k_iters // 2) & (following < round_tiles))
-                        def _next():
-                            @pl.when(waits_early(following))
-                            def _early():
-                                take_a_count(shape.tile_context(following, 0, refs_by_name).m_idx)
-
-                        return c
-
-                    lax.fori_loop(0, k_iters, load_and_look_ahead, ())
-                if a_waits:  # the previous tile's count a tile late: its column-0 tile has long finished
-                    pl.when(local >= 1)(lambda: count_made(lin - shape.grid))
-                    pl.when(local == num_local - 1)(lambda: count_made(lin))
+                lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, g0 + k), c)[1], ())
                 if ring_input:
                     for wg_half in range(2):
                         load_tile_input(lin, g0 + k_iters + wg_half, wg_half)
@@ -443,33 +376,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             in_mma = fusion.prologue_init is not None and not has_handoff
 
-            def make_a(ctx, k, slot, carry):
-                """(``Fusion.a_shared``) The a_operand on this warpgroup's rows of the step's A block, in place in
-                shared memory, before the step's wgmma reads them; a column-0 tile also stores them (TMA) into
-                the shared output. Returns the a_operand's carry."""
-                block = stages[0].at[slot].at[shape.wg_a_rows(wg)]
-                vectors = {n: mu.load(buf.at[slot], layout=mu.COLS, optimized=False)
-                           for n, buf in scoped["step_smem"].items()}
-                new, carry = fusion.a_operand(dataclasses.replace(ctx, step=k), mu.load(block, layout=mu.TILE),
-                                              vectors, carry)
-                block[...] = new.astype(block.dtype)
-                plgpu.commit_smem()
-
-                @pl.when(ctx.n_idx == 0)
-                def _store():
-                    plgpu.copy_smem_to_gmem(block, named_out[fusion.a_shared].at[
-                        pl.ds(ctx.row0, cfg.wg_rows), pl.ds(k * cfg.tile_k, cfg.tile_k)])
-
-                return carry
-
-            def stores_read(ctx, pending):
-                """(``Fusion.a_shared``) In a column-0 tile, before a stage is released: its store of A has read it
-                (``pending``: the newer stores that may still be in flight)."""
-                if sharing_a:
-                    pl.when(ctx.n_idx == 0)(lambda: plgpu.wait_smem_to_gmem(pending, wait_read_only=True))
-
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True,
-                       fetch_at=None, length=None, makes=False):
+                       fetch_at=None, length=None):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
                 With ``Fusion.a_observe``, run after each wgmma is issued (where ``observe``: True, or a traced bool
                 of the tile); with ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run
@@ -477,28 +385,15 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 ``fetch_at``: (step, when, fetch, rows): a second carry starting at rows, which at that step (and
                 ``when``, a traced bool), after the wgmma's issue, becomes fetch() (the shared row vector of
                 ``Fusion.share_rows``). ``length``: k1 - k0 as a Python int where k0 and k1 are traced (a stream-K
-                segment); an a_operand needs the step count static. ``makes`` (``Fusion.a_shared``; a traced bool
-                of the tile, or True): the a_operand runs in place on each A block (``make_a``); the tile loads
-                its A made already otherwise. Returns the hook's carry, or (it, that second carry) with fetch_at.
-                No branch holds a wgmma: ptxas keeps them asynchronous."""
-                def prepare(k, hook_carry):
-                    """(``Fusion.a_shared``) Wait for step k's stage and, where this tile makes its A, make it in
-                    place: one step ahead of its wgmma, under the wgmma just issued (and any in flight)."""
-                    g = g0 + k - k0
-                    plgpu.barrier_wait(ready.at[barrier_of(g)])
-                    slot = lax.rem(g, num_stages)
-                    return make_a(ctx, k, slot, hook_carry) if makes is True else lax.cond(
-                        makes, lambda c: make_a(ctx, k, slot, c), lambda c: c, hook_carry)
-
+                segment); an a_operand needs the step count static. Returns the hook's carry, or (it, that second
+                carry) with fetch_at. No branch holds a wgmma: ptxas keeps them asynchronous."""
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry, rows = carry
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
-                    if not sharing_a:  # (with an a_shared, the step before waited for it)
-                        plgpu.barrier_wait(ready.at[barrier_of(g)])
+                    plgpu.barrier_wait(ready.at[barrier_of(g)])
                     a_regs = None
-                    if fusion.a_operand is not None and not sharing_a:  # registers of its own (the caller's
-                        # unrolled steps)
+                    if fusion.a_operand is not None:  # registers of its own (the caller's unrolled steps)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         vectors = {n: mu.load(buf.at[slot], layout=mu.COLS, optimized=False)
                                    for n, buf in scoped["step_smem"].items()}
@@ -525,10 +420,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     if fetch_at is not None:  # under the wgmma just issued
                         at, when, fetch, _ = fetch_at
                         rows = lax.cond(when & (k == at), lambda r: fetch(), lambda r: r, rows)
-                    if sharing_a:  # the next step's A, under this step's wgmma
-                        hook_carry = lax.cond(k + 1 < k1, lambda c: prepare(k + 1, c), lambda c: c, hook_carry)
                     plgpu.wgmma_wait(delay)
-                    stores_read(ctx, delay + 1 if sharing_a else delay)  # (and the next step's store)
                     if delay:  # the wgmma of step k - delay is complete
 
                         @pl.when(k - k0 >= delay)
@@ -540,12 +432,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 rows = () if fetch_at is None else fetch_at[3]
                 first = k0
-                if sharing_a:
-                    hook_carry = prepare(k0, hook_carry)
                 if under_first is not None:  # outside the loop: what it stores is no loop constant
                     _, hook_carry, rows = step(k0, (acc_ref, hook_carry, rows), after_issue=under_first)
                     first = k0 + 1
-                if fusion.a_operand is None or sharing_a:  # (in place: no registers feed a wgmma)
+                if fusion.a_operand is None:
                     _, hook_carry, rows = lax.fori_loop(first, k1, step, (acc_ref, hook_carry, rows))
                 else:  # delay + 1 steps per iteration, each its own register block: a block is loaded again only
                     # after the wgmma_wait(delay) of a later step has seen its wgmma complete (a static count)
@@ -564,7 +454,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     _, hook_carry, rows = carry
                 if delay:
                     plgpu.wgmma_wait(0)
-                    stores_read(ctx, 0)
                     for d in range(delay):  # the last `delay` steps (fewer where the segment is shorter)
                         last = k1 - k0 - delay + d
 
@@ -583,21 +472,18 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
                 return mu.load(named_out[fusion.share_rows[0]].at[ctx.rows], layout=mu.ROWS, optimized=False)
 
-            def shared_rows_k_loop(acc_ref, ctx, lin, local, hook_carry):
+            def shared_rows_k_loop(acc_ref, ctx, local, hook_carry):
                 """The K loop of a tile under ``Fusion.share_rows``: a row block's column-0 tile runs the a_observe,
                 stores fn(ctx, carry) into the shared output and signals the row block's other tiles (n_iters - 1
                 of them); those skip the a_observe and wait for that signal and load the row vector
                 ``MosaicGemmConfig.shared_rows_wait`` steps before the loop's end, under a wgmma (0: after the
                 loop). One K loop for both kinds of tile, the difference in branches without a wgmma: a K loop
                 inside a branch made ptxas serialize the wgmma. Returns (the row vector, the hook's carry): the
-                epilogue's carry. In interpret mode every tile computes it itself. With ``Fusion.a_shared`` the
-                a_operand's carry (in the tiles that make their A) takes the a_observe's part, and the column-0
-                tile, its stores of A complete, also raises the row block's counts of A."""
+                epilogue's carry. In interpret mode every tile computes it itself."""
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
                 g0 = local * tile_steps
-                makes = shape.makes_a(lin, ctx.m_idx) if sharing_a else False
 
                 def produce(carry):
                     rows = rows_from(ctx, carry).astype(_F32)
@@ -610,13 +496,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         plgpu.semaphore_signal(row_semaphores.at[ctx.m_idx * 2 + wg], others,
                                                memory_scope="gpu")  # after a warpgroup barrier: a release
                         # by one lane that orders every lane's stores above before it
-                        if sharing_a:  # this warpgroup's rows of A have reached HBM (its lane issued the stores)
-                            plgpu.wait_smem_to_gmem(0)
-                            plgpu.semaphore_signal(a_semaphores.at[ctx.m_idx * 2 + wg], others, memory_scope="gpu")
                     return rows
 
                 if mu.interpreting() or not others:
-                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, makes=makes)
+                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry)
                     return produce(carry), carry
 
                 def fetch():
@@ -624,12 +507,12 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 first = ctx.n_idx == 0
                 if not cfg.shared_rows_wait:
-                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first, makes=makes)
+                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first)
                     return lax.cond(first, produce, lambda c: fetch(), carry), carry
                 zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
                 at = max(0, k_iters - cfg.shared_rows_wait)
                 carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first,
-                                     fetch_at=(at, jnp.logical_not(first), fetch, zeros), makes=makes)
+                                     fetch_at=(at, jnp.logical_not(first), fetch, zeros))
                 return lax.cond(first, lambda c, r: produce(c), lambda c, r: r, carry, rows), carry
 
             def mma_tile(lin, local, pending=None):
@@ -649,7 +532,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 def acc_scope(acc_ref):
                     if sharing:
-                        carry = shared_rows_k_loop(acc_ref, ctx, lin, local, hook_carry)
+                        carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry)
                     else:
                         carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
                     if has_handoff:

@@ -272,13 +272,7 @@ class MosaicRMSNormMatmulConfig:
       (``gemm.Fusion.a_operand``: no (M, K) or (K, N) tensor made for gamma, no pass over x or w); with
       stats_in_kernel "mma" the sums of squares come from x's blocks loaded again after each wgmma's issue, so the
       forward is one kernel reading x and w once. bfloat16 only (gamma rounded to bfloat16, then x ⊙ gamma rounded),
-      the forward on pipeline "own"; the backward as with "x" (gamma on dx's columns). "once" (with
-      stats_in_kernel "mma_shared"): x ⊙ gamma made once per row block by the forward kernel itself
-      (``gemm.Fusion.a_shared``): each row block's column-0 tile multiplies its x blocks by gamma in place in shared
-      memory, sums their squares for r and stores them into an (M, K) tensor; the row block's later tiles read
-      that tensor as A, from shared memory at the plain GEMM's rate, where "a" reads A from registers in every
-      tile. Tiles running beside their column-0 tile make it themselves (``MosaicGemmConfig.shared_a_rounds``).
-      bfloat16 only, wg_split "m", whole tiles; the backward as with "x".
+      the forward on pipeline "own"; the backward as with "x" (gamma on dx's columns).
     row_dot: where the backward takes its row dot c = Σ_N(dy · y) = Σ_K(u ⊙ x) / r, u = r ⊙ (dy @ w_γᵀ). "n": one
       XLA fusion over dy and y gives Σ_N(dy · y) and dyr = r ⊙ dy, and the dx kernel (A = dy) finishes dx in its
       epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr; it writes u = dyr @ w_γᵀ and
@@ -362,17 +356,9 @@ class MosaicRMSNormMatmulConfig:
                              "cluster='none' and epilogue_store='end'; got "
                              f"schedule={self.forward.schedule!r}, cluster={self.forward.cluster!r}, "
                              f"epilogue_store={self.forward.epilogue_store!r}")
-        if self.gamma_on not in (None, "w", "x", "a", "once"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x', 'a' or 'once', got "
+        if self.gamma_on not in (None, "w", "x", "a"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x' or 'a', got "
                              f"{self.gamma_on!r}")
-        fwd = self.forward
-        if self.gamma_on == "once" and (self.stats_in_kernel != "mma_shared" or fwd.wg_split != "m"
-                                        or fwd.stream_k or fwd.pipeline != "own"):
-            raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'once' makes x ⊙ gamma in each row block's first "
-                             "tile and shares it with the others: it needs stats_in_kernel='mma_shared' and the "
-                             "forward config's pipeline='own', wg_split='m' and stream_k=0; got "
-                             f"stats_in_kernel={self.stats_in_kernel!r}, pipeline={fwd.pipeline!r}, "
-                             f"wg_split={fwd.wg_split!r}, stream_k={fwd.stream_k}")
         if self.gamma_on == "a" and (self.stats_in_kernel is True or self.forward.pipeline != "own"):
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'a' multiplies the x blocks in the MMA warpgroups' "
                              "registers: it needs the forward config's pipeline='own' and stats_in_kernel False, "
@@ -405,6 +391,7 @@ class MosaicRMSNormMatmulConfig:
                              f"row_dot={self.row_dot!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
+        fwd = self.forward
         if self.stats_in_kernel is True and (fwd.pipeline != "own" or fwd.pingpong or (
                 fwd.wg_split != "n" and fwd.prologue_in == "fourth")):
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: the statistics need the forward config's "
@@ -438,7 +425,7 @@ class MosaicRMSNormMatmulConfig:
         """None when dgamma can come from where ``dgamma_source`` says; else the sentence saying why not."""
         side = self.gamma_side(M, N, dtype)
         if self.dgamma_source(M, N, dtype) == "u" and side == "w":
-            return ("dgamma_from='u' needs the dx GEMM to read w itself (gamma_on 'x', 'a' or 'once'); with gamma on w "
+            return ("dgamma_from='u' needs the dx GEMM to read w itself (gamma_on 'x' or 'a'); with gamma on w "
                     "(here gamma_side is 'w') u holds gamma's product, and dgamma would need a division by gamma")
         return None
 

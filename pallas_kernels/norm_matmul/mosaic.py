@@ -152,7 +152,7 @@ def _scaled_w(gamma, w):
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
 def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel,
-                    gamma_in_registers: bool = False, x_dtype=jnp.bfloat16) -> Fusion:
+                    gamma_in_registers: bool = False) -> Fusion:
     """Epilogue y = r ⊙ acc, r formed at each tile's start from the rows' sums of squares coming in (M,) float32
     ("sum_sq": XLA's reduction over x, whose rsqrt would otherwise be an XLA kernel of its own, about 1 µs).
     With stats_in_kernel True: the prologue (a fourth
@@ -163,9 +163,7 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     ``gamma_in_registers`` (gamma_on "a"): each MMA warpgroup loads its rows of the x block into registers before
     the step's wgmma, multiplies them by gamma's step slice ("gamma", (K,) in x's dtype) and wgmma reads them from
     there (``Fusion.a_operand``); with "mma" the squares come from the a_observe above, which loads the x block
-    again after the wgmma's issue. ``gamma_in_registers="once"`` (gamma_on "once"): ``_gamma_once_fusion``."""
-    if gamma_in_registers == "once":
-        return _gamma_once_fusion(M, K, eps, x_dtype)
+    again after the wgmma's issue."""
     if gamma_in_registers:
         return _gamma_in_registers_fusion(M, K, eps, cfg, stats_in_kernel)
     if not stats_in_kernel:
@@ -263,24 +261,6 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
                   a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq), **hooks)
 
 
-def _gamma_once_fusion(M: int, K: int, eps: float, x_dtype) -> Fusion:
-    """gamma_on "once": x ⊙ gamma made once per row block (``Fusion.a_shared``). The row block's column-0 tile
-    multiplies each x block by gamma's step slice in place in shared memory, adds the block's squares (before
-    gamma) to its carry, stores the block into "x_gamma" (M, K) and r into "rstd" (``Fusion.share_rows``); the
-    row block's later tiles read x ⊙ gamma from HBM as their A operand, wgmma at the plain GEMM's rate, and r
-    from "rstd". Tiles too close behind their column-0 tile make x ⊙ gamma themselves
-    (``MosaicGemmConfig.shared_a_rounds``)."""
-    def times_gamma_and_squares(ctx, x, vectors, sum_sq):
-        scaled = x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])  # rounded once, as gamma_on "a"
-        return scaled, _add_squares(ctx, x, sum_sq)
-
-    outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)), ("x_gamma", jax.ShapeDtypeStruct((M, K), x_dtype)))
-    return Fusion(outputs=outputs, step_inputs=("gamma",), prologue_init=_squares_zero,
-                  a_operand=times_gamma_and_squares, a_shared="x_gamma",
-                  share_rows=("rstd", lambda ctx, sum_sq: _rstd_from_squares(sum_sq, K, eps)),
-                  epilogue=lambda ctx, acc, shared: (acc * _bcast_rows(shared[0], acc.shape), {}))
-
-
 def _forward(x, residual, gamma, w, static: _Static):
     """x, residual (M, K); gamma (K,); w (K, N) -> y (M, N), r (M,) float32, h (M, K) or None."""
     M, K = x.shape
@@ -290,14 +270,12 @@ def _forward(x, residual, gamma, w, static: _Static):
         x = h
     cfg = static.config.forward
     side = static.config.gamma_side(M, w.shape[1], x.dtype)
-    in_kernel = {"a": True, "once": "once"}.get(side, False)  # gamma applied by the forward kernel
-    fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel, gamma_in_registers=in_kernel,
-                             x_dtype=x.dtype)
+    fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel, gamma_in_registers=side == "a")
     b = _scaled_w(gamma, w) if side == "w" else w
-    arrays = dict(gamma=gamma.astype(x.dtype)) if in_kernel else {}
+    arrays = dict(gamma=gamma.astype(x.dtype)) if side == "a" else {}
     if static.config.stats_in_kernel:
-        y, rstd, *_ = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
-                           name="rmsnorm_matmul_fwd")  # (with gamma_on "once", x ⊙ gamma: the kernel's own)
+        y, rstd = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
+                       name="rmsnorm_matmul_fwd")
     else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma); the kernel forms r
         x32 = x.astype(_F32)
         sum_sq = jnp.sum(x32 * x32, axis=1)
@@ -440,7 +418,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     dtype = xn.dtype
     # float16: dyr = (r / s) ⊙ dy with s = max r stays <= |dy|; bfloat16 has float32's range (s = 1).
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
-    on_x = cfg.gamma_side(M, N, dtype) in ("x", "a", "once")  # no w_γ: gamma on dx's columns in the epilogue
+    on_x = cfg.gamma_side(M, N, dtype) in ("x", "a")  # no w_γ: gamma on dx's columns in the epilogue
     b = w if on_x else _scaled_w(gamma, w)
     dgamma = None  # from the dw GEMM's epilogue, unless from u (``dgamma_from="u"``)
     if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts
@@ -539,7 +517,7 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
         reason = config.dyr_smem_reason(x.dtype, residual is not None)
     if not reason:
         reason = config.dgamma_reason(x.shape[0], w.shape[1], x.dtype)
-    if not reason and config.gamma_on in ("x", "a", "once") and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
+    if not reason and config.gamma_on in ("x", "a") and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
         reason = (f"gamma_on={config.gamma_on!r} rounds x ⊙ gamma to x's dtype, bfloat16 only (x is "
                   f"{jnp.dtype(x.dtype)}: small x would round into subnormals; gamma_on='w' takes it)")
     if reason:
