@@ -98,6 +98,9 @@ VARIANTS = {
     "dx_d1": dict(dx=dict(delay_release=1)),
     "dx_k32": dict(dx=dict(tile_k=32, num_stages=6)),
     "dw_cluster_m": dict(dw=dict(cluster="m")),
+    # 64x128 stacked dx tiles: half the x tile's buffer, so more stages fit beside it and the dyr staging
+    "dx_n128_s4": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=4)),
+    "dx_n128_s5": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=5)),
     "dw_d1": dict(dw=dict(delay_release=1)),
     # the dw kernel's w tile loaded into two B stages after each tile's last K step (tile_input_in "ring"): no
     # buffer of its own, so a fourth stage fits beside 64x256 tiles
