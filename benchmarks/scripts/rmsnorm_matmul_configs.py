@@ -101,6 +101,11 @@ VARIANTS = {
     # 64x128 stacked dx tiles: half the x tile's buffer, so more stages fit beside it and the dyr staging
     "dx_n128_s4": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=4)),
     "dx_n128_s5": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=5)),
+    # the dx kernel's x tile loaded into registers at each tile's start (tile_input_in "registers"): its 64 KiB
+    # buffer gone, a fourth stage fits, with the dyr copy's staging where the output is staged in 64x32 pieces
+    "dx_regs_s3": dict(dx=dict(tile_input_in="registers")),
+    "dx_regs_s4": dict(dx=dict(tile_input_in="registers", num_stages=4, epi_tile_n=32)),
+    "dx_regs_s4_e64": dict(dx=dict(tile_input_in="registers", num_stages=4)),  # (no room for the dyr copy)
     "dw_d1": dict(dw=dict(delay_release=1)),
     # the dw kernel's w tile loaded into two B stages after each tile's last K step (tile_input_in "ring"): no
     # buffer of its own, so a fourth stage fits beside 64x256 tiles
