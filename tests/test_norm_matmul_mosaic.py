@@ -546,22 +546,6 @@ def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, resi
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
-@gpu_only
-@pytest.mark.parametrize("M, K, N, residual, row_dot, stream_k_split", [
-    (4096, 4096, 4096, True, "n", 0), (32768, 1024, 4096, False, "n", 4),  # 4096 dx tiles: 4 left over
-    (4096, 2048, 11008, False, "k", 0)])
-def test_dx_tile_inputs_in_registers_on_the_gpu(M, K, N, residual, row_dot, stream_k_split):
-    """The dx kernel's x (and dh) tile loaded into registers at each tile's start, four stages, the output staged in
-    64x32 pieces: gradients against the float32 reference, two calls."""
-    config = _numbers_config(M, K, N, jnp.bfloat16, residual, False, row_dot)
-    config = dataclasses.replace(config, dx=dataclasses.replace(
-        config.dx, tile_m=64, tile_n=256, wg_split="m", tile_input_in="registers", num_stages=4, epi_tile_n=32,
-        stream_k=stream_k_split))
-    x, g, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
-    for _ in range(2):
-        _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
-
-
 def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     """The default config of a shape with the forward's variant: False / True / "mma" (where r comes from, gamma
     on w), "gamma_on_x", "gamma_on_a" (r from XLA) or "gamma_on_a_mma" (gamma and r in the MMA warpgroups'
@@ -787,39 +771,6 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)
-
-
-@cpu_only
-@pytest.mark.parametrize("dtype, residual, row_dot, stream_k_split", [
-    (jnp.bfloat16, True, "n", 0), (jnp.float16, False, "k", 0), (jnp.bfloat16, False, "n", 2)])
-def test_dx_tile_inputs_in_registers_in_interpret_mode(dtype, residual, row_dot, stream_k_split):
-    """The dx kernel with its x (and dh) tile loaded into registers at each tile's start
-    (``tile_input_in="registers"``), the output stored through staging slots of its own: gradients against the
-    reference on both sides of the row dot (stream-K's tiles load theirs before their epilogue; in interpret mode they
-    run whole)."""
-    tiles = _Interpreted.tiles
-    dx = dataclasses.replace(tiles, tile_input_in="registers", stream_k=stream_k_split)
-    config = Config(forward=tiles, dx=dx, dw=tiles, row_dot=row_dot)
-    x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
-    with mosaic_utils.interpret_on_cpu(num_sms=2):
-        _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)
-
-
-@cpu_only
-def test_dx_tile_inputs_in_registers_free_their_buffers_for_a_fourth_stage():
-    """At 32768x4096x4096 the dx kernel's 64 KiB x buffer gone: four 64x256 stages and the dyr copy's staging fit
-    (the output staged in 64x32 pieces), within the H100's shared memory; the config's SMEM count agrees."""
-    config = nm_config.mosaic_default_config(32768, 4096, 4096, jnp.bfloat16)
-    config = dataclasses.replace(config, row_dot="n", dx=dataclasses.replace(
-        config.dx, tile_m=64, tile_n=256, wg_split="m", tile_input_in="registers", num_stages=4, epi_tile_n=32))
-    assert config.dyr_by_dx(jnp.bfloat16, residual=False)
-    args = (S((32768, 4096), jnp.bfloat16), S((4096,), jnp.bfloat16), S((4096, 4096), jnp.bfloat16))
-    fn = lambda x, g, w: jax.grad(lambda *a: norm_matmul.rmsnorm_matmul(  # noqa: E731
-        *a, backend="mosaic", block_sizes=config).astype(jnp.float32).sum(), argnums=(0, 1, 2))(x, g, w)
-    with backends.lowering_for_gpu():
-        kernels = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}
-    assert kernels["rmsnorm_matmul_dx"].smem_bytes <= mosaic_utils.H100_SMEM_BYTES
-    assert kernels["rmsnorm_matmul_dx"].smem_bytes >= 4 * (128 + 256) * 64 * 2
 
 
 @cpu_only

@@ -50,6 +50,10 @@ from pallas_kernels.norm_matmul import config as nm_config
 # by the later tiles (``gemm.Fusion.a_shared``, gamma_on "once", 8ae2f46-a88ba1f, reverted; "gamma_once",
 # "gamma_once_r2", "gamma_once_all", "gamma_once_lead1", "gamma_a_mma_shared_lead1":
 # rmsnorm_matmul_configs_gamma_once*-h200-*.json): 2-5% slower than gamma in the registers at the three suite shapes.
+# And the dx kernel's x tile loaded into registers at each tile's start, its 64 KiB buffer freed for a fourth stage
+# (``tile_input_in="registers"``, df685ce, reverted; "dx_regs_s3", "dx_regs_s4" (output staged in 64x32 pieces, beside
+# the dyr copy), "dx_regs_s4_e64": rmsnorm_matmul_configs_dx_registers-h200-df685ce.json): 0.7% slower at
+# 32768x4096x4096 and 8192x4096x6144, equal at 4096x4096x14336.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 # r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the other
 # tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers
@@ -101,11 +105,6 @@ VARIANTS = {
     # 64x128 stacked dx tiles: half the x tile's buffer, so more stages fit beside it and the dyr staging
     "dx_n128_s4": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=4)),
     "dx_n128_s5": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=5)),
-    # the dx kernel's x tile loaded into registers at each tile's start (tile_input_in "registers"): its 64 KiB
-    # buffer gone, a fourth stage fits, with the dyr copy's staging where the output is staged in 64x32 pieces
-    "dx_regs_s3": dict(dx=dict(tile_input_in="registers")),
-    "dx_regs_s4": dict(dx=dict(tile_input_in="registers", num_stages=4, epi_tile_n=32)),
-    "dx_regs_s4_e64": dict(dx=dict(tile_input_in="registers", num_stages=4)),  # (no room for the dyr copy)
     "dw_d1": dict(dw=dict(delay_release=1)),
     # the dw kernel's w tile loaded into two B stages after each tile's last K step (tile_input_in "ring"): no
     # buffer of its own, so a fourth stage fits beside 64x256 tiles

@@ -42,7 +42,7 @@ SCHEDULES = ("cooperative", "pingpong")
 EPILOGUE_STORES = ("end", "next_tile")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
-TILE_INPUT_PLACES = ("buffer", "ring", "registers")
+TILE_INPUT_PLACES = ("buffer", "ring")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
@@ -102,11 +102,7 @@ class MosaicGemmConfig:
         last K step and the epilogue frees once the output stored from them has left: no SMEM of its own, so a
         stage more fits (a 64x256 bfloat16 tile input takes 64 KiB, a 64x256 B stage 32 KiB). The warpgroups'
         tile must be the B block's shape (tile_m == tile_k, wg_split "m", cooperative), on pipeline "own" without
-        stream-K or a cluster. "registers": each compute warpgroup loads its tile of every tile input from HBM into
-        registers at the tile's start (the accumulator layout, tile_m · tile_n / 128 values per thread each), and
-        the epilogue reads them there, a K loop later: no SMEM for them, so more stages fit; the output is stored
-        through its own staging slots (``store_in`` then only names the output's dtype). Pipeline "own"; stream-K
-        tiles load theirs right before their epilogue.
+        stream-K or a cluster.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -190,8 +186,6 @@ class MosaicGemmConfig:
                              f"schedule 'cooperative', no cluster and stream_k=0; got tile_m={self.tile_m}, "
                              f"tile_k={self.tile_k}, wg_split={self.wg_split!r}, pipeline={self.pipeline!r}, "
                              f"schedule={self.schedule!r}, cluster={self.cluster!r}, stream_k={self.stream_k}")
-        if self.tile_input_in == "registers" and self.pipeline != "own":
-            raise ValueError(f"{cls}.tile_input_in: 'registers' runs on pipeline 'own', got pipeline={self.pipeline!r}")
         if self.epilogue_store == "next_tile" and (self.pipeline, self.schedule) != ("own", "cooperative"):
             raise ValueError(f"{cls}.epilogue_store: 'next_tile' runs on pipeline 'own', schedule 'cooperative'; got "
                              f"pipeline={self.pipeline!r}, schedule={self.schedule!r}")
@@ -281,8 +275,8 @@ def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes:
     size = jnp.dtype(dtype).itemsize
     per_stage = (config.cta_m + config.cta_n) * config.tile_k * size
     pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
-    staging = 0 if store_in_tile and config.tile_input_in != "registers" else 2 * min(2, pieces) * \
-        config.epi_tile_m * config.epi_tile_n * jnp.dtype(out_dtype).itemsize
-    tiles = 0 if config.tile_input_in in ("ring", "registers") else sum(
+    staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
+        out_dtype).itemsize
+    tiles = 0 if config.tile_input_in == "ring" else sum(
         2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes

@@ -85,7 +85,6 @@ class TileContext:
       tile_n column block in the output (n_idx · 2 + wg with wg_split "n", else n_idx; pingpong: n_idx).
     refs: the fusion's inputs and outputs (GMEM refs) and scratch (SMEM refs), by name.
     tiles: (epilogue only) this warpgroup's prefetched (tile_m, tile_n) SMEM tile of each tile input, by name.
-    tile_values: (epilogue only; ``tile_input_in="registers"``) those tiles as register arrays instead.
     step: (prologue only) the pipeline step: the A tile holds columns [step · tile_k, (step + 1) · tile_k).
     """
 
@@ -99,7 +98,6 @@ class TileContext:
     refs: Mapping[str, Any]
     tiles: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     step: Any = None
-    tile_values: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def rows(self):
@@ -119,8 +117,6 @@ class TileContext:
 
     def load_tile(self, name: str) -> jax.Array:
         """The prefetched tile input ``name`` as a float32 (tile_m, tile_n) array in the accumulator layout."""
-        if name in self.tile_values:
-            return self.tile_values[name].astype(_F32)
         return mu.load(self.tiles[name], layout=mu.TILE).astype(_F32)
 
 
@@ -419,16 +415,13 @@ class _Shape:
     def scratch_types(self) -> dict:
         """Shared memory besides the pipeline stages: output staging, prefetched tile inputs, the hooks' scratch."""
         cfg, fusion = self.cfg, self.fusion
-        in_registers = cfg.tile_input_in == "registers"
         return dict(
-            out_smem=None if fusion.store_in and not in_registers else plgpu.SMEM(
+            out_smem=None if fusion.store_in else plgpu.SMEM(
                 (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
                 transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype)),
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
-                       for n, d in zip(fusion.tile_inputs, self.tile_dtypes)
-                       if n != self.ring_input and not in_registers},
-            tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs
-                           if n != self.ring_input and not in_registers},
+                       for n, d in zip(fusion.tile_inputs, self.tile_dtypes) if n != self.ring_input},
+            tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs if n != self.ring_input},
             a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
                 (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(cfg.tile_k,
                                                                                               self.a_copy_dtype)),
@@ -547,15 +540,11 @@ class _Shape:
         """The tile input that arrives through the B stages (``MosaicGemmConfig.tile_input_in="ring"``), or None."""
         return self.fusion.tile_inputs[0] if self.cfg.tile_input_in == "ring" and self.fusion.tile_inputs else None
 
-    def start_tile(self, ctx: TileContext, named_in, scoped):
+    def start_tile(self, ctx: TileContext, named_in, scoped) -> None:
         """At a tile's start in each compute warpgroup: TMA prefetch of the epilogue's tile inputs (a ring input
-        comes with the stages instead); with ``tile_input_in="registers"``, their loads into registers, returned
-        {name: (tile_m, tile_n) array} for ``finish_tile`` (the loads land during the K loop)."""
-        if self.cfg.tile_input_in == "registers":
-            return {n: mu.load(named_in[n].at[ctx.rows, ctx.cols], layout=mu.TILE, optimized=False)
-                    for n in self.fusion.tile_inputs}
+        comes with the stages instead)."""
         if self.ring_input:
-            return None
+            return
         if self.fusion.store_in is not None:  # the last tile's output has left the buffer we prefetch into
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         for n in self.fusion.tile_inputs:
@@ -563,33 +552,30 @@ class _Shape:
                                     scoped["tile_barriers"][n].at[ctx.wg])
 
     def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped, acc=None, store=True,
-                    tile_refs=None, tile_values=None):
+                    tile_refs=None):
         """After the K loop: the epilogue on the float32 accumulator (``acc``: its value where the caller added to
         it, e.g. stream-K partial sums), the row vectors stored, and the output tile stored (``store``) or returned
         in out_dtype (for ``store_output`` under the next tile's first wgmma: ``epilogue_store="next_tile"``).
-        ``tile_refs``: the tile inputs' SMEM, loaded already (a ring input's B stage), instead of the buffers;
-        ``tile_values``: ``start_tile``'s register tiles (``tile_input_in="registers"``)."""
+        ``tile_refs``: the tile inputs' SMEM, loaded already (a ring input's B stage), instead of the buffers."""
         fusion, wg = self.fusion, ctx.wg
         if acc is None:
             if self.cfg.delay_release:
                 plgpu.wgmma_wait(0)
             acc = acc_ref[...]
-        if tile_values is not None:
-            tile_refs = {}
-        elif tile_refs is None:
+        if tile_refs is None:
             tile_refs = {n: scoped["tile_smem"][n].at[wg] for n in fusion.tile_inputs}
             for n in fusion.tile_inputs:
                 plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
         rows_out = {}
         if fusion.epilogue is not None:
-            tile_ctx = dataclasses.replace(ctx, tiles=tile_refs, tile_values=tile_values or {})
+            tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
         for n, vec in rows_out.items():
             _store_rows(vec, named_out[n], ctx)
         tile = acc.astype(self.out_dtype)
         if not store:
             return tile
-        if fusion.store_in is not None and tile_values is None:
+        if fusion.store_in is not None:
             buffer = tile_refs[fusion.store_in]
             buffer[...] = tile
             plgpu.commit_smem()

@@ -520,7 +520,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
                 the same way (``epilogue_store="next_tile"``)."""
                 ctx = shape.tile_context(lin, wg, refs_by_name)
-                tile_values = shape.start_tile(ctx, named_in, scoped)  # (tile_input_in "registers": their loads)
+                shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
                 under_first = None
                 if pending is not None:
@@ -547,7 +547,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             plgpu.barrier_wait(ready.at[barrier_of(g_in + h)])
                         tile_refs = {ring_input: stages[1].at[lax.rem(g_in + wg, num_stages)]}
                     tile = shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped,
-                                             store=pending is None, tile_refs=tile_refs, tile_values=tile_values)
+                                             store=pending is None, tile_refs=tile_refs)
                     if ring_input:  # the output stored from this warpgroup's slot has left it: both slots free
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                         for h in range(2):
@@ -597,9 +597,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     ctx = shape.tile_context(plan.dp_tiles + t, wg, refs_by_name)
                     owner = k0 == 0
 
-                    in_registers = cfg.tile_input_in == "registers"  # (loaded right before the epilogue)
-                    if not in_registers:
-                        pl.when(owner)(lambda: shape.start_tile(ctx, named_in, scoped))
+                    @pl.when(owner)
+                    def _prefetch():
+                        shape.start_tile(ctx, named_in, scoped)
 
                     hook_carry = fusion.prologue_init(ctx) if in_mma else ()
                     observed = fusion.a_observe is not None and not sharing  # (share_rows: never a first tile)
@@ -636,9 +636,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             epilogue_carry = tree.unflatten(summed) if parts else carry
                             if sharing:  # (the row vector, the carry), as the whole rounds' tiles get it
                                 epilogue_carry = (fetch_shared_rows(ctx), epilogue_carry)
-                            shape.finish_tile(ctx, acc_ref, epilogue_carry, out_gmem, named_out, scoped, acc=acc,
-                                              tile_values=shape.start_tile(ctx, named_in, scoped) if in_registers
-                                              else None)
+                            shape.finish_tile(ctx, acc_ref, epilogue_carry, out_gmem, named_out, scoped, acc=acc)
 
                     pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
                     return c
