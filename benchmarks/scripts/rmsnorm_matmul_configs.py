@@ -52,8 +52,8 @@ from pallas_kernels.norm_matmul import config as nm_config
 # rmsnorm_matmul_configs_gamma_once*-h200-*.json): 2-5% slower than gamma in the registers at the three suite shapes.
 # And the dx kernel's x tile loaded into registers at each tile's start, its 64 KiB buffer freed for a fourth stage
 # (``tile_input_in="registers"``, df685ce, reverted; "dx_regs_s3", "dx_regs_s4" (output staged in 64x32 pieces, beside
-# the dyr copy), "dx_regs_s4_e64": rmsnorm_matmul_configs_dx_registers-h200-df685ce.json): 0.7% slower at
-# 32768x4096x4096 and 8192x4096x6144, equal at 4096x4096x14336.
+# the dyr copy), "dx_regs_s4_e64": rmsnorm_matmul_configs_dx_registers-h200-df685ce.json): 0.4-0.7%
+# slower at 8192x4096x6144 and 32768x4096x4096, equal at 4096x4096x14336.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 # r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the other
 # tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers
