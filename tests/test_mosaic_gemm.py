@@ -927,12 +927,13 @@ def _added_tile(M: int, col_blocks: int = 1) -> Fusion:
                   epilogue=epilogue)
 
 
-def _check_ring_input(M, K, N, config, calls=1, transpose_a=False):
+def _check_ring_input(M, K, N, config, calls=1, transpose_a=False, transpose_b=False):
     a, b = _operands(M, K, N, jnp.bfloat16)
     c = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
     blocks = N // config.tile_n
-    fn = jax.jit(lambda a, b, c: gemm(a.T if transpose_a else a, b, config=config, out_dtype=jnp.bfloat16,
-                                      transpose_a=transpose_a, fusion=_added_tile(M, blocks), arrays=dict(c=c)))
+    fn = jax.jit(lambda a, b, c: gemm(a.T if transpose_a else a, b.T if transpose_b else b, config=config,
+                                      out_dtype=jnp.bfloat16, transpose_a=transpose_a, transpose_b=transpose_b,
+                                      fusion=_added_tile(M, blocks), arrays=dict(c=c)))
     product = _f32_product(a, b)
     want_dot = jnp.sum((product * c.astype(jnp.float32)).reshape(M, blocks, -1), axis=2).T
     for _ in range(calls):
@@ -956,11 +957,10 @@ def test_ring_tile_input_needs_the_b_stage_shape_and_cooperative_whole_tiles(fie
 
 @pytest.mark.parametrize("fusion, arrays, transpose_b, match", [
     (Fusion(tile_inputs=("c", "d"), store_in="c"), ("c", "d"), False, r"exactly one.* tile_inputs=\('c', 'd'\)"),
-    (Fusion(tile_inputs=("c",)), ("c",), False, "store_in=None"),
-    (Fusion(tile_inputs=("c",), store_in="c"), ("c",), True, "transpose_b=True")])
+    (Fusion(tile_inputs=("c",)), ("c",), True, "store_in=None")])
 def test_ring_tile_input_is_the_one_store_in_tile_of_b_s_dtype(fusion, arrays, transpose_b, match):
     with pytest.raises(ValueError, match="tile_input_in='ring' loads the one tile input, the output's store_in, into "
-                                         "B stages: .*" + match):
+                                         "B stages .*" + match):
         jax.eval_shape(lambda a, b, **arr: gemm(a, b, config=_RING, out_dtype=jnp.bfloat16, transpose_b=transpose_b,
                                                 fusion=fusion, arrays=arr),
                        S((256, 256), jnp.bfloat16), S((256, 256), jnp.bfloat16),
@@ -989,25 +989,46 @@ def test_ring_tile_input_takes_no_shared_memory_of_its_own():
 
 
 @cpu_only
+def test_ring_tile_input_with_b_read_transposed_shares_the_b_stages_memory():
+    """B given as (N, K) (the rmsnorm_matmul dx kernel's w): the halves go into a second view of the B stages
+    (plgpu.RefUnion), so the kernel takes the shared memory and TMA loads of B read as stored."""
+    M, K, N = 4096, 4096, 4096
+
+    def lowered(transpose_b):
+        operands = S((M, K), jnp.bfloat16), S((N, K) if transpose_b else (K, N), jnp.bfloat16), S((M, N), jnp.bfloat16)
+        (kernel,) = mosaic_ir.lower_kernels(
+            lambda a, b, c: gemm(a, b, config=_RING, out_dtype=jnp.bfloat16, transpose_b=transpose_b,
+                                 fusion=_added_tile(M, N // 256), arrays=dict(c=c)), *operands)
+        return kernel
+
+    transposed, stored = lowered(True), lowered(False)
+    assert transposed.smem_bytes == stored.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    assert transposed.tma_loads() == stored.tma_loads() == 6
+
+
+@cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("M, K, N, fields, transpose_a", [
-    (512, 256, 64, dict(num_stages=2), False),  # 4 tiles on 2 blocks, 4 steps each: the input's slots wrap the ring
-    (384, 320, 64, dict(num_stages=3, delay_release=1), True)])  # 5 steps, one wgmma group in flight; A transposed
-def test_ring_tile_input_in_interpret_mode(M, K, N, fields, transpose_a):
+@pytest.mark.parametrize("M, K, N, fields, transpose_a, transpose_b", [
+    (512, 256, 64, dict(num_stages=2), False, False),  # 4 tiles on 2 blocks, 4 steps each: the slots wrap the ring
+    (384, 320, 64, dict(num_stages=3, delay_release=1), True, False),  # 5 steps, one group in flight; A transposed
+    (256, 256, 128, dict(num_stages=2), False, True)])  # B given transposed (the interpreter reads it as stored)
+def test_ring_tile_input_in_interpret_mode(M, K, N, fields, transpose_a, transpose_b):
     config = dataclasses.replace(_RING, tile_n=64, epi_tile_n=32, **fields)
     with mosaic_utils.interpret_on_cpu(num_sms=2):
-        _check_ring_input(M, K, N, config, transpose_a=transpose_a)
+        _check_ring_input(M, K, N, config, transpose_a=transpose_a, transpose_b=transpose_b)
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, config, transpose_a", [
-    (4096, 4096, 4096, _RING, False),
-    (4096, 4096, 14336, dataclasses.replace(_RING, grid_minor="m", num_stages=4), True),  # the dw GEMM's form
-    (2048, 640, 1024, dataclasses.replace(_RING, num_stages=3, delay_release=1), False),  # 10 steps, 1 in flight
-    (1024, 128, 512, dataclasses.replace(_RING, num_stages=2), False)])  # 2 steps: every slot turns over per tile
-def test_ring_tile_input_on_the_gpu(M, K, N, config, transpose_a):
+@pytest.mark.parametrize("M, K, N, config, transpose_a, transpose_b", [
+    (4096, 4096, 4096, _RING, False, False),
+    (4096, 4096, 14336, dataclasses.replace(_RING, grid_minor="m", num_stages=4), True, False),  # the dw GEMM's form
+    (2048, 640, 1024, dataclasses.replace(_RING, num_stages=3, delay_release=1), False, False),  # 10 steps, 1 in flight
+    (1024, 128, 512, dataclasses.replace(_RING, num_stages=2), False, False),  # 2 steps: every slot turns over
+    (4096, 4096, 4096, dataclasses.replace(_RING, grid_minor="m", num_stages=3), False, True),  # the dx GEMM's form
+    (1024, 128, 512, dataclasses.replace(_RING, num_stages=2), False, True)])
+def test_ring_tile_input_on_the_gpu(M, K, N, config, transpose_a, transpose_b):
     """Two calls each (the barriers' phases carry over tiles, not calls)."""
-    _check_ring_input(M, K, N, config, calls=2, transpose_a=transpose_a)
+    _check_ring_input(M, K, N, config, calls=2, transpose_a=transpose_a, transpose_b=transpose_b)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1225,6 +1246,88 @@ def test_share_rows_lowers_with_stream_k_and_no_partial_carries(with_operand):
     assert kernel.smem_bytes == whole.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
 
 
+_SHARED_STACKED = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)
+
+
+def _shared_row_dot(M: int, K: int) -> Fusion:
+    """A fusion whose a_observe sums a · e per row, e's block loaded beside A's (``Fusion.a_beside``), shared from
+    each row block's first tile ("dot" (M,) float32), and whose epilogue scales the rows by the dot / K."""
+    def init(ctx):
+        return mosaic_utils.layout_cast(jnp.zeros((ctx.config.tile_m,), jnp.float32), mosaic_utils.ROWS)
+
+    def observe(ctx, a, dot, e):
+        return dot + jnp.sum(a.astype(jnp.float32) * e.astype(jnp.float32), axis=1)
+
+    return Fusion(outputs=(("dot", S((M,), jnp.float32)),), prologue_init=init, a_observe=observe, a_beside="e",
+                  share_rows=("dot", lambda ctx, c: c),
+                  epilogue=lambda ctx, acc, shared: (
+                      acc * jax.lax.broadcast_in_dim(shared[0] * (1.0 / K), acc.shape, [0]), {}))
+
+
+def _check_beside(M, K, N, config, calls=2, share=True):
+    """The row dot Σ a · e from e's blocks beside A's against float32, and the rows it scales."""
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    e = jax.random.normal(jax.random.fold_in(_key(), 7), (M, K), jnp.float32).astype(jnp.bfloat16)
+    fusion = _shared_row_dot(M, K)
+    if not share:  # every tile sums its own
+        fusion = dataclasses.replace(fusion, share_rows=None, epilogue=lambda ctx, acc, dot: (
+            acc * jax.lax.broadcast_in_dim(dot * (1.0 / K), acc.shape, [0]), {"dot": dot}))
+    dot_want = jnp.sum(a.astype(jnp.float32) * e.astype(jnp.float32), axis=1)
+    want = _f32_product(a, b) * (dot_want / K)[:, None]
+    fn = jax.jit(lambda a, b, e: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion, arrays=dict(e=e)))
+    for _ in range(calls):
+        got, dot = fn(a, b, e)
+        assert _rel_err(dot, dot_want) <= _tol(jnp.bfloat16, K)  # NaN fails
+        assert _rel_err(got, want) <= 2 * _tol(jnp.bfloat16, K)
+
+
+def test_a_beside_needs_an_a_observe_and_an_array_of_a_s_shape_and_dtype():
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1)
+    fusion = _shared_row_dot(256, 256)
+    for changes, e in [(dict(a_observe=None, share_rows=None), S((256, 256), jnp.bfloat16)),
+                       ({}, S((256, 128), jnp.bfloat16)), ({}, S((256, 256), jnp.float32))]:
+        with pytest.raises(ValueError, match=r"a_beside='e' is loaded beside A for an a_observe: it needs one and an "
+                                             r"array of A's shape \(256, 256\) and dtype bfloat16; got"):
+            jax.eval_shape(lambda a, b, e: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
+                                                fusion=dataclasses.replace(fusion, **changes), arrays=dict(e=e)),
+                           S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), e)
+
+
+@cpu_only
+def test_a_beside_lowers_a_third_stage_buffer_and_its_load():
+    """Lowered for CUDA at 4096x1024x4096: one (cta_m, tile_k) block more per stage of shared memory and one TMA
+    load more than the same row dot's fusion without e (which sums a · a)."""
+    M, K, N = 4096, 1024, 4096
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1, num_stages=3)
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, K), jnp.bfloat16)
+    fusion = _shared_row_dot(M, K)
+    (kernel,) = mosaic_ir.lower_kernels(
+        lambda a, b, e: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion, arrays=dict(e=e)), *operands)
+    alone = dataclasses.replace(fusion, a_beside=None, a_observe=lambda ctx, a, dot: fusion.a_observe(ctx, a, dot, a))
+    (plain,) = mosaic_ir.lower_kernels(
+        lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=alone), *operands[:2])
+    assert kernel.smem_bytes - plain.smem_bytes == config.num_stages * config.cta_m * config.tile_k * 2
+    assert kernel.tma_loads() == plain.tma_loads() + 1
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("share", [True, False])
+def test_a_beside_in_interpret_mode(share):
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _check_beside(128, 128, 256, dataclasses.replace(_TINY, wg_split="m", delay_release=1), calls=1, share=share)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (32768, 1024, 1024, _SHARED_STACKED),  # 256 row blocks: the first column takes two rounds
+    (4096, 2048, 256, _SHARED_STACKED),  # one column: every tile its row block's first
+    (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4)),  # stream-K tiles: arrivals, no loads
+    (4096, 4096, 4096, dataclasses.replace(_SHARED_STACKED, delay_release=0, num_stages=3))])  # the dx kernel's
+def test_a_beside_on_the_gpu(M, K, N, config):
+    _check_beside(M, K, N, config)
+
+
 def _check_shared_rows(M, K, N, config, calls=2, with_operand=False):
     a, b = _operands(M, K, N, jnp.bfloat16)
     fusion = _shared_row_scale(config, M, K)
@@ -1254,9 +1357,6 @@ def _check_shared_rows(M, K, N, config, calls=2, with_operand=False):
 def test_share_rows_in_interpret_mode(fields, with_operand):
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2x4 tiles on 2 blocks (every tile sums its own rows here)
         _check_shared_rows(128, 128, 256, dataclasses.replace(_TINY, **fields), calls=1, with_operand=with_operand)
-
-
-_SHARED_STACKED = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)
 
 
 @gpu_only

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import pytest
 
 from base_norm_matmul import NormMatmulTests, inputs
-from conftest import GPU_TIMEOUT, tolerance
+from conftest import GPU_TIMEOUT, assert_close, normal, tolerance
 from hlo_inspect import mosaic_ir, ptxas
-from pallas_kernels import backends, mosaic_utils, norm_matmul
+from pallas_kernels import backends, mosaic_utils, norm_matmul, reference
 from pallas_kernels.gemm import MosaicGemmConfig, stream_k
 from pallas_kernels.norm_matmul import config as nm_config
 from pallas_kernels.norm_matmul import mosaic as nm
@@ -203,9 +203,9 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
 
 
 @pytest.mark.parametrize("changes, match", [
-    (dict(row_dot="k"), "row_dot_in_dx: must be False, True or 'prefetch', not False only with row_dot='n' .* "
+    (dict(row_dot="k"), "row_dot_in_dx: must be False, True, 'prefetch' or 'tma', not False only with row_dot='n' .* "
                         "row_dot='k'"),
-    (dict(row_dot_in_dx="always"), "must be False, True or 'prefetch'"),
+    (dict(row_dot_in_dx="always"), "must be False, True, 'prefetch' or 'tma'"),
     (dict(row_dot=None), "not False only with row_dot='n'"),
     (dict(dx=MosaicGemmConfig(stream_k=4)), "row_dot_in_dx: the dx kernel's first tile of each row block passes the "
                                             "row dot to its others; .* stream_k=4"),
@@ -215,6 +215,53 @@ def test_the_row_dot_from_the_dx_kernel_needs_the_n_side_and_whole_cooperative_t
     with pytest.raises(ValueError, match=match):
         Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="n", row_dot_in_dx=True), **changes))
     assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n", row_dot_in_dx=True).to_dict()["row_dot_in_dx"]
+    if "stream_k" in match:  # y by TMA keeps stream-K: its tiles never run the a_observe
+        Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="n", row_dot_in_dx="tma"), **changes))
+
+
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (8192, 4096, 6144)])
+def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_tile_in_the_ring(M, K, N):
+    """row_dot_in_dx="tma" at the suite's N-side shapes (the H200 entries' dx tiles): with the x tile through the
+    B stages the y stages and dyr's staging fit; with the x tile in a buffer of its own, or with a residual (x and
+    dh tiles), the XLA pass takes the row dot (and dyr still comes from the dx kernel where it fits)."""
+    from pallas_kernels import tuning
+
+    entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
+    entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
+    ring = dataclasses.replace(entry, row_dot_in_dx="tma", dx=dataclasses.replace(entry.dx, tile_input_in="ring",
+                                                                                  stream_k=0))
+    assert ring.row_dot_by_dx(jnp.bfloat16, False) == "tma" and ring.dyr_by_dx(jnp.bfloat16, False)
+    assert ring.row_dot_by_dx(jnp.bfloat16, True) is False
+    assert ring.dx_config(True).tile_input_in == "buffer" and ring.dx_config(False).tile_input_in == "ring"
+    buffer = dataclasses.replace(ring, dx=entry.dx)
+    assert buffer.row_dot_by_dx(jnp.bfloat16, False) is False and buffer.dyr_by_dx(jnp.bfloat16, False)
+
+
+@cpu_only
+def test_y_by_tma_beside_dy_in_the_dx_kernel_lowers_with_a_third_stage_buffer():
+    """row_dot_in_dx="tma" at 32768x4096x4096 with the H200 entry's dx tiles (the x tile through the B stages,
+    which takes no stream-K): no XLA reduction over an (M, N) tensor, and the dx kernel within shared memory with
+    y's stages beside the others."""
+    from pallas_kernels import tuning
+
+    M, K, N = 32768, 4096, 4096
+    entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
+    entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
+    config = dataclasses.replace(entry, row_dot_in_dx="tma", dx=dataclasses.replace(entry.dx, tile_input_in="ring",
+                                                                                    stream_k=0))
+    fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
+    with backends.lowering_for_gpu():
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        kernels = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}
+    assert not [line for line in program.splitlines() if "stablehlo.reduce" in line and f"tensor<{M}x{N}x" in line]
+    dx = kernels["rmsnorm_matmul_dx"]
+    assert dx.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    plain = dataclasses.replace(config, row_dot_in_dx=False)
+    fn, args = _fwd_bwd(M, K, N, residual=False, config=plain)
+    with backends.lowering_for_gpu():
+        plain_dx = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}["rmsnorm_matmul_dx"]
+    y_stages = config.dx.num_stages * config.dx.cta_m * config.dx.tile_k * 2
+    assert dx.smem_bytes - plain_dx.smem_bytes >= y_stages
 
 
 @cpu_only
@@ -535,12 +582,17 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
     (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared"),  # 256 row blocks, r shared in the forward too
     (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a")])  # 224 steps of dy · y per first tile
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("in_dx", [True, "prefetch"])
+@pytest.mark.parametrize("in_dx", [True, "prefetch", "tma"])
 def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, residual, in_dx):
     """Σ_N(dy · y) summed by the dx kernel's first tile of each row block and shared with the others
-    (``row_dot_in_dx``): gradients against the float32 reference, two calls (the counts end each at zero)."""
+    (``row_dot_in_dx``): gradients against the float32 reference, two calls (the counts end each at zero). "tma":
+    the x tile through the dx kernel's B stages (a second view of them: B is w read transposed), 64x256 stacked
+    tiles; with a residual the XLA pass takes the row dot."""
     config = _numbers_config(M, K, N, dtype, residual, variant, "n")
-    config = dataclasses.replace(config, row_dot_in_dx=in_dx, dx=dataclasses.replace(config.dx, stream_k=0))
+    dx = dataclasses.replace(config.dx, stream_k=0)
+    if in_dx == "tma":
+        dx = dataclasses.replace(_DYR_DX, tile_input_in="ring")
+    config = dataclasses.replace(config, row_dot_in_dx=in_dx, dx=dx)
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
@@ -746,7 +798,8 @@ def test_nan_never_passes():
     (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
     (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr"),
     (jnp.float16, False, False, False, "k_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dgu"),
-    (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"), (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu")])
+    (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"), (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu"),
+    (jnp.bfloat16, True, "gamma_on_x", False, "n_dx_tma")])  # a residual: the XLA pass takes the row dot
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
@@ -756,21 +809,54 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
     every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
     the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
-    "n_dx_prefetch" each y block loaded a step ahead); "_dgu": dgamma from u (``dgamma_from="u"``: the dw kernel
-    without its w tile, or dw's GEMM in XLA)."""
+    "n_dx_prefetch" each y block loaded a step ahead; "_tma" y's blocks loaded by TMA beside dy's, the x tile through
+    the dx kernel's B stages, with a residual the XLA pass instead); "_dgu": dgamma from u (``dgamma_from="u"``: the
+    dw kernel without its w tile, or dw's GEMM in XLA)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
         or gamma_on == "a" else tiles
     dyr_in_dx = row_dot[1:].startswith("_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
+    by_tma = row_dot.endswith("_tma")
+    if by_tma:  # the x tile through the B stages: stacked warpgroups' tiles of tile_k rows
+        dx = dataclasses.replace(dx, tile_input_in="ring", wg_split="m", tile_k=tiles.tile_m)
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
                     gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx,
-                    row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else row_dot.endswith("_dx"),
+                    row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else "tma" if by_tma else
+                    row_dot.endswith("_dx"),
                     dgamma_from="u" if row_dot.endswith("_dgu") else None)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, variant, dyr_in_dx", [
+    (jnp.bfloat16, "gamma_on_a_mma_shared", True), (jnp.float16, False, False), (jnp.bfloat16, "gamma_on_x", False)])
+def test_the_row_dot_by_tma_in_interpret_mode(dtype, variant, dyr_in_dx):
+    """row_dot_in_dx="tma" (y's blocks beside dy's, the x tile through the dx kernel's B stages): forward and
+    gradients against the float32 reference, with dyr from the dx kernel or from XLA. Called op by op: jax's GPU
+    interpreter hung inside one jit of forward and backward with those B stages and the row dot or dyr's copy on
+    this 2-core machine, where each kernel called alone finishes (test_forward_and_gradients_in_interpret_mode
+    takes the residual's case, whose row dot is XLA's)."""
+    tiles = _Interpreted.tiles
+    stats, gamma_on = _variant_fields(variant)
+    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if gamma_on == "a" else tiles
+    dx = dataclasses.replace(tiles, wg_split="m", tile_k=tiles.tile_m, tile_input_in="ring")
+    config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=False, gamma_on=gamma_on,
+                    row_dot="n", dyr_in_dx=dyr_in_dx, row_dot_in_dx="tma")
+    assert config.row_dot_by_dx(dtype, False) == "tma"
+    x, g, w, _ = inputs(128, 128, 256, dtype)
+    dy = normal((128, 256), dtype)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        got, vjp = jax.vjp(lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=1e-6, residual=None, out_dtype=dtype,
+                                                             interpret=False, config=config), x, g, w)
+        got_grads = vjp(dy)
+    want, ref_vjp = jax.vjp(lambda x, g, w: reference.rmsnorm_matmul(x, g, w), x, g, w)
+    for name, a, b in zip(("y", "dx", "dgamma", "dw"), (got, *got_grads), (want, *ref_vjp(dy))):
+        assert_close(a, b.astype(jnp.float32), tolerance(dtype), name)
 
 
 @cpu_only

@@ -102,7 +102,8 @@ class MosaicGemmConfig:
         last K step and the epilogue frees once the output stored from them has left: no SMEM of its own, so a
         stage more fits (a 64x256 bfloat16 tile input takes 64 KiB, a 64x256 B stage 32 KiB). The warpgroups'
         tile must be the B block's shape (tile_m == tile_k, wg_split "m", cooperative), on pipeline "own" without
-        stream-K or a cluster.
+        stream-K or a cluster. Where B is read transposed (its stages (cta_n, tile_k) blocks) the halves go into a
+        second view of the same memory (``plgpu.RefUnion``).
     The defaults are the H100 measurements' winners (module docstring).
     """
 

@@ -150,6 +150,11 @@ class Fusion:
       segment that starts mid-tile stores its partial carry beside its partial accumulator, and the tile's owner
       adds them to its own before the epilogue. None: the carry needs whole tiles (no stream-K), unless
       ``share_rows`` takes it from whole first tiles only.
+    a_beside: an (M, K) input of A's dtype whose (cta_m, tile_k) block at each step the memory warpgroup loads
+      by TMA into a third stage buffer beside A's, for the tiles that run the a_observe (with ``share_rows`` each
+      row block's first tile; its other tiles' stages get an arrival instead of the copy); the a_observe then
+      takes it as a fourth argument, a_observe(ctx, a, carry, beside), its rows loaded like a's (e.g. y beside dy
+      for the rmsnorm_matmul dx kernel's row dot Σ dy · y). Costs num_stages · cta_m · tile_k elements of SMEM.
     a_copy: (name, fn): the MMA warpgroups also write each A block, transformed, into the output ``name`` (an
       (M, K) 16-bit array of ``outputs``): fn(ctx, a, carry) -> the block's values, a as for a_observe, carry
       ``prologue_init``'s (ctx.step the step; with an a_observe too, its carry after this step's). Each block is
@@ -203,6 +208,7 @@ class Fusion:
     prologue_step: Callable | None = None
     a_observe: Callable | None = None
     carry_shapes: tuple[tuple[int, ...], ...] | None = None
+    a_beside: str | None = None
     a_copy: tuple[str, Callable] | None = None
     a_operand: Callable | None = None
     step_inputs: tuple[str, ...] = ()
@@ -289,10 +295,17 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         if accumulate_into.shape != (M, N) or accumulate_into.dtype != jnp.dtype(out_dtype):
             raise ValueError(f"{name}: accumulate_into must be ({M}, {N}) {jnp.dtype(out_dtype)}, got "
                              f"{tuple(accumulate_into.shape)} {accumulate_into.dtype}")
-    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs, *fusion.step_inputs) if n != _ACCUMULATED)
+    in_names = tuple(n for n in (*fusion.tile_inputs, *fusion.inputs, *fusion.step_inputs,
+                                 *((fusion.a_beside,) if fusion.a_beside else ())) if n != _ACCUMULATED)
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
+    if fusion.a_beside is not None:
+        beside = arrays[fusion.a_beside]
+        if fusion.a_observe is None or beside.shape != (M, K) or beside.dtype != a.dtype:
+            raise ValueError(f"{name}: a_beside={fusion.a_beside!r} is loaded beside A for an a_observe: it needs "
+                             f"one and an array of A's shape ({M}, {K}) and dtype {a.dtype}; got a_observe="
+                             f"{'set' if fusion.a_observe else None}, {tuple(beside.shape)} {beside.dtype}")
     for n in fusion.step_inputs:
         if arrays[n].shape != (K,):
             raise ValueError(f"{name}: step input {n!r} must have shape ({K},) (one value per K index), got "
@@ -302,13 +315,13 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: store_in={fusion.store_in!r} must name a tile input of dtype {out_dtype}")
     if config.tile_input_in == "ring":
         dtypes = [jnp.dtype(arrays[n].dtype) for n in fusion.tile_inputs]
-        if (len(fusion.tile_inputs) != 1 or fusion.store_in != fusion.tile_inputs[0] or transpose_b
+        if (len(fusion.tile_inputs) != 1 or fusion.store_in != fusion.tile_inputs[0]
                 or dtypes[0] != jnp.dtype(b.dtype) or fusion.prologue_step is not None or fusion.step_inputs):
             raise ValueError(f"{name}: tile_input_in='ring' loads the one tile input, the output's store_in, into "
-                             f"B stages: it needs exactly one, of B's dtype {jnp.dtype(b.dtype)}, B read as stored, "
-                             f"and no prologue_step or step_inputs; got tile_inputs={fusion.tile_inputs} "
-                             f"({', '.join(map(str, dtypes))}), store_in={fusion.store_in!r}, "
-                             f"transpose_b={transpose_b}, prologue_step={'set' if fusion.prologue_step else None}, "
+                             f"B stages (a second view of them where B is read transposed): it needs exactly one, "
+                             f"of B's dtype {jnp.dtype(b.dtype)}, and no prologue_step or step_inputs; got "
+                             f"tile_inputs={fusion.tile_inputs} ({', '.join(map(str, dtypes))}), "
+                             f"store_in={fusion.store_in!r}, prologue_step={'set' if fusion.prologue_step else None}, "
                              f"step_inputs={fusion.step_inputs}")
     grid = (num_sms or mu.num_sms()) // config.cluster_size
     plan = None

@@ -71,6 +71,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.gemm.config import operand_swizzle_elems
 
 __all__ = ["kernel_body", "num_threads", "registers"]
 
@@ -137,10 +138,18 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     gmem = (a_gmem, b_gmem)
     transforms = shape.stage_transforms
     owners = 2 if cfg.pingpong else 1  # sets of barriers: one per warpgroup owning whole tiles
+    beside = named_in[fusion.a_beside] if fusion.a_beside else None  # (Fusion.a_beside) loaded beside A
+    stage_refs = (*gmem, beside) if beside is not None else gmem  # one stage buffer each
+    stage_types = [plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
+                   for ref, (block, _, _) in zip(stage_refs, [*blocks, blocks[0]])]
+    ring_view = ring_input is not None and shape.transposes[1]  # the B stages hold (cta_n, tile_k) blocks: the
+    if ring_view:  # ring input's (tile_k, cta_n) halves go into a second view of the same memory
+        stage_types[1] = plgpu.RefUnion(stage_types[1], plgpu.SMEM(
+            (num_stages, cfg.tile_k, cfg.cta_n), b_gmem.dtype,
+            transforms=mu.smem_transforms(operand_swizzle_elems(cfg, b_gmem.dtype), b_gmem.dtype)))
     scoped_types = dict(
-        stages=[plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
-                for ref, (block, _, _) in zip(gmem, blocks)],
-        ready=plgpu.Barrier(num_arrivals=len(gmem) + len(fusion.step_inputs), num_barriers=owners * num_stages),
+        stages=stage_types,
+        ready=plgpu.Barrier(num_arrivals=len(stage_refs) + len(fusion.step_inputs), num_barriers=owners * num_stages),
         consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_handoff,
                                    num_barriers=owners * num_stages),
         **shape.scratch_types())
@@ -153,6 +162,11 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
     def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
         wg = lax.axis_index("wg")
+        stages = list(stages)
+        if ring_view:  # (a ring slot holds a B block or a ring input's half, never both at once)
+            stages[1], ring_stages = stages[1]
+        else:
+            ring_stages = stages[1]
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
 
@@ -165,6 +179,25 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 body(loop_info.index[0], loop_info.local_index, loop_info.num_local_steps)
 
         sharing = fusion.share_rows is not None  # (Fusion.share_rows) one tile per row block takes the a_observe
+
+        def observes(ctx):
+            """Whether the tile at ctx runs the a_observe (with share_rows, a row block's first tile; in interpret
+            mode every tile): its steps take the a_beside block."""
+            return (ctx.n_idx == 0) if sharing and not mu.interpreting() else True
+
+        def load_beside(ctx, ks, slot, barrier):
+            """(Fusion.a_beside) The step's block of the beside input into its stage, or where the tile does not
+            observe, the arrival that copy would have made."""
+            take = observes(ctx)
+
+            @pl.when(take)
+            def _copy():
+                plgpu.copy_gmem_to_smem(blocks[0][2](beside, ctx.m_idx, ctx.n_idx).at[:, ks], stages[2].at[slot],
+                                        barrier)
+
+            @pl.when(jnp.logical_not(take))
+            def _arrive():
+                plgpu.barrier_arrive(barrier)
         if sharing and not mu.interpreting():  # (row block, warpgroup): its row vector is stored
             row_semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.iters[0] * 2,)))
         if plan is not None:
@@ -295,6 +328,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 for n in fusion.step_inputs:  # the step's slice of each (K,) vector, for the a_operand
                     plgpu.copy_gmem_to_smem(named_in[n].at[ks], scoped["step_smem"][n].at[lax.rem(g, num_stages)],
                                             ready.at[barrier_of(g)])
+                if beside is not None:
+                    load_beside(ctx, ks, lax.rem(g, num_stages), ready.at[barrier_of(g)])
 
             if prologue_in_memory:
                 loads_with_prologue(load_step)
@@ -313,7 +348,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 for h in range(2):
                     plgpu.copy_gmem_to_smem(
                         named_in[ring_input].at[pl.ds(ctx.row0 + h * half, half), ctx.cols],
-                        stages[1].at[lax.rem(g, num_stages)].at[pl.ds(h * half, half)], ready.at[barrier_of(g)])
+                        ring_stages.at[lax.rem(g, num_stages)].at[pl.ds(h * half, half)], ready.at[barrier_of(g)])
+                if beside is not None:  # the third arrival the stage's barrier counts
+                    plgpu.barrier_arrive(ready.at[barrier_of(g)])
 
             @each_tile
             def _(lin, local, num_local):
@@ -411,7 +448,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         # through an optimization barrier past the issue cost the rmsnorm_matmul forward 10%
                         def observed(c):
                             a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
-                            return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c)
+                            if beside is None:
+                                return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c)
+                            side = mu.load(stages[2].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
+                            return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c, side)
 
                         hook_carry = observed(hook_carry) if observe is True else lax.cond(
                             observe, observed, lambda c: c, hook_carry)
@@ -545,7 +585,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         g_in = local * tile_steps + k_iters
                         for h in range(2):
                             plgpu.barrier_wait(ready.at[barrier_of(g_in + h)])
-                        tile_refs = {ring_input: stages[1].at[lax.rem(g_in + wg, num_stages)]}
+                        tile_refs = {ring_input: ring_stages.at[lax.rem(g_in + wg, num_stages)]}
                     tile = shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped,
                                              store=pending is None, tile_refs=tile_refs)
                     if ring_input:  # the output stored from this warpgroup's slot has left it: both slots free

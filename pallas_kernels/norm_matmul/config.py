@@ -298,7 +298,12 @@ class MosaicRMSNormMatmulConfig:
       cooperative tiles (no stream-K). Slower wherever measured (H200, fwd+bwd µs against the XLA pass,
       rmsnorm_matmul_configs_row_dot_in_dx-h200-28a1f9a.json): 4414.9 / 4387.9 at 32768x4096x4096, 2042.6 /
       1918.9 at 4096x4096x14336, 1681.9 / 1648.6 at 8192x4096x6144: the first tiles' loads of y into registers
-      stall (ncu_dx_row_dot_in_dx-h200-182d5cf.txt). A sweep candidate, not a default.
+      stall (ncu_dx_row_dot_in_dx-h200-182d5cf.txt). A sweep candidate, not a default. "tma": the memory warpgroup
+      loads the first tiles' y blocks by TMA into a third stage buffer beside dy's (``gemm.Fusion.a_beside``) and
+      the MMA warpgroups read both from shared memory; the dx config may keep stream-K. Its SMEM (num_stages
+      (cta_m, tile_k) blocks more) fits beside the stages with the x tile through the B stages (dx
+      ``tile_input_in="ring"``); with a residual (x and dh tiles, no ring) or wherever it does not fit
+      (``row_dot_by_dx``) the XLA pass takes the row dot.
     dgamma_from: where dgamma comes from. "dw": the dw kernel's epilogue sums w ⊙ g over its columns, with the w
       tile prefetched into shared memory or through its B stages (``tile_input_in``). "u": (row_dot "k", with the
       dx GEMM reading w itself: gamma_on "x" or "a") the dx kernel writes u before gamma, u = (r / s) ⊙ (dy @ wᵀ),
@@ -373,16 +378,16 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool; got "
                              f"dyr_in_dx={self.dyr_in_dx!r}")
         in_dx = self.row_dot_in_dx
-        if in_dx not in (False, True, "prefetch") or (in_dx and self.row_dot_side() != "n"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True or 'prefetch', not False "
-                             f"only with row_dot='n' "
+        if in_dx not in (False, True, "prefetch", "tma") or (in_dx and self.row_dot_side() != "n"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True, 'prefetch' or 'tma', "
+                             f"not False only with row_dot='n' "
                              f"(the dx kernel sums dy · y over N); got row_dot_in_dx={self.row_dot_in_dx!r}, "
                              f"row_dot={self.row_dot!r}")
         dx = self.dx
-        if self.row_dot_in_dx and (dx.pipeline != "own" or dx.pingpong or dx.cluster != "none" or dx.stream_k):
+        if in_dx and (dx.pipeline != "own" or dx.pingpong or dx.cluster != "none" or (dx.stream_k and in_dx != "tma")):
             raise ValueError("MosaicRMSNormMatmulConfig.row_dot_in_dx: the dx kernel's first tile of each row block "
                              "passes the row dot to its others; the dx config needs pipeline='own', "
-                             "schedule='cooperative', cluster='none' and stream_k=0; got "
+                             "schedule='cooperative', cluster='none' and (unless 'tma') stream_k=0; got "
                              f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, cluster={dx.cluster!r}, "
                              f"stream_k={dx.stream_k}")
         if self.dgamma_from not in (None, "dw", "u") or (self.dgamma_from == "u" and self.row_dot_side() != "k"):
@@ -429,9 +434,35 @@ class MosaicRMSNormMatmulConfig:
                     "(here gamma_side is 'w') u holds gamma's product, and dgamma would need a division by gamma")
         return None
 
+    def dx_config(self, residual: bool) -> MosaicGemmConfig:
+        """The dx kernel's config for a call with or without a residual: ``dx``, its tile input taken into a
+        buffer of its own where the N side's dx tiles are two (x and dh: the B stages carry only one)."""
+        if residual and self.row_dot_side() == "n" and self.dx.tile_input_in == "ring":
+            return dataclasses.replace(self.dx, tile_input_in="buffer")
+        return self.dx
+
+    def _dx_smem(self, dtype, residual: bool, *, dyr_staging: bool, y_stages: bool) -> int:
+        """Bytes of shared memory the dx kernel needs with the dyr copy's staging (two (wg_rows, tile_k) blocks)
+        and the row dot's y stages (num_stages (cta_m, tile_k) blocks, row_dot_in_dx "tma") or without."""
+        dx, size = self.dx_config(residual), jnp.dtype(dtype).itemsize
+        extra = (2 * dx.wg_rows * dx.tile_k * size if dyr_staging else 0) + (
+            dx.num_stages * dx.cta_m * dx.tile_k * size if y_stages else 0)
+        tiles = 2 if residual and self.row_dot_side() == "n" else 1  # x (and dh, added on the N side's epilogue)
+        return smem_bytes(dx, dtype, dtype, tile_input_dtypes=(dtype,) * tiles, store_in_tile=True,
+                          scratch_bytes=extra) + BARRIER_BYTES
+
+    def row_dot_by_dx(self, dtype, residual: bool) -> bool | str:
+        """The row dot's form in the dx kernel (``row_dot_in_dx``; False: XLA's pass): "tma" only without a
+        residual and where the y stages fit in the dx kernel's shared memory, else False."""
+        if self.row_dot_in_dx != "tma":
+            return self.row_dot_in_dx
+        fits = self._dx_smem(dtype, residual, dyr_staging=False, y_stages=True) <= mosaic_utils.H100_SMEM_BYTES
+        return "tma" if fits and not residual else False
+
     def dyr_by_dx(self, dtype, residual: bool) -> bool:
         """Whether the dx kernel writes dyr: ``dyr_in_dx``, or when None, with row_dot "n" where its staging
-        (two (wg_rows, tile_k) blocks) fits in shared memory beside the dx kernel's stages and x (and dh) tiles."""
+        (two (wg_rows, tile_k) blocks) fits in shared memory beside the dx kernel's stages and x (and dh) tiles
+        (and the row dot's y stages)."""
         if self.dyr_in_dx is not None or self.row_dot_side() != "n":
             return bool(self.dyr_in_dx)
         return self.dyr_smem_reason(dtype, residual) is None
@@ -440,9 +471,8 @@ class MosaicRMSNormMatmulConfig:
         """None when the dx kernel's shared memory holds the dyr copy's staging too; else the sentence saying how
         much it would need."""
         staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
-        tiles = 2 if residual and self.row_dot_side() == "n" else 1  # x (and dh, added on the N side's epilogue)
-        need = smem_bytes(self.dx, dtype, dtype, tile_input_dtypes=(dtype,) * tiles,
-                          store_in_tile=True, scratch_bytes=staging) + BARRIER_BYTES
+        need = self._dx_smem(dtype, residual, dyr_staging=True,
+                             y_stages=self.row_dot_by_dx(dtype, residual) == "tma")
         if need <= mosaic_utils.H100_SMEM_BYTES:
             return None
         return (f"dyr_in_dx=True: the dx kernel would need {need} bytes of shared memory with the dyr copy's "

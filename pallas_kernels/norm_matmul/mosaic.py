@@ -29,7 +29,8 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               max r for float16) come from one XLA fusion over dy and y (with ``dyr_in_dx``, dyr from the dx
               kernel instead: its MMA warpgroups scale and store their rows of the dy blocks, ``Fusion.a_copy``;
               with ``row_dot_in_dx``, c from the dx kernel's first tile of each row block, which sums dy · y with
-              y's blocks loaded from HBM and shares it, ``Fusion.share_rows``: no XLA pass left).
+              y's blocks loaded from HBM (or by TMA beside dy's, "tma": ``Fusion.a_beside``) and shares it,
+              ``Fusion.share_rows``: no XLA pass left).
   dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
               epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K));
               with the dw config's ``tile_input_in="ring"`` the w tile arrives through its B stages instead, which
@@ -298,7 +299,9 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
     ("dyr_scale"). ``row_dot_in_kernel``: Σ_N(dy · y) summed by the first tile of each row block instead, from its
     dy blocks (A, after each wgmma's issue) and y's ("y" (M, N) coming in, each block loaded from HBM), and shared
     with the row block's other tiles (``Fusion.share_rows``; also an output, "row_dot" (M,) float32); "prefetch":
-    each step loads the next step's y block into the carry (its load's latency under a step's wgmma)."""
+    each step loads the next step's y block into the carry (its load's latency under a step's wgmma); "tma": the
+    memory warpgroup loads y's blocks by TMA into a stage buffer beside dy's (``Fusion.a_beside``), and the MMA
+    warpgroups read both from shared memory."""
 
     def epilogue(ctx, acc, carry):
         if row_dot_in_kernel:  # (the shared row dot, the carry)
@@ -323,6 +326,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                       prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
     prefetch = row_dot_in_kernel == "prefetch"
+    by_tma = row_dot_in_kernel == "tma"
 
     def init(ctx):  # the row dot's sums (rows,) float32 in place of the row dot, then r and r / s (and y's next)
         cfg = ctx.config
@@ -334,20 +338,24 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
         k = ctx.config.tile_k
         return mu.load(ctx.refs["y"].at[ctx.rows, pl.ds(step * k, k)], layout=mu.TILE, optimized=False)
 
-    def add_row_dot(ctx, dy, carry):  # this step's Σ dy · y per row, y's block loaded from HBM
-        if prefetch:  # the block loaded at the step before (at the first step, now), and the next one's load
+    def add_row_dot(ctx, dy, carry, y_beside=None):  # this step's Σ dy · y per row
+        if by_tma:  # y's block beside dy's in the stage
+            y, rest = y_beside, carry[1:]
+        elif prefetch:  # y's blocks loaded from HBM by the MMA warpgroups: the one loaded at the step before (at
+            # the first step, now), and the next one's load
             y = lax.cond(ctx.step == 0, lambda: y_block(ctx, 0), lambda: carry[-1])
             last = ctx.refs["y"].shape[1] // ctx.config.tile_k - 1
             rest = (*carry[1:-1], y_block(ctx, jnp.minimum(ctx.step + 1, last)))
-        else:
+        else:  # loaded from HBM now
             y, rest = y_block(ctx, ctx.step), carry[1:]
         return (carry[0] + jnp.sum(dy.astype(_F32) * y.astype(_F32), axis=1), *rest)
 
     return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
-                  inputs=("rstd", "y", *(("gamma",) if gamma_cols else ()), *rows[2:]),
+                  inputs=("rstd", *(() if by_tma else ("y",)), *(("gamma",) if gamma_cols else ()), *rows[2:]),
                   outputs=(*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32))),
                   a_copy=("dyr", _dyr_copy(2)) if dyr is not None else None, prologue_init=init,
-                  a_observe=add_row_dot, share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
+                  a_observe=add_row_dot, a_beside="y" if by_tma else None,
+                  share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
@@ -442,7 +450,8 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     else:  # Σ_N(dy · y) from one XLA fusion over dy and y (which may write dyr too), or from the dx kernel's
         # first tile of each row block (``row_dot_in_dx``); the dx kernel's epilogue finishes dx
         dy32 = dy.astype(dtype).astype(_F32)
-        in_kernel = cfg.row_dot_in_dx
+        in_kernel = cfg.row_dot_by_dx(dtype, dh is not None)
+        dx_cfg = cfg.dx_config(dh is not None)
         arrays = dict(x=xn, rstd=rstd)
         if in_kernel:
             arrays["y"] = y.astype(dtype)
@@ -454,13 +463,13 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             arrays["gamma"] = gamma.astype(_F32)
         if cfg.dyr_by_dx(dtype, dh is not None):  # the dx kernel writes dyr from its dy blocks
             arrays["dyr_scale"] = rstd / scale
-            dx, dyr, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+            dx, dyr, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
                                fusion=_dx_fusion(M, K, dh is not None, on_x, jax.ShapeDtypeStruct((M, N), dtype),
                                                  row_dot_in_kernel=in_kernel),
                                arrays=arrays, name="rmsnorm_matmul_dx")
         else:
             dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
-            dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+            dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
                           fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel), arrays=arrays,
                           name="rmsnorm_matmul_dx")
     gamma_s = gamma.astype(_F32) * scale
