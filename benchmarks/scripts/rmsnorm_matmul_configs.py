@@ -205,11 +205,15 @@ VARIANTS = {
                                              dx=dict(stream_k=0)),
     # the same with y's blocks loaded by TMA beside dy's (row_dot_in_dx "tma", gemm.Fusion.a_beside): the dx
     # kernel's x tile through its B stages to make room (ring, no stream-K), beside the same dx tiles without the row
-    # dot; "_k" from the K side's entries (dgamma from the dw kernel then)
+    # dot; the first tiles all first, or each group's a group or two ahead of its others (shared_rows_lead). From
+    # the K side's entries (4096x4096x14336) the N side with dgamma from the dw kernel, its w tile through its ring
     "dx_ring": dict(dx=dict(stream_k=0, tile_input_in="ring")),
-    "row_dot_tma": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
-                        dx=dict(stream_k=0, tile_input_in="ring")),
-    "n_side_dx_ring": dict(row_dot="n", dyr_in_dx=None, dgamma_from=None, dx=dict(stream_k=0, tile_input_in="ring")),
+    "n_side_dx_ring": dict(row_dot="n", dyr_in_dx=None, dgamma_from=None, dx=dict(stream_k=0, tile_input_in="ring"),
+                           dw=dict(tile_input_in="ring")),
+    **{f"row_dot_tma{suffix}": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
+                                    dx=dict(stream_k=0, tile_input_in="ring", shared_rows_lead=lead),
+                                    dw=dict(tile_input_in="ring"))
+       for suffix, lead in (("", 0), ("_lead1", 1), ("_lead2", 2))},
     # the forward's K loop without hooks (x ⊙ gamma and r's sums from XLA): waiting for each wgmma (d0, as the plain
     # core does) or one group in flight (d1), the output stored at the tile's end or under the next tile's first wgmma
     "plain_x_d0": dict(gamma_on="x", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=0)),
