@@ -214,6 +214,10 @@ VARIANTS = {
                                     dx=dict(stream_k=0, tile_input_in="ring", shared_rows_lead=lead),
                                     dw=dict(tile_input_in="ring"))
        for suffix, lead in (("", 0), ("_lead1", 1), ("_lead2", 2))},
+    # with one wgmma group in flight over the first tiles' loads and sums (and the same dx tiles without the row dot)
+    "row_dot_tma_d1": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
+                           dx=dict(stream_k=0, tile_input_in="ring", delay_release=1), dw=dict(tile_input_in="ring")),
+    "dx_ring_d1": dict(dx=dict(stream_k=0, tile_input_in="ring", delay_release=1)),
     # the forward's K loop without hooks (x ⊙ gamma and r's sums from XLA): waiting for each wgmma (d0, as the plain
     # core does) or one group in flight (d1), the output stored at the tile's end or under the next tile's first wgmma
     "plain_x_d0": dict(gamma_on="x", stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=0)),
