@@ -232,8 +232,9 @@ def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_ti
                                                                                   stream_k=0))
     assert ring.row_dot_by_dx(jnp.bfloat16, False) == "tma" and ring.dyr_by_dx(jnp.bfloat16, False)
     assert ring.row_dot_by_dx(jnp.bfloat16, True) is False
-    assert ring.dx_config(True).tile_input_in == "buffer" and ring.dx_config(False).tile_input_in == "ring"
-    buffer = dataclasses.replace(ring, dx=entry.dx)
+    assert ring.dx_config(False) == ring.dx  # with a residual: x and dh in buffers, 2 of the 3 stages beside them
+    assert ring.dx_config(True) == dataclasses.replace(ring.dx, tile_input_in="buffer", num_stages=2)
+    buffer = dataclasses.replace(ring, dx=dataclasses.replace(ring.dx, tile_input_in="buffer"))
     assert buffer.row_dot_by_dx(jnp.bfloat16, False) is False and buffer.dyr_by_dx(jnp.bfloat16, False)
 
 
@@ -590,8 +591,6 @@ def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, resi
     tiles, the first tiles one group of row blocks ahead of their others; with a residual the XLA pass takes the
     row dot."""
     config = _numbers_config(M, K, N, dtype, residual, variant, "n")
-    if config.dgamma_from == "u":  # (a K-side entry: dgamma from the dw kernel, its w tile through its stages)
-        config = dataclasses.replace(config, dgamma_from=None, dw=dataclasses.replace(config.dw, tile_input_in="ring"))
     dx = dataclasses.replace(config.dx, stream_k=0)
     if in_dx == "tma":
         dx = dataclasses.replace(_DYR_DX, tile_input_in="ring", shared_rows_lead=1)
@@ -612,6 +611,9 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     if gamma_on == "a":
         config = dataclasses.replace(config, forward=dataclasses.replace(
             nm_config._MMA_STATS_FORWARD[0], grid_minor="m"))
+    if row_dot and row_dot[0] == "n" and config.dgamma_from == "u":  # a K-side entry (4096x4096x14336 on the
+        # H200): dgamma from the dw kernel, its w tile through its B stages
+        config = dataclasses.replace(config, dgamma_from=None, dw=dataclasses.replace(config.dw, tile_input_in="ring"))
     config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0])
     if row_dot and row_dot.endswith("_dgu"):
         config = dataclasses.replace(config, dgamma_from="u", dw=dataclasses.replace(_DYR_DX, num_stages=4))

@@ -435,11 +435,16 @@ class MosaicRMSNormMatmulConfig:
         return None
 
     def dx_config(self, residual: bool) -> MosaicGemmConfig:
-        """The dx kernel's config for a call with or without a residual: ``dx``, its tile input taken into a
-        buffer of its own where the N side's dx tiles are two (x and dh: the B stages carry only one)."""
-        if residual and self.row_dot_side() == "n" and self.dx.tile_input_in == "ring":
-            return dataclasses.replace(self.dx, tile_input_in="buffer")
-        return self.dx
+        """The dx kernel's config for a call with or without a residual: ``dx``, its tile inputs taken into
+        buffers of their own where the N side's dx tiles are two (x and dh: the B stages carry only one), with as
+        many stages as fit beside them (at least 2)."""
+        if not (residual and self.row_dot_side() == "n" and self.dx.tile_input_in == "ring"):
+            return self.dx
+        dx = dataclasses.replace(self.dx, tile_input_in="buffer")
+        while dx.num_stages > 2 and smem_bytes(dx, jnp.bfloat16, jnp.bfloat16, tile_input_dtypes=(jnp.bfloat16,) * 2,
+                                               store_in_tile=True) + BARRIER_BYTES > mosaic_utils.H100_SMEM_BYTES:
+            dx = dataclasses.replace(dx, num_stages=dx.num_stages - 1)
+        return dx
 
     def _dx_smem(self, dtype, residual: bool, *, dyr_staging: bool, y_stages: bool) -> int:
         """Bytes of shared memory the dx kernel needs with the dyr copy's staging (two (wg_rows, tile_k) blocks)
