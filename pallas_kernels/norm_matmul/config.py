@@ -303,7 +303,15 @@ class MosaicRMSNormMatmulConfig:
       the MMA warpgroups read both from shared memory; the dx config may keep stream-K. Its SMEM (num_stages
       (cta_m, tile_k) blocks more) fits beside the stages with the x tile through the B stages (dx
       ``tile_input_in="ring"``); with a residual (x and dh tiles, no ring) or wherever it does not fit
-      (``row_dot_by_dx``) the XLA pass takes the row dot.
+      (``row_dot_by_dx``) the XLA pass takes the row dot. Measured on the H200 (fwd+bwd µs, three calls,
+      rmsnorm_matmul_configs_row_dot_tma{,_lead,_d1}-h200-*.json; the dx kernel in brackets): at 8192x4096x6144
+      1658.1 / 1643.0 / 1640.1 against 1666.5 / 1650.1 / 1648.5 for the entry before (dx 586-591 against 546-550
+      and XLA's 48 µs pass), its H200 entry now; at 32768x4096x4096 4385.5 against 4382.9 (the ring takes no
+      stream-K: dx 1607.5 against 1510.2 with the ring alone, 1480.3 with stream-K, and XLA's 121 µs pass); at
+      4096x4096x14336 1944.4 against the K side's 1880.8. Each row block's first tile takes about twice a tile's
+      time: the first rounds read all of dy and y at once. Spreading the first tiles through the order
+      (``shared_rows_lead`` 1, 2) cost more (1702.4 / 1698.4 at 8192x4096x6144: the others then wait for them), as
+      did one wgmma group in flight (1678.6).
     dgamma_from: where dgamma comes from. "dw": the dw kernel's epilogue sums w ⊙ g over its columns, with the w
       tile prefetched into shared memory or through its B stages (``tile_input_in``). "u": (row_dot "k", with the
       dx GEMM reading w itself: gamma_on "x" or "a") the dx kernel writes u before gamma, u = (r / s) ⊙ (dy @ wᵀ),

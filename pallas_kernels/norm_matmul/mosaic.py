@@ -29,8 +29,8 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               max r for float16) come from one XLA fusion over dy and y (with ``dyr_in_dx``, dyr from the dx
               kernel instead: its MMA warpgroups scale and store their rows of the dy blocks, ``Fusion.a_copy``;
               with ``row_dot_in_dx``, c from the dx kernel's first tile of each row block, which sums dy · y with
-              y's blocks loaded from HBM (or by TMA beside dy's, "tma": ``Fusion.a_beside``) and shares it,
-              ``Fusion.share_rows``: no XLA pass left).
+              y's blocks loaded from HBM (or by TMA beside dy's, "tma": ``Fusion.a_beside``, the H200's entry at
+              8192x4096x6144) and shares it, ``Fusion.share_rows``: no XLA pass left).
   dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
               epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K));
               with the dw config's ``tile_input_in="ring"`` the w tile arrives through its B stages instead, which
