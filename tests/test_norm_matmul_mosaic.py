@@ -588,12 +588,11 @@ def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, resi
     """Σ_N(dy · y) summed by the dx kernel's first tile of each row block and shared with the others
     (``row_dot_in_dx``): gradients against the float32 reference, two calls (the counts end each at zero). "tma":
     the x tile through the dx kernel's B stages (a second view of them: B is w read transposed), 64x256 stacked
-    tiles, the first tiles one group of row blocks ahead of their others; with a residual the XLA pass takes the
-    row dot."""
+    tiles; with a residual the XLA pass takes the row dot."""
     config = _numbers_config(M, K, N, dtype, residual, variant, "n")
     dx = dataclasses.replace(config.dx, stream_k=0)
     if in_dx == "tma":
-        dx = dataclasses.replace(_DYR_DX, tile_input_in="ring", shared_rows_lead=1)
+        dx = dataclasses.replace(_DYR_DX, tile_input_in="ring")
     config = dataclasses.replace(config, row_dot_in_dx=in_dx, dx=dx)
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     for _ in range(2):

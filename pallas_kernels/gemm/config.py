@@ -96,11 +96,6 @@ class MosaicGemmConfig:
         the H100 (rmsnorm_matmul forward) 4 and 8 measured within 0.2% of each other
         (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json), and 0, 4 and 8 within 1% with an earlier
         compare-and-swap wait (..._mma_shared_wait-h100-37feb47.json).
-      shared_rows_lead: under a ``Fusion.share_rows``, where the row blocks' first tiles run: 0, all of them
-        before every other tile (each first tile then reads its A rows in the first rounds, all row blocks at
-        once); L >= 1, spread through the order, each group of ``grid_tile_width`` row blocks' first tiles L
-        groups (L · width · n_iters tiles) ahead of the group's other tiles (``gemm.mosaic.first_column_lead``:
-        a round reads the A rows of a few first tiles beside its others'). Needs m_iters a multiple of the width.
       tile_input_in: where a fusion's tile input (``Fusion.tile_inputs``: one, its ``store_in``) waits for the
         epilogue: "buffer", its own SMEM (2 · tile_m · tile_n elements), prefetched at each tile's start; "ring",
         two slots of the B stages, which the memory warpgroup fills with the warpgroups' halves after the tile's
@@ -131,7 +126,6 @@ class MosaicGemmConfig:
     prologue_in: str = "fourth"
     epilogue_store: str = "end"
     shared_rows_wait: int = 4
-    shared_rows_lead: int = 0
     tile_input_in: str = "buffer"
 
     def __post_init__(self):

@@ -198,6 +198,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             @pl.when(jnp.logical_not(take))
             def _arrive():
                 plgpu.barrier_arrive(barrier)
+
         if sharing and not mu.interpreting():  # (row block, warpgroup): its row vector is stored
             row_semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.iters[0] * 2,)))
         if plan is not None:

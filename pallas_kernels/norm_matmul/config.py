@@ -309,9 +309,9 @@ class MosaicRMSNormMatmulConfig:
       and XLA's 48 µs pass), its H200 entry now; at 32768x4096x4096 4385.5 against 4382.9 (the ring takes no
       stream-K: dx 1607.5 against 1510.2 with the ring alone, 1480.3 with stream-K, and XLA's 121 µs pass); at
       4096x4096x14336 1944.4 against the K side's 1880.8. Each row block's first tile takes about twice a tile's
-      time: the first rounds read all of dy and y at once. Spreading the first tiles through the order
-      (``shared_rows_lead`` 1, 2) cost more (1702.4 / 1698.4 at 8192x4096x6144: the others then wait for them), as
-      did one wgmma group in flight (1678.6).
+      time: the first rounds read all of dy and y at once. Spreading the first tiles through the order (each
+      group's a group or two ahead of its others; removed) cost more (1702.4 / 1698.4 at 8192x4096x6144: the
+      others then wait for them), as did one wgmma group in flight (1678.6).
     dgamma_from: where dgamma comes from. "dw": the dw kernel's epilogue sums w ⊙ g over its columns, with the w
       tile prefetched into shared memory or through its B stages (``tile_input_in``). "u": (row_dot "k", with the
       dx GEMM reading w itself: gamma_on "x" or "a") the dx kernel writes u before gamma, u = (r / s) ⊙ (dy @ wᵀ),
@@ -484,12 +484,13 @@ class MosaicRMSNormMatmulConfig:
         """None when the dx kernel's shared memory holds the dyr copy's staging too; else the sentence saying how
         much it would need."""
         staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
-        need = self._dx_smem(dtype, residual, dyr_staging=True,
-                             y_stages=self.row_dot_by_dx(dtype, residual) == "tma")
+        y_stages = self.row_dot_by_dx(dtype, residual) == "tma"
+        need = self._dx_smem(dtype, residual, dyr_staging=True, y_stages=y_stages)
         if need <= mosaic_utils.H100_SMEM_BYTES:
             return None
         return (f"dyr_in_dx=True: the dx kernel would need {need} bytes of shared memory with the dyr copy's "
-                f"{staging}-byte staging (at most {mosaic_utils.H100_SMEM_BYTES}); take dx tiles stacked along M "
+                f"{staging}-byte staging{' beside the row dot y stages' if y_stages else ''} (at most "
+                f"{mosaic_utils.H100_SMEM_BYTES}); take dx tiles stacked along M "
                 f"(wg_split='m': 64-row copies), fewer num_stages (config.with_dyr_from_dx() takes them off until "
                 f"it fits), or dyr_in_dx=None (the copy where it fits)")
 
