@@ -390,6 +390,7 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
     assert any(c["forward"]["schedule"] == "pingpong" for c in forward)
     assert any(c["dx"]["schedule"] == "pingpong" and c["dw"]["schedule"] == "pingpong" for c in backward)
     assert any(c["forward"]["stream_k"] for c in forward) and any(c["dx"]["stream_k"] for c in backward)
+    assert any(c["row_dot_in_dx"] == "tma" and c["dx"]["tile_input_in"] == "ring" for c in backward)
     for params in forward + backward:
         _check_kernels(M, K, N, False, Config(**params))
 
@@ -802,8 +803,7 @@ def test_nan_never_passes():
     (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
     (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr"),
     (jnp.float16, False, False, False, "k_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dgu"),
-    (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"), (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu"),
-    (jnp.bfloat16, True, "gamma_on_x", False, "n_dx_tma")])  # a residual: the XLA pass takes the row dot
+    (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"), (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
@@ -814,8 +814,8 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
     the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
     "n_dx_prefetch" each y block loaded a step ahead; "_tma" y's blocks loaded by TMA beside dy's, the x tile through
-    the dx kernel's B stages, with a residual the XLA pass instead); "_dgu": dgamma from u (``dgamma_from="u"``: the
-    dw kernel without its w tile, or dw's GEMM in XLA)."""
+    the dx kernel's B stages: test_the_row_dot_by_tma_in_interpret_mode); "_dgu": dgamma from u
+    (``dgamma_from="u"``: the dw kernel without its w tile, or dw's GEMM in XLA)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
@@ -837,14 +837,13 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype, variant, dyr_in_dx", [(jnp.bfloat16, "gamma_on_a_mma_shared", True),
-                                                       (jnp.float16, False, False)])
+@pytest.mark.parametrize("dtype, variant, dyr_in_dx", [(jnp.bfloat16, "gamma_on_a_mma_shared", True)])
 def test_the_row_dot_by_tma_in_interpret_mode(dtype, variant, dyr_in_dx):
     """row_dot_in_dx="tma" (y's blocks beside dy's, the x tile through the dx kernel's B stages): forward and
     gradients against the float32 reference, with dyr from the dx kernel or from XLA. Called op by op: jax's GPU
     interpreter hung inside one jit of forward and backward with those B stages and the row dot or dyr's copy on
-    this 2-core machine, where each kernel called alone finishes (test_forward_and_gradients_in_interpret_mode
-    takes the residual's case, whose row dot is XLA's)."""
+    this 2-core machine, where each kernel called alone finishes (with a residual the row dot is XLA's: on the GPU,
+    test_the_row_dot_from_the_dx_kernel_on_the_gpu)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(variant)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if gamma_on == "a" else tiles

@@ -604,5 +604,10 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     if not base.dx.pingpong and base.dx.cluster == "none":  # the row dot from the dx kernel's first tiles
         bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx=True,
                                        dx=dataclasses.replace(base.dx, stream_k=0)))
+    if not residual:  # y's blocks by TMA beside dy's, the x tile through the dx kernel's B stages of 3 stacked
+        # 64x256 stages (the H200's entry at 8192x4096x6144)
+        bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
+            dataclasses.replace(base.dx, **stacked_m, tile_k=64, num_stages=3, stream_k=0, delay_release=0,
+                                cluster="none", tile_input_in="ring"))))
     return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None],
             [c.to_dict() for c in bwd if c is not None and c.unsupported_reason(M, K, N) is None])
