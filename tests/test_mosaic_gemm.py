@@ -1316,6 +1316,19 @@ def test_a_beside_in_interpret_mode():
         _check_beside(128, 128, 256, config, calls=1)
 
 
+_BESIDE = dataclasses.replace(_SHARED_STACKED, num_stages=3)  # 3 stages of A, B and the beside block: 192 KiB
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (32768, 1024, 1024, _BESIDE),  # 256 row blocks: the first column takes two rounds
+    (4096, 2048, 256, _BESIDE),  # one column: every tile its row block's first
+    (4352, 1024, 4096, dataclasses.replace(_BESIDE, stream_k=4)),  # stream-K tiles: arrivals, no loads
+    (4096, 4096, 4096, dataclasses.replace(_BESIDE, delay_release=0))])  # the dx kernel's
+def test_a_beside_on_the_gpu(M, K, N, config):
+    _check_beside(M, K, N, config)
+
+
 def _check_shared_rows(M, K, N, config, calls=2, with_operand=False):
     a, b = _operands(M, K, N, jnp.bfloat16)
     fusion = _shared_row_scale(config, M, K)
