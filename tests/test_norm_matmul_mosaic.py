@@ -813,22 +813,17 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
     every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
     the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
-    "n_dx_prefetch" each y block loaded a step ahead; "_tma" y's blocks loaded by TMA beside dy's, the x tile through
-    the dx kernel's B stages: test_the_row_dot_by_tma_in_interpret_mode); "_dgu": dgamma from u
-    (``dgamma_from="u"``: the dw kernel without its w tile, or dw's GEMM in XLA)."""
+    "n_dx_prefetch" each y block loaded a step ahead; y by TMA: test_the_row_dot_by_tma_in_interpret_mode); "_dgu":
+    dgamma from u (``dgamma_from="u"``: the dw kernel without its w tile, or dw's GEMM in XLA)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
         or gamma_on == "a" else tiles
     dyr_in_dx = row_dot[1:].startswith("_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
-    by_tma = row_dot.endswith("_tma")
-    if by_tma:  # the x tile through the B stages: stacked warpgroups' tiles of tile_k rows
-        dx = dataclasses.replace(dx, tile_input_in="ring", wg_split="m", tile_k=tiles.tile_m)
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
                     gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx,
-                    row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else "tma" if by_tma else
-                    row_dot.endswith("_dx"),
+                    row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else row_dot.endswith("_dx"),
                     dgamma_from="u" if row_dot.endswith("_dgu") else None)
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
@@ -837,19 +832,18 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype, variant, dyr_in_dx", [(jnp.bfloat16, "gamma_on_a_mma_shared", True)])
-def test_the_row_dot_by_tma_in_interpret_mode(dtype, variant, dyr_in_dx):
-    """row_dot_in_dx="tma" (y's blocks beside dy's, the x tile through the dx kernel's B stages): forward and
-    gradients against the float32 reference, with dyr from the dx kernel or from XLA. Called op by op: jax's GPU
+def test_the_row_dot_by_tma_in_interpret_mode():
+    """row_dot_in_dx="tma" (y's blocks beside dy's, the x tile through the dx kernel's B stages), with gamma and r
+    in the forward's registers and dyr from the dx kernel (the 8192x4096x6144 H200 entry's form): forward and
+    gradients against the float32 reference. Called op by op: jax's GPU
     interpreter hung inside one jit of forward and backward with those B stages and the row dot or dyr's copy on
     this 2-core machine, where each kernel called alone finishes (with a residual the row dot is XLA's: on the GPU,
     test_the_row_dot_from_the_dx_kernel_on_the_gpu)."""
-    tiles = _Interpreted.tiles
-    stats, gamma_on = _variant_fields(variant)
-    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if gamma_on == "a" else tiles
+    tiles, dtype = _Interpreted.tiles, jnp.bfloat16
+    forward = dataclasses.replace(tiles, wg_split="m", delay_release=1)
     dx = dataclasses.replace(tiles, wg_split="m", tile_k=tiles.tile_m, tile_input_in="ring")
-    config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=False, gamma_on=gamma_on,
-                    row_dot="n", dyr_in_dx=dyr_in_dx, row_dot_in_dx="tma")
+    config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel="mma_shared", dw_in_xla=False, gamma_on="a",
+                    row_dot="n", dyr_in_dx=True, row_dot_in_dx="tma")
     assert config.row_dot_by_dx(dtype, False) == "tma"
     x, g, w, _ = inputs(128, 128, 256, dtype)
     dy = normal((128, 256), dtype)

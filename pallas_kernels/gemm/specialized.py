@@ -10,8 +10,10 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             blocks into stage s, signalling ``ready[s]``. It never waits for a tile to end: the next tile's first
             blocks load as soon as the current tile's last stages are released. With ``tile_input_in="ring"`` each
             tile takes two more ring positions after its K steps: the MMA warpgroups' halves of the epilogue's tile
-            input, loaded into those B stages, which the MMA warpgroups release once the output stored from them
-            has left.
+            input, loaded into those B stages (a second view of them where B is read transposed), which the MMA
+            warpgroups release once the output stored from them has left. With ``Fusion.a_beside`` a stage holds a
+            third block beside A's, loaded for the tiles that run the a_observe; the others' stages get a plain
+            arrival in its place (and so do the ring input's positions), so ``ready`` always counts three.
   MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
             from shared memory), with a ``Fusion.a_observe`` load its rows of the A block into registers and run
             it (under the wgmma just issued; a ``Fusion.a_copy`` likewise, on the steps its column block writes),
