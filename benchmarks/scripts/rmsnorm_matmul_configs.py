@@ -213,6 +213,14 @@ VARIANTS = {
                            dw=dict(tile_input_in="ring")),
     "row_dot_tma": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
                         dx=dict(stream_k=0, tile_input_in="ring"), dw=dict(tile_input_in="ring")),
+    # the row dot's steps spread over every tile of a row block (each its share, its K loop rotated to start
+    # there; gemm.MosaicGemmConfig.shared_rows_from "spread"), polling for the parts 4 or 1 steps before the end
+    "row_dot_spread": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
+                           dx=dict(stream_k=0, tile_input_in="ring", shared_rows_from="spread"),
+                           dw=dict(tile_input_in="ring")),
+    "row_dot_spread_w1": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
+                              dx=dict(stream_k=0, tile_input_in="ring", shared_rows_from="spread",
+                                      shared_rows_wait=1), dw=dict(tile_input_in="ring")),
     # with one wgmma group in flight over the first tiles' loads and sums (and the same dx tiles without the row dot)
     "row_dot_tma_d1": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
                            dx=dict(stream_k=0, tile_input_in="ring", delay_release=1), dw=dict(tile_input_in="ring")),
