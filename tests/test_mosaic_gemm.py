@@ -1377,6 +1377,22 @@ def test_spread_row_vector_needs_a_sum_whole_tiles_and_a_row_block_within_a_roun
         MosaicGemmConfig(shared_rows_from="all")
 
 
+@pytest.mark.parametrize("minor", ["m", "n"])
+def test_row_block_span_follows_the_kernels_tile_order(minor):
+    """``row_block_span`` (all tiles at once) against ``plgpu.planar_snake`` one tile index at a time, as the
+    kernel calls it, over a grid whose minor side the run width does not divide."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from pallas_kernels.gemm.mosaic import row_block_span
+
+    m_iters, n_iters, width = 10, 6, 4
+    config = MosaicGemmConfig(grid_minor=minor, grid_tile_width=width)
+    lins = {}
+    for lin in range(m_iters * n_iters):
+        m, _ = plgpu.planar_snake(jnp.int32(lin), (m_iters, n_iters), 1 if minor == "n" else 0, width)
+        lins.setdefault(int(m), []).append(lin)
+    assert row_block_span(m_iters, n_iters, config) == max(max(v) - min(v) for v in lins.values())
+
+
 @cpu_only
 def test_spread_row_vector_lowers_within_the_same_shared_memory_with_a_parts_workspace():
     """Lowered for CUDA at 4096x1024x4096: the same shared memory, wgmma and TMA loads as the first-column form,

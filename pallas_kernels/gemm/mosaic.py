@@ -732,9 +732,9 @@ def row_block_span(m_iters: int, n_iters: int, config: MosaicGemmConfig) -> int:
     """The largest distance in the snake tile order (``plgpu.planar_snake``) between two CTA tiles of one row block:
     under ``shared_rows_from="spread"`` it must be below the persistent grid's block count."""
     minor = 1 if config.grid_minor == "n" else 0
-    with jax.ensure_compile_time_eval():
-        m_idx, _ = plgpu.planar_snake(jnp.arange(m_iters * n_iters, dtype=jnp.int32), (m_iters, n_iters), minor,
-                                      config.grid_tile_width)
+    with jax.ensure_compile_time_eval():  # (vmapped: jax 0.11's planar_snake takes a scalar index, a lax.cond)
+        m_idx, _ = jax.vmap(lambda lin: plgpu.planar_snake(lin, (m_iters, n_iters), minor, config.grid_tile_width))(
+            jnp.arange(m_iters * n_iters, dtype=jnp.int32))
         m_idx = np.asarray(m_idx)
     lin = np.arange(m_iters * n_iters)
     first = np.full(m_iters, m_iters * n_iters)
