@@ -1259,7 +1259,7 @@ def _shared_row_dot(M: int, K: int) -> Fusion:
         return dot + jnp.sum(a.astype(jnp.float32) * e.astype(jnp.float32), axis=1)
 
     return Fusion(outputs=(("dot", S((M,), jnp.float32)),), prologue_init=init, a_observe=observe, a_beside="e",
-                  share_rows=("dot", lambda ctx, c: c), share_rows_adds=True,
+                  share_rows=("dot", lambda ctx, c: c),
                   epilogue=lambda ctx, acc, shared: (
                       acc * jax.lax.broadcast_in_dim(shared[0] * (1.0 / K), acc.shape, [0]), {}))
 
@@ -1309,13 +1309,10 @@ def test_a_beside_lowers_a_third_stage_buffer_and_its_load():
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("shared_rows_from", ["first", "spread"])
-def test_a_beside_in_interpret_mode(shared_rows_from):
-    """(Every tile observes in interpret mode, share_rows or not: no semaphores; "spread": each tile's K loop starts
-    at its share of the steps.)"""
-    config = dataclasses.replace(_TINY, wg_split="m", delay_release=1, grid_minor="m",
-                                 shared_rows_from=shared_rows_from)
-    with mosaic_utils.interpret_on_cpu(num_sms=4):  # 1x4 tiles of 128x64, one row block's in one round
+def test_a_beside_in_interpret_mode():
+    """(Every tile observes in interpret mode, share_rows or not: no semaphores.)"""
+    config = dataclasses.replace(_TINY, wg_split="m", delay_release=1)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2x4 tiles
         _check_beside(128, 128, 256, config, calls=1)
 
 
@@ -1330,88 +1327,6 @@ _BESIDE = dataclasses.replace(_SHARED_STACKED, num_stages=3)  # 3 stages of A, B
     (4096, 4096, 4096, dataclasses.replace(_BESIDE, delay_release=0))])  # the dx kernel's
 def test_a_beside_on_the_gpu(M, K, N, config):
     _check_beside(M, K, N, config)
-
-
-_SPREAD = dataclasses.replace(_BESIDE, shared_rows_from="spread")
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, config", [
-    (32768, 1024, 1024, _SPREAD),  # 256 row blocks of 4 tiles, 4 steps each
-    (4096, 4096, 4096, _SPREAD),  # 16 tiles per row block (the dx kernel's), rows straddling the rounds
-    (4096, 2048, 256, _SPREAD),  # one column: every tile sums all of its steps
-    (2048, 512, 2048, _SPREAD),  # 8 steps over 8 tiles: one step each
-    (2048, 256, 4096, _SPREAD),  # 4 steps over 16 tiles: most tiles' share is empty
-    (4096, 4096, 4096, dataclasses.replace(_SPREAD, shared_rows_wait=0)),  # the poll after the K loop
-    (4096, 4096, 4096, dataclasses.replace(_SPREAD, delay_release=0))])  # the dx kernel's
-def test_spread_row_vector_on_the_gpu(M, K, N, config):
-    """``shared_rows_from="spread"``: each tile of a row block sums its share of the steps (its K loop rotated to
-    start there) and the row block adds the parts; the row dot and the scaled product against float32, two calls."""
-    _check_beside(M, K, N, config)
-
-
-def test_spread_row_vector_needs_a_sum_whole_tiles_and_a_row_block_within_a_round():
-    M, K, N = 4096, 1024, 4096
-    fusion = _shared_row_dot(M, K)
-    args = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, K), jnp.bfloat16)
-
-    def shape_of(config, fusion, num_sms=132):
-        return jax.eval_shape(lambda a, b, e: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion,
-                                                   arrays=dict(e=e), num_sms=num_sms), *args)
-
-    assert [s.shape for s in shape_of(_SPREAD, fusion)] == [(M, N), (M,)]
-    with pytest.raises(ValueError, match=r"shared_rows_from='spread' .* needs a fusion whose row vector adds over K "
-                                         r"steps \(share_rows_adds=True\) and whole tiles \(stream_k=0\); got "
-                                         r"share_rows_adds=False, stream_k=0"):
-        shape_of(_SPREAD, dataclasses.replace(fusion, share_rows_adds=False))
-    with pytest.raises(ValueError, match="got share_rows_adds=True, stream_k=4"):
-        shape_of(dataclasses.replace(_SPREAD, stream_k=4), fusion)
-    # 16 tiles per row block in runs of 8 along M: 121 consecutive tiles; along N a row block's runs lie 32 apart
-    with pytest.raises(ValueError, match=r"needs each row block's tiles within one round of the 120 blocks .* over "
-                                         r"121 consecutive tiles"):
-        shape_of(_SPREAD, fusion, num_sms=120)
-    shape_of(_SPREAD, fusion, num_sms=121)
-    with pytest.raises(ValueError, match="grid_minor='n', grid_tile_width=8"):
-        shape_of(dataclasses.replace(_SPREAD, grid_minor="n"), fusion)
-    with pytest.raises(ValueError, match="MosaicGemmConfig.shared_rows_from: must be one of"):
-        MosaicGemmConfig(shared_rows_from="all")
-
-
-@pytest.mark.parametrize("minor", ["m", "n"])
-def test_row_block_span_follows_the_kernels_tile_order(minor):
-    """``row_block_span`` (all tiles at once) against ``plgpu.planar_snake`` one tile index at a time, as the
-    kernel calls it, over a grid whose minor side the run width does not divide."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-    from pallas_kernels.gemm.mosaic import row_block_span
-
-    m_iters, n_iters, width = 10, 6, 4
-    config = MosaicGemmConfig(grid_minor=minor, grid_tile_width=width)
-    lins = {}
-    for lin in range(m_iters * n_iters):
-        m, _ = plgpu.planar_snake(jnp.int32(lin), (m_iters, n_iters), 1 if minor == "n" else 0, width)
-        lins.setdefault(int(m), []).append(lin)
-    assert row_block_span(m_iters, n_iters, config) == max(max(v) - min(v) for v in lins.values())
-
-
-@cpu_only
-def test_spread_row_vector_lowers_within_the_same_shared_memory_with_a_parts_workspace():
-    """Lowered for CUDA at 4096x1024x4096: the same shared memory, wgmma and TMA loads as the first-column form,
-    and a (16, 4096) float32 workspace for the row block's parts."""
-    M, K, N = 4096, 1024, 4096
-    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, K), jnp.bfloat16)
-    fusion = _shared_row_dot(M, K)
-
-    def fn(config):
-        return lambda a, b, e: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion, arrays=dict(e=e))
-
-    (spread,) = mosaic_ir.lower_kernels(fn(_SPREAD), *operands)
-    (first,) = mosaic_ir.lower_kernels(fn(_BESIDE), *operands)
-    assert (spread.smem_bytes, spread.wgmma(), spread.tma_loads()) == (
-        first.smem_bytes, first.wgmma(), first.tma_loads())
-    text = jax.jit(fn(_SPREAD)).trace(*operands).lower(lowering_platforms=("cuda",)).as_text()
-    assert "tensor<16x4096xf32>" in text
-    assert "tensor<16x4096xf32>" not in jax.jit(fn(_BESIDE)).trace(*operands).lower(
-        lowering_platforms=("cuda",)).as_text()
 
 
 def _check_shared_rows(M, K, N, config, calls=2, with_operand=False):

@@ -584,19 +584,16 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
     (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared"),  # 256 row blocks, r shared in the forward too
     (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a")])  # 224 steps of dy · y per first tile
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("in_dx", [True, "prefetch", "tma", "tma_spread"])
+@pytest.mark.parametrize("in_dx", [True, "prefetch", "tma"])
 def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, residual, in_dx):
     """Σ_N(dy · y) summed by the dx kernel's first tile of each row block and shared with the others
     (``row_dot_in_dx``): gradients against the float32 reference, two calls (the counts end each at zero). "tma":
     the x tile through the dx kernel's B stages (a second view of them: B is w read transposed), 64x256 stacked
-    tiles; with a residual the XLA pass takes the row dot. "tma_spread": every tile of a row block sums its share
-    of the N steps (``shared_rows_from="spread"``)."""
+    tiles; with a residual the XLA pass takes the row dot."""
     config = _numbers_config(M, K, N, dtype, residual, variant, "n")
     dx = dataclasses.replace(config.dx, stream_k=0)
-    if in_dx in ("tma", "tma_spread"):
-        dx = dataclasses.replace(_DYR_DX, tile_input_in="ring",
-                                 shared_rows_from="spread" if in_dx == "tma_spread" else "first")
-        in_dx = "tma"
+    if in_dx == "tma":
+        dx = dataclasses.replace(_DYR_DX, tile_input_in="ring")
     config = dataclasses.replace(config, row_dot_in_dx=in_dx, dx=dx)
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     for _ in range(2):
@@ -835,19 +832,16 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("shared_rows_from", ["first", "spread"])
-def test_the_row_dot_by_tma_in_interpret_mode(shared_rows_from):
+def test_the_row_dot_by_tma_in_interpret_mode():
     """row_dot_in_dx="tma" (y's blocks beside dy's, the x tile through the dx kernel's B stages), with gamma and r
     in the forward's registers and dyr from the dx kernel (the 8192x4096x6144 H200 entry's form): forward and
-    gradients against the float32 reference; "spread": each dx tile's K loop starts at its share of the N steps
-    (dyr's blocks then copied in that order). Called op by op: jax's GPU
+    gradients against the float32 reference. Called op by op: jax's GPU
     interpreter hung inside one jit of forward and backward with those B stages and the row dot or dyr's copy on
     this 2-core machine, where each kernel called alone finishes (with a residual the row dot is XLA's: on the GPU,
     test_the_row_dot_from_the_dx_kernel_on_the_gpu)."""
     tiles, dtype = _Interpreted.tiles, jnp.bfloat16
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1)
-    dx = dataclasses.replace(tiles, wg_split="m", tile_k=tiles.tile_m, tile_input_in="ring", grid_minor="m",
-                             shared_rows_from=shared_rows_from)
+    dx = dataclasses.replace(tiles, wg_split="m", tile_k=tiles.tile_m, tile_input_in="ring")
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel="mma_shared", dw_in_xla=False, gamma_on="a",
                     row_dot="n", dyr_in_dx=True, row_dot_in_dx="tma")
     assert config.row_dot_by_dx(dtype, False) == "tma"

@@ -207,20 +207,14 @@ VARIANTS = {
     # kernel's x tile through its B stages to make room (ring, no stream-K), beside the same dx tiles without the row
     # dot. From the K side's entries (4096x4096x14336) the N side with dgamma from the dw kernel, its w tile through
     # its ring. (Each group's first tiles one or two groups ahead of its others, shared_rows_lead "_lead1" / "_lead2",
-    # cost more: rmsnorm_matmul_configs_row_dot_tma_lead-h200-3c827db.json; removed after it)
+    # cost more: rmsnorm_matmul_configs_row_dot_tma_lead-h200-3c827db.json; removed after it. Every tile of a row
+    # block summing its share of the steps, its K loop rotated to start there, "_spread", measured equal:
+    # rmsnorm_matmul_configs_row_dot_spread-h200-488562e.json; removed after it)
     "dx_ring": dict(dx=dict(stream_k=0, tile_input_in="ring")),
     "n_side_dx_ring": dict(row_dot="n", dyr_in_dx=None, dgamma_from=None, dx=dict(stream_k=0, tile_input_in="ring"),
                            dw=dict(tile_input_in="ring")),
     "row_dot_tma": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
                         dx=dict(stream_k=0, tile_input_in="ring"), dw=dict(tile_input_in="ring")),
-    # the row dot's steps spread over every tile of a row block (each its share, its K loop rotated to start
-    # there; gemm.MosaicGemmConfig.shared_rows_from "spread"), polling for the parts 4 or 1 steps before the end
-    "row_dot_spread": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
-                           dx=dict(stream_k=0, tile_input_in="ring", shared_rows_from="spread"),
-                           dw=dict(tile_input_in="ring")),
-    "row_dot_spread_w1": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
-                              dx=dict(stream_k=0, tile_input_in="ring", shared_rows_from="spread",
-                                      shared_rows_wait=1), dw=dict(tile_input_in="ring")),
     # with one wgmma group in flight over the first tiles' loads and sums (and the same dx tiles without the row dot)
     "row_dot_tma_d1": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
                            dx=dict(stream_k=0, tile_input_in="ring", delay_release=1), dw=dict(tile_input_in="ring")),

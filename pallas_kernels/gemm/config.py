@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from pallas_kernels import mosaic_utils as mu
 
 __all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
-           "SHARED_ROWS_FROM", "TILE_INPUT_PLACES", "MosaicGemmConfig", "operand_swizzle_elems", "smem_bytes", "unsupported_reason"]
+           "TILE_INPUT_PLACES", "MosaicGemmConfig", "operand_swizzle_elems", "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
@@ -43,7 +43,6 @@ EPILOGUE_STORES = ("end", "next_tile")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
 TILE_INPUT_PLACES = ("buffer", "ring")
-SHARED_ROWS_FROM = ("first", "spread")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
@@ -97,14 +96,6 @@ class MosaicGemmConfig:
         the H100 (rmsnorm_matmul forward) 4 and 8 measured within 0.2% of each other
         (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json), and 0, 4 and 8 within 1% with an earlier
         compare-and-swap wait (..._mma_shared_wait-h100-37feb47.json).
-      shared_rows_from: under a ``Fusion.share_rows``, which tiles sum the row vector: "first", each row block's
-        column-0 tile over all of its K steps (the whole first column runs first, the others wait for it); "spread"
-        (a fusion whose row vector adds over K steps, ``Fusion.share_rows_adds``), every tile of the row block its
-        share of the K steps, 1 / (N / cta_n) of them: each tile's K loop starts at its share (the steps rotated,
-        the same sum), stores its part and counts it, and waits for all of its row block's parts
-        ``shared_rows_wait`` steps before its loop ends. The reads of the observed blocks then spread over the
-        whole kernel instead of crowding its first rounds. Plain snake order, whose tiles of one row block must lie
-        within one round of the persistent grid (else a tile could wait for one queued behind it); no stream-K.
       tile_input_in: where a fusion's tile input (``Fusion.tile_inputs``: one, its ``store_in``) waits for the
         epilogue: "buffer", its own SMEM (2 · tile_m · tile_n elements), prefetched at each tile's start; "ring",
         two slots of the B stages, which the memory warpgroup fills with the warpgroups' halves after the tile's
@@ -135,7 +126,6 @@ class MosaicGemmConfig:
     prologue_in: str = "fourth"
     epilogue_store: str = "end"
     shared_rows_wait: int = 4
-    shared_rows_from: str = "first"
     tile_input_in: str = "buffer"
 
     def __post_init__(self):
@@ -167,7 +157,6 @@ class MosaicGemmConfig:
             ("prologue_in", self.prologue_in in PROLOGUE_PLACES, f"one of {PROLOGUE_PLACES}"),
             ("epilogue_store", self.epilogue_store in EPILOGUE_STORES, f"one of {EPILOGUE_STORES}"),
             ("tile_input_in", self.tile_input_in in TILE_INPUT_PLACES, f"one of {TILE_INPUT_PLACES}"),
-            ("shared_rows_from", self.shared_rows_from in SHARED_ROWS_FROM, f"one of {SHARED_ROWS_FROM}"),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -59,7 +59,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -187,13 +186,7 @@ class Fusion:
       with one block per SM it cannot deadlock and seldom waits. Needs an a_observe; cooperative schedule, no
       cluster, epilogue_store "end". With stream-K the last round's tiles (never a first tile: the whole rounds
       must hold the first column) skip the a_observe, and each tile's owner polls after its range. In interpret
-      mode (no semaphores) every tile takes the a_observe itself. With ``MosaicGemmConfig.shared_rows_from=
-      "spread"`` (and ``share_rows_adds``) every tile of a row block sums its share of the K steps instead: its K
-      loop starts at them (rotated), and right after them it stores fn(ctx, carry) into a (N / cta_n, M) float32
-      workspace and counts it on the row block's semaphore; each tile waits for all of the row block's parts
-      ``shared_rows_wait`` steps before its loop ends and adds them (the column-0 tile stores the sum).
-    share_rows_adds: fn of ``share_rows`` is a sum over the K steps (its values over disjoint step ranges add up
-      to its value over all of them, as a row dot does, and rsqrt of a mean does not): the steps may be spread.
+      mode (no semaphores) every tile takes the a_observe itself.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -220,7 +213,6 @@ class Fusion:
     a_operand: Callable | None = None
     step_inputs: tuple[str, ...] = ()
     share_rows: tuple[str, Callable] | None = None
-    share_rows_adds: bool = False
     epilogue: Callable | None = None
 
 
@@ -296,20 +288,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             seen = "no such output" if shared is None else f"shape {shared.shape}, dtype {jnp.dtype(shared.dtype)}"
             raise ValueError(f"{name}: share_rows={fusion.share_rows[0]!r} must name an ({M},) float32 output, got "
                              f"{seen}")
-    if config.shared_rows_from == "spread" and fusion.share_rows is not None:
-        if not fusion.share_rows_adds or config.stream_k:
-            raise ValueError(f"{name}: shared_rows_from='spread' splits the row vector's K steps among the row block's "
-                             f"tiles and adds their parts: it needs a fusion whose row vector adds over K steps "
-                             f"(share_rows_adds=True) and whole tiles (stream_k=0); got share_rows_adds="
-                             f"{fusion.share_rows_adds}, stream_k={config.stream_k}")
-        span = row_block_span(M // config.cta_m, -(-N // config.cta_n), config)
-        grid_size = (num_sms or mu.num_sms()) // config.cluster_size
-        if span >= grid_size:
-            raise ValueError(f"{name}: shared_rows_from='spread' needs each row block's tiles within one round of the "
-                             f"{grid_size} blocks (a tile waits for its row block's others), but the tile order "
-                             f"(grid_minor={config.grid_minor!r}, grid_tile_width={config.grid_tile_width}) spreads "
-                             f"them over {span + 1} consecutive tiles; take grid_minor='m' with a smaller "
-                             f"grid_tile_width, or shared_rows_from='first'")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -522,33 +500,8 @@ class _Shape:
         hooked = self.fusion.a_observe is not None or self.fusion.a_operand is not None
         return tuple(self.fusion.carry_shapes or ()) if hooked and self.fusion.share_rows is None else ()
 
-    @property
-    def spreads(self) -> bool | None:
-        """Under a ``Fusion.share_rows``: whether every tile sums its share of the row vector's K steps
-        (``MosaicGemmConfig.shared_rows_from="spread"``), else False (column-0 tiles sum all); None without one."""
-        if self.fusion.share_rows is None:
-            return None
-        return self.cfg.shared_rows_from == "spread"
-
-    def share_range(self, ctx: TileContext):
-        """(first, count): the K steps whose row-vector part this tile sums under ``shared_rows_from="spread"``,
-        n_idx · k_iters // n_iters onwards (traced int32 scalars; count 0 where k_iters < n_iters)."""
-        _, n_iters, k_iters = self.iters
-        first = lax.div(ctx.n_idx * k_iters, n_iters)
-        return first, lax.div((ctx.n_idx + 1) * k_iters, n_iters) - first
-
-    def k_step(self, ctx: TileContext | None, k):
-        """The K step at position k of a tile's K loop: k, or with ``shared_rows_from="spread"`` rotated to start
-        at the tile's share (``share_range``)."""
-        if ctx is None or not self.spreads:
-            return k
-        return lax.rem(k + self.share_range(ctx)[0], self.iters[2])
-
     def workspace_type(self) -> list:
-        """[the stream-K workspace's ShapeDtypeStruct, then the partial carries'], or with
-        ``shared_rows_from="spread"`` the row-vector parts' (N / cta_n, M) float32, or []."""
-        if self.spreads:
-            return [jax.ShapeDtypeStruct((self.iters[1], self.mnk[0]), _F32)]
+        """[the stream-K workspace's ShapeDtypeStruct, then the partial carries'], or [] without stream-K."""
         if self.stream_k is None:
             return []
         units = self.stream_k.units
@@ -562,7 +515,7 @@ class _Shape:
         m_iters, n_iters, _ = self.iters
         pairs_m, pairs_n = (cfg.cluster == "m") + 1, (cfg.cluster == "n") + 1
         minor = 1 if cfg.grid_minor == "n" else 0
-        if self.spreads is False:  # column 0 of every row block first, then columns 1.. in snake order
+        if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
             m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
         else:
             m_idx, n_idx = plgpu.planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor,
@@ -726,22 +679,6 @@ def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, til
     m_rest, n_rest = plgpu.planar_snake(jnp.asarray(rest, jnp.int32), (m_iters, n_iters - 1), minor_dim, tile_width)
     first = lin < m_iters
     return jnp.where(first, lin, m_rest), jnp.where(first, 0, n_rest + 1)
-
-
-def row_block_span(m_iters: int, n_iters: int, config: MosaicGemmConfig) -> int:
-    """The largest distance in the snake tile order (``plgpu.planar_snake``) between two CTA tiles of one row block:
-    under ``shared_rows_from="spread"`` it must be below the persistent grid's block count."""
-    minor = 1 if config.grid_minor == "n" else 0
-    with jax.ensure_compile_time_eval():  # (vmapped: jax 0.11's planar_snake takes a scalar index, a lax.cond)
-        m_idx, _ = jax.vmap(lambda lin: plgpu.planar_snake(lin, (m_iters, n_iters), minor, config.grid_tile_width))(
-            jnp.arange(m_iters * n_iters, dtype=jnp.int32))
-        m_idx = np.asarray(m_idx)
-    lin = np.arange(m_iters * n_iters)
-    first = np.full(m_iters, m_iters * n_iters)
-    last = np.zeros(m_iters, np.int64)
-    np.minimum.at(first, m_idx, lin)
-    np.maximum.at(last, m_idx, lin)
-    return int(np.max(last - first))
 
 
 def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:

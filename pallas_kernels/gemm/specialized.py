@@ -181,19 +181,16 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 body(loop_info.index[0], loop_info.local_index, loop_info.num_local_steps)
 
         sharing = fusion.share_rows is not None  # (Fusion.share_rows) one tile per row block takes the a_observe
-        spread = bool(shape.spreads)  # (shared_rows_from "spread") or each tile its share of the steps
 
-        def observes(ctx, k):
-            """Whether the tile at ctx runs the a_observe at position k of its K loop (with share_rows, a row block's
-            first tile at every step, or with "spread" every tile at its share's steps, the first of its loop; in
-            interpret mode every tile at every step): those steps take the a_beside block."""
-            if not sharing or mu.interpreting():
-                return True
-            return k < shape.share_range(ctx)[1] if spread else ctx.n_idx == 0
+        def observes(ctx):
+            """Whether the tile at ctx runs the a_observe (with share_rows, a row block's first tile; in interpret
+            mode every tile): its steps take the a_beside block."""
+            return (ctx.n_idx == 0) if sharing and not mu.interpreting() else True
 
-        def load_beside(ctx, ks, slot, barrier, take):
-            """(Fusion.a_beside) The step's block of the beside input into its stage where ``take``, or the arrival
-            that copy would have made."""
+        def load_beside(ctx, ks, slot, barrier):
+            """(Fusion.a_beside) The step's block of the beside input into its stage, or where the tile does not
+            observe, the arrival that copy would have made."""
+            take = observes(ctx)
 
             @pl.when(take)
             def _copy():
@@ -325,7 +322,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def _wait_free():  # the slot's previous step has been consumed (by its owner)
                     plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
 
-                ks = pl.ds(shape.k_step(ctx, k) * cfg.tile_k, cfg.tile_k)
+                ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
                 for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, stages, blocks)):
                     ref = cta(ref, ctx.m_idx, ctx.n_idx)
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
@@ -335,7 +332,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.copy_gmem_to_smem(named_in[n].at[ks], scoped["step_smem"][n].at[lax.rem(g, num_stages)],
                                             ready.at[barrier_of(g)])
                 if beside is not None:
-                    load_beside(ctx, ks, lax.rem(g, num_stages), ready.at[barrier_of(g)], observes(ctx, k))
+                    load_beside(ctx, ks, lax.rem(g, num_stages), ready.at[barrier_of(g)])
 
             if prologue_in_memory:
                 loads_with_prologue(load_step)
@@ -420,31 +417,27 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             in_mma = fusion.prologue_init is not None and not has_handoff
 
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True,
-                       fetch_at=None, length=None, produce_at=None):
-                """wgmma over positions [k0, k1) of the tile's K loop (its K steps, ``_Shape.k_step``), at ring
-                positions g0, g0 + 1, ...; every stage released. With ``Fusion.a_observe``, run after each wgmma is
-                issued (where ``observe``: True, a traced bool of the tile, or a function of the position giving
-                one); with ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run
+                       fetch_at=None, length=None):
+                """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
+                With ``Fusion.a_observe``, run after each wgmma is issued (where ``observe``: True, or a traced bool
+                of the tile); with ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run
                 once, right after the first step's wgmma is issued (that step taken out of the loop; k0, k1 static).
-                ``fetch_at``: (position, when, fetch, rows): a second carry starting at rows, which at that position
-                (and ``when``, a traced bool), after the wgmma's issue, becomes fetch() (the shared row vector of
-                ``Fusion.share_rows``). ``produce_at``: (position, produce): produce(hook carry) runs there, after
-                that step's a_observe (a "spread" tile's part of the row vector). ``length``: k1 - k0 as a Python
-                int where k0 and k1 are traced (a stream-K segment); an a_operand needs the step count static.
-                Returns the hook's carry, or (it, that second carry) with fetch_at. No branch holds a wgmma: ptxas
-                keeps them asynchronous."""
+                ``fetch_at``: (step, when, fetch, rows): a second carry starting at rows, which at that step (and
+                ``when``, a traced bool), after the wgmma's issue, becomes fetch() (the shared row vector of
+                ``Fusion.share_rows``). ``length``: k1 - k0 as a Python int where k0 and k1 are traced (a stream-K
+                segment); an a_operand needs the step count static. Returns the hook's carry, or (it, that second
+                carry) with fetch_at. No branch holds a wgmma: ptxas keeps them asynchronous."""
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry, rows = carry
                     g = g0 + k - k0
                     slot = lax.rem(g, num_stages)
-                    k_step = shape.k_step(ctx, k)  # the K step this position loads (rotated under "spread")
                     plgpu.barrier_wait(ready.at[barrier_of(g)])
                     a_regs = None
                     if fusion.a_operand is not None:  # registers of its own (the caller's unrolled steps)
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         vectors = {n: mu.load(buf.at[slot], layout=mu.COLS, optimized=False)
                                    for n, buf in scoped["step_smem"].items()}
-                        a_regs, hook_carry = fusion.a_operand(dataclasses.replace(ctx, step=k_step), a, vectors,
+                        a_regs, hook_carry = fusion.a_operand(dataclasses.replace(ctx, step=k), a, vectors,
                                                               hook_carry)
                         if mu.interpreting():  # the interpreter's wgmma takes A from SMEM only
                             staged = scoped["a_operand_smem"].at[wg]
@@ -459,18 +452,14 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         def observed(c):
                             a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                             if beside is None:
-                                return fusion.a_observe(dataclasses.replace(ctx, step=k_step), a, c)
+                                return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c)
                             side = mu.load(stages[2].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
-                            return fusion.a_observe(dataclasses.replace(ctx, step=k_step), a, c, side)
+                            return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c, side)
 
-                        when = observe(k) if callable(observe) else observe
-                        hook_carry = observed(hook_carry) if when is True else lax.cond(
-                            when, observed, lambda c: c, hook_carry)
-                    if produce_at is not None:
-                        at, produce = produce_at
-                        pl.when(k == at)(lambda: produce(hook_carry))
+                        hook_carry = observed(hook_carry) if observe is True else lax.cond(
+                            observe, observed, lambda c: c, hook_carry)
                     if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
-                        shape.copy_a(ctx, k_step, stages[0].at[slot], hook_carry, named_out, scoped)
+                        shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
                     if fetch_at is not None:  # under the wgmma just issued
                         at, when, fetch, _ = fetch_at
                         rows = lax.cond(when & (k == at), lambda r: fetch(), lambda r: r, rows)
@@ -555,8 +544,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 if mu.interpreting() or not others:
                     carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry)
                     return produce(carry), carry
-                if spread:
-                    return spread_rows_k_loop(acc_ref, ctx, g0, hook_carry)
 
                 def fetch():
                     return fetch_shared_rows(ctx)
@@ -570,47 +557,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first,
                                      fetch_at=(at, jnp.logical_not(first), fetch, zeros))
                 return lax.cond(first, lambda c, r: produce(c), lambda c, r: r, carry, rows), carry
-
-            def spread_rows_k_loop(acc_ref, ctx, g0, hook_carry):
-                """The K loop of a tile under ``shared_rows_from="spread"``: the a_observe on the tile's share of the
-                K steps (the first positions of its rotated loop); right after them its part, fn(ctx, carry), into
-                the parts workspace (row ctx.n_idx) and +1 on the row block's count (a release); at
-                ``shared_rows_wait`` steps before the loop's end (under a wgmma, as ever no earlier than the last
-                share's end), a poll until the count holds every tile's part, then their sum (column 0 also stores
-                it into the shared output). The counts start at zero (jax zero-fills the kernel's global
-                semaphores at each call) and only rise. Returns (the row vector, the hook's carry)."""
-                name, rows_from = fusion.share_rows
-                shared_out, parts = named_out[name], shape.workspace(refs)
-                n_iters = shape.iters[1]
-                semaphore = row_semaphores.at[ctx.m_idx * 2 + wg]
-                count = shape.share_range(ctx)[1]
-
-                def produce(carry):
-                    parts.at[ctx.n_idx, ctx.rows][...] = rows_from(ctx, carry).astype(_F32)
-                    plgpu.semaphore_signal(semaphore, 1, memory_scope="gpu")  # after a warpgroup barrier: a
-                    # release by one lane that orders every lane's stores above before it
-
-                def fetch():
-                    plgpu.semaphore_wait(semaphore, n_iters, decrement=False, memory_scope="gpu")  # acquire
-                    total = mu.load(parts.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
-                    for j in range(1, n_iters):
-                        total = total + mu.load(parts.at[j, ctx.rows], layout=mu.ROWS, optimized=False)
-
-                    @pl.when(ctx.n_idx == 0)
-                    def _store():
-                        shared_out.at[ctx.rows][...] = total
-
-                    return total
-
-                loop = dict(observe=lambda k: k < count, produce_at=(jnp.maximum(count, 1) - 1, produce))
-                at = max(-(-k_iters // n_iters) - 1, k_iters - cfg.shared_rows_wait)  # after every tile's share
-                if not cfg.shared_rows_wait or at >= k_iters:
-                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, **loop)
-                    return fetch(), carry
-                zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
-                carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, **loop,
-                                     fetch_at=(at, jnp.bool_(True), fetch, zeros))
-                return rows, carry
 
             def mma_tile(lin, local, pending=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),

@@ -301,8 +301,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
     with the row block's other tiles (``Fusion.share_rows``; also an output, "row_dot" (M,) float32); "prefetch":
     each step loads the next step's y block into the carry (its load's latency under a step's wgmma); "tma": the
     memory warpgroup loads y's blocks by TMA into a stage buffer beside dy's (``Fusion.a_beside``), and the MMA
-    warpgroups read both from shared memory. With the dx config's ``shared_rows_from="spread"`` every tile of a
-    row block sums its share of the N steps instead and they add their parts (``gemm.Fusion.share_rows``)."""
+    warpgroups read both from shared memory."""
 
     def epilogue(ctx, acc, carry):
         if row_dot_in_kernel:  # (the shared row dot, the carry)
@@ -356,8 +355,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                   outputs=(*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32))),
                   a_copy=("dyr", _dyr_copy(2)) if dyr is not None else None, prologue_init=init,
                   a_observe=add_row_dot, a_beside="y" if by_tma else None,
-                  share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue,
-                  share_rows_adds=not prefetch)  # a sum over N; the prefetch form walks the steps in order
+                  share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
