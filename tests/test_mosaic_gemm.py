@@ -515,17 +515,22 @@ def test_product_in_interpret_mode(transpose_a, transpose_b):
         _check_product(128, 96, 256, jnp.bfloat16, transpose_a, transpose_b, config=_TINY)
 
 
+_LOOPS_ON_TWO_BLOCKS = (dict(pipeline="own"), dict(pipeline="pallas_steady"),
+                        dict(pipeline="pallas", grid_tile_width=1),
+                        dict(schedule="pingpong", num_stages=3, delay_release=2),
+                        dict(cluster="m"))  # (run without the cluster: the interpreter has none)
+_LOOPS_ALSO_ON_ONE_TILE = (dict(pipeline="own", delay_release=1), dict(schedule="pingpong"),
+                           dict(schedule="pingpong", delay_release=1), dict(epilogue_store="next_tile"),
+                           dict(epilogue_store="next_tile", delay_release=1))
+
+
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("fields", [dict(pipeline="own"), dict(pipeline="own", delay_release=1),
-                                    dict(pipeline="pallas_steady"), dict(pipeline="pallas", grid_tile_width=1),
-                                    dict(schedule="pingpong"), dict(schedule="pingpong", delay_release=1),
-                                    dict(schedule="pingpong", num_stages=3, delay_release=2),
-                                    dict(cluster="m"),  # run without the cluster: the interpreter has none
-                                    dict(epilogue_store="next_tile"),
-                                    dict(epilogue_store="next_tile", delay_release=1)])
-@pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile (its loop starts and stops there)
+@pytest.mark.parametrize("fields, num_sms", [*((f, 2) for f in (*_LOOPS_ON_TWO_BLOCKS, *_LOOPS_ALSO_ON_ONE_TILE)),
+                                             *((f, 3) for f in _LOOPS_ALSO_ON_ONE_TILE)])
 def test_every_k_loop_in_interpret_mode(fields, num_sms):
+    """num_sms 3: one block walks a single tile (its loop starts and stops there), for the loops whose tile
+    boundaries hold state (a wgmma group in flight, ping-pong owners, an output carried to the next tile)."""
     with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles
         _check_product(128, 128, 256, jnp.bfloat16, config=dataclasses.replace(_TINY, **fields))
 
@@ -1108,10 +1113,11 @@ def _check_row_sums(M, K, N, config):
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("fields", [dict(wg_split="m", prologue_in="memory"), dict(wg_split="n", prologue_in="memory"),
-                                    dict(wg_split="m", prologue_in="memory", num_stages=3),
-                                    dict(wg_split="n", prologue_in="fourth")])
-@pytest.mark.parametrize("num_sms", [2, 3])  # 3: one block walks a single tile, its last steps after the loop
+@pytest.mark.parametrize("fields, num_sms", [
+    (dict(wg_split="m", prologue_in="memory"), 2), (dict(wg_split="n", prologue_in="memory"), 2),
+    (dict(wg_split="m", prologue_in="memory", num_stages=3), 2), (dict(wg_split="n", prologue_in="fourth"), 2),
+    (dict(wg_split="m", prologue_in="memory"), 3),  # 3: one block walks a single tile, its last steps after the loop
+    (dict(wg_split="m", prologue_in="memory", num_stages=3), 3)])
 def test_prologue_in_interpret_mode(fields, num_sms):
     with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 output tiles of 4 steps (2 with 3 stages: 4 steps)
         _check_row_sums(128, 128, 256, dataclasses.replace(_TINY, **fields))
