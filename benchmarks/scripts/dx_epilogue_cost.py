@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 import jax
@@ -43,6 +44,7 @@ def _variants(M: int, K: int, N: int, dx_cfg) -> dict:
     dyr = jax.ShapeDtypeStruct((M, N), jnp.bfloat16)
 
     def core(config):
+        config = dataclasses.replace(config, tile_input_in="buffer")  # (no tile input to put in the ring)
         return lambda dy, w, x, rstd, row_dot, gamma: gemm(dy, w, transpose_b=True, config=config,
                                                             out_dtype=jnp.bfloat16, name="dx_core")
 
@@ -80,6 +82,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
     M, K, N = (int(v) for v in args.shape.split("x"))
+    os.makedirs(args.out, exist_ok=True)
     result, save, path = results_file(args.out, "dx_epilogue_cost")
     keys = jax.random.split(jax.random.key(0), 6)
     dy = jax.random.normal(keys[0], (M, N), _F32).astype(jnp.bfloat16)
@@ -108,6 +111,7 @@ def main() -> int:
     row = dict(shape=args.shape, dx_config=dx_cfg.to_dict(), rows={})
     for (name, _), t in zip(programs.items(), timings):
         row["rows"][name] = dict(us=t.median_us, max_rel_err=errors[name], method=t.method,
+                                 config=variants[name][1].to_dict() if name in variants else None,
                                  top_kernels=sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:3])
         print(f"{name:16s} {t.median_us:9.1f} us  err {errors[name]:.2e}", flush=True)
     result.setdefault("timings", []).append(row)
