@@ -211,6 +211,7 @@ VARIANTS = {
     # block summing its share of the steps, its K loop rotated to start there, "_spread", measured equal:
     # rmsnorm_matmul_configs_row_dot_spread-h200-488562e.json; removed after it)
     "dx_ring": dict(dx=dict(stream_k=0, tile_input_in="ring")),
+    "dx_ring4": dict(dx=dict(stream_k=0, tile_input_in="ring", num_stages=4)),  # the room the x tile left: a stage
     "n_side_dx_ring": dict(row_dot="n", dyr_in_dx=None, dgamma_from=None, dx=dict(stream_k=0, tile_input_in="ring"),
                            dw=dict(tile_input_in="ring")),
     "row_dot_tma": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
