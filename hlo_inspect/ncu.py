@@ -149,9 +149,10 @@ def main(argv=None) -> int:
     for row in table:
         median = row["median"]
         cols = [f"{row['launches']}x"]
-        for label, metric in (("us", "Duration"), ("GHz", "SM Frequency"), ("tensor %", TENSOR_BUSY)):
+        for metric in ("Duration", "SM Frequency", TENSOR_BUSY):  # in the unit ncu printed (us or ms; Ghz)
             if metric in median:
-                cols.append(f"{median[metric][1]:.2f} {label}")
+                unit, value = median[metric]
+                cols.append(f"{value:.2f} {'tensor %' if metric == TENSOR_BUSY else unit}")
         if row["cycle_shares"]:
             cols.append(", ".join(f"{k} {v:.3f}" for k, v in row["cycle_shares"].items()))
         print(f"{row['kernel']}: " + "; ".join(cols))

@@ -87,10 +87,19 @@ def test_the_command_prints_a_line_per_kernel_and_writes_json(tmp_path, capsys):
     out = tmp_path / "summary.json"
     assert ncu.main([str(report), "--json", str(out), "--meta", "device=NVIDIA H200", "--meta", "commit=9e45f8b"]) == 0
     line = capsys.readouterr().out.strip()
-    assert line.startswith("mosaic_matmul_mosaic_gpu_kernel: 2x; 601.18 us; 1.59 GHz; 97.42 tensor %; sm_active 0.946")
+    assert line.startswith("mosaic_matmul_mosaic_gpu_kernel: 2x; 601.18 us; 1.59 Ghz; 97.42 tensor %; sm_active 0.946")
     saved = json.loads(out.read_text())
     assert saved["kernels"][0]["launches"] == 2 and len(saved["launches"]) == 2
     assert saved["meta"] == {"device": "NVIDIA H200", "commit": "9e45f8b"}
+
+
+def test_the_command_prints_durations_in_the_unit_ncu_printed(tmp_path, capsys):
+    """A 1.34 ms kernel is printed as ms (ncu switches from us to ms past 1000 us), never as 1.34 us."""
+    report = tmp_path / "report.txt"
+    report.write_text(_CORE.replace("Duration                         us       601.18",
+                                    "Duration                         ms         1.34"))
+    assert ncu.main([str(report)]) == 0
+    assert "; 1.34 ms; 1.59 Ghz;" in capsys.readouterr().out
 
 
 def test_a_missing_or_empty_report_is_one_line_and_status_2(tmp_path, capsys):
