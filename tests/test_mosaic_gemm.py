@@ -582,7 +582,7 @@ def test_next_tile_store_through_the_tile_input_lowers_without_staging_slots():
                                         epilogue_store="next_tile")),
     (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", num_stages=3,
                                         epilogue_store="next_tile", stream_k=4)),  # 16 tiles cut by K steps
-    (2048, 2048, 2048, MosaicGemmConfig(epilogue_store="next_tile", delay_release=1))])  # 128x128 side by side
+    (2048, 2048, 2048, MosaicGemmConfig(epilogue_store="next_tile", delay_release=1, num_stages=3))])  # 128x128 x2
 def test_next_tile_store_through_the_tile_input_on_the_gpu(M, K, N, config):
     a, b = _operands(M, K, N, jnp.bfloat16)
     c = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
