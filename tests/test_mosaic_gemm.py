@@ -198,6 +198,16 @@ def test_storing_under_the_next_tile_takes_the_first_step_out_of_the_k_loop(clus
     assert k.smem_bytes == end.smem_bytes and k.tma_multicast_loads() == (cluster == "m")
 
 
+def test_storing_under_the_next_tile_takes_no_fusion_storing_from_its_tile_input():
+    a, b, c = (jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((256, 128), (128, 256), (256, 256)))
+    with pytest.raises(ValueError, match=r"mosaic_matmul_accumulate: epilogue_store='next_tile' keeps the output "
+                                         r"tile in registers and stages it in its own SMEM slots; a fusion storing "
+                                         r"from its tile input \(store_in='accumulate_into', or accumulate_into\) "
+                                         r"takes epilogue_store='end'"):
+        jax.eval_shape(lambda a, b, c: matmul(a, b, accumulate_into=c, config=MosaicGemmConfig(
+            epilogue_store="next_tile")), a, b, c)
+
+
 def test_pingpong_needs_our_k_loop_and_no_prologue():
     """Ping-pong runs on our K loop only; a prologue warpgroup would have to follow two warpgroups' tiles."""
     with pytest.raises(ValueError, match="MosaicGemmConfig.schedule: 'pingpong' runs on pipeline 'own'"):
@@ -471,10 +481,7 @@ def test_nan_in_an_operand_reaches_the_output():
 @pytest.mark.parametrize("dtype, config", [(jnp.bfloat16, None), (jnp.float16, None),
                                            (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5)),
                                            (jnp.bfloat16, MosaicGemmConfig(schedule="pingpong", num_stages=5,
-                                                                           delay_release=1, cluster="m")),
-                                           (jnp.bfloat16, MosaicGemmConfig(  # each output through the next
-                                               tile_m=64, tile_n=256, wg_split="m", num_stages=3,  # tile's input
-                                               epilogue_store="next_tile"))])  # buffer
+                                                                           delay_release=1, cluster="m"))])
 def test_accumulate_into_on_the_gpu(dtype, config):
     """Three chunked updates c += a_iᵀ b_i in a loop (in place) against the float32 sum, rounding once per update;
     the gradient of the accumulated input is the cotangent."""
@@ -526,70 +533,6 @@ def test_every_k_loop_in_interpret_mode(fields, num_sms):
     boundaries hold state (a wgmma group in flight, ping-pong owners, an output carried to the next tile)."""
     with mosaic_utils.interpret_on_cpu(num_sms=num_sms):  # 4 k steps over 2 stages: stage reuse crosses tiles
         _check_product(128, 128, 256, jnp.bfloat16, config=dataclasses.replace(_TINY, **fields))
-
-
-def _plus_c(ctx, acc, carry):
-    return acc + ctx.load_tile("c"), {}
-
-
-_PLUS_C = Fusion(tile_inputs=("c",), store_in="c", epilogue=_plus_c)  # c + a @ b, stored through c's tile buffer
-
-
-@cpu_only
-@pytest.mark.slow
-@pytest.mark.parametrize("fields", [dict(wg_split="m"), dict(wg_split="n", delay_release=1)])
-def test_next_tile_store_through_the_tile_input_in_interpret_mode(fields):
-    """epilogue_store="next_tile" beside a store_in tile input: each output leaves through the next tile's input
-    buffer, whose prefetch waits for it; 2 blocks walk 4 tiles each (c + a @ b against float32)."""
-    config = dataclasses.replace(_TINY, epilogue_store="next_tile", **fields)
-    a, b = _operands(256, 64, 256, jnp.bfloat16)
-    c = jax.random.normal(_key(), (256, 256), jnp.float32).astype(jnp.bfloat16)
-    with mosaic_utils.interpret_on_cpu(num_sms=2):
-        got, = gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_PLUS_C, arrays=dict(c=c))
-    assert _rel_err(got, c.astype(jnp.float32) + _f32_product(a, b)) <= _tol(jnp.bfloat16, 64)
-
-
-def test_next_tile_store_through_the_tile_input_takes_its_buffer_not_the_ring():
-    config = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=64, wg_split="m", epilogue_store="next_tile",
-                              tile_input_in="ring")
-    a, b, c = S((1024, 512), jnp.bfloat16), S((512, 1024), jnp.bfloat16), S((1024, 1024), jnp.bfloat16)
-    with pytest.raises(ValueError, match=r"epilogue_store='next_tile' with a fusion storing from its tile input "
-                                         r"\(store_in='c'\) .* take tile_input_in='buffer' or epilogue_store='end'"):
-        jax.eval_shape(lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_PLUS_C,
-                                            arrays=dict(c=c)), a, b, c)
-
-
-@cpu_only
-def test_next_tile_store_through_the_tile_input_lowers_without_staging_slots():
-    """Lowered for CUDA at 4096x1024x4096 (64x256 stacked tiles, 3 stages): the same shared memory as storing at
-    the tile's end (the output goes through c's buffer either way), the same wgmma shape (twice the instructions:
-    the first step, under which the store runs, is taken out of the K loop)."""
-    operands = S((4096, 1024), jnp.bfloat16), S((1024, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16)
-    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", num_stages=3)
-
-    def fn(config):
-        return lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_PLUS_C, arrays=dict(c=c))
-
-    (later,) = mosaic_ir.lower_kernels(fn(dataclasses.replace(config, epilogue_store="next_tile")), *operands)
-    (end,) = mosaic_ir.lower_kernels(fn(config), *operands)
-    assert later.smem_bytes == end.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
-    assert later.wgmma() == {shape: 2 * n for shape, n in end.wgmma().items()}
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, config", [
-    (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", num_stages=3,
-                                        epilogue_store="next_tile")),
-    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", num_stages=3,
-                                        epilogue_store="next_tile", stream_k=4)),  # 16 tiles cut by K steps
-    (2048, 2048, 2048, MosaicGemmConfig(epilogue_store="next_tile", delay_release=1, num_stages=3))])  # 128x128 x2
-def test_next_tile_store_through_the_tile_input_on_the_gpu(M, K, N, config):
-    a, b = _operands(M, K, N, jnp.bfloat16)
-    c = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
-    fn = jax.jit(lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_PLUS_C, arrays=dict(c=c)))
-    for _ in range(2):
-        got, = fn(a, b, c)
-        assert _rel_err(got, c.astype(jnp.float32) + _f32_product(a, b)) <= _tol(jnp.bfloat16, K)  # NaN fails
 
 
 @cpu_only

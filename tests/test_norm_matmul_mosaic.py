@@ -570,9 +570,7 @@ def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
     (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", None),  # the H200's entry there: stacked dx tiles beside the copy
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu"), (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a",
                                                                     "k_dgu"),  # dgamma from u, dw at 4 stages
-    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu"),  # (dw's GEMM in XLA there)
-    (4096, 4096, 4096, jnp.bfloat16, "gamma_on_a_mma_shared", "n_dyr_next"),  # dx tiles stored under the next
-    (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a_mma_shared", "k_dyr_dgu_next")])  # tile's first wgmma
+    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu")])  # (dw's GEMM in XLA there)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
@@ -617,9 +615,6 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
         # H200): dgamma from the dw kernel, its w tile through its B stages
         config = dataclasses.replace(config, dgamma_from=None, dw=dataclasses.replace(config.dw, tile_input_in="ring"))
     config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0])
-    if row_dot and row_dot.endswith("_next"):  # dx stores each output tile under the next tile's first wgmma
-        config = dataclasses.replace(config, dx=dataclasses.replace(config.dx, epilogue_store="next_tile"))
-        row_dot = row_dot[:-len("_next")]
     if row_dot and row_dot.endswith("_dgu"):
         config = dataclasses.replace(config, dgamma_from="u", dw=dataclasses.replace(_DYR_DX, num_stages=4))
     return config.with_dyr_from_dx(dtype, residual) if row_dot and "_dyr" in row_dot else config
@@ -797,13 +792,13 @@ def test_nan_never_passes():
     # both dtypes, residuals and dw's GEMM in XLA beside several (CI time: about 11 s a case on 2 cores)
     (jnp.float16, False, True, False, "n"), (jnp.bfloat16, True, True, False, "k"),
     (jnp.float16, False, False, True, "n"), (jnp.bfloat16, True, "mma", False, "k"),
-    (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr_next"),
+    (jnp.float16, True, False, True, "n_dyr"), (jnp.bfloat16, True, "gamma_on_x", False, "n_dyr"),
     (jnp.bfloat16, False, "gamma_on_a", False, "n"), (jnp.bfloat16, True, "gamma_on_a_mma", False, "k"),
     (jnp.float16, True, "mma_rows", False, "k"), (jnp.bfloat16, False, "gamma_on_a_mma_rows", False, "n"),
     (jnp.bfloat16, True, "mma_shared", False, "n"), (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "k"),
     (jnp.bfloat16, True, "gamma_on_x", False, "n_dx"),
     (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
-    (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr_next"),
+    (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr"),
     (jnp.bfloat16, True, "gamma_on_x", False, "k_dgu"), (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"),
     (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
@@ -816,16 +811,13 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
     the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
     "n_dx_prefetch" each y block loaded a step ahead; y by TMA: test_the_row_dot_by_tma_in_interpret_mode); "_dgu":
-    dgamma from u (``dgamma_from="u"``: the dw kernel without its w tile, or dw's GEMM in XLA); "_next": the dx
-    kernel stores each output tile under the next tile's first wgmma, through the next tile's x buffer."""
+    dgamma from u (``dgamma_from="u"``: the dw kernel without its w tile, or dw's GEMM in XLA)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
         or gamma_on == "a" else tiles
     dyr_in_dx = row_dot[1:].startswith("_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
-    if row_dot.endswith("_next"):
-        dx, row_dot = dataclasses.replace(dx, epilogue_store="next_tile"), row_dot[:-len("_next")]
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
                     gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx,
                     row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else row_dot.endswith("_dx"),

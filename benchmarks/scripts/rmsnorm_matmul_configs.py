@@ -212,10 +212,8 @@ VARIANTS = {
     # rmsnorm_matmul_configs_row_dot_spread-h200-488562e.json; removed after it)
     "dx_ring": dict(dx=dict(stream_k=0, tile_input_in="ring")),
     "dx_ring4": dict(dx=dict(stream_k=0, tile_input_in="ring", num_stages=4)),  # the room the x tile left: a stage
-    # the dx kernel's output tiles stored under the next tile's first wgmma, through its x buffer ("_buffer": the x
-    # tile in its buffer and the row dot from XLA's pass, where the entry has them in the ring and the kernel)
-    "dx_next": dict(dx=dict(epilogue_store="next_tile")),
-    "dx_buffer_next": dict(row_dot_in_dx=False, dx=dict(tile_input_in="buffer", epilogue_store="next_tile")),
+    # (the dx kernel's output stored under the next tile's first wgmma through its x buffer, "dx_next", cost the dx
+    # kernel 5-29 µs: rmsnorm_matmul_configs_dx_next-h200-b8d0a5b.json; removed after it)
     "n_side_dx_ring": dict(row_dot="n", dyr_in_dx=None, dgamma_from=None, dx=dict(stream_k=0, tile_input_in="ring"),
                            dw=dict(tile_input_in="ring")),
     "row_dot_tma": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,

@@ -86,9 +86,8 @@ class MosaicGemmConfig:
       epilogue_store: where the cooperative warpgroups store a tile's output: "end", right after its epilogue, the
         tensor cores idle meanwhile; "next_tile", kept in registers (out_dtype, tile_m · tile_n / 128 values per
         thread) and stored under the next tile's first wgmma (the block's last whole tile after their loop, before
-        any stream-K segments, which store as "end"). Pipeline "own", schedule "cooperative"; with a fusion's
-        ``store_in`` the output goes through that tile input's buffer, and the next tile prefetches its input only
-        after that store has left it (not with ``tile_input_in="ring"``). Measured on the H100 (NOTES.md, 2026-11-28, twenty-second session): 0.1-0.7% faster for the
+        any stream-K segments, which store as "end"). Pipeline "own", schedule "cooperative", and a fusion without
+        ``store_in``. Measured on the H100 (NOTES.md, 2026-11-28, twenty-second session): 0.1-0.7% faster for the
         plain core (``gemm.PLAIN_EPILOGUE_STORE``); slower in the rmsnorm_matmul forward (1.4% with r's sums, 15%
         with an ``a_operand``, whose wgmma ptxas then serializes: ``hlo_inspect.ptxas``, warning C7513).
       shared_rows_wait: under a ``Fusion.share_rows``, how many K steps before a tile's K loop ends a tile that

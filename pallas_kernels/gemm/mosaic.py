@@ -272,11 +272,10 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
     if fusion.a_operand is not None and fusion.a_copy is not None:
         raise ValueError(f"{name}: a fusion with an a_operand takes no a_copy; got a_copy={fusion.a_copy[0]!r}")
-    if config.epilogue_store == "next_tile" and fusion.store_in is not None and config.tile_input_in == "ring":
-        raise ValueError(f"{name}: epilogue_store='next_tile' with a fusion storing from its tile input "
-                         f"(store_in={fusion.store_in!r}) stages the output in that input's buffer under the next "
-                         f"tile's first wgmma; the ring (tile_input_in='ring') frees its slots at the tile's end: "
-                         f"take tile_input_in='buffer' or epilogue_store='end'")
+    if config.epilogue_store == "next_tile" and fusion.store_in is not None:
+        raise ValueError(f"{name}: epilogue_store='next_tile' keeps the output tile in registers and stages it in "
+                         f"its own SMEM slots; a fusion storing from its tile input (store_in={fusion.store_in!r}, "
+                         f"or accumulate_into) takes epilogue_store='end'")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
         if fusion.a_observe is None or config.pingpong or config.cluster != "none" or (
@@ -600,15 +599,8 @@ class _Shape:
 
     def store_output(self, ctx: TileContext, tile: jax.Array, scoped, out_gmem) -> None:
         """Stores this warpgroup's (tile_m, tile_n) output tile (out_dtype registers) at ctx's place, piece by piece
-        through its SMEM staging slots, or with a ``Fusion.store_in`` whole through that tile input's buffer (free:
-        the epilogue has read it, and the next tile's prefetch waits for this store to leave it)."""
-        if self.fusion.store_in is None:
-            _store_tile(tile, scoped["out_smem"].at[ctx.wg], out_gmem, ctx, self.pieces)
-            return
-        buffer = scoped["tile_smem"][self.fusion.store_in].at[ctx.wg]
-        buffer[...] = tile
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
+        through its SMEM staging slots."""
+        _store_tile(tile, scoped["out_smem"].at[ctx.wg], out_gmem, ctx, self.pieces)
 
 
 def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):

@@ -21,9 +21,7 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             (delay_release steps back); then the epilogue (``_Shape.finish_tile``), with the prologue warpgroup's
             carry from ``handoff`` when there is one. With ``epilogue_store="next_tile"`` the output tile stays in
             registers, carried by the tile loop into the next tile, whose first step runs before its K loop and
-            stores it right after issuing its wgmma; the block's last whole tile is stored after the loop. A
-            fusion's ``store_in`` output goes through that tile input's buffer, so the tile prefetches its own input
-            into it only after that store (its first tile at its start).
+            stores it right after issuing its wgmma; the block's last whole tile is stored after the loop.
   prologue  per tile: ``prologue_init``; per step: wait ``ready[s]``, ``prologue_step`` on the stage's A block,
             arrive on ``consumed[s]``; then writes its carry, ``Fusion.handoff_rows`` (tile_m,) float32 row
             vectors, into ``handoff`` and arrives on ``handoff_full``; the MMA warpgroups wait for it only before
@@ -565,12 +563,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
                 the same way (``epilogue_store="next_tile"``)."""
                 ctx = shape.tile_context(lin, wg, refs_by_name)
-                through_input = pending is not None and fusion.store_in is not None  # the previous output leaves
-                # through this tile's input buffer, so that input is prefetched only after it
-                if through_input:
-                    pl.when(local == 0)(lambda: shape.start_tile(ctx, named_in, scoped))
-                else:
-                    shape.start_tile(ctx, named_in, scoped)
+                shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
                 under_first = None
                 if pending is not None:
@@ -579,8 +572,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         def _store_previous():
                             tile, prev = pending
                             shape.store_output(shape.tile_context(prev, wg, refs_by_name), tile, scoped, out_gmem)
-                            if through_input:  # (start_tile waits for that store to have read the buffer)
-                                shape.start_tile(ctx, named_in, scoped)
 
                 def acc_scope(acc_ref):
                     if sharing:
