@@ -112,14 +112,16 @@ def time_interleaved(calls: Sequence[tuple[Callable, tuple]], *, iterations: int
                      budget_s: float | None = None, min_iterations: int = 5, wall: bool = False) -> list[Timing]:
     """One ``Timing`` per (jitted fn, args) of ``calls``, timed in turn: up to ``iterations`` rounds of one call each,
     so that a machine that slows down or speeds up while timing (other processes, clocks) shifts every fn alike and
-    their medians stay comparable. With ``budget_s``, no new round starts once that many seconds of rounds have
+    their medians stay comparable. A fn may be compiled ahead of time (``jax.jit(f).lower(...).compile()``: timed as
+    it is). With ``budget_s``, no new round starts once that many seconds of rounds have
     passed and ``min_iterations`` rounds are done (slow calls: Pallas in interpret mode). Per-kernel times (GPU) are
     medians over the rounds. ``wall``: as ``time_kernels``'s."""
     import jax
 
     if not calls:
         raise ValueError("calls: need at least one (fn, args) pair")
-    calls = [(fn if hasattr(fn, "lower") else jax.jit(fn), args) for fn, args in calls]
+    calls = [(fn if hasattr(fn, "lower") or isinstance(fn, jax.stages.Compiled) else jax.jit(fn), args)
+             for fn, args in calls]
     for fn, args in calls:
         for _ in range(warmup):
             jax.block_until_ready(fn(*args))

@@ -44,7 +44,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 __all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
            "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load", "num_sms",
-           "smem_transforms"]
+           "profiling", "smem_transforms"]
 
 # Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
 # row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
@@ -57,6 +57,8 @@ H100_SMEM_BYTES = 227 * 1024  # shared memory one block may use on sm90 (232448 
 
 # Number of simulated SMs while interpreting on the CPU (None: compile for the GPU).
 _INTERPRET_SMS = contextvars.ContextVar("pallas_kernels_mosaic_interpret_sms", default=None)
+# (directory, ranges) while kernels are built with Mosaic GPU's on-device profiler (``profiling``).
+_PROFILE = contextvars.ContextVar("pallas_kernels_mosaic_profile", default=None)
 
 
 @contextlib.contextmanager
@@ -68,6 +70,25 @@ def interpret_on_cpu(num_sms: int = 2):
         yield
     finally:
         _INTERPRET_SMS.reset(token)
+
+
+@contextlib.contextmanager
+def profiling(directory: str, ranges: int = 64):
+    """Within this block, Mosaic kernels built with ``kernel`` run Mosaic GPU's on-device profiler: each
+    warpgroup's lane 0 records the SM clock (cycles) at the start and end of every ``jax.named_scope`` region of the
+    kernel body it runs, up to ``ranges`` regions per warpgroup (16 bytes of shared memory each, beside the
+    kernel's own), and every call writes a Perfetto trace, ``<kernel>-<ns>-trace.json``, into ``directory``
+    (``hlo_inspect.mosaic_trace`` reads it). Only functions traced inside the block are affected (a jit traced
+    before keeps its kernels). Kernels that use all of shared memory may not fit the profiler's buffer."""
+    if not isinstance(ranges, int) or isinstance(ranges, bool) or ranges < 1:
+        raise ValueError(f"ranges: must be a positive int (regions per warpgroup), got {ranges!r}")
+    if not directory:
+        raise ValueError("directory: must name the folder the traces go to, got an empty string")
+    token = _PROFILE.set((str(directory), ranges))
+    try:
+        yield
+    finally:
+        _PROFILE.reset(token)
 
 
 def _interpret_params():
@@ -117,6 +138,9 @@ def compiler_params(semantics: str = "lane", **kwargs) -> plgpu.CompilerParams:
     if semantics not in SEMANTICS:
         raise ValueError(f"semantics: must be one of {SEMANTICS}, got {semantics!r}")
     mode = plgpu.LoweringSemantics.Lane if semantics == "lane" else plgpu.LoweringSemantics.Warpgroup
+    profile = _PROFILE.get()
+    if profile is not None and _INTERPRET_SMS.get() is None:  # (``profiling``)
+        kwargs = dict(kwargs, profile_dir=profile[0], profile_space=profile[1])
     return plgpu.CompilerParams(lowering_semantics=mode, **kwargs)
 
 
