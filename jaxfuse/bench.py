@@ -57,6 +57,13 @@ def _cupti_ext():
         return None
 
 
+def _is_jitted(fn) -> bool:
+    """A jitted function, or one compiled ahead of time (``jax.jit(f).lower(...).compile()``): timed as it is."""
+    import jax
+
+    return hasattr(fn, "lower") or isinstance(fn, jax.stages.Compiled)
+
+
 def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 50, warmup: int = 2,
                  jit: bool = True, wall: bool = False) -> Timing:
     """Time `fn(*arg_sets[i % len(arg_sets)])` for `iterations` iterations; see the module docstring.
@@ -69,7 +76,7 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
 
     if not arg_sets:
         raise ValueError("arg_sets: need at least one tuple of arguments")
-    jitted = fn if (hasattr(fn, "lower") or not jit) else jax.jit(fn)
+    jitted = fn if (_is_jitted(fn) or not jit) else jax.jit(fn)
     for args in arg_sets:
         for _ in range(warmup):
             jax.block_until_ready(jitted(*args))
@@ -120,8 +127,7 @@ def time_interleaved(calls: Sequence[tuple[Callable, tuple]], *, iterations: int
 
     if not calls:
         raise ValueError("calls: need at least one (fn, args) pair")
-    calls = [(fn if hasattr(fn, "lower") or isinstance(fn, jax.stages.Compiled) else jax.jit(fn), args)
-             for fn, args in calls]
+    calls = [(fn if _is_jitted(fn) else jax.jit(fn), args) for fn, args in calls]
     for fn, args in calls:
         for _ in range(warmup):
             jax.block_until_ready(fn(*args))

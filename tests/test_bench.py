@@ -30,6 +30,14 @@ def test_time_kernels_runs_eagerly_when_asked():
     assert len(calls) == 1 and calls[0] is not x  # traced once by jit, then the compiled program runs
 
 
+def test_a_function_compiled_ahead_of_time_is_timed_as_it_is():
+    x = jax.random.normal(jax.random.key(2), (64, 64))
+    compiled = jax.jit(lambda a: a @ a).lower(x).compile()  # jax.jit over it would fail: it takes no tracers
+    assert bench.time_kernels(compiled, [(x,)], iterations=2).median_us > 0
+    (timing,) = bench.time_interleaved([(compiled, (x,))], iterations=2)
+    assert len(timing.samples_us) == 2
+
+
 class _Slow:
     """A callable that looks jitted (has ``lower``), records its calls and sleeps ``seconds`` per call."""
 
