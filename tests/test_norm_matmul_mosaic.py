@@ -565,6 +565,9 @@ def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
     (4096, 4096, 4096, jnp.bfloat16, "mma_shared", "n"), (2048, 1024, 4096, jnp.float16, "mma_shared", "k"),
     (8192, 4096, 6144, jnp.bfloat16, "gamma_on_a_mma_shared", "n"),  # r from each row block's first tile
     (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared", "k"),  # 256 row blocks: two rounds of first tiles
+    (8192, 4096, 6144, jnp.bfloat16, "gamma_on_a_mma_shared_operand", "n"),  # the squares from the a_operand's
+    (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a_mma_operand", "k"),  # registers: in the first tiles, or in all
+    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a_mma_rows_operand", "n"),
     (8192, 512, 2816, jnp.bfloat16, False, "k_dyr"), (2048, 1024, 4096, jnp.float16, False, "k_dyr"),  # A = dy,
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr"),  # dyr written by the dx kernel
     (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", None),  # the H200's entry there: stacked dx tiles beside the copy
@@ -614,7 +617,8 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     if row_dot and row_dot[0] == "n" and config.dgamma_from == "u":  # a K-side entry (4096x4096x14336 on the
         # H200): dgamma from the dw kernel, its w tile through its B stages
         config = dataclasses.replace(config, dgamma_from=None, dw=dataclasses.replace(config.dw, tile_input_in="ring"))
-    config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0])
+    config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0],
+                                 squares_from=_squares_from(variant))
     if row_dot and row_dot.endswith("_dgu"):
         config = dataclasses.replace(config, dgamma_from="u", dw=dataclasses.replace(_DYR_DX, num_stages=4))
     return config.with_dyr_from_dx(dtype, residual) if row_dot and "_dyr" in row_dot else config
@@ -622,12 +626,18 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
 
 def _variant_fields(variant) -> tuple:
     """(stats_in_kernel, gamma_on) of a test variant: False / True / "mma" / "mma_rows" (gamma on w), "gamma_on_x",
-    "gamma_on_a", "gamma_on_a_mma", "gamma_on_a_mma_rows"."""
+    "gamma_on_a", "gamma_on_a_mma", "gamma_on_a_mma_rows" (and "..._operand": ``_squares_from``)."""
     if variant in (True, *nm_config.MMA_STATS):
         return variant, "w"
     if isinstance(variant, str) and variant.startswith("gamma_on_a_"):
-        return variant[len("gamma_on_a_"):], "a"
+        return variant[len("gamma_on_a_"):].removesuffix("_operand"), "a"
     return False, {"gamma_on_x": "x", "gamma_on_a": "a"}.get(variant, "w")
+
+
+def _squares_from(variant) -> str:
+    """The config's squares_from of a test variant: "operand" for "gamma_on_a_mma..._operand" (the squares from the
+    registers the a_operand multiplies by gamma), else "observe"."""
+    return "operand" if isinstance(variant, str) and variant.endswith("_operand") else "observe"
 
 
 @gpu_only
@@ -635,7 +645,9 @@ def _variant_fields(variant) -> tuple:
     (32768, 1024, 4096, "mma_shared"),  # 4096 tiles: 4 left over, each on 4 units; r shared by the first column
     (32768, 1024, 4096, "gamma_on_a_mma_shared"),  # beside gamma in the registers: one kernel, no XLA pass
     (32768, 1024, 4096, "gamma_on_a"),  # gamma in the registers, r from XLA
-    (4352, 2048, 4096, "gamma_on_a_mma_shared")])  # 544 tiles: 16 left over
+    (4352, 2048, 4096, "gamma_on_a_mma_shared"),  # 544 tiles: 16 left over
+    (4352, 2048, 4096, "gamma_on_a_mma_shared_operand"),  # the squares from the a_operand's registers: stream-K
+    (32768, 1024, 4096, "gamma_on_a_mma_operand")])  # segments pass their partial sums on (every tile its own r)
 def test_forward_with_stream_k_beside_shared_r_or_gamma_in_registers_on_the_gpu(M, K, N, variant):
     """The forward's last round cut by K steps (stream_k=4) where r comes from each row block's first tile
     (``gemm.Fusion.share_rows``) or gamma multiplies the x blocks in registers (``gemm.Fusion.a_operand``): forward
@@ -798,6 +810,7 @@ def test_nan_never_passes():
     (jnp.bfloat16, True, "mma_shared", False, "n"), (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "k"),
     (jnp.bfloat16, True, "gamma_on_x", False, "n_dx"),
     (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
+    (jnp.bfloat16, True, "gamma_on_a_mma_shared_operand", False, "n"),  # the squares from the a_operand's registers
     (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr"),
     (jnp.bfloat16, True, "gamma_on_x", False, "k_dgu"), (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"),
     (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu")])
@@ -806,7 +819,7 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
     from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows);
     "gamma_on_a": x ⊙ gamma formed in the MMA warpgroups' registers, wgmma reading A from there ("_mma": r from the
-    x blocks loaded again after each wgmma's issue); "mma_rows": those squares summed per row at each step;
+    x blocks loaded again after each wgmma's issue; "_operand": from those registers); "mma_rows": those squares summed per row at each step;
     "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
     every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
     the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
@@ -821,7 +834,8 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
                     gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx,
                     row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else row_dot.endswith("_dx"),
-                    dgamma_from="u" if row_dot.endswith("_dgu") else None)
+                    dgamma_from="u" if row_dot.endswith("_dgu") else None,
+                    squares_from=_squares_from(stats_in_kernel))
     x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks walk 2-4 output tiles each
         _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)
@@ -942,3 +956,16 @@ def test_the_h200_entries_of_the_model_mlp_shapes_read_dy_only_in_the_dx_kernel(
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert all(k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES for k in kernels), [(k.name, k.smem_bytes) for k in kernels]
     assert _mk_producers(program, M, N, "bf16") == []
+
+
+def test_squares_from_the_operand_needs_gamma_in_the_registers_and_mma_statistics():
+    tiles = MosaicGemmConfig(delay_release=1)
+    for fields in (dict(gamma_on="w", stats_in_kernel="mma"), dict(gamma_on="a", stats_in_kernel=False)):
+        with pytest.raises(ValueError, match="squares_from: must be one of \\('observe', 'operand'\\), 'operand' only "
+                                             "with gamma_on='a' and stats_in_kernel one of"):
+            Config(forward=tiles, dx=tiles, dw=tiles, squares_from="operand", **fields)
+    with pytest.raises(ValueError, match="squares_from: must be one of .* got squares_from='registers'"):
+        Config(forward=tiles, dx=tiles, dw=tiles, squares_from="registers")
+    config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="a", stats_in_kernel="mma_shared",
+                    squares_from="operand")
+    assert Config(**{**config.to_dict()}).squares_from == "operand"

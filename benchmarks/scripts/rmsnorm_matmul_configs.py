@@ -238,6 +238,16 @@ VARIANTS = {
                                                                                        delay_release=0)),
     "mma_shared_sk4": dict(stats_in_kernel="mma_shared", gamma_on="w", forward=dict(_STACKED, stream_k=4,
                                                                                     delay_release=1)),
+    # gamma in the registers with r's squares taken from those registers (squares_from="operand") instead of the x
+    # block loaded again after the wgmma's issue: in the row blocks' first tiles (shared), or every tile its own r
+    # (elementwise, or per row at each step), whole tiles or the last round cut by K steps
+    "gamma_a_mma_shared_operand": dict(VARIANTS_SHARED["gamma_a_mma_shared"], squares_from="operand"),
+    "gamma_a_mma_operand": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand",
+                                forward=dict(_STACKED, stream_k=0, delay_release=1)),
+    "gamma_a_mma_rows_operand": dict(gamma_on="a", stats_in_kernel="mma_rows", squares_from="operand",
+                                     forward=dict(_STACKED, stream_k=0, delay_release=1)),
+    "gamma_a_mma_operand_sk4": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand",
+                                    forward=dict(_STACKED, stream_k=4, delay_release=1)),
 }
 
 

@@ -175,7 +175,8 @@ class Fusion:
       beside the A and B blocks, for ``a_operand`` (e.g. gamma over the contraction).
     share_rows: (name, fn): the a_observe carry is a statistic of the A rows alone (the same in every column
       block), so only one CTA tile per row block takes it: the tile loop runs each row block's column-0 tile first
-      (all of them, then the other tiles in the usual order), and only those tiles run the a_observe; fn(ctx,
+      (all of them, then the other tiles in the usual order), and only those tiles run the a_observe (an a_operand
+      taking the statistic instead runs in every tile: it takes it where ``ctx.n_idx == 0``); fn(ctx,
       carry) -> (tile_m,) float32 row vector (e.g. r from the sums of squares), stored into the (M,) float32
       output ``name``, and a global count per row block and warpgroup raised by the number of the other tiles.
       Those poll it with one load a few steps before their K loop ends (``MosaicGemmConfig.shared_rows_wait``,
@@ -278,10 +279,11 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"or accumulate_into) takes epilogue_store='end'")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
-        if fusion.a_observe is None or config.pingpong or config.cluster != "none" or (
+        if (fusion.a_observe is None and fusion.a_operand is None) or config.pingpong or config.cluster != "none" or (
                 config.epilogue_store != "end"):
-            raise ValueError(f"{name}: share_rows takes an a_observe's carry from one tile per row block; it needs "
-                             f"an a_observe, schedule='cooperative', cluster='none' and epilogue_store='end'; got "
+            raise ValueError(f"{name}: share_rows takes an a_observe's (or a_operand's) carry from one tile per row "
+                             f"block; it needs an a_observe or an a_operand, schedule='cooperative', cluster='none' "
+                             f"and epilogue_store='end'; got "
                              f"a_observe={'set' if fusion.a_observe else None}, schedule={config.schedule!r}, "
                              f"cluster={config.cluster!r}, epilogue_store={config.epilogue_store!r}")
         if shared is None or shared.shape != (M,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):

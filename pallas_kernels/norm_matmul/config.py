@@ -205,8 +205,9 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
 # ---------------------------------------------------------------------------------------------------------------
 # Mosaic backend (``norm_matmul.mosaic``): three GEMMs of the core in ``pallas_kernels.gemm``
 # ---------------------------------------------------------------------------------------------------------------
-MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on")
+MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on", "squares_from")
 MMA_STATS = ("mma", "mma_rows", "mma_shared")  # stats_in_kernel values whose sums of squares the MMA warpgroups take
+SQUARES_FROM = ("observe", "operand")  # where those sums read x (MosaicRMSNormMatmulConfig.squares_from)
 # dw's GEMM (K, M) @ (M, N) goes to cuBLAS when its output has fewer CTA tiles than the H100 has SMs: the persistent
 # core, without split-K, leaves SMs idle over the long M reduction, which cuBLAS splits. Measured at one shape,
 # 8192x512x2816 (the 'small' preset's MLP projection; 44 tiles of 128x256, 88 of 128x128): fwd+bwd 180.7 µs with
@@ -322,6 +323,10 @@ class MosaicRMSNormMatmulConfig:
       kernel 603.4 → 580.3, the finish 31.3 against XLA's dx fusion's 24.4, the dx kernel 602.2 → 607.0), 1595.0
       → 1597.0 → 1611.4 at 8192x4096x6144, 738.7 → 740.1 → 737.3 at 4096x2048x11008; the H200's entry at
       4096x4096x14336 takes it. None (default): ``dgamma_source``, "dw".
+    squares_from: (gamma_on "a" with stats_in_kernel "mma", "mma_rows" or "mma_shared") where the forward's MMA
+      warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
+      step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to
+      multiply by gamma, squared before the wgmma's issue (with "mma_shared" in the row blocks' first tiles only).
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
@@ -346,6 +351,7 @@ class MosaicRMSNormMatmulConfig:
     dyr_in_dx: bool | None = None
     row_dot_in_dx: bool | str = False
     dgamma_from: str | None = None
+    squares_from: str = "observe"
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -377,6 +383,12 @@ class MosaicRMSNormMatmulConfig:
                              "registers: it needs the forward config's pipeline='own' and stats_in_kernel False, "
                              f"'mma', 'mma_rows' or 'mma_shared'; got pipeline={self.forward.pipeline!r}, "
                              f"stats_in_kernel={self.stats_in_kernel!r}")
+        if self.squares_from not in SQUARES_FROM or (self.squares_from == "operand" and (
+                self.gamma_on != "a" or self.stats_in_kernel not in MMA_STATS)):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.squares_from: must be one of {SQUARES_FROM}, 'operand' only "
+                             f"with gamma_on='a' and stats_in_kernel one of {MMA_STATS} (the x blocks in the MMA "
+                             f"warpgroups' registers); got squares_from={self.squares_from!r}, "
+                             f"gamma_on={self.gamma_on!r}, stats_in_kernel={self.stats_in_kernel!r}")
         if self.gamma_on == "x" and self.stats_in_kernel:
             raise ValueError("MosaicRMSNormMatmulConfig.gamma_on: 'x' feeds the kernel x ⊙ gamma, whose squares are "
                              "not x's: it needs stats_in_kernel=False (r from XLA)")
@@ -416,7 +428,7 @@ class MosaicRMSNormMatmulConfig:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx,
-                    dgamma_from=self.dgamma_from)
+                    dgamma_from=self.dgamma_from, squares_from=self.squares_from)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with

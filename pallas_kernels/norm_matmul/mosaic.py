@@ -153,7 +153,7 @@ def _scaled_w(gamma, w):
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
 def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel,
-                    gamma_in_registers: bool = False) -> Fusion:
+                    gamma_in_registers: bool = False, squares_from: str = "observe") -> Fusion:
     """Epilogue y = r ⊙ acc, r formed at each tile's start from the rows' sums of squares coming in (M,) float32
     ("sum_sq": XLA's reduction over x, whose rsqrt would otherwise be an XLA kernel of its own, about 1 µs).
     With stats_in_kernel True: the prologue (a fourth
@@ -164,9 +164,9 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     ``gamma_in_registers`` (gamma_on "a"): each MMA warpgroup loads its rows of the x block into registers before
     the step's wgmma, multiplies them by gamma's step slice ("gamma", (K,) in x's dtype) and wgmma reads them from
     there (``Fusion.a_operand``); with "mma" the squares come from the a_observe above, which loads the x block
-    again after the wgmma's issue."""
+    again after the wgmma's issue, or (``squares_from="operand"``) from the a_operand's registers."""
     if gamma_in_registers:
-        return _gamma_in_registers_fusion(M, K, eps, cfg, stats_in_kernel)
+        return _gamma_in_registers_fusion(M, K, eps, cfg, stats_in_kernel, squares_from)
     if not stats_in_kernel:
         return Fusion(inputs=("sum_sq",), prologue_init=_rstd_in(K, eps),
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
@@ -244,10 +244,14 @@ def _scale_by_rstd(K: int, eps: float):
     return epilogue
 
 
-def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel) -> Fusion:
+def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel,
+                               squares_from: str = "observe") -> Fusion:
     """gamma_on "a": A = x ⊙ gamma formed in the MMA warpgroups' registers per step (``Fusion.a_operand``), gamma's
-    slice loaded with each stage; r from XLA's sums of squares ("sum_sq" in), or with "mma" from x's squares,
-    summed after the step's wgmma is issued (``Fusion.a_observe``, which loads the block again)."""
+    slice loaded with each stage; r from XLA's sums of squares ("sum_sq" in), or with "mma" from x's squares:
+    summed after the step's wgmma is issued (``Fusion.a_observe``, which loads the block again from shared memory),
+    or with ``squares_from="operand"`` by the a_operand itself, from the registers it multiplies (before the issue,
+    under the wgmma group in flight; with "mma_shared" only in each row block's first tile, a branch without a
+    wgmma)."""
     def times_gamma(x, vectors):  # in x's dtype: x ⊙ gamma rounded once (gamma itself rounded to x's dtype)
         return x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])
 
@@ -257,8 +261,23 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
                       epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
 
     hooks = _mma_stats(M, K, eps, cfg, stats_in_kernel)
+    outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
+    if squares_from == "operand":
+        add = hooks.pop("a_observe")
+        if stats_in_kernel == "mma_shared":
+            hooks.pop("carry_shapes")  # (stream-K tiles take the shared r)
+
+            def operand(ctx, x, vectors, sum_sq):
+                if mu.interpreting():  # every tile sums its own there (``Fusion.share_rows``)
+                    return times_gamma(x, vectors), add(ctx, x, sum_sq)
+                return times_gamma(x, vectors), lax.cond(ctx.n_idx == 0, lambda s: add(ctx, x, s), lambda s: s,
+                                                         sum_sq)
+        else:  # every tile its own sums; stream-K segments pass theirs on (carry_shapes)
+            def operand(ctx, x, vectors, sum_sq):
+                return times_gamma(x, vectors), add(ctx, x, sum_sq)
+        return Fusion(outputs=outputs, step_inputs=("gamma",), a_operand=operand, **hooks)
     hooks.pop("carry_shapes")  # "mma", "mma_rows": whole tiles (stream-K beside the a_operand: "mma_shared" only)
-    return Fusion(outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)),), step_inputs=("gamma",),
+    return Fusion(outputs=outputs, step_inputs=("gamma",),
                   a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq), **hooks)
 
 
@@ -271,7 +290,8 @@ def _forward(x, residual, gamma, w, static: _Static):
         x = h
     cfg = static.config.forward
     side = static.config.gamma_side(M, w.shape[1], x.dtype)
-    fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel, gamma_in_registers=side == "a")
+    fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel, gamma_in_registers=side == "a",
+                             squares_from=static.config.squares_from)
     b = _scaled_w(gamma, w) if side == "w" else w
     arrays = dict(gamma=gamma.astype(x.dtype)) if side == "a" else {}
     if static.config.stats_in_kernel:
