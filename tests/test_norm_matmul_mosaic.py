@@ -969,3 +969,25 @@ def test_squares_from_the_operand_needs_gamma_in_the_registers_and_mma_statistic
     config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="a", stats_in_kernel="mma_shared",
                     squares_from="operand")
     assert Config(**{**config.to_dict()}).squares_from == "operand"
+
+
+@cpu_only
+def test_shared_r_compiles_a_k_loop_for_the_first_column_and_one_for_the_rest():
+    """Under "mma_shared" the forward kernel runs its first-column tiles (which sum r's squares) and the others in
+    tile loops of their own (``gemm.TileContext.first_column``): twice the K loop's wgmma instructions of a kernel
+    where every tile sums its own, and no step branches on the kind of tile."""
+    M, K, N = 4096, 1024, 4096
+    forward = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)
+    base = dataclasses.replace(nm_config.mosaic_default_config(M, K, N), forward=forward)
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((M, K), (K,), (K, N))]
+
+    def wgmma(**fields):
+        config = dataclasses.replace(base, **fields)
+        with backends.lowering_for_gpu():
+            (kernel,) = mosaic_ir.lower_kernels(
+                lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config), *args)
+        return sum(kernel.wgmma().values())
+
+    assert wgmma(stats_in_kernel="mma_shared", gamma_on="w") == 2 * wgmma(stats_in_kernel="mma", gamma_on="w")
+    assert wgmma(stats_in_kernel="mma_shared", gamma_on="a", squares_from="operand") == 2 * wgmma(
+        stats_in_kernel="mma", gamma_on="a", squares_from="operand")

@@ -8,6 +8,7 @@ on-device profiler (``pallas_kernels.mosaic_utils.profiling``) records each comp
 Per shape (M×K×N, bf16) and case:
   core   ``gemm.matmul`` with its default config at that shape (the suite's "pallas_mosaic_matmul_alone")
   fused  ``rmsnorm_matmul(..., backend="mosaic")`` forward with this device's tuned config (the suite's entry)
+  fused:<variant>  the same with a variant of ``rmsnorm_matmul_configs.VARIANTS`` ("a+b" combines them)
 Each is traced under the profiler (its third call's trace kept: ``traces/<shape>-<case>.json``) and timed with and
 without it (CUPTI medians, interleaved), so the record says what the profiler itself costs and the SM clock the
 spans imply (the longest span's cycles over the profiled kernel's time). Writes ``mosaic_timeline-<device>.json``.
@@ -33,6 +34,7 @@ from jaxfuse import bench
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm import default_config, matmul
 from pallas_kernels.norm_matmul import rmsnorm_matmul
+from rmsnorm_matmul_configs import VARIANTS, combined, variant_config
 
 CASES = ("core", "fused")
 
@@ -42,7 +44,10 @@ def _program(case: str, M: int, K: int, N: int):
         return lambda x, gamma, w: matmul(x, w)
     if case == "fused":
         return lambda x, gamma, w: rmsnorm_matmul(x, gamma, w, backend="mosaic")
-    raise ValueError(f"--cases: {case!r} is not one of {CASES}")
+    if case.startswith("fused:"):  # a variant of rmsnorm_matmul_configs.VARIANTS (or "a+b")
+        config = variant_config(M, K, N, combined(case[len("fused:"):]))
+        return lambda x, gamma, w: rmsnorm_matmul(x, gamma, w, backend="mosaic", block_sizes=config)
+    raise ValueError(f"--cases: {case!r} is not one of {CASES} or fused:<variant>")
 
 
 def _parse_shape(text: str) -> tuple[int, int, int]:
@@ -79,8 +84,9 @@ def main() -> int:
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     for c in cases:
-        if c not in CASES:
-            parser.error(f"--cases: {c!r} is not one of {CASES}")
+        parts = c[len("fused:"):].split("+") if c.startswith("fused:") else []
+        if c not in CASES and (not parts or not set(parts) <= set(VARIANTS)):
+            parser.error(f"--cases: {c!r} is not one of {CASES} or fused:<variant of rmsnorm_matmul_configs>")
     os.makedirs(os.path.join(args.out, "traces"), exist_ok=True)
     result, save, path = results_file(args.out, "mosaic_timeline")
     for shape in args.shapes.split(","):
@@ -105,7 +111,7 @@ def main() -> int:
                 result["timings"].append(row)
                 save()
                 continue
-            kept = os.path.join(args.out, "traces", f"{shape}-{case}.json")
+            kept = os.path.join(args.out, "traces", f"{shape}-{case.replace(':', '-')}.json")
             shutil.copy(trace_path, kept)
             shutil.rmtree(folder, ignore_errors=True)
             traces = mosaic_trace.load(kept)

@@ -86,6 +86,9 @@ class TileContext:
     refs: the fusion's inputs and outputs (GMEM refs) and scratch (SMEM refs), by name.
     tiles: (epilogue only) this warpgroup's prefetched (tile_m, tile_n) SMEM tile of each tile input, by name.
     step: (prologue only) the pipeline step: the A tile holds columns [step · tile_k, (step + 1) · tile_k).
+    first_column: under ``Fusion.share_rows`` on the GPU, a Python bool: whether this is a row block's first
+      (column-0) tile, the one taking the row statistic; the kernel runs those tiles in a K loop of their own, so a
+      hook may branch on it statically. None elsewhere (in interpret mode every tile takes the statistic).
     """
 
     row0: Any
@@ -98,6 +101,7 @@ class TileContext:
     refs: Mapping[str, Any]
     tiles: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     step: Any = None
+    first_column: bool | None = None
 
     @property
     def rows(self):
@@ -175,8 +179,9 @@ class Fusion:
       beside the A and B blocks, for ``a_operand`` (e.g. gamma over the contraction).
     share_rows: (name, fn): the a_observe carry is a statistic of the A rows alone (the same in every column
       block), so only one CTA tile per row block takes it: the tile loop runs each row block's column-0 tile first
-      (all of them, then the other tiles in the usual order), and only those tiles run the a_observe (an a_operand
-      taking the statistic instead runs in every tile: it takes it where ``ctx.n_idx == 0``); fn(ctx,
+      (all of them, then the other tiles in the usual order; on the GPU in a tile loop of their own), and only
+      those tiles run the a_observe (an a_operand taking the statistic instead runs in every tile: it takes it where
+      ``ctx.first_column``); fn(ctx,
       carry) -> (tile_m,) float32 row vector (e.g. r from the sums of squares), stored into the (M,) float32
       output ``name``, and a global count per row block and warpgroup raised by the number of the other tiles.
       Those poll it with one load a few steps before their K loop ends (``MosaicGemmConfig.shared_rows_wait``,

@@ -520,9 +520,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stores fn(ctx, carry) into the shared output and signals the row block's other tiles (n_iters - 1
                 of them); those skip the a_observe and wait for that signal and load the row vector
                 ``MosaicGemmConfig.shared_rows_wait`` steps before the loop's end, under a wgmma (0: after the
-                loop). One K loop for both kinds of tile, the difference in branches without a wgmma: a K loop
-                inside a branch made ptxas serialize the wgmma. Returns (the row vector, the hook's carry): the
-                epilogue's carry. In interpret mode every tile computes it itself."""
+                loop). Where ``ctx.first_column`` is static (the GPU's two tile loops) each kind of tile has its own
+                K loop; else one K loop for both, the difference in branches without a wgmma (a K loop inside a
+                branch made ptxas serialize the wgmma). Returns (the row vector, the hook's carry): the epilogue's
+                carry. In interpret mode every tile computes it itself."""
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
@@ -548,7 +549,19 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def fetch():
                     return fetch_shared_rows(ctx)
 
-                first = ctx.n_idx == 0
+                first = ctx.n_idx == 0 if ctx.first_column is None else ctx.first_column
+                if isinstance(first, bool):  # (a tile loop of its own for each kind of tile: no branch)
+                    if first:
+                        carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=True)
+                        return produce(carry), carry
+                    if not cfg.shared_rows_wait:
+                        carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=False)
+                        return fetch(), carry
+                    zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
+                    at = max(0, k_iters - cfg.shared_rows_wait)
+                    carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=False,
+                                         fetch_at=(at, jnp.bool_(True), fetch, zeros))
+                    return rows, carry
                 if not cfg.shared_rows_wait:
                     carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first)
                     return lax.cond(first, produce, lambda c: fetch(), carry), carry
@@ -558,11 +571,11 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                                      fetch_at=(at, jnp.logical_not(first), fetch, zeros))
                 return lax.cond(first, lambda c, r: produce(c), lambda c, r: r, carry, rows), carry
 
-            def mma_tile(lin, local, pending=None):
+            def mma_tile(lin, local, pending=None, first_column=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
-                the same way (``epilogue_store="next_tile"``)."""
-                ctx = shape.tile_context(lin, wg, refs_by_name)
+                the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
+                ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
                 shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
                 under_first = None
@@ -621,9 +634,28 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     tile, lin = last_output
                     shape.store_output(shape.tile_context(lin, wg, refs_by_name), tile, scoped, out_gmem)
 
+            def first_column_then_the_rest():
+                """(share_rows, GPU) The block's tiles in two loops: those of the first column (lin < m_iters, which
+                the tile order runs first), then the others, each loop's K loop compiled for its kind of tile
+                (``TileContext.first_column``), so no step branches on it."""
+                sm, blocks = lax.axis_index("sm"), lax.axis_size("sm")
+
+                def count(limit):  # the block's local indices whose lin = local · blocks + sm is below limit
+                    return jnp.maximum(0, lax.div(limit - sm + blocks - 1, blocks))
+
+                n_first, n_all = count(shape.iters[0]), count(round_tiles)
+                for first, (start, stop) in ((True, (0, n_first)), (False, (n_first, n_all))):
+                    def tile(local, carry, first=first):
+                        mma_tile(local * blocks + sm, local, first_column=first)
+                        return carry
+
+                    lax.fori_loop(start, stop, tile, ())
+
             if cfg.epilogue_store == "next_tile":
                 if round_tiles:
                     each_tile_storing_later()
+            elif sharing and not mu.interpreting():
+                first_column_then_the_rest()
             else:
                 @each_tile
                 def _(lin, local, num_local):
@@ -643,6 +675,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     sources' partial sums."""
                     t, k0, k1 = plan.segment(unit, j)
                     ctx = shape.tile_context(plan.dp_tiles + t, wg, refs_by_name)
+                    if sharing and not mu.interpreting():  # (no stream-K tile is a first one)
+                        ctx = dataclasses.replace(ctx, first_column=False)
                     owner = k0 == 0
 
                     @pl.when(owner)

@@ -250,8 +250,8 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
     slice loaded with each stage; r from XLA's sums of squares ("sum_sq" in), or with "mma" from x's squares:
     summed after the step's wgmma is issued (``Fusion.a_observe``, which loads the block again from shared memory),
     or with ``squares_from="operand"`` by the a_operand itself, from the registers it multiplies (before the issue,
-    under the wgmma group in flight; with "mma_shared" only in each row block's first tile, a branch without a
-    wgmma)."""
+    under the wgmma group in flight; with "mma_shared" only in each row block's first tile, whose K loop the kernel
+    compiles apart: ``TileContext.first_column``)."""
     def times_gamma(x, vectors):  # in x's dtype: x ⊙ gamma rounded once (gamma itself rounded to x's dtype)
         return x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])
 
@@ -267,11 +267,9 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
         if stats_in_kernel == "mma_shared":
             hooks.pop("carry_shapes")  # (stream-K tiles take the shared r)
 
-            def operand(ctx, x, vectors, sum_sq):
-                if mu.interpreting():  # every tile sums its own there (``Fusion.share_rows``)
-                    return times_gamma(x, vectors), add(ctx, x, sum_sq)
-                return times_gamma(x, vectors), lax.cond(ctx.n_idx == 0, lambda s: add(ctx, x, s), lambda s: s,
-                                                         sum_sq)
+            def operand(ctx, x, vectors, sum_sq):  # the first tiles' K loop sums (every tile in interpret mode)
+                takes = ctx.first_column is not False  # (static: ``Fusion.share_rows`` on the GPU)
+                return times_gamma(x, vectors), add(ctx, x, sum_sq) if takes else sum_sq
         else:  # every tile its own sums; stream-K segments pass theirs on (carry_shapes)
             def operand(ctx, x, vectors, sum_sq):
                 return times_gamma(x, vectors), add(ctx, x, sum_sq)
