@@ -422,6 +422,28 @@ def test_output_stored_under_the_next_tile_on_the_gpu(M, K, N, config):
 
 
 @gpu_only
+@pytest.mark.parametrize("fields", [dict(epi_tile_n=32, epi_slots=4), dict(epi_tile_n=16, epi_slots=8),
+                                    dict(epi_tile_n=32, epi_slots=3, epilogue_store="next_tile")])
+def test_output_through_more_staging_slots_on_the_gpu(fields):
+    """epi_slots: the output's pieces through 3, 4 or 8 SMEM slots per warpgroup (a slot reused once the store that
+    many pieces back has read it), stored at the tile's end or under the next tile, twice in a row."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", **fields)
+    for _ in range(2):
+        _check_product(4096, 2048, 4096, jnp.bfloat16, config=config)
+
+
+def test_staging_slots_take_the_bytes_of_their_pieces():
+    two = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m")
+    four = dataclasses.replace(two, epi_tile_n=32, epi_slots=4)
+    assert smem_bytes(two, jnp.bfloat16, jnp.bfloat16) == smem_bytes(four, jnp.bfloat16, jnp.bfloat16)
+    assert smem_bytes(dataclasses.replace(four, epi_slots=3), jnp.bfloat16, jnp.bfloat16) == smem_bytes(
+        two, jnp.bfloat16, jnp.bfloat16) - 2 * 64 * 32 * 2
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match=f"MosaicGemmConfig.epi_slots: must be in \\[1, 8\\], got {bad}"):
+            MosaicGemmConfig(epi_slots=bad)
+
+
+@gpu_only
 @pytest.mark.parametrize("transpose_a, transpose_b", [(True, False), (False, True), (True, True)])
 def test_transposed_reads_on_the_gpu(transpose_a, transpose_b):
     _check_product(1024, 768, 1280, jnp.bfloat16, transpose_a, transpose_b)
@@ -518,7 +540,8 @@ def test_product_in_interpret_mode(transpose_a, transpose_b):
 _LOOPS_ON_TWO_BLOCKS = (dict(pipeline="own"), dict(pipeline="pallas_steady"),
                         dict(pipeline="pallas", grid_tile_width=1),
                         dict(schedule="pingpong", num_stages=3, delay_release=2),
-                        dict(cluster="m"))  # (run without the cluster: the interpreter has none)
+                        dict(cluster="m"),  # (run without the cluster: the interpreter has none)
+                        dict(epi_tile_n=16, epi_slots=3))  # 4 pieces through 3 staging slots
 _LOOPS_ALSO_ON_ONE_TILE = (dict(pipeline="own", delay_release=1), dict(schedule="pingpong"),
                            dict(schedule="pingpong", delay_release=1), dict(epilogue_store="next_tile"),
                            dict(epilogue_store="next_tile", delay_release=1))

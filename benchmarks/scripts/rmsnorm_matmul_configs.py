@@ -248,6 +248,10 @@ VARIANTS = {
                                      forward=dict(_STACKED, stream_k=0, delay_release=1)),
     "gamma_a_mma_operand_sk4": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand",
                                     forward=dict(_STACKED, stream_k=4, delay_release=1)),
+    # the forward's output stored at the tile's end through more, smaller staging slots in the same bytes (or fewer)
+    "fwd_epi32x4": dict(forward=dict(epi_tile_n=32, epi_slots=4)),
+    "fwd_epi16x8": dict(forward=dict(epi_tile_n=16, epi_slots=8)),
+    "fwd_epi32x3": dict(forward=dict(epi_tile_n=32, epi_slots=3)),
 }
 
 

@@ -58,7 +58,9 @@ class MosaicGemmConfig:
       num_stages: A/B tiles in flight in shared memory, >= 2.
       wg_split: "m": the two compute warpgroups stack along M (CTA tile (2·tile_m, tile_n), each owns its rows of
         the A tile); "n": along N (CTA tile (tile_m, 2·tile_n), both read all rows of the A tile).
-      epi_tile_m, epi_tile_n: pieces the accumulator is stored in (two SMEM slots per warpgroup).
+      epi_tile_m, epi_tile_n: pieces the accumulator is stored in, through ``epi_slots`` SMEM slots per warpgroup:
+        a piece waits until the TMA store issued epi_slots pieces earlier has read its slot (the store at a tile's
+        end, with the tensor cores idle: more, smaller slots in the same bytes wait less).
       grid_minor, grid_tile_width: planar-snake tile order: runs of grid_tile_width tiles along grid_minor.
       delay_release: 0: wait for each step's wgmma before releasing its slot; 1 or 2: keep that many wgmma groups
         in flight (a single warpgroup issuing wgmma, as under "pingpong", needs them to keep the tensor cores fed).
@@ -114,6 +116,7 @@ class MosaicGemmConfig:
     wg_split: str = "n"
     epi_tile_m: int = 64
     epi_tile_n: int = 64
+    epi_slots: int = 2
     grid_minor: str = "n"
     grid_tile_width: int = 8
     delay_release: int = 0
@@ -144,6 +147,7 @@ class MosaicGemmConfig:
             ("wg_split", self.wg_split in ("m", "n"), "'m' or 'n'"),
             ("epi_tile_m", self.epi_tile_m % 64 == 0 and self.epi_tile_m > 0 and self.tile_m % self.epi_tile_m == 0,
              f"a multiple of 64 dividing tile_m={self.tile_m}"),
+            ("epi_slots", 1 <= self.epi_slots <= 8, "in [1, 8]"),
             ("grid_minor", self.grid_minor in ("m", "n"), "'m' or 'n'"),
             ("grid_tile_width", self.grid_tile_width >= 1, ">= 1"),
             ("delay_release", self.delay_release in (0, 1, 2), "0, 1 or 2"),
@@ -276,8 +280,8 @@ def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes:
     size = jnp.dtype(dtype).itemsize
     per_stage = (config.cta_m + config.cta_n) * config.tile_k * size
     pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
-    staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
-        out_dtype).itemsize
+    staging = 0 if store_in_tile else 2 * min(config.epi_slots, pieces) * config.epi_tile_m * config.epi_tile_n * \
+        jnp.dtype(out_dtype).itemsize
     tiles = 0 if config.tile_input_in == "ring" else sum(
         2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes

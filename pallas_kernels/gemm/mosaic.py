@@ -437,7 +437,7 @@ class _Shape:
         cfg, fusion = self.cfg, self.fusion
         return dict(
             out_smem=None if fusion.store_in else plgpu.SMEM(
-                (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
+                (2, min(cfg.epi_slots, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
                 transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype)),
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
                        for n, d in zip(fusion.tile_inputs, self.tile_dtypes) if n != self.ring_input},
@@ -689,14 +689,15 @@ def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, til
 
 
 def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:
-    """Stores a (tile_m, tile_n) register tile at the accumulator's place in out_gmem, piece by piece through two
-    alternating SMEM slots (a slot is reused once the store issued two pieces earlier has read it)."""
+    """Stores a (tile_m, tile_n) register tile at the accumulator's place in out_gmem, piece by piece through the
+    SMEM slots in turn (a slot is reused once the store issued as many pieces earlier as there are slots has read
+    it)."""
     cfg = ctx.config
     em, en = cfg.epi_tile_m, cfg.epi_tile_n
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
     for p, (i, j) in enumerate(pieces):
         slot = p % slots.shape[0]
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        plgpu.wait_smem_to_gmem(slots.shape[0] - 1, wait_read_only=True)
         slots[slot] = tile[i * em:(i + 1) * em, j * en:(j + 1) * en]
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(slots.at[slot],
