@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import dataclasses
 import json
 import statistics
@@ -113,8 +114,10 @@ def parse(document: dict) -> list[Trace]:
 
 
 def load(path: str) -> list[Trace]:
-    """The traces of a profiler trace file (``parse``); OSError / ValueError name the file."""
-    with open(path, encoding="utf-8") as f:
+    """The traces of a profiler trace file (``parse``; gzip-compressed where the name ends in ".gz"); OSError /
+    ValueError name the file."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         try:
             document = json.load(f)
         except json.JSONDecodeError as e:
@@ -188,7 +191,8 @@ def report(traces: list[Trace], names: tuple[str, ...] | None = None, clock_ghz:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hlo_inspect.mosaic_trace", description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace", nargs="+", help="Mosaic-GPU profiler trace files (<kernel>-<ns>-trace.json)")
+    parser.add_argument("trace", nargs="+", help="Mosaic-GPU profiler trace files (<kernel>-<ns>-trace.json, or "
+                                                 "gzip-compressed: .json.gz)")
     parser.add_argument("--regions", default="", help="comma-separated region names to keep (default: all)")
     parser.add_argument("--clock-ghz", type=float, default=None, help="the SM clock the kernel ran at: cycles as µs")
     parser.add_argument("--json", help="also write each trace file's summary to this JSON file")

@@ -117,6 +117,16 @@ def test_cli_prints_the_summary_and_writes_json(tmp_path, capsys):
     assert saved["regions"] == ["k_loop", "epilogue"] and saved["summaries"][str(path)]["traces"] == 2
 
 
+def test_a_compressed_trace_reads_back_alike(tmp_path):
+    import gzip
+
+    document = _document([_gemm_block(2, 1000, 100)])
+    path = tmp_path / "k-1-trace.json.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(document, f)
+    assert mosaic_trace.load(str(path)) == mosaic_trace.parse(document)
+
+
 def test_cli_names_a_bad_file_without_a_traceback(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

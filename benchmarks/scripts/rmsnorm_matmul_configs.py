@@ -252,6 +252,10 @@ VARIANTS = {
     "fwd_epi32x4": dict(forward=dict(epi_tile_n=32, epi_slots=4)),
     "fwd_epi16x8": dict(forward=dict(epi_tile_n=16, epi_slots=8)),
     "fwd_epi32x3": dict(forward=dict(epi_tile_n=32, epi_slots=3)),
+    # ... or fewer, larger pieces: each piece costs its commit, fence and TMA issue (about 450 cycles, timed)
+    "fwd_epi128x1": dict(forward=dict(epi_tile_n=128, epi_slots=1)),
+    "fwd_epi128x2_s3": dict(forward=dict(epi_tile_n=128, epi_slots=2, num_stages=3)),
+    "fwd_epi256x1_s3": dict(forward=dict(epi_tile_n=256, epi_slots=1, num_stages=3)),
 }
 
 
