@@ -256,6 +256,8 @@ VARIANTS = {
     "fwd_epi128x1": dict(forward=dict(epi_tile_n=128, epi_slots=1)),
     "fwd_epi128x2_s3": dict(forward=dict(epi_tile_n=128, epi_slots=2, num_stages=3)),
     "fwd_epi256x1_s3": dict(forward=dict(epi_tile_n=256, epi_slots=1, num_stages=3)),
+    # ... or each warpgroup's whole output written into a B stage of the ring and stored from there
+    "fwd_ring": dict(forward=dict(_STACKED, epilogue_store="ring", stream_k=0)),
 }
 
 
