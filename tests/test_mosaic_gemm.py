@@ -17,7 +17,7 @@ from conftest import GPU_TIMEOUT
 from hlo_inspect import mosaic_ir
 from pallas_kernels import backends, mosaic_utils
 from pallas_kernels.gemm import Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes, stream_k
-from pallas_kernels.gemm.config import BARRIER_BYTES, operand_swizzle_elems
+from pallas_kernels.gemm.config import operand_swizzle_elems
 
 ON_SM90 = mosaic_utils.is_hopper()
 
@@ -177,7 +177,7 @@ def test_storing_under_the_next_tile_needs_our_cooperative_loop(fields):
     with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: 'next_tile' runs on pipeline 'own', "
                                          r"schedule 'cooperative'; got "):
         MosaicGemmConfig(epilogue_store="next_tile", **fields)
-    with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: must be one of \('end', 'next_tile', 'ring'\), "
+    with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: must be one of \('end', 'next_tile'\), "
                                          r"got 'later'"):
         MosaicGemmConfig(epilogue_store="later")
 
@@ -422,62 +422,6 @@ def test_output_stored_under_the_next_tile_on_the_gpu(M, K, N, config):
 
 
 @gpu_only
-@pytest.mark.parametrize("fields", [dict(epi_tile_n=32, epi_slots=4), dict(epi_tile_n=16, epi_slots=8),
-                                    dict(epi_tile_n=32, epi_slots=3, epilogue_store="next_tile")])
-def test_output_through_more_staging_slots_on_the_gpu(fields):
-    """epi_slots: the output's pieces through 3, 4 or 8 SMEM slots per warpgroup (a slot reused once the store that
-    many pieces back has read it), stored at the tile's end or under the next tile, twice in a row."""
-    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", **fields)
-    for _ in range(2):
-        _check_product(4096, 2048, 4096, jnp.bfloat16, config=config)
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, fields", [
-    (4096, 2048, 4096, {}), (4096, 2048, 4096, dict(delay_release=1)),
-    (1280, 640, 512, {}),  # 20 tiles: one per block or none
-    (16896, 1024, 512, dict(num_stages=3))])  # two tiles per block, the outputs' positions a stage apart
-def test_output_through_the_ring_on_the_gpu(M, K, N, fields):
-    """epilogue_store="ring": each warpgroup's output written into a B stage after its tile's K steps and stored from
-    there: every tile lands where it belongs, twice in a row (the ring's barrier phases across tiles and calls)."""
-    config = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=64, wg_split="m", grid_minor="m",
-                              epilogue_store="ring", **fields)
-    for _ in range(2):
-        _check_product(M, K, N, jnp.bfloat16, config=config)
-
-
-@cpu_only
-def test_output_through_the_ring_takes_no_staging_and_refuses_what_it_cannot_hold():
-    ring = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=64, wg_split="m", epilogue_store="ring")
-    end = dataclasses.replace(ring, epilogue_store="end")
-    assert smem_bytes(ring, jnp.bfloat16, jnp.bfloat16) == smem_bytes(end, jnp.bfloat16, jnp.bfloat16) - 2 * 2 * 64 * 64 * 2
-    # (two warpgroups' two 64x64 staging slots fewer)
-    (kernel,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=ring), S((4096, 1024), jnp.bfloat16),
-                                        S((1024, 4096), jnp.bfloat16))
-    assert kernel.smem_bytes <= smem_bytes(ring, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES
-    with pytest.raises(ValueError, match="epilogue_store: 'ring' writes each warpgroup's .* got tile_m=64, tile_k=32"):
-        dataclasses.replace(ring, tile_k=32)
-    with pytest.raises(ValueError, match="epilogue_store: 'ring' .* stream_k=4"):
-        dataclasses.replace(ring, stream_k=4)
-    for kwargs, seen in ((dict(transpose_b=True), "transpose_b=True"), (dict(out_dtype=jnp.float32), "float32")):
-        b = S((1024, 1024), jnp.bfloat16)
-        with pytest.raises(ValueError, match=f"epilogue_store='ring' writes the output into a B stage: .*{seen}"):
-            jax.eval_shape(lambda a, b: gemm(a, b, config=ring, **{"out_dtype": jnp.bfloat16, **kwargs}),
-                           S((1024, 1024), jnp.bfloat16), b)
-
-
-def test_staging_slots_take_the_bytes_of_their_pieces():
-    two = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m")
-    four = dataclasses.replace(two, epi_tile_n=32, epi_slots=4)
-    assert smem_bytes(two, jnp.bfloat16, jnp.bfloat16) == smem_bytes(four, jnp.bfloat16, jnp.bfloat16)
-    assert smem_bytes(dataclasses.replace(four, epi_slots=3), jnp.bfloat16, jnp.bfloat16) == smem_bytes(
-        two, jnp.bfloat16, jnp.bfloat16) - 2 * 64 * 32 * 2
-    for bad in (0, 9):
-        with pytest.raises(ValueError, match=f"MosaicGemmConfig.epi_slots: must be in \\[1, 8\\], got {bad}"):
-            MosaicGemmConfig(epi_slots=bad)
-
-
-@gpu_only
 @pytest.mark.parametrize("transpose_a, transpose_b", [(True, False), (False, True), (True, True)])
 def test_transposed_reads_on_the_gpu(transpose_a, transpose_b):
     _check_product(1024, 768, 1280, jnp.bfloat16, transpose_a, transpose_b)
@@ -574,12 +518,10 @@ def test_product_in_interpret_mode(transpose_a, transpose_b):
 _LOOPS_ON_TWO_BLOCKS = (dict(pipeline="own"), dict(pipeline="pallas_steady"),
                         dict(pipeline="pallas", grid_tile_width=1),
                         dict(schedule="pingpong", num_stages=3, delay_release=2),
-                        dict(cluster="m"),  # (run without the cluster: the interpreter has none)
-                        dict(epi_tile_n=16, epi_slots=3))  # 4 pieces through 3 staging slots
+                        dict(cluster="m"))  # (run without the cluster: the interpreter has none)
 _LOOPS_ALSO_ON_ONE_TILE = (dict(pipeline="own", delay_release=1), dict(schedule="pingpong"),
                            dict(schedule="pingpong", delay_release=1), dict(epilogue_store="next_tile"),
-                           dict(epilogue_store="next_tile", delay_release=1),
-                           dict(epilogue_store="ring", wg_split="m", tile_k=64))  # output through the B stages
+                           dict(epilogue_store="next_tile", delay_release=1))
 
 
 @cpu_only

@@ -660,24 +660,6 @@ def test_forward_with_stream_k_beside_shared_r_or_gamma_in_registers_on_the_gpu(
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, variant", [(8192, 4096, 6144, "gamma_on_a_mma_shared"),
-                                              (4096, 4096, 14336, "gamma_on_a_mma_shared"),
-                                              (32768, 1024, 1024, "gamma_on_a_mma_shared_operand"),
-                                              (2048, 1024, 4096, "mma")])
-def test_forward_stored_through_the_ring_on_the_gpu(M, K, N, variant):
-    """The forward's output written into its B stages and stored from there (``epilogue_store="ring"``), beside r
-    shared by the first column or from every tile's squares: forward and gradients against the float32 reference,
-    two calls."""
-    config = _numbers_config(M, K, N, jnp.bfloat16, False, variant, "n")
-    config = dataclasses.replace(config, forward=dataclasses.replace(
-        config.forward, tile_m=64, tile_n=256, tile_k=64, wg_split="m", schedule="cooperative", stream_k=0,
-        epilogue_store="ring"))
-    x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
-    for _ in range(2):
-        _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
-
-
-@gpu_only
 @pytest.mark.parametrize("M, K, N, variant", [
     (4096, 4096, 4096, "mma"), (4096, 4096, 4096, "mma_rows"), (4096, 4096, 14336, "gamma_on_a"),
     (2048, 2048, 8192, "gamma_on_a_mma"),

@@ -248,16 +248,6 @@ VARIANTS = {
                                      forward=dict(_STACKED, stream_k=0, delay_release=1)),
     "gamma_a_mma_operand_sk4": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand",
                                     forward=dict(_STACKED, stream_k=4, delay_release=1)),
-    # the forward's output stored at the tile's end through more, smaller staging slots in the same bytes (or fewer)
-    "fwd_epi32x4": dict(forward=dict(epi_tile_n=32, epi_slots=4)),
-    "fwd_epi16x8": dict(forward=dict(epi_tile_n=16, epi_slots=8)),
-    "fwd_epi32x3": dict(forward=dict(epi_tile_n=32, epi_slots=3)),
-    # ... or fewer, larger pieces: each piece costs its commit, fence and TMA issue (about 450 cycles, timed)
-    "fwd_epi128x1": dict(forward=dict(epi_tile_n=128, epi_slots=1)),
-    "fwd_epi128x2_s3": dict(forward=dict(epi_tile_n=128, epi_slots=2, num_stages=3)),
-    "fwd_epi256x1_s3": dict(forward=dict(epi_tile_n=256, epi_slots=1, num_stages=3)),
-    # ... or each warpgroup's whole output written into a B stage of the ring and stored from there
-    "fwd_ring": dict(forward=dict(_STACKED, epilogue_store="ring", stream_k=0)),
 }
 
 

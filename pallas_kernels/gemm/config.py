@@ -39,7 +39,7 @@ __all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGU
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
-EPILOGUE_STORES = ("end", "next_tile", "ring")
+EPILOGUE_STORES = ("end", "next_tile")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
 TILE_INPUT_PLACES = ("buffer", "ring")
@@ -58,9 +58,7 @@ class MosaicGemmConfig:
       num_stages: A/B tiles in flight in shared memory, >= 2.
       wg_split: "m": the two compute warpgroups stack along M (CTA tile (2·tile_m, tile_n), each owns its rows of
         the A tile); "n": along N (CTA tile (tile_m, 2·tile_n), both read all rows of the A tile).
-      epi_tile_m, epi_tile_n: pieces the accumulator is stored in, through ``epi_slots`` SMEM slots per warpgroup:
-        a piece waits until the TMA store issued epi_slots pieces earlier has read its slot (the store at a tile's
-        end, with the tensor cores idle: more, smaller slots in the same bytes wait less).
+      epi_tile_m, epi_tile_n: pieces the accumulator is stored in (two SMEM slots per warpgroup).
       grid_minor, grid_tile_width: planar-snake tile order: runs of grid_tile_width tiles along grid_minor.
       delay_release: 0: wait for each step's wgmma before releasing its slot; 1 or 2: keep that many wgmma groups
         in flight (a single warpgroup issuing wgmma, as under "pingpong", needs them to keep the tensor cores fed).
@@ -92,12 +90,6 @@ class MosaicGemmConfig:
         ``store_in``. Measured on the H100 (NOTES.md, 2026-11-28, twenty-second session): 0.1-0.7% faster for the
         plain core (``gemm.PLAIN_EPILOGUE_STORE``); slower in the rmsnorm_matmul forward (1.4% with r's sums, 15%
         with an ``a_operand``, whose wgmma ptxas then serializes: ``hlo_inspect.ptxas``, warning C7513).
-        "ring": at the tile's end, each warpgroup's whole (tile_m, tile_n) output written into a B stage of the ring
-        (two ring positions after each tile's K steps, which the memory warpgroup skips) and stored by one TMA copy,
-        with no staging slots of its own and no waiting between pieces: a piece of the staging costs its commit and
-        TMA issue, and the second slot's reuse waits for the first's store (the timeline: 1.9k cycles per tile at
-        the end against 0.8k for one whole piece). Needs the B block's shape (tile_m == tile_k, wg_split "m"), B read
-        as stored and out_dtype B's dtype; cooperative, no stream-K or cluster, no ring tile input.
       shared_rows_wait: under a ``Fusion.share_rows``, how many K steps before a tile's K loop ends a tile that
         does not compute the shared row vector waits for it and loads it: right after issuing that step's wgmma,
         so the poll's and the load's round trips to L2 run beside the wgmma in flight (0: after the K loop). On
@@ -122,7 +114,6 @@ class MosaicGemmConfig:
     wg_split: str = "n"
     epi_tile_m: int = 64
     epi_tile_n: int = 64
-    epi_slots: int = 2
     grid_minor: str = "n"
     grid_tile_width: int = 8
     delay_release: int = 0
@@ -153,7 +144,6 @@ class MosaicGemmConfig:
             ("wg_split", self.wg_split in ("m", "n"), "'m' or 'n'"),
             ("epi_tile_m", self.epi_tile_m % 64 == 0 and self.epi_tile_m > 0 and self.tile_m % self.epi_tile_m == 0,
              f"a multiple of 64 dividing tile_m={self.tile_m}"),
-            ("epi_slots", 1 <= self.epi_slots <= 8, "in [1, 8]"),
             ("grid_minor", self.grid_minor in ("m", "n"), "'m' or 'n'"),
             ("grid_tile_width", self.grid_tile_width >= 1, ">= 1"),
             ("delay_release", self.delay_release in (0, 1, 2), "0, 1 or 2"),
@@ -197,15 +187,6 @@ class MosaicGemmConfig:
                              f"schedule 'cooperative', no cluster and stream_k=0; got tile_m={self.tile_m}, "
                              f"tile_k={self.tile_k}, wg_split={self.wg_split!r}, pipeline={self.pipeline!r}, "
                              f"schedule={self.schedule!r}, cluster={self.cluster!r}, stream_k={self.stream_k}")
-        if self.epilogue_store == "ring" and (
-                (self.pipeline, self.schedule, self.cluster, self.wg_split, self.tile_input_in)
-                != ("own", "cooperative", "none", "m", "buffer") or self.stream_k or self.tile_m != self.tile_k):
-            raise ValueError(f"{cls}.epilogue_store: 'ring' writes each warpgroup's (tile_m, tile_n) output into a B "
-                             f"stage (tile_k, tile_n): it needs tile_m == tile_k, wg_split 'm', pipeline 'own', "
-                             f"schedule 'cooperative', no cluster, stream_k=0 and tile_input_in 'buffer'; got "
-                             f"tile_m={self.tile_m}, tile_k={self.tile_k}, wg_split={self.wg_split!r}, "
-                             f"pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}, "
-                             f"stream_k={self.stream_k}, tile_input_in={self.tile_input_in!r}")
         if self.epilogue_store == "next_tile" and (self.pipeline, self.schedule) != ("own", "cooperative"):
             raise ValueError(f"{cls}.epilogue_store: 'next_tile' runs on pipeline 'own', schedule 'cooperative'; got "
                              f"pipeline={self.pipeline!r}, schedule={self.schedule!r}")
@@ -295,8 +276,8 @@ def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes:
     size = jnp.dtype(dtype).itemsize
     per_stage = (config.cta_m + config.cta_n) * config.tile_k * size
     pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
-    staging = 0 if store_in_tile or config.epilogue_store == "ring" else 2 * min(config.epi_slots, pieces) * config.epi_tile_m * config.epi_tile_n * \
-        jnp.dtype(out_dtype).itemsize
+    staging = 0 if store_in_tile else 2 * min(2, pieces) * config.epi_tile_m * config.epi_tile_n * jnp.dtype(
+        out_dtype).itemsize
     tiles = 0 if config.tile_input_in == "ring" else sum(
         2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes

@@ -282,18 +282,13 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: epilogue_store='next_tile' keeps the output tile in registers and stages it in "
                          f"its own SMEM slots; a fusion storing from its tile input (store_in={fusion.store_in!r}, "
                          f"or accumulate_into) takes epilogue_store='end'")
-    if config.epilogue_store == "ring" and (fusion.store_in is not None or transpose_b
-                                            or jnp.dtype(out_dtype) != jnp.dtype(b.dtype)):
-        raise ValueError(f"{name}: epilogue_store='ring' writes the output into a B stage: it needs B read as stored, "
-                         f"out_dtype B's dtype and no store_in; got transpose_b={transpose_b}, out_dtype="
-                         f"{jnp.dtype(out_dtype)}, B {jnp.dtype(b.dtype)}, store_in={fusion.store_in!r}")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
         if (fusion.a_observe is None and fusion.a_operand is None) or config.pingpong or config.cluster != "none" or (
-                config.epilogue_store == "next_tile"):
+                config.epilogue_store != "end"):
             raise ValueError(f"{name}: share_rows takes an a_observe's (or a_operand's) carry from one tile per row "
                              f"block; it needs an a_observe or an a_operand, schedule='cooperative', cluster='none' "
-                             f"and epilogue_store 'end' or 'ring'; got "
+                             f"and epilogue_store='end'; got "
                              f"a_observe={'set' if fusion.a_observe else None}, schedule={config.schedule!r}, "
                              f"cluster={config.cluster!r}, epilogue_store={config.epilogue_store!r}")
         if shared is None or shared.shape != (M,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):
@@ -441,8 +436,8 @@ class _Shape:
         """Shared memory besides the pipeline stages: output staging, prefetched tile inputs, the hooks' scratch."""
         cfg, fusion = self.cfg, self.fusion
         return dict(
-            out_smem=None if fusion.store_in or cfg.epilogue_store == "ring" else plgpu.SMEM(
-                (2, min(cfg.epi_slots, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
+            out_smem=None if fusion.store_in else plgpu.SMEM(
+                (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
                 transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype)),
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
                        for n, d in zip(fusion.tile_inputs, self.tile_dtypes) if n != self.ring_input},
@@ -694,15 +689,14 @@ def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, til
 
 
 def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:
-    """Stores a (tile_m, tile_n) register tile at the accumulator's place in out_gmem, piece by piece through the
-    SMEM slots in turn (a slot is reused once the store issued as many pieces earlier as there are slots has read
-    it)."""
+    """Stores a (tile_m, tile_n) register tile at the accumulator's place in out_gmem, piece by piece through two
+    alternating SMEM slots (a slot is reused once the store issued two pieces earlier has read it)."""
     cfg = ctx.config
     em, en = cfg.epi_tile_m, cfg.epi_tile_n
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
     for p, (i, j) in enumerate(pieces):
         slot = p % slots.shape[0]
-        plgpu.wait_smem_to_gmem(slots.shape[0] - 1, wait_read_only=True)
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         slots[slot] = tile[i * em:(i + 1) * em, j * en:(j + 1) * en]
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(slots.at[slot],

@@ -131,9 +131,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     k_iters = shape.iters[2]
     num_stages = min(cfg.num_stages, k_iters)
     ring_input = shape.ring_input  # (MosaicGemmConfig.tile_input_in "ring") the tile input loaded into B stages
-    ring_output = cfg.epilogue_store == "ring"  # each warpgroup's output written into a B stage, stored from there
-    # ring positions per tile: its K steps, then its input's halves or its warpgroups' outputs
-    tile_steps = k_iters + (2 if ring_input or ring_output else 0)
+    tile_steps = k_iters + (2 if ring_input else 0)  # ring positions per tile: its K steps, then its input's halves
     has_prologue_wg = dedicated(shape)
     prologue_in_memory = in_memory(shape)
     has_handoff = fusion.prologue_step is not None  # the prologue's carry reaches the epilogue through SMEM
@@ -357,16 +355,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 if beside is not None:  # the third arrival the stage's barrier counts
                     plgpu.barrier_arrive(ready.at[barrier_of(g)])
 
-            def free_for_output(g):
-                """(epilogue_store "ring") Ring position g holds an MMA warpgroup's output: once the slot's previous
-                step is consumed, the arrivals its loads would have made, and nothing loaded."""
-                @pl.when(g >= num_stages)
-                def _wait_free():
-                    plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
-
-                for _ in range(len(stage_refs) + len(fusion.step_inputs)):
-                    plgpu.barrier_arrive(ready.at[barrier_of(g)])
-
             @each_tile
             def _(lin, local, num_local):
                 g0 = local * tile_steps
@@ -374,9 +362,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 if ring_input:
                     for wg_half in range(2):
                         load_tile_input(lin, g0 + k_iters + wg_half, wg_half)
-                if ring_output:
-                    for wg_half in range(2):
-                        free_for_output(g0 + k_iters + wg_half)
                 if plan is None:
                     drain(consumed, local, num_local, tile_steps, num_stages, barrier_of)
 
@@ -586,21 +571,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                                      fetch_at=(at, jnp.logical_not(first), fetch, zeros))
                 return lax.cond(first, lambda c, r: produce(c), lambda c, r: r, carry, rows), carry
 
-            def store_through_ring(ctx, tile, g_out):
-                """(epilogue_store "ring") This warpgroup's output tile written into the B stage at ring position
-                g_out + wg (the memory warpgroup loaded nothing there) and stored by one TMA copy; the other
-                warpgroup's position released at once, this one's once the copy has read it (both positions wait
-                for both warpgroups' arrivals, as a stage does)."""
-                for h in range(2):  # both warpgroups wait on both barriers (their phases stay in step)
-                    plgpu.barrier_wait(ready.at[barrier_of(g_out + h)])
-                plgpu.barrier_arrive(consumed.at[barrier_of(g_out + 1 - wg)])
-                slot = stages[1].at[lax.rem(g_out + wg, num_stages)]
-                slot[...] = tile
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(slot, out_gmem.at[ctx.rows, ctx.cols])
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                plgpu.barrier_arrive(consumed.at[barrier_of(g_out + wg)])
-
             def mma_tile(lin, local, pending=None, first_column=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
@@ -638,10 +608,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             plgpu.barrier_wait(ready.at[barrier_of(g_in + h)])
                         tile_refs = {ring_input: ring_stages.at[lax.rem(g_in + wg, num_stages)]}
                     tile = shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped,
-                                             store=pending is None and not ring_output, tile_refs=tile_refs)
-                    if ring_output:
-                        store_through_ring(ctx, tile, local * tile_steps + k_iters)
-                        tile = None
+                                             store=pending is None, tile_refs=tile_refs)
                     if ring_input:  # the output stored from this warpgroup's slot has left it: both slots free
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                         for h in range(2):

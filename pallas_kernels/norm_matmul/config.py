@@ -369,10 +369,10 @@ class MosaicRMSNormMatmulConfig:
                              f"MMA warpgroups of our K loop: the forward config needs pipeline='own', got "
                              f"{self.forward.pipeline!r}")
         if self.stats_in_kernel == "mma_shared" and (self.forward.pingpong or self.forward.cluster != "none" or
-                                                      self.forward.epilogue_store == "next_tile"):
+                                                      self.forward.epilogue_store != "end"):
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma_shared' passes r from each row block's "
                              "first tile to its others; the forward config needs schedule='cooperative', "
-                             "cluster='none' and epilogue_store 'end' or 'ring'; got "
+                             "cluster='none' and epilogue_store='end'; got "
                              f"schedule={self.forward.schedule!r}, cluster={self.forward.cluster!r}, "
                              f"epilogue_store={self.forward.epilogue_store!r}")
         if self.gamma_on not in (None, "w", "x", "a"):
