@@ -54,6 +54,12 @@ from pallas_kernels.norm_matmul import config as nm_config
 # (``tile_input_in="registers"``, df685ce, reverted; "dx_regs_s3", "dx_regs_s4" (output staged in 64x32 pieces, beside
 # the dyr copy), "dx_regs_s4_e64": rmsnorm_matmul_configs_dx_registers-h200-df685ce.json): 0.4-0.7%
 # slower at 8192x4096x6144 and 32768x4096x4096, equal at 4096x4096x14336.
+# And the forward's output staged through more, smaller slots (``epi_slots``, 495606f; "fwd_epi32x4", "fwd_epi16x8":
+# rmsnorm_matmul_configs_epi_slots-h200-495606f.json), fewer, larger pieces ("fwd_epi128x1", within noise;
+# "fwd_epi128x2_s3", "fwd_epi256x1_s3" at 3 stages, 5-7% slower: ..._epi_pieces-h200-495606f.json), or written whole
+# into its B stages and stored from there (``epilogue_store="ring"``, d6e5c26; "fwd_ring": ..._ring_output-h200-
+# d6e5c26.json): the TMA copy's read of 32 KiB held the slot 1.5k cycles (mosaic_timeline_ring_output-h200-d6e5c26).
+# Both removed.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
 # r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the other
 # tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers

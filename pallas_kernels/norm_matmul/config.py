@@ -327,6 +327,13 @@ class MosaicRMSNormMatmulConfig:
       warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
       step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to
       multiply by gamma, squared before the wgmma's issue (with "mma_shared" in the row blocks' first tiles only).
+      Measured on the H200 (forward µs, "observe" → "operand" beside "mma_shared", two calls:
+      rmsnorm_matmul_configs_squares_operand-h200-0be04fc.json with a branch per step, ..._first_column-h200-
+      e308713.json with the first column's own K loop): 1403.8 → 1421.4 and 1414.5 → 1426.1 at 32768x4096x4096,
+      610.0 → 608.6 and 614.2 → 611.4 at 4096x4096x14336, 524.3 → 524.8 and 528.0 → 525.6 at 8192x4096x6144;
+      every tile its own r from the operand ("mma"): 1447.0, 630.0, 539.3. A first tile's K loop 77.6k → 70.5k
+      cycles at 4096x4096x14336 (mosaic_timeline_first_column-h200-e308713.json), too few tiles to show. The
+      entries keep "observe".
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
