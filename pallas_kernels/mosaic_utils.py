@@ -44,7 +44,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 __all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
            "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load", "num_sms",
-           "profiling", "smem_transforms"]
+           "profiling", "region", "smem_transforms"]
 
 # Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
 # row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
@@ -73,22 +73,34 @@ def interpret_on_cpu(num_sms: int = 2):
 
 
 @contextlib.contextmanager
-def profiling(directory: str, ranges: int = 64):
+def profiling(directory: str, ranges: int = 64, regions: tuple[str, ...] | None = None):
     """Within this block, Mosaic kernels built with ``kernel`` run Mosaic GPU's on-device profiler: each
-    warpgroup's lane 0 records the SM clock (cycles) at the start and end of every ``jax.named_scope`` region of the
-    kernel body it runs, up to ``ranges`` regions per warpgroup (16 bytes of shared memory each, beside the
-    kernel's own), and every call writes a Perfetto trace, ``<kernel>-<ns>-trace.json``, into ``directory``
-    (``hlo_inspect.mosaic_trace`` reads it). Only functions traced inside the block are affected (a jit traced
-    before keeps its kernels). Kernels that use all of shared memory may not fit the profiler's buffer."""
+    warpgroup's lane 0 records the SM clock (cycles) at the start and end of every ``region`` of the kernel body it
+    runs (of ``regions``, where given), up to ``ranges`` regions per warpgroup (16 bytes of shared memory each,
+    beside the kernel's own), and every call writes a Perfetto trace, ``<kernel>-<ns>-trace.json``, into
+    ``directory`` (``hlo_inspect.mosaic_trace`` reads it). Only functions traced inside the block are affected (a
+    jit traced before keeps its kernels). Kernels that use all of shared memory may not fit the profiler's buffer:
+    fewer regions take less."""
     if not isinstance(ranges, int) or isinstance(ranges, bool) or ranges < 1:
         raise ValueError(f"ranges: must be a positive int (regions per warpgroup), got {ranges!r}")
     if not directory:
         raise ValueError("directory: must name the folder the traces go to, got an empty string")
-    token = _PROFILE.set((str(directory), ranges))
+    if regions is not None and (isinstance(regions, str) or not all(isinstance(r, str) and r for r in regions)):
+        raise ValueError(f"regions: must be None or a tuple of region names, got {regions!r}")
+    token = _PROFILE.set((str(directory), ranges, None if regions is None else tuple(regions)))
     try:
         yield
     finally:
         _PROFILE.reset(token)
+
+
+def region(name: str):
+    """A named region of a kernel body (``jax.named_scope``) where ``profiling`` records it; else nothing (the
+    kernel is the same either way)."""
+    profile = _PROFILE.get()
+    if profile is None or _INTERPRET_SMS.get() is not None or (profile[2] is not None and name not in profile[2]):
+        return contextlib.nullcontext()
+    return jax.named_scope(name)
 
 
 def _interpret_params():

@@ -2,6 +2,7 @@
 ``mosaic_utils.profiling`` (lowered for CUDA on the CPU). The traces here are written by jax's own profiler dump
 (``ProfilerSpec.dump``) from buffers laid out as the kernel's finalize step leaves them."""
 
+import contextlib
 import io
 import json
 
@@ -147,13 +148,15 @@ def test_profiling_sets_the_compiler_params_only_inside_its_block():
         with mu.interpret_on_cpu():  # the interpreter has no profiler
             assert mu.compiler_params().profile_space == 0
     assert mu.compiler_params().profile_dir == ""
-    for bad, message in ((dict(ranges=0), "ranges: must be a positive int"), (dict(directory=""), "directory")):
+    assert isinstance(mu.region("k_loop"), contextlib.AbstractContextManager)
+    for bad, message in ((dict(ranges=0), "ranges: must be a positive int"), (dict(directory=""), "directory"),
+                         (dict(regions="k_loop"), "regions: must be None or a tuple of region names")):
         with pytest.raises(ValueError, match=message):
             with mu.profiling(**{"directory": "/tmp/traces", **bad}):
                 pass
 
 
-def _profiler_records(monkeypatch, config, shape=(4352, 1024, 4096), profile=True) -> int:
+def _profiler_records(monkeypatch, config, shape=(4352, 1024, 4096), profile=True, regions=None) -> int:
     """Static count of the profiler's shared-memory records (two per region: begin and end) in the GEMM core's
     kernel lowered for CUDA. jax lowers the trace's dump as a host callback, which a CPU backend cannot lower for
     CUDA: replaced by a no-op here (the kernel's module is what is checked)."""
@@ -163,7 +166,7 @@ def _profiler_records(monkeypatch, config, shape=(4352, 1024, 4096), profile=Tru
     jax.clear_caches()
     with backends.lowering_for_gpu():
         if profile:
-            with mu.profiling("/tmp/traces", ranges=16):
+            with mu.profiling("/tmp/traces", ranges=16, regions=regions):
                 (kernel,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), a, b)
         else:
             (kernel,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), a, b)
@@ -178,6 +181,9 @@ def test_the_cores_regions_are_recorded_once_each_outside_the_k_loop(monkeypatch
     # stream-K (4352 rows: a last round of 4 tiles) adds its segments' loop and epilogue
     assert _profiler_records(monkeypatch, MosaicGemmConfig(**{**stacked.to_dict(), "stream_k": 4})) == 10
     assert _profiler_records(monkeypatch, stacked, profile=False) == 0
+    # only the K loops' regions (the room a kernel with 32 tiles a block leaves: 16 bytes per region)
+    assert _profiler_records(monkeypatch, MosaicGemmConfig(**{**stacked.to_dict(), "stream_k": 4}),
+                             regions=("k_loop", "stream_k_loop")) == 6
 
 
 ON_SM90 = mu.is_hopper()

@@ -57,11 +57,11 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
     return tuple(int(p) for p in parts)
 
 
-def _traced(program, operands, ranges: int):
+def _traced(program, operands, ranges: int, regions):
     """The kernel's trace of the program's third call under the profiler: (summary, path of the trace kept)."""
     folder = tempfile.mkdtemp(prefix="mosaic_timeline_")
     try:
-        with mu.profiling(folder, ranges=ranges):
+        with mu.profiling(folder, ranges=ranges, regions=regions):
             fn = jax.jit(program)
             for _ in range(3):
                 jax.block_until_ready(fn(*operands))
@@ -79,10 +79,15 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default="4096x4096x14336,8192x4096x6144")
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--ranges", type=int, default=0, help="regions per warpgroup (0: 2 per tile + 8)")
+    parser.add_argument("--ranges", type=int, default=0,
+                        help="regions per warpgroup (0: one per tile and region name kept, + 8)")
+    parser.add_argument("--regions", default="", help="comma-separated region names to record (default: all: "
+                        "k_loop,epilogue,stream_k_loop,stream_k_epilogue; k_loop,stream_k_loop fits 32 tiles a block)")
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
+    regions = tuple(r for r in args.regions.split(",") if r) or None
+    per_tile = 2 if regions is None else max(1, len({r.removeprefix("stream_k_") for r in regions}))
     for c in cases:
         parts = c[len("fused:"):].split("+") if c.startswith("fused:") else []
         if c not in CASES and (not parts or not set(parts) <= set(VARIANTS)):
@@ -98,13 +103,13 @@ def main() -> int:
         operands = (x, gamma, w)
         cfg = default_config(M, N, K)
         tiles = (M // cfg.cta_m) * -(-N // cfg.cta_n)
-        ranges = args.ranges or 2 * -(-tiles // mu.num_sms()) + 8
+        ranges = args.ranges or per_tile * -(-tiles // mu.num_sms()) + 8
         for case in cases:
-            row = dict(shape=shape, case=case, ranges=ranges)
+            row = dict(shape=shape, case=case, ranges=ranges, regions=regions)
             program = _program(case, M, K, N)
             jax.clear_caches()  # (the kernels are built at trace time: none traced without the profiler reused)
             try:
-                trace_path, folder = _traced(program, operands, ranges)
+                trace_path, folder = _traced(program, operands, ranges, regions)
             except Exception as e:  # noqa: BLE001 (a config the profiler's buffer does not fit beside)
                 row["skipped"] = f"{type(e).__name__}: {e}"[:600]
                 print(shape, case, "skipped:", row["skipped"], flush=True)
@@ -118,7 +123,7 @@ def main() -> int:
             summary = mosaic_trace.summarize(traces)
             # compiled ahead of time: a jit's caches would hand the other variant's kernels back
             jax.clear_caches()
-            with mu.profiling(tempfile.mkdtemp(prefix="mosaic_timeline_timed_"), ranges=ranges):
+            with mu.profiling(tempfile.mkdtemp(prefix="mosaic_timeline_timed_"), ranges=ranges, regions=regions):
                 profiled = jax.jit(program).lower(*operands).compile()
             jax.clear_caches()
             plain = jax.jit(program).lower(*operands).compile()

@@ -587,12 +587,12 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             shape.store_output(shape.tile_context(prev, wg, refs_by_name), tile, scoped, out_gmem)
 
                 def acc_scope(acc_ref):
-                    with jax.named_scope("k_loop"):
+                    with mu.region("k_loop"):
                         if sharing:
                             carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry)
                         else:
                             carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
-                    with jax.named_scope("epilogue"):
+                    with mu.region("epilogue"):
                         return tile_epilogue(acc_ref, carry)
 
                 def tile_epilogue(acc_ref, carry):
@@ -689,10 +689,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                     def acc_scope(acc_ref):
                         g0 = sk_g0 + t * k_iters + k0
-                        with jax.named_scope("stream_k_loop"):
+                        with mu.region("stream_k_loop"):
                             carry = k_loop(acc_ref, g0, k0, k1, ctx, hook_carry, observe=observed,
                                            length=plan.segment_steps)  # (None: an a_operand is refused then)
-                        with jax.named_scope("stream_k_epilogue"):
+                        with mu.region("stream_k_epilogue"):
                             sk_epilogue(acc_ref, carry)
 
                     def sk_epilogue(acc_ref, carry):
