@@ -9,11 +9,13 @@ the next, so inputs that fit in L2 are not served from it (pass several sets whe
 timing is the wall clock of a blocked call, labelled `method="wall"`.
 
 `Record` is one measured row; `write_results` stores records as JSON with the device, jax version, git commit
-and date, plus a Markdown table beside.
+and date, plus a Markdown table beside. `shape_arg("MxKxN")` / `shapes_arg(...)` are argparse types for the benchmark
+scripts' sizes ("32768x4096x4096", comma-separated lists of them).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
@@ -25,7 +27,7 @@ import time
 from typing import Any, Callable, Sequence
 
 __all__ = ["Timing", "time_kernels", "time_interleaved", "Record", "device_tag", "environment", "write_results",
-           "markdown_table"]
+           "markdown_table", "shape_arg", "shapes_arg"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,3 +249,31 @@ def write_results(records: Sequence[Record], path: str, *, env: dict[str, str] |
                 f"({records[0].method if records else ''} timing).\n\n")
         f.write(markdown_table(records) + "\n")
     return path
+
+
+def shape_arg(names: str) -> Callable[[str], tuple[int, ...]]:
+    """An argparse ``type`` for one size written like ``names`` ("MxKxN": three positive integers joined by "x"):
+    the tuple of ints, or argparse's usage error naming what was seen and what is allowed."""
+    count = len(names.split("x"))
+
+    def parse(text: str) -> tuple[int, ...]:
+        parts = text.split("x")
+        if len(parts) != count or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"expected {names} ({count} positive integers joined by 'x'), got "
+                                             f"{text!r}")
+        return tuple(int(p) for p in parts)
+
+    return parse
+
+
+def shapes_arg(names: str) -> Callable[[str], list[tuple[int, ...]]]:
+    """``shape_arg`` for a comma-separated list of sizes ("32768x4096x4096,4096x4096x14336"), at least one."""
+    one = shape_arg(names)
+
+    def parse(text: str) -> list[tuple[int, ...]]:
+        items = [t for t in text.split(",") if t]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected one or more {names} joined by ',', got {text!r}")
+        return [one(t) for t in items]
+
+    return parse

@@ -107,3 +107,22 @@ def test_roofline():
     with pytest.raises(ValueError, match="unknown 'tpu'"):
         costmodel.device("tpu")
     assert costmodel.detect().name == "cpu"
+
+
+def test_shape_args_parse_sizes_and_name_what_is_wrong(capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="script")
+    parser.add_argument("--shape", type=bench.shape_arg("MxKxN"), default="32768x4096x4096")
+    parser.add_argument("--shapes", type=bench.shapes_arg("MxK"), default="4096x4096,8192x4096")
+    args = parser.parse_args([])
+    assert args.shape == (32768, 4096, 4096) and args.shapes == [(4096, 4096), (8192, 4096)]
+    for argv, message in ((["--shape", "12x"], "expected MxKxN (3 positive integers joined by 'x'), got '12x'"),
+                          (["--shape", "4096x0x4096"], "got '4096x0x4096'"),
+                          (["--shapes", "4096x4096,8192"], "expected MxK (2 positive integers joined by 'x'), got "
+                                                           "'8192'"),
+                          (["--shapes", ","], "expected one or more MxK joined by ',', got ','")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        err = capsys.readouterr().err
+        assert "usage: script" in err and message in err and "Traceback" not in err

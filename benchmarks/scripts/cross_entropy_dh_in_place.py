@@ -37,11 +37,11 @@ def dh_loop(gemm, B: int, H: int, Bc: int):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shape", default="16384x4096x32000", help="BxHxV")
+    parser.add_argument("--shape", type=bench.shape_arg("BxHxV"), default="16384x4096x32000", help="BxHxV")
     parser.add_argument("--chunk-rows", type=int, default=1024)
     parser.add_argument("--iterations", type=int, default=10)
     args = parser.parse_args()
-    B, H, V = map(int, args.shape.split("x"))
+    B, H, V = args.shape
     Bc = args.chunk_rows
     result, save, path = results_file(args.out, "cross_entropy_dh_in_place")
     keys = jax.random.split(jax.random.key(0), 2)
@@ -52,7 +52,7 @@ def main() -> int:
                                                      preferred_element_type=jnp.bfloat16), B, H, Bc),
         "mosaic": dh_loop(lambda dl, w: matmul(dl, w, transpose_b=True), B, H, Bc),
     }
-    with recorded_row(result, save, dict(shape=args.shape, chunk_rows=Bc)) as row:
+    with recorded_row(result, save, dict(shape=f"{B}x{H}x{V}", chunk_rows=Bc)) as row:
         for name, fn in loops.items():
             hlo = fn.lower(dl, w).compile().as_text()
             row[name] = dict(dynamic_slice_fusion="dynamic-slice-fusion" in hlo,

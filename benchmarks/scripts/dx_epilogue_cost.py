@@ -95,10 +95,10 @@ def _variants(M: int, K: int, N: int, dx_cfg) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shape", default="32768x4096x4096")
+    parser.add_argument("--shape", type=bench.shape_arg("MxKxN"), default="32768x4096x4096")
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
-    M, K, N = (int(v) for v in args.shape.split("x"))
+    M, K, N = args.shape
     os.makedirs(args.out, exist_ok=True)
     result, save, path = results_file(args.out, "dx_epilogue_cost")
     keys = jax.random.split(jax.random.key(0), 6)
@@ -130,7 +130,7 @@ def main() -> int:
             base, product)
         errors[name] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
     timings = bench.time_interleaved([(p, operands) for p in programs.values()], iterations=args.iterations)
-    row = dict(shape=args.shape, dx_config=dx_cfg.to_dict(), rows={})
+    row = dict(shape=f"{M}x{K}x{N}", dx_config=dx_cfg.to_dict(), rows={})
     for (name, _), t in zip(programs.items(), timings):
         row["rows"][name] = dict(us=t.median_us, max_rel_err=errors[name], method=t.method,
                                  config=variants[name][1].to_dict() if name in variants else None,

@@ -35,12 +35,12 @@ def _xla_dx_dgamma(u, x, coef, gamma):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shapes", default="4096x4096,8192x4096,4096x2048")
+    parser.add_argument("--shapes", type=bench.shapes_arg("MxK"), default="4096x4096,8192x4096,4096x2048")
     parser.add_argument("--iterations", type=int, default=50)
     args = parser.parse_args()
     result, save, path = results_file(args.out, "dx_finish_blocks")
-    for name in args.shapes.split(","):
-        M, K = map(int, name.split("x"))
+    for M, K in args.shapes:
+        name = f"{M}x{K}"
         keys = jax.random.split(jax.random.key(M + K), 4)
         inputs = (jax.random.normal(keys[0], (M, K), jnp.bfloat16), jax.random.normal(keys[1], (M, K), jnp.bfloat16),
                   jax.random.normal(keys[2], (M,)), jax.random.normal(keys[3], (K,)))

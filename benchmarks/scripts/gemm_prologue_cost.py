@@ -52,10 +52,10 @@ def _fusion(M: int, step: str) -> Fusion:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shape", default="32768x4096x4096")
+    parser.add_argument("--shape", type=bench.shape_arg("MxKxN"), default="32768x4096x4096")
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
-    M, K, N = (int(v) for v in args.shape.split("x"))
+    M, K, N = args.shape
     result, save, path = results_file(args.out, "gemm_prologue_cost")
     kx, kw = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.bfloat16)
@@ -68,7 +68,7 @@ def main() -> int:
     outs = {name: fn(x, w) for name, fn in fns.items()}
     ref = np.asarray(outs["plain_64x256_m"][0], np.float32)
     sums = np.asarray(x, np.float64).sum(axis=1)
-    row = dict(shape=args.shape, configs={n: c.to_dict() for n, (c, _) in VARIANTS.items()}, max_rel_diff={},
+    row = dict(shape=f"{M}x{K}x{N}", configs={n: c.to_dict() for n, (c, _) in VARIANTS.items()}, max_rel_diff={},
                sums_max_abs_err={})
     for name, out in outs.items():
         got = np.asarray(out[0], np.float32)

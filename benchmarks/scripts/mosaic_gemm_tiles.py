@@ -108,7 +108,7 @@ SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default=SHAPES)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--transpose_b", action="store_true", help="w given as (N, K), read transposed")
@@ -116,8 +116,8 @@ def main() -> int:
     result, save, path = results_file(args.out, "mosaic_gemm_tiles")
     result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",") if name in CONFIGS}
     result["transpose_b"] = args.transpose_b
-    for shape in args.shapes.split(","):
-        M, K, N = map(int, shape.split("x"))
+    for M, K, N in args.shapes:
+        shape = f"{M}x{K}x{N}"
         kx, kw = jax.random.split(jax.random.key(0))
         x = jax.random.normal(kx, (M, K), jnp.bfloat16)
         w = (jax.random.normal(kw, (N, K) if args.transpose_b else (K, N), jnp.float32) * K**-0.5).astype(

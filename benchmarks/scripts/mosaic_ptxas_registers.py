@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from attention_fused_bwd import results_file
 from hlo_inspect import ptxas
+from jaxfuse import bench
 from mosaic_gemm_tiles import CONFIGS
 from pallas_kernels.gemm import matmul
 from pallas_kernels.norm_matmul import mosaic as nm
@@ -41,14 +42,14 @@ def report(fn, *args) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336")
+    parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default="32768x4096x4096,4096x4096x14336")
     parser.add_argument("--variants", default="default,fwd_next_tile,mma_next_tile,gamma_a,gamma_a_next_tile")
     parser.add_argument("--configs", default="64x256_m_minor_m_delay1,64x256_m_minor_m_delay1_next_tile")
     parser.add_argument("--backward-variants", default="")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_ptxas_registers")
-    for shape in args.shapes.split(","):
-        M, K, N = map(int, shape.split("x"))
+    for M, K, N in args.shapes:
+        shape = f"{M}x{K}x{N}"
         x, w = jax.ShapeDtypeStruct((M, K), jnp.bfloat16), jax.ShapeDtypeStruct((K, N), jnp.bfloat16)
         gamma = jax.ShapeDtypeStruct((K,), jnp.bfloat16)
         row = dict(shape=shape, forward={}, core={}, backward={})

@@ -50,13 +50,6 @@ def _program(case: str, M: int, K: int, N: int):
     raise ValueError(f"--cases: {case!r} is not one of {CASES} or fused:<variant>")
 
 
-def _parse_shape(text: str) -> tuple[int, int, int]:
-    parts = text.split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise SystemExit(f"--shapes: expected MxKxN with positive integers, got {text!r}")
-    return tuple(int(p) for p in parts)
-
-
 def _traced(program, operands, ranges: int, regions):
     """The kernel's trace of the program's third call under the profiler: (summary, path of the trace kept)."""
     folder = tempfile.mkdtemp(prefix="mosaic_timeline_")
@@ -77,7 +70,7 @@ def _traced(program, operands, ranges: int, regions):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shapes", default="4096x4096x14336,8192x4096x6144")
+    parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default="4096x4096x14336,8192x4096x6144")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--ranges", type=int, default=0,
                         help="regions per warpgroup (0: one per tile and region name kept, + 8)")
@@ -94,8 +87,8 @@ def main() -> int:
             parser.error(f"--cases: {c!r} is not one of {CASES} or fused:<variant of rmsnorm_matmul_configs>")
     os.makedirs(os.path.join(args.out, "traces"), exist_ok=True)
     result, save, path = results_file(args.out, "mosaic_timeline")
-    for shape in args.shapes.split(","):
-        M, K, N = _parse_shape(shape)
+    for M, K, N in args.shapes:
+        shape = f"{M}x{K}x{N}"
         keys = jax.random.split(jax.random.key(M + N), 3)
         x = jax.random.normal(keys[0], (M, K), jnp.float32).astype(jnp.bfloat16)
         gamma = (1.0 + 0.1 * jax.random.normal(keys[1], (K,), jnp.float32)).astype(jnp.bfloat16)
