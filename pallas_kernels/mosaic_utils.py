@@ -57,7 +57,8 @@ H100_SMEM_BYTES = 227 * 1024  # shared memory one block may use on sm90 (232448 
 
 # Number of simulated SMs while interpreting on the CPU (None: compile for the GPU).
 _INTERPRET_SMS = contextvars.ContextVar("pallas_kernels_mosaic_interpret_sms", default=None)
-# (directory, ranges) while kernels are built with Mosaic GPU's on-device profiler (``profiling``).
+# (directory, ranges, region names or None) while kernels are built with Mosaic GPU's on-device profiler
+# (``profiling``).
 _PROFILE = contextvars.ContextVar("pallas_kernels_mosaic_profile", default=None)
 
 

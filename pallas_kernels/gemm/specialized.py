@@ -419,12 +419,11 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True,
                        fetch_at=None, length=None):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
-                With ``Fusion.a_observe``, run after each wgmma is issued (where ``observe``: True, or a traced bool
-                of the tile); with ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run
-                once, right after the first step's wgmma is issued (that step taken out of the loop; k0, k1 static).
-                ``fetch_at``: (step, when, fetch, rows): a second carry starting at rows, which at that step (and
-                ``when``, a traced bool), after the wgmma's issue, becomes fetch() (the shared row vector of
-                ``Fusion.share_rows``). ``length``: k1 - k0 as a Python int where k0 and k1 are traced (a stream-K
+                With ``Fusion.a_observe``, run after each wgmma is issued (where ``observe``, a Python bool); with
+                ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run once, right after
+                the first step's wgmma is issued (that step taken out of the loop; k0, k1 static). ``fetch_at``:
+                (step, fetch, rows): a second carry starting at rows, which at that step, after the wgmma's issue,
+                becomes fetch() (the shared row vector of ``Fusion.share_rows``). ``length``: k1 - k0 as a Python int where k0 and k1 are traced (a stream-K
                 segment); an a_operand needs the step count static. Returns the hook's carry, or (it, that second
                 carry) with fetch_at. No branch holds a wgmma: ptxas keeps them asynchronous."""
                 def step(k, carry, after_issue=None):
@@ -446,7 +445,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
                     if after_issue is not None:
                         after_issue()
-                    if fusion.a_observe is not None and observe is not False:  # under the wgmma just issued
+                    if fusion.a_observe is not None and observe:  # under the wgmma just issued
                         # (and one in flight with delay); loaded again with an a_operand: its registers passed
                         # through an optimization barrier past the issue cost the rmsnorm_matmul forward 10%
                         def observed(c):
@@ -456,13 +455,12 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             side = mu.load(stages[2].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                             return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c, side)
 
-                        hook_carry = observed(hook_carry) if observe is True else lax.cond(
-                            observe, observed, lambda c: c, hook_carry)
+                        hook_carry = observed(hook_carry)
                     if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
                         shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
                     if fetch_at is not None:  # under the wgmma just issued
-                        at, when, fetch, _ = fetch_at
-                        rows = lax.cond(when & (k == at), lambda r: fetch(), lambda r: r, rows)
+                        at, fetch, _ = fetch_at
+                        rows = lax.cond(k == at, lambda r: fetch(), lambda r: r, rows)
                     plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete
 
@@ -473,7 +471,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         plgpu.barrier_arrive(consumed.at[barrier_of(g)])
                     return acc_ref, hook_carry, rows
 
-                rows = () if fetch_at is None else fetch_at[3]
+                rows = () if fetch_at is None else fetch_at[2]
                 first = k0
                 if under_first is not None:  # outside the loop: what it stores is no loop constant
                     _, hook_carry, rows = step(k0, (acc_ref, hook_carry, rows), after_issue=under_first)
@@ -520,10 +518,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stores fn(ctx, carry) into the shared output and signals the row block's other tiles (n_iters - 1
                 of them); those skip the a_observe and wait for that signal and load the row vector
                 ``MosaicGemmConfig.shared_rows_wait`` steps before the loop's end, under a wgmma (0: after the
-                loop). Where ``ctx.first_column`` is static (the GPU's two tile loops) each kind of tile has its own
-                K loop; else one K loop for both, the difference in branches without a wgmma (a K loop inside a
-                branch made ptxas serialize the wgmma). Returns (the row vector, the hook's carry): the epilogue's
-                carry. In interpret mode every tile computes it itself."""
+                loop). Each kind of tile has a K loop of its own (``ctx.first_column``: the GPU's two tile loops),
+                so no step branches on it (a K loop inside a branch made ptxas serialize the wgmma). Returns (the
+                row vector, the hook's carry): the epilogue's carry. In interpret mode every tile computes it
+                itself."""
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
@@ -549,27 +547,19 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def fetch():
                     return fetch_shared_rows(ctx)
 
-                first = ctx.n_idx == 0 if ctx.first_column is None else ctx.first_column
-                if isinstance(first, bool):  # (a tile loop of its own for each kind of tile: no branch)
-                    if first:
-                        carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=True)
-                        return produce(carry), carry
-                    if not cfg.shared_rows_wait:
-                        carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=False)
-                        return fetch(), carry
-                    zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
-                    at = max(0, k_iters - cfg.shared_rows_wait)
-                    carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=False,
-                                         fetch_at=(at, jnp.bool_(True), fetch, zeros))
-                    return rows, carry
+                if ctx.first_column is None:  # (on the GPU every tile loop under share_rows names it)
+                    raise RuntimeError("share_rows: a tile's K loop without TileContext.first_column")
+                if ctx.first_column:
+                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=True)
+                    return produce(carry), carry
                 if not cfg.shared_rows_wait:
-                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first)
-                    return lax.cond(first, produce, lambda c: fetch(), carry), carry
+                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=False)
+                    return fetch(), carry
                 zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
                 at = max(0, k_iters - cfg.shared_rows_wait)
-                carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=first,
-                                     fetch_at=(at, jnp.logical_not(first), fetch, zeros))
-                return lax.cond(first, lambda c, r: produce(c), lambda c, r: r, carry, rows), carry
+                carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=False,
+                                     fetch_at=(at, fetch, zeros))
+                return rows, carry
 
             def mma_tile(lin, local, pending=None, first_column=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
