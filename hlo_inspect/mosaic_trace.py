@@ -1,7 +1,8 @@
 """Where a Mosaic-GPU kernel's time goes, warpgroup by warpgroup: its on-device profiler trace read back.
 
     from pallas_kernels import mosaic_utils as mu
-    with mu.profiling("traces/", ranges=48):          # kernels built here record their named regions
+    with mu.profiling("traces/", ranges=48):          # kernels built here record their regions (mu.region;
+                                                      # regions=("k_loop",): only those named)
         jax.block_until_ready(jax.jit(f)(*args))      # each call writes traces/<kernel>-<ns>-trace.json
     from hlo_inspect import mosaic_trace
     trace = mosaic_trace.load("traces/mosaic_matmul-...-trace.json")
@@ -10,7 +11,7 @@
 
 The trace is the Perfetto JSON that jax's Mosaic-GPU profiler writes (``CompilerParams(profile_space=...,
 profile_dir=...)``): for every warpgroup of every block (a *trace*), lane 0's "B" and "E" events at the begin and
-end of each ``jax.named_scope`` region of the kernel body that warpgroup ran. ``pid`` is 1 + the SM, ``tid``
+end of each ``jax.named_scope`` region of the kernel body that warpgroup ran (``mosaic_utils.region`` in ours). ``pid`` is 1 + the SM, ``tid``
 1 + the trace's index (block · warpgroups per block + warpgroup). An event's ``ts`` (µs) is the warpgroup's start
 on the global timer (ns) plus the SM clock cycles since its first event, less the profiler's own cost per event:
 the profiler mixes the two units. So within a trace, durations are SM cycles; across traces only the starts compare,
@@ -32,8 +33,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import dataclasses
+import gzip
 import json
 import statistics
 import sys
@@ -159,6 +160,8 @@ def summarize(traces: list[Trace], names: tuple[str, ...] | None = None) -> dict
             first_median=statistics.median(firsts), later_median=statistics.median(laters) if laters else None,
             share_of_spans=sum(every) / total_span if total_span else 0.0)
     starts = [t.start_ns for t in picked]
+    if max(starts) - min(starts) >= 1 << 31:  # the global timer's lower 32 bits wrapped between two starts
+        starts = [t + (1 << 32) if t < 1 << 31 else t for t in starts]
     return dict(
         traces=len(picked), sms=len({t.sm for t in picked}), without_regions=len(traces) - len(picked),
         spans=dict(min=min(spans), median=statistics.median(spans), max=max(spans)),

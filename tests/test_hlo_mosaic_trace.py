@@ -77,6 +77,12 @@ def test_summary_takes_spans_tail_and_gaps_over_the_warpgroups_that_ran_regions(
     assert list(only["regions"]) == ["epilogue"] and only["spans"]["max"] == 2213 - 1007
 
 
+def test_the_start_skew_survives_the_timers_32_bit_wrap():
+    starts = [(1 << 32) - 100, 60]  # the profiler keeps the global timer's lower 32 bits
+    summary = mosaic_trace.summarize(mosaic_trace.parse(_document([_gemm_block(1, 1000, 100)] * 2, starts=starts)))
+    assert summary["start_skew_ns"] == 160
+
+
 def test_a_slow_first_tile_shows_in_first_against_later():
     block = _gemm_block(3, 1000, 100)
     for wg in (0, 1):  # the first tile's K loop 500 cycles longer (the pipeline's fill), the rest shifted
