@@ -11,8 +11,8 @@
 
 The trace is the Perfetto JSON that jax's Mosaic-GPU profiler writes (``CompilerParams(profile_space=...,
 profile_dir=...)``): for every warpgroup of every block (a *trace*), lane 0's "B" and "E" events at the begin and
-end of each ``jax.named_scope`` region of the kernel body that warpgroup ran (``mosaic_utils.region`` in ours). ``pid`` is 1 + the SM, ``tid``
-1 + the trace's index (block · warpgroups per block + warpgroup). An event's ``ts`` (µs) is the warpgroup's start
+end of each ``jax.named_scope`` region of the kernel body that warpgroup ran (``mosaic_utils.region`` in ours).
+``pid`` is 1 + the SM, ``tid`` 1 + the trace's index (block · warpgroups per block + warpgroup). An event's ``ts`` (µs) is the warpgroup's start
 on the global timer (ns) plus the SM clock cycles since its first event, less the profiler's own cost per event:
 the profiler mixes the two units. So within a trace, durations are SM cycles; across traces only the starts compare,
 in ns. ``--clock-ghz`` (the clock the kernel ran at, e.g. Nsight Compute's "SM Frequency") turns cycles into µs.
