@@ -810,7 +810,6 @@ def test_nan_never_passes():
     (jnp.bfloat16, True, "mma_shared", False, "n"), (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "k"),
     (jnp.bfloat16, True, "gamma_on_x", False, "n_dx"),
     (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
-    (jnp.bfloat16, True, "gamma_on_a_mma_shared_operand", False, "n"),  # the squares from the a_operand's registers
     (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr"),
     (jnp.bfloat16, True, "gamma_on_x", False, "k_dgu"), (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"),
     (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu")])
