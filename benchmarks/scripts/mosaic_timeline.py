@@ -37,6 +37,7 @@ from pallas_kernels.norm_matmul import rmsnorm_matmul
 from rmsnorm_matmul_configs import VARIANTS, combined, variant_config
 
 CASES = ("core", "fused")
+REGIONS = ("k_loop", "epilogue", "stream_k_loop", "stream_k_epilogue")  # what the GEMM core's warpgroups record
 
 
 def _program(case: str, M: int, K: int, N: int):
@@ -51,7 +52,8 @@ def _program(case: str, M: int, K: int, N: int):
 
 
 def _traced(program, operands, ranges: int, regions):
-    """The kernel's trace of the program's third call under the profiler: (summary, path of the trace kept)."""
+    """The kernel's trace of the program's third call under the profiler: (the trace's path, its temporary folder,
+    which the caller removes)."""
     folder = tempfile.mkdtemp(prefix="mosaic_timeline_")
     try:
         with mu.profiling(folder, ranges=ranges, regions=regions):
@@ -80,6 +82,11 @@ def main() -> int:
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     regions = tuple(r for r in args.regions.split(",") if r) or None
+    unknown = sorted(set(regions or ()) - set(REGIONS))
+    if unknown:
+        parser.error(f"--regions: {', '.join(unknown)} not among the kernels' regions {', '.join(REGIONS)}")
+    if args.ranges < 0:
+        parser.error(f"--ranges: must be >= 0 (0: from the tiles per block), got {args.ranges}")
     per_tile = 2 if regions is None else max(1, len({r.removeprefix("stream_k_") for r in regions}))
     for c in cases:
         parts = c[len("fused:"):].split("+") if c.startswith("fused:") else []
@@ -116,11 +123,16 @@ def main() -> int:
             summary = mosaic_trace.summarize(traces)
             # compiled ahead of time: a jit's caches would hand the other variant's kernels back
             jax.clear_caches()
-            with mu.profiling(tempfile.mkdtemp(prefix="mosaic_timeline_timed_"), ranges=ranges, regions=regions):
+            timed_traces = tempfile.mkdtemp(prefix="mosaic_timeline_timed_")  # every profiled call writes one
+            with mu.profiling(timed_traces, ranges=ranges, regions=regions):
                 profiled = jax.jit(program).lower(*operands).compile()
             jax.clear_caches()
             plain = jax.jit(program).lower(*operands).compile()
-            timings = bench.time_interleaved([(plain, operands), (profiled, operands)], iterations=args.iterations)
+            try:
+                timings = bench.time_interleaved([(plain, operands), (profiled, operands)],
+                                                 iterations=args.iterations)
+            finally:
+                shutil.rmtree(timed_traces, ignore_errors=True)
             plain_us, profiled_us = timings[0].median_us, timings[1].median_us
             row.update(trace=os.path.relpath(kept, args.out), us=plain_us, profiled_us=profiled_us,
                        clock_ghz_implied=summary["spans"]["max"] / (profiled_us * 1e3), summary=summary)
