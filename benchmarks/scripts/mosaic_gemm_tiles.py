@@ -101,7 +101,11 @@ CONFIGS = {
 # ``out_store="direct"`` at a5bfb81) lost at every shape and tile: 0.61-0.89x cuBLAS against 0.93-1.01x through SMEM
 # by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.
 # "auto" and its variants: ``default_config`` of each shape (what ``matmul`` takes), with these fields replaced
-AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0)}
+AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0),
+                 # the tile order: strips of w row blocks (minor "m") or of w column blocks (minor "n"); the
+                 # operand along the strip streams from HBM once per strip
+                 **{f"auto_{minor}{w}": dict(grid_minor=minor, grid_tile_width=w)
+                    for minor, widths in (("m", (4, 8, 16, 32)), ("n", (4, 8, 16))) for w in widths}}
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 

@@ -254,6 +254,15 @@ VARIANTS = {
                                      forward=dict(_STACKED, stream_k=0, delay_release=1)),
     "gamma_a_mma_operand_sk4": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand",
                                     forward=dict(_STACKED, stream_k=4, delay_release=1)),
+    # on the entry as it is: r's squares from the operand, and where the other tiles wait for r (combine them:
+    # "squares_operand+fwd_wait0")
+    "squares_operand": dict(squares_from="operand"),
+    **{f"fwd_wait{lag}": dict(forward=dict(shared_rows_wait=lag)) for lag in (0, 1, 2, 8)},
+    # the kernels' tile order (planar snake): strips of w row blocks (minor "m") or w column blocks (minor "n"),
+    # which sets how often the other operand streams from HBM (the entries: minor "m", w = 8)
+    **{f"{prefix}_{minor}{w}": {kernel: dict(grid_minor=minor, grid_tile_width=w)}
+       for kernel, prefix in (("forward", "fwd"), ("dx", "dx"), ("dw", "dw"))
+       for minor, widths in (("m", (4, 8, 16, 32)), ("n", (4, 8, 16))) for w in widths},
 }
 
 
