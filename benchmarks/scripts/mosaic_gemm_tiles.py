@@ -105,7 +105,9 @@ AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0),
                  # the tile order: strips of w row blocks (minor "m") or of w column blocks (minor "n"); the
                  # operand along the strip streams from HBM once per strip
                  **{f"auto_{minor}{w}": dict(grid_minor=minor, grid_tile_width=w)
-                    for minor, widths in (("m", (4, 8, 16, 32)), ("n", (4, 8, 16))) for w in widths}}
+                    for minor, widths in (("m", (4, 8, 16, 32)), ("n", (4, 8, 16))) for w in widths},
+                 # clusters of two blocks sharing B's tiles ("m") or A's ("n") by TMA multicast (no stream-K)
+                 "auto_cluster_m": dict(cluster="m", stream_k=0), "auto_cluster_n": dict(cluster="n", stream_k=0)}
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 
