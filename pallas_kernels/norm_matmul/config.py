@@ -332,8 +332,12 @@ class MosaicRMSNormMatmulConfig:
       e308713.json with the first column's own K loop): 1403.8 → 1421.4 and 1414.5 → 1426.1 at 32768x4096x4096,
       610.0 → 608.6 and 614.2 → 611.4 at 4096x4096x14336, 524.3 → 524.8 and 528.0 → 525.6 at 8192x4096x6144;
       every tile its own r from the operand ("mma"): 1447.0, 630.0, 539.3. A first tile's K loop 77.6k → 70.5k
-      cycles at 4096x4096x14336 (mosaic_timeline_first_column-h200-e308713.json), too few tiles to show. The
-      entries keep "observe".
+      cycles at 4096x4096x14336 (mosaic_timeline_first_column-h200-e308713.json), too few tiles to show. Two
+      more calls on the entries as they are (..._order-h200-b0ba3ec.json, ..._squares_operand_entry-h200-f0be594
+      .json): 1431.0 → 1424.4 at 32768x4096x4096; 620.3 → 618.3 and 606.3 → 603.9 at 4096x4096x14336 (forward +
+      backward 1849.5 → 1848.6); 532.4 → 530.5 and 521.3 → 519.2 at 8192x4096x6144 (1603.0 → 1599.5). Faster in
+      all four calls at 4096x4096x14336 and in three of four at 8192x4096x6144, whose H200 entries take it;
+      slower in two of three at 32768x4096x4096, whose entry keeps "observe".
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
