@@ -736,8 +736,9 @@ def test_the_tuned_forward_keeps_its_wgmma_unserialized_and_unspilled_on_the_gpu
     assert kernel.name == "rmsnorm_matmul_fwd_mosaic_gpu_kernel" and not kernel.spills, kernel
     assert not kernel.serialized_wgmma, kernel.warnings
     if config.gamma_on == "a":  # (r from XLA: the shared r needs epilogue_store "end")
-        storing_later = dataclasses.replace(config, stats_in_kernel=False, forward=dataclasses.replace(
-            config.forward, epilogue_store="next_tile", stream_k=0))
+        storing_later = dataclasses.replace(  # (r's squares from XLA: "observe", the only form without statistics)
+            config, stats_in_kernel=False, squares_from="observe",
+            forward=dataclasses.replace(config.forward, epilogue_store="next_tile", stream_k=0))
         (kernel,) = ptxas.compile_report(forward(storing_later), *args)
         assert kernel.serialized_wgmma, kernel.warnings
 
