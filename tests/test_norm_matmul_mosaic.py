@@ -901,9 +901,9 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
     config = Config(**params)
     assert (config.gamma_on, config.stats_in_kernel) == ("a", "mma_shared")
     assert config.forward.stream_k == (4 if M == 32768 else 0)
-    # r's squares from the a_operand's registers where four calls measured it faster (..._squares_operand_entry-
-    # h200-f0be594.json and the three before)
-    assert config.squares_from == ("observe" if M == 32768 else "operand")
+    # r's squares from the a_operand's registers (..._squares_operand_entry-h200-f0be594.json,
+    # ..._squares_operand_32768_run{1,2}-h200-e9e205c.json: faster forwards on the entries as they are)
+    assert config.squares_from == "operand"
     if (M, K, N) == (4096, 4096, 14336):  # rmsnorm_matmul_configs_dgamma_u_finish-h200-943f73b: no tile input in dw
         assert (config.row_dot, config.dyr_in_dx, config.dgamma_from, config.dw.num_stages) == ("k", True, "u", 4)
     else:

@@ -336,8 +336,10 @@ class MosaicRMSNormMatmulConfig:
       more calls on the entries as they are (..._order-h200-b0ba3ec.json, ..._squares_operand_entry-h200-f0be594
       .json): 1431.0 → 1424.4 at 32768x4096x4096; 620.3 → 618.3 and 606.3 → 603.9 at 4096x4096x14336 (forward +
       backward 1849.5 → 1848.6); 532.4 → 530.5 and 521.3 → 519.2 at 8192x4096x6144 (1603.0 → 1599.5). Faster in
-      all four calls at 4096x4096x14336 and in three of four at 8192x4096x6144, whose H200 entries take it;
-      slower in two of three at 32768x4096x4096, whose entry keeps "observe".
+      all four calls at 4096x4096x14336 and in three of four at 8192x4096x6144. At 32768x4096x4096 the first two
+      calls compared the operand form without stream-K against the entry with it; on the entry itself
+      (..._squares_operand_32768_run{1,2}-h200-e9e205c.json, two runs of one call) 1400.8 → 1394.6 and 1399.5 →
+      1393.9, forward + backward 4332.1 → 4335.5 and 4336.7 → 4337.0. The three H200 entries take it.
     Why the default is the XLA reduction (H100, forward, benchmarks/results/mosaic_gemm-decide-h100.md): the
     fourth warpgroup took 1718 µs against 1746 at 32768x4096x4096, but 613 vs 608 at 8192x4096x6144, 736 vs 718 at
     4096x4096x14336 and 385 vs 368 at 16384x1024x5504. "mma" (rmsnorm_matmul_configs_mma_stats-h100-8a60578.json,
