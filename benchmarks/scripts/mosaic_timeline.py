@@ -77,7 +77,9 @@ def main() -> int:
     parser.add_argument("--ranges", type=int, default=0,
                         help="regions per warpgroup (0: one per tile and region name kept, + 8)")
     parser.add_argument("--regions", default="", help="comma-separated region names to record (default: all: "
-                        "k_loop,epilogue,stream_k_loop,stream_k_epilogue; k_loop,stream_k_loop fits 32 tiles a block)")
+                        "k_loop,epilogue,stream_k_loop,stream_k_epilogue; fewer take less shared memory, though at "
+                        "32768x4096x4096, 32 tiles a block, even k_loop,stream_k_loop did not fit on the GPU: "
+                        "mosaic_timeline_32768-h200-f0be594.json)")
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
