@@ -1216,26 +1216,6 @@ def test_share_rows_lowers_a_k_loop_for_each_kind_of_tile():
         *operands)
     assert {k: 2 * v for k, v in alone.wgmma().items()} == kernel.wgmma()
     assert kernel.smem_bytes == alone.smem_bytes
-    own = dataclasses.replace(config, shared_rows_first_round="own")  # a third loop: first-round tiles' own rows
-    (first_round_own,) = mosaic_ir.lower_kernels(
-        lambda a, b: gemm(a, b, config=own, out_dtype=jnp.bfloat16, fusion=_shared_row_scale(own, M, K)), *operands)
-    assert {k: 3 * v for k, v in alone.wgmma().items()} == first_round_own.wgmma()
-    assert first_round_own.smem_bytes == alone.smem_bytes
-
-
-def test_shared_rows_first_round_names_its_values_and_refuses_an_a_beside():
-    with pytest.raises(ValueError, match=r"MosaicGemmConfig.shared_rows_first_round: must be one of \('wait', "
-                                         r"'own'\), got 'mine'"):
-        MosaicGemmConfig(shared_rows_first_round="mine")
-    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, shared_rows_first_round="own")
-    fusion = dataclasses.replace(_shared_row_scale(config, 256, 256), inputs=("side",), a_beside="side",
-                                 a_observe=lambda ctx, a, c, side: c + (a.astype(jnp.float32) *
-                                                                        side.astype(jnp.float32)))
-    with pytest.raises(ValueError, match=r"shared_rows_first_round='own' has first-round tiles run the a_observe, "
-                                         r"but a_beside='side' is loaded for the first-column tiles only"):
-        jax.eval_shape(lambda a, b, side: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion,
-                                               arrays=dict(side=side)),
-                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((256, 256), jnp.bfloat16))
 
 
 def test_share_rows_takes_stream_k_only_with_the_first_column_in_the_whole_rounds():
@@ -1406,11 +1386,6 @@ def test_share_rows_in_interpret_mode(fields, with_operand):
     (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4), False),  # 16 tiles left over, 4 units each
     (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4), True),  # the same beside an a_operand
     (32768, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4), True),  # 4 left over; 256 first tiles
-    # the first round's other tiles computing their rows themselves: 100 of them beside 32 first tiles, then 68
-    # beside 64 (and an a_operand), none where the first column fills the round
-    (4096, 4096, 4096, dataclasses.replace(_SHARED_STACKED, shared_rows_first_round="own"), False),
-    (8192, 4096, 6144, dataclasses.replace(_SHARED_STACKED, shared_rows_first_round="own"), True),
-    (32768, 1024, 1024, dataclasses.replace(_SHARED_STACKED, shared_rows_first_round="own"), False),
 ])
 def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
     _check_shared_rows(M, K, N, config, with_operand=with_operand)

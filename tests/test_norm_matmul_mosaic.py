@@ -641,20 +641,6 @@ def _squares_from(variant) -> str:
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N", [(4096, 4096, 14336), (8192, 4096, 6144)])
-def test_the_first_rounds_own_r_on_the_gpu(M, K, N):
-    """The suite shapes' entries with ``shared_rows_first_round="own"``: the first round's tiles beside their row
-    block's first tile sum r's squares from their own operand registers. Forward and gradients against the float32
-    reference, two calls on fresh inputs whose rows differ in scale (a stale or early r shows)."""
-    base = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
-    config = dataclasses.replace(base, forward=dataclasses.replace(base.forward, shared_rows_first_round="own"))
-    for _ in range(2):
-        x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
-        x = (x.astype(jnp.float32) * 2.0 ** normal((M, 1), jnp.float32)).astype(jnp.bfloat16)
-        _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
-
-
-@gpu_only
 @pytest.mark.parametrize("M, K, N, variant", [
     (32768, 1024, 4096, "mma_shared"),  # 4096 tiles: 4 left over, each on 4 units; r shared by the first column
     (32768, 1024, 4096, "gamma_on_a_mma_shared"),  # beside gamma in the registers: one kernel, no XLA pass

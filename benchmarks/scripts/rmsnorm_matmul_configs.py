@@ -258,8 +258,6 @@ VARIANTS = {
     # "squares_operand+fwd_wait0")
     "squares_operand": dict(squares_from="operand"),
     **{f"fwd_wait{lag}": dict(forward=dict(shared_rows_wait=lag)) for lag in (0, 1, 2, 8)},
-    # the first round's other tiles computing r themselves instead of waiting for their row block's first tile
-    "fwd_own": dict(forward=dict(shared_rows_first_round="own")),
     # the kernels' tile order (planar snake): strips of w row blocks (minor "m") or w column blocks (minor "n"),
     # which sets how often the other operand streams from HBM (the entries: minor "m", w = 8)
     **{f"{prefix}_{minor}{w}": {kernel: dict(grid_minor=minor, grid_tile_width=w)}

@@ -43,7 +43,6 @@ EPILOGUE_STORES = ("end", "next_tile")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
 TILE_INPUT_PLACES = ("buffer", "ring")
-SHARED_ROWS_FIRST_ROUNDS = ("wait", "own")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
@@ -97,10 +96,6 @@ class MosaicGemmConfig:
         the H100 (rmsnorm_matmul forward) 4 and 8 measured within 0.2% of each other
         (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json), and 0, 4 and 8 within 1% with an earlier
         compare-and-swap wait (..._mma_shared_wait-h100-37feb47.json).
-      shared_rows_first_round: under a ``Fusion.share_rows``, what a tile of the first round does whose row block's
-        first tile runs beside it: "wait" for its row vector like any other tile; "own", run the a_observe (or the
-        a_operand's share) and compute it itself, sharing nothing (a third tile loop, whose trip count is 0 or 1).
-        Not with an ``a_beside`` (the memory warpgroup loads it for the first-column tiles only).
       tile_input_in: where a fusion's tile input (``Fusion.tile_inputs``: one, its ``store_in``) waits for the
         epilogue: "buffer", its own SMEM (2 · tile_m · tile_n elements), prefetched at each tile's start; "ring",
         two slots of the B stages, which the memory warpgroup fills with the warpgroups' halves after the tile's
@@ -131,7 +126,6 @@ class MosaicGemmConfig:
     prologue_in: str = "fourth"
     epilogue_store: str = "end"
     shared_rows_wait: int = 4
-    shared_rows_first_round: str = "wait"
     tile_input_in: str = "buffer"
 
     def __post_init__(self):
@@ -163,8 +157,6 @@ class MosaicGemmConfig:
             ("prologue_in", self.prologue_in in PROLOGUE_PLACES, f"one of {PROLOGUE_PLACES}"),
             ("epilogue_store", self.epilogue_store in EPILOGUE_STORES, f"one of {EPILOGUE_STORES}"),
             ("tile_input_in", self.tile_input_in in TILE_INPUT_PLACES, f"one of {TILE_INPUT_PLACES}"),
-            ("shared_rows_first_round", self.shared_rows_first_round in SHARED_ROWS_FIRST_ROUNDS,
-             f"one of {SHARED_ROWS_FIRST_ROUNDS}"),
         ]
         for name, ok, allowed in checks:
             if not ok:

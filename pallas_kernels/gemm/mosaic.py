@@ -307,9 +307,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
-    if fusion.a_beside is not None and fusion.share_rows is not None and config.shared_rows_first_round == "own":
-        raise ValueError(f"{name}: shared_rows_first_round='own' has first-round tiles run the a_observe, but "
-                         f"a_beside={fusion.a_beside!r} is loaded for the first-column tiles only; take 'wait'")
     if fusion.a_beside is not None:
         beside = arrays[fusion.a_beside]
         if fusion.a_observe is None or beside.shape != (M, K) or beside.dtype != a.dtype:

@@ -507,27 +507,21 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 """A row block's shared vector (``Fusion.share_rows``), this tile's rows, once its first tile has
                 stored it. One load polls for the signal (a decrementing wait compares-and-swaps, two round trips
                 to L2 at least, each contended by the row block's other tiles); then -1, fire and forget: the count
-                stays >= 1 until the row block's last tile has passed, and ends the call at zero, or at the count
-                of its first-round tiles that computed the vector themselves (``shared_rows_first_round="own"``:
-                they take no count, since the poll compares unsigned and a count below zero would pass it; jax
-                zeroes a kernel's global scratch at each call)."""
+                stays >= 1 until the row block's last tile has passed, and ends the call at zero."""
                 semaphore = row_semaphores.at[ctx.m_idx * 2 + wg]
                 plgpu.semaphore_wait(semaphore, 1, decrement=False, memory_scope="gpu")  # acquire
                 plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
                 return mu.load(named_out[fusion.share_rows[0]].at[ctx.rows], layout=mu.ROWS, optimized=False)
 
-            def shared_rows_k_loop(acc_ref, ctx, local, hook_carry, publish=True):
+            def shared_rows_k_loop(acc_ref, ctx, local, hook_carry):
                 """The K loop of a tile under ``Fusion.share_rows``: a row block's column-0 tile runs the a_observe,
                 stores fn(ctx, carry) into the shared output and signals the row block's other tiles (n_iters - 1
                 of them); those skip the a_observe and wait for that signal and load the row vector
                 ``MosaicGemmConfig.shared_rows_wait`` steps before the loop's end, under a wgmma (0: after the
-                loop). Each kind of tile has a K loop of its own (``ctx.first_column``: the GPU's tile loops), so
-                no step branches on it (a K loop inside a branch made ptxas serialize the wgmma). A tile with
-                ``ctx.first_column`` and not ``publish`` (``shared_rows_first_round="own"``: a first-round tile
-                beside its row block's column-0 tile) runs the a_observe and keeps fn(ctx, carry) to itself: it
-                neither stores nor signals, nor takes a count (the counts are global scratch, zeroed at each
-                call). Returns (the row vector, the hook's carry): the epilogue's carry. In interpret mode every
-                tile computes it itself."""
+                loop). Each kind of tile has a K loop of its own (``ctx.first_column``: the GPU's two tile loops),
+                so no step branches on it (a K loop inside a branch made ptxas serialize the wgmma). Returns (the
+                row vector, the hook's carry): the epilogue's carry. In interpret mode every tile computes it
+                itself."""
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
@@ -557,7 +551,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     raise RuntimeError("share_rows: a tile's K loop without TileContext.first_column")
                 if ctx.first_column:
                     carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=True)
-                    return (produce(carry) if publish else rows_from(ctx, carry).astype(_F32)), carry
+                    return produce(carry), carry
                 if not cfg.shared_rows_wait:
                     carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=False)
                     return fetch(), carry
@@ -567,11 +561,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                                      fetch_at=(at, fetch, zeros))
                 return rows, carry
 
-            def mma_tile(lin, local, pending=None, first_column=None, publish=True):
+            def mma_tile(lin, local, pending=None, first_column=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
-                the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``;
-                ``publish``: whether such a tile shares its row vector (``shared_rows_k_loop``)."""
+                the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
                 ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
                 shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
@@ -586,7 +579,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def acc_scope(acc_ref):
                     with mu.region("k_loop"):
                         if sharing:
-                            carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry, publish)
+                            carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry)
                         else:
                             carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
                     with mu.region("epilogue"):
@@ -634,26 +627,16 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             def first_column_then_the_rest():
                 """(share_rows, GPU) The block's tiles in two loops: those of the first column (lin < m_iters, which
                 the tile order runs first), then the others, each loop's K loop compiled for its kind of tile
-                (``TileContext.first_column``), so no step branches on it. With ``shared_rows_first_round="own"``
-                a loop between them takes the block's first tile where it is not a first-column one (a tile of the
-                first round whose row block's first tile runs beside it): it computes the row vector itself
-                instead of waiting for it (a trip count of 0 or 1, not a branch)."""
+                (``TileContext.first_column``), so no step branches on it."""
                 sm, blocks = lax.axis_index("sm"), lax.axis_size("sm")
 
                 def count(limit):  # the block's local indices whose lin = local · blocks + sm is below limit
                     return jnp.maximum(0, lax.div(limit - sm + blocks - 1, blocks))
 
                 n_first, n_all = count(shape.iters[0]), count(round_tiles)
-                n_own = n_first
-                if cfg.shared_rows_first_round == "own":
-                    n_own = jnp.maximum(n_first, count(jnp.minimum(blocks, round_tiles)))
-                kinds = ((True, True, 0, n_first), (True, False, n_first, n_own), (False, True, n_own, n_all))
-                for first, publish, start, stop in kinds:
-                    if cfg.shared_rows_first_round != "own" and not publish:
-                        continue
-
-                    def tile(local, carry, first=first, publish=publish):
-                        mma_tile(local * blocks + sm, local, first_column=first, publish=publish)
+                for first, (start, stop) in ((True, (0, n_first)), (False, (n_first, n_all))):
+                    def tile(local, carry, first=first):
+                        mma_tile(local * blocks + sm, local, first_column=first)
                         return carry
 
                     lax.fori_loop(start, stop, tile, ())
