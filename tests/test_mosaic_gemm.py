@@ -1186,7 +1186,6 @@ def _shared_row_scale(config, M: int, K: int) -> Fusion:
 @pytest.mark.parametrize("config_changes, fusion_changes, match", [
     (dict(schedule="pingpong", tile_m=128, tile_n=128), {}, "needs an a_observe or an a_operand, "
                                                                 "schedule='cooperative'"),
-    (dict(epilogue_store="next_tile"), {}, "epilogue_store='next_tile'"),
     ({}, dict(a_observe=None), "a_observe=None"),
     ({}, dict(outputs=(("sumsq", S((256,), jnp.bfloat16)),)),
      r"share_rows='sumsq' must name an \(256,\) float32 output, got shape \(256,\), dtype bfloat16"),
@@ -1201,12 +1200,15 @@ def test_share_rows_needs_an_a_observe_cooperative_tiles_and_a_float32_row_outpu
 
 
 @cpu_only
-def test_share_rows_lowers_a_k_loop_for_each_kind_of_tile():
+@pytest.mark.parametrize("epilogue_store", ["end", "next_tile"])
+def test_share_rows_lowers_a_k_loop_for_each_kind_of_tile(epilogue_store):
     """Lowered for CUDA: twice the wgmma of the a_observe alone (the first column's tiles and the others each in a
     tile loop of their own, ``TileContext.first_column``: no step branches on the kind of tile; a K loop inside a
-    branch had ptxas serialize its wgmma), and no more shared memory."""
+    branch had ptxas serialize its wgmma), and no more shared memory. With the output stored under the next tile's
+    first wgmma, each loop takes its first step out (as the a_observe alone does)."""
     M, K, N = 4096, 1024, 4096
-    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1,
+                              epilogue_store=epilogue_store)
     operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
     (kernel,) = mosaic_ir.lower_kernels(
         lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_shared_row_scale(config, M, K)),
@@ -1386,6 +1388,11 @@ def test_share_rows_in_interpret_mode(fields, with_operand):
     (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4), False),  # 16 tiles left over, 4 units each
     (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4), True),  # the same beside an a_operand
     (32768, 1024, 4096, dataclasses.replace(_SHARED_STACKED, stream_k=4), True),  # 4 left over; 256 first tiles
+    # each output stored under the next tile's first wgmma, carried from the first column's loop into the others'
+    (32768, 1024, 1024, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile"), False),
+    (4096, 2048, 256, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile"), False),  # no second loop
+    (8192, 4096, 6144, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile"), True),
+    (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile", stream_k=4), False),
 ])
 def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
     _check_shared_rows(M, K, N, config, with_operand=with_operand)

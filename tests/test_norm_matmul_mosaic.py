@@ -286,8 +286,7 @@ def test_the_row_dot_from_the_dx_kernel_leaves_no_xla_pass_over_dy():
     assert [line for line in program.splitlines() if "stablehlo.reduce" in line and f"tensor<{M}x{N}x" in line]
 
 
-@pytest.mark.parametrize("fields", [dict(epilogue_store="next_tile"),
-                                    dict(schedule="pingpong", tile_m=128, tile_n=128), dict(cluster="m")])
+@pytest.mark.parametrize("fields", [dict(schedule="pingpong", tile_m=128, tile_n=128), dict(cluster="m")])
 def test_r_shared_from_each_row_blocks_first_tile_needs_cooperative_tiles(fields):
     forward = MosaicGemmConfig(**dict(dict(tile_m=64, tile_n=256, wg_split="m", delay_release=1), **fields))
     with pytest.raises(ValueError, match="stats_in_kernel: 'mma_shared' passes r from each row block's first tile "
@@ -663,11 +662,14 @@ def test_forward_with_stream_k_beside_shared_r_or_gamma_in_registers_on_the_gpu(
 @pytest.mark.parametrize("M, K, N, variant", [
     (4096, 4096, 4096, "mma"), (4096, 4096, 4096, "mma_rows"), (4096, 4096, 14336, "gamma_on_a"),
     (2048, 2048, 8192, "gamma_on_a_mma"),
+    (32768, 1024, 1024, "mma_shared"), (8192, 4096, 6144, "gamma_on_a_mma_shared_operand"),  # r shared: the output
+    # carried from the first column's tile loop into the others'
     (256, 1024, 4096, False)])  # 16 or 32 forward tiles on 132 blocks: one tile per block, or none
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_stored_under_the_next_tile_on_the_gpu(M, K, N, variant, residual):
     """The forward's output tile kept in registers and stored under the next tile's first wgmma
-    (epilogue_store="next_tile"), with r from XLA or the MMA warpgroups and gamma on w or in the registers."""
+    (epilogue_store="next_tile"), with r from XLA, the MMA warpgroups or each row block's first tile and gamma on w
+    or in the registers."""
     config = _numbers_config(M, K, N, jnp.bfloat16, residual, variant, "n")
     forward = config.forward if not config.forward.pingpong else MosaicGemmConfig()
     config = dataclasses.replace(config, forward=dataclasses.replace(forward, epilogue_store="next_tile", stream_k=0))

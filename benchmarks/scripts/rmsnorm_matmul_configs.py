@@ -257,6 +257,17 @@ VARIANTS = {
     # on the entry as it is: r's squares from the operand, and where the other tiles wait for r (combine them:
     # "squares_operand+fwd_wait0")
     "squares_operand": dict(squares_from="operand"),
+    # gamma on w (w_γ by XLA: 2KN bytes each way) so that A stays in shared memory, which lets the output leave
+    # under the next tile's first wgmma as the plain core's does (an a_operand's wgmma ptxas serializes beside it);
+    # r shared as in the entries (the first column's tiles observe the x blocks), waiting for each wgmma or one
+    # group in flight, the output stored at the tile's end for comparison
+    # (dgamma from the dw kernel: the K side's dgamma from u needs gamma off w); and the entry as it is with its
+    # output under the next tile (beside the a_operand ptxas serialized that wgmma on the H100, without share_rows)
+    **{f"gamma_w_shared_{store}{suffix}": dict(gamma_on="w", stats_in_kernel="mma_shared", squares_from="observe",
+                                               dgamma_from=None,
+                                               forward=dict(delay_release=delay, epilogue_store=store_form))
+       for store, store_form in (("next", "next_tile"), ("end", "end")) for suffix, delay in (("", 0), ("_d1", 1))},
+    "fwd_next": dict(forward=dict(epilogue_store="next_tile")),
     **{f"fwd_wait{lag}": dict(forward=dict(shared_rows_wait=lag)) for lag in (0, 1, 2, 8)},
     # the kernels' tile order (planar snake): strips of w row blocks (minor "m") or w column blocks (minor "n"),
     # which sets how often the other operand streams from HBM (the entries: minor "m", w = 8)

@@ -513,7 +513,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
                 return mu.load(named_out[fusion.share_rows[0]].at[ctx.rows], layout=mu.ROWS, optimized=False)
 
-            def shared_rows_k_loop(acc_ref, ctx, local, hook_carry):
+            def shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first=None):
                 """The K loop of a tile under ``Fusion.share_rows``: a row block's column-0 tile runs the a_observe,
                 stores fn(ctx, carry) into the shared output and signals the row block's other tiles (n_iters - 1
                 of them); those skip the a_observe and wait for that signal and load the row vector
@@ -521,7 +521,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 loop). Each kind of tile has a K loop of its own (``ctx.first_column``: the GPU's two tile loops),
                 so no step branches on it (a K loop inside a branch made ptxas serialize the wgmma). Returns (the
                 row vector, the hook's carry): the epilogue's carry. In interpret mode every tile computes it
-                itself."""
+                itself. ``under_first``: as ``k_loop``'s (the previous tile's output, stored under the first wgmma)."""
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
@@ -541,7 +541,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     return rows
 
                 if mu.interpreting() or not others:
-                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry)
+                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, under_first)
                     return produce(carry), carry
 
                 def fetch():
@@ -550,14 +550,14 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 if ctx.first_column is None:  # (on the GPU every tile loop under share_rows names it)
                     raise RuntimeError("share_rows: a tile's K loop without TileContext.first_column")
                 if ctx.first_column:
-                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=True)
+                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, under_first, observe=True)
                     return produce(carry), carry
                 if not cfg.shared_rows_wait:
-                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=False)
+                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, under_first, observe=False)
                     return fetch(), carry
                 zeros = mu.layout_cast(jnp.zeros((cfg.tile_m,), _F32), mu.ROWS)
                 at = max(0, k_iters - cfg.shared_rows_wait)
-                carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, observe=False,
+                carry, rows = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, under_first, observe=False,
                                      fetch_at=(at, fetch, zeros))
                 return rows, carry
 
@@ -579,7 +579,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def acc_scope(acc_ref):
                     with mu.region("k_loop"):
                         if sharing:
-                            carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry)
+                            carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first)
                         else:
                             carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
                     with mu.region("epilogue"):
@@ -610,42 +610,53 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 tile = pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
                 return None if pending is None else (tile, lin)
 
-            def each_tile_storing_later():
-                """The tile loop of ``epilogue_store="next_tile"``: each tile's output carried to the next."""
-                nothing = (mu.layout_cast(jnp.zeros((cfg.tile_m, cfg.tile_n), shape.out_dtype), mu.TILE),
-                           jnp.int32(0))
+            def no_output_yet():
+                """The carry of ``epilogue_store="next_tile"``'s tile loops before the block's first tile."""
+                return (mu.layout_cast(jnp.zeros((cfg.tile_m, cfg.tile_n), shape.out_dtype), mu.TILE), jnp.int32(0))
 
-                @plgpu.nd_loop((round_tiles,), collective_axes="sm", init_carry=nothing)
-                def last_output(loop_info, carry):
-                    return mma_tile(loop_info.index[0], loop_info.local_index, pending=carry)
-
+            def store_last_output(last_output):
                 @pl.when(lax.axis_index("sm") < round_tiles)  # the block ran a tile: its last one is pending
                 def _store_last():
                     tile, lin = last_output
                     shape.store_output(shape.tile_context(lin, wg, refs_by_name), tile, scoped, out_gmem)
 
-            def first_column_then_the_rest():
+            def each_tile_storing_later():
+                """The tile loop of ``epilogue_store="next_tile"``: each tile's output carried to the next."""
+                @plgpu.nd_loop((round_tiles,), collective_axes="sm", init_carry=no_output_yet())
+                def last_output(loop_info, carry):
+                    return mma_tile(loop_info.index[0], loop_info.local_index, pending=carry)
+
+                store_last_output(last_output)
+
+            def first_column_then_the_rest(storing_later):
                 """(share_rows, GPU) The block's tiles in two loops: those of the first column (lin < m_iters, which
                 the tile order runs first), then the others, each loop's K loop compiled for its kind of tile
-                (``TileContext.first_column``), so no step branches on it."""
+                (``TileContext.first_column``), so no step branches on it. ``storing_later``: each tile's output
+                carried to the next through both loops (``epilogue_store="next_tile"``)."""
                 sm, blocks = lax.axis_index("sm"), lax.axis_size("sm")
 
                 def count(limit):  # the block's local indices whose lin = local · blocks + sm is below limit
                     return jnp.maximum(0, lax.div(limit - sm + blocks - 1, blocks))
 
                 n_first, n_all = count(shape.iters[0]), count(round_tiles)
+                carry = no_output_yet() if storing_later else ()
                 for first, (start, stop) in ((True, (0, n_first)), (False, (n_first, n_all))):
                     def tile(local, carry, first=first):
+                        if storing_later:
+                            return mma_tile(local * blocks + sm, local, pending=carry, first_column=first)
                         mma_tile(local * blocks + sm, local, first_column=first)
                         return carry
 
-                    lax.fori_loop(start, stop, tile, ())
+                    carry = lax.fori_loop(start, stop, tile, carry)
+                if storing_later:
+                    store_last_output(carry)
 
-            if cfg.epilogue_store == "next_tile":
+            if sharing and not mu.interpreting():
+                if round_tiles:
+                    first_column_then_the_rest(storing_later=cfg.epilogue_store == "next_tile")
+            elif cfg.epilogue_store == "next_tile":
                 if round_tiles:
                     each_tile_storing_later()
-            elif sharing and not mu.interpreting():
-                first_column_then_the_rest()
             else:
                 @each_tile
                 def _(lin, local, num_local):

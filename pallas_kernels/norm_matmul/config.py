@@ -251,7 +251,7 @@ class MosaicRMSNormMatmulConfig:
       "mma_shared": as "mma", but only the first tile of each row block sums the squares; the others get its r
       through HBM (``gemm.Fusion.share_rows``: the forward's whole first column runs first, then the other tiles,
       each polling the row block's count a few steps before its K loop ends). Cooperative tiles (no cluster or
-      ping-pong, epilogue_store "end"); with stream-K the last round's tiles take r like the others. Beside gamma_on
+      ping-pong); with stream-K the last round's tiles take r like the others. Beside gamma_on
       "a" the forward is one kernel reading x and w once, no XLA pass at all. Measured on the H100
       (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json, forward µs, the tuned entry → gamma_on "a" with
       "mma_shared"): 1462.3 → 1453.2 at 32768x4096x4096, 621.4 → 620.9 at 4096x4096x14336, 548.3 → 533.8 at
@@ -381,13 +381,11 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: {self.stats_in_kernel!r} sums squares in the "
                              f"MMA warpgroups of our K loop: the forward config needs pipeline='own', got "
                              f"{self.forward.pipeline!r}")
-        if self.stats_in_kernel == "mma_shared" and (self.forward.pingpong or self.forward.cluster != "none" or
-                                                      self.forward.epilogue_store != "end"):
+        if self.stats_in_kernel == "mma_shared" and (self.forward.pingpong or self.forward.cluster != "none"):
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma_shared' passes r from each row block's "
-                             "first tile to its others; the forward config needs schedule='cooperative', "
-                             "cluster='none' and epilogue_store='end'; got "
-                             f"schedule={self.forward.schedule!r}, cluster={self.forward.cluster!r}, "
-                             f"epilogue_store={self.forward.epilogue_store!r}")
+                             "first tile to its others; the forward config needs schedule='cooperative' and "
+                             f"cluster='none'; got schedule={self.forward.schedule!r}, "
+                             f"cluster={self.forward.cluster!r}")
         if self.gamma_on not in (None, "w", "x", "a"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x' or 'a', got "
                              f"{self.gamma_on!r}")
