@@ -288,8 +288,14 @@ def combined(name: str) -> dict:
 
 
 def variant_config(M: int, K: int, N: int, changes: dict):
-    """The shape's default Mosaic config with ``changes``; the statistics warpgroup's forward tiles when asked."""
+    """The shape's default Mosaic config with ``changes``; the statistics warpgroup's forward tiles when asked. An
+    entry's r squared from the a_operand's registers (squares_from "operand") falls back to "observe" where the
+    changes take gamma out of the registers or r out of the MMA warpgroups without naming squares_from."""
     base = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
+    takes_operand = (changes.get("gamma_on", base.gamma_on) == "a"
+                     and changes.get("stats_in_kernel", base.stats_in_kernel) in nm_config.MMA_STATS)
+    if "squares_from" not in changes and not takes_operand:
+        base = dataclasses.replace(base, squares_from="observe")
     if changes.get("stats_in_kernel") is True and (base.forward.wg_split != "n" or base.forward.pingpong):
         base = dataclasses.replace(base, forward=nm_config.mosaic_default_config(
             M, K, N, jnp.bfloat16, stats_in_kernel=True).forward)
