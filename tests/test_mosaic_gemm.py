@@ -1199,59 +1199,20 @@ def test_share_rows_needs_an_a_observe_cooperative_tiles_and_a_float32_row_outpu
                        S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
 
 
-@pytest.mark.parametrize("m_iters, n_iters, width, lead", [(256, 16, 8, 2), (64, 16, 8, 1), (8, 3, 4, 1),
-                                                           (16, 5, 4, 3), (8, 4, 8, 2), (24, 2, 8, 1), (6, 1, 2, 1)])
-def test_first_tiles_lead_their_row_blocks_others_and_every_tile_runs_once(m_iters, n_iters, width, lead):
-    """MosaicGemmConfig.shared_rows_lead: each first tile before its row block's others (the whole order, so no tile
-    waits for a later one), all of them at least lead groups ahead past the head, and the last first tile where
-    the stream-K check says."""
-    from pallas_kernels.gemm.mosaic import _last_first_tile, first_column_lead
-    lin = jnp.arange(m_iters * n_iters, dtype=jnp.int32)
-    m_idx, n_idx = (np.asarray(i).tolist() for i in jax.vmap(
-        lambda i: first_column_lead(i, m_iters, n_iters, width, lead))(lin))
-    assert sorted(zip(m_idx, n_idx)) == [(m, n) for m in range(m_iters) for n in range(n_iters)]
-    first_at = {m: i for i, (m, n) in enumerate(zip(m_idx, n_idx)) if n == 0}
-    others_at = {}
-    for i, (m, n) in enumerate(zip(m_idx, n_idx)):
-        if n:
-            others_at.setdefault(m, i)
-    assert all(first_at[m] < i for m, i in others_at.items())
-    past_head = [i - first_at[m] for m, i in others_at.items() if m >= 2 * lead * width]
-    assert all(gap >= lead * width * n_iters - width for gap in past_head)
-    config = MosaicGemmConfig(grid_tile_width=width, shared_rows_lead=lead)
-    assert _last_first_tile(m_iters, n_iters, config) == max(first_at.values())
-
-
-def test_first_tiles_lead_needs_whole_groups_of_row_blocks_and_whole_rounds_for_them():
-    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, shared_rows_lead=1)
-    with pytest.raises(ValueError, match=r"shared_rows_lead=1 orders row blocks in groups of grid_tile_width=8: it "
-                                         r"needs their count \(2\) a multiple of it"):
-        jax.eval_shape(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
-                                         fusion=_shared_row_scale(config, 256, 256)),
-                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
-    config = dataclasses.replace(config, stream_k=4, grid_tile_width=2)  # 2 row blocks, 2 columns on 8 blocks:
-    with pytest.raises(ValueError, match=r"with shared_rows_lead=1 the last runs at 1 of 0; take stream_k=0"):
-        jax.eval_shape(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,  # no whole round
-                                         fusion=_shared_row_scale(config, 256, 1024), num_sms=8),
-                       S((256, 1024), jnp.bfloat16), S((1024, 512), jnp.bfloat16))
-
-
 @cpu_only
-@pytest.mark.parametrize("epilogue_store, lead", [("end", 0), ("next_tile", 0), ("end", 1), ("next_tile", 1)])
-def test_share_rows_lowers_a_k_loop_for_each_kind_of_tile(epilogue_store, lead):
+@pytest.mark.parametrize("epilogue_store", ["end", "next_tile"])
+def test_share_rows_lowers_a_k_loop_for_each_kind_of_tile(epilogue_store):
     """Lowered for CUDA: twice the wgmma of the a_observe alone (the first column's tiles and the others each in a
     tile loop of their own, ``TileContext.first_column``: no step branches on the kind of tile; a K loop inside a
     branch had ptxas serialize its wgmma), and no more shared memory. With the output stored under the next tile's
-    first wgmma, each loop takes its first step out (as the a_observe alone does). With the first tiles among the
-    others (shared_rows_lead), each tile runs through one of two tile bodies, the same two K loops."""
+    first wgmma, each loop takes its first step out (as the a_observe alone does)."""
     M, K, N = 4096, 1024, 4096
     config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1,
                               epilogue_store=epilogue_store)
-    shared_config = dataclasses.replace(config, shared_rows_lead=lead)
     operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
     (kernel,) = mosaic_ir.lower_kernels(
-        lambda a, b: gemm(a, b, config=shared_config, out_dtype=jnp.bfloat16,
-                          fusion=_shared_row_scale(shared_config, M, K)), *operands)
+        lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_shared_row_scale(config, M, K)),
+        *operands)
     (alone,) = mosaic_ir.lower_kernels(
         lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_row_sums_of_squares(config, M)),
         *operands)
@@ -1432,11 +1393,6 @@ def test_share_rows_in_interpret_mode(fields, with_operand):
     (4096, 2048, 256, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile"), False),  # no second loop
     (8192, 4096, 6144, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile"), True),
     (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile", stream_k=4), False),
-    # the first tiles among the others, one or two groups of row blocks ahead (shared_rows_lead)
-    (32768, 1024, 1024, dataclasses.replace(_SHARED_STACKED, shared_rows_lead=1), False),
-    (32768, 1024, 4096, dataclasses.replace(_SHARED_STACKED, shared_rows_lead=1, stream_k=4), True),
-    (8192, 1024, 2048, dataclasses.replace(_SHARED_STACKED, shared_rows_lead=2, epilogue_store="next_tile"), False),
-    (4096, 4096, 4096, dataclasses.replace(_SHARED_STACKED, shared_rows_lead=1), True),  # the first round waits
 ])
 def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
     _check_shared_rows(M, K, N, config, with_operand=with_operand)

@@ -659,23 +659,6 @@ def test_forward_with_stream_k_beside_shared_r_or_gamma_in_registers_on_the_gpu(
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, variant, lead, stream_k", [
-    (32768, 1024, 4096, "gamma_on_a_mma_shared_operand", 1, 4),  # 256 row blocks, 4 tiles cut by K steps
-    (8192, 4096, 6144, "gamma_on_a_mma_shared_operand", 2, 0),
-    (4096, 4096, 4096, "mma_shared", 1, 0)])  # 32 row blocks: the first round's others wait for their first tiles
-def test_forward_with_the_first_tiles_among_the_others_on_the_gpu(M, K, N, variant, lead, stream_k):
-    """r shared from each row block's first tile, those tiles run one or two groups of row blocks ahead of their
-    others (``MosaicGemmConfig.shared_rows_lead``): forward and gradients against the float32 reference, two
-    calls."""
-    config = _numbers_config(M, K, N, jnp.bfloat16, False, variant, "n")
-    config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, shared_rows_lead=lead,
-                                                                     stream_k=stream_k))
-    x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
-    for _ in range(2):
-        _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
-
-
-@gpu_only
 @pytest.mark.parametrize("M, K, N, variant", [
     (4096, 4096, 4096, "mma"), (4096, 4096, 4096, "mma_rows"), (4096, 4096, 14336, "gamma_on_a"),
     (2048, 2048, 8192, "gamma_on_a_mma"),

@@ -268,9 +268,9 @@ VARIANTS = {
                                                forward=dict(delay_release=delay, epilogue_store=store_form))
        for store, store_form in (("next", "next_tile"), ("end", "end")) for suffix, delay in (("", 0), ("_d1", 1))},
     "fwd_next": dict(forward=dict(epilogue_store="next_tile")),
-    # the row blocks' first tiles one or two groups of 8 row blocks ahead of their others instead of all first (at
-    # 32768x4096x4096 the first two rounds are all first tiles, each reading its own 1 MB of x)
-    **{f"fwd_lead{lead}": dict(forward=dict(shared_rows_lead=lead)) for lead in (1, 2)},
+    # (the row blocks' first tiles one or two groups of 8 row blocks ahead of their others, each tile through a loop
+    # of 0 or 1 trips per kind: ``shared_rows_lead`` at 8210289, "fwd_lead1", "fwd_lead2", 4-15 µs slower than the
+    # first column first at the three shapes: rmsnorm_matmul_configs_lead-h200-8210289.json; removed after it)
     **{f"fwd_wait{lag}": dict(forward=dict(shared_rows_wait=lag)) for lag in (0, 1, 2, 8)},
     # the kernels' tile order (planar snake): strips of w row blocks (minor "m") or w column blocks (minor "n"),
     # which sets how often the other operand streams from HBM (the entries: minor "m", w = 8)

@@ -96,13 +96,6 @@ class MosaicGemmConfig:
         the H100 (rmsnorm_matmul forward) 4 and 8 measured within 0.2% of each other
         (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json), and 0, 4 and 8 within 1% with an earlier
         compare-and-swap wait (..._mma_shared_wait-h100-37feb47.json).
-      shared_rows_lead: under a ``Fusion.share_rows``, where the row blocks' first tiles run: 0, all of them
-        before every other tile (the first rounds then read the A rows of every row block at once: at
-        32768x4096x4096 the first two rounds are all first tiles); L >= 1, spread through the order, each group of
-        ``grid_tile_width`` row blocks' first tiles L groups (L · width · n_iters tiles) ahead of the group's other
-        tiles, row block fastest (``gemm.mosaic.first_column_lead``), so a round reads a few first tiles' A rows
-        beside its others'. Each tile then runs through one of two tile bodies (a loop of 0 or 1 trips per kind),
-        each K loop compiled once. Needs m_iters a multiple of the width.
       tile_input_in: where a fusion's tile input (``Fusion.tile_inputs``: one, its ``store_in``) waits for the
         epilogue: "buffer", its own SMEM (2 · tile_m · tile_n elements), prefetched at each tile's start; "ring",
         two slots of the B stages, which the memory warpgroup fills with the warpgroups' halves after the tile's
@@ -133,7 +126,6 @@ class MosaicGemmConfig:
     prologue_in: str = "fourth"
     epilogue_store: str = "end"
     shared_rows_wait: int = 4
-    shared_rows_lead: int = 0
     tile_input_in: str = "buffer"
 
     def __post_init__(self):

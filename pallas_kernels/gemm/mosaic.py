@@ -283,10 +283,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         raise ValueError(f"{name}: epilogue_store='next_tile' keeps the output tile in registers and stages it in "
                          f"its own SMEM slots; a fusion storing from its tile input (store_in={fusion.store_in!r}, "
                          f"or accumulate_into) takes epilogue_store='end'")
-    if fusion.share_rows is not None and config.shared_rows_lead and (M // config.cta_m) % config.grid_tile_width:
-        raise ValueError(f"{name}: shared_rows_lead={config.shared_rows_lead} orders row blocks in groups of "
-                         f"grid_tile_width={config.grid_tile_width}: it needs their count ({M // config.cta_m}) a "
-                         f"multiple of it; take shared_rows_lead=0 here")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
         if (fusion.a_observe is None and fusion.a_operand is None) or config.pingpong or config.cluster != "none":
@@ -349,14 +345,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"ranges must be equal and within one tile: stream_k={config.stream_k} cuts "
                              f"{plan.sk_tiles} tiles of {plan.k_iters} steps over {plan.units} blocks; take a split "
                              f"that divides {plan.k_iters}, or stream_k=0")
-        if plan is not None and fusion.share_rows is not None and config.shared_rows_lead:
-            last_first = _last_first_tile(m_iters, -(-N // config.cta_n), config)
-            if last_first >= plan.dp_tiles:
-                raise ValueError(f"{name}: share_rows needs every row block's first tile in the whole rounds (stream-K "
-                                 f"tiles never run the a_observe), but with shared_rows_lead="
-                                 f"{config.shared_rows_lead} the last runs at {last_first} of {plan.dp_tiles}; "
-                                 f"take stream_k=0 here")
-        elif plan is not None and fusion.share_rows is not None and plan.dp_tiles < m_iters:
+        if plan is not None and fusion.share_rows is not None and plan.dp_tiles < m_iters:
             raise ValueError(f"{name}: share_rows needs every row block's first tile in the whole rounds (stream-K "
                              f"tiles never run the a_observe), but the rounds hold {plan.dp_tiles} tiles of the "
                              f"{m_iters} first ones; take stream_k=0 here")
@@ -532,9 +521,7 @@ class _Shape:
         m_iters, n_iters, _ = self.iters
         pairs_m, pairs_n = (cfg.cluster == "m") + 1, (cfg.cluster == "n") + 1
         minor = 1 if cfg.grid_minor == "n" else 0
-        if self.fusion.share_rows is not None and cfg.shared_rows_lead:  # first tiles a few groups ahead
-            m_idx, n_idx = first_column_lead(lin, m_iters, n_iters, cfg.grid_tile_width, cfg.shared_rows_lead)
-        elif self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
+        if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
             m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
         else:
             m_idx, n_idx = plgpu.planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor,
@@ -698,45 +685,6 @@ def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, til
     m_rest, n_rest = plgpu.planar_snake(jnp.asarray(rest, jnp.int32), (m_iters, n_iters - 1), minor_dim, tile_width)
     first = lin < m_iters
     return jnp.where(first, lin, m_rest), jnp.where(first, 0, n_rest + 1)
-
-
-def _last_first_tile(m_iters: int, n_iters: int, config: MosaicGemmConfig) -> int:
-    """The position of the last first tile (column 0) in the ``shared_rows_lead`` order (``first_column_lead``)."""
-    width = config.grid_tile_width
-    groups = m_iters // width
-    lead = min(config.shared_rows_lead, groups)
-    if n_iters == 1 or groups == lead:  # all of them at the head
-        return m_iters - 1
-    return lead * width + (groups - lead - 1) * width * n_iters + width - 1
-
-
-def first_column_lead(lin, m_iters: int, n_iters: int, width: int, lead: int):
-    """(m_idx, n_idx) of the lin-th CTA tile in the order of ``MosaicGemmConfig.shared_rows_lead`` = lead: row
-    blocks in groups of ``width``; first the first tiles (column 0) of groups 0 .. lead - 1, then per group g the
-    first tiles of group g + lead (while there is one) and g's other tiles (columns 1 .. n_iters - 1, row block
-    fastest). So each first tile runs lead groups (lead · width · n_iters tiles) before its row block's others, and
-    the order never asks a tile to wait for one after it. m_iters a multiple of width. lin: a traced int32 scalar,
-    or a Python int (tests)."""
-    if n_iters == 1:  # every tile is a first tile
-        return first_column_then_snake(lin, m_iters, n_iters, 0, width)
-    groups = m_iters // width
-    lead = min(lead, groups)
-    head, block, others = lead * width, width * n_iters, width * (n_iters - 1)
-    lin = jnp.asarray(lin, jnp.int32)
-    j = jnp.maximum(lin - head, 0)
-    split = (groups - lead) * block  # tiles of the blocks that carry first tiles
-    b, r = j // block, j % block  # a block: width first tiles of group b + lead, then group b's others
-    first = r < width
-    rest = jnp.maximum(r - width, 0)
-    m_with = jnp.where(first, (b + lead) * width + r, b * width + rest % width)
-    n_with = jnp.where(first, 0, 1 + rest // width)
-    j2 = jnp.maximum(j - split, 0)  # then the last lead groups' others alone
-    m_after = (groups - lead + j2 // others) * width + j2 % others % width
-    n_after = 1 + j2 % others // width
-    in_head, with_first = lin < head, j < split
-    m_idx = jnp.where(in_head, lin, jnp.where(with_first, m_with, m_after))
-    n_idx = jnp.where(in_head, 0, jnp.where(with_first, n_with, n_after))
-    return m_idx, n_idx
 
 
 def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:

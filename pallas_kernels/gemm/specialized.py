@@ -628,18 +628,17 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 store_last_output(last_output)
 
-            def local_count(limit):
-                """The number of this block's local indices whose lin = local · blocks + sm is below limit."""
-                sm, blocks = lax.axis_index("sm"), lax.axis_size("sm")
-                return jnp.maximum(0, lax.div(limit - sm + blocks - 1, blocks))
-
             def first_column_then_the_rest(storing_later):
                 """(share_rows, GPU) The block's tiles in two loops: those of the first column (lin < m_iters, which
                 the tile order runs first), then the others, each loop's K loop compiled for its kind of tile
                 (``TileContext.first_column``), so no step branches on it. ``storing_later``: each tile's output
                 carried to the next through both loops (``epilogue_store="next_tile"``)."""
                 sm, blocks = lax.axis_index("sm"), lax.axis_size("sm")
-                n_first, n_all = local_count(shape.iters[0]), local_count(round_tiles)
+
+                def count(limit):  # the block's local indices whose lin = local · blocks + sm is below limit
+                    return jnp.maximum(0, lax.div(limit - sm + blocks - 1, blocks))
+
+                n_first, n_all = count(shape.iters[0]), count(round_tiles)
                 carry = no_output_yet() if storing_later else ()
                 for first, (start, stop) in ((True, (0, n_first)), (False, (n_first, n_all))):
                     def tile(local, carry, first=first):
@@ -652,34 +651,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 if storing_later:
                     store_last_output(carry)
 
-            def each_tile_by_kind(storing_later):
-                """(share_rows with shared_rows_lead, GPU) The block's tiles in order, first tiles among the others:
-                each through a loop of 0 or 1 trips per kind of tile (``TileContext.first_column``), so each kind's
-                K loop is compiled once and no branch holds a wgmma. ``storing_later``: as above."""
-                sm, blocks = lax.axis_index("sm"), lax.axis_size("sm")
-
-                def tile(local, carry):
-                    lin = local * blocks + sm
-                    is_first = (shape.tile_context(lin, wg, refs_by_name).n_idx == 0).astype(jnp.int32)
-                    for first, trips in ((True, is_first), (False, 1 - is_first)):
-                        def body(_, carry, first=first):
-                            if storing_later:
-                                return mma_tile(lin, local, pending=carry, first_column=first)
-                            mma_tile(lin, local, first_column=first)
-                            return carry
-
-                        carry = lax.fori_loop(0, trips, body, carry)
-                    return carry
-
-                carry = lax.fori_loop(0, local_count(round_tiles), tile,
-                                      no_output_yet() if storing_later else ())
-                if storing_later:
-                    store_last_output(carry)
-
             if sharing and not mu.interpreting():
-                if round_tiles and cfg.shared_rows_lead:
-                    each_tile_by_kind(storing_later=cfg.epilogue_store == "next_tile")
-                elif round_tiles:
+                if round_tiles:
                     first_column_then_the_rest(storing_later=cfg.epilogue_store == "next_tile")
             elif cfg.epilogue_store == "next_tile":
                 if round_tiles:
