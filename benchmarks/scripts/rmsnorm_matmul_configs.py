@@ -268,6 +268,10 @@ VARIANTS = {
                                                forward=dict(delay_release=delay, epilogue_store=store_form))
        for store, store_form in (("next", "next_tile"), ("end", "end")) for suffix, delay in (("", 0), ("_d1", 1))},
     "fwd_next": dict(forward=dict(epilogue_store="next_tile")),
+    # on the entry as it is: two wgmma groups in flight (three register blocks of the a_operand), the last round's
+    # tiles cut into 2 or 8 K ranges instead of 4
+    "fwd_d2": dict(forward=dict(delay_release=2)),
+    **{f"fwd_sk{split}": dict(forward=dict(stream_k=split)) for split in (2, 8)},
     # (the row blocks' first tiles one or two groups of 8 row blocks ahead of their others, each tile through a loop
     # of 0 or 1 trips per kind: ``shared_rows_lead`` at 8210289, "fwd_lead1", "fwd_lead2", 4-15 µs slower than the
     # first column first at the three shapes: rmsnorm_matmul_configs_lead-h200-8210289.json; removed after it)
