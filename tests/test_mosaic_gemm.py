@@ -173,21 +173,29 @@ def test_the_memory_warpgroups_prologue_needs_our_cooperative_loop(fields):
 
 
 @pytest.mark.parametrize("fields", [dict(pipeline="pallas"), dict(schedule="pingpong")])
-def test_storing_under_the_next_tile_needs_our_cooperative_loop(fields):
-    with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: 'next_tile' runs on pipeline 'own', "
+@pytest.mark.parametrize("store", ["next_tile", "split"])
+def test_storing_under_the_next_tile_needs_our_cooperative_loop(fields, store):
+    with pytest.raises(ValueError, match=rf"MosaicGemmConfig.epilogue_store: '{store}' runs on pipeline 'own', "
                                          r"schedule 'cooperative'; got "):
-        MosaicGemmConfig(epilogue_store="next_tile", **fields)
-    with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: must be one of \('end', 'next_tile'\), "
-                                         r"got 'later'"):
+        MosaicGemmConfig(epilogue_store=store, **fields)
+    with pytest.raises(ValueError, match=r"MosaicGemmConfig.epilogue_store: must be one of \('end', 'next_tile', "
+                                         r"'split'\), got 'later'"):
         MosaicGemmConfig(epilogue_store="later")
 
 
+def test_split_store_needs_an_even_number_of_pieces_across_the_tile():
+    with pytest.raises(ValueError, match=r"'split' stores half of the tile's 3 pieces across tile_n=192 at its end "
+                                         r"and half later: it needs an even number \(epi_tile_n=64\)"):
+        MosaicGemmConfig(tile_m=64, tile_n=192, epilogue_store="split")
+
+
 @cpu_only
-@pytest.mark.parametrize("cluster", ["none", "m"])
-def test_storing_under_the_next_tile_takes_the_first_step_out_of_the_k_loop(cluster):
-    """epilogue_store="next_tile": the first step's wgmma is issued outside the K loop (the previous output stored
-    under it), so the module holds two copies of a step's wgmma; same shared memory; a cluster multicasts as ever."""
-    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", cluster=cluster, epilogue_store="next_tile")
+@pytest.mark.parametrize("cluster, store", [("none", "next_tile"), ("m", "next_tile"), ("none", "split")])
+def test_storing_under_the_next_tile_takes_the_first_step_out_of_the_k_loop(cluster, store):
+    """epilogue_store="next_tile" (or "split", half of it): the first step's wgmma is issued outside the K loop (the
+    previous output stored under it), so the module holds two copies of a step's wgmma; same shared memory; a
+    cluster multicasts as ever."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", cluster=cluster, epilogue_store=store)
     M, K, N = SUITE_SHAPES[0]
     (k,) = mosaic_ir.lower_kernels(lambda a, b: matmul(a, b, config=config), S((M, K), jnp.bfloat16),
                                    S((K, N), jnp.bfloat16))
@@ -413,10 +421,12 @@ def test_product_on_the_gpu(M, K, N, dtype):
     (16896, 1024, 512, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m")),  # two tiles per block
     (1280, 640, 512, MosaicGemmConfig()),  # 20 tiles: one per block or none
     (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", stream_k=4))])  # + a stream-K round
-def test_output_stored_under_the_next_tile_on_the_gpu(M, K, N, config):
+@pytest.mark.parametrize("store", ["next_tile", "split"])
+def test_output_stored_under_the_next_tile_on_the_gpu(M, K, N, config, store):
     """epilogue_store="next_tile": each tile's output stored under the next tile's first wgmma, the block's last
-    after its loop: every tile lands where it belongs, twice in a row (the staging slots' waits across calls)."""
-    config = dataclasses.replace(config, epilogue_store="next_tile")
+    after its loop: every tile lands where it belongs, twice in a row (the staging slots' waits across calls).
+    "split": the left half at the tile's end, the right half so."""
+    config = dataclasses.replace(config, epilogue_store=store)
     for _ in range(2):
         _check_product(M, K, N, jnp.bfloat16, config=config)
 
@@ -521,7 +531,7 @@ _LOOPS_ON_TWO_BLOCKS = (dict(pipeline="own"), dict(pipeline="pallas_steady"),
                         dict(cluster="m"))  # (run without the cluster: the interpreter has none)
 _LOOPS_ALSO_ON_ONE_TILE = (dict(pipeline="own", delay_release=1), dict(schedule="pingpong"),
                            dict(schedule="pingpong", delay_release=1), dict(epilogue_store="next_tile"),
-                           dict(epilogue_store="next_tile", delay_release=1))
+                           dict(epilogue_store="next_tile", delay_release=1), dict(epilogue_store="split"))
 
 
 @cpu_only

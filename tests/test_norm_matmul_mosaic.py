@@ -677,6 +677,24 @@ def test_forward_stored_under_the_next_tile_on_the_gpu(M, K, N, variant, residua
     _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
 
 
+@gpu_only
+@pytest.mark.parametrize("M, K, N, variant, stream_k", [
+    (32768, 1024, 4096, "gamma_on_a_mma_shared_operand", 4),  # the H200 entries' form, 4 tiles cut by K steps
+    (8192, 4096, 6144, "gamma_on_a_mma_shared_operand", 0),
+    (4096, 4096, 4096, "gamma_on_a", 0), (2048, 2048, 8192, "mma", 0), (256, 1024, 4096, False, 0)])
+def test_forward_with_its_output_split_on_the_gpu(M, K, N, variant, stream_k):
+    """epilogue_store="split": each tile's left half stored at its end, its right half under the next tile's first
+    wgmma (beside r shared, gamma in the registers, r from XLA or the MMA warpgroups): forward and gradients against
+    the float32 reference, two calls."""
+    config = _numbers_config(M, K, N, jnp.bfloat16, False, variant, "n")
+    forward = config.forward if not config.forward.pingpong else MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m")
+    config = dataclasses.replace(config, forward=dataclasses.replace(forward, epilogue_store="split",
+                                                                     stream_k=stream_k))
+    x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
+    for _ in range(2):
+        _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
+
+
 def _dw_in_the_ring(config, num_stages=4):
     """The config with the dw kernel's w tile loaded into its B stages (``tile_input_in="ring"``): 64x256 tiles
     stacked along M (the tuned entries' dw tiles), whole."""

@@ -102,6 +102,9 @@ CONFIGS = {
 # by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.
 # "auto" and its variants: ``default_config`` of each shape (what ``matmul`` takes), with these fields replaced
 AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0),
+                 # the output stored at the tile's end, or its left half there and its right half under the next
+                 # tile's first wgmma (the default: all of it under that wgmma)
+                 "auto_end": dict(epilogue_store="end"), "auto_split": dict(epilogue_store="split"),
                  # the tile order: strips of w row blocks (minor "m") or of w column blocks (minor "n"); the
                  # operand along the strip streams from HBM once per strip
                  **{f"auto_{minor}{w}": dict(grid_minor=minor, grid_tile_width=w)

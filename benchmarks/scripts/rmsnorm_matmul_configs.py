@@ -271,6 +271,9 @@ VARIANTS = {
     # on the entry as it is: two wgmma groups in flight (three register blocks of the a_operand), the last round's
     # tiles cut into 2 or 8 K ranges instead of 4
     "fwd_d2": dict(forward=dict(delay_release=2)),
+    # the output's left half stored at the tile's end (two pieces, into free slots), its right half kept in registers
+    # and stored under the next tile's first wgmma: half the registers of "next_tile" beside the a_operand's
+    "fwd_split": dict(forward=dict(epilogue_store="split")),
     **{f"fwd_sk{split}": dict(forward=dict(stream_k=split)) for split in (2, 8)},
     # (the row blocks' first tiles one or two groups of 8 row blocks ahead of their others, each tile through a loop
     # of 0 or 1 trips per kind: ``shared_rows_lead`` at 8210289, "fwd_lead1", "fwd_lead2", 4-15 µs slower than the

@@ -39,7 +39,7 @@ __all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGU
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
-EPILOGUE_STORES = ("end", "next_tile")
+EPILOGUE_STORES = ("end", "next_tile", "split")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
 TILE_INPUT_PLACES = ("buffer", "ring")
@@ -90,6 +90,10 @@ class MosaicGemmConfig:
         ``store_in``. Measured on the H100 (NOTES.md, 2026-11-28, twenty-second session): 0.1-0.7% faster for the
         plain core (``gemm.PLAIN_EPILOGUE_STORE``); slower in the rmsnorm_matmul forward (1.4% with r's sums, 15%
         with an ``a_operand``, whose wgmma ptxas then serializes: ``hlo_inspect.ptxas``, warning C7513).
+        "split": the left half of the tile's pieces stored at its end (into the two slots, which are free then:
+        no wait for an earlier store's read), the right half (tile_n / 2 columns, half the registers of
+        "next_tile") kept and stored under the next tile's first wgmma. The same conditions, and an even number of
+        pieces across tile_n.
       shared_rows_wait: under a ``Fusion.share_rows``, how many K steps before a tile's K loop ends a tile that
         does not compute the shared row vector waits for it and loads it: right after issuing that step's wgmma,
         so the poll's and the load's round trips to L2 run beside the wgmma in flight (0: after the K loop). On
@@ -187,9 +191,18 @@ class MosaicGemmConfig:
                              f"schedule 'cooperative', no cluster and stream_k=0; got tile_m={self.tile_m}, "
                              f"tile_k={self.tile_k}, wg_split={self.wg_split!r}, pipeline={self.pipeline!r}, "
                              f"schedule={self.schedule!r}, cluster={self.cluster!r}, stream_k={self.stream_k}")
-        if self.epilogue_store == "next_tile" and (self.pipeline, self.schedule) != ("own", "cooperative"):
-            raise ValueError(f"{cls}.epilogue_store: 'next_tile' runs on pipeline 'own', schedule 'cooperative'; got "
-                             f"pipeline={self.pipeline!r}, schedule={self.schedule!r}")
+        if self.stores_later and (self.pipeline, self.schedule) != ("own", "cooperative"):
+            raise ValueError(f"{cls}.epilogue_store: {self.epilogue_store!r} runs on pipeline 'own', schedule "
+                             f"'cooperative'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}")
+        if self.epilogue_store == "split" and (self.tile_n // self.epi_tile_n) % 2:
+            raise ValueError(f"{cls}.epilogue_store: 'split' stores half of the tile's {self.tile_n // self.epi_tile_n}"
+                             f" pieces across tile_n={self.tile_n} at its end and half later: it needs an even number "
+                             f"(epi_tile_n={self.epi_tile_n})")
+
+    @property
+    def stores_later(self) -> bool:
+        """Whether part of each tile's output waits in registers for the next tile's first wgmma."""
+        return self.epilogue_store != "end"
 
     @property
     def pingpong(self) -> bool:

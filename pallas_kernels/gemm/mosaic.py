@@ -190,10 +190,10 @@ class Fusion:
       carry) as its carry (the other tiles' carry as prologue_init and any a_operand left it). No tile waits for
       one that waits, and a row block's first tile runs before its others (the whole first column runs first), so
       with one block per SM it cannot deadlock and seldom waits. Needs an a_observe; cooperative schedule, no
-      cluster (with epilogue_store "next_tile" a tile's output leaves under the next tile's first wgmma, across
-      the first column's loop and the others'). With stream-K the last round's tiles (never a first tile: the whole rounds
-      must hold the first column) skip the a_observe, and each tile's owner polls after its range. In interpret
-      mode (no semaphores) every tile takes the a_observe itself.
+      cluster (with epilogue_store "next_tile" or "split" a tile's output leaves under the next tile's first
+      wgmma, across the first column's loop and the others'). With stream-K the last round's tiles (never a first
+      tile: the whole rounds must hold the first column) skip the a_observe, and each tile's owner polls after its
+      range. In interpret mode (no semaphores) every tile takes the a_observe itself.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
@@ -279,10 +279,10 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
     if fusion.a_operand is not None and fusion.a_copy is not None:
         raise ValueError(f"{name}: a fusion with an a_operand takes no a_copy; got a_copy={fusion.a_copy[0]!r}")
-    if config.epilogue_store == "next_tile" and fusion.store_in is not None:
-        raise ValueError(f"{name}: epilogue_store='next_tile' keeps the output tile in registers and stages it in "
-                         f"its own SMEM slots; a fusion storing from its tile input (store_in={fusion.store_in!r}, "
-                         f"or accumulate_into) takes epilogue_store='end'")
+    if config.stores_later and fusion.store_in is not None:
+        raise ValueError(f"{name}: epilogue_store={config.epilogue_store!r} keeps the output tile in registers and "
+                         f"stages it in its own SMEM slots; a fusion storing from its tile input "
+                         f"(store_in={fusion.store_in!r}, or accumulate_into) takes epilogue_store='end'")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
         if (fusion.a_observe is None and fusion.a_operand is None) or config.pingpong or config.cluster != "none":
@@ -574,7 +574,8 @@ class _Shape:
                     tile_refs=None):
         """After the K loop: the epilogue on the float32 accumulator (``acc``: its value where the caller added to
         it, e.g. stream-K partial sums), the row vectors stored, and the output tile stored (``store``) or returned
-        in out_dtype (for ``store_output`` under the next tile's first wgmma: ``epilogue_store="next_tile"``).
+        in out_dtype (for ``store_later`` under the next tile's first wgmma: ``epilogue_store="next_tile"``; with
+        "split" the left half is stored now and the right half returned)
         ``tile_refs``: the tile inputs' SMEM, loaded already (a ring input's B stage), instead of the buffers."""
         fusion, wg = self.fusion, ctx.wg
         if acc is None:
@@ -592,6 +593,10 @@ class _Shape:
         for n, vec in rows_out.items():
             _store_rows(vec, named_out[n], ctx)
         tile = acc.astype(self.out_dtype)
+        if not store and self.cfg.epilogue_store == "split":
+            half = self.cfg.tile_n // 2
+            self.store_output(ctx, tile[:, :half], scoped, out_gmem, part=0)
+            return tile[:, half:]
         if not store:
             return tile
         if fusion.store_in is not None:
@@ -603,10 +608,26 @@ class _Shape:
             self.store_output(ctx, tile, scoped, out_gmem)
         return None
 
-    def store_output(self, ctx: TileContext, tile: jax.Array, scoped, out_gmem) -> None:
+    def store_output(self, ctx: TileContext, tile: jax.Array, scoped, out_gmem, part=None) -> None:
         """Stores this warpgroup's (tile_m, tile_n) output tile (out_dtype registers) at ctx's place, piece by piece
-        through its SMEM staging slots."""
-        _store_tile(tile, scoped["out_smem"].at[ctx.wg], out_gmem, ctx, self.pieces)
+        through its SMEM staging slots; ``part`` 0 or 1: only the left or right half of its columns (``tile`` that
+        half, ``epilogue_store="split"``)."""
+        pieces, col_pieces = self.pieces, self.cfg.tile_n // self.cfg.epi_tile_n
+        first = 0
+        if part is not None:
+            first = part * col_pieces // 2
+            pieces = [(i, j) for i, j in pieces if first <= j < first + col_pieces // 2]
+        _store_tile(tile, scoped["out_smem"].at[ctx.wg], out_gmem, ctx, pieces, first_col=first)
+
+    def store_later(self, ctx: TileContext, held: jax.Array, scoped, out_gmem) -> None:
+        """Stores what ``finish_tile(store=False)`` returned: the whole tile ("next_tile") or its right half
+        ("split")."""
+        self.store_output(ctx, held, scoped, out_gmem, part=1 if self.cfg.epilogue_store == "split" else None)
+
+    def held_shape(self) -> tuple:
+        """The shape of what a tile keeps for the next tile's first wgmma (``epilogue_store`` not "end")."""
+        cfg = self.cfg
+        return (cfg.tile_m, cfg.tile_n // 2 if cfg.epilogue_store == "split" else cfg.tile_n)
 
 
 def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
@@ -687,16 +708,17 @@ def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, til
     return jnp.where(first, lin, m_rest), jnp.where(first, 0, n_rest + 1)
 
 
-def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces) -> None:
-    """Stores a (tile_m, tile_n) register tile at the accumulator's place in out_gmem, piece by piece through two
-    alternating SMEM slots (a slot is reused once the store issued two pieces earlier has read it)."""
+def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, first_col: int = 0) -> None:
+    """Stores a register tile at the accumulator's place in out_gmem, piece by piece through two alternating SMEM
+    slots (a slot is reused once the store issued two pieces earlier has read it). ``tile``'s column 0 is that of
+    piece column ``first_col`` (a right half: ``epilogue_store="split"``)."""
     cfg = ctx.config
     em, en = cfg.epi_tile_m, cfg.epi_tile_n
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
     for p, (i, j) in enumerate(pieces):
         slot = p % slots.shape[0]
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        slots[slot] = tile[i * em:(i + 1) * em, j * en:(j + 1) * en]
+        slots[slot] = tile[i * em:(i + 1) * em, (j - first_col) * en:(j - first_col + 1) * en]
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(slots.at[slot],
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])

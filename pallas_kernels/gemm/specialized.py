@@ -574,7 +574,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         @pl.when(local > 0)
                         def _store_previous():
                             tile, prev = pending
-                            shape.store_output(shape.tile_context(prev, wg, refs_by_name), tile, scoped, out_gmem)
+                            shape.store_later(shape.tile_context(prev, wg, refs_by_name), tile, scoped, out_gmem)
 
                 def acc_scope(acc_ref):
                     with mu.region("k_loop"):
@@ -612,13 +612,13 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             def no_output_yet():
                 """The carry of ``epilogue_store="next_tile"``'s tile loops before the block's first tile."""
-                return (mu.layout_cast(jnp.zeros((cfg.tile_m, cfg.tile_n), shape.out_dtype), mu.TILE), jnp.int32(0))
+                return (mu.layout_cast(jnp.zeros(shape.held_shape(), shape.out_dtype), mu.TILE), jnp.int32(0))
 
             def store_last_output(last_output):
                 @pl.when(lax.axis_index("sm") < round_tiles)  # the block ran a tile: its last one is pending
                 def _store_last():
                     tile, lin = last_output
-                    shape.store_output(shape.tile_context(lin, wg, refs_by_name), tile, scoped, out_gmem)
+                    shape.store_later(shape.tile_context(lin, wg, refs_by_name), tile, scoped, out_gmem)
 
             def each_tile_storing_later():
                 """The tile loop of ``epilogue_store="next_tile"``: each tile's output carried to the next."""
@@ -653,8 +653,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             if sharing and not mu.interpreting():
                 if round_tiles:
-                    first_column_then_the_rest(storing_later=cfg.epilogue_store == "next_tile")
-            elif cfg.epilogue_store == "next_tile":
+                    first_column_then_the_rest(storing_later=cfg.stores_later)
+            elif cfg.stores_later:
                 if round_tiles:
                     each_tile_storing_later()
             else:
