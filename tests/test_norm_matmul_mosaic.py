@@ -755,7 +755,7 @@ def test_the_tuned_forward_keeps_its_wgmma_unserialized_and_unspilled_on_the_gpu
     (kernel,) = ptxas.compile_report(forward(config), *args)
     assert kernel.name == "rmsnorm_matmul_fwd_mosaic_gpu_kernel" and not kernel.spills, kernel
     assert not kernel.serialized_wgmma, kernel.warnings
-    if config.gamma_on == "a":  # (r from XLA: the shared r needs epilogue_store "end")
+    if config.gamma_on == "a":  # (r from XLA, whole tiles: the form measured serialized)
         storing_later = dataclasses.replace(  # (r's squares from XLA: "observe", the only form without statistics)
             config, stats_in_kernel=False, squares_from="observe",
             forward=dataclasses.replace(config.forward, epilogue_store="next_tile", stream_k=0))
