@@ -575,7 +575,7 @@ class _Shape:
         """After the K loop: the epilogue on the float32 accumulator (``acc``: its value where the caller added to
         it, e.g. stream-K partial sums), the row vectors stored, and the output tile stored (``store``) or returned
         in out_dtype (for ``store_later`` under the next tile's first wgmma: ``epilogue_store="next_tile"``; with
-        "split" the left half is stored now and the right half returned)
+        "split" the left half is stored now and the right half returned).
         ``tile_refs``: the tile inputs' SMEM, loaded already (a ring input's B stage), instead of the buffers."""
         fusion, wg = self.fusion, ctx.wg
         if acc is None:

@@ -611,7 +611,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 return None if pending is None else (tile, lin)
 
             def no_output_yet():
-                """The carry of ``epilogue_store="next_tile"``'s tile loops before the block's first tile."""
+                """The carry of the tile loops that store later (``epilogue_store`` "next_tile" or "split") before
+                the block's first tile: what a tile holds for the next one (``_Shape.held_shape``), and its lin."""
                 return (mu.layout_cast(jnp.zeros(shape.held_shape(), shape.out_dtype), mu.TILE), jnp.int32(0))
 
             def store_last_output(last_output):
@@ -621,7 +622,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     shape.store_later(shape.tile_context(lin, wg, refs_by_name), tile, scoped, out_gmem)
 
             def each_tile_storing_later():
-                """The tile loop of ``epilogue_store="next_tile"``: each tile's output carried to the next."""
+                """The tile loop of ``epilogue_store`` "next_tile" or "split": each tile's output (or its right
+                half) carried to the next."""
                 @plgpu.nd_loop((round_tiles,), collective_axes="sm", init_carry=no_output_yet())
                 def last_output(loop_info, carry):
                     return mma_tile(loop_info.index[0], loop_info.local_index, pending=carry)
@@ -632,7 +634,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 """(share_rows, GPU) The block's tiles in two loops: those of the first column (lin < m_iters, which
                 the tile order runs first), then the others, each loop's K loop compiled for its kind of tile
                 (``TileContext.first_column``), so no step branches on it. ``storing_later``: each tile's output
-                carried to the next through both loops (``epilogue_store="next_tile"``)."""
+                (or its right half) carried to the next through both loops (``epilogue_store`` not "end")."""
                 sm, blocks = lax.axis_index("sm"), lax.axis_size("sm")
 
                 def count(limit):  # the block's local indices whose lin = local · blocks + sm is below limit
