@@ -984,6 +984,22 @@ def test_the_h200_entries_of_the_model_mlp_shapes_read_dy_only_in_the_dx_kernel(
     assert _mk_producers(program, M, N, "bf16") == []
 
 
+@cpu_only
+@pytest.mark.parametrize("gamma_on", ["w", "a"])
+def test_r_from_xlas_sums_of_squares_is_formed_after_the_tiles_first_wgmma(gamma_on):
+    """With r from XLA's sums of squares, the forward loads each tile's rows of them at the tile's start and takes
+    their rsqrt in the epilogue: an rsqrt before the K loop would hold the tile's first wgmma until the load is
+    back from L2."""
+    M, K, N = 4096, 1024, 4096
+    config = dataclasses.replace(nm_config.mosaic_default_config(M, K, N, jnp.bfloat16), stats_in_kernel=False,
+                                 gamma_on=gamma_on, squares_from="observe")
+    args = (S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16))
+    with backends.lowering_for_gpu():
+        (kernel,) = mosaic_ir.lower_kernels(lambda x, g, w: nm.rmsnorm_matmul(
+            x, g, w, eps=1e-6, residual=None, out_dtype=x.dtype, interpret=False, config=config), *args)
+    assert kernel.text.index("math.rsqrt") > kernel.text.index("nvvm.wgmma.commit")
+
+
 def test_squares_from_the_operand_needs_gamma_in_the_registers_and_mma_statistics():
     tiles = MosaicGemmConfig(delay_release=1)
     for fields in (dict(gamma_on="w", stats_in_kernel="mma"), dict(gamma_on="a", stats_in_kernel=False)):

@@ -154,8 +154,9 @@ def _scaled_w(gamma, w):
 # ---------------------------------------------------------------------------------------------------------------
 def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel,
                     gamma_in_registers: bool = False, squares_from: str = "observe") -> Fusion:
-    """Epilogue y = r ⊙ acc, r formed at each tile's start from the rows' sums of squares coming in (M,) float32
-    ("sum_sq": XLA's reduction over x, whose rsqrt would otherwise be an XLA kernel of its own, about 1 µs).
+    """Epilogue y = r ⊙ acc, r formed there from the rows' sums of squares coming in (M,) float32, loaded at the
+    tile's start ("sum_sq": XLA's reduction over x, whose rsqrt would otherwise be an XLA kernel of its own, about
+    1 µs).
     With stats_in_kernel True: the prologue (a fourth
     warpgroup, or the memory warpgroup) sums x² over each x block (float32); "mma": each MMA warpgroup, after
     issuing a step's wgmma, loads its rows of the x block into registers and adds their squares elementwise
@@ -168,8 +169,7 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     if gamma_in_registers:
         return _gamma_in_registers_fusion(M, K, eps, cfg, stats_in_kernel, squares_from)
     if not stats_in_kernel:
-        return Fusion(inputs=("sum_sq",), prologue_init=_rstd_in(K, eps),
-                      epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
+        return Fusion(inputs=("sum_sq",), prologue_init=_sum_sq_in, epilogue=_scale_by_rstd_in(K, eps))
 
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     if stats_in_kernel in MMA_STATS:
@@ -228,9 +228,16 @@ def _rstd_from_squares(sum_sq, K: int, eps: float) -> jax.Array:
     return lax.rsqrt(sum_sq * (1.0 / K) + eps)
 
 
-def _rstd_in(K: int, eps: float):
-    """The prologue_init that forms this accumulator's rows of r from the (M,) input "sum_sq"."""
-    return lambda ctx: _rstd_from_squares(ctx.load_rows("sum_sq"), K, eps)
+def _sum_sq_in(ctx) -> jax.Array:
+    """The prologue_init that loads this accumulator's rows of the (M,) input "sum_sq" at the tile's start. Nothing
+    uses them before the epilogue (``_scale_by_rstd_in``), so the load's round trip runs under the K loop; r formed
+    here, its rsqrt would wait for the load before the tile's first wgmma."""
+    return ctx.load_rows("sum_sq")
+
+
+def _scale_by_rstd_in(K: int, eps: float):
+    """The epilogue y = r ⊙ acc, r formed from the rows' sums of squares loaded at the tile's start."""
+    return lambda ctx, acc, sum_sq: (acc * _bcast_rows(_rstd_from_squares(sum_sq, K, eps), acc.shape), {})
 
 
 def _scale_by_rstd(K: int, eps: float):
@@ -256,9 +263,9 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
         return x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])
 
     if not stats_in_kernel:
-        return Fusion(inputs=("sum_sq",), step_inputs=("gamma",), prologue_init=_rstd_in(K, eps),
-                      a_operand=lambda ctx, x, vectors, rstd: (times_gamma(x, vectors), rstd),
-                      epilogue=lambda ctx, acc, rstd: (acc * _bcast_rows(rstd, acc.shape), {}))
+        return Fusion(inputs=("sum_sq",), step_inputs=("gamma",), prologue_init=_sum_sq_in,
+                      a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq),
+                      epilogue=_scale_by_rstd_in(K, eps))
 
     hooks = _mma_stats(M, K, eps, cfg, stats_in_kernel)
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
