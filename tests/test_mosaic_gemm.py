@@ -654,6 +654,29 @@ def test_stream_k_kernel_arithmetic_takes_unaligned_ranges_too():
     np.testing.assert_array_equal(got, a @ b)
 
 
+@pytest.mark.parametrize("plan", [
+    stream_k.plan_for(688, 132, 64, 4), stream_k.plan_for(160, 132, 10, 4),  # aligned ranges; 2.5 steps each
+    stream_k.StreamKPlan(tiles=76 + 3 * 132, blocks=132, k_iters=64, dp_rounds=3, units=132),  # partial + owned
+    stream_k.StreamKPlan(tiles=7, blocks=2, k_iters=3, dp_rounds=1, units=2)])  # 7.5 steps: three segments each
+@pytest.mark.parametrize("owned_extra", [0, 2])
+def test_stream_k_segment_offsets_give_each_unit_contiguous_ring_positions(plan, owned_extra):
+    """Every segment's steps and (an owned segment's) tile input positions after them, in segment order: each of the
+    unit's unit_positions taken once, as the memory and MMA warpgroups walk them alike."""
+    for u in range(plan.units):
+        taken = []
+        for j in range(plan.num_segments(u)):
+            t, k0, k1 = plan.segment(u, j)
+            offset = plan.segment_offset(u, j, owned_extra)
+            assert offset == len(taken)
+            taken += range(offset, offset + k1 - k0 + (owned_extra if k0 == 0 else 0))
+        assert taken == list(range(plan.unit_positions(u, owned_extra)))
+        assert plan.unit_positions(u) == np.subtract(*plan.unit_range(u)[::-1])
+    traced = jax.jit(lambda u, j: (plan.segment_offset(u, j, owned_extra), plan.unit_positions(u, owned_extra)))
+    u = plan.units - 1
+    assert tuple(map(int, traced(u, plan.num_segments(u) - 1))) == (
+        plan.segment_offset(u, plan.num_segments(u) - 1, owned_extra), plan.unit_positions(u, owned_extra))
+
+
 @pytest.mark.parametrize("tiles, blocks, k_iters", [(4224, 132, 64), (256, 132, 512), (130, 132, 1), (263, 132, 64),
                                                     (1792, 132, 64)])
 def test_stream_k_plans_nothing_where_rounds_are_whole_or_the_last_half_full(tiles, blocks, k_iters):
@@ -963,9 +986,9 @@ _RING = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=64, num_stages=4, wg_spli
 @pytest.mark.parametrize("fields, match", [
     (dict(wg_split="n"), "tile_input_in: 'ring' puts each warpgroup's .* got tile_m=64, tile_k=64, wg_split='n'"),
     (dict(tile_k=32), "it needs tile_m == tile_k, .* got tile_m=64, tile_k=32"),
-    (dict(stream_k=4), "no cluster and stream_k=0; .* stream_k=4"),
+    (dict(cluster="m"), "and no cluster; .* cluster='m'"),
     (dict(schedule="pingpong", tile_m=128, tile_n=128, tile_k=128), "schedule='pingpong'")])
-def test_ring_tile_input_needs_the_b_stage_shape_and_cooperative_whole_tiles(fields, match):
+def test_ring_tile_input_needs_the_b_stage_shape_and_cooperative_tiles(fields, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(_RING, **fields)
 
@@ -1044,6 +1067,38 @@ def test_ring_tile_input_in_interpret_mode(M, K, N, fields, transpose_a, transpo
 def test_ring_tile_input_on_the_gpu(M, K, N, config, transpose_a, transpose_b):
     """Two calls each (the barriers' phases carry over tiles, not calls)."""
     _check_ring_input(M, K, N, config, calls=2, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+@cpu_only
+def test_ring_tile_input_beside_stream_k_lowers_in_the_same_shared_memory():
+    """Lowered for CUDA at 2048x4096x11008 (688 tiles: 28 left over, each cut into 4 ranges of 16 steps): the
+    owners load their tile input into the ring as the whole rounds' tiles do, so stream-K adds its semaphores and
+    no shared memory."""
+    M, K, N = 2048, 4096, 11008
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, N), jnp.bfloat16)
+
+    def lowered(config):
+        (kernel,) = mosaic_ir.lower_kernels(
+            lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_added_tile(M, N // 256),
+                                 arrays=dict(c=c)), *operands)
+        return kernel
+
+    whole, split = lowered(_RING), lowered(dataclasses.replace(_RING, stream_k=4))
+    assert split.smem_bytes == whole.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    assert "red.release.gpu.global.add" in split.text and "red.release.gpu.global.add" not in whole.text
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config, transpose_a, transpose_b", [
+    (2048, 4096, 11008, dataclasses.replace(_RING, grid_minor="m"), True, False),  # the dw GEMM's form at the 1b MLP
+    (2048, 640, 2560, dataclasses.replace(_RING, num_stages=3, delay_release=1), False, False),  # 160 tiles, 10 steps:
+    # ranges of 2.5 steps, three of each tile's four starting mid-tile
+    (8704, 4096, 4096, dataclasses.replace(_RING, grid_minor="m", num_stages=3), False, True)])  # the dx GEMM's form
+def test_ring_tile_input_beside_stream_k_on_the_gpu(M, K, N, config, transpose_a, transpose_b):
+    """The last round's tiles cut by K steps (stream_k=4), each owner's tile input loaded into the two ring
+    positions after its own range: the product plus the input and the row sums against float32, two calls."""
+    _check_ring_input(M, K, N, dataclasses.replace(config, stream_k=4), calls=2, transpose_a=transpose_a,
+                      transpose_b=transpose_b)
 
 
 # ---------------------------------------------------------------------------------------------------------------

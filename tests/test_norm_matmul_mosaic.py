@@ -728,6 +728,27 @@ def test_gradients_with_the_dw_kernels_w_tile_in_the_ring_on_the_gpu(M, K, N):
 
 
 @gpu_only
+@pytest.mark.parametrize("M, K, N, kernel", [
+    (4096, 2048, 11008, "dw"),  # the 1b MLP: 688 dw tiles, 28 left over; its w tile through the ring at 4 stages
+    (8704, 4096, 2048, "dx"),  # 1088 dx tiles, 32 left over; the x tile through the ring
+    (8704, 4096, 2048, "row_dot_tma")])  # and y's blocks beside dy's for the row dot (first tiles, never stream-K)
+def test_gradients_with_a_ring_tile_input_beside_stream_k_on_the_gpu(M, K, N, kernel):
+    """The dw or dx kernel's tile input through its B stages with the last round cut by K steps (stream_k=4):
+    gradients against the float32 reference, two calls."""
+    config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
+    if kernel == "dw":
+        config = dataclasses.replace(_dw_in_the_ring(config), dw=dataclasses.replace(
+            _dw_in_the_ring(config).dw, stream_k=4))
+    else:
+        config = dataclasses.replace(_numbers_config(M, K, N, jnp.bfloat16, False, False, "n"),
+                                     row_dot_in_dx="tma" if kernel == "row_dot_tma" else False,
+                                     dx=dataclasses.replace(_DYR_DX, tile_input_in="ring", stream_k=4))
+    x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
+    for _ in range(2):
+        _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
+
+
+@gpu_only
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])
 def test_the_suite_shapes_tuned_entries_on_the_gpu(M, K, N):
     """Forward and gradients of the suite shapes with this device's tuned entries (no block_sizes), against the

@@ -280,6 +280,13 @@ VARIANTS = {
     # of 0 or 1 trips per kind: ``shared_rows_lead`` at 8210289, "fwd_lead1", "fwd_lead2", 4-15 µs slower than the
     # first column first at the three shapes: rmsnorm_matmul_configs_lead-h200-8210289.json; removed after it)
     **{f"fwd_wait{lag}": dict(forward=dict(shared_rows_wait=lag)) for lag in (0, 1, 2, 8)},
+    # the tile input through the stage ring beside stream-K (the owner loads it after its own segment's steps):
+    # the dw kernel's w tile at 4 stages where its last round is part-empty (4096x2048x11008: 5.2 rounds), the dx
+    # kernel's x tile at 4 stages, or with y's blocks beside dy's (the row dot by TMA) at 3
+    "dw_ring4_sk": dict(dw=dict(tile_input_in="ring", num_stages=4, stream_k=4)),
+    "dx_ring4_sk": dict(dx=dict(stream_k=4, tile_input_in="ring", num_stages=4)),
+    "row_dot_tma_sk": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
+                           dx=dict(stream_k=4, tile_input_in="ring"), dw=dict(tile_input_in="ring")),
     # the kernels' tile order (planar snake): strips of w row blocks (minor "m") or w column blocks (minor "n"),
     # which sets how often the other operand streams from HBM (the entries: minor "m", w = 8)
     **{f"{prefix}_{minor}{w}": {kernel: dict(grid_minor=minor, grid_tile_width=w)}

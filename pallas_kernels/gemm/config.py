@@ -109,7 +109,8 @@ class MosaicGemmConfig:
         last K step and the epilogue frees once the output stored from them has left: no SMEM of its own, so a
         stage more fits (a 64x256 bfloat16 tile input takes 64 KiB, a 64x256 B stage 32 KiB). The warpgroups'
         tile must be the B block's shape (tile_m == tile_k, wg_split "m", cooperative), on pipeline "own" without
-        stream-K or a cluster. Where B is read transposed (its stages (cta_n, tile_k) blocks) the halves go into a
+        a cluster; with stream-K a tile's owner takes the input into the two positions after its own segment's
+        steps. Where B is read transposed (its stages (cta_n, tile_k) blocks) the halves go into a
         second view of the same memory (``plgpu.RefUnion``).
     The defaults are the H100 measurements' winners (module docstring).
     """
@@ -188,12 +189,12 @@ class MosaicGemmConfig:
 
         if self.tile_input_in == "ring" and (
                 (self.pipeline, self.schedule, self.cluster, self.wg_split) != ("own", "cooperative", "none", "m")
-                or self.stream_k or self.tile_m != self.tile_k):
+                or self.tile_m != self.tile_k):
             raise ValueError(f"{cls}.tile_input_in: 'ring' puts each warpgroup's (tile_m, tile_n) tile input in a B "
                              f"stage (tile_k, tile_n): it needs tile_m == tile_k, wg_split 'm', pipeline 'own', "
-                             f"schedule 'cooperative', no cluster and stream_k=0; got tile_m={self.tile_m}, "
+                             f"schedule 'cooperative' and no cluster; got tile_m={self.tile_m}, "
                              f"tile_k={self.tile_k}, wg_split={self.wg_split!r}, pipeline={self.pipeline!r}, "
-                             f"schedule={self.schedule!r}, cluster={self.cluster!r}, stream_k={self.stream_k}")
+                             f"schedule={self.schedule!r}, cluster={self.cluster!r}")
         if self.stores_later and (self.pipeline, self.schedule) != ("own", "cooperative"):
             raise ValueError(f"{cls}.epilogue_store: {self.epilogue_store!r} runs on pipeline 'own', schedule "
                              f"'cooperative'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}")

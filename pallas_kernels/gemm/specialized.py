@@ -54,7 +54,9 @@ of K steps of the last round's tiles (``StreamKPlan.unit_range``), the memory wa
 ring positions, the MMA warpgroups segment by segment (``StreamKPlan.segment``): a segment starting mid-tile stores
 its float32 accumulator (and its ``Fusion.a_observe`` carry, ``Fusion.carry_shapes``) into the workspace outputs
 (rows of this unit and warpgroup) and signals a global semaphore; a tile's first segment, after its K loop, waits
-for the semaphores of the units holding the rest, adds their partial sums and runs the epilogue. The memory
+for the semaphores of the units holding the rest, adds their partial sums and runs the epilogue. With a ring input
+the memory warpgroup walks the range segment by segment, loading an owned segment's tile input into the two ring
+positions after its steps (``StreamKPlan.segment_offset``), where the owner's epilogue reads it. The memory
 warpgroup drains ``consumed`` after both phases.
 
 Registers per thread (setmaxnreg within the launch's allocation, ``registers``): memory 40, MMA ``mma_registers``
@@ -207,10 +209,20 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             unit = lax.axis_index("sm")  # the block's stream-K unit
             sk_start, sk_end = plan.unit_range(unit)
             sk_steps = jnp.where(unit < plan.units, sk_end - sk_start, 0)  # this block's stream-K steps
-            sk_g0 = plan.dp_rounds * k_iters - sk_start  # ring position of stream-K step s: sk_g0 + s
+            sk_g0 = plan.dp_rounds * k_iters - sk_start  # ring position of stream-K step s: sk_g0 + s (no ring input)
+            sk_positions = (jnp.where(unit < plan.units, plan.unit_positions(unit, 2), 0) if ring_input
+                            else sk_steps)  # the block's ring positions in the stream-K phase
             semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((plan.units * 2,)))  # (unit, wg): partial ready
             workspace = shape.workspace(refs)
             carry_workspaces = shape.carry_workspaces(refs)
+
+        def sk_position(j, t, k0):
+            """The ring position of the first step of the block's j-th stream-K segment (steps [k0, ...) of stream-K
+            tile t): after the whole rounds' positions; with a ring input, two more after each earlier owned
+            segment's steps (``StreamKPlan.segment_offset``)."""
+            if not ring_input:
+                return sk_g0 + t * k_iters + k0
+            return plan.dp_rounds * tile_steps + plan.segment_offset(unit, j, 2)
 
         def drain(barrier, local, num_local, uses_per_tile, num_slots, slot_of_use):
             """In the block's last tile: wait for the last completions of ``barrier`` that no later wait observes
@@ -368,13 +380,29 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             if plan is not None:
                 @pl.when(unit < plan.units)
                 def _stream_k():
-                    def step(s, c):
-                        load_step(plan.dp_tiles + lax.div(s, k_iters), lax.rem(s, k_iters), sk_g0 + s)
+                    if not ring_input:
+                        def step(s, c):
+                            load_step(plan.dp_tiles + lax.div(s, k_iters), lax.rem(s, k_iters), sk_g0 + s)
+                            return c
+
+                        lax.fori_loop(sk_start, sk_end, step, ())
+                        return
+
+                    def segment(j, c):  # its steps, then (an owned segment) the tile input's halves
+                        t, k0, k1 = plan.segment(unit, j)
+                        lin, g0 = plan.dp_tiles + t, sk_position(j, t, k0)
+                        lax.fori_loop(k0, k1, lambda k, c: (load_step(lin, k, g0 + k - k0), c)[1], ())
+
+                        @pl.when(k0 == 0)
+                        def _tile_input():
+                            for wg_half in range(2):
+                                load_tile_input(lin, g0 + k1 - k0 + wg_half, wg_half)
+
                         return c
 
-                    lax.fori_loop(sk_start, sk_end, step, ())
+                    lax.fori_loop(0, plan.num_segments(unit), segment, ())
 
-                drain_consumed(plan.dp_rounds * k_iters + sk_steps)
+                drain_consumed(plan.dp_rounds * tile_steps + sk_positions)  # (tile_steps: k_iters without a ring)
 
         if has_prologue_wg:
             @pl.when(wg == _PROLOGUE_WG)
@@ -691,7 +719,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     combined = bool(shape.observed_carry_shapes)  # partial carries the owner adds
 
                     def acc_scope(acc_ref):
-                        g0 = sk_g0 + t * k_iters + k0
+                        g0 = sk_position(j, t, k0)
                         with mu.region("stream_k_loop"):
                             carry = k_loop(acc_ref, g0, k0, k1, ctx, hook_carry, observe=observed,
                                            length=plan.segment_steps)  # (None: an a_operand is refused then)
@@ -726,7 +754,18 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             epilogue_carry = tree.unflatten(summed) if parts else carry
                             if sharing:  # (the row vector, the carry), as the whole rounds' tiles get it
                                 epilogue_carry = (fetch_shared_rows(ctx), epilogue_carry)
-                            shape.finish_tile(ctx, acc_ref, epilogue_carry, out_gmem, named_out, scoped, acc=acc)
+                            tile_refs = None
+                            if ring_input:  # in the two positions after the segment's steps, as in tile_epilogue
+                                g_in = sk_position(j, t, k0) + k1 - k0
+                                for h in range(2):
+                                    plgpu.barrier_wait(ready.at[barrier_of(g_in + h)])
+                                tile_refs = {ring_input: ring_stages.at[lax.rem(g_in + wg, num_stages)]}
+                            shape.finish_tile(ctx, acc_ref, epilogue_carry, out_gmem, named_out, scoped, acc=acc,
+                                              tile_refs=tile_refs)
+                            if ring_input:
+                                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                                for h in range(2):
+                                    plgpu.barrier_arrive(consumed.at[barrier_of(g_in + h)])
 
                     pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
                     return c

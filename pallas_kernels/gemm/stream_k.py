@@ -4,6 +4,7 @@
   start, end = plan.unit_range(u)           # unit (block) u's K steps in the stream-K region, [start, end)
   t, k0, k1 = plan.segment(u, j)            # its j-th segment: steps [k0, k1) of stream-K tile t
   first, last = plan.sources(t)             # the units holding tile t's later segments (their partial sums)
+  offset = plan.segment_offset(u, j, 2)     # where it starts among u's ring positions (2 after each owned segment)
 
 Why: a persistent kernel with P blocks takes ceil(T / P) rounds of CTA tiles, and every round costs the same. On the
 H100 (132 SMs) the core's 128x256 tiles make 4096 tiles at 32768x4096x4096: 31.03 rounds run as 32. Measured there
@@ -62,6 +63,12 @@ def _max(a, b):
     return max(a, b) if isinstance(a, int) and isinstance(b, int) else lax.max(a, b)
 
 
+def _mid_tile(s, k_iters: int):
+    """1 where step s starts mid-tile (s % k_iters != 0), else 0."""
+    return int(s % k_iters != 0) if isinstance(s, int) else lax.convert_element_type(lax.rem(s, k_iters) != 0,
+                                                                                      np.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamKPlan:
     """The static schedule of one persistent GEMM: ``tiles`` CTA tiles of ``k_iters`` K steps on ``blocks`` blocks.
@@ -108,6 +115,23 @@ class StreamKPlan:
         start, end = self.unit_range(u)
         t = _div(start, self.k_iters) + j
         return t, _max(start - t * self.k_iters, 0), _min(end - t * self.k_iters, self.k_iters)
+
+    def segment_offset(self, u, j, owned_extra: int = 0):
+        """Where unit u's j-th segment starts among the unit's positions in the stream-K phase (its steps in order,
+        as the kernel's stage ring takes them): the steps of its earlier segments, plus ``owned_extra`` positions
+        after each earlier owned segment's steps (a tile input the owner loads into the ring,
+        ``MosaicGemmConfig.tile_input_in="ring"``: 2)."""
+        start, _ = self.unit_range(u)
+        t, k0, _ = self.segment(u, j)
+        before = t * self.k_iters + k0 - start
+        if owned_extra:  # every segment after the first is owned; the first unless it starts mid-tile
+            before = before + owned_extra * _max(j - _mid_tile(start, self.k_iters), 0)
+        return before
+
+    def unit_positions(self, u, owned_extra: int = 0):
+        """Unit u's positions in the stream-K phase: its steps, plus ``owned_extra`` per owned segment."""
+        start, end = self.unit_range(u)
+        return end - start + owned_extra * (self.num_segments(u) - _mid_tile(start, self.k_iters))
 
     def sources(self, t):
         """(first, last): the units after tile t's owner that hold its later segments, first..last inclusive
