@@ -1069,20 +1069,6 @@ def test_ring_tile_input_on_the_gpu(M, K, N, config, transpose_a, transpose_b):
     _check_ring_input(M, K, N, config, calls=2, transpose_a=transpose_a, transpose_b=transpose_b)
 
 
-@pytest.mark.parametrize("changes", [dict(share_rows=None), dict(a_beside=None)])
-def test_beside_dot_needs_a_beside_and_share_rows(changes):
-    fusion = Fusion(a_observe=lambda ctx, a, carry, side=None: carry, a_beside="y",
-                    share_rows=("rows", lambda ctx, carry: carry), beside_dot=lambda ctx, carry, dots: carry,
-                    outputs=(("rows", S((256,), jnp.float32)),))
-    fusion = dataclasses.replace(fusion, **changes)
-    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m")
-    with pytest.raises(ValueError, match="beside_dot sums A · a_beside per row on the tensor cores .* it needs "
-                                         "a_beside, share_rows and wg_split='m'"):
-        jax.eval_shape(lambda a, b, y: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion,
-                                            arrays=dict(y=y)),
-                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((256, 256), jnp.bfloat16))
-
-
 @cpu_only
 def test_ring_tile_input_beside_stream_k_lowers_in_the_same_shared_memory():
     """Lowered for CUDA at 2048x4096x11008 (688 tiles: 28 left over, each cut into 4 ranges of 16 steps): the

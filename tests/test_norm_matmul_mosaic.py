@@ -203,10 +203,9 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
 
 
 @pytest.mark.parametrize("changes, match", [
-    (dict(row_dot="k"), "row_dot_in_dx: must be False, True, 'prefetch', 'tma' or 'wgmma', not False only with "
-                        "row_dot='n' .* row_dot='k'"),
-    (dict(row_dot_in_dx="always"), "must be False, True, 'prefetch', 'tma' or 'wgmma'"),
-    (dict(row_dot_in_dx="wgmma", dx=MosaicGemmConfig(wg_split="n")), "with 'wgmma'\\) wg_split='m'; got wg_split='n'"),
+    (dict(row_dot="k"), "row_dot_in_dx: must be False, True, 'prefetch' or 'tma', not False only with row_dot='n' .* "
+                        "row_dot='k'"),
+    (dict(row_dot_in_dx="always"), "must be False, True, 'prefetch' or 'tma'"),
     (dict(row_dot=None), "not False only with row_dot='n'"),
     (dict(dx=MosaicGemmConfig(stream_k=4)), "row_dot_in_dx: the dx kernel's first tile of each row block passes the "
                                             "row dot to its others; .* stream_k=4"),
@@ -218,27 +217,6 @@ def test_the_row_dot_from_the_dx_kernel_needs_the_n_side_and_whole_cooperative_t
     assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n", row_dot_in_dx=True).to_dict()["row_dot_in_dx"]
     if "stream_k" in match:  # y by TMA keeps stream-K: its tiles never run the a_observe
         Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="n", row_dot_in_dx="tma"), **changes))
-
-
-@cpu_only
-def test_the_row_dot_by_wgmma_is_a_second_wgmma_in_the_first_tiles_k_loop():
-    """row_dot_in_dx="wgmma" lowered for CUDA at 8192x4096x6144 (the x tile through the ring, y's stages beside
-    dy's): the first column's K loop issues a 64x64 wgmma (dy's rows times y's, transposed) beside each step's
-    64x256 one, in the shared memory "tma" takes, and the other tiles' loop issues none."""
-    M, K, N = 8192, 4096, 6144
-
-    def dx_kernel(in_dx):
-        config = dataclasses.replace(_numbers_config(M, K, N, jnp.bfloat16, False, False, "n"), row_dot_in_dx=in_dx,
-                                     dyr_in_dx=False, dx=dataclasses.replace(_DYR_DX, tile_input_in="ring"))
-        fn, args = _fwd_bwd(M, K, N, False, config)
-        with backends.lowering_for_gpu():
-            return {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}["rmsnorm_matmul_dx"]
-
-    tma, wgmma = dx_kernel("tma"), dx_kernel("wgmma")
-    assert wgmma.smem_bytes == tma.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
-    k16 = 4  # one 64-deep step: four k16 instructions
-    assert (tma.text.count("m64n64k16"), wgmma.text.count("m64n64k16")) == (0, k16)
-    assert tma.text.count("m64n256k16") == wgmma.text.count("m64n256k16")
 
 
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (8192, 4096, 6144)])
@@ -608,16 +586,15 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
     (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared"),  # 256 row blocks, r shared in the forward too
     (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a")])  # 224 steps of dy · y per first tile
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("in_dx", [True, "prefetch", "tma", "wgmma"])
+@pytest.mark.parametrize("in_dx", [True, "prefetch", "tma"])
 def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, residual, in_dx):
     """Σ_N(dy · y) summed by the dx kernel's first tile of each row block and shared with the others
     (``row_dot_in_dx``): gradients against the float32 reference, two calls (the counts end each at zero). "tma":
     the x tile through the dx kernel's B stages (a second view of them: B is w read transposed), 64x256 stacked
-    tiles; with a residual the XLA pass takes the row dot. "wgmma": the same, the row dot the diagonal of dy · yᵀ
-    from a second wgmma per step."""
+    tiles; with a residual the XLA pass takes the row dot."""
     config = _numbers_config(M, K, N, dtype, residual, variant, "n")
     dx = dataclasses.replace(config.dx, stream_k=0)
-    if in_dx in ("tma", "wgmma"):
+    if in_dx == "tma":
         dx = dataclasses.replace(_DYR_DX, tile_input_in="ring")
     config = dataclasses.replace(config, row_dot_in_dx=in_dx, dx=dx)
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
@@ -754,8 +731,7 @@ def test_gradients_with_the_dw_kernels_w_tile_in_the_ring_on_the_gpu(M, K, N):
 @pytest.mark.parametrize("M, K, N, kernel", [
     (4096, 2048, 11008, "dw"),  # the 1b MLP: 688 dw tiles, 28 left over; its w tile through the ring at 4 stages
     (8704, 4096, 2048, "dx"),  # 1088 dx tiles, 32 left over; the x tile through the ring
-    (8704, 4096, 2048, "row_dot_tma"),  # and y's blocks beside dy's for the row dot (first tiles, never stream-K)
-    (8704, 4096, 2048, "row_dot_wgmma")])  # the row dot from a second wgmma per step
+    (8704, 4096, 2048, "row_dot_tma")])  # and y's blocks beside dy's for the row dot (first tiles, never stream-K)
 def test_gradients_with_a_ring_tile_input_beside_stream_k_on_the_gpu(M, K, N, kernel):
     """The dw or dx kernel's tile input through its B stages with the last round cut by K steps (stream_k=4):
     gradients against the float32 reference, two calls."""
@@ -765,7 +741,7 @@ def test_gradients_with_a_ring_tile_input_beside_stream_k_on_the_gpu(M, K, N, ke
             _dw_in_the_ring(config).dw, stream_k=4))
     else:
         config = dataclasses.replace(_numbers_config(M, K, N, jnp.bfloat16, False, False, "n"),
-                                     row_dot_in_dx=kernel.removeprefix("row_dot_") if "row_dot" in kernel else False,
+                                     row_dot_in_dx="tma" if kernel == "row_dot_tma" else False,
                                      dx=dataclasses.replace(_DYR_DX, tile_input_in="ring", stream_k=4))
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):

@@ -287,11 +287,6 @@ VARIANTS = {
     "dx_ring4_sk": dict(dx=dict(stream_k=4, tile_input_in="ring", num_stages=4)),
     "row_dot_tma_sk": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
                            dx=dict(stream_k=4, tile_input_in="ring"), dw=dict(tile_input_in="ring")),
-    # the first tiles' row dot on the tensor cores: the diagonal of a second wgmma per step, dy · yᵀ
-    "row_dot_wgmma": dict(row_dot="n", row_dot_in_dx="wgmma", dyr_in_dx=None, dgamma_from=None,
-                          dx=dict(stream_k=0, tile_input_in="ring"), dw=dict(tile_input_in="ring")),
-    "row_dot_wgmma_sk": dict(row_dot="n", row_dot_in_dx="wgmma", dyr_in_dx=None, dgamma_from=None,
-                             dx=dict(stream_k=4, tile_input_in="ring"), dw=dict(tile_input_in="ring")),
     # the kernels' tile order (planar snake): strips of w row blocks (minor "m") or w column blocks (minor "n"),
     # which sets how often the other operand streams from HBM (the entries: minor "m", w = 8)
     **{f"{prefix}_{minor}{w}": {kernel: dict(grid_minor=minor, grid_tile_width=w)}

@@ -159,13 +159,6 @@ class Fusion:
       row block's first tile; its other tiles' stages get an arrival instead of the copy); the a_observe then
       takes it as a fourth argument, a_observe(ctx, a, carry, beside), its rows loaded like a's (e.g. y beside dy
       for the rmsnorm_matmul dx kernel's row dot Σ dy · y). Costs num_stages · cta_m · tile_k elements of SMEM.
-    beside_dot(ctx, carry, dots) -> carry: (with a_beside and share_rows, on the GPU) the row block's first tiles
-      sum each row's dot product of A and the beside block on the tensor cores instead of running the a_observe: a
-      second wgmma per step, the warpgroup's A rows (wg_rows, tile_k) times its beside rows transposed, into a
-      (wg_rows, wg_rows) float32 accumulator of its own; after the K loop beside_dot folds the accumulator's
-      diagonal ``dots`` (wg_rows,) (layout ROWS) into the carry. It computes wg_rows times the products needed,
-      but on the tensor cores beside the main wgmma rather than in the MMA warpgroups' registers. In interpret
-      mode, and where the row block has one tile (no share_rows' first column), the a_observe runs instead.
     a_copy: (name, fn): the MMA warpgroups also write each A block, transformed, into the output ``name`` (an
       (M, K) 16-bit array of ``outputs``): fn(ctx, a, carry) -> the block's values, a as for a_observe, carry
       ``prologue_init``'s (ctx.step the step; with an a_observe too, its carry after this step's). Each block is
@@ -223,7 +216,6 @@ class Fusion:
     a_observe: Callable | None = None
     carry_shapes: tuple[tuple[int, ...], ...] | None = None
     a_beside: str | None = None
-    beside_dot: Callable | None = None
     a_copy: tuple[str, Callable] | None = None
     a_operand: Callable | None = None
     step_inputs: tuple[str, ...] = ()
@@ -314,11 +306,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     missing = [n for n in in_names if n not in arrays]
     if missing:
         raise ValueError(f"{name}: arrays is missing {missing}")
-    if fusion.beside_dot is not None and (fusion.a_beside is None or fusion.share_rows is None
-                                          or config.wg_split != "m"):
-        raise ValueError(f"{name}: beside_dot sums A · a_beside per row on the tensor cores in the row blocks' first "
-                         f"tiles: it needs a_beside, share_rows and wg_split='m'; got a_beside={fusion.a_beside!r}, "
-                         f"share_rows={'set' if fusion.share_rows else None}, wg_split={config.wg_split!r}")
     if fusion.a_beside is not None:
         beside = arrays[fusion.a_beside]
         if fusion.a_observe is None or beside.shape != (M, K) or beside.dtype != a.dtype:

@@ -117,13 +117,6 @@ def registers(shape) -> tuple[int, int, int]:
     return mma, memory, prologue
 
 
-def _diagonal(m: jax.Array) -> jax.Array:
-    """The diagonal (n,) float32, layout ROWS, of an (n, n) float32 accumulator (``Fusion.beside_dot``'s)."""
-    rows = mu.layout_cast(lax.broadcasted_iota(jnp.int32, m.shape, 0), mu.TILE)
-    cols = mu.layout_cast(lax.broadcasted_iota(jnp.int32, m.shape, 1), mu.TILE)
-    return jnp.sum(jnp.where(rows == cols, m, 0.0), axis=1)
-
-
 def _consumed_barrier(shape, *, num_arrivals: int, num_barriers: int):
     """The barriers a consumer arrives on once it has read a stage: a cluster barrier when the stage also receives
     the other block's multicast (its memory warpgroup must wait for this block's consumers too)."""
@@ -452,18 +445,15 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             in_mma = fusion.prologue_init is not None and not has_handoff
 
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True,
-                       fetch_at=None, length=None, dot_ref=None):
+                       fetch_at=None, length=None):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
                 With ``Fusion.a_observe``, run after each wgmma is issued (where ``observe``, a Python bool); with
                 ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run once, right after
                 the first step's wgmma is issued (that step taken out of the loop; k0, k1 static). ``fetch_at``:
                 (step, fetch, rows): a second carry starting at rows, which at that step, after the wgmma's issue,
                 becomes fetch() (the shared row vector of ``Fusion.share_rows``). ``length``: k1 - k0 as a Python int where k0 and k1 are traced (a stream-K
-                segment); an a_operand needs the step count static. ``dot_ref``: (``Fusion.beside_dot``) the
-                accumulator of a second wgmma per step, A's rows times the beside block's transposed, in place of
-                the a_observe (two wgmma groups per step). Returns the hook's carry, or (it, that second
+                segment); an a_operand needs the step count static. Returns the hook's carry, or (it, that second
                 carry) with fetch_at. No branch holds a wgmma: ptxas keeps them asynchronous."""
-                groups = 2 if dot_ref is not None else 1  # wgmma groups committed per step
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry, rows = carry
                     g = g0 + k - k0
@@ -481,13 +471,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             staged[...] = a_regs
                             a_regs = staged
                     shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
-                    if dot_ref is not None:  # each row's A · beside on the tensor cores: the diagonal of A Bᵀ
-                        wg_rows = shape.wg_a_rows(wg)
-                        plgpu.wgmma(dot_ref, stages[0].at[slot].at[wg_rows],
-                                    stages[2].at[slot].at[wg_rows].transpose((1, 0)))
                     if after_issue is not None:
                         after_issue()
-                    if fusion.a_observe is not None and observe and dot_ref is None:  # under the wgmma just issued
+                    if fusion.a_observe is not None and observe:  # under the wgmma just issued
                         # (and one in flight with delay); loaded again with an a_operand: its registers passed
                         # through an optimization barrier past the issue cost the rmsnorm_matmul forward 10%
                         def observed(c):
@@ -503,7 +489,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     if fetch_at is not None:  # under the wgmma just issued
                         at, fetch, _ = fetch_at
                         rows = lax.cond(k == at, lambda r: fetch(), lambda r: r, rows)
-                    plgpu.wgmma_wait(delay * groups)
+                    plgpu.wgmma_wait(delay)
                     if delay:  # the wgmma of step k - delay is complete
 
                         @pl.when(k - k0 >= delay)
@@ -555,7 +541,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
                 return mu.load(named_out[fusion.share_rows[0]].at[ctx.rows], layout=mu.ROWS, optimized=False)
 
-            def shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first=None, dot_ref=None):
+            def shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first=None):
                 """The K loop of a tile under ``Fusion.share_rows``: a row block's column-0 tile runs the a_observe,
                 stores fn(ctx, carry) into the shared output and signals the row block's other tiles (n_iters - 1
                 of them); those skip the a_observe and wait for that signal and load the row vector
@@ -563,8 +549,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 loop). Each kind of tile has a K loop of its own (``ctx.first_column``: the GPU's two tile loops),
                 so no step branches on it (a K loop inside a branch made ptxas serialize the wgmma). Returns (the
                 row vector, the hook's carry): the epilogue's carry. In interpret mode every tile computes it
-                itself. ``under_first``: as ``k_loop``'s (the previous tile's output, stored under the first wgmma).
-                ``dot_ref``: (``Fusion.beside_dot``, the first column's tiles) the row dots' accumulator."""
+                itself. ``under_first``: as ``k_loop``'s (the previous tile's output, stored under the first wgmma)."""
                 name, rows_from = fusion.share_rows
                 shared_out = named_out[name]
                 others = shape.iters[1] - 1
@@ -592,11 +577,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 if ctx.first_column is None:  # (on the GPU every tile loop under share_rows names it)
                     raise RuntimeError("share_rows: a tile's K loop without TileContext.first_column")
-                if ctx.first_column and dot_ref is not None:
-                    carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, under_first, observe=True,
-                                   dot_ref=dot_ref)
-                    carry = fusion.beside_dot(ctx, carry, _diagonal(dot_ref[...]))
-                    return produce(carry), carry
                 if ctx.first_column:
                     carry = k_loop(acc_ref, g0, 0, k_iters, ctx, hook_carry, under_first, observe=True)
                     return produce(carry), carry
@@ -624,14 +604,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             tile, prev = pending
                             shape.store_later(shape.tile_context(prev, wg, refs_by_name), tile, scoped, out_gmem)
 
-                # (Fusion.beside_dot) the first column's row dots: a second accumulator in the same scope (a scope
-                # of its own around the K loop fails to lower: its state discharge meets the loop's barrier waits)
-                dots = sharing and first_column and fusion.beside_dot is not None and not mu.interpreting()
-
-                def acc_scope(acc_ref, dot_ref=None):
+                def acc_scope(acc_ref):
                     with mu.region("k_loop"):
                         if sharing:
-                            carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first, dot_ref)
+                            carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first)
                         else:
                             carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
                     with mu.region("epilogue"):
@@ -659,8 +635,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         plgpu.barrier_arrive(handoff_free)
                     return tile
 
-                tile = pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32),
-                                     *((plgpu.ACC((cfg.wg_rows, cfg.wg_rows), _F32),) if dots else ()))
+                tile = pl.run_scoped(acc_scope, plgpu.ACC((cfg.tile_m, cfg.tile_n), _F32))
                 return None if pending is None else (tile, lin)
 
             def no_output_yet():

@@ -206,7 +206,6 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
 # Mosaic backend (``norm_matmul.mosaic``): three GEMMs of the core in ``pallas_kernels.gemm``
 # ---------------------------------------------------------------------------------------------------------------
 MOSAIC_FORWARD_FIELDS = ("forward", "stats_in_kernel", "gamma_on", "squares_from")
-Y_BY_TMA = ("tma", "wgmma")  # row_dot_in_dx values whose y blocks the memory warpgroup loads beside dy's
 MMA_STATS = ("mma", "mma_rows", "mma_shared")  # stats_in_kernel values whose sums of squares the MMA warpgroups take
 SQUARES_FROM = ("observe", "operand")  # where those sums read x (MosaicRMSNormMatmulConfig.squares_from)
 # dw's GEMM (K, M) @ (M, N) goes to cuBLAS when its output has fewer CTA tiles than the H100 has SMs: the persistent
@@ -313,10 +312,7 @@ class MosaicRMSNormMatmulConfig:
       4096x4096x14336 1944.4 against the K side's 1880.8. Each row block's first tile takes about twice a tile's
       time: the first rounds read all of dy and y at once. Spreading the first tiles through the order (each
       group's a group or two ahead of its others; removed) cost more (1702.4 / 1698.4 at 8192x4096x6144: the
-      others then wait for them), as did one wgmma group in flight (1678.6). "wgmma": as "tma", but the first
-      tiles sum dy · y on the tensor cores, a second wgmma per step into a (wg_rows, wg_rows) accumulator whose
-      diagonal is the row dot (``gemm.Fusion.beside_dot``; wg_split "m"): 64 times the products, in the tensor
-      pipe beside the dx GEMM's wgmma instead of the MMA warpgroups' loads of dy and y from shared memory.
+      others then wait for them), as did one wgmma group in flight (1678.6).
     dgamma_from: where dgamma comes from. "dw": the dw kernel's epilogue sums w ⊙ g over its columns, with the w
       tile prefetched into shared memory or through its B stages (``tile_input_in``). "u": (row_dot "k", with the
       dx GEMM reading w itself: gamma_on "x" or "a") the dx kernel writes u before gamma, u = (r / s) ⊙ (dy @ wᵀ),
@@ -413,20 +409,16 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool; got "
                              f"dyr_in_dx={self.dyr_in_dx!r}")
         in_dx = self.row_dot_in_dx
-        if in_dx not in (False, True, "prefetch", *Y_BY_TMA) or (in_dx and self.row_dot_side() != "n"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True, 'prefetch', 'tma' or "
-                             f"'wgmma', "
+        if in_dx not in (False, True, "prefetch", "tma") or (in_dx and self.row_dot_side() != "n"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True, 'prefetch' or 'tma', "
                              f"not False only with row_dot='n' "
                              f"(the dx kernel sums dy · y over N); got row_dot_in_dx={self.row_dot_in_dx!r}, "
                              f"row_dot={self.row_dot!r}")
         dx = self.dx
-        if in_dx and (dx.pipeline != "own" or dx.pingpong or dx.cluster != "none"
-                      or (dx.stream_k and in_dx not in Y_BY_TMA) or (in_dx == "wgmma" and dx.wg_split != "m")):
+        if in_dx and (dx.pipeline != "own" or dx.pingpong or dx.cluster != "none" or (dx.stream_k and in_dx != "tma")):
             raise ValueError("MosaicRMSNormMatmulConfig.row_dot_in_dx: the dx kernel's first tile of each row block "
                              "passes the row dot to its others; the dx config needs pipeline='own', "
-                             "schedule='cooperative', cluster='none', (unless 'tma' or 'wgmma') stream_k=0 and "
-                             "(with 'wgmma') wg_split='m'; got "
-                             f"wg_split={dx.wg_split!r}, "
+                             "schedule='cooperative', cluster='none' and (unless 'tma') stream_k=0; got "
                              f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, cluster={dx.cluster!r}, "
                              f"stream_k={dx.stream_k}")
         if self.dgamma_from not in (None, "dw", "u") or (self.dgamma_from == "u" and self.row_dot_side() != "k"):
@@ -496,12 +488,12 @@ class MosaicRMSNormMatmulConfig:
                           scratch_bytes=extra) + BARRIER_BYTES
 
     def row_dot_by_dx(self, dtype, residual: bool) -> bool | str:
-        """The row dot's form in the dx kernel (``row_dot_in_dx``; False: XLA's pass): "tma" or "wgmma" only
-        without a residual and where the y stages fit in the dx kernel's shared memory, else False."""
-        if self.row_dot_in_dx not in Y_BY_TMA:
+        """The row dot's form in the dx kernel (``row_dot_in_dx``; False: XLA's pass): "tma" only without a
+        residual and where the y stages fit in the dx kernel's shared memory, else False."""
+        if self.row_dot_in_dx != "tma":
             return self.row_dot_in_dx
         fits = self._dx_smem(dtype, residual, dyr_staging=False, y_stages=True) <= mosaic_utils.H100_SMEM_BYTES
-        return self.row_dot_in_dx if fits and not residual else False
+        return "tma" if fits and not residual else False
 
     def dyr_by_dx(self, dtype, residual: bool) -> bool:
         """Whether the dx kernel writes dyr: ``dyr_in_dx``, or when None, with row_dot "n" where its staging
@@ -515,7 +507,7 @@ class MosaicRMSNormMatmulConfig:
         """None when the dx kernel's shared memory holds the dyr copy's staging too; else the sentence saying how
         much it would need."""
         staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
-        y_stages = self.row_dot_by_dx(dtype, residual) in Y_BY_TMA
+        y_stages = self.row_dot_by_dx(dtype, residual) == "tma"
         need = self._dx_smem(dtype, residual, dyr_staging=True, y_stages=y_stages)
         if need <= mosaic_utils.H100_SMEM_BYTES:
             return None

@@ -30,7 +30,7 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               kernel instead: its MMA warpgroups scale and store their rows of the dy blocks, ``Fusion.a_copy``;
               with ``row_dot_in_dx``, c from the dx kernel's first tile of each row block, which sums dy · y with
               y's blocks loaded from HBM (or by TMA beside dy's, "tma": ``Fusion.a_beside``, the H200's entry at
-              8192x4096x6144; "wgmma": summed as the diagonal of a second wgmma, dy · yᵀ) and shares it, ``Fusion.share_rows``: no XLA pass left).
+              8192x4096x6144) and shares it, ``Fusion.share_rows``: no XLA pass left).
   dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
               epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K));
               with the dw config's ``tile_input_in="ring"`` the w tile arrives through its B stages instead, which
@@ -326,9 +326,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
     with the row block's other tiles (``Fusion.share_rows``; also an output, "row_dot" (M,) float32); "prefetch":
     each step loads the next step's y block into the carry (its load's latency under a step's wgmma); "tma": the
     memory warpgroup loads y's blocks by TMA into a stage buffer beside dy's (``Fusion.a_beside``), and the MMA
-    warpgroups read both from shared memory; "wgmma": y's blocks likewise, and the first tiles take the row dot as
-    the diagonal of a second wgmma per step, dy's rows times y's transposed (``Fusion.beside_dot``; in interpret
-    mode the a_observe sums it as with "tma")."""
+    warpgroups read both from shared memory."""
 
     def epilogue(ctx, acc, carry):
         if row_dot_in_kernel:  # (the shared row dot, the carry)
@@ -353,7 +351,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                       prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
     prefetch = row_dot_in_kernel == "prefetch"
-    by_tma = row_dot_in_kernel in _config.Y_BY_TMA
+    by_tma = row_dot_in_kernel == "tma"
 
     def init(ctx):  # the row dot's sums (rows,) float32 in place of the row dot, then r and r / s (and y's next)
         cfg = ctx.config
@@ -382,8 +380,6 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                   outputs=(*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32))),
                   a_copy=("dyr", _dyr_copy(2)) if dyr is not None else None, prologue_init=init,
                   a_observe=add_row_dot, a_beside="y" if by_tma else None,
-                  beside_dot=(lambda ctx, carry, dots: (carry[0] + dots, *carry[1:]))
-                  if row_dot_in_kernel == "wgmma" else None,
                   share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
