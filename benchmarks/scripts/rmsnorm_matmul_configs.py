@@ -222,11 +222,14 @@ VARIANTS = {
     # kernel 5-29 µs: rmsnorm_matmul_configs_dx_next-h200-b8d0a5b.json; removed after it)
     "n_side_dx_ring": dict(row_dot="n", dyr_in_dx=None, dgamma_from=None, dx=dict(stream_k=0, tile_input_in="ring"),
                            dw=dict(tile_input_in="ring")),
+    # (3 stages: with 4, as the 32768x4096x4096 entry's dx kernel takes now, y's stages do not fit and the row dot
+    # falls back to XLA's pass)
     "row_dot_tma": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
-                        dx=dict(stream_k=0, tile_input_in="ring"), dw=dict(tile_input_in="ring")),
+                        dx=dict(stream_k=0, tile_input_in="ring", num_stages=3), dw=dict(tile_input_in="ring")),
     # with one wgmma group in flight over the first tiles' loads and sums (and the same dx tiles without the row dot)
     "row_dot_tma_d1": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
-                           dx=dict(stream_k=0, tile_input_in="ring", delay_release=1), dw=dict(tile_input_in="ring")),
+                           dx=dict(stream_k=0, tile_input_in="ring", delay_release=1, num_stages=3),
+                           dw=dict(tile_input_in="ring")),
     "dx_ring_d1": dict(dx=dict(stream_k=0, tile_input_in="ring", delay_release=1)),
     # the forward's K loop without hooks (x ⊙ gamma and r's sums from XLA): waiting for each wgmma (d0, as the plain
     # core does) or one group in flight (d1), the output stored at the tile's end or under the next tile's first wgmma
@@ -286,7 +289,11 @@ VARIANTS = {
     "dw_ring4_sk": dict(dw=dict(tile_input_in="ring", num_stages=4, stream_k=4)),
     "dx_ring4_sk": dict(dx=dict(stream_k=4, tile_input_in="ring", num_stages=4)),
     "row_dot_tma_sk": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
-                           dx=dict(stream_k=4, tile_input_in="ring"), dw=dict(tile_input_in="ring")),
+                           dx=dict(stream_k=4, tile_input_in="ring", num_stages=3), dw=dict(tile_input_in="ring")),
+    # (the first tiles' row dot as the diagonal of a second wgmma per step, dy · yᵀ, instead of dy and y loaded into
+    # registers: row_dot_in_dx="wgmma", gemm.Fusion.beside_dot at aebd95d, reverted; "row_dot_wgmma": the dx kernel
+    # 578.3 against 578.5 µs at 8192x4096x6144, rmsnorm_matmul_configs_row_dot_wgmma_6144-h200-aebd95d.json; at
+    # 32768x4096x4096 that call's variants inherited the entry's 4 dx stages and fell back to XLA's pass)
     # the kernels' tile order (planar snake): strips of w row blocks (minor "m") or w column blocks (minor "n"),
     # which sets how often the other operand streams from HBM (the entries: minor "m", w = 8)
     **{f"{prefix}_{minor}{w}": {kernel: dict(grid_minor=minor, grid_tile_width=w)}
