@@ -7,7 +7,9 @@
 Per suite shape (``jaxfuse.suites.rmsnorm_matmul``: bf16 inputs, the suite's forward and forward + backward
 programs) and mode, every variant of VARIANTS (changes to the shape's default Mosaic config: its tuned entry or the
 built-in tiles) and the suite's "xla" and "xla_matmul_alone", timed interleaved (CUPTI medians), each variant's
-largest output difference from the "default" variant relative to its largest value, and the costliest kernels.
+largest output difference from the "default" variant relative to its largest value, and the costliest kernels. A
+variant asking for the row dot in the dx kernel where y's stages do not fit (so XLA's pass takes it) is named in
+the row's "fallbacks".
 Writes ``rmsnorm_matmul_configs-<device>.json``.
 """
 
@@ -361,6 +363,11 @@ def main() -> int:
                     print(name, "skipped", variant, error, flush=True)
                     continue
                 row.setdefault("configs", {})[variant] = config.to_dict()
+                if config.row_dot_in_dx and not config.row_dot_by_dx(jnp.bfloat16, residual=False):  # said, not hidden
+                    fallback = (f"row_dot_in_dx={config.row_dot_in_dx!r} falls back to XLA's row-dot pass: y's "
+                                f"stages do not fit beside the dx kernel's {config.dx.num_stages}")
+                    row.setdefault("fallbacks", {})[variant] = fallback
+                    print(name, "fallback", variant, fallback, flush=True)
                 fns[variant] = fn
             fns["xla"], fns["xla_matmul_alone"] = impls["xla"], impls["xla_matmul_alone"]
             for mode in args.modes.split(","):
