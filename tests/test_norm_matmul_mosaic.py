@@ -221,16 +221,19 @@ def test_the_row_dot_from_the_dx_kernel_needs_the_n_side_and_whole_cooperative_t
 
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (8192, 4096, 6144)])
 def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_tile_in_the_ring(M, K, N):
-    """row_dot_in_dx="tma" at the suite's N-side shapes (the H200 entries' dx tiles): with the x tile through the
-    B stages the y stages and dyr's staging fit; with the x tile in a buffer of its own, or with a residual (x and
-    dh tiles), the XLA pass takes the row dot (and dyr still comes from the dx kernel where it fits)."""
+    """row_dot_in_dx="tma" at the suite's N-side shapes (the H200 entries' dx tiles, 3 stages): with the x tile
+    through the B stages the y stages and dyr's staging fit; with a fourth stage (the 32768x4096x4096 entry's dx
+    kernel without the row dot), the x tile in a buffer of its own, or a residual (x and dh tiles), the XLA pass
+    takes the row dot (and dyr still comes from the dx kernel where it fits)."""
     from pallas_kernels import tuning
 
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     ring = dataclasses.replace(entry, row_dot_in_dx="tma", dx=dataclasses.replace(entry.dx, tile_input_in="ring",
-                                                                                  stream_k=0))
+                                                                                  stream_k=0, num_stages=3))
     assert ring.row_dot_by_dx(jnp.bfloat16, False) == "tma" and ring.dyr_by_dx(jnp.bfloat16, False)
+    four = dataclasses.replace(ring, dx=dataclasses.replace(ring.dx, num_stages=4))
+    assert four.row_dot_by_dx(jnp.bfloat16, False) is False
     assert ring.row_dot_by_dx(jnp.bfloat16, True) is False
     assert ring.dx_config(False) == ring.dx  # with a residual: x and dh in buffers, 2 of the 3 stages beside them
     assert ring.dx_config(True) == dataclasses.replace(ring.dx, tile_input_in="buffer", num_stages=2)
@@ -240,16 +243,16 @@ def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_ti
 
 @cpu_only
 def test_y_by_tma_beside_dy_in_the_dx_kernel_lowers_with_a_third_stage_buffer():
-    """row_dot_in_dx="tma" at 32768x4096x4096 with the H200 entry's dx tiles (the x tile through the B stages,
-    which takes no stream-K): no XLA reduction over an (M, N) tensor, and the dx kernel within shared memory with
-    y's stages beside the others."""
+    """row_dot_in_dx="tma" at 32768x4096x4096 with the H200 entry's dx tiles at 3 stages (the x tile through the B
+    stages; y's stages take the room of the entry's fourth), whole tiles: no XLA reduction over an (M, N) tensor,
+    and the dx kernel within shared memory with y's stages beside the others."""
     from pallas_kernels import tuning
 
     M, K, N = 32768, 4096, 4096
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     config = dataclasses.replace(entry, row_dot_in_dx="tma", dx=dataclasses.replace(entry.dx, tile_input_in="ring",
-                                                                                    stream_k=0))
+                                                                                    stream_k=0, num_stages=3))
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
