@@ -63,6 +63,7 @@ from pallas_kernels.norm_matmul import config as nm_config
 # d6e5c26.json): the TMA copy's read of 32 KiB held the slot 1.5k cycles (mosaic_timeline_ring_output-h200-d6e5c26).
 # Both removed.
 _STACKED = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=4)
+_OWN = dict(pipeline="own", semantics="lane", stream_k=0)  # our K loop, whole tiles
 # r summed by the MMA warpgroups of each row block's first tile only (the whole first column runs first), the other
 # tiles loading it after a global semaphore (gemm.Fusion.share_rows): gamma on w, or in the registers
 VARIANTS_SHARED = {
@@ -130,6 +131,14 @@ VARIANTS = {
     "dyr_in_xla": dict(row_dot="n", dyr_in_dx=False),  # where the default writes it from the dx kernel
     # the K side with dy as the dx kernel's A operand, which writes dyr (no XLA pass over dy); _s4: one stage fewer
     "k_dyr_in_dx": dict(row_dot="k", dyr_in_dx=True),
+    # the H200's 8192x512x2816 entry whole (γ on x, the K side with dyr from stacked dx tiles, ping-pong forward and
+    # dw tiles), for the shapes the H200 has no entry of its own and takes the H100's (the model's QKV projections)
+    "small_mlp_entry": dict(gamma_on="x", stats_in_kernel=False, row_dot="k", dyr_in_dx=True, dw_in_xla=None,
+                            forward=dict(_OWN, tile_m=128, tile_n=128, num_stages=6, wg_split="n",
+                                         schedule="pingpong", delay_release=1),
+                            dx=dict(_OWN, **dict(_STACKED, num_stages=3), delay_release=0),
+                            dw=dict(_OWN, tile_m=128, tile_n=128, num_stages=5, wg_split="n", schedule="pingpong",
+                                    delay_release=1)),
     "k_dyr_in_dx_s4": dict(row_dot="k", dyr_in_dx=True, dx=dict(num_stages=4)),
     # and the dx kernel's tiles beside the copy (at the model's MLP shapes, K of 512 or 2048 gives 256-wide tiles
     # few column blocks); "k_dyr_in_xla": XLA writes dyr instead
