@@ -3,6 +3,7 @@ numbers against a float32 product on an sm90 GPU (per-test timeout there), and (
 CPU at tiny shapes, for every K loop."""
 
 import dataclasses
+import functools
 import itertools
 import math
 import re
@@ -1005,19 +1006,20 @@ def test_ring_tile_input_is_the_one_store_in_tile_of_b_s_dtype(fusion, arrays, t
                        **{n: S((256, 256), jnp.bfloat16) for n in arrays})
 
 
+def _lowered_added_tile(M: int, K: int, N: int, config: MosaicGemmConfig):
+    """The kernel of ``_added_tile``'s fused GEMM at MxKxN (bfloat16), lowered for CUDA."""
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, N), jnp.bfloat16)
+    (kernel,) = mosaic_ir.lower_kernels(
+        lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_added_tile(M, N // 256),
+                             arrays=dict(c=c)), *operands)
+    return kernel
+
+
 @cpu_only
 def test_ring_tile_input_takes_no_shared_memory_of_its_own():
     """Lowered for CUDA at 4096x4096x4096: the 64 KiB tile buffer gone (with 3 stages; with 4, which the buffer
     leaves no room for, the stages and barriers only), and the tile's prefetch replaced by the halves' loads."""
-    M, K, N = 4096, 4096, 4096
-    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, N), jnp.bfloat16)
-
-    def lowered(config):
-        (kernel,) = mosaic_ir.lower_kernels(
-            lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_added_tile(M, N // 256),
-                                 arrays=dict(c=c)), *operands)
-        return kernel
-
+    lowered = functools.partial(_lowered_added_tile, 4096, 4096, 4096)
     three = dataclasses.replace(_RING, num_stages=3)
     ring, buffer = lowered(three), lowered(dataclasses.replace(three, tile_input_in="buffer"))
     assert 0 <= buffer.smem_bytes - ring.smem_bytes - 2 * 64 * 256 * 2 <= 64  # (and the buffer's barriers)
@@ -1074,15 +1076,7 @@ def test_ring_tile_input_beside_stream_k_lowers_in_the_same_shared_memory():
     """Lowered for CUDA at 2048x4096x11008 (688 tiles: 28 left over, each cut into 4 ranges of 16 steps): the
     owners load their tile input into the ring as the whole rounds' tiles do, so stream-K adds its semaphores and
     no shared memory."""
-    M, K, N = 2048, 4096, 11008
-    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, N), jnp.bfloat16)
-
-    def lowered(config):
-        (kernel,) = mosaic_ir.lower_kernels(
-            lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_added_tile(M, N // 256),
-                                 arrays=dict(c=c)), *operands)
-        return kernel
-
+    lowered = functools.partial(_lowered_added_tile, 2048, 4096, 11008)
     whole, split = lowered(_RING), lowered(dataclasses.replace(_RING, stream_k=4))
     assert split.smem_bytes == whole.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
     assert "red.release.gpu.global.add" in split.text and "red.release.gpu.global.add" not in whole.text
