@@ -221,9 +221,9 @@ VARIANTS = {
     "gamma_a_mma_shared_row_dot_in_dx": dict(VARIANTS_SHARED["gamma_a_mma_shared"], row_dot="n", row_dot_in_dx=True,
                                              dx=dict(stream_k=0)),
     # the same with y's blocks loaded by TMA beside dy's (row_dot_in_dx "tma", gemm.Fusion.a_beside): the dx
-    # kernel's x tile through its B stages to make room (ring, no stream-K), beside the same dx tiles without the row
-    # dot. From the K side's entries (4096x4096x14336) the N side with dgamma from the dw kernel, its w tile through
-    # its ring. (Each group's first tiles one or two groups ahead of its others, shared_rows_lead "_lead1" / "_lead2",
+    # kernel's x tile through its B stages to make room (ring; "_sk": with stream-K), beside the same dx tiles
+    # without the row dot. From the K side's entries (4096x4096x14336) the N side with dgamma from the dw kernel,
+    # its w tile through its ring. (Each group's first tiles one or two groups ahead of its others, shared_rows_lead "_lead1" / "_lead2",
     # cost more: rmsnorm_matmul_configs_row_dot_tma_lead-h200-3c827db.json; removed after it. Every tile of a row
     # block summing its share of the steps, its K loop rotated to start there, "_spread", measured equal:
     # rmsnorm_matmul_configs_row_dot_spread-h200-488562e.json; removed after it)

@@ -307,8 +307,10 @@ class MosaicRMSNormMatmulConfig:
       (``row_dot_by_dx``) the XLA pass takes the row dot. Measured on the H200 (fwd+bwd µs, three calls,
       rmsnorm_matmul_configs_row_dot_tma{,_lead,_d1}-h200-*.json; the dx kernel in brackets): at 8192x4096x6144
       1658.1 / 1643.0 / 1640.1 against 1666.5 / 1650.1 / 1648.5 for the entry before (dx 586-591 against 546-550
-      and XLA's 48 µs pass), its H200 entry now; at 32768x4096x4096 4385.5 against 4382.9 (the ring takes no
-      stream-K: dx 1607.5 against 1510.2 with the ring alone, 1480.3 with stream-K, and XLA's 121 µs pass); at
+      and XLA's 48 µs pass), its H200 entry now; at 32768x4096x4096 4385.5 against 4382.9 (the ring took no
+      stream-K then: dx 1607.5 against 1510.2 with the ring alone, 1480.3 with stream-K, and XLA's 121 µs pass;
+      beside stream-K since, 4294.8 against the entry's 4305.0, rmsnorm_matmul_configs_ring_stream_k_32768-h200-
+      6ed694e.json, before that entry's dx kernel took the ring at 4 stages); at
       4096x4096x14336 1944.4 against the K side's 1880.8. Each row block's first tile takes about twice a tile's
       time: the first rounds read all of dy and y at once. Spreading the first tiles through the order (each
       group's a group or two ahead of its others; removed) cost more (1702.4 / 1698.4 at 8192x4096x6144: the
