@@ -752,7 +752,8 @@ def test_gradients_with_a_ring_tile_input_beside_stream_k_on_the_gpu(M, K, N, ke
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144),
+                                     (8192, 512, 2816), (4096, 2048, 11008), (8192, 512, 768), (4096, 2048, 3072)])
 def test_the_suite_shapes_tuned_entries_on_the_gpu(M, K, N):
     """Forward and gradients of the suite shapes with this device's tuned entries (no block_sizes), against the
     float32 reference, two calls (the shared r's counts end each at zero)."""
@@ -994,10 +995,11 @@ def test_the_h200_entry_at_4096x4096x14336_finishes_dx_and_dgamma_in_one_pass_ov
 
 
 @cpu_only
-@pytest.mark.parametrize("M, K, N", [(4096, 2048, 11008), (8192, 512, 2816)])
-def test_the_h200_entries_of_the_model_mlp_shapes_read_dy_only_in_the_dx_kernel(M, K, N):
-    """The H200's own entries (measured: rmsnorm_matmul_configs_{1b,small}_k_dyr-h200-c795e44.json) take the row dot
-    over K with dyr from the dx kernel: their dx kernels fit shared memory, and no XLA op makes an (M, N) tensor."""
+@pytest.mark.parametrize("M, K, N", [(4096, 2048, 11008), (8192, 512, 2816), (8192, 512, 768), (4096, 2048, 3072)])
+def test_the_h200_entries_of_the_model_shapes_read_dy_only_in_the_dx_kernel(M, K, N):
+    """The H200's own entries at the model's MLP and QKV projections (measured: rmsnorm_matmul_configs_{1b,small}_
+    k_dyr-h200-c795e44.json, ..._qkv_{small,1b}-h200-7c5fd33.json) take the row dot over K with dyr from the dx
+    kernel: their dx kernels fit shared memory, and no XLA op makes an (M, N) tensor."""
     from pallas_kernels import tuning
 
     params = tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
@@ -1007,6 +1009,9 @@ def test_the_h200_entries_of_the_model_mlp_shapes_read_dy_only_in_the_dx_kernel(
     if (M, K, N) == (4096, 2048, 11008):  # 688 dw tiles, 28 left over: the w tile through the ring beside stream-K
         # (rmsnorm_matmul_configs_ring_stream_k_1b-h200-6ed694e.json: the dw kernel 244.3 against 249.2 µs)
         assert (config.dw.tile_input_in, config.dw.num_stages, config.dw.stream_k) == ("ring", 4, 4)
+    if K == 512:  # ping-pong forward and dw tiles, 64x256 dx tiles stacked along M (the 8192x512x768 entry: 60.4
+        # against 65.2 µs for the H100's, a fourth warpgroup for r and the Pallas pipeline)
+        assert (config.forward.schedule, config.dw.schedule, config.dx.tile_n) == ("pingpong", "pingpong", 256)
     fn, args = _fwd_bwd(M, K, N, False, config)
     with backends.lowering_for_gpu():
         kernels = mosaic_ir.lower_kernels(fn, *args)
