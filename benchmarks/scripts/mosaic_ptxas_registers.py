@@ -1,5 +1,6 @@
 """Registers and spills of Mosaic-GPU kernels as ptxas reports them: the rmsnorm_matmul forward under named variants
-of ``rmsnorm_matmul_configs.VARIANTS``, and the plain GEMM core under configs of ``mosaic_gemm_tiles.CONFIGS``.
+of ``rmsnorm_matmul_configs.VARIANTS`` (or their "a+b" combinations), and the plain GEMM core under configs of
+``mosaic_gemm_tiles.CONFIGS``.
 
     PYTHONPATH=$PWD python benchmarks/scripts/mosaic_ptxas_registers.py --out $OUT \
         [--shapes 4096x4096x14336,...] [--variants default,fwd_next_tile] [--configs 64x256_m_minor_m,...] \
@@ -30,7 +31,7 @@ from jaxfuse import bench
 from mosaic_gemm_tiles import CONFIGS
 from pallas_kernels.gemm import matmul
 from pallas_kernels.norm_matmul import mosaic as nm
-from rmsnorm_matmul_configs import VARIANTS, variant_config
+from rmsnorm_matmul_configs import combined, variant_config
 
 
 def report(fn, *args) -> dict:
@@ -54,7 +55,7 @@ def main() -> int:
         gamma = jax.ShapeDtypeStruct((K,), jnp.bfloat16)
         row = dict(shape=shape, forward={}, core={}, backward={})
         for variant in filter(None, args.variants.split(",")):
-            config = variant_config(M, K, N, VARIANTS[variant])
+            config = variant_config(M, K, N, combined(variant))
 
             def fn(x, g, w, c=config):
                 return nm.rmsnorm_matmul(x, g, w, eps=1e-6, residual=None, out_dtype=x.dtype, interpret=False,
@@ -63,7 +64,7 @@ def main() -> int:
             row["forward"][variant] = dict(config=config.to_dict(), **report(fn, x, gamma, w))
             print(shape, variant, {k: v for k, v in row["forward"][variant].items() if k != "config"}, flush=True)
         for variant in filter(None, args.backward_variants.split(",")):
-            config = variant_config(M, K, N, VARIANTS[variant])
+            config = variant_config(M, K, N, combined(variant))
 
             def grads(x, g, w, dy, c=config):
                 y, vjp = jax.vjp(lambda *a: nm.rmsnorm_matmul(*a, eps=1e-6, residual=None, out_dtype=x.dtype,
