@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import os
 import re
 from typing import Iterator
 
@@ -402,6 +403,19 @@ _STABLEHLO_MESSAGE = ("this is StableHLO (MLIR) text, not HLO: pass the compiled
                       "`jax.jit(f).lower(*args).compile().as_text()` (`lowered.as_text()` prints StableHLO)")
 
 
+def _path_hint(text: str) -> str:
+    """'; <why>' when the whole `text` is one word (no spaces, no brackets) ending in .txt / .hlo or naming an
+    existing file: a path passed where its contents were meant; else ''."""
+    words = text.split() if len(text) <= 4096 else []  # a path is short (PATH_MAX); HLO text may not be
+    if len(words) != 1 or any(c in words[0] for c in "{}()"):
+        return ""
+    path = words[0]
+    if not (path.endswith((".txt", ".hlo")) or os.path.isfile(path)):
+        return ""
+    return (f"; {path!r} looks like a file's path, not HLO text: pass the file's text, open({path!r}).read(), "
+            f"or run `hlo-inspect {path}`")
+
+
 def _is_computation_header(line: str) -> bool:
     return line.endswith("{") and not _INSTRUCTION_START_RE.match(line) and bool(_COMPUTATION_HEAD_RE.match(line))
 
@@ -461,7 +475,8 @@ def gc_paused():
 def parse(text: str) -> Module:
     """Parse HLO module text. Raises `HloParseError` (with line number and text) on anything malformed."""
     if not isinstance(text, str):
-        raise TypeError(f"parse() takes HLO text as str, got {type(text).__name__}")
+        hint = _path_hint(os.fspath(text)) if isinstance(text, os.PathLike) else ""
+        raise TypeError(f"parse() takes HLO text as str, got {type(text).__name__}{hint}")
     with gc_paused():
         return _parse(text)
 
@@ -550,7 +565,7 @@ def _parse(text: str) -> Module:
             except ValueError as e:
                 raise HloParseError(f"malformed {table} entry: {e}", line_no, raw_line) from None
             continue
-        if _looks_like_mlir(line):
+        if _looks_like_mlir(line) and not _path_hint(text):  # `module_0008.jit_f.before_optimizations.txt`
             raise HloParseError(_STABLEHLO_MESSAGE, line_no, raw_line)
         if line.endswith("{"):
             m = _COMPUTATION_HEAD_RE.match(strip_comments(line))
@@ -562,7 +577,8 @@ def _parse(text: str) -> Module:
             table = None
             continue
         raise HloParseError("unexpected text outside any computation: expected 'HloModule', a computation header "
-                            "('%name (params) -> shape {'), a source table or a comment", line_no, raw_line)
+                            "('%name (params) -> shape {'), a source table or a comment" + _path_hint(text),
+                            line_no, raw_line)
 
     if current is not None:
         raise HloParseError(f"computation {current[0]} (line {current[2]}) is never closed with '}}' "

@@ -103,6 +103,17 @@ class PassStep:
         return not self.error and self.module is not None
 
     @property
+    def is_pass(self) -> bool:
+        """Whether XLA dumped this after a pass (False for the before_optimizations / after_optimizations files,
+        whose `order` is not a step number of XLA's)."""
+        return self.pass_name not in (BEFORE_OPTIMIZATIONS, AFTER_OPTIMIZATIONS)
+
+    @property
+    def step_number(self) -> str:
+        """XLA's step number as the dump file names it ('0006'), '-' before and after the optimizations."""
+        return f"{self.order:04d}" if self.is_pass else "-"
+
+    @property
     def label(self) -> str:
         """The pass, or "start of <pipeline>" for a change made outside any pass pipeline."""
         if self.pass_name == "pipeline-start":
@@ -131,7 +142,7 @@ class PassStep:
 
     def __repr__(self) -> str:
         state = f"error={self.error!r}" if self.error else f"kernels={self.kernel_count}, bytes={self.bytes_total}"
-        return f"PassStep({self.order:04d} {self.pipeline}/{self.label}, {state})"
+        return f"PassStep({self.step_number} {self.pipeline}/{self.label}, {state})"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -159,7 +170,8 @@ class PassTimeline:
     """The steps of one module's optimization that changed it, in order (see the module docstring).
 
     dumps_read: how many per-pass files of this module were read (unchanged ones included); other_modules:
-    the other modules found in the folder (`module_0009.jit_g`), ignored.
+    the other modules found in the folder (`module_0009.jit_g`), ignored; pass_re: the `xla_dump_hlo_pass_re`
+    the dumps were made with ('' when not known, as for a folder read by `load_pass_dumps`).
     """
 
     module_name: str
@@ -167,6 +179,7 @@ class PassTimeline:
     folder: str = ""
     dumps_read: int = 0
     other_modules: list[str] = dataclasses.field(default_factory=list)
+    pass_re: str = ""
 
     @property
     def good_steps(self) -> list[PassStep]:
@@ -221,7 +234,7 @@ class PassTimeline:
         rows = []
         prev: PassStep | None = None
         for step in self.steps:
-            order = "-" if step.pass_name == BEFORE_OPTIMIZATIONS else f"{step.order:04d}"
+            order = step.step_number
             if not step.ok:
                 rows.append((order, _clip(step.pipeline, 34), _clip(step.label, 34), "?", "", "", "",
                              _clip("unreadable: " + step.error.splitlines()[0], 60)))
@@ -247,7 +260,8 @@ class PassTimeline:
             first, last = good[0], good[-1]
             summary += (f"; kernels {first.kernel_count} -> {last.kernel_count}, "
                         f"bytes {format_bytes(first.bytes_total)} -> {format_bytes(last.bytes_total)}")
-        lines = [summary, fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows]
+        lines = [summary] + ([self._no_pass_dumps_note()] if self.dumps_read == 0 else [])
+        lines += [fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows]
         if self.errors:
             lines.append(f"{len(self.errors)} dump(s) could not be read; their changes count towards the next step")
         origins = self.provenance()
@@ -259,7 +273,8 @@ class PassTimeline:
                 if created is good[0]:
                     where = "input program"
                 else:
-                    where = f"{created.label} ({created.pipeline}, step {created.order:04d})"
+                    where = f"{created.label} ({created.pipeline}" + (
+                        f", step {created.step_number})" if created.is_pass else ")")
                 extra = []
                 if o.last_changed_by is not created:
                     extra.append(f"last changed by {o.last_changed_by.label}")
@@ -271,6 +286,13 @@ class PassTimeline:
             lines.append(f"other modules in the folder (ignored): {', '.join(self.other_modules[:5])}"
                          + (" ..." if len(self.other_modules) > 5 else ""))
         return "\n".join(lines)
+
+    def _no_pass_dumps_note(self) -> str:
+        """Why a timeline holds only the module before and after the optimizations."""
+        seen = "0 per-pass dumps, only the module before and after XLA's optimizations"
+        if self.pass_re:
+            return f"no pass matched pass_re {self.pass_re!r} ({seen}); '.*' dumps every pass that changed it"
+        return f"no pass dumps in the folder ({seen}); dump with --xla_dump_hlo_pass_re=.* to see each pass"
 
     def to_dict(self) -> dict[str, Any]:
         steps, prev = [], None
@@ -287,7 +309,8 @@ class PassTimeline:
                 prev = step
             steps.append(row)
         return {"schema": JSON_SCHEMA, "module": self.module_name, "folder": self.folder,
-                "dumps_read": self.dumps_read, "other_modules": self.other_modules, "steps": steps,
+                "pass_re": self.pass_re or None, "dumps_read": self.dumps_read,
+                "other_modules": self.other_modules, "steps": steps,
                 "provenance": [o.to_dict() for o in self.provenance()]}
 
 
@@ -360,7 +383,7 @@ def _advance(prev: dict[str, _Track], step: PassStep, is_first: bool) -> dict[st
 class _DumpFile:
     module_id: str
     module_name: str
-    order: int  # -1 before optimizations; large after them
+    order: int | None  # XLA's step number; -1 before optimizations; None after them (numbered by load_pass_dumps)
     pipeline: str
     pass_name: str
     next_pass: str
@@ -384,7 +407,7 @@ def _classify_file(filename: str) -> _DumpFile | None:
         return _DumpFile(m.group("id"), m.group("name"), -1, "", BEFORE_OPTIMIZATIONS, "", filename)
     m = _AFTER_RE.match(filename)
     if m:
-        return _DumpFile(m.group("id"), m.group("name"), 1 << 30, m.group("platform"), AFTER_OPTIMIZATIONS, "",
+        return _DumpFile(m.group("id"), m.group("name"), None, m.group("platform"), AFTER_OPTIMIZATIONS, "",
                          filename)
     return None
 
@@ -437,12 +460,13 @@ def load_pass_dumps(folder: str | os.PathLike, module_name: str | None = None) -
             raise ValueError(f"module_name: no module {module_name!r} in {folder!r}; found "
                              f"{sorted(labels.values())}")
 
-    def score(key):
-        files = groups[key]
-        return (sum(1 for f in files if 0 <= f.order < 1 << 30), len(files), int(key[0]))
+    def pass_orders(key) -> list[int]:
+        return [d.order for d in groups[key] if d.order is not None and d.order >= 0]
 
-    chosen = max(candidates, key=score)
-    dumps = sorted(groups[chosen], key=lambda d: (d.order, d.file))
+    chosen = max(candidates, key=lambda key: (len(pass_orders(key)), len(groups[key]), int(key[0])))
+    after_order = max(pass_orders(chosen), default=-1) + 1  # after_optimizations: one past the last step
+    dumps = sorted((d if d.order is not None else dataclasses.replace(d, order=after_order) for d in groups[chosen]),
+                   key=lambda d: (d.order, d.file))
     steps: list[PassStep] = []
     previous_text: str | None = None
     for dump in dumps:
@@ -457,7 +481,7 @@ def load_pass_dumps(folder: str | os.PathLike, module_name: str | None = None) -
         if text is not None:
             previous_text = text
     return PassTimeline(module_name=chosen[1], steps=steps, folder=folder,
-                        dumps_read=sum(1 for d in dumps if 0 <= d.order < 1 << 30),
+                        dumps_read=len(pass_orders(chosen)),
                         other_modules=sorted(labels[k] for k in groups if k != chosen))
 
 
@@ -544,7 +568,7 @@ def dump_passes(fn: Callable, *args, pass_re: str = ".*", xla_flags: str = "", d
         compiled = lowered.compile({**extra, **dump_options(folder, pass_re)})
         name = _module_name(compiled.as_text())
         try:
-            return load_pass_dumps(folder, module_name=name)
+            timeline = load_pass_dumps(folder, module_name=name)
         except ValueError:
             cache_dir = getattr(jax.config, "jax_compilation_cache_dir", None)
             raise RuntimeError(
@@ -553,6 +577,8 @@ def dump_passes(fn: Callable, *args, pass_re: str = ".*", xla_flags: str = "", d
                 f"key; jax_compilation_cache_dir={cache_dir!r}). Disable it with "
                 "jax.config.update('jax_enable_compilation_cache', False) before the first compile, or clear "
                 "it.") from None
+        timeline.pass_re = pass_re
+        return timeline
 
     if dump_to is not None:
         os.makedirs(dump_to, exist_ok=True)

@@ -148,13 +148,13 @@ class Report:
     @property
     def warnings(self) -> list[str]:
         """What a reader should know about the numbers: the caller's ``caveats`` (Pallas kernels that ran in
-        interpret mode), the parser's (several modules in one text) and shapes with unbounded dynamic dimensions
-        (`f32[?]`), which count 0 bytes."""
+        interpret mode), the parser's (several modules in one text), HLO that looks unoptimized (every op its own
+        kernel) and shapes with unbounded dynamic dimensions (`f32[?]`), which count 0 bytes."""
         if getattr(self, "_warnings", None) is None:
             unbounded = sum(1 for inst in self.module.instructions() if inst.shape.has_unbounded)
             notes = [f"collective {k.name}: {k.collective.note}" for k in self.kernels
                      if k.collective and k.collective.note]
-            self._warnings = list(self.module.warnings) + ([
+            self._warnings = list(self.module.warnings) + _unoptimized_warning(self.module) + ([
                 f"{unbounded} instruction{'s' if unbounded != 1 else ''} with an unbounded dynamic dimension ('?', "
                 "sized only at run time) count 0 bytes and 0 FLOPs for it"] if unbounded else []) + notes
         return list(self.caveats) + self._warnings
@@ -407,6 +407,18 @@ def _round_trip_dict(t) -> dict[str, Any]:
     return {"tensor": t.name, "shape": str(t.shape), "bytes": t.bytes, "traffic_bytes": t.traffic_bytes,
             "producer": t.producer.name, "consumers": [c.name for c in t.consumers], "read_bytes": t.read_bytes,
             "is_output": t.is_output, "producer_scopes": t.producer_scopes, "consumer_scopes": t.consumer_scopes}
+
+
+def _unoptimized_warning(module: Module) -> list[str]:
+    """[a warning] when the text looks like HLO before XLA's optimizations: its `HloModule` header lacks
+    `is_scheduled=true` (which every compiled program's has, CPU and GPU) and its entry has no fusion; else []."""
+    if not module.name or module.header_attrs.get("is_scheduled") == "true":
+        return []
+    if any(inst.opcode == "fusion" for inst in module.entry.instructions):
+        return []
+    return [f"module {module.name} looks like HLO before XLA's optimizations (its header has no "
+            "is_scheduled=true and its entry no fusion), so every op counts as a kernel of its own; the compiled "
+            "program's HLO is `jax.jit(f).lower(*args).compile().as_text()`"]
 
 
 def _normalize_cost(cost: Any) -> dict[str, float] | None:

@@ -10,6 +10,10 @@ XLA's own verifier checks far more; these are the facts hlo_inspect's stages wal
 - `parameter(N)` takes a non-negative integer, once per computation; `get-tuple-element` an integer `index=`
   inside its operand's tuple;
 - dots and convolutions have array operands and results, and the dimension numbers they name exist;
+- elementwise unary and binary ops (`ELEMENTWISE_OPCODES`) have operands with their result's dimensions (XLA's
+  verifier: "implicit broadcast is not allowed in HLO") and, except the ops that change the type
+  (`TYPE_CHANGING_OPCODES`), its element type, or another floating-point type (XLA's mixed precision);
+- a fusion's `kind=` is one of XLA's `FUSION_KINDS`;
 - collectives' `replica_groups` and `source_target_pairs` read as groups and pairs (`hlo_inspect.collectives`).
 All of it is linear in the size of the module.
 """
@@ -20,13 +24,30 @@ import re
 
 from hlo_inspect import collectives
 from hlo_inspect.opcodes import arity
-from hlo_inspect.parser import Computation, Instruction, Module
+from hlo_inspect.parser import Computation, Instruction, Module, Shape
 from hlo_inspect.scanning import HloParseError
 
-__all__ = ["validate", "MAX_CALL_DEPTH", "MAX_EXPANDED_INSTRUCTIONS"]
+__all__ = ["validate", "MAX_CALL_DEPTH", "MAX_EXPANDED_INSTRUCTIONS", "ELEMENTWISE_OPCODES", "TYPE_CHANGING_OPCODES",
+           "FUSION_KINDS"]
 
 MAX_CALL_DEPTH = 100
 MAX_EXPANDED_INSTRUCTIONS = 1_000_000
+
+# Unary and binary ops whose result has each operand's dimensions (HloInstruction::IsElementwise). Left out:
+# bitcast-convert (changes the dimensions when the bit widths differ), select and clamp (three operands).
+ELEMENTWISE_OPCODES = frozenset({
+    "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil", "convert", "copy", "cosh", "cosine",
+    "count-leading-zeros", "erf", "exponential", "exponential-minus-one", "floor", "imag", "is-finite", "log",
+    "log-plus-one", "logistic", "negate", "not", "popcnt", "real", "reduce-precision", "round-nearest-afz",
+    "round-nearest-even", "rsqrt", "sign", "sine", "sinh", "sqrt", "tan", "tanh",
+    "add", "and", "atan2", "compare", "complex", "divide", "maximum", "minimum", "multiply", "or", "power",
+    "remainder", "shift-left", "shift-right-arithmetic", "shift-right-logical", "stochastic-convert", "subtract",
+    "xor",
+})
+# Elementwise ops whose result type may differ from their operands' (pred from compare, f32 from c64 abs, ...).
+TYPE_CHANGING_OPCODES = frozenset({"convert", "stochastic-convert", "compare", "is-finite", "abs", "real", "imag",
+                                   "complex"})
+FUSION_KINDS = ("kLoop", "kInput", "kOutput", "kCustom")  # HloInstruction::FusionKind
 
 
 def _error(inst: Instruction, message: str) -> HloParseError:
@@ -70,6 +91,10 @@ def _check_instruction(inst: Instruction) -> None:
         _check_dot(inst)
     elif op == "convolution":
         _check_convolution(inst)
+    elif op in ELEMENTWISE_OPCODES:
+        _check_elementwise(inst)
+    elif op == "fusion" and inst.attrs.get("kind", FUSION_KINDS[0]).strip() not in FUSION_KINDS:
+        raise _error(inst, f"kind={inst.attrs['kind']} is not a fusion kind: expected one of {', '.join(FUSION_KINDS)}")
     elif "replica_groups" in inst.attrs or "source_target_pairs" in inst.attrs:
         try:
             collectives.check(inst)
@@ -94,6 +119,39 @@ def _check_arrays(inst: Instruction, operands: int) -> None:
         if operand.shape.is_tuple:
             which = "its result" if operand is inst else f"its operand %{operand.name}"
             raise _error(inst, f"{inst.opcode} needs arrays, but {which} is a tuple {operand.shape}")
+
+
+def _is_float(dtype: str | None) -> bool:
+    return dtype is not None and (dtype.startswith("f") or dtype == "bf16")
+
+
+def _check_elementwise(inst: Instruction) -> None:
+    """Each operand has the result's dimensions (an unbounded `?` matches any size, a bounded `<=N` counts as N)
+    and, unless the op changes the type, its element type or another floating-point one."""
+    result = inst.shape
+    for operand in inst.operands:
+        shape = operand.shape
+        if shape.dims == result.dims and shape.dtype == result.dtype:
+            continue  # the usual case
+        if shape.is_tuple or result.is_tuple:
+            return
+        if shape.dims != result.dims and not _same_bounded_dims(shape, result):
+            raise _error(inst, f"{inst.opcode} is elementwise, so its result has its operands' dimensions, but the "
+                               f"result is {result} and operand %{operand.name} is {shape}")
+        if (shape.dtype != result.dtype and inst.opcode not in TYPE_CHANGING_OPCODES
+                and not (_is_float(shape.dtype) and _is_float(result.dtype))):
+            changing = ", ".join(sorted(TYPE_CHANGING_OPCODES))
+            raise _error(inst, f"{inst.opcode} keeps its operands' element type, but the result is {result.dtype} "
+                               f"and operand %{operand.name} is {shape.dtype}: only {changing} change it (and "
+                               "floating-point types may mix)")
+
+
+def _same_bounded_dims(a: Shape, b: Shape) -> bool:
+    """Same rank, and equal sizes (bounds) where neither dimension is unbounded (`?`), as XLA's
+    `ShapeUtil::CompatibleIgnoringElementType` compares them."""
+    unbounded = {*a.unbounded_dims, *b.unbounded_dims}
+    return len(a.dims) == len(b.dims) and all(x == y for d, (x, y) in enumerate(zip(a.dims, b.dims))
+                                              if d not in unbounded)
 
 
 def _check_dot(inst: Instruction) -> None:

@@ -12,11 +12,11 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+def run_cli(*args: str, stdin: bytes = b"", module: str = "hlo_inspect.cli") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=REPO)
     env.pop("JAXFUSE_TRACEBACK", None)
-    return subprocess.run([sys.executable, "-m", "hlo_inspect.cli", *args], input=stdin, capture_output=True,
-                          env=env, timeout=120)
+    return subprocess.run([sys.executable, "-m", module, *args], input=stdin, capture_output=True, env=env,
+                          timeout=120)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
@@ -26,6 +26,14 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> s
     for needle in needles:
         assert needle in err, err
     return err
+
+
+def test_python_dash_m_hlo_inspect_is_the_same_command():
+    path = os.path.join(DATA, "cpu_while_loop.hlo.txt")
+    proc = run_cli(path, "--json", module="hlo_inspect")
+    assert proc.returncode == 0 and proc.stdout.startswith(b"{"), proc.stderr
+    assert proc.stdout == run_cli(path, "--json").stdout
+    assert_one_line_error(run_cli(path + ".missing", module="hlo_inspect"), "cannot read")
 
 
 def test_binary_file(tmp_path):

@@ -246,6 +246,39 @@ def test_stablehlo_from_jax_says_so():
         hlo_inspect.parse(text)
 
 
+UNOPTIMIZED_WARNING = "looks like HLO before XLA's optimizations"
+
+
+def test_hlo_before_optimizations_from_jax_says_so():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    lowered = jax.jit(lambda x, w: jnp.tanh(x @ w).sum(axis=-1)).lower(jnp.ones((8, 16)), jnp.ones((16, 5)))
+    rep = hlo_inspect.from_text(lowered.as_text(dialect="hlo"))
+    warning, = [w for w in rep.warnings if UNOPTIMIZED_WARNING in w]
+    assert "`jax.jit(f).lower(*args).compile().as_text()`" in warning and f"warning: {warning}" in rep.table()
+    assert not [w for w in hlo_inspect.from_text(lowered.compile().as_text()).warnings if UNOPTIMIZED_WARNING in w]
+
+
+@pytest.mark.parametrize("header, root, warned", [
+    ("HloModule m", "negate(%x)", True),
+    ("HloModule m, is_scheduled=true", "negate(%x)", False),  # compiled: XLA schedules every program it compiles
+    ("HloModule m", "fusion(%x), kind=kLoop, calls=%fused", False),
+])
+def test_hlo_before_optimizations_is_told_by_its_header_and_fusions(header, root, warned):
+    text = (f"{header}\n\n%fused (p: f32[4]) -> f32[4] {{\n  %p = f32[4]{{0}} parameter(0)\n"
+            f"  ROOT %n = f32[4]{{0}} negate(%p)\n}}\n\nENTRY %main {{\n  %x = f32[4]{{0}} parameter(0)\n"
+            f"  ROOT %r = f32[4]{{0}} {root}\n}}\n")
+    assert any(UNOPTIMIZED_WARNING in w for w in hlo_inspect.from_text(text).warnings) == warned
+
+
+def test_captured_compiled_programs_do_not_look_unoptimized():
+    names = sorted(n for n in os.listdir(DATA) if n.endswith(".hlo.txt"))
+    assert any(n.startswith("h100_") for n in names) and any(n.startswith("cpu") for n in names)
+    for name in names:
+        assert not [w for w in hlo_inspect.from_text(read(name)).warnings if UNOPTIMIZED_WARNING in w], name
+
+
 # ---- escaped strings ---------------------------------------------------------------------------------------
 
 def test_octal_escapes_decode_to_utf8_everywhere():

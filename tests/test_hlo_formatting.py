@@ -20,7 +20,7 @@ def read(name: str) -> str:
         return f.read()
 
 
-ONE_KERNEL = """HloModule one
+ONE_KERNEL = """HloModule one, is_scheduled=true
 
 FileNames
 1 "{root}/model.py"

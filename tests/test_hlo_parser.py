@@ -205,6 +205,30 @@ def test_garbage_raises_parse_error(garbage):
     assert time.perf_counter() - start < 1.0
 
 
+PATH_HINT = "looks like a file's path, not HLO text: pass the file's text"
+
+
+@pytest.mark.parametrize("path", ["saved.hlo.txt", "module_0008.jit_f.before_optimizations.txt", "f.hlo\n"])
+def test_a_path_given_for_the_text_says_to_read_the_file(path):
+    with pytest.raises(HloParseError, match="line 1: unexpected text outside any computation") as e:
+        hlo_inspect.from_text(path)
+    path = path.strip()
+    assert f"{path!r} {PATH_HINT}, open({path!r}).read(), or run `hlo-inspect {path}`" in str(e.value)
+
+
+def test_an_existing_file_gets_the_path_hint_and_other_words_do_not(tmp_path):
+    dump = tmp_path / "dump"
+    dump.write_text("HloModule m\n")
+    with pytest.raises(HloParseError, match=PATH_HINT):
+        hlo_inspect.parse(str(dump))
+    with pytest.raises(TypeError, match=f"got PosixPath; .*{PATH_HINT}"):
+        hlo_inspect.parse(dump)
+    for text in ("hello", "saved.hlo.txt is here", "{saved.txt}", str(tmp_path / "missing")):
+        with pytest.raises(HloParseError) as e:
+            hlo_inspect.parse(text)
+        assert "file's path" not in str(e.value), text
+
+
 def test_parse_error_message_shows_line():
     with pytest.raises(HloParseError) as e:
         hlo_inspect.parse("HloModule m\nENTRY %main {\n  %x = f32[4]{0} bogus-op(1)\n}\n")

@@ -160,6 +160,23 @@ def test_selective_pass_re_dumps_around_named_passes(timeline):
     assert tl.steps[0].kernel_count > tl.final.kernel_count
 
 
+def test_pass_re_matching_no_pass_says_so_and_shows_no_step_number(tmp_path):
+    """Only the input and the optimized module are dumped: the table names the regex that matched nothing and
+    shows '-' and the stage name where a step number would be (not the order used to sort the files)."""
+    tl = dump_passes(rmsnorm_matmul_tanh, *_inputs(5), pass_re="nonexistent_pass", dump_to=str(tmp_path))
+    before, after = tl.steps
+    assert (before.pass_name, after.pass_name, tl.dumps_read) == ("before_optimizations", "after_optimizations", 0)
+    assert (before.order, after.order) == (-1, 0)  # after the optimizations: one past the last (no) step
+    text = tl.table()
+    lines = text.splitlines()
+    assert lines[1].startswith("no pass matched pass_re 'nonexistent_pass' (0 per-pass dumps")
+    assert [row.split()[0] for row in lines[4:6]] == ["-", "-"]
+    created = [line for line in lines if line.endswith(f"after_optimizations ({after.pipeline})")]
+    assert created and not re.search(r"step \d", text), text
+    assert tl.to_dict()["pass_re"] == "nonexistent_pass" and tl.to_dict()["steps"][1]["order"] == 0
+    assert load_pass_dumps(tmp_path).table().splitlines()[1].startswith("no pass dumps in the folder")
+
+
 # Multi-output fusion results as XLA's newer dumps print them: `%mof#1`, with no get-tuple-element.
 TUPLE_REFS = """HloModule m, is_scheduled=true
 
@@ -212,7 +229,7 @@ def test_bad_arguments(tmp_path):
     ("module_0042.gemm_fusion_dot.1.0000.x.after_y.before_z.txt", ("gemm_fusion_dot.1", 0, "x", "y", "z")),
     ("module_0001.jit_f.before_optimizations.txt", ("jit_f", -1, "", "before_optimizations", "")),
     ("module_0001.jit_f.sm_9.0_gpu_after_optimizations.txt",
-     ("jit_f", 1 << 30, "sm_9.0_gpu", "after_optimizations", "")),
+     ("jit_f", None, "sm_9.0_gpu", "after_optimizations", "")),  # numbered by load_pass_dumps
     ("module_0001.jit_f.sm_9.0_gpu_after_optimizations-buffer-assignment.txt", None),
     ("module_0001.jit_f.ir-no-opt.ll", None),
 ])

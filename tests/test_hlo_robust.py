@@ -148,6 +148,44 @@ def test_operand_counts_and_dimension_numbers_are_checked(instruction, match):
     assert_parse_error(text, match, at=instruction[:8])
 
 
+FUSED_EXP = ("%fused (p: f32[4,16]) -> f32[4,16] {\n  %p = f32[4,16]{1,0} parameter(0)\n"
+             "  ROOT %e = f32[4,16]{1,0} exponential(%p)\n}")
+
+
+@pytest.mark.parametrize("instruction, match", [
+    ("ROOT %e = f32[4,17]{1,0} exponential(%a)",
+     r"%e: exponential is elementwise, so its result has its operands' dimensions, but the result is "
+     r"f32\[4,17\]\{1,0\} and operand %a is f32\[4,16\]\{1,0\}"),
+    ("ROOT %e = f32[64]{0} negate(%a)", r"result is f32\[64\]\{0\} and operand %a is f32\[4,16\]"),
+    ("ROOT %e = f32[<=8,16]{1,0} negate(%a)", r"result is f32\[<=8,16\]\{1,0\} and operand %a"),
+    ("ROOT %s = f32[4,16]{1,0} add(%a, %row)", r"%s: add is elementwise.*operand %row is f32\[4,1\]"),
+    ("ROOT %s = s32[4,16]{1,0} add(%a, %a)",
+     "add keeps its operands' element type, but the result is s32 and operand %a is f32: only abs, compare, "),
+    ("ROOT %f = f32[4,16]{1,0} fusion(%a), kind=kBogus, calls=%fused",
+     "%f: kind=kBogus is not a fusion kind: expected one of kLoop, kInput, kOutput, kCustom"),
+])
+def test_elementwise_shapes_and_fusion_kinds_are_checked(instruction, match):
+    text = module(f"  %a = f32[4,16]{{1,0}} parameter(0)\n  %row = f32[4,1]{{1,0}} parameter(1)\n  {instruction}",
+                  FUSED_EXP)
+    assert_parse_error(text, match, at=instruction[:8])
+
+
+@pytest.mark.parametrize("instruction", [
+    "ROOT %c = pred[4,16]{1,0} compare(%a, %a), direction=LT",
+    "ROOT %c = bf16[4,16]{1,0} convert(%a)",
+    "ROOT %c = f32[4,16]{1,0} abs(%z)",
+    "ROOT %c = c64[4,16]{1,0} complex(%a, %a)",
+    "ROOT %c = f32[4,16]{1,0} multiply(%a, %h)",  # mixed precision, as XLA's verifier allows on some backends
+    "ROOT %c = f32[<=4,16]{1,0} negate(%a)",  # a bounded dimension counts as its bound
+    "ROOT %c = f32[?,16]{1,0} negate(%a)",  # an unbounded one matches any size
+    "ROOT %c = f32[4,16]{1,0} fusion(%a), kind=kCustom, calls=%fused",
+])
+def test_elementwise_ops_that_change_the_type_or_mix_precision_are_read(instruction):
+    text = module("  %a = f32[4,16]{1,0} parameter(0)\n  %z = c64[4,16]{1,0} parameter(1)\n"
+                  f"  %h = bf16[4,16]{{1,0}} parameter(2)\n  {instruction}", FUSED_EXP)
+    run_stages(text)
+
+
 def test_library_call_with_dimension_numbers_out_of_range_has_unknown_flops():
     """backend_config is opaque JSON: a cuBLAS config whose dimensions do not fit gives FLOPs None, not a crash."""
     text = module('  %a = f32[4,4]{1,0} parameter(0)\n  %b = f32[4,4]{1,0} parameter(1)\n'
