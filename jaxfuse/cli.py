@@ -79,7 +79,8 @@ def _check_mesh_flags(fv: flags.FlagValues) -> None:
         raise flags.Error("--fsdp shards over the mesh's data axis: give --mesh too (e.g. --mesh data=2 --fsdp)")
 
 
-def _define_model_flags(fv: flags.FlagValues) -> None:
+def _define_model_flags(fv: flags.FlagValues, *, kernels: bool = True) -> None:
+    """The model's flags; ``kernels``: also --kernels (not for diff, whose --a and --b name each side's)."""
     import inspect
 
     from jaxfuse import programs
@@ -88,8 +89,10 @@ def _define_model_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_enum("model", "block", list(programs.MODELS), "Which program: one pre-norm transformer block, or "
                       "the whole language model.", flag_values=fv)
     _define_shape_flags(fv, defaults)
-    flags.DEFINE_string("kernels", "", "Per-site implementations, e.g. 'attention=cudnn,norm_matmul=xla' "
-                        "(xla, xla_f32, pallas, pallas_triton, pallas_mosaic; cudnn for attention).", flag_values=fv)
+    if kernels:
+        flags.DEFINE_string("kernels", "", "Per-site implementations, e.g. 'attention=cudnn,norm_matmul=xla' "
+                            "(xla, xla_f32, pallas, pallas_triton, pallas_mosaic; cudnn for attention).",
+                            flag_values=fv)
     flags.DEFINE_bool("train_step", False, "Compile the training step (loss and grads) instead of the forward.",
                       flag_values=fv)
     _define_mesh_flags(fv, "--batch is the global batch; the report is one device's partitioned program, its "
@@ -141,10 +144,20 @@ def _writable_folder(flag: str, folder: str) -> None:
 
 
 def _writable_file(flag: str, path: str) -> None:
-    """``_writable_folder`` for the folder of the file ``path``; flags.Error when ``path`` is a folder."""
+    """``_writable_folder`` for the folder of the file ``path``, then opens ``path`` for appending (and removes it
+    again when it was not there): flags.Error when ``path`` is a folder or cannot be written, e.g. in /proc, whose
+    folder looks writable."""
     if os.path.isdir(path):
         raise flags.Error(f"--{flag} {path}: is a folder; give a file path")
     _writable_folder(flag, os.path.dirname(os.path.abspath(path)))
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise flags.Error(f"--{flag} {path}: cannot write the file: {e.strerror}") from e
+    if not existed:
+        os.remove(path)
 
 
 def _print_triton_kernels(fv: flags.FlagValues) -> int:
@@ -221,7 +234,7 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
 # diff
 
 def _define_diff_flags(fv: flags.FlagValues) -> None:
-    _define_model_flags(fv)
+    _define_model_flags(fv, kernels=False)
     flags.DEFINE_string("a", None, "Program A: an HLO text file, or a kernel spec for the model "
                         "('attention=xla'; '' for the defaults).", flag_values=fv)
     flags.DEFINE_string("b", None, "Program B: as --a.", flag_values=fv)
@@ -509,6 +522,22 @@ def _normalize(argv: list[str]) -> list[str]:
     return out
 
 
+def _out_of_memory(error: Exception, fv: flags.FlagValues) -> str | None:
+    """The one-line error for XLA's RESOURCE_EXHAUSTED (the program needs more memory than the device has), or
+    None for other errors."""
+    import re
+
+    said = " ".join(str(error).split())
+    if "RESOURCE_EXHAUSTED" not in said:
+        return None
+    asked = re.search(r"(\d+) bytes", said)
+    size = (f"XLA asked for {int(asked.group(1)):,} bytes, {int(asked.group(1)) / 2**30:,.1f} GiB" if asked
+            else f"XLA says: {said[:200]}")
+    smaller = [f"--{name}" for name in ("batch", "seq", "layers") if name in fv]
+    advice = f"; try a smaller {', '.join(smaller[:-1])} or {smaller[-1]}" if len(smaller) > 1 else ""
+    return f"the program needs more memory than the device has ({size}){advice}"
+
+
 def _usage() -> str:
     lines = [__doc__.strip(), "", "verbs:"]
     lines += [f"  {name:10s} {verb.summary}" for name, verb in VERBS.items()]
@@ -549,6 +578,10 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - anything else is a bug: one line, the traceback on request
         if os.environ.get("JAXFUSE_TRACEBACK"):
             raise
+        too_big = _out_of_memory(e, fv)  # a size limit, not a bug
+        if too_big:
+            print(f"jaxfuse {name}: {too_big}", file=sys.stderr)
+            return 2
         said = " ".join(str(e).split())
         print(f"jaxfuse {name}: internal error {type(e).__name__}: {said[:500]}\n(a bug in jaxfuse, or a failure "
               "of JAX or XLA underneath; set JAXFUSE_TRACEBACK=1 for the traceback)", file=sys.stderr)

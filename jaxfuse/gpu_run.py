@@ -60,7 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations per suite measurement")
     parser.add_argument("--no-check", action="store_true", help="suites skip the float32 reference check (its "
                         "float32 GEMMs take 20-40 s to autotune per LM-head shape); sweeps always check")
+    parser.add_argument("--allow-cpu", action="store_true", help="run without an NVIDIA GPU too (the ops' CPU "
+                        "shapes, Pallas in interpret mode): for testing this script")
     args = parser.parse_args(argv)
+
+    import jax
+
+    if jax.default_backend() != "gpu" and not args.allow_cpu:
+        print(f"jaxfuse.gpu_run: runs the tests and times the ops' GPU shapes, so it needs an NVIDIA GPU; this "
+              f"machine runs {jax.default_backend()}; --allow-cpu runs it anyway", file=sys.stderr)
+        return 2
     start = time.time()
     deadline = start + args.budget_s
     log = lambda message: print(f"[{time.time() - start:6.1f}s] {message}", flush=True)  # noqa: E731
@@ -69,8 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [op for op in ops if op not in suites.OPS]
     if unknown:
         parser.error(f"--ops: unknown {unknown}; one of {list(suites.OPS)}")
-
-    import jax
 
     from jaxfuse import bench
 

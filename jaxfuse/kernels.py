@@ -23,7 +23,8 @@ Each site has one registry, a dict from implementation name to callable (``ATTEN
 
 ``"cudnn"`` (attention only) is ``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU only). A module that
 provides another implementation registers it with ``register("attention", "name", fn)``. The Pallas entries pass
-extra keyword options (``block_sizes=``) on to the kernel.
+extra keyword options (``block_sizes=``) on to the kernel; inside ``recording_backends()`` they note the backend
+each call runs (what "auto" resolved to).
 
     >>> ks = KernelSet.parse("attention=cudnn")
     >>> ks
@@ -34,8 +35,10 @@ extra keyword options (``block_sizes=``) on to the kernel.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +58,7 @@ __all__ = [
     "KernelSet",
     "plain_attention",
     "plain_cross_entropy",
+    "recording_backends",
     "register",
     "unavailable_reason",
     "unimplemented_reason",
@@ -148,9 +152,35 @@ PALLAS_BACKENDS = {"pallas": "auto", "pallas_triton": "triton", "pallas_mosaic":
 SITE_OPS = {"attention": "flash_attention", "norm_matmul": "rmsnorm_matmul", "loss": "linear_cross_entropy"}
 
 
+_BACKENDS_RUN: contextvars.ContextVar[dict[str, set[str]] | None] = contextvars.ContextVar(
+    "jaxfuse_backends_run", default=None)
+
+
+@contextlib.contextmanager
+def recording_backends() -> Iterator[dict[str, set[str]]]:
+    """Within this block every call of a Pallas site adds the backend it runs ("triton" or "mosaic": what "auto"
+    resolves to for its arguments here) to the yielded {site: backends}. Only calls made while tracing inside the
+    block count: a function jax has traced before (and cached) calls no site."""
+    backends_run: dict[str, set[str]] = {}
+    token = _BACKENDS_RUN.set(backends_run)
+    try:
+        yield backends_run
+    finally:
+        _BACKENDS_RUN.reset(token)
+
+
+def _note_backend(site: str, backend: str, *args, **options) -> None:
+    """Inside ``recording_backends``: notes the backend the op's ``plan`` picks for the site's call."""
+    backends_run = _BACKENDS_RUN.get()
+    if backends_run is not None:
+        plan = pallas_kernels.OPS[SITE_OPS[site]].plan(*args, backend=backend, **options)
+        backends_run.setdefault(site, set()).add(plan.backend)
+
+
 def _pallas_attention(backend: str) -> Callable[..., jax.Array]:
     def attention(q, k, v, *, causal: bool = False, scale: float | None = None, **options):
         """The Pallas flash-attention kernel on backend ``backend``."""
+        _note_backend("attention", backend, q, k, v, causal=causal, scale=scale, **options)
         return pallas_kernels.flash_attention(q, k, v, causal=causal, scale=scale, backend=backend, **options)
 
     return attention
@@ -159,7 +189,9 @@ def _pallas_attention(backend: str) -> Callable[..., jax.Array]:
 def _pallas_norm_matmul(backend: str) -> Callable[..., jax.Array]:
     def norm_matmul(x, gamma, w, *, eps: float = 1e-6, **options):
         """The fused Pallas kernel on backend ``backend``; w is cast to x's dtype (one operand dtype)."""
-        return pallas_kernels.rmsnorm_matmul(x, gamma, w.astype(x.dtype), eps=eps, backend=backend, **options)
+        w = w.astype(x.dtype)
+        _note_backend("norm_matmul", backend, x, gamma, w, eps=eps, **options)
+        return pallas_kernels.rmsnorm_matmul(x, gamma, w, eps=eps, backend=backend, **options)
 
     return norm_matmul
 
@@ -167,7 +199,9 @@ def _pallas_norm_matmul(backend: str) -> Callable[..., jax.Array]:
 def _pallas_loss(backend: str) -> Callable[..., jax.Array]:
     def loss(h, w, labels, **options):
         """The fused Pallas linear cross-entropy on backend ``backend``; w is cast to h's dtype."""
-        return pallas_kernels.linear_cross_entropy(h, w.astype(h.dtype), labels, backend=backend, **options)
+        w = w.astype(h.dtype)
+        _note_backend("loss", backend, h, w, labels, **options)
+        return pallas_kernels.linear_cross_entropy(h, w, labels, backend=backend, **options)
 
     return loss
 
@@ -251,6 +285,10 @@ class KernelSet:
             name = getattr(self, site)
             allowed = sorted(_registry(site))
             if not isinstance(name, str) or name not in allowed:
+                owners = [other for other in SITES if isinstance(name, str) and name in _registry(other)]
+                if owners:  # e.g. all=cudnn
+                    raise ValueError(f"KernelSet.{site}: {name!r} exists only for the {' and '.join(owners)} site "
+                                     f"(name it there: {owners[0]}={name}); {site} takes one of {allowed}")
                 raise ValueError(f"KernelSet.{site}: unknown implementation {name!r}; expected one of {allowed}")
 
     @classmethod

@@ -291,6 +291,10 @@ def _side_source(spec: str | None, xla_flags: str) -> str | KernelSet:
             raise ValueError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): expected the "
                              "HLO text of a compiled program, `jax.jit(f).lower(*args).compile().as_text()`") from None
     if spec and "=" not in spec:
+        if os.path.isdir(spec):
+            raise ValueError("is a directory; expected an HLO text file or a kernel spec like 'attention=cudnn'")
+        if "/" in spec or spec.endswith((".txt", ".hlo")):
+            raise ValueError("no such file")
         raise ValueError(f"{spec!r} is neither an HLO text file nor a kernel spec like 'attention=cudnn'")
     parse_xla_flags(xla_flags)
     kernels = KernelSet.parse(spec or "")
@@ -325,9 +329,26 @@ def diff_programs(a: str | None, b: str | None, *, a_xla_flags: str = "", b_xla_
     return hlo_inspect.diff(reports[0], reports[1], label_a=labels[0], label_b=labels[1])
 
 
+def _mosaic_note(kernels: KernelSet, backends_run: dict[str, set[str]]) -> str | None:
+    """Which sites lowered as Mosaic GPU kernels (``backends_run``: ``kernels.recording_backends``'s record), why,
+    and where to see them; None when none did."""
+    sites = [site for site in SITES if "mosaic" in backends_run.get(site, ())]
+    if not sites:
+        return None
+    why = (" ('pallas' takes Mosaic where it runs these shapes, as on an H100)"
+           if any(getattr(kernels, site) == "pallas" for site in sites) else "")
+    named = ", ".join(f"{site}={getattr(kernels, site)}" for site in sites)
+    return (f"{named} lower{'s' if len(sites) == 1 else ''} for CUDA as Mosaic GPU kernels{why}, not Triton: "
+            "name pallas_triton to see them as Triton kernels, or read their Mosaic IR with hlo_inspect.mosaic_ir")
+
+
 def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progress) -> list:
-    """The Pallas kernels of ``program`` lowered for CUDA (on any machine): [hlo_inspect.triton_ir.TritonKernel]."""
+    """The Pallas kernels of ``program`` lowered for CUDA (on any machine): [hlo_inspect.triton_ir.TritonKernel].
+
+    Sites that lower as Mosaic GPU kernels instead are left out, said through ``progress``; ValueError naming
+    them when no Triton kernel is left."""
     from hlo_inspect import triton_ir
+    from jaxfuse import kernels as registry
     from pallas_kernels import backends, triton_utils
 
     if not _pallas_sites(program.kernels):
@@ -335,9 +356,23 @@ def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progr
                          f"--kernels attention=pallas_triton or --kernels all=pallas_triton")
     check_kernels(program.kernels, lowering_only=True)
     progress(f"lowering {program.description} for CUDA ...")
-    with backends.lowering_for_gpu(), triton_utils.quiet_triton_deprecation():
+    traced = []
+
+    def fn(*args):  # a new function, so jax traces it anew (no cached trace) and every site call is recorded
+        out = program.fn(*args)
+        traced.append(True)
+        return out
+
+    with (registry.recording_backends() as backends_run, backends.lowering_for_gpu(),
+          triton_utils.quiet_triton_deprecation()):
         try:
-            return triton_ir.lower_kernels(program.fn, *program.args)
-        except ValueError as e:  # e.g. attention=pallas: Mosaic kernels for CUDA (see hlo_inspect.mosaic_ir)
-            raise ValueError(f"{e}; 'pallas' (auto) lowers for CUDA as on an H100, Mosaic where it runs: name "
-                             f"pallas_triton to see Triton kernels ({program.kernels})") from e
+            kernels = triton_ir.lower_kernels(fn, *program.args)
+        except ValueError as e:  # after a whole trace: no Triton kernel, e.g. attention=pallas alone is Mosaic
+            mosaic = _mosaic_note(program.kernels, backends_run) if traced else None
+            if mosaic is None:
+                raise
+            raise ValueError(f"triton_ir: no Triton kernel to show: {mosaic}") from e
+    mosaic = _mosaic_note(program.kernels, backends_run)
+    if mosaic:
+        progress(f"note: left out: {mosaic}")
+    return kernels

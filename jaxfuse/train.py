@@ -169,7 +169,8 @@ def _package_source() -> bytes:
 
 
 def load_corpus(path: str | None = None) -> np.ndarray:
-    """The corpus as bytes: uint8 (n,). ``path``: a text file; None: the toolkit's own Python source."""
+    """The corpus as bytes: uint8 (n,). ``path``: a UTF-8 text file (ValueError naming the first byte that is not);
+    None: the toolkit's own Python source."""
     if path is None:
         data = _package_source()
     else:
@@ -177,6 +178,11 @@ def load_corpus(path: str | None = None) -> np.ndarray:
             raise ValueError(f"corpus: no such file {path!r}")
         with open(path, "rb") as f:
             data = f.read()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"corpus: {path!r} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                             "expected a UTF-8 text file") from None
     return np.frombuffer(data, dtype=np.uint8)
 
 

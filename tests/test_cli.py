@@ -112,6 +112,32 @@ def test_jaxfuse_inspect_triton_ir_on_cpu(capsys):
     assert "no site runs a Pallas kernel" in capsys.readouterr().err
 
 
+def test_triton_ir_names_the_sites_that_lower_as_mosaic(capsys):
+    """'pallas' (auto) lowers attention as Mosaic GPU at head dim 64, as Triton at 32: said per site, as resolved."""
+    small = ["--seq", "64", "--dim", "128", "--heads", "2", "--kv-heads", "1"]
+    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "all=pallas", "--triton-ir"]) == 0
+    out, err = capsys.readouterr()
+    assert "rmsnorm_matmul_fwd: grid" in out and "flash" not in out
+    assert ("note: left out: attention=pallas lowers for CUDA as Mosaic GPU kernels ('pallas' takes Mosaic where "
+            "it runs these shapes, as on an H100), not Triton: name pallas_triton") in err
+    assert "hlo_inspect.mosaic_ir" in err and "norm_matmul=" not in err.split("left out:")[1]
+    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "attention=pallas", "--triton-ir"]) == 2
+    err = capsys.readouterr().err
+    assert "jaxfuse inspect: triton_ir: no Triton kernel to show: attention=pallas lowers for CUDA as Mosaic" in err
+    assert jaxfuse_cli.main(["inspect", *small, "--heads", "4", "--kv-heads", "2", "--kernels", "all=pallas",
+                             "--triton-ir"]) == 0  # head dim 32: Mosaic does not take it, so 'pallas' is Triton
+    out, err = capsys.readouterr()
+    assert "flash_attention_fwd: grid" in out and "left out" not in err
+
+
+def test_triton_ir_errors_without_a_pallas_site_get_no_mosaic_hint(capsys):
+    argv = ["inspect", "--dim", "8", "--heads", "4", "--kv-heads", "2", "--kernels", "all=pallas_triton",
+            "--triton-ir"]
+    assert jaxfuse_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "must be a positive multiple of 16" in err and "Mosaic" not in err and "pallas_triton to see" not in err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [["inspect", "--train-step", "--seq", "16", "--dim", "64", "--heads", "2",
                                    "--kv-heads", "2", "--dtype", "f32"]])

@@ -60,6 +60,16 @@ def test_pallas_mosaic_on_a_cpu_is_one_line_but_lowers_for_cuda(capsys, monkeypa
     programs.check_kernels(KernelSet(norm_matmul="pallas_mosaic"), lowering_only=True)  # no error: --triton-ir
 
 
+def test_an_implementation_of_another_site_says_which_site_has_it(capsys):
+    status, _, err = run(capsys, "inspect", "--kernels", "all=cudnn")
+    assert status == 2 and "compiling" not in err
+    assert one_error(err) == ("jaxfuse inspect: KernelSet.norm_matmul: 'cudnn' exists only for the attention site "
+                              "(name it there: attention=cudnn); norm_matmul takes one of ['pallas', "
+                              "'pallas_mosaic', 'pallas_triton', 'xla', 'xla_f32']")
+    with pytest.raises(ValueError, match=r"KernelSet.loss: unknown implementation 'magic'; expected one of"):
+        KernelSet(loss="magic")
+
+
 # ---- 2. bench on a CPU: the CPU shapes, said; GPU shapes refused first; a line per record with elapsed time --
 
 @cpu_only
@@ -105,6 +115,21 @@ def test_paths_that_cannot_be_written_are_refused_before_any_work(tmp_path, caps
     assert status == 2 and f"--html {tmp_path}: is a folder" in one_error(err)
 
 
+def test_a_file_path_whose_folder_exists_but_takes_no_files_is_refused_before_compiling(capsys):
+    status, _, err = run(capsys, "inspect", *SMALL, "--html", "/proc/x.html")  # /proc: no new files, even for root
+    assert status == 2 and "compiling" not in err
+    assert one_error(err) == "jaxfuse inspect: --html /proc/x.html: cannot write the file: No such file or directory"
+
+
+def test_diff_takes_each_sides_kernels_from_a_and_b_only(capsys):
+    status, _, err = run(capsys, "diff", "--kernels", "bogus=1", "--a", "", "--b", "")
+    assert status == 2 and one_error(err) == "jaxfuse diff: Unknown command line flag 'kernels'"
+    status, out, _ = run(capsys, "diff", "--help")
+    assert status == 0 and "--a:" in out and "--kernels" not in out
+    status, out, _ = run(capsys, "inspect", "--help")
+    assert status == 0 and "--kernels:" in out
+
+
 def test_an_xla_flag_xla_rejects_is_one_line_naming_it(capsys):
     for verb in ("inspect", "passes"):
         status, _, err = run(capsys, verb, *SMALL, "--xla-flags=--xla_cpu_enable_fast_math=maybe")
@@ -125,6 +150,25 @@ def test_an_unexpected_error_is_one_line_with_status_1(capsys, monkeypatch):
     monkeypatch.setenv("JAXFUSE_TRACEBACK", "1")
     with pytest.raises(RuntimeError, match="something"):
         cli.main(["inspect"])
+
+
+def test_out_of_memory_is_a_size_limit_with_status_2(capsys, monkeypatch):
+    def too_big(fv, rest):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 3843092445412 bytes.")
+
+    monkeypatch.setitem(cli.VERBS, "train", cli.Verb("x", cli._define_train_flags, too_big))
+    status, _, err = run(capsys, "train")
+    assert status == 2 and err == ("jaxfuse train: the program needs more memory than the device has (XLA asked for "
+                                   "3,843,092,445,412 bytes, 3,579.2 GiB); try a smaller --batch, --seq or "
+                                   "--layers\n")
+
+    def too_big_unsized(fv, rest):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of\nmemory")
+
+    monkeypatch.setitem(cli.VERBS, "bench", cli.Verb("x", cli._define_bench_flags, too_big_unsized))
+    status, _, err = run(capsys, "bench")
+    assert status == 2 and err == ("jaxfuse bench: the program needs more memory than the device has (XLA says: "
+                                   "RESOURCE_EXHAUSTED: out of memory)\n")
 
 
 def test_a_file_error_during_the_run_is_one_line(capsys, monkeypatch):
@@ -151,6 +195,17 @@ def test_diff_errors_name_the_side(tmp_path, capsys):
         f"jaxfuse diff: B ({binary}): not UTF-8 text (byte 0xd0 at offset 12)")
     status, _, err = run(capsys, "diff", "--a", "", "--b", "", "--b-xla-flags=--foo")
     assert status == 2 and one_error(err).startswith("jaxfuse diff: B (default kernels): xla_flags: '--foo'")
+
+
+def test_diff_says_a_mistyped_path_is_missing_or_a_folder(tmp_path, capsys):
+    good = os.path.join(DATA, "h100_block_fwd.hlo.txt")
+    missing = str(tmp_path / "missing.hlo.txt")
+    for a, said in ((missing, "no such file"), ("old.hlo.txt", "no such file"),
+                    (str(tmp_path), "is a directory; expected an HLO text file or a kernel spec like "
+                                    "'attention=cudnn'"),
+                    ("attention", "'attention' is neither an HLO text file nor a kernel spec like 'attention=cudnn'")):
+        status, _, err = run(capsys, "diff", "--a", a, "--b", good)
+        assert status == 2 and one_error(err) == f"jaxfuse diff: A ({a}): {said}"
 
 
 # ---- 5. --measure and other platforms' XLA flags on a CPU ------------------------------------------------------

@@ -366,10 +366,19 @@ def test_sweep_skips_a_backend_that_cannot_run_the_shape(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_gpu_run_writes_files_named_by_device_tag(tmp_path):
     out = tmp_path / "out"
-    assert gpu_run.main(["--out", str(out), "--skip-tests", "--ops", "cross_entropy", "--iterations", "1"]) == 0
+    assert gpu_run.main(["--out", str(out), "--skip-tests", "--ops", "cross_entropy", "--iterations", "1",
+                         "--allow-cpu"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["cross_entropy-cpu.json", "cross_entropy-cpu.md",
                                                      "summary-cpu.md"]
     assert "pallas_triton" in (out / "summary-cpu.md").read_text()
+
+
+def test_gpu_run_without_a_gpu_is_one_line_with_status_2(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert gpu_run.main(["--out", str(out)]) == 2
+    assert capsys.readouterr().err == ("jaxfuse.gpu_run: runs the tests and times the ops' GPU shapes, so it needs an "
+                                       "NVIDIA GPU; this machine runs cpu; --allow-cpu runs it anyway\n")
+    assert not out.exists()  # refused before any work
 
 
 def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):

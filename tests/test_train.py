@@ -40,6 +40,17 @@ def test_corpus_errors_name_the_constraint(tmp_path):
         train.TrainConfig(steps=0)
 
 
+def test_a_corpus_that_is_not_utf8_text_is_refused(tmp_path, capsys):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"hello\n\xd0\xff\x00" * 100)
+    with pytest.raises(ValueError, match=r"corpus: '.*weights.bin' is not UTF-8 text \(byte 0xd0 at offset 6\)"):
+        train.load_corpus(str(binary))
+    assert cli.main(["train", "--steps", "2", "--corpus", str(binary)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxfuse train: corpus: {str(binary)!r} is not UTF-8 text (byte 0xd0 at offset 6); "
+                          "expected a UTF-8 text file\n") and "step 0" not in err
+
+
 @pytest.mark.slow
 def test_training_learns_and_equivalent_kernel_sets_give_the_same_curve():
     cfg = train.TrainConfig(steps=40, eval_every=20, **{**_TINY, "batch": 8, "seq": 64})
