@@ -167,11 +167,16 @@ class Registry:
 
     def plan(self, requested: str, block_sizes, *args, **options) -> tuple[ModuleType, Plan]:
         """(backend module, Plan) for a call: the backend as ``resolve`` (with "auto", a config instance of one
-        backend asks for that backend), its config from ``block_sizes``."""
+        backend asks for that backend, and so does a mapping of fields only one backend's config has), its config
+        from ``block_sizes``."""
         if requested == "auto" and block_sizes is not None and not isinstance(block_sizes, Mapping):
             # a backend's own config names that backend (a FlashAttentionConfig asks for Triton)
             requested = next((name for name in self.names if isinstance(block_sizes, self.module(name).Config)),
                              requested)
+        elif requested == "auto" and block_sizes:  # e.g. a Triton tuned entry's params where Mosaic is tuned faster
+            takers = [name for name in self.names
+                      if set(block_sizes) <= {f.name for f in dataclasses.fields(self.module(name).Config)}]
+            requested = takers[0] if len(takers) == 1 else requested
         name = self.resolve(requested, *args, **options)
         module = self.module(name)
         config = resolve_config(block_sizes, module.Config, lambda: module.default_config(*args, **options))

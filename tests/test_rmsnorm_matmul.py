@@ -81,6 +81,23 @@ def test_auto_takes_the_faster_tuned_time(times, chosen, monkeypatch):
         assert norm_matmul.plan(x, gamma, w).backend == chosen
 
 
+def test_auto_with_one_backends_fields_runs_that_backend(monkeypatch):
+    """block_sizes given as a mapping of fields only one backend's config has (a Triton tuned entry's params) asks
+    for that backend where "auto" would take the other (notebook 03 lowers the H100's Triton entry on a Hopper GPU,
+    where Mosaic is tuned faster); fields of neither are still a ValueError naming them."""
+    from pallas_kernels import tuning
+
+    x, gamma, w = zeros(384, 1152, 640, jnp.bfloat16)
+    monkeypatch.setattr(tuning, "tuned_time_us", lambda op, k, *, backend: {"triton": 100.0, "mosaic": 90.0}[backend])
+    with backends.lowering_for_gpu():
+        assert norm_matmul.plan(x, gamma, w).backend == "mosaic"
+        chosen = norm_matmul.plan(x, gamma, w, block_sizes=dict(gamma_on_w=True, block_m=64))
+        assert (chosen.backend, chosen.config.gamma_on_w, chosen.config.block_m) == ("triton", True, 64)
+        assert norm_matmul.plan(x, gamma, w, block_sizes=dict(row_dot="k")).backend == "mosaic"
+        with pytest.raises(ValueError, match=r"block_sizes: unknown fields \['block_q'\]"):
+            norm_matmul.plan(x, gamma, w, block_sizes=dict(block_q=64))
+
+
 def test_the_h100_cache_times_triton_wherever_mosaic_is_tuned():
     """"auto" compares tuned times only where every backend has one (Triton, first in the registry, otherwise): at
     each shape the H100 cache holds a Mosaic entry for, Triton has a time too, and Mosaic's is the lower, so "auto"
