@@ -4,9 +4,10 @@
 
 Every device kernel of one call is timed by CUPTI (`bench.time_kernels`, median over iterations). CUPTI names a
 kernel as the HLO names its fusion with '.' written '_' (`input_reduce_fusion.1` -> `input_reduce_fusion_1`), a
-Pallas kernel by its `pallas_call` name, and a library call by the library's kernel (`nvjet_sm90_...`,
-`cudnn_...`), a collective by NCCL's kernel (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`); those are matched to
-the report's cuBLAS / cuDNN / Pallas / collective kernels in program order. Device kernels that match nothing
+Pallas kernel by its `pallas_call` name (a Mosaic GPU one as `NAME_mosaic_gpu_kernel`, NAME its named scope), and a
+library call by the library's kernel (`nvjet_sm90_...`, `cudnn_...`), a collective by NCCL's kernel
+(`ncclDevKernel_AllReduce_Sum_f32_RING_LL`); those are matched to the report's cuBLAS / cuDNN / Pallas /
+collective kernels in program order. Device kernels that match nothing
 (memsets, a library's second kernel) are listed as unattributed.
 
 Each row: measured µs, achieved bandwidth, and the roofline prediction max(bytes / BW, FLOPs / peak) with its
@@ -38,6 +39,7 @@ __all__ = ["MeasuredKernel", "launch_cost", "measure_kernels", "measured_table",
 _UNIQUE_SUFFIX_RE = re.compile(r"__\d+$")  # the second kernel of one name launches as NAME__1
 _LIBRARY_PREFIXES = {"cublas": ("nvjet", "sm90_xmma", "sm80_xmma", "cutlass", "gemm", "gemv", "ampere", "sm90_"),
                      "cudnn": ("cudnn", "fmha", "sm90_fmha", "flash"), "collective": ("nccl",)}
+MOSAIC_SUFFIX = "_mosaic_gpu_kernel"  # Mosaic GPU launches kernel NAME (its named scope) as NAME_mosaic_gpu_kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,8 @@ def _device_name(kernel: Kernel) -> str:
     cfg = kernel.instruction.backend_config
     if kernel.category == "pallas" and isinstance(cfg, dict) and cfg.get("name"):
         return str(cfg["name"])
+    if kernel.category == "mosaic" and kernel.scopes:  # its custom call sits in the kernel's named scope
+        return kernel.scopes[-1].split("/")[-1] + MOSAIC_SUFFIX
     return kernel.name.replace(".", "_").replace("-", "_")
 
 
@@ -103,6 +107,13 @@ def match(kernels: Sequence[Kernel], launches: Sequence[tuple[str, float]]
             # XLA compiles identical fusions once: a later one launches under the first one's name.
             assigned[i] = [j]
             j += 1
+        elif k.category == "mosaic":  # its scope does not name it: the next Mosaic launch no other kernel names
+            look = next((n for n in range(j, len(launches)) if launch_names[n].endswith(MOSAIC_SUFFIX)
+                         and launch_names[n] not in named), None)
+            if look is not None:
+                unmatched.extend(range(j, look))
+                assigned[i] = [look]
+                j = look + 1
     unmatched.extend(range(j, len(launches)))
     return assigned, unmatched
 
