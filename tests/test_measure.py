@@ -81,3 +81,20 @@ def test_measure_needs_a_gpu():
     rep = hlo_inspect.inspect(lambda x: x + 1, 1.0)
     with pytest.raises(ValueError, match="needs a GPU"):
         measure.measure_kernels(rep, lambda x: x + 1, (1.0,), device=costmodel.device("h100"))
+
+
+def test_a_mosaic_kernel_matches_its_launch():
+    """Mosaic GPU launches kernel NAME (its named scope) as NAME_mosaic_gpu_kernel; a launch of another name still
+    matches the next Mosaic launch. h200_mosaic_norm_matmul.hlo.txt: the rmsnorm_matmul forward (backend "mosaic")
+    at 4096x1024x2048 on the H200, jax 0.11.2, and its launches as CUPTI named them there (tests/data/capture_mosaic.py
+    at 05455a8)."""
+    with open(os.path.join(DATA, "h200_mosaic_norm_matmul.hlo.txt")) as f:
+        rep = hlo_inspect.from_text(f.read())
+    assert [k.category for k in rep.kernels] == ["reduction", "loop", "mosaic"]
+    launches = [("input_reduce_fusion", 2.7), ("loop_convert_fusion", 3.6),
+                ("rmsnorm_matmul_fwd_mosaic_gpu_kernel", 25.1)]
+    assert measure.match(rep.kernels, launches) == ({0: [0], 1: [1], 2: [2]}, [])
+    launches[2] = ("mosaic_matmul_mosaic_gpu_kernel", 25.1)
+    assert measure.match(rep.kernels, launches) == ({0: [0], 1: [1], 2: [2]}, [])
+    launches[2] = ("memset32_kernel", 0.5)  # no Mosaic launch: left unattributed, not taken
+    assert measure.match(rep.kernels, launches) == ({0: [0], 1: [1]}, [2])
