@@ -66,6 +66,7 @@ class Program:
     config: Config
     kernels: KernelSet
     layout: Layout | None = None  # the device mesh the program is partitioned over (jaxfuse.sharding), or None
+    sites: tuple[str, ...] = SITES  # the kernel sites fn calls (the loss site only in the LM's train step)
 
 
 def build_program(
@@ -151,7 +152,9 @@ def build_program(
     if layout is not None:
         fn, args = _on_mesh(fn, args, layout)
         description += f", mesh {layout} ({layout.strategy}, {layout.devices} devices)"
-    return Program(fn=fn, args=args, description=description, config=cfg, kernels=kernels, layout=layout)
+    sites = SITES if (model == "lm" and train_step) else tuple(site for site in SITES if site != "loss")
+    return Program(fn=fn, args=args, description=description, config=cfg, kernels=kernels, layout=layout,
+                   sites=sites)
 
 
 def _on_mesh(fn: Callable, args: tuple, layout: Layout) -> tuple[Callable, tuple]:
@@ -172,9 +175,9 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _pallas_sites(kernels: KernelSet) -> list[str]:
-    """The sites of ``kernels`` that run a Pallas kernel."""
-    return [site for site in SITES if getattr(kernels, site).startswith("pallas")]
+def _pallas_sites(kernels: KernelSet, sites: tuple[str, ...] = SITES) -> list[str]:
+    """The ``sites`` (all by default; a program's own) at which ``kernels`` runs a Pallas kernel."""
+    return [site for site in sites if getattr(kernels, site).startswith("pallas")]
 
 
 def check_kernels(kernels: KernelSet, *, lowering_only: bool = False) -> None:
@@ -196,10 +199,10 @@ def check_kernels(kernels: KernelSet, *, lowering_only: bool = False) -> None:
         raise ValueError("kernels: " + "; ".join(reasons))
 
 
-def interpret_mode_caveat(kernels: KernelSet) -> str | None:
-    """The warning a report of a program with ``kernels`` carries when its Pallas kernels run in interpret mode
-    here (on a CPU), or None."""
-    sites = _pallas_sites(kernels)
+def interpret_mode_caveat(kernels: KernelSet, sites: tuple[str, ...] = SITES) -> str | None:
+    """The warning a report of a program calling ``sites`` with ``kernels`` carries when its Pallas kernels run in
+    interpret mode here (on a CPU), or None."""
+    sites = _pallas_sites(kernels, sites)
     if not sites or jax.default_backend() != "cpu":
         return None
     return (f"interpret mode: the Pallas kernels ({', '.join(sites)}) ran in interpret mode on the CPU: their "
@@ -245,11 +248,11 @@ def inspect_program(program: Program, *, xla_flags: str = "",
     foreign = foreign_flags_warning(options)
     if foreign:
         progress(foreign)
-    caveat = interpret_mode_caveat(program.kernels)
+    caveat = interpret_mode_caveat(program.kernels, program.sites)
     if caveat:
-        progress(f"note: on the CPU the Pallas kernels ({', '.join(_pallas_sites(program.kernels))}) run in "
-                 "interpret mode: the report lists the interpreter's loops of small XLA ops, not one fused kernel; "
-                 "inspect on a GPU to see the kernel itself")
+        sites = ", ".join(_pallas_sites(program.kernels, program.sites))
+        progress(f"note: on the CPU the Pallas kernels ({sites}) run in interpret mode: the report lists the "
+                 "interpreter's loops of small XLA ops, not one fused kernel; inspect on a GPU to see the kernel itself")
     progress(f"compiling {program.description} on {jax.devices()[0].device_kind} ...")
     start = time.perf_counter()
     try:
@@ -351,9 +354,10 @@ def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progr
     from jaxfuse import kernels as registry
     from pallas_kernels import backends, triton_utils
 
-    if not _pallas_sites(program.kernels):
-        raise ValueError(f"triton_ir: no site runs a Pallas kernel ({program.kernels}); choose one, e.g. "
-                         f"--kernels attention=pallas_triton or --kernels all=pallas_triton")
+    if not _pallas_sites(program.kernels, program.sites):
+        raise ValueError(f"triton_ir: no site runs a Pallas kernel ({program.kernels}; this program calls "
+                         f"{', '.join(program.sites)}); choose one, e.g. --kernels attention=pallas_triton or "
+                         f"--kernels all=pallas_triton")
     check_kernels(program.kernels, lowering_only=True)
     progress(f"lowering {program.description} for CUDA ...")
     traced = []

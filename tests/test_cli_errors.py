@@ -248,6 +248,16 @@ def test_interpret_mode_is_a_warning_of_the_report(capsys):
     assert "while-loop bodies counted once on both sides" in saving
 
 
+@cpu_only
+def test_a_pallas_site_the_program_never_calls_brings_no_interpret_mode_warning(capsys):
+    """The block has no loss site (only the LM's train step calls it): loss=pallas changes nothing there, so the
+    report says nothing of interpret mode."""
+    status, out, err = run(capsys, "inspect", *SMALL, "--kernels", "loss=pallas", "--json")
+    assert status == 0 and not json.loads(out)["warnings"] and "interpret mode" not in err
+    assert programs.build_program(model="lm", train_step=True, seq=16, dim=64, heads=2, kv_heads=1,
+                                  layers=1, vocab=256).sites == ("attention", "norm_matmul", "loss")
+
+
 def test_diff_shows_each_sides_warnings(tmp_path, capsys):
     text = open(os.path.join(DATA, "cpu_while_loop.hlo.txt"), encoding="utf-8").read()
     two = tmp_path / "two_modules.hlo.txt"
