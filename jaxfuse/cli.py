@@ -544,6 +544,12 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def _flags_help(fv: flags.FlagValues) -> str:
+    """A verb's flags for --help: absl's text without its per-module headers (a file path) and absl's own flags."""
+    lines = fv.get_help(include_special_flags=False).splitlines()
+    return "\n".join(line for line in lines if line.startswith(" ") or not line.rstrip().endswith(":")).strip("\n")
+
+
 def main(argv: list[str]) -> int:
     """Run `jaxfuse` with `argv` (without the program name); returns the exit status."""
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -557,7 +563,7 @@ def main(argv: list[str]) -> int:
     fv = flags.FlagValues()
     verb.define_flags(fv)
     if any(a in ("-h", "--help", "--helpfull") for a in args):
-        print(f"jaxfuse {name}: {verb.summary}\n\nflags:\n{fv.get_help()}")
+        print(f"jaxfuse {name}: {verb.summary}\n\nflags:\n{_flags_help(fv)}")
         return 0
     try:
         rest = fv([f"jaxfuse {name}"] + args)[1:]

@@ -48,6 +48,7 @@ def test_jaxfuse_help_lists_verbs(capsys):
     out = capsys.readouterr().out
     for flag in ("--model", "--batch", "--seq", "--dim", "--dtype", "train_step", "json", "--kernels"):
         assert flag in out
+    assert ".py:" not in out and "--flagfile" not in out  # no module header (a file path), no absl flags
 
 
 def test_jaxfuse_bad_flags(capsys):
