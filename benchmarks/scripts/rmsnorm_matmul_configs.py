@@ -300,6 +300,7 @@ VARIANTS = {
     # kernel's x tile at 4 stages, or with y's blocks beside dy's (the row dot by TMA) at 3
     "dw_ring4_sk": dict(dw=dict(tile_input_in="ring", num_stages=4, stream_k=4)),
     "dx_ring4_sk": dict(dx=dict(stream_k=4, tile_input_in="ring", num_stages=4)),
+    "dx_ring4": dict(dx=dict(stream_k=0, tile_input_in="ring", num_stages=4)),  # (the model shapes: one round)
     "row_dot_tma_sk": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
                            dx=dict(stream_k=4, tile_input_in="ring", num_stages=3), dw=dict(tile_input_in="ring")),
     # (the first tiles' row dot as the diagonal of a second wgmma per step, dy · yᵀ, instead of dy and y loaded into
