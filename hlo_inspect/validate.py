@@ -13,7 +13,7 @@ XLA's own verifier checks far more; these are the facts hlo_inspect's stages wal
 - elementwise unary and binary ops (`ELEMENTWISE_OPCODES`) have operands with their result's dimensions (XLA's
   verifier: "implicit broadcast is not allowed in HLO") and, except the ops that change the type
   (`TYPE_CHANGING_OPCODES`), its element type, or another floating-point type (XLA's mixed precision);
-- a fusion's `kind=` is one of XLA's `FUSION_KINDS`;
+- a fusion's `kind=` is one of XLA's `FUSION_KINDS`; a `slice`'s ranges fit its operand and make its result;
 - collectives' `replica_groups` and `source_target_pairs` read as groups and pairs (`hlo_inspect.collectives`).
 All of it is linear in the size of the module.
 """
@@ -93,6 +93,8 @@ def _check_instruction(inst: Instruction) -> None:
         _check_convolution(inst)
     elif op in ELEMENTWISE_OPCODES:
         _check_elementwise(inst)
+    elif op == "slice":
+        _check_slice(inst)
     elif op == "fusion" and inst.attrs.get("kind", FUSION_KINDS[0]).strip() not in FUSION_KINDS:
         raise _error(inst, f"kind={inst.attrs['kind']} is not a fusion kind: expected one of {', '.join(FUSION_KINDS)}")
     elif "replica_groups" in inst.attrs or "source_target_pairs" in inst.attrs:
@@ -144,6 +146,26 @@ def _check_elementwise(inst: Instruction) -> None:
             raise _error(inst, f"{inst.opcode} keeps its operands' element type, but the result is {result.dtype} "
                                f"and operand %{operand.name} is {shape.dtype}: only {changing} change it (and "
                                "floating-point types may mix)")
+
+
+def _check_slice(inst: Instruction) -> None:
+    """`slice={[start:limit:stride], ...}`: one range per operand dimension, 0 <= start <= limit <= the dimension's
+    size (its bound for `<=N`), stride >= 1, and the result's dimension ceil((limit - start) / stride)."""
+    _check_arrays(inst, 1)
+    operand, bounds = inst.operands[0].shape, inst.slice_bounds
+    if not bounds or operand.unbounded_dims or inst.shape.unbounded_dims:
+        return
+    if len(bounds) != len(operand.dims):
+        raise _error(inst, f"slice={inst.attrs['slice']} gives {len(bounds)} ranges for operand "
+                           f"%{inst.operands[0].name} of rank {len(operand.dims)}: expected one per dimension")
+    for d, ((start, limit, stride), size) in enumerate(zip(bounds, operand.dims)):
+        if not (0 <= start <= limit <= size and stride >= 1):
+            raise _error(inst, f"slice range [{start}:{limit}:{stride}] of dimension {d} does not fit %"
+                               f"{inst.operands[0].name} {operand}: expected 0 <= start <= limit <= {size}, stride >= 1")
+    want = [-(-(limit - start) // stride) for start, limit, stride in bounds]
+    if list(inst.shape.dims) != want:
+        raise _error(inst, f"the result is {inst.shape}, but slice={inst.attrs['slice']} of {operand} makes "
+                           f"dimensions {want}")
 
 
 def _same_bounded_dims(a: Shape, b: Shape) -> bool:

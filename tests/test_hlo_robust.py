@@ -170,6 +170,29 @@ def test_elementwise_shapes_and_fusion_kinds_are_checked(instruction, match):
     assert_parse_error(text, match, at=instruction[:8])
 
 
+@pytest.mark.parametrize("instruction, match", [
+    ("ROOT %s = f32[4,8]{1,0} slice(%a), slice={[0:4], [8:24]}",
+     r"%s: slice range \[8:24:1\] of dimension 1 does not fit %a f32\[4,16\]\{1,0\}: expected 0 <= start <= limit "
+     r"<= 16, stride >= 1"),
+    ("ROOT %s = f32[8]{0} slice(%a), slice={[0:8]}", r"gives 1 ranges for operand %a of rank 2"),
+    ("ROOT %s = f32[4,3]{1,0} slice(%a), slice={[0:4], [0:16:2]}",
+     r"the result is f32\[4,3\]\{1,0\}, but slice=\{\[0:4\], \[0:16:2\]\} of f32\[4,16\]\{1,0\} makes dimensions "
+     r"\[4, 8\]"),
+    ("ROOT %s = f32[4,0]{1,0} slice(%a), slice={[0:4], [5:4]}", r"range \[5:4:1\] of dimension 1 does not fit"),
+])
+def test_slice_ranges_are_checked(instruction, match):
+    text = module(f"  %a = f32[4,16]{{1,0}} parameter(0)\n  {instruction}")
+    assert_parse_error(text, match, at=instruction[:8])
+
+
+def test_slices_that_fit_are_read():
+    """Strided, empty and bounded-dynamic slices, as XLA writes them."""
+    text = module("  %a = f32[<=4,16]{1,0} parameter(0)\n  %s = f32[4,6]{1,0} slice(%a), slice={[0:4], [3:14:2]}\n"
+                  "  %e = f32[0,16]{1,0} slice(%a), slice={[2:2], [0:16]}\n"
+                  "  ROOT %t = (f32[4,6]{1,0}, f32[0,16]{1,0}) tuple(%s, %e)")
+    assert hlo_inspect.parse(text).entry.by_name["s"].slice_bounds == [(0, 4, 1), (3, 14, 2)]
+
+
 @pytest.mark.parametrize("instruction", [
     "ROOT %c = pred[4,16]{1,0} compare(%a, %a), direction=LT",
     "ROOT %c = bf16[4,16]{1,0} convert(%a)",
