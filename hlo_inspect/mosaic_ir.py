@@ -25,9 +25,9 @@ from collections.abc import Callable
 
 from hlo_inspect.triton_ir import _custom_calls, _strip_locations  # the same walk and clean-up as for Triton
 
-__all__ = ["MosaicKernel", "lower_kernels"]
+__all__ = ["MOSAIC_CALL_TARGET", "MosaicKernel", "lower_kernels"]
 
-_MOSAIC_CALL_TARGET = "mosaic_gpu_v2"
+MOSAIC_CALL_TARGET = "mosaic_gpu_v2"
 _WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.([a-z0-9]+)\.([a-z0-9]+)\.([a-z0-9]+)")
 _OP = re.compile(r"^\s*(?:%[^=]+=\s*)?\"?([a-z_]+\.[a-z_0-9.]+)")
 _LAUNCH = re.compile(r"gpu\.launch .*blocks\(.*\) in \(%\w+ = (%\w+), %\w+ = (%\w+), %\w+ = (%\w+)\) "
@@ -135,7 +135,7 @@ def lower_kernels(fn: Callable, *args, **kwargs) -> list[MosaicKernel]:
     jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
     lowered = jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",))
     calls = [op for op in _custom_calls(lowered.compiler_ir("stablehlo").operation, [])
-             if ir.StringAttr(op.attributes["call_target_name"]).value == _MOSAIC_CALL_TARGET]
+             if ir.StringAttr(op.attributes["call_target_name"]).value == MOSAIC_CALL_TARGET]
     if not calls:
         raise ValueError("fn: its CUDA lowering holds no Mosaic-GPU kernel (custom call mosaic_gpu_v2)")
     kernels = []

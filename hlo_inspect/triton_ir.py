@@ -21,7 +21,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 
-__all__ = ["TritonKernel", "lower_kernels"]
+__all__ = ["TritonKernel", "lower_kernels", "lower_program"]
 
 _TRITON_CALL_TARGET = "__gpu$xla.gpu.triton"
 _OP = re.compile(r"(?:=|^)\s*\"?((?:tt|scf|arith|math)\.[a-z_.]+)")
@@ -103,6 +103,16 @@ def _strip_locations(text: str) -> str:
 def lower_kernels(fn: Callable, *args, **kwargs) -> list[TritonKernel]:
     """The Pallas-Triton kernels of ``jax.jit(fn)(*args, **kwargs)``, lowered for CUDA (no GPU needed), in program
     order. Raises ValueError when the lowering holds none (plain jnp, or Pallas calls in interpret mode)."""
+    kernels, _ = lower_program(fn, *args, **kwargs)
+    if not kernels:
+        raise ValueError("fn: its CUDA lowering holds no Pallas-Triton kernel (plain jnp, or Pallas calls in "
+                         "interpret mode, which lower to ordinary ops: pass interpret=False)")
+    return kernels
+
+
+def lower_program(fn: Callable, *args, **kwargs) -> tuple[list[TritonKernel], dict[str, int]]:
+    """``lower_kernels`` without the error when there is none: (its Pallas-Triton kernels, possibly [], and how
+    many of the CUDA lowering's other custom calls each target has, e.g. {"mosaic_gpu_v2": 2})."""
     import jax
     from jax._src.lib.mlir import ir
 
@@ -113,11 +123,13 @@ def lower_kernels(fn: Callable, *args, **kwargs) -> list[TritonKernel]:
 
     jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
     lowered = jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",))
-    calls = [op for op in _custom_calls(lowered.compiler_ir("stablehlo").operation, [])
-             if ir.StringAttr(op.attributes["call_target_name"]).value == _TRITON_CALL_TARGET]
-    if not calls:
-        raise ValueError("fn: its CUDA lowering holds no Pallas-Triton kernel (plain jnp, or Pallas calls in "
-                         "interpret mode, which lower to ordinary ops: pass interpret=False)")
+    calls, others = [], {}
+    for op in _custom_calls(lowered.compiler_ir("stablehlo").operation, []):
+        target = ir.StringAttr(op.attributes["call_target_name"]).value
+        if target == _TRITON_CALL_TARGET:
+            calls.append(op)
+        else:
+            others[target] = others.get(target, 0) + 1
     context = ir.Context()
     tt_dialect.register_dialect(context)
     kernels = []
@@ -131,4 +143,4 @@ def lower_kernels(fn: Callable, *args, **kwargs) -> list[TritonKernel]:
             num_warps=ir.IntegerAttr(config["num_warps"]).value,
             num_stages=ir.IntegerAttr(config["num_stages"]).value,
             text=_strip_locations(text)))
-    return kernels
+    return kernels, others

@@ -161,7 +161,8 @@ def _check_slice(inst: Instruction) -> None:
     for d, ((start, limit, stride), size) in enumerate(zip(bounds, operand.dims)):
         if not (0 <= start <= limit <= size and stride >= 1):
             raise _error(inst, f"slice range [{start}:{limit}:{stride}] of dimension {d} does not fit %"
-                               f"{inst.operands[0].name} {operand}: expected 0 <= start <= limit <= {size}, stride >= 1")
+                               f"{inst.operands[0].name} {operand}: expected 0 <= start <= limit <= {size}, "
+                               "stride >= 1")
     want = [-(-(limit - start) // stride) for start, limit, stride in bounds]
     if list(inst.shape.dims) != want:
         raise _error(inst, f"the result is {inst.shape}, but slice={inst.attrs['slice']} of {operand} makes "

@@ -252,7 +252,8 @@ def inspect_program(program: Program, *, xla_flags: str = "",
     if caveat:
         sites = ", ".join(_pallas_sites(program.kernels, program.sites))
         progress(f"note: on the CPU the Pallas kernels ({sites}) run in interpret mode: the report lists the "
-                 "interpreter's loops of small XLA ops, not one fused kernel; inspect on a GPU to see the kernel itself")
+                 "interpreter's loops of small XLA ops, not one fused kernel; inspect on a GPU to see the kernel "
+                 "itself")
     progress(f"compiling {program.description} on {jax.devices()[0].device_kind} ...")
     start = time.perf_counter()
     try:
@@ -332,25 +333,30 @@ def diff_programs(a: str | None, b: str | None, *, a_xla_flags: str = "", b_xla_
     return hlo_inspect.diff(reports[0], reports[1], label_a=labels[0], label_b=labels[1])
 
 
-def _mosaic_note(kernels: KernelSet, backends_run: dict[str, set[str]]) -> str | None:
-    """Which sites lowered as Mosaic GPU kernels (``backends_run``: ``kernels.recording_backends``'s record), why,
-    and where to see them; None when none did."""
+def _mosaic_note(kernels: KernelSet, backends_run: dict[str, set[str]], mosaic_calls: int) -> str | None:
+    """What ``triton_kernels`` leaves out: the sites that lowered as Mosaic GPU kernels (``backends_run``:
+    ``kernels.recording_backends``'s record) and why, or the program's ``mosaic_calls`` Mosaic kernel calls that
+    Triton-backend ops make themselves; and where to see them. None when the lowering holds no Mosaic kernel."""
     sites = [site for site in SITES if "mosaic" in backends_run.get(site, ())]
-    if not sites:
+    see = "read their Mosaic IR with hlo_inspect.mosaic_ir"
+    if not sites and not mosaic_calls:
         return None
+    if not sites:
+        return (f"{mosaic_calls} Mosaic GPU kernel call{'s' if mosaic_calls != 1 else ''} that Triton-backend ops "
+                f"make themselves (the loss runs its GEMMs on the Mosaic core on Hopper): {see}")
     why = (" ('pallas' takes Mosaic where it runs these shapes, as on an H100)"
            if any(getattr(kernels, site) == "pallas" for site in sites) else "")
     named = ", ".join(f"{site}={getattr(kernels, site)}" for site in sites)
     return (f"{named} lower{'s' if len(sites) == 1 else ''} for CUDA as Mosaic GPU kernels{why}, not Triton: "
-            "name pallas_triton to see them as Triton kernels, or read their Mosaic IR with hlo_inspect.mosaic_ir")
+            f"name pallas_triton to see them as Triton kernels, or {see}")
 
 
 def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progress) -> list:
     """The Pallas kernels of ``program`` lowered for CUDA (on any machine): [hlo_inspect.triton_ir.TritonKernel].
 
-    Sites that lower as Mosaic GPU kernels instead are left out, said through ``progress``; ValueError naming
-    them when no Triton kernel is left."""
-    from hlo_inspect import triton_ir
+    The Mosaic GPU kernels of the lowering (sites that lower as Mosaic, GEMMs a Triton op runs on the Mosaic core)
+    are left out, said through ``progress``; ValueError naming them when no Triton kernel is left."""
+    from hlo_inspect import mosaic_ir, triton_ir
     from jaxfuse import kernels as registry
     from pallas_kernels import backends, triton_utils
 
@@ -360,23 +366,16 @@ def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progr
                          f"--kernels all=pallas_triton")
     check_kernels(program.kernels, lowering_only=True)
     progress(f"lowering {program.description} for CUDA ...")
-    traced = []
 
     def fn(*args):  # a new function, so jax traces it anew (no cached trace) and every site call is recorded
-        out = program.fn(*args)
-        traced.append(True)
-        return out
+        return program.fn(*args)
 
     with (registry.recording_backends() as backends_run, backends.lowering_for_gpu(),
           triton_utils.quiet_triton_deprecation()):
-        try:
-            kernels = triton_ir.lower_kernels(fn, *program.args)
-        except ValueError as e:  # after a whole trace: no Triton kernel, e.g. attention=pallas alone is Mosaic
-            mosaic = _mosaic_note(program.kernels, backends_run) if traced else None
-            if mosaic is None:
-                raise
-            raise ValueError(f"triton_ir: no Triton kernel to show: {mosaic}") from e
-    mosaic = _mosaic_note(program.kernels, backends_run)
+        kernels, other_calls = triton_ir.lower_program(fn, *program.args)
+    mosaic = _mosaic_note(program.kernels, backends_run, other_calls.get(mosaic_ir.MOSAIC_CALL_TARGET, 0))
+    if not kernels:
+        raise ValueError(f"triton_ir: no Triton kernel to show: {mosaic or 'the CUDA lowering holds none'}")
     if mosaic:
         progress(f"note: left out: {mosaic}")
     return kernels

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -129,6 +130,18 @@ def test_triton_ir_names_the_sites_that_lower_as_mosaic(capsys):
                              "--triton-ir"]) == 0  # head dim 32: Mosaic does not take it, so 'pallas' is Triton
     out, err = capsys.readouterr()
     assert "flash_attention_fwd: grid" in out and "left out" not in err
+
+
+def test_triton_ir_counts_the_mosaic_kernels_a_triton_op_runs_itself(capsys):
+    """The Triton-backend loss runs its chunks' GEMMs on the Mosaic core when lowered for Hopper: those kernels are
+    left out of the Triton IR and counted in the note."""
+    argv = ["inspect", "--model", "lm", "--train-step", "--seq", "64", "--dim", "128", "--heads", "2",
+            "--kv-heads", "1", "--layers", "1", "--kernels", "loss=pallas_triton", "--triton-ir"]
+    assert jaxfuse_cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "Pallas kernel(s)" in out
+    note = re.search(r"note: left out: (\d+) Mosaic GPU kernel calls? that Triton-backend ops make themselves", err)
+    assert note and int(note.group(1)) >= 1, err
 
 
 def test_triton_ir_errors_without_a_pallas_site_get_no_mosaic_hint(capsys):
