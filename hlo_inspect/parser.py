@@ -431,12 +431,12 @@ _BRACKET_OR_QUOTE_RE = re.compile(r'[(){}\[\]"]')
 def _continuation_end(lines: list[str], first: int) -> int | None:
     """The last line of an instruction that starts at lines[first] and is continued on the lines after it (a
     bracket left open, or a trailing comma), or None when it does not end before a line that starts something
-    else (or the text ends)."""
+    else (an instruction, a header, a computation's closing '}' at column 0) or the text ends."""
     stack: list[str] = []
     for j in range(first, len(lines)):
         line = strip_comments(lines[j])
         if j > first and (_INSTRUCTION_START_RE.match(line) or line.startswith("HloModule") or
-                          _is_computation_header(line.strip())):
+                          _is_computation_header(line.strip()) or _CLOSE_RE.match(lines[j].rstrip())):
             return None
         pos = 0
         while True:

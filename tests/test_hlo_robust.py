@@ -308,6 +308,16 @@ def test_other_malformed_text(text, match):
     assert_parse_error(text, match)
 
 
+def test_an_unclosed_brace_on_the_last_instruction_is_named_there():
+    """The computation's closing '}' at column 0 does not continue the instruction above it: the error names the
+    '{' left open, not a computation never closed."""
+    text = module('  %a = f32[4]{0} parameter(0)\n  ROOT %b = f32[4]{0} negate(%a), metadata={op_name="x"')
+    assert_parse_error(text, r"'\{' opened at column 42 is never closed", at="ROOT %b")
+    continued = module('  %a = f32[4]{0} parameter(0)\n  ROOT %b = f32[4]{0} negate(%a), metadata={op_name="x"\n'
+                       '    source_file="a.py"\n  }')  # an indented '}' still closes a continued attribute
+    assert hlo_inspect.parse(continued).entry.root.name == "b"
+
+
 def test_every_captured_module_still_reads():
     """The checks above reject nothing that XLA printed."""
     import glob
