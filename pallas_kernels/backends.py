@@ -48,7 +48,7 @@ from typing import Any
 import jax
 
 __all__ = ["CHOICES", "NAMES", "Plan", "Registry", "lowering_for_gpu", "resolve_config", "resolve_interpret",
-           "unavailable_reason"]
+           "traced_with_32_bit_indices", "unavailable_reason"]
 
 NAMES = ("triton", "mosaic")
 CHOICES = ("auto", *NAMES)
@@ -67,6 +67,18 @@ def lowering_for_gpu():
         yield
     finally:
         _LOWERING_FOR_GPU.reset(token)
+
+
+def traced_with_32_bit_indices(call: Callable) -> Callable:
+    """``call`` (a Pallas kernel call) tracing its kernel with 32-bit defaults (``jax.enable_x64(False)``) even
+    where ``jax_enable_x64`` is on: the kernels' index arithmetic mixes int32 program ids with Python ints, which
+    x64 would make int64 (``lax.div`` then refuses the mix). With x64 off, as by default, this changes nothing."""
+
+    def call_with_32_bit_indices(*args, **kwargs):
+        with jax.enable_x64(False):
+            return call(*args, **kwargs)
+
+    return call_with_32_bit_indices
 
 
 def resolve_interpret(interpret: bool | None) -> bool:

@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.backends import traced_with_32_bit_indices
+
 __all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
            "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load", "num_sms",
            "profiling", "region", "smem_transforms"]
@@ -160,12 +162,13 @@ def compiler_params(semantics: str = "lane", **kwargs) -> plgpu.CompilerParams:
 def kernel(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, thread_name, name: str,
            semantics: str = "lane", cluster=(), cluster_names=(), **params):
     """``plgpu.kernel`` with the arguments both supported jax versions accept (``cluster``: blocks per cluster,
-    named ``cluster_names``); ``semantics`` and ``params`` go to ``compiler_params``."""
+    named ``cluster_names``); ``semantics`` and ``params`` go to ``compiler_params``. The kernel traces with
+    32-bit indices where ``jax_enable_x64`` is on (``backends.traced_with_32_bit_indices``)."""
     interpret = _interpret_params() if _INTERPRET_SMS.get() is not None else None
-    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names,
-                        cluster=cluster, cluster_names=cluster_names, num_threads=num_threads,
-                        thread_name=thread_name, compiler_params=compiler_params(semantics, **params),
-                        kernel_name=name, interpret=interpret)
+    return traced_with_32_bit_indices(plgpu.kernel(
+        body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names, cluster=cluster,
+        cluster_names=cluster_names, num_threads=num_threads, thread_name=thread_name,
+        compiler_params=compiler_params(semantics, **params), kernel_name=name, interpret=interpret))
 
 
 def kernel_accumulating(body, *, accumulator: jax.ShapeDtypeStruct, out_type, scratch_types=(), grid, grid_names,
@@ -212,7 +215,7 @@ def kernel_updating(body, *, out_type, scratch_types=(), grid, grid_names, num_t
         updated = tuple(jax.freeze(r) for r in refs)
         return outs, (updated[0] if buffers == 1 else updated)
 
-    return _discharged(with_refs)
+    return traced_with_32_bit_indices(_discharged(with_refs))
 
 
 def _discharged(fn):
