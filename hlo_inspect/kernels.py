@@ -30,7 +30,7 @@ from hlo_inspect.collectives import COLLECTIVE_OPCODES, Collective, collective, 
 from hlo_inspect.parser import Computation, Instruction, Module, Shape, gc_paused
 from hlo_inspect.source import scope_of
 
-__all__ = ["Kernel", "kernels", "CATEGORIES", "classify", "fused_instructions"]
+__all__ = ["Kernel", "kernels", "CATEGORIES", "classify", "fused_instructions", "trip_count"]
 
 # category -> human-readable label.
 CATEGORIES = {
@@ -556,7 +556,7 @@ def _provenance(module: Module, inst: Instruction) -> tuple[collections.Counter,
 # ---------------------------------------------------------------------------------------------------------
 # Walking the program.
 
-def _trip_count(inst: Instruction) -> int | None:
+def trip_count(inst: Instruction) -> int | None:
     """`backend_config={"known_trip_count":{"n":"8"}}` -> 8; None when absent or not a count."""
     cfg = inst.backend_config
     known = cfg.get("known_trip_count") if isinstance(cfg, dict) else None
@@ -590,7 +590,7 @@ def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list
             if op == "while":
                 body = next(iter(inst.called("body")), None)
                 cond = next(iter(inst.called("condition")), None)
-                trips = _trip_count(inst)
+                trips = trip_count(inst)
                 n = min(launches * (trips if trips is not None else 1), MAX_LAUNCHES)
                 if cond is not None:
                     _walk(module, cond, cond.name, min(n + (launches if trips is not None else 0), MAX_LAUNCHES),

@@ -17,7 +17,7 @@ import json
 from typing import Any, Callable
 
 from hlo_inspect.formatting import format_bytes
-from hlo_inspect.kernels import Kernel, kernels as list_kernels
+from hlo_inspect.kernels import Kernel, kernels as list_kernels, trip_count
 from hlo_inspect.ledger import NO_SCOPE, Ledger, ledger as build_ledger
 from hlo_inspect.parser import Module, gc_paused, parse
 from hlo_inspect.unfused import Unfused, counterfactual
@@ -149,12 +149,14 @@ class Report:
     def warnings(self) -> list[str]:
         """What a reader should know about the numbers: the caller's ``caveats`` (Pallas kernels that ran in
         interpret mode), the parser's (several modules in one text), HLO that looks unoptimized (every op its own
-        kernel) and shapes with unbounded dynamic dimensions (`f32[?]`), which count 0 bytes."""
+        kernel), conditionals and while loops of unknown trip count (counted as every branch, and once), and
+        shapes with unbounded dynamic dimensions (`f32[?]`), which count 0 bytes."""
         if getattr(self, "_warnings", None) is None:
             unbounded = sum(1 for inst in self.module.instructions() if inst.shape.has_unbounded)
             notes = [f"collective {k.name}: {k.collective.note}" for k in self.kernels
                      if k.collective and k.collective.note]
-            self._warnings = list(self.module.warnings) + _unoptimized_warning(self.module) + ([
+            self._warnings = list(self.module.warnings) + _unoptimized_warning(self.module) + \
+                _control_flow_warnings(self.module) + ([
                 f"{unbounded} instruction{'s' if unbounded != 1 else ''} with an unbounded dynamic dimension ('?', "
                 "sized only at run time) count 0 bytes and 0 FLOPs for it"] if unbounded else []) + notes
         return list(self.caveats) + self._warnings
@@ -407,6 +409,21 @@ def _round_trip_dict(t) -> dict[str, Any]:
     return {"tensor": t.name, "shape": str(t.shape), "bytes": t.bytes, "traffic_bytes": t.traffic_bytes,
             "producer": t.producer.name, "consumers": [c.name for c in t.consumers], "read_bytes": t.read_bytes,
             "is_output": t.is_output, "producer_scopes": t.producer_scopes, "consumer_scopes": t.consumer_scopes}
+
+
+def _control_flow_warnings(module: Module) -> list[str]:
+    """Warnings for control flow whose run-time count the text does not fix: conditionals (the kernels of every
+    branch are listed and counted, one branch runs) and while loops without `known_trip_count` (counted once)."""
+    branches = sum(1 for inst in module.instructions() if inst.opcode == "conditional")
+    unknown = sum(1 for inst in module.instructions() if inst.opcode == "while" and trip_count(inst) is None)
+    out = []
+    if branches:
+        out.append(f"{branches} conditional{'s' if branches != 1 else ''}: the kernels of every branch are listed "
+                   "and counted, though one branch runs per call")
+    if unknown:
+        out.append(f"{unknown} while loop{'s' if unknown != 1 else ''} with a trip count the HLO does not give (no "
+                   "known_trip_count): each body is counted once")
+    return out
 
 
 def _unoptimized_warning(module: Module) -> list[str]:

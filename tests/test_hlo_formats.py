@@ -311,3 +311,23 @@ ENTRY %main (x: f32[4]) -> f32[4] {
     assert k.scopes == ['café/"q"'] and k.source_lines == ["/home/u/café/model.py:3"]
     assert "café" in rep.table() and json.loads(rep.to_json())["kernels"][0]["scopes"] == ['café/"q"']
     assert "café" in rep.to_html()
+
+
+def test_conditionals_and_loops_of_unknown_trip_count_are_warned_about():
+    """Every branch of a conditional is listed and counted though one runs, and a while loop whose trip count the
+    HLO does not give is counted once: both are said (a CPU compile of lax.switch and of a while_loop bounded by an
+    argument); a fori_loop of known trip count is not."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    x = jnp.ones((64, 64), jnp.float32)
+    switch = hlo_inspect.inspect(lambda i, a: lax.switch(i, [lambda a: a @ a, jnp.cos, jnp.tanh], a), 1, x)
+    assert any(w.startswith("1 conditional: the kernels of every branch are listed and counted")
+               for w in switch.warnings), switch.warnings
+    loop = hlo_inspect.inspect(lambda n, a: lax.while_loop(lambda c: c[1] < n, lambda c: (c[0] @ c[0], c[1] + 1),
+                                                           (a, 0))[0], 50, x)
+    assert any(w.startswith("1 while loop with a trip count the HLO does not give") for w in loop.warnings), \
+        loop.warnings
+    known = hlo_inspect.inspect(lambda a: lax.fori_loop(0, 8, lambda i, c: c @ c, a), x)
+    assert not any("while loop" in w or "conditional" in w for w in known.warnings), known.warnings
