@@ -195,13 +195,14 @@ class Registry:
         return module, Plan(name, config)
 
 
-def resolve_config(block_sizes, config_cls: type, default: Callable[[], Any]):
+def resolve_config(block_sizes, config_cls: type, default: Callable[[], Any], *, arg: str = "block_sizes"):
     """``block_sizes`` as a ``config_cls``: an instance is used as it is; None gives ``default()``; a mapping of
-    some fields overrides those of ``default()``. ValueError names unknown fields and other types."""
+    some fields overrides those of ``default()``. ValueError names unknown fields and other types (and the
+    argument as ``arg``)."""
     if isinstance(block_sizes, config_cls):
         return block_sizes
     if block_sizes is not None and not isinstance(block_sizes, Mapping):
-        raise ValueError(f"block_sizes: expected a {config_cls.__name__} or a mapping of its fields, "
+        raise ValueError(f"{arg}: expected a {config_cls.__name__} or a mapping of its fields, "
                          f"got {type(block_sizes).__name__}")
     config = default()
     if not block_sizes:
@@ -209,5 +210,5 @@ def resolve_config(block_sizes, config_cls: type, default: Callable[[], Any]):
     fields = [f.name for f in dataclasses.fields(config_cls)]
     unknown = set(block_sizes) - set(fields)
     if unknown:
-        raise ValueError(f"block_sizes: unknown fields {sorted(unknown)}; allowed: {fields}")
+        raise ValueError(f"{arg}: unknown fields {sorted(unknown)}; allowed: {fields}")
     return dataclasses.replace(config, **block_sizes)

@@ -260,6 +260,7 @@ class AttentionTests:
         (lambda q, k, v: (q, k.astype(jnp.bfloat16), v), r"dtypes must match, got q float32, k bfloat16"),
         (lambda q, k, v: (q.astype(jnp.int32), k, v), r"q: dtype int32 not supported"),
         (lambda q, k, v: (q, jnp.zeros((2, 8, 2, 64)), jnp.zeros((2, 8, 2, 64))), r"k: batch 2 .* q's batch 1"),
+        (lambda q, k, v: (q[:0], k[:0], v[:0]), r"q: batch B=0 and heads N=\d+ must be positive"),
     ])
     def test_bad_inputs(self, mutate, match):
         with pytest.raises(ValueError, match=match):

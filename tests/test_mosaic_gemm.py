@@ -114,6 +114,16 @@ def test_bad_operands_are_a_value_error_naming_the_argument(a, b, message):
         jax.eval_shape(matmul, a, b)
 
 
+def test_config_may_be_a_mapping_of_fields_over_the_default():
+    a = S((1024, 1024), jnp.bfloat16)
+    product = jax.eval_shape(lambda a, b: matmul(a, b, config={"tile_m": 64, "num_stages": 3}), a, a)
+    assert product.shape == (1024, 1024)
+    with pytest.raises(ValueError, match=r"config: unknown fields \['tile'\]; allowed: \['tile_m'"):
+        jax.eval_shape(lambda a, b: matmul(a, b, config={"tile": 64}), a, a)
+    with pytest.raises(ValueError, match="config: expected a MosaicGemmConfig or a mapping of its fields, got int"):
+        jax.eval_shape(lambda a, b: matmul(a, b, config=64), a, a)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Structure (lowered for CUDA; no GPU needed)
 # ---------------------------------------------------------------------------------------------------------------

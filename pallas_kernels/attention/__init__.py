@@ -72,6 +72,8 @@ def _check_inputs(q, k, v, kv_seq_lengths):
         raise ValueError(f"k: kv heads K={K} (shape {k.shape}) must divide q's heads N={N} (shape {q.shape})")
     if T == 0 or k.shape[1] == 0:
         raise ValueError(f"q, k: sequence lengths must be positive, got T={T}, S={k.shape[1]}")
+    if B == 0 or N == 0:
+        raise ValueError(f"q: batch B={B} and heads N={N} must be positive (shape {q.shape})")
     if kv_seq_lengths is not None:
         shape = tuple(jnp.shape(kv_seq_lengths))
         if shape != (B,):

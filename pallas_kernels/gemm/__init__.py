@@ -25,7 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import mosaic_utils as mu
+from pallas_kernels import backends, mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 from pallas_kernels.gemm.config import BARRIER_BYTES
 
@@ -141,8 +141,9 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
 
     Args:
       a: (M, K), or (K, M) with transpose_a. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
-      config: a ``MosaicGemmConfig``; default ``default_config(M, N, K)``. M, N, K must be multiples of its
-        tiles (ValueError naming the constraint otherwise: no partial tiles).
+      config: a ``MosaicGemmConfig``, or a mapping of some of its fields over the default; default
+        ``default_config(M, N, K)``. M, N, K must be multiples of its tiles (ValueError naming the constraint
+        otherwise: no partial tiles).
       out_dtype: default a's dtype (accumulate_into's with one); bfloat16, float16 or float32.
       accumulate_into: None, or an (M, N) array of out_dtype: the result is accumulate_into + a @ b (float32
         sum, rounded once), computed over accumulate_into's buffer when XLA can donate it (a loop carry).
@@ -160,8 +161,8 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
         raise ValueError(f"accumulate_into: expected shape ({M}, {N}) and dtype {out_dtype} (a @ b's), got "
                          f"{tuple(jnp.shape(accumulate_into))} {jnp.dtype(accumulate_into.dtype)}")
     given = config is not None  # else each gradient GEMM takes the default of its own shape
-    config = config or default_config(M, N, K, a.dtype,
-                                      accumulate_dtype=None if accumulate_into is None else out_dtype)
+    config = backends.resolve_config(config, MosaicGemmConfig, lambda: default_config(
+        M, N, K, a.dtype, accumulate_dtype=None if accumulate_into is None else out_dtype), arg="config")
     reason = unsupported_reason(M, N, K, config, partial_columns=accumulate_into is None)
     if reason:
         raise ValueError(f"matmul (mosaic): {reason}")
