@@ -274,6 +274,7 @@ class AttentionTests:
          r"kv_seq_lengths: expected shape \(B,\) = \(1,\), got \(2,\)"),
         (dict(kv_seq_lengths=jnp.array([-3], jnp.int32)), r"kv_seq_lengths: must be >= 0 .* got \[-3\]"),
         (dict(kv_seq_lengths=jnp.zeros((1,))), r"kv_seq_lengths: must be integers"),
+        (dict(scale="a"), r"scale: must be None \(1/sqrt\(H\)\) or a number known when tracing, got 'a'"),
     ])
     def test_bad_options(self, kwargs, match):
         with pytest.raises(ValueError, match=match):

@@ -216,6 +216,8 @@ class CrossEntropyTests:
         (lambda h, w, y: ((h, w, y.astype(jnp.float32)), {}), "labels: must be integers"),
         (lambda h, w, y: ((h, w, y), dict(z_loss=-1.0)), "z_loss"),
         (lambda h, w, y: ((h, w, y), dict(logit_soft_cap=0.0)), "logit_soft_cap"),
+        (lambda h, w, y: ((h, w, y), dict(ignore_index="x")), "ignore_index: must be an integer, got 'x'"),
+        (lambda h, w, y: ((h, w, y), dict(ignore_index=1.5)), "ignore_index: must be an integer, got 1.5"),
     ])
     def test_input_errors_name_the_argument(self, mutate, match):
         args, kwargs = mutate(*inputs(4, 16, 40, jnp.float32, ignored_rows=()))

@@ -89,6 +89,11 @@ def _check_inputs(q, k, v, kv_seq_lengths):
 def _prepare(q, k, v, causal, scale, segment_ids, kv_seq_lengths, block_sizes, interpret, backend):
     """Validates once; returns (backend module, Plan, options for the backend's flash_attention)."""
     _check_inputs(q, k, v, kv_seq_lengths)
+    if scale is not None:
+        try:
+            scale = float(scale)
+        except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+            raise ValueError(f"scale: must be None (1/sqrt(H)) or a number known when tracing, got {scale!r}") from None
     B, T, _, H = q.shape
     options = dict(
         causal=bool(causal), scale=float(H**-0.5 if scale is None else scale),

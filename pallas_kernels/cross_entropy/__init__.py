@@ -15,6 +15,7 @@ cross_entropy --tune``.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 
 import jax
@@ -87,6 +88,10 @@ def _check_label_range(labels, V: int, ignore_index: int):
 def _prepare(h, w, labels, reduction, ignore_index, z_loss, logit_soft_cap, block_sizes, interpret, backend):
     """Validates once; returns (backend module, Plan, labels as int32, options for the backend)."""
     _check_inputs(h, w, labels, reduction, z_loss, logit_soft_cap)
+    try:
+        ignore_index = operator.index(ignore_index)
+    except TypeError:
+        raise ValueError(f"ignore_index: must be an integer, got {ignore_index!r}") from None
     _check_label_range(labels, w.shape[1], ignore_index)
     labels = jnp.asarray(labels).astype(jnp.int32)
     options = dict(reduction=reduction, ignore_index=int(ignore_index), z_loss=float(z_loss),
