@@ -75,6 +75,8 @@ def traced_with_32_bit_indices(call: Callable) -> Callable:
     x64 would make int64 (``lax.div`` then refuses the mix). With x64 off, as by default, this changes nothing."""
 
     def call_with_32_bit_indices(*args, **kwargs):
+        if not jax.enable_x64.value:  # the default: traced as it always was
+            return call(*args, **kwargs)
         with jax.enable_x64(False):
             return call(*args, **kwargs)
 
