@@ -688,6 +688,23 @@ def test_stream_k_segment_offsets_give_each_unit_contiguous_ring_positions(plan,
         plan.segment_offset(u, plan.num_segments(u) - 1, owned_extra), plan.unit_positions(u, owned_extra))
 
 
+@pytest.mark.parametrize("tiles, blocks, k_iters", [(1792, 132, 64), (1536, 132, 64), (7, 3, 5), (13, 4, 1)])
+def test_stream_k_split_1_runs_the_last_round_whole_through_the_phase(tiles, blocks, k_iters):
+    """stream_k=1: the part-empty last round's tiles, one whole tile per unit (no partial sums), in the stream-K
+    phase; where rounds are whole, or there is no whole round, nothing is planned."""
+    plan = stream_k.plan_for(tiles, blocks, k_iters, 1)
+    assert (plan.dp_rounds, plan.units, plan.segment_steps) == (tiles // blocks, tiles % blocks, k_iters)
+    assert all(plan.num_segments(u) == 1 and plan.segment(u, 0) == (u, 0, k_iters) for u in range(plan.units))
+    assert all(last < first for first, last in map(plan.sources, range(plan.sk_tiles)))  # the owner's range only
+    rng = np.random.default_rng(tiles)
+    a = rng.integers(-4, 5, (tiles, k_iters)).astype(np.float64)
+    b = rng.integers(-4, 5, (k_iters, 2)).astype(np.float64)
+    got = stream_k.emulate(plan, a, b, tile_m=1, tile_n=2, tile_k=1, tile_index=lambda lin: (tiles - 1 - lin, 0))
+    np.testing.assert_array_equal(got, a @ b)
+    assert stream_k.plan_for(2 * blocks, blocks, k_iters, 1) is None and stream_k.plan_for(blocks - 1, blocks,
+                                                                                            k_iters, 1) is None
+
+
 @pytest.mark.parametrize("tiles, blocks, k_iters", [(4224, 132, 64), (256, 132, 512), (130, 132, 1), (263, 132, 64),
                                                     (1792, 132, 64)])
 def test_stream_k_plans_nothing_where_rounds_are_whole_or_the_last_half_full(tiles, blocks, k_iters):
@@ -793,6 +810,8 @@ def test_stream_k_adds_the_a_observe_carry_on_the_gpu(M, K, N, config):
     (4352, 640, 4096, MosaicGemmConfig(delay_release=1, stream_k=2)),  # 17x16 tiles: 2 rounds + 8 on 16 units
     (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", stream_k=3)),  # 40 tiles, 120 units
     (4352, 1040, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=16, wg_split="m", stream_k=2)),  # 65 steps
+    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, epilogue_store="split",
+                                        stream_k=1)),  # 34x16 tiles: 4 rounds, then 16 whole tiles in the phase
 ])
 def test_stream_k_product_on_the_gpu(M, K, N, config):
     assert stream_k.plan_for(M // config.cta_m * (N // config.cta_n), mosaic_utils.num_sms(), K // config.tile_k,

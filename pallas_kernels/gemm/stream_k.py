@@ -164,6 +164,8 @@ def plan_for(tiles: int, blocks: int, k_iters: int, split: int = 4) -> StreamKPl
     if min(tiles, blocks, k_iters, split) <= 0:
         raise ValueError(f"tiles, blocks, k_iters, split: must be positive, got {tiles}, {blocks}, {k_iters}, {split}")
     full, rest = divmod(tiles, blocks)
+    if split == 1:  # the last round's tiles whole, one unit each: the rounds' schedule through the stream-K phase
+        return StreamKPlan(tiles, blocks, k_iters, dp_rounds=full, units=rest) if rest and full else None
     pieces = min(split, blocks // rest, k_iters) if rest else 0
     if pieces < 2 or k_iters < 2:
         return None
