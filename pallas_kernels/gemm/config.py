@@ -78,7 +78,10 @@ class MosaicGemmConfig:
         once both blocks' consumers have released it (a cluster barrier). Pipeline "own" only.
       stream_k: 0 (off), or where the tiles leave the persistent grid's last round part-empty, run that round's
         tiles spread over up to stream_k blocks each by K steps (``gemm.stream_k``: partial sums through a float32
-        workspace and global semaphores). Pipeline "own", schedule "cooperative", no cluster.
+        workspace and global semaphores). Pipeline "own", schedule "cooperative", no cluster. 1: that round's
+        tiles whole, one per block, through the stream-K phase: the schedule of 0, but ptxas keeps the wgmma of an
+        a_operand beside ``epilogue_store="split"`` unserialized only where the kernel has a stream-K phase
+        (H200, 4096x4096x14336: 606.9 against 612.4 µs; NOTES.md, thirty-seventh session).
       prologue_in: where a ``Fusion.prologue_step`` runs: "fourth", a fourth warpgroup (wg_split "n": with four
         warpgroups ptxas compiles for 128 registers, too few for a 64x256 wgmma); "memory", the memory warpgroup,
         on each stage num_stages - 1 loads after issuing it (any wg_split; no cluster): free as a protocol, but

@@ -160,7 +160,8 @@ def plan_for(tiles: int, blocks: int, k_iters: int, split: int = 4) -> StreamKPl
     """The stream-K schedule of ``tiles`` CTA tiles (each ``k_iters`` K steps) on ``blocks`` persistent blocks: the
     last, part-empty round's R tiles each cut into S = min(split, blocks // R) equal K ranges, one unit each; or None
     where S < 2 (a last round at least half full, or whole rounds) or too few steps to save ``MIN_ROUND_SAVED``
-    of a round."""
+    of a round. split=1: the R tiles whole, one unit each (the rounds' schedule, run by the kernel's stream-K
+    phase: ``MosaicGemmConfig.stream_k`` says why), where there are whole rounds and a part-empty last one."""
     if min(tiles, blocks, k_iters, split) <= 0:
         raise ValueError(f"tiles, blocks, k_iters, split: must be positive, got {tiles}, {blocks}, {k_iters}, {split}")
     full, rest = divmod(tiles, blocks)
