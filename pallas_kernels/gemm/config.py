@@ -98,8 +98,8 @@ class MosaicGemmConfig:
         "next_tile") kept and stored under the next tile's first wgmma. The same conditions, and an even number of
         pieces across tile_n. Measured on the H200 (NOTES.md, thirty-fourth session): the rmsnorm_matmul forward
         with gamma in the registers 1364.1 against 1377.1 µs at 32768x4096x4096 (its entry now; ptxas: no spill,
-        where "next_tile" spills), 16% slower at 4096x4096x14336 and 8192x4096x6144 (C7513); the plain core equal
-        to "next_tile".
+        where "next_tile" spills), 16% slower at 4096x4096x14336 and 8192x4096x6144 (C7513) until the kernel has a
+        stream-K phase there (``stream_k=1``; their entries now); the plain core equal to "next_tile".
       shared_rows_wait: under a ``Fusion.share_rows``, how many K steps before a tile's K loop ends a tile that
         does not compute the shared row vector waits for it and loads it: right after issuing that step's wgmma,
         so the poll's and the load's round trips to L2 run beside the wgmma in flight (0: after the K loop). On
