@@ -2,7 +2,7 @@
 reading what ptxas does with a kernel on any machine that has a ptxas (CUDA 12.x or 13.x), no GPU needed there.
 
     PYTHONPATH=$PWD python benchmarks/scripts/mosaic_ptx_dump.py --out $OUT \
-        [--shapes 32768x4096x4096,4096x4096x14336] [--variants default,fwd_split+fwd_sk1]      # on an sm90 GPU
+        [--shapes 32768x4096x4096,4096x4096x14336] [--variants default,fwd_sk0]      # on an sm90 GPU
     tar xzf $OUT/mosaic_ptx_dump-<device>.tar.gz && ptxas -arch=sm_90a -v SHAPE-VARIANT/*.ptx -o /dev/null
 
 Variants are those of ``rmsnorm_matmul_configs.VARIANTS`` (or "a+b" combinations) on the shape's tuned entry. Each
@@ -36,7 +36,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default="32768x4096x4096,4096x4096x14336")
-    parser.add_argument("--variants", default="default,fwd_split")
+    parser.add_argument("--variants", default="default,fwd_sk0")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_ptx_dump")
     archive = path.rsplit(".", 1)[0] + ".tar.gz"

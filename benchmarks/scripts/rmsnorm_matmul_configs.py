@@ -290,7 +290,7 @@ VARIANTS = {
     # and stored under the next tile's first wgmma: half the registers of "next_tile" beside the a_operand's
     "fwd_split": dict(forward=dict(epilogue_store="split")),
     "fwd_end": dict(forward=dict(epilogue_store="end")),  # (the entries before the split store at 32768x4096x4096)
-    **{f"fwd_sk{split}": dict(forward=dict(stream_k=split)) for split in (1, 2, 8)},
+    **{f"fwd_sk{split}": dict(forward=dict(stream_k=split)) for split in (0, 1, 2, 8)},
     # (the row blocks' first tiles one or two groups of 8 row blocks ahead of their others, each tile through a loop
     # of 0 or 1 trips per kind: ``shared_rows_lead`` at 8210289, "fwd_lead1", "fwd_lead2", 4-15 µs slower than the
     # first column first at the three shapes: rmsnorm_matmul_configs_lead-h200-8210289.json; removed after it)
