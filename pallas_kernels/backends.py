@@ -47,8 +47,8 @@ from typing import Any
 
 import jax
 
-__all__ = ["CHOICES", "NAMES", "Plan", "Registry", "lowering_for_gpu", "resolve_config", "resolve_interpret",
-           "traced_with_32_bit_indices", "unavailable_reason"]
+__all__ = ["CHOICES", "HIGHER_DERIVATIVES", "NAMES", "Plan", "Registry", "first_derivatives_only", "lowering_for_gpu",
+           "resolve_config", "resolve_interpret", "traced_with_32_bit_indices", "unavailable_reason"]
 
 NAMES = ("triton", "mosaic")
 CHOICES = ("auto", *NAMES)
@@ -81,6 +81,39 @@ def traced_with_32_bit_indices(call: Callable) -> Callable:
             return call(*args, **kwargs)
 
     return call_with_32_bit_indices
+
+
+HIGHER_DERIVATIVES = ("the Pallas kernels have first derivatives only (jax.grad, jax.vjp, jax.value_and_grad): a "
+                      "derivative of a derivative (jax.hessian, jax.grad of jax.grad, jax.jvp of jax.grad) is not "
+                      "supported; differentiate the xla implementation (jaxfuse.kernels) or "
+                      "pallas_kernels.reference for those")
+
+
+def first_derivatives_only(call: Callable) -> Callable:
+    """``call`` (a Pallas kernel call: arrays in, arrays out) refusing to be differentiated, with a ValueError that
+    says so. Every op's custom VJP calls its kernels on plain values, so first derivatives never reach this; a
+    second derivative differentiates the VJP's kernels, where Pallas itself fails with a bare AssertionError
+    (interpret mode, jax 0.10.2) or "JVP with aliasing not supported"."""
+
+    def call_once_differentiable(*args):
+        at = [i for i, a in enumerate(args) if isinstance(a, jax.Array)]  # (others, e.g. an absent input's None, stay)
+
+        def with_arrays(*arrays):
+            full = list(args)
+            for i, a in zip(at, arrays):
+                full[i] = a
+            return call(*full)
+
+        differentiable = jax.custom_jvp(with_arrays)
+
+        @differentiable.defjvp
+        def _refuse(primals, tangents):
+            del primals, tangents
+            raise ValueError(HIGHER_DERIVATIVES)
+
+        return differentiable(*(args[i] for i in at))
+
+    return call_once_differentiable
 
 
 def resolve_interpret(interpret: bool | None) -> bool:

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.backends import traced_with_32_bit_indices
+from pallas_kernels.backends import first_derivatives_only, traced_with_32_bit_indices
 
 __all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
            "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load", "num_sms",
@@ -163,12 +163,13 @@ def kernel(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, t
            semantics: str = "lane", cluster=(), cluster_names=(), **params):
     """``plgpu.kernel`` with the arguments both supported jax versions accept (``cluster``: blocks per cluster,
     named ``cluster_names``); ``semantics`` and ``params`` go to ``compiler_params``. The kernel traces with
-    32-bit indices where ``jax_enable_x64`` is on (``backends.traced_with_32_bit_indices``)."""
+    32-bit indices where ``jax_enable_x64`` is on (``backends.traced_with_32_bit_indices``); a derivative of the
+    call is refused by name (``backends.first_derivatives_only``)."""
     interpret = _interpret_params() if _INTERPRET_SMS.get() is not None else None
-    return traced_with_32_bit_indices(plgpu.kernel(
+    return first_derivatives_only(traced_with_32_bit_indices(plgpu.kernel(
         body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names, cluster=cluster,
         cluster_names=cluster_names, num_threads=num_threads, thread_name=thread_name,
-        compiler_params=compiler_params(semantics, **params), kernel_name=name, interpret=interpret))
+        compiler_params=compiler_params(semantics, **params), kernel_name=name, interpret=interpret)))
 
 
 def kernel_accumulating(body, *, accumulator: jax.ShapeDtypeStruct, out_type, scratch_types=(), grid, grid_names,
@@ -215,7 +216,7 @@ def kernel_updating(body, *, out_type, scratch_types=(), grid, grid_names, num_t
         updated = tuple(jax.freeze(r) for r in refs)
         return outs, (updated[0] if buffers == 1 else updated)
 
-    return traced_with_32_bit_indices(_discharged(with_refs))
+    return first_derivatives_only(traced_with_32_bit_indices(_discharged(with_refs)))
 
 
 def _discharged(fn):

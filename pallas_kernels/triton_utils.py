@@ -28,7 +28,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.backends import lowering_for_gpu, resolve_interpret, traced_with_32_bit_indices
+from pallas_kernels.backends import (first_derivatives_only, lowering_for_gpu, resolve_interpret,
+                                    traced_with_32_bit_indices)
 from pallas_kernels.index_math import is_int
 
 __all__ = [
@@ -85,9 +86,10 @@ def compiler_params(num_warps: int, num_stages: int) -> plgpu.CompilerParams:
 
 def pallas_call(kernel, *, num_warps: int, num_stages: int, interpret: bool, **kwargs):
     """``pl.pallas_call`` on the Triton backend (interpret mode when ``interpret``); kwargs as pl.pallas_call. Its
-    kernel traces with 32-bit indices where ``jax_enable_x64`` is on (``backends.traced_with_32_bit_indices``)."""
-    return traced_with_32_bit_indices(pl.pallas_call(
-        kernel, compiler_params=compiler_params(num_warps, num_stages), interpret=interpret, **kwargs))
+    kernel traces with 32-bit indices where ``jax_enable_x64`` is on (``backends.traced_with_32_bit_indices``); a
+    derivative of the call is refused by name (``backends.first_derivatives_only``)."""
+    return first_derivatives_only(traced_with_32_bit_indices(pl.pallas_call(
+        kernel, compiler_params=compiler_params(num_warps, num_stages), interpret=interpret, **kwargs)))
 
 
 def load(ref, idx, *, mask: jax.Array | None = None, other=0.0) -> jax.Array:
