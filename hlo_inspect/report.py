@@ -14,6 +14,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
+import numbers
 from typing import Any, Callable
 
 from hlo_inspect.formatting import format_bytes
@@ -107,6 +109,21 @@ def _format_us(us: float) -> str:
     return f"{us / 1e6:.1f} s"
 
 
+def _rate(value, name: str, example: str) -> float:
+    """A rate argument (bytes or FLOPs per second, µs per launch) as a float; a ValueError naming it unless it is a
+    finite number > 0 (a string such as '3e12' included: the caller converts, as for any number)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: expected a finite number > 0 ({example}), got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def _count(value, name: str) -> int:
+    """A row-count argument as an int; a ValueError naming it unless it is an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
 def _plural(n: int, word: str, plural: str = "") -> str:
     """(1, 'tensor') -> '1 tensor'; (2, 'tensor') -> '2 tensors'; (2, 'launch', 'launches') -> '2 launches'."""
     return f"{n:,} " + (word if n == 1 else plural or word + "s")
@@ -175,6 +192,10 @@ class Report:
         Like with like: the unfused program comes from the HLO before optimization, which has no loop trip counts,
         so it counts each while-loop body once; the fused side here does the same (``loop_bodies_once`` says
         whether that mattered), unlike ``totals``, which counts every launch."""
+        hbm_bytes_per_s = _rate(hbm_bytes_per_s, "hbm_bytes_per_s", "bytes per second, e.g. 3.35e12")
+        flops_per_s = _rate(flops_per_s, "flops_per_s", "FLOPs per second, e.g. 989e12")
+        if isinstance(launch_us, bool) or not isinstance(launch_us, numbers.Real) or not launch_us >= 0:
+            raise ValueError(f"launch_us: expected a number >= 0 (µs per kernel launch), got {launch_us!r}")
         if self.unfused is None:
             return None
         fused_us = sum(max(k.bytes_total / hbm_bytes_per_s, (k.flops or 0) / flops_per_s) * 1e6 + launch_us
@@ -202,6 +223,9 @@ class Report:
 
     def ledger_table(self, hbm_bytes_per_s: float | None = None, limit: int = 25) -> str:
         """The round trips, most traffic first; with a bandwidth, their cost in microseconds."""
+        if hbm_bytes_per_s is not None:
+            hbm_bytes_per_s = _rate(hbm_bytes_per_s, "hbm_bytes_per_s", "bytes per second, e.g. 3.35e12, or None")
+        limit = _count(limit, "limit")
         led = self.ledger
         trips = sorted(led.round_trips, key=lambda t: -t.traffic_bytes)
         header = ("tensor", "shape", "size", "traffic", "time" if hbm_bytes_per_s else "", "producer -> consumers",

@@ -24,6 +24,9 @@ keyword options (the public signature minus ``backend`` and ``block_sizes``, ``i
                                           an explicit backend gets)
   sweep_candidates(*args, **options)      (forward, backward): Config field dicts for ``jaxfuse bench --tune``,
   FORWARD_FIELDS                          the forward ones varying only FORWARD_FIELDS
+  check_config(config, *args, **options)  optional: ValueError naming what of ``config`` (a given ``block_sizes``)
+                                          these arguments cannot take; ``plan`` runs it too, so a plan that
+                                          returns is one the call runs
   <op>(*args, **options, config)          the op itself (``flash_attention``, ``rmsnorm_matmul``, ...), returning
                                           what the public function returns: every option reaches the backend,
                                           the reduction of ``linear_cross_entropy`` included (a backend that
@@ -215,7 +218,7 @@ class Registry:
     def plan(self, requested: str, block_sizes, *args, **options) -> tuple[ModuleType, Plan]:
         """(backend module, Plan) for a call: the backend as ``resolve`` (with "auto", a config instance of one
         backend asks for that backend, and so does a mapping of fields only one backend's config has), its config
-        from ``block_sizes``."""
+        from ``block_sizes``, checked against the arguments (the module's ``check_config``)."""
         if requested == "auto" and block_sizes is not None and not isinstance(block_sizes, Mapping):
             # a backend's own config names that backend (a FlashAttentionConfig asks for Triton)
             requested = next((name for name in self.names if isinstance(block_sizes, self.module(name).Config)),
@@ -227,6 +230,9 @@ class Registry:
         name = self.resolve(requested, *args, **options)
         module = self.module(name)
         config = resolve_config(block_sizes, module.Config, lambda: module.default_config(*args, **options))
+        check = getattr(module, "check_config", None)
+        if check is not None:
+            check(config, *args, **options)
         return module, Plan(name, config)
 
 

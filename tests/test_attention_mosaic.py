@@ -132,10 +132,14 @@ def test_config_rejects_bad_fields_by_name(field, value):
 def test_block_sizes_override_fields_of_the_default_config():
     q, k, v = _spec(1, 4096, 4096, 16, 16, 128)
     with backends.lowering_for_gpu():
-        config = attention.plan(q, k, v, causal=True, block_sizes={"ping_pong": False, "block_kv_dq": 128}).config
+        config = attention.plan(q, k, v, causal=True, block_sizes={"ping_pong": False, "block_kv_dq": 128,
+                                                                    "num_stages_dq": 2}).config
         assert (config.ping_pong, config.block_kv_dq, config.num_stages_dkv) == (False, 128, 4)  # 4: the table's
         with pytest.raises(ValueError, match=r"block_sizes: unknown fields \['block_k'\]; allowed: \['block_q', "):
             attention.plan(q, k, v, block_sizes={"block_k": 64}, backend="mosaic")
+        with pytest.raises(ValueError, match=r"block_sizes: the Mosaic backend's dQ kernel needs 266240 bytes of "
+                                             r"shared memory"):  # (plan returned it; only the call refused it)
+            attention.plan(q, k, v, causal=True, block_sizes={"ping_pong": False, "block_kv_dq": 128})
 
 
 def test_default_config_table_and_tuning_cache(tmp_path):

@@ -4,6 +4,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 
 import hlo_inspect
@@ -137,3 +138,22 @@ def test_json_keys_are_the_readmes_schema(name):
     data = json.loads(hlo_inspect.from_text(read(name)).to_json())
     missing = _keys(data) - _schema_keys()
     assert not missing, f"JSON keys the README's schema does not list: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda rep: rep.ledger_table("3e12"), r"hbm_bytes_per_s: expected a finite number > 0 .* got '3e12' \(str\)"),
+    (lambda rep: rep.ledger_table(0), r"hbm_bytes_per_s: expected a finite number > 0 .* got 0 \(int\)"),
+    (lambda rep: rep.ledger_table(float("nan")), r"hbm_bytes_per_s: .* got nan"),
+    (lambda rep: rep.ledger_table(limit=2.5), r"limit: expected an int >= 0, got 2.5 \(float\)"),
+    (lambda rep: rep.ledger_table(limit=-1), r"limit: expected an int >= 0, got -1"),
+    (lambda rep: rep.fusion_saving(3.35e12, "989e12", 2.0), r"flops_per_s: expected a finite number > 0 .* '989e12'"),
+    (lambda rep: rep.fusion_saving(-1.0, 989e12, 2.0), r"hbm_bytes_per_s: .* got -1.0 \(float\)"),
+    (lambda rep: rep.fusion_saving_text("H100", 3.35e12, 989e12, None), r"launch_us: expected a number >= 0"),
+])
+def test_rates_and_limits_that_are_not_numbers_name_the_argument(call, match):
+    """(A string such as '3e12' was a bare TypeError from the division inside.)"""
+    rep = hlo_inspect.from_text(read("h100_block_grad.hlo.txt"))
+    with pytest.raises(ValueError, match=match):
+        call(rep)
+    assert rep.ledger_table(3e12, limit=0).startswith("HBM round trips")  # numbers of any real type still work
+    assert "HBM round trips" in rep.ledger_table(np.float64(3e12), limit=np.int64(3))

@@ -67,6 +67,19 @@ def test_auto_keeps_triton_and_mosaic_names_why_it_cannot_run():
             rmsnorm_matmul(x, gamma, w, backend="mosaic")
 
 
+def test_plan_refuses_a_config_the_call_refuses():
+    """plan() runs the backend's check_config, so a plan that returns is one the call runs (it returned a Triton
+    block_k that does not divide K, which only the call refused)."""
+    x, gamma, w = zeros(64, 96, 64)
+    for call in (norm_matmul.plan, rmsnorm_matmul):
+        with pytest.raises(ValueError, match=r"block_sizes: block_k=64 must divide K=96"):
+            call(x, gamma, w, block_sizes={"block_k": 64})
+    x, gamma, w = zeros(384, 1152, 640, jnp.bfloat16)
+    with backends.lowering_for_gpu():
+        with pytest.raises(ValueError, match=r"rmsnorm_matmul \(mosaic\): .*N=640"):
+            norm_matmul.plan(x, gamma, w, backend="mosaic", block_sizes={"forward": {"tile_n": 256}})
+
+
 @pytest.mark.parametrize("times, chosen", [({"triton": 100.0, "mosaic": 90.0}, "mosaic"),
                                            ({"triton": 100.0, "mosaic": 110.0}, "triton"),
                                            ({"mosaic": 500.0}, "triton"), ({}, "triton")])

@@ -32,8 +32,8 @@ from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.attention import config as _config
 from pallas_kernels.attention import mosaic_bwd, mosaic_fwd
 
-__all__ = ["Config", "FORWARD_FIELDS", "SUPPORTED_HEAD_DIMS", "config_reason", "default_config", "flash_attention",
-           "sweep_candidates", "unsupported_reason"]
+__all__ = ["Config", "FORWARD_FIELDS", "SUPPORTED_HEAD_DIMS", "check_config", "config_reason", "default_config",
+           "flash_attention", "sweep_candidates", "unsupported_reason"]
 
 Config = _config.MosaicAttentionConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
@@ -154,13 +154,18 @@ def _attention_bwd(static: _Static, residuals, do):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def check_config(config: Config, q, k, v, *, segment_ids=None, **_) -> None:
+    """ValueError for a config these inputs cannot take (``config_reason``: shared memory, tiles)."""
+    reason = config_reason(q, config, segments=segment_ids is not None)
+    if reason is not None:
+        raise ValueError(f"block_sizes: {reason}")
+
+
 def flash_attention(q, k, v, *, causal: bool, scale: float, segment_ids, kv_seq_lengths, interpret: bool,
                     config: Config) -> jax.Array:
     """q (B, T, N, H), k/v (B, S, K, H) validated, bf16/fp16; segment_ids None or (q (B, T), kv (B, S)) int32;
     kv_seq_lengths None or (B,) int32 -> (B, T, N, H) in q.dtype. ValueError for a config over shared memory."""
     del interpret  # unsupported_reason refused interpret mode
-    reason = config_reason(q, config, segments=segment_ids is not None)
-    if reason is not None:
-        raise ValueError(f"block_sizes: {reason}")
+    check_config(config, q, k, v, segment_ids=segment_ids)
     q_seg, kv_seg = (None, None) if segment_ids is None else segment_ids
     return _attention(q, k, v, q_seg, kv_seg, kv_seq_lengths, _Static(config=config, causal=causal, scale=scale))

@@ -78,7 +78,8 @@ from pallas_kernels.norm_matmul import config as _config
 from pallas_kernels.norm_matmul.config import MMA_STATS
 from pallas_kernels.norm_matmul.dx_finish import finish_dx
 
-__all__ = ["Config", "FORWARD_FIELDS", "default_config", "rmsnorm_matmul", "sweep_candidates", "unsupported_reason"]
+__all__ = ["Config", "FORWARD_FIELDS", "check_config", "default_config", "rmsnorm_matmul", "sweep_candidates",
+           "unsupported_reason"]
 
 Config = _config.MosaicRMSNormMatmulConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
@@ -542,10 +543,9 @@ def _rmsnorm_matmul_bwd(static: _Static, saved, cotangent):
 _rmsnorm_matmul.defvjp(_rmsnorm_matmul_fwd, _rmsnorm_matmul_bwd)
 
 
-def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: bool, config: Config):
-    """x (M, K), gamma (K,), w (K, N), residual (M, K) or None, validated by the public function -> y (M, N) in
-    out_dtype (= x's dtype), or (h, y); differentiable (custom VJP, three GEMMs in all). ValueError naming the
-    constraint when ``unsupported_reason`` would, with the given config's tiles."""
+def check_config(config: Config, x, gamma, w, *, residual=None, out_dtype=None, interpret: bool = False, **_) -> None:
+    """ValueError naming the constraint when ``unsupported_reason`` would, with ``config``'s tiles, or when one of
+    its forms cannot take these inputs (shared memory of the dyr copy, dgamma's, gamma's side in float16)."""
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
     if not reason and config.dyr_in_dx:
         reason = config.dyr_smem_reason(x.dtype, residual is not None)
@@ -556,5 +556,11 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
                   f"{jnp.dtype(x.dtype)}: small x would round into subnormals; gamma_on='w' takes it)")
     if reason:
         raise ValueError(f"rmsnorm_matmul (mosaic): {reason}")
+
+
+def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: bool, config: Config):
+    """x (M, K), gamma (K,), w (K, N), residual (M, K) or None, validated by the public function -> y (M, N) in
+    out_dtype (= x's dtype), or (h, y); differentiable (custom VJP, three GEMMs in all). ``check_config`` first."""
+    check_config(config, x, gamma, w, residual=residual, out_dtype=out_dtype, interpret=interpret)
     return _rmsnorm_matmul(x, residual, gamma, w, _Static(config=config, eps=float(eps),
                                                           out_dtype=jnp.dtype(out_dtype)))

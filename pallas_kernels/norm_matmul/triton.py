@@ -57,7 +57,8 @@ from pallas_kernels.norm_matmul import config as _config
 from pallas_kernels.norm_matmul.triton_bwd import backward
 from pallas_kernels.norm_matmul.triton_fwd import Static, forward
 
-__all__ = ["Config", "FORWARD_FIELDS", "default_config", "rmsnorm_matmul", "sweep_candidates", "unsupported_reason"]
+__all__ = ["Config", "FORWARD_FIELDS", "check_config", "default_config", "rmsnorm_matmul", "sweep_candidates",
+           "unsupported_reason"]
 
 Config = _config.RMSNormMatmulConfig
 FORWARD_FIELDS = _config.FORWARD_FIELDS
@@ -102,9 +103,14 @@ def _rmsnorm_matmul_bwd(static: Static, saved, cotangent):
 _rmsnorm_matmul.defvjp(_rmsnorm_matmul_fwd, _rmsnorm_matmul_bwd)
 
 
+def check_config(config: Config, x, gamma, w, **_) -> None:
+    """ValueError naming the block of ``config`` that does not divide K or N."""
+    config.check_shape(x.shape[1], w.shape[1])
+
+
 def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: bool, config: Config):
     """x (M, K), gamma (K,), w (K, N), residual (M, K) or None, validated -> y (M, N) in out_dtype, or (h, y)."""
-    config.check_shape(x.shape[1], w.shape[1])
+    check_config(config, x, gamma, w)
     static = Static(config=config, eps=eps, out_dtype=out_dtype, interpret=interpret)
     with triton_utils.quiet_triton_deprecation():
         return _rmsnorm_matmul(x, residual, gamma, w, static)
