@@ -606,6 +606,12 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                               gamma_on=None)  # r from the MMA warpgroups
     fwd += [mma, dataclasses.replace(mma, forward=dataclasses.replace(mma.forward, stream_k=4)),
             dataclasses.replace(mma, stats_in_kernel="mma_shared")]  # r from each row block's first tile
+    if (base.forward.pipeline, base.forward.schedule) == ("own", "cooperative"):
+        # the output's right half stored under the next tile's first wgmma, beside a stream-K phase (of whole tiles
+        # where stream-K plans none): without one ptxas serializes it beside gamma's registers (NOTES.md,
+        # thirty-seventh session; the H200's entries at the suite shapes)
+        fwd.append(dataclasses.replace(base, forward=dataclasses.replace(
+            base.forward, epilogue_store="split", stream_k=base.forward.stream_k or 1)))
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
         fwd += [dataclasses.replace(base, gamma_on=side) for side in ("w", "x")]
         # gamma in the MMA warpgroups' registers (gemm.Fusion.a_operand), r from XLA: stacked tiles, one group in flight
