@@ -57,3 +57,31 @@ def test_tuned_gemms_keep_the_swizzle_of_their_tile_k(fields):
     before = min(64, config.tile_k & -config.tile_k)  # the largest swizzle (<= 128 bytes) tile_k's rows fill
     for transpose_b in (False, True):
         assert operand_swizzle_elems(config, jnp.bfloat16, transpose_b) == before
+
+
+_A_OPERAND_STORED_LATER = [
+    (f"{device}:{key}", key, entry) for device, backend, op, key, entry in _ENTRIES
+    if (backend, op) == ("mosaic", "rmsnorm_matmul") and entry["params"].get("gamma_on") == "a"
+    and entry["params"]["forward"].get("epilogue_store", "end") != "end"]
+
+
+def test_the_h200_suite_entries_store_later_beside_gammas_registers():
+    assert sum(name.startswith("NVIDIA H200:") for name, _, _ in _A_OPERAND_STORED_LATER) >= 3
+
+
+@pytest.mark.parametrize("name,key,entry", _A_OPERAND_STORED_LATER, ids=[n for n, _, _ in _A_OPERAND_STORED_LATER])
+def test_a_forward_storing_later_beside_gammas_registers_has_a_stream_k_phase(name, key, entry):
+    """ptxas serializes the wgmma of a forward that keeps gamma in the registers (the a_operand) and stores its
+    output, or its right half, under the next tile's first wgmma, unless the kernel has a stream-K phase (15-16%
+    slower; NOTES.md, thirty-seventh session): every tuned entry of that form must plan one at its shape (132 SMs,
+    the H100's and the H200's)."""
+    import re
+
+    from pallas_kernels.gemm import MosaicGemmConfig, stream_k
+
+    M, K, N = map(int, re.fullmatch(r"\w+\[M=(\d+),K=(\d+),N=(\d+)\]", key).groups())
+    forward = MosaicGemmConfig(**entry["params"]["forward"])
+    assert forward.stream_k, f"{name}: stream_k=0"
+    tiles = M // forward.cta_m * (N // forward.cta_n)
+    assert stream_k.plan_for(tiles, 132, K // forward.tile_k, forward.stream_k) is not None, (
+        f"{name}: {tiles} tiles on 132 blocks leave no stream-K phase with stream_k={forward.stream_k}")
