@@ -1,9 +1,13 @@
 """The PTX of the rmsnorm_matmul forward under named variants, as Mosaic hands it to ptxas, with ptxas's log: for
-reading what ptxas does with a kernel on any machine that has a ptxas (CUDA 12.x or 13.x), no GPU needed there.
+reading what ptxas does with a kernel on any machine that has a ptxas, no GPU needed there. The PTX is version 9.0
+(jax 0.11.2's Mosaic on the H200): ptxas 13.x reads it (12.9 refuses it) and gives the device's warnings;
+``nvdisasm`` (the ``nvidia-cuda-nvdisasm`` wheel, 13.5: ``pip download --no-deps nvidia-cuda-nvdisasm``, unzip)
+prints the SASS.
 
     PYTHONPATH=$PWD python benchmarks/scripts/mosaic_ptx_dump.py --out $OUT \
         [--shapes 32768x4096x4096,4096x4096x14336] [--variants default,fwd_sk0]      # on an sm90 GPU
-    tar xzf $OUT/mosaic_ptx_dump-<device>.tar.gz && ptxas -arch=sm_90a -v SHAPE-VARIANT/*.ptx -o /dev/null
+    tar xzf $OUT/mosaic_ptx_dump-<device>.tar.gz && ptxas -arch=sm_90a -v SHAPE-VARIANT/*.ptx -o k.cubin
+    nvdisasm -c k.cubin | grep -c WARPGROUP.DEPBAR    # SASS: a wait after every HGMMA is a serialized K loop
 
 Variants are those of ``rmsnorm_matmul_configs.VARIANTS`` (or "a+b" combinations) on the shape's tuned entry. Each
 program is compiled (not run) with Mosaic's ``MOSAIC_GPU_DUMP_TO`` switch, which writes the kernel's PTX, ptxas's
