@@ -131,6 +131,12 @@ VARIANTS = {
     "dyr_in_xla": dict(row_dot="n", dyr_in_dx=False),  # where the default writes it from the dx kernel
     # the K side with dy as the dx kernel's A operand, which writes dyr (no XLA pass over dy); _s4: one stage fewer
     "k_dyr_in_dx": dict(row_dot="k", dyr_in_dx=True),
+    # the K side with dy as the dx kernel's A operand and no dyr copy: dyr only inside XLA's dw GEMM, which may fuse
+    # it (dyr_in_dx="xla_dot"; a fifth dx stage in the copy's staging room does not fit: 245840 bytes); "_dwx" also
+    # puts dw's GEMM in XLA where the entry runs the dw kernel, and "dwx" that alone
+    "k_xdot": dict(row_dot="k", dyr_in_dx="xla_dot"),
+    "k_xdot_dwx": dict(row_dot="k", dyr_in_dx="xla_dot", dw_in_xla=True),
+    "dwx": dict(dw_in_xla=True),
     # the H200's 8192x512x2816 entry (γ on x, the K side with dyr from stacked dx tiles, ping-pong forward and dw
     # tiles; the tile order stays the shape's), for shapes with no H200 entry of their own: the H200's 8192x512x768
     # entry since rmsnorm_matmul_configs_qkv_small-h200-7c5fd33.json (fwd+bwd 60.4 against 65.2 µs for the H100's)

@@ -40,6 +40,8 @@ SHAPES = {
     "4096x2048x11008-1b": dict(M=4096, K=2048, N=11008, note="train_step '1b' preset: MLP gate+up projection"),
     "8192x512x768-small-qkv": dict(M=8192, K=512, N=768, note="train_step 'small' preset: QKV projection"),
     "4096x2048x3072-1b-qkv": dict(M=4096, K=2048, N=3072, note="train_step '1b' preset: QKV projection"),
+    "16384x1024x5504-mlp": dict(M=16384, K=1024, N=5504, note="a D=1024 model's MLP gate+up projection (F=2752): "
+                                "the training GEMM where the Triton kernel ran ~170 TFLOP/s (issue 15)"),
     "8192x512x32768-small-head": dict(M=8192, K=512, N=32768, note="train_step 'small' preset: final norm + LM head"),
     "4096x2048x128256-1b-head": dict(M=4096, K=2048, N=128256, note="train_step '1b' preset: final norm + LM head"),
     "16x4096x4096-decode": dict(M=16, K=4096, N=4096, note="decode, 16 sequences"),
