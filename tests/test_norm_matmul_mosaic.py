@@ -528,7 +528,7 @@ def test_dgamma_from_u_needs_the_k_side_and_gamma_off_w():
 
 def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
     tiles = MosaicGemmConfig()  # 128x128 accumulators side by side: a 32 KiB copy buffer that does not fit
-    with pytest.raises(ValueError, match=r"dyr_in_dx: must be None, a bool or 'xla_dot', .* got dyr_in_dx='yes'"):
+    with pytest.raises(ValueError, match=r"dyr_in_dx: must be None or a bool; got dyr_in_dx='yes'"):
         Config(forward=tiles, dx=tiles, dw=tiles, dyr_in_dx="yes")
     assert Config(forward=tiles, dx=tiles, dw=tiles, row_dot="n", dyr_in_dx=True).to_dict()["dyr_in_dx"] is True
     assert Config(forward=tiles, dx=_DYR_DX, dw=tiles, row_dot="k", dyr_in_dx=True).dyr_by_dx(jnp.bfloat16, True)
@@ -576,9 +576,7 @@ def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
     (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", None),  # the H200's entry there: stacked dx tiles beside the copy
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu"), (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a",
                                                                     "k_dgu"),  # dgamma from u, dw at 4 stages
-    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu"),  # (dw's GEMM in XLA there)
-    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", "k_xdot"), (4096, 2048, 3072, jnp.float16, False, "k_xdot")])
-# ("k_xdot": dyr only inside XLA's dw GEMM; at 4096x2048x3072 dw's GEMM is put in XLA for it)
+    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu")])  # (dw's GEMM in XLA there)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
@@ -613,8 +611,7 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     on w), "gamma_on_x", "gamma_on_a" (r from XLA) or "gamma_on_a_mma" (gamma and r in the MMA warpgroups'
     registers, stacked 64x256 forward tiles with one wgmma group in flight). row_dot "n", "k", None (the config's) or
     "k_dyr" (the K side with dyr from the dx kernel, its stages fewer where the copy needs the room); "_dgu" at the
-    end: dgamma from u (``dgamma_from="u"``), the dw kernel at 4 stages of 64x256 stacked tiles (no w tile);
-    "k_xdot": the K side with dyr only inside XLA's dw GEMM (``dyr_in_dx="xla_dot"``, dw's GEMM in XLA)."""
+    end: dgamma from u (``dgamma_from="u"``), the dw kernel at 4 stages of 64x256 stacked tiles (no w tile)."""
     stats, gamma_on = _variant_fields(variant)
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
     if gamma_on == "a":
@@ -627,8 +624,6 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
                                  squares_from=_squares_from(variant))
     if row_dot and row_dot.endswith("_dgu"):
         config = dataclasses.replace(config, dgamma_from="u", dw=dataclasses.replace(_DYR_DX, num_stages=4))
-    if row_dot == "k_xdot":
-        return dataclasses.replace(config, dyr_in_dx="xla_dot", dw_in_xla=True)
     return config.with_dyr_from_dx(dtype, residual) if row_dot and "_dyr" in row_dot else config
 
 
@@ -852,37 +847,6 @@ def test_nan_never_passes():
 
 
 @cpu_only
-def test_dyr_only_inside_xlas_dw_gemm_needs_the_k_side_and_dw_in_xla():
-    tiles = MosaicGemmConfig()
-    for fields in (dict(row_dot="n"), dict(row_dot="k", dw_in_xla=False)):
-        with pytest.raises(ValueError, match=r"'xla_dot' only with row_dot='k' and dw's GEMM in XLA .* got "
-                                             r"dyr_in_dx='xla_dot'"):
-            Config(forward=tiles, dx=tiles, dw=tiles, dyr_in_dx="xla_dot", **fields)
-    config = Config(forward=tiles, dx=tiles, dw=tiles, row_dot="k", dyr_in_dx="xla_dot")
-    assert Config(**config.to_dict()) == config and not config.dyr_by_dx(jnp.bfloat16, False)
-    assert config.unsupported_reason(8192, 512, 2816) is None  # 4 x 22 dw tiles: XLA's
-    assert "dyr_in_dx='xla_dot' forms dyr only inside XLA's dw GEMM, and dw's GEMM is the dw kernel here (512 " \
-        "output tiles; XLA takes it below 132)" in config.unsupported_reason(4096, 4096, 4096)
-    x, g, w = (jnp.zeros(s, jnp.bfloat16) for s in ((4096, 4096), (4096,), (4096, 4096)))
-    with pytest.raises(ValueError, match=r"rmsnorm_matmul \(mosaic\): dyr_in_dx='xla_dot' forms dyr only inside"):
-        nm.rmsnorm_matmul(x, g, w, eps=1e-6, residual=None, out_dtype=x.dtype, interpret=False, config=config)
-
-
-@cpu_only
-def test_dyr_only_inside_xlas_dw_gemm_leaves_the_dx_kernel_no_copy():
-    """dyr_in_dx="xla_dot" (the K side, dw's GEMM in XLA): the dx kernel reads dy as A and stores only u (no dyr
-    copy: one TMA store stream fewer than with dyr_in_dx=True), and no Pallas kernel writes an (M, N) tensor."""
-    M, K, N = 8192, 512, 2816  # the 'small' preset's MLP projection: dw's GEMM has few tiles
-    base = dataclasses.replace(nm_config.mosaic_default_config(M, K, N), row_dot="k", dw_in_xla=True, dx=_DYR_DX)
-    kernels = {}
-    for in_dx in (True, "xla_dot"):
-        fn, args = _fwd_bwd(M, K, N, False, dataclasses.replace(base, dyr_in_dx=in_dx))
-        with backends.lowering_for_gpu():
-            (kernels[in_dx],) = [k for k in mosaic_ir.lower_kernels(fn, *args) if k.name == "rmsnorm_matmul_dx"]
-    assert kernels["xla_dot"].tma_stores() < kernels[True].tma_stores()
-    assert kernels["xla_dot"].smem_bytes < kernels[True].smem_bytes  # no staging for the copy
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, residual, stats_in_kernel, dw_in_xla, row_dot", [  # each form at least once,
     # both dtypes, residuals and dw's GEMM in XLA beside several (CI time: about 11 s a case on 2 cores)
@@ -895,7 +859,7 @@ def test_dyr_only_inside_xlas_dw_gemm_leaves_the_dx_kernel_no_copy():
     (jnp.bfloat16, False, "gamma_on_a_mma_shared", False, "n_dyr_dx"),
     (jnp.bfloat16, True, False, False, "n_dx_prefetch"), (jnp.bfloat16, True, "gamma_on_x", False, "k_dyr"),
     (jnp.bfloat16, False, "gamma_on_a_mma", False, "k_dyr_dgu"),
-    (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu"), (jnp.float16, True, False, True, "k_xdot")])
+    (jnp.bfloat16, False, "gamma_on_x", True, "k_dgu")])
 def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kernel, dw_in_xla, row_dot):
     """The three kernels (or dw's GEMM in XLA) against the reference; float16 also checks the scale s of dyr;
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
@@ -906,8 +870,7 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
     the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
     "n_dx_prefetch" each y block loaded a step ahead; y by TMA: test_the_row_dot_by_tma_in_interpret_mode); "_dgu":
-    dgamma from u (``dgamma_from="u"``: the dw kernel without its w tile, or dw's GEMM in XLA); "k_xdot": A is dy,
-    u's rows scaled in the epilogue, dyr formed only in XLA's dw GEMM (``dyr_in_dx="xla_dot"``)."""
+    dgamma from u (``dgamma_from="u"``: the dw kernel without its w tile, or dw's GEMM in XLA)."""
     tiles = _Interpreted.tiles
     stats, gamma_on = _variant_fields(stats_in_kernel)
     forward = dataclasses.replace(tiles, wg_split="m", delay_release=1) if stats in nm_config.MMA_STATS \
@@ -915,8 +878,7 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     dyr_in_dx = row_dot[1:].startswith("_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
-                    gamma_on=gamma_on, row_dot=row_dot[:1],
-                    dyr_in_dx="xla_dot" if row_dot[1:].startswith("_xdot") else dyr_in_dx,
+                    gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx,
                     row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else row_dot.endswith("_dx"),
                     dgamma_from="u" if row_dot.endswith("_dgu") else None,
                     squares_from=_squares_from(stats_in_kernel))

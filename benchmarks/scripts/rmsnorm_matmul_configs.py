@@ -131,12 +131,12 @@ VARIANTS = {
     "dyr_in_xla": dict(row_dot="n", dyr_in_dx=False),  # where the default writes it from the dx kernel
     # the K side with dy as the dx kernel's A operand, which writes dyr (no XLA pass over dy); _s4: one stage fewer
     "k_dyr_in_dx": dict(row_dot="k", dyr_in_dx=True),
-    # the K side with dy as the dx kernel's A operand and no dyr copy: dyr only inside XLA's dw GEMM, which may fuse
-    # it (dyr_in_dx="xla_dot"; a fifth dx stage in the copy's staging room does not fit: 245840 bytes); "_dwx" also
-    # puts dw's GEMM in XLA where the entry runs the dw kernel, and "dwx" that alone
-    "k_xdot": dict(row_dot="k", dyr_in_dx="xla_dot"),
-    "k_xdot_dwx": dict(row_dot="k", dyr_in_dx="xla_dot", dw_in_xla=True),
-    "dwx": dict(dw_in_xla=True),
+    # (the K side with dy as the dx kernel's A and no dyr copy where XLA runs dw's GEMM, dyr only that GEMM's operand
+    # expression: dyr_in_dx="xla_dot" at 3667889, reverted; "k_xdot", "k_xdot_dwx": XLA did not fuse it into cuBLAS's
+    # GEMM but wrote dyr in a pass of its own, 30 µs at 8192x512x2816, fwd+bwd 159.4 against the entry's 134.5 µs,
+    # 65.2 against 58.1 at 8192x512x768: rmsnorm_matmul_configs_xla_dot_models-h200-3667889.json; dw's GEMM by
+    # cuBLAS alone, "dwx": 134.8 against 134.5, 255.9 against 241.1 at 4096x2048x3072, 811.7 against 755.7 at
+    # 4096x2048x11008, the same record)
     # the H200's 8192x512x2816 entry (γ on x, the K side with dyr from stacked dx tiles, ping-pong forward and dw
     # tiles; the tile order stays the shape's), for shapes with no H200 entry of their own: the H200's 8192x512x768
     # entry since rmsnorm_matmul_configs_qkv_small-h200-7c5fd33.json (fwd+bwd 60.4 against 65.2 µs for the H100's)
@@ -307,6 +307,15 @@ VARIANTS = {
     "dw_ring4_sk": dict(dw=dict(tile_input_in="ring", num_stages=4, stream_k=4)),
     "dx_ring4_sk": dict(dx=dict(stream_k=4, tile_input_in="ring", num_stages=4)),
     "dx_ring4": dict(dx=dict(stream_k=0, tile_input_in="ring", num_stages=4)),  # (the model shapes: one round)
+    # where 256 does not divide N (16384x1024x5504: 5504 = 43 x 128): the dw kernel's 128x128 tiles stacked, with
+    # stream-K (344 output tiles, 2.6 rounds), its tile input in a buffer or through the ring; the forward's
+    # cooperative 128x128 tiles stacked, with stream-K
+    "dw128_sk": dict(dw=dict(_OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative",
+                             num_stages=6, stream_k=4, delay_release=0, tile_input_in="buffer")),
+    "dw128_ring_sk": dict(dw=dict(_OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative",
+                                  num_stages=6, stream_k=4, delay_release=0, tile_input_in="ring")),
+    "fwd128_sk": dict(forward=dict(_OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m",
+                                   schedule="cooperative", num_stages=6, stream_k=4, delay_release=0)),
     "row_dot_tma_sk": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
                            dx=dict(stream_k=4, tile_input_in="ring", num_stages=3), dw=dict(tile_input_in="ring")),
     # (the first tiles' row dot as the diagonal of a second wgmma per step, dy · yᵀ, instead of dy and y loaded into

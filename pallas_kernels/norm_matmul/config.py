@@ -291,9 +291,6 @@ class MosaicRMSNormMatmulConfig:
       that wait for each wgmma (delay_release 0): at 8192x512x2816 on the H200 the dx kernel took 40.8 µs with
       stacked 64x256 tiles against 56.3 with ping-pong 128x128 tiles and one wgmma group in flight (56.4 with the
       stacked tiles and one in flight; rmsnorm_matmul_configs_k_dyr_dx_tiles-h200-dc57a0b.json).
-      "xla_dot" (row_dot "k", dw's GEMM in XLA: ``dw_by_xla``): no kernel writes dyr. A is dy, the epilogue scales
-      u's rows by r / s, and dyr is only the operand expression of XLA's dw GEMM, which XLA may fuse into that GEMM
-      (its Triton GEMMs read dy and r themselves) or write in a pass of its own.
     row_dot_in_dx: (row_dot "n") True: Σ_N(dy · y) comes from the dx kernel instead of an XLA pass over dy and y
       (4MN bytes): the first tile of each row block sums dy · y over its K loop (over N), dy from its A blocks and
       y's blocks loaded from HBM by its MMA warpgroups, and passes the row dot to the row block's other tiles
@@ -366,7 +363,7 @@ class MosaicRMSNormMatmulConfig:
     dw_in_xla: bool | None = None
     gamma_on: str | None = None
     row_dot: str | None = None
-    dyr_in_dx: bool | str | None = None
+    dyr_in_dx: bool | None = None
     row_dot_in_dx: bool | str = False
     dgamma_from: str | None = None
     squares_from: str = "observe"
@@ -410,11 +407,9 @@ class MosaicRMSNormMatmulConfig:
                              "not x's: it needs stats_in_kernel=False (r from XLA)")
         if self.row_dot not in (None, "n", "k"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot: must be None, 'n' or 'k', got {self.row_dot!r}")
-        if self.dyr_in_dx not in (None, False, True, "xla_dot") or (
-                self.dyr_in_dx == "xla_dot" and (self.row_dot_side() != "k" or self.dw_in_xla is False)):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None, a bool or 'xla_dot', 'xla_dot' only "
-                             f"with row_dot='k' and dw's GEMM in XLA (dw_in_xla None or True); got "
-                             f"dyr_in_dx={self.dyr_in_dx!r}, row_dot={self.row_dot!r}, dw_in_xla={self.dw_in_xla!r}")
+        if self.dyr_in_dx not in (None, False, True):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool; got "
+                             f"dyr_in_dx={self.dyr_in_dx!r}")
         in_dx = self.row_dot_in_dx
         if in_dx not in (False, True, "prefetch", "tma") or (in_dx and self.row_dot_side() != "n"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True, 'prefetch' or 'tma', "
@@ -507,7 +502,7 @@ class MosaicRMSNormMatmulConfig:
         (two (wg_rows, tile_k) blocks) fits in shared memory beside the dx kernel's stages and x (and dh) tiles
         (and the row dot's y stages)."""
         if self.dyr_in_dx is not None or self.row_dot_side() != "n":
-            return self.dyr_in_dx is True
+            return bool(self.dyr_in_dx)
         return self.dyr_smem_reason(dtype, residual) is None
 
     def dyr_smem_reason(self, dtype, residual: bool) -> str | None:
@@ -550,10 +545,6 @@ class MosaicRMSNormMatmulConfig:
             reason = gemm_unsupported_reason(*(sizes[n] for n in names), getattr(self, kernel), names=tuple(names))
             if reason:
                 return f"{reason} ({kernel} kernel)"
-        if self.dyr_in_dx == "xla_dot" and not self.dw_by_xla(K, N):
-            return (f"dyr_in_dx='xla_dot' forms dyr only inside XLA's dw GEMM, and dw's GEMM is the dw kernel here "
-                    f"({(K // self.dw.cta_m) * (N // self.dw.cta_n)} output tiles; XLA takes it below {FEW_TILES}); set "
-                    f"dw_in_xla=True or take dyr_in_dx True or False")
         return None
 
 

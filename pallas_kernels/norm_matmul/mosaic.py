@@ -385,19 +385,16 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
-                       dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True,
-                       a_is_dy: bool = False) -> Fusion:
+                       dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
     dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``gamma_in_u`` False (with
     ``gamma_cols``): u is stored before gamma (for dgamma = s · Σ_M(u ⊙ x)), the parts still sum u ⊙ gamma ⊙ x.
     ``dyr`` (M, N): A is dy itself; u = (r / s) ⊙ acc, r / s coming in (M,) ("dyr_scale"), and dyr = (r / s) ⊙ dy
-    is written from the dy blocks (``Fusion.a_copy``) for the dw GEMM. ``a_is_dy`` without ``dyr``: A is dy and u's
-    rows are scaled the same way, with no copy (dyr_in_dx "xla_dot": XLA's dw GEMM forms dyr itself)."""
-    scale_rows = a_is_dy or dyr is not None
+    is written from the dy blocks (``Fusion.a_copy``) for the dw GEMM."""
 
     def epilogue(ctx, acc, carry):
-        if scale_rows:
+        if dyr is not None:
             acc = acc * _bcast_rows(carry[0], acc.shape)
         x = ctx.load_tile("x")
         if not gamma_cols:
@@ -410,11 +407,8 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
     parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
     gamma = ("gamma",) if gamma_cols else ()
-    if not scale_rows:
-        return Fusion(tile_inputs=("x",), inputs=gamma, store_in="x", outputs=(parts,), epilogue=epilogue)
     if dyr is None:
-        return Fusion(tile_inputs=("x",), inputs=("dyr_scale", *gamma), store_in="x", outputs=(parts,),
-                      prologue_init=lambda ctx: (ctx.load_rows("dyr_scale"),), epilogue=epilogue)
+        return Fusion(tile_inputs=("x",), inputs=gamma, store_in="x", outputs=(parts,), epilogue=epilogue)
 
     return Fusion(tile_inputs=("x",), inputs=("dyr_scale", *gamma), store_in="x", outputs=(("dyr", dyr), parts),
                   a_copy=("dyr", _dyr_copy(0)), prologue_init=lambda ctx: (ctx.load_rows("dyr_scale"),),
@@ -468,11 +462,6 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u)
             u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                                  fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
-        elif cfg.dyr_in_dx == "xla_dot":  # A is dy, u's rows scaled; dyr only inside XLA's dw GEMM (below)
-            u, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                            fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, a_is_dy=True),
-                            arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
-            dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
         else:  # dy read once, for dyr; A is dyr
             dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
             u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
@@ -558,7 +547,7 @@ def check_config(config: Config, x, gamma, w, *, residual=None, out_dtype=None, 
     """ValueError naming the constraint when ``unsupported_reason`` would, with ``config``'s tiles, or when one of
     its forms cannot take these inputs (shared memory of the dyr copy, dgamma's, gamma's side in float16)."""
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
-    if not reason and config.dyr_in_dx is True:
+    if not reason and config.dyr_in_dx:
         reason = config.dyr_smem_reason(x.dtype, residual is not None)
     if not reason:
         reason = config.dgamma_reason(x.shape[0], w.shape[1], x.dtype)
