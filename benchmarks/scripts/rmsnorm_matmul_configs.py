@@ -314,6 +314,9 @@ VARIANTS = {
                              num_stages=6, stream_k=4, delay_release=0, tile_input_in="buffer")),
     "dw128_ring_sk": dict(dw=dict(_OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative",
                                   num_stages=6, stream_k=4, delay_release=0, tile_input_in="ring")),
+    "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
+        _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
+        delay_release=1)),
     "fwd128_sk": dict(forward=dict(_OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m",
                                    schedule="cooperative", num_stages=6, stream_k=4, delay_release=0)),
     "row_dot_tma_sk": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
