@@ -107,7 +107,7 @@ def test_jaxfuse_inspect_triton_ir_on_cpu(capsys):
     kernels = json.loads(capsys.readouterr().out)
     assert [k["name"] for k in kernels] == ["flash_attention_fwd", "flash_attention_dkdv", "flash_attention_dq"]
     assert all(k["text"].lstrip().startswith("module") and k["op_counts"]["tt.dot"] >= 2 for k in kernels)
-    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "norm_matmul=pallas", "--triton-ir"]) == 0
+    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "norm_matmul=pallas_triton", "--triton-ir"]) == 0
     out = capsys.readouterr().out
     assert "rmsnorm_matmul_fwd: grid" in out and "rmsnorm_matmul_dx: grid" in out and "flash" not in out
     assert jaxfuse_cli.main(["inspect", *small, "--triton-ir"]) == 2
@@ -115,21 +115,23 @@ def test_jaxfuse_inspect_triton_ir_on_cpu(capsys):
 
 
 def test_triton_ir_names_the_sites_that_lower_as_mosaic(capsys):
-    """'pallas' (auto) lowers attention as Mosaic GPU at head dim 64, as Triton at 32: said per site, as resolved."""
+    """'pallas' (auto) lowers norm_matmul as Mosaic GPU where its tiles divide the shape, attention at head dim 64
+    but not 32 (as Triton there): said per site, as resolved."""
     small = ["--seq", "64", "--dim", "128", "--heads", "2", "--kv-heads", "1"]
-    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "all=pallas", "--triton-ir"]) == 0
-    out, err = capsys.readouterr()
-    assert "rmsnorm_matmul_fwd: grid" in out and "flash" not in out
-    assert ("note: left out: attention=pallas lowers for CUDA as Mosaic GPU kernels ('pallas' takes Mosaic where "
-            "it runs these shapes, as on an H100), not Triton: name pallas_triton") in err
-    assert "hlo_inspect.mosaic_ir" in err and "norm_matmul=" not in err.split("left out:")[1]
+    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "all=pallas", "--triton-ir"]) == 2
+    err = capsys.readouterr().err
+    assert ("jaxfuse inspect: triton_ir: no Triton kernel to show: attention=pallas, norm_matmul=pallas lower for "
+            "CUDA as Mosaic GPU kernels ('pallas' takes Mosaic where it runs these shapes, as on an H100), not "
+            "Triton: name pallas_triton") in err and "hlo_inspect.mosaic_ir" in err
     assert jaxfuse_cli.main(["inspect", *small, "--kernels", "attention=pallas", "--triton-ir"]) == 2
     err = capsys.readouterr().err
     assert "jaxfuse inspect: triton_ir: no Triton kernel to show: attention=pallas lowers for CUDA as Mosaic" in err
     assert jaxfuse_cli.main(["inspect", *small, "--heads", "4", "--kv-heads", "2", "--kernels", "all=pallas",
                              "--triton-ir"]) == 0  # head dim 32: Mosaic does not take it, so 'pallas' is Triton
     out, err = capsys.readouterr()
-    assert "flash_attention_fwd: grid" in out and "left out" not in err
+    assert "flash_attention_fwd: grid" in out and "rmsnorm_matmul" not in out
+    assert ("note: left out: norm_matmul=pallas lowers for CUDA as Mosaic GPU kernels" in err
+            and "attention=" not in err.split("left out:")[1])
 
 
 def test_triton_ir_counts_the_mosaic_kernels_a_triton_op_runs_itself(capsys):

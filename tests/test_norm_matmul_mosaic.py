@@ -754,7 +754,8 @@ def test_gradients_with_a_ring_tile_input_beside_stream_k_on_the_gpu(M, K, N, ke
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144),
-                                     (8192, 512, 2816), (4096, 2048, 11008), (8192, 512, 768), (4096, 2048, 3072)])
+                                     (8192, 512, 2816), (4096, 2048, 11008), (8192, 512, 768), (4096, 2048, 3072),
+                                     (16384, 1024, 5504)])
 def test_the_suite_shapes_tuned_entries_on_the_gpu(M, K, N):
     """Forward and gradients of the suite shapes with this device's tuned entries (no block_sizes), against the
     float32 reference, two calls (the shared r's counts end each at zero)."""

@@ -47,10 +47,11 @@ _TRITON = TestTriton()
 # ------------------------------------------------------------------------------------------------ backend selection
 def test_auto_keeps_triton_and_mosaic_names_why_it_cannot_run():
     x, gamma, w = zeros(384, 1152, 640, jnp.bfloat16)
-    assert norm_matmul.BACKENDS.names == ("triton", "mosaic")
-    assert norm_matmul.plan(x, gamma, w).backend == "triton"
-    with backends.lowering_for_gpu():  # both can run: nothing tuned for Mosaic, so Triton (first in the registry)
+    assert norm_matmul.BACKENDS.names == ("mosaic", "triton")
+    if not ON_GPU:
         assert norm_matmul.plan(x, gamma, w).backend == "triton"
+    with backends.lowering_for_gpu():  # both can run: nothing tuned at this shape, so Mosaic (first in the registry)
+        assert norm_matmul.plan(x, gamma, w).backend == "mosaic"
         assert norm_matmul.plan(x, gamma, w, backend="mosaic").backend == "mosaic"
         for args, kwargs, match in [
                 (zeros(16, 1152, 640, jnp.bfloat16), {}, "M=16 is not a positive multiple of the rows"),
@@ -80,9 +81,20 @@ def test_plan_refuses_a_config_the_call_refuses():
             norm_matmul.plan(x, gamma, w, backend="mosaic", block_sizes={"forward": {"tile_n": 256}})
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the tuned Triton entries run on a GPU")
+@pytest.mark.parametrize("M, K, N", [(1, 4096, 14336), (16, 4096, 4096), (16384, 1024, 5504)])
+def test_this_devices_tuned_triton_entries_on_the_gpu(M, K, N):
+    """Forward and gradients with the tuning cache's Triton entry for this device (the H200's own at decode sizes
+    and at 16384x1024x5504, from rmsnorm_matmul-sweep_decode-h200-d2f0f12.json and
+    rmsnorm_matmul-sweep_mlp1024_triton-h200-d2f0f12-log.txt), against the float32 reference."""
+    x, gamma, w, _ = inputs(M, K, N, jnp.bfloat16)
+    _TRITON.check_against_reference(x, gamma, w, None, tolerance(jnp.bfloat16, max(M, K, N)))
+
+
 @pytest.mark.parametrize("times, chosen", [({"triton": 100.0, "mosaic": 90.0}, "mosaic"),
                                            ({"triton": 100.0, "mosaic": 110.0}, "triton"),
-                                           ({"mosaic": 500.0}, "triton"), ({}, "triton")])
+                                           ({"mosaic": 500.0}, "mosaic"), ({"triton": 80.0}, "mosaic"),
+                                           ({}, "mosaic")])  # not both tuned: the first in the registry
 def test_auto_takes_the_faster_tuned_time(times, chosen, monkeypatch):
     from pallas_kernels import tuning
 
