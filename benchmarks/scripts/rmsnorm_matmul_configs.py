@@ -317,6 +317,10 @@ VARIANTS = {
     "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
         _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
         delay_release=1)),
+    "gamma_on_w": dict(gamma_on="w", stats_in_kernel=False),  # w_γ (2KN bytes) and XLA's r, x read as it is
+    "mma_shared128": dict(stats_in_kernel="mma_shared", gamma_on="w", squares_from="observe", forward=dict(
+        _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
+        delay_release=1)),
     "fwd128_sk": dict(forward=dict(_OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m",
                                    schedule="cooperative", num_stages=6, stream_k=4, delay_release=0)),
     "row_dot_tma_sk": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
