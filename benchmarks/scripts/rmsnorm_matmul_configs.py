@@ -317,6 +317,9 @@ VARIANTS = {
     "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
         _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
         delay_release=1)),
+    # (at 16384x1024x5504 none beat the entry's γ on x: forward µs 264.4 with γ on w, 484.1 with the statistics
+    # warpgroup, 289.0 with r shared, 311.9 with γ in the registers and r shared, against 261.6:
+    # rmsnorm_matmul_configs_mlp1024_{gamma_w-h200-bfe8723,gamma_a-h200-d2f0f12}.json)
     "gamma_on_w": dict(gamma_on="w", stats_in_kernel=False),  # w_γ (2KN bytes) and XLA's r, x read as it is
     "mma_shared128": dict(stats_in_kernel="mma_shared", gamma_on="w", squares_from="observe", forward=dict(
         _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
