@@ -114,6 +114,20 @@ def test_bad_operands_are_a_value_error_naming_the_argument(a, b, message):
         jax.eval_shape(matmul, a, b)
 
 
+@cpu_only
+def test_a_machine_without_hopper_is_a_value_error_saying_where_it_runs():
+    """Called eagerly off an sm90 GPU, matmul says so and how to lower or interpret it, not Pallas's "Only interpret
+    mode is supported on CPU backend" from inside its lowering; inside lowering_for_gpu() it lowers."""
+    a = jnp.ones((256, 256), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"matmul \(mosaic\): Mosaic GPU kernels need an sm90 \(Hopper\) GPU; this "
+                                         r"machine's default device is cpu \(lower it for CUDA inside "
+                                         r"pallas_kernels.backends.lowering_for_gpu\(\), or run it in GPU interpret "
+                                         r"mode inside pallas_kernels.mosaic_utils.interpret_on_cpu\(\)\)"):
+        matmul(a, a)
+    with backends.lowering_for_gpu():
+        assert "mosaic_gpu" in jax.jit(matmul).trace(a, a).lower(lowering_platforms=("cuda",)).as_text()
+
+
 def test_config_may_be_a_mapping_of_fields_over_the_default():
     a = S((1024, 1024), jnp.bfloat16)
     product = jax.eval_shape(lambda a, b: matmul(a, b, config={"tile_m": 64, "num_stages": 3}), a, a)

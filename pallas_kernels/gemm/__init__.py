@@ -164,6 +164,12 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
     config = backends.resolve_config(config, MosaicGemmConfig, lambda: default_config(
         M, N, K, a.dtype, accumulate_dtype=None if accumulate_into is None else out_dtype), arg="config")
     reason = unsupported_reason(M, N, K, config, partial_columns=accumulate_into is None)
+    if not reason and not mu.interpreting() and not isinstance(a, jax.core.Tracer):  # an eager call (traced: the
+        # program may be lowered elsewhere, or only shaped: jax.eval_shape)
+        reason = backends.unavailable_reason("mosaic")
+        if reason:
+            reason += (" (lower it for CUDA inside pallas_kernels.backends.lowering_for_gpu(), or run it in GPU "
+                       "interpret mode inside pallas_kernels.mosaic_utils.interpret_on_cpu())")
     if reason:
         raise ValueError(f"matmul (mosaic): {reason}")
     return _matmul(a, b, accumulate_into, (config, out_dtype, transpose_a, transpose_b, given,
