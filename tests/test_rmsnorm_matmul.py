@@ -124,7 +124,7 @@ def test_auto_with_one_backends_fields_runs_that_backend(monkeypatch):
 
 
 def test_the_h100_cache_times_triton_wherever_mosaic_is_tuned():
-    """"auto" compares tuned times only where every backend has one (Triton, first in the registry, otherwise): at
+    """"auto" compares tuned times only where every backend has one (Mosaic, first in the registry, otherwise): at
     each shape the H100 cache holds a Mosaic entry for, Triton has a time too, and Mosaic's is the lower, so "auto"
     runs Mosaic there (rmsnorm_matmul-sweep-triton-h100-19054fc.json: Triton 2336 / 2004 / 974 / 199 µs fwd+bwd at
     4096x4096x14336 / 8192x4096x6144 / 4096x2048x11008 / 8192x512x2816; -sweep-qkv-h100-6aa71dd.json: 307 against

@@ -129,8 +129,9 @@ def rmsnorm_matmul(
       block_sizes: the backend's config (``RMSNormMatmulConfig`` for Triton, ``MosaicRMSNormMatmulConfig`` for
         Mosaic), or a mapping of some of its fields overriding the tuned config.
       interpret: Pallas interpret mode; default True exactly when the default backend is CPU.
-      backend: "auto" (the fastest tuned backend that runs these arguments here; Triton when nothing is tuned),
-        "triton" or "mosaic"; a backend that cannot run them here is a ValueError naming why and what can.
+      backend: "auto" (the fastest tuned backend that runs these arguments here; where not both are tuned, Mosaic
+        if it runs them, else Triton), "triton" or "mosaic"; a backend that cannot run them here is a ValueError
+        naming why and what can.
 
     Returns:
       y (..., N), or (h (..., K), y) when residual is given. Differentiable in x, gamma, w (and residual) through
