@@ -111,6 +111,13 @@ VARIANTS = {
     "dx_d1": dict(dx=dict(delay_release=1)),
     "dx_k32": dict(dx=dict(tile_k=32, num_stages=6)),
     "dw_cluster_m": dict(dw=dict(cluster="m")),
+    # the forward's B tiles shared by a cluster's two blocks (cuBLAS's kernel at 16384x1024x5504 runs 128x128 tiles
+    # in clusters of two: a K loop of 16 steps reads each tile's operands from L2 at ~12 TB/s without it)
+    "fwd_cluster_m": dict(forward=dict(cluster="m")),
+    "fwd_cluster_m_minor_m": dict(forward=dict(cluster="m", grid_minor="m")),
+    # and the backward kernels' (their tile input in a buffer of its own: the ring takes no cluster; no stream-K)
+    "dx_cluster_m_buf": dict(dx=dict(cluster="m", stream_k=0, tile_input_in="buffer", num_stages=3)),
+    "dw_cluster_m_buf": dict(dw=dict(cluster="m", stream_k=0, tile_input_in="buffer", num_stages=5)),
     # 64x128 stacked dx tiles: half the x tile's buffer, so more stages fit beside it and the dyr staging
     "dx_n128_s4": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=4)),
     "dx_n128_s5": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=5)),
