@@ -171,7 +171,11 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
                                              (256, 64, 4, 4, 8), (128, 256, 4, 3, 4), (32, 256, 4, 4, 1),
                                              (256, 64, 8, 4, 8), (256, 64, 4, 4, 16), (256, 32, 4, 6, 8),
                                              (256, 64, 4, 6, 8), (512, 64, 4, 4, 8), (512, 64, 8, 4, 8),
-                                             (512, 32, 8, 6, 8), (256, 128, 8, 4, 8)]:
+                                             (512, 32, 8, 6, 8), (256, 128, 8, 4, 8),
+                                             # XLA's own GEMV tiles there: 128 columns, 8 warps, 3 stages, K
+                                             # whole or split 2 (xla_gemm_configs_decode-h200-e5a3143.json)
+                                             (128, 256, 8, 3, 1), (128, 128, 8, 3, 1), (128, 256, 8, 3, 2),
+                                             (128, 128, 8, 4, 2), (256, 128, 8, 3, 2), (128, 64, 8, 6, 2)]:
             fwd.append(dict(base, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, split_k=split))
         # dx: (block_k_dx, block_n_dx, split_n_dx, rowdot_in_dx)
         for bk, bn, split, rowdot in [(32, 256, 1, False), (64, 256, 4, False), (128, 256, 8, False),
