@@ -173,7 +173,9 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
                                              (256, 64, 4, 6, 8), (512, 64, 4, 4, 8), (512, 64, 8, 4, 8),
                                              (512, 32, 8, 6, 8), (256, 128, 8, 4, 8),
                                              # XLA's own GEMV tiles there: 128 columns, 8 warps, 3 stages, K
-                                             # whole or split 2 (xla_gemm_configs_decode-h200-e5a3143.json)
+                                             # whole or split 2 (xla_gemm_configs_decode-h200-e5a3143.json; in
+                                             # ours 37.3 µs at best against 34.4 for the entry's:
+                                             # rmsnorm_matmul-sweep_decode_xla_tiles-h200-cde6561-log.txt)
                                              (128, 256, 8, 3, 1), (128, 128, 8, 3, 1), (128, 256, 8, 3, 2),
                                              (128, 128, 8, 4, 2), (256, 128, 8, 3, 2), (128, 64, 8, 6, 2)]:
             fwd.append(dict(base, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, split_k=split))
