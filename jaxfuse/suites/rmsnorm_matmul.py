@@ -111,11 +111,11 @@ def _cost(s, variant, mode) -> tuple[float, float]:
 SPEC = OpSpec(
     name="rmsnorm_matmul", site="norm_matmul", op="rmsnorm_matmul", shapes=SHAPES,
     default_shapes=("32768x4096x4096", "4096x4096x14336", "8192x4096x6144-qkv", "8192x512x2816-small",
-                    "4096x2048x11008-1b", "16x4096x4096-decode", "1x4096x14336-decode"),
+                    "4096x2048x11008-1b", "16384x1024x5504-mlp", "16x4096x4096-decode", "1x4096x14336-decode"),
     cpu_shapes=("cpu",),
     tune_shapes=("32768x4096x4096", "16x4096x4096-decode", "4096x4096x14336", "1x4096x14336-decode",
                  "8192x4096x6144-qkv", "8192x512x2816-small", "4096x2048x11008-1b", "8192x512x768-small-qkv",
-                 "4096x2048x3072-1b-qkv"),
+                 "4096x2048x3072-1b-qkv", "16384x1024x5504-mlp"),
     make_inputs=lambda s, seed: make_inputs(s["M"], s["K"], s["N"], seed=seed),
     num_args=3, grad_argnums=(0, 1, 2), output_names={"fwd": ("y",), "fwd+bwd": ("y", "dx", "dgamma", "dw")},
     cost=_cost, reduction_length=lambda s: max(s["M"], s["K"], s["N"]),
