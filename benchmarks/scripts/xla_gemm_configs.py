@@ -38,7 +38,8 @@ def gemm_kernels(hlo_text: str) -> list[dict]:
         except json.JSONDecodeError:
             continue
         fusion = config.get("fusion_backend_config", {})
-        if fusion.get("kind", "").startswith("__triton"):  # "__triton_gemm", or the nested GEMM fusions' kinds
+        if fusion.get("kind", "").startswith("__triton") and "gemm" in fusion["kind"]:  # "__triton_gemm", or
+            # "__triton_nested_gemm_fusion" (not the "__triton" reductions and loops)
             kernels.append(dict(fusion=name, kind="triton", config={k: v for k, v in fusion.items() if k != "kind"},
                                 triton_kind=fusion["kind"]))
         elif "gemm_backend_config" in config:
