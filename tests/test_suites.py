@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import ON_GPU
-from jaxfuse import bench, gpu_run, kernels, suites
+from jaxfuse import bench, costmodel, gpu_run, kernels, suites
 import pallas_kernels
 from jaxfuse.suites import attention as attention_spec
 import pallas_kernels
@@ -350,6 +350,21 @@ def test_sweep_checks_candidates_before_timing_and_stores_the_best(tmp_path, mon
     assert [r["status"] for r in rows] == ["rejected", "rejected"] and "time_us" not in rows[0]
     assert not (tmp_path / "wrong.json").exists()
     assert "REJECTED" in suites.sweep.sweep_table(rows)
+
+
+@pytest.mark.slow
+def test_the_sweep_rotates_input_sets_where_one_fits_in_the_l2(tmp_path, monkeypatch):
+    """As the suite does: on a device whose L2 holds one input set, each candidate is timed over 3 sets in turn, so
+    no timed call finds w left in the L2 by the call before; on the CPU (no L2 in its spec), one set."""
+    lengths = []
+    real = bench.time_kernels
+    monkeypatch.setattr(bench, "time_kernels", lambda fn, sets, **kw: lengths.append(len(sets)) or real(fn, sets, **kw))
+    suites.tune("rmsnorm_matmul", cache_path=tmp_path / "cpu.json", limit=1, iterations=1, **_QUIET)
+    assert lengths == [1, 1]
+    lengths.clear()
+    monkeypatch.setattr(costmodel, "detect", lambda: costmodel.DEVICES["h200"])
+    suites.tune("rmsnorm_matmul", cache_path=tmp_path / "h200.json", limit=1, iterations=1, **_QUIET)
+    assert lengths == [3, 3]
 
 
 def test_sweep_skips_a_backend_that_cannot_run_the_shape(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from jaxfuse import bench, costmodel
 from jaxfuse.suites.spec import OpSpec
 
-__all__ = ["check_shape_names", "first_rows", "pallas_config", "reference_outputs", "run", "summary_table"]
+__all__ = ["check_shape_names", "first_rows", "input_sets", "pallas_config", "reference_outputs", "run", "summary_table"]
 
 
 def _log(message: str) -> None:
@@ -166,10 +166,15 @@ def _costs(spec, shape, variant, dev) -> dict:
     return out
 
 
-def _num_sets(spec, sets_bytes: float, dev) -> int:
-    if spec.input_sets is not None:
-        return spec.input_sets
-    return 3 if dev.l2_bytes and sets_bytes < dev.l2_bytes else 1
+def input_sets(spec: OpSpec, shape, dev) -> list[tuple]:
+    """The input sets rotated while timing one shape (seeds 0, 1, ...): ``spec.input_sets`` of them, else 3 when
+    one set fits in the device's L2 (so no timed call finds its inputs left there by the call before), else 1."""
+    first = spec.make_inputs(shape, 0)
+    count = spec.input_sets
+    if count is None:
+        nbytes = sum(getattr(x, "nbytes", 0) for x in first)
+        count = 3 if dev.l2_bytes and nbytes < dev.l2_bytes else 1
+    return [first] + [spec.make_inputs(shape, seed) for seed in range(1, count)]
 
 
 def _run_case(spec: OpSpec, name: str, variant, impls: list[str], *, iterations: int, dev, cache_path, check: bool,
@@ -182,9 +187,7 @@ def _run_case(spec: OpSpec, name: str, variant, impls: list[str], *, iterations:
     shape = spec.shapes[name]
     label = spec.label(shape, variant)
     costs = _costs(spec, shape, variant, dev)
-    first = spec.make_inputs(shape, 0)
-    sets = [first] + [spec.make_inputs(shape, seed) for seed in
-                      range(1, _num_sets(spec, sum(getattr(x, "nbytes", 0) for x in first), dev))]
+    sets = input_sets(spec, shape, dev)
     base = {"shape_name": name, **variant, "note": shape.get("note", ""), "input_sets": len(sets),
             "tolerance": spec.tolerance(shape)}
     refs: dict = {}

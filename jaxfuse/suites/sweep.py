@@ -23,8 +23,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from jaxfuse import bench
-from jaxfuse.suites.runner import check_shape_names, first_rows, reference_outputs
+from jaxfuse import bench, costmodel
+from jaxfuse.suites.runner import check_shape_names, first_rows, input_sets, reference_outputs
 from jaxfuse.suites.spec import OpSpec
 
 __all__ = ["TOLERANCE_FACTOR", "sweep_table", "tune"]
@@ -78,6 +78,7 @@ def tune(spec: OpSpec | str, shape_names: Sequence[str] | None = None, *, backen
                 if kernels.unavailable_reason(spec.site, f"pallas_{b}") is None]
     cache_path = tuning.DEFAULT_CACHE_PATH if cache_path is None else cache_path
     triples = [(n, v, b) for n in names for v in spec.variants for b in backends]
+    dev = costmodel.detect()
     rows: list[dict] = []
     for index, (name, variant, backend) in enumerate(triples):
         shape = spec.shapes[name]
@@ -87,7 +88,7 @@ def tune(spec: OpSpec | str, shape_names: Sequence[str] | None = None, *, backen
             continue
         share_end = time.time() + remaining / (len(triples) - index)
         forward_end = time.time() + 0.4 * remaining / (len(triples) - index)
-        sets = [spec.make_inputs(shape, seed) for seed in range(spec.input_sets or 1)]
+        sets = input_sets(spec, shape, dev)  # rotated as the suite rotates them
         args = sets[0][:spec.num_args]
         label = f"{spec.name} {name} {dict(variant) or ''} {backend}"
         try:
