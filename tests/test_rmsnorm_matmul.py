@@ -168,6 +168,17 @@ def test_split_variants_match_reference(variant, residual):
     _TRITON.check_against_reference(x, gamma, w, res, tolerance(jnp.float32), block_sizes=variant)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("split", [1, 2])
+def test_dw_written_by_the_dx_kernel_matches_reference(split, dtype):
+    """dw_in_dx (decode): the dx kernel's programs hold every row and write each dw tile beside the w tile they
+    read; whole or with N split over two programs per dx tile (then XLA finishes dx), few rows (some masked)."""
+    x, gamma, w, _ = inputs(SIZES["few"], SIZES["K"], SIZES["N"], dtype)
+    tiles = dict(block_k_dx=64, block_n_dx=128) if ON_GPU else dict(block_k_dx=16, block_n_dx=16)
+    blocks = dict(tiles, block_m_dx=64, split_n_dx=split, rowdot_in_dx=False, dw_in_dx=True)
+    _TRITON.check_against_reference(x, gamma, w, None, tolerance(dtype), block_sizes=blocks)
+
+
 @pytest.mark.slow
 def test_split_k_bf16_four_splits_match_reference():
     """bf16 inputs, K split over 4 programs, few rows: forward and all gradients within the bf16 tolerance."""
@@ -300,7 +311,9 @@ _SPLIT_DECODE = dict(block_n=128, block_k=128, split_k=4, block_k_dx=128, block_
 @pytest.mark.parametrize("dtype,M,K,N,residual,blocks", [
     (jnp.bfloat16, 300, 256, 512, True, None), (jnp.float32, 16, 4096, 4096, False, None),
     (jnp.float16, 1, 4096, 14336, False, None), (jnp.bfloat16, 16, 4096, 4096, False, _SPLIT_DECODE),
-    (jnp.bfloat16, 16, 4096, 4096, True, _SPLIT_DECODE)])
+    (jnp.bfloat16, 16, 4096, 4096, True, _SPLIT_DECODE),
+    (jnp.bfloat16, 16, 4096, 4096, False, dict(_SPLIT_DECODE, block_m_dx=16, block_k_dx=32, dw_in_dx=True)),
+    (jnp.bfloat16, 1, 4096, 14336, False, dict(block_m_dx=16, split_n_dx=1, dw_in_dx=True))])
 def test_lowers_to_triton_kernels(dtype, M, K, N, residual, blocks):
     """Even on CPU: the Triton lowering accepts every kernel at the GPU table's tiles (prefill and decode) and
     the split decode variants."""
@@ -319,7 +332,7 @@ def test_lowers_to_triton_kernels(dtype, M, K, N, residual, blocks):
     cfg = backends.resolve_config(blocks, RMSNormMatmulConfig, lambda: nm_config.default_config(
         M, K, N, dtype, residual=residual, on_gpu=True))
     assert len(pallas_calls(fwd)) == 1
-    assert len(pallas_calls(train)) == (2 if cfg.dw_in_xla else 3)  # fwd, dx (, dw)
+    assert len(pallas_calls(train)) == (2 if cfg.dw_in_xla or cfg.dw_in_dx else 3)  # fwd, dx (, dw)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -349,7 +362,9 @@ def test_default_config_fits_the_shape():
     ({"split_k": 0}, r"RMSNormMatmulConfig.split_k: must be an int"),
     ({"block_k": 16, "split_k": 4}, r"block_sizes: split_k=4 times block_k=16 must divide K=32"),
     ({"split_n_dx": 2, "rowdot_in_dx": True}, r"split_n_dx > 1 needs rowdot_in_dx=False"),
+    ({"dw_in_dx": True, "dw_in_xla": True}, r"dw_in_dx and dw_in_xla both name who computes dw"),
+    ({"dw_in_dx": True, "block_m_dx": 16}, r"dw_in_dx needs every row in one dx row block: M=17 > block_m_dx=16"),
 ])
 def test_bad_block_sizes(block_sizes, match):
     with pytest.raises(ValueError, match=match):
-        rmsnorm_matmul(*zeros(), block_sizes=block_sizes)
+        rmsnorm_matmul(*zeros(M=17), block_sizes=block_sizes)

@@ -56,6 +56,10 @@ class RMSNormMatmulConfig:
       rstd_on_dy: dw variant: scale the dy tile by r in registers instead of the x tile.
       dw_in_xla: compute dw = γ ⊙ ((x·r)ᵀ @ dy) with XLA (its GEMM recomputes x·r as an operand, fused or as
         one elementwise pass) instead of the Pallas dw kernel: a plain GEMM of this size is XLA's strength.
+      dw_in_dx: the dx kernel also writes dw, with no dw kernel (decode: M <= block_m_dx, so a dx program holds
+        every row): each step's (block_k_dx, block_n_dx) w tile is the tile of dw it writes, γ ⊙ ((x·r)ᵀ @ dy) from
+        the dy tile the step loaded. One kernel streams w in and dw out, 4KN bytes, where the dx and dw kernels
+        each paid their own launch, ramp and tail. Needs dw_in_xla=False.
       group: program order in all kernels: groups of `group` row blocks sweep the column blocks together, so the
         tiles they share stay in L2.
     Block sizes are powers of two >= 16; the K and N blocks must divide K and N (checked per call).
@@ -82,6 +86,7 @@ class RMSNormMatmulConfig:
     num_stages_dw: int = 3
     rstd_on_dy: bool = False
     dw_in_xla: bool = False
+    dw_in_dx: bool = False
     group: int = 8
 
     def __post_init__(self):
@@ -90,18 +95,24 @@ class RMSNormMatmulConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"RMSNormMatmulConfig.{name}: must be an int >= 1, got {value!r}")
-        for name in ("gamma_on_w", "rowdot_in_dx", "rstd_on_dy", "dw_in_xla"):
+        for name in ("gamma_on_w", "rowdot_in_dx", "rstd_on_dy", "dw_in_xla", "dw_in_dx"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RMSNormMatmulConfig.{name}: must be a bool, got {getattr(self, name)!r}")
 
         if self.split_n_dx > 1 and self.rowdot_in_dx:
             raise ValueError("RMSNormMatmulConfig: split_n_dx > 1 needs rowdot_in_dx=False (c comes from XLA)")
+        if self.dw_in_dx and self.dw_in_xla:
+            raise ValueError("RMSNormMatmulConfig: dw_in_dx and dw_in_xla both name who computes dw; set one")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def check_shape(self, K: int, N: int) -> None:
-        """ValueError naming the field if a K or N block does not divide K or N."""
+    def check_shape(self, K: int, N: int, M: int | None = None) -> None:
+        """ValueError naming the field if a K or N block does not divide K or N, or if dw_in_dx is set and
+        M (when given) needs more than one row block."""
+        if self.dw_in_dx and M is not None and M > self.block_m_dx:
+            raise ValueError(f"block_sizes: dw_in_dx needs every row in one dx row block: M={M} > "
+                             f"block_m_dx={self.block_m_dx}")
         for name in ("block_k", "block_k_dx", "block_k_dw"):
             if K % getattr(self, name):
                 raise ValueError(f"block_sizes: {name}={getattr(self, name)} must divide K={K}")
@@ -187,6 +198,11 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
             bwd.append(dict(base, block_k_dx=bk, block_n_dx=bn, split_n_dx=split, rowdot_in_dx=rowdot))
         for bk, bn in [(32, 128), (128, 128), (64, 256), (64, 128), (128, 256), (256, 128), (32, 256)]:
             bwd.append(dict(base, block_k_dw=bk, block_n_dw=bn))
+        if M <= base["block_m_dx"]:  # dw written by the dx kernel: (block_k_dx, block_n_dx, split_n_dx)
+            for bk, bn, split in [(32, 256, 1), (64, 256, 1), (32, 128, 1), (64, 128, 2), (32, 256, 2),
+                                  (128, 128, 4), (64, 256, 4), (32, 128, 4)]:
+                bwd.append(dict(base, block_k_dx=bk, block_n_dx=bn, split_n_dx=split, rowdot_in_dx=False,
+                                dw_in_dx=True))
     else:
         # gamma folded into w (a plain GEMM plus the XLA statistic), and one tile with gamma applied in registers
         # (2x slower on the H100 in every sweep).

@@ -105,7 +105,7 @@ _rmsnorm_matmul.defvjp(_rmsnorm_matmul_fwd, _rmsnorm_matmul_bwd)
 
 def check_config(config: Config, x, gamma, w, **_) -> None:
     """ValueError naming the block of ``config`` that does not divide K or N."""
-    config.check_shape(x.shape[1], w.shape[1])
+    config.check_shape(x.shape[1], w.shape[1], x.shape[0])
 
 
 def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: bool, config: Config):

@@ -23,14 +23,18 @@ __all__ = ["backward"]
 # ---------------------------------------------------------------------------------------------------------------
 def _dx_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, has_dh: bool):
     """dx tile (block_m_dx, block_k_dx) = r·γ·(dy @ wᵀ) − r²·c·x (+ dh); also dgamma partial sums per row block.
-    With split_n_dx > 1 only dy @ wᵀ over this program's N range, stored as a float32 partial at dx[split]."""
+    With split_n_dx > 1 only dy @ wᵀ over this program's N range, stored as a float32 partial at dx[split].
+    With dw_in_dx (all M rows in the one row block), each step also writes the dw tile whose w tile it read:
+    dw[k0:k0+bk, cols] = γ ⊙ ((x·r)ᵀ @ dy), from the dy tile the step loaded."""
     it = iter(refs)
     dy_ref, w_ref = next(it), next(it)
     split = cfg.split_n_dx > 1
-    x_ref, gamma_ref, rstd_ref, rowdot_ref = (None,) * 4 if split else (next(it) for _ in range(4))
+    x_ref, gamma_ref, rstd_ref = (next(it) for _ in range(3)) if (cfg.dw_in_dx or not split) else (None,) * 3
+    rowdot_ref = None if split else next(it)
     dh_ref = next(it) if has_dh and not split else None
     dx_ref = next(it)
     dgamma_ref = None if split else next(it)
+    dw_ref = next(it) if cfg.dw_in_dx else None
 
     bm, bk, bn = cfg.block_m_dx, cfg.block_k_dx, cfg.block_n_dx
     pid_m, pid_k = program_tile(pl.program_id(0), pl.cdiv(M, bm), K // bk, cfg.group)
@@ -40,11 +44,19 @@ def _dx_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, has_dh: 
     steps = N // bn // cfg.split_n_dx  # N slices per program
     first_step = pl.program_id(1) * steps
 
+    if dw_ref is not None:  # n = x·r in the MMA dtype (masked rows: 0) and γ of this K range, for every dw tile
+        r_rows = tu.load(rstd_ref, (rows,), mask=valid)
+        n = (tu.load(x_ref, (rows, pl.ds(k0, bk)), mask=col(valid)).astype(F32) * r_rows[:, None]).astype(dy_ref.dtype)
+        gamma_k = gamma_ref[pl.ds(k0, bk)].astype(F32)
+
     def body(j, carry):
         acc, row_dot = carry
         cols = pl.ds((first_step + j) * bn, bn)
         dy = tu.load(dy_ref, (rows, cols), mask=col(valid))  # (bm, bn)
         acc = acc + tu.dot(dy, w_ref[pl.ds(k0, bk), cols], trans_b=True)  # (bm, bk)
+        if dw_ref is not None:
+            dw_tile = gamma_k[:, None] * tu.dot(n, dy, trans_a=True)  # (bk, bn)
+            dw_ref[pl.ds(k0, bk), cols] = dw_tile.astype(dw_ref.dtype)
         if cfg.rowdot_in_dx:
             y = tu.load(rowdot_ref, (rows, cols), mask=col(valid))
             row_dot = row_dot + jnp.sum(dy.astype(F32) * y.astype(F32), axis=1)
@@ -112,9 +124,11 @@ def backward(x, gamma, w, rstd, y, dy, dh, static: Static):
     kernel = functools.partial(_dx_kernel, M=M, K=K, N=N, cfg=cfg, has_dh=dh is not None)
     launch = dict(num_warps=cfg.num_warps_dx, num_stages=cfg.num_stages_dx, interpret=static.interpret,
                   grid=(num_row_blocks * (K // cfg.block_k_dx), cfg.split_n_dx), name="rmsnorm_matmul_dx")
+    dw_shape = [jax.ShapeDtypeStruct((K, N), w.dtype)] if cfg.dw_in_dx else []
     if cfg.split_n_dx > 1:  # partials of g = dy @ wᵀ; one XLA fusion sums them and applies the dx epilogue
-        parts = tu.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((cfg.split_n_dx, M, K), F32),
-                               **launch)(dy, w)
+        rows_in = [x, gamma, rstd] if cfg.dw_in_dx else []
+        parts, *dw = tu.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((cfg.split_n_dx, M, K), F32)] + dw_shape,
+                                    **launch)(dy, w, *rows_in)
         g = jnp.sum(parts, axis=0)  # (M, K) float32
         x32 = x.astype(F32)
         dx = (rstd[:, None] * gamma32[None, :]) * g - (rstd * rstd * row_dot_input * (1.0 / K))[:, None] * x32
@@ -126,15 +140,17 @@ def backward(x, gamma, w, rstd, y, dy, dh, static: Static):
         # One row block (decode): the kernel writes dgamma itself in gamma's dtype; else float32 partial sums
         # per row block, summed by XLA.
         parts_dtype = gamma.dtype if num_row_blocks == 1 else F32
-        dx, dgamma_parts = tu.pallas_call(
+        dx, dgamma_parts, *dw = tu.pallas_call(
             kernel,
             out_shape=[jax.ShapeDtypeStruct((M, K), x.dtype),
-                       jax.ShapeDtypeStruct((num_row_blocks * K,), parts_dtype)],
+                       jax.ShapeDtypeStruct((num_row_blocks * K,), parts_dtype)] + dw_shape,
             **launch,
         )(dy, w, x, gamma, rstd, row_dot_input, *([dh] if dh is not None else []))
         dgamma = dgamma_parts if num_row_blocks == 1 else (
             dgamma_parts.reshape(num_row_blocks, K).sum(axis=0).astype(gamma.dtype))
 
+    if cfg.dw_in_dx:
+        return dx, dgamma, dw[0]
     if cfg.dw_in_xla:  # n = x·r rounded to the MMA dtype, as the Pallas dw kernel rounds its tile
         n = (x.astype(F32) * rstd[:, None]).astype(x.dtype)
         precision = lax.Precision.HIGHEST if x.dtype == F32 else None
