@@ -85,7 +85,7 @@ def test_plan_refuses_a_config_the_call_refuses():
 @pytest.mark.parametrize("M, K, N", [(1, 4096, 14336), (16, 4096, 4096), (16384, 1024, 5504)])
 def test_this_devices_tuned_triton_entries_on_the_gpu(M, K, N):
     """Forward and gradients with the tuning cache's Triton entry for this device (the H200's own at decode sizes
-    and at 16384x1024x5504, from rmsnorm_matmul-sweep_decode-h200-d2f0f12.json and
+    and at 16384x1024x5504, from rmsnorm_matmul-sweep_decode_dw_in_dx-h200-496308c.json and
     rmsnorm_matmul-sweep_mlp1024_triton-h200-d2f0f12-log.txt), against the float32 reference."""
     x, gamma, w, _ = inputs(M, K, N, jnp.bfloat16)
     _TRITON.check_against_reference(x, gamma, w, None, tolerance(jnp.bfloat16, max(M, K, N)))
