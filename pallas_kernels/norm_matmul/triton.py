@@ -25,8 +25,8 @@ Backward, two kernels plus two tiny XLA reductions, recomputing n tile by tile i
                                             ``dw_in_xla``, an XLA GEMM that recomputes x · r as its operand
 With ``dw_in_dx`` (decode: every row in the dx kernel's one row block) there is no dw kernel: each dx step
 writes the dw tile of the w tile it read, γ ⊙ ((x·r)ᵀ @ dy) from the dy tile it loaded, so one kernel streams w in
-and dw out (16x4096x4096 on the H200: fwd+bwd 37.5 µs against 41.6 with the dw kernel, and XLA's 40.0;
-rmsnorm_matmul-decode_dw_in_dx-h200-496308c.md).
+and dw out. 16x4096x4096 on the H200, one sweep: fwd+bwd 37.8 µs against 41.5 at best with the dw kernel; the
+suite then ran 37.5 against XLA's 40.0 (rmsnorm_matmul-decode_dw_in_dx-h200-496308c.md).
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (because y = (n · gamma) @ w) replaces a
 reduction over the M×K gradient, which no kernel holds whole, by a row dot over N of two tensors we have.
 
