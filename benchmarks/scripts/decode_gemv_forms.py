@@ -9,7 +9,8 @@
     PYTHONPATH=$PWD python benchmarks/scripts/decode_gemv_forms.py --out $OUT --round 1
 
 CUPTI medians per kernel over 40 calls, input sets rotated (``bench.time_kernels``). Round 1 also times the
-fwd+bwd programs of 16x4096x4096 and 1x4096x14336 per kernel (ours and XLA's). Writes ``decode_gemv_forms-<round>.json``.
+fwd+bwd programs of 16x4096x4096 and 1x4096x14336 per kernel (ours and XLA's). Writes
+``decode_gemv_forms-<round>.json``.
 Measured on the H200 (NOTES.md, thirty-ninth session): the Triton forms read w at most at 3.4-3.6 TB/s, the Mosaic
 core at 3.85 with XLA's own tiles (128x128, 3 stages), XLA's GEMV at 3.9-4.0.
 """

@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 from jaxfuse import bench, costmodel
 from jaxfuse.suites.spec import OpSpec
 
-__all__ = ["check_shape_names", "first_rows", "input_sets", "pallas_config", "reference_outputs", "run", "summary_table"]
+__all__ = ["check_shape_names", "first_rows", "input_sets", "pallas_config", "reference_outputs", "run",
+           "summary_table"]
 
 
 def _log(message: str) -> None:

@@ -57,9 +57,9 @@ class RMSNormMatmulConfig:
       dw_in_xla: compute dw = γ ⊙ ((x·r)ᵀ @ dy) with XLA (its GEMM recomputes x·r as an operand, fused or as
         one elementwise pass) instead of the Pallas dw kernel: a plain GEMM of this size is XLA's strength.
       dw_in_dx: the dx kernel also writes dw, with no dw kernel (decode: M <= block_m_dx, so a dx program holds
-        every row): each step's (block_k_dx, block_n_dx) w tile is the tile of dw it writes, γ ⊙ ((x·r)ᵀ @ dy) from
-        the dy tile the step loaded. One kernel streams w in and dw out, 4KN bytes, where the dx and dw kernels
-        each paid their own launch, ramp and tail. Needs dw_in_xla=False.
+        every row): each step's (block_k_dx, block_n_dx) w tile is the tile of dw it writes, γ ⊙ ((x·r)ᵀ @ dy)
+        from the dy tile the step loaded. One kernel streams w in and dw out, 4KN bytes, where the dx and dw
+        kernels each paid their own launch, ramp and tail. Needs dw_in_xla=False.
       group: program order in all kernels: groups of `group` row blocks sweep the column blocks together, so the
         tiles they share stay in L2.
     Block sizes are powers of two >= 16; the K and N blocks must divide K and N (checked per call).

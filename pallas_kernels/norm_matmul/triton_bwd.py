@@ -46,7 +46,8 @@ def _dx_kernel(*refs, M: int, K: int, N: int, cfg: RMSNormMatmulConfig, has_dh: 
 
     if dw_ref is not None:  # n = x·r in the MMA dtype (masked rows: 0) and γ of this K range, for every dw tile
         r_rows = tu.load(rstd_ref, (rows,), mask=valid)
-        n = (tu.load(x_ref, (rows, pl.ds(k0, bk)), mask=col(valid)).astype(F32) * r_rows[:, None]).astype(dy_ref.dtype)
+        x_rows = tu.load(x_ref, (rows, pl.ds(k0, bk)), mask=col(valid)).astype(F32)
+        n = (x_rows * r_rows[:, None]).astype(dy_ref.dtype)
         gamma_k = gamma_ref[pl.ds(k0, bk)].astype(F32)
 
     def body(j, carry):
@@ -127,8 +128,8 @@ def backward(x, gamma, w, rstd, y, dy, dh, static: Static):
     dw_shape = [jax.ShapeDtypeStruct((K, N), w.dtype)] if cfg.dw_in_dx else []
     if cfg.split_n_dx > 1:  # partials of g = dy @ wᵀ; one XLA fusion sums them and applies the dx epilogue
         rows_in = [x, gamma, rstd] if cfg.dw_in_dx else []
-        parts, *dw = tu.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct((cfg.split_n_dx, M, K), F32)] + dw_shape,
-                                    **launch)(dy, w, *rows_in)
+        parts_shape = jax.ShapeDtypeStruct((cfg.split_n_dx, M, K), F32)
+        parts, *dw = tu.pallas_call(kernel, out_shape=[parts_shape] + dw_shape, **launch)(dy, w, *rows_in)
         g = jnp.sum(parts, axis=0)  # (M, K) float32
         x32 = x.astype(F32)
         dx = (rstd[:, None] * gamma32[None, :]) * g - (rstd * rstd * row_dot_input * (1.0 / K))[:, None] * x32
