@@ -117,31 +117,40 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
     return Timing(statistics.median(totals), per_kernel, tuple(totals), "cupti", launches)
 
 
-def time_interleaved(calls: Sequence[tuple[Callable, tuple]], *, iterations: int = 30, warmup: int = 2,
+def time_interleaved(calls: Sequence[tuple[Callable, tuple | list[tuple]]], *, iterations: int = 30, warmup: int = 2,
                      budget_s: float | None = None, min_iterations: int = 5, wall: bool = False) -> list[Timing]:
     """One ``Timing`` per (jitted fn, args) of ``calls``, timed in turn: up to ``iterations`` rounds of one call each,
     so that a machine that slows down or speeds up while timing (other processes, clocks) shifts every fn alike and
     their medians stay comparable. A fn may be compiled ahead of time (``jax.jit(f).lower(...).compile()``: timed as
-    it is). With ``budget_s``, no new round starts once that many seconds of rounds have
-    passed and ``min_iterations`` rounds are done (slow calls: Pallas in interpret mode). Per-kernel times (GPU) are
-    medians over the rounds. ``wall``: as ``time_kernels``'s."""
+    it is). ``args``: one tuple of arguments, or a list of such tuples (input sets): the k-th timed call, counted
+    over all calls and rounds, takes set k mod their number, so with n sets of inputs that fit in the L2 no call
+    reads a set the n - 1 calls before it have not touched (calls sharing arrays: give them the same sets, in the
+    same order). With ``budget_s``, no new round starts once that many seconds of rounds have passed and
+    ``min_iterations`` rounds are done (slow calls: Pallas in interpret mode). Per-kernel times (GPU) are medians
+    over the rounds. ``wall``: as ``time_kernels``'s."""
     import jax
 
     if not calls:
         raise ValueError("calls: need at least one (fn, args) pair")
-    calls = [(fn if _is_jitted(fn) else jax.jit(fn), args) for fn, args in calls]
-    for fn, args in calls:
-        for _ in range(warmup):
-            jax.block_until_ready(fn(*args))
+    calls = [(fn if _is_jitted(fn) else jax.jit(fn), args if isinstance(args, list) else [args]) for fn, args in calls]
+    for i, (_, sets) in enumerate(calls):
+        if not sets:
+            raise ValueError(f"calls[{i}]: its list of input sets is empty; give one tuple of arguments or more")
+    for fn, sets in calls:
+        for args in sets:
+            for _ in range(warmup):
+                jax.block_until_ready(fn(*args))
     samples: list[list[float]] = [[] for _ in calls]
     per_kernel: list[dict[str, list[float]]] = [{} for _ in calls]
     methods = [""] * len(calls)
     start = time.perf_counter()
+    turn = 0
     for round_ in range(iterations):
         if budget_s is not None and round_ >= min_iterations and time.perf_counter() - start > budget_s:
             break
-        for i, (fn, args) in enumerate(calls):
-            t = time_kernels(fn, [args], iterations=1, warmup=0, wall=wall)
+        for i, (fn, sets) in enumerate(calls):
+            t = time_kernels(fn, [sets[turn % len(sets)]], iterations=1, warmup=0, wall=wall)
+            turn += 1
             samples[i].append(t.median_us)
             methods[i] = t.method
             for name, us in t.per_kernel_us.items():

@@ -69,6 +69,32 @@ def test_time_interleaved_takes_turns_and_keeps_to_its_budget():
     assert 2 <= rounds <= 8 and len(timings[1].samples_us) == rounds and timings[0].median_us >= 2e4
 
 
+class _Seen:
+    """A callable that looks jitted and records which input set (its argument) each call took."""
+
+    def __init__(self, name: str, seen: list):
+        self.name, self.seen = name, seen
+
+    def lower(self, *args):  # noqa: D102 - only its presence matters
+        raise NotImplementedError
+
+    def __call__(self, x):
+        self.seen.append((self.name, int(x[0])))
+        return x
+
+
+def test_time_interleaved_rotates_input_sets_over_all_calls():
+    """With n sets per call, the k-th timed call over all calls and rounds takes set k mod n: a set comes back
+    only after n - 1 calls that read the others (the L2 rotation ``time_kernels`` does for one fn)."""
+    sets = [(jnp.full(4, s),) for s in range(3)]
+    seen = []
+    bench.time_interleaved([(_Seen("a", seen), sets), (_Seen("b", seen), sets)], iterations=3, warmup=1)
+    assert seen[:6] == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]  # warmup: every set
+    assert seen[6:] == [("a", 0), ("b", 1), ("a", 2), ("b", 0), ("a", 1), ("b", 2)]
+    with pytest.raises(ValueError, match=r"calls\[1\]: its list of input sets is empty"):
+        bench.time_interleaved([(_Seen("a", seen), sets), (_Seen("b", seen), [])])
+
+
 def test_time_kernels_needs_arguments():
     with pytest.raises(ValueError, match="arg_sets"):
         bench.time_kernels(lambda a: a, [])
