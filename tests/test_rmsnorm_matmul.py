@@ -345,12 +345,16 @@ def test_default_config_fits_the_shape():
     assert (big.block_m, big.block_n) == (128, 256) and big.dw_in_xla
     decode = nm_config.default_config(1, 2048, 8192, on_gpu=True)
     assert decode.block_m == 16 and decode.split_k > 1
+    assert decode.dw_in_dx and decode.split_n_dx == 4  # every row in one dx row block: dw from the dx kernel
+    assert not nm_config.default_config(32, 2048, 8192, on_gpu=True).dw_in_dx  # two row blocks of 16
     for M, K, N in [(4096, 4096, 14336), (16, 4096, 4096), (1, 4096, 14336)]:
         fwd, bwd = nm_config.sweep_candidates(M, K, N)
         assert fwd and bwd
         for params in fwd + bwd:
             RMSNormMatmulConfig(**params).check_shape(K, N)  # valid, and fits the shape it is swept at
         assert any(c["split_k"] > 1 for c in fwd) == (M <= 64)
+        if M <= 16:  # both backward forms at decode sizes, whichever the base config (table or entry) has
+            assert {c["dw_in_dx"] for c in bwd} == {True, False}
     assert triton_utils.resolve_interpret(None) == (jax.default_backend() == "cpu")
 
 

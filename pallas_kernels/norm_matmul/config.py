@@ -195,9 +195,10 @@ def sweep_candidates(M: int, K: int, N: int) -> tuple[list[dict], list[dict]]:
                                       (64, 128, 8, False), (128, 128, 16, False), (32, 256, 4, False),
                                       (32, 256, 1, True), (64, 256, 8, False), (128, 256, 4, False),
                                       (256, 128, 8, False), (128, 128, 8, False)]:
-            bwd.append(dict(base, block_k_dx=bk, block_n_dx=bn, split_n_dx=split, rowdot_in_dx=rowdot))
+            bwd.append(dict(base, block_k_dx=bk, block_n_dx=bn, split_n_dx=split, rowdot_in_dx=rowdot,
+                            dw_in_dx=False))
         for bk, bn in [(32, 128), (128, 128), (64, 256), (64, 128), (128, 256), (256, 128), (32, 256)]:
-            bwd.append(dict(base, block_k_dw=bk, block_n_dw=bn))
+            bwd.append(dict(base, block_k_dw=bk, block_n_dw=bn, dw_in_dx=False))
         if M <= base["block_m_dx"]:  # dw written by the dx kernel: (block_k_dx, block_n_dx, split_n_dx)
             for bk, bn, split in [(32, 256, 1), (64, 256, 1), (32, 128, 1), (64, 128, 2), (32, 256, 2),
                                   (128, 128, 4), (64, 256, 4), (32, 128, 4)]:
