@@ -179,8 +179,8 @@ def rmsnorm_matmul_table(M: int, dtype, *, on_gpu: bool) -> dict[str, Any]:
     if not on_gpu:
         return dict(_RMSNORM_MATMUL_CPU)
     params = dict(_RMSNORM_MATMUL_GPU["decode" if M <= DECODE_ROWS else "large"])
-    if M <= params["block_m_dx"]:
-        # Every row in one dx row block: the dx kernel writes dw too (32x128 tiles, N split 4 ways). On the H200 at
+    if M <= DECODE_ROWS and M <= params["block_m_dx"]:
+        # Decode, every row in one dx row block: the dx kernel writes dw too (32x128 tiles, N split 4 ways). On the H200 at
         # five decode shapes with no entry, fwd+bwd µs against the table's separate dw kernel: 1x2048x8192 39.8 /
         # 50.6, 4x1024x3072 15.2 / 18.3, 8x4096x12288 104.9 / 109.5, 16x2048x5632 35.1 / 41.3, 16x8192x8192
         # 125.5 / 127.1 (decode_dw_in_dx_table-h200-82f65c8.json). Not measured on another GPU.

@@ -347,6 +347,8 @@ def test_default_config_fits_the_shape():
     assert decode.block_m == 16 and decode.split_k > 1
     assert decode.dw_in_dx and decode.split_n_dx == 4  # every row in one dx row block: dw from the dx kernel
     assert not nm_config.default_config(32, 2048, 8192, on_gpu=True).dw_in_dx  # two row blocks of 16
+    small_prefill = nm_config.default_config(128, 2048, 8192, on_gpu=True)  # one 128-row dx block, not decode
+    assert small_prefill.dw_in_xla and not small_prefill.dw_in_dx
     for M, K, N in [(4096, 4096, 14336), (16, 4096, 4096), (1, 4096, 14336)]:
         fwd, bwd = nm_config.sweep_candidates(M, K, N)
         assert fwd and bwd
