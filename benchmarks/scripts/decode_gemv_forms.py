@@ -12,7 +12,7 @@ CUPTI medians per kernel over 40 calls, input sets rotated (``bench.time_kernels
 fwd+bwd programs of 16x4096x4096 and 1x4096x14336 per kernel (ours and XLA's). Writes
 ``decode_gemv_forms-<round>.json``.
 Measured on the H200 (NOTES.md, thirty-ninth session): the Triton forms read w at 3.4-3.6 TB/s at best, the Mosaic
-core's best forms at 3.7-4.0 (29.5-31.5 µs from call to call), XLA's GEMV at 3.8-4.0 (29.4-30.8 µs).
+core's best forms at 3.7-4.0 (29.5-31.8 µs from call to call), XLA's GEMV at 3.8-4.0 (29.4-30.8 µs).
 """
 
 from __future__ import annotations
