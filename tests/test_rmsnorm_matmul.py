@@ -170,13 +170,15 @@ def test_split_variants_match_reference(variant, residual):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("split", [1, 2])
-def test_dw_written_by_the_dx_kernel_matches_reference(split, dtype):
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_dw_written_by_the_dx_kernel_matches_reference(split, dtype, residual):
     """dw_in_dx (decode): the dx kernel's programs hold every row and write each dw tile beside the w tile they
-    read; whole or with N split over two programs per dx tile (then XLA finishes dx), few rows (some masked)."""
-    x, gamma, w, _ = inputs(SIZES["few"], SIZES["K"], SIZES["N"], dtype)
+    read; whole or with N split over two programs per dx tile (then XLA finishes dx), few rows (some masked), with
+    and without a residual (whose cotangent the dx kernel, or XLA's finish, adds)."""
+    x, gamma, w, res = inputs(SIZES["few"], SIZES["K"], SIZES["N"], dtype, residual=residual)
     tiles = dict(block_k_dx=64, block_n_dx=128) if ON_GPU else dict(block_k_dx=16, block_n_dx=16)
     blocks = dict(tiles, block_m_dx=64, split_n_dx=split, rowdot_in_dx=False, dw_in_dx=True)
-    _TRITON.check_against_reference(x, gamma, w, None, tolerance(dtype), block_sizes=blocks)
+    _TRITON.check_against_reference(x, gamma, w, res, tolerance(dtype), block_sizes=blocks)
 
 
 @pytest.mark.slow
