@@ -61,7 +61,8 @@ class _Interpreted(NormMatmulTests):
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("M, K, N, message", [
     (16, 4096, 4096, "M=16 is not a positive multiple of the rows"),
-    (1, 4096, 14336, "M=1 is not a positive multiple"),
+    (1, 1040, 4096, "one row (M=1): K=1040 is not a multiple of 512"),
+    (1, 4096, 4112, "one row (M=1): N=4112 is not a positive multiple of the rows"),
     (1024, 4100, 1024, "K=4100 is not a positive multiple of tile_k=64"),
     (1024, 1024, 1000, "N=1000 is not a positive multiple of the columns"),
 ])
@@ -69,6 +70,19 @@ def test_decode_and_untiled_shapes_are_unsupported_naming_the_constraint(M, K, N
     x, g, w = S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
     reason = nm.unsupported_reason(x, g, w)
     assert reason is not None and message in reason
+
+
+def test_one_row_takes_bfloat16_only_and_a_gemv_config():
+    x, g, w = S((1, 4096), jnp.float16), S((4096,), jnp.float16), S((4096, 14336), jnp.float16)
+    assert "bfloat16 only" in nm.unsupported_reason(x, g, w)
+    x, g, w = S((1, 4096), jnp.bfloat16), S((4096,), jnp.bfloat16), S((4096, 14336), jnp.bfloat16)
+    assert nm.unsupported_reason(x, g, w) is None
+    config = nm.default_config(x, g, w, residual=None)
+    assert config.forward.tile_n == config.forward.cta_n == nm_config.ONE_ROW_PADDED
+    cooperative = dataclasses.replace(config, forward=dataclasses.replace(config.forward, schedule="cooperative"))
+    with pytest.raises(ValueError, match=r"one row \(M=1\): .* needs tile_n=16 and schedule='pingpong' or "
+                                         r"wg_split='m'"):
+        nm.check_config(cooperative, x, g, w)
 
 
 @pytest.mark.parametrize("residual", [False, True])
@@ -398,6 +412,62 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
         _check_kernels(M, K, N, False, Config(**params))
 
 
+@cpu_only
+@pytest.mark.parametrize("K, N", [(4096, 14336), (1024, 2816)])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_one_row_forward_is_one_mosaic_kernel_and_no_xla_reduction(K, N, residual):
+    """The one-row forward: the transposed GEMV (r from x inside it) and one XLA fusion writing x ⊙ gamma padded (and
+    h): no reduction in a forward-only program. Its gradients: the Triton backward (the decode table's dx kernel
+    writing dw too), beside the one Mosaic forward kernel."""
+    x, g, w = S((1, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
+    args = (x, g, w, x) if residual else (x, g, w)
+
+    def fn(x, g, w, r=None):
+        out = norm_matmul.rmsnorm_matmul(x, g, w, residual=r, backend="mosaic")
+        return out if r is None else out[1]
+
+    def loss(*args):
+        return jnp.sum(fn(*args).astype(jnp.float32) ** 2)
+
+    with backends.lowering_for_gpu():
+        fwd = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        train = jax.jit(jax.grad(loss, tuple(range(len(args))))).trace(*args).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert fwd.count("@mosaic_gpu") == 1 and "stablehlo.reduce" not in fwd and "triton" not in fwd
+    assert "rmsnorm_matmul_fwd_gemv" in fwd
+    assert train.count("@mosaic_gpu") == 1 and train.count("__gpu$xla.gpu.triton") == 1  # dw from the dx kernel
+
+
+@cpu_only
+@pytest.mark.slow
+def test_one_row_sweep_candidates_lower_within_shared_memory():
+    K, N = 4096, 14336
+    x, g, w = S((1, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
+    with backends.lowering_for_gpu():
+        forward, backward = nm.sweep_candidates(x, g, w)
+        assert len(forward) >= 4 and len(backward) == 1
+        for params in forward:
+            fn = lambda x, g, w, c=Config(**params): norm_matmul.rmsnorm_matmul(x, g, w, block_sizes=c,
+                                                                                 backend="mosaic")
+            assert "@mosaic_gpu" in jax.jit(fn).trace(x, g, w).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_one_row_in_interpret_mode(residual):
+    """The one-row forward (two 64-row tiles of w's N per simulated SM) and the Triton backward after it, against
+    the float32 reference; x at 1e3 and 1e-3 too (r from the kernel's own sum of squares)."""
+    K, N = 512, 256
+    config = Config(forward=dataclasses.replace(nm_config.ONE_ROW_FORWARD[0], tile_k=128, num_stages=2),
+                    dx=_Interpreted.tiles, dw=_Interpreted.tiles)
+    for scale in (1.0, 1e3, 1e-3):
+        x, g, w, res = inputs(1, K, N, jnp.bfloat16, residual=residual)
+        x, res = x * scale, None if res is None else res * scale
+        with mosaic_utils.interpret_on_cpu(num_sms=2):
+            _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, K), block_sizes=config)
+
+
 def _mk_producers(program: str, M: int, K: int, dtype: str = "") -> list[str]:
     """Ops other than custom calls (the kernels) whose result is an (M, K) tensor (of ``dtype``, e.g. "bf16"),
     in StableHLO text, as (op name, line)."""
@@ -582,6 +652,18 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     config = _numbers_config(M, K, N, dtype, residual, stats_in_kernel, row_dot)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
+
+
+@gpu_only
+@pytest.mark.parametrize("K, N", [(4096, 14336), (1024, 2816), (8192, 8192)])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_one_row_on_the_gpu(K, N, residual):
+    """The one-row forward (transposed GEMV, r from the kernel) and the Triton backward after it: forward and
+    gradients against the float32 reference, x at three magnitudes."""
+    for scale in (1.0, 1e3, 1e-3):
+        x, g, w, res = inputs(1, K, N, jnp.bfloat16, residual=residual)
+        x, res = x * scale, None if res is None else res * scale
+        _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(K, N)))
 
 
 @gpu_only

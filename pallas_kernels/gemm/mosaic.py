@@ -201,6 +201,9 @@ class Fusion:
     partial_columns: the hooks read no (N,) input and no tile input, so the last column of tiles may run past N
       (tile_n not dividing N, to even out the rounds as cuBLAS's 128x160 tiles do): TMA loads zeros past N and
       stores nothing there. A plain GEMM (no fusion) takes it too.
+    store_tile: False: the epilogue's row vectors are the result and the (M, N) output tile is never stored (the
+      kernel's first output is allocated, its contents undefined): e.g. a GEMV run transposed, whose one useful
+      accumulator column the epilogue returns as a row vector. epilogue_store "end" only.
     """
 
     tile_inputs: tuple[str, ...] = ()
@@ -211,6 +214,7 @@ class Fusion:
     handoff_rows: int = 1
     reduction_scratch_bytes: int = 0
     partial_columns: bool = False
+    store_tile: bool = True
     prologue_init: Callable | None = None
     prologue_step: Callable | None = None
     a_observe: Callable | None = None
@@ -279,6 +283,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
     if fusion.a_operand is not None and fusion.a_copy is not None:
         raise ValueError(f"{name}: a fusion with an a_operand takes no a_copy; got a_copy={fusion.a_copy[0]!r}")
+    if config.stores_later and not fusion.store_tile:
+        raise ValueError(f"{name}: a fusion that stores no output tile (store_tile=False) takes epilogue_store='end', "
+                         f"got {config.epilogue_store!r}")
     if config.stores_later and fusion.store_in is not None:
         raise ValueError(f"{name}: epilogue_store={config.epilogue_store!r} keeps the output tile in registers and "
                          f"stages it in its own SMEM slots; a fusion storing from its tile input "
@@ -592,6 +599,8 @@ class _Shape:
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
         for n, vec in rows_out.items():
             _store_rows(vec, named_out[n], ctx)
+        if not fusion.store_tile:
+            return None
         tile = acc.astype(self.out_dtype)
         if not store and self.cfg.epilogue_store == "split":
             half = self.cfg.tile_n // 2

@@ -264,6 +264,9 @@ class MosaicRMSNormMatmulConfig:
     forward: y = r ⊙ (x @ w_γ), an (M, K) @ (K, N) GEMM.  dx: (M, N) @ (N, K), the x tile (and dh) prefetched for
     the epilogue.  dw: (K, M) @ (M, N), the w tile prefetched for the epilogue. Each a ``MosaicGemmConfig`` (a
     mapping of its fields is converted, so tuned entries and ``block_sizes`` may give dicts).
+    One row (M = 1, decode): ``forward`` tiles the transposed GEMV yᵀ = wᵀ @ (x ⊙ gamma)ᵀ (``norm_matmul.mosaic_gemv``:
+      tile_m along N, tile_n 16, ``one_row_reason``), and the backward runs the Triton backend's kernels with that
+      backend's config for the shape: dx, dw and the other fields are not used.
     dw_in_xla: dw's GEMM g = xᵀ @ dyr by XLA (cuBLAS, float32 out) and dw, dgamma from g by XLA fusions; None
       (default): when the dw kernel's output has fewer than FEW_TILES CTA tiles (``dw_by_xla``).
     stats_in_kernel: where r comes from. False (default): one XLA row reduction over x (2MK bytes read), the kernel
@@ -567,7 +570,9 @@ class MosaicRMSNormMatmulConfig:
 
     def unsupported_reason(self, M: int, K: int, N: int) -> str | None:
         """None when the Mosaic GEMMs tile (M, K, N) (forward (M, N, K), dx (M, K, N), dw (K, N, M) unless XLA
-        runs it); else the constraint, naming the kernel."""
+        runs it; at one row the transposed GEMV, ``one_row_reason``); else the constraint, naming the kernel."""
+        if M == 1:
+            return one_row_reason(K, N, self.forward)
         sizes = dict(M=M, K=K, N=N)
         kernels = (("forward", "MNK"), ("dx", "MKN")) + (() if self.dw_by_xla(K, N) else (("dw", "KNM"),))
         for kernel, names in kernels:
@@ -595,6 +600,32 @@ _MMA_STATS_FORWARD = tuple(dataclasses.replace(c, delay_release=1, stream_k=0) f
 _DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n"), *_SMALLER)
 
 
+# The one-row forward (``norm_matmul.mosaic_gemv``): B is x ⊙ gamma padded to ONE_ROW_PADDED rows (wgmma's N), and r
+# comes from x viewed (ONE_ROW_STAT_ROWS, K / ONE_ROW_STAT_ROWS) in the accumulator layout (8-column groups).
+ONE_ROW_PADDED = 16
+ONE_ROW_STAT_ROWS = 64
+# Its built-in tiles: ping-pong 64-row tiles of w's N axis (224 tiles at N = 14336 over the H200's 132 SMs), one
+# wgmma group in flight. Measured at 1x4096x14336 on the H200 (gemv_probe-h200-0aae188.json: two rounds of one call,
+# forward µs with the XLA fusion writing x ⊙ gamma; XLA's forward 32.24 / 32.16): tile_k 256 with 4 stages 32.43 /
+# 31.36, tile_k 128 with 8 stages 32.51 / 31.58, with 6 or 10 stages 32.98 / 32.29 and 33.46 / 32.41, 128-row tiles
+# with 3 or 4 stages 32.62 / 32.13 and 33.36 / 32.77.
+ONE_ROW_FORWARD = (_G(tile_m=64, tile_n=ONE_ROW_PADDED, tile_k=256, num_stages=4, schedule="pingpong",
+                      epilogue_store="end", delay_release=1, epi_tile_n=ONE_ROW_PADDED),)
+
+
+def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
+    """None when the one-row forward's transposed GEMV takes w (K, N) with these tiles; else the constraint."""
+    if forward.tile_n != ONE_ROW_PADDED or forward.cta_n != ONE_ROW_PADDED:
+        return (f"one row (M=1): the forward runs transposed, x ⊙ gamma padded to {ONE_ROW_PADDED} rows as the CTA's "
+                f"columns: its config needs tile_n={ONE_ROW_PADDED} and schedule='pingpong' or wg_split='m'; got "
+                f"tile_n={forward.tile_n}, schedule={forward.schedule!r}, wg_split={forward.wg_split!r}")
+    if K % (ONE_ROW_STAT_ROWS * 8):
+        return (f"one row (M=1): K={K} is not a multiple of {ONE_ROW_STAT_ROWS * 8} (x is viewed "
+                f"({ONE_ROW_STAT_ROWS}, K / {ONE_ROW_STAT_ROWS}) in 8-column groups for r)")
+    reason = gemm_unsupported_reason(N, ONE_ROW_PADDED, K, forward, names=("N", "x's padded rows", "K"))
+    return f"one row (M=1): {reason} (forward GEMV)" if reason else None
+
+
 def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
                           stats_in_kernel: bool | str = False) -> MosaicRMSNormMatmulConfig:
     """The Mosaic config a call uses without ``block_sizes``: the tuning-cache entry for this device and shape if
@@ -609,7 +640,10 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
                 return tuned
     forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
                **{name: _MMA_STATS_FORWARD for name in MMA_STATS}}[stats_in_kernel]
-    return MosaicRMSNormMatmulConfig(forward=pick_config(M, N, K, forward),
+    if M == 1:  # the transposed GEMV; dx and dw are not used (the Triton backward)
+        forward = ONE_ROW_FORWARD
+    return MosaicRMSNormMatmulConfig(forward=pick_config(N, ONE_ROW_PADDED, K, forward) if M == 1 else
+                                     pick_config(M, N, K, forward),
                                      dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
                                      dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel)
 
@@ -622,6 +656,11 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     order and K loop; stream-K for a last round of tiles less than half full in both (at 32768x4096x4096 it won:
     rmsnorm_matmul_configs-h100-788ee3f.json). Candidates that do not tile the shape are left out."""
     base = mosaic_default_config(M, K, N, dtype, residual=residual)
+    if M == 1:  # the transposed GEMV's tiles (ONE_ROW_FORWARD says what they measured); the backward is Triton's
+        gemv = [dict(tile_k=256, num_stages=4), dict(tile_k=128, num_stages=8), dict(tile_k=256, num_stages=5),
+                dict(tile_k=128, num_stages=8, delay_release=2), dict(tile_m=128, tile_k=128, num_stages=3)]
+        fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in gemv]
+        return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None], [base.to_dict()])
     # the GEMM core's tile sweep winners (gemm/__init__.py): 64x256 accumulators stacked along M, ping-pong tiles
     stacked_m = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")
     pingpong = dict(tile_m=128, tile_n=128, schedule="pingpong", delay_release=1, grid_minor="m")

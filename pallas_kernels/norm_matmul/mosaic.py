@@ -76,6 +76,7 @@ from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
 from pallas_kernels.norm_matmul.config import MMA_STATS
+from pallas_kernels.norm_matmul import mosaic_gemv, triton_bwd, triton_fwd
 from pallas_kernels.norm_matmul.dx_finish import finish_dx
 
 __all__ = ["Config", "FORWARD_FIELDS", "check_config", "default_config", "rmsnorm_matmul", "sweep_candidates",
@@ -101,6 +102,9 @@ def _input_reason(x, out_dtype, interpret: bool) -> str | None:
     dtype = jnp.dtype(x.dtype)
     if dtype not in _DTYPES:
         return f"x: dtype {dtype} is not supported by the Mosaic backend (bfloat16 and float16 only)"
+    if x.shape[0] == 1 and dtype != jnp.dtype(jnp.bfloat16):
+        return (f"x: dtype {dtype} at one row (M=1): the one-row forward rounds x ⊙ gamma before its product, "
+                f"bfloat16 only (float16 would round small x into subnormals)")
     if out_dtype is not None and jnp.dtype(out_dtype) != dtype:
         return f"out_dtype={jnp.dtype(out_dtype)} must equal x's dtype {dtype} on the Mosaic backend"
     return None
@@ -125,6 +129,7 @@ class _Static:
     config: Config
     eps: float
     out_dtype: jnp.dtype
+    one_row_backward: _config.RMSNormMatmulConfig | None = None  # at M = 1: the Triton backward's config
 
 
 def _rows_zero(tile_m: int) -> jax.Array:
@@ -290,6 +295,9 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
 def _forward(x, residual, gamma, w, static: _Static):
     """x, residual (M, K); gamma (K,); w (K, N) -> y (M, N), r (M,) float32, h (M, K) or None."""
     M, K = x.shape
+    if M == 1:  # decode: the transposed GEMV
+        return mosaic_gemv.forward(x, residual, gamma, w, config=static.config.forward, eps=static.eps,
+                                   out_dtype=static.out_dtype)
     h = None
     if residual is not None:  # h = x + residual rounded to x's dtype: one XLA pass, written once
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
@@ -528,7 +536,8 @@ def _rmsnorm_matmul(x, residual, gamma, w, static: _Static):
 
 def _rmsnorm_matmul_fwd(x, residual, gamma, w, static: _Static):
     y, rstd, h = _forward(x, residual, gamma, w, static)
-    kept_y = y if static.config.row_dot_side() == "n" else None  # the K side needs no y
+    one_row = static.one_row_backward is not None  # the Triton backward's row dot takes y
+    kept_y = y if one_row or static.config.row_dot_side() == "n" else None  # the K side needs no y
     return (y if residual is None else (h, y)), (x if residual is None else h, gamma, w, rstd, kept_y)
 
 
@@ -536,7 +545,12 @@ def _rmsnorm_matmul_bwd(static: _Static, saved, cotangent):
     xn, gamma, w, rstd, y = saved
     has_residual = isinstance(cotangent, tuple)  # (dh, dy) when the primal returned (h, y)
     dh, dy = cotangent if has_residual else (None, cotangent)
-    dx, dgamma, dw = _backward(xn, gamma, w, rstd, y, dy, dh, static)
+    if static.one_row_backward is not None:  # one row: the Triton backend's decode kernels
+        triton_static = triton_fwd.Static(config=static.one_row_backward, eps=static.eps, out_dtype=static.out_dtype,
+                                          interpret=mu.interpreting())
+        dx, dgamma, dw = triton_bwd.backward(xn, gamma, w, rstd, y, dy, dh, static=triton_static)
+    else:
+        dx, dgamma, dw = _backward(xn, gamma, w, rstd, y, dy, dh, static)
     return dx, (dx if has_residual else None), dgamma, dw
 
 
@@ -547,6 +561,10 @@ def check_config(config: Config, x, gamma, w, *, residual=None, out_dtype=None, 
     """ValueError naming the constraint when ``unsupported_reason`` would, with ``config``'s tiles, or when one of
     its forms cannot take these inputs (shared memory of the dyr copy, dgamma's, gamma's side in float16)."""
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
+    if x.shape[0] == 1:  # the one-row forward takes none of the forms below; the backward is Triton's
+        if reason:
+            raise ValueError(f"rmsnorm_matmul (mosaic): {reason}")
+        return
     if not reason and config.dyr_in_dx:
         reason = config.dyr_smem_reason(x.dtype, residual is not None)
     if not reason:
@@ -562,5 +580,11 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     """x (M, K), gamma (K,), w (K, N), residual (M, K) or None, validated by the public function -> y (M, N) in
     out_dtype (= x's dtype), or (h, y); differentiable (custom VJP, three GEMMs in all). ``check_config`` first."""
     check_config(config, x, gamma, w, residual=residual, out_dtype=out_dtype, interpret=interpret)
+    (M, K), N = x.shape, w.shape[1]
+    one_row_backward = None
+    if M == 1:  # the Triton backend's config for the shape (its tuned entry or its table)
+        one_row_backward = _config.default_config(M, K, N, x.dtype, residual=residual is not None,
+                                                  on_gpu=not mu.interpreting())
     return _rmsnorm_matmul(x, residual, gamma, w, _Static(config=config, eps=float(eps),
-                                                          out_dtype=jnp.dtype(out_dtype)))
+                                                          out_dtype=jnp.dtype(out_dtype),
+                                                          one_row_backward=one_row_backward))

@@ -1,0 +1,72 @@
+"""The Mosaic backend's one-row forward (decode, M = 1): y = r · (x ⊙ gamma) @ w as one GEMM kernel run transposed.
+
+At one row the forward is a GEMV: its time is w's 2KN bytes read once. The GEMM core (``pallas_kernels.gemm``)
+runs it transposed, yᵀ (N, 16) = wᵀ (N, K) @ xg (K, 16):
+  A  = w read transposed by TMA (the N axis in tiles of tile_m rows: wgmma's M side);
+  B  = xg = x ⊙ gamma rounded to x's dtype and padded with 15 rows of zeros (16: the core's smallest wgmma N),
+       written by one XLA fusion (with a residual the same fusion writes h = x + residual, which then stands for x);
+  epilogue: the accumulator's row sums are y's tile_m values (the padded columns hold zeros), scaled by
+       r = rsqrt(mean(x²) + eps). r comes from x itself, viewed (64, K / 64) and loaded into registers at each
+       tile's start (the load's round trip runs under the K loop), squared and summed in the epilogue: no XLA
+       reduction, no normalized tensor. y (N,) is stored from registers; the (N, 16) tile is never stored
+       (``Fusion.store_tile``).
+So the forward is two kernels, the small XLA fusion and the GEMV, where XLA's own is three: its r reduction, the
+normalized x and its GEMV.
+
+bfloat16 only: x ⊙ gamma is rounded once before the product, and float16 would round small x into subnormals
+(bfloat16 has float32's exponent range). K a multiple of 512 (the (64, K / 64) view in the accumulator layout
+takes 8-column groups) and of tile_k; N a multiple of tile_m (``config.one_row_reason``).
+
+Measured on the H200 at 1x4096x14336 (NOTES.md, fortieth session): see ``config.ONE_ROW_FORWARD``.
+
+The backward at one row is the Triton backend's (``triton_bwd``: with ``dw_in_dx`` its dx kernel streams w in and dw
+out, the fastest form measured at decode sizes), with that backend's tuned or built-in config for the shape; it
+takes r from one XLA reduction over x, made for it alone (XLA drops it from a forward-only program).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
+from pallas_kernels.norm_matmul.config import ONE_ROW_PADDED, ONE_ROW_STAT_ROWS
+
+__all__ = ["forward"]
+
+_F32 = jnp.float32
+
+
+def _fusion(K: int, N: int, eps: float, out_dtype) -> Fusion:
+    """y (N,) = r · (row sums of the (tile_m, 16) accumulator), r from x's (64, K / 64) view ("x_rows"), loaded at
+    each tile's start and reduced in its epilogue (within each warp, then across the warpgroup's four)."""
+    def load_x(ctx):
+        return mu.load(ctx.refs["x_rows"], layout=mu.TILE, optimized=False)
+
+    def epilogue(ctx, acc, x_rows):
+        del ctx
+        x_rows = x_rows.astype(_F32)
+        rstd = lax.rsqrt(jnp.sum(jnp.sum(x_rows * x_rows, axis=1)) * (1.0 / K) + eps)
+        return acc, {"y": jnp.sum(acc, axis=1) * rstd}
+
+    return Fusion(inputs=("x_rows",), outputs=(("y", jax.ShapeDtypeStruct((N,), out_dtype)),), store_tile=False,
+                  prologue_init=load_x, epilogue=epilogue, reduction_scratch_bytes=2048)
+
+
+def forward(x, residual, gamma, w, *, config: MosaicGemmConfig, eps: float, out_dtype):
+    """x, residual (1, K); gamma (K,); w (K, N) -> y (1, N) in out_dtype, r (1,) float32, h (1, K) or None.
+    ``config``: the transposed GEMV's tiles (``config.one_row_reason`` checked by the caller)."""
+    K, N = w.shape
+    h = None
+    if residual is not None:  # h = x + residual rounded to x's dtype, in the fusion that writes xg
+        h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
+        x = h
+    xg = jnp.pad((x.astype(_F32) * gamma.astype(_F32)).astype(x.dtype), ((0, ONE_ROW_PADDED - 1), (0, 0)))
+    x_rows = x.reshape(ONE_ROW_STAT_ROWS, K // ONE_ROW_STAT_ROWS)
+    _, y = gemm(w, xg, transpose_a=True, transpose_b=True, config=config, out_dtype=x.dtype,
+                fusion=_fusion(K, N, eps, out_dtype), arrays=dict(x_rows=x_rows), name="rmsnorm_matmul_fwd_gemv")
+    x32 = x.astype(_F32)
+    rstd = lax.rsqrt(jnp.mean(x32 * x32, axis=1) + eps)  # for the backward only
+    return y.reshape(1, N), rstd, h
