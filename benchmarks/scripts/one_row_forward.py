@@ -1,0 +1,88 @@
+"""The one-row (M = 1) rmsnorm_matmul on both Pallas backends against XLA, forward and forward + backward, in one run:
+the Mosaic backend's transposed GEMV (``norm_matmul.mosaic_gemv``) at each of its sweep candidates' tiles, the
+Triton backend's config for the shape (tuned entry or table), and XLA's norm + matmul.
+
+    PYTHONPATH=$PWD python benchmarks/scripts/one_row_forward.py --out $OUT [--shapes 1x4096x14336,1x2048x8192]
+
+CUPTI medians over ``--iterations`` calls, input sets rotated as the suite rotates them (``runner.input_sets``);
+every form's outputs (and gradients) checked against the float32 reference first. The Mosaic forms share the
+Triton backward, so their forward + backward differ from Triton's by the forward alone (only the default tiles run
+forward + backward). Writes
+``one_row_forward.json`` (µs, relative errors, the largest kernels of each program).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import jax
+import numpy as np
+
+import pallas_kernels
+from jaxfuse import bench, costmodel
+from jaxfuse.suites import rmsnorm_matmul as suite
+from jaxfuse.suites.runner import input_sets, reference_outputs
+
+SHAPES = ("1x4096x14336", "1x2048x8192", "1x4096x4096", "1x8192x8192", "1x1024x2816", "1x8192x28672")
+
+
+def _forms(x, gamma, w) -> dict:
+    """name -> fn(x, gamma, w): XLA, Triton's config, and each Mosaic sweep candidate (the first is the default)."""
+    forms = {"xla": suite.SPEC.implementations()["xla"],
+             "triton": lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="triton")}
+    forward, _ = pallas_kernels.norm_matmul.sweep_candidates(x, gamma, w, backend="mosaic")
+    for params in forward:
+        f = params["forward"]
+        name = f"mosaic_m{f['tile_m']}_k{f['tile_k']}_s{f['num_stages']}_d{f['delay_release']}"
+        forms[name] = lambda x, g, w, _p=params: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic",
+                                                                               block_sizes=_p)
+    return forms
+
+
+def _rel_error(got, want) -> float:
+    return max(float(np.max(np.abs(np.asarray(g, np.float32) - np.asarray(r, np.float32))) /
+                     max(float(np.max(np.abs(np.asarray(r, np.float32)))), 1e-30)) for g, r in zip(got, want))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--iterations", type=int, default=40)
+    args = parser.parse_args()
+    dev = costmodel.detect()
+    rows = []
+    for name in args.shapes.split(","):
+        M, K, N = map(int, name.split("x"))
+        shape = dict(M=M, K=K, N=N)
+        sets = input_sets(suite.SPEC, shape, dev)
+        for mode in ("fwd", "fwd+bwd"):
+            mode_sets = [s[:3] for s in sets] if mode == "fwd" else sets
+            want = reference_outputs(suite.SPEC, sets[0], mode, shape, {})
+            forms = list(_forms(*sets[0][:3]).items())
+            if mode != "fwd":  # the Mosaic forms share the Triton backward: the default's tiles stand for them
+                forms = forms[:3]
+            for form, fn in forms:
+                program = jax.jit(suite.SPEC.program(fn, mode, shape, {}))
+                try:
+                    err = _rel_error(jax.tree.leaves(program(*mode_sets[0])), want)
+                    timing = bench.time_kernels(program, mode_sets, iterations=args.iterations)
+                except Exception as e:  # noqa: BLE001 -- a form that does not compile is reported, the rest run
+                    print(name, mode, form, "ERROR", str(e)[:300], flush=True)
+                    continue
+                kernels = sorted(((k, round(v, 2)) for k, v in timing.per_kernel_us.items()), key=lambda kv: -kv[1])
+                rows.append(dict(shape=name, mode=mode, form=form, us=round(timing.median_us, 2), rel_error=err,
+                                 kernels=kernels[:5]))
+                print(json.dumps(rows[-1]), flush=True)
+            jax.clear_caches()
+    path = os.path.join(args.out, "one_row_forward.json")
+    with open(path, "w") as f:
+        json.dump(dict(environment=bench.environment(), rows=rows, input_sets="runner.input_sets"), f, indent=1)
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
