@@ -446,6 +446,7 @@ def test_one_row_sweep_candidates_lower_within_shared_memory():
     with backends.lowering_for_gpu():
         forward, backward = nm.sweep_candidates(x, g, w)
         assert len(forward) >= 4 and len(backward) == 1
+        assert any(c["forward"]["stream_k"] for c in forward)
         for params in forward:
             fn = lambda x, g, w, c=Config(**params): norm_matmul.rmsnorm_matmul(x, g, w, block_sizes=c,
                                                                                  backend="mosaic")
@@ -655,15 +656,21 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
 
 
 @gpu_only
-@pytest.mark.parametrize("K, N", [(4096, 14336), (1024, 2816), (8192, 8192)])
+@pytest.mark.parametrize("K, N, forward", [(4096, 14336, None), (1024, 2816, None), (8192, 8192, None),
+                                           (4096, 4096, dict(schedule="cooperative", wg_split="m", tile_k=128,
+                                                             num_stages=6, stream_k=4))])  # 32 tiles in 128 units
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_one_row_on_the_gpu(K, N, residual):
-    """The one-row forward (transposed GEMV, r from the kernel) and the Triton backward after it: forward and
-    gradients against the float32 reference, x at three magnitudes."""
+def test_one_row_on_the_gpu(K, N, forward, residual):
+    """The one-row forward (transposed GEMV, r from the kernel; stream-K's partial sums through the workspace) and
+    the Triton backward after it: forward and gradients against the float32 reference, x at three magnitudes."""
+    x, g, w, res = inputs(1, K, N, jnp.bfloat16, residual=residual)
+    config = nm.default_config(x, g, w, residual=res)
+    if forward:
+        config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, **forward))
     for scale in (1.0, 1e3, 1e-3):
         x, g, w, res = inputs(1, K, N, jnp.bfloat16, residual=residual)
         x, res = x * scale, None if res is None else res * scale
-        _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(K, N)))
+        _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(K, N)), block_sizes=config)
 
 
 @gpu_only

@@ -35,7 +35,8 @@ def _forms(x, gamma, w) -> dict:
     forward, _ = pallas_kernels.norm_matmul.sweep_candidates(x, gamma, w, backend="mosaic")
     for params in forward:
         f = params["forward"]
-        name = f"mosaic_m{f['tile_m']}_k{f['tile_k']}_s{f['num_stages']}_d{f['delay_release']}"
+        name = (f"mosaic_{f['schedule'][:2]}_m{f['tile_m']}_k{f['tile_k']}_s{f['num_stages']}_d{f['delay_release']}"
+                f"_sk{f['stream_k']}")
         forms[name] = lambda x, g, w, _p=params: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic",
                                                                                block_sizes=_p)
     return forms

@@ -657,8 +657,10 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     rmsnorm_matmul_configs-h100-788ee3f.json). Candidates that do not tile the shape are left out."""
     base = mosaic_default_config(M, K, N, dtype, residual=residual)
     if M == 1:  # the transposed GEMV's tiles (ONE_ROW_FORWARD says what they measured); the backward is Triton's
+        stacked = dict(schedule="cooperative", wg_split="m", tile_k=128, num_stages=6)  # 128-row CTA tiles
         gemv = [dict(tile_k=256, num_stages=4), dict(tile_k=128, num_stages=8), dict(tile_k=256, num_stages=5),
-                dict(tile_k=128, num_stages=8, delay_release=2), dict(tile_m=128, tile_k=128, num_stages=3)]
+                dict(tile_k=128, num_stages=8, delay_release=2), dict(tile_m=128, tile_k=128, num_stages=3),
+                stacked, dict(stacked, stream_k=2), dict(stacked, stream_k=4)]  # stream-K: fewer tiles than SMs
         fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in gemv]
         return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None], [base.to_dict()])
     # the GEMM core's tile sweep winners (gemm/__init__.py): 64x256 accumulators stacked along M, ping-pong tiles
