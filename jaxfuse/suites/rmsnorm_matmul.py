@@ -46,6 +46,7 @@ SHAPES = {
     "4096x2048x128256-1b-head": dict(M=4096, K=2048, N=128256, note="train_step '1b' preset: final norm + LM head"),
     "16x4096x4096-decode": dict(M=16, K=4096, N=4096, note="decode, 16 sequences"),
     "1x4096x14336-decode": dict(M=1, K=4096, N=14336, note="decode, one sequence"),
+    "1x4096x4096-decode": dict(M=1, K=4096, N=4096, note="decode, one sequence, square projection (64 GEMV tiles)"),
     "cpu": dict(M=37, K=64, N=32, note="smoke shape for CPU (interpret mode)"),
 }
 
@@ -114,7 +115,7 @@ SPEC = OpSpec(
                     "4096x2048x11008-1b", "16384x1024x5504-mlp", "16x4096x4096-decode", "1x4096x14336-decode"),
     cpu_shapes=("cpu",),
     tune_shapes=("32768x4096x4096", "16x4096x4096-decode", "4096x4096x14336", "1x4096x14336-decode",
-                 "8192x4096x6144-qkv", "8192x512x2816-small", "4096x2048x11008-1b", "8192x512x768-small-qkv",
+                 "1x4096x4096-decode", "8192x4096x6144-qkv", "8192x512x2816-small", "4096x2048x11008-1b", "8192x512x768-small-qkv",
                  "4096x2048x3072-1b-qkv", "16384x1024x5504-mlp"),
     make_inputs=lambda s, seed: make_inputs(s["M"], s["K"], s["N"], seed=seed),
     num_args=3, grad_argnums=(0, 1, 2), output_names={"fwd": ("y",), "fwd+bwd": ("y", "dx", "dgamma", "dw")},

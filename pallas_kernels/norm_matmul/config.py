@@ -130,8 +130,10 @@ class RMSNormMatmulConfig:
 
 
 def shape_key(M: int, K: int, N: int, dtype, *, residual: bool = False) -> str:
-    """Tuning-cache key: dtype, M rounded up to a power of two, K, N, and whether a residual is added."""
-    return f"{jnp.dtype(dtype).name}[M={max(16, pl.next_power_of_2(M))},K={K},N={N}]" + ("+res" if residual else "")
+    """Tuning-cache key: dtype, M rounded up to a power of two (at least 16, but one row keeps its own: its Mosaic
+    forward is a GEMV of another form, ``mosaic_gemv``), K, N, and whether a residual is added."""
+    rows = 1 if M == 1 else max(16, pl.next_power_of_2(M))
+    return f"{jnp.dtype(dtype).name}[M={rows},K={K},N={N}]" + ("+res" if residual else "")
 
 
 def fit_to_shape(params: Mapping, M: int, K: int, N: int) -> dict:
