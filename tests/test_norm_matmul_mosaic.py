@@ -1014,6 +1014,29 @@ def test_float16_near_1e_6_in_interpret_mode():
             _Interpreted().test_float16_near_1e_6_is_as_accurate_as_the_unfused_computation(scale)
 
 
+def test_one_row_keeps_its_own_tuning_key():
+    """One row's Mosaic forward is a GEMV of its own form: its entries (and times) are not those of 2-16 rows."""
+    assert nm_config.shape_key(1, 4096, 14336, jnp.bfloat16) == "bfloat16[M=1,K=4096,N=14336]"
+    assert nm_config.shape_key(2, 4096, 14336, jnp.bfloat16) == "bfloat16[M=16,K=4096,N=14336]"
+    assert nm_config.shape_key(17, 4096, 14336, jnp.bfloat16, residual=True) == "bfloat16[M=32,K=4096,N=14336]+res"
+
+
+@pytest.mark.parametrize("K, N, faster", [(4096, 14336, "mosaic"), (4096, 4096, "triton")])
+def test_the_h200_one_row_entries_choose_the_faster_backend(K, N, faster):
+    """Both backends are tuned at these one-row shapes on the H200 (rmsnorm_matmul-sweep_one_row-h200-f3e2adb-log.txt;
+    the Triton entry at 1x4096x14336 from its earlier sweep at one row), so "auto" takes the lower forward + backward
+    time there: the transposed GEMV at 1x4096x14336, Triton's split-K kernel where 64 GEMV tiles would leave half the
+    SMs idle."""
+    from pallas_kernels import tuning
+
+    key = nm_config.shape_key(1, K, N, jnp.bfloat16)
+    times = {b: tuning.tuned_time_us("rmsnorm_matmul", key, backend=b, device="NVIDIA H200")
+             for b in ("mosaic", "triton")}
+    assert None not in times.values() and min(times, key=times.get) == faster, times
+    params = tuning.lookup("rmsnorm_matmul", key, backend="mosaic", device="NVIDIA H200")
+    assert Config(**params).unsupported_reason(1, K, N) is None
+
+
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])
 def test_the_h100_entries_of_the_suite_shapes_write_dyr_from_the_dx_kernel(M, K, N):
     """Their row dot is on the N side and their dx tiles leave room for the copy: the measured default."""

@@ -9,13 +9,17 @@ activations to HBM, forward and backward.
 
 Backends (``BACKENDS``, in order of preference when nothing is tuned): "mosaic" (``mosaic.py``, sm90 only: GEMMs of
 ``pallas_kernels.gemm`` with gamma folded into w and r applied in the epilogue; 16-bit inputs, M, K and N multiples
-of its tiles) and "triton" (``triton.py``: one forward kernel that normalizes each x tile on load, a dx and a dw
-kernel that recompute the normalized tiles; every GPU, and the decode sizes, where Mosaic's tiles do not apply).
+of its tiles; and one row, bfloat16: the forward a transposed GEMV with r from x in its epilogue, ``mosaic_gemv.py``,
+the backward the Triton kernels) and "triton" (``triton.py``: one forward kernel that normalizes each x tile on
+load, a dx and a dw kernel that recompute the normalized tiles; every GPU, and the decode sizes of 2 to 16 rows,
+where Mosaic's tiles do not apply).
 "auto" takes the backend with the lower tuned time for the shape on this device where both are tuned (the H100 and
 H200 caches: Mosaic at every shape of 4096 rows and more both are tuned at), and otherwise the first that can run
 it: Mosaic on Hopper, which was the faster at every prefill and training shape measured, untuned included (the
 H200 at 16384x1024x5504 with no entry for either: Mosaic 939 µs forward + backward, Triton 1812;
-rmsnorm_matmul-decode_mlp1024-h200-3667889.json). Tune on a GPU with ``jaxfuse bench --op rmsnorm_matmul --tune``.
+rmsnorm_matmul-decode_mlp1024-h200-3667889.json; at one row, untuned, Mosaic's forward was the faster at 5 of 6
+shapes, and both are tuned at the sixth, 1x4096x4096, where Triton's is: one_row_forward-h200-066ab73.json). Tune
+on a GPU with ``jaxfuse bench --op rmsnorm_matmul --tune``.
 """
 
 from __future__ import annotations

@@ -606,11 +606,13 @@ _DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n")
 # comes from x viewed (ONE_ROW_STAT_ROWS, K / ONE_ROW_STAT_ROWS) in the accumulator layout (8-column groups).
 ONE_ROW_PADDED = 16
 ONE_ROW_STAT_ROWS = 64
-# Its built-in tiles: ping-pong 64-row tiles of w's N axis (224 tiles at N = 14336 over the H200's 132 SMs), one
-# wgmma group in flight. Measured at 1x4096x14336 on the H200 (gemv_probe-h200-0aae188.json: two rounds of one call,
-# forward µs with the XLA fusion writing x ⊙ gamma; XLA's forward 32.24 / 32.16): tile_k 256 with 4 stages 32.43 /
-# 31.36, tile_k 128 with 8 stages 32.51 / 31.58, with 6 or 10 stages 32.98 / 32.29 and 33.46 / 32.41, 128-row tiles
-# with 3 or 4 stages 32.62 / 32.13 and 33.36 / 32.77.
+# Its built-in tiles: ping-pong 64-row tiles of w's N axis (224 tiles at N = 14336 over the H200's 132 SMs), tile_k
+# 256, 4 stages, one wgmma group in flight. Measured on the H200 (one_row_forward-h200-066ab73.json, forward µs, the
+# small XLA fusion included; XLA's norm + matmul in the same run): 32.29 (XLA 32.21) at 1x4096x14336, where 128-row
+# tiles at tile_k 128 and 3 stages took 31.07 (32.24 and 32.13 / 30.88 kernel in two other calls), 11.39 (12.58)
+# at 1x2048x8192, 34.53 (36.96) at 1x8192x8192, 5.02 (10.88) at 1x1024x2816, 114.19 (109.97) at 1x8192x28672 and
+# 14.30 (14.37) at 1x4096x4096, where 64 tiles leave half the SMs idle: stacked 128-row tiles with stream-K over 4
+# blocks took 15.14 there, the Triton backend 12.56. The sweep's other candidates: ``mosaic_sweep_candidates``.
 ONE_ROW_FORWARD = (_G(tile_m=64, tile_n=ONE_ROW_PADDED, tile_k=256, num_stages=4, schedule="pingpong",
                       epilogue_store="end", delay_release=1, epi_tile_n=ONE_ROW_PADDED),)
 

@@ -17,7 +17,12 @@ bfloat16 only: x ⊙ gamma is rounded once before the product, and float16 would
 (bfloat16 has float32's exponent range). K a multiple of 512 (the (64, K / 64) view in the accumulator layout
 takes 8-column groups) and of tile_k; N a multiple of tile_m (``config.one_row_reason``).
 
-Measured on the H200 at 1x4096x14336 (NOTES.md, fortieth session): see ``config.ONE_ROW_FORWARD``.
+Measured on the H200 (jax 0.11.2, CUPTI, XLA's norm + matmul in the same run; NOTES.md, fortieth session): at
+1x4096x14336 the suite's forward took 30.9 µs against XLA's 32.0 (1.04x; rmsnorm_matmul-one_row-h200-f3e2adb.md),
+and in three other calls the kernel alone took 29.8-31.9 µs against XLA's GEMV's 29.5-29.6: w's 117 MB at 3.7-3.9
+TB/s, where XLA's reads it at 4.0 (the floor, 4.3 TB/s, is 27.3 µs). The epilogue's r costs 0.1-0.6 µs over row
+sums alone, and storing the unused (N, 16) tile cost 0.4-0.8 more (one_row_gemv_epilogue_probe-h200-9363d22.json).
+Other shapes and tiles: ``config.ONE_ROW_FORWARD``.
 
 The backward at one row is the Triton backend's (``triton_bwd``: with ``dw_in_dx`` its dx kernel streams w in and dw
 out, the fastest form measured at decode sizes), with that backend's tuned or built-in config for the shape; it
