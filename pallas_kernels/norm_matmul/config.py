@@ -664,6 +664,7 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
         stacked = dict(schedule="cooperative", wg_split="m", tile_k=128, num_stages=6)  # 128-row CTA tiles
         gemv = [dict(tile_k=256, num_stages=4), dict(tile_k=128, num_stages=8), dict(tile_k=256, num_stages=5),
                 dict(tile_k=128, num_stages=8, delay_release=2), dict(tile_m=128, tile_k=128, num_stages=3),
+                dict(tile_m=128, tile_k=256, num_stages=2), dict(tile_m=128, tile_k=64, num_stages=6),
                 stacked, dict(stacked, stream_k=2), dict(stacked, stream_k=4)]  # stream-K: fewer tiles than SMs
         fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in gemv]
         return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None], [base.to_dict()])
