@@ -1021,20 +1021,28 @@ def test_one_row_keeps_its_own_tuning_key():
     assert nm_config.shape_key(17, 4096, 14336, jnp.bfloat16, residual=True) == "bfloat16[M=32,K=4096,N=14336]+res"
 
 
-@pytest.mark.parametrize("K, N, faster", [(4096, 14336, "mosaic"), (4096, 4096, "triton")])
-def test_the_h200_one_row_entries_choose_the_faster_backend(K, N, faster):
-    """Both backends are tuned at these one-row shapes on the H200 (rmsnorm_matmul-sweep_one_row-h200-f3e2adb-log.txt;
-    the Triton entry at 1x4096x14336 from its earlier sweep at one row), so "auto" takes the lower forward + backward
-    time there: the transposed GEMV at 1x4096x14336, Triton's split-K kernel where 64 GEMV tiles would leave half the
-    SMs idle."""
+def test_the_h200_one_row_entries_choose_triton_where_gemv_tiles_are_few():
+    """Both backends are tuned at 1x4096x4096 on the H200 (rmsnorm_matmul-sweep_one_row-h200-f3e2adb-log.txt), where
+    64 GEMV tiles leave half the SMs idle, so "auto" takes Triton's lower forward + backward time there; at
+    1x4096x14336 only Triton is tuned (its one-row sweep), so "auto" takes Mosaic, first in the registry, with the
+    built-in 128-row tiles (``config.one_row_forward``: the sweep at one buffer placement cannot rank its tiles)."""
     from pallas_kernels import tuning
 
-    key = nm_config.shape_key(1, K, N, jnp.bfloat16)
+    key = nm_config.shape_key(1, 4096, 4096, jnp.bfloat16)
     times = {b: tuning.tuned_time_us("rmsnorm_matmul", key, backend=b, device="NVIDIA H200")
              for b in ("mosaic", "triton")}
-    assert None not in times.values() and min(times, key=times.get) == faster, times
+    assert None not in times.values() and min(times, key=times.get) == "triton", times
     params = tuning.lookup("rmsnorm_matmul", key, backend="mosaic", device="NVIDIA H200")
-    assert Config(**params).unsupported_reason(1, K, N) is None
+    assert Config(**params).unsupported_reason(1, 4096, 4096) is None
+    key = nm_config.shape_key(1, 4096, 14336, jnp.bfloat16)
+    assert tuning.tuned_time_us("rmsnorm_matmul", key, backend="triton", device="NVIDIA H200") is not None
+    assert tuning.lookup("rmsnorm_matmul", key, backend="mosaic", device="NVIDIA H200") is None
+
+
+@pytest.mark.parametrize("K, N, tile_m", [(4096, 14336, 128), (8192, 28672, 64), (2048, 8192, 64),
+                                          (4096, 4096, 64), (1024, 2816, 64), (4096, 12672, 128), (4096, 12544, 64)])
+def test_one_row_tiles_are_128_rows_where_they_make_one_round_filling_most_sms(K, N, tile_m):
+    assert nm_config.one_row_forward(K, N).tile_m == tile_m  # 12672 / 128 = 99 = 3/4 of 132
 
 
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])

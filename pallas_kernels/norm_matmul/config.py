@@ -266,9 +266,9 @@ class MosaicRMSNormMatmulConfig:
     forward: y = r ⊙ (x @ w_γ), an (M, K) @ (K, N) GEMM.  dx: (M, N) @ (N, K), the x tile (and dh) prefetched for
     the epilogue.  dw: (K, M) @ (M, N), the w tile prefetched for the epilogue. Each a ``MosaicGemmConfig`` (a
     mapping of its fields is converted, so tuned entries and ``block_sizes`` may give dicts).
-    One row (M = 1, decode): ``forward`` tiles the transposed GEMV yᵀ = wᵀ @ (x ⊙ gamma)ᵀ (``norm_matmul.mosaic_gemv``:
-      tile_m along N, tile_n 16, ``one_row_reason``), and the backward runs the Triton backend's kernels with that
-      backend's config for the shape: dx, dw and the other fields are not used.
+    One row (M = 1, decode): ``forward`` tiles the transposed GEMV yᵀ = wᵀ @ (x ⊙ gamma)ᵀ
+      (``norm_matmul.mosaic_gemv``: tile_m along N, tile_n 16, ``one_row_reason``), and the backward runs the Triton
+      backend's kernels with that backend's config for the shape: dx, dw and the other fields are not used.
     dw_in_xla: dw's GEMM g = xᵀ @ dyr by XLA (cuBLAS, float32 out) and dw, dgamma from g by XLA fusions; None
       (default): when the dw kernel's output has fewer than FEW_TILES CTA tiles (``dw_by_xla``).
     stats_in_kernel: where r comes from. False (default): one XLA row reduction over x (2MK bytes read), the kernel
@@ -606,15 +606,31 @@ _DX_RESIDUAL = (_G(tile_m=128, tile_n=64, tile_k=64, num_stages=4, wg_split="n")
 # comes from x viewed (ONE_ROW_STAT_ROWS, K / ONE_ROW_STAT_ROWS) in the accumulator layout (8-column groups).
 ONE_ROW_PADDED = 16
 ONE_ROW_STAT_ROWS = 64
-# Its built-in tiles: ping-pong 64-row tiles of w's N axis (224 tiles at N = 14336 over the H200's 132 SMs), tile_k
-# 256, 4 stages, one wgmma group in flight. Measured on the H200 (one_row_forward-h200-066ab73.json, forward µs, the
-# small XLA fusion included; XLA's norm + matmul in the same run): 32.29 (XLA 32.21) at 1x4096x14336, where 128-row
-# tiles at tile_k 128 and 3 stages took 31.07 (32.24 and 32.13 / 30.88 kernel in two other calls), 11.39 (12.58)
-# at 1x2048x8192, 34.53 (36.96) at 1x8192x8192, 5.02 (10.88) at 1x1024x2816, 114.19 (109.97) at 1x8192x28672 and
-# 14.30 (14.37) at 1x4096x4096, where 64 tiles leave half the SMs idle: stacked 128-row tiles with stream-K over 4
-# blocks took 15.14 there, the Triton backend 12.56. The sweep's other candidates: ``mosaic_sweep_candidates``.
-ONE_ROW_FORWARD = (_G(tile_m=64, tile_n=ONE_ROW_PADDED, tile_k=256, num_stages=4, schedule="pingpong",
-                      epilogue_store="end", delay_release=1, epi_tile_n=ONE_ROW_PADDED),)
+# Its built-in tiles: ping-pong tiles of w's N axis, tile_k 256 and 4 stages (64 rows) or tile_k 128 and 3 stages
+# (128 rows), one wgmma group in flight: 128 rows where they make one round that fills at least 3/4 of FEW_TILES SMs
+# (``one_row_forward``), else 64. Measured on the H200 (jax 0.11.2, forward µs with the small XLA fusion; XLA's norm +
+# matmul in the same run). The kernel's time depends on where w lies in memory, XLA's GEMV's hardly at all: three
+# sets of fresh buffers in one call (one_row_forward_repeats-h200-38b092f.json) moved the 64-row kernel over 29.57-
+# 31.81 at 1x4096x14336, the 128-row one over 29.92-30.72, XLA's GEMV over 29.47-29.65; at 1x8192x28672 every form
+# moved by 4-13 µs (64 rows: 111.89-115.65; XLA 106.16-106.37). Paired in the same call, 128 rows were the faster at
+# 1x4096x14336 in 6 of 7 runs (those and gemv_probe, one_row_forward-h200-{9363d22,066ab73}; forward 31.07-32.24
+# against XLA's 32.08-32.22), 64 rows at 1x8192x28672 in 3 of 4. With 64 rows (one_row_forward-h200-066ab73.json):
+# 11.39 (XLA 12.58) at 1x2048x8192, 34.53 (36.96) at 1x8192x8192, 5.02 (10.88) at 1x1024x2816, 114.19 (109.97) at
+# 1x8192x28672, 14.30 (14.37) at 1x4096x4096 (64 tiles: half the SMs idle; stacked 128-row tiles with stream-K over 4
+# blocks took 15.14 there, the Triton backend 12.56, its entry now). 128 rows at N = 8192 left half the SMs idle
+# (14.96 at 1x2048x8192). The sweep's other candidates: ``mosaic_sweep_candidates``.
+_ONE_ROW_64 = _G(tile_m=64, tile_n=ONE_ROW_PADDED, tile_k=256, num_stages=4, schedule="pingpong",
+                 epilogue_store="end", delay_release=1, epi_tile_n=ONE_ROW_PADDED)
+ONE_ROW_FORWARD = (_ONE_ROW_64, dataclasses.replace(_ONE_ROW_64, tile_m=128, tile_k=128, num_stages=3))
+
+
+def one_row_forward(K: int, N: int) -> MosaicGemmConfig:
+    """The built-in tiles of the one-row forward for w (K, N) (ONE_ROW_FORWARD says why): 128 rows where N / 128
+    tiles make one round filling at least 3/4 of FEW_TILES SMs, else 64 (or the first that divides N and K)."""
+    wide = ONE_ROW_FORWARD[1]
+    if 4 * (N // wide.tile_m) >= 3 * FEW_TILES and N // wide.tile_m <= FEW_TILES and one_row_reason(K, N, wide) is None:
+        return wide
+    return pick_config(N, ONE_ROW_PADDED, K, ONE_ROW_FORWARD)
 
 
 def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
@@ -644,10 +660,7 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
                 return tuned
     forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
                **{name: _MMA_STATS_FORWARD for name in MMA_STATS}}[stats_in_kernel]
-    if M == 1:  # the transposed GEMV; dx and dw are not used (the Triton backward)
-        forward = ONE_ROW_FORWARD
-    return MosaicRMSNormMatmulConfig(forward=pick_config(N, ONE_ROW_PADDED, K, forward) if M == 1 else
-                                     pick_config(M, N, K, forward),
+    return MosaicRMSNormMatmulConfig(forward=one_row_forward(K, N) if M == 1 else pick_config(M, N, K, forward),
                                      dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
                                      dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel)
 
@@ -661,12 +674,15 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     rmsnorm_matmul_configs-h100-788ee3f.json). Candidates that do not tile the shape are left out."""
     base = mosaic_default_config(M, K, N, dtype, residual=residual)
     if M == 1:  # the transposed GEMV's tiles (ONE_ROW_FORWARD says what they measured); the backward is Triton's
-        stacked = dict(schedule="cooperative", wg_split="m", tile_k=128, num_stages=6)  # 128-row CTA tiles
-        gemv = [dict(tile_k=256, num_stages=4), dict(tile_k=128, num_stages=8), dict(tile_k=256, num_stages=5),
-                dict(tile_k=128, num_stages=8, delay_release=2), dict(tile_m=128, tile_k=128, num_stages=3),
-                dict(tile_m=128, tile_k=256, num_stages=2), dict(tile_m=128, tile_k=64, num_stages=6),
+        stacked = dict(tile_m=64, schedule="cooperative", wg_split="m", tile_k=128, num_stages=6)  # 128-row CTAs
+        gemv = [dict(tile_m=64, tile_k=256, num_stages=4), dict(tile_m=64, tile_k=128, num_stages=8),
+                dict(tile_m=64, tile_k=256, num_stages=5), dict(tile_m=64, tile_k=128, num_stages=8, delay_release=2),
+                dict(tile_m=128, tile_k=128, num_stages=3), dict(tile_m=128, tile_k=256, num_stages=2),
+                dict(tile_m=128, tile_k=64, num_stages=6),
                 stacked, dict(stacked, stream_k=2), dict(stacked, stream_k=4)]  # stream-K: fewer tiles than SMs
-        fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in gemv]
+        one_row = dataclasses.replace(base, forward=ONE_ROW_FORWARD[0])
+        fwd = [base] + [dataclasses.replace(one_row, forward=dataclasses.replace(one_row.forward, **c)) for c in gemv]
+        fwd = [c for i, c in enumerate(fwd) if c not in fwd[:i]]
         return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None], [base.to_dict()])
     # the GEMM core's tile sweep winners (gemm/__init__.py): 64x256 accumulators stacked along M, ping-pong tiles
     stacked_m = dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")
