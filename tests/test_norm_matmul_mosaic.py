@@ -1025,7 +1025,7 @@ def test_the_h200_one_row_entries_choose_triton_where_gemv_tiles_are_few():
     """Both backends are tuned at 1x4096x4096 on the H200 (rmsnorm_matmul-sweep_one_row-h200-f3e2adb-log.txt), where
     64 GEMV tiles leave half the SMs idle, so "auto" takes Triton's lower forward + backward time there; at
     1x4096x14336 only Triton is tuned (its one-row sweep), so "auto" takes Mosaic, first in the registry, with the
-    built-in 128-row tiles (``config.one_row_forward``: the sweep at one buffer placement cannot rank its tiles)."""
+    built-in 128-row tiles (``config.one_row_forward``: a sweep at one buffer placement does not rank its tiles)."""
     from pallas_kernels import tuning
 
     key = nm_config.shape_key(1, 4096, 4096, jnp.bfloat16)

@@ -17,8 +17,8 @@ where Mosaic's tiles do not apply).
 H200 caches: Mosaic at every shape of 4096 rows and more both are tuned at), and otherwise the first that can run
 it: Mosaic on Hopper, which was the faster at every prefill and training shape measured, untuned included (the
 H200 at 16384x1024x5504 with no entry for either: Mosaic 939 µs forward + backward, Triton 1812;
-rmsnorm_matmul-decode_mlp1024-h200-3667889.json; at one row, untuned, Mosaic's forward was the faster at 5 of 6
-shapes, and both are tuned at the sixth, 1x4096x4096, where Triton's is: one_row_forward-h200-066ab73.json). Tune
+rmsnorm_matmul-decode_mlp1024-h200-3667889.json; at one row, untuned, Mosaic's forward was faster than Triton's at 5
+of 6 shapes, and both are tuned at the sixth, 1x4096x4096, where Triton's is: one_row_forward-h200-066ab73.json). Tune
 on a GPU with ``jaxfuse bench --op rmsnorm_matmul --tune``.
 """
 

@@ -18,10 +18,13 @@ bfloat16 only: x ⊙ gamma is rounded once before the product, and float16 would
 takes 8-column groups) and of tile_k; N a multiple of tile_m (``config.one_row_reason``).
 
 Measured on the H200 (jax 0.11.2, CUPTI, XLA's norm + matmul in the same run; NOTES.md, fortieth session): at
-1x4096x14336 the suite's forward took 30.9 µs against XLA's 32.0 (1.04x; rmsnorm_matmul-one_row-h200-f3e2adb.md),
-and in three other calls the kernel alone took 29.8-31.9 µs against XLA's GEMV's 29.5-29.6: w's 117 MB at 3.7-3.9
-TB/s, where XLA's reads it at 4.0 (the floor, 4.3 TB/s, is 27.3 µs). The epilogue's r costs 0.1-0.6 µs over row
-sums alone, and storing the unused (N, 16) tile cost 0.4-0.8 more (one_row_gemv_epilogue_probe-h200-9363d22.json).
+1x4096x14336 three suite calls took 30.9, 33.4 and 32.2 µs forward against XLA's 32.0, 32.2 and 32.0 (1.04x, 0.96x,
+0.99x: rmsnorm_matmul-one_row-h200-f3e2adb.md, -issue15_all-h200-0615a1f.md, -one_row-h200-9e8a08c.md), forward +
+backward 1.37-1.38x. A tie: the kernel alone took 29.6-32.0 µs in 19 runs of its two tilings, against 29.2-30.2
+for XLA's GEMV (w's 117 MB at 3.7-4.0 TB/s against 3.9-4.0; the floor, 4.3 TB/s, is 27.3 µs), and the XLA fusion
+writing x ⊙ gamma adds 1.3-1.4 µs where XLA's forward adds its two norm kernels' 2.6. The kernel's time depends on
+where w lies in memory (``config.ONE_ROW_FORWARD``). The epilogue's r costs 0.1-0.6 µs over row sums alone; storing
+the unused (N, 16) tile cost 0.4-0.8 more (one_row_gemv_epilogue_probe-h200-9363d22.json).
 Other shapes and tiles: ``config.ONE_ROW_FORWARD``.
 
 The backward at one row is the Triton backend's (``triton_bwd``: with ``dw_in_dx`` its dx kernel streams w in and dw
