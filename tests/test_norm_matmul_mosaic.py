@@ -85,6 +85,18 @@ def test_one_row_takes_bfloat16_only_and_a_gemv_config():
         nm.check_config(cooperative, x, g, w)
 
 
+def test_one_row_shapes_the_gemv_cannot_take_fall_back_to_triton_or_name_why():
+    x, g, w = (jnp.zeros(s, jnp.bfloat16) for s in ((1, 1040), (1040,), (1040, 4096)))
+    with backends.lowering_for_gpu():
+        assert norm_matmul.plan(x, g, w).backend == "triton"
+        with pytest.raises(ValueError, match=r"backend='mosaic' cannot run rmsnorm_matmul here: one row \(M=1\): "
+                                             r"K=1040 is not a multiple of 512"):
+            norm_matmul.plan(x, g, w, backend="mosaic")
+        x16, g16, w16 = (a.astype(jnp.float16) for a in (x, g, w))
+        with pytest.raises(ValueError, match=r"x: dtype float16 at one row \(M=1\).*bfloat16 only"):
+            norm_matmul.rmsnorm_matmul(x16, g16, w16, backend="mosaic")
+
+
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("M, K, N", SUITE_SHAPES)
 def test_the_suite_shapes_are_supported(M, K, N, residual):

@@ -56,6 +56,10 @@ computation (measured in GPU interpret mode on the CPU: ``tests/test_norm_matmul
 accumulators, statistics and epilogues. dyr = (r/s) ⊙ dy is rounded to the input dtype; for float16, s = max r
 keeps it within range (|dy| itself must fit). |gamma · w| must fit the dtype (65504 for float16).
 
+One row (M = 1, decode; bfloat16): the forward is a GEMV, which this module runs as the GEMM core transposed with r
+from x in its epilogue (``mosaic_gemv``), and the backward is the Triton backend's (``triton_bwd``: at decode sizes
+its dx kernel also writes dw), with that backend's tuned or built-in config for the shape.
+
 Configs, tiles and the measurements behind them: ``norm_matmul.config`` (``MosaicRMSNormMatmulConfig``) and
 ``gemm.config``. Reached through ``pallas_kernels.rmsnorm_matmul(..., backend="mosaic")``, which validates the
 inputs (eps included), flattens the leading axes and resolves the config; the backend-module contract is in
@@ -75,8 +79,8 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
-from pallas_kernels.norm_matmul.config import MMA_STATS
 from pallas_kernels.norm_matmul import mosaic_gemv, triton_bwd, triton_fwd
+from pallas_kernels.norm_matmul.config import MMA_STATS
 from pallas_kernels.norm_matmul.dx_finish import finish_dx
 
 __all__ = ["Config", "FORWARD_FIELDS", "check_config", "default_config", "rmsnorm_matmul", "sweep_candidates",
@@ -578,7 +582,8 @@ def check_config(config: Config, x, gamma, w, *, residual=None, out_dtype=None, 
 
 def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: bool, config: Config):
     """x (M, K), gamma (K,), w (K, N), residual (M, K) or None, validated by the public function -> y (M, N) in
-    out_dtype (= x's dtype), or (h, y); differentiable (custom VJP, three GEMMs in all). ``check_config`` first."""
+    out_dtype (= x's dtype), or (h, y); differentiable (custom VJP, three GEMMs in all; at one row the GEMV forward
+    and the Triton backward). ``check_config`` first."""
     check_config(config, x, gamma, w, residual=residual, out_dtype=out_dtype, interpret=interpret)
     (M, K), N = x.shape, w.shape[1]
     one_row_backward = None
