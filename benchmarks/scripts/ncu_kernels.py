@@ -128,9 +128,11 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             "log256k": lambda: logits_cases(512, 2048, 256000),
             "logstacked": lambda: logits_cases(512, 2048, 256000, stacked=True),
             "core32k": lambda: core_cases(32768, 4096, 4096), "core14336": lambda: core_cases(4096, 4096, 14336),
-            "core6144": lambda: core_cases(8192, 4096, 6144),
+            "core6144": lambda: core_cases(8192, 4096, 6144), "core5504": lambda: core_cases(16384, 1024, 5504),
             "fused14336": lambda: fused_forward_cases(4096, 4096, 14336),
             "fused6144": lambda: fused_forward_cases(8192, 4096, 6144),
+            "fused5504": lambda: fused_forward_cases(16384, 1024, 5504),
+            "gemv14336": lambda: fused_forward_cases(1, 4096, 14336),
             "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases}
 
 
