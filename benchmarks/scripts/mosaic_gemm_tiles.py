@@ -66,6 +66,11 @@ CONFIGS = {
                                                      num_stages=4, delay_release=1),
     "pingpong_64x256_s4_delay2": dataclasses.replace(BASE, tile_m=64, tile_n=256, schedule="pingpong",
                                                      num_stages=4, delay_release=2),
+    # 128-wide K steps (half the barrier waits, arrivals and TMA issues per FLOP), 3 stages in the same SMEM
+    **{f"pingpong_128x128_k128_s3_delay{d}_minor_m": dataclasses.replace(
+        BASE, schedule="pingpong", tile_k=128, num_stages=3, delay_release=d, grid_minor="m") for d in (1, 2)},
+    "pingpong_128x128_k128_s3_delay1_minor_m_cluster_m": dataclasses.replace(
+        BASE, schedule="pingpong", tile_k=128, num_stages=3, delay_release=1, grid_minor="m", cluster="m"),
     # clusters of two blocks sharing one operand's tiles by TMA multicast (B's along "m", A's along "n")
     "64x256_m_minor_m_cluster_m": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
                                                       cluster="m"),

@@ -92,6 +92,15 @@ def core_cases(M, K, N):
             f"core_cublas_{tag}": (jax.jit(lambda a, b: a @ b), lambda: (a, b))}
 
 
+def core_variant_cases(M, K, N, variants):
+    """The GEMM core at one product under named configs of ``mosaic_gemm_tiles.CONFIGS``, one case each."""
+    from mosaic_gemm_tiles import CONFIGS
+
+    a, b = normal(KEYS[6], (M, K)), normal(KEYS[7], (K, N), 0.02)
+    return {f"core_{name}_{M}x{K}x{N}": (jax.jit(lambda a, b, c=CONFIGS[name]: gemm.matmul(a, b, config=c)),
+                                         lambda: (a, b)) for name in variants}
+
+
 def fused_forward_cases(M, K, N):
     """rmsnorm_matmul's forward: the Mosaic kernel in its tuned entry, and XLA's norm + matmul (the suite's)."""
     import pallas_kernels
@@ -132,6 +141,9 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             "fused14336": lambda: fused_forward_cases(4096, 4096, 14336),
             "fused6144": lambda: fused_forward_cases(8192, 4096, 6144),
             "fused5504": lambda: fused_forward_cases(16384, 1024, 5504),
+            # ping-pong 128x128 in a cluster of two sharing B (cuBLAS's autotuned form there), 128-wide K steps
+            "core5504var": lambda: core_variant_cases(16384, 1024, 5504, (
+                "pingpong_128x128_s6_delay1_minor_m_cluster_m", "pingpong_128x128_k128_s3_delay1_minor_m")),
             "gemv14336": lambda: fused_forward_cases(1, 4096, 14336),
             "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases}
 
