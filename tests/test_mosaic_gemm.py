@@ -1498,3 +1498,61 @@ def test_share_rows_in_interpret_mode(fields, with_operand):
 ])
 def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
     _check_shared_rows(M, K, N, config, with_operand=with_operand)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The memory warpgroup's loads from one warp (MosaicGemmConfig.memory_warps)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fields, got", [(dict(stream_k=4), "stream_k=4"), (dict(prologue_in="memory"),
+                                                                            "prologue_in='memory'"),
+                                         (dict(pipeline="pallas"), "pipeline='pallas'")])
+def test_one_loading_warp_needs_our_k_loop_without_stream_k(fields, got):
+    with pytest.raises(ValueError, match=f"memory_warps: 1 runs on pipeline 'own' without stream_k .* {got}"):
+        MosaicGemmConfig(memory_warps=1, **fields)
+    with pytest.raises(ValueError, match="MosaicGemmConfig.memory_warps: must be 1 or 4, got 2"):
+        MosaicGemmConfig(memory_warps=2)
+
+
+@cpu_only
+@pytest.mark.parametrize("fields", [dict(schedule="pingpong", num_stages=6, delay_release=1),
+                                    dict(tile_m=64, tile_n=256, wg_split="m", cluster="m"),
+                                    dict(_RING.to_dict())])
+def test_one_loading_warp_arrives_for_the_warpgroup_on_each_copy(fields):
+    """With one loading warp each TMA load's barrier gets, from each of its 32 threads, an arrival for three more
+    (mbarrier.arrive.nocomplete, count 3) beside the one carrying the expected bytes: 128 arrivals, as the whole
+    warpgroup's; the same loads, wgmma and shared memory as with four."""
+    def lowered(memory_warps):
+        config = MosaicGemmConfig(**dict(fields, memory_warps=memory_warps))
+        fusion, arrays = (_added_tile(4096, 4096 // config.tile_n), dict(c=S((4096, 4096), jnp.bfloat16))) if (
+            config.tile_input_in == "ring") else (None, {})
+        (k,) = mosaic_ir.lower_kernels(lambda a, b, arrays: gemm(a, b, config=config, out_dtype=a.dtype,
+                                                                 fusion=fusion, arrays=arrays),
+                                       S((4096, 1024), jnp.bfloat16), S((1024, 4096), jnp.bfloat16), arrays)
+        return k
+
+    four, one = lowered(4), lowered(1)
+    assert four.text.count("mbarrier.arrive.nocomplete") == 0
+    assert one.text.count("mbarrier.arrive.nocomplete") == one.tma_loads() == four.tma_loads() >= 2
+    assert (one.wgmma(), one.smem_bytes) == (four.wgmma(), four.smem_bytes)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (2304, 576, 2432, MosaicGemmConfig(schedule="pingpong", num_stages=4, delay_release=2)),  # odd tiles per block
+    (4096, 1024, 5504, MosaicGemmConfig(schedule="pingpong", num_stages=6, delay_release=1, grid_minor="m")),
+    (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1,
+                                        epilogue_store="split")),
+    (2560, 512, 2304, MosaicGemmConfig(schedule="pingpong", num_stages=6, delay_release=1, cluster="m")),
+    (2304, 576, 2560, MosaicGemmConfig(cluster="n"))])
+def test_one_loading_warp_on_the_gpu(M, K, N, config):
+    """Two calls each: the loading warp's barrier phases carry over tiles, not calls."""
+    config = dataclasses.replace(config, memory_warps=1)
+    for _ in range(2):
+        _check_product(M, K, N, jnp.bfloat16, config=config)
+
+
+@gpu_only
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_one_loading_warp_with_a_ring_tile_input_on_the_gpu(transpose_b):
+    config = dataclasses.replace(_RING, grid_minor="m", num_stages=3 if transpose_b else 4, memory_warps=1)
+    _check_ring_input(4096, 2048, 4096, config, calls=2, transpose_b=transpose_b)

@@ -102,6 +102,10 @@ CONFIGS = {
     "64x256_m_minor_m_e32": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
                                                 epi_tile_n=32),
 }
+# the memory warpgroup's loads from one warp (``memory_warps=1``): fewer instructions per K step
+CONFIGS.update({f"{name}_mw1": dataclasses.replace(CONFIGS[name], memory_warps=1) for name in (
+    "pingpong_128x128_s6_delay1_minor_m", "pingpong_128x128_s6_delay1_minor_m_cluster_m", "64x256_m_minor_m_delay1",
+    "64x256_m_minor_m", "64x256_m_minor_m_next_tile", "default_128x128_n")})
 # The output tile stored from registers straight into global memory (no SMEM staging, no waits for TMA stores;
 # ``out_store="direct"`` at a5bfb81) lost at every shape and tile: 0.61-0.89x cuBLAS against 0.93-1.01x through SMEM
 # by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.
@@ -115,7 +119,9 @@ AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0),
                  **{f"auto_{minor}{w}": dict(grid_minor=minor, grid_tile_width=w)
                     for minor, widths in (("m", (4, 8, 16, 32)), ("n", (4, 8, 16))) for w in widths},
                  # clusters of two blocks sharing B's tiles ("m") or A's ("n") by TMA multicast (no stream-K)
-                 "auto_cluster_m": dict(cluster="m", stream_k=0), "auto_cluster_n": dict(cluster="n", stream_k=0)}
+                 "auto_cluster_m": dict(cluster="m", stream_k=0), "auto_cluster_n": dict(cluster="n", stream_k=0),
+                 # the loads from one warp of the memory warpgroup (no stream-K there)
+                 "auto_mw1": dict(memory_warps=1, stream_k=0)}
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 

@@ -345,6 +345,11 @@ VARIANTS = {
     **{f"{prefix}_{minor}{w}": {kernel: dict(grid_minor=minor, grid_tile_width=w)}
        for kernel, prefix in (("forward", "fwd"), ("dx", "dx"), ("dw", "dw"))
        for minor, widths in (("m", (4, 8, 16, 32)), ("n", (4, 8, 16))) for w in widths},
+    # each kernel's loads from one warp of its memory warpgroup (``MosaicGemmConfig.memory_warps``; no stream-K)
+    **{f"{prefix}_mw1": {kernel: dict(memory_warps=1)} for kernel, prefix in (("forward", "fwd"), ("dx", "dx"),
+                                                                                ("dw", "dw"))},
+    **{f"{prefix}_sk0": {kernel: dict(stream_k=0)} for kernel, prefix in (("forward", "fwd"), ("dx", "dx"),
+                                                                            ("dw", "dw"))},
 }
 
 

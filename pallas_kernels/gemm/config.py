@@ -115,6 +115,11 @@ class MosaicGemmConfig:
         a cluster; with stream-K a tile's owner takes the input into the two positions after its own segment's
         steps. Where B is read transposed (its stages (cta_n, tile_k) blocks) the halves go into a
         second view of the same memory (``plgpu.RefUnion``).
+      memory_warps: the warps of the memory warpgroup (pipeline "own") that run its loads and waits: 4, all of
+        them (each thread arrives on a stage's barrier for its share of the bytes); 1, the first only (as the TMA
+        warp of jax's Blackwell GEMM example: its threads arrive for all four), the other three idle, so fewer
+        instructions are issued per K step under the chip's power limit. Not with stream_k (its tile order divides
+        with jnp, which has no warp-level lowering) or prologue_in "memory" (a prologue needs every thread).
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -138,6 +143,7 @@ class MosaicGemmConfig:
     epilogue_store: str = "end"
     shared_rows_wait: int = 4
     tile_input_in: str = "buffer"
+    memory_warps: int = 4
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -168,6 +174,7 @@ class MosaicGemmConfig:
             ("prologue_in", self.prologue_in in PROLOGUE_PLACES, f"one of {PROLOGUE_PLACES}"),
             ("epilogue_store", self.epilogue_store in EPILOGUE_STORES, f"one of {EPILOGUE_STORES}"),
             ("tile_input_in", self.tile_input_in in TILE_INPUT_PLACES, f"one of {TILE_INPUT_PLACES}"),
+            ("memory_warps", self.memory_warps in (1, 4), "1 or 4"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -198,6 +205,12 @@ class MosaicGemmConfig:
                              f"schedule 'cooperative' and no cluster; got tile_m={self.tile_m}, "
                              f"tile_k={self.tile_k}, wg_split={self.wg_split!r}, pipeline={self.pipeline!r}, "
                              f"schedule={self.schedule!r}, cluster={self.cluster!r}")
+        if self.memory_warps == 1 and (self.pipeline != "own" or self.stream_k or self.prologue_in == "memory"):
+            raise ValueError(f"{cls}.memory_warps: 1 runs on pipeline 'own' without stream_k and with prologue_in "
+                             f"'fourth' (a warp's code has no jnp floor division, which the stream-K tile order "
+                             f"uses, and a prologue in the memory warpgroup needs all its threads); got "
+                             f"pipeline={self.pipeline!r}, stream_k={self.stream_k}, "
+                             f"prologue_in={self.prologue_in!r}")
         if self.stores_later and (self.pipeline, self.schedule) != ("own", "cooperative"):
             raise ValueError(f"{cls}.epilogue_store: {self.epilogue_store!r} runs on pipeline 'own', schedule "
                              f"'cooperative'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}")

@@ -322,13 +322,24 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             def _drain_handoff():
                 plgpu.barrier_wait(handoff_free)
 
-        @pl.when(wg == _MEMORY_WG)
-        def _memory():
-            plgpu.set_max_registers(memory_registers, action="decrease")
+        def loading_warps(body):
+            """Runs body() (loads and waits, no axis index) in the memory warpgroup's warps that issue its loads: all
+            four, or with ``MosaicGemmConfig.memory_warps`` 1 the first only (its threads arrive for the four), the
+            others skipping it."""
+            if cfg.memory_warps == 4 or mu.interpreting():
+                body()
+                return
 
-            def load_step(lin, k, g):
-                """TMA-loads step k of tile lin into the ring at position g, once its previous use is consumed."""
-                ctx = shape.tile_context(lin, 0, refs_by_name)
+            @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+            def _per_warp():
+                pl.when(lax.axis_index("warp") == 0)(body)
+
+        def memory_loads():
+            """The memory warpgroup's loads, tile by tile, then the stream-K phase's."""
+            def load_step(lin, k, g, ctx=None):
+                """TMA-loads step k of tile lin into the ring at position g, once its previous use is consumed.
+                ``ctx``: the tile's context (``_Shape.tile_context``), where the caller has it."""
+                ctx = shape.tile_context(lin, 0, refs_by_name) if ctx is None else ctx
 
                 @pl.when(g >= num_stages)
                 def _wait_free():  # the slot's previous step has been consumed (by its owner)
@@ -350,10 +361,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 loads_with_prologue(load_step)
                 return
 
-            def load_tile_input(lin, g, wg_half):
+            def load_tile_input(lin, g, wg_half, ctx=None):
                 """(tile_input_in "ring") TMA-loads compute warpgroup wg_half's (tile_m, tile_n) tile of the tile
                 input into the B stage at ring position g, in two halves: the two arrivals ``ready`` counts."""
-                ctx = shape.tile_context(lin, wg_half, refs_by_name)
+                ctx = shape.tile_context(lin, wg_half, refs_by_name) if ctx is None else ctx
 
                 @pl.when(g >= num_stages)
                 def _wait_free():
@@ -369,17 +380,20 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
             @each_tile
             def _(lin, local, num_local):
-                g0 = local * tile_steps
-                lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, g0 + k), c)[1], ())
-                if ring_input:
-                    for wg_half in range(2):
-                        load_tile_input(lin, g0 + k_iters + wg_half, wg_half)
-                if plan is None:
-                    drain(consumed, local, num_local, tile_steps, num_stages, barrier_of)
+                ctxs = [shape.tile_context(lin, h, refs_by_name) for h in range(2 if ring_input else 1)]
+
+                @loading_warps
+                def _tile():
+                    g0 = local * tile_steps
+                    lax.fori_loop(0, k_iters, lambda k, c: (load_step(lin, k, g0 + k, ctxs[0]), c)[1], ())
+                    if ring_input:
+                        for wg_half in range(2):
+                            load_tile_input(lin, g0 + k_iters + wg_half, wg_half, ctxs[wg_half])
+                    if plan is None:
+                        drain(consumed, local, num_local, tile_steps, num_stages, barrier_of)
 
             if plan is not None:
-                @pl.when(unit < plan.units)
-                def _stream_k():
+                def stream_k_loads():
                     if not ring_input:
                         def step(s, c):
                             load_step(plan.dp_tiles + lax.div(s, k_iters), lax.rem(s, k_iters), sk_g0 + s)
@@ -402,7 +416,16 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                     lax.fori_loop(0, plan.num_segments(unit), segment, ())
 
-                drain_consumed(plan.dp_rounds * tile_steps + sk_positions)  # (tile_steps: k_iters without a ring)
+                def stream_k_phase():
+                    pl.when(unit < plan.units)(stream_k_loads)
+                    drain_consumed(plan.dp_rounds * tile_steps + sk_positions)  # (tile_steps: k_iters, no ring)
+
+                loading_warps(stream_k_phase)
+
+        @pl.when(wg == _MEMORY_WG)
+        def _memory():
+            plgpu.set_max_registers(memory_registers, action="decrease")
+            memory_loads()
 
         if has_prologue_wg:
             @pl.when(wg == _PROLOGUE_WG)
