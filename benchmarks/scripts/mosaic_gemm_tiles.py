@@ -2,13 +2,14 @@
 GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
 
     PYTHONPATH=$PWD python benchmarks/scripts/mosaic_gemm_tiles.py --out $OUT [--shapes 32768x4096x4096,...] \
-        [--transpose_b]
+        [--transpose_a] [--transpose_b]
 
 Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
 (the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one, and
 ``AUTO_VARIANTS`` of it), and
 ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked against cuBLAS's first
-(relative max difference). ``--transpose_b``: w given as (N, K), read transposed
+(relative max difference). ``--transpose_a``: x given as (K, M), read transposed (the rmsnorm_matmul dw kernel's
+A, x); cuBLAS then computes xᵀ @ w. ``--transpose_b``: w given as (N, K), read transposed
 (the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Writes ``mosaic_gemm_tiles-<device>.json``.
 """
 
@@ -102,10 +103,13 @@ CONFIGS = {
     "64x256_m_minor_m_e32": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
                                                 epi_tile_n=32),
 }
+# the rmsnorm_matmul dw kernel's tiles at 16384x1024x5504 (its H200 entry, without the ring tile input)
+CONFIGS["64x128_m_minor_m_s6"] = dataclasses.replace(BASE, tile_m=64, tile_n=128, wg_split="m", grid_minor="m",
+                                                     num_stages=6)
 # the memory warpgroup's loads from one warp (``memory_warps=1``): fewer instructions per K step
 CONFIGS.update({f"{name}_mw1": dataclasses.replace(CONFIGS[name], memory_warps=1) for name in (
     "pingpong_128x128_s6_delay1_minor_m", "pingpong_128x128_s6_delay1_minor_m_cluster_m", "64x256_m_minor_m_delay1",
-    "64x256_m_minor_m", "64x256_m_minor_m_next_tile", "default_128x128_n")})
+    "64x256_m_minor_m", "64x256_m_minor_m_next_tile", "default_128x128_n", "64x128_m_minor_m_s6")})
 # The output tile stored from registers straight into global memory (no SMEM staging, no waits for TMA stores;
 # ``out_store="direct"`` at a5bfb81) lost at every shape and tile: 0.61-0.89x cuBLAS against 0.93-1.01x through SMEM
 # by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.
@@ -131,19 +135,20 @@ def main() -> int:
     parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default=SHAPES)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--transpose_a", action="store_true", help="x given as (K, M), read transposed")
     parser.add_argument("--transpose_b", action="store_true", help="w given as (N, K), read transposed")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_gemm_tiles")
     result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",") if name in CONFIGS}
-    result["transpose_b"] = args.transpose_b
+    result["transpose_a"], result["transpose_b"] = args.transpose_a, args.transpose_b
     for M, K, N in args.shapes:
         shape = f"{M}x{K}x{N}"
         kx, kw = jax.random.split(jax.random.key(0))
-        x = jax.random.normal(kx, (M, K), jnp.bfloat16)
-        w = (jax.random.normal(kw, (N, K) if args.transpose_b else (K, N), jnp.float32) * K**-0.5).astype(
-            jnp.bfloat16)
-        t = args.transpose_b
-        calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x, w.T if t else w, preferred_element_type=jnp.bfloat16))}
+        ta, t = args.transpose_a, args.transpose_b
+        x = jax.random.normal(kx, (K, M) if ta else (M, K), jnp.bfloat16)
+        w = (jax.random.normal(kw, (N, K) if t else (K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
+        calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x.T if ta else x, w.T if t else w,
+                                                        preferred_element_type=jnp.bfloat16))}
         row = dict(shape=shape, skipped={}, max_rel_diff={})
         for name in args.configs.split(","):
             cfg = CONFIGS[name] if name in CONFIGS else dataclasses.replace(default_config(M, N, K),
@@ -154,7 +159,7 @@ def main() -> int:
             if reason:
                 row["skipped"][name] = reason
                 continue
-            calls[name] = jax.jit(lambda x, w, cfg=cfg: matmul(x, w, config=cfg, transpose_b=t))
+            calls[name] = jax.jit(lambda x, w, cfg=cfg: matmul(x, w, config=cfg, transpose_a=ta, transpose_b=t))
         want = np.asarray(calls["cublas"](x, w), np.float32)
         for name in list(calls)[1:]:
             try:

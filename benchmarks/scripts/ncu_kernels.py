@@ -144,6 +144,9 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             # ping-pong 128x128 in a cluster of two sharing B (cuBLAS's autotuned form there), 128-wide K steps
             "core5504var": lambda: core_variant_cases(16384, 1024, 5504, (
                 "pingpong_128x128_s6_delay1_minor_m_cluster_m", "pingpong_128x128_k128_s3_delay1_minor_m")),
+            # the default ping-pong tiles there with the loads from one warp of the memory warpgroup, and without
+            "core5504mw": lambda: core_variant_cases(16384, 1024, 5504, (
+                "pingpong_128x128_s6_delay1_minor_m", "pingpong_128x128_s6_delay1_minor_m_mw1")),
             "gemv14336": lambda: fused_forward_cases(1, 4096, 14336),
             "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases}
 
