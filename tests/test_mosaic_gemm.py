@@ -173,6 +173,8 @@ def test_the_defaults_are_the_measured_winners_and_matmul_is_exported():
     # stream-K over K loops of 32 steps or more only (its workspace round trip outweighs the saving below)
     assert default_config(4352, 4096, 2048).stream_k == 4 and default_config(4352, 4096, 1536).stream_k == 0
     assert (pingpong.schedule, pingpong.cta_n, pingpong.delay_release) == ("pingpong", 128, 1)
+    # whole-tile products load from one warp of the memory warpgroup; stream-K ones from all four
+    assert (pingpong.memory_warps, stacked.memory_warps, default_config(4352, 4096, 1536).memory_warps) == (1, 4, 1)
     assert pallas_kernels.matmul is matmul and pallas_kernels.MosaicGemmConfig is MosaicGemmConfig
 
 
@@ -1503,11 +1505,10 @@ def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
 # ---------------------------------------------------------------------------------------------------------------
 # The memory warpgroup's loads from one warp (MosaicGemmConfig.memory_warps)
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("fields, got", [(dict(stream_k=4), "stream_k=4"), (dict(prologue_in="memory"),
-                                                                            "prologue_in='memory'"),
+@pytest.mark.parametrize("fields, got", [(dict(prologue_in="memory"), "prologue_in='memory'"),
                                          (dict(pipeline="pallas"), "pipeline='pallas'")])
-def test_one_loading_warp_needs_our_k_loop_without_stream_k(fields, got):
-    with pytest.raises(ValueError, match=f"memory_warps: 1 runs on pipeline 'own' without stream_k .* {got}"):
+def test_one_loading_warp_needs_our_k_loop_without_a_prologue_in_the_memory_warpgroup(fields, got):
+    with pytest.raises(ValueError, match=f"memory_warps: 1 runs on pipeline 'own' with prologue_in 'fourth' .*{got}"):
         MosaicGemmConfig(memory_warps=1, **fields)
     with pytest.raises(ValueError, match="MosaicGemmConfig.memory_warps: must be 1 or 4, got 2"):
         MosaicGemmConfig(memory_warps=2)

@@ -75,6 +75,12 @@ PLAIN_EPILOGUE_STORE = "next_tile"
 # steps 56.1 / 61.2, 24 steps 150.3 / 152.5, 32 steps 109.6 / 107.5, 64 steps 211.6 / 195.9. So matmul runs whole
 # tiles below STREAM_K_MIN_STEPS pipeline steps.
 STREAM_K_MIN_STEPS = 32
+# Whole-tile products take their loads from one warp of the memory warpgroup (``MosaicGemmConfig.memory_warps``):
+# the other three issued 36% of the kernel's instructions (ncu, H200, 16384x1024x5504 ping-pong: 60.3 → 38.5 M), and
+# under the power limit the clock rose 1.56 → 1.57 GHz: 238.0 → 235.3 µs there; against the default tiles in one
+# call, 238.7 → 236.6 at 16384x1024x5504, 257.2 against 258.0 at 1024x16384x5504 and 251.3 against 252.9 with
+# A read transposed (mosaic_gemm_tiles_memory_warps*-h200-*.json, NOTES.md, forty-first session). Not beside
+# stream-K (``memory_warps`` says why).
 # Short K loops (K <= SHORT_K: 8 steps of 64) take ping-pong tiles first, one warpgroup's epilogue under the other's
 # K loop: on the H200 at 8192x512x2816 (the small preset's MLP projection) 33.1 µs against 38.0 for the stacked
 # tiles (cuBLAS 32.1; mosaic_gemm_tiles_short_k-h200-bf1a6be.json), the tiles the H100 sweep chose for the fused
@@ -101,13 +107,16 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
     """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates (tiles that divide N
     first, else a last column of tiles past N: ``gemm.Fusion.partial_columns``), ping-pong first for
     K <= SHORT_K (cooperative ones storing each output tile under the next tile's first wgmma,
-    ``PLAIN_EPILOGUE_STORE``; stream-K only over K loops of ``STREAM_K_MIN_STEPS`` steps or more); with
+    ``PLAIN_EPILOGUE_STORE``; stream-K only over K loops of ``STREAM_K_MIN_STEPS`` steps or more, whole-tile
+    products loading from one warp); with
     ``accumulate_dtype`` (the dtype of ``accumulate_into``), the accumulating tiles first (ping-pong for K <= 512)
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
     if accumulate_dtype is None:
         config = pick_config(M, N, K, (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES, partial_columns=True)
         if K // config.tile_k < STREAM_K_MIN_STEPS:
             config = dataclasses.replace(config, stream_k=0)
+        if not config.stream_k:
+            config = dataclasses.replace(config, memory_warps=1)
         return config if config.pingpong else dataclasses.replace(config, epilogue_store=PLAIN_EPILOGUE_STORE)
     short_k = (_ACCUMULATE_SHORT_K, _ACCUMULATE_SHORT_K_PAIRLESS)
     config = pick_config(M, N, K, (*(short_k if K <= SHORT_K else (_ACCUMULATE_LONG_K,)), *CANDIDATES))

@@ -118,8 +118,8 @@ class MosaicGemmConfig:
       memory_warps: the warps of the memory warpgroup (pipeline "own") that run its loads and waits: 4, all of
         them (each thread arrives on a stage's barrier for its share of the bytes); 1, the first only (as the TMA
         warp of jax's Blackwell GEMM example: its threads arrive for all four), the other three idle, so fewer
-        instructions are issued per K step under the chip's power limit. Not with stream_k (its tile order divides
-        with jnp, which has no warp-level lowering) or prologue_in "memory" (a prologue needs every thread).
+        instructions are issued per K step under the chip's power limit. Pipeline "own", not with prologue_in
+        "memory" (a prologue there needs every thread).
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -205,11 +205,9 @@ class MosaicGemmConfig:
                              f"schedule 'cooperative' and no cluster; got tile_m={self.tile_m}, "
                              f"tile_k={self.tile_k}, wg_split={self.wg_split!r}, pipeline={self.pipeline!r}, "
                              f"schedule={self.schedule!r}, cluster={self.cluster!r}")
-        if self.memory_warps == 1 and (self.pipeline != "own" or self.stream_k or self.prologue_in == "memory"):
-            raise ValueError(f"{cls}.memory_warps: 1 runs on pipeline 'own' without stream_k and with prologue_in "
-                             f"'fourth' (a warp's code has no jnp floor division, which the stream-K tile order "
-                             f"uses, and a prologue in the memory warpgroup needs all its threads); got "
-                             f"pipeline={self.pipeline!r}, stream_k={self.stream_k}, "
+        if self.memory_warps == 1 and (self.pipeline != "own" or self.prologue_in == "memory"):
+            raise ValueError(f"{cls}.memory_warps: 1 runs on pipeline 'own' with prologue_in 'fourth' (a prologue in "
+                             f"the memory warpgroup needs all its threads); got pipeline={self.pipeline!r}, "
                              f"prologue_in={self.prologue_in!r}")
         if self.stores_later and (self.pipeline, self.schedule) != ("own", "cooperative"):
             raise ValueError(f"{cls}.epilogue_store: {self.epilogue_store!r} runs on pipeline 'own', schedule "

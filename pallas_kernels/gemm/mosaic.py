@@ -531,8 +531,7 @@ class _Shape:
         if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
             m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
         else:
-            m_idx, n_idx = plgpu.planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor,
-                                              cfg.grid_tile_width)
+            m_idx, n_idx = planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor, cfg.grid_tile_width)
         if cfg.cluster_size > 1:  # the cluster's tile pair; this block takes the one at its index in the cluster
             block = lax.axis_index(_CLUSTER)
             m_idx, n_idx = (m_idx * 2 + block, n_idx) if cfg.cluster == "m" else (m_idx, n_idx * 2 + block)
@@ -705,6 +704,30 @@ def _kernel_body(a_gmem, b_gmem, *refs, shape: _Shape):
                   **shape.scratch_types(), collective_axes="wg")
 
 
+def planar_snake(lin, shape: tuple[int, int], minor_dim: int, tile_width: int):
+    """(m_idx, n_idx) of the lin-th tile of a (m_iters, n_iters) grid in ``plgpu.planar_snake``'s order (runs of
+    tile_width tiles along minor_dim, every other run reversed), from lax.div / rem / select of lin with Python-int
+    shape constants only: jax's helper divides jnp scalars, whose floor division has no warp-level lowering
+    (``MosaicGemmConfig.memory_warps`` 1 computes tile coordinates in one warp). lin: a traced int32 scalar."""
+    major_size, minor_size = shape[1 - minor_dim], shape[minor_dim]
+    run = tile_width * major_size  # tiles per full run of tile_width along the minor dimension
+    minor_run = lax.div(lin, run)
+
+    def coordinates(idx, width):  # within a run of width minor positions
+        minor = minor_run * tile_width + lax.rem(idx, width)
+        major_within = lax.rem(lax.div(idx, width), major_size)
+        major = lax.select(lax.rem(minor_run, 2) == 0, major_within, major_size - 1 - major_within)
+        return (minor, major) if minor_dim == 0 else (major, minor)
+
+    full_runs = minor_size // tile_width
+    full = coordinates(lin, tile_width)
+    if minor_size == full_runs * tile_width:  # no last, narrower run
+        return full
+    last = coordinates(lin - full_runs * run, minor_size - full_runs * tile_width)
+    in_full = lin < full_runs * run
+    return tuple(lax.select(in_full, f, l) for f, l in zip(full, last))
+
+
 def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, tile_width: int):
     """(m_idx, n_idx) of the lin-th CTA tile in the order of ``Fusion.share_rows``: tiles 0 .. m_iters - 1 are
     column 0 of each row block (the tiles that compute the shared row vectors), the rest columns 1 .. n_iters - 1
@@ -712,7 +735,7 @@ def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, til
     if n_iters == 1:
         return lin, lin * 0
     rest = jnp.maximum(lin - m_iters, 0)
-    m_rest, n_rest = plgpu.planar_snake(jnp.asarray(rest, jnp.int32), (m_iters, n_iters - 1), minor_dim, tile_width)
+    m_rest, n_rest = planar_snake(jnp.asarray(rest, jnp.int32), (m_iters, n_iters - 1), minor_dim, tile_width)
     first = lin < m_iters
     return jnp.where(first, lin, m_rest), jnp.where(first, 0, n_rest + 1)
 
