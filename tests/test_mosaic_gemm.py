@@ -1544,7 +1544,9 @@ def test_one_loading_warp_arrives_for_the_warpgroup_on_each_copy(fields):
     (4096, 4096, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1,
                                         epilogue_store="split")),
     (2560, 512, 2304, MosaicGemmConfig(schedule="pingpong", num_stages=6, delay_release=1, cluster="m")),
-    (2304, 576, 2560, MosaicGemmConfig(cluster="n"))])
+    (2304, 576, 2560, MosaicGemmConfig(cluster="n")),
+    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", stream_k=4)),  # + a stream-K round
+    (1024, 8192, 1280, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", stream_k=4))])
 def test_one_loading_warp_on_the_gpu(M, K, N, config):
     """Two calls each: the loading warp's barrier phases carry over tiles, not calls."""
     config = dataclasses.replace(config, memory_warps=1)
@@ -1553,7 +1555,11 @@ def test_one_loading_warp_on_the_gpu(M, K, N, config):
 
 
 @gpu_only
-@pytest.mark.parametrize("transpose_b", [False, True])
-def test_one_loading_warp_with_a_ring_tile_input_on_the_gpu(transpose_b):
-    config = dataclasses.replace(_RING, grid_minor="m", num_stages=3 if transpose_b else 4, memory_warps=1)
-    _check_ring_input(4096, 2048, 4096, config, calls=2, transpose_b=transpose_b)
+@pytest.mark.parametrize("transpose_b, stream_k", [(False, 0), (True, 0), (False, 4)])
+def test_one_loading_warp_with_a_ring_tile_input_on_the_gpu(transpose_b, stream_k):
+    """The ring's tile input loaded by the one warp too; beside stream-K at 2048x4096x11008 (688 tiles, 28 left
+    over for the stream-K round), whose owners load theirs after their segments."""
+    config = dataclasses.replace(_RING, grid_minor="m", num_stages=3 if transpose_b else 4, memory_warps=1,
+                                 stream_k=stream_k)
+    M, K, N = (2048, 4096, 11008) if stream_k else (4096, 2048, 4096)
+    _check_ring_input(M, K, N, config, calls=2, transpose_b=transpose_b)
