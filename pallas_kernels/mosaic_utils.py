@@ -24,7 +24,7 @@ is used here, handled in this module only:
   - A zeroed global buffer that kernels add into (``kernel_accumulating``): a ``jax.new_ref`` through ``pl.kernel``,
     discharged in place with jax's private ``discharge_state`` (same call in both versions), since ``custom_vmap``
     (the attention backend's batching rule) has no state-discharge rule.
-Everything else used by the kernels (``emit_pipeline_warp_specialized``, ``nd_loop``, ``planar_snake``, ``wgmma``,
+Everything else used by the kernels (``emit_pipeline_warp_specialized``, ``nd_loop``, ``WarpMesh``, ``wgmma``,
 ``ref.transpose``, TMA copies, barriers) has the same signature in both versions (0.11 deprecates
 ``plgpu.transpose_ref``: the kernels call ``ref.transpose(...)``).
 

@@ -1505,6 +1505,22 @@ def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
 # ---------------------------------------------------------------------------------------------------------------
 # The memory warpgroup's loads from one warp (MosaicGemmConfig.memory_warps)
 # ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(8, 8), (5, 7), (128, 43), (1, 9), (9, 1), (64, 112)])
+@pytest.mark.parametrize("minor_dim", [0, 1])
+@pytest.mark.parametrize("width", [1, 3, 8, 16])
+def test_our_planar_snake_is_jax_s_tile_order(shape, minor_dim, width):
+    """gemm.mosaic.planar_snake (lax ops only, so one warp's code lowers) visits the tiles in jax's order."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from pallas_kernels.gemm.mosaic import planar_snake
+
+    lin = jnp.arange(shape[0] * shape[1], dtype=jnp.int32)
+    ours = jax.vmap(lambda i: planar_snake(i, shape, minor_dim, width))(lin)
+    jaxs = jax.vmap(lambda i: plgpu.planar_snake(i, shape, minor_dim, width))(lin)
+    np.testing.assert_array_equal(np.stack(ours), np.stack(jaxs))
+    assert sorted(zip(*map(np.asarray, ours))) == [(m, n) for m in range(shape[0]) for n in range(shape[1])]
+
+
 @pytest.mark.parametrize("fields, got", [(dict(prologue_in="memory"), "prologue_in='memory'"),
                                          (dict(pipeline="pallas"), "pipeline='pallas'")])
 def test_one_loading_warp_needs_our_k_loop_without_a_prologue_in_the_memory_warpgroup(fields, got):

@@ -14,6 +14,9 @@ k_iters + k of a warpgroup uses stage g % S of S pipeline stages in shared memor
             warpgroups release once the output stored from them has left. With ``Fusion.a_beside`` a stage holds a
             third block beside A's, loaded for the tiles that run the a_observe; the others' stages get a plain
             arrival in its place (and so do the ring input's positions), so ``ready`` always counts three.
+            With ``MosaicGemmConfig.memory_warps`` 1 only its first warp runs this (``loading_warps``: tile by
+            tile, each tile's coordinates computed by all four beforehand, then the stream-K phase), its 32 threads
+            arriving for the warpgroup's 128; the other three warps skip it.
   MMA       per tile: prefetch the epilogue's tile inputs; per step: wait ``ready[s]``, issue wgmma (both operands
             from shared memory), with a ``Fusion.a_observe`` load its rows of the A block into registers and run
             it (under the wgmma just issued; a ``Fusion.a_copy`` likewise, on the steps its column block writes),
