@@ -79,8 +79,8 @@ STREAM_K_MIN_STEPS = 32
 # the other three issued 36% of the kernel's instructions (ncu, H200, 16384x1024x5504 ping-pong: 60.3 → 38.5 M), and
 # under the power limit the clock rose 1.56 → 1.57 GHz: 238.4 → 235.5 µs there; against the default tiles in one
 # call, 238.7 → 236.6 at 16384x1024x5504, 257.2 against 258.0 at 1024x16384x5504 and 251.3 against 252.9 with
-# A read transposed (mosaic_gemm_tiles_memory_warps*-h200-*.json, NOTES.md, forty-first session). Products that plan
-# stream-K keep four: one measured equal there (1368.3 against 1368.8 µs at 32768x4096x4096,
+# A read transposed (mosaic_gemm_tiles_memory_warps*-h200-*.json, NOTES.md, forty-first session). Configs with
+# stream-K keep four: one measured equal beside it (1368.3 against 1368.8 µs at 32768x4096x4096,
 # mosaic_gemm_tiles_memory_warps_stream_k-h200-7047847.json).
 # Short K loops (K <= SHORT_K: 8 steps of 64) take ping-pong tiles first, one warpgroup's epilogue under the other's
 # K loop: on the H200 at 8192x512x2816 (the small preset's MLP projection) 33.1 µs against 38.0 for the stacked
