@@ -350,6 +350,14 @@ VARIANTS = {
                                                                                 ("dw", "dw"))},
     **{f"{prefix}_sk0": {kernel: dict(stream_k=0)} for kernel, prefix in (("forward", "fwd"), ("dx", "dx"),
                                                                             ("dw", "dw"))},
+    # r from the MMA warpgroups beside the ping-pong forward tiles (each warpgroup a whole 128x128 tile): its x
+    # block's squares after each wgmma's issue (gamma on w: no XLA pass over x), summed elementwise ("mma") or per row
+    # ("mma_rows"); or gamma in the registers (A from them), r from XLA or from the same registers
+    "pp_mma": dict(stats_in_kernel="mma", gamma_on="w"),
+    "pp_mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w"),
+    "pp_gamma_a": dict(gamma_on="a", stats_in_kernel=False),
+    "pp_gamma_a_mma": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand"),
+    "pp_gamma_a_mma_rows": dict(gamma_on="a", stats_in_kernel="mma_rows", squares_from="operand"),
 }
 
 
