@@ -1503,6 +1503,92 @@ def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Fusion.sum_rows: a row vector summed over each row's tiles inside the kernel (global semaphores)
+# ---------------------------------------------------------------------------------------------------------------
+def _centered_rows(M: int, N: int, config: MosaicGemmConfig) -> Fusion:
+    """out = c − mean_N(c) per row, c = A @ B: each accumulator's row sums over its columns ("parts", one row per
+    column block), summed over the row's tiles in the kernel (``Fusion.sum_rows``); a tile that used its own part
+    only, or another row's, shows at once."""
+    parts = S((-(-N // config.tile_n), M), jnp.float32)
+    return Fusion(outputs=(("parts", parts),),
+                  epilogue=lambda ctx, acc, carry: (acc, {"parts": jnp.sum(acc, axis=1)}),
+                  sum_rows=("parts", lambda ctx, acc, total, carry: acc - jax.lax.broadcast_in_dim(
+                      total * (1.0 / N), acc.shape, [0])))
+
+
+_SUM_ROWS_STACKED = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", memory_warps=1)
+
+
+@pytest.mark.parametrize("config_changes, fusion_changes, match", [
+    (dict(schedule="pingpong", tile_m=128, tile_n=128), {}, "sum_rows sums a row vector .* schedule='pingpong'"),
+    (dict(stream_k=4, memory_warps=4), {}, "sum_rows sums a row vector .* stream_k=4"),
+    ({}, dict(outputs=(("parts", S((256,), jnp.float32)),)),
+     r"sum_rows='parts' must name a \(2, 256\) float32 output \(one row per column block\), got shape \(256,\)"),
+    ({}, dict(outputs=()), "sum_rows='parts' must name a .* got no such output")])
+def test_sum_rows_needs_cooperative_whole_tiles_and_a_float32_output_per_column_block(config_changes, fusion_changes,
+                                                                                      match):
+    config = dataclasses.replace(_SUM_ROWS_STACKED, **config_changes)
+    fusion = dataclasses.replace(_centered_rows(256, 512, config), **fusion_changes)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion),
+                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
+
+
+@cpu_only
+def test_sum_rows_is_refused_in_interpret_mode():
+    """jax's GPU interpreter has no semaphores: the hook says so rather than computing a wrong sum."""
+    config = _SUM_ROWS_STACKED
+    a, b = _operands(128, 64, 512, jnp.bfloat16)
+    with mosaic_utils.interpret_on_cpu(num_sms=2), pytest.raises(ValueError, match="sum_rows .* interpret=True"):
+        gemm(a, b, config=dataclasses.replace(config, tile_k=64), out_dtype=jnp.bfloat16,
+             fusion=_centered_rows(128, 512, config))
+
+
+@cpu_only
+@pytest.mark.parametrize("K, N, tile_n, wg_split", [(1024, 1024, 256, "m"), (512, 2048, 128, "n")])
+def test_sum_rows_lowers_a_release_per_column_block_and_one_acquiring_wait(K, N, tile_n, wg_split):
+    """Lowered for CUDA: each accumulator signals every column block of its rows (one release-add each: N / tile_n
+    of them) and waits on its own count once (a compare-and-swap loop, then an acquire fence), with no more shared
+    memory than the plain epilogue."""
+    M = 4096
+    config = dataclasses.replace(_SUM_ROWS_STACKED, tile_m=64 if wg_split == "m" else 128, tile_n=tile_n,
+                                 wg_split=wg_split)
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
+    (kernel,) = mosaic_ir.lower_kernels(
+        lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_centered_rows(M, N, config)),
+        *operands)
+    plain = Fusion(outputs=(("parts", S((N // tile_n, M), jnp.float32)),),
+                   epilogue=lambda ctx, acc, carry: (acc, {"parts": jnp.sum(acc, axis=1)}))
+    (alone,) = mosaic_ir.lower_kernels(
+        lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=plain), *operands)
+    assert kernel.text.count("red.release.gpu.global.add.u32") == N // tile_n
+    assert kernel.text.count("atom.relaxed.gpu.global.cas.b32") == 1 and "fence.acquire.gpu" in kernel.text
+    assert "red.release.gpu.global.add" not in alone.text
+    assert kernel.smem_bytes == alone.smem_bytes
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (4096, 1024, 1024, _SUM_ROWS_STACKED),  # 4 column blocks: 33 row blocks a round on 132 SMs
+    (4096, 512, 2048, dataclasses.replace(_SUM_ROWS_STACKED, tile_m=128, tile_n=128, wg_split="n")),  # 16 blocks
+    (8192, 1024, 2816, dataclasses.replace(_SUM_ROWS_STACKED, tile_n=128)),  # 22 per row: rows across rounds
+    (2048, 2048, 8192, dataclasses.replace(_SUM_ROWS_STACKED, memory_warps=4, num_stages=3))])  # 32 column blocks
+def test_sum_rows_on_the_gpu(M, K, N, config):
+    """Each row centered by its mean over all N columns, summed over the row's tiles in the kernel: against the
+    float32 reference, two calls (the counts end each at zero; a stale count would let a tile read old parts)."""
+    fn = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
+                                   fusion=_centered_rows(M, N, config)))
+    for _ in range(2):
+        a, b = _operands(M, K, N, jnp.bfloat16)
+        b = b + 0.05 * jax.random.normal(_key(), (1, N), jnp.float32).astype(jnp.bfloat16)  # rows' means not 0
+        c = _f32_product(a, b)
+        want = c - jnp.mean(c, axis=1, keepdims=True)
+        got, parts = fn(a, b)
+        assert _rel_err(got, want) <= _tol(jnp.bfloat16, K)  # NaN fails
+        assert _rel_err(jnp.sum(parts, axis=0), jnp.sum(c, axis=1)) <= _tol(jnp.bfloat16, K)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The memory warpgroup's loads from one warp (MosaicGemmConfig.memory_warps)
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(8, 8), (5, 7), (128, 43), (1, 9), (9, 1), (64, 112)])

@@ -933,6 +933,71 @@ def test_dyr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, residual, dx):
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
+@pytest.mark.parametrize("changes, match", [
+    (dict(row_dot="n"), "dx_in_kernel: must be a bool; True .* needs row_dot='k', .* got dx_in_kernel=True, "
+                        "row_dot='n'"),
+    (dict(dgamma_from="u"), "dgamma_from='u'"),
+    (dict(dx=MosaicGemmConfig(stream_k=4)), "stream_k=4"),
+    (dict(dx=MosaicGemmConfig(schedule="pingpong")), "schedule='pingpong'"),
+    (dict(dx_in_kernel="yes"), "dx_in_kernel: must be a bool")])
+def test_dx_from_the_dx_kernel_needs_the_k_side_and_whole_cooperative_tiles(changes, match):
+    tiles = MosaicGemmConfig()
+    with pytest.raises(ValueError, match=match):
+        Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="k", dx_in_kernel=True), **changes))
+    config = Config(forward=tiles, dx=tiles, dw=tiles, dx_in_kernel=True)  # (row_dot None: the K side)
+    assert Config(**config.to_dict()) == config
+
+
+@cpu_only
+@pytest.mark.parametrize("dyr_in_dx", [True, False])
+def test_dx_from_the_dx_kernel_leaves_no_xla_pass_over_u(dyr_in_dx):
+    """dx_in_kernel in the CUDA lowering at the H200 entry of 16384x1024x5504 (the K side, gamma on x): the dx
+    kernel signals its row block's 4 column blocks and writes dx itself, so no XLA op reads an (M, K) tensor after
+    it except to return it; without, XLA's finish reads u and x. With a residual, XLA's finish as before."""
+    from pallas_kernels import tuning
+
+    M, K, N = 16384, 1024, 5504
+    entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
+    entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
+    entry = dataclasses.replace(entry, dyr_in_dx=dyr_in_dx)
+
+    def lowered(config, residual=False):
+        fn, args = _fwd_bwd(M, K, N, residual=residual, config=config)
+        with backends.lowering_for_gpu():
+            program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+            dx = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}["rmsnorm_matmul_dx"]
+        finish = [line for line in program.splitlines() if "stablehlo.subtract" in line and f"tensor<{M}x{K}x" in line]
+        return finish, dx
+
+    finish, dx = lowered(dataclasses.replace(entry, dx_in_kernel=True))
+    assert not finish and dx.text.count("red.release.gpu.global.add.u32") == K // entry.dx.tile_n
+    finish, dx = lowered(entry)
+    assert finish and "red.release.gpu.global.add" not in dx.text
+    finish, dx = lowered(dataclasses.replace(entry, dx_in_kernel=True), residual=True)
+    assert finish and "red.release.gpu.global.add" not in dx.text
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, dtype, variant, row_dot", [
+    (16384, 1024, 5504, jnp.bfloat16, None, None),  # the H200 entry (gamma on x, dyr from dx): 4 column blocks
+    (8192, 512, 2816, jnp.bfloat16, None, None),  # the H200 entry: 2 column blocks
+    (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr"),  # 8 column blocks: row blocks across rounds
+    (2048, 1024, 4096, jnp.float16, False, "k_dyr"),  # dyr = (r / max r) ⊙ dy, gamma on w
+    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k")])  # A = dyr from XLA
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_dx_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, row_dot, residual):
+    """dx_in_kernel: the dx kernel sums its row dot over each row's tiles and writes dx (with a residual, XLA's
+    finish): forward and gradients against the float32 reference, two calls (the counts end each at zero)."""
+    if variant is None:
+        config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
+    else:
+        config = _numbers_config(M, K, N, dtype, residual, variant, row_dot)
+    config = dataclasses.replace(config, dx_in_kernel=True, dx=dataclasses.replace(config.dx, stream_k=0))
+    for _ in range(2):
+        x, g, w, res = inputs(M, K, N, dtype, residual=residual)
+        _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
+
+
 @gpu_only
 @pytest.mark.parametrize("dtype, scale", [(jnp.bfloat16, 1e3), (jnp.float16, 30.0)])
 def test_large_magnitudes_on_the_gpu(dtype, scale):

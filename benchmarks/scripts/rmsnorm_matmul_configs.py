@@ -353,6 +353,9 @@ VARIANTS = {
     # r from the MMA warpgroups beside the ping-pong forward tiles (each warpgroup a whole 128x128 tile): its x
     # block's squares after each wgmma's issue (gamma on w: no XLA pass over x), summed elementwise ("mma") or per row
     # ("mma_rows"); or gamma in the registers (A from them), r from XLA or from the same registers
+    # the K side's dx finished by the dx kernel: each row's tiles sum their row-dot parts through global semaphores
+    # (gemm.Fusion.sum_rows) and write dx; no u, no XLA pass over u and x
+    "dx_in_kernel": dict(dx_in_kernel=True),
     "pp_mma": dict(stats_in_kernel="mma", gamma_on="w"),
     "pp_mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w"),
     "pp_gamma_a": dict(gamma_on="a", stats_in_kernel=False),

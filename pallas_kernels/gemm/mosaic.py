@@ -204,6 +204,17 @@ class Fusion:
     store_tile: False: the epilogue's row vectors are the result and the (M, N) output tile is never stored (the
       kernel's first output is allocated, its contents undefined): e.g. a GEMV run transposed, whose one useful
       accumulator column the epilogue returns as a row vector. epilogue_store "end" only.
+    sum_rows: (name, finish): the epilogue's row vector ``name`` (a (N / tile_n, M) float32 output: each
+      accumulator's part over its tile_n columns) summed over all of a row's column blocks inside the kernel, and
+      finish(ctx, tile, total, carry) -> the tile to store, ``tile`` the epilogue's, ``total`` (tile_m,) float32
+      (e.g. the rmsnorm_matmul dx kernel's row dot Σ_K(u ⊙ x), then dx from u: no (M, K) tensor written twice).
+      Each accumulator stores its part, signals a global semaphore of every column block of its rows and waits
+      for all of them on its own (its count ends at zero), then loads the parts. The tile loop walks the CTA
+      tiles row-major (a row block's tiles are adjacent, on different blocks, in one round: the snake order and
+      ``grid_minor`` are not used); with one block per SM every block is resident, so no tile waits for one that
+      cannot run (the tiles a tile waits for start once their blocks' earlier tiles end, and those tiles come
+      before it). Cooperative schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside,
+      epilogue_store "end"; not in interpret mode (no semaphores).
     """
 
     tile_inputs: tuple[str, ...] = ()
@@ -225,6 +236,7 @@ class Fusion:
     step_inputs: tuple[str, ...] = ()
     share_rows: tuple[str, Callable] | None = None
     epilogue: Callable | None = None
+    sum_rows: tuple[str, Callable] | None = None
 
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
@@ -301,6 +313,22 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             seen = "no such output" if shared is None else f"shape {shared.shape}, dtype {jnp.dtype(shared.dtype)}"
             raise ValueError(f"{name}: share_rows={fusion.share_rows[0]!r} must name an ({M},) float32 output, got "
                              f"{seen}")
+    if fusion.sum_rows is not None:
+        summed = dict(fusion.outputs).get(fusion.sum_rows[0])
+        want = (-(-N // config.tile_n), M)
+        if (config.pipeline != "own" or config.pingpong or config.stream_k or config.cluster != "none"
+                or config.stores_later or fusion.share_rows is not None or fusion.a_beside is not None
+                or mu.interpreting()):
+            raise ValueError(f"{name}: sum_rows sums a row vector over a row block's tiles through global semaphores: "
+                             f"it needs pipeline='own', schedule='cooperative', stream_k=0, cluster='none', "
+                             f"epilogue_store='end', no share_rows or a_beside, and a GPU (no interpret mode); got "
+                             f"pipeline={config.pipeline!r}, schedule={config.schedule!r}, "
+                             f"stream_k={config.stream_k}, cluster={config.cluster!r}, "
+                             f"epilogue_store={config.epilogue_store!r}, interpret={mu.interpreting()}")
+        if summed is None or summed.shape != want or jnp.dtype(summed.dtype) != jnp.dtype(_F32):
+            seen = "no such output" if summed is None else f"shape {summed.shape}, dtype {jnp.dtype(summed.dtype)}"
+            raise ValueError(f"{name}: sum_rows={fusion.sum_rows[0]!r} must name a {want} float32 output (one row "
+                             f"per column block), got {seen}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -530,6 +558,8 @@ class _Shape:
         minor = 1 if cfg.grid_minor == "n" else 0
         if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
             m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
+        elif self.fusion.sum_rows is not None:  # row-major: a row block's tiles in one round (Fusion.sum_rows)
+            m_idx, n_idx = lax.div(lin, n_iters), lax.rem(lin, n_iters)
         else:
             m_idx, n_idx = planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor, cfg.grid_tile_width)
         if cfg.cluster_size > 1:  # the cluster's tile pair; this block takes the one at its index in the cluster
@@ -598,6 +628,10 @@ class _Shape:
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
         for n, vec in rows_out.items():
             _store_rows(vec, named_out[n], ctx)
+        if fusion.sum_rows is not None:
+            name, finish = fusion.sum_rows
+            total = _sum_over_column_blocks(named_out[name], scoped["sum_rows_semaphores"], ctx)
+            acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:
             return None
         tile = acc.astype(self.out_dtype)
@@ -754,6 +788,22 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(slots.at[slot],
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
+
+
+def _sum_over_column_blocks(parts_gmem, semaphores, ctx: TileContext) -> jax.Array:
+    """(``Fusion.sum_rows``) Σ over the column blocks of parts_gmem (C, M) at this accumulator's rows, once every
+    column block of them has stored its part (``_store_rows`` before this): signal each block's semaphore (a
+    release after the warpgroup's stores), wait for all C signals on our own (an acquire; the count back to zero),
+    then load the C parts. Returns (tile_m,) float32 in layout ROWS."""
+    blocks = parts_gmem.shape[0]
+    group = ctx.row0 // ctx.config.tile_m  # this accumulator's rows among the row groups
+    for c in range(blocks):
+        plgpu.semaphore_signal(semaphores.at[group * blocks + c], 1, memory_scope="gpu")
+    plgpu.semaphore_wait(semaphores.at[group * blocks + ctx.col_block], blocks, decrement=True, memory_scope="gpu")
+    total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
+    for c in range(1, blocks):
+        total = total + mu.load(parts_gmem.at[c, ctx.rows], layout=mu.ROWS, optimized=False)
+    return total
 
 
 def _store_rows(vec: jax.Array, out_gmem, ctx: TileContext) -> None:

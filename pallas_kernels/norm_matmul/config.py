@@ -359,6 +359,13 @@ class MosaicRMSNormMatmulConfig:
       kernel 603.4 → 580.3, the finish 31.3 against XLA's dx fusion's 24.4, the dx kernel 602.2 → 607.0), 1595.0
       → 1597.0 → 1611.4 at 8192x4096x6144, 738.7 → 740.1 → 737.3 at 4096x2048x11008; the H200's entry at
       4096x4096x14336 takes it. None (default): ``dgamma_source``, "dw".
+    dx_in_kernel: (row_dot "k") True: the dx kernel finishes dx itself. Each tile stores its row dot's part over
+      its columns, Σ u ⊙ x, waits for the other tiles of its rows (``gemm.Fusion.sum_rows``: global semaphores, the
+      tiles walked row-major) and writes dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x from u still in its registers
+      and the x tile it holds: u is never written, and XLA's pass over u and x (reading 2MK elements, writing MK) is
+      gone. Not with dgamma_from "u" (which sums dgamma from u); with a residual, or in interpret mode (no
+      semaphores), XLA's pass finishes dx as without it. The dx config takes cooperative tiles, pipeline "own",
+      no stream-K or cluster and epilogue_store "end". False (default): XLA's pass.
     squares_from: (gamma_on "a" with stats_in_kernel "mma", "mma_rows" or "mma_shared") where the forward's MMA
       warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
       step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to
@@ -401,6 +408,7 @@ class MosaicRMSNormMatmulConfig:
     row_dot_in_dx: bool | str = False
     dgamma_from: str | None = None
     squares_from: str = "observe"
+    dx_in_kernel: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -461,6 +469,16 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.dgamma_from: must be None, 'dw' or 'u', 'u' only with "
                              f"row_dot='k' (u is the K side's dx output); got dgamma_from={self.dgamma_from!r}, "
                              f"row_dot={self.row_dot!r}")
+        if self.dx_in_kernel not in (False, True) or (self.dx_in_kernel and (
+                self.row_dot_side() != "k" or self.dgamma_from == "u" or dx.pipeline != "own" or dx.pingpong
+                or dx.stream_k or dx.cluster != "none" or dx.stores_later)):
+            raise ValueError("MosaicRMSNormMatmulConfig.dx_in_kernel: must be a bool; True (the dx kernel sums its "
+                             "row dot over its row block's tiles and writes dx) needs row_dot='k', dgamma_from not "
+                             "'u', and a dx config with pipeline='own', schedule='cooperative', stream_k=0, "
+                             f"cluster='none' and epilogue_store='end'; got dx_in_kernel={self.dx_in_kernel!r}, "
+                             f"row_dot={self.row_dot!r}, dgamma_from={self.dgamma_from!r}, "
+                             f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, stream_k={dx.stream_k}, "
+                             f"cluster={dx.cluster!r}, epilogue_store={dx.epilogue_store!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         fwd = self.forward
@@ -475,7 +493,7 @@ class MosaicRMSNormMatmulConfig:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx,
-                    dgamma_from=self.dgamma_from, squares_from=self.squares_from)
+                    dgamma_from=self.dgamma_from, squares_from=self.squares_from, dx_in_kernel=self.dx_in_kernel)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with

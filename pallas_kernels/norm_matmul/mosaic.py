@@ -44,6 +44,8 @@ the reduction stays on the K side instead:
   dx kernel:  u = dyr @ w_γᵀ = (r / s) ⊙ (dy @ w_γᵀ) (A = dyr; gamma on the columns with gamma_on "x"), written in
               x's dtype into the prefetched x tile's buffer, and per column block the float32 partial row dots
               Σ u ⊙ x over its columns; one XLA fusion gives dx = s · (u − (r² / K) · Σ_K(u ⊙ x) · x) (+ dh).
+              With ``dx_in_kernel`` the dx kernel sums the parts over each row's tiles itself (``Fusion.sum_rows``)
+              and writes dx from u in its registers: no u, no XLA pass.
 dy is then read once, to form dyr (4MN bytes; a product XLA can fuse into the fusion that produces dy), y is not
 kept, and the row statistics cost 10MK bytes (x read by the kernel, u written and read, x read, dx written). With
 ``dgamma_from="u"`` (gamma on x's side) the dx kernel writes u before gamma and one Pallas-Triton kernel
@@ -397,17 +399,20 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
-                       dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True) -> Fusion:
+                       dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True,
+                       in_kernel: bool = False) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
     dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``gamma_in_u`` False (with
     ``gamma_cols``): u is stored before gamma (for dgamma = s · Σ_M(u ⊙ x)), the parts still sum u ⊙ gamma ⊙ x.
     ``dyr`` (M, N): A is dy itself; u = (r / s) ⊙ acc, r / s coming in (M,) ("dyr_scale"), and dyr = (r / s) ⊙ dy
-    is written from the dy blocks (``Fusion.a_copy``) for the dw GEMM."""
+    is written from the dy blocks (``Fusion.a_copy``) for the dw GEMM. ``in_kernel`` (``dx_in_kernel``): the parts
+    are summed over each row's tiles in the kernel (``Fusion.sum_rows``) and the tile stored is dx = a · u − b ·
+    Σ_K(u ⊙ x) · x, a = s and b = s · r² / K per row coming in ("dx_u_scale", "dx_x_coef", (M,) float32)."""
 
     def epilogue(ctx, acc, carry):
         if dyr is not None:
-            acc = acc * _bcast_rows(carry[0], acc.shape)
+            acc = acc * _bcast_rows(carry[2 if in_kernel else 0], acc.shape)
         x = ctx.load_tile("x")
         if not gamma_cols:
             return acc, {"row_dot_parts": jnp.sum(acc * x, axis=1)}
@@ -419,12 +424,21 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
     parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
     gamma = ("gamma",) if gamma_cols else ()
-    if dyr is None:
-        return Fusion(tile_inputs=("x",), inputs=gamma, store_in="x", outputs=(parts,), epilogue=epilogue)
+    rows = (("dx_u_scale", "dx_x_coef") if in_kernel else ()) + (("dyr_scale",) if dyr is not None else ())
+    hooks = {}
+    if rows:
+        hooks["prologue_init"] = lambda ctx: tuple(ctx.load_rows(n) for n in rows)
+    if in_kernel:
+        def finish(ctx, u, row_dot, carry):  # dx from u and the row dot summed over the row's tiles
+            return (u * _bcast_rows(carry[0], u.shape)
+                    - ctx.load_tile("x") * _bcast_rows(carry[1] * row_dot, u.shape))
 
-    return Fusion(tile_inputs=("x",), inputs=("dyr_scale", *gamma), store_in="x", outputs=(("dyr", dyr), parts),
-                  a_copy=("dyr", _dyr_copy(0)), prologue_init=lambda ctx: (ctx.load_rows("dyr_scale"),),
-                  epilogue=epilogue)
+        hooks["sum_rows"] = ("row_dot_parts", finish)
+    if dyr is None:
+        return Fusion(tile_inputs=("x",), inputs=(*rows, *gamma), store_in="x", outputs=(parts,), epilogue=epilogue,
+                      **hooks)
+    return Fusion(tile_inputs=("x",), inputs=(*rows, *gamma), store_in="x", outputs=(("dyr", dyr), parts),
+                  a_copy=("dyr", _dyr_copy(len(rows) - 1)), epilogue=epilogue, **hooks)
 
 
 def _row_coef(row_dot_parts, rstd, K: int) -> jax.Array:
@@ -470,16 +484,22 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts
         arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
         from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
+        in_kernel = cfg.dx_in_kernel and dh is None and not mu.interpreting()  # the dx kernel writes dx itself
+        if in_kernel:  # dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x
+            arrays.update(dx_u_scale=jnp.broadcast_to(scale, (M,)), dx_x_coef=rstd * rstd * (scale / K))
         if cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
-            fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u)
+            fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u,
+                                        in_kernel)
             u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                                  fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
         else:  # dy read once, for dyr; A is dyr
             dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
             u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                            fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u), arrays=arrays,
-                            name="rmsnorm_matmul_dx")
-        if from_u:  # u before gamma: one kernel finishes dx and sums dgamma from the same reads of u and x
+                            fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel),
+                            arrays=arrays, name="rmsnorm_matmul_dx")
+        if in_kernel:  # (u is dx already)
+            dx = u
+        elif from_u:  # u before gamma: one kernel finishes dx and sums dgamma from the same reads of u and x
             dx, dgamma_parts = finish_dx(u, xn, _row_coef(parts, rstd, K) * scale, gamma.astype(_F32) * scale, dh,
                                          interpret=mu.interpreting())
             dgamma = (jnp.sum(dgamma_parts, axis=0) * scale).astype(gamma.dtype)
