@@ -215,6 +215,14 @@ class Fusion:
       cannot run (the tiles a tile waits for start once their blocks' earlier tiles end, and those tiles come
       before it). Cooperative schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside,
       epilogue_store "end"; not in interpret mode (no semaphores).
+    row_parts: (name, num_parts, part): a row statistic spread over a row block's tiles: before the epilogue the
+      accumulators of column blocks 0 .. num_parts - 1 each compute part(ctx) -> (tile_m,) float32 (e.g. the sums
+      of squares of one K block of A's rows, loaded from GMEM) into row ctx.col_block of the (num_parts, M) float32
+      output ``name`` and signal every column block of their rows; every accumulator waits for the num_parts
+      parts of its rows (its count ends at zero) and its epilogue receives (their sum, the carry) as its carry.
+      Tile order and waits as for sum_rows (the contributing tiles come first in each row block); either
+      schedule, pipeline "own", no stream-K, cluster, share_rows or sum_rows, epilogue_store "end"; not in
+      interpret mode.
     """
 
     tile_inputs: tuple[str, ...] = ()
@@ -237,6 +245,7 @@ class Fusion:
     share_rows: tuple[str, Callable] | None = None
     epilogue: Callable | None = None
     sum_rows: tuple[str, Callable] | None = None
+    row_parts: tuple[str, int, Callable] | None = None
 
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
@@ -329,6 +338,22 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             seen = "no such output" if summed is None else f"shape {summed.shape}, dtype {jnp.dtype(summed.dtype)}"
             raise ValueError(f"{name}: sum_rows={fusion.sum_rows[0]!r} must name a {want} float32 output (one row "
                              f"per column block), got {seen}")
+    if fusion.row_parts is not None:
+        name_, num_parts, _ = fusion.row_parts
+        parts = dict(fusion.outputs).get(name_)
+        blocks = -(-N // config.tile_n)
+        if (config.pipeline != "own" or config.stream_k or config.cluster != "none" or config.stores_later
+                or fusion.share_rows is not None or fusion.sum_rows is not None or mu.interpreting()):
+            raise ValueError(f"{name}: row_parts shares a row statistic among a row block's tiles through global "
+                             f"semaphores: it needs pipeline='own', stream_k=0, cluster='none', epilogue_store='end', "
+                             f"no share_rows or sum_rows, and a GPU (no interpret mode); got "
+                             f"pipeline={config.pipeline!r}, stream_k={config.stream_k}, cluster={config.cluster!r}, "
+                             f"epilogue_store={config.epilogue_store!r}, interpret={mu.interpreting()}")
+        if not 1 <= num_parts <= blocks or parts is None or parts.shape != (num_parts, M) or (
+                jnp.dtype(parts.dtype) != jnp.dtype(_F32)):
+            seen = "no such output" if parts is None else f"shape {parts.shape}, dtype {jnp.dtype(parts.dtype)}"
+            raise ValueError(f"{name}: row_parts={name_!r} with {num_parts} parts (1 to the {blocks} column blocks) "
+                             f"must name a ({num_parts}, {M}) float32 output, got {seen}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -558,7 +583,8 @@ class _Shape:
         minor = 1 if cfg.grid_minor == "n" else 0
         if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
             m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
-        elif self.fusion.sum_rows is not None:  # row-major: a row block's tiles in one round (Fusion.sum_rows)
+        elif self.fusion.sum_rows is not None or self.fusion.row_parts is not None:  # row-major: a row block's
+            # tiles adjacent (Fusion.sum_rows, Fusion.row_parts)
             m_idx, n_idx = lax.div(lin, n_iters), lax.rem(lin, n_iters)
         else:
             m_idx, n_idx = planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor, cfg.grid_tile_width)
@@ -623,6 +649,15 @@ class _Shape:
             for n in fusion.tile_inputs:
                 plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
         rows_out = {}
+        if fusion.row_parts is not None:  # the row statistic's parts from the first column blocks, summed
+            name, num_parts, part = fusion.row_parts
+            contributes = ctx.col_block < num_parts
+
+            @pl.when(contributes)
+            def _part():
+                _store_rows(part(ctx), named_out[name], ctx)
+
+            carry = (_share_row_parts(named_out[name], scoped["row_semaphores"], ctx, contributes), carry)
         if fusion.epilogue is not None:
             tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
@@ -630,7 +665,7 @@ class _Shape:
             _store_rows(vec, named_out[n], ctx)
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
-            total = _sum_over_column_blocks(named_out[name], scoped["sum_rows_semaphores"], ctx)
+            total = _share_row_parts(named_out[name], scoped["row_semaphores"], ctx)
             acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:
             return None
@@ -790,19 +825,31 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
 
 
-def _sum_over_column_blocks(parts_gmem, semaphores, ctx: TileContext) -> jax.Array:
-    """(``Fusion.sum_rows``) Σ over the column blocks of parts_gmem (C, M) at this accumulator's rows, once every
-    column block of them has stored its part (``_store_rows`` before this): signal each block's semaphore (a
-    release after the warpgroup's stores), wait for all C signals on our own (an acquire; the count back to zero),
-    then load the C parts. Returns (tile_m,) float32 in layout ROWS."""
-    blocks = parts_gmem.shape[0]
-    group = ctx.row0 // ctx.config.tile_m  # this accumulator's rows among the row groups
-    for c in range(blocks):
-        plgpu.semaphore_signal(semaphores.at[group * blocks + c], 1, memory_scope="gpu")
-    plgpu.semaphore_wait(semaphores.at[group * blocks + ctx.col_block], blocks, decrement=True, memory_scope="gpu")
+def _share_row_parts(parts_gmem, semaphores, ctx: TileContext, contributes=None) -> jax.Array:
+    """(``Fusion.sum_rows``, ``Fusion.row_parts``) Σ over the P parts of parts_gmem (P, M) at this accumulator's
+    rows, once each has been stored (``_store_rows`` before this, by the accumulators of column blocks 0 .. P - 1,
+    or all of them): those signal the semaphore of every column block of their rows (a release after the
+    warpgroup's stores; ``contributes``: whether this one is one of them, None: all are), then each waits for P
+    signals on its own (an acquire; the count back to zero) and loads the P parts. Returns (tile_m,) float32 in
+    layout ROWS."""
+    cfg = ctx.config
+    num_parts = parts_gmem.shape[0]
+    blocks = semaphores.shape[0] // (parts_gmem.shape[1] // cfg.tile_m)  # column blocks: semaphores per row group
+    group = ctx.row0 // cfg.tile_m  # this accumulator's rows among the row groups
+
+    def signal():
+        for c in range(blocks):
+            plgpu.semaphore_signal(semaphores.at[group * blocks + c], 1, memory_scope="gpu")
+
+    if contributes is None:
+        signal()
+    else:
+        pl.when(contributes)(signal)
+    plgpu.semaphore_wait(semaphores.at[group * blocks + ctx.col_block], num_parts, decrement=True,
+                         memory_scope="gpu")
     total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
-    for c in range(1, blocks):
-        total = total + mu.load(parts_gmem.at[c, ctx.rows], layout=mu.ROWS, optimized=False)
+    for p in range(1, num_parts):
+        total = total + mu.load(parts_gmem.at[p, ctx.rows], layout=mu.ROWS, optimized=False)
     return total
 
 

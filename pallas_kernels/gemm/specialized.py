@@ -175,9 +175,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         else:
             ring_stages = stages[1]
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
-        if fusion.sum_rows is not None:  # (Fusion.sum_rows) a count per accumulator row group and column block
-            M, N, _ = shape.mnk
-            scoped["sum_rows_semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR(
+        if fusion.sum_rows is not None or fusion.row_parts is not None:  # (Fusion.sum_rows, Fusion.row_parts) a
+            M, N, _ = shape.mnk  # count per accumulator row group and column block
+            scoped["row_semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR(
                 (M // cfg.tile_m * -(-N // cfg.tile_n),)))
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
 
