@@ -208,8 +208,9 @@ class Fusion:
       accumulator's part over its tile_n columns) summed over all of a row's column blocks inside the kernel, and
       finish(ctx, tile, total, carry) -> the tile to store, ``tile`` the epilogue's, ``total`` (tile_m,) float32
       (e.g. the rmsnorm_matmul dx kernel's row dot Σ_K(u ⊙ x), then dx from u: no (M, K) tensor written twice).
-      Each accumulator stores its part, signals a global semaphore of every column block of its rows and waits
-      for all of them on its own (its count ends at zero), then loads the parts. The tile loop walks the CTA
+      Each accumulator stores its part and counts it on its row group's global semaphore; the column-0
+      accumulator waits for all of them, sums them into row 0 of ``name`` and releases the others, which load it
+      (both counts end at zero: ``_share_row_parts``). The tile loop walks the CTA
       tiles row-major (a row block's tiles are adjacent, on different blocks, in one round: the snake order and
       ``grid_minor`` are not used); with one block per SM every block is resident, so no tile waits for one that
       cannot run (the tiles a tile waits for start once their blocks' earlier tiles end, and those tiles come
@@ -218,8 +219,8 @@ class Fusion:
     row_parts: (name, num_parts, part): a row statistic spread over a row block's tiles: before the epilogue the
       accumulators of column blocks 0 .. num_parts - 1 each compute part(ctx) -> (tile_m,) float32 (e.g. the sums
       of squares of one K block of A's rows, loaded from GMEM) into row ctx.col_block of the (num_parts, M) float32
-      output ``name`` and signal every column block of their rows; every accumulator waits for the num_parts
-      parts of its rows (its count ends at zero) and its epilogue receives (their sum, the carry) as its carry.
+      output ``name`` and count it; the column-0 accumulator sums the parts into row 0 and releases the others
+      (as for sum_rows), and every epilogue receives (the sum, the carry) as its carry.
       Tile order and waits as for sum_rows (the contributing tiles come first in each row block); either
       schedule, pipeline "own", no stream-K, cluster, share_rows or sum_rows, epilogue_store "end"; not in
       interpret mode.
@@ -472,6 +473,11 @@ class _Shape:
         return (_CLUSTER,) if self.cfg.cluster == ("n", "m")[operand] else None
 
     @property
+    def column_blocks(self) -> int:
+        """The output's tile_n column blocks (accumulators sharing a row group)."""
+        return -(-self.mnk[1] // self.cfg.tile_n)
+
+    @property
     def pieces(self) -> list:
         cfg = self.cfg
         return [(i, j) for i in range(cfg.tile_m // cfg.epi_tile_m) for j in range(cfg.tile_n // cfg.epi_tile_n)]
@@ -657,7 +663,8 @@ class _Shape:
             def _part():
                 _store_rows(part(ctx), named_out[name], ctx)
 
-            carry = (_share_row_parts(named_out[name], scoped["row_semaphores"], ctx, contributes), carry)
+            carry = (_share_row_parts(named_out[name], scoped["row_semaphores"], ctx, self.column_blocks,
+                                      contributes), carry)
         if fusion.epilogue is not None:
             tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
@@ -665,7 +672,7 @@ class _Shape:
             _store_rows(vec, named_out[n], ctx)
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
-            total = _share_row_parts(named_out[name], scoped["row_semaphores"], ctx)
+            total = _share_row_parts(named_out[name], scoped["row_semaphores"], ctx, self.column_blocks)
             acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:
             return None
@@ -825,32 +832,46 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
 
 
-def _share_row_parts(parts_gmem, semaphores, ctx: TileContext, contributes=None) -> jax.Array:
+def _share_row_parts(parts_gmem, semaphores, ctx: TileContext, blocks: int, contributes=None) -> jax.Array:
     """(``Fusion.sum_rows``, ``Fusion.row_parts``) Σ over the P parts of parts_gmem (P, M) at this accumulator's
-    rows, once each has been stored (``_store_rows`` before this, by the accumulators of column blocks 0 .. P - 1,
-    or all of them): those signal the semaphore of every column block of their rows (a release after the
-    warpgroup's stores; ``contributes``: whether this one is one of them, None: all are), then each waits for P
-    signals on its own (an acquire; the count back to zero) and loads the P parts. Returns (tile_m,) float32 in
-    layout ROWS."""
+    rows, stored before this by the accumulators of column blocks 0 .. P - 1 (``contributes``: whether this is one
+    of them; None: all are). Two counts per row group (``semaphores``: (2 · M / tile_m,)): each contributor adds 1 to
+    the first (a release after the warpgroup's stores); the column-0 accumulator waits for P there (an acquire,
+    the count back to zero), sums the parts into row 0 of parts_gmem and adds ``blocks`` - 1 to the second; each
+    other accumulator waits for it to be positive, takes its 1 off and loads row 0. Two releases at most per
+    accumulator (one per column block, ``blocks`` of them, cost 17 µs a tile at 43 column blocks). Returns
+    (tile_m,) float32 in layout ROWS."""
     cfg = ctx.config
     num_parts = parts_gmem.shape[0]
-    blocks = semaphores.shape[0] // (parts_gmem.shape[1] // cfg.tile_m)  # column blocks: semaphores per row group
+    row_groups = parts_gmem.shape[1] // cfg.tile_m
     group = ctx.row0 // cfg.tile_m  # this accumulator's rows among the row groups
+    gathered, ready = semaphores.at[group], semaphores.at[row_groups + group]
 
     def signal():
-        for c in range(blocks):
-            plgpu.semaphore_signal(semaphores.at[group * blocks + c], 1, memory_scope="gpu")
+        plgpu.semaphore_signal(gathered, 1, memory_scope="gpu")
 
     if contributes is None:
         signal()
     else:
         pl.when(contributes)(signal)
-    plgpu.semaphore_wait(semaphores.at[group * blocks + ctx.col_block], num_parts, decrement=True,
-                         memory_scope="gpu")
-    total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
-    for p in range(1, num_parts):
-        total = total + mu.load(parts_gmem.at[p, ctx.rows], layout=mu.ROWS, optimized=False)
-    return total
+    lead = ctx.col_block == 0
+
+    @pl.when(lead)
+    def _sum():
+        plgpu.semaphore_wait(gathered, num_parts, decrement=True, memory_scope="gpu")
+        total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
+        for p in range(1, num_parts):
+            total = total + mu.load(parts_gmem.at[p, ctx.rows], layout=mu.ROWS, optimized=False)
+        parts_gmem.at[0, ctx.rows][...] = total
+        if blocks > 1:
+            plgpu.semaphore_signal(ready, blocks - 1, memory_scope="gpu")
+
+    if blocks > 1:
+        @pl.when(jnp.logical_not(lead))
+        def _wait():
+            plgpu.semaphore_wait(ready, 1, decrement=False, memory_scope="gpu")  # acquire
+            plgpu.semaphore_signal(ready, -1, memory_scope="gpu")
+    return mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
 
 
 def _store_rows(vec: jax.Array, out_gmem, ctx: TileContext) -> None:
