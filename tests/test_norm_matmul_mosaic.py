@@ -9,7 +9,6 @@ interpret mode at tiny shapes, through the backend module (the registry runs Mos
 """
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,6 @@ import pytest
 from base_norm_matmul import NormMatmulTests, inputs
 from conftest import GPU_TIMEOUT, assert_close, normal, tolerance
 from hlo_inspect import mosaic_ir, ptxas
-import pallas_kernels
 from pallas_kernels import backends, mosaic_utils, norm_matmul, reference
 from pallas_kernels.gemm import MosaicGemmConfig, stream_k
 from pallas_kernels.norm_matmul import config as nm_config
@@ -997,61 +995,6 @@ def test_dx_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, row_dot, resi
     config = dataclasses.replace(config, dx_in_kernel=True, dx=dataclasses.replace(config.dx, stream_k=0))
     for _ in range(2):
         x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-        _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
-
-
-@pytest.mark.parametrize("changes, match", [
-    (dict(gamma_on="x"), "'spread' shares the sums of squares .* gamma_on='x'"),
-    (dict(gamma_on="a"), "gamma_on='a'"),
-    (dict(forward=MosaicGemmConfig(stream_k=4)), "stream_k=4"),
-    (dict(forward=MosaicGemmConfig(epilogue_store="next_tile")), "epilogue_store='next_tile'")])
-def test_spread_squares_need_gamma_on_w_and_whole_tiles(changes, match):
-    tiles = MosaicGemmConfig()
-    with pytest.raises(ValueError, match=match):
-        Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, stats_in_kernel="spread"), **changes))
-    config = Config(forward=MosaicGemmConfig(schedule="pingpong"), dx=tiles, dw=tiles, stats_in_kernel="spread")
-    assert Config(**config.to_dict()) == config and config.gamma_side(4096, 14336, jnp.bfloat16) == "w"
-
-
-@cpu_only
-def test_spread_squares_lower_with_the_row_groups_counts_and_no_xla_pass_over_x():
-    """stats_in_kernel "spread" at 16384x1024x5504 (the H200 entry's ping-pong forward tiles): the forward kernel
-    shares the parts through the row groups' counts (three release-adds in its code, whatever the 43 column
-    blocks), and no XLA reduction over an (M, K) tensor is left in the forward program."""
-    from pallas_kernels import tuning
-
-    M, K, N = 16384, 1024, 5504
-    entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
-    entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
-    config = dataclasses.replace(entry, stats_in_kernel="spread", gamma_on="w")
-    args = (S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16))
-    fn = functools.partial(pallas_kernels.rmsnorm_matmul, backend="mosaic", block_sizes=config)
-    with backends.lowering_for_gpu():
-        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-        (kernel,) = mosaic_ir.lower_kernels(fn, *args)
-    assert kernel.text.count("red.release.gpu.global.add.u32") == 3
-    assert not [line for line in program.splitlines() if "stablehlo.reduce" in line and f"tensor<{M}x{K}x" in line]
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, forward", [
-    (16384, 1024, 5504, jnp.bfloat16, None),  # the H200 entry's ping-pong tiles: 16 parts of 43 column blocks
-    (4096, 4096, 1024, jnp.bfloat16, "default"),  # 8 column blocks, 64 K blocks: 8 per part
-    (2048, 1536, 640, jnp.float16, "default")])  # 5 column blocks, 24 K blocks: the last part's fifth masked
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_spread_squares_on_the_gpu(M, K, N, dtype, forward, residual):
-    """stats_in_kernel "spread": r from the row block's tiles' parts (``gemm.Fusion.row_parts``): forward and
-    gradients against the float32 reference, x at three magnitudes, two calls each (the counts end at zero)."""
-    if forward is None:
-        config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
-    else:
-        config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel="spread")
-    config = dataclasses.replace(config, stats_in_kernel="spread", gamma_on="w",
-                                 forward=dataclasses.replace(config.forward, stream_k=0))
-    for scale in (1.0, 1e3, 1e-3):
-        x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-        x, res = (x.astype(jnp.float32) * scale).astype(dtype), None if res is None else (
-            res.astype(jnp.float32) * scale).astype(dtype)
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 

@@ -356,12 +356,6 @@ VARIANTS = {
     # the K side's dx finished by the dx kernel: each row's tiles sum their row-dot parts through global semaphores
     # (gemm.Fusion.sum_rows) and write dx; no u, no XLA pass over u and x
     "dx_in_kernel": dict(dx_in_kernel=True),
-    # r's sums of squares spread over each row block's tiles (gemm.Fusion.row_parts: the first K / 64 tiles each sum
-    # one 64-wide block of x loaded from L2 in their epilogue, the others wait for them), gamma on w: no XLA pass over
-    # x; on the entry's tiles (ping-pong at 16384x1024x5504), or 64x128 stacked cooperative tiles
-    "spread": dict(stats_in_kernel="spread", gamma_on="w"),
-    "spread_coop128": dict(stats_in_kernel="spread", gamma_on="w", forward=dict(
-        _OWN, tile_m=64, tile_n=128, wg_split="m", schedule="cooperative", num_stages=6, delay_release=1)),
     "pp_mma": dict(stats_in_kernel="mma", gamma_on="w"),
     "pp_mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w"),
     "pp_gamma_a": dict(gamma_on="a", stats_in_kernel=False),

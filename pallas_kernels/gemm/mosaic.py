@@ -210,20 +210,12 @@ class Fusion:
       (e.g. the rmsnorm_matmul dx kernel's row dot Σ_K(u ⊙ x), then dx from u: no (M, K) tensor written twice).
       Each accumulator stores its part and counts it on its row group's global semaphore; the column-0
       accumulator waits for all of them, sums them into row 0 of ``name`` and releases the others, which load it
-      (both counts end at zero: ``_share_row_parts``). The tile loop walks the CTA
+      (both counts end at zero: ``_sum_row_parts``). The tile loop walks the CTA
       tiles row-major (a row block's tiles are adjacent, on different blocks, in one round: the snake order and
       ``grid_minor`` are not used); with one block per SM every block is resident, so no tile waits for one that
       cannot run (the tiles a tile waits for start once their blocks' earlier tiles end, and those tiles come
       before it). Cooperative schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside,
       epilogue_store "end"; not in interpret mode (no semaphores).
-    row_parts: (name, num_parts, part): a row statistic spread over a row block's tiles: before the epilogue the
-      accumulators of column blocks 0 .. num_parts - 1 each compute part(ctx) -> (tile_m,) float32 (e.g. the sums
-      of squares of one K block of A's rows, loaded from GMEM) into row ctx.col_block of the (num_parts, M) float32
-      output ``name`` and count it; the column-0 accumulator sums the parts into row 0 and releases the others
-      (as for sum_rows), and every epilogue receives (the sum, the carry) as its carry.
-      Tile order and waits as for sum_rows (the contributing tiles come first in each row block); either
-      schedule, pipeline "own", no stream-K, cluster, share_rows or sum_rows, epilogue_store "end"; not in
-      interpret mode.
     """
 
     tile_inputs: tuple[str, ...] = ()
@@ -246,7 +238,6 @@ class Fusion:
     share_rows: tuple[str, Callable] | None = None
     epilogue: Callable | None = None
     sum_rows: tuple[str, Callable] | None = None
-    row_parts: tuple[str, int, Callable] | None = None
 
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
@@ -339,22 +330,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             seen = "no such output" if summed is None else f"shape {summed.shape}, dtype {jnp.dtype(summed.dtype)}"
             raise ValueError(f"{name}: sum_rows={fusion.sum_rows[0]!r} must name a {want} float32 output (one row "
                              f"per column block), got {seen}")
-    if fusion.row_parts is not None:
-        name_, num_parts, _ = fusion.row_parts
-        parts = dict(fusion.outputs).get(name_)
-        blocks = -(-N // config.tile_n)
-        if (config.pipeline != "own" or config.stream_k or config.cluster != "none" or config.stores_later
-                or fusion.share_rows is not None or fusion.sum_rows is not None or mu.interpreting()):
-            raise ValueError(f"{name}: row_parts shares a row statistic among a row block's tiles through global "
-                             f"semaphores: it needs pipeline='own', stream_k=0, cluster='none', epilogue_store='end', "
-                             f"no share_rows or sum_rows, and a GPU (no interpret mode); got "
-                             f"pipeline={config.pipeline!r}, stream_k={config.stream_k}, cluster={config.cluster!r}, "
-                             f"epilogue_store={config.epilogue_store!r}, interpret={mu.interpreting()}")
-        if not 1 <= num_parts <= blocks or parts is None or parts.shape != (num_parts, M) or (
-                jnp.dtype(parts.dtype) != jnp.dtype(_F32)):
-            seen = "no such output" if parts is None else f"shape {parts.shape}, dtype {jnp.dtype(parts.dtype)}"
-            raise ValueError(f"{name}: row_parts={name_!r} with {num_parts} parts (1 to the {blocks} column blocks) "
-                             f"must name a ({num_parts}, {M}) float32 output, got {seen}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -473,11 +448,6 @@ class _Shape:
         return (_CLUSTER,) if self.cfg.cluster == ("n", "m")[operand] else None
 
     @property
-    def column_blocks(self) -> int:
-        """The output's tile_n column blocks (accumulators sharing a row group)."""
-        return -(-self.mnk[1] // self.cfg.tile_n)
-
-    @property
     def pieces(self) -> list:
         cfg = self.cfg
         return [(i, j) for i in range(cfg.tile_m // cfg.epi_tile_m) for j in range(cfg.tile_n // cfg.epi_tile_n)]
@@ -589,8 +559,7 @@ class _Shape:
         minor = 1 if cfg.grid_minor == "n" else 0
         if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
             m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
-        elif self.fusion.sum_rows is not None or self.fusion.row_parts is not None:  # row-major: a row block's
-            # tiles adjacent (Fusion.sum_rows, Fusion.row_parts)
+        elif self.fusion.sum_rows is not None:  # row-major: a row block's tiles adjacent (Fusion.sum_rows)
             m_idx, n_idx = lax.div(lin, n_iters), lax.rem(lin, n_iters)
         else:
             m_idx, n_idx = planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor, cfg.grid_tile_width)
@@ -655,16 +624,6 @@ class _Shape:
             for n in fusion.tile_inputs:
                 plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
         rows_out = {}
-        if fusion.row_parts is not None:  # the row statistic's parts from the first column blocks, summed
-            name, num_parts, part = fusion.row_parts
-            contributes = ctx.col_block < num_parts
-
-            @pl.when(contributes)
-            def _part():
-                _store_rows(part(ctx), named_out[name], ctx)
-
-            carry = (_share_row_parts(named_out[name], scoped["row_semaphores"], ctx, self.column_blocks,
-                                      contributes), carry)
         if fusion.epilogue is not None:
             tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
@@ -672,7 +631,7 @@ class _Shape:
             _store_rows(vec, named_out[n], ctx)
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
-            total = _share_row_parts(named_out[name], scoped["row_semaphores"], ctx, self.column_blocks)
+            total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx)
             acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:
             return None
@@ -832,28 +791,22 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
 
 
-def _share_row_parts(parts_gmem, semaphores, ctx: TileContext, blocks: int, contributes=None) -> jax.Array:
-    """(``Fusion.sum_rows``, ``Fusion.row_parts``) Σ over the P parts of parts_gmem (P, M) at this accumulator's
-    rows, stored before this by the accumulators of column blocks 0 .. P - 1 (``contributes``: whether this is one
-    of them; None: all are). Two counts per row group (``semaphores``: (2 · M / tile_m,)): each contributor adds 1 to
-    the first (a release after the warpgroup's stores); the column-0 accumulator waits for P there (an acquire,
-    the count back to zero), sums the parts into row 0 of parts_gmem and adds ``blocks`` - 1 to the second; each
-    other accumulator waits for it to be positive, takes its 1 off and loads row 0. Two releases at most per
-    accumulator (one per column block, ``blocks`` of them, cost 17 µs a tile at 43 column blocks). Returns
-    (tile_m,) float32 in layout ROWS."""
+def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext) -> jax.Array:
+    """(``Fusion.sum_rows``) Σ over the P column blocks' parts of parts_gmem (P, M) at this accumulator's rows, each
+    stored before this by its column block's accumulator. Two counts per row group
+    (``semaphores``: (2 · M / tile_m,)): each accumulator adds 1 to the first (a release after the warpgroup's
+    stores); the column-0 accumulator waits for P there (an acquire, the count back to zero), sums the parts into
+    row 0 of parts_gmem and adds P - 1 to the second; each other accumulator waits for it to be positive, takes its
+    1 off and loads row 0: two releases at most per accumulator (each signalling every column block, as first
+    built, cost about 17 µs a tile in 43 releases: NOTES.md, forty-second session). Returns (tile_m,) float32 in
+    layout ROWS."""
     cfg = ctx.config
     num_parts = parts_gmem.shape[0]
     row_groups = parts_gmem.shape[1] // cfg.tile_m
     group = ctx.row0 // cfg.tile_m  # this accumulator's rows among the row groups
     gathered, ready = semaphores.at[group], semaphores.at[row_groups + group]
 
-    def signal():
-        plgpu.semaphore_signal(gathered, 1, memory_scope="gpu")
-
-    if contributes is None:
-        signal()
-    else:
-        pl.when(contributes)(signal)
+    plgpu.semaphore_signal(gathered, 1, memory_scope="gpu")
     lead = ctx.col_block == 0
 
     @pl.when(lead)
@@ -863,10 +816,10 @@ def _share_row_parts(parts_gmem, semaphores, ctx: TileContext, blocks: int, cont
         for p in range(1, num_parts):
             total = total + mu.load(parts_gmem.at[p, ctx.rows], layout=mu.ROWS, optimized=False)
         parts_gmem.at[0, ctx.rows][...] = total
-        if blocks > 1:
-            plgpu.semaphore_signal(ready, blocks - 1, memory_scope="gpu")
+        if num_parts > 1:
+            plgpu.semaphore_signal(ready, num_parts - 1, memory_scope="gpu")
 
-    if blocks > 1:
+    if num_parts > 1:
         @pl.when(jnp.logical_not(lead))
         def _wait():
             plgpu.semaphore_wait(ready, 1, decrement=False, memory_scope="gpu")  # acquire

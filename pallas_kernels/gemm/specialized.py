@@ -175,8 +175,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         else:
             ring_stages = stages[1]
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
-        if fusion.sum_rows is not None or fusion.row_parts is not None:  # two counts per accumulator row group
-            scoped["row_semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR(  # (gemm.mosaic._share_row_parts)
+        if fusion.sum_rows is not None:  # two counts per accumulator row group (gemm.mosaic._sum_row_parts)
+            scoped["row_semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR(
                 (2 * shape.mnk[0] // cfg.tile_m,)))
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
 

@@ -292,12 +292,6 @@ class MosaicRMSNormMatmulConfig:
       8192x4096x6144 (NOTES.md, 2026-11-28, twenty-third session). On the H200 (rmsnorm_matmul_configs_{stream_k_
       shared,shared_r}-h200-1bb672a.json, forward µs, H100 entry → this): 1432.1 → 1429.7 with stream-K (1438.8
       without), 613.9 → 610.9, 537.6 → 528.9; the H200's entries at the three shapes.
-      "spread": the sums of squares spread over each row block's tiles: the tiles of the first K / 64 column
-      blocks (or all of them, where fewer) each load a 64-wide block of their rows of x from HBM (L2) in their
-      epilogue, sum its squares, store them and signal the row block's tiles; every tile waits for those parts
-      and forms r (``gemm.Fusion.row_parts``: global semaphores, the tiles walked row-major). x is read about once
-      more (from L2), no tile sums more than its share, and no XLA pass over x is left; gamma on w. Either
-      schedule (with ping-pong the waits run under the other warpgroup's K loop); no stream-K.
     gamma_on: where gamma goes. "w": the forward's B operand is w_γ = diag(gamma) w (one XLA pass over w, shared
       with dx's), and no (M, K) tensor is made outside the kernels. "x": the XLA fusion that computes r also
       writes x ⊙ gamma (the A operand: an (M, K) tensor written and read back by the kernel instead of x), and dx
@@ -424,18 +418,9 @@ class MosaicRMSNormMatmulConfig:
             elif not isinstance(value, MosaicGemmConfig):
                 raise ValueError(f"MosaicRMSNormMatmulConfig.{name}: must be a MosaicGemmConfig or a mapping of its "
                                  f"fields, got {value!r}")
-        if self.stats_in_kernel not in (False, True, *MMA_STATS, "spread"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be False, True, 'mma', 'mma_rows', "
-                             f"'mma_shared' or 'spread', got {self.stats_in_kernel!r}")
-        fwd = self.forward
-        if self.stats_in_kernel == "spread" and (fwd.pipeline != "own" or fwd.stream_k or fwd.cluster != "none"
-                                                 or fwd.stores_later or self.gamma_on in ("x", "a")):
-            raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'spread' shares the sums of squares among a "
-                             "row block's tiles through global semaphores (gamma on w): it needs the forward config's "
-                             "pipeline='own', stream_k=0, cluster='none' and epilogue_store='end', and gamma_on None "
-                             f"or 'w'; got pipeline={fwd.pipeline!r}, stream_k={fwd.stream_k}, "
-                             f"cluster={fwd.cluster!r}, epilogue_store={fwd.epilogue_store!r}, "
-                             f"gamma_on={self.gamma_on!r}")
+        if self.stats_in_kernel not in (False, True, *MMA_STATS):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: must be False, True, 'mma', 'mma_rows' or "
+                             f"'mma_shared', got {self.stats_in_kernel!r}")
         if self.stats_in_kernel in MMA_STATS and self.forward.pipeline != "own":
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: {self.stats_in_kernel!r} sums squares in the "
                              f"MMA warpgroups of our K loop: the forward config needs pipeline='own', got "
@@ -496,6 +481,7 @@ class MosaicRMSNormMatmulConfig:
                              f"cluster={dx.cluster!r}, epilogue_store={dx.epilogue_store!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
+        fwd = self.forward
         if self.stats_in_kernel is True and (fwd.pipeline != "own" or fwd.pingpong or (
                 fwd.wg_split != "n" and fwd.prologue_in == "fourth")):
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: the statistics need the forward config's "
@@ -693,7 +679,7 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
             if tuned.unsupported_reason(M, K, N) is None:
                 return tuned
     forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
-               **{name: _MMA_STATS_FORWARD for name in MMA_STATS}, "spread": _FORWARD}[stats_in_kernel]
+               **{name: _MMA_STATS_FORWARD for name in MMA_STATS}}[stats_in_kernel]
     return MosaicRMSNormMatmulConfig(forward=one_row_forward(K, N) if M == 1 else pick_config(M, N, K, forward),
                                      dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
                                      dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel)

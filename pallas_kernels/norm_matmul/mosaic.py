@@ -165,7 +165,7 @@ def _scaled_w(gamma, w):
 # Forward
 # ---------------------------------------------------------------------------------------------------------------
 def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel,
-                    gamma_in_registers: bool = False, squares_from: str = "observe", N: int = 0) -> Fusion:
+                    gamma_in_registers: bool = False, squares_from: str = "observe") -> Fusion:
     """Epilogue y = r ⊙ acc, r formed there from the rows' sums of squares coming in (M,) float32, loaded at the
     tile's start ("sum_sq": XLA's reduction over x, whose rsqrt would otherwise be an XLA kernel of its own, about
     1 µs).
@@ -186,8 +186,6 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     if stats_in_kernel in MMA_STATS:
         return Fusion(outputs=outputs, **_mma_stats(M, K, eps, cfg, stats_in_kernel))
-    if stats_in_kernel == "spread":
-        return _spread_squares_fusion(M, K, N, eps, cfg)
 
     def step(ctx, x_ref, sum_sq):
         del ctx
@@ -196,37 +194,6 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
 
     return Fusion(outputs=outputs, handoff_rows=1, prologue_init=lambda ctx: _rows_zero(cfg.cta_m),
                   prologue_step=step, epilogue=_scale_by_rstd(K, eps))
-
-
-_SPREAD_BLOCK = 64  # x's columns a tile of stats_in_kernel "spread" sums per part block
-
-
-def _spread_squares_fusion(M: int, K: int, N: int, eps: float, cfg: MosaicGemmConfig) -> Fusion:
-    """stats_in_kernel "spread": the rows' sums of squares from P = min(K / 64, column blocks) parts, part p the
-    squares of x's 64-wide column blocks p, p + P, ... of the tile's rows, loaded from GMEM ("x_rows": x again,
-    (M, K)) by the accumulators of column block p in their epilogue and shared with the row block's tiles
-    (``Fusion.row_parts``); the epilogue forms r, scales the rows and stores r (M,)."""
-    blocks_k = K // _SPREAD_BLOCK
-    num_parts = min(blocks_k, -(-N // cfg.tile_n))
-    per_part = -(-blocks_k // num_parts)
-
-    def part(ctx):
-        total = _rows_zero(cfg.tile_m)
-        for j in range(per_part):  # blocks col_block + j · P (past the last one: masked)
-            block = ctx.col_block + j * num_parts
-            cols = pl.ds(jnp.minimum(block, blocks_k - 1) * _SPREAD_BLOCK, _SPREAD_BLOCK)
-            x = mu.load(ctx.refs["x_rows"].at[ctx.rows, cols], layout=mu.TILE, optimized=False).astype(_F32)
-            sums = jnp.sum(x * x, axis=1)
-            total = total + (sums if (j + 1) * num_parts <= blocks_k else jnp.where(block < blocks_k, sums, 0.0))
-        return total
-
-    def epilogue(ctx, acc, carry):
-        rstd = _rstd_from_squares(carry[0], K, eps)
-        return acc * _bcast_rows(rstd, acc.shape), {"rstd": rstd}
-
-    parts = ("sq_parts", jax.ShapeDtypeStruct((num_parts, M), _F32))
-    return Fusion(inputs=("x_rows",), outputs=(("rstd", jax.ShapeDtypeStruct((M,), _F32)), parts),
-                  row_parts=("sq_parts", num_parts, part), epilogue=epilogue)
 
 
 def _add_squares(ctx, x, sum_sq) -> jax.Array:
@@ -344,14 +311,12 @@ def _forward(x, residual, gamma, w, static: _Static):
     cfg = static.config.forward
     side = static.config.gamma_side(M, w.shape[1], x.dtype)
     fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel, gamma_in_registers=side == "a",
-                             squares_from=static.config.squares_from, N=w.shape[1])
+                             squares_from=static.config.squares_from)
     b = _scaled_w(gamma, w) if side == "w" else w
     arrays = dict(gamma=gamma.astype(x.dtype)) if side == "a" else {}
-    if static.config.stats_in_kernel == "spread":
-        arrays["x_rows"] = x
     if static.config.stats_in_kernel:
-        y, rstd, *_ = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
-                           name="rmsnorm_matmul_fwd")
+        y, rstd = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
+                       name="rmsnorm_matmul_fwd")
     else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma); the kernel forms r
         x32 = x.astype(_F32)
         sum_sq = jnp.sum(x32 * x32, axis=1)
