@@ -352,9 +352,11 @@ VARIANTS = {
                                                                             ("dw", "dw"))},
     # r from the MMA warpgroups beside the ping-pong forward tiles (each warpgroup a whole 128x128 tile): its x
     # block's squares after each wgmma's issue (gamma on w: no XLA pass over x), summed elementwise ("mma") or per row
-    # ("mma_rows"); or gamma in the registers (A from them), r from XLA or from the same registers
+    # ("mma_rows"); or gamma in the registers (A from them), r from XLA or from the same registers. All slower at
+    # 16384x1024x5504 (forward µs 1275.1, 333.2, 295.2, 992.7, 340.9 against the entry's 260.2:
+    # rmsnorm_matmul_configs_mlp1024_pingpong_stats-h200-d63ded2.json)
     # the K side's dx finished by the dx kernel: each row's tiles sum their row-dot parts through global semaphores
-    # (gemm.Fusion.sum_rows) and write dx; no u, no XLA pass over u and x
+    # (gemm.Fusion.sum_rows) and write dx; no u, no XLA pass over u and x (the 16384x1024x5504 entry's since 2b564d9)
     "dx_in_kernel": dict(dx_in_kernel=True),
     "pp_mma": dict(stats_in_kernel="mma", gamma_on="w"),
     "pp_mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w"),
