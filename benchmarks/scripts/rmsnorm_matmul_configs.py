@@ -358,6 +358,7 @@ VARIANTS = {
     # the K side's dx finished by the dx kernel: each row's tiles sum their row-dot parts through global semaphores
     # (gemm.Fusion.sum_rows) and write dx; no u, no XLA pass over u and x (the 16384x1024x5504 entry's since 2b564d9)
     "dx_in_kernel": dict(dx_in_kernel=True),
+    "dx_finish_xla": dict(dx_in_kernel=False),  # (against an entry that takes it: XLA's pass as before)
     "pp_mma": dict(stats_in_kernel="mma", gamma_on="w"),
     "pp_mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w"),
     "pp_gamma_a": dict(gamma_on="a", stats_in_kernel=False),
