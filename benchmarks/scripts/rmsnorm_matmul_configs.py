@@ -235,6 +235,8 @@ VARIANTS = {
     "row_dot_in_dx_delay1": dict(row_dot="n", row_dot_in_dx=True, dx=dict(stream_k=0, delay_release=1)),
     "gamma_a_mma_shared_row_dot_in_dx": dict(VARIANTS_SHARED["gamma_a_mma_shared"], row_dot="n", row_dot_in_dx=True,
                                              dx=dict(stream_k=0)),
+    "dw_ring": dict(dw=dict(tile_input_in="ring")),  # the dw kernel's w tile (dgamma) through its ring's stages
+    "dw3": dict(dw=dict(num_stages=3)),
     # the same with y's blocks loaded by TMA beside dy's (row_dot_in_dx "tma", gemm.Fusion.a_beside): the dx
     # kernel's x tile through its B stages to make room (ring; "_sk": with stream-K), beside the same dx tiles
     # without the row dot. From the K side's entries (4096x4096x14336) the N side with dgamma from the dw kernel,
@@ -359,6 +361,14 @@ VARIANTS = {
     # (gemm.Fusion.sum_rows) and write dx; no u, no XLA pass over u and x (the 16384x1024x5504 entry's since 2b564d9)
     "dx_in_kernel": dict(dx_in_kernel=True),
     "dx_finish_xla": dict(dx_in_kernel=False),  # (against an entry that takes it: XLA's pass as before)
+    # an N-side entry (or one taking dgamma from u) moved to the K side with the dx kernel finishing dx; dgamma from
+    # the dw kernel's epilogue, whole dx tiles (sum_rows takes no stream-K)
+    "k_dx_in_kernel": dict(row_dot="k", dyr_in_dx=True, row_dot_in_dx=False, dgamma_from=None, dx_in_kernel=True,
+                           dx=dict(stream_k=0)),
+    "k_dx_finish_xla": dict(row_dot="k", dyr_in_dx=True, row_dot_in_dx=False, dgamma_from=None, dx_in_kernel=False,
+                            dx=dict(stream_k=0)),
+    "dw_ring": dict(dw=dict(tile_input_in="ring")),  # the dw kernel's w tile (dgamma) through its ring's stages
+    "dw3": dict(dw=dict(num_stages=3)),
     "pp_mma": dict(stats_in_kernel="mma", gamma_on="w"),
     "pp_mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w"),
     "pp_gamma_a": dict(gamma_on="a", stats_in_kernel=False),
