@@ -1322,6 +1322,8 @@ def test_share_rows_lowers_a_k_loop_for_each_kind_of_tile(epilogue_store):
         *operands)
     assert {k: 2 * v for k, v in alone.wgmma().items()} == kernel.wgmma()
     assert kernel.smem_bytes == alone.smem_bytes
+    row_tiles = N // config.cta_n  # 4 and 8 CTA tiles per row block
+    assert kernel.grid == (132 - 132 % row_tiles, 1, 1) and alone.grid == (132, 1, 1)
 
 
 def test_share_rows_takes_stream_k_only_with_the_first_column_in_the_whole_rounds():
@@ -1547,10 +1549,10 @@ def test_sum_rows_is_refused_in_interpret_mode():
 @cpu_only
 @pytest.mark.parametrize("K, N, tile_n, wg_split", [(1024, 1024, 256, "m"), (512, 2048, 128, "n")])
 def test_sum_rows_lowers_three_releases_and_two_acquiring_waits(K, N, tile_n, wg_split):
-    """Lowered for CUDA, whatever the column blocks: a part's count, the column-0 accumulator's release of the
-    others and their count back (three release-adds), the column-0 accumulator's decrementing wait (a
-    compare-and-swap loop) and the others' polling one (a relaxed load), each with an acquire fence; no more
-    shared memory than the plain epilogue."""
+    """Lowered for CUDA, whatever the column blocks: a part's count, the others' count back to the column-0
+    accumulator and its reset of the first count (three release-adds), every accumulator's polling wait for the
+    parts (a relaxed load) and the column-0 accumulator's decrementing one (a compare-and-swap loop), each with an
+    acquire fence; no more shared memory than the plain epilogue; a grid of whole rows of tiles (132 SMs)."""
     M = 4096
     config = dataclasses.replace(_SUM_ROWS_STACKED, tile_m=64 if wg_split == "m" else 128, tile_n=tile_n,
                                  wg_split=wg_split)
@@ -1567,6 +1569,8 @@ def test_sum_rows_lowers_three_releases_and_two_acquiring_waits(K, N, tile_n, wg
     assert kernel.text.count("ld.relaxed.gpu.global.b32") == 1 and kernel.text.count("fence.acquire.gpu") == 2
     assert "red.release.gpu.global.add" not in alone.text
     assert kernel.smem_bytes == alone.smem_bytes
+    row_tiles = N // config.cta_n  # 4 and 8 CTA tiles per row block
+    assert kernel.grid == (132 - 132 % row_tiles, 1, 1) and alone.grid == (132, 1, 1)
 
 
 @gpu_only
@@ -1578,7 +1582,7 @@ def test_sum_rows_lowers_three_releases_and_two_acquiring_waits(K, N, tile_n, wg
 def test_sum_rows_on_the_gpu(M, K, N, config):
     """Each row centered by its mean over all N columns, summed over the row's tiles in the kernel: against the
     float32 reference, two calls (the counts end each at zero; a stale count would let a tile read old parts). The
-    parts' row 0 ends as the rows' sums."""
+    parts sum to the rows' sums."""
     fn = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
                                    fusion=_centered_rows(M, N, config)))
     for _ in range(2):
@@ -1588,7 +1592,7 @@ def test_sum_rows_on_the_gpu(M, K, N, config):
         want = c - jnp.mean(c, axis=1, keepdims=True)
         got, parts = fn(a, b)
         assert _rel_err(got, want) <= _tol(jnp.bfloat16, K)  # NaN fails
-        assert _rel_err(parts[0], jnp.sum(c, axis=1)) <= _tol(jnp.bfloat16, K)
+        assert _rel_err(jnp.sum(parts, axis=0), jnp.sum(c, axis=1)) <= _tol(jnp.bfloat16, K)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -208,13 +208,13 @@ class Fusion:
       accumulator's part over its tile_n columns) summed over all of a row's column blocks inside the kernel, and
       finish(ctx, tile, total, carry) -> the tile to store, ``tile`` the epilogue's, ``total`` (tile_m,) float32
       (e.g. the rmsnorm_matmul dx kernel's row dot Σ_K(u ⊙ x), then dx from u: no (M, K) tensor written twice).
-      Each accumulator stores its part and counts it on its row group's global semaphore; the column-0
-      accumulator waits for all of them, sums them into row 0 of ``name`` and releases the others, which load it
-      (both counts end at zero: ``_sum_row_parts``). The tile loop walks the CTA
+      Each accumulator stores its part, counts it on its row group's global semaphore, waits for all of them and
+      sums them itself (both counts end at zero: ``_sum_row_parts``). The tile loop walks the CTA
       tiles row-major (a row block's tiles are adjacent, on different blocks, in one round: the snake order and
-      ``grid_minor`` are not used); with one block per SM every block is resident, so no tile waits for one that
-      cannot run (the tiles a tile waits for start once their blocks' earlier tiles end, and those tiles come
-      before it). Cooperative schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside,
+      ``grid_minor`` are not used), on a grid cut to a multiple of the row's tile count, so a row's tiles never
+      straddle two rounds (where they did, the blocks holding the first ones waited a whole tile for the rest);
+      with one block per SM every block is resident, so no tile waits for one that cannot run (the tiles a tile
+      waits for start once their blocks' earlier tiles end, and those tiles come before it). Cooperative schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside,
       epilogue_store "end"; not in interpret mode (no semaphores).
     """
 
@@ -366,6 +366,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"store_in={fusion.store_in!r}, prologue_step={'set' if fusion.prologue_step else None}, "
                              f"step_inputs={fusion.step_inputs}")
     grid = (num_sms or mu.num_sms()) // config.cluster_size
+    row_tiles = -(-N // config.cta_n)
+    if fusion.sum_rows is not None and row_tiles <= grid:  # whole rows of tiles per round (Fusion.sum_rows)
+        grid -= grid % row_tiles
     plan = None
     if config.stream_k:
         if fusion.prologue_step is not None or (fusion.a_observe is not None and fusion.carry_shapes is None
@@ -793,38 +796,40 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
 
 def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext) -> jax.Array:
     """(``Fusion.sum_rows``) Σ over the P column blocks' parts of parts_gmem (P, M) at this accumulator's rows, each
-    stored before this by its column block's accumulator. Two counts per row group
-    (``semaphores``: (2 · M / tile_m,)): each accumulator adds 1 to the first (a release after the warpgroup's
-    stores); the column-0 accumulator waits for P there (an acquire, the count back to zero), sums the parts into
-    row 0 of parts_gmem and adds P - 1 to the second; each other accumulator waits for it to be positive, takes its
-    1 off and loads row 0: two releases at most per accumulator (each signalling every column block, as first
-    built, cost about 17 µs a tile in 43 releases: NOTES.md, forty-second session). Returns (tile_m,) float32 in
-    layout ROWS."""
+    stored before this by its column block's accumulator. Two counts per row group (``semaphores``:
+    (2 · M / tile_m,)): each accumulator adds 1 to the first (a release after the warpgroup's stores), waits for
+    it to reach P without taking anything off (an acquire) and sums the P parts itself, in column-block order, so
+    every tile of the row gets the same float32 total. The count goes back to zero through the second: each other
+    accumulator adds 1 to it once it has seen P, and the column-0 accumulator waits for P - 1 there (taking them
+    off) before taking P off the first. Two releases per accumulator; one round trip to L2 after the last part
+    lands. (As first built, each accumulator signalled every column block: about 17 µs a tile in 43 releases;
+    then the column-0 accumulator summed the parts and released the others, a second round trip: NOTES.md,
+    forty-second and forty-third sessions.) Returns (tile_m,) float32 in layout ROWS."""
     cfg = ctx.config
     num_parts = parts_gmem.shape[0]
     row_groups = parts_gmem.shape[1] // cfg.tile_m
     group = ctx.row0 // cfg.tile_m  # this accumulator's rows among the row groups
-    gathered, ready = semaphores.at[group], semaphores.at[row_groups + group]
+    gathered, seen = semaphores.at[group], semaphores.at[row_groups + group]
 
     plgpu.semaphore_signal(gathered, 1, memory_scope="gpu")
-    lead = ctx.col_block == 0
-
-    @pl.when(lead)
-    def _sum():
-        plgpu.semaphore_wait(gathered, num_parts, decrement=True, memory_scope="gpu")
-        total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
-        for p in range(1, num_parts):
-            total = total + mu.load(parts_gmem.at[p, ctx.rows], layout=mu.ROWS, optimized=False)
-        parts_gmem.at[0, ctx.rows][...] = total
-        if num_parts > 1:
-            plgpu.semaphore_signal(ready, num_parts - 1, memory_scope="gpu")
-
+    plgpu.semaphore_wait(gathered, num_parts, decrement=False, memory_scope="gpu")  # acquire: every part stored
+    total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
+    for p in range(1, num_parts):
+        total = total + mu.load(parts_gmem.at[p, ctx.rows], layout=mu.ROWS, optimized=False)
     if num_parts > 1:
+        lead = ctx.col_block == 0
+
+        @pl.when(lead)
+        def _reset():  # once every other accumulator has seen P, the first count may go back to zero
+            plgpu.semaphore_wait(seen, num_parts - 1, decrement=True, memory_scope="gpu")
+            plgpu.semaphore_signal(gathered, -num_parts, memory_scope="gpu")
+
         @pl.when(jnp.logical_not(lead))
-        def _wait():
-            plgpu.semaphore_wait(ready, 1, decrement=False, memory_scope="gpu")  # acquire
-            plgpu.semaphore_signal(ready, -1, memory_scope="gpu")
-    return mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
+        def _seen():
+            plgpu.semaphore_signal(seen, 1, memory_scope="gpu")
+    else:
+        plgpu.semaphore_signal(gathered, -1, memory_scope="gpu")
+    return total
 
 
 def _store_rows(vec: jax.Array, out_gmem, ctx: TileContext) -> None:
