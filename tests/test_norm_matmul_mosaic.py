@@ -952,8 +952,9 @@ def test_dx_from_the_dx_kernel_needs_the_k_side_and_whole_cooperative_tiles(chan
 @pytest.mark.parametrize("dyr_in_dx", [True, False])
 def test_dx_from_the_dx_kernel_leaves_no_xla_pass_over_u(dyr_in_dx):
     """dx_in_kernel in the CUDA lowering at the H200 entry of 16384x1024x5504 (the K side, gamma on x): the dx
-    kernel counts its part among its row block's 4 column blocks and writes dx itself, so no XLA op reads an (M, K) tensor after
-    it except to return it; without, XLA's finish reads u and x. With a residual, XLA's finish as before."""
+    kernel counts its part among its row block's 4 column blocks and writes dx itself, so no XLA op reads an (M, K)
+    tensor after it except to return it; without, XLA's finish reads u and x. With a residual, XLA's finish as
+    before."""
     from pallas_kernels import tuning
 
     M, K, N = 16384, 1024, 5504

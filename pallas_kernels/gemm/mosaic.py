@@ -214,8 +214,9 @@ class Fusion:
       ``grid_minor`` are not used), on a grid cut to a multiple of the row's tile count, so a row's tiles never
       straddle two rounds (where they did, the blocks holding the first ones waited a whole tile for the rest);
       with one block per SM every block is resident, so no tile waits for one that cannot run (the tiles a tile
-      waits for start once their blocks' earlier tiles end, and those tiles come before it). Cooperative schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside,
-      epilogue_store "end"; not in interpret mode (no semaphores).
+      waits for start once their blocks' earlier tiles end, and those tiles come before it). Cooperative
+      schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside, epilogue_store "end"; not in
+      interpret mode (no semaphores).
     """
 
     tile_inputs: tuple[str, ...] = ()
