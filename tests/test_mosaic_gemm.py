@@ -1322,8 +1322,6 @@ def test_share_rows_lowers_a_k_loop_for_each_kind_of_tile(epilogue_store):
         *operands)
     assert {k: 2 * v for k, v in alone.wgmma().items()} == kernel.wgmma()
     assert kernel.smem_bytes == alone.smem_bytes
-    row_tiles = N // config.cta_n  # 4 and 8 CTA tiles per row block
-    assert kernel.grid == (132 - 132 % row_tiles, 1, 1) and alone.grid == (132, 1, 1)
 
 
 def test_share_rows_takes_stream_k_only_with_the_first_column_in_the_whole_rounds():

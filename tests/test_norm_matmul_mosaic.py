@@ -249,12 +249,13 @@ def test_the_row_dot_from_the_dx_kernel_needs_the_n_side_and_whole_cooperative_t
 def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_tile_in_the_ring(M, K, N):
     """row_dot_in_dx="tma" at the suite's N-side shapes (the H200 entries' dx tiles, 3 stages): with the x tile
     through the B stages the y stages and dyr's staging fit; with a fourth stage (the 32768x4096x4096 entry's dx
-    kernel without the row dot), the x tile in a buffer of its own, or a residual (x and dh tiles), the XLA pass
+    tiles; that entry is on the K side since the forty-third session), the x tile in a buffer of its own, or a residual (x and dh tiles), the XLA pass
     takes the row dot (and dyr still comes from the dx kernel where it fits)."""
     from pallas_kernels import tuning
 
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
+    entry = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False)  # (32768: on the K side)
     ring = dataclasses.replace(entry, row_dot_in_dx="tma", dx=dataclasses.replace(entry.dx, tile_input_in="ring",
                                                                                   stream_k=0, num_stages=3))
     assert ring.row_dot_by_dx(jnp.bfloat16, False) == "tma" and ring.dyr_by_dx(jnp.bfloat16, False)
@@ -277,8 +278,8 @@ def test_y_by_tma_beside_dy_in_the_dx_kernel_lowers_with_a_third_stage_buffer():
     M, K, N = 32768, 4096, 4096
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
-    config = dataclasses.replace(entry, row_dot_in_dx="tma", dx=dataclasses.replace(entry.dx, tile_input_in="ring",
-                                                                                    stream_k=0, num_stages=3))
+    config = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, row_dot_in_dx="tma",
+                                 dx=dataclasses.replace(entry.dx, tile_input_in="ring", stream_k=0, num_stages=3))
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -1159,10 +1160,13 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
         assert (config.row_dot, config.dyr_in_dx, config.dgamma_from, config.dw.num_stages) == ("k", True, "u", 4)
     else:
         assert (config.dw.tile_input_in, config.dw.num_stages) == ("ring", 4)  # ..._dw_ring-h200-98795b6
-    # at 32768x4096x4096 the dx kernel's x tile through the ring beside stream-K (a fourth stage in its buffer's
-    # room; rmsnorm_matmul_configs_ring_stream_k_32768-h200-6ed694e.json: the dx kernel 1450.2 against 1462.1 µs)
+    # at 32768x4096x4096 the dx kernel's x tile through the ring (a fourth stage in its buffer's room;
+    # rmsnorm_matmul_configs_ring_stream_k_32768-h200-6ed694e.json: the dx kernel 1450.2 against 1462.1 µs), on the
+    # K side since the forty-third session, the dx kernel finishing dx over whole tiles (4228.4 against 4242.3 µs
+    # forward + backward on the N side: rmsnorm_matmul_configs_k_dx_in_kernel_one_phase-h200-181f0ee.json)
     if M == 32768:
-        assert (config.dx.tile_input_in, config.dx.num_stages, config.dx.stream_k) == ("ring", 4, 4)
+        assert (config.dx.tile_input_in, config.dx.num_stages, config.dx.stream_k) == ("ring", 4, 0)
+        assert (config.row_dot, config.dx_in_kernel, config.dgamma_from) == ("k", True, None)
     args = (S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16))
     fn = lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)  # noqa: E731
     with backends.lowering_for_gpu():
