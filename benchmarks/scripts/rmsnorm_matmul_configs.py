@@ -125,6 +125,9 @@ VARIANTS = {
     "dw_d1": dict(dw=dict(delay_release=1)),
     # the dw kernel's w tile loaded into two B stages after each tile's last K step (tile_input_in "ring"): no
     # buffer of its own, so a fourth stage fits beside 64x256 tiles
+    # the VJP's forward writes xr = r ⊙ x (gamma on w), the backward's dw GEMM takes it and the dx kernel copies no dyr
+    "xr_in_forward": dict(xr_in_forward=True),
+    "fwd_s5": dict(forward=dict(num_stages=5)),
     "dw_ring": dict(dw=dict(tile_input_in="ring", stream_k=0)),
     "dw_ring4": dict(dw=dict(tile_input_in="ring", num_stages=4, stream_k=0)),
     "dw_ring5": dict(dw=dict(tile_input_in="ring", num_stages=5, stream_k=0)),
