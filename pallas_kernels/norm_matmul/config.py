@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes
-from pallas_kernels.gemm.config import BARRIER_BYTES
+from pallas_kernels.gemm.config import BARRIER_BYTES, a_copy_staging_bytes
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
@@ -554,10 +554,11 @@ class MosaicRMSNormMatmulConfig:
 
     def xr_forward_config(self, dtype) -> MosaicGemmConfig:
         """The forward kernel's config under differentiation with ``xr_in_forward``: ``forward`` with as many of its
-        stages as fit beside the xr copy's staging (two (wg_rows, tile_k) blocks; at least 2)."""
-        fwd, size = self.forward, jnp.dtype(dtype).itemsize
+        stages as fit beside the xr copy's staging (none where it goes through the output's staging slots, else
+        two (wg_rows, tile_k) blocks; at least 2)."""
+        fwd = self.forward
         while fwd.num_stages > max(2, fwd.delay_release + 1) and smem_bytes(
-                fwd, dtype, dtype, scratch_bytes=2 * fwd.wg_rows * fwd.tile_k * size) + BARRIER_BYTES > (
+                fwd, dtype, dtype, scratch_bytes=a_copy_staging_bytes(fwd, dtype, dtype)) + BARRIER_BYTES > (
                 mosaic_utils.H100_SMEM_BYTES):
             fwd = dataclasses.replace(fwd, num_stages=fwd.num_stages - 1)
         return fwd
