@@ -9,7 +9,6 @@ interpret mode at tiny shapes, through the backend module (the registry runs Mos
 """
 
 import dataclasses
-import re
 
 import jax
 import jax.numpy as jnp
@@ -1279,83 +1278,3 @@ def test_shared_r_compiles_a_k_loop_for_the_first_column_and_one_for_the_rest():
     assert wgmma(stats_in_kernel="mma_shared", gamma_on="w") == 2 * wgmma(stats_in_kernel="mma", gamma_on="w")
     assert wgmma(stats_in_kernel="mma_shared", gamma_on="a", squares_from="operand") == 2 * wgmma(
         stats_in_kernel="mma", gamma_on="a", squares_from="operand")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# xr_in_forward: the VJP's forward writes xr = r ⊙ x; dw from xrᵀ @ dy, no dyr
-# ---------------------------------------------------------------------------------------------------------------
-def test_xr_from_the_forward_needs_the_k_side_r_from_xla_and_dgamma_from_dw():
-    tiles = MosaicGemmConfig()
-    base = dict(forward=tiles, dx=tiles, dw=tiles, xr_in_forward=True)
-    for changes, seen in [(dict(row_dot="n"), "row_dot='n'"), (dict(dgamma_from="u"), "dgamma_from='u'"),
-                          (dict(stats_in_kernel="mma"), "stats_in_kernel='mma'"),
-                          (dict(xr_in_forward="yes"), "xr_in_forward='yes'")]:
-        with pytest.raises(ValueError, match=f"xr_in_forward: must be a bool; .* needs row_dot='k'.*got .*{seen}"):
-            Config(**dict(base, **changes))
-    assert Config(**base).to_dict()["xr_in_forward"] is True
-
-
-@cpu_only
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_xr_from_the_forward_in_the_cuda_lowering(residual):
-    """At the H200 entry of 16384x1024x5504 with xr_in_forward: the VJP's forward kernel writes an (M, K) output
-    (xr) with the primal's stages (the copy goes through the output's staging slots, free during a warpgroup's K
-    loop) and the dx kernel writes no (M, N) dyr; without it the dx kernel writes dyr and the forward no (M, K)
-    array."""
-    from pallas_kernels import tuning
-
-    M, K, N = 16384, 1024, 5504
-    entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
-    entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
-
-    def kernels(config):
-        fn, args = _fwd_bwd(M, K, N, residual=residual, config=config)
-        with backends.lowering_for_gpu():
-            return {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}
-
-    def arrays(kernel, rows, cols):  # mentions of an (rows, cols) bfloat16 array: one more per kernel argument
-        return len(re.findall(rf"memref<{rows}x{cols}xbf16", kernel.text))
-
-    ours = kernels(dataclasses.replace(entry, xr_in_forward=True))
-    theirs = kernels(entry)
-    assert arrays(ours["rmsnorm_matmul_fwd"], M, K) > arrays(theirs["rmsnorm_matmul_fwd"], M, K)  # + xr
-    assert arrays(ours["rmsnorm_matmul_dx"], M, N) < arrays(theirs["rmsnorm_matmul_dx"], M, N)  # no dyr
-    assert ours["rmsnorm_matmul_fwd"].smem_bytes <= mosaic_utils.H100_SMEM_BYTES
-    vjp_forward = dataclasses.replace(entry, xr_in_forward=True).xr_forward_config(jnp.bfloat16)
-    assert vjp_forward == entry.forward
-    assert ours["rmsnorm_matmul_fwd"].smem_bytes == theirs["rmsnorm_matmul_fwd"].smem_bytes
-
-
-@cpu_only
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype, residual, dx_in_kernel", [(jnp.bfloat16, False, True), (jnp.float16, True, False)])
-def test_xr_from_the_forward_in_interpret_mode(dtype, residual, dx_in_kernel):
-    """Forward and gradients with xr_in_forward against the float32 reference (float16: dx scaled by s = max r;
-    interpret mode finishes dx in XLA, from xr: no r² on it)."""
-    tiles = _Interpreted.tiles
-    dx = dataclasses.replace(tiles, wg_split="m")
-    config = Config(forward=tiles, dx=dx, dw=tiles, dw_in_xla=False, gamma_on="x" if dtype == jnp.bfloat16 else "w",
-                    row_dot="k", xr_in_forward=True, dx_in_kernel=dx_in_kernel)
-    x, g, w, res = inputs(128, 128, 256, dtype, residual=residual)
-    with mosaic_utils.interpret_on_cpu(num_sms=2):
-        _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype), block_sizes=config)
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, residual", [
-    (16384, 1024, 5504, jnp.bfloat16, False),  # the H200 entry's tiles (4 column blocks in the dx kernel)
-    (16384, 1024, 5504, jnp.bfloat16, True),  # with a residual: XLA finishes dx from xr
-    (4096, 2048, 11008, jnp.bfloat16, False),  # 8 column blocks
-    (2048, 1024, 4096, jnp.float16, False)])  # dx scaled by s = max r, gamma on w
-def test_xr_from_the_forward_on_the_gpu(M, K, N, dtype, residual):
-    """xr_in_forward with the dx kernel finishing dx: forward and gradients against the float32 reference, two
-    calls."""
-    config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
-    if dtype == jnp.float16:
-        config = dataclasses.replace(config, gamma_on="w")
-    config = dataclasses.replace(config, row_dot="k", dgamma_from=None, stats_in_kernel=False, xr_in_forward=True,
-                                 dx_in_kernel=True, dx=dataclasses.replace(config.dx, stream_k=0, pipeline="own",
-                                                                           schedule="cooperative"))
-    for _ in range(2):
-        x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-        _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)

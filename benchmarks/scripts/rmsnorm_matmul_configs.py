@@ -125,9 +125,6 @@ VARIANTS = {
     "dw_d1": dict(dw=dict(delay_release=1)),
     # the dw kernel's w tile loaded into two B stages after each tile's last K step (tile_input_in "ring"): no
     # buffer of its own, so a fourth stage fits beside 64x256 tiles
-    # the VJP's forward writes xr = r ⊙ x (gamma on w), the backward's dw GEMM takes it and the dx kernel copies no dyr
-    "xr_in_forward": dict(xr_in_forward=True),
-    "fwd_s5": dict(forward=dict(num_stages=5)),
     "dw_ring": dict(dw=dict(tile_input_in="ring", stream_k=0)),
     "dw_ring4": dict(dw=dict(tile_input_in="ring", num_stages=4, stream_k=0)),
     "dw_ring5": dict(dw=dict(tile_input_in="ring", num_stages=5, stream_k=0)),
@@ -238,8 +235,6 @@ VARIANTS = {
     "row_dot_in_dx_delay1": dict(row_dot="n", row_dot_in_dx=True, dx=dict(stream_k=0, delay_release=1)),
     "gamma_a_mma_shared_row_dot_in_dx": dict(VARIANTS_SHARED["gamma_a_mma_shared"], row_dot="n", row_dot_in_dx=True,
                                              dx=dict(stream_k=0)),
-    "dw_ring": dict(dw=dict(tile_input_in="ring")),  # the dw kernel's w tile (dgamma) through its ring's stages
-    "dw3": dict(dw=dict(num_stages=3)),
     # the same with y's blocks loaded by TMA beside dy's (row_dot_in_dx "tma", gemm.Fusion.a_beside): the dx
     # kernel's x tile through its B stages to make room (ring; "_sk": with stream-K), beside the same dx tiles
     # without the row dot. From the K side's entries (4096x4096x14336) the N side with dgamma from the dw kernel,
@@ -370,8 +365,11 @@ VARIANTS = {
                            dx=dict(stream_k=0)),
     "k_dx_finish_xla": dict(row_dot="k", dyr_in_dx=True, row_dot_in_dx=False, dgamma_from=None, dx_in_kernel=False,
                             dx=dict(stream_k=0)),
-    "dw_ring": dict(dw=dict(tile_input_in="ring")),  # the dw kernel's w tile (dgamma) through its ring's stages
-    "dw3": dict(dw=dict(num_stages=3)),
+    "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
+    # (removed, code at 63cde2c: ``xr_in_forward``, the VJP's forward writing xr = r ⊙ x from its A blocks with gamma
+    # on w, the dw GEMM xrᵀ @ dy, no dyr copied by the dx kernel; "xr_in_forward", forward + backward µs against the
+    # entry: 772.9 / 766.8 and 808.1 / 797.4 at 16384x1024x5504, 761.4 / 737.9 and 785.6 / 763.3 at 4096x2048x11008,
+    # equal at 8192x512x2816: rmsnorm_matmul_configs_xr_in_forward{,_slots}-h200-{dcf6585,63cde2c}.json)
     "pp_mma": dict(stats_in_kernel="mma", gamma_on="w"),
     "pp_mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w"),
     "pp_gamma_a": dict(gamma_on="a", stats_in_kernel=False),

@@ -35,8 +35,7 @@ import jax.numpy as jnp
 from pallas_kernels import mosaic_utils as mu
 
 __all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
-           "TILE_INPUT_PLACES", "MosaicGemmConfig", "a_copy_in_slots", "a_copy_staging_bytes", "operand_swizzle_elems",
-           "smem_bytes", "unsupported_reason"]
+           "TILE_INPUT_PLACES", "MosaicGemmConfig", "operand_swizzle_elems", "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
@@ -313,20 +312,3 @@ def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes:
     tiles = 0 if config.tile_input_in == "ring" else sum(
         2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes
-
-
-def a_copy_in_slots(config: MosaicGemmConfig, dtype, out_dtype, *, store_in_tile: bool = False) -> bool:
-    """Whether a ``Fusion.a_copy`` of ``dtype`` stages each warpgroup's (wg_rows, tile_k) block in that warpgroup's
-    output staging slots (free during its K loop): the output staged in slots of its own (no ``store_in``), of the
-    copy's dtype, ``epi_tile_n == tile_k``, and the slots' rows (two pieces of epi_tile_m) holding wg_rows."""
-    pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
-    return (not store_in_tile and jnp.dtype(dtype) == jnp.dtype(out_dtype) and config.epi_tile_n == config.tile_k
-            and config.wg_rows % config.epi_tile_m == 0 and min(2, pieces) * config.epi_tile_m >= config.wg_rows)
-
-
-def a_copy_staging_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, store_in_tile: bool = False) -> int:
-    """Shared memory a ``Fusion.a_copy`` of ``dtype`` adds (bytes): none where it goes through the output's slots
-    (``a_copy_in_slots``), else a (wg_rows, tile_k) block per compute warpgroup."""
-    if a_copy_in_slots(config, dtype, out_dtype, store_in_tile=store_in_tile):
-        return 0
-    return 2 * config.wg_rows * config.tile_k * jnp.dtype(dtype).itemsize

@@ -65,8 +65,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm import specialized, stream_k
-from pallas_kernels.gemm.config import (PIPELINES, MosaicGemmConfig, a_copy_in_slots, operand_swizzle_elems,
-                                        smem_bytes, unsupported_reason)
+from pallas_kernels.gemm.config import (PIPELINES, MosaicGemmConfig, operand_swizzle_elems, smem_bytes,
+                                        unsupported_reason)
 
 __all__ = ["PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes", "unsupported_reason"]
 
@@ -163,8 +163,7 @@ class Fusion:
       (M, K) 16-bit array of ``outputs``): fn(ctx, a, carry) -> the block's values, a as for a_observe, carry
       ``prologue_init``'s (ctx.step the step; with an a_observe too, its carry after this step's). Each block is
       written once, by the accumulators whose column block is the step modulo the column blocks (N / tile_n;
-      ``_Shape.copy_step``), right after issuing its wgmma, through a per-warpgroup SMEM buffer and one TMA copy
-      (or the warpgroup's output staging slots, free during its K loop: ``gemm.config.a_copy_in_slots``):
+      ``_Shape.copy_step``), right after issuing its wgmma, through a per-warpgroup SMEM buffer and one TMA copy:
       e.g. dyr = r ⊙ dy from the rmsnorm_matmul dx kernel's dy blocks, sparing the XLA pass that writes it.
       Pipeline "own", A read as stored, no prologue_step.
     a_operand(ctx, a, vectors, carry) -> (a, carry): run per K step by each MMA warpgroup before the step's wgmma,
@@ -482,7 +481,7 @@ class _Shape:
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
                        for n, d in zip(fusion.tile_inputs, self.tile_dtypes) if n != self.ring_input},
             tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs if n != self.ring_input},
-            a_copy_smem=None if fusion.a_copy is None or self.a_copy_in_slots else plgpu.SMEM(
+            a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
                 (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(cfg.tile_k,
                                                                                               self.a_copy_dtype)),
             # jax's GPU interpreter multiplies no register A: there the a_operand's output goes through SMEM
@@ -496,12 +495,6 @@ class _Shape:
     def a_copy_dtype(self):
         """The dtype of the ``Fusion.a_copy`` output."""
         return jnp.dtype(dict(self.fusion.outputs)[self.fusion.a_copy[0]].dtype)
-
-    @property
-    def a_copy_in_slots(self) -> bool:
-        """Whether the ``Fusion.a_copy`` blocks go through the warpgroup's output staging slots (``gemm.config.
-        a_copy_in_slots``) rather than a buffer of their own."""
-        return a_copy_in_slots(self.cfg, self.a_copy_dtype, self.out_dtype, store_in_tile=self.fusion.store_in is not None)
 
     def copy_step(self, ctx: TileContext, k):
         """Whether this warpgroup writes step k's A block (``Fusion.a_copy``): its column block is k modulo the
@@ -522,21 +515,12 @@ class _Shape:
         @pl.when(self.copy_step(ctx, k))
         def _copy():
             a = mu.load(a_smem.at[self.wg_a_rows(ctx.wg)], layout=mu.TILE)
-            block = fn(dataclasses.replace(ctx, step=k), a, carry).astype(self.a_copy_dtype)
-            cols = pl.ds(k * cfg.tile_k, cfg.tile_k)
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the buffer's (or the slots') last copies have read it
-            if not self.a_copy_in_slots:
-                buffer = scoped["a_copy_smem"].at[ctx.wg]
-                buffer[...] = block
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(buffer, named_out[name].at[pl.ds(ctx.row0, cfg.wg_rows), cols])
-                return
-            slots, em = scoped["out_smem"].at[ctx.wg], cfg.epi_tile_m  # epi_tile_m rows a slot
-            for p in range(cfg.wg_rows // em):
-                slots[p] = block[p * em:(p + 1) * em]
+            buffer = scoped["a_copy_smem"].at[ctx.wg]
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the buffer's last copy has read it
+            buffer[...] = fn(dataclasses.replace(ctx, step=k), a, carry).astype(buffer.dtype)
             plgpu.commit_smem()
-            for p in range(cfg.wg_rows // em):
-                plgpu.copy_smem_to_gmem(slots.at[p], named_out[name].at[pl.ds(ctx.row0 + p * em, em), cols])
+            plgpu.copy_smem_to_gmem(buffer, named_out[name].at[pl.ds(ctx.row0, cfg.wg_rows),
+                                                               pl.ds(k * cfg.tile_k, cfg.tile_k)])
 
     def split_refs(self, refs):
         """The kernel's refs after A and B -> (named inputs, out, named outputs)."""

@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes
-from pallas_kernels.gemm.config import BARRIER_BYTES, a_copy_staging_bytes
+from pallas_kernels.gemm.config import BARRIER_BYTES
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
@@ -369,15 +369,6 @@ class MosaicRMSNormMatmulConfig:
       (rmsnorm_matmul_configs_dx_in_kernel-h200-5ac32b9.json, forward + backward µs, XLA's pass → the kernel's):
       794.0 → 774.1 at 16384x1024x5504 (its entry: the dx kernel 251.7 → 256.7, the pass 30.9), 133.8 → 132.6 at
       8192x512x2816, 741.6 → 746.3 at 4096x2048x11008 (8 column blocks: the kernel 236.5 → 251.1, the pass 15.1).
-    xr_in_forward: (row_dot "k", r from XLA, dgamma from the dw kernel) True: under differentiation the forward
-      kernel takes gamma on w (A = x as stored) and writes xr = r ⊙ x from its A blocks (``gemm.Fusion.a_copy``,
-      M·K elements), which the backward keeps in x's place: the dw GEMM is xrᵀ @ dy (gamma in its epilogue), the
-      dx kernel reads dy as A, scales u's rows by r and copies no dyr (M·N elements: 5.4x more at 16384x1024x5504,
-      where that copy cost the dx kernel 15.4 µs, rmsnorm_matmul_configs_dyr_copy_cost-h200-b00275d.json), and
-      dx = s · u − (s / K) · Σ_K(u ⊙ xr) · xr. That forward kernel has as many of the forward config's stages
-      as fit beside the copy's staging (``xr_forward_config``); the primal alone (no gradient) runs the forward
-      as configured.
-      False (default): dyr as ``dyr_in_dx`` says.
     squares_from: (gamma_on "a" with stats_in_kernel "mma", "mma_rows" or "mma_shared") where the forward's MMA
       warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
       step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to
@@ -421,7 +412,6 @@ class MosaicRMSNormMatmulConfig:
     dgamma_from: str | None = None
     squares_from: str = "observe"
     dx_in_kernel: bool = False
-    xr_in_forward: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -492,13 +482,6 @@ class MosaicRMSNormMatmulConfig:
                              f"row_dot={self.row_dot!r}, dgamma_from={self.dgamma_from!r}, "
                              f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, stream_k={dx.stream_k}, "
                              f"cluster={dx.cluster!r}, epilogue_store={dx.epilogue_store!r}")
-        if self.xr_in_forward not in (False, True) or (self.xr_in_forward and (
-                self.row_dot_side() != "k" or self.dgamma_from == "u" or self.stats_in_kernel)):
-            raise ValueError("MosaicRMSNormMatmulConfig.xr_in_forward: must be a bool; True (the forward kernel "
-                             "writes r ⊙ x for the backward) needs row_dot='k', dgamma_from not 'u' and "
-                             f"stats_in_kernel=False (r from XLA); got xr_in_forward={self.xr_in_forward!r}, "
-                             f"row_dot={self.row_dot!r}, dgamma_from={self.dgamma_from!r}, "
-                             f"stats_in_kernel={self.stats_in_kernel!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         fwd = self.forward
@@ -513,8 +496,7 @@ class MosaicRMSNormMatmulConfig:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx,
-                    dgamma_from=self.dgamma_from, squares_from=self.squares_from, dx_in_kernel=self.dx_in_kernel,
-                    xr_in_forward=self.xr_in_forward)
+                    dgamma_from=self.dgamma_from, squares_from=self.squares_from, dx_in_kernel=self.dx_in_kernel)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with
@@ -551,17 +533,6 @@ class MosaicRMSNormMatmulConfig:
                                                store_in_tile=True) + BARRIER_BYTES > mosaic_utils.H100_SMEM_BYTES:
             dx = dataclasses.replace(dx, num_stages=dx.num_stages - 1)
         return dx
-
-    def xr_forward_config(self, dtype) -> MosaicGemmConfig:
-        """The forward kernel's config under differentiation with ``xr_in_forward``: ``forward`` with as many of its
-        stages as fit beside the xr copy's staging (none where it goes through the output's staging slots, else
-        two (wg_rows, tile_k) blocks; at least 2)."""
-        fwd = self.forward
-        while fwd.num_stages > max(2, fwd.delay_release + 1) and smem_bytes(
-                fwd, dtype, dtype, scratch_bytes=a_copy_staging_bytes(fwd, dtype, dtype)) + BARRIER_BYTES > (
-                mosaic_utils.H100_SMEM_BYTES):
-            fwd = dataclasses.replace(fwd, num_stages=fwd.num_stages - 1)
-        return fwd
 
     def _dx_smem(self, dtype, residual: bool, *, dyr_staging: bool, y_stages: bool) -> int:
         """Bytes of shared memory the dx kernel needs with the dyr copy's staging (two (wg_rows, tile_k) blocks)

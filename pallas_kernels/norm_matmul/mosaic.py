@@ -298,20 +298,8 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
                   a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq), **hooks)
 
 
-def _xr_fusion(M: int, K: int, eps: float, dtype) -> Fusion:
-    """(``xr_in_forward``) gamma on w, r from XLA: the epilogue y = r ⊙ acc as ``_scale_by_rstd_in``, and the MMA
-    warpgroups write xr = r ⊙ x ("xr", (M, K) in x's dtype) from their A blocks (``Fusion.a_copy``), r coming in
-    (M,) float32 ("xr_scale") beside the sums of squares."""
-    scale = _scale_by_rstd_in(K, eps)
-    return Fusion(inputs=("sum_sq", "xr_scale"), outputs=(("xr", jax.ShapeDtypeStruct((M, K), dtype)),),
-                  prologue_init=lambda ctx: (ctx.load_rows("sum_sq"), ctx.load_rows("xr_scale")),
-                  a_copy=("xr", lambda ctx, x, carry: x.astype(_F32) * _bcast_rows(carry[1], x.shape)),
-                  epilogue=lambda ctx, acc, carry: scale(ctx, acc, carry[0]))
-
-
-def _forward(x, residual, gamma, w, static: _Static, xr: bool = False):
-    """x, residual (M, K); gamma (K,); w (K, N) -> y (M, N), r (M,) float32, h (M, K) or None; with ``xr``
-    (``xr_in_forward``, M > 1) also xr = r ⊙ h (M, K) in x's dtype, the kernel taking gamma on w."""
+def _forward(x, residual, gamma, w, static: _Static):
+    """x, residual (M, K); gamma (K,); w (K, N) -> y (M, N), r (M,) float32, h (M, K) or None."""
     M, K = x.shape
     if M == 1:  # decode: the transposed GEMV
         return mosaic_gemv.forward(x, residual, gamma, w, config=static.config.forward, eps=static.eps,
@@ -320,13 +308,10 @@ def _forward(x, residual, gamma, w, static: _Static, xr: bool = False):
     if residual is not None:  # h = x + residual rounded to x's dtype: one XLA pass, written once
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
-    cfg = static.config.xr_forward_config(x.dtype) if xr else static.config.forward
-    side = "w" if xr else static.config.gamma_side(M, w.shape[1], x.dtype)
-    if xr:
-        fusion = _xr_fusion(M, K, static.eps, x.dtype)
-    else:
-        fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel, gamma_in_registers=side == "a",
-                                 squares_from=static.config.squares_from)
+    cfg = static.config.forward
+    side = static.config.gamma_side(M, w.shape[1], x.dtype)
+    fusion = _forward_fusion(M, K, static.eps, cfg, static.config.stats_in_kernel, gamma_in_registers=side == "a",
+                             squares_from=static.config.squares_from)
     b = _scaled_w(gamma, w) if side == "w" else w
     arrays = dict(gamma=gamma.astype(x.dtype)) if side == "a" else {}
     if static.config.stats_in_kernel:
@@ -337,10 +322,6 @@ def _forward(x, residual, gamma, w, static: _Static, xr: bool = False):
         sum_sq = jnp.sum(x32 * x32, axis=1)
         rstd = _rstd_from_squares(sum_sq, K, static.eps)  # for the backward, where XLA fuses it into its users
         a = (x32 * gamma.astype(_F32)).astype(x.dtype) if side == "x" else x
-        if xr:
-            y, xr_out = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion,
-                             arrays=dict(sum_sq=sum_sq, xr_scale=rstd), name="rmsnorm_matmul_fwd")
-            return y, rstd, h, xr_out
         (y,) = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=dict(arrays, sum_sq=sum_sq),
                     name="rmsnorm_matmul_fwd")
     return y, rstd, h
@@ -419,21 +400,18 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                        dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True,
-                       in_kernel: bool = False, a_is_dy: bool = False) -> Fusion:
+                       in_kernel: bool = False) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
     dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``gamma_in_u`` False (with
     ``gamma_cols``): u is stored before gamma (for dgamma = s · Σ_M(u ⊙ x)), the parts still sum u ⊙ gamma ⊙ x.
     ``dyr`` (M, N): A is dy itself; u = (r / s) ⊙ acc, r / s coming in (M,) ("dyr_scale"), and dyr = (r / s) ⊙ dy
-    is written from the dy blocks (``Fusion.a_copy``) for the dw GEMM; ``a_is_dy`` the same without dyr (the dw
-    GEMM takes xr: ``xr_in_forward``). ``in_kernel`` (``dx_in_kernel``): the parts
+    is written from the dy blocks (``Fusion.a_copy``) for the dw GEMM. ``in_kernel`` (``dx_in_kernel``): the parts
     are summed over each row's tiles in the kernel (``Fusion.sum_rows``) and the tile stored is dx = a · u − b ·
     Σ_K(u ⊙ x) · x, a = s and b = s · r² / K per row coming in ("dx_u_scale", "dx_x_coef", (M,) float32)."""
 
-    a_is_dy = a_is_dy or dyr is not None
-
     def epilogue(ctx, acc, carry):
-        if a_is_dy:
+        if dyr is not None:
             acc = acc * _bcast_rows(carry[2 if in_kernel else 0], acc.shape)
         x = ctx.load_tile("x")
         if not gamma_cols:
@@ -446,7 +424,7 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
     parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
     gamma = ("gamma",) if gamma_cols else ()
-    rows = (("dx_u_scale", "dx_x_coef") if in_kernel else ()) + (("dyr_scale",) if a_is_dy else ())
+    rows = (("dx_u_scale", "dx_x_coef") if in_kernel else ()) + (("dyr_scale",) if dyr is not None else ())
     hooks = {}
     if rows:
         hooks["prologue_init"] = lambda ctx: tuple(ctx.load_rows(n) for n in rows)
@@ -491,14 +469,13 @@ def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig, dgamma: bool = True) -> Fu
                   prologue_init=lambda ctx: ctx.load_rows("gamma_s"), epilogue=epilogue)
 
 
-def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, normalized: bool = False):
-    """xn: the norm's input (h with a residual) (M, K), or with ``normalized`` (``xr_in_forward``) xr = r ⊙ that
-    input. Returns dx (M, K) in xn.dtype (including dh), dgamma (K,) in gamma.dtype, dw (K, N) in w.dtype."""
+def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
+    """xn: the normalized input (h with a residual) (M, K). Returns dx (M, K) in xn.dtype (including dh), dgamma
+    (K,) in gamma.dtype, dw (K, N) in w.dtype."""
     M, K = xn.shape
     N = w.shape[1]
     cfg = static.config
     dtype = xn.dtype
-    x_rstd = jnp.ones_like(rstd) if normalized else rstd  # the r the dx finish applies to xn (none to xr)
     # float16: dyr = (r / s) ⊙ dy with s = max r stays <= |dy|; bfloat16 has float32's range (s = 1).
     scale = jnp.max(rstd) if dtype == jnp.float16 else jnp.ones((), _F32)
     on_x = cfg.gamma_side(M, N, dtype) in ("x", "a")  # no w_γ: gamma on dx's columns in the epilogue
@@ -509,14 +486,8 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, normalized: bool =
         from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
         in_kernel = cfg.dx_in_kernel and dh is None and not mu.interpreting()  # the dx kernel writes dx itself
         if in_kernel:  # dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x
-            arrays.update(dx_u_scale=jnp.broadcast_to(scale, (M,)), dx_x_coef=x_rstd * x_rstd * (scale / K))
-        if normalized:  # A is dy; the dx kernel scales u's rows; the dw GEMM takes xr, so no dyr
-            fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel,
-                                        a_is_dy=True)
-            u, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype, fusion=fusion,
-                            arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
-            dyr = None
-        elif cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
+            arrays.update(dx_u_scale=jnp.broadcast_to(scale, (M,)), dx_x_coef=rstd * rstd * (scale / K))
+        if cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u,
                                         in_kernel)
             u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
@@ -533,7 +504,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, normalized: bool =
                                          interpret=mu.interpreting())
             dgamma = (jnp.sum(dgamma_parts, axis=0) * scale).astype(gamma.dtype)
         else:
-            dx = _dx_from_parts(u, parts, xn, x_rstd, scale, dh)
+            dx = _dx_from_parts(u, parts, xn, rstd, scale, dh)
     else:  # Σ_N(dy · y) from one XLA fusion over dy and y (which may write dyr too), or from the dx kernel's
         # first tile of each row block (``row_dot_in_dx``); the dx kernel's epilogue finishes dx
         dy32 = dy.astype(dtype).astype(_F32)
@@ -559,8 +530,6 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, normalized: bool =
             dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
                           fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel), arrays=arrays,
                           name="rmsnorm_matmul_dx")
-    if normalized:  # g = xrᵀ @ dy = xᵀ @ (r ⊙ dy), unscaled
-        scale, dyr = jnp.ones((), _F32), dy.astype(dtype)
     gamma_s = gamma.astype(_F32) * scale
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
@@ -589,15 +558,7 @@ def _rmsnorm_matmul(x, residual, gamma, w, static: _Static):
     return y if residual is None else (h, y)
 
 
-def _takes_xr(static: _Static) -> bool:
-    """Whether the VJP's forward writes xr = r ⊙ x for the backward (``xr_in_forward``; not at one row)."""
-    return static.config.xr_in_forward and static.one_row_backward is None
-
-
 def _rmsnorm_matmul_fwd(x, residual, gamma, w, static: _Static):
-    if _takes_xr(static):  # the backward keeps xr in x's place
-        y, rstd, h, xr = _forward(x, residual, gamma, w, static, xr=True)
-        return (y if residual is None else (h, y)), (xr, gamma, w, rstd, None)
     y, rstd, h = _forward(x, residual, gamma, w, static)
     one_row = static.one_row_backward is not None  # the Triton backward's row dot takes y
     kept_y = y if one_row or static.config.row_dot_side() == "n" else None  # the K side needs no y
@@ -613,7 +574,7 @@ def _rmsnorm_matmul_bwd(static: _Static, saved, cotangent):
                                           interpret=mu.interpreting())
         dx, dgamma, dw = triton_bwd.backward(xn, gamma, w, rstd, y, dy, dh, static=triton_static)
     else:
-        dx, dgamma, dw = _backward(xn, gamma, w, rstd, y, dy, dh, static, normalized=_takes_xr(static))
+        dx, dgamma, dw = _backward(xn, gamma, w, rstd, y, dy, dh, static)
     return dx, (dx if has_residual else None), dgamma, dw
 
 
