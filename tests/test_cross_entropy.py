@@ -340,9 +340,9 @@ def test_epilogue_softmax_gradient_of_one_input():
     ref = lambda h, w: reference.linear_cross_entropy(h.astype(jnp.float32), w.astype(jnp.float32), labels)  # noqa
     tol = tolerance(jnp.bfloat16, max(B, H, V))
     for argnum, name in ((0, "dh"), (1, "dw")):
-        with _mosaic_here():
+        with _mosaic_here():  # (plan checks the Mosaic choices where the call runs them)
             got = jax.jit(jax.grad(ours, argnums=argnum))(h, w)
-        factor = _TRITON.dw_tolerance_factor(h, w, labels, _EPILOGUE) if name == "dw" else 1.0
+            factor = _TRITON.dw_tolerance_factor(h, w, labels, _EPILOGUE) if name == "dw" else 1.0
         assert_close(got, jax.grad(ref, argnums=argnum)(h, w), tol * factor, name)
 
 
@@ -545,3 +545,20 @@ def test_fused_step_lowers_for_cuda_and_names_what_it_cannot_run():
     with pytest.raises(ValueError, match="update_and_logits: dw must be"):
         mosaic_step.update_and_logits(*(jnp.zeros(s, jnp.bfloat16) for s in ((256, 512), (256, 2048), (256, 512),
                                                                                (512, 2048), (512, 1024))))
+
+
+@pytest.mark.skipif(ON_GPU, reason="off a GPU and outside GPU interpret mode no Mosaic choice can run")
+@pytest.mark.parametrize("block_sizes, match", [
+    (dict(dw_gemm="mosaic"), "dw_gemm='mosaic' cannot run here: interpret mode"),
+    (dict(logits_gemm="mosaic"), "logits_gemm='mosaic' cannot run here: interpret mode"),
+    (dict(softmax="epilogue"), "softmax='epilogue' cannot run here: it needs the Mosaic logits GEMM"),
+    (dict(fused_step="on", chunk_rows=32), "fused_step='on' cannot run here: interpret mode")])
+def test_plan_refuses_what_the_differentiated_call_refuses(block_sizes, match):
+    """``plan`` checks the config's Mosaic choices as the differentiated call does, with the same ValueError,
+    before any kernel is traced."""
+    h, w, labels = inputs(64, 32, 256, jnp.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        cross_entropy.plan(h, w, labels, backend="triton", block_sizes=block_sizes)
+    with pytest.raises(ValueError, match=match):
+        jax.grad(lambda h, w: _loss(h, w, labels, block_sizes=block_sizes), argnums=(0, 1))(h, w)
+    assert cross_entropy.plan(h, w, labels, backend="triton").backend == "triton"

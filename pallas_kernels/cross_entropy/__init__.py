@@ -148,7 +148,8 @@ def linear_cross_entropy(
 def plan(h, w, labels, *, reduction="mean", ignore_index=-100, z_loss=0.0, logit_soft_cap=None, block_sizes=None,
          interpret=None, backend="auto") -> backends.Plan:
     """The backend and config ``linear_cross_entropy`` would run with these arguments (same validation, no
-    kernel)."""
+    kernel): a config asking for a Mosaic GEMM, the epilogue softmax or the fused chunk step where these arguments
+    cannot run it raises the ValueError its differentiated call would."""
     return _prepare(h, w, labels, reduction, ignore_index, z_loss, logit_soft_cap, block_sizes, interpret,
                     backend)[1]
 

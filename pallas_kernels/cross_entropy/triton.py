@@ -110,6 +110,21 @@ def unsupported_reason(h, w, labels, **_) -> str | None:
     return None
 
 
+def check_config(config: Config, h, w, labels, *, reduction: str, ignore_index: int, z_loss: float,
+                 logit_soft_cap: float | None, interpret: bool) -> None:
+    """ValueError where ``config`` asks for a kernel these arguments cannot run (a "mosaic" GEMM, the epilogue
+    softmax, the fused chunk step), as the call raises once it is differentiated: so ``plan`` and ``jaxfuse bench``
+    say it before any kernel runs. The chunk each choice is checked at is the loop's (the first chunk falls back to
+    a whole overlapping one where its rows would not tile)."""
+    del labels
+    st = _static(config, h, w, reduction, ignore_index, z_loss, logit_soft_cap, interpret)
+    wanted = _Wanted(dh=True, dw=True)
+    forward = reduction != "none"  # "none" recomputes only the dlogits in its backward (no logits GEMM choice)
+    if forward and _fused_step(h, w, st, wanted):
+        return
+    _chunk_paths(h, w, st, wanted, forward, st.chunk_rows, first=False)
+
+
 def sweep_candidates(h, w, labels, **_) -> tuple[list[dict], list[dict]]:
     """(forward, backward) candidates at h (B, H), w (H, V) (``config.sweep_candidates``)."""
     return _config.sweep_candidates(h, w)
@@ -126,6 +141,15 @@ class _Static:
     @property
     def chunk_rows(self) -> int:
         return self.rows.config.chunk_rows
+
+
+def _static(config: Config, h, w, reduction: str, ignore_index: int, z_loss: float, logit_soft_cap,
+            interpret: bool) -> _Static:
+    """The call's static options, chunk_rows resolved for h (B, H) and w (H, V)."""
+    B, H = h.shape
+    config = _config.for_shape(config, B, H, w.shape[1], h.dtype)
+    return _Static(rows=RowOptions(config=config, z_loss=z_loss, logit_soft_cap=logit_soft_cap, interpret=interpret),
+                   reduction=reduction, ignore_index=ignore_index)
 
 
 @jax.tree_util.register_static
@@ -578,10 +602,7 @@ def linear_cross_entropy(h, w, labels, *, reduction: str, ignore_index: int, z_l
     """h (B, H), w (H, V), labels (B,) int32, validated -> the loss in float32: a scalar for "mean" (over counted
     rows, 0 if none) and "sum", (B,) for "none" (0 for ignored rows). Labels outside [0, V) give NaN (that row's
     loss, so the mean or sum, and the gradients)."""
-    B, H = h.shape
-    config = _config.for_shape(config, B, H, w.shape[1], h.dtype)
-    st = _Static(rows=RowOptions(config=config, z_loss=z_loss, logit_soft_cap=logit_soft_cap, interpret=interpret),
-                 reduction=reduction, ignore_index=ignore_index)
+    st = _static(config, h, w, reduction, ignore_index, z_loss, logit_soft_cap, interpret)
     with tu.quiet_triton_deprecation():
         if reduction == "none":
             return _row_losses(h, w, labels, st)
