@@ -51,3 +51,12 @@ def test_a_second_derivative_of_a_mosaic_kernel_is_refused_while_tracing():
     loss = lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic").astype(jnp.float32).sum()  # noqa: E731
     with backends.lowering_for_gpu(), pytest.raises(ValueError, match=r"first derivatives only"):
         jax.jit(jax.grad(lambda x, g, w: jax.grad(loss)(x, g, w).astype(jnp.float32).sum())).trace(x, g, w)
+
+
+@pytest.mark.parametrize("op", sorted(_OPS))
+def test_forward_mode_is_refused_by_jax_at_once(op):
+    """Each op defines reverse mode only (a custom VJP): ``jax.jvp`` (so ``jax.jacfwd``, ``jax.linearize``) stops
+    with JAX's TypeError naming forward mode, before any kernel runs; the README says so."""
+    fn, arg = _OPS[op]
+    with pytest.raises(TypeError, match=r"can't apply forward-mode autodiff \(jvp\) to a custom_vjp function"):
+        jax.jvp(fn, (arg,), (jnp.ones_like(arg),))
