@@ -369,6 +369,12 @@ class MosaicRMSNormMatmulConfig:
       (rmsnorm_matmul_configs_dx_in_kernel-h200-5ac32b9.json, forward + backward µs, XLA's pass → the kernel's):
       794.0 → 774.1 at 16384x1024x5504 (its entry: the dx kernel 251.7 → 256.7, the pass 30.9), 133.8 → 132.6 at
       8192x512x2816, 741.6 → 746.3 at 4096x2048x11008 (8 column blocks: the kernel 236.5 → 251.1, the pass 15.1).
+      With 16 column blocks, each tile summing the parts itself on a grid of whole rows of tiles (forty-third
+      session; rmsnorm_matmul_configs_k_dx_in_kernel_{big-h200-61e5e05,one_phase-h200-181f0ee}.json, forward +
+      backward µs of the K side with it against the N side's entry): 4228.4 against 4242.3 at 32768x4096x4096 (its
+      entry now: the dx kernel 1532.7, where u for XLA's 193 µs pass took 1441.7 and the first protocol 1562.5),
+      1601.0 against 1597.0 at 8192x4096x6144; 1839.8 against the entry's 1824.1 at 4096x4096x14336 (dgamma from
+      the dw kernel's w tile: +32 µs there).
     squares_from: (gamma_on "a" with stats_in_kernel "mma", "mma_rows" or "mma_shared") where the forward's MMA
       warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
       step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to
