@@ -1534,6 +1534,17 @@ def test_sum_rows_needs_cooperative_whole_tiles_and_a_float32_output_per_column_
                        S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
 
 
+def test_sum_rows_refuses_rows_of_more_tiles_than_blocks():
+    """A row's tiles wait for each other, so they must all be resident: 136 column blocks on 132 SMs would hang."""
+    config = dataclasses.replace(_SUM_ROWS_STACKED, tile_n=64)
+    N = 136 * 64
+    with pytest.raises(ValueError, match=r"sum_rows waits for all of a row's N / cta_n = 8704 / 64 = 136 tiles at "
+                                         r"once, so they must run together on the 132 blocks"):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
+                                         fusion=_centered_rows(128, N, config)),
+                       S((128, 256), jnp.bfloat16), S((256, N), jnp.bfloat16))
+
+
 @cpu_only
 def test_sum_rows_is_refused_in_interpret_mode():
     """jax's GPU interpreter has no semaphores: the hook says so rather than computing a wrong sum."""

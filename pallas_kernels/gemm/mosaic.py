@@ -368,7 +368,11 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"step_inputs={fusion.step_inputs}")
     grid = (num_sms or mu.num_sms()) // config.cluster_size
     row_tiles = -(-N // config.cta_n)
-    if fusion.sum_rows is not None and row_tiles <= grid:  # whole rows of tiles per round (Fusion.sum_rows)
+    if fusion.sum_rows is not None:  # whole rows of tiles per round (Fusion.sum_rows)
+        if row_tiles > grid:
+            raise ValueError(f"{name}: sum_rows waits for all of a row's N / cta_n = {N} / {config.cta_n} = "
+                             f"{row_tiles} tiles at once, so they must run together on the {grid} blocks: at most "
+                             f"{grid} tiles a row; take a wider tile_n")
         grid -= grid % row_tiles
     plan = None
     if config.stream_k:
