@@ -365,6 +365,11 @@ VARIANTS = {
                            dx=dict(stream_k=0)),
     "k_dx_finish_xla": dict(row_dot="k", dyr_in_dx=True, row_dot_in_dx=False, dgamma_from=None, dx_in_kernel=False,
                             dx=dict(stream_k=0)),
+    # the dw GEMM xrᵀ @ dy, xr = (r / s) ⊙ x written by the dx kernel's epilogue from its x tile (gemm.Fusion.tile_copy)
+    # instead of dyr copied from its dy blocks in the K loop
+    "xr_in_dx": dict(dyr_in_dx=None, xr_in_dx=True),
+    "k_xr_dx_in_kernel": dict(row_dot="k", dyr_in_dx=None, xr_in_dx=True, row_dot_in_dx=False, dgamma_from=None,
+                              dx_in_kernel=True, dx=dict(stream_k=0)),
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
     # (removed, code at 63cde2c: ``xr_in_forward``, the VJP's forward writing xr = r ⊙ x from its A blocks with gamma
     # on w, the dw GEMM xrᵀ @ dy, no dyr copied by the dx kernel; "xr_in_forward", forward + backward µs against the

@@ -195,6 +195,13 @@ class Fusion:
       tile: the whole rounds must hold the first column) skip the a_observe, and each tile's owner polls after its
       range. In interpret mode (no semaphores) every tile takes the a_observe itself.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
+    tile_copy: (name, fn): after the epilogue, a second (M, N) output ``name`` (a 16-bit dtype of ``outputs``) gets
+      fn(ctx, carry) -> (tile_m, tile_n) float32 at the accumulator's place (e.g. from the tile inputs), staged in
+      the ``store_in`` tile input's SMEM buffer and stored from there by one TMA copy before the output tile takes
+      the buffer: no SMEM of its own. The buffer then holds the copy, so a later ``load_tile`` of the store_in input
+      (``sum_rows``' finish) reads it in place of the input (e.g. the rmsnorm_matmul dx kernel's xr = (r / s) ⊙ x
+      from its x tile, for the dw GEMM; its finish takes x as xr · s / r). The output waits for the copy to have
+      left the buffer. Needs store_in, epilogue_store "end".
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
       hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
@@ -239,6 +246,7 @@ class Fusion:
     share_rows: tuple[str, Callable] | None = None
     epilogue: Callable | None = None
     sum_rows: tuple[str, Callable] | None = None
+    tile_copy: tuple[str, Callable] | None = None
 
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
@@ -295,6 +303,14 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         if copied is None or copied.shape != (M, K) or jnp.dtype(copied.dtype).itemsize != 2:
             raise ValueError(f"{name}: a_copy={fusion.a_copy[0]!r} must name an output of A's shape ({M}, {K}) and a "
                              f"16-bit dtype, got {None if copied is None else (copied.shape, copied.dtype)}")
+    if fusion.tile_copy is not None:
+        copied = dict(fusion.outputs).get(fusion.tile_copy[0])
+        if (fusion.store_in is None or copied is None or copied.shape != (M, N)
+                or jnp.dtype(copied.dtype).itemsize != 2):
+            raise ValueError(f"{name}: tile_copy={fusion.tile_copy[0]!r} is staged in the store_in tile input's "
+                             f"buffer: it needs a store_in and an output of the product's shape ({M}, {N}) and a "
+                             f"16-bit dtype; got store_in={fusion.store_in!r}, "
+                             f"{None if copied is None else (copied.shape, copied.dtype)}")
     if fusion.a_operand is not None and fusion.a_copy is not None:
         raise ValueError(f"{name}: a fusion with an a_operand takes no a_copy; got a_copy={fusion.a_copy[0]!r}")
     if config.stores_later and not fusion.store_tile:
@@ -637,6 +653,12 @@ class _Shape:
             acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
         for n, vec in rows_out.items():
             _store_rows(vec, named_out[n], ctx)
+        if fusion.tile_copy is not None:  # staged where the output goes next, stored before it goes there
+            name, fn = fusion.tile_copy
+            buffer = tile_refs[fusion.store_in]
+            buffer[...] = fn(dataclasses.replace(ctx, tiles=tile_refs), carry).astype(buffer.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buffer, named_out[name].at[ctx.rows, ctx.cols])
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
             total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx)
@@ -652,6 +674,8 @@ class _Shape:
             return tile
         if fusion.store_in is not None:
             buffer = tile_refs[fusion.store_in]
+            if fusion.tile_copy is not None:  # the copy has left the buffer
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             buffer[...] = tile
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])

@@ -375,6 +375,13 @@ class MosaicRMSNormMatmulConfig:
       entry now: the dx kernel 1532.7, where u for XLA's 193 µs pass took 1441.7 and the first protocol 1562.5),
       1601.0 against 1597.0 at 8192x4096x6144; 1839.8 against the entry's 1824.1 at 4096x4096x14336 (dgamma from
       the dw kernel's w tile: +32 µs there).
+    xr_in_dx: (row_dot "k") True: the dw GEMM is g = xrᵀ @ dy, xr = (r / s) ⊙ x written by the dx kernel's epilogue
+      from the x tile it holds (``gemm.Fusion.tile_copy``, staged in that tile's buffer), instead of xᵀ @ dyr with
+      dyr copied from the dx kernel's dy blocks (``dyr_in_dx``) or written by XLA: M·K elements written where dyr
+      is M·N, and no copy in the dx kernel's K loop (a copying warpgroup stalls the tensor pipe: 15.4 µs of the dx
+      kernel at 16384x1024x5504, 29.9 at 32768x4096x4096, NOTES.md, forty-third session). A is dy, as with
+      dyr_in_dx; not with dyr_in_dx True. With dx_in_kernel the finish reads xr where x was (x = xr · s / r, xr
+      rounded once to x's dtype). False (default).
     squares_from: (gamma_on "a" with stats_in_kernel "mma", "mma_rows" or "mma_shared") where the forward's MMA
       warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
       step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to
@@ -418,6 +425,7 @@ class MosaicRMSNormMatmulConfig:
     dgamma_from: str | None = None
     squares_from: str = "observe"
     dx_in_kernel: bool = False
+    xr_in_dx: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -488,6 +496,12 @@ class MosaicRMSNormMatmulConfig:
                              f"row_dot={self.row_dot!r}, dgamma_from={self.dgamma_from!r}, "
                              f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, stream_k={dx.stream_k}, "
                              f"cluster={dx.cluster!r}, epilogue_store={dx.epilogue_store!r}")
+        if self.xr_in_dx not in (False, True) or (self.xr_in_dx and (self.row_dot_side() != "k"
+                                                                    or self.dyr_in_dx is True)):
+            raise ValueError("MosaicRMSNormMatmulConfig.xr_in_dx: must be a bool; True (the dx kernel writes xr = "
+                             "(r / s) ⊙ x for the dw GEMM, which reads dy) needs row_dot='k' and dyr_in_dx not True "
+                             f"(dyr is not made); got xr_in_dx={self.xr_in_dx!r}, row_dot={self.row_dot!r}, "
+                             f"dyr_in_dx={self.dyr_in_dx!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         fwd = self.forward
@@ -502,7 +516,8 @@ class MosaicRMSNormMatmulConfig:
         return dict({name: getattr(self, name).to_dict() for name in ("forward", "dx", "dw")},
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx,
-                    dgamma_from=self.dgamma_from, squares_from=self.squares_from, dx_in_kernel=self.dx_in_kernel)
+                    dgamma_from=self.dgamma_from, squares_from=self.squares_from, dx_in_kernel=self.dx_in_kernel,
+                    xr_in_dx=self.xr_in_dx)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with

@@ -400,7 +400,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                        dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True,
-                       in_kernel: bool = False) -> Fusion:
+                       in_kernel: bool = False, xr: jax.ShapeDtypeStruct | None = None) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
     dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``gamma_in_u`` False (with
@@ -408,11 +408,17 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     ``dyr`` (M, N): A is dy itself; u = (r / s) ⊙ acc, r / s coming in (M,) ("dyr_scale"), and dyr = (r / s) ⊙ dy
     is written from the dy blocks (``Fusion.a_copy``) for the dw GEMM. ``in_kernel`` (``dx_in_kernel``): the parts
     are summed over each row's tiles in the kernel (``Fusion.sum_rows``) and the tile stored is dx = a · u − b ·
-    Σ_K(u ⊙ x) · x, a = s and b = s · r² / K per row coming in ("dx_u_scale", "dx_x_coef", (M,) float32)."""
+    Σ_K(u ⊙ x) · x, a = s and b = s · r² / K per row coming in ("dx_u_scale", "dx_x_coef", (M,) float32).
+    ``xr`` (M, K), instead of ``dyr``: A is dy as with it, but the epilogue writes xr = (r / s) ⊙ x from the x tile
+    (``Fusion.tile_copy``) for the dw GEMM (g = xrᵀ @ dy), M·K elements where dyr is M·N and no copy in the K loop;
+    the finish then reads xr where x was (b = s² · r / K instead: x = xr · s / r, xr rounded once to x's dtype)."""
+
+    scaled = dyr is not None or xr is not None  # A is dy: u's rows times r / s, the carry's leaf ``scale_leaf``
+    scale_leaf = 2 if in_kernel else 0
 
     def epilogue(ctx, acc, carry):
-        if dyr is not None:
-            acc = acc * _bcast_rows(carry[2 if in_kernel else 0], acc.shape)
+        if scaled:
+            acc = acc * _bcast_rows(carry[scale_leaf], acc.shape)
         x = ctx.load_tile("x")
         if not gamma_cols:
             return acc, {"row_dot_parts": jnp.sum(acc * x, axis=1)}
@@ -424,7 +430,7 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
     parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
     gamma = ("gamma",) if gamma_cols else ()
-    rows = (("dx_u_scale", "dx_x_coef") if in_kernel else ()) + (("dyr_scale",) if dyr is not None else ())
+    rows = (("dx_u_scale", "dx_x_coef") if in_kernel else ()) + (("dyr_scale",) if scaled else ())
     hooks = {}
     if rows:
         hooks["prologue_init"] = lambda ctx: tuple(ctx.load_rows(n) for n in rows)
@@ -434,6 +440,11 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                     - ctx.load_tile("x") * _bcast_rows(carry[1] * row_dot, u.shape))
 
         hooks["sum_rows"] = ("row_dot_parts", finish)
+    if xr is not None:
+        hooks["tile_copy"] = ("xr", lambda ctx, carry: ctx.load_tile("x") * _bcast_rows(carry[scale_leaf],
+                                                                                        (cfg.tile_m, cfg.tile_n)))
+        return Fusion(tile_inputs=("x",), inputs=(*rows, *gamma), store_in="x", outputs=(("xr", xr), parts),
+                      epilogue=epilogue, **hooks)
     if dyr is None:
         return Fusion(tile_inputs=("x",), inputs=(*rows, *gamma), store_in="x", outputs=(parts,), epilogue=epilogue,
                       **hooks)
@@ -485,9 +496,16 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
         arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
         from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
         in_kernel = cfg.dx_in_kernel and dh is None and not mu.interpreting()  # the dx kernel writes dx itself
-        if in_kernel:  # dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x
-            arrays.update(dx_u_scale=jnp.broadcast_to(scale, (M,)), dx_x_coef=rstd * rstd * (scale / K))
-        if cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
+        if in_kernel:  # dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x, with xr: − (s² · r / K) · Σ_K(u ⊙ x) · xr
+            x_coef = rstd * (scale * scale / K) if cfg.xr_in_dx else rstd * rstd * (scale / K)
+            arrays.update(dx_u_scale=jnp.broadcast_to(scale, (M,)), dx_x_coef=x_coef)
+        if cfg.xr_in_dx:  # A is dy; the dx kernel scales u's rows and writes xr from its x tile
+            fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel,
+                                        xr=jax.ShapeDtypeStruct((M, K), dtype))
+            u, xr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
+                                fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
+            dw_a, dw_b = xr, dy.astype(dtype)  # g = xrᵀ @ dy
+        elif cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u,
                                         in_kernel)
             u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
@@ -530,19 +548,21 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
                           fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel), arrays=arrays,
                           name="rmsnorm_matmul_dx")
+    if not (cfg.row_dot_side() == "k" and cfg.xr_in_dx):
+        dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
     gamma_s = gamma.astype(_F32) * scale
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
-        g = lax.dot_general(xn, dyr, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
+        g = lax.dot_general(dw_a, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
         dw = (g * gamma_s[:, None]).astype(w.dtype)
         if dgamma is None:
             dgamma = (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype)
         return dx, dgamma, dw
     if dgamma is not None:  # the dw kernel only scales rows: no w tile (nor a ring to carry one)
         dw_cfg = dataclasses.replace(cfg.dw, tile_input_in="buffer")
-        dw, = gemm(xn, dyr, transpose_a=True, config=dw_cfg, out_dtype=w.dtype, fusion=_dw_fusion(K, N, dw_cfg, False),
+        dw, = gemm(dw_a, dw_b, transpose_a=True, config=dw_cfg, out_dtype=w.dtype, fusion=_dw_fusion(K, N, dw_cfg, False),
                    arrays=dict(gamma_s=gamma_s), name="rmsnorm_matmul_dw")
         return dx, dgamma, dw
-    dw, dgamma_parts = gemm(xn, dyr, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
+    dw, dgamma_parts = gemm(dw_a, dw_b, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
                             fusion=_dw_fusion(K, N, cfg.dw), arrays=dict(w=w, gamma_s=gamma_s),
                             name="rmsnorm_matmul_dw")
     dgamma = (jnp.sum(dgamma_parts, axis=0) * scale).astype(gamma.dtype)
