@@ -1191,6 +1191,57 @@ def test_a_copy_on_the_gpu(M, K, N, config):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Fusion.tile_copy: a second (M, N) output staged in the store_in tile input's buffer
+# ---------------------------------------------------------------------------------------------------------------
+def _copied_tile(M: int, N: int) -> Fusion:
+    """out = A @ B + C stored from C's buffer, and 2·C (exact in bfloat16) copied out through the same buffer first:
+    a copy at the wrong place, or an output written over the buffer before the copy has left it, shows as a
+    mismatch."""
+    return Fusion(tile_inputs=("c",), store_in="c", outputs=(("c2", S((M, N), jnp.bfloat16)),),
+                  epilogue=lambda ctx, acc, carry: (acc + ctx.load_tile("c"), {}),
+                  tile_copy=("c2", lambda ctx, carry: 2.0 * ctx.load_tile("c")))
+
+
+@pytest.mark.parametrize("fusion_changes, match", [
+    (dict(store_in=None), "tile_copy='c2' is staged in the store_in tile input's buffer: .* got store_in=None"),
+    (dict(outputs=(("c2", S((256, 256), jnp.float32)),)), r"got store_in='c', \(\(256, 256\), dtype\('float32'\)\)"),
+    (dict(outputs=()), "tile_copy='c2' .* got store_in='c', None")])
+def test_tile_copy_needs_a_store_in_buffer_and_an_output_like_the_product(fusion_changes, match):
+    fusion = dataclasses.replace(_copied_tile(256, 256), **fusion_changes)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b, c: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16, fusion=fusion,
+                                            arrays=dict(c=c)),
+                       S((256, 256), jnp.bfloat16), S((256, 256), jnp.bfloat16), S((256, 256), jnp.bfloat16))
+
+
+def _check_tile_copy(M, K, N, config, calls=2):
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    c = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
+    for _ in range(calls):
+        got, c2 = jax.jit(lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_copied_tile(M, N),
+                                               arrays=dict(c=c)))(a, b, c)
+        assert _rel_err(got, _f32_product(a, b) + c.astype(jnp.float32)) <= _tol(jnp.bfloat16, K)
+        np.testing.assert_array_equal(np.asarray(c2, np.float32), 2 * np.asarray(c, np.float32))
+
+
+@cpu_only
+@pytest.mark.slow
+def test_tile_copy_in_interpret_mode():
+    with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks over 4 output tiles of 4 steps
+        _check_tile_copy(128, 128, 128, dataclasses.replace(_TINY, wg_split="m"), calls=1)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (2048, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3)),  # C in a buffer
+    (2048, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=4,
+                                        tile_input_in="ring")),  # C through the B stages
+    (4352, 1024, 4096, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, stream_k=4))])
+def test_tile_copy_on_the_gpu(M, K, N, config):
+    _check_tile_copy(M, K, N, config)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # A prologue in the memory warpgroup (MosaicGemmConfig.prologue_in="memory")
 # ---------------------------------------------------------------------------------------------------------------
 def _row_sums(M: int) -> Fusion:

@@ -950,18 +950,19 @@ def test_dx_from_the_dx_kernel_needs_the_k_side_and_whole_cooperative_tiles(chan
 
 
 @cpu_only
-@pytest.mark.parametrize("dyr_in_dx", [True, False])
-def test_dx_from_the_dx_kernel_leaves_no_xla_pass_over_u(dyr_in_dx):
-    """dx_in_kernel in the CUDA lowering at the H200 entry of 16384x1024x5504 (the K side, gamma on x): the dx
-    kernel counts its part among its row block's 4 column blocks and writes dx itself, so no XLA op reads an (M, K)
-    tensor after it except to return it; without, XLA's finish reads u and x. With a residual, XLA's finish as
-    before."""
+@pytest.mark.parametrize("dw_operand", ["xr", "dyr", "dyr_by_xla"])
+def test_dx_from_the_dx_kernel_leaves_no_xla_pass_over_u(dw_operand):
+    """dx_in_kernel in the CUDA lowering at the H200 entry of 16384x1024x5504 (the K side, gamma on x), beside each
+    of the dw GEMM's operands (xr from the dx kernel, the entry's; dyr from it; dyr from XLA): the dx kernel counts
+    its part among its row block's 4 column blocks and writes dx itself, so no XLA op reads an (M, K) tensor after
+    it except to return it; without, XLA's finish reads u and x. With a residual, XLA's finish as before."""
     from pallas_kernels import tuning
 
     M, K, N = 16384, 1024, 5504
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
-    entry = dataclasses.replace(entry, dyr_in_dx=dyr_in_dx)
+    entry = dataclasses.replace(entry, xr_in_dx=dw_operand == "xr",
+                                dyr_in_dx={"xr": None, "dyr": True, "dyr_by_xla": False}[dw_operand])
 
     def lowered(config, residual=False):
         fn, args = _fwd_bwd(M, K, N, residual=residual, config=config)
@@ -977,6 +978,92 @@ def test_dx_from_the_dx_kernel_leaves_no_xla_pass_over_u(dyr_in_dx):
     assert finish and "red.release.gpu.global.add" not in dx.text
     finish, dx = lowered(dataclasses.replace(entry, dx_in_kernel=True), residual=True)
     assert finish and "red.release.gpu.global.add" not in dx.text
+
+
+def _mosaic_calls(program: str) -> list[tuple[str, list[str], list[str]]]:
+    """(name, operands, result types) of each Mosaic-GPU custom call in a lowered StableHLO program, in program
+    order: its results' SSA name ("%23"), its operands' ("%arg3" for an argument, "%23#1" for another call's second
+    result) and its results' tensor types."""
+    calls = []
+    for line in program.splitlines():
+        if "stablehlo.custom_call @mosaic_gpu" in line:
+            name = line.split("=", 1)[0].strip().split(":")[0]  # "%23:4" -> "%23"
+            operands = line.split("(", 1)[1].split(")", 1)[0].split(", ")
+            calls.append((name, operands, line.rsplit(" -> ", 1)[1].strip("() ").split(", ")))
+    return calls
+
+
+@cpu_only
+@pytest.mark.parametrize("xr_in_dx", [True, False])
+def test_xr_from_the_dx_kernel_feeds_the_dw_kernel_with_dy(xr_in_dx):
+    """xr_in_dx in the CUDA lowering at the H200 entry of 16384x1024x5504 (its form): the dx kernel returns dx and
+    xr, both (M, K), and no (M, N) tensor; the dw kernel reads that xr and dy itself (the program's argument).
+    With dyr from the dx kernel instead, the dx kernel returns an (M, N) dyr, which the dw kernel reads."""
+    from pallas_kernels import tuning
+
+    M, K, N = 16384, 1024, 5504
+    entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
+    entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
+    assert entry.xr_in_dx and entry.dx_in_kernel
+    config = entry if xr_in_dx else dataclasses.replace(entry, xr_in_dx=False, dyr_in_dx=True)
+    fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
+    with backends.lowering_for_gpu():
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    _, (dx_name, dx_operands, dx_results), (_, dw_operands, _) = _mosaic_calls(program)  # forward, dx, dw
+    dy = dx_operands[0]
+    assert dy.startswith("%arg")  # A of the dx kernel: dy as it came in
+    if xr_in_dx:
+        assert dx_results[:2] == [f"tensor<{M}x{K}xbf16>"] * 2 and f"tensor<{M}x{N}xbf16>" not in dx_results
+        assert dw_operands[:2] == [f"{dx_name}#1", dy]
+    else:
+        assert dx_results[:2] == [f"tensor<{M}x{K}xbf16>", f"tensor<{M}x{N}xbf16>"]
+        assert dw_operands[1] == f"{dx_name}#1"
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(row_dot="n"), "row_dot='k'"), (dict(dyr_in_dx=True), "dyr_in_dx not True"),
+    (dict(xr_in_dx="yes"), "xr_in_dx: must be a bool")])
+def test_xr_in_dx_is_a_bool_on_the_k_side_without_dyr(changes, match):
+    tiles = MosaicGemmConfig()
+    with pytest.raises(ValueError, match=match):
+        Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="k", xr_in_dx=True), **changes))
+    config = Config(forward=tiles, dx=tiles, dw=tiles, xr_in_dx=True)  # (row_dot None: the K side)
+    assert Config(**config.to_dict()) == config and config.to_dict()["xr_in_dx"] is True
+
+
+@cpu_only
+@pytest.mark.slow
+def test_xr_from_the_dx_kernel_in_interpret_mode():
+    """xr_in_dx with float16 (xr = (r / max r) ⊙ x), gamma on w and a residual (XLA's finish from x): the three
+    kernels against the reference; dw and dgamma come from xr and dy alone. (A wrong xr fails dgamma and dw.)"""
+    tiles = _Interpreted.tiles
+    config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="w", row_dot="k", xr_in_dx=True)
+    x, g, w, res = inputs(128, 128, 256, jnp.float16, residual=True)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.float16), block_sizes=config)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, dtype, variant, row_dot, dx_in_kernel", [
+    (16384, 1024, 5504, jnp.bfloat16, None, None, True),  # the H200 entry: gamma on x, 4 column blocks
+    (32768, 4096, 4096, jnp.bfloat16, None, None, True),  # gamma in the registers, the x tile through the ring
+    (4096, 4096, 14336, jnp.bfloat16, None, None, False),  # the H200 entry's dgamma from u (the finish kernel)
+    (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k", True),  # 8 column blocks
+    (2048, 1024, 4096, jnp.float16, False, "k", True),  # xr = (r / max r) ⊙ x, gamma on w
+    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k", False)])  # XLA's finish from x
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_xr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, row_dot, dx_in_kernel, residual):
+    """xr_in_dx: forward and gradients against the float32 reference, two calls, with the dx kernel finishing dx
+    (from xr in the x tile's buffer) or XLA (from x), with a residual (XLA's finish)."""
+    if variant is None:
+        config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
+    else:
+        config = _numbers_config(M, K, N, dtype, residual, variant, row_dot)
+    config = dataclasses.replace(config, xr_in_dx=True, dyr_in_dx=None, dx_in_kernel=dx_in_kernel,
+                                 dx=dataclasses.replace(config.dx, stream_k=0) if dx_in_kernel else config.dx)
+    for _ in range(2):
+        x, g, w, res = inputs(M, K, N, dtype, residual=residual)
+        _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
 @gpu_only
@@ -1204,14 +1291,17 @@ def test_the_h200_entry_at_4096x4096x14336_finishes_dx_and_dgamma_in_one_pass_ov
 @pytest.mark.parametrize("M, K, N", [(4096, 2048, 11008), (8192, 512, 2816), (8192, 512, 768), (4096, 2048, 3072)])
 def test_the_h200_entries_of_the_model_shapes_read_dy_only_in_the_dx_kernel(M, K, N):
     """The H200's own entries at the model's MLP and QKV projections (measured: rmsnorm_matmul_configs_{1b,small}_
-    k_dyr-h200-c795e44.json, ..._qkv_{small,1b}-h200-7c5fd33.json) take the row dot over K with dyr from the dx
-    kernel: their dx kernels fit shared memory, and no XLA op makes an (M, N) tensor."""
+    k_dyr-h200-c795e44.json, ..._qkv_{small,1b}-h200-7c5fd33.json) take the row dot over K with the dx kernel
+    finishing dx, and dyr from it at the QKV projections (N small) or xr at the MLP's (N >> K; rmsnorm_matmul_configs_
+    xr_dx_in_kernel_model_shapes-h200-da1d152.json): their dx kernels fit shared memory, and no XLA op makes an
+    (M, N) tensor."""
     from pallas_kernels import tuning
 
     params = tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
                            device="NVIDIA H200")
     config = Config(**params)
-    assert config.row_dot_side() == "k" and config.dyr_by_dx(jnp.bfloat16, residual=False)
+    assert config.row_dot_side() == "k" and config.dx_in_kernel
+    assert config.xr_in_dx if N > 2 * K else config.dyr_by_dx(jnp.bfloat16, residual=False)
     # the dx kernel's x tile through a fourth stage's ring (rmsnorm_matmul_configs_dx_ring4_models-h200-d079d58.json:
     # the dx kernel 38.9 against 40.9 µs at 8192x512x2816, 235.0 against 239.4 at 4096x2048x11008)
     assert (config.dx.tile_input_in, config.dx.num_stages, config.dx.stream_k) == ("ring", 4, 0)
