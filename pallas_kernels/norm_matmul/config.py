@@ -381,7 +381,13 @@ class MosaicRMSNormMatmulConfig:
       is M·N, and no copy in the dx kernel's K loop (a copying warpgroup stalls the tensor pipe: 15.4 µs of the dx
       kernel at 16384x1024x5504, 29.9 at 32768x4096x4096, NOTES.md, forty-third session). A is dy, as with
       dyr_in_dx; not with dyr_in_dx True. With dx_in_kernel the finish reads xr where x was (x = xr · s / r, xr
-      rounded once to x's dtype). False (default).
+      rounded once to x's dtype). False (default). Measured on the H200 (forward + backward µs, dyr from the dx
+      kernel → xr; rmsnorm_matmul_configs_xr_in_dx{,_repeat5504,_model_shapes}-h200-da1d152.json,
+      ..._xr_dx_in_kernel_model_shapes-h200-da1d152.json): 775.0 → 770.4 and 768.8 → 764.6 at 16384x1024x5504 (the
+      dx kernel 258.1 → 255.2: the copy's 13.7 µs gone, the xr store's wait before dx takes the buffer 10.8 more),
+      754.8 → 750.0 at 4096x2048x11008 and 134.3 → 130.0 at 8192x512x2816 (with dx_in_kernel; the entries of those
+      three shapes take it); slower where N is not much larger than K: 4302.9 → 4333.6 at 32768x4096x4096 (the dx
+      kernel 1555.0 → 1586.3), 235.9 → 239.4 at 4096x2048x3072, 54.9 → 57.3 at 8192x512x768.
     squares_from: (gamma_on "a" with stats_in_kernel "mma", "mma_rows" or "mma_shared") where the forward's MMA
       warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
       step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to

@@ -46,6 +46,8 @@ the reduction stays on the K side instead:
               Σ u ⊙ x over its columns; one XLA fusion gives dx = s · (u − (r² / K) · Σ_K(u ⊙ x) · x) (+ dh).
               With ``dx_in_kernel`` the dx kernel sums the parts over each row's tiles itself (``Fusion.sum_rows``)
               and writes dx from u in its registers: no u, no XLA pass.
+              With ``xr_in_dx`` A is dy, u's rows are scaled by r / s in the epilogue, and the epilogue also writes
+              xr = (r / s) ⊙ x from the x tile (``Fusion.tile_copy``) for the dw kernel, g = xrᵀ @ dy: no dyr.
 dy is then read once, to form dyr (4MN bytes; a product XLA can fuse into the fusion that produces dy), y is not
 kept, and the row statistics cost 10MK bytes (x read by the kernel, u written and read, x read, dx written). With
 ``dgamma_from="u"`` (gamma on x's side) the dx kernel writes u before gamma and one Pallas-Triton kernel
