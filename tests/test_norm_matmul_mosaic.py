@@ -420,6 +420,8 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
     assert any(c["dx"]["schedule"] == "pingpong" and c["dw"]["schedule"] == "pingpong" for c in backward)
     assert any(c["forward"]["stream_k"] for c in forward) and any(c["dx"]["stream_k"] for c in backward)
     assert any(c["row_dot_in_dx"] == "tma" and c["dx"]["tile_input_in"] == "ring" for c in backward)
+    assert any(c["dx_in_kernel"] and c["xr_in_dx"] for c in backward)
+    assert any(c["dx_in_kernel"] and c["dyr_in_dx"] for c in backward)
     assert any(c["forward"]["epilogue_store"] == "split" and c["forward"]["stream_k"] for c in forward)
     for params in forward + backward:
         _check_kernels(M, K, N, False, Config(**params))

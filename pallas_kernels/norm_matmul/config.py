@@ -776,6 +776,13 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     if not base.dx.pingpong and base.dx.cluster == "none":  # the row dot from the dx kernel's first tiles
         bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx=True,
                                        dx=dataclasses.replace(base.dx, stream_k=0)))
+    dx = base.dx
+    if not (dx.pingpong or dx.stores_later) and (dx.pipeline, dx.cluster) == ("own", "none"):
+        # the K side with the dx kernel finishing dx (gemm.Fusion.sum_rows, whole tiles), dyr copied from its dy
+        # blocks or xr written from its x tile (the H200's entries at the model's QKV and MLP projections)
+        k_dx = dataclasses.replace(base, row_dot="k", row_dot_in_dx=False, dgamma_from=None, dx_in_kernel=True,
+                                   dx=dataclasses.replace(dx, stream_k=0))
+        bwd += [k_dx.with_dyr_from_dx(dtype, residual), dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True)]
     if not residual:  # y's blocks by TMA beside dy's, the x tile through the dx kernel's B stages of 3 stacked
         # 64x256 stages (the H200's entry at 8192x4096x6144)
         bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
