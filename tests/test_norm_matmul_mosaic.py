@@ -936,19 +936,24 @@ def test_dyr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, residual, dx):
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
-@pytest.mark.parametrize("changes, match", [
-    (dict(row_dot="n"), "dx_in_kernel: must be a bool; True .* needs row_dot='k', .* got dx_in_kernel=True, "
-                        "row_dot='n'"),
-    (dict(dgamma_from="u"), "dgamma_from='u'"),
-    (dict(dx=MosaicGemmConfig(stream_k=4)), "stream_k=4"),
-    (dict(dx=MosaicGemmConfig(schedule="pingpong")), "schedule='pingpong'"),
-    (dict(dx_in_kernel="yes"), "dx_in_kernel: must be a bool")])
-def test_dx_from_the_dx_kernel_needs_the_k_side_and_whole_cooperative_tiles(changes, match):
+@pytest.mark.parametrize("flag, changes, match", [
+    ("dx_in_kernel", dict(row_dot="n"), "dx_in_kernel: must be a bool; True .* needs row_dot='k', .* got "
+                                        "dx_in_kernel=True, row_dot='n'"),
+    ("dx_in_kernel", dict(dgamma_from="u"), "dgamma_from='u'"),
+    ("dx_in_kernel", dict(dx=MosaicGemmConfig(stream_k=4)), "stream_k=4"),
+    ("dx_in_kernel", dict(dx=MosaicGemmConfig(schedule="pingpong")), "schedule='pingpong'"),
+    ("dx_in_kernel", dict(dx_in_kernel="yes"), "dx_in_kernel: must be a bool"),
+    ("xr_in_dx", dict(row_dot="n"), "xr_in_dx: .* needs row_dot='k'"),
+    ("xr_in_dx", dict(dyr_in_dx=True), "dyr_in_dx not True"),
+    ("xr_in_dx", dict(xr_in_dx="yes"), "xr_in_dx: must be a bool")])
+def test_the_dx_kernels_k_side_forms_are_bools_with_their_constraints(flag, changes, match):
+    """dx_in_kernel needs the K side and whole cooperative dx tiles; xr_in_dx the K side and no dyr. Both are stored
+    in the tuned entries' dicts."""
     tiles = MosaicGemmConfig()
     with pytest.raises(ValueError, match=match):
-        Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="k", dx_in_kernel=True), **changes))
-    config = Config(forward=tiles, dx=tiles, dw=tiles, dx_in_kernel=True)  # (row_dot None: the K side)
-    assert Config(**config.to_dict()) == config
+        Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="k", **{flag: True}), **changes))
+    config = Config(forward=tiles, dx=tiles, dw=tiles, **{flag: True})  # (row_dot None: the K side)
+    assert Config(**config.to_dict()) == config and config.to_dict()[flag] is True
 
 
 @cpu_only
@@ -1020,17 +1025,6 @@ def test_xr_from_the_dx_kernel_feeds_the_dw_kernel_with_dy(xr_in_dx):
     else:
         assert dx_results[:2] == [f"tensor<{M}x{K}xbf16>", f"tensor<{M}x{N}xbf16>"]
         assert dw_operands[1] == f"{dx_name}#1"
-
-
-@pytest.mark.parametrize("changes, match", [
-    (dict(row_dot="n"), "row_dot='k'"), (dict(dyr_in_dx=True), "dyr_in_dx not True"),
-    (dict(xr_in_dx="yes"), "xr_in_dx: must be a bool")])
-def test_xr_in_dx_is_a_bool_on_the_k_side_without_dyr(changes, match):
-    tiles = MosaicGemmConfig()
-    with pytest.raises(ValueError, match=match):
-        Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="k", xr_in_dx=True), **changes))
-    config = Config(forward=tiles, dx=tiles, dw=tiles, xr_in_dx=True)  # (row_dot None: the K side)
-    assert Config(**config.to_dict()) == config and config.to_dict()["xr_in_dx"] is True
 
 
 @cpu_only
