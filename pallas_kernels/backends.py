@@ -119,6 +119,16 @@ def first_derivatives_only(call: Callable) -> Callable:
     return call_once_differentiable
 
 
+def shaped(x, shape=None, dtype=None):
+    """x reshaped to ``shape`` and cast to ``dtype`` (None: as it is); a ``jax.ShapeDtypeStruct`` gives a new one, so
+    each op's ``plan(...)`` takes abstract arguments as well as arrays (and array-likes become arrays)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape if shape is None else shape, x.dtype if dtype is None else dtype)
+    x = jax.numpy.asarray(x)
+    x = x if shape is None else x.reshape(shape)
+    return x if dtype is None else x.astype(dtype)
+
+
 def resolve_interpret(interpret: bool | None) -> bool:
     """The caller's choice, or True exactly when the default backend is CPU (Pallas has no CPU code generator),
     except inside ``lowering_for_gpu()``."""

@@ -547,6 +547,15 @@ def test_fused_step_lowers_for_cuda_and_names_what_it_cannot_run():
                                                                                (512, 2048), (512, 1024))))
 
 
+def test_plan_takes_shape_dtype_structs():
+    """plan() of abstract arguments is the plan of arrays of those shapes and dtypes (labels of any integer dtype;
+    their range is checked only where they are concrete)."""
+    S = jax.ShapeDtypeStruct
+    args = (S((8192, 2048), jnp.bfloat16), S((2048, 32768), jnp.bfloat16), S((8192,), jnp.int64))
+    arrays = [jnp.zeros(a.shape, a.dtype) for a in args]
+    assert cross_entropy.plan(*args) == cross_entropy.plan(*arrays)
+
+
 @pytest.mark.skipif(ON_GPU, reason="off a GPU and outside GPU interpret mode no Mosaic choice can run")
 @pytest.mark.parametrize("block_sizes, match", [
     (dict(dw_gemm="mosaic"), "dw_gemm='mosaic' cannot run here: interpret mode"),

@@ -2,6 +2,8 @@
 own: the config variants a sweep may pick, the pipeliner hazard, fp16 precision at tiny magnitudes, the Triton
 lowering at GPU tiles, the tables, config errors. The Mosaic backend's own tests: ``test_norm_matmul_mosaic.py``."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -66,6 +68,20 @@ def test_auto_keeps_triton_and_mosaic_names_why_it_cannot_run():
         with pytest.raises(ValueError, match=r"backend='mosaic' cannot run rmsnorm_matmul here: Mosaic GPU kernels "
                                              r"need an sm90 \(Hopper\) GPU.*; available here: 'triton'"):
             rmsnorm_matmul(x, gamma, w, backend="mosaic")
+
+
+@pytest.mark.parametrize("backend", ["auto", "mosaic"])
+def test_plan_takes_shape_dtype_structs(backend):
+    """plan() of abstract arguments (leading axes, a residual) is the plan of arrays of those shapes and dtypes:
+    nothing is allocated to ask what a call at 16384x1024x5504 would run (Mosaic inside lowering_for_gpu off a GPU)."""
+    S = jax.ShapeDtypeStruct
+    args = (S((4, 4096, 1024), jnp.bfloat16), S((1024,), jnp.bfloat16), S((1024, 5504), jnp.bfloat16))
+    residual = S((4, 4096, 1024), jnp.bfloat16)
+    with backends.lowering_for_gpu() if backend == "mosaic" else contextlib.nullcontext():
+        abstract = norm_matmul.plan(*args, residual=residual, backend=backend)
+        arrays = norm_matmul.plan(*(jnp.zeros(a.shape, a.dtype) for a in args),
+                                  residual=jnp.zeros(residual.shape, residual.dtype), backend=backend)
+    assert abstract == arrays and (backend == "auto" or abstract.backend == "mosaic")
 
 
 def test_plan_refuses_a_config_the_call_refuses():

@@ -73,7 +73,9 @@ def _check_inputs(h, w, labels, reduction, z_loss, logit_soft_cap):
 
 def _check_label_range(labels, V: int, ignore_index: int):
     """ValueError for concrete labels outside [0, V) other than ignore_index; traced labels pass (their rows give
-    NaN losses and gradients instead)."""
+    NaN losses and gradients instead), and so do abstract ones (``plan`` with ShapeDtypeStructs)."""
+    if isinstance(labels, jax.ShapeDtypeStruct):
+        return
     try:
         values = np.asarray(labels)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
@@ -93,7 +95,7 @@ def _prepare(h, w, labels, reduction, ignore_index, z_loss, logit_soft_cap, bloc
     except TypeError:
         raise ValueError(f"ignore_index: must be an integer, got {ignore_index!r}") from None
     _check_label_range(labels, w.shape[1], ignore_index)
-    labels = jnp.asarray(labels).astype(jnp.int32)
+    labels = backends.shaped(labels, dtype=jnp.int32)
     options = dict(reduction=reduction, ignore_index=int(ignore_index), z_loss=float(z_loss),
                    logit_soft_cap=None if logit_soft_cap is None else float(logit_soft_cap),
                    interpret=backends.resolve_interpret(interpret))

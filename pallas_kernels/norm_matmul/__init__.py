@@ -98,8 +98,8 @@ def _prepare(x, gamma, w, eps, residual, out_dtype, block_sizes, interpret, back
     _check_inputs(x, gamma, w, residual, out_dtype)
     eps = _check_eps(eps)
     M, K = math.prod(x.shape[:-1]), x.shape[-1]
-    x2 = x.reshape(M, K)
-    options = dict(eps=eps, residual=None if residual is None else residual.reshape(M, K),
+    x2 = backends.shaped(x, (M, K))
+    options = dict(eps=eps, residual=None if residual is None else backends.shaped(residual, (M, K)),
                    out_dtype=jnp.dtype(x.dtype if out_dtype is None else out_dtype),
                    interpret=backends.resolve_interpret(interpret))
     module, chosen = BACKENDS.plan(backend, block_sizes, x2, gamma, w, **options)
