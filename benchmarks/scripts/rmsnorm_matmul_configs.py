@@ -396,7 +396,9 @@ def combined(name: str) -> dict:
 def variant_config(M: int, K: int, N: int, changes: dict):
     """The shape's default Mosaic config with ``changes``; the statistics warpgroup's forward tiles when asked. An
     entry's r squared from the a_operand's registers (squares_from "operand") falls back to "observe" where the
-    changes take gamma out of the registers or r out of the MMA warpgroups without naming squares_from."""
+    changes take gamma out of the registers or r out of the MMA warpgroups without naming squares_from; an entry's
+    xr from the dx kernel (xr_in_dx) gives way to changes asking for dyr from it (dyr_in_dx True) without naming
+    xr_in_dx."""
     base = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     takes_operand = (changes.get("gamma_on", base.gamma_on) == "a"
                      and changes.get("stats_in_kernel", base.stats_in_kernel) in nm_config.MMA_STATS)
@@ -405,6 +407,8 @@ def variant_config(M: int, K: int, N: int, changes: dict):
     if changes.get("stats_in_kernel") is True and (base.forward.wg_split != "n" or base.forward.pingpong):
         base = dataclasses.replace(base, forward=nm_config.mosaic_default_config(
             M, K, N, jnp.bfloat16, stats_in_kernel=True).forward)
+    if changes.get("dyr_in_dx") is True and "xr_in_dx" not in changes:
+        base = dataclasses.replace(base, xr_in_dx=False)
     changes = dict(changes)
     kernels = {k: dataclasses.replace(getattr(base, k), **changes.pop(k, {})) for k in ("forward", "dx", "dw")}
     return dataclasses.replace(base, **kernels, **changes)
