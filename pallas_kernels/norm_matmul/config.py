@@ -386,8 +386,10 @@ class MosaicRMSNormMatmulConfig:
       ..._xr_dx_in_kernel_model_shapes-h200-da1d152.json): 775.0 → 770.4 and 768.8 → 764.6 at 16384x1024x5504 (the
       dx kernel 258.1 → 255.2: the copy's 13.7 µs gone, the xr store's wait before dx takes the buffer 10.8 more),
       754.8 → 750.0 at 4096x2048x11008 and 134.3 → 130.0 at 8192x512x2816 (with dx_in_kernel; the entries of those
-      three shapes take it); slower where N is not much larger than K: 4302.9 → 4333.6 at 32768x4096x4096 (the dx
-      kernel 1555.0 → 1586.3), 235.9 → 239.4 at 4096x2048x3072, 54.9 → 57.3 at 8192x512x768.
+      three shapes take it; a second call: 771.8 → 766.7, 741.6 → 734.5 and 134.4 → 128.7 against the forms they
+      replaced, rmsnorm_matmul_configs_model_entries_confirm-h200-09ceef6.json); slower where N is not much larger
+      than K: 4302.9 → 4333.6 at 32768x4096x4096 (the dx kernel 1555.0 → 1586.3), 235.9 → 239.4 at 4096x2048x3072,
+      54.9 → 57.3 at 8192x512x768.
     squares_from: (gamma_on "a" with stats_in_kernel "mma", "mma_rows" or "mma_shared") where the forward's MMA
       warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
       step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to
