@@ -31,10 +31,11 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               with ``row_dot_in_dx``, c from the dx kernel's first tile of each row block, which sums dy · y with
               y's blocks loaded from HBM (or by TMA beside dy's, "tma": ``Fusion.a_beside``, the H200's entry at
               8192x4096x6144) and shares it, ``Fusion.share_rows``: no XLA pass left).
-  dw kernel:  g = xᵀ @ dyr (A = x read transposed); dw = gamma · s ⊙ g and dgamma = s · Σ_N w ⊙ g, from the
-              epilogue with the prefetched w tile (partial sums per column block, summed by XLA: (N / tile_n, K));
-              with the dw config's ``tile_input_in="ring"`` the w tile arrives through its B stages instead, which
-              leaves room for a fourth stage (the H200's entries at the suite shapes).
+  dw kernel:  g = xᵀ @ dyr (A = x read transposed; or xrᵀ @ dy, ``xr_in_dx`` below); dw = gamma · s ⊙ g and
+              dgamma = s · Σ_N w ⊙ g, from the epilogue with the prefetched w tile (partial sums per column block,
+              summed by XLA: (N / tile_n, K)); with the dw config's ``tile_input_in="ring"`` the w tile arrives
+              through its B stages instead, which leaves room for a fourth stage (the H200's entries at the suite
+              shapes).
               Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and XLA fusions the rest.
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction
 over K, which no dx block holds whole, by one over N (``row_dot="n"``). Forward + backward = three GEMMs, a pass
@@ -467,8 +468,8 @@ def _dx_from_parts(u, row_dot_parts, xn, rstd, scale, dh):
 
 
 def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig, dgamma: bool = True) -> Fusion:
-    """g = xᵀ @ dyr; dw = (gamma · s) ⊙ g and, with ``dgamma``, per-column-block partial dgamma Σ w ⊙ g (s applied
-    by the caller) from the prefetched w tile; without, no tile input at all."""
+    """g = xᵀ @ dyr (or xrᵀ @ dy); dw = (gamma · s) ⊙ g and, with ``dgamma``, per-column-block partial dgamma
+    Σ w ⊙ g (s applied by the caller) from the prefetched w tile; without, no tile input at all."""
 
     def epilogue(ctx, acc, gamma_s):
         partial = jnp.sum(ctx.load_tile("w") * acc, axis=1)  # (tile_m,) over this block's tile_n columns
@@ -550,7 +551,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
                           fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel), arrays=arrays,
                           name="rmsnorm_matmul_dx")
-    if not (cfg.row_dot_side() == "k" and cfg.xr_in_dx):
+    if not cfg.xr_in_dx:  # (xr_in_dx: the K side, which set them)
         dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
     gamma_s = gamma.astype(_F32) * scale
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
@@ -561,8 +562,8 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
         return dx, dgamma, dw
     if dgamma is not None:  # the dw kernel only scales rows: no w tile (nor a ring to carry one)
         dw_cfg = dataclasses.replace(cfg.dw, tile_input_in="buffer")
-        dw, = gemm(dw_a, dw_b, transpose_a=True, config=dw_cfg, out_dtype=w.dtype, fusion=_dw_fusion(K, N, dw_cfg, False),
-                   arrays=dict(gamma_s=gamma_s), name="rmsnorm_matmul_dw")
+        dw, = gemm(dw_a, dw_b, transpose_a=True, config=dw_cfg, out_dtype=w.dtype,
+                   fusion=_dw_fusion(K, N, dw_cfg, False), arrays=dict(gamma_s=gamma_s), name="rmsnorm_matmul_dw")
         return dx, dgamma, dw
     dw, dgamma_parts = gemm(dw_a, dw_b, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
                             fusion=_dw_fusion(K, N, cfg.dw), arrays=dict(w=w, gamma_s=gamma_s),
