@@ -9,6 +9,8 @@ interpret mode at tiny shapes, through the backend module (the registry runs Mos
 """
 
 import dataclasses
+import hashlib
+import types
 
 import jax
 import jax.numpy as jnp
@@ -150,11 +152,26 @@ def _fwd_bwd(M, K, N, residual, config=None):
     return fwd_bwd, args
 
 
+_KERNELS_OF = {}  # sha256 of a traced program's jaxpr (as text) -> its Mosaic kernels lowered for CUDA
+
+
+def _lowered_kernels(fn, *args):
+    """``mosaic_ir.lower_kernels(fn, *args)`` (inside ``backends.lowering_for_gpu``), lowered once per distinct
+    traced program in this module: the sweep's candidates share programs (a forward-only program does not depend
+    on the dx and dw fields: the backward candidates share the base forward), and lowering costs most of
+    ``_check_kernels``' time. The caller's assertions still run for every config."""
+    traced = jax.jit(fn).trace(*args)
+    key = hashlib.sha256(str(traced.jaxpr).encode()).hexdigest()
+    if key not in _KERNELS_OF:
+        _KERNELS_OF[key] = mosaic_ir.lower_kernels(types.SimpleNamespace(trace=lambda *_: traced), *args)
+    return _KERNELS_OF[key]
+
+
 def _check_kernels(M, K, N, residual, config=None):
     fn, args = _fwd_bwd(M, K, N, residual, config)
     with backends.lowering_for_gpu():
-        kernels = mosaic_ir.lower_kernels(fn, *args)
-        forward_only = mosaic_ir.lower_kernels(
+        kernels = _lowered_kernels(fn, *args)
+        forward_only = _lowered_kernels(
             lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config), *args[:3])
     resolved = config or nm_config.mosaic_default_config(M, K, N, residual=residual)
     dw_kernel = [] if resolved.dw_by_xla(K, N) else ["rmsnorm_matmul_dw"]
