@@ -37,12 +37,18 @@ def inputs(M, K, N, dtype, *, lead=None, residual=False):
     return x, gamma, w, res
 
 
-def fwd_and_vjp(fn, args, cotangent):
-    @jax.jit
-    def run(args, cotangent):
-        out, vjp = jax.vjp(fn, *args)
-        return out, vjp(cotangent)
+def fwd_and_vjp(fn, args, cotangent, programs=None, name=""):
+    """(out, vjp(cotangent)) of fn at args under one jit. With ``programs`` (a dict) the jitted program is kept
+    there under ``name`` and taken from there when present: the caller vouches that it is the same fn."""
+    run = None if programs is None else programs.get((name, len(args)))
+    if run is None:
+        @jax.jit
+        def run(args, cotangent):
+            out, vjp = jax.vjp(fn, *args)
+            return out, vjp(cotangent)
 
+        if programs is not None:
+            programs[(name, len(args))] = run
     return run(args, cotangent)
 
 
@@ -63,8 +69,12 @@ class NormMatmulTests:
         """Skips the test when this backend cannot run these arguments here (its ValueError says why)."""
         require(norm_matmul.plan, x, gamma, w, backend=self.backend, **kwargs)
 
-    def check_against_reference(self, x, gamma, w, res, tol, **kwargs):
-        """Forward and all gradients of the kernel vs the float32 reference, for one fresh random cotangent."""
+    def check_against_reference(self, x, gamma, w, res, tol, *, programs=None, **kwargs):
+        """Forward and all gradients of the kernel vs the float32 reference, for one fresh random cotangent.
+        ``programs``: a dict a test passes to several calls with the same kwargs (inside the same context) at
+        other inputs: the jitted programs are kept there, so that the later calls reuse them (compiled once)."""
+        if programs is not None:
+            assert programs.setdefault("kwargs", kwargs) == kwargs, ("programs: reused with other kwargs", kwargs)
         self.require(x, gamma, w, residual=res, **kwargs)
         args = (x, gamma, w) if res is None else (x, gamma, w, res)
         fused = lambda x, g, w, r=None: self.rmsnorm_matmul(x, g, w, residual=r, **kwargs)
@@ -72,8 +82,8 @@ class NormMatmulTests:
         ref = lambda x, g, w, r=None: reference.rmsnorm_matmul(x, g, w, residual=r, **ref_kwargs)
         out_shapes = jax.eval_shape(fused, *args)
         cotangent = jax.tree.map(lambda s: normal(s.shape, s.dtype), out_shapes)
-        got_out, got_grads = fwd_and_vjp(fused, args, cotangent)
-        want_out, want_grads = fwd_and_vjp(ref, args, cotangent)
+        got_out, got_grads = fwd_and_vjp(fused, args, cotangent, programs, "kernel")
+        want_out, want_grads = fwd_and_vjp(ref, args, cotangent, programs, "reference")
         names = ((["y"] if res is None else ["h", "y"]) + ["dx", "dgamma", "dw"]
                  + ([] if res is None else ["dresidual"]))
         got, want = jax.tree.leaves((got_out, got_grads)), jax.tree.leaves((want_out, want_grads))
