@@ -177,8 +177,10 @@ def recorded_row(result: dict, save, row: dict):
 
 
 def results_file(out: str, name: str):
-    """(result dict with the environment, save() writing it to ``<out>/<name>-<device>.json``, that path)."""
+    """(result dict with the environment, save() writing it to ``<out>/<name>-<device>.json``, that path); makes
+    ``out`` if it does not exist."""
     result = {"environment": bench.environment(), "checks": [], "timings": []}
+    os.makedirs(out, exist_ok=True)  # (a folder that does not exist yet: the first save would fail after a run)
     path = os.path.join(out, f"{name}-{bench.device_tag(jax.devices()[0].device_kind)}.json")
 
     def save():
