@@ -368,6 +368,8 @@ VARIANTS = {
     # the dw GEMM xrᵀ @ dy, xr = (r / s) ⊙ x written by the dx kernel's epilogue from its x tile (gemm.Fusion.tile_copy)
     # instead of dyr copied from its dy blocks in the K loop
     "xr_in_dx": dict(dyr_in_dx=None, xr_in_dx=True),
+    # xr formed by XLA (into its own dw GEMM where it runs dw): the dx kernel reads dy and writes only dx (or u)
+    "xr_by_xla": dict(dyr_in_dx=None, xr_in_dx="xla"),
     "k_xr_dx_in_kernel": dict(row_dot="k", dyr_in_dx=None, xr_in_dx=True, row_dot_in_dx=False, dgamma_from=None,
                               dx_in_kernel=True, dx=dict(stream_k=0)),
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
