@@ -964,8 +964,7 @@ def test_dyr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, residual, dx):
     ("dx_in_kernel", dict(dx_in_kernel="yes"), "dx_in_kernel: must be a bool"),
     ("xr_in_dx", dict(row_dot="n"), "xr_in_dx: .* needs row_dot='k'"),
     ("xr_in_dx", dict(dyr_in_dx=True), "dyr_in_dx not True"),
-    ("xr_in_dx", dict(xr_in_dx="yes"), "xr_in_dx: must be a bool or 'xla'"),
-    ("xr_in_dx", dict(xr_in_dx="xla", row_dot="n"), "xr_in_dx: .* needs row_dot='k'")])
+    ("xr_in_dx", dict(xr_in_dx="yes"), "xr_in_dx: must be a bool")])
 def test_the_dx_kernels_k_side_forms_are_bools_with_their_constraints(flag, changes, match):
     """dx_in_kernel needs the K side and whole cooperative dx tiles; xr_in_dx the K side and no dyr. Both are stored
     in the tuned entries' dicts."""
@@ -1021,26 +1020,6 @@ def _mosaic_calls(program: str) -> list[tuple[str, list[str], list[str]]]:
 
 
 @cpu_only
-def test_xr_by_xla_leaves_the_dx_kernel_only_dx():
-    """xr_in_dx="xla" at the H200 entry of 8192x512x2816 (dw in XLA: 88 tiles): the dx kernel reads dy as it came in
-    and returns dx and its row dot's parts, no xr and no (M, N) tensor; the two kernels are the forward and dx."""
-    from pallas_kernels import tuning
-
-    M, K, N = 8192, 512, 2816
-    entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
-    config = dataclasses.replace(Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"]),
-                                 xr_in_dx="xla", dyr_in_dx=None)
-    assert config.dx_in_kernel and config.dw_by_xla(K, N)
-    fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
-    with backends.lowering_for_gpu():
-        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    _, (_, dx_operands, dx_results) = _mosaic_calls(program)  # forward, dx
-    assert dx_operands[0].startswith("%arg")  # A: dy as it came in
-    assert dx_results[0] == f"tensor<{M}x{K}xbf16>" and f"tensor<{M}x{K}xbf16>" not in dx_results[1:]
-    assert f"tensor<{M}x{N}xbf16>" not in dx_results
-
-
-@cpu_only
 @pytest.mark.parametrize("xr_in_dx", [True, False])
 def test_xr_from_the_dx_kernel_feeds_the_dw_kernel_with_dy(xr_in_dx):
     """xr_in_dx in the CUDA lowering at the H200 entry of 16384x1024x5504 (its form): the dx kernel returns dx and
@@ -1077,9 +1056,6 @@ def test_xr_from_the_dx_kernel_in_interpret_mode():
     x, g, w, res = inputs(128, 128, 256, jnp.float16, residual=True)
     with mosaic_utils.interpret_on_cpu(num_sms=2):
         _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.float16), block_sizes=config)
-        # xr formed by XLA (the dx kernel's A is dy, its u rows scaled by r / s; dw in XLA from xr and dy)
-        config = dataclasses.replace(config, xr_in_dx="xla", dw_in_xla=True)
-        _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.float16), block_sizes=config)
 
 
 @gpu_only
@@ -1100,27 +1076,6 @@ def test_xr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, row_dot, dx_i
         config = _numbers_config(M, K, N, dtype, residual, variant, row_dot)
     config = dataclasses.replace(config, xr_in_dx=True, dyr_in_dx=None, dx_in_kernel=dx_in_kernel,
                                  dx=dataclasses.replace(config.dx, stream_k=0) if dx_in_kernel else config.dx)
-    for _ in range(2):
-        x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-        _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, variant, dw_in_xla", [
-    (8192, 512, 2816, jnp.bfloat16, None, None),  # the H200 entry's form, dw in XLA (88 tiles)
-    (8192, 512, 768, jnp.bfloat16, None, None),  # (24 tiles)
-    (16384, 1024, 5504, jnp.bfloat16, None, None),  # the dw kernel reads XLA's xr
-    (2048, 1024, 4096, jnp.float16, False, True)])  # xr = (r / max r) ⊙ x, gamma on w
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_xr_by_xla_on_the_gpu(M, K, N, dtype, variant, dw_in_xla, residual):
-    """xr_in_dx="xla": forward and gradients against the float32 reference, two calls, the dx kernel finishing dx
-    (without a residual) from x with A = dy, and the dw GEMM reading XLA's xr."""
-    if variant is None:
-        config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
-    else:
-        config = _numbers_config(M, K, N, dtype, residual, variant, "k")
-    config = dataclasses.replace(config, row_dot="k", xr_in_dx="xla", dyr_in_dx=None, dw_in_xla=dw_in_xla,
-                                 dgamma_from=None)
     for _ in range(2):
         x, g, w, res = inputs(M, K, N, dtype, residual=residual)
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)

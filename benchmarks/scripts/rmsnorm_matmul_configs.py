@@ -368,8 +368,11 @@ VARIANTS = {
     # the dw GEMM xrᵀ @ dy, xr = (r / s) ⊙ x written by the dx kernel's epilogue from its x tile (gemm.Fusion.tile_copy)
     # instead of dyr copied from its dy blocks in the K loop
     "xr_in_dx": dict(dyr_in_dx=None, xr_in_dx=True),
-    # xr formed by XLA (into its own dw GEMM where it runs dw): the dx kernel reads dy and writes only dx (or u)
-    "xr_by_xla": dict(dyr_in_dx=None, xr_in_dx="xla"),
+    # (removed, code at 8abe919: ``xr_in_dx="xla"``, xr formed by XLA for the dw GEMM and nothing written for it by
+    # the dx kernel; "xr_by_xla", forward + backward µs against the entries: 134.9 / 128.4 at 8192x512x2816, 60.3 /
+    # 55.7 at 8192x512x768, 735.3 / 730.8 at 4096x2048x11008, 773.7 / 757.0 at 16384x1024x5504: XLA ran xr as a
+    # pass of its own (6.1 µs at 8192x512x2816) beside cuBLAS's dw GEMM, and the dx kernel gained 0.7 µs there:
+    # rmsnorm_matmul_configs_xr_by_xla-h200-8abe919.json)
     "k_xr_dx_in_kernel": dict(row_dot="k", dyr_in_dx=None, xr_in_dx=True, row_dot_in_dx=False, dgamma_from=None,
                               dx_in_kernel=True, dx=dict(stream_k=0)),
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)

@@ -389,9 +389,7 @@ class MosaicRMSNormMatmulConfig:
       three shapes take it; a second call: 771.8 → 766.7, 741.6 → 734.5 and 134.4 → 128.7 against the forms they
       replaced, rmsnorm_matmul_configs_model_entries_confirm-h200-09ceef6.json); slower where N is not much larger
       than K: 4302.9 → 4333.6 at 32768x4096x4096 (the dx kernel 1555.0 → 1586.3), 235.9 → 239.4 at 4096x2048x3072,
-      54.9 → 57.3 at 8192x512x768. "xla": the same dw GEMM, xr formed by XLA from x and r instead, and the dx kernel
-      writes nothing for it (A is dy, u's rows scaled by r / s): where dw runs in XLA (``dw_by_xla``) XLA may fuse
-      the scaling into that GEMM's operand; with the dw kernel it is a pass of its own (4MK bytes).
+      54.9 → 57.3 at 8192x512x768.
     squares_from: (gamma_on "a" with stats_in_kernel "mma", "mma_rows" or "mma_shared") where the forward's MMA
       warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
       step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to
@@ -435,7 +433,7 @@ class MosaicRMSNormMatmulConfig:
     dgamma_from: str | None = None
     squares_from: str = "observe"
     dx_in_kernel: bool = False
-    xr_in_dx: bool | str = False
+    xr_in_dx: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -506,12 +504,12 @@ class MosaicRMSNormMatmulConfig:
                              f"row_dot={self.row_dot!r}, dgamma_from={self.dgamma_from!r}, "
                              f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, stream_k={dx.stream_k}, "
                              f"cluster={dx.cluster!r}, epilogue_store={dx.epilogue_store!r}")
-        if self.xr_in_dx not in (False, True, "xla") or (self.xr_in_dx and (self.row_dot_side() != "k"
-                                                                           or self.dyr_in_dx is True)):
-            raise ValueError("MosaicRMSNormMatmulConfig.xr_in_dx: must be a bool or 'xla'; True (the dx kernel "
-                             "writes xr = (r / s) ⊙ x for the dw GEMM, which reads dy) or 'xla' (XLA forms xr) needs "
-                             "row_dot='k' and dyr_in_dx not True (dyr is not made); got "
-                             f"xr_in_dx={self.xr_in_dx!r}, row_dot={self.row_dot!r}, dyr_in_dx={self.dyr_in_dx!r}")
+        if self.xr_in_dx not in (False, True) or (self.xr_in_dx and (self.row_dot_side() != "k"
+                                                                    or self.dyr_in_dx is True)):
+            raise ValueError("MosaicRMSNormMatmulConfig.xr_in_dx: must be a bool; True (the dx kernel writes xr = "
+                             "(r / s) ⊙ x for the dw GEMM, which reads dy) needs row_dot='k' and dyr_in_dx not True "
+                             f"(dyr is not made); got xr_in_dx={self.xr_in_dx!r}, row_dot={self.row_dot!r}, "
+                             f"dyr_in_dx={self.dyr_in_dx!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         fwd = self.forward

@@ -49,8 +49,6 @@ the reduction stays on the K side instead:
               and writes dx from u in its registers: no u, no XLA pass.
               With ``xr_in_dx`` A is dy, u's rows are scaled by r / s in the epilogue, and the epilogue also writes
               xr = (r / s) ⊙ x from the x tile (``Fusion.tile_copy``) for the dw kernel, g = xrᵀ @ dy: no dyr.
-              With ``xr_in_dx="xla"`` the dx kernel writes nothing for the dw GEMM: XLA forms xr from x and r
-              (fused into its own dw GEMM where ``dw_in_xla`` runs it there).
 dy is then read once, to form dyr (4MN bytes; a product XLA can fuse into the fusion that produces dy), y is not
 kept, and the row statistics cost 10MK bytes (x read by the kernel, u written and read, x read, dx written). With
 ``dgamma_from="u"`` (gamma on x's side) the dx kernel writes u before gamma and one Pallas-Triton kernel
@@ -405,8 +403,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                        dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True,
-                       in_kernel: bool = False, xr: jax.ShapeDtypeStruct | None = None,
-                       dy_as_a: bool = False) -> Fusion:
+                       in_kernel: bool = False, xr: jax.ShapeDtypeStruct | None = None) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
     dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``gamma_in_u`` False (with
@@ -417,11 +414,9 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     Σ_K(u ⊙ x) · x, a = s and b = s · r² / K per row coming in ("dx_u_scale", "dx_x_coef", (M,) float32).
     ``xr`` (M, K), instead of ``dyr``: A is dy as with it, but the epilogue writes xr = (r / s) ⊙ x from the x tile
     (``Fusion.tile_copy``) for the dw GEMM (g = xrᵀ @ dy), M·K elements where dyr is M·N and no copy in the K loop;
-    the finish then reads xr where x was (b = s² · r / K instead: x = xr · s / r, xr rounded once to x's dtype).
-    ``dy_as_a``, with neither: A is dy and u = (r / s) ⊙ acc as with them, and nothing is copied or written for the
-    dw GEMM (``xr_in_dx="xla"``: XLA forms xr)."""
+    the finish then reads xr where x was (b = s² · r / K instead: x = xr · s / r, xr rounded once to x's dtype)."""
 
-    scaled = dyr is not None or xr is not None or dy_as_a  # A is dy: u's rows times r / s (carry leaf ``scale_leaf``)
+    scaled = dyr is not None or xr is not None  # A is dy: u's rows times r / s, the carry's leaf ``scale_leaf``
     scale_leaf = 2 if in_kernel else 0
 
     def epilogue(ctx, acc, carry):
@@ -505,20 +500,14 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
         from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
         in_kernel = cfg.dx_in_kernel and dh is None and not mu.interpreting()  # the dx kernel writes dx itself
         if in_kernel:  # dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x, with xr: − (s² · r / K) · Σ_K(u ⊙ x) · xr
-            x_coef = rstd * (scale * scale / K) if cfg.xr_in_dx is True else rstd * rstd * (scale / K)
+            x_coef = rstd * (scale * scale / K) if cfg.xr_in_dx else rstd * rstd * (scale / K)
             arrays.update(dx_u_scale=jnp.broadcast_to(scale, (M,)), dx_x_coef=x_coef)
-        if cfg.xr_in_dx is True:  # A is dy; the dx kernel scales u's rows and writes xr from its x tile
+        if cfg.xr_in_dx:  # A is dy; the dx kernel scales u's rows and writes xr from its x tile
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel,
                                         xr=jax.ShapeDtypeStruct((M, K), dtype))
             u, xr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                                 fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
             dw_a, dw_b = xr, dy.astype(dtype)  # g = xrᵀ @ dy
-        elif cfg.xr_in_dx == "xla":  # A is dy; the dx kernel scales u's rows and copies nothing; XLA forms xr
-            fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel, dy_as_a=True)
-            u, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype, fusion=fusion,
-                            arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
-            dw_a = (xn.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)  # (into XLA's dw GEMM, where it runs it)
-            dw_b = dy.astype(dtype)
         elif cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u,
                                         in_kernel)
@@ -562,7 +551,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
                           fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel), arrays=arrays,
                           name="rmsnorm_matmul_dx")
-    if not cfg.xr_in_dx:  # (xr_in_dx True or "xla": the K side, which set them)
+    if not cfg.xr_in_dx:  # (xr_in_dx: the K side, which set them)
         dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
     gamma_s = gamma.astype(_F32) * scale
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
