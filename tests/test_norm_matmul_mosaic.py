@@ -1047,6 +1047,28 @@ def test_xr_from_the_dx_kernel_feeds_the_dw_kernel_with_dy(xr_in_dx):
 
 
 @cpu_only
+def test_the_dx_kernels_epilogue_parts_are_profiler_regions(monkeypatch):
+    """Under ``mosaic_utils.profiling`` with the epilogue's parts named, the dx kernel of the H200 entry at
+    8192x512x2816 (x tile through the ring, dx finished in the kernel, xr copied) records each once in its program
+    text: its tile input's wait, the row sum's wait and the two stores' waits (xr's before dx takes the buffer, dx's
+    before the ring slot is released), beside Init; two shared-memory records per region. (Lowered for CUDA; the
+    trace's host callback, which a CPU backend cannot lower, replaced by a no-op.)"""
+    from pallas_kernels import tuning
+
+    monkeypatch.setattr(jax.debug, "callback", lambda *args, **kwargs: None)
+    M, K, N = 8192, 512, 2816
+    entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
+    config = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
+    assert config.xr_in_dx and config.dx_in_kernel and config.dx.tile_input_in == "ring"
+    fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
+    jax.clear_caches()
+    with backends.lowering_for_gpu(), mosaic_utils.profiling("/tmp/traces", ranges=16,
+                                                            regions=("tile_inputs", "sum_rows", "store_wait")):
+        dx = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}["rmsnorm_matmul_dx"]
+    assert dx.text.count("st.shared.v2.u32") == 2 * (1 + 1 + 1 + 2)
+
+
+@cpu_only
 @pytest.mark.slow
 def test_xr_from_the_dx_kernel_in_interpret_mode():
     """xr_in_dx with float16 (xr = (r / max r) ⊙ x), gamma on w and a residual (XLA's finish from x): the three

@@ -645,8 +645,9 @@ class _Shape:
             acc = acc_ref[...]
         if tile_refs is None:
             tile_refs = {n: scoped["tile_smem"][n].at[wg] for n in fusion.tile_inputs}
-            for n in fusion.tile_inputs:
-                plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
+            with mu.region("tile_inputs"):
+                for n in fusion.tile_inputs:
+                    plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
         rows_out = {}
         if fusion.epilogue is not None:
             tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
@@ -661,7 +662,8 @@ class _Shape:
             plgpu.copy_smem_to_gmem(buffer, named_out[name].at[ctx.rows, ctx.cols])
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
-            total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx)
+            with mu.region("sum_rows"):
+                total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx)
             acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:
             return None
@@ -675,7 +677,8 @@ class _Shape:
         if fusion.store_in is not None:
             buffer = tile_refs[fusion.store_in]
             if fusion.tile_copy is not None:  # the copy has left the buffer
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                with mu.region("store_wait"):
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             buffer[...] = tile
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])

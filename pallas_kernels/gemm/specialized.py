@@ -651,13 +651,15 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     tile_refs = None
                     if ring_input:  # both halves' arrivals waited for by both warpgroups (barrier phases)
                         g_in = local * tile_steps + k_iters
-                        for h in range(2):
-                            plgpu.barrier_wait(ready.at[barrier_of(g_in + h)])
+                        with mu.region("tile_inputs"):
+                            for h in range(2):
+                                plgpu.barrier_wait(ready.at[barrier_of(g_in + h)])
                         tile_refs = {ring_input: ring_stages.at[lax.rem(g_in + wg, num_stages)]}
                     tile = shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped,
                                              store=pending is None, tile_refs=tile_refs)
                     if ring_input:  # the output stored from this warpgroup's slot has left it: both slots free
-                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                        with mu.region("store_wait"):
+                            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                         for h in range(2):
                             plgpu.barrier_arrive(consumed.at[barrier_of(g_in + h)])
                     if has_handoff:
