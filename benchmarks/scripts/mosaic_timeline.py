@@ -36,6 +36,7 @@ from hlo_inspect import mosaic_trace
 from jaxfuse import bench
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm import default_config, matmul
+from pallas_kernels.norm_matmul import config as nm_config
 from pallas_kernels.norm_matmul import rmsnorm_matmul
 from rmsnorm_matmul_configs import VARIANTS, combined, variant_config
 
@@ -51,6 +52,17 @@ _KERNELS = {"core": "mosaic_matmul", "fused": "rmsnorm_matmul_fwd", "dx": "rmsno
 
 def _kind(case: str) -> str:
     return case.split(":", 1)[0]
+
+
+def _tiles_per_block(case: str, M: int, K: int, N: int) -> int:
+    """Output tiles per block of the case's kernel (the profiler's buffer holds a few regions for each)."""
+    if case == "core":
+        cfg, rows, cols = default_config(M, N, K), M, N
+    else:
+        kind, _, variant = case.partition(":")
+        config = variant_config(M, K, N, combined(variant)) if variant else nm_config.mosaic_default_config(M, K, N)
+        cfg, rows, cols = {"fused": (config.forward, M, N), "dx": (config.dx, M, K), "dw": (config.dw, K, N)}[kind]
+    return -(-(rows // cfg.cta_m) * -(-cols // cfg.cta_n) // mu.num_sms())
 
 
 def _program(case: str, M: int, K: int, N: int):
@@ -128,10 +140,8 @@ def main() -> int:
         w = (jax.random.normal(keys[2], (K, N), jnp.float32) / K ** 0.5).astype(jnp.bfloat16)
         dy = jax.random.normal(jax.random.fold_in(keys[0], 1), (M, N), jnp.float32).astype(jnp.bfloat16)
         operands = (x, gamma, w, dy)
-        cfg = default_config(M, N, K)
-        tiles = (M // cfg.cta_m) * -(-N // cfg.cta_n)
-        ranges = args.ranges or per_tile * -(-tiles // mu.num_sms()) + 8
         for case in cases:
+            ranges = args.ranges or per_tile * _tiles_per_block(case, M, K, N) + 8
             row = dict(shape=shape, case=case, ranges=ranges, regions=regions)
             program = _program(case, M, K, N)
             jax.clear_caches()  # (the kernels are built at trace time: none traced without the profiler reused)
