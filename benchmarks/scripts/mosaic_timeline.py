@@ -42,9 +42,11 @@ from rmsnorm_matmul_configs import VARIANTS, combined, variant_config
 
 CASES = ("core", "fused", "dx", "dw")
 TILE_REGIONS = ("k_loop", "epilogue", "stream_k_loop", "stream_k_epilogue")  # the core's tile loop (the default)
-# inside the epilogue: waiting for the tile inputs (prefetched, or through the ring), for the other tiles of the row
-# (Fusion.sum_rows), and for a TMA store to leave the SMEM the next step writes
-SUB_REGIONS = ("tile_inputs", "sum_rows", "store_wait")
+# inside a fused kernel's epilogue: waiting for the tile inputs (prefetched, or through the ring), the fusion's
+# epilogue hook (its row vectors stored), the tile copy (Fusion.tile_copy), waiting for the other tiles of the row
+# (Fusion.sum_rows) and the finish after it, a TMA store leaving the SMEM the next step writes, and the output
+# written into a tile input's buffer and stored from there (Fusion.store_in)
+SUB_REGIONS = ("tile_inputs", "epilogue_hook", "tile_copy", "sum_rows", "finish", "store_wait", "store_in_tile")
 REGIONS = TILE_REGIONS + SUB_REGIONS
 _KERNELS = {"core": "mosaic_matmul", "fused": "rmsnorm_matmul_fwd", "dx": "rmsnorm_matmul_dx",
             "dw": "rmsnorm_matmul_dw"}  # the kernel each case traces (the start of its trace file's name)
@@ -112,7 +114,7 @@ def main() -> int:
                         help="regions per warpgroup (0: one per tile and region name kept, + 8)")
     parser.add_argument("--regions", default="", help="comma-separated region names to record (default: the tile "
                         "loop's, k_loop,epilogue,stream_k_loop,stream_k_epilogue; the epilogue's parts too: "
-                        "tile_inputs,sum_rows,store_wait; fewer take less shared memory, though at "
+                        f"{','.join(SUB_REGIONS)}; fewer take less shared memory, though at "
                         "32768x4096x4096, 32 tiles a block, even k_loop,stream_k_loop did not fit on the GPU: "
                         "mosaic_timeline_32768-h200-f0be594.json)")
     parser.add_argument("--iterations", type=int, default=20)

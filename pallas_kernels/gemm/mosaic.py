@@ -650,21 +650,24 @@ class _Shape:
                     plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
         rows_out = {}
         if fusion.epilogue is not None:
-            tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
-            acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
-        for n, vec in rows_out.items():
-            _store_rows(vec, named_out[n], ctx)
+            with mu.region("epilogue_hook"):
+                tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
+                acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
+                for n, vec in rows_out.items():
+                    _store_rows(vec, named_out[n], ctx)
         if fusion.tile_copy is not None:  # staged where the output goes next, stored before it goes there
             name, fn = fusion.tile_copy
             buffer = tile_refs[fusion.store_in]
-            buffer[...] = fn(dataclasses.replace(ctx, tiles=tile_refs), carry).astype(buffer.dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(buffer, named_out[name].at[ctx.rows, ctx.cols])
+            with mu.region("tile_copy"):
+                buffer[...] = fn(dataclasses.replace(ctx, tiles=tile_refs), carry).astype(buffer.dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(buffer, named_out[name].at[ctx.rows, ctx.cols])
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
             with mu.region("sum_rows"):
                 total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx)
-            acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
+            with mu.region("finish"):
+                acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:
             return None
         tile = acc.astype(self.out_dtype)
@@ -679,9 +682,10 @@ class _Shape:
             if fusion.tile_copy is not None:  # the copy has left the buffer
                 with mu.region("store_wait"):
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            buffer[...] = tile
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
+            with mu.region("store_in_tile"):
+                buffer[...] = tile
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(buffer, out_gmem.at[ctx.rows, ctx.cols])
         else:
             self.store_output(ctx, tile, scoped, out_gmem)
         return None
