@@ -401,9 +401,6 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                   share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
-GAMMA_AT_TILE_START = True
-
-
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                        dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True,
                        in_kernel: bool = False, xr: jax.ShapeDtypeStruct | None = None) -> Fusion:
@@ -421,8 +418,6 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
     scaled = dyr is not None or xr is not None  # A is dy: u's rows times r / s, the carry's leaf ``scale_leaf``
     scale_leaf = 2 if in_kernel else 0
-    rows = (("dx_u_scale", "dx_x_coef") if in_kernel else ()) + (("dyr_scale",) if scaled else ())
-    early_gamma = gamma_cols and GAMMA_AT_TILE_START  # gamma's columns loaded with the rows, the carry's last leaf
 
     def epilogue(ctx, acc, carry):
         if scaled:
@@ -430,7 +425,7 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
         x = ctx.load_tile("x")
         if not gamma_cols:
             return acc, {"row_dot_parts": jnp.sum(acc * x, axis=1)}
-        gamma = lax.broadcast_in_dim(carry[len(rows)] if early_gamma else ctx.load_cols("gamma"), acc.shape, [1])
+        gamma = lax.broadcast_in_dim(ctx.load_cols("gamma"), acc.shape, [1])
         if gamma_in_u:
             acc = acc * gamma
             return acc, {"row_dot_parts": jnp.sum(acc * x, axis=1)}
@@ -438,10 +433,10 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
     parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
     gamma = ("gamma",) if gamma_cols else ()
+    rows = (("dx_u_scale", "dx_x_coef") if in_kernel else ()) + (("dyr_scale",) if scaled else ())
     hooks = {}
-    if rows or early_gamma:
-        hooks["prologue_init"] = lambda ctx: (tuple(ctx.load_rows(n) for n in rows)
-                                              + ((ctx.load_cols("gamma"),) if early_gamma else ()))
+    if rows:
+        hooks["prologue_init"] = lambda ctx: tuple(ctx.load_rows(n) for n in rows)
     if in_kernel:
         def finish(ctx, u, row_dot, carry):  # dx from u and the row dot summed over the row's tiles
             return (u * _bcast_rows(carry[0], u.shape)
