@@ -74,6 +74,7 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
+SIGNAL_BEFORE_COPY = True  # (A/B toggle, this session)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -655,6 +656,9 @@ class _Shape:
                 acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
                 for n, vec in rows_out.items():
                     _store_rows(vec, named_out[n], ctx)
+        signal_early = fusion.sum_rows is not None and fusion.tile_copy is not None and SIGNAL_BEFORE_COPY
+        if signal_early:  # the row's other tiles may sum while this one copies its tile
+            _signal_row_part(scoped["row_semaphores"], ctx)
         if fusion.tile_copy is not None:  # staged where the output goes next, stored before it goes there
             name, fn = fusion.tile_copy
             buffer = tile_refs[fusion.store_in]
@@ -665,7 +669,7 @@ class _Shape:
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
             with mu.region("sum_rows"):
-                total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx)
+                total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=signal_early)
             with mu.region("finish"):
                 acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:
@@ -830,7 +834,13 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
 
 
-def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext) -> jax.Array:
+def _signal_row_part(semaphores, ctx: TileContext) -> None:
+    """(``Fusion.sum_rows``) This accumulator's part is stored: 1 added to its row group's first count (a release
+    after the warpgroup's stores; ``_sum_row_parts`` waits for the others')."""
+    plgpu.semaphore_signal(semaphores.at[ctx.row0 // ctx.config.tile_m], 1, memory_scope="gpu")
+
+
+def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext, signalled: bool = False) -> jax.Array:
     """(``Fusion.sum_rows``) Σ over the P column blocks' parts of parts_gmem (P, M) at this accumulator's rows, each
     stored before this by its column block's accumulator. Two counts per row group (``semaphores``:
     (2 · M / tile_m,)): each accumulator adds 1 to the first (a release after the warpgroup's stores), waits for
@@ -840,14 +850,16 @@ def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext) -> jax.Array:
     off) before taking P off the first. Two releases per accumulator; one round trip to L2 after the last part
     lands. (As first built, each accumulator signalled every column block: about 17 µs a tile in 43 releases;
     then the column-0 accumulator summed the parts and released the others, a second round trip: NOTES.md,
-    forty-second and forty-third sessions.) Returns (tile_m,) float32 in layout ROWS."""
+    forty-second and forty-third sessions.) ``signalled``: this accumulator has added its 1 already
+    (``_signal_row_part``, before other work). Returns (tile_m,) float32 in layout ROWS."""
     cfg = ctx.config
     num_parts = parts_gmem.shape[0]
     row_groups = parts_gmem.shape[1] // cfg.tile_m
     group = ctx.row0 // cfg.tile_m  # this accumulator's rows among the row groups
     gathered, seen = semaphores.at[group], semaphores.at[row_groups + group]
 
-    plgpu.semaphore_signal(gathered, 1, memory_scope="gpu")
+    if not signalled:
+        _signal_row_part(semaphores, ctx)
     plgpu.semaphore_wait(gathered, num_parts, decrement=False, memory_scope="gpu")  # acquire: every part stored
     total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
     for p in range(1, num_parts):
