@@ -59,8 +59,8 @@ H100_SMEM_BYTES = 227 * 1024  # shared memory one block may use on sm90 (232448 
 
 # Number of simulated SMs while interpreting on the CPU (None: compile for the GPU).
 _INTERPRET_SMS = contextvars.ContextVar("pallas_kernels_mosaic_interpret_sms", default=None)
-# (directory, ranges, region names or None) while kernels are built with Mosaic GPU's on-device profiler
-# (``profiling``).
+# (directory, ranges, region names or None, kernel names or None) while kernels are built with Mosaic GPU's on-device
+# profiler (``profiling``).
 _PROFILE = contextvars.ContextVar("pallas_kernels_mosaic_profile", default=None)
 
 
@@ -76,21 +76,25 @@ def interpret_on_cpu(num_sms: int = 2):
 
 
 @contextlib.contextmanager
-def profiling(directory: str, ranges: int = 64, regions: tuple[str, ...] | None = None):
-    """Within this block, Mosaic kernels built with ``kernel`` run Mosaic GPU's on-device profiler: each
-    warpgroup's lane 0 records the SM clock (cycles) at the start and end of every ``region`` of the kernel body it
-    runs (of ``regions``, where given), up to ``ranges`` regions per warpgroup (16 bytes of shared memory each,
-    beside the kernel's own), and every call writes a Perfetto trace, ``<kernel>-<ns>-trace.json``, into
-    ``directory`` (``hlo_inspect.mosaic_trace`` reads it). Only functions traced inside the block are affected (a
-    jit traced before keeps its kernels). Kernels that use all of shared memory may not fit the profiler's buffer:
-    fewer regions take less."""
+def profiling(directory: str, ranges: int = 64, regions: tuple[str, ...] | None = None,
+              kernels: tuple[str, ...] | None = None):
+    """Within this block, Mosaic kernels built with ``kernel`` (those named in ``kernels``, where given) run Mosaic
+    GPU's on-device profiler: each warpgroup's lane 0 records the SM clock (cycles) at the start and end of every
+    ``region`` of the kernel body it runs (of ``regions``, where given), up to ``ranges`` regions per warpgroup (16
+    bytes of shared memory each, beside the kernel's own; a kernel recording more fails when its trace is written),
+    and every call writes a Perfetto trace, ``<kernel>-<ns>-trace.json``, into ``directory``
+    (``hlo_inspect.mosaic_trace`` reads it). Only functions traced inside the block are affected (a jit traced
+    before keeps its kernels). Kernels that use all of shared memory may not fit the profiler's buffer: fewer
+    regions take less; ``kernels`` leaves the others of a program (its forward beside the backward's) as they are."""
     if not isinstance(ranges, int) or isinstance(ranges, bool) or ranges < 1:
         raise ValueError(f"ranges: must be a positive int (regions per warpgroup), got {ranges!r}")
     if not directory:
         raise ValueError("directory: must name the folder the traces go to, got an empty string")
-    if regions is not None and (isinstance(regions, str) or not all(isinstance(r, str) and r for r in regions)):
-        raise ValueError(f"regions: must be None or a tuple of region names, got {regions!r}")
-    token = _PROFILE.set((str(directory), ranges, None if regions is None else tuple(regions)))
+    for arg, names in (("regions", regions), ("kernels", kernels)):
+        if names is not None and (isinstance(names, str) or not all(isinstance(n, str) and n for n in names)):
+            raise ValueError(f"{arg}: must be None or a tuple of {arg[:-1]} names, got {names!r}")
+    token = _PROFILE.set((str(directory), ranges, None if regions is None else tuple(regions),
+                          None if kernels is None else tuple(kernels)))
     try:
         yield
     finally:
@@ -147,14 +151,15 @@ def layout_cast(value: jax.Array, layout) -> jax.Array:
 SEMANTICS = ("lane", "warpgroup")
 
 
-def compiler_params(semantics: str = "lane", **kwargs) -> plgpu.CompilerParams:
+def compiler_params(semantics: str = "lane", kernel_name: str | None = None, **kwargs) -> plgpu.CompilerParams:
     """Mosaic-GPU compiler parameters with the lowering semantics set explicitly (the default changed in 0.11):
-    ``semantics`` "lane" (default) or "warpgroup"."""
+    ``semantics`` "lane" (default) or "warpgroup"; the profiler's where ``profiling`` names this kernel."""
     if semantics not in SEMANTICS:
         raise ValueError(f"semantics: must be one of {SEMANTICS}, got {semantics!r}")
     mode = plgpu.LoweringSemantics.Lane if semantics == "lane" else plgpu.LoweringSemantics.Warpgroup
     profile = _PROFILE.get()
-    if profile is not None and _INTERPRET_SMS.get() is None:  # (``profiling``)
+    if profile is not None and _INTERPRET_SMS.get() is None and (  # (``profiling``)
+            profile[3] is None or kernel_name in profile[3]):
         kwargs = dict(kwargs, profile_dir=profile[0], profile_space=profile[1])
     return plgpu.CompilerParams(lowering_semantics=mode, **kwargs)
 
@@ -169,7 +174,7 @@ def kernel(body, *, out_type, scratch_types=(), grid, grid_names, num_threads, t
     return first_derivatives_only(traced_with_32_bit_indices(plgpu.kernel(
         body, out_type=out_type, scratch_types=scratch_types, grid=grid, grid_names=grid_names, cluster=cluster,
         cluster_names=cluster_names, num_threads=num_threads, thread_name=thread_name,
-        compiler_params=compiler_params(semantics, **params), kernel_name=name, interpret=interpret)))
+        compiler_params=compiler_params(semantics, name, **params), kernel_name=name, interpret=interpret)))
 
 
 def kernel_accumulating(body, *, accumulator: jax.ShapeDtypeStruct, out_type, scratch_types=(), grid, grid_names,
@@ -211,8 +216,8 @@ def kernel_updating(body, *, out_type, scratch_types=(), grid, grid_names, num_t
             pl.run_scoped(functools.partial(body, *kernel_refs), *scratch_types, collective_axes=thread_name)
 
         scoped.__name__ = name  # the kernel's name where pl.kernel takes the body's (jax 0.10.2)
-        outs = pl.kernel(scoped, out_type=out_type, mesh=mesh, compiler_params=compiler_params(semantics, **params),
-                         name=name)(*inputs, *refs)
+        params_ = compiler_params(semantics, name, **params)
+        outs = pl.kernel(scoped, out_type=out_type, mesh=mesh, compiler_params=params_, name=name)(*inputs, *refs)
         updated = tuple(jax.freeze(r) for r in refs)
         return outs, (updated[0] if buffers == 1 else updated)
 

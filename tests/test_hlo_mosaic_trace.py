@@ -154,9 +154,13 @@ def test_profiling_sets_the_compiler_params_only_inside_its_block():
         with mu.interpret_on_cpu():  # the interpreter has no profiler
             assert mu.compiler_params().profile_space == 0
     assert mu.compiler_params().profile_dir == ""
+    with mu.profiling("/tmp/traces", ranges=24, kernels=("rmsnorm_matmul_dx",)):  # that kernel only
+        assert mu.compiler_params(kernel_name="rmsnorm_matmul_dx").profile_space == 24
+        assert mu.compiler_params(kernel_name="rmsnorm_matmul_fwd").profile_space == 0
     assert isinstance(mu.region("k_loop"), contextlib.AbstractContextManager)
     for bad, message in ((dict(ranges=0), "ranges: must be a positive int"), (dict(directory=""), "directory"),
-                         (dict(regions="k_loop"), "regions: must be None or a tuple of region names")):
+                         (dict(regions="k_loop"), "regions: must be None or a tuple of region names"),
+                         (dict(kernels="rmsnorm_matmul_dx"), "kernels: must be None or a tuple of kernel names")):
         with pytest.raises(ValueError, match=message):
             with mu.profiling(**{"directory": "/tmp/traces", **bad}):
                 pass

@@ -11,11 +11,12 @@ Per shape (M×K×N, bf16) and case:
   fused:<variant>  the same with a variant of ``rmsnorm_matmul_configs.VARIANTS`` ("a+b" combines them)
   dx, dw (or dx:<variant>, dw:<variant>)  that kernel of the fused forward + backward (the suite's "fwd+bwd"
          program, a random cotangent); its times are the whole program's, so no clock is implied
-Each is traced under the profiler (its third call's trace kept: ``traces/<shape>-<case>.json``) and timed with and
-without it (CUPTI medians, interleaved), so the record says what the profiler itself costs and the SM clock the
-spans imply (the longest span's cycles over the profiled kernel's time). Writes ``mosaic_timeline-<device>.json``.
-The profiler's buffer takes 16 bytes of shared memory per region and warpgroup (``--ranges``, default 2 per tile
-plus 8): a config that uses nearly all of it may not fit (the case is then recorded as skipped, with the error).
+Each is traced under the profiler, that kernel alone (its third call's trace kept: ``traces/<shape>-<case>.json``),
+and timed with and without it (CUPTI medians, interleaved), so the record says what the profiler itself costs and
+the SM clock the spans imply (the longest span's cycles over the profiled kernel's time). Writes
+``mosaic_timeline-<device>.json``. The profiler's buffer takes 16 bytes of shared memory per region and warpgroup
+(``--ranges``, default one per region name per tile of the kernel's block, plus 8): a config that uses nearly all of
+it may not fit (the case is then recorded as skipped, with the error).
 By default the tile loop's regions are recorded; ``--regions`` may also name the epilogue's parts (SUB_REGIONS).
 """
 
@@ -92,11 +93,11 @@ def _traced(program, operands, ranges: int, regions, kernel: str):
     its temporary folder, which the caller removes)."""
     folder = tempfile.mkdtemp(prefix="mosaic_timeline_")
     try:
-        with mu.profiling(folder, ranges=ranges, regions=regions):
+        with mu.profiling(folder, ranges=ranges, regions=regions, kernels=(kernel,)):
             fn = jax.jit(program)
             for _ in range(3):
                 jax.block_until_ready(fn(*operands))
-        files = sorted(glob.glob(os.path.join(folder, f"{kernel}*-trace.json")), key=os.path.getmtime)
+        files = sorted(glob.glob(os.path.join(folder, f"{kernel}-*-trace.json")), key=os.path.getmtime)
         if not files:
             raise RuntimeError(f"the profiler wrote no trace of {kernel} into {folder}")
         return files[-1], folder
@@ -163,7 +164,7 @@ def main() -> int:
             # compiled ahead of time: a jit's caches would hand the other variant's kernels back
             jax.clear_caches()
             timed_traces = tempfile.mkdtemp(prefix="mosaic_timeline_timed_")  # every profiled call writes one
-            with mu.profiling(timed_traces, ranges=ranges, regions=regions):
+            with mu.profiling(timed_traces, ranges=ranges, regions=regions, kernels=(_KERNELS[_kind(case)],)):
                 profiled = jax.jit(program).lower(*operands).compile()
             jax.clear_caches()
             plain = jax.jit(program).lower(*operands).compile()
