@@ -1,0 +1,73 @@
+"""A/B of a module-level switch of the Mosaic rmsnorm_matmul kernels: the suite's forward + backward program with
+the switch False, then True, each compiled once and timed interleaved (CUPTI medians), with the largest output
+difference between the two.
+
+    PYTHONPATH=$PWD python benchmarks/scripts/toggle_ab.py --out $OUT \
+        --switch pallas_kernels.gemm.mosaic:SIGNAL_BEFORE_COPY --shapes 8192x512x2816,16384x1024x5504
+
+The switch exists only at the commit that measured it (``rmsnorm_matmul_signal_before_copy-h200-5b80b9e.json``:
+``gemm.mosaic.SIGNAL_BEFORE_COPY``; ``rmsnorm_matmul_gamma_at_tile_start-h200-76f6f05.json``:
+``norm_matmul.mosaic.GAMMA_AT_TILE_START``); the kernels are built at trace time, so each side's program is traced
+with the switch set. Bf16 inputs of ``jaxfuse.suites.rmsnorm_matmul.make_inputs``; this device's tuned configs.
+Writes ``<out>/toggle_ab-<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from attention_fused_bwd import results_file
+from jaxfuse import bench
+from jaxfuse.suites import rmsnorm_matmul as suite
+from pallas_kernels.norm_matmul import rmsnorm_matmul
+
+
+def _program(x, gamma, w, dy):
+    y, vjp = jax.vjp(lambda x, gamma, w: rmsnorm_matmul(x, gamma, w, backend="mosaic"), x, gamma, w)
+    return y, vjp(dy)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--switch", required=True, help="module:NAME of a bool the kernels read at trace time")
+    parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default="8192x512x2816,16384x1024x5504")
+    parser.add_argument("--iterations", type=int, default=30)
+    args = parser.parse_args()
+    module_name, _, name = args.switch.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        parser.error(f"--switch: cannot import {module_name!r} ({e})")
+    if not isinstance(getattr(module, name, None), bool):
+        parser.error(f"--switch: {args.switch!r} is not a bool of that module (at this commit)")
+    result, save, path = results_file(args.out, "toggle_ab")
+    result["switch"] = args.switch
+    for M, K, N in args.shapes:
+        operands = suite.make_inputs(M, K, N, seed=1)
+        compiled = {}
+        for value in (False, True):
+            setattr(module, name, value)
+            jax.clear_caches()  # (the kernels are built at trace time)
+            compiled[value] = jax.jit(_program).lower(*operands).compile()
+        outs = {value: jax.tree.leaves(fn(*operands)) for value, fn in compiled.items()}
+        diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                   for a, b in zip(outs[False], outs[True]))
+        off, on = bench.time_interleaved([(compiled[False], operands), (compiled[True], operands)],
+                                         iterations=args.iterations)
+        row = dict(shape=f"{M}x{K}x{N}", false_us=off.median_us, true_us=on.median_us, max_abs_diff=diff,
+                   kernels={"false": off.per_kernel_us, "true": on.per_kernel_us})
+        print(row["shape"], f"{off.median_us:.1f} -> {on.median_us:.1f} us", "diff", diff, flush=True)
+        result["timings"].append(row)
+        save()
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
