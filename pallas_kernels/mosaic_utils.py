@@ -216,8 +216,8 @@ def kernel_updating(body, *, out_type, scratch_types=(), grid, grid_names, num_t
             pl.run_scoped(functools.partial(body, *kernel_refs), *scratch_types, collective_axes=thread_name)
 
         scoped.__name__ = name  # the kernel's name where pl.kernel takes the body's (jax 0.10.2)
-        params_ = compiler_params(semantics, name, **params)
-        outs = pl.kernel(scoped, out_type=out_type, mesh=mesh, compiler_params=params_, name=name)(*inputs, *refs)
+        kernel_params = compiler_params(semantics, name, **params)
+        outs = pl.kernel(scoped, out_type=out_type, mesh=mesh, compiler_params=kernel_params, name=name)(*inputs, *refs)
         updated = tuple(jax.freeze(r) for r in refs)
         return outs, (updated[0] if buffers == 1 else updated)
 
