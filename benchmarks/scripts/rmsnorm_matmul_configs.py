@@ -375,6 +375,17 @@ VARIANTS = {
     # rmsnorm_matmul_configs_xr_by_xla-h200-8abe919.json)
     "k_xr_dx_in_kernel": dict(row_dot="k", dyr_in_dx=None, xr_in_dx=True, row_dot_in_dx=False, dgamma_from=None,
                               dx_in_kernel=True, dx=dict(stream_k=0)),
+    # the N side's row dot Σ_N(dy · y) summed by every dx tile over its own slice of N at its K loop's start, the row's
+    # tiles summing the parts through global semaphores (row_dot_slices; gemm.Fusion.slice_part): y's blocks loaded
+    # from HBM into registers ("n_slices") or by TMA beside dy's, 3 stages ("n_slices_tma"), the x and w tiles
+    # through the dx and dw kernels' stages; "slices" turns it on for an entry on the N side already
+    "n_slices": dict(row_dot="n", row_dot_in_dx=True, row_dot_slices=True, dx_in_kernel=False, dgamma_from=None,
+                     xr_in_dx=False, dyr_in_dx=None, dx=dict(stream_k=0, tile_input_in="ring"),
+                     dw=dict(tile_input_in="ring")),
+    "n_slices_tma": dict(row_dot="n", row_dot_in_dx="tma", row_dot_slices=True, dx_in_kernel=False,
+                         dgamma_from=None, xr_in_dx=False, dyr_in_dx=None,
+                         dx=dict(stream_k=0, tile_input_in="ring", num_stages=3), dw=dict(tile_input_in="ring")),
+    "slices": dict(row_dot_slices=True, dx=dict(stream_k=0)),
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
     # (removed, code at 63cde2c: ``xr_in_forward``, the VJP's forward writing xr = r ⊙ x from its A blocks with gamma
     # on w, the dw GEMM xrᵀ @ dy, no dyr copied by the dx kernel; "xr_in_forward", forward + backward µs against the
