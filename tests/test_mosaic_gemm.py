@@ -1655,6 +1655,80 @@ def test_sum_rows_on_the_gpu(M, K, N, config):
         assert _rel_err(jnp.sum(parts, axis=0), jnp.sum(c, axis=1)) <= _tol(jnp.bfloat16, K)
 
 
+def _minus_row_dots(M: int, N: int, config: MosaicGemmConfig, beside: bool) -> Fusion:
+    """out = A @ B − d per row, d = Σ_K A (or Σ_K A ⊙ E, E beside A): each accumulator sums its column block's
+    share of the K steps in its K loop (``Fusion.slice_part``), the row's tiles sum the parts. A part counted twice
+    or missed, or a step taken unturned, shows at once."""
+    def observe(ctx, a, carry, e=None):
+        a = a.astype(jnp.float32)
+        return carry + jnp.sum(a if e is None else a * e.astype(jnp.float32), axis=1)
+
+    return Fusion(outputs=(("parts", S((-(-N // config.tile_n), M), jnp.float32)),),
+                  prologue_init=lambda ctx: mosaic_utils.layout_cast(jnp.zeros((ctx.config.tile_m,), jnp.float32),
+                                                                     mosaic_utils.ROWS),
+                  a_observe=observe, a_beside="e" if beside else None, slice_part=lambda ctx, carry: carry,
+                  sum_rows=("parts", lambda ctx, acc, total, carry: acc - jax.lax.broadcast_in_dim(
+                      total, acc.shape, [0])))
+
+
+@pytest.mark.parametrize("config_changes, fusion_changes, shape, match", [
+    ({}, dict(sum_rows=None), (256, 1024, 512), "slice_part takes .* needs sum_rows.* got sum_rows=None"),
+    (dict(tile_m=128, tile_n=128, wg_split="n"), {}, (256, 1024, 512),
+     "slice_part .* one column block per accumulator .* cta_n=256, tile_n=128"),
+    ({}, {}, (256, 1088, 512), r"slice_part hands the N / tile_n = 512 / 256 = 2 column blocks the K steps in turn "
+                               r"\(one in every 2 to each\): the K steps \(K / tile_k = 1088 / 64 = 17\) must be a "
+                               r"multiple of 2")])
+def test_slice_part_needs_sum_rows_one_column_block_per_accumulator_and_whole_turns(config_changes, fusion_changes,
+                                                                                   shape, match):
+    M, K, N = shape
+    config = dataclasses.replace(_SUM_ROWS_STACKED, **config_changes)
+    fusion = dataclasses.replace(_minus_row_dots(M, N, config, beside=False), **fusion_changes)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion),
+                       S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
+
+
+@cpu_only
+@pytest.mark.parametrize("beside", [False, True])
+def test_slice_part_lowers_on_a_grid_of_whole_rows_within_the_plain_sum_rows_memory(beside):
+    """Lowered for CUDA: the parts counted in the K loop and summed in the epilogue (the same three release-adds as
+    sum_rows alone), a grid of whole rows of tiles, and no more shared memory than sum_rows without it (its a_beside
+    stages aside)."""
+    M, K, N = 4096, 1024, 1024
+    config = dataclasses.replace(_SUM_ROWS_STACKED, num_stages=3)  # (4 stages and E's beside them overflow)
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
+    arrays = dict(e=S((M, K), jnp.bfloat16)) if beside else {}
+    (kernel,) = mosaic_ir.lower_kernels(
+        lambda a, b, arrays: gemm(a, b, config=config, out_dtype=jnp.bfloat16, arrays=arrays,
+                                  fusion=_minus_row_dots(M, N, config, beside)), *operands, arrays)
+    (alone,) = mosaic_ir.lower_kernels(
+        lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_centered_rows(M, N, config)),
+        *operands)
+    assert kernel.text.count("red.release.gpu.global.add.u32") == 3
+    assert kernel.grid == alone.grid == (132, 1, 1)
+    stages = config.num_stages * config.cta_m * config.tile_k * 2 if beside else 0
+    assert kernel.smem_bytes == alone.smem_bytes + stages
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (4096, 1024, 1024, dataclasses.replace(_SUM_ROWS_STACKED, num_stages=3)),  # 4 column blocks: 1 in 4 of 16 steps
+    (2048, 4096, 4096, dataclasses.replace(_SUM_ROWS_STACKED, memory_warps=4, num_stages=3))])  # 16 of 64
+@pytest.mark.parametrize("beside", [False, True])
+def test_slice_part_on_the_gpu(M, K, N, config, beside):
+    """A @ B less each row's Σ_K A (⊙ E), the row dots summed from every tile's share of the K steps: against the
+    float32 reference, two calls on fresh operands (the counts end each at zero)."""
+    fn = jax.jit(lambda a, b, arrays: gemm(a, b, config=config, out_dtype=jnp.bfloat16, arrays=arrays,
+                                           fusion=_minus_row_dots(M, N, config, beside)))
+    for _ in range(2):
+        a, b = _operands(M, K, N, jnp.bfloat16)
+        e = jax.random.normal(_key(), (M, K), jnp.float32).astype(jnp.bfloat16)
+        dots = jnp.sum(a.astype(jnp.float32) * (e.astype(jnp.float32) if beside else 1.0), axis=1)
+        got, parts = fn(a, b, dict(e=e) if beside else {})
+        assert _rel_err(got, _f32_product(a, b) - dots[:, None]) <= _tol(jnp.bfloat16, K)  # NaN fails
+        assert _rel_err(jnp.sum(parts, axis=0), dots) <= _tol(jnp.bfloat16, K)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The memory warpgroup's loads from one warp (MosaicGemmConfig.memory_warps)
 # ---------------------------------------------------------------------------------------------------------------

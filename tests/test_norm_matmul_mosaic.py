@@ -282,8 +282,8 @@ def test_the_row_dot_in_slices_needs_it_from_the_dx_kernel_and_one_column_block_
 def test_the_row_dot_in_slices_lowers_with_the_parts_summed_in_the_dx_kernel(in_dx):
     """row_dot_slices at 32768x4096x4096 from the H200 entry (the x tile through the dx kernel's B stages; 3 stages
     beside y's with "tma"): no XLA reduction over an (M, N) tensor, the dx kernel within shared memory on a grid
-    of whole rows of tiles (16 column blocks: 128 of the 132 blocks) and its first tile-loop K steps turned; the
-    same dx kernel without slices (each row block's first tile takes the row dot) runs on all 132."""
+    of whole rows of tiles (16 column blocks: 128 of the 132 blocks); the same dx kernel without slices (each row
+    block's first tile takes the row dot) runs on all 132."""
     from pallas_kernels import tuning
 
     M, K, N = 32768, 4096, 4096
@@ -772,15 +772,15 @@ def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, resi
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dtype, variant", [
-    (4096, 4096, 4096, jnp.bfloat16, False),  # 16 slices of 4 steps
-    (2048, 1024, 5504, jnp.float16, False),  # 4 slices of 21 or 22 of 86 steps (counts traced)
+    (4096, 4096, 4096, jnp.bfloat16, False),  # 16 column blocks: 1 in 16 of 64 steps each
+    (2048, 1024, 4096, jnp.float16, False),  # 4 column blocks: every 4th of 64 steps
     (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared"),  # 256 row blocks of 4 tiles, r shared forward
     (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a")])  # 14 steps of dy · y per tile
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("in_dx", [True, "tma"])
 def test_the_row_dot_in_slices_on_the_gpu(M, K, N, dtype, variant, residual, in_dx):
-    """row_dot_slices: every dx tile sums dy · y over its slice of N at its K loop's start and the row's tiles sum
-    the parts: forward and gradients against the float32 reference, two calls on fresh inputs (the counts end each
+    """row_dot_slices: every dx tile sums dy · y over every P-th step of N (its K loop turned to start at its
+    column block) and the row's tiles sum the parts: forward and gradients against the float32 reference, two calls on fresh inputs (the counts end each
     at zero). The dx tiles stacked 64x256 (one column block each), the x tile through the B stages; with a residual
     (x and dh tiles, no ring) "tma" leaves the row dot to XLA's pass."""
     config = _numbers_config(M, K, N, dtype, residual, variant, "n")

@@ -375,7 +375,7 @@ VARIANTS = {
     # rmsnorm_matmul_configs_xr_by_xla-h200-8abe919.json)
     "k_xr_dx_in_kernel": dict(row_dot="k", dyr_in_dx=None, xr_in_dx=True, row_dot_in_dx=False, dgamma_from=None,
                               dx_in_kernel=True, dx=dict(stream_k=0)),
-    # the N side's row dot Σ_N(dy · y) summed by every dx tile over its own slice of N at its K loop's start, the row's
+    # the N side's row dot Σ_N(dy · y) summed by every dx tile over its share of N's steps (every P-th), the row's
     # tiles summing the parts through global semaphores (row_dot_slices; gemm.Fusion.slice_part): y's blocks loaded
     # from HBM into registers ("n_slices") or by TMA beside dy's, 3 stages ("n_slices_tma"), the x and w tiles
     # through the dx and dw kernels' stages; "slices" turns it on for an entry on the N side already

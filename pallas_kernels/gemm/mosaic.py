@@ -226,14 +226,16 @@ class Fusion:
       schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside (but with a ``slice_part``),
       epilogue_store "end"; not in interpret mode (no semaphores).
     slice_part: fn(ctx, carry) -> (tile_m,) float32, with ``sum_rows`` and an ``a_observe``: the row's part comes
-      from the K loop instead of the epilogue. Column block j of P (P = N / tile_n) owns the K steps
-      [j · S // P, (j + 1) · S // P) of S; its K loop starts there and goes around (ctx.step, for the hooks, is the
-      K step, not the loop's count), the a_observe runs on those steps only (an ``a_beside`` block is loaded for
-      them only), and right after them fn(ctx, carry) is stored as the accumulator's part and counted. The row's
-      other tiles count theirs as early in their K loops, so the epilogue sums the parts without waiting for a
-      partner's K loop to end (e.g. the rmsnorm_matmul dx kernel's row dot Σ_N(dy · y), each tile over its slice
-      of N). The epilogue returns no part (sum_rows' finish gets the total). One column block per accumulator
-      (cta_n = tile_n).
+      from the K loop instead of the epilogue. Column block j of P (P = N / tile_n, dividing the S K steps) owns
+      the K steps j, j + P, j + 2P, ...; its K loop starts at step j and goes around (ctx.step, for the hooks, is
+      the K step, not the loop's count), so it meets them at its loop's steps 0, P, 2P, ..., where the a_observe
+      runs (and an ``a_beside`` block is loaded); after the last, P - 1 steps before the loop's end, fn(ctx, carry)
+      is stored as the accumulator's part and counted. The row's tiles thus count their parts that many steps
+      before their epilogues wait for them, and no tile does more than 1 / P of the a_observe's work (e.g. the
+      rmsnorm_matmul dx kernel's row dot Σ_N(dy · y)). The row's tiles read A blocks at most P steps apart, as
+      without the turn they read the same one (contiguous slices, each at its loop's start, made every row block's
+      first steps read all of its A at once: NOTES.md, forty-sixth session). The epilogue returns no part
+      (sum_rows' finish gets the total). One column block per accumulator (cta_n = tile_n).
     """
 
     tile_inputs: tuple[str, ...] = ()
@@ -362,10 +364,15 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     if fusion.slice_part is not None and (fusion.sum_rows is None or fusion.a_observe is None
                                           or config.cta_n != config.tile_n):
         raise ValueError(f"{name}: slice_part takes each accumulator's part of sum_rows from the a_observe over its "
-                         f"column block's slice of the K steps: it needs sum_rows, an a_observe and one column block "
+                         f"column block's share of the K steps: it needs sum_rows, an a_observe and one column block "
                          f"per accumulator (cta_n = tile_n: wg_split='m'); got sum_rows="
                          f"{None if fusion.sum_rows is None else fusion.sum_rows[0]!r}, a_observe="
                          f"{'set' if fusion.a_observe else None}, cta_n={config.cta_n}, tile_n={config.tile_n}")
+    if fusion.slice_part is not None and (K // config.tile_k) % -(-N // config.tile_n):
+        parts = -(-N // config.tile_n)
+        raise ValueError(f"{name}: slice_part hands the N / tile_n = {N} / {config.tile_n} = {parts} column blocks "
+                         f"the K steps in turn (one in every {parts} to each): the K steps (K / tile_k = {K} / "
+                         f"{config.tile_k} = {K // config.tile_k}) must be a multiple of {parts}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -561,21 +568,17 @@ class _Shape:
             plgpu.copy_smem_to_gmem(buffer, named_out[name].at[pl.ds(ctx.row0, cfg.wg_rows),
                                                                pl.ds(k * cfg.tile_k, cfg.tile_k)])
 
-    def k_slice(self, ctx: TileContext):
-        """(``Fusion.slice_part``) (first K step, step count) of this accumulator's slice: column block j of P
-        takes steps [j · S // P, (j + 1) · S // P) of S (the count a Python int where P divides S)."""
-        steps, parts = self.iters[2], -(-self.mnk[1] // self.cfg.tile_n)
-        start = lax.div(ctx.col_block * steps, parts)
-        if steps % parts == 0:
-            return start, steps // parts
-        return start, lax.div((ctx.col_block + 1) * steps, parts) - start
+    @property
+    def slice_parts(self) -> int:
+        """(``Fusion.slice_part``) P, the column blocks: every P-th K step is one accumulator's."""
+        return -(-self.mnk[1] // self.cfg.tile_n)
 
     def k_step(self, ctx: TileContext, k):
-        """The K step that the tile's k-th loop step multiplies: k, or with ``Fusion.slice_part`` k steps past the
-        start of the accumulator's slice, around the end."""
+        """The K step that the tile's k-th loop step multiplies: k, or with ``Fusion.slice_part`` k steps past its
+        column block's index, around the end."""
         if self.fusion.slice_part is None:
             return k
-        return lax.rem(k + self.k_slice(ctx)[0], self.iters[2])
+        return lax.rem(k + ctx.col_block, self.iters[2])
 
     def store_slice_part(self, ctx: TileContext, carry, named_out, scoped) -> None:
         """(``Fusion.slice_part``) Stores the accumulator's part of ``sum_rows``' row vector, from the carry after

@@ -192,10 +192,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
         def observes(ctx, k):
             """Whether the tile at ctx runs the a_observe at its k-th loop step (with share_rows, a row block's
-            first tile; with slice_part, the steps of its slice, the loop's first; in interpret mode every tile):
-            those steps take the a_beside block."""
+            first tile; with slice_part, every P-th step from the first; in interpret mode every tile): those steps
+            take the a_beside block."""
             if fusion.slice_part is not None:
-                return k < shape.k_slice(ctx)[1]
+                return lax.rem(k, shape.slice_parts) == 0
             return (ctx.n_idx == 0) if sharing and not mu.interpreting() else True
 
         def load_beside(ctx, k, ks, slot, barrier):
@@ -623,15 +623,22 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 return rows, carry
 
             def sliced_k_loop(acc_ref, ctx, local, hook_carry):
-                """The K loop of a tile under ``Fusion.slice_part``: the steps of its slice with the a_observe (the
-                loop turned to start there: ``_Shape.k_step``), its part of sum_rows' row vector stored and counted,
-                then the other steps without it. Returns the hook's carry."""
-                g0 = local * tile_steps
-                count = shape.k_slice(ctx)[1]
-                carry = k_loop(acc_ref, g0, 0, count, ctx, hook_carry, observe=True)
+                """The K loop of a tile under ``Fusion.slice_part`` (turned: ``_Shape.k_step``), in groups of P
+                steps, the first of each with the a_observe; after the last group's first step, the tile's part of
+                sum_rows' row vector stored and counted. No step branches on whether it observes. Returns the hook's
+                carry."""
+                g0, parts = local * tile_steps, shape.slice_parts
+                last = k_iters - parts  # the last group's first step
+
+                def group(k0, carry):  # steps [k0, k0 + P): k0 observed
+                    carry = k_loop(acc_ref, g0 + k0, k0, k0 + 1, ctx, carry, observe=True)
+                    return k_loop(acc_ref, g0 + k0 + 1, k0 + 1, k0 + parts, ctx, carry, observe=False)
+
+                carry = lax.fori_loop(0, last // parts, lambda i, c: group(i * parts, c), hook_carry)
+                carry = k_loop(acc_ref, g0 + last, last, last + 1, ctx, carry, observe=True)
                 with mu.region("slice_part"):
                     shape.store_slice_part(ctx, carry, named_out, scoped)
-                return k_loop(acc_ref, g0 + count, count, k_iters, ctx, carry, observe=False)
+                return k_loop(acc_ref, g0 + last + 1, last + 1, k_iters, ctx, carry, observe=False)
 
             def mma_tile(lin, local, pending=None, first_column=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),

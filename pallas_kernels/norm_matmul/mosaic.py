@@ -345,9 +345,10 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
     each step loads the next step's y block into the carry (its load's latency under a step's wgmma); "tma": the
     memory warpgroup loads y's blocks by TMA into a stage buffer beside dy's (``Fusion.a_beside``), and the MMA
     warpgroups read both from shared memory. ``slices`` P > 0 (``row_dot_slices``, True or "tma"): every tile
-    sums dy · y over its column block's slice of N instead, at the start of its K loop, and the row's P tiles sum
-    the parts in their epilogues (``Fusion.slice_part``, ``Fusion.sum_rows``; "row_dot_parts" (P, M) float32 in
-    place of "row_dot"): no tile does more than 1 / P of the row dot, and none waits for another's K loop to end."""
+    sums dy · y over its column block's share of N's steps instead (every P-th), and the row's P tiles sum the
+    parts in their epilogues (``Fusion.slice_part``, ``Fusion.sum_rows``; "row_dot_parts" (P, M) float32 in place
+    of "row_dot"): no tile does more than 1 / P of the row dot, and each counts its part P - 1 steps before its
+    K loop ends."""
 
     def epilogue(ctx, acc, carry):
         if row_dot_in_kernel:  # (the shared row dot, the carry)
