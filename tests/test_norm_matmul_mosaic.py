@@ -262,47 +262,6 @@ def test_the_row_dot_from_the_dx_kernel_needs_the_n_side_and_whole_cooperative_t
         Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="n", row_dot_in_dx="tma"), **changes))
 
 
-@pytest.mark.parametrize("changes, match", [
-    (dict(row_dot_in_dx=False), "row_dot_slices: .* needs row_dot_in_dx True or 'tma'.* row_dot_in_dx=False"),
-    (dict(row_dot_in_dx="prefetch"), "row_dot_in_dx='prefetch'"),
-    (dict(row_dot_slices=1), "row_dot_slices: must be a bool"),
-    (dict(dx=MosaicGemmConfig(wg_split="n")), "one column block per accumulator .*wg_split='n'"),
-    (dict(dx=MosaicGemmConfig(wg_split="m", epilogue_store="split")), "epilogue_store='split'")])
-def test_the_row_dot_in_slices_needs_it_from_the_dx_kernel_and_one_column_block_per_accumulator(changes, match):
-    tiles, stacked = MosaicGemmConfig(), MosaicGemmConfig(wg_split="m")
-    base = dict(forward=tiles, dx=stacked, dw=tiles, row_dot="n", row_dot_in_dx=True, row_dot_slices=True)
-    with pytest.raises(ValueError, match=match):
-        Config(**dict(base, **changes))
-    assert Config(**base).to_dict()["row_dot_slices"] is True
-    assert Config(**dict(base, row_dot_in_dx="tma")).row_dot_slices
-
-
-@cpu_only
-@pytest.mark.parametrize("in_dx", [True, "tma"])
-def test_the_row_dot_in_slices_lowers_with_the_parts_summed_in_the_dx_kernel(in_dx):
-    """row_dot_slices at 32768x4096x4096 from the H200 entry (the x tile through the dx kernel's B stages; 3 stages
-    beside y's with "tma"): no XLA reduction over an (M, N) tensor, the dx kernel within shared memory on a grid
-    of whole rows of tiles (16 column blocks: 128 of the 132 blocks); the same dx kernel without slices (each row
-    block's first tile takes the row dot) runs on all 132."""
-    from pallas_kernels import tuning
-
-    M, K, N = 32768, 4096, 4096
-    entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
-    entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
-    dx = dataclasses.replace(entry.dx, tile_input_in="ring", stream_k=0, num_stages=3 if in_dx == "tma" else 4)
-    config = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, dgamma_from=None,
-                                 row_dot_in_dx=in_dx, row_dot_slices=True, dx=dx)
-    kernels = {}
-    for slices in (True, False):
-        fn, args = _fwd_bwd(M, K, N, residual=False, config=dataclasses.replace(config, row_dot_slices=slices))
-        with backends.lowering_for_gpu():
-            program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-            kernels[slices] = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}["rmsnorm_matmul_dx"]
-        assert not [line for line in program.splitlines() if "stablehlo.reduce" in line and f"tensor<{M}x{N}x" in line]
-    assert kernels[True].smem_bytes <= mosaic_utils.H100_SMEM_BYTES
-    assert (kernels[True].grid, kernels[False].grid) == ((128, 1, 1), (132, 1, 1))
-
-
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (8192, 4096, 6144)])
 def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_tile_in_the_ring(M, K, N):
     """row_dot_in_dx="tma" at the suite's N-side shapes (the H200 entries' dx tiles, 3 stages): with the x tile
@@ -767,27 +726,6 @@ def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, resi
     config = dataclasses.replace(config, row_dot_in_dx=in_dx, dx=dx)
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     for _ in range(2):
-        _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, variant", [
-    (4096, 4096, 4096, jnp.bfloat16, False),  # 16 column blocks: 1 in 16 of 64 steps each
-    (2048, 1024, 4096, jnp.float16, False),  # 4 column blocks: every 4th of 64 steps
-    (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared"),  # 256 row blocks of 4 tiles, r shared forward
-    (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a")])  # 14 steps of dy · y per tile
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("in_dx", [True, "tma"])
-def test_the_row_dot_in_slices_on_the_gpu(M, K, N, dtype, variant, residual, in_dx):
-    """row_dot_slices: every dx tile sums dy · y over every P-th step of N (its K loop turned to start at its
-    column block) and the row's tiles sum the parts: forward and gradients against the float32 reference, two calls on fresh inputs (the counts end each
-    at zero). The dx tiles stacked 64x256 (one column block each), the x tile through the B stages; with a residual
-    (x and dh tiles, no ring) "tma" leaves the row dot to XLA's pass."""
-    config = _numbers_config(M, K, N, dtype, residual, variant, "n")
-    dx = dataclasses.replace(_DYR_DX, tile_input_in="ring", num_stages=3 if in_dx == "tma" else 4)
-    config = dataclasses.replace(config, row_dot_in_dx=in_dx, row_dot_slices=True, dyr_in_dx=None, dx=dx)
-    for _ in range(2):
-        x, g, w, res = inputs(M, K, N, dtype, residual=residual)
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 

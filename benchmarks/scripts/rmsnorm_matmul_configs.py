@@ -375,17 +375,12 @@ VARIANTS = {
     # rmsnorm_matmul_configs_xr_by_xla-h200-8abe919.json)
     "k_xr_dx_in_kernel": dict(row_dot="k", dyr_in_dx=None, xr_in_dx=True, row_dot_in_dx=False, dgamma_from=None,
                               dx_in_kernel=True, dx=dict(stream_k=0)),
-    # the N side's row dot Σ_N(dy · y) summed by every dx tile over its share of N's steps (every P-th), the row's
-    # tiles summing the parts through global semaphores (row_dot_slices; gemm.Fusion.slice_part): y's blocks loaded
-    # from HBM into registers ("n_slices") or by TMA beside dy's, 3 stages ("n_slices_tma"), the x and w tiles
-    # through the dx and dw kernels' stages; "slices" turns it on for an entry on the N side already
-    "n_slices": dict(row_dot="n", row_dot_in_dx=True, row_dot_slices=True, dx_in_kernel=False, dgamma_from=None,
-                     xr_in_dx=False, dyr_in_dx=None, dx=dict(stream_k=0, tile_input_in="ring"),
-                     dw=dict(tile_input_in="ring")),
-    "n_slices_tma": dict(row_dot="n", row_dot_in_dx="tma", row_dot_slices=True, dx_in_kernel=False,
-                         dgamma_from=None, xr_in_dx=False, dyr_in_dx=None,
-                         dx=dict(stream_k=0, tile_input_in="ring", num_stages=3), dw=dict(tile_input_in="ring")),
-    "slices": dict(row_dot_slices=True, dx=dict(stream_k=0)),
+    # (removed, code at 1235333: ``row_dot_slices``, gemm.Fusion.slice_part: every dx tile summed dy · y over its
+    # share of N's steps, its K loop turned by its column block, and the row's tiles summed the parts, so none waited
+    # for a partner's K loop; "n_slices" (y loaded into registers), "n_slices_tma" (beside dy's by TMA), "slices".
+    # Slower at both shapes measured: the dx kernel 1717.8 / 1784.7 against the entry's 1582.3 µs at
+    # 32768x4096x4096, 623.8 against 586-591 at 8192x4096x6144: each observed step cost about a step more, the
+    # turned loop 12 µs, and the wait it removed was about 2k cycles a tile; NOTES.md, forty-sixth session)
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
     # (removed, code at 63cde2c: ``xr_in_forward``, the VJP's forward writing xr = r ⊙ x from its A blocks with gamma
     # on w, the dw GEMM xrᵀ @ dy, no dyr copied by the dx kernel; "xr_in_forward", forward + backward µs against the
@@ -433,7 +428,8 @@ def variant_config(M: int, K: int, N: int, changes: dict):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv")
+    parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv",
+                        help="names of the suite's shapes (jaxfuse.suites.rmsnorm_matmul.SHAPES), comma-separated")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--modes", default="fwd,fwd+bwd", help="of the suite's modes, comma-separated")
@@ -441,6 +437,9 @@ def main() -> int:
     unknown = sorted({p for v in args.variants.split(",") for p in v.split("+")} - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    missing = [name for name in args.shapes.split(",") if name not in suite.SHAPES]
+    if missing:
+        parser.error(f"--shapes: {', '.join(missing)} not among the suite's shapes {', '.join(suite.SHAPES)}")
     spec = suite.SPEC
     impls = spec.implementations()
     result, save, path = results_file(args.out, "rmsnorm_matmul_configs")

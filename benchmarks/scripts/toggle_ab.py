@@ -15,6 +15,7 @@ Writes ``<out>/toggle_ab-<device>.json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 
@@ -25,10 +26,12 @@ from attention_fused_bwd import results_file
 from jaxfuse import bench
 from jaxfuse.suites import rmsnorm_matmul as suite
 from pallas_kernels.norm_matmul import rmsnorm_matmul
+from rmsnorm_matmul_configs import VARIANTS, combined, variant_config
 
 
-def _program(x, gamma, w, dy):
-    y, vjp = jax.vjp(lambda x, gamma, w: rmsnorm_matmul(x, gamma, w, backend="mosaic"), x, gamma, w)
+def _program(x, gamma, w, dy, config=None):
+    y, vjp = jax.vjp(lambda x, gamma, w: rmsnorm_matmul(x, gamma, w, backend="mosaic", block_sizes=config),
+                     x, gamma, w)
     return y, vjp(dy)
 
 
@@ -38,7 +41,11 @@ def main() -> int:
     parser.add_argument("--switch", required=True, help="module:NAME of a bool the kernels read at trace time")
     parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default="8192x512x2816,16384x1024x5504")
     parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--variant", default="default", help="a variant of rmsnorm_matmul_configs (\"a+b\" "
+                        "combines them) on both sides; default: this device's tuned config")
     args = parser.parse_args()
+    if not set(args.variant.split("+")) <= set(VARIANTS):
+        parser.error(f"--variant: {args.variant!r} is not a variant of rmsnorm_matmul_configs (or a+b of them)")
     module_name, _, name = args.switch.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -47,14 +54,15 @@ def main() -> int:
     if not isinstance(getattr(module, name, None), bool):
         parser.error(f"--switch: {args.switch!r} is not a bool of that module (at this commit)")
     result, save, path = results_file(args.out, "toggle_ab")
-    result["switch"] = args.switch
+    result.update(switch=args.switch, variant=args.variant)
     for M, K, N in args.shapes:
         operands = suite.make_inputs(M, K, N, seed=1)
+        config = variant_config(M, K, N, combined(args.variant))
         compiled = {}
         for value in (False, True):
             setattr(module, name, value)
             jax.clear_caches()  # (the kernels are built at trace time)
-            compiled[value] = jax.jit(_program).lower(*operands).compile()
+            compiled[value] = jax.jit(functools.partial(_program, config=config)).lower(*operands).compile()
         outs = {value: jax.tree.leaves(fn(*operands)) for value, fn in compiled.items()}
         diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
                    for a, b in zip(outs[False], outs[True]))

@@ -223,19 +223,8 @@ class Fusion:
       straddle two rounds (where they did, the blocks holding the first ones waited a whole tile for the rest);
       with one block per SM every block is resident, so no tile waits for one that cannot run (the tiles a tile
       waits for start once their blocks' earlier tiles end, and those tiles come before it). Cooperative
-      schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside (but with a ``slice_part``),
-      epilogue_store "end"; not in interpret mode (no semaphores).
-    slice_part: fn(ctx, carry) -> (tile_m,) float32, with ``sum_rows`` and an ``a_observe``: the row's part comes
-      from the K loop instead of the epilogue. Column block j of P (P = N / tile_n, dividing the S K steps) owns
-      the K steps j, j + P, j + 2P, ...; its K loop starts at step j and goes around (ctx.step, for the hooks, is
-      the K step, not the loop's count), so it meets them at its loop's steps 0, P, 2P, ..., where the a_observe
-      runs (and an ``a_beside`` block is loaded); after the last, P - 1 steps before the loop's end, fn(ctx, carry)
-      is stored as the accumulator's part and counted. The row's tiles thus count their parts that many steps
-      before their epilogues wait for them, and no tile does more than 1 / P of the a_observe's work (e.g. the
-      rmsnorm_matmul dx kernel's row dot Σ_N(dy · y)). The row's tiles read A blocks at most P steps apart, as
-      without the turn they read the same one (contiguous slices, each at its loop's start, made every row block's
-      first steps read all of its A at once: NOTES.md, forty-sixth session). The epilogue returns no part
-      (sum_rows' finish gets the total). One column block per accumulator (cta_n = tile_n).
+      schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside, epilogue_store "end"; not in
+      interpret mode (no semaphores).
     """
 
     tile_inputs: tuple[str, ...] = ()
@@ -259,7 +248,6 @@ class Fusion:
     epilogue: Callable | None = None
     sum_rows: tuple[str, Callable] | None = None
     tile_copy: tuple[str, Callable] | None = None
-    slice_part: Callable | None = None
 
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
@@ -348,31 +336,18 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         summed = dict(fusion.outputs).get(fusion.sum_rows[0])
         want = (-(-N // config.tile_n), M)
         if (config.pipeline != "own" or config.pingpong or config.stream_k or config.cluster != "none"
-                or config.stores_later or fusion.share_rows is not None
-                or (fusion.a_beside is not None and fusion.slice_part is None) or mu.interpreting()):
+                or config.stores_later or fusion.share_rows is not None or fusion.a_beside is not None
+                or mu.interpreting()):
             raise ValueError(f"{name}: sum_rows sums a row vector over a row block's tiles through global semaphores: "
                              f"it needs pipeline='own', schedule='cooperative', stream_k=0, cluster='none', "
-                             f"epilogue_store='end', no share_rows, no a_beside (but with a slice_part), and a GPU "
-                             f"(no interpret mode); got pipeline={config.pipeline!r}, schedule={config.schedule!r}, "
+                             f"epilogue_store='end', no share_rows or a_beside, and a GPU (no interpret mode); got "
+                             f"pipeline={config.pipeline!r}, schedule={config.schedule!r}, "
                              f"stream_k={config.stream_k}, cluster={config.cluster!r}, "
-                             f"epilogue_store={config.epilogue_store!r}, a_beside={fusion.a_beside!r}, "
-                             f"interpret={mu.interpreting()}")
+                             f"epilogue_store={config.epilogue_store!r}, interpret={mu.interpreting()}")
         if summed is None or summed.shape != want or jnp.dtype(summed.dtype) != jnp.dtype(_F32):
             seen = "no such output" if summed is None else f"shape {summed.shape}, dtype {jnp.dtype(summed.dtype)}"
             raise ValueError(f"{name}: sum_rows={fusion.sum_rows[0]!r} must name a {want} float32 output (one row "
                              f"per column block), got {seen}")
-    if fusion.slice_part is not None and (fusion.sum_rows is None or fusion.a_observe is None
-                                          or config.cta_n != config.tile_n):
-        raise ValueError(f"{name}: slice_part takes each accumulator's part of sum_rows from the a_observe over its "
-                         f"column block's share of the K steps: it needs sum_rows, an a_observe and one column block "
-                         f"per accumulator (cta_n = tile_n: wg_split='m'); got sum_rows="
-                         f"{None if fusion.sum_rows is None else fusion.sum_rows[0]!r}, a_observe="
-                         f"{'set' if fusion.a_observe else None}, cta_n={config.cta_n}, tile_n={config.tile_n}")
-    if fusion.slice_part is not None and (K // config.tile_k) % -(-N // config.tile_n):
-        parts = -(-N // config.tile_n)
-        raise ValueError(f"{name}: slice_part hands the N / tile_n = {N} / {config.tile_n} = {parts} column blocks "
-                         f"the K steps in turn (one in every {parts} to each): the K steps (K / tile_k = {K} / "
-                         f"{config.tile_k} = {K // config.tile_k}) must be a multiple of {parts}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -568,25 +543,6 @@ class _Shape:
             plgpu.copy_smem_to_gmem(buffer, named_out[name].at[pl.ds(ctx.row0, cfg.wg_rows),
                                                                pl.ds(k * cfg.tile_k, cfg.tile_k)])
 
-    @property
-    def slice_parts(self) -> int:
-        """(``Fusion.slice_part``) P, the column blocks: every P-th K step is one accumulator's."""
-        return -(-self.mnk[1] // self.cfg.tile_n)
-
-    def k_step(self, ctx: TileContext, k):
-        """The K step that the tile's k-th loop step multiplies: k, or with ``Fusion.slice_part`` k steps past its
-        column block's index, around the end."""
-        if self.fusion.slice_part is None:
-            return k
-        return lax.rem(k + ctx.col_block, self.iters[2])
-
-    def store_slice_part(self, ctx: TileContext, carry, named_out, scoped) -> None:
-        """(``Fusion.slice_part``) Stores the accumulator's part of ``sum_rows``' row vector, from the carry after
-        its slice of the K loop, and counts it (``_signal_row_part``: the finish then only sums)."""
-        part = self.fusion.slice_part(ctx, carry)
-        _store_rows(part.astype(_F32), named_out[self.fusion.sum_rows[0]], ctx)
-        _signal_row_part(scoped["row_semaphores"], ctx)
-
     def split_refs(self, refs):
         """The kernel's refs after A and B -> (named inputs, out, named outputs)."""
         n_in = len(self.in_names)
@@ -700,8 +656,7 @@ class _Shape:
                 acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
                 for n, vec in rows_out.items():
                     _store_rows(vec, named_out[n], ctx)
-        signal_early = (fusion.sum_rows is not None and fusion.tile_copy is not None
-                        and fusion.slice_part is None)  # (a slice_part's count is in the K loop)
+        signal_early = fusion.sum_rows is not None and fusion.tile_copy is not None
         if signal_early:  # the row's other tiles may sum while this one copies its tile (NOTES.md, forty-fifth
             # session: the dx kernel 255.3 -> 252.3 µs at 16384x1024x5504, 39.3 -> 38.8 at 8192x512x2816)
             _signal_row_part(scoped["row_semaphores"], ctx)
@@ -715,8 +670,7 @@ class _Shape:
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
             with mu.region("sum_rows"):
-                total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx,
-                                       signalled=signal_early or fusion.slice_part is not None)
+                total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=signal_early)
             with mu.region("finish"):
                 acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:

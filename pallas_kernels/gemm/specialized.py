@@ -190,18 +190,15 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
         sharing = fusion.share_rows is not None  # (Fusion.share_rows) one tile per row block takes the a_observe
 
-        def observes(ctx, k):
-            """Whether the tile at ctx runs the a_observe at its k-th loop step (with share_rows, a row block's
-            first tile; with slice_part, every P-th step from the first; in interpret mode every tile): those steps
-            take the a_beside block."""
-            if fusion.slice_part is not None:
-                return lax.rem(k, shape.slice_parts) == 0
+        def observes(ctx):
+            """Whether the tile at ctx runs the a_observe (with share_rows, a row block's first tile; in interpret
+            mode every tile): its steps take the a_beside block."""
             return (ctx.n_idx == 0) if sharing and not mu.interpreting() else True
 
-        def load_beside(ctx, k, ks, slot, barrier):
-            """(Fusion.a_beside) The block of the beside input at the k-th loop step (K columns ks) into its
-            stage, or where the tile does not observe, the arrival that copy would have made."""
-            take = observes(ctx, k)
+        def load_beside(ctx, ks, slot, barrier):
+            """(Fusion.a_beside) The step's block of the beside input into its stage, or where the tile does not
+            observe, the arrival that copy would have made."""
+            take = observes(ctx)
 
             @pl.when(take)
             def _copy():
@@ -354,7 +351,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def _wait_free():  # the slot's previous step has been consumed (by its owner)
                     plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
 
-                ks = pl.ds(shape.k_step(ctx, k) * cfg.tile_k, cfg.tile_k)
+                ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
                 for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, stages, blocks)):
                     ref = cta(ref, ctx.m_idx, ctx.n_idx)
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
@@ -364,7 +361,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.copy_gmem_to_smem(named_in[n].at[ks], scoped["step_smem"][n].at[lax.rem(g, num_stages)],
                                             ready.at[barrier_of(g)])
                 if beside is not None:
-                    load_beside(ctx, k, ks, lax.rem(g, num_stages), ready.at[barrier_of(g)])
+                    load_beside(ctx, ks, lax.rem(g, num_stages), ready.at[barrier_of(g)])
 
             if prologue_in_memory:
                 loads_with_prologue(load_step)
@@ -489,7 +486,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry, rows = carry
                     g = g0 + k - k0
-                    ks = shape.k_step(ctx, k)  # the K step (k itself unless Fusion.slice_part turns the loop)
                     slot = lax.rem(g, num_stages)
                     plgpu.barrier_wait(ready.at[barrier_of(g)])
                     a_regs = None
@@ -497,7 +493,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                         vectors = {n: mu.load(buf.at[slot], layout=mu.COLS, optimized=False)
                                    for n, buf in scoped["step_smem"].items()}
-                        a_regs, hook_carry = fusion.a_operand(dataclasses.replace(ctx, step=ks), a, vectors,
+                        a_regs, hook_carry = fusion.a_operand(dataclasses.replace(ctx, step=k), a, vectors,
                                                               hook_carry)
                         if mu.interpreting():  # the interpreter's wgmma takes A from SMEM only
                             staged = scoped["a_operand_smem"].at[wg]
@@ -512,13 +508,13 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         def observed(c):
                             a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
                             if beside is None:
-                                return fusion.a_observe(dataclasses.replace(ctx, step=ks), a, c)
+                                return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c)
                             side = mu.load(stages[2].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
-                            return fusion.a_observe(dataclasses.replace(ctx, step=ks), a, c, side)
+                            return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c, side)
 
                         hook_carry = observed(hook_carry)
                     if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
-                        shape.copy_a(ctx, ks, stages[0].at[slot], hook_carry, named_out, scoped)
+                        shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
                     if fetch_at is not None:  # under the wgmma just issued
                         at, fetch, _ = fetch_at
                         rows = lax.cond(k == at, lambda r: fetch(), lambda r: r, rows)
@@ -622,24 +618,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                                      fetch_at=(at, fetch, zeros))
                 return rows, carry
 
-            def sliced_k_loop(acc_ref, ctx, local, hook_carry):
-                """The K loop of a tile under ``Fusion.slice_part`` (turned: ``_Shape.k_step``), in groups of P
-                steps, the first of each with the a_observe; after the last group's first step, the tile's part of
-                sum_rows' row vector stored and counted. No step branches on whether it observes. Returns the hook's
-                carry."""
-                g0, parts = local * tile_steps, shape.slice_parts
-                last = k_iters - parts  # the last group's first step
-
-                def group(k0, carry):  # steps [k0, k0 + P): k0 observed
-                    carry = k_loop(acc_ref, g0 + k0, k0, k0 + 1, ctx, carry, observe=True)
-                    return k_loop(acc_ref, g0 + k0 + 1, k0 + 1, k0 + parts, ctx, carry, observe=False)
-
-                carry = lax.fori_loop(0, last // parts, lambda i, c: group(i * parts, c), hook_carry)
-                carry = k_loop(acc_ref, g0 + last, last, last + 1, ctx, carry, observe=True)
-                with mu.region("slice_part"):
-                    shape.store_slice_part(ctx, carry, named_out, scoped)
-                return k_loop(acc_ref, g0 + last + 1, last + 1, k_iters, ctx, carry, observe=False)
-
             def mma_tile(lin, local, pending=None, first_column=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
@@ -659,8 +637,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     with mu.region("k_loop"):
                         if sharing:
                             carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first)
-                        elif fusion.slice_part is not None:
-                            carry = sliced_k_loop(acc_ref, ctx, local, hook_carry)
                         else:
                             carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
                     with mu.region("epilogue"):

@@ -349,13 +349,6 @@ class MosaicRMSNormMatmulConfig:
       time: the first rounds read all of dy and y at once. Spreading the first tiles through the order (each
       group's a group or two ahead of its others; removed) cost more (1702.4 / 1698.4 at 8192x4096x6144: the
       others then wait for them), as did one wgmma group in flight (1678.6).
-    row_dot_slices: (row_dot_in_dx True or "tma") True: every dx tile sums dy · y over its share of N's steps
-      (column block j of P = K / tile_n: steps j, j + P, ...; its K loop turned to start at j), and the row's
-      tiles sum their parts through global semaphores in their epilogues (``gemm.Fusion.slice_part`` beside
-      ``Fusion.sum_rows``): no tile does more than 1 / P of the row dot, and each counts its part P - 1 steps
-      before its epilogue waits for the others'. The dx config takes whole cooperative tiles of one column block
-      each (wg_split "m"), no stream-K, the output stored at the tile's end; N / tile_k a multiple of P. In
-      interpret mode (no semaphores) every tile sums its whole row dot instead.
     dgamma_from: where dgamma comes from. "dw": the dw kernel's epilogue sums w ⊙ g over its columns, with the w
       tile prefetched into shared memory or through its B stages (``tile_input_in``). "u": (row_dot "k", with the
       dx GEMM reading w itself: gamma_on "x" or "a") the dx kernel writes u before gamma, u = (r / s) ⊙ (dy @ wᵀ),
@@ -441,7 +434,6 @@ class MosaicRMSNormMatmulConfig:
     squares_from: str = "observe"
     dx_in_kernel: bool = False
     xr_in_dx: bool = False
-    row_dot_slices: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -498,14 +490,6 @@ class MosaicRMSNormMatmulConfig:
                              "schedule='cooperative', cluster='none' and (unless 'tma') stream_k=0; got "
                              f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, cluster={dx.cluster!r}, "
                              f"stream_k={dx.stream_k}")
-        if not isinstance(self.row_dot_slices, bool) or (self.row_dot_slices and (
-                in_dx not in (True, "tma") or dx.stream_k or dx.stores_later or dx.cta_n != dx.tile_n)):
-            raise ValueError("MosaicRMSNormMatmulConfig.row_dot_slices: must be a bool; True (each dx tile sums "
-                             "dy · y over its share of N and the row's tiles sum the parts) needs row_dot_in_dx True "
-                             "or 'tma', and a dx config with stream_k=0, epilogue_store='end' and one column block "
-                             f"per accumulator (wg_split='m'); got row_dot_slices={self.row_dot_slices!r}, "
-                             f"row_dot_in_dx={in_dx!r}, stream_k={dx.stream_k}, "
-                             f"epilogue_store={dx.epilogue_store!r}, wg_split={dx.wg_split!r}")
         if self.dgamma_from not in (None, "dw", "u") or (self.dgamma_from == "u" and self.row_dot_side() != "k"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dgamma_from: must be None, 'dw' or 'u', 'u' only with "
                              f"row_dot='k' (u is the K side's dx output); got dgamma_from={self.dgamma_from!r}, "
@@ -541,7 +525,7 @@ class MosaicRMSNormMatmulConfig:
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx,
                     dgamma_from=self.dgamma_from, squares_from=self.squares_from, dx_in_kernel=self.dx_in_kernel,
-                    xr_in_dx=self.xr_in_dx, row_dot_slices=self.row_dot_slices)
+                    xr_in_dx=self.xr_in_dx)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with

@@ -334,7 +334,7 @@ def _forward(x, residual, gamma, w, static: _Static):
 # Backward
 # ---------------------------------------------------------------------------------------------------------------
 def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDtypeStruct | None = None,
-               row_dot_in_kernel: bool | str = False, slices: int = 0) -> Fusion:
+               row_dot_in_kernel: bool | str = False) -> Fusion:
     """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K, Σ_N(dy · y) coming in (M,) ("row_dot"); dx
     is written into the prefetched x tile's buffer and stored from there. ``gamma_cols``: the GEMM reads w itself,
     dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) float32 coming in ("gamma") over the output's columns. ``dyr``
@@ -344,11 +344,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
     with the row block's other tiles (``Fusion.share_rows``; also an output, "row_dot" (M,) float32); "prefetch":
     each step loads the next step's y block into the carry (its load's latency under a step's wgmma); "tma": the
     memory warpgroup loads y's blocks by TMA into a stage buffer beside dy's (``Fusion.a_beside``), and the MMA
-    warpgroups read both from shared memory. ``slices`` P > 0 (``row_dot_slices``, True or "tma"): every tile
-    sums dy · y over its column block's share of N's steps instead (every P-th), and the row's P tiles sum the
-    parts in their epilogues (``Fusion.slice_part``, ``Fusion.sum_rows``; "row_dot_parts" (P, M) float32 in place
-    of "row_dot"): no tile does more than 1 / P of the row dot, and each counts its part P - 1 steps before its
-    K loop ends."""
+    warpgroups read both from shared memory."""
 
     def epilogue(ctx, acc, carry):
         if row_dot_in_kernel:  # (the shared row dot, the carry)
@@ -397,18 +393,12 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
             y, rest = y_block(ctx, ctx.step), carry[1:]
         return (carry[0] + jnp.sum(dy.astype(_F32) * y.astype(_F32), axis=1), *rest)
 
-    common = dict(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
+    return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
                   inputs=("rstd", *(() if by_tma else ("y",)), *(("gamma",) if gamma_cols else ()), *rows[2:]),
+                  outputs=(*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32))),
                   a_copy=("dyr", _dyr_copy(2)) if dyr is not None else None, prologue_init=init,
-                  a_observe=add_row_dot, a_beside="y" if by_tma else None)
-    if slices:
-        def finish(ctx, acc, row_dot, carry):  # dx once the row's parts are summed
-            return epilogue(ctx, acc, (row_dot, carry))[0]
-
-        return Fusion(outputs=(*outputs, ("row_dot_parts", jax.ShapeDtypeStruct((slices, M), _F32))),
-                      slice_part=lambda ctx, carry: carry[0], sum_rows=("row_dot_parts", finish), **common)
-    return Fusion(outputs=(*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32))),
-                  share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue, **common)
+                  a_observe=add_row_dot, a_beside="y" if by_tma else None,
+                  share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
@@ -541,9 +531,6 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
         dy32 = dy.astype(dtype).astype(_F32)
         in_kernel = cfg.row_dot_by_dx(dtype, dh is not None)
         dx_cfg = cfg.dx_config(dh is not None)
-        # (row_dot_slices: the row's tiles sum their parts through semaphores, which interpret mode lacks: there
-        # every tile sums its whole row dot itself, as under share_rows)
-        slices = K // dx_cfg.tile_n if in_kernel and cfg.row_dot_slices and not mu.interpreting() else 0
         arrays = dict(x=xn, rstd=rstd)
         if in_kernel:
             arrays["y"] = y.astype(dtype)
@@ -557,13 +544,13 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             arrays["dyr_scale"] = rstd / scale
             dx, dyr, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
                                fusion=_dx_fusion(M, K, dh is not None, on_x, jax.ShapeDtypeStruct((M, N), dtype),
-                                                 row_dot_in_kernel=in_kernel, slices=slices),
+                                                 row_dot_in_kernel=in_kernel),
                                arrays=arrays, name="rmsnorm_matmul_dx")
         else:
             dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
             dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
-                          fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel, slices=slices),
-                          arrays=arrays, name="rmsnorm_matmul_dx")
+                          fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel), arrays=arrays,
+                          name="rmsnorm_matmul_dx")
     if not cfg.xr_in_dx:  # (xr_in_dx: the K side, which set them)
         dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
     gamma_s = gamma.astype(_F32) * scale
