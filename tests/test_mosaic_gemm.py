@@ -1655,57 +1655,6 @@ def test_sum_rows_on_the_gpu(M, K, N, config):
         assert _rel_err(jnp.sum(parts, axis=0), jnp.sum(c, axis=1)) <= _tol(jnp.bfloat16, K)
 
 
-@pytest.mark.parametrize("later, fusion_changes, match", [
-    (16, {}, r"sum_rows_later=16 .* must be below the K steps \(K / tile_k = 1024 / 64 = 16\)"),
-    (4, dict(sum_rows=None), "sum_rows_later=4 finishes a Fusion.sum_rows .* no sum_rows")])
-def test_sum_rows_later_needs_sum_rows_and_a_step_within_the_k_loop(later, fusion_changes, match):
-    config = dataclasses.replace(_SUM_ROWS_STACKED, sum_rows_later=later)
-    fusion = dataclasses.replace(_centered_rows(256, 512, config), **fusion_changes)
-    with pytest.raises(ValueError, match=match):
-        jax.eval_shape(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion),
-                       S((256, 1024), jnp.bfloat16), S((1024, 512), jnp.bfloat16))
-
-
-@cpu_only
-def test_sum_rows_later_lowers_the_finish_under_the_next_tile_and_after_the_last():
-    """Lowered for CUDA: the part's count once, the sum's two release-adds twice (the finish under the next tile's
-    K step and the block's last tile's after the loop), the K loop cut in two at that step; no more shared memory
-    than finishing at the tile's end."""
-    M, K, N = 4096, 1024, 1024
-    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
-    kernels = {}
-    for later in (0, 4):
-        config = dataclasses.replace(_SUM_ROWS_STACKED, sum_rows_later=later)
-        (kernels[later],) = mosaic_ir.lower_kernels(
-            lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_centered_rows(M, N, config)),
-            *operands)
-    assert kernels[0].text.count("red.release.gpu.global.add.u32") == 3
-    assert kernels[4].text.count("red.release.gpu.global.add.u32") == 5
-    assert kernels[4].text.count("wgmma.mma_async") > kernels[0].text.count("wgmma.mma_async")
-    assert kernels[4].smem_bytes == kernels[0].smem_bytes and kernels[4].grid == kernels[0].grid
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, config", [
-    (4096, 1024, 1024, _SUM_ROWS_STACKED),  # 4 column blocks: 33 row blocks a round on 132 SMs
-    (8192, 1024, 2816, dataclasses.replace(_SUM_ROWS_STACKED, tile_n=128)),  # 22 per row: rows across rounds
-    (2048, 2048, 8192, dataclasses.replace(_SUM_ROWS_STACKED, memory_warps=4, num_stages=3))])  # 32 column blocks
-@pytest.mark.parametrize("later", [1, 4])
-def test_sum_rows_finished_under_the_next_tile_on_the_gpu(M, K, N, config, later):
-    """``sum_rows_later``: each row centered by its mean over all N columns, each tile finished by the block's next
-    tile (the stored tile read back from GMEM): against the float32 reference, two calls on fresh operands."""
-    config = dataclasses.replace(config, sum_rows_later=later)
-    fn = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
-                                   fusion=_centered_rows(M, N, config)))
-    for _ in range(2):
-        a, b = _operands(M, K, N, jnp.bfloat16)
-        b = b + 0.05 * jax.random.normal(_key(), (1, N), jnp.float32).astype(jnp.bfloat16)  # rows' means not 0
-        c = _f32_product(a, b)
-        got, parts = fn(a, b)
-        assert _rel_err(got, c - jnp.mean(c, axis=1, keepdims=True)) <= _tol(jnp.bfloat16, K)  # NaN fails
-        assert _rel_err(jnp.sum(parts, axis=0), jnp.sum(c, axis=1)) <= _tol(jnp.bfloat16, K)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The memory warpgroup's loads from one warp (MosaicGemmConfig.memory_warps)
 # ---------------------------------------------------------------------------------------------------------------

@@ -1125,28 +1125,6 @@ def test_dx_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, row_dot, resi
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, variant, row_dot", [
-    (32768, 4096, 4096, jnp.bfloat16, None, None),  # the H200 entry: 16 column blocks, 32 tiles a block
-    (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr"),  # 8 column blocks: row blocks across rounds
-    (2048, 1024, 4096, jnp.float16, False, "k_dyr"),  # dyr = (r / max r) ⊙ dy, gamma on w
-    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k")])  # A = dyr from XLA
-@pytest.mark.parametrize("later", [1, 4])
-def test_dx_finished_under_the_next_tile_on_the_gpu(M, K, N, dtype, variant, row_dot, later):
-    """dx_in_kernel with the dx config's sum_rows_later: each tile stores u and its part, and the block's next tile
-    finishes dx under its K step ``later`` (the last after the loop): forward and gradients against the float32
-    reference, two calls on fresh inputs (the counts end each at zero)."""
-    if variant is None:
-        config = nm_config.mosaic_default_config(M, K, N, dtype)
-    else:
-        config = _numbers_config(M, K, N, dtype, False, variant, row_dot)
-    config = dataclasses.replace(config, dx_in_kernel=True, xr_in_dx=False, dgamma_from=None,
-                                 dx=dataclasses.replace(config.dx, stream_k=0, sum_rows_later=later))
-    for _ in range(2):
-        x, g, w, res = inputs(M, K, N, dtype)
-        _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
-
-
-@gpu_only
 @pytest.mark.parametrize("dtype, scale", [(jnp.bfloat16, 1e3), (jnp.float16, 30.0)])
 def test_large_magnitudes_on_the_gpu(dtype, scale):
     x, g, w, _ = inputs(512, 1024, 768, dtype)

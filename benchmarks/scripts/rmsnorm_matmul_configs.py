@@ -381,9 +381,10 @@ VARIANTS = {
     # Slower at both shapes measured: the dx kernel 1717.8 / 1784.7 against the entry's 1582.3 µs at
     # 32768x4096x4096, 623.8 against 586-591 at 8192x4096x6144: each observed step cost about a step more, the
     # turned loop 12 µs, and the wait it removed was about 2k cycles a tile; NOTES.md, forty-sixth session)
-    # the K side's dx finished under the block's next tile (MosaicGemmConfig.sum_rows_later): each tile stores u and
-    # counts its part, the next tile sums the row's parts and finishes dx after issuing its K step k's wgmma
-    **{f"dx_later{k}": dict(dx=dict(sum_rows_later=k)) for k in (1, 2, 4, 8)},
+    # (removed, code at d580ef7: ``MosaicGemmConfig.sum_rows_later``, the K side's dx finished under the block's next
+    # tile, u stored at the tile's end and read back from GMEM with x; "dx_later{1,4,8}": the dx kernel 1749.7 /
+    # 1758.8 / 1765.1 against the entry's 1563.7 µs at 32768x4096x4096, its 4-byte loads and stores competing with
+    # the next tile's operand streams; one GPU test failed at 4096x2048x11008: NOTES.md, forty-sixth session)
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
     # (removed, code at 63cde2c: ``xr_in_forward``, the VJP's forward writing xr = r ⊙ x from its A blocks with gamma
     # on w, the dw GEMM xrᵀ @ dy, no dyr copied by the dx kernel; "xr_in_forward", forward + backward µs against the

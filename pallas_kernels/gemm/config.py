@@ -115,14 +115,6 @@ class MosaicGemmConfig:
         a cluster; with stream-K a tile's owner takes the input into the two positions after its own segment's
         steps. Where B is read transposed (its stages (cta_n, tile_k) blocks) the halves go into a
         second view of the same memory (``plgpu.RefUnion``).
-      sum_rows_later: under a ``Fusion.sum_rows``, 0: each tile waits at its end for the row's other tiles'
-        parts, sums them and stores the finished tile. k > 0: the tile's end stores the epilogue's tile (before the
-        finish) as the output and counts its part, and the next tile of the block finishes it right after issuing
-        its K step k's wgmma, by when the row's other tiles have counted theirs (the wait at the tile's end was
-        about 4.3k cycles a tile in the rmsnorm_matmul dx kernel at 32768x4096x4096: NOTES.md, forty-sixth
-        session): the parts summed, the stored tile and the tile inputs read back from GMEM (L2) in column chunks
-        of epi_tile_n, finished and stored over it. The block's last tile is finished after its K loop. Under 1
-        K loop's steps; no ``Fusion.tile_copy``.
       memory_warps: the warps of the memory warpgroup (pipeline "own") that run its loads and waits: 4, all of
         them (each thread arrives on a stage's barrier for its share of the bytes); 1, the first only (as the TMA
         warp of jax's Blackwell GEMM example: its threads arrive for all four), the other three idle, so fewer
@@ -152,7 +144,6 @@ class MosaicGemmConfig:
     shared_rows_wait: int = 4
     tile_input_in: str = "buffer"
     memory_warps: int = 4
-    sum_rows_later: int = 0
 
     def __post_init__(self):
         cls = type(self).__name__

@@ -89,8 +89,6 @@ class TileContext:
     first_column: under ``Fusion.share_rows`` on the GPU, a Python bool: whether this is a row block's first
       (column-0) tile, the one taking the row statistic; the kernel runs those tiles in a K loop of their own, so a
       hook may branch on it statically. None elsewhere (in interpret mode every tile takes the statistic).
-    width: (``MosaicGemmConfig.sum_rows_later``' finish) the columns of the chunk at col0 (``cols``), else tile_n.
-    tiles_in_gmem: the tile inputs in ``tiles`` are GMEM refs of the chunk (the finish under the next tile).
     """
 
     row0: Any
@@ -104,8 +102,6 @@ class TileContext:
     tiles: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     step: Any = None
     first_column: bool | None = None
-    width: int | None = None
-    tiles_in_gmem: bool = False
 
     @property
     def rows(self):
@@ -113,7 +109,7 @@ class TileContext:
 
     @property
     def cols(self):
-        return pl.ds(self.col0, self.width or self.config.tile_n)
+        return pl.ds(self.col0, self.config.tile_n)
 
     def load_rows(self, name: str) -> jax.Array:
         """This accumulator's rows of the (M,) GMEM input ``name``, one value per row (layout ROWS)."""
@@ -124,9 +120,8 @@ class TileContext:
         return mu.load(self.refs[name].at[self.cols], layout=mu.COLS, optimized=False)
 
     def load_tile(self, name: str) -> jax.Array:
-        """The prefetched tile input ``name`` as a float32 (tile_m, tile_n) array in the accumulator layout (its
-        (tile_m, width) chunk in GMEM where ``tiles_in_gmem``)."""
-        return mu.load(self.tiles[name], layout=mu.TILE, optimized=not self.tiles_in_gmem).astype(_F32)
+        """The prefetched tile input ``name`` as a float32 (tile_m, tile_n) array in the accumulator layout."""
+        return mu.load(self.tiles[name], layout=mu.TILE).astype(_F32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,19 +344,10 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"pipeline={config.pipeline!r}, schedule={config.schedule!r}, "
                              f"stream_k={config.stream_k}, cluster={config.cluster!r}, "
                              f"epilogue_store={config.epilogue_store!r}, interpret={mu.interpreting()}")
-        if config.sum_rows_later and (fusion.tile_copy is not None or config.sum_rows_later >= K // config.tile_k):
-            raise ValueError(f"{name}: sum_rows_later={config.sum_rows_later} finishes each tile under the next "
-                             f"tile's K step of that index: it must be below the K steps (K / tile_k = {K} / "
-                             f"{config.tile_k} = {K // config.tile_k}), with no tile_copy (whose finish reads the "
-                             f"buffer the copy left); got tile_copy="
-                             f"{None if fusion.tile_copy is None else fusion.tile_copy[0]!r}")
         if summed is None or summed.shape != want or jnp.dtype(summed.dtype) != jnp.dtype(_F32):
             seen = "no such output" if summed is None else f"shape {summed.shape}, dtype {jnp.dtype(summed.dtype)}"
             raise ValueError(f"{name}: sum_rows={fusion.sum_rows[0]!r} must name a {want} float32 output (one row "
                              f"per column block), got {seen}")
-    if config.sum_rows_later and fusion.sum_rows is None:
-        raise ValueError(f"{name}: sum_rows_later={config.sum_rows_later} finishes a Fusion.sum_rows under the next "
-                         f"tile; this fusion has no sum_rows (take sum_rows_later=0)")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -670,8 +656,7 @@ class _Shape:
                 acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
                 for n, vec in rows_out.items():
                     _store_rows(vec, named_out[n], ctx)
-        later = fusion.sum_rows is not None and self.cfg.sum_rows_later > 0  # finished under the next tile
-        signal_early = fusion.sum_rows is not None and (fusion.tile_copy is not None or later)
+        signal_early = fusion.sum_rows is not None and fusion.tile_copy is not None
         if signal_early:  # the row's other tiles may sum while this one copies its tile (NOTES.md, forty-fifth
             # session: the dx kernel 255.3 -> 252.3 µs at 16384x1024x5504, 39.3 -> 38.8 at 8192x512x2816)
             _signal_row_part(scoped["row_semaphores"], ctx)
@@ -682,7 +667,7 @@ class _Shape:
                 buffer[...] = fn(dataclasses.replace(ctx, tiles=tile_refs), carry).astype(buffer.dtype)
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(buffer, named_out[name].at[ctx.rows, ctx.cols])
-        if fusion.sum_rows is not None and not later:
+        if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
             with mu.region("sum_rows"):
                 total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=signal_early)
@@ -709,29 +694,6 @@ class _Shape:
         else:
             self.store_output(ctx, tile, scoped, out_gmem)
         return None
-
-    def finish_later(self, lin, wg, refs_by_name, named_in, out_gmem, named_out, scoped) -> None:
-        """(``MosaicGemmConfig.sum_rows_later``) Finishes the lin-th tile step's accumulator of warpgroup wg, whose
-        end stored the epilogue's tile as the output and counted its part: the row's parts summed
-        (``_sum_row_parts``), then column chunk by chunk (epi_tile_n wide) the stored tile and the tile inputs read
-        back from GMEM, ``sum_rows``' finish applied (its carry ``prologue_init``'s for that tile) and the chunk
-        stored over the tile."""
-        fusion, cfg = self.fusion, self.cfg
-        ctx = self.tile_context(lin, wg, refs_by_name)
-        name, finish = fusion.sum_rows
-        with mu.region("sum_rows"):
-            total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=True)
-        carry = fusion.prologue_init(ctx) if fusion.prologue_init is not None else ()
-        plgpu.wait_smem_to_gmem(0)  # the stored tile has landed (its TMA store complete, not only read)
-        with mu.region("finish"):
-            for c in range(cfg.tile_n // cfg.epi_tile_n):
-                chunk = dataclasses.replace(ctx, col0=ctx.col0 + c * cfg.epi_tile_n, width=cfg.epi_tile_n,
-                                            tiles_in_gmem=True)
-                tiles = {n: named_in[n].at[chunk.rows, chunk.cols] for n in fusion.tile_inputs}
-                chunk = dataclasses.replace(chunk, tiles=tiles)
-                stored = out_gmem.at[chunk.rows, chunk.cols]
-                tile = mu.load(stored, layout=mu.TILE, optimized=False).astype(_F32)
-                stored[...] = finish(chunk, tile, total, carry).astype(self.out_dtype)
 
     def store_output(self, ctx: TileContext, tile: jax.Array, scoped, out_gmem, part=None) -> None:
         """Stores this warpgroup's (tile_m, tile_n) output tile (out_dtype registers) at ctx's place, piece by piece

@@ -618,12 +618,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                                      fetch_at=(at, fetch, zeros))
                 return rows, carry
 
-            def mma_tile(lin, local, pending=None, first_column=None, previous=None):
+            def mma_tile(lin, local, pending=None, first_column=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
-                the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``.
-                ``previous``: the block's previous tile step's lin (-1 before its first), finished under this
-                tile's K step ``sum_rows_later`` (``MosaicGemmConfig.sum_rows_later``)."""
+                the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
                 ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
                 shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
@@ -639,18 +637,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     with mu.region("k_loop"):
                         if sharing:
                             carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first)
-                        elif previous is not None:  # the previous tile finished under K step sum_rows_later
-                            at = cfg.sum_rows_later
-
-                            def finish_previous():
-                                @pl.when(previous >= 0)
-                                def _finish():
-                                    shape.finish_later(previous, wg, refs_by_name, named_in, out_gmem, named_out,
-                                                       scoped)
-
-                            g0 = local * tile_steps
-                            carry = k_loop(acc_ref, g0, 0, at, ctx, hook_carry)
-                            carry = k_loop(acc_ref, g0 + at, at, k_iters, ctx, carry, under_first=finish_previous)
                         else:
                             carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
                     with mu.region("epilogue"):
@@ -726,25 +712,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 if storing_later:
                     store_last_output(carry)
 
-            def each_tile_finishing_later():
-                """The tile loop of ``sum_rows_later``: each tile's lin carried to the next, whose K loop finishes
-                it; the block's last tile finished after the loop."""
-                @plgpu.nd_loop((round_tiles,), collective_axes="sm", init_carry=jnp.int32(-1))
-                def last_lin(loop_info, carry):
-                    lin = loop_info.index[0]
-                    mma_tile(lin, loop_info.local_index, previous=carry)
-                    return lin
-
-                @pl.when(last_lin >= 0)
-                def _finish_last():
-                    shape.finish_later(last_lin, wg, refs_by_name, named_in, out_gmem, named_out, scoped)
-
             if sharing and not mu.interpreting():
                 if round_tiles:
                     first_column_then_the_rest(storing_later=cfg.stores_later)
-            elif fusion.sum_rows is not None and cfg.sum_rows_later:
-                if round_tiles:
-                    each_tile_finishing_later()
             elif cfg.stores_later:
                 if round_tiles:
                     each_tile_storing_later()
