@@ -579,51 +579,6 @@ def test_gradients_in_interpret_mode():
         _check_grads(128, 128, 128, jnp.float16, config=_TINY)
 
 
-def _times_columns(cols_early: tuple) -> Fusion:
-    """out = (A @ B) ⊙ v over the columns, v (N,) float32 read by the epilogue's ``ctx.load_cols``."""
-    return Fusion(inputs=("v",), cols_early=cols_early, epilogue=lambda ctx, acc, carry: (
-        acc * jax.lax.broadcast_in_dim(ctx.load_cols("v"), acc.shape, [1]), {}))
-
-
-@cpu_only
-@pytest.mark.parametrize("fields", [dict(), dict(delay_release=1), dict(wg_split="m", tile_m=64, tile_n=64)])
-def test_columns_loaded_under_the_last_wgmma_in_interpret_mode(fields):
-    """``Fusion.cols_early``: the epilogue's column vector loaded under the K loop's last wgmma (that step out of
-    the loop) gives the product it gives loaded in the epilogue, each tile its own columns (2 blocks, 4 tiles)."""
-    M, K, N = 128, 128, 256
-    config = dataclasses.replace(_TINY, **fields)
-    a, b = _operands(M, K, N, jnp.bfloat16)
-    v = jax.random.normal(_key(), (N,), jnp.float32)
-    want = (_f32_product(a, b) * v).astype(jnp.bfloat16)
-    with mosaic_utils.interpret_on_cpu(num_sms=2):
-        got = gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_times_columns(("v",)), arrays=dict(v=v))[0]
-    assert _rel_err(got, want) <= _tol(jnp.bfloat16, K)  # NaN fails
-
-
-def test_columns_loaded_early_must_be_inputs():
-    with pytest.raises(ValueError, match=r"cols_early=\('w',\) must name \(N,\) inputs of the fusion's inputs "
-                                         r"\('v',\)"):
-        jax.eval_shape(lambda a, b, v: gemm(a, b, config=_TINY, out_dtype=jnp.bfloat16,
-                                            fusion=_times_columns(("w",)), arrays=dict(v=v)),
-                       S((128, 128), jnp.bfloat16), S((128, 256), jnp.bfloat16), S((256,), jnp.float32))
-
-
-@cpu_only
-def test_columns_loaded_early_lower_in_the_loop_s_last_step():
-    """Lowered for CUDA: the K loop's last step taken out of the loop (one wgmma group more in the module), the
-    same shared memory."""
-    M, K, N = 1024, 1024, 1024
-    kernels = {}
-    for early in ((), ("v",)):
-        (kernels[early],) = mosaic_ir.lower_kernels(
-            lambda a, b, v: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16,
-                                 fusion=_times_columns(early), arrays=dict(v=v)),
-            S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((N,), jnp.float32))
-    plain, early = kernels[()], kernels[("v",)]
-    assert early.text.count("wgmma.mma_async") > plain.text.count("wgmma.mma_async")
-    assert early.smem_bytes == plain.smem_bytes
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Partial columns: a plain product's last column of tiles runs past N (TMA loads zeros there, stores nothing)
 # ---------------------------------------------------------------------------------------------------------------

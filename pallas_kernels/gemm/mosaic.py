@@ -89,8 +89,6 @@ class TileContext:
     first_column: under ``Fusion.share_rows`` on the GPU, a Python bool: whether this is a row block's first
       (column-0) tile, the one taking the row statistic; the kernel runs those tiles in a K loop of their own, so a
       hook may branch on it statically. None elsewhere (in interpret mode every tile takes the statistic).
-    col_vectors: (epilogue only) the ``Fusion.cols_early`` inputs' columns loaded under the K loop's last wgmma,
-      by name (``load_cols`` returns them).
     """
 
     row0: Any
@@ -104,7 +102,6 @@ class TileContext:
     tiles: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     step: Any = None
     first_column: bool | None = None
-    col_vectors: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def rows(self):
@@ -119,10 +116,7 @@ class TileContext:
         return mu.load(self.refs[name].at[self.rows], layout=mu.ROWS, optimized=False)
 
     def load_cols(self, name: str) -> jax.Array:
-        """This accumulator's columns of the (N,) GMEM input ``name``, one value per column (layout COLS); those of
-        a ``Fusion.cols_early`` input as loaded under the K loop's last wgmma."""
-        if name in self.col_vectors:
-            return self.col_vectors[name]
+        """This accumulator's columns of the (N,) GMEM input ``name``, one value per column (layout COLS)."""
         return mu.load(self.refs[name].at[self.cols], layout=mu.COLS, optimized=False)
 
     def load_tile(self, name: str) -> jax.Array:
@@ -208,13 +202,6 @@ class Fusion:
       (``sum_rows``' finish) reads it in place of the input (e.g. the rmsnorm_matmul dx kernel's xr = (r / s) ⊙ x
       from its x tile, for the dw GEMM; its finish takes x as xr · s / r). The output waits for the copy to have
       left the buffer. Needs store_in, epilogue_store "end".
-    cols_early: (N,) inputs (of ``inputs``) whose accumulator columns each compute warpgroup loads right after
-      issuing its K loop's last wgmma (that step taken out of the loop), for the epilogue's ``ctx.load_cols``: the
-      loads' round trip to L2 runs under the wgmma instead of opening the epilogue, and the registers are held for
-      one step only (e.g. gamma over the rmsnorm_matmul dx kernel's columns; loaded at the tile's start and held
-      through the K loop instead, it cost 64 registers and 16 µs at 32768x4096x4096: NOTES.md, forty-fifth
-      session). Whole tiles on pipeline "own" without an a_operand or share_rows (stream-K segments and the tiles
-      of a share_rows load them in the epilogue).
     handoff_rows: the number of row vectors in the prologue's carry.
     reduction_scratch_bytes: shared memory Mosaic reserves for cross-warp reductions (its default 2048 whenever a
       hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
@@ -261,7 +248,6 @@ class Fusion:
     epilogue: Callable | None = None
     sum_rows: tuple[str, Callable] | None = None
     tile_copy: tuple[str, Callable] | None = None
-    cols_early: tuple[str, ...] = ()
 
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
@@ -362,10 +348,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             seen = "no such output" if summed is None else f"shape {summed.shape}, dtype {jnp.dtype(summed.dtype)}"
             raise ValueError(f"{name}: sum_rows={fusion.sum_rows[0]!r} must name a {want} float32 output (one row "
                              f"per column block), got {seen}")
-    if not set(fusion.cols_early) <= set(fusion.inputs) or (fusion.cols_early and fusion.a_operand is not None):
-        raise ValueError(f"{name}: cols_early={fusion.cols_early} must name (N,) inputs of the fusion's inputs "
-                         f"{fusion.inputs}, loaded under the K loop's last wgmma: no a_operand (whose K loop runs in "
-                         f"static groups); got a_operand={'set' if fusion.a_operand else None}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -651,16 +633,13 @@ class _Shape:
                                     scoped["tile_barriers"][n].at[ctx.wg])
 
     def finish_tile(self, ctx: TileContext, acc_ref, carry, out_gmem, named_out, scoped, acc=None, store=True,
-                    tile_refs=None, col_vectors=None):
+                    tile_refs=None):
         """After the K loop: the epilogue on the float32 accumulator (``acc``: its value where the caller added to
         it, e.g. stream-K partial sums), the row vectors stored, and the output tile stored (``store``) or returned
         in out_dtype (for ``store_later`` under the next tile's first wgmma: ``epilogue_store="next_tile"``; with
         "split" the left half is stored now and the right half returned).
-        ``tile_refs``: the tile inputs' SMEM, loaded already (a ring input's B stage), instead of the buffers.
-        ``col_vectors``: the ``Fusion.cols_early`` columns the K loop loaded (``TileContext.col_vectors``)."""
+        ``tile_refs``: the tile inputs' SMEM, loaded already (a ring input's B stage), instead of the buffers."""
         fusion, wg = self.fusion, ctx.wg
-        if col_vectors:
-            ctx = dataclasses.replace(ctx, col_vectors=col_vectors)
         if acc is None:
             if self.cfg.delay_release:
                 plgpu.wgmma_wait(0)

@@ -474,7 +474,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             in_mma = fusion.prologue_init is not None and not has_handoff
 
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True,
-                       fetch_at=None, length=None, under_last=None):
+                       fetch_at=None, length=None):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
                 With ``Fusion.a_observe``, run after each wgmma is issued (where ``observe``, a Python bool); with
                 ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run once, right after
@@ -482,9 +482,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 (step, fetch, rows): a second carry starting at rows, which at that step, after the wgmma's issue,
                 becomes fetch() (the shared row vector of ``Fusion.share_rows``). ``length``: k1 - k0 as a Python int where k0 and k1 are traced (a stream-K
                 segment); an a_operand needs the step count static. Returns the hook's carry, or (it, that second
-                carry) with fetch_at. ``under_last()``: run once, right after the last step's wgmma is issued (that
-                step taken out of the loop too; k0, k1 static, at least one step beside under_first's; no
-                a_operand). No branch holds a wgmma: ptxas keeps them asynchronous."""
+                carry) with fetch_at. No branch holds a wgmma: ptxas keeps them asynchronous."""
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry, rows = carry
                     g = g0 + k - k0
@@ -536,10 +534,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     _, hook_carry, rows = step(k0, (acc_ref, hook_carry, rows), after_issue=under_first)
                     first = k0 + 1
                 if fusion.a_operand is None:
-                    end = k1 - (under_last is not None)
-                    _, hook_carry, rows = lax.fori_loop(first, end, step, (acc_ref, hook_carry, rows))
-                    if under_last is not None:  # outside the loop: what it loads reaches the epilogue
-                        _, hook_carry, rows = step(end, (acc_ref, hook_carry, rows), after_issue=under_last)
+                    _, hook_carry, rows = lax.fori_loop(first, k1, step, (acc_ref, hook_carry, rows))
                 else:  # delay + 1 steps per iteration, each its own register block: a block is loaded again only
                     # after the wgmma_wait(delay) of a later step has seen its wgmma complete (a static count)
                     unroll = delay + 1
@@ -629,11 +624,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
                 ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
                 shape.start_tile(ctx, named_in, scoped)
-                early = {}  # (Fusion.cols_early) the columns loaded under the K loop's last wgmma
-                under_last = None
-                if fusion.cols_early and not sharing and k_iters >= 2:
-                    def under_last():
-                        early.update({n: ctx.load_cols(n) for n in fusion.cols_early})
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
                 under_first = None
                 if pending is not None:
@@ -648,8 +638,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         if sharing:
                             carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first)
                         else:
-                            carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first,
-                                           under_last=under_last)
+                            carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
                     with mu.region("epilogue"):
                         return tile_epilogue(acc_ref, carry)
 
@@ -667,7 +656,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                                 plgpu.barrier_wait(ready.at[barrier_of(g_in + h)])
                         tile_refs = {ring_input: ring_stages.at[lax.rem(g_in + wg, num_stages)]}
                     tile = shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped,
-                                             store=pending is None, tile_refs=tile_refs, col_vectors=early)
+                                             store=pending is None, tile_refs=tile_refs)
                     if ring_input:  # the output stored from this warpgroup's slot has left it: both slots free
                         with mu.region("store_wait"):
                             plgpu.wait_smem_to_gmem(0, wait_read_only=True)

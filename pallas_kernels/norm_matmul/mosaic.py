@@ -95,7 +95,6 @@ Config = _config.MosaicRMSNormMatmulConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
 
 _F32 = jnp.float32
-COLS_EARLY = True  # (A/B switch: gamma's dx columns loaded under the K loop's last wgmma, gemm.Fusion.cols_early)
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -363,13 +362,11 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
 
     rows = ("row_dot", "rstd") + (("dyr_scale",) if dyr is not None else ())  # the carry
     outputs = (("dyr", dyr),) if dyr is not None else ()
-    early = ("gamma",) if gamma_cols and COLS_EARLY else ()
     if not row_dot_in_kernel:
         return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
                       inputs=("rstd", "row_dot", *(("gamma",) if gamma_cols else ()), *rows[2:]),
                       outputs=outputs, a_copy=("dyr", _dyr_copy(2)) if dyr is not None else None,
-                      prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue,
-                      cols_early=early)
+                      prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
     prefetch = row_dot_in_kernel == "prefetch"
     by_tma = row_dot_in_kernel == "tma"
@@ -401,7 +398,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                   outputs=(*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32))),
                   a_copy=("dyr", _dyr_copy(2)) if dyr is not None else None, prologue_init=init,
                   a_observe=add_row_dot, a_beside="y" if by_tma else None,
-                  share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue, cols_early=early)
+                  share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
@@ -436,8 +433,8 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
     parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
     gamma = ("gamma",) if gamma_cols else ()
-    hooks = dict(cols_early=gamma if COLS_EARLY else ())  # gamma's columns under the K loop's last wgmma
     rows = (("dx_u_scale", "dx_x_coef") if in_kernel else ()) + (("dyr_scale",) if scaled else ())
+    hooks = {}
     if rows:
         hooks["prologue_init"] = lambda ctx: tuple(ctx.load_rows(n) for n in rows)
     if in_kernel:
