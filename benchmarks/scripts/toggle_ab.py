@@ -3,12 +3,15 @@ the switch False, then True, each compiled once and timed interleaved (CUPTI med
 difference between the two.
 
     PYTHONPATH=$PWD python benchmarks/scripts/toggle_ab.py --out $OUT \
-        --switch pallas_kernels.gemm.mosaic:SIGNAL_BEFORE_COPY --shapes 8192x512x2816,16384x1024x5504
+        --switch pallas_kernels.gemm.mosaic:SIGNAL_BEFORE_COPY --shapes 8192x512x2816,16384x1024x5504 \
+        [--variant default]
 
 The switch exists only at the commit that measured it (``rmsnorm_matmul_signal_before_copy-h200-5b80b9e.json``:
 ``gemm.mosaic.SIGNAL_BEFORE_COPY``; ``rmsnorm_matmul_gamma_at_tile_start-h200-76f6f05.json``:
-``norm_matmul.mosaic.GAMMA_AT_TILE_START``); the kernels are built at trace time, so each side's program is traced
-with the switch set. Bf16 inputs of ``jaxfuse.suites.rmsnorm_matmul.make_inputs``; this device's tuned configs.
+``norm_matmul.mosaic.GAMMA_AT_TILE_START``; ``toggle_ab_cols_early-h200-1553984.json``:
+``norm_matmul.mosaic.COLS_EARLY``); the kernels are built at trace time, so each side's program is traced with the
+switch set. Bf16 inputs of ``jaxfuse.suites.rmsnorm_matmul.make_inputs``; this device's tuned configs, or with
+``--variant`` a variant of ``rmsnorm_matmul_configs.VARIANTS`` ("a+b" combines them) on both sides.
 Writes ``<out>/toggle_ab-<device>.json``.
 """
 
