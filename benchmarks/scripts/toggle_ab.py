@@ -1,4 +1,4 @@
-"""A/B of a module-level switch of the Mosaic rmsnorm_matmul kernels: the suite's forward + backward program with
+r"""A/B of a module-level switch of the Mosaic rmsnorm_matmul kernels: the suite's forward + backward program with
 the switch False, then True, each compiled once and timed interleaved (CUPTI medians), with the largest output
 difference between the two.
 
