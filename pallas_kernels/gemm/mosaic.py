@@ -74,7 +74,6 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
-SUM_ROWS_WAIT = True  # (timing-only probe: False skips sum_rows' two waits, so its sums read whatever is stored)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -862,8 +861,7 @@ def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext, signalled: bool = F
 
     if not signalled:
         _signal_row_part(semaphores, ctx)
-    if SUM_ROWS_WAIT:
-        plgpu.semaphore_wait(gathered, num_parts, decrement=False, memory_scope="gpu")  # acquire: every part stored
+    plgpu.semaphore_wait(gathered, num_parts, decrement=False, memory_scope="gpu")  # acquire: every part stored
     total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
     for p in range(1, num_parts):
         total = total + mu.load(parts_gmem.at[p, ctx.rows], layout=mu.ROWS, optimized=False)
@@ -872,8 +870,7 @@ def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext, signalled: bool = F
 
         @pl.when(lead)
         def _reset():  # once every other accumulator has seen P, the first count may go back to zero
-            if SUM_ROWS_WAIT:
-                plgpu.semaphore_wait(seen, num_parts - 1, decrement=True, memory_scope="gpu")
+            plgpu.semaphore_wait(seen, num_parts - 1, decrement=True, memory_scope="gpu")
             plgpu.semaphore_signal(gathered, -num_parts, memory_scope="gpu")
 
         @pl.when(jnp.logical_not(lead))
