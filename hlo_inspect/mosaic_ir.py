@@ -98,9 +98,16 @@ class MosaicKernel:
         cluster = f" in clusters of {self.cluster}" if self.cluster != (1, 1, 1) else ""
         multicast = f" ({self.tma_multicast_loads()} multicast)" if self.tma_multicast_loads() else ""
         reduce = "".join(f", {n} reduce-{op}" for op, n in self.tma_reduce_stores().items())
-        return (f"{self.name}: grid {self.grid}{cluster}, {self.threads} threads ({self.warpgroups} warpgroups), "
-                f"{self.smem_bytes} B shared memory; wgmma: {wgmma}; TMA: {self.tma_loads()} loads{multicast}, "
-                f"{self.tma_stores()} stores{reduce}; {self.barriers()} mbarriers; {ops.get('scf.for', 0)} loops")
+        warpgroups = _count(self.warpgroups, "warpgroup")
+        return (f"{self.name}: grid {self.grid}{cluster}, {self.threads} threads ({warpgroups}), "
+                f"{self.smem_bytes} B shared memory; wgmma: {wgmma}; TMA: {_count(self.tma_loads(), 'load')}"
+                f"{multicast}, {_count(self.tma_stores(), 'store')}{reduce}; {_count(self.barriers(), 'mbarrier')}; "
+                f"{_count(ops.get('scf.for', 0), 'loop')}")
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 load', '2 loads'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _constant(text: str, name: str) -> int:

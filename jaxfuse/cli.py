@@ -130,6 +130,10 @@ def _define_inspect_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_bool("triton_ir", False, "Instead of the report: lower the program for CUDA (no GPU needed) and "
                       "summarize the Triton IR of each Pallas kernel (loops, tile dots, masked loads, library "
                       "calls); with --json, each kernel's whole IR too.", flag_values=fv)
+    flags.DEFINE_bool("mosaic_ir", False, "Instead of the report: lower the program for CUDA (no GPU needed) and "
+                      "summarize each Mosaic GPU kernel as lowered (grid, threads, shared memory, wgmma shapes, TMA "
+                      "copies, barriers, loops); with --json, those numbers per kernel (not the module text, "
+                      "megabytes a kernel: hlo_inspect.mosaic_ir.lower_kernels gives it).", flag_values=fv)
 
 
 def _writable_folder(flag: str, folder: str) -> None:
@@ -178,13 +182,36 @@ def _print_triton_kernels(fv: flags.FlagValues) -> int:
     return 0
 
 
+def _print_mosaic_kernels(fv: flags.FlagValues) -> int:
+    import json
+
+    from jaxfuse import programs
+
+    program = _program(fv)
+    kernels = programs.mosaic_kernels(program, progress=_progress)
+    if fv.json:
+        print(json.dumps([dict(name=k.name, grid=k.grid, cluster=k.cluster, threads=k.threads,
+                               warpgroups=k.warpgroups, smem_bytes=k.smem_bytes, wgmma=k.wgmma(),
+                               tma_loads=k.tma_loads(), tma_multicast_loads=k.tma_multicast_loads(),
+                               tma_stores=k.tma_stores(), tma_reduce_stores=k.tma_reduce_stores(),
+                               barriers=k.barriers(), op_counts=k.op_counts()) for k in kernels], indent=1))
+        return 0
+    print(f"{program.description}: {len(kernels)} Mosaic GPU kernel(s) as lowered for CUDA (tiles from this "
+          f"machine's tuning cache or the built-in tables)")
+    for k in kernels:
+        print(f"  {k.summary()}")
+    return 0
+
+
 def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
     if rest:
         raise flags.Error(f"unexpected arguments {rest}")
-    if fv.triton_ir:
-        if fv.measure or fv.html:
-            raise flags.Error("--triton_ir replaces the report: it does not combine with --measure or --html")
-        return _print_triton_kernels(fv)
+    if fv.triton_ir or fv.mosaic_ir:
+        flag = "--triton_ir" if fv.triton_ir else "--mosaic_ir"
+        if fv.measure or fv.html or (fv.triton_ir and fv.mosaic_ir):
+            raise flags.Error(f"{flag} replaces the report: it does not combine with --measure, --html or the other "
+                              f"IR flag")
+        return _print_triton_kernels(fv) if fv.triton_ir else _print_mosaic_kernels(fv)
     import jax
 
     from jaxfuse import costmodel, programs

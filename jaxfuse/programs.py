@@ -338,7 +338,7 @@ def _mosaic_note(kernels: KernelSet, backends_run: dict[str, set[str]], mosaic_c
     ``kernels.recording_backends``'s record) and why, or the program's ``mosaic_calls`` Mosaic kernel calls that
     Triton-backend ops make themselves; and where to see them. None when the lowering holds no Mosaic kernel."""
     sites = [site for site in SITES if "mosaic" in backends_run.get(site, ())]
-    see = "read their Mosaic IR with hlo_inspect.mosaic_ir"
+    see = "see them with --mosaic-ir"
     if not sites and not mosaic_calls:
         return None
     if not sites:
@@ -349,6 +349,43 @@ def _mosaic_note(kernels: KernelSet, backends_run: dict[str, set[str]], mosaic_c
     named = ", ".join(f"{site}={getattr(kernels, site)}" for site in sites)
     return (f"{named} lower{'s' if len(sites) == 1 else ''} for CUDA as Mosaic GPU kernels{why}, not Triton: "
             f"name pallas_triton to see them as Triton kernels, or {see}")
+
+
+def mosaic_kernels(program: Program, *, progress: Callable[[str], None] = _progress) -> list:
+    """The Mosaic GPU kernels of ``program`` lowered for CUDA (on any machine), in program order:
+    [hlo_inspect.mosaic_ir.MosaicKernel] (their tiles from this machine's tuning cache or the built-in tables).
+    The sites that lower as Triton kernels are left out, said through ``progress``; ValueError naming them when no
+    Mosaic kernel is left, or when no site runs a Pallas kernel."""
+    from hlo_inspect import mosaic_ir
+    from jaxfuse import kernels as registry
+    from pallas_kernels import backends
+
+    if not _pallas_sites(program.kernels, program.sites):
+        raise ValueError(f"mosaic_ir: no site runs a Pallas kernel ({program.kernels}; this program calls "
+                         f"{', '.join(program.sites)}); choose one, e.g. --kernels norm_matmul=pallas_mosaic or "
+                         f"--kernels all=pallas_mosaic")
+    check_kernels(program.kernels, lowering_only=True)
+    progress(f"lowering {program.description} for CUDA ...")
+
+    def fn(*args):  # a new function, so jax traces it anew (no cached trace) and every site call is recorded
+        return program.fn(*args)
+
+    with registry.recording_backends() as backends_run, backends.lowering_for_gpu():
+        try:
+            kernels = mosaic_ir.lower_kernels(fn, *program.args)
+        except ValueError as error:
+            if "holds no Mosaic-GPU kernel" not in str(error):
+                raise
+            kernels = []
+    triton = [f"{site}={getattr(program.kernels, site)}" for site in SITES if "triton" in backends_run.get(site, ())]
+    left_out = (f"{', '.join(triton)} lower{'s' if len(triton) == 1 else ''} for CUDA as Triton kernels: see them "
+                f"with --triton-ir" if triton else None)
+    if not kernels:
+        raise ValueError(f"mosaic_ir: no Mosaic GPU kernel to show: {left_out or 'the CUDA lowering holds none'}"
+                         + ("; name pallas_mosaic where the op has a Mosaic backend" if triton else ""))
+    if left_out:
+        progress(f"note: left out: {left_out}")
+    return kernels
 
 
 def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progress) -> list:

@@ -122,7 +122,7 @@ def test_triton_ir_names_the_sites_that_lower_as_mosaic(capsys):
     err = capsys.readouterr().err
     assert ("jaxfuse inspect: triton_ir: no Triton kernel to show: attention=pallas, norm_matmul=pallas lower for "
             "CUDA as Mosaic GPU kernels ('pallas' takes Mosaic where it runs these shapes, as on an H100), not "
-            "Triton: name pallas_triton") in err and "hlo_inspect.mosaic_ir" in err
+            "Triton: name pallas_triton") in err and "see them with --mosaic-ir" in err
     assert jaxfuse_cli.main(["inspect", *small, "--kernels", "attention=pallas", "--triton-ir"]) == 2
     err = capsys.readouterr().err
     assert "jaxfuse inspect: triton_ir: no Triton kernel to show: attention=pallas lowers for CUDA as Mosaic" in err
@@ -132,6 +132,32 @@ def test_triton_ir_names_the_sites_that_lower_as_mosaic(capsys):
     assert "flash_attention_fwd: grid" in out and "rmsnorm_matmul" not in out
     assert ("note: left out: norm_matmul=pallas lowers for CUDA as Mosaic GPU kernels" in err
             and "attention=" not in err.split("left out:")[1])
+
+
+def test_jaxfuse_inspect_mosaic_ir_on_cpu(capsys):
+    """--mosaic-ir lowers for CUDA on any machine and summarizes each Mosaic GPU kernel; the Triton sites are left
+    out and named; without a Mosaic kernel, or with --triton-ir too, a clear error (exit 2)."""
+    small = ["--seq", "64", "--dim", "128", "--heads", "2", "--kv-heads", "1"]
+    argv = ["inspect", *small, "--train-step", "--kernels", "norm_matmul=pallas_mosaic", "--mosaic-ir", "--json"]
+    assert jaxfuse_cli.main(argv) == 0
+    kernels = json.loads(capsys.readouterr().out)
+    names = [k["name"] for k in kernels]
+    assert "rmsnorm_matmul_fwd" in names and "rmsnorm_matmul_dx" in names  # (dw by XLA: its output has few tiles)
+    assert all(sum(k["wgmma"].values()) > 0 and k["tma_loads"] > 0 and 0 < k["smem_bytes"] <= 232448
+               and k["warpgroups"] >= 2 for k in kernels)
+    argv = ["inspect", *small, "--kernels", "attention=pallas_triton,norm_matmul=pallas_mosaic", "--mosaic-ir"]
+    assert jaxfuse_cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "Mosaic GPU kernel(s) as lowered for CUDA" in out and "rmsnorm_matmul_fwd: grid" in out
+    assert "flash" not in out and "note: left out: attention=pallas_triton lowers for CUDA as Triton" in err
+    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "all=pallas_triton", "--mosaic-ir"]) == 2
+    err = capsys.readouterr().err
+    assert ("mosaic_ir: no Mosaic GPU kernel to show: attention=pallas_triton, norm_matmul=pallas_triton lower for "
+            "CUDA as Triton kernels: see them with --triton-ir") in err
+    assert jaxfuse_cli.main(["inspect", *small, "--mosaic-ir"]) == 2
+    assert "no site runs a Pallas kernel" in capsys.readouterr().err
+    assert jaxfuse_cli.main(["inspect", *small, "--kernels", "all=pallas", "--mosaic-ir", "--triton-ir"]) == 2
+    assert "does not combine with --measure, --html or the other IR flag" in capsys.readouterr().err
 
 
 def test_triton_ir_counts_the_mosaic_kernels_a_triton_op_runs_itself(capsys):
