@@ -351,6 +351,24 @@ def _mosaic_note(kernels: KernelSet, backends_run: dict[str, set[str]], mosaic_c
             f"name pallas_triton to see them as Triton kernels, or {see}")
 
 
+def _to_lower(program: Program, view: str, example: str, example_all: str, progress: Callable[[str], None]):
+    """What ``mosaic_kernels`` and ``triton_kernels`` (``view``) check before lowering ``program`` for CUDA (a site
+    that runs a Pallas kernel, else ValueError suggesting ``--kernels example`` or ``example_all``; kernels that
+    lower here), then a new function calling the program's, so jax traces it anew (no cached trace) and every site
+    call is recorded."""
+    if not _pallas_sites(program.kernels, program.sites):
+        raise ValueError(f"{view}: no site runs a Pallas kernel ({program.kernels}; this program calls "
+                         f"{', '.join(program.sites)}); choose one, e.g. --kernels {example} or --kernels "
+                         f"{example_all}")
+    check_kernels(program.kernels, lowering_only=True)
+    progress(f"lowering {program.description} for CUDA ...")
+
+    def fn(*args):
+        return program.fn(*args)
+
+    return fn
+
+
 def mosaic_kernels(program: Program, *, progress: Callable[[str], None] = _progress) -> list:
     """The Mosaic GPU kernels of ``program`` lowered for CUDA (on any machine), in program order:
     [hlo_inspect.mosaic_ir.MosaicKernel] (their tiles from this machine's tuning cache or the built-in tables).
@@ -360,16 +378,7 @@ def mosaic_kernels(program: Program, *, progress: Callable[[str], None] = _progr
     from jaxfuse import kernels as registry
     from pallas_kernels import backends
 
-    if not _pallas_sites(program.kernels, program.sites):
-        raise ValueError(f"mosaic_ir: no site runs a Pallas kernel ({program.kernels}; this program calls "
-                         f"{', '.join(program.sites)}); choose one, e.g. --kernels norm_matmul=pallas_mosaic or "
-                         f"--kernels all=pallas_mosaic")
-    check_kernels(program.kernels, lowering_only=True)
-    progress(f"lowering {program.description} for CUDA ...")
-
-    def fn(*args):  # a new function, so jax traces it anew (no cached trace) and every site call is recorded
-        return program.fn(*args)
-
+    fn = _to_lower(program, "mosaic_ir", "norm_matmul=pallas_mosaic", "all=pallas_mosaic", progress)
     with registry.recording_backends() as backends_run, backends.lowering_for_gpu():
         try:
             kernels = mosaic_ir.lower_kernels(fn, *program.args)
@@ -397,16 +406,7 @@ def triton_kernels(program: Program, *, progress: Callable[[str], None] = _progr
     from jaxfuse import kernels as registry
     from pallas_kernels import backends, triton_utils
 
-    if not _pallas_sites(program.kernels, program.sites):
-        raise ValueError(f"triton_ir: no site runs a Pallas kernel ({program.kernels}; this program calls "
-                         f"{', '.join(program.sites)}); choose one, e.g. --kernels attention=pallas_triton or "
-                         f"--kernels all=pallas_triton")
-    check_kernels(program.kernels, lowering_only=True)
-    progress(f"lowering {program.description} for CUDA ...")
-
-    def fn(*args):  # a new function, so jax traces it anew (no cached trace) and every site call is recorded
-        return program.fn(*args)
-
+    fn = _to_lower(program, "triton_ir", "attention=pallas_triton", "all=pallas_triton", progress)
     with (registry.recording_backends() as backends_run, backends.lowering_for_gpu(),
           triton_utils.quiet_triton_deprecation()):
         kernels, other_calls = triton_ir.lower_program(fn, *program.args)
