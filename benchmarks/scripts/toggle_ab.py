@@ -41,7 +41,8 @@ def _program(x, gamma, w, dy, config=None):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--switch", required=True, help="module:NAME of a bool the kernels read at trace time")
+    parser.add_argument("--switch", required=True, help="module:NAME of a bool the kernels read at trace time "
+                        "(several, comma-separated: set together)")
     parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default="8192x512x2816,16384x1024x5504")
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--variant", default="default", help="a variant of rmsnorm_matmul_configs (\"a+b\" "
@@ -49,13 +50,16 @@ def main() -> int:
     args = parser.parse_args()
     if not set(args.variant.split("+")) <= set(VARIANTS):
         parser.error(f"--variant: {args.variant!r} is not a variant of rmsnorm_matmul_configs (or a+b of them)")
-    module_name, _, name = args.switch.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        parser.error(f"--switch: cannot import {module_name!r} ({e})")
-    if not isinstance(getattr(module, name, None), bool):
-        parser.error(f"--switch: {args.switch!r} is not a bool of that module (at this commit)")
+    switches = []  # (module, attribute name)
+    for switch in args.switch.split(","):
+        module_name, _, name = switch.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            parser.error(f"--switch: cannot import {module_name!r} ({e})")
+        if not isinstance(getattr(module, name, None), bool):
+            parser.error(f"--switch: {switch!r} is not a bool of that module (at this commit)")
+        switches.append((module, name))
     result, save, path = results_file(args.out, "toggle_ab")
     result.update(switch=args.switch, variant=args.variant)
     for M, K, N in args.shapes:
@@ -63,7 +67,8 @@ def main() -> int:
         config = variant_config(M, K, N, combined(args.variant))
         compiled = {}
         for value in (False, True):
-            setattr(module, name, value)
+            for module, name in switches:
+                setattr(module, name, value)
             jax.clear_caches()  # (the kernels are built at trace time)
             compiled[value] = jax.jit(functools.partial(_program, config=config)).lower(*operands).compile()
         outs = {value: jax.tree.leaves(fn(*operands)) for value, fn in compiled.items()}

@@ -74,6 +74,9 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
+# (timing switch, this commit only) on: ``_sum_row_parts`` leaves each row group's count at P (the GMEM scratch
+# holding the counts is zeroed before each call); off: it takes the count back to zero after the sums
+SUM_ROWS_NO_RESET = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +88,7 @@ class TileContext:
       tile_n column block in the output (n_idx · 2 + wg with wg_split "n", else n_idx; pingpong: n_idx).
     refs: the fusion's inputs and outputs (GMEM refs) and scratch (SMEM refs), by name.
     tiles: (epilogue only) this warpgroup's prefetched (tile_m, tile_n) SMEM tile of each tile input, by name.
+    col_slices: (epilogue only) this warpgroup's prefetched (tile_n,) SMEM slice of each ``Fusion.col_inputs`` vector.
     step: (prologue only) the pipeline step: the A tile holds columns [step · tile_k, (step + 1) · tile_k).
     first_column: under ``Fusion.share_rows`` on the GPU, a Python bool: whether this is a row block's first
       (column-0) tile, the one taking the row statistic; the kernel runs those tiles in a K loop of their own, so a
@@ -100,6 +104,7 @@ class TileContext:
     config: MosaicGemmConfig
     refs: Mapping[str, Any]
     tiles: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    col_slices: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     step: Any = None
     first_column: bool | None = None
 
@@ -116,7 +121,10 @@ class TileContext:
         return mu.load(self.refs[name].at[self.rows], layout=mu.ROWS, optimized=False)
 
     def load_cols(self, name: str) -> jax.Array:
-        """This accumulator's columns of the (N,) GMEM input ``name``, one value per column (layout COLS)."""
+        """This accumulator's columns of the (N,) input ``name``, one value per column (layout COLS): from its SMEM
+        slice where the tile prefetched it (``Fusion.col_inputs``), else from GMEM."""
+        if name in self.col_slices:
+            return mu.load(self.col_slices[name], layout=mu.COLS, optimized=False)
         return mu.load(self.refs[name].at[self.cols], layout=mu.COLS, optimized=False)
 
     def load_tile(self, name: str) -> jax.Array:
@@ -130,6 +138,9 @@ class Fusion:
 
     tile_inputs: (M, N) arrays whose (tile_m, tile_n) tile at each accumulator is prefetched for the epilogue.
     inputs: other arrays the hooks read from GMEM themselves (row / column vectors).
+    col_inputs: (N,) float32 vectors of ``inputs`` whose (tile_n,) slice at each accumulator is TMA-loaded into
+      shared memory at the tile's start (beside the tile inputs), so the epilogue's ``TileContext.load_cols`` reads
+      it there, not from GMEM after the K loop.
     outputs: (name, jax.ShapeDtypeStruct) the hooks or the epilogue's row vectors write.
     scratch: (name, SMEM type) the hooks use; allocated once per block, shared by both compute warpgroups.
     store_in: a tile input (of out_dtype) whose SMEM tile, once the epilogue has read it, receives the output tile
@@ -229,6 +240,7 @@ class Fusion:
 
     tile_inputs: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
+    col_inputs: tuple[str, ...] = ()
     outputs: tuple[tuple[str, jax.ShapeDtypeStruct], ...] = ()
     scratch: tuple[tuple[str, Any], ...] = ()
     store_in: str | None = None
@@ -348,6 +360,14 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             seen = "no such output" if summed is None else f"shape {summed.shape}, dtype {jnp.dtype(summed.dtype)}"
             raise ValueError(f"{name}: sum_rows={fusion.sum_rows[0]!r} must name a {want} float32 output (one row "
                              f"per column block), got {seen}")
+    for n in fusion.col_inputs:
+        vec = (arrays or {}).get(n)
+        if n not in fusion.inputs or vec is None or vec.shape != (N,) or jnp.dtype(vec.dtype) != jnp.dtype(_F32) \
+                or N % config.tile_n:
+            seen = "not among inputs" if n not in fusion.inputs else "no such array" if vec is None else \
+                f"shape {tuple(vec.shape)}, dtype {jnp.dtype(vec.dtype)}"
+            raise ValueError(f"{name}: col_inputs={n!r} must name a ({N},) float32 array of inputs, N a multiple of "
+                             f"tile_n={config.tile_n} (its slices load by TMA); got {seen}, N={N}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -502,6 +522,8 @@ class _Shape:
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
                        for n, d in zip(fusion.tile_inputs, self.tile_dtypes) if n != self.ring_input},
             tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs if n != self.ring_input},
+            col_smem={n: plgpu.SMEM((2, cfg.tile_n), _F32) for n in fusion.col_inputs},
+            col_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.col_inputs},
             a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
                 (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(cfg.tile_k,
                                                                                               self.a_copy_dtype)),
@@ -623,7 +645,10 @@ class _Shape:
 
     def start_tile(self, ctx: TileContext, named_in, scoped) -> None:
         """At a tile's start in each compute warpgroup: TMA prefetch of the epilogue's tile inputs (a ring input
-        comes with the stages instead)."""
+        comes with the stages instead) and column slices (``Fusion.col_inputs``)."""
+        for n in self.fusion.col_inputs:
+            plgpu.copy_gmem_to_smem(named_in[n].at[ctx.cols], scoped["col_smem"][n].at[ctx.wg],
+                                    scoped["col_barriers"][n].at[ctx.wg])
         if self.ring_input:
             return
         if self.fusion.store_in is not None:  # the last tile's output has left the buffer we prefetch into
@@ -649,6 +674,10 @@ class _Shape:
             with mu.region("tile_inputs"):
                 for n in fusion.tile_inputs:
                     plgpu.barrier_wait(scoped["tile_barriers"][n].at[wg])
+        col_slices = {n: scoped["col_smem"][n].at[wg] for n in fusion.col_inputs}
+        for n in fusion.col_inputs:
+            plgpu.barrier_wait(scoped["col_barriers"][n].at[wg])
+        ctx = dataclasses.replace(ctx, col_slices=col_slices)
         rows_out = {}
         if fusion.epilogue is not None:
             with mu.region("epilogue_hook"):
@@ -865,6 +894,8 @@ def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext, signalled: bool = F
     total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
     for p in range(1, num_parts):
         total = total + mu.load(parts_gmem.at[p, ctx.rows], layout=mu.ROWS, optimized=False)
+    if SUM_ROWS_NO_RESET:
+        return total
     if num_parts > 1:
         lead = ctx.col_block == 0
 
