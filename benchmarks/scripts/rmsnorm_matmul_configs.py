@@ -385,6 +385,9 @@ VARIANTS = {
     # tile, u stored at the tile's end and read back from GMEM with x; "dx_later{1,4,8}": the dx kernel 1749.7 /
     # 1758.8 / 1765.1 against the entry's 1563.7 µs at 32768x4096x4096, its 4-byte loads and stores competing with
     # the next tile's operand streams; one GPU test failed at 4096x2048x11008: NOTES.md, forty-sixth session)
+    # (this session) the dx kernel's x tile in buffers of its own, 3 stages (with the switch
+    # gemm.specialized.PREFETCH_UNDER_FIRST: prefetched under the tile's first wgmma)
+    "dx_buf3": dict(dx=dict(tile_input_in="buffer", num_stages=3)),
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
     # (removed, code at 63cde2c: ``xr_in_forward``, the VJP's forward writing xr = r ⊙ x from its A blocks with gamma
     # on w, the dw GEMM xrᵀ @ dy, no dyr copied by the dx kernel; "xr_in_forward", forward + backward µs against the

@@ -74,9 +74,6 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
-# (timing switch, this commit only) on: ``_sum_row_parts`` leaves each row group's count at P (the GMEM scratch
-# holding the counts is zeroed before each call); off: it takes the count back to zero after the sums
-SUM_ROWS_NO_RESET = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +224,7 @@ class Fusion:
       finish(ctx, tile, total, carry) -> the tile to store, ``tile`` the epilogue's, ``total`` (tile_m,) float32
       (e.g. the rmsnorm_matmul dx kernel's row dot Σ_K(u ⊙ x), then dx from u: no (M, K) tensor written twice).
       Each accumulator stores its part, counts it on its row group's global semaphore, waits for all of them and
-      sums them itself (both counts end at zero: ``_sum_row_parts``); with a ``tile_copy`` it counts its part
+      sums them itself (the counts end the call at P: ``_sum_row_parts``); with a ``tile_copy`` it counts its part
       before the copy and waits after it, so the copy runs while the row's other tiles finish. The tile loop walks
       the CTA tiles row-major (a row block's tiles are adjacent, on different blocks, in one round: the snake order and
       ``grid_minor`` are not used), on a grid cut to a multiple of the row's tile count, so a row's tiles never
@@ -865,50 +862,32 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
 
 
 def _signal_row_part(semaphores, ctx: TileContext) -> None:
-    """(``Fusion.sum_rows``) This accumulator's part is stored: 1 added to its row group's first count (a release
+    """(``Fusion.sum_rows``) This accumulator's part is stored: 1 added to its row group's count (a release
     after the warpgroup's stores; ``_sum_row_parts`` waits for the others')."""
     plgpu.semaphore_signal(semaphores.at[ctx.row0 // ctx.config.tile_m], 1, memory_scope="gpu")
 
 
 def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext, signalled: bool = False) -> jax.Array:
     """(``Fusion.sum_rows``) Σ over the P column blocks' parts of parts_gmem (P, M) at this accumulator's rows, each
-    stored before this by its column block's accumulator. Two counts per row group (``semaphores``:
-    (2 · M / tile_m,)): each accumulator adds 1 to the first (a release after the warpgroup's stores), waits for
-    it to reach P without taking anything off (an acquire) and sums the P parts itself, in column-block order, so
-    every tile of the row gets the same float32 total. The count goes back to zero through the second: each other
-    accumulator adds 1 to it once it has seen P, and the column-0 accumulator waits for P - 1 there (taking them
-    off) before taking P off the first. Two releases per accumulator; one round trip to L2 after the last part
-    lands. (As first built, each accumulator signalled every column block: about 17 µs a tile in 43 releases;
-    then the column-0 accumulator summed the parts and released the others, a second round trip: NOTES.md,
-    forty-second and forty-third sessions.) ``signalled``: this accumulator has added its 1 already
-    (``_signal_row_part``, before other work). Returns (tile_m,) float32 in layout ROWS."""
-    cfg = ctx.config
+    stored before this by its column block's accumulator. One count per row group (``semaphores``: (M / tile_m,)):
+    each accumulator adds 1 (a release after the warpgroup's stores), waits for it to reach P without taking
+    anything off (an acquire) and sums the P parts itself, in column-block order, so every tile of the row gets the
+    same float32 total. The counts end the call at P: each row group's is counted once per call, and jax zeroes a
+    kernel's GMEM scratch (where ``pl.get_global`` puts them) before each call. One release per accumulator, one
+    round trip to L2 after the last part lands. (As first built, each accumulator signalled every column block:
+    about 17 µs a tile in 43 releases; then the column-0 accumulator summed the parts and released the others, a
+    second round trip; then each count went back to zero through a second one, a second release per accumulator
+    and the column-0 one's wait for the others: the dx kernel 1539.4 → 1527.3 µs at 32768x4096x4096 without it.
+    NOTES.md, forty-second, forty-third and forty-seventh sessions.) ``signalled``: this accumulator has added its
+    1 already (``_signal_row_part``, before other work). Returns (tile_m,) float32 in layout ROWS."""
     num_parts = parts_gmem.shape[0]
-    row_groups = parts_gmem.shape[1] // cfg.tile_m
-    group = ctx.row0 // cfg.tile_m  # this accumulator's rows among the row groups
-    gathered, seen = semaphores.at[group], semaphores.at[row_groups + group]
-
     if not signalled:
         _signal_row_part(semaphores, ctx)
+    gathered = semaphores.at[ctx.row0 // ctx.config.tile_m]
     plgpu.semaphore_wait(gathered, num_parts, decrement=False, memory_scope="gpu")  # acquire: every part stored
     total = mu.load(parts_gmem.at[0, ctx.rows], layout=mu.ROWS, optimized=False)
     for p in range(1, num_parts):
         total = total + mu.load(parts_gmem.at[p, ctx.rows], layout=mu.ROWS, optimized=False)
-    if SUM_ROWS_NO_RESET:
-        return total
-    if num_parts > 1:
-        lead = ctx.col_block == 0
-
-        @pl.when(lead)
-        def _reset():  # once every other accumulator has seen P, the first count may go back to zero
-            plgpu.semaphore_wait(seen, num_parts - 1, decrement=True, memory_scope="gpu")
-            plgpu.semaphore_signal(gathered, -num_parts, memory_scope="gpu")
-
-        @pl.when(jnp.logical_not(lead))
-        def _seen():
-            plgpu.semaphore_signal(seen, 1, memory_scope="gpu")
-    else:
-        plgpu.semaphore_signal(gathered, -1, memory_scope="gpu")
     return total
 
 

@@ -86,10 +86,10 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40
 _MEMORY_PROLOGUE_REGISTERS = 56  # the memory warpgroup that also runs a prologue (a 128x64 block in registers)
 _MEMORY_WG, _PROLOGUE_WG = 2, 3
-# (timing switch, this commit only) with a ring input, a tile's output store leaves its ring slots while the block's
-# next tile issues its first wgmma, and the slots are freed there (the block's last tile: at its end); off: the
-# epilogue waits for the store and frees them itself
-RING_FREED_UNDER_NEXT_TILE = False
+# (timing switch, this commit only) tile inputs in buffers of their own (tile_input_in "buffer") prefetched right
+# after the tile's first wgmma is issued, so the wait for the previous output to leave the buffer runs under it;
+# off: at the tile's start
+PREFETCH_UNDER_FIRST = False
 
 
 def dedicated(shape) -> bool:
@@ -179,9 +179,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         else:
             ring_stages = stages[1]
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
-        if fusion.sum_rows is not None:  # two counts per accumulator row group (gemm.mosaic._sum_row_parts)
-            scoped["row_semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR(
-                (2 * shape.mnk[0] // cfg.tile_m,)))
+        if fusion.sum_rows is not None:  # one count per accumulator row group (gemm.mosaic._sum_row_parts)
+            scoped["row_semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.mnk[0] // cfg.tile_m,)))
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
 
         def each_tile(body):
@@ -631,21 +630,20 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 for h in range(2):
                     plgpu.barrier_arrive(consumed.at[barrier_of(g_in + h)])
 
-            def mma_tile(lin, local, pending=None, first_column=None, free_ring_later=False):
+            def mma_tile(lin, local, pending=None, first_column=None):
                 """The lin-th tile step's K loop and epilogue. ``pending``: (the previous tile's output, its lin),
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
-                the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``.
-                ``free_ring_later`` (ring input): the previous tile's ring slots are freed under this tile's first
-                wgmma, and this tile's left to the next (``RING_FREED_UNDER_NEXT_TILE``)."""
+                the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
                 ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
-                shape.start_tile(ctx, named_in, scoped)
+                prefetch_later = (PREFETCH_UNDER_FIRST and not ring_input and fusion.tile_inputs
+                                  and pending is None)
+                if not prefetch_later:
+                    shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
                 under_first = None
-                if free_ring_later:
+                if prefetch_later:
                     def under_first():
-                        @pl.when(local > 0)
-                        def _free_previous():
-                            free_ring_input(local - 1)
+                        shape.start_tile(ctx, named_in, scoped)
                 elif pending is not None:
                     def under_first():
                         @pl.when(local > 0)
@@ -677,8 +675,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         tile_refs = {ring_input: ring_stages.at[lax.rem(g_in + wg, num_stages)]}
                     tile = shape.finish_tile(ctx, acc_ref, carry, out_gmem, named_out, scoped,
                                              store=pending is None, tile_refs=tile_refs)
-                    if ring_input and not free_ring_later:  # the output stored from this warpgroup's slot has
-                        free_ring_input(local)  # left it: both slots free
+                    if ring_input:  # the output stored from this warpgroup's slot has left it: both slots free
+                        free_ring_input(local)
                     if has_handoff:
                         plgpu.barrier_arrive(handoff_free)
                     return tile
@@ -738,13 +736,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             else:
                 @each_tile
                 def _(lin, local, num_local):
+                    del num_local
                     if not cfg.pingpong:
-                        later = bool(ring_input) and RING_FREED_UNDER_NEXT_TILE
-                        mma_tile(lin, local, free_ring_later=later)
-                        if later:
-                            @pl.when(local == num_local - 1)
-                            def _free_last():
-                                free_ring_input(local)
+                        mma_tile(lin, local)
                         return
 
                     @pl.when(owner_of(local) == wg)
