@@ -1554,6 +1554,69 @@ def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Fusion.col_inputs: a column vector's slice at each tile TMA-loaded into shared memory at the tile's start
+# ---------------------------------------------------------------------------------------------------------------
+def _scaled_columns(col_inputs: tuple = ("v",)) -> Fusion:
+    """out = (A @ B) ⊙ v over the columns, v (N,) float32 read by ``TileContext.load_cols``."""
+    return Fusion(inputs=("v",), col_inputs=col_inputs, epilogue=lambda ctx, acc, carry: (
+        acc * jax.lax.broadcast_in_dim(ctx.load_cols("v"), acc.shape, [1]), {}))
+
+
+@pytest.mark.parametrize("fusion, v, match", [
+    (Fusion(col_inputs=("v",)), S((512,), jnp.float32),
+     r"col_inputs='v' must name a \(512,\) float32 array of inputs, N a multiple of tile_n=128 \(its slices load by "
+     r"TMA\); got not among inputs, N=512"),
+    (_scaled_columns(), S((512,), jnp.bfloat16), r"col_inputs='v' .* got shape \(512,\), dtype bfloat16, N=512"),
+    (_scaled_columns(), S((256,), jnp.float32), r"col_inputs='v' .* got shape \(256,\), dtype float32, N=512")])
+def test_col_inputs_must_be_float32_column_vectors_of_the_inputs(fusion, v, match):
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b, v: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16, fusion=fusion,
+                                            arrays=dict(v=v)),
+                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), v)
+
+
+@cpu_only
+def test_col_inputs_load_by_tma_beside_the_operands():
+    """Lowered for CUDA: one more TMA load (the vector's slice) and its SMEM, 2 x tile_n float32 and a barrier pair,
+    over reading the vector from GMEM in the epilogue."""
+    operands = S((4096, 1024), jnp.bfloat16), S((1024, 2048), jnp.bfloat16), S((2048,), jnp.float32)
+
+    def lowered(fusion):
+        (kernel,) = mosaic_ir.lower_kernels(
+            lambda a, b, v: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16, fusion=fusion,
+                                 arrays=dict(v=v)), *operands)
+        return kernel
+
+    by_tma, from_gmem = lowered(_scaled_columns()), lowered(_scaled_columns(col_inputs=()))
+    assert by_tma.tma_loads() == from_gmem.tma_loads() + 1
+    assert 0 <= by_tma.smem_bytes - from_gmem.smem_bytes - 2 * MosaicGemmConfig().tile_n * 4 <= 64
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [(1024, 512, 1024, MosaicGemmConfig()),
+                                             (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m"))])
+def test_col_inputs_on_the_gpu(M, K, N, config):
+    """Each tile scales its columns by its own slice of v, two calls on fresh inputs."""
+    fn = jax.jit(lambda a, b, v: gemm(a, b, config=config, out_dtype=jnp.float32, fusion=_scaled_columns(),
+                                      arrays=dict(v=v))[0])
+    for _ in range(2):
+        a, b = _operands(M, K, N, jnp.bfloat16)
+        v = jax.random.uniform(_key(), (N,), jnp.float32, 0.5, 2.0)
+        assert _rel_err(fn(a, b, v), _f32_product(a, b) * v) < _tol(jnp.bfloat16, K)
+
+
+@cpu_only
+@pytest.mark.slow
+def test_col_inputs_in_interpret_mode():
+    """Two blocks walk 4 tiles of 2 column blocks: each tile scales by its own slice of v."""
+    a, b = _operands(128, 64, 128, jnp.bfloat16)
+    v = jax.random.uniform(_key(), (128,), jnp.float32, 0.5, 2.0)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        (out,) = gemm(a, b, config=_TINY, out_dtype=jnp.float32, fusion=_scaled_columns(), arrays=dict(v=v))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(_f32_product(a, b) * v), rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Fusion.sum_rows: a row vector summed over each row's tiles inside the kernel (global semaphores)
 # ---------------------------------------------------------------------------------------------------------------
 def _centered_rows(M: int, N: int, config: MosaicGemmConfig) -> Fusion:
@@ -1608,29 +1671,39 @@ def test_sum_rows_is_refused_in_interpret_mode():
 
 @cpu_only
 @pytest.mark.parametrize("K, N, tile_n, wg_split", [(1024, 1024, 256, "m"), (512, 2048, 128, "n")])
-def test_sum_rows_lowers_three_releases_and_two_acquiring_waits(K, N, tile_n, wg_split):
-    """Lowered for CUDA, whatever the column blocks: a part's count, the others' count back to the column-0
-    accumulator and its reset of the first count (three release-adds), every accumulator's polling wait for the
-    parts (a relaxed load) and the column-0 accumulator's decrementing one (a compare-and-swap loop), each with an
-    acquire fence; no more shared memory than the plain epilogue; a grid of whole rows of tiles (132 SMs)."""
+def test_sum_rows_lowers_one_release_and_one_acquiring_wait(K, N, tile_n, wg_split):
+    """Lowered for CUDA, whatever the column blocks: one release-add per accumulator (its part's count) and one
+    polling wait for the parts (a relaxed load, an acquire fence), no compare-and-swap (no count goes back to zero);
+    the counts, one per row group, start each call at zero: jax passes the kernel a zero-filled int32 scratch of
+    M / tile_m; no more shared memory than the plain epilogue; a grid of whole rows of tiles (132 SMs)."""
     M = 4096
     config = dataclasses.replace(_SUM_ROWS_STACKED, tile_m=64 if wg_split == "m" else 128, tile_n=tile_n,
                                  wg_split=wg_split)
     operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
-    (kernel,) = mosaic_ir.lower_kernels(
-        lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_centered_rows(M, N, config)),
-        *operands)
+
+    def summed(a, b):
+        return gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_centered_rows(M, N, config))
+
+    (kernel,) = mosaic_ir.lower_kernels(summed, *operands)
     plain = Fusion(outputs=(("parts", S((N // tile_n, M), jnp.float32)),),
                    epilogue=lambda ctx, acc, carry: (acc, {"parts": jnp.sum(acc, axis=1)}))
     (alone,) = mosaic_ir.lower_kernels(
         lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=plain), *operands)
-    assert kernel.text.count("red.release.gpu.global.add.u32") == 3
-    assert kernel.text.count("atom.relaxed.gpu.global.cas.b32") == 1
-    assert kernel.text.count("ld.relaxed.gpu.global.b32") == 1 and kernel.text.count("fence.acquire.gpu") == 2
+    assert kernel.text.count("red.release.gpu.global.add.u32") == 1
+    assert "atom.relaxed.gpu.global.cas" not in kernel.text
+    assert kernel.text.count("ld.relaxed.gpu.global.b32") == 1 and kernel.text.count("fence.acquire.gpu") == 1
     assert "red.release.gpu.global.add" not in alone.text
     assert kernel.smem_bytes == alone.smem_bytes
     row_tiles = N // config.cta_n  # 4 and 8 CTA tiles per row block
     assert kernel.grid == (132 - 132 % row_tiles, 1, 1) and alone.grid == (132, 1, 1)
+    with backends.lowering_for_gpu():
+        program = jax.jit(summed).trace(*operands).lower(lowering_platforms=("cuda",)).as_text()
+    counts = f"tensor<{M // config.tile_m}xi32>"
+    zeros = re.search(r"(%\S+) = stablehlo.broadcast_in_dim (%\S+), dims = \[\] : \(tensor<i32>\) -> " + counts,
+                      program)
+    assert zeros and re.search(re.escape(zeros.group(2)) + r" = stablehlo.constant dense<0> : tensor<i32>", program)
+    call = next(line for line in program.splitlines() if "custom_call @mosaic_gpu" in line)
+    assert call.split("(", 1)[1].split(")", 1)[0].split(", ")[-1] == zeros.group(1)
 
 
 @gpu_only
@@ -1641,7 +1714,7 @@ def test_sum_rows_lowers_three_releases_and_two_acquiring_waits(K, N, tile_n, wg
     (2048, 2048, 8192, dataclasses.replace(_SUM_ROWS_STACKED, memory_warps=4, num_stages=3))])  # 32 column blocks
 def test_sum_rows_on_the_gpu(M, K, N, config):
     """Each row centered by its mean over all N columns, summed over the row's tiles in the kernel: against the
-    float32 reference, two calls (the counts end each at zero; a stale count would let a tile read old parts). The
+    float32 reference, two calls (each starts its counts at zero; a stale count would let a tile read old parts). The
     parts sum to the rows' sums."""
     fn = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
                                    fusion=_centered_rows(M, N, config)))

@@ -385,8 +385,10 @@ VARIANTS = {
     # tile, u stored at the tile's end and read back from GMEM with x; "dx_later{1,4,8}": the dx kernel 1749.7 /
     # 1758.8 / 1765.1 against the entry's 1563.7 µs at 32768x4096x4096, its 4-byte loads and stores competing with
     # the next tile's operand streams; one GPU test failed at 4096x2048x11008: NOTES.md, forty-sixth session)
-    # (this session) the dx kernel's x tile in buffers of its own, 3 stages (with the switch
-    # gemm.specialized.PREFETCH_UNDER_FIRST: prefetched under the tile's first wgmma)
+    # the dx kernel's x tile in buffers of its own, 3 stages: 4277.0 against the entry's 4281.5 µs at 32768x4096x4096
+    # (the dx kernel 1550.0 / 1557.9), prefetched under the tile's first wgmma 4294.3 against 4288.9 (a timing switch
+    # at 0ee5e84, removed; rmsnorm_matmul_configs_dx_buf3-h200-0ee5e84.json, toggle_ab_prefetch_under_first-h200-
+    # 0ee5e84.json: NOTES.md, forty-seventh session)
     "dx_buf3": dict(dx=dict(tile_input_in="buffer", num_stages=3)),
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
     # (removed, code at 63cde2c: ``xr_in_forward``, the VJP's forward writing xr = r ⊙ x from its A blocks with gamma

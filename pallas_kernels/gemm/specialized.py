@@ -86,10 +86,6 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40
 _MEMORY_PROLOGUE_REGISTERS = 56  # the memory warpgroup that also runs a prologue (a 128x64 block in registers)
 _MEMORY_WG, _PROLOGUE_WG = 2, 3
-# (timing switch, this commit only) tile inputs in buffers of their own (tile_input_in "buffer") prefetched right
-# after the tile's first wgmma is issued, so the wait for the previous output to leave the buffer runs under it;
-# off: at the tile's start
-PREFETCH_UNDER_FIRST = False
 
 
 def dedicated(shape) -> bool:
@@ -635,16 +631,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
                 the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
                 ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
-                prefetch_later = (PREFETCH_UNDER_FIRST and not ring_input and fusion.tile_inputs
-                                  and pending is None)
-                if not prefetch_later:
-                    shape.start_tile(ctx, named_in, scoped)
+                shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
                 under_first = None
-                if prefetch_later:
-                    def under_first():
-                        shape.start_tile(ctx, named_in, scoped)
-                elif pending is not None:
+                if pending is not None:
                     def under_first():
                         @pl.when(local > 0)
                         def _store_previous():
