@@ -1597,7 +1597,7 @@ def test_col_inputs_load_by_tma_beside_the_operands():
                                              (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m"))])
 def test_col_inputs_on_the_gpu(M, K, N, config):
     """Each tile scales its columns by its own slice of v, two calls on fresh inputs."""
-    fn = jax.jit(lambda a, b, v: gemm(a, b, config=config, out_dtype=jnp.float32, fusion=_scaled_columns(),
+    fn = jax.jit(lambda a, b, v: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_scaled_columns(),
                                       arrays=dict(v=v))[0])
     for _ in range(2):
         a, b = _operands(M, K, N, jnp.bfloat16)
