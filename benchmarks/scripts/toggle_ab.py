@@ -12,9 +12,9 @@ The switch exists only at the commit that measured it (``rmsnorm_matmul_signal_b
 ``norm_matmul.mosaic.COLS_EARLY``; ``toggle_ab_{ring_freed_under_next_tile,sum_rows_no_reset,gamma_cols_by_tma,
 dx_epilogue_three}-h200-d3eb5e4.json``: ``gemm.specialized.RING_FREED_UNDER_NEXT_TILE``,
 ``gemm.mosaic.SUM_ROWS_NO_RESET``, ``norm_matmul.mosaic.GAMMA_COLS_BY_TMA`` and the three together;
-``toggle_ab_prefetch_under_first-h200-0ee5e84.json``: ``gemm.specialized.PREFETCH_UNDER_FIRST``); the kernels are built at trace time, so each side's program is traced with the
-switch set. Bf16 inputs of ``jaxfuse.suites.rmsnorm_matmul.make_inputs``; this device's tuned configs, or with
-``--variant`` a variant of ``rmsnorm_matmul_configs.VARIANTS`` ("a+b" combines them) on both sides.
+``toggle_ab_prefetch_under_first-h200-0ee5e84.json``: ``gemm.specialized.PREFETCH_UNDER_FIRST``); the kernels
+are built at trace time, so each side's program is traced with the switch set. Bf16 inputs of
+``jaxfuse.suites.rmsnorm_matmul.make_inputs``; this device's tuned configs, or with ``--variant`` a variant of ``rmsnorm_matmul_configs.VARIANTS`` ("a+b" combines them) on both sides.
 Writes ``<out>/toggle_ab-<device>.json``.
 """
 
