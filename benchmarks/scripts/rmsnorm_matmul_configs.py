@@ -397,6 +397,9 @@ VARIANTS = {
     # equal at 8192x512x2816: rmsnorm_matmul_configs_xr_in_forward{,_slots}-h200-{dcf6585,63cde2c}.json)
     "pp_mma": dict(stats_in_kernel="mma", gamma_on="w"),
     "pp_mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w"),
+    # r from each row block's first ping-pong tile (its squares reduced per row), shared with the others through HBM
+    # (gemm.Fusion.share_rows on ping-pong tiles), gamma on w: no XLA pass over x
+    "pp_mma_shared": dict(stats_in_kernel="mma_shared", gamma_on="w"),
     "pp_gamma_a": dict(gamma_on="a", stats_in_kernel=False),
     "pp_gamma_a_mma": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand"),
     "pp_gamma_a_mma_rows": dict(gamma_on="a", stats_in_kernel="mma_rows", squares_from="operand"),
