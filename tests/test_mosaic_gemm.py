@@ -1339,13 +1339,14 @@ def _shared_row_scale(config, M: int, K: int) -> Fusion:
 
 
 @pytest.mark.parametrize("config_changes, fusion_changes, match", [
-    (dict(cluster="m"), {}, "needs an a_observe or an a_operand and cluster='none'; got a_observe=set, "
-                            "cluster='m'"),
+    (dict(schedule="pingpong", tile_m=128, tile_n=128), {}, "needs an a_observe or an a_operand, "
+                                                                "schedule='cooperative'"),
     ({}, dict(a_observe=None), "a_observe=None"),
     ({}, dict(outputs=(("sumsq", S((256,), jnp.bfloat16)),)),
      r"share_rows='sumsq' must name an \(256,\) float32 output, got shape \(256,\), dtype bfloat16"),
     ({}, dict(outputs=()), "share_rows='sumsq' must name an .* got no such output")])
-def test_share_rows_needs_an_a_observe_no_cluster_and_a_float32_row_output(config_changes, fusion_changes, match):
+def test_share_rows_needs_an_a_observe_cooperative_tiles_and_a_float32_row_output(config_changes, fusion_changes,
+                                                                                   match):
     config = MosaicGemmConfig(**dict(dict(tile_m=64, tile_n=256, wg_split="m", delay_release=1), **config_changes))
     fusion = dataclasses.replace(_shared_row_scale(config, 256, 256), **fusion_changes)
     with pytest.raises(ValueError, match=match):
@@ -1354,17 +1355,15 @@ def test_share_rows_needs_an_a_observe_no_cluster_and_a_float32_row_output(confi
 
 
 @cpu_only
-@pytest.mark.parametrize("fields", [dict(tile_m=64, tile_n=256, wg_split="m", epilogue_store="end"),
-                                    dict(tile_m=64, tile_n=256, wg_split="m", epilogue_store="next_tile"),
-                                    dict(tile_m=128, tile_n=128, schedule="pingpong")])
-def test_share_rows_lowers_a_k_loop_for_each_kind_of_tile(fields):
+@pytest.mark.parametrize("epilogue_store", ["end", "next_tile"])
+def test_share_rows_lowers_a_k_loop_for_each_kind_of_tile(epilogue_store):
     """Lowered for CUDA: twice the wgmma of the a_observe alone (the first column's tiles and the others each in a
     tile loop of their own, ``TileContext.first_column``: no step branches on the kind of tile; a K loop inside a
     branch had ptxas serialize its wgmma), and no more shared memory. With the output stored under the next tile's
-    first wgmma, each loop takes its first step out (as the a_observe alone does); with ping-pong tiles each
-    warpgroup runs its own tiles of both loops."""
+    first wgmma, each loop takes its first step out (as the a_observe alone does)."""
     M, K, N = 4096, 1024, 4096
-    config = MosaicGemmConfig(grid_minor="m", delay_release=1, **fields)
+    config = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1,
+                              epilogue_store=epilogue_store)
     operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16)
     (kernel,) = mosaic_ir.lower_kernels(
         lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_shared_row_scale(config, M, K)),
@@ -1413,8 +1412,6 @@ def test_share_rows_lowers_with_stream_k_and_no_partial_carries(with_operand):
 
 
 _SHARED_STACKED = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", delay_release=1)
-_SHARED_PINGPONG = MosaicGemmConfig(tile_m=128, tile_n=128, schedule="pingpong", grid_minor="m", delay_release=1,
-                                    num_stages=6)
 
 
 def _shared_row_dot(M: int, K: int) -> Fusion:
@@ -1551,11 +1548,6 @@ def test_share_rows_in_interpret_mode(fields, with_operand):
     (4096, 2048, 256, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile"), False),  # no second loop
     (8192, 4096, 6144, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile"), True),
     (4352, 1024, 4096, dataclasses.replace(_SHARED_STACKED, epilogue_store="next_tile", stream_k=4), False),
-    # ping-pong tiles: one count per row block; the first column on warpgroup 0 (128 row blocks, 43 columns: the
-    # rmsnorm_matmul forward's 16384x1024x5504), or on both (256 row blocks on 132 blocks: local tiles 0 and 1)
-    (16384, 1024, 5504, _SHARED_PINGPONG, False),
-    (32768, 1024, 1024, _SHARED_PINGPONG, False),
-    (4096, 2048, 256, _SHARED_PINGPONG, False),  # two columns
 ])
 def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
     _check_shared_rows(M, K, N, config, with_operand=with_operand)

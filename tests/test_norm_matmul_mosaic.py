@@ -333,10 +333,11 @@ def test_the_row_dot_from_the_dx_kernel_leaves_no_xla_pass_over_dy():
     assert [line for line in program.splitlines() if "stablehlo.reduce" in line and f"tensor<{M}x{N}x" in line]
 
 
-def test_r_shared_from_each_row_blocks_first_tile_needs_no_cluster():
-    forward = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1, cluster="m")
+@pytest.mark.parametrize("fields", [dict(schedule="pingpong", tile_m=128, tile_n=128), dict(cluster="m")])
+def test_r_shared_from_each_row_blocks_first_tile_needs_cooperative_tiles(fields):
+    forward = MosaicGemmConfig(**dict(dict(tile_m=64, tile_n=256, wg_split="m", delay_release=1), **fields))
     with pytest.raises(ValueError, match="stats_in_kernel: 'mma_shared' passes r from each row block's first tile "
-                                         "to its others; the forward config needs cluster='none'; got cluster='m'"):
+                                         "to its others; the forward config needs schedule='cooperative'"):
         Config(forward=forward, dx=MosaicGemmConfig(), dw=MosaicGemmConfig(), stats_in_kernel="mma_shared")
 
 
@@ -782,30 +783,6 @@ def test_forward_with_stream_k_beside_shared_r_or_gamma_in_registers_on_the_gpu(
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
-
-
-_PINGPONG_FORWARD = MosaicGemmConfig(tile_m=128, tile_n=128, schedule="pingpong", grid_minor="m", delay_release=1,
-                                     num_stages=6)
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, forward", [
-    (16384, 1024, 5504, None),  # the config's where ping-pong (the H200 entry's): 128 row blocks, 43 columns
-    (32768, 1024, 1024, _PINGPONG_FORWARD),  # 256 row blocks on 132 blocks: first tiles on both warpgroups
-    (2048, 2048, 8192, _PINGPONG_FORWARD)])  # 16 row blocks, 64 columns: most of the first round waits
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_r_shared_from_ping_pong_first_tiles_on_the_gpu(M, K, N, forward, residual):
-    """stats_in_kernel "mma_shared" on ping-pong forward tiles (gamma on w): each row block's first tile sums its
-    squares per row and shares r with the others (``gemm.Fusion.share_rows``, one count per row block): forward and
-    gradients against the float32 reference, two calls on fresh inputs (the counts end each call at zero)."""
-    config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16, residual=residual)
-    if forward is None and not config.forward.pingpong:  # (the entry takes no residual)
-        forward = _PINGPONG_FORWARD
-    config = dataclasses.replace(config, forward=forward or config.forward, stats_in_kernel="mma_shared",
-                                 gamma_on="w", squares_from="observe")
-    for _ in range(2):
-        x, g, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
-        _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
 
 
 @gpu_only

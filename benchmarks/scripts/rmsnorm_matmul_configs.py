@@ -397,9 +397,10 @@ VARIANTS = {
     # equal at 8192x512x2816: rmsnorm_matmul_configs_xr_in_forward{,_slots}-h200-{dcf6585,63cde2c}.json)
     "pp_mma": dict(stats_in_kernel="mma", gamma_on="w"),
     "pp_mma_rows": dict(stats_in_kernel="mma_rows", gamma_on="w"),
-    # r from each row block's first ping-pong tile (its squares reduced per row), shared with the others through HBM
-    # (gemm.Fusion.share_rows on ping-pong tiles), gamma on w: no XLA pass over x
-    "pp_mma_shared": dict(stats_in_kernel="mma_shared", gamma_on="w"),
+    # (removed, code at the tag pp-mma-shared-measured-c95fb85: "pp_mma_shared", r from each row block's first
+    # ping-pong tile, gamma on w: forward 289.1 against 258.5 µs at 16384x1024x5504, 51.2 against 38.1 at
+    # 8192x512x2816, 280.0 against 249.6 at 4096x2048x11008 (cooperative there); waiting after the K loop 297.4 / 44.8:
+    # rmsnorm_matmul_configs_pp_mma_shared{,_wait}-h200-c95fb85.json)
     "pp_gamma_a": dict(gamma_on="a", stats_in_kernel=False),
     "pp_gamma_a_mma": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand"),
     "pp_gamma_a_mma_rows": dict(gamma_on="a", stats_in_kernel="mma_rows", squares_from="operand"),

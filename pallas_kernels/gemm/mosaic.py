@@ -197,10 +197,9 @@ class Fusion:
       load the vector back; the counts end each call at zero. Every tile's epilogue receives (the row vector, the
       carry) as its carry (the other tiles' carry as prologue_init and any a_operand left it). No tile waits for
       one that waits, and a row block's first tile runs before its others (the whole first column runs first), so
-      with one block per SM it cannot deadlock and seldom waits. Needs an a_observe; no cluster (with
-      epilogue_store "next_tile" or "split" a tile's output leaves under the next tile's first wgmma, across the
-      first column's loop and the others'). With ping-pong tiles the first column is every block's first local
-      tile, warpgroup 0's, and a row block has one count (not one per warpgroup). With stream-K the last round's tiles (never a first
+      with one block per SM it cannot deadlock and seldom waits. Needs an a_observe; cooperative schedule, no
+      cluster (with epilogue_store "next_tile" or "split" a tile's output leaves under the next tile's first
+      wgmma, across the first column's loop and the others'). With stream-K the last round's tiles (never a first
       tile: the whole rounds must hold the first column) skip the a_observe, and each tile's owner polls after its
       range. In interpret mode (no semaphores) every tile takes the a_observe itself.
     epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
@@ -333,10 +332,11 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"(store_in={fusion.store_in!r}, or accumulate_into) takes epilogue_store='end'")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
-        if (fusion.a_observe is None and fusion.a_operand is None) or config.cluster != "none":
+        if (fusion.a_observe is None and fusion.a_operand is None) or config.pingpong or config.cluster != "none":
             raise ValueError(f"{name}: share_rows takes an a_observe's (or a_operand's) carry from one tile per row "
-                             f"block; it needs an a_observe or an a_operand and cluster='none'; got "
-                             f"a_observe={'set' if fusion.a_observe else None}, cluster={config.cluster!r}")
+                             f"block; it needs an a_observe or an a_operand, schedule='cooperative' and "
+                             f"cluster='none'; got a_observe={'set' if fusion.a_observe else None}, "
+                             f"schedule={config.schedule!r}, cluster={config.cluster!r}")
         if shared is None or shared.shape != (M,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):
             seen = "no such output" if shared is None else f"shape {shared.shape}, dtype {jnp.dtype(shared.dtype)}"
             raise ValueError(f"{name}: share_rows={fusion.share_rows[0]!r} must name an ({M},) float32 output, got "

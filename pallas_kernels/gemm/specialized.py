@@ -210,12 +210,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
         if sharing and not mu.interpreting():  # (row block, warpgroup): its row vector is stored
             row_semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.iters[0] * 2,)))
-
-        def row_semaphore(ctx):
-            """(share_rows) The count of ctx's row block and warpgroup rows: one per row block with ping-pong tiles
-            (a tile's owner has all its rows)."""
-            return row_semaphores.at[ctx.m_idx * 2 + (0 if cfg.pingpong else ctx.wg)]
-
         if plan is not None:
             unit = lax.axis_index("sm")  # the block's stream-K unit
             sk_start, sk_end = plan.unit_range(unit)
@@ -570,7 +564,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stored it. One load polls for the signal (a decrementing wait compares-and-swaps, two round trips
                 to L2 at least, each contended by the row block's other tiles); then -1, fire and forget: the count
                 stays >= 1 until the row block's last tile has passed, and ends the call at zero."""
-                semaphore = row_semaphore(ctx)
+                semaphore = row_semaphores.at[ctx.m_idx * 2 + wg]
                 plgpu.semaphore_wait(semaphore, 1, decrement=False, memory_scope="gpu")  # acquire
                 plgpu.semaphore_signal(semaphore, -1, memory_scope="gpu")
                 return mu.load(named_out[fusion.share_rows[0]].at[ctx.rows], layout=mu.ROWS, optimized=False)
@@ -597,7 +591,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         shared_out.at[ctx.rows][...] = rows
 
                     if others and not mu.interpreting():
-                        plgpu.semaphore_signal(row_semaphore(ctx), others,
+                        plgpu.semaphore_signal(row_semaphores.at[ctx.m_idx * 2 + wg], others,
                                                memory_scope="gpu")  # after a warpgroup barrier: a release
                         # by one lane that orders every lane's stores above before it
                     return rows
@@ -704,8 +698,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 """(share_rows, GPU) The block's tiles in two loops: those of the first column (lin < m_iters, which
                 the tile order runs first), then the others, each loop's K loop compiled for its kind of tile
                 (``TileContext.first_column``), so no step branches on it. ``storing_later``: each tile's output
-                (or its right half) carried to the next through both loops (``epilogue_store`` not "end"). With
-                ping-pong tiles each warpgroup takes its own local tiles of both loops."""
+                (or its right half) carried to the next through both loops (``epilogue_store`` not "end")."""
                 sm, blocks = lax.axis_index("sm"), lax.axis_size("sm")
 
                 def count(limit):  # the block's local indices whose lin = local · blocks + sm is below limit
@@ -717,14 +710,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     def tile(local, carry, first=first):
                         if storing_later:
                             return mma_tile(local * blocks + sm, local, pending=carry, first_column=first)
-                        if not cfg.pingpong:
-                            mma_tile(local * blocks + sm, local, first_column=first)
-                            return carry
-
-                        @pl.when(owner_of(local) == wg)
-                        def _own_tile():
-                            mma_tile(local * blocks + sm, local, first_column=first)
-
+                        mma_tile(local * blocks + sm, local, first_column=first)
                         return carry
 
                     carry = lax.fori_loop(start, stop, tile, carry)

@@ -284,11 +284,11 @@ class MosaicRMSNormMatmulConfig:
       32768x4096x4096; 6-7% beside gamma_on "a": rmsnorm_matmul_configs_mma_rows-h100-d0df74c.json).
       "mma_shared": as "mma", but only the first tile of each row block sums the squares; the others get its r
       through HBM (``gemm.Fusion.share_rows``: the forward's whole first column runs first, then the other tiles,
-      each polling the row block's count a few steps before its K loop ends). No cluster; with stream-K the last
-      round's tiles take r like the others. With ping-pong tiles (128 rows a warpgroup) the first tiles reduce each
-      step's squares per row, as "mma_rows" does (with a (128, tile_k) float32 carry beside a 128x128 accumulator,
-      ping-pong "mma" ran 1275.1 µs against "mma_rows"' 333.2 at 16384x1024x5504: NOTES.md, forty-second session).
-      Beside gamma_on "a" the forward is one kernel reading x and w once, no XLA pass at all. Measured on the H100
+      each polling the row block's count a few steps before its K loop ends). Cooperative tiles (no cluster or
+      ping-pong: on ping-pong tiles, built at the tag pp-mma-shared-measured-c95fb85 and removed, the forward
+      kernel took 280.5 µs against the entry's 243.9 at 16384x1024x5504, 47.7 against 33.9 at 8192x512x2816:
+      NOTES.md, forty-eighth session); with stream-K the last round's tiles take r like the others. Beside gamma_on
+      "a" the forward is one kernel reading x and w once, no XLA pass at all. Measured on the H100
       (rmsnorm_matmul_configs_mma_shared_poll-h100-8bada7c.json, forward µs, the tuned entry → gamma_on "a" with
       "mma_shared"): 1462.3 → 1453.2 at 32768x4096x4096, 621.4 → 620.9 at 4096x4096x14336, 548.3 → 533.8 at
       8192x4096x6144 (NOTES.md, 2026-11-28, twenty-third session). On the H200 (rmsnorm_matmul_configs_{stream_k_
@@ -452,9 +452,10 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.stats_in_kernel: {self.stats_in_kernel!r} sums squares in the "
                              f"MMA warpgroups of our K loop: the forward config needs pipeline='own', got "
                              f"{self.forward.pipeline!r}")
-        if self.stats_in_kernel == "mma_shared" and self.forward.cluster != "none":
+        if self.stats_in_kernel == "mma_shared" and (self.forward.pingpong or self.forward.cluster != "none"):
             raise ValueError("MosaicRMSNormMatmulConfig.stats_in_kernel: 'mma_shared' passes r from each row block's "
-                             f"first tile to its others; the forward config needs cluster='none'; got "
+                             "first tile to its others; the forward config needs schedule='cooperative' and "
+                             f"cluster='none'; got schedule={self.forward.schedule!r}, "
                              f"cluster={self.forward.cluster!r}")
         if self.gamma_on not in (None, "w", "x", "a"):
             raise ValueError(f"MosaicRMSNormMatmulConfig.gamma_on: must be None, 'w', 'x' or 'a', got "

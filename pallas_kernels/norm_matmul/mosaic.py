@@ -222,10 +222,9 @@ def _add_row_squares(ctx, x, sum_sq) -> jax.Array:
 
 def _mma_stats(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_kernel) -> dict:
     """The Fusion hooks by which the MMA warpgroups sum x's squares, elementwise ("mma", "mma_shared") or per row
-    ("mma_rows"), and the epilogue y = r ⊙ acc. "mma_shared": only each row block's first tile sums them (per row
-    with ping-pong tiles, whose 128x128 accumulator leaves no room for a (128, tile_k) carry), and its r reaches the
-    row block's other tiles through the "rstd" output (``Fusion.share_rows``)."""
-    if stats_in_kernel == "mma_rows" or (stats_in_kernel == "mma_shared" and cfg.pingpong):
+    ("mma_rows"), and the epilogue y = r ⊙ acc. "mma_shared": only each row block's first tile sums them, and its r
+    reaches the row block's other tiles through the "rstd" output (``Fusion.share_rows``)."""
+    if stats_in_kernel == "mma_rows":
         hooks = dict(prologue_init=lambda ctx: _rows_zero(ctx.config.wg_rows), a_observe=_add_row_squares,
                      carry_shapes=((cfg.wg_rows,),))
     else:
