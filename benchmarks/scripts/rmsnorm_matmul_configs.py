@@ -250,8 +250,12 @@ VARIANTS = {
                            dw=dict(tile_input_in="ring")),
     # (3 stages: with 4, as the 32768x4096x4096 entry's dx kernel takes now, y's stages do not fit and the row dot
     # falls back to XLA's pass)
-    "row_dot_tma": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
+    "row_dot_tma": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None, dx_in_kernel=False,
                         dx=dict(stream_k=0, tile_input_in="ring", num_stages=3), dw=dict(tile_input_in="ring")),
+    # every tile its own row dot from y's blocks by TMA beside dy's (no tile waits on another's)
+    "row_dot_each": dict(row_dot="n", row_dot_in_dx="tma_each", dyr_in_dx=None, dgamma_from=None,
+                         dx_in_kernel=False, dx=dict(stream_k=0, tile_input_in="ring", num_stages=3),
+                         dw=dict(tile_input_in="ring")),
     # with one wgmma group in flight over the first tiles' loads and sums (and the same dx tiles without the row dot)
     "row_dot_tma_d1": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
                            dx=dict(stream_k=0, tile_input_in="ring", delay_release=1, num_stages=3),

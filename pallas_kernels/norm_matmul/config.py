@@ -480,9 +480,9 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool; got "
                              f"dyr_in_dx={self.dyr_in_dx!r}")
         in_dx = self.row_dot_in_dx
-        if in_dx not in (False, True, "prefetch", "tma") or (in_dx and self.row_dot_side() != "n"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True, 'prefetch' or 'tma', "
-                             f"not False only with row_dot='n' "
+        if in_dx not in (False, True, "prefetch", "tma", "tma_each") or (in_dx and self.row_dot_side() != "n"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True, 'prefetch', 'tma' or "
+                             f"'tma_each', not False only with row_dot='n' "
                              f"(the dx kernel sums dy · y over N); got row_dot_in_dx={self.row_dot_in_dx!r}, "
                              f"row_dot={self.row_dot!r}")
         dx = self.dx
@@ -578,10 +578,10 @@ class MosaicRMSNormMatmulConfig:
     def row_dot_by_dx(self, dtype, residual: bool) -> bool | str:
         """The row dot's form in the dx kernel (``row_dot_in_dx``; False: XLA's pass): "tma" only without a
         residual and where the y stages fit in the dx kernel's shared memory, else False."""
-        if self.row_dot_in_dx != "tma":
+        if self.row_dot_in_dx not in ("tma", "tma_each"):
             return self.row_dot_in_dx
         fits = self._dx_smem(dtype, residual, dyr_staging=False, y_stages=True) <= mosaic_utils.H100_SMEM_BYTES
-        return "tma" if fits and not residual else False
+        return self.row_dot_in_dx if fits and not residual else False
 
     def dyr_by_dx(self, dtype, residual: bool) -> bool:
         """Whether the dx kernel writes dyr: ``dyr_in_dx``, or when None, with row_dot "n" where its staging
@@ -595,7 +595,7 @@ class MosaicRMSNormMatmulConfig:
         """None when the dx kernel's shared memory holds the dyr copy's staging too; else the sentence saying how
         much it would need."""
         staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
-        y_stages = self.row_dot_by_dx(dtype, residual) == "tma"
+        y_stages = self.row_dot_by_dx(dtype, residual) in ("tma", "tma_each")
         need = self._dx_smem(dtype, residual, dyr_staging=True, y_stages=y_stages)
         if need <= mosaic_utils.H100_SMEM_BYTES:
             return None
