@@ -246,9 +246,9 @@ def test_gamma_side_is_x_for_bfloat16_where_m_is_below_2n_unless_named():
 
 
 @pytest.mark.parametrize("changes, match", [
-    (dict(row_dot="k"), "row_dot_in_dx: must be False, True, 'prefetch', 'tma' or 'tma_each', not False only with "
-                        "row_dot='n' .* row_dot='k'"),
-    (dict(row_dot_in_dx="always"), "must be False, True, 'prefetch', 'tma' or 'tma_each'"),
+    (dict(row_dot="k"), "row_dot_in_dx: must be False, True, 'prefetch' or 'tma', not False only with row_dot='n' .* "
+                        "row_dot='k'"),
+    (dict(row_dot_in_dx="always"), "must be False, True, 'prefetch' or 'tma'"),
     (dict(row_dot=None), "not False only with row_dot='n'"),
     (dict(dx=MosaicGemmConfig(stream_k=4)), "row_dot_in_dx: the dx kernel's first tile of each row block passes the "
                                             "row dot to its others; .* stream_k=4"),
@@ -286,17 +286,16 @@ def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_ti
 
 
 @cpu_only
-@pytest.mark.parametrize("in_dx", ["tma", "tma_each"])
-def test_y_by_tma_beside_dy_in_the_dx_kernel_lowers_with_a_third_stage_buffer(in_dx):
-    """row_dot_in_dx="tma" (or "tma_each") at 32768x4096x4096 with the H200 entry's dx tiles at 3 stages (the x tile
-    through the B stages; y's stages take the room of the entry's fourth), whole tiles: no XLA reduction over an
-    (M, N) tensor, and the dx kernel within shared memory with y's stages beside the others."""
+def test_y_by_tma_beside_dy_in_the_dx_kernel_lowers_with_a_third_stage_buffer():
+    """row_dot_in_dx="tma" at 32768x4096x4096 with the H200 entry's dx tiles at 3 stages (the x tile through the B
+    stages; y's stages take the room of the entry's fourth), whole tiles: no XLA reduction over an (M, N) tensor,
+    and the dx kernel within shared memory with y's stages beside the others."""
     from pallas_kernels import tuning
 
     M, K, N = 32768, 4096, 4096
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
-    config = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, row_dot_in_dx=in_dx,
+    config = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, row_dot_in_dx="tma",
                                  dx=dataclasses.replace(entry.dx, tile_input_in="ring", stream_k=0, num_stages=3))
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
@@ -714,15 +713,15 @@ def test_one_row_on_the_gpu(K, N, forward, residual):
     (32768, 1024, 1024, jnp.bfloat16, "gamma_on_a_mma_shared"),  # 256 row blocks, r shared in the forward too
     (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a")])  # 224 steps of dy · y per first tile
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("in_dx", [True, "prefetch", "tma", "tma_each"])
+@pytest.mark.parametrize("in_dx", [True, "prefetch", "tma"])
 def test_the_row_dot_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, residual, in_dx):
     """Σ_N(dy · y) summed by the dx kernel's first tile of each row block and shared with the others
-    (``row_dot_in_dx``), or by every tile ("tma_each"): gradients against the float32 reference, two calls (the
-    counts end each at zero). "tma": the x tile through the dx kernel's B stages (a second view of them: B is w read
-    transposed), 64x256 stacked tiles; with a residual the XLA pass takes the row dot."""
+    (``row_dot_in_dx``): gradients against the float32 reference, two calls (the counts end each at zero). "tma":
+    the x tile through the dx kernel's B stages (a second view of them: B is w read transposed), 64x256 stacked
+    tiles; with a residual the XLA pass takes the row dot."""
     config = _numbers_config(M, K, N, dtype, residual, variant, "n")
     dx = dataclasses.replace(config.dx, stream_k=0)
-    if in_dx in ("tma", "tma_each"):
+    if in_dx == "tma":
         dx = dataclasses.replace(_DYR_DX, tile_input_in="ring")
     config = dataclasses.replace(config, row_dot_in_dx=in_dx, dx=dx)
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)

@@ -252,10 +252,9 @@ VARIANTS = {
     # falls back to XLA's pass)
     "row_dot_tma": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None, dx_in_kernel=False,
                         dx=dict(stream_k=0, tile_input_in="ring", num_stages=3), dw=dict(tile_input_in="ring")),
-    # every tile its own row dot from y's blocks by TMA beside dy's (no tile waits on another's)
-    "row_dot_each": dict(row_dot="n", row_dot_in_dx="tma_each", dyr_in_dx=None, dgamma_from=None,
-                         dx_in_kernel=False, dx=dict(stream_k=0, tile_input_in="ring", num_stages=3),
-                         dw=dict(tile_input_in="ring")),
+    # (removed, code at the tag row-dot-each-measured-ea7499e: "row_dot_each", every dx tile its own row dot from
+    # y's blocks by TMA, no tile waiting on another: the dx kernel 1963.4 against the entry's 1586.6 µs at
+    # 32768x4096x4096, 737.2 against 585.7 at 8192x4096x6144: rmsnorm_matmul_configs_row_dot_each-h200-ea7499e.json)
     # with one wgmma group in flight over the first tiles' loads and sums (and the same dx tiles without the row dot)
     "row_dot_tma_d1": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
                            dx=dict(stream_k=0, tile_input_in="ring", delay_release=1, num_stages=3),

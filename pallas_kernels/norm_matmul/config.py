@@ -348,9 +348,12 @@ class MosaicRMSNormMatmulConfig:
       beside stream-K since, 4294.8 against the entry's 4305.0, rmsnorm_matmul_configs_ring_stream_k_32768-h200-
       6ed694e.json, before that entry's dx kernel took the ring at 4 stages); at
       4096x4096x14336 1944.4 against the K side's 1880.8. Each row block's first tile takes about twice a tile's
-      time: the first rounds read all of dy and y at once. Spreading the first tiles through the order (each
-      group's a group or two ahead of its others; removed) cost more (1702.4 / 1698.4 at 8192x4096x6144: the
-      others then wait for them), as did one wgmma group in flight (1678.6).
+      time: the first rounds read all of dy and y at once. Every tile summing its own row dot so (no tile waiting
+      on another; at the tag row-dot-each-measured-ea7499e, removed) made each tile slower still: the dx kernel
+      1963.4 against the entry's 1586.6 µs at 32768x4096x4096, 737.2 against 585.7 at 8192x4096x6144.
+      Spreading the first tiles through the order (each group's a group or two ahead of its others; removed) cost
+      more (1702.4 / 1698.4 at 8192x4096x6144: the others then wait for them), as did one wgmma group in flight
+      (1678.6).
     dgamma_from: where dgamma comes from. "dw": the dw kernel's epilogue sums w ⊙ g over its columns, with the w
       tile prefetched into shared memory or through its B stages (``tile_input_in``). "u": (row_dot "k", with the
       dx GEMM reading w itself: gamma_on "x" or "a") the dx kernel writes u before gamma, u = (r / s) ⊙ (dy @ wᵀ),
@@ -480,9 +483,9 @@ class MosaicRMSNormMatmulConfig:
             raise ValueError(f"MosaicRMSNormMatmulConfig.dyr_in_dx: must be None or a bool; got "
                              f"dyr_in_dx={self.dyr_in_dx!r}")
         in_dx = self.row_dot_in_dx
-        if in_dx not in (False, True, "prefetch", "tma", "tma_each") or (in_dx and self.row_dot_side() != "n"):
-            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True, 'prefetch', 'tma' or "
-                             f"'tma_each', not False only with row_dot='n' "
+        if in_dx not in (False, True, "prefetch", "tma") or (in_dx and self.row_dot_side() != "n"):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.row_dot_in_dx: must be False, True, 'prefetch' or 'tma', "
+                             f"not False only with row_dot='n' "
                              f"(the dx kernel sums dy · y over N); got row_dot_in_dx={self.row_dot_in_dx!r}, "
                              f"row_dot={self.row_dot!r}")
         dx = self.dx
@@ -578,10 +581,10 @@ class MosaicRMSNormMatmulConfig:
     def row_dot_by_dx(self, dtype, residual: bool) -> bool | str:
         """The row dot's form in the dx kernel (``row_dot_in_dx``; False: XLA's pass): "tma" only without a
         residual and where the y stages fit in the dx kernel's shared memory, else False."""
-        if self.row_dot_in_dx not in ("tma", "tma_each"):
+        if self.row_dot_in_dx != "tma":
             return self.row_dot_in_dx
         fits = self._dx_smem(dtype, residual, dyr_staging=False, y_stages=True) <= mosaic_utils.H100_SMEM_BYTES
-        return self.row_dot_in_dx if fits and not residual else False
+        return "tma" if fits and not residual else False
 
     def dyr_by_dx(self, dtype, residual: bool) -> bool:
         """Whether the dx kernel writes dyr: ``dyr_in_dx``, or when None, with row_dot "n" where its staging
@@ -595,7 +598,7 @@ class MosaicRMSNormMatmulConfig:
         """None when the dx kernel's shared memory holds the dyr copy's staging too; else the sentence saying how
         much it would need."""
         staging = 2 * self.dx.wg_rows * self.dx.tile_k * jnp.dtype(dtype).itemsize
-        y_stages = self.row_dot_by_dx(dtype, residual) in ("tma", "tma_each")
+        y_stages = self.row_dot_by_dx(dtype, residual) == "tma"
         need = self._dx_smem(dtype, residual, dyr_staging=True, y_stages=y_stages)
         if need <= mosaic_utils.H100_SMEM_BYTES:
             return None

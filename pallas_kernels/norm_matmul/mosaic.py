@@ -344,12 +344,10 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
     with the row block's other tiles (``Fusion.share_rows``; also an output, "row_dot" (M,) float32); "prefetch":
     each step loads the next step's y block into the carry (its load's latency under a step's wgmma); "tma": the
     memory warpgroup loads y's blocks by TMA into a stage buffer beside dy's (``Fusion.a_beside``), and the MMA
-    warpgroups read both from shared memory; "tma_each": so, in every tile (each its own row dot, whole tiles: no
-    share_rows, no wait on another tile)."""
-    each = row_dot_in_kernel == "tma_each"
+    warpgroups read both from shared memory."""
 
     def epilogue(ctx, acc, carry):
-        if row_dot_in_kernel and not each:  # (the shared row dot, the carry)
+        if row_dot_in_kernel:  # (the shared row dot, the carry)
             row_dot, carry = carry
         else:
             row_dot = carry[0]
@@ -372,7 +370,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                       prologue_init=lambda ctx: tuple(ctx.load_rows(n) for n in rows), epilogue=epilogue)
 
     prefetch = row_dot_in_kernel == "prefetch"
-    by_tma = row_dot_in_kernel in ("tma", "tma_each")
+    by_tma = row_dot_in_kernel == "tma"
 
     def init(ctx):  # the row dot's sums (rows,) float32 in place of the row dot, then r and r / s (and y's next)
         cfg = ctx.config
@@ -396,14 +394,13 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
             y, rest = y_block(ctx, ctx.step), carry[1:]
         return (carry[0] + jnp.sum(dy.astype(_F32) * y.astype(_F32), axis=1), *rest)
 
-    shared = {} if each else dict(share_rows=("row_dot", lambda ctx, carry: carry[0]))
-    if not each:
-        outputs = (*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32)))
     return Fusion(tile_inputs=("x", "dh") if has_dh else ("x",), store_in="x",
                   inputs=("rstd", *(() if by_tma else ("y",)), *(("gamma",) if gamma_cols else ()), *rows[2:]),
-                  col_inputs=("gamma",) if gamma_cols else (), outputs=outputs,
+                  col_inputs=("gamma",) if gamma_cols else (),
+                  outputs=(*outputs, ("row_dot", jax.ShapeDtypeStruct((M,), _F32))),
                   a_copy=("dyr", _dyr_copy(2)) if dyr is not None else None, prologue_init=init,
-                  a_observe=add_row_dot, a_beside="y" if by_tma else None, epilogue=epilogue, **shared)
+                  a_observe=add_row_dot, a_beside="y" if by_tma else None,
+                  share_rows=("row_dot", lambda ctx, carry: carry[0]), epilogue=epilogue)
 
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
