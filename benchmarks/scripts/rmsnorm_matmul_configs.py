@@ -337,7 +337,7 @@ VARIANTS = {
         delay_release=1)),
     "fwd128_sk": dict(forward=dict(_OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m",
                                    schedule="cooperative", num_stages=6, stream_k=4, delay_release=0)),
-    "row_dot_tma_sk": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None,
+    "row_dot_tma_sk": dict(row_dot="n", row_dot_in_dx="tma", dyr_in_dx=None, dgamma_from=None, dx_in_kernel=False,
                            dx=dict(stream_k=4, tile_input_in="ring", num_stages=3), dw=dict(tile_input_in="ring")),
     # (the first tiles' row dot as the diagonal of a second wgmma per step, dy · yᵀ, instead of dy and y loaded into
     # registers: row_dot_in_dx="wgmma", gemm.Fusion.beside_dot at aebd95d, reverted; "row_dot_wgmma": the dx kernel
