@@ -393,6 +393,9 @@ VARIANTS = {
     # at 0ee5e84, removed; rmsnorm_matmul_configs_dx_buf3-h200-0ee5e84.json, toggle_ab_prefetch_under_first-h200-
     # 0ee5e84.json: NOTES.md, forty-seventh session)
     "dx_buf3": dict(dx=dict(tile_input_in="buffer", num_stages=3)),
+    # the dx kernel on cooperative 128x128 tiles (64x128 a warpgroup: 64 registers of accumulator, so that a tile's u
+    # could stay in registers beside the next tile's K loop), the row sum over 32 column blocks
+    **{f"dx128_s{stages}": dict(dx=dict(tile_n=128, num_stages=stages)) for stages in (4, 6)},
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
     # (removed, code at 63cde2c: ``xr_in_forward``, the VJP's forward writing xr = r ⊙ x from its A blocks with gamma
     # on w, the dw GEMM xrᵀ @ dy, no dyr copied by the dx kernel; "xr_in_forward", forward + backward µs against the
