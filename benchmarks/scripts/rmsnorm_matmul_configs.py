@@ -394,7 +394,9 @@ VARIANTS = {
     # 0ee5e84.json: NOTES.md, forty-seventh session)
     "dx_buf3": dict(dx=dict(tile_input_in="buffer", num_stages=3)),
     # the dx kernel on cooperative 128x128 tiles (64x128 a warpgroup: 64 registers of accumulator, so that a tile's u
-    # could stay in registers beside the next tile's K loop), the row sum over 32 column blocks
+    # could stay in registers beside the next tile's K loop), the row sum over 32 column blocks: the dx kernel 1942.1
+    # (4 stages) / 1740.5 (6) against the entry's 1589.2 µs at 32768x4096x4096 (rmsnorm_matmul_configs_dx128-h200-
+    # 6df47bf.json: NOTES.md, forty-eighth session)
     **{f"dx128_s{stages}": dict(dx=dict(tile_n=128, num_stages=stages)) for stages in (4, 6)},
     "dw3": dict(dw=dict(num_stages=3)),  # (beside "dw_ring": the dw kernel's w tile, for dgamma, in its stages)
     # (removed, code at 63cde2c: ``xr_in_forward``, the VJP's forward writing xr = r ⊙ x from its A blocks with gamma
