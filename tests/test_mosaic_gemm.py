@@ -1575,6 +1575,16 @@ def test_col_inputs_must_be_float32_column_vectors_of_the_inputs(fusion, v, matc
                        S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), v)
 
 
+def test_col_inputs_need_n_a_multiple_of_tile_n():
+    """A last column of tiles past N (partial_columns) has no whole (tile_n,) slice for TMA to load."""
+    fusion = dataclasses.replace(_scaled_columns(), partial_columns=True)
+    with pytest.raises(ValueError, match=r"col_inputs='v' must name a \(320,\) float32 array of inputs, N a multiple "
+                                         r"of tile_n=128 .* got shape \(320,\), dtype float32, N=320"):
+        jax.eval_shape(lambda a, b, v: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16, fusion=fusion,
+                                            arrays=dict(v=v)),
+                       S((256, 256), jnp.bfloat16), S((256, 320), jnp.bfloat16), S((320,), jnp.float32))
+
+
 @cpu_only
 def test_col_inputs_load_by_tma_beside_the_operands():
     """Lowered for CUDA: one more TMA load (the vector's slice) and its SMEM, 2 x tile_n float32 and a barrier pair,
