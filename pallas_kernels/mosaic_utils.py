@@ -40,7 +40,6 @@ import inspect
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.backends import first_derivatives_only, traced_with_32_bit_indices
@@ -238,72 +237,6 @@ def _discharged(fn):
         return jax.tree.unflatten(jax.tree.structure(out_shapes), outs)
 
     return pure
-
-
-def store_flagged_rows(vec: jax.Array, words) -> None:
-    """Publishes a (tile_m,) float32 row vector in layout ROWS into ``words``, a (tile_m,) slice of a zero-filled
-    int32 global array (``pl.get_global`` semaphores: jax zeroes them before each call): each row's float32 bits
-    by a relaxed store at GPU scope, +0.0 written as -0.0 so that a nonzero word means "stored". No release is
-    needed: the reader uses nothing else that this thread wrote (``poll_flagged_rows``)."""
-    from jax.experimental.mosaic import gpu as mgpu
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith, llvm, vector
-
-    vec = jnp.where(vec == 0.0, jnp.float32(-0.0), vec.astype(jnp.float32))
-
-    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), ROWS))
-    def _store(launch_ctx, ref, rows):
-        del launch_ctx
-        i32 = ir.IntegerType.get_signless(32)
-        base = mgpu.utils.memref_ptr(ref)
-        for idx, reg in zip(rows.layout.thread_idxs(rows.shape), rows.registers.flat):
-            bits = arith.bitcast(i32, vector.extract(reg, [], [0]))
-            ptr = mgpu.utils.getelementptr(base, [arith.index_cast(i32, idx[0])], i32)
-            llvm.inline_asm(ir.Type.parse("!llvm.void"), [ptr, bits], "st.relaxed.gpu.global.b32 [$0], $1;",
-                            "l,r", has_side_effects=True)
-
-    _store(words, vec)
-
-
-def poll_flagged_rows(words, num_parts: int, part_stride: int, rows: int) -> jax.Array:
-    """Σ over p < num_parts of the float32 rows published at ``words[p · part_stride + i]`` (i < rows) by
-    ``store_flagged_rows``, each thread spinning (relaxed loads at GPU scope, which L1 does not serve) until all of
-    its rows' parts are nonzero; summed in p order, so every reader gets the same float32 totals. ``words``: the
-    int32 global array sliced at the first row. Returns (rows,) float32 in layout ROWS."""
-    from jax.experimental.mosaic import gpu as mgpu
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith, llvm, vector
-
-    loads = "".join(f"ld.relaxed.gpu.global.b32 ${p}, [${num_parts}+{4 * p * part_stride}];"
-                    for p in range(num_parts))
-    tests = "setp.eq.b32 flagged_p, $0, 0;" + "".join(f"setp.eq.or.b32 flagged_p, ${p}, 0, flagged_p;"
-                                                     for p in range(1, num_parts))
-    asm = ("{ .reg .pred flagged_p; flagged_poll_${:uid}: " + loads + tests
-           + " @flagged_p bra flagged_poll_${:uid}; }")
-    constraints = ",".join(["=r"] * num_parts + ["l"])
-
-    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),),
-                       return_type=plgpu.ShapeDtypeStruct((rows,), jnp.float32, layout=ROWS))
-    def _poll(launch_ctx, ref):
-        del launch_ctx
-        i32, f32 = ir.IntegerType.get_signless(32), ir.F32Type.get()
-        layout = mgpu.WGMMA_ROW_LAYOUT
-        base = mgpu.utils.memref_ptr(ref)
-        words_type = llvm.StructType.get_literal([i32] * num_parts)
-        registers = []
-        for (idx,) in layout.thread_idxs((rows,)):
-            ptr = mgpu.utils.getelementptr(base, [arith.index_cast(i32, idx)], i32)
-            parts = llvm.inline_asm(words_type, [ptr], asm, constraints, has_side_effects=True)
-            total = None
-            for p in range(num_parts):
-                part = arith.bitcast(f32, llvm.extractvalue(i32, parts, [p]))
-                total = part if total is None else arith.addf(total, part)
-            registers.append(vector.broadcast(ir.VectorType.get((1,), f32), total))
-        shape = layout.registers_shape((rows,))
-        return mgpu.FragmentedArray(_registers=np.array(registers, dtype=object).reshape(shape), _layout=layout,
-                                    _is_signed=None)
-
-    return _poll(words)
 
 
 def is_hopper(device=None) -> bool:

@@ -74,10 +74,6 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
-# (timing switch, A/B this session) Fusion.sum_rows through flagged parts: each accumulator publishes its part's
-# rows as nonzero words of a zero-filled global array and polls the row's parts directly, instead of a release-add
-# to a count, an acquiring wait on it and the parts' loads after it (``_sum_row_parts``).
-SUM_ROWS_FLAGGED = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -686,11 +682,7 @@ class _Shape:
                 acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
                 for n, vec in rows_out.items():
                     _store_rows(vec, named_out[n], ctx)
-                    if "row_parts" in scoped and n == fusion.sum_rows[0]:
-                        mu.store_flagged_rows(vec, scoped["row_parts"].at[pl.ds(
-                            ctx.col_block * self.mnk[0] + ctx.row0, self.cfg.tile_m)])
-        flagged = "row_parts" in scoped
-        signal_early = fusion.sum_rows is not None and fusion.tile_copy is not None and not flagged
+        signal_early = fusion.sum_rows is not None and fusion.tile_copy is not None
         if signal_early:  # the row's other tiles may sum while this one copies its tile (NOTES.md, forty-fifth
             # session: the dx kernel 255.3 -> 252.3 µs at 16384x1024x5504, 39.3 -> 38.8 at 8192x512x2816)
             _signal_row_part(scoped["row_semaphores"], ctx)
@@ -704,11 +696,7 @@ class _Shape:
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
             with mu.region("sum_rows"):
-                if flagged:
-                    total = mu.poll_flagged_rows(scoped["row_parts"].at[pl.ds(ctx.row0, self.cfg.tile_m)],
-                                                 named_out[name].shape[0], self.mnk[0], self.cfg.tile_m)
-                else:
-                    total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=signal_early)
+                total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=signal_early)
             with mu.region("finish"):
                 acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:

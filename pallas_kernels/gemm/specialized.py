@@ -120,11 +120,6 @@ def registers(shape) -> tuple[int, int, int]:
     return mma, memory, prologue
 
 
-def _flagged_parts() -> bool:
-    from pallas_kernels.gemm import mosaic  # (the switch lives beside _sum_row_parts)
-    return mosaic.SUM_ROWS_FLAGGED
-
-
 def _consumed_barrier(shape, *, num_arrivals: int, num_barriers: int):
     """The barriers a consumer arrives on once it has read a stage: a cluster barrier when the stage also receives
     the other block's multicast (its memory warpgroup must wait for this block's consumers too)."""
@@ -180,10 +175,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         else:
             ring_stages = stages[1]
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
-        if fusion.sum_rows is not None and _flagged_parts():  # (P, M) words, flat (gemm.mosaic.SUM_ROWS_FLAGGED)
-            parts = dict(fusion.outputs)[fusion.sum_rows[0]].shape[0]
-            scoped["row_parts"] = pl.get_global(plgpu.SemaphoreType.REGULAR((parts * shape.mnk[0],)))
-        elif fusion.sum_rows is not None:  # one count per accumulator row group (gemm.mosaic._sum_row_parts)
+        if fusion.sum_rows is not None:  # one count per accumulator row group (gemm.mosaic._sum_row_parts)
             scoped["row_semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.mnk[0] // cfg.tile_m,)))
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
 
