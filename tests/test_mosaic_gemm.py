@@ -1738,6 +1738,72 @@ def test_sum_rows_on_the_gpu(M, K, N, config):
         assert _rel_err(jnp.sum(parts, axis=0), jnp.sum(c, axis=1)) <= _tol(jnp.bfloat16, K)
 
 
+def _centered_by_x(M: int, N: int, config: MosaicGemmConfig) -> Fusion:
+    """out = c − x ⊙ mean_N(c ⊙ x) per row, c = A @ B, x an (M, N) tile input the output is stored from: the row
+    sum of ``_centered_rows`` with a tile input in its part and its finish, the shape of the rmsnorm_matmul dx
+    kernel's (whose finish ``epilogue_store="next_tile"`` defers under the next tile)."""
+    parts = S((N // config.tile_n, M), jnp.float32)
+    return Fusion(tile_inputs=("x",), store_in="x", outputs=(("parts", parts),),
+                  epilogue=lambda ctx, acc, carry: (acc, {"parts": jnp.sum(acc * ctx.load_tile("x"), axis=1)}),
+                  sum_rows=("parts", lambda ctx, acc, total, carry: acc - ctx.load_tile("x") * jax.lax.broadcast_in_dim(
+                      total * (1.0 / N), acc.shape, [0])))
+
+
+_SUM_ROWS_DEFERRED = dataclasses.replace(_SUM_ROWS_STACKED, num_stages=3, epilogue_store="next_tile")
+
+
+@pytest.mark.parametrize("K, steps", [(1024, 7), (256, 5), (64, 2)])
+def test_sum_rows_finish_deferred_lowers_into_the_next_tiles_first_steps(K, steps):
+    """epilogue_store="next_tile" beside sum_rows: the row sum's wait, one step per column piece of the finish and
+    the next tile input's prefetch each run right after one of the next tile's first wgmmas, so those steps are
+    unrolled ahead of the loop (1 + 4 pieces + 1, then the loop's step; merged into the K loop's 4 or 1 steps
+    where it is shorter, the loop's body compiled all the same); the
+    finished tile is stored from the tile input's buffer (no staging slots: the same shared memory as 'end')."""
+    M, N = 4096, 1024
+    operands = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, N), jnp.bfloat16)
+    kernels = {}
+    for store in ("end", "next_tile"):
+        config = dataclasses.replace(_SUM_ROWS_DEFERRED, epilogue_store=store)
+        (kernels[store],) = mosaic_ir.lower_kernels(
+            lambda a, b, x: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_centered_by_x(M, N, config),
+                                 arrays={"x": x}), *operands)
+    commits = {k: v.op_counts().get("nvvm.wgmma.commit.group.sync.aligned", 0) for k, v in kernels.items()}
+    assert commits == {"end": 1, "next_tile": steps}
+    assert kernels["next_tile"].smem_bytes == kernels["end"].smem_bytes
+    assert kernels["next_tile"].text.count("red.release.gpu.global.add.u32") == 1
+
+
+@pytest.mark.parametrize("config_changes, fusion_changes, match", [
+    (dict(tile_input_in="ring", num_stages=4), {}, "tile_input_in='ring'"),
+    ({}, dict(store_in=None), "store_in=None"),
+    (dict(epilogue_store="split"), {}, r"takes epilogue_store='end' \(or 'next_tile' beside sum_rows")])
+def test_sum_rows_finish_deferred_needs_its_tile_input_in_a_buffer(config_changes, fusion_changes, match):
+    config = dataclasses.replace(_SUM_ROWS_DEFERRED, **config_changes)
+    fusion = dataclasses.replace(_centered_by_x(256, 512, config), **fusion_changes)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda a, b, x: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion,
+                                            arrays={"x": x}),
+                       S((256, 128), jnp.bfloat16), S((128, 512), jnp.bfloat16), S((256, 512), jnp.bfloat16))
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(4096, 1024, 1024), (2048, 2048, 8192), (4096, 256, 2048), (1024, 64, 1024)])
+def test_sum_rows_finish_deferred_on_the_gpu(M, K, N):
+    """The finish under the next tile's first wgmmas: against the float32 reference, two calls; K loops of 16, 32,
+    4 and 1 steps (the deferred work merged into fewer steps)."""
+    fn = jax.jit(lambda a, b, x: gemm(a, b, config=_SUM_ROWS_DEFERRED, out_dtype=jnp.bfloat16,
+                                      fusion=_centered_by_x(M, N, _SUM_ROWS_DEFERRED), arrays={"x": x}))
+    for _ in range(2):
+        a, b = _operands(M, K, N, jnp.bfloat16)
+        x = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
+        c = _f32_product(a, b)
+        xf = x.astype(jnp.float32)
+        want = c - xf * jnp.mean(c * xf, axis=1, keepdims=True)
+        got, parts = fn(a, b, x)
+        assert _rel_err(got, want) <= _tol(jnp.bfloat16, max(K, N))  # NaN fails
+        assert _rel_err(jnp.sum(parts, axis=0), jnp.sum(c * xf, axis=1)) <= _tol(jnp.bfloat16, max(K, N))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The memory warpgroup's loads from one warp (MosaicGemmConfig.memory_warps)
 # ---------------------------------------------------------------------------------------------------------------
