@@ -74,6 +74,8 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
+DEFER_POLL_STEP = 0  # (timing knobs, this session's A/B) the deferred finish's row-sum wait after this many of the
+DEFER_PREFETCH_GAP = 0  # next tile's steps; the tile input's prefetch this many steps after the store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -803,9 +805,13 @@ class _Shape:
 
             return body if last else (lambda: pl.when(prefetch)(body))
 
+        def idle():
+            pass
+
         work = [wait_rows] + [piece(j) for j in range(self.cfg.tile_n // width)]
         if not last:
-            work.append(lambda: pl.when(prefetch)(lambda: self.prefetch_tile_inputs(ctx, named_in, scoped)))
+            work = ([idle] * DEFER_POLL_STEP + work + [idle] * DEFER_PREFETCH_GAP
+                    + [lambda: pl.when(prefetch)(lambda: self.prefetch_tile_inputs(ctx, named_in, scoped))])
         return work
 
     def held_shape(self) -> tuple:
