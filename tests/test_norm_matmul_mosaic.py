@@ -1124,28 +1124,6 @@ def test_dx_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, row_dot, resi
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
-def _dx_deferred(config):
-    """The dx kernel's row-sum wait, finish and store under the next tile's first wgmmas (its x tile in its own
-    buffers: 3 stages)."""
-    return dataclasses.replace(config, dx=dataclasses.replace(config.dx, tile_input_in="buffer", num_stages=3,
-                                                              epilogue_store="next_tile"))
-
-
-@gpu_only
-@pytest.mark.parametrize("M, K, N, dtype", [(32768, 4096, 4096, jnp.bfloat16), (8192, 512, 768, jnp.bfloat16),
-                                            (4096, 2048, 3072, jnp.bfloat16), (2048, 1024, 4096, jnp.float16)])
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_dx_finished_under_the_next_tile_on_the_gpu(M, K, N, dtype, residual):
-    """dx_in_kernel with the dx kernel's finish deferred (dx epilogue_store "next_tile"): forward and gradients
-    against the float32 reference, two calls."""
-    config = dataclasses.replace(nm_config.mosaic_default_config(M, K, N, dtype, residual=residual),
-                                 dx_in_kernel=True, xr_in_dx=False)
-    config = _dx_deferred(dataclasses.replace(config, dx=dataclasses.replace(config.dx, stream_k=0)))
-    for _ in range(2):
-        x, g, w, res = inputs(M, K, N, dtype, residual=residual)
-        _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
-
-
 @gpu_only
 @pytest.mark.parametrize("dtype, scale", [(jnp.bfloat16, 1e3), (jnp.float16, 30.0)])
 def test_large_magnitudes_on_the_gpu(dtype, scale):

@@ -393,9 +393,10 @@ VARIANTS = {
     # at 0ee5e84, removed; rmsnorm_matmul_configs_dx_buf3-h200-0ee5e84.json, toggle_ab_prefetch_under_first-h200-
     # 0ee5e84.json: NOTES.md, forty-seventh session)
     "dx_buf3": dict(dx=dict(tile_input_in="buffer", num_stages=3)),
-    # the dx kernel's row-sum wait, finish and store deferred under the next tile's first wgmmas (gemm.Fusion.sum_rows
-    # with epilogue_store "next_tile": u held in registers as bfloat16), the x tile in its own buffers
-    "dx_defer": dict(dx=dict(tile_input_in="buffer", num_stages=3, epilogue_store="next_tile")),
+    # (removed: "dx_defer", this form with the row sum's wait, the finish and the store deferred under the next
+    # tile's first wgmmas, u held in registers as bfloat16; correct, the dx kernel 1585.2 µs against 1545.8 for this
+    # form and 1524.2 for the entry at 32768x4096x4096: defer_ab_dx_finish-h200-531b394.json, tag
+    # dx-finish-deferred-measured-531b394)
     # the dx kernel on cooperative 128x128 tiles (64x128 a warpgroup: 64 registers of accumulator, so that a tile's u
     # could stay in registers beside the next tile's K loop), the row sum over 32 column blocks: the dx kernel 1942.1
     # (4 stages) / 1740.5 (6) against the entry's 1589.2 µs at 32768x4096x4096 (rmsnorm_matmul_configs_dx128-h200-

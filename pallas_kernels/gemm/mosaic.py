@@ -74,8 +74,6 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
-DEFER_POLL_STEP = 0  # (timing knobs, this session's A/B) the deferred finish's row-sum wait after this many of the
-DEFER_PREFETCH_GAP = 0  # next tile's steps; the tile input's prefetch this many steps after the store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,12 +326,10 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     if config.stores_later and not fusion.store_tile:
         raise ValueError(f"{name}: a fusion that stores no output tile (store_tile=False) takes epilogue_store='end', "
                          f"got {config.epilogue_store!r}")
-    defers = fusion.sum_rows is not None and config.epilogue_store == "next_tile"
-    if config.stores_later and fusion.store_in is not None and not defers:
+    if config.stores_later and fusion.store_in is not None:
         raise ValueError(f"{name}: epilogue_store={config.epilogue_store!r} keeps the output tile in registers and "
                          f"stages it in its own SMEM slots; a fusion storing from its tile input "
-                         f"(store_in={fusion.store_in!r}, or accumulate_into) takes epilogue_store='end' (or "
-                         f"'next_tile' beside sum_rows: the finish deferred under the next tile)")
+                         f"(store_in={fusion.store_in!r}, or accumulate_into) takes epilogue_store='end'")
     if fusion.share_rows is not None:
         shared = dict(fusion.outputs).get(fusion.share_rows[0])
         if (fusion.a_observe is None and fusion.a_operand is None) or config.pingpong or config.cluster != "none":
@@ -349,21 +345,14 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         summed = dict(fusion.outputs).get(fusion.sum_rows[0])
         want = (-(-N // config.tile_n), M)
         if (config.pipeline != "own" or config.pingpong or config.stream_k or config.cluster != "none"
-                or config.epilogue_store == "split" or fusion.share_rows is not None or fusion.a_beside is not None
+                or config.stores_later or fusion.share_rows is not None or fusion.a_beside is not None
                 or mu.interpreting()):
             raise ValueError(f"{name}: sum_rows sums a row vector over a row block's tiles through global semaphores: "
                              f"it needs pipeline='own', schedule='cooperative', stream_k=0, cluster='none', "
-                             f"epilogue_store 'end' or 'next_tile', no share_rows or a_beside, and a GPU (no "
-                             f"interpret mode); got "
+                             f"epilogue_store='end', no share_rows or a_beside, and a GPU (no interpret mode); got "
                              f"pipeline={config.pipeline!r}, schedule={config.schedule!r}, "
                              f"stream_k={config.stream_k}, cluster={config.cluster!r}, "
                              f"epilogue_store={config.epilogue_store!r}, interpret={mu.interpreting()}")
-        if defers and (fusion.store_in is None or config.tile_input_in != "buffer" or fusion.tile_copy is not None):
-            raise ValueError(f"{name}: sum_rows with epilogue_store='next_tile' finishes each tile under the next "
-                             f"tile's first wgmma, storing it from its store_in tile input's own buffer: it needs a "
-                             f"store_in, tile_input_in='buffer' and no tile_copy; got store_in={fusion.store_in!r}, "
-                             f"tile_input_in={config.tile_input_in!r}, "
-                             f"tile_copy={None if fusion.tile_copy is None else fusion.tile_copy[0]!r}")
         if summed is None or summed.shape != want or jnp.dtype(summed.dtype) != jnp.dtype(_F32):
             seen = "no such output" if summed is None else f"shape {summed.shape}, dtype {jnp.dtype(summed.dtype)}"
             raise ValueError(f"{name}: sum_rows={fusion.sum_rows[0]!r} must name a {want} float32 output (one row "
@@ -651,30 +640,14 @@ class _Shape:
         """The tile input that arrives through the B stages (``MosaicGemmConfig.tile_input_in="ring"``), or None."""
         return self.fusion.tile_inputs[0] if self.cfg.tile_input_in == "ring" and self.fusion.tile_inputs else None
 
-    @property
-    def defers_finish(self) -> bool:
-        """(``Fusion.sum_rows`` with ``epilogue_store="next_tile"``) Each tile's epilogue ends after its hook: the
-        row sum's wait, the finish and the store run under the next tile's first wgmmas (``deferred_finish``)."""
-        return self.fusion.sum_rows is not None and self.cfg.epilogue_store == "next_tile"
-
-    def start_tile(self, ctx: TileContext, named_in, scoped, local=None) -> None:
+    def start_tile(self, ctx: TileContext, named_in, scoped) -> None:
         """At a tile's start in each compute warpgroup: TMA prefetch of the epilogue's tile inputs (a ring input
-        comes with the stages instead) and column slices (``Fusion.col_inputs``). ``local``: the block's local tile
-        index where the previous tile's finish is deferred; its tile inputs are then prefetched here for the first
-        tile only (``deferred_finish`` prefetches the others' once the previous tile has left the buffer)."""
+        comes with the stages instead) and column slices (``Fusion.col_inputs``)."""
         for n in self.fusion.col_inputs:
             plgpu.copy_gmem_to_smem(named_in[n].at[ctx.cols], scoped["col_smem"][n].at[ctx.wg],
                                     scoped["col_barriers"][n].at[ctx.wg])
         if self.ring_input:
             return
-        if self.defers_finish and local is not None:
-            pl.when(local == 0)(lambda: self.prefetch_tile_inputs(ctx, named_in, scoped))
-            return
-        self.prefetch_tile_inputs(ctx, named_in, scoped)
-
-    def prefetch_tile_inputs(self, ctx: TileContext, named_in, scoped) -> None:
-        """TMA prefetch of this warpgroup's tile of each tile input into its buffer, once the last output stored
-        from that buffer has left it."""
         if self.fusion.store_in is not None:  # the last tile's output has left the buffer we prefetch into
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         for n in self.fusion.tile_inputs:
@@ -709,7 +682,7 @@ class _Shape:
                 acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
                 for n, vec in rows_out.items():
                     _store_rows(vec, named_out[n], ctx)
-        signal_early = fusion.sum_rows is not None and (fusion.tile_copy is not None or self.defers_finish)
+        signal_early = fusion.sum_rows is not None and fusion.tile_copy is not None
         if signal_early:  # the row's other tiles may sum while this one copies its tile (NOTES.md, forty-fifth
             # session: the dx kernel 255.3 -> 252.3 µs at 16384x1024x5504, 39.3 -> 38.8 at 8192x512x2816)
             _signal_row_part(scoped["row_semaphores"], ctx)
@@ -720,8 +693,6 @@ class _Shape:
                 buffer[...] = fn(dataclasses.replace(ctx, tiles=tile_refs), carry).astype(buffer.dtype)
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(buffer, named_out[name].at[ctx.rows, ctx.cols])
-        if self.defers_finish:  # the rest under the next tile's first wgmmas (or after the block's last tile)
-            return acc.astype(self.out_dtype)
         if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
             with mu.region("sum_rows"):
@@ -765,54 +736,6 @@ class _Shape:
         """Stores what ``finish_tile(store=False)`` returned: the whole tile ("next_tile") or its right half
         ("split")."""
         self.store_output(ctx, held, scoped, out_gmem, part=1 if self.cfg.epilogue_store == "split" else None)
-
-    def deferred_finish(self, ctx: TileContext, prev: TileContext, held: jax.Array, prefetch, named_in, named_out,
-                        scoped, out_gmem, last: bool = False) -> list:
-        """(``defers_finish``) The previous tile's finish, as work for the first steps of this tile's K loop, each
-        callable run right after a step's wgmma is issued: the row sum's wait (``_sum_row_parts``: its part was
-        signalled at its epilogue), then ``Fusion.sum_rows``' finish on one (tile_m, epi_tile_n) column piece of
-        the held u (out_dtype registers) and the tile input at a time, written over that input's buffer, the last
-        piece storing the tile from there; then this tile's tile inputs prefetched into the buffer (``prefetch``,
-        a traced bool: False at the block's first tile, which has no previous one and prefetched at its start).
-        ``ctx``: this tile's context (None after the block's last tile: ``last``, nothing prefetched)."""
-        name, finish = self.fusion.sum_rows
-        buffer = scoped["tile_smem"][self.fusion.store_in].at[prev.wg]
-        width = self.cfg.epi_tile_n
-        state = {}
-
-        def wait_rows():
-            carry = self.fusion.prologue_init(prev) if self.fusion.prologue_init is not None else ()
-
-            def summed():
-                with mu.region("sum_rows"):
-                    return _sum_row_parts(named_out[name], scoped["row_semaphores"], prev, signalled=True)
-
-            state["carry"] = carry
-            state["total"] = summed() if last else lax.cond(
-                prefetch, summed, lambda: mu.layout_cast(jnp.zeros((self.cfg.tile_m,), _F32), mu.ROWS))
-
-        def piece(j):
-            def body():
-                cols = pl.ds(j * width, width)
-                tiles = {n: scoped["tile_smem"][n].at[prev.wg].at[:, cols] for n in self.fusion.tile_inputs}
-                u = held[:, j * width:(j + 1) * width].astype(_F32)
-                with mu.region("finish"):
-                    dx = finish(dataclasses.replace(prev, tiles=tiles), u, state["total"], state["carry"])
-                    buffer.at[:, cols][...] = dx.astype(buffer.dtype)
-                if j == self.cfg.tile_n // width - 1:
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(buffer, out_gmem.at[prev.rows, prev.cols])
-
-            return body if last else (lambda: pl.when(prefetch)(body))
-
-        def idle():
-            pass
-
-        work = [wait_rows] + [piece(j) for j in range(self.cfg.tile_n // width)]
-        if not last:
-            work = ([idle] * DEFER_POLL_STEP + work + [idle] * DEFER_PREFETCH_GAP
-                    + [lambda: pl.when(prefetch)(lambda: self.prefetch_tile_inputs(ctx, named_in, scoped))])
-        return work
 
     def held_shape(self) -> tuple:
         """The shape of what a tile keeps for the next tile's first wgmma (``epilogue_store`` not "end")."""

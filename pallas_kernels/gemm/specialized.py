@@ -528,22 +528,16 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     return acc_ref, hook_carry, rows
 
                 rows = () if fetch_at is None else fetch_at[2]
-                first, n_first = k0, 0
-                if under_first is not None:  # outside the loop: what it stores is no loop constant. A list: one
-                    # callable per step (the deferred finish), the tail run together where the loop is shorter
-                    work = list(under_first) if isinstance(under_first, (list, tuple)) else [under_first]
-                    if isinstance(k1 - k0, int) and len(work) > k1 - k0:
-                        tail = work[k1 - k0 - 1:]
-                        work = work[:k1 - k0 - 1] + [lambda: [w() for w in tail]]
-                    for i, w in enumerate(work):
-                        _, hook_carry, rows = step(k0 + i, (acc_ref, hook_carry, rows), after_issue=w)
-                    first, n_first = k0 + len(work), len(work)
+                first = k0
+                if under_first is not None:  # outside the loop: what it stores is no loop constant
+                    _, hook_carry, rows = step(k0, (acc_ref, hook_carry, rows), after_issue=under_first)
+                    first = k0 + 1
                 if fusion.a_operand is None:
                     _, hook_carry, rows = lax.fori_loop(first, k1, step, (acc_ref, hook_carry, rows))
                 else:  # delay + 1 steps per iteration, each its own register block: a block is loaded again only
                     # after the wgmma_wait(delay) of a later step has seen its wgmma complete (a static count)
                     unroll = delay + 1
-                    count = (k1 - k0 if length is None else length) - n_first
+                    count = (k1 - k0 if length is None else length) - (under_first is not None)
                     rounds, rest = divmod(count, unroll)
 
                     def steps(j, carry):
@@ -637,14 +631,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
                 the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
                 ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
-                shape.start_tile(ctx, named_in, scoped, local=local)
+                shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
                 under_first = None
-                if pending is not None and shape.defers_finish:
-                    held, prev = pending
-                    under_first = shape.deferred_finish(ctx, shape.tile_context(prev, wg, refs_by_name), held,
-                                                        local > 0, named_in, named_out, scoped, out_gmem)
-                elif pending is not None:
+                if pending is not None:
                     def under_first():
                         @pl.when(local > 0)
                         def _store_previous():
@@ -693,13 +683,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 @pl.when(lax.axis_index("sm") < round_tiles)  # the block ran a tile: its last one is pending
                 def _store_last():
                     tile, lin = last_output
-                    prev = shape.tile_context(lin, wg, refs_by_name)
-                    if not shape.defers_finish:
-                        shape.store_later(prev, tile, scoped, out_gmem)
-                        return
-                    for work in shape.deferred_finish(None, prev, tile, None, named_in, named_out, scoped, out_gmem,
-                                                      last=True):
-                        work()
+                    shape.store_later(shape.tile_context(lin, wg, refs_by_name), tile, scoped, out_gmem)
 
             def each_tile_storing_later():
                 """The tile loop of ``epilogue_store`` "next_tile" or "split": each tile's output (or its right

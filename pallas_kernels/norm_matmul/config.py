@@ -501,13 +501,11 @@ class MosaicRMSNormMatmulConfig:
                              f"row_dot={self.row_dot!r}")
         if self.dx_in_kernel not in (False, True) or (self.dx_in_kernel and (
                 self.row_dot_side() != "k" or self.dgamma_from == "u" or dx.pipeline != "own" or dx.pingpong
-                or dx.stream_k or dx.cluster != "none" or dx.epilogue_store == "split"
-                or (dx.stores_later and dx.tile_input_in != "buffer"))):
+                or dx.stream_k or dx.cluster != "none" or dx.stores_later)):
             raise ValueError("MosaicRMSNormMatmulConfig.dx_in_kernel: must be a bool; True (the dx kernel sums its "
                              "row dot over its row block's tiles and writes dx) needs row_dot='k', dgamma_from not "
                              "'u', and a dx config with pipeline='own', schedule='cooperative', stream_k=0, "
-                             f"cluster='none' and epilogue_store 'end' (or 'next_tile', the finish deferred under "
-                             f"the next tile, with tile_input_in='buffer'); got dx_in_kernel={self.dx_in_kernel!r}, "
+                             f"cluster='none' and epilogue_store='end'; got dx_in_kernel={self.dx_in_kernel!r}, "
                              f"row_dot={self.row_dot!r}, dgamma_from={self.dgamma_from!r}, "
                              f"pipeline={dx.pipeline!r}, schedule={dx.schedule!r}, stream_k={dx.stream_k}, "
                              f"cluster={dx.cluster!r}, epilogue_store={dx.epilogue_store!r}")

@@ -502,25 +502,23 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
         arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
         from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
         in_kernel = cfg.dx_in_kernel and dh is None and not mu.interpreting()  # the dx kernel writes dx itself
-        dx_cfg = cfg.dx if in_kernel else dataclasses.replace(cfg.dx, epilogue_store="end")  # ("next_tile": the
-        # finish deferred under the next tile, which only a dx kernel writing dx has)
         if in_kernel:  # dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x, with xr: − (s² · r / K) · Σ_K(u ⊙ x) · xr
             x_coef = rstd * (scale * scale / K) if cfg.xr_in_dx else rstd * rstd * (scale / K)
             arrays.update(dx_u_scale=jnp.broadcast_to(scale, (M,)), dx_x_coef=x_coef)
         if cfg.xr_in_dx:  # A is dy; the dx kernel scales u's rows and writes xr from its x tile
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel,
                                         xr=jax.ShapeDtypeStruct((M, K), dtype))
-            u, xr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
+            u, xr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                                 fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
             dw_a, dw_b = xr, dy.astype(dtype)  # g = xrᵀ @ dy
         elif cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u,
                                         in_kernel)
-            u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
+            u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                                  fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
         else:  # dy read once, for dyr; A is dyr
             dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
-            u, parts = gemm(dyr, b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
+            u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                             fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel),
                             arrays=arrays, name="rmsnorm_matmul_dx")
         if in_kernel:  # (u is dx already)
