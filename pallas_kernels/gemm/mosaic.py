@@ -74,6 +74,10 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
+# (timing probes, this session only: wrong outputs) the dx kernel's epilogue without the row sum's wait, or without
+# the wait and the finish (the tile stores u): what any form that hides them could save at most
+PROBE_NO_WAIT = False
+PROBE_NO_ROW_SUM = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -693,10 +697,18 @@ class _Shape:
                 buffer[...] = fn(dataclasses.replace(ctx, tiles=tile_refs), carry).astype(buffer.dtype)
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(buffer, named_out[name].at[ctx.rows, ctx.cols])
-        if fusion.sum_rows is not None:
+        if fusion.sum_rows is not None and PROBE_NO_ROW_SUM:  # (probe: wrong output) signal, no wait, no finish
+            _signal_row_part(scoped["row_semaphores"], ctx)
+        elif fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
             with mu.region("sum_rows"):
-                total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=signal_early)
+                if PROBE_NO_WAIT:  # (probe: wrong output) the parts loaded after the signal, without the wait
+                    _signal_row_part(scoped["row_semaphores"], ctx)
+                    total = mu.load(named_out[name].at[0, ctx.rows], layout=mu.ROWS, optimized=False)
+                    for p in range(1, named_out[name].shape[0]):
+                        total = total + mu.load(named_out[name].at[p, ctx.rows], layout=mu.ROWS, optimized=False)
+                else:
+                    total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=signal_early)
             with mu.region("finish"):
                 acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:
