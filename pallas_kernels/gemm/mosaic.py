@@ -78,6 +78,8 @@ _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGem
 # the wait and the finish (the tile stores u): what any form that hides them could save at most
 PROBE_NO_WAIT = False
 PROBE_NO_ROW_SUM = False
+PROBE_NO_HOOK = False  # (probe) no epilogue hook (u = the accumulator, no parts)
+PROBE_NO_A_COPY = False  # (probe) no a_copy in the K loop (the dx kernel's dyr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -680,7 +682,7 @@ class _Shape:
             plgpu.barrier_wait(scoped["col_barriers"][n].at[wg])
         ctx = dataclasses.replace(ctx, col_slices=col_slices)
         rows_out = {}
-        if fusion.epilogue is not None:
+        if fusion.epilogue is not None and not PROBE_NO_HOOK:
             with mu.region("epilogue_hook"):
                 tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
                 acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
