@@ -80,6 +80,8 @@ PROBE_NO_WAIT = False
 PROBE_NO_ROW_SUM = False
 PROBE_NO_HOOK = False  # (probe) no epilogue hook (u = the accumulator, no parts)
 PROBE_NO_A_COPY = False  # (probe) no a_copy in the K loop (the dx kernel's dyr)
+PROBE_SNAKE = False  # (probe, with PROBE_NO_ROW_SUM) the plain core's planar snake in place of row-major tiles
+PROBE_FULL_GRID = False  # (probe, with PROBE_NO_ROW_SUM) all SMs, not whole rows of tiles per round
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,7 +415,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             raise ValueError(f"{name}: sum_rows waits for all of a row's N / cta_n = {N} / {config.cta_n} = "
                              f"{row_tiles} tiles at once, so they must run together on the {grid} blocks: at most "
                              f"{grid} tiles a row; take a wider tile_n")
-        grid -= grid % row_tiles
+        grid -= 0 if PROBE_FULL_GRID else grid % row_tiles
     plan = None
     if config.stream_k:
         if fusion.prologue_step is not None or (fusion.a_observe is not None and fusion.carry_shapes is None
@@ -609,7 +611,7 @@ class _Shape:
         minor = 1 if cfg.grid_minor == "n" else 0
         if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
             m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
-        elif self.fusion.sum_rows is not None:  # row-major: a row block's tiles adjacent (Fusion.sum_rows)
+        elif self.fusion.sum_rows is not None and not PROBE_SNAKE:  # row-major: a row block's tiles adjacent
             m_idx, n_idx = lax.div(lin, n_iters), lax.rem(lin, n_iters)
         else:
             m_idx, n_idx = planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor, cfg.grid_tile_width)
