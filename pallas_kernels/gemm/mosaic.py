@@ -74,14 +74,7 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
-# (timing probes, this session only: wrong outputs) the dx kernel's epilogue without the row sum's wait, or without
-# the wait and the finish (the tile stores u): what any form that hides them could save at most
-PROBE_NO_WAIT = False
-PROBE_NO_ROW_SUM = False
-PROBE_NO_HOOK = False  # (probe) no epilogue hook (u = the accumulator, no parts)
-PROBE_NO_A_COPY = False  # (probe) no a_copy in the K loop (the dx kernel's dyr)
-PROBE_SNAKE = False  # (probe, with PROBE_NO_ROW_SUM) the plain core's planar snake in place of row-major tiles
-PROBE_FULL_GRID = False  # (probe, with PROBE_NO_ROW_SUM) all SMs, not whole rows of tiles per round
+SUM_ROWS_SNAKE = False  # (timing switch, this session's A/B) sum_rows' tiles in planar-snake order, whole runs a round
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,7 +408,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             raise ValueError(f"{name}: sum_rows waits for all of a row's N / cta_n = {N} / {config.cta_n} = "
                              f"{row_tiles} tiles at once, so they must run together on the {grid} blocks: at most "
                              f"{grid} tiles a row; take a wider tile_n")
-        grid -= 0 if PROBE_FULL_GRID else grid % row_tiles
+        band = config.grid_tile_width * row_tiles  # (planar snake) rows of a run times the row's tiles
+        snake = SUM_ROWS_SNAKE and config.grid_minor == "m" and band <= grid
+        grid -= grid % (band if snake else row_tiles)
     plan = None
     if config.stream_k:
         if fusion.prologue_step is not None or (fusion.a_observe is not None and fusion.carry_shapes is None
@@ -437,7 +432,8 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"{m_iters} first ones; take stream_k=0 here")
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
-                   accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs))
+                   accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs),
+                   sum_rows_snake=fusion.sum_rows is not None and snake)
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
@@ -473,6 +469,7 @@ class _Shape:
     accumulates: bool = False  # the output ref is also the tile input ``_ACCUMULATED`` (``accumulate_into``)
     stream_k: stream_k.StreamKPlan | None = None  # the last rounds' tiles split by K steps (``gemm.stream_k``)
     step_dtypes: tuple = ()  # the dtypes of ``Fusion.step_inputs``
+    sum_rows_snake: bool = False  # (Fusion.sum_rows) planar-snake tiles, whole runs a round: see ``tile_context``
 
     @property
     def iters(self) -> tuple[int, int, int]:
@@ -611,7 +608,7 @@ class _Shape:
         minor = 1 if cfg.grid_minor == "n" else 0
         if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
             m_idx, n_idx = first_column_then_snake(lin, m_iters, n_iters, minor, cfg.grid_tile_width)
-        elif self.fusion.sum_rows is not None and not PROBE_SNAKE:  # row-major: a row block's tiles adjacent
+        elif self.fusion.sum_rows is not None and not self.sum_rows_snake:  # row-major: a row's tiles adjacent
             m_idx, n_idx = lax.div(lin, n_iters), lax.rem(lin, n_iters)
         else:
             m_idx, n_idx = planar_snake(lin, (m_iters // pairs_m, n_iters // pairs_n), minor, cfg.grid_tile_width)
@@ -684,7 +681,7 @@ class _Shape:
             plgpu.barrier_wait(scoped["col_barriers"][n].at[wg])
         ctx = dataclasses.replace(ctx, col_slices=col_slices)
         rows_out = {}
-        if fusion.epilogue is not None and not PROBE_NO_HOOK:
+        if fusion.epilogue is not None:
             with mu.region("epilogue_hook"):
                 tile_ctx = dataclasses.replace(ctx, tiles=tile_refs)
                 acc, rows_out = fusion.epilogue(tile_ctx, acc, carry)
@@ -701,18 +698,10 @@ class _Shape:
                 buffer[...] = fn(dataclasses.replace(ctx, tiles=tile_refs), carry).astype(buffer.dtype)
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(buffer, named_out[name].at[ctx.rows, ctx.cols])
-        if fusion.sum_rows is not None and PROBE_NO_ROW_SUM:  # (probe: wrong output) signal, no wait, no finish
-            _signal_row_part(scoped["row_semaphores"], ctx)
-        elif fusion.sum_rows is not None:
+        if fusion.sum_rows is not None:
             name, finish = fusion.sum_rows
             with mu.region("sum_rows"):
-                if PROBE_NO_WAIT:  # (probe: wrong output) the parts loaded after the signal, without the wait
-                    _signal_row_part(scoped["row_semaphores"], ctx)
-                    total = mu.load(named_out[name].at[0, ctx.rows], layout=mu.ROWS, optimized=False)
-                    for p in range(1, named_out[name].shape[0]):
-                        total = total + mu.load(named_out[name].at[p, ctx.rows], layout=mu.ROWS, optimized=False)
-                else:
-                    total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=signal_early)
+                total = _sum_row_parts(named_out[name], scoped["row_semaphores"], ctx, signalled=signal_early)
             with mu.region("finish"):
                 acc = finish(dataclasses.replace(ctx, tiles=tile_refs), acc, total, carry)
         if not fusion.store_tile:

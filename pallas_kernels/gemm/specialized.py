@@ -512,9 +512,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             return fusion.a_observe(dataclasses.replace(ctx, step=k), a, c, side)
 
                         hook_carry = observed(hook_carry)
-                    from pallas_kernels.gemm import mosaic as _probes
-                    if fusion.a_copy is not None and not _probes.PROBE_NO_A_COPY:  # likewise, on the steps this
-                        # warpgroup's column block writes
+                    if fusion.a_copy is not None:  # likewise, on the steps this warpgroup's column block writes
                         shape.copy_a(ctx, k, stages[0].at[slot], hook_carry, named_out, scoped)
                     if fetch_at is not None:  # under the wgmma just issued
                         at, fetch, _ = fetch_at
