@@ -1704,7 +1704,7 @@ def test_sum_rows_lowers_one_release_and_one_acquiring_wait(K, N, tile_n, wg_spl
     assert kernel.text.count("ld.relaxed.gpu.global.b32") == 1 and kernel.text.count("fence.acquire.gpu") == 1
     assert "red.release.gpu.global.add" not in alone.text
     assert kernel.smem_bytes == alone.smem_bytes
-    row_tiles = N // config.cta_n  # 4 and 8 CTA tiles per row block
+    row_tiles = N // config.cta_n  # 4 and 8 CTA tiles per row block, row-major (grid_minor "n")
     assert kernel.grid == (132 - 132 % row_tiles, 1, 1) and alone.grid == (132, 1, 1)
     with backends.lowering_for_gpu():
         program = jax.jit(summed).trace(*operands).lower(lowering_platforms=("cuda",)).as_text()
@@ -1716,9 +1716,36 @@ def test_sum_rows_lowers_one_release_and_one_acquiring_wait(K, N, tile_n, wg_spl
     assert call.split("(", 1)[1].split(")", 1)[0].split(", ")[-1] == zeros.group(1)
 
 
+@pytest.mark.parametrize("m_iters, row_tiles, width, minor, sms, want", [
+    (256, 16, 8, "m", 132, (128, True)),  # the 32768x4096x4096 dx kernel: one run of 8 rows a round
+    (128, 4, 8, "m", 132, (128, True)),  # 4 runs a round
+    (37, 4, 8, "m", 132, (128, True)),  # the last run 5 rows
+    (64, 22, 8, "m", 132, (132, False)),  # a run of 176 tiles > 132: row-major, 6 rows a round
+    (64, 4, 8, "n", 132, (132, False)),  # grid_minor "n": row-major
+    (64, 16, 2, "m", 132, (128, True))])
+def test_sum_rows_rounds_hold_whole_rows(m_iters, row_tiles, width, minor, sms, want):
+    """``Fusion.sum_rows``' grid and tile order (``_sum_rows_grid``, ``_Shape.tile_context``'s orders): every round
+    of the persistent loop (tile lin on block lin % grid) holds all or none of each row block's tiles, so a tile
+    never waits for one queued behind it."""
+    from pallas_kernels.gemm.mosaic import _sum_rows_grid, planar_snake
+
+    config = dataclasses.replace(_SUM_ROWS_STACKED, grid_minor=minor, grid_tile_width=width)
+    grid, snake = _sum_rows_grid(config, row_tiles, sms)
+    assert (grid, snake) == want
+    lin = jnp.arange(m_iters * row_tiles, dtype=jnp.int32)
+    if snake:
+        rows, _ = jax.vmap(lambda i: planar_snake(i, (m_iters, row_tiles), 0, width))(lin)
+    else:
+        rows = lin // row_tiles
+    rounds = np.asarray(lin) // grid
+    for m in range(m_iters):
+        assert len(set(rounds[np.asarray(rows) == m])) == 1, m
+
+
 @gpu_only
 @pytest.mark.parametrize("M, K, N, config", [
     (4096, 1024, 1024, _SUM_ROWS_STACKED),  # 4 column blocks: 33 row blocks a round on 132 SMs
+    (4096, 1024, 1024, dataclasses.replace(_SUM_ROWS_STACKED, grid_minor="m")),  # planar-snake runs: 32 on 128
     (4096, 512, 2048, dataclasses.replace(_SUM_ROWS_STACKED, tile_m=128, tile_n=128, wg_split="n")),  # 16 blocks
     (8192, 1024, 2816, dataclasses.replace(_SUM_ROWS_STACKED, tile_n=128)),  # 22 per row: rows across rounds
     (2048, 2048, 8192, dataclasses.replace(_SUM_ROWS_STACKED, memory_warps=4, num_stages=3))])  # 32 column blocks
