@@ -1727,19 +1727,21 @@ def test_sum_rows_rounds_hold_whole_rows(m_iters, row_tiles, width, minor, sms, 
     """``Fusion.sum_rows``' grid and tile order (``_sum_rows_grid``, ``_Shape.tile_context``'s orders): every round
     of the persistent loop (tile lin on block lin % grid) holds all or none of each row block's tiles, so a tile
     never waits for one queued behind it."""
-    from pallas_kernels.gemm.mosaic import _sum_rows_grid, planar_snake
+    from pallas_kernels.gemm.mosaic import _Shape, _sum_rows_grid
 
     config = dataclasses.replace(_SUM_ROWS_STACKED, grid_minor=minor, grid_tile_width=width)
     grid, snake = _sum_rows_grid(config, row_tiles, sms)
     assert (grid, snake) == want
+    M, N = m_iters * config.cta_m, row_tiles * config.cta_n
+    shape = _Shape(config, _centered_rows(M, N, config), (), ("parts",), (False, False), (M, N, 256), jnp.bfloat16,
+                   jnp.bfloat16, (), sum_rows_snake=snake)
     lin = jnp.arange(m_iters * row_tiles, dtype=jnp.int32)
-    if snake:
-        rows, _ = jax.vmap(lambda i: planar_snake(i, (m_iters, row_tiles), 0, width))(lin)
-    else:
-        rows = lin // row_tiles
+    rows, cols = (np.asarray(v) for v in jax.vmap(lambda i: (lambda c: (c.m_idx, c.n_idx))(
+        shape.tile_context(i, 0, {})))(lin))
+    assert sorted(zip(rows, cols)) == [(m, n) for m in range(m_iters) for n in range(row_tiles)]
     rounds = np.asarray(lin) // grid
     for m in range(m_iters):
-        assert len(set(rounds[np.asarray(rows) == m])) == 1, m
+        assert len(set(rounds[rows == m])) == 1, m
 
 
 @gpu_only
