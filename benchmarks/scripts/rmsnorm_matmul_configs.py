@@ -101,6 +101,9 @@ VARIANTS = {
                                  forward=dict(_STACKED, stream_k=0, delay_release=1, **order))
        for name, order in (("w4", dict(grid_tile_width=4)), ("w16", dict(grid_tile_width=16)),
                            ("minor_n", dict(grid_minor="n")))},
+    # the dx kernel's row sum over planar-snake runs of 4 or 2 row blocks (gemm.mosaic._sum_rows_grid; the entries 8)
+    "dx_w4": dict(dx=dict(grid_tile_width=4)),
+    "dx_w2": dict(dx=dict(grid_tile_width=2)),
     "dw_stream_k": dict(dw=dict(stream_k=4)),  # the dw kernel's part-empty last round spread over K (gemm.stream_k)
     "fwd_dw_stream_k": dict(forward=dict(stream_k=4), dw=dict(stream_k=4)),
     "stacked_whole_d1": dict(stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1)),
