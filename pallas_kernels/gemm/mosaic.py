@@ -403,6 +403,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"step_inputs={fusion.step_inputs}")
     grid = (num_sms or mu.num_sms()) // config.cluster_size
     row_tiles = -(-N // config.cta_n)
+    snake = False  # (Fusion.sum_rows) its tiles in planar-snake runs (``_sum_rows_grid``)
     if fusion.sum_rows is not None:  # whole rows of tiles per round (Fusion.sum_rows)
         if row_tiles > grid:
             raise ValueError(f"{name}: sum_rows waits for all of a row's N / cta_n = {N} / {config.cta_n} = "
@@ -431,7 +432,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
                    accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs),
-                   sum_rows_snake=fusion.sum_rows is not None and snake)
+                   sum_rows_snake=snake)
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
