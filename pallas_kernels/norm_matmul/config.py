@@ -394,7 +394,14 @@ class MosaicRMSNormMatmulConfig:
       three shapes take it; a second call: 771.8 → 766.7, 741.6 → 734.5 and 134.4 → 128.7 against the forms they
       replaced, rmsnorm_matmul_configs_model_entries_confirm-h200-09ceef6.json); slower where N is not much larger
       than K: 4302.9 → 4333.6 at 32768x4096x4096 (the dx kernel 1555.0 → 1586.3), 235.9 → 239.4 at 4096x2048x3072,
-      54.9 → 57.3 at 8192x512x768.
+      54.9 → 57.3 at 8192x512x768. Since the row sum's planar-snake order (forty-ninth session) it is faster at
+      32768x4096x4096, whose entry takes it: 4181.3 → 4158.3 and 4184.7 → 4159.8 in two calls (the dx kernel
+      1485.6 → 1461.4, 1486.9 → 1461.8), equal at 4096x4096x14336 (1830.7 → 1828.3);
+      rmsnorm_matmul_configs_xr_in_dx_snake{,_repeat,_14336_6144}-h200-d431860.json. (Not kept, code at the tag
+      r-in-dw-measured-d431860: the dw GEMM xᵀ @ (r / s ⊙ dy), r / s applied to its A block, xᵀ read transposed, in
+      registers, so that the dx kernel wrote neither dyr nor xr. Correct on the GPU, but that dw kernel took 1681.6
+      µs against 1315.4 at 32768x4096x4096, for 43.7 saved in the dx kernel:
+      rmsnorm_matmul_configs_r_in_dw-h200-d431860.json.)
     squares_from: (gamma_on "a" with stats_in_kernel "mma", "mma_rows" or "mma_shared") where the forward's MMA
       warpgroups read x for its squares: "observe" (default), each x block loaded again from shared memory after the
       step's wgmma is issued (``gemm.Fusion.a_observe``); "operand", the registers the a_operand has loaded to
