@@ -264,15 +264,17 @@ def test_the_row_dot_from_the_dx_kernel_needs_the_n_side_and_whole_cooperative_t
 
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (8192, 4096, 6144)])
 def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_tile_in_the_ring(M, K, N):
-    """row_dot_in_dx="tma" at the suite's N-side shapes (the H200 entries' dx tiles, 3 stages): with the x tile
-    through the B stages the y stages and dyr's staging fit; with a fourth stage (the 32768x4096x4096 entry's dx
-    tiles; that entry is on the K side since the forty-third session), the x tile in a buffer of its own, or a residual (x and dh tiles), the XLA pass
-    takes the row dot (and dyr still comes from the dx kernel where it fits)."""
+    """row_dot_in_dx="tma" on the N side at two suite shapes (the H200 entries' dx tiles at 3 stages; both entries
+    are on the K side, 32768x4096x4096 since the forty-third session, 8192x4096x6144 since the fiftieth): with the
+    x tile through the B stages the y stages and dyr's staging fit; with a fourth stage, the x tile in a buffer of
+    its own, or a residual (x and dh tiles), the XLA pass takes the row dot (and dyr still comes from the dx kernel
+    where it fits)."""
     from pallas_kernels import tuning
 
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
-    entry = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False)  # (32768: on the K side)
+    entry = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, xr_in_dx=False,
+                                row_dot_in_dx=False)  # (both entries are on the K side since the fiftieth session)
     ring = dataclasses.replace(entry, row_dot_in_dx="tma", dx=dataclasses.replace(entry.dx, tile_input_in="ring",
                                                                                   stream_k=0, num_stages=3))
     assert ring.row_dot_by_dx(jnp.bfloat16, False) == "tma" and ring.dyr_by_dx(jnp.bfloat16, False)
@@ -295,7 +297,8 @@ def test_y_by_tma_beside_dy_in_the_dx_kernel_lowers_with_a_third_stage_buffer():
     M, K, N = 32768, 4096, 4096
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
-    config = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, row_dot_in_dx="tma",
+    config = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, xr_in_dx=False,
+                                 row_dot_in_dx="tma",
                                  dx=dataclasses.replace(entry.dx, tile_input_in="ring", stream_k=0, num_stages=3))
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
