@@ -743,13 +743,16 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     if gamma_on == "a":
         config = dataclasses.replace(config, forward=dataclasses.replace(
             nm_config._MMA_STATS_FORWARD[0], grid_minor="m"))
-    if row_dot and row_dot[0] == "n" and config.dgamma_from == "u":  # a K-side entry (4096x4096x14336 on the
-        # H200): dgamma from the dw kernel, its w tile through its B stages
+    if row_dot and row_dot[0] == "n" and config.dgamma_from == "u":  # a K-side entry taking dgamma from u: from
+        # the dw kernel instead, its w tile through its B stages
         config = dataclasses.replace(config, dgamma_from=None, dw=dataclasses.replace(config.dw, tile_input_in="ring"))
+    if row_dot and row_dot[0] == "n":  # (the H200's suite entries are on the K side, the dx kernel writing xr and dx)
+        config = dataclasses.replace(config, xr_in_dx=False, dx_in_kernel=False)
     config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0],
                                  squares_from=_squares_from(variant))
     if row_dot and row_dot.endswith("_dgu"):
-        config = dataclasses.replace(config, dgamma_from="u", dw=dataclasses.replace(_DYR_DX, num_stages=4))
+        config = dataclasses.replace(config, dgamma_from="u", dx_in_kernel=False,
+                                     dw=dataclasses.replace(_DYR_DX, num_stages=4))
     return config.with_dyr_from_dx(dtype, residual) if row_dot and "_dyr" in row_dot else config
 
 
@@ -1087,7 +1090,7 @@ def test_xr_from_the_dx_kernel_in_interpret_mode():
 @pytest.mark.parametrize("M, K, N, dtype, variant, row_dot, dx_in_kernel", [
     (16384, 1024, 5504, jnp.bfloat16, None, None, True),  # the H200 entry: gamma on x, 4 column blocks
     (32768, 4096, 4096, jnp.bfloat16, None, None, True),  # gamma in the registers, the x tile through the ring
-    (4096, 4096, 14336, jnp.bfloat16, None, None, False),  # the H200 entry's dgamma from u (the finish kernel)
+    (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a", "k_dgu", False),  # dgamma from u (the finish kernel)
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k", True),  # 8 column blocks
     (2048, 1024, 4096, jnp.float16, False, "k", True),  # xr = (r / max r) ⊙ x, gamma on w
     (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k", False)])  # XLA's finish from x
@@ -1283,17 +1286,15 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
     # (stream_k=1: rmsnorm_matmul_configs_split_sk1{,_6144}-h200-{0359f79,6e6c1cd}.json, 606.9 against 612.4 µs
     # at 4096x4096x14336, 523.3 against 524.2 and 521.1 against 523.3 at 8192x4096x6144)
     assert (config.forward.epilogue_store, config.forward.stream_k) == ("split", 4 if M == 32768 else 1)
-    if (M, K, N) == (4096, 4096, 14336):  # rmsnorm_matmul_configs_dgamma_u_finish-h200-943f73b: no tile input in dw
-        assert (config.row_dot, config.dyr_in_dx, config.dgamma_from, config.dw.num_stages) == ("k", True, "u", 4)
-    else:
-        assert (config.dw.tile_input_in, config.dw.num_stages) == ("ring", 4)  # ..._dw_ring-h200-98795b6
-    # at 32768x4096x4096 the dx kernel's x tile through the ring (a fourth stage in its buffer's room;
-    # rmsnorm_matmul_configs_ring_stream_k_32768-h200-6ed694e.json: the dx kernel 1450.2 against 1462.1 µs), on the
-    # K side since the forty-third session, the dx kernel finishing dx over whole tiles (4228.4 against 4242.3 µs
-    # forward + backward on the N side: rmsnorm_matmul_configs_k_dx_in_kernel_one_phase-h200-181f0ee.json)
-    if M == 32768:
-        assert (config.dx.tile_input_in, config.dx.num_stages, config.dx.stream_k) == ("ring", 4, 0)
-        assert (config.row_dot, config.dx_in_kernel, config.dgamma_from) == ("k", True, None)
+    assert (config.dw.tile_input_in, config.dw.num_stages) == ("ring", 4)  # ..._dw_ring-h200-98795b6
+    # the dx kernel's x tile through the ring (a fourth stage in its buffer's room; rmsnorm_matmul_configs_ring_
+    # stream_k_32768-h200-6ed694e.json: the dx kernel 1450.2 against 1462.1 µs at 32768x4096x4096), on the K side
+    # (32768x4096x4096 since the forty-third session: rmsnorm_matmul_configs_k_dx_in_kernel_one_phase-h200-
+    # 181f0ee.json), the dx kernel finishing dx over whole tiles and writing xr for the dw GEMM, dgamma from the dw
+    # kernel's w tile (all three since the fiftieth session: ..._xr_in_dx_snake{,_repeat}-h200-d431860.json,
+    # ..._k_xr_ring4_6144-h200-0f72617.json, ..._k_xr_14336-h200-fb24c05.json)
+    assert (config.dx.tile_input_in, config.dx.num_stages, config.dx.stream_k) == ("ring", 4, 0)
+    assert (config.row_dot, config.xr_in_dx, config.dx_in_kernel, config.dgamma_from) == ("k", True, True, None)
     args = (S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16))
     fn = lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)  # noqa: E731
     with backends.lowering_for_gpu():
@@ -1304,15 +1305,19 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
 
 
 @cpu_only
-def test_the_h200_entry_at_4096x4096x14336_finishes_dx_and_dgamma_in_one_pass_over_u_and_x():
-    """Its backward (dgamma from u): the Mosaic dx and dw kernels, the dw kernel with no tile input, and one
+def test_dgamma_from_u_at_4096x4096x14336_finishes_dx_and_dgamma_in_one_pass_over_u_and_x():
+    """The backward with dgamma from u (the H200's entry there until the fiftieth session: dyr from the dx kernel,
+    the x tile in a buffer of its own): the Mosaic dx and dw kernels, the dw kernel with no tile input, and one
     Pallas-Triton kernel finishing dx and summing dgamma's parts; no XLA op makes an (M, N), (M, K) or (K, N)
     tensor of bf16 (u and dx come out of kernels; XLA only sums the small row-dot and dgamma parts)."""
     from pallas_kernels import tuning
 
     M, K, N = 4096, 4096, 14336
-    config = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
-                                    device="NVIDIA H200"))
+    entry = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
+                                   device="NVIDIA H200"))
+    config = dataclasses.replace(entry, dgamma_from="u", dx_in_kernel=False, xr_in_dx=False, dyr_in_dx=True,
+                                 dx=dataclasses.replace(entry.dx, tile_input_in="buffer", num_stages=3),
+                                 dw=dataclasses.replace(entry.dw, tile_input_in="buffer"))
     fn, args = _fwd_bwd(M, K, N, False, config)
     with backends.lowering_for_gpu():
         kernels = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}
@@ -1321,7 +1326,7 @@ def test_the_h200_entry_at_4096x4096x14336_finishes_dx_and_dgamma_in_one_pass_ov
     assert "rmsnorm_matmul_dx_finish" in program
     assert [_mk_producers(program, *dims, "bf16") for dims in ((M, N), (M, K), (K, N))] == [[], [], []]
     fn, args = _fwd_bwd(M, K, N, False, dataclasses.replace(config, dgamma_from="dw", dw=dataclasses.replace(
-        config.dw, tile_input_in="ring")))  # the same entry with dgamma from the dw kernel: w through its ring
+        config.dw, tile_input_in="ring")))  # the same form with dgamma from the dw kernel: w through its ring
     with backends.lowering_for_gpu():
         dw_with_w = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}["rmsnorm_matmul_dw"]
     assert kernels["rmsnorm_matmul_dw"].tma_loads() < dw_with_w.tma_loads()
