@@ -104,6 +104,9 @@ VARIANTS = {
     # the dx kernel's row sum over planar-snake runs of 4 or 2 row blocks (gemm.mosaic._sum_rows_grid; the entries 8)
     "dx_w4": dict(dx=dict(grid_tile_width=4)),
     "dx_w2": dict(dx=dict(grid_tile_width=2)),
+    # the forward's and the dw kernel's planar-snake runs of 4 or 16 row blocks (the entries 8)
+    **{f"{name}_w{width}": {kernel: dict(grid_tile_width=width)} for name, kernel in (("fwd", "forward"), ("dw", "dw"))
+       for width in (4, 16)},
     "dw_stream_k": dict(dw=dict(stream_k=4)),  # the dw kernel's part-empty last round spread over K (gemm.stream_k)
     "fwd_dw_stream_k": dict(forward=dict(stream_k=4), dw=dict(stream_k=4)),
     "stacked_whole_d1": dict(stats_in_kernel=False, forward=dict(_STACKED, stream_k=0, delay_release=1)),
