@@ -1026,14 +1026,17 @@ def _mosaic_calls(program: str) -> list[tuple[str, list[str], list[str]]]:
 
 
 @cpu_only
-@pytest.mark.parametrize("xr_in_dx", [True, False])
-def test_xr_from_the_dx_kernel_feeds_the_dw_kernel_with_dy(xr_in_dx):
-    """xr_in_dx in the CUDA lowering at the H200 entry of 16384x1024x5504 (its form): the dx kernel returns dx and
-    xr, both (M, K), and no (M, N) tensor; the dw kernel reads that xr and dy itself (the program's argument).
-    With dyr from the dx kernel instead, the dx kernel returns an (M, N) dyr, which the dw kernel reads."""
+@pytest.mark.parametrize("M, K, N, xr_in_dx", [(16384, 1024, 5504, True), (16384, 1024, 5504, False),
+                                              (32768, 4096, 4096, True), (8192, 4096, 6144, True),
+                                              (4096, 4096, 14336, True)])
+def test_xr_from_the_dx_kernel_feeds_the_dw_kernel_with_dy(M, K, N, xr_in_dx):
+    """xr_in_dx in the CUDA lowering at the H200 entries that take it (the MLP's 16384x1024x5504 since the
+    forty-fourth session, the three large suite shapes since the fiftieth): the dx kernel returns dx and xr, both
+    (M, K), and no (M, N) tensor; the dw kernel reads that xr and dy itself (the program's argument); every kernel
+    fits shared memory. With dyr from the dx kernel instead, the dx kernel returns an (M, N) dyr, which the dw kernel
+    reads."""
     from pallas_kernels import tuning
 
-    M, K, N = 16384, 1024, 5504
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     assert entry.xr_in_dx and entry.dx_in_kernel
@@ -1041,11 +1044,14 @@ def test_xr_from_the_dx_kernel_feeds_the_dw_kernel_with_dy(xr_in_dx):
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        kernels = mosaic_ir.lower_kernels(fn, *args)
+    assert all(k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES for k in kernels), [(k.name, k.smem_bytes) for k in kernels]
     _, (dx_name, dx_operands, dx_results), (_, dw_operands, _) = _mosaic_calls(program)  # forward, dx, dw
     dy = dx_operands[0]
     assert dy.startswith("%arg")  # A of the dx kernel: dy as it came in
     if xr_in_dx:
-        assert dx_results[:2] == [f"tensor<{M}x{K}xbf16>"] * 2 and f"tensor<{M}x{N}xbf16>" not in dx_results
+        assert dx_results[:2] == [f"tensor<{M}x{K}xbf16>"] * 2
+        assert N == K or f"tensor<{M}x{N}xbf16>" not in dx_results  # (with N == K, dx and xr have dyr's shape)
         assert dw_operands[:2] == [f"{dx_name}#1", dy]
     else:
         assert dx_results[:2] == [f"tensor<{M}x{K}xbf16>", f"tensor<{M}x{N}xbf16>"]
