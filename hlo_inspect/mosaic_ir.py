@@ -133,6 +133,16 @@ def _decode(module_bytes: bytes) -> str:
         return str(module)
 
 
+def _kernel_name(module_name: str, location: str) -> str:
+    """A kernel's name: its module's, except where jax 0.10.2 names a kernel that updates a ref in place after the
+    wrapper it traces it in ("new_body"); the custom call's location then carries the name the kernel was given
+    (``loc("mosaic_matmul_accumulate/mpmd_map"(...))``)."""
+    if module_name != "new_body":
+        return module_name
+    given = re.match(r'loc\("([^"/]+)', location)
+    return given.group(1) if given else module_name
+
+
 def lower_kernels(fn: Callable, *args, **kwargs) -> list[MosaicKernel]:
     """The Mosaic-GPU kernels of ``jax.jit(fn)(*args, **kwargs)``, lowered for CUDA (no GPU needed), in program
     order. Raises ValueError when the lowering holds none."""
@@ -156,6 +166,7 @@ def lower_kernels(fn: Callable, *args, **kwargs) -> list[MosaicKernel]:
         gx, gy, gz, threads, smem = (_constant(text, v) for v in launch.groups())
         cluster = _CLUSTER.search(text)
         cx, cy, cz = (_constant(text, v) for v in cluster.groups()) if cluster else (1, 1, 1)
-        kernels.append(MosaicKernel(name=name_match.group(1) if name_match else "", grid=(gx, gy, gz),
+        name = _kernel_name(name_match.group(1) if name_match else "", str(op.location))
+        kernels.append(MosaicKernel(name=name, grid=(gx, gy, gz),
                                     threads=threads, smem_bytes=smem, text=text, cluster=(cx, cy, cz)))
     return kernels
