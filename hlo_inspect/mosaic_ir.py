@@ -134,9 +134,9 @@ def _decode(module_bytes: bytes) -> str:
 
 
 def _kernel_name(module_name: str, location: str) -> str:
-    """A kernel's name: its module's, except where jax 0.10.2 names a kernel that updates a ref in place after the
-    wrapper it traces it in ("new_body"); the custom call's location then carries the name the kernel was given
-    (``loc("mosaic_matmul_accumulate/mpmd_map"(...))``)."""
+    """A kernel's name: its module's, except where jax 0.10.2 names the module of a kernel that updates a ref in
+    place after the function it wraps the kernel in ("new_body"); the custom call's location then carries the name
+    the kernel was given (``loc("mosaic_matmul_accumulate/mpmd_map"(...))``)."""
     if module_name != "new_body":
         return module_name
     given = re.match(r'loc\("([^"/]+)', location)
