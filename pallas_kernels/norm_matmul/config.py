@@ -363,7 +363,9 @@ class MosaicRMSNormMatmulConfig:
       tuned → K side with dyr from dx → and dgamma from u): 1865.6 → 1836.6 → 1824.6 at 4096x4096x14336 (the dw
       kernel 603.4 → 580.3, the finish 31.3 against XLA's dx fusion's 24.4, the dx kernel 602.2 → 607.0), 1595.0
       → 1597.0 → 1611.4 at 8192x4096x6144, 738.7 → 740.1 → 737.3 at 4096x2048x11008; the H200's entry at
-      4096x4096x14336 takes it. None (default): ``dgamma_source``, "dw".
+      4096x4096x14336 took it until the fiftieth session, when the dx kernel finishing dx and writing xr (dgamma
+      from the dw kernel's w tile) beat it: 1837.1 → 1815.5 (rmsnorm_matmul_configs_k_xr_14336-h200-fb24c05.json).
+      None (default): ``dgamma_source``, "dw".
     dx_in_kernel: (row_dot "k") True: the dx kernel finishes dx itself. Each tile stores its row dot's part over
       its columns, Σ u ⊙ x, waits for the other tiles of its rows (``gemm.Fusion.sum_rows``: global semaphores, the
       tiles walked row-major) and writes dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x from u still in its registers
@@ -793,12 +795,13 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     dx = base.dx
     if not (dx.pingpong or dx.stores_later) and (dx.pipeline, dx.cluster) == ("own", "none"):
         # the K side with the dx kernel finishing dx (gemm.Fusion.sum_rows, whole tiles), dyr copied from its dy
-        # blocks or xr written from its x tile (the H200's entries at the model's QKV and MLP projections)
+        # blocks or xr written from its x tile (the H200's entries at the model's QKV and MLP projections; xr at
+        # the three large suite shapes since the fiftieth session)
         k_dx = dataclasses.replace(base, row_dot="k", row_dot_in_dx=False, dgamma_from=None, dx_in_kernel=True,
                                    dx=dataclasses.replace(dx, stream_k=0))
         bwd += [k_dx.with_dyr_from_dx(dtype, residual), dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True)]
     if not residual:  # y's blocks by TMA beside dy's, the x tile through the dx kernel's B stages of 3 stacked
-        # 64x256 stages (the H200's entry at 8192x4096x6144)
+        # 64x256 stages (the H200's entry at 8192x4096x6144 until the fiftieth session)
         bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
             dataclasses.replace(base.dx, **stacked_m, tile_k=64, num_stages=3, stream_k=0, delay_release=0,
                                 cluster="none", tile_input_in="ring"))))
