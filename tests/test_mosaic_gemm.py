@@ -1770,7 +1770,7 @@ def test_sum_rows_on_the_gpu(M, K, N, config):
 # ---------------------------------------------------------------------------------------------------------------
 # The epilogue in a fourth warpgroup (MosaicGemmConfig.epilogue_in="fourth")
 # ---------------------------------------------------------------------------------------------------------------
-_APART = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, epilogue_in="fourth")
+_APART = MosaicGemmConfig(tile_m=128, tile_n=128, wg_split="n", num_stages=3, epilogue_in="fourth")
 _APART_TINY = dataclasses.replace(_TINY, wg_split="m", epilogue_in="fourth")  # slices of epi_tile_n=32 columns
 
 

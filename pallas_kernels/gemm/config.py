@@ -224,13 +224,15 @@ class MosaicGemmConfig:
             raise ValueError(f"{cls}.epilogue_store: {self.epilogue_store!r} runs on pipeline 'own', schedule "
                              f"'cooperative'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}")
         if self.epilogue_in == "fourth" and (
-                (self.pipeline, self.schedule, self.wg_split, self.cluster, self.stream_k, self.epilogue_store,
-                 self.tile_input_in) != ("own", "cooperative", "m", "none", 0, "end", "buffer")):
-            raise ValueError(f"{cls}.epilogue_in: 'fourth' runs on pipeline 'own', schedule 'cooperative', wg_split "
-                             f"'m', no cluster or stream-K, epilogue_store 'end' and tile_input_in 'buffer'; got "
-                             f"pipeline={self.pipeline!r}, schedule={self.schedule!r}, wg_split={self.wg_split!r}, "
-                             f"cluster={self.cluster!r}, stream_k={self.stream_k}, "
-                             f"epilogue_store={self.epilogue_store!r}, tile_input_in={self.tile_input_in!r}")
+                (self.pipeline, self.schedule, self.cluster, self.stream_k, self.epilogue_store,
+                 self.tile_input_in) != ("own", "cooperative", "none", 0, "end", "buffer")
+                or self.tile_n > 128):
+            raise ValueError(f"{cls}.epilogue_in: 'fourth' runs on pipeline 'own', schedule 'cooperative', no "
+                             f"cluster or stream-K, epilogue_store 'end', tile_input_in 'buffer' and tile_n <= 128 "
+                             f"(with four warpgroups ptxas compiles for 128 registers, too few for a m64n256 wgmma); "
+                             f"got pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}, "
+                             f"stream_k={self.stream_k}, epilogue_store={self.epilogue_store!r}, "
+                             f"tile_input_in={self.tile_input_in!r}, tile_n={self.tile_n}")
         if self.epilogue_store == "split" and (self.tile_n // self.epi_tile_n) % 2:
             raise ValueError(f"{cls}.epilogue_store: 'split' stores half of the tile's {self.tile_n // self.epi_tile_n}"
                              f" pieces across tile_n={self.tile_n} at its end and half later: it needs an even number "
