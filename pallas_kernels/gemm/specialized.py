@@ -174,8 +174,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
     apart = epilogue_apart(shape)
     if apart:  # the MMA warpgroups' accumulators, handed to the epilogue warpgroup
-        scoped_types.update(u_smem=plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), shape.out_dtype,
-                                              transforms=mu.smem_transforms(cfg.tile_n, shape.out_dtype)),
+        scoped_types.update(u_smem=plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), shape.out_dtype,  # (swizzled by the
+                                              transforms=mu.smem_transforms(cfg.epi_tile_n, shape.out_dtype)),  # slice)
                             u_full=plgpu.Barrier(num_arrivals=2), u_free=plgpu.Barrier(num_arrivals=1))
 
     plan = shape.stream_k  # None: every tile whole, round after round
