@@ -1775,12 +1775,12 @@ _APART_TINY = dataclasses.replace(_TINY, wg_split="m", epilogue_in="fourth")  # 
 
 
 @pytest.mark.parametrize("changes, match", [
-    (dict(tile_input_in="ring", num_stages=4), "epilogue_in: 'fourth' runs on .* tile_input_in='ring'"),
-    (dict(wg_split="n"), "epilogue_in: 'fourth' .* wg_split='n'"),
+    (dict(tile_input_in="ring", tile_m=64, wg_split="m"), "epilogue_in: 'fourth' runs on .* tile_input_in='ring'"),
+    (dict(tile_m=64, tile_n=256, wg_split="m"), "epilogue_in: 'fourth' .* too few for a m64n256 wgmma.* tile_n=256"),
     (dict(stream_k=4), "epilogue_in: 'fourth' .* stream_k=4"),
     (dict(epilogue_store="split"), "epilogue_in: 'fourth' .* epilogue_store='split'"),
     (dict(epilogue_in="third"), r"epilogue_in: must be one of \('mma', 'fourth'\), got 'third'")])
-def test_the_epilogue_apart_needs_whole_cooperative_tiles_stacked_along_m(changes, match):
+def test_the_epilogue_apart_needs_whole_cooperative_tiles_of_at_most_128_columns(changes, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(_APART, **changes)
 
@@ -1820,9 +1820,9 @@ def test_the_epilogue_apart_in_interpret_mode():
 
 @cpu_only
 def test_the_epilogue_apart_lowers_with_four_warpgroups_and_no_output_staging():
-    """Lowered for CUDA: 512 threads; shared memory of 3 stages, the accumulators' buffer (2 · 64 · 256 bf16) and
-    one 64x64 slot of the tile input, against 3 stages and two prefetched 64x256 tiles with the epilogue in the MMA
-    warpgroups."""
+    """Lowered for CUDA: 512 threads; shared memory of 3 stages, the accumulators' buffer (2 · 128 · 128 bf16) and
+    one 128x64 slot of the tile input, against 3 stages and two prefetched 128x128 tiles with the epilogue in the
+    MMA warpgroups."""
     M, K, N = 2048, 1024, 4096
     args = (S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, N), jnp.bfloat16))
 
@@ -1836,8 +1836,8 @@ def test_the_epilogue_apart_lowers_with_four_warpgroups_and_no_output_staging():
     apart, inside = lowered(_APART), lowered(dataclasses.replace(_APART, epilogue_in="mma"))
     assert (apart.threads, inside.threads) == (512, 384)
     stages = 3 * (128 * 64 + 64 * 256) * 2
-    assert 0 <= apart.smem_bytes - (stages + 2 * 64 * 256 * 2 + 64 * 64 * 2) <= 1024
-    assert 0 <= inside.smem_bytes - (stages + 2 * 64 * 256 * 2) <= 1024
+    assert 0 <= apart.smem_bytes - (stages + 2 * 128 * 128 * 2 + 128 * 64 * 2) <= 1024
+    assert 0 <= inside.smem_bytes - (stages + 2 * 128 * 128 * 2) <= 1024
 
 
 @gpu_only

@@ -1094,13 +1094,14 @@ def test_xr_from_the_dx_kernel_in_interpret_mode():
 
 def _dx_epilogue_apart(M: int, K: int, N: int) -> Config:
     """The H200 entry at a suite shape with its dx kernel's epilogue in a fourth warpgroup (the x tile's slices
-    loaded there instead of through the ring; 3 stages beside the accumulators' buffer)."""
+    loaded there instead of through the ring; 3 stages beside the accumulators' buffer; 128x128 accumulators side
+    by side: ptxas compiles four warpgroups for 128 registers, too few for a m64n256 wgmma)."""
     from pallas_kernels import tuning
 
     entry = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
                                    device="NVIDIA H200"))
     return dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, epilogue_in="fourth", tile_input_in="buffer",
-                                                             num_stages=3))
+                                                             num_stages=3, tile_m=128, tile_n=128, wg_split="n"))
 
 
 @cpu_only

@@ -128,7 +128,10 @@ class MosaicGemmConfig:
         epi_tile_n) column slices, each tile input's slice TMA-loaded into a slot of its own, runs the fusion's
         hooks on them and stores the output from the buffer. The accumulator is rounded to out_dtype before the
         epilogue, and so is the epilogue's tile before a ``Fusion.sum_rows`` finish. Pipeline "own", schedule
-        "cooperative", wg_split "m", no cluster or stream-K, epilogue_store "end", tile_input_in "buffer".
+        "cooperative", no cluster or stream-K, epilogue_store "end", tile_input_in "buffer", and tile_n <= 128:
+        ptxas compiles four warpgroups for 128 registers a thread, too few for a m64n256 wgmma (C7602, measured on
+        the H200). First measured at 32768x4096x4096 (the rmsnorm_matmul dx kernel on 128x128 accumulators side by
+        side, 3 stages): 1488.6 against the entry's 1493.6 µs (NOTES.md, fiftieth session).
     The defaults are the H100 measurements' winners (module docstring).
     """
 
