@@ -1801,21 +1801,25 @@ def _row_parts(M: int, N: int, config: MosaicGemmConfig) -> Fusion:
 
 
 @cpu_only
-def test_the_epilogue_apart_in_interpret_mode():
-    """Two blocks over four tiles, so each block hands its second tile's accumulators over once the first's are
+@pytest.mark.parametrize("wg_split", ["m", "n"])
+def test_the_epilogue_apart_in_interpret_mode(wg_split):
+    """Two blocks over the tiles, so each block hands its second tile's accumulators over once the first's are
     read: the tile input's slices, a copy staged in its slot and the output stored from the accumulators' buffer;
-    a column vector's slices; row vectors summed over the slices (one slice left out fails each)."""
+    a column vector's slices; row vectors summed over the slices (one slice left out fails each). The two
+    accumulators stacked along M, or side by side along N."""
+    config = dataclasses.replace(_APART_TINY, wg_split=wg_split)
+    N = 128 * (1 + (wg_split == "n"))  # 4 CTA tiles either way
     with mosaic_utils.interpret_on_cpu(num_sms=2):
-        _check_tile_copy(128, 128, 128, _APART_TINY, calls=1)
-        a, b = _operands(128, 64, 128, jnp.bfloat16)
-        v = jax.random.uniform(_key(), (128,), jnp.float32, 0.5, 2.0)
-        (out,) = gemm(a, b, config=_APART_TINY, out_dtype=jnp.float32, fusion=_scaled_columns(), arrays=dict(v=v))
+        _check_tile_copy(128, 128, N, config, calls=1)
+        a, b = _operands(128, 64, N, jnp.bfloat16)
+        v = jax.random.uniform(_key(), (N,), jnp.float32, 0.5, 2.0)
+        (out,) = gemm(a, b, config=config, out_dtype=jnp.float32, fusion=_scaled_columns(), arrays=dict(v=v))
         np.testing.assert_allclose(np.asarray(out), np.asarray(_f32_product(a, b) * v), rtol=1e-2, atol=1e-2)
-        out, parts = gemm(a, b, config=_APART_TINY, out_dtype=jnp.float32, fusion=_row_parts(128, 128, _APART_TINY))
+        out, parts = gemm(a, b, config=config, out_dtype=jnp.float32, fusion=_row_parts(128, N, config))
     want = _f32_product(a, b)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-2, atol=1e-2)
-    np.testing.assert_allclose(np.asarray(parts), np.asarray(want).reshape(128, 2, 64).sum(axis=2).T, rtol=1e-2,
-                               atol=1e-2)
+    np.testing.assert_allclose(np.asarray(parts), np.asarray(want).reshape(128, N // 64, 64).sum(axis=2).T,
+                               rtol=1e-2, atol=1e-2)
 
 
 @cpu_only
