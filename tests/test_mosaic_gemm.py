@@ -1768,6 +1768,99 @@ def test_sum_rows_on_the_gpu(M, K, N, config):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The epilogue in a fourth warpgroup (MosaicGemmConfig.epilogue_in="fourth")
+# ---------------------------------------------------------------------------------------------------------------
+_APART = MosaicGemmConfig(tile_m=128, tile_n=128, wg_split="n", num_stages=3, epilogue_in="fourth")
+_APART_TINY = dataclasses.replace(_TINY, wg_split="m", epilogue_in="fourth")  # slices of epi_tile_n=32 columns
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(tile_input_in="ring", tile_m=64, wg_split="m"), "epilogue_in: 'fourth' runs on .* tile_input_in='ring'"),
+    (dict(tile_m=64, tile_n=256, wg_split="m"), "epilogue_in: 'fourth' .* too few for a m64n256 wgmma.* tile_n=256"),
+    (dict(stream_k=4), "epilogue_in: 'fourth' .* stream_k=4"),
+    (dict(epilogue_store="split"), "epilogue_in: 'fourth' .* epilogue_store='split'"),
+    (dict(epilogue_in="third"), r"epilogue_in: must be one of \('mma', 'fourth'\), got 'third'")])
+def test_the_epilogue_apart_needs_whole_cooperative_tiles_of_at_most_128_columns(changes, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(_APART, **changes)
+
+
+def test_the_epilogue_apart_stores_the_output_tile_and_takes_no_prologue():
+    fusion = Fusion(store_tile=False, outputs=(("rows", S((256,), jnp.float32)),),
+                    epilogue=lambda ctx, acc, carry: (acc, {"rows": jnp.sum(acc, axis=1)}))
+    with pytest.raises(ValueError, match="epilogue_in='fourth' runs the epilogue in a fourth warpgroup.* "
+                                         "store_tile=False"):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=_APART, out_dtype=jnp.bfloat16, fusion=fusion),
+                       S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16))
+
+
+def _row_parts(M: int, N: int, config: MosaicGemmConfig) -> Fusion:
+    """out = A @ B, and each accumulator's row sums over its columns (one row of "parts" per column block)."""
+    return Fusion(outputs=(("parts", S((N // config.tile_n, M), jnp.float32)),),
+                  epilogue=lambda ctx, acc, carry: (acc, {"parts": jnp.sum(acc, axis=1)}))
+
+
+@cpu_only
+@pytest.mark.parametrize("wg_split", ["m", "n"])
+def test_the_epilogue_apart_in_interpret_mode(wg_split):
+    """Two blocks over the tiles, so each block hands its second tile's accumulators over once the first's are
+    read: the tile input's slices, a copy staged in its slot and the output stored from the accumulators' buffer;
+    a column vector's slices; row vectors summed over the slices (one slice left out fails each). The two
+    accumulators stacked along M, or side by side along N."""
+    config = dataclasses.replace(_APART_TINY, wg_split=wg_split)
+    N = 128 * (1 + (wg_split == "n"))  # 4 CTA tiles either way
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _check_tile_copy(128, 128, N, config, calls=1)
+        a, b = _operands(128, 64, N, jnp.bfloat16)
+        v = jax.random.uniform(_key(), (N,), jnp.float32, 0.5, 2.0)
+        (out,) = gemm(a, b, config=config, out_dtype=jnp.float32, fusion=_scaled_columns(), arrays=dict(v=v))
+        np.testing.assert_allclose(np.asarray(out), np.asarray(_f32_product(a, b) * v), rtol=1e-2, atol=1e-2)
+        out, parts = gemm(a, b, config=config, out_dtype=jnp.float32, fusion=_row_parts(128, N, config))
+    want = _f32_product(a, b)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(np.asarray(parts), np.asarray(want).reshape(128, N // 64, 64).sum(axis=2).T,
+                               rtol=1e-2, atol=1e-2)
+
+
+@cpu_only
+def test_the_epilogue_apart_lowers_with_four_warpgroups_and_no_output_staging():
+    """Lowered for CUDA: 512 threads; shared memory of 3 stages, the accumulators' buffer (2 · 128 · 128 bf16) and
+    one 128x64 slot of the tile input, against 3 stages and two prefetched 128x128 tiles with the epilogue in the
+    MMA warpgroups."""
+    M, K, N = 2048, 1024, 4096
+    args = (S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, N), jnp.bfloat16))
+
+    def lowered(config):
+        fn = lambda a, b, c: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_copied_tile(M, N),  # noqa
+                                  arrays=dict(c=c))
+        with backends.lowering_for_gpu():
+            (kernel,) = mosaic_ir.lower_kernels(fn, *args)
+        return kernel
+
+    apart, inside = lowered(_APART), lowered(dataclasses.replace(_APART, epilogue_in="mma"))
+    assert (apart.threads, inside.threads) == (512, 384)
+    stages = 3 * (128 * 64 + 64 * 256) * 2
+    assert 0 <= apart.smem_bytes - (stages + 2 * 128 * 128 * 2 + 128 * 64 * 2) <= 1024
+    assert 0 <= inside.smem_bytes - (stages + 2 * 128 * 128 * 2) <= 1024
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(4096, 1024, 1024), (2048, 2048, 8192)])
+def test_the_epilogue_apart_on_the_gpu(M, K, N):
+    """Rows centered by their means summed over the row's tiles (Fusion.sum_rows) and a tile input's copy, with the
+    epilogue in the fourth warpgroup: against the float32 reference, two calls each."""
+    fn = jax.jit(lambda a, b: gemm(a, b, config=_APART, out_dtype=jnp.bfloat16, fusion=_centered_rows(M, N, _APART)))
+    for _ in range(2):
+        a, b = _operands(M, K, N, jnp.bfloat16)
+        b = b + 0.05 * jax.random.normal(_key(), (1, N), jnp.float32).astype(jnp.bfloat16)  # rows' means not 0
+        c = _f32_product(a, b)
+        got, parts = fn(a, b)
+        assert _rel_err(got, c - jnp.mean(c, axis=1, keepdims=True)) <= _tol(jnp.bfloat16, K)  # NaN fails
+        assert _rel_err(jnp.sum(parts, axis=0), jnp.sum(c, axis=1)) <= _tol(jnp.bfloat16, K)
+    _check_tile_copy(M, K, N, _APART)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The memory warpgroup's loads from one warp (MosaicGemmConfig.memory_warps)
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(8, 8), (5, 7), (128, 43), (1, 9), (9, 1), (64, 112)])

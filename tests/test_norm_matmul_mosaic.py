@@ -1092,6 +1092,46 @@ def test_xr_from_the_dx_kernel_in_interpret_mode():
         _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.float16), block_sizes=config)
 
 
+def _dx_epilogue_apart(M: int, K: int, N: int) -> Config:
+    """The H200 entry at a suite shape with its dx kernel's epilogue in a fourth warpgroup (the x tile's slices
+    loaded there instead of through the ring; 3 stages beside the accumulators' buffer; 128x128 accumulators side
+    by side: ptxas compiles four warpgroups for 128 registers, too few for a m64n256 wgmma)."""
+    from pallas_kernels import tuning
+
+    entry = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
+                                   device="NVIDIA H200"))
+    return dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, epilogue_in="fourth", tile_input_in="buffer",
+                                                             num_stages=3, tile_m=128, tile_n=128, wg_split="n"))
+
+
+@cpu_only
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (8192, 4096, 6144)])
+def test_the_dx_epilogue_apart_lowers_within_shared_memory(M, K, N):
+    """The dx kernel with its epilogue in a fourth warpgroup (xr and dx from it, the row sum over the row's
+    tiles): four warpgroups, within shared memory, xr and dx its (M, K) outputs; the other kernels as the entry's."""
+    config = _dx_epilogue_apart(M, K, N)
+    fn, args = _fwd_bwd(M, K, N, False, config)
+    with backends.lowering_for_gpu():
+        kernels = {k.name: k for k in mosaic_ir.lower_kernels(fn, *args)}
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    dx = kernels["rmsnorm_matmul_dx"]
+    assert dx.threads == 512 and dx.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    assert (kernels["rmsnorm_matmul_fwd"].threads, kernels["rmsnorm_matmul_dw"].threads) == (384, 384)
+    _, (_, _, dx_results), _ = _mosaic_calls(program)
+    assert dx_results[:2] == [f"tensor<{M}x{K}xbf16>"] * 2
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (8192, 4096, 6144)])
+def test_the_dx_epilogue_apart_on_the_gpu(M, K, N):
+    """Forward and gradients with the dx kernel's epilogue in a fourth warpgroup, against the float32 reference,
+    two calls on fresh inputs (the row sums' counts start each at zero)."""
+    config = _dx_epilogue_apart(M, K, N)
+    for _ in range(2):
+        x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
+        _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
+
+
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dtype, variant, row_dot, dx_in_kernel", [
     (16384, 1024, 5504, jnp.bfloat16, None, None, True),  # the H200 entry: gamma on x, 4 column blocks

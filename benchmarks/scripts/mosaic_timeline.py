@@ -47,7 +47,8 @@ TILE_REGIONS = ("k_loop", "epilogue", "stream_k_loop", "stream_k_epilogue")  # t
 # epilogue hook (its row vectors stored), the tile copy (Fusion.tile_copy), waiting for the other tiles of the row
 # (Fusion.sum_rows) and the finish after it, a TMA store leaving the SMEM the next step writes, and the output
 # written into a tile input's buffer and stored from there (Fusion.store_in)
-SUB_REGIONS = ("tile_inputs", "epilogue_hook", "tile_copy", "sum_rows", "finish", "store_wait", "store_in_tile")
+SUB_REGIONS = ("tile_inputs", "epilogue_hook", "tile_copy", "sum_rows", "finish", "store_wait", "store_in_tile",
+               "accumulators_wait", "epilogue_apart")  # (the last two: the fourth warpgroup's, epilogue_in "fourth")
 REGIONS = TILE_REGIONS + SUB_REGIONS
 _KERNELS = {"core": "mosaic_matmul", "fused": "rmsnorm_matmul_fwd", "dx": "rmsnorm_matmul_dx",
             "dw": "rmsnorm_matmul_dw"}  # the kernel each case traces (the start of its trace file's name)

@@ -102,6 +102,13 @@ VARIANTS = {
        for name, order in (("w4", dict(grid_tile_width=4)), ("w16", dict(grid_tile_width=16)),
                            ("minor_n", dict(grid_minor="n")))},
     # the dx kernel's row sum over planar-snake runs of 4 or 2 row blocks (gemm.mosaic._sum_rows_grid; the entries 8)
+    # the dx kernel's epilogue in a fourth warpgroup (gemm.MosaicGemmConfig.epilogue_in), the MMA warpgroups handing
+    # it their accumulators through shared memory: 3 stages beside that buffer (or 2)
+    **{f"dx_epi4_s{stages}": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=stages, tile_m=128,
+                                          tile_n=128, wg_split="n")) for stages in (2, 3)},
+    # and its slices 32 columns wide (a 128x32 float32 slice is 32 registers a thread of the fourth's 104)
+    "dx_epi4_s3_e32": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128,
+                                   tile_n=128, wg_split="n", epi_tile_n=32)),
     "dx_w4": dict(dx=dict(grid_tile_width=4)),
     "dx_w2": dict(dx=dict(grid_tile_width=2)),
     # the forward's and the dw kernel's planar-snake runs of 4 or 16 row blocks (the entries 8)

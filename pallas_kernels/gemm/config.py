@@ -34,11 +34,12 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
+__all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_PLACES", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
            "TILE_INPUT_PLACES", "MosaicGemmConfig", "operand_swizzle_elems", "smem_bytes", "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
+EPILOGUE_PLACES = ("mma", "fourth")
 EPILOGUE_STORES = ("end", "next_tile", "split")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
@@ -120,6 +121,17 @@ class MosaicGemmConfig:
         warp of jax's Blackwell GEMM example: its threads arrive for all four), the other three idle, so fewer
         instructions are issued per K step under the chip's power limit. Pipeline "own", not with prologue_in
         "memory" (a prologue there needs every thread).
+      epilogue_in: which warpgroups run a tile's epilogue: "mma", the MMA warpgroups after their K loop, the tensor
+        cores idle meanwhile; "fourth", a fourth warpgroup (``gemm.specialized``): the MMA warpgroups write their
+        accumulators in out_dtype into a shared buffer (2 · tile_m · tile_n elements) and go on to the next tile's
+        K loop once the fourth has read the previous tile's; the fourth walks each accumulator in (tile_m,
+        epi_tile_n) column slices, each tile input's slice TMA-loaded into a slot of its own, runs the fusion's
+        hooks on them and stores the output from the buffer. The accumulator is rounded to out_dtype before the
+        epilogue, and so is the epilogue's tile before a ``Fusion.sum_rows`` finish. Pipeline "own", schedule
+        "cooperative", no cluster or stream-K, epilogue_store "end", tile_input_in "buffer", and tile_n <= 128:
+        ptxas compiles four warpgroups for 128 registers a thread, too few for a m64n256 wgmma (C7602, measured on
+        the H200). First measured at 32768x4096x4096 (the rmsnorm_matmul dx kernel on 128x128 accumulators side by
+        side, 3 stages): 1488.6 against the entry's 1493.6 µs (NOTES.md, fiftieth session).
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -144,6 +156,7 @@ class MosaicGemmConfig:
     shared_rows_wait: int = 4
     tile_input_in: str = "buffer"
     memory_warps: int = 4
+    epilogue_in: str = "mma"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -175,6 +188,7 @@ class MosaicGemmConfig:
             ("epilogue_store", self.epilogue_store in EPILOGUE_STORES, f"one of {EPILOGUE_STORES}"),
             ("tile_input_in", self.tile_input_in in TILE_INPUT_PLACES, f"one of {TILE_INPUT_PLACES}"),
             ("memory_warps", self.memory_warps in (1, 4), "1 or 4"),
+            ("epilogue_in", self.epilogue_in in EPILOGUE_PLACES, f"one of {EPILOGUE_PLACES}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -212,6 +226,16 @@ class MosaicGemmConfig:
         if self.stores_later and (self.pipeline, self.schedule) != ("own", "cooperative"):
             raise ValueError(f"{cls}.epilogue_store: {self.epilogue_store!r} runs on pipeline 'own', schedule "
                              f"'cooperative'; got pipeline={self.pipeline!r}, schedule={self.schedule!r}")
+        if self.epilogue_in == "fourth" and (
+                (self.pipeline, self.schedule, self.cluster, self.stream_k, self.epilogue_store,
+                 self.tile_input_in) != ("own", "cooperative", "none", 0, "end", "buffer")
+                or self.tile_n > 128):
+            raise ValueError(f"{cls}.epilogue_in: 'fourth' runs on pipeline 'own', schedule 'cooperative', no "
+                             f"cluster or stream-K, epilogue_store 'end', tile_input_in 'buffer' and tile_n <= 128 "
+                             f"(with four warpgroups ptxas compiles for 128 registers, too few for a m64n256 wgmma); "
+                             f"got pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}, "
+                             f"stream_k={self.stream_k}, epilogue_store={self.epilogue_store!r}, "
+                             f"tile_input_in={self.tile_input_in!r}, tile_n={self.tile_n}")
         if self.epilogue_store == "split" and (self.tile_n // self.epi_tile_n) % 2:
             raise ValueError(f"{cls}.epilogue_store: 'split' stores half of the tile's {self.tile_n // self.epi_tile_n}"
                              f" pieces across tile_n={self.tile_n} at its end and half later: it needs an even number "
@@ -311,4 +335,7 @@ def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes:
         out_dtype).itemsize
     tiles = 0 if config.tile_input_in == "ring" else sum(
         2 * config.tile_m * config.tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
+    if config.epilogue_in == "fourth":  # the accumulators' buffer; a column slice of each tile input
+        staging = 2 * config.tile_m * config.tile_n * jnp.dtype(out_dtype).itemsize
+        tiles = sum(config.tile_m * config.epi_tile_n * jnp.dtype(d).itemsize for d in tile_input_dtypes)
     return config.num_stages * per_stage + staging + tiles + scratch_bytes

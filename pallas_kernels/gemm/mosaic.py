@@ -324,6 +324,14 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"{None if copied is None else (copied.shape, copied.dtype)}")
     if fusion.a_operand is not None and fusion.a_copy is not None:
         raise ValueError(f"{name}: a fusion with an a_operand takes no a_copy; got a_copy={fusion.a_copy[0]!r}")
+    if config.epilogue_in == "fourth" and (fusion.prologue_step is not None or fusion.share_rows is not None
+                                           or not fusion.store_tile):
+        raise ValueError(f"{name}: epilogue_in='fourth' runs the epilogue in a fourth warpgroup, column slice by "
+                         f"column slice, and stores the output tile: it takes no prologue_step or share_rows, needs "
+                         f"store_tile and a GPU (no interpret mode); got prologue_step="
+                         f"{'set' if fusion.prologue_step else None}, share_rows="
+                         f"{'set' if fusion.share_rows else None}, store_tile={fusion.store_tile}, "
+                         f"interpret={mu.interpreting()}")
     if config.stores_later and not fusion.store_tile:
         raise ValueError(f"{name}: a fusion that stores no output tile (store_tile=False) takes epilogue_store='end', "
                          f"got {config.epilogue_store!r}")
@@ -516,6 +524,21 @@ class _Shape:
     def scratch_types(self) -> dict:
         """Shared memory besides the pipeline stages: output staging, prefetched tile inputs, the hooks' scratch."""
         cfg, fusion = self.cfg, self.fusion
+        if cfg.epilogue_in == "fourth":  # (gemm.specialized: the accumulators' buffer is the protocol's)
+            return dict(
+                out_smem=None,
+                tile_smem={n: plgpu.SMEM((cfg.tile_m, cfg.epi_tile_n), d, transforms=mu.smem_transforms(
+                    cfg.epi_tile_n, d)) for n, d in zip(fusion.tile_inputs, self.tile_dtypes)},
+                tile_barriers={n: plgpu.Barrier(num_arrivals=1) for n in fusion.tile_inputs},
+                col_smem={n: plgpu.SMEM((2, cfg.tile_n), _F32) for n in fusion.col_inputs},
+                col_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.col_inputs},
+                a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
+                    (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(
+                        cfg.tile_k, self.a_copy_dtype)),
+                a_operand_smem=None,
+                step_smem={n: plgpu.SMEM((max(1, min(cfg.num_stages, self.iters[2])), cfg.tile_k), d)
+                           for n, d in zip(fusion.step_inputs, self.step_dtypes)},
+                scratch=dict(fusion.scratch))
         return dict(
             out_smem=None if fusion.store_in else plgpu.SMEM(
                 (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
@@ -724,6 +747,79 @@ class _Shape:
         else:
             self.store_output(ctx, tile, scoped, out_gmem)
         return None
+
+    def finish_in_slices(self, ctxs, u_smem, carries, out_gmem, named_in, named_out, scoped) -> None:
+        """(``MosaicGemmConfig.epilogue_in="fourth"``) The epilogue of both MMA warpgroups' accumulators, in the
+        fourth warpgroup: u_smem (2, tile_m, tile_n) holds them in out_dtype (``ctxs``: their tile contexts,
+        ``carries``: their hook carries). Each accumulator is walked in (tile_m, epi_tile_n) column slices, each
+        tile input's slice TMA-loaded into its slot. First the epilogue hook on every slice, the slice written back
+        over the accumulator and the hook's row vectors summed over the slices (they must add up: e.g. row sums),
+        then stored and, with ``Fusion.sum_rows``, counted; then per accumulator the row sum, and on every slice
+        the ``tile_copy`` (staged in the store_in input's slot, which then holds it, as the buffer does in
+        ``finish_tile``) and the finish, written back; then the accumulator's tile stored from the buffer. Returns
+        once every store has read shared memory: the buffer is free."""
+        cfg, fusion = self.cfg, self.fusion
+        width = cfg.epi_tile_n
+        sliced = dataclasses.replace(cfg, tile_n=width)  # a slice's context: its columns (TileContext.cols)
+        slots, slot_barriers = scoped["tile_smem"], scoped["tile_barriers"]
+
+        def load_inputs(ctx, j):
+            if not fusion.tile_inputs:
+                return {}
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # a copy staged in a slot has left it
+            for n in fusion.tile_inputs:
+                plgpu.copy_gmem_to_smem(named_in[n].at[ctx.rows, pl.ds(ctx.col0 + j * width, width)], slots[n],
+                                        slot_barriers[n])
+            for n in fusion.tile_inputs:
+                plgpu.barrier_wait(slot_barriers[n])
+            return dict(slots)
+
+        def slice_context(ctx, h, j, tiles):
+            return dataclasses.replace(ctx, col0=ctx.col0 + j * width, config=sliced, tiles=tiles, col_slices={
+                n: scoped["col_smem"][n].at[h].at[pl.ds(j * width, width)] for n in fusion.col_inputs})
+
+        def piece(h, j):
+            return u_smem.at[h].at[:, pl.ds(j * width, width)]
+
+        for h, ctx in enumerate(ctxs):
+            for n in fusion.col_inputs:
+                plgpu.copy_gmem_to_smem(named_in[n].at[ctx.cols], scoped["col_smem"][n].at[h],
+                                        scoped["col_barriers"][n].at[h])
+        for h in range(len(ctxs)):
+            for n in fusion.col_inputs:
+                plgpu.barrier_wait(scoped["col_barriers"][n].at[h])
+        for h, ctx in enumerate(ctxs):
+            rows_out = {}
+            for j in range(cfg.tile_n // width):
+                tiles = load_inputs(ctx, j)
+                acc = mu.load(piece(h, j), layout=mu.TILE).astype(_F32)
+                if fusion.epilogue is not None:
+                    acc, rows = fusion.epilogue(slice_context(ctx, h, j, tiles), acc, carries[h])
+                    rows_out = {n: rows_out[n] + v if n in rows_out else v for n, v in rows.items()}
+                piece(h, j)[...] = acc.astype(u_smem.dtype)
+            for n, vec in rows_out.items():
+                _store_rows(vec, named_out[n], ctx)
+            if fusion.sum_rows is not None:
+                _signal_row_part(scoped["row_semaphores"], ctx)
+        for h, ctx in enumerate(ctxs):
+            total = None
+            if fusion.sum_rows is not None:
+                total = _sum_row_parts(named_out[fusion.sum_rows[0]], scoped["row_semaphores"], ctx, signalled=True)
+            if fusion.tile_copy is not None or fusion.sum_rows is not None:
+                for j in range(cfg.tile_n // width):
+                    sctx = slice_context(ctx, h, j, load_inputs(ctx, j))
+                    if fusion.tile_copy is not None:
+                        name, fn = fusion.tile_copy
+                        buffer = sctx.tiles[fusion.store_in]
+                        buffer[...] = fn(sctx, carries[h]).astype(buffer.dtype)
+                        plgpu.commit_smem()
+                        plgpu.copy_smem_to_gmem(buffer, named_out[name].at[sctx.rows, sctx.cols])
+                    if fusion.sum_rows is not None:
+                        u = mu.load(piece(h, j), layout=mu.TILE).astype(_F32)
+                        piece(h, j)[...] = fusion.sum_rows[1](sctx, u, total, carries[h]).astype(u_smem.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(u_smem.at[h], out_gmem.at[ctx.rows, ctx.cols])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     def store_output(self, ctx: TileContext, tile: jax.Array, scoped, out_gmem, part=None) -> None:
         """Stores this warpgroup's (tile_m, tile_n) output tile (out_dtype registers) at ctx's place, piece by piece

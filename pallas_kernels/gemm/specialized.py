@@ -86,6 +86,7 @@ _F32 = jnp.float32
 _MEMORY_REGISTERS = 40
 _MEMORY_PROLOGUE_REGISTERS = 56  # the memory warpgroup that also runs a prologue (a 128x64 block in registers)
 _MEMORY_WG, _PROLOGUE_WG = 2, 3
+_EPILOGUE_WG = 3  # (MosaicGemmConfig.epilogue_in "fourth"; no prologue warpgroup then)
 
 
 def dedicated(shape) -> bool:
@@ -98,9 +99,14 @@ def in_memory(shape) -> bool:
     return shape.fusion.prologue_step is not None and shape.cfg.prologue_in == "memory"
 
 
+def epilogue_apart(shape) -> bool:
+    """Whether a fourth warpgroup runs the epilogue (``MosaicGemmConfig.epilogue_in="fourth"``)."""
+    return shape.cfg.epilogue_in == "fourth"
+
+
 def num_threads(shape) -> int:
-    """Warpgroups of one block: 3, or 4 with a dedicated prologue warpgroup."""
-    return 4 if dedicated(shape) else 3
+    """Warpgroups of one block: 3, or 4 with a dedicated prologue or epilogue warpgroup."""
+    return 4 if dedicated(shape) or epilogue_apart(shape) else 3
 
 
 def registers(shape) -> tuple[int, int, int]:
@@ -108,6 +114,9 @@ def registers(shape) -> tuple[int, int, int]:
     allocation, 65536 / threads per thread rounded down to 8 (168 with three warpgroups, 128 with four): an
     increase the decreases do not cover waits forever. So they add up to 504 per lane across three warpgroups and
     512 across four; the memory warpgroup running the prologue takes what the MMA warpgroups leave (72)."""
+    if epilogue_apart(shape):  # (MMA, memory, epilogue): the MMA warpgroups only hold the accumulator now
+        mma = shape.cfg.mma_registers or 184
+        return mma, _MEMORY_REGISTERS, 512 - 2 * mma - _MEMORY_REGISTERS
     mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 216 if in_memory(shape) else 232)
     memory = 504 - 2 * mma if in_memory(shape) else _MEMORY_REGISTERS
     prologue = 512 - 2 * mma - _MEMORY_REGISTERS if dedicated(shape) else 0
@@ -163,11 +172,17 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     if has_handoff:
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.cta_m), _F32),
                             handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
+    apart = epilogue_apart(shape)
+    if apart:  # the MMA warpgroups' accumulators, handed to the epilogue warpgroup
+        scoped_types.update(u_smem=plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), shape.out_dtype,  # (swizzled by the
+                                              transforms=mu.smem_transforms(cfg.epi_tile_n, shape.out_dtype)),  # slice)
+                            u_full=plgpu.Barrier(num_arrivals=2), u_free=plgpu.Barrier(num_arrivals=1))
 
     plan = shape.stream_k  # None: every tile whole, round after round
     round_tiles = shape.cluster_tiles if plan is None else plan.dp_tiles  # tiles run whole by the tile loop
 
-    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, **scoped):
+    def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, u_smem=None, u_full=None,
+              u_free=None, **scoped):
         wg = lax.axis_index("wg")
         stages = list(stages)
         if ring_view:  # (a ring slot holds a B block or a ring input's half, never both at once)
@@ -464,6 +479,22 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.barrier_arrive(handoff_full)
                     drain(handoff_free, local, num_local, 1, 1, lambda t: None)
 
+        if apart:
+            @pl.when(wg == _EPILOGUE_WG)
+            def _epilogue():
+                plgpu.set_max_registers(prologue_registers, action="decrease")
+
+                @each_tile
+                def _(lin, local, num_local):
+                    del local, num_local
+                    ctxs = [shape.tile_context(lin, h, refs_by_name) for h in range(2)]
+                    carries = [fusion.prologue_init(c) if fusion.prologue_init is not None else () for c in ctxs]
+                    with mu.region("accumulators_wait"):
+                        plgpu.barrier_wait(u_full)
+                    with mu.region("epilogue_apart"):
+                        shape.finish_in_slices(ctxs, u_smem, carries, out_gmem, named_in, named_out, scoped)
+                    plgpu.barrier_arrive(u_free)
+
         @pl.when(wg < 2)
         def _mma():
             plgpu.set_max_registers(mma_registers, action="increase")
@@ -631,7 +662,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
                 the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
                 ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
-                shape.start_tile(ctx, named_in, scoped)
+                if not apart:  # (the epilogue warpgroup loads what its slices need itself)
+                    shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
                 under_first = None
                 if pending is not None:
@@ -651,6 +683,16 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         return tile_epilogue(acc_ref, carry)
 
                 def tile_epilogue(acc_ref, carry):
+                    if apart:  # the accumulator into the buffer, once the epilogue warpgroup is done with it
+                        del carry
+
+                        @pl.when(local >= 1)
+                        def _wait_free():
+                            plgpu.barrier_wait(u_free)
+
+                        u_smem.at[wg][...] = acc_ref[...].astype(u_smem.dtype)
+                        plgpu.barrier_arrive(u_full)
+                        return None
                     if has_handoff:
                         plgpu.barrier_wait(handoff_full)
                         carry = carry_tree[0].unflatten([
@@ -726,9 +768,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             else:
                 @each_tile
                 def _(lin, local, num_local):
-                    del num_local
                     if not cfg.pingpong:
                         mma_tile(lin, local)
+                        if apart:  # the epilogue warpgroup's last release, so that none is left mid-phase
+                            drain(u_free, local, num_local, 1, 1, lambda t: None)
                         return
 
                     @pl.when(owner_of(local) == wg)

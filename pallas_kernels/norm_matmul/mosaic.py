@@ -447,8 +447,11 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
         hooks["sum_rows"] = ("row_dot_parts", finish)
     if xr is not None:
-        hooks["tile_copy"] = ("xr", lambda ctx, carry: ctx.load_tile("x") * _bcast_rows(carry[scale_leaf],
-                                                                                        (cfg.tile_m, cfg.tile_n)))
+        def xr_tile(ctx, carry):  # (the whole tile, or a column slice of it: MosaicGemmConfig.epilogue_in)
+            x = ctx.load_tile("x")
+            return x * _bcast_rows(carry[scale_leaf], x.shape)
+
+        hooks["tile_copy"] = ("xr", xr_tile)
         return Fusion(tile_inputs=("x",), inputs=(*rows, *gamma), store_in="x", outputs=(("xr", xr), parts),
                       epilogue=epilogue, **hooks)
     if dyr is None:
