@@ -275,8 +275,9 @@ def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_ti
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     entry = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, xr_in_dx=False,
                                 row_dot_in_dx=False)  # (both entries are on the K side since the fiftieth session)
-    ring = dataclasses.replace(entry, row_dot_in_dx="tma", dx=dataclasses.replace(entry.dx, tile_input_in="ring",
-                                                                                  stream_k=0, num_stages=3))
+    ring = dataclasses.replace(entry, row_dot_in_dx="tma", dx=dataclasses.replace(_stacked_dx(entry),
+                                                                                  tile_input_in="ring", stream_k=0,
+                                                                                  num_stages=3))
     assert ring.row_dot_by_dx(jnp.bfloat16, False) == "tma" and ring.dyr_by_dx(jnp.bfloat16, False)
     four = dataclasses.replace(ring, dx=dataclasses.replace(ring.dx, num_stages=4))
     assert four.row_dot_by_dx(jnp.bfloat16, False) is False
@@ -299,7 +300,8 @@ def test_y_by_tma_beside_dy_in_the_dx_kernel_lowers_with_a_third_stage_buffer():
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     config = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, xr_in_dx=False,
                                  row_dot_in_dx="tma",
-                                 dx=dataclasses.replace(entry.dx, tile_input_in="ring", stream_k=0, num_stages=3))
+                                 dx=dataclasses.replace(_stacked_dx(entry), tile_input_in="ring", stream_k=0,
+                                                        num_stages=3))
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -567,6 +569,13 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
 _DYR_DX = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", num_stages=3)
 
 
+def _stacked_dx(entry: Config) -> MosaicGemmConfig:
+    """The entry's dx tiles as stacked 64x256 accumulators with the epilogue in the MMA warpgroups (the
+    32768x4096x4096 H200 entry's dx kernel has its epilogue in a fourth warpgroup since the fifty-first session, on
+    128x128 accumulators side by side, which the forms built from it here do not take)."""
+    return dataclasses.replace(entry.dx, epilogue_in="mma", tile_m=64, tile_n=256, wg_split="m", epi_tile_n=64)
+
+
 @cpu_only
 @pytest.mark.parametrize("row_dot, stream_k_split", [("n", 0), ("n", 4), ("k", 0)])
 def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(row_dot, stream_k_split):
@@ -747,7 +756,8 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
         # the dw kernel instead, its w tile through its B stages
         config = dataclasses.replace(config, dgamma_from=None, dw=dataclasses.replace(config.dw, tile_input_in="ring"))
     if row_dot and row_dot[0] == "n":  # (the H200's suite entries are on the K side, the dx kernel writing xr and dx)
-        config = dataclasses.replace(config, xr_in_dx=False, dx_in_kernel=False)
+        config = dataclasses.replace(config, xr_in_dx=False, dx_in_kernel=False, dx=_stacked_dx(config)
+                                     if config.dx.epilogue_in == "fourth" else config.dx)
     config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0],
                                  squares_from=_squares_from(variant))
     if row_dot and row_dot.endswith("_dgu"):
@@ -1338,8 +1348,15 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
     # (32768x4096x4096 since the forty-third session: rmsnorm_matmul_configs_k_dx_in_kernel_one_phase-h200-
     # 181f0ee.json), the dx kernel finishing dx over whole tiles and writing xr for the dw GEMM, dgamma from the dw
     # kernel's w tile (all three since the fiftieth session: ..._xr_in_dx_snake{,_repeat}-h200-d431860.json,
-    # ..._k_xr_ring4_6144-h200-0f72617.json, ..._k_xr_14336-h200-fb24c05.json)
-    assert (config.dx.tile_input_in, config.dx.num_stages, config.dx.stream_k) == ("ring", 4, 0)
+    # ..._k_xr_ring4_6144-h200-0f72617.json, ..._k_xr_14336-h200-fb24c05.json); at 32768x4096x4096 the dx kernel's
+    # epilogue in a fourth warpgroup, on 128x128 accumulators side by side at 3 stages, its slices 32 columns wide
+    # (since the fifty-first session: rmsnorm_matmul_configs_dx_epilogue_apart{,_e32}-h200-c7b77b4.json)
+    if M == 32768:
+        assert (config.dx.epilogue_in, config.dx.tile_input_in, config.dx.num_stages, config.dx.epi_tile_n,
+                config.dx.tile_m, config.dx.tile_n, config.dx.wg_split) == ("fourth", "buffer", 3, 32, 128, 128, "n")
+    else:
+        assert (config.dx.epilogue_in, config.dx.tile_input_in, config.dx.num_stages) == ("mma", "ring", 4)
+    assert config.dx.stream_k == 0
     assert (config.row_dot, config.xr_in_dx, config.dx_in_kernel, config.dgamma_from) == ("k", True, True, None)
     args = (S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16))
     fn = lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)  # noqa: E731
