@@ -109,6 +109,10 @@ VARIANTS = {
     # and its slices 32 columns wide (a 128x32 float32 slice is 32 registers a thread of the fourth's 104)
     "dx_epi4_s3_e32": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128,
                                    tile_n=128, wg_split="n", epi_tile_n=32)),
+    # the 32768x4096x4096 entry's dx kernel before the fifty-first session: stacked 64x256 accumulators, the epilogue
+    # in the MMA warpgroups, the x tile through the ring at 4 stages
+    "dx_stacked_ring4": dict(dx=dict(epilogue_in="mma", tile_input_in="ring", num_stages=4, tile_m=64, tile_n=256,
+                                     wg_split="m", epi_tile_n=64)),
     "dx_w4": dict(dx=dict(grid_tile_width=4)),
     "dx_w2": dict(dx=dict(grid_tile_width=2)),
     # the forward's and the dw kernel's planar-snake runs of 4 or 16 row blocks (the entries 8)
