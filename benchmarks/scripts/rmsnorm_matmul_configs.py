@@ -113,6 +113,11 @@ VARIANTS = {
     # in the MMA warpgroups, the x tile through the ring at 4 stages
     "dx_stacked_ring4": dict(dx=dict(epilogue_in="mma", tile_input_in="ring", num_stages=4, tile_m=64, tile_n=256,
                                      wg_split="m", epi_tile_n=64)),
+    # cooperative 64x128 forward tiles (each warpgroup's accumulator 64 registers, room for gamma and r's squares in
+    # the registers at 16384x1024x5504, where N = 43 x 128 and the entry's ping-pong 128x128 tiles have none)
+    **{f"fwd_coop128_s{stages}": dict(forward=dict(schedule="cooperative", tile_m=64, tile_n=128, wg_split="m",
+                                                   grid_minor="m", stream_k=0, delay_release=1, num_stages=stages))
+       for stages in (5, 6)},
     "dx_w4": dict(dx=dict(grid_tile_width=4)),
     "dx_w2": dict(dx=dict(grid_tile_width=2)),
     # the forward's and the dw kernel's planar-snake runs of 4 or 16 row blocks (the entries 8)
