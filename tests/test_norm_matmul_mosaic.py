@@ -763,7 +763,9 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     if row_dot and row_dot.endswith("_dgu"):
         config = dataclasses.replace(config, dgamma_from="u", dx_in_kernel=False,
                                      dw=dataclasses.replace(_DYR_DX, num_stages=4))
-    return config.with_dyr_from_dx(dtype, residual) if row_dot and "_dyr" in row_dot else config
+    if row_dot and "_dyr" in row_dot:  # (dyr from the dx kernel replaces the entry's xr, e.g. at 4096x2048x11008)
+        return dataclasses.replace(config, xr_in_dx=False).with_dyr_from_dx(dtype, residual)
+    return config
 
 
 def _variant_fields(variant) -> tuple:
