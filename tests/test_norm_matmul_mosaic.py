@@ -178,7 +178,8 @@ def _check_kernels(M, K, N, residual, config=None):
     assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", *dw_kernel]
     statistics_warpgroup = (config is not None and config.stats_in_kernel is True
                             and config.forward.prologue_in == "fourth")
-    for k, warpgroups in zip(kernels, (4 if statistics_warpgroup else 3, 3, 3)):
+    epilogue_warpgroup = resolved.dx.epilogue_in == "fourth"  # (the dx kernel's epilogue in a fourth warpgroup)
+    for k, warpgroups in zip(kernels, (4 if statistics_warpgroup else 3, 4 if epilogue_warpgroup else 3, 3)):
         assert k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES and k.warpgroups == warpgroups
         assert k.wgmma() and k.tma_loads() >= 2
     assert [k.name for k in forward_only] == ["rmsnorm_matmul_fwd"]
@@ -443,6 +444,7 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
     assert any(c["forward"]["stream_k"] for c in forward) and any(c["dx"]["stream_k"] for c in backward)
     assert any(c["row_dot_in_dx"] == "tma" and c["dx"]["tile_input_in"] == "ring" for c in backward)
     assert any(c["dx_in_kernel"] and c["xr_in_dx"] for c in backward)
+    assert any(c["dx_in_kernel"] and c["xr_in_dx"] and c["dx"]["epilogue_in"] == "fourth" for c in backward)
     assert any(c["dx_in_kernel"] and c["dyr_in_dx"] for c in backward)
     assert any(c["forward"]["epilogue_store"] == "split" and c["forward"]["stream_k"] for c in forward)
     for params in forward + backward:

@@ -131,7 +131,9 @@ class MosaicGemmConfig:
         "cooperative", no cluster or stream-K, epilogue_store "end", tile_input_in "buffer", and tile_n <= 128:
         ptxas compiles four warpgroups for 128 registers a thread, too few for a m64n256 wgmma (C7602, measured on
         the H200). First measured at 32768x4096x4096 (the rmsnorm_matmul dx kernel on 128x128 accumulators side by
-        side, 3 stages): 1488.6 against the entry's 1493.6 µs (NOTES.md, fiftieth session).
+        side, 3 stages): 1488.6 against the entry's 1493.6 µs (NOTES.md, fiftieth session); that entry takes it
+        with 32-column slices since the fifty-first (1471.6 → 1453.0 µs), slower at the suite's other shapes,
+        whose longer K loops leave the epilogue a smaller share than the side-by-side accumulators cost.
     The defaults are the H100 measurements' winners (module docstring).
     """
 

@@ -800,6 +800,11 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
         k_dx = dataclasses.replace(base, row_dot="k", row_dot_in_dx=False, dgamma_from=None, dx_in_kernel=True,
                                    dx=dataclasses.replace(dx, stream_k=0))
         bwd += [k_dx.with_dyr_from_dx(dtype, residual), dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True)]
+        if not residual:  # and that dx kernel's epilogue in a fourth warpgroup (the H200's entry at
+            # 32768x4096x4096 since the fifty-first session; 128x128 accumulators side by side, 3 stages)
+            bwd.append(dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True, dx=dataclasses.replace(
+                k_dx.dx, epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128, tile_n=128,
+                wg_split="n", epi_tile_n=32, delay_release=0)))
     if not residual:  # y's blocks by TMA beside dy's, the x tile through the dx kernel's B stages of 3 stacked
         # 64x256 stages (the H200's entry at 8192x4096x6144 until the fiftieth session)
         bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
