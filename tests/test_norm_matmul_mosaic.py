@@ -1354,7 +1354,7 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
     # kernel's w tile (all three since the fiftieth session: ..._xr_in_dx_snake{,_repeat}-h200-d431860.json,
     # ..._k_xr_ring4_6144-h200-0f72617.json, ..._k_xr_14336-h200-fb24c05.json); at 32768x4096x4096 the dx kernel's
     # epilogue in a fourth warpgroup, on 128x128 accumulators side by side at 3 stages, its slices 32 columns wide
-    # (since the fifty-first session: rmsnorm_matmul_configs_dx_epilogue_apart{,_e32}-h200-c7b77b4.json)
+    # (since the fifty-first session: rmsnorm_matmul_configs_dx_epilogue_apart_{e32,shapes}-h200-c7b77b4.json)
     if M == 32768:
         assert (config.dx.epilogue_in, config.dx.tile_input_in, config.dx.num_stages, config.dx.epi_tile_n,
                 config.dx.tile_m, config.dx.tile_n, config.dx.wg_split) == ("fourth", "buffer", 3, 32, 128, 128, "n")

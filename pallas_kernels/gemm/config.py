@@ -34,8 +34,9 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_PLACES", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES", "SCHEDULES",
-           "TILE_INPUT_PLACES", "MosaicGemmConfig", "operand_swizzle_elems", "smem_bytes", "unsupported_reason"]
+__all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_PLACES", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES",
+           "SCHEDULES", "TILE_INPUT_PLACES", "MosaicGemmConfig", "operand_swizzle_elems", "smem_bytes",
+           "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
 SCHEDULES = ("cooperative", "pingpong")
