@@ -110,10 +110,11 @@ def num_threads(shape) -> int:
 
 
 def registers(shape) -> tuple[int, int, int]:
-    """(MMA, memory, prologue) registers per thread. setmaxnreg only moves registers within the block's launch
-    allocation, 65536 / threads per thread rounded down to 8 (168 with three warpgroups, 128 with four): an
-    increase the decreases do not cover waits forever. So they add up to 504 per lane across three warpgroups and
-    512 across four; the memory warpgroup running the prologue takes what the MMA warpgroups leave (72)."""
+    """(MMA, memory, fourth warpgroup: the prologue or the epilogue one, else 0) registers per thread. setmaxnreg
+    only moves registers within the block's launch allocation, 65536 / threads per thread rounded down to 8 (168
+    with three warpgroups, 128 with four): an increase the decreases do not cover waits forever. So they add up
+    to 504 per lane across three warpgroups and 512 across four; the memory warpgroup running the prologue takes
+    what the MMA warpgroups leave (72)."""
     if epilogue_apart(shape):  # (MMA, memory, epilogue): the MMA warpgroups only hold the accumulator now
         mma = shape.cfg.mma_registers or 184
         return mma, _MEMORY_REGISTERS, 512 - 2 * mma - _MEMORY_REGISTERS
@@ -149,7 +150,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     has_prologue_wg = dedicated(shape)
     prologue_in_memory = in_memory(shape)
     has_handoff = fusion.prologue_step is not None  # the prologue's carry reaches the epilogue through SMEM
-    mma_registers, memory_registers, prologue_registers = registers(shape)
+    mma_registers, memory_registers, fourth_registers = registers(shape)
     blocks = shape.operand_blocks()
     gmem = (a_gmem, b_gmem)
     transforms = shape.stage_transforms
@@ -450,7 +451,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         if has_prologue_wg:
             @pl.when(wg == _PROLOGUE_WG)
             def _prologue():
-                plgpu.set_max_registers(prologue_registers, action="decrease")
+                plgpu.set_max_registers(fourth_registers, action="decrease")
 
                 @each_tile
                 def _(lin, local, num_local):
@@ -482,7 +483,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         if apart:
             @pl.when(wg == _EPILOGUE_WG)
             def _epilogue():
-                plgpu.set_max_registers(prologue_registers, action="decrease")
+                plgpu.set_max_registers(fourth_registers, action="decrease")
 
                 @each_tile
                 def _(lin, local, num_local):
