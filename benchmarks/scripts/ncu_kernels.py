@@ -128,6 +128,22 @@ def fused_backward_cases(M, K, N):
                                                                 shape, {})), lambda: inputs)}
 
 
+def torch_cases(M, K, N):
+    """cuBLAS's product through PyTorch (its own heuristic, no XLA autotuner for ncu to trip over: the autotuned
+    XLA kernel ended ncu in a segmentation fault, NOTES.md forty-first session), where torch is installed."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+
+    def product(a, b):
+        out = torch.matmul(a, b)
+        torch.cuda.synchronize()
+        return out
+    return {f"core_torch_{M}x{K}x{N}": (product, lambda: (a, b))}
+
+
 def copy_cases():
     x = normal(KEYS[6], (2**30,))
     return {"copy_2GiB": (jax.jit(lambda x: x + 1), lambda: (x,))}
@@ -148,7 +164,9 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             "core5504mw": lambda: core_variant_cases(16384, 1024, 5504, (
                 "pingpong_128x128_s6_delay1_minor_m", "pingpong_128x128_s6_delay1_minor_m_mw1")),
             "gemv14336": lambda: fused_forward_cases(1, 4096, 14336),
-            "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases}
+            "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases,
+            "torch5504": lambda: torch_cases(16384, 1024, 5504), "torch32k": lambda: torch_cases(32768, 4096, 4096),
+            "fusedbwd32k": lambda: {k: v for k, v in fused_backward_cases(32768, 4096, 4096).items() if "mosaic" in k}}
 
 
 def main() -> int:
