@@ -373,6 +373,9 @@ VARIANTS = {
     # each kernel's loads from one warp of its memory warpgroup (``MosaicGemmConfig.memory_warps``; no stream-K)
     **{f"{prefix}_mw1": {kernel: dict(memory_warps=1)} for kernel, prefix in (("forward", "fwd"), ("dx", "dx"),
                                                                                 ("dw", "dw"))},
+    # (and back to all four: the entries that take one warp, against their four-warp form)
+    **{f"{prefix}_mw4": {kernel: dict(memory_warps=4)} for kernel, prefix in (("forward", "fwd"), ("dx", "dx"),
+                                                                                ("dw", "dw"))},
     **{f"{prefix}_sk0": {kernel: dict(stream_k=0)} for kernel, prefix in (("forward", "fwd"), ("dx", "dx"),
                                                                             ("dw", "dw"))},
     # r from the MMA warpgroups beside the ping-pong forward tiles (each warpgroup a whole 128x128 tile): its x
