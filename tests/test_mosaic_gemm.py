@@ -1296,10 +1296,36 @@ def test_the_memory_warpgroups_prologue_keeps_registers_within_the_launch():
                                          r"registers \(needs >= 56: mma_registers <= 224\)"):
         jax.eval_shape(fn, S((4096, 2048), jnp.bfloat16), S((2048, 4096), jnp.bfloat16))
     from pallas_kernels.gemm import specialized
-    for mma_registers, want in ((0, (216, 72, 0)), (224, (224, 56, 0)), (160, (160, 184, 0))):
+    for mma_registers, want in ((0, (216, 72, 0)), (224, (224, 56, 0)), (168, (168, 168, 0))):
         shape = types.SimpleNamespace(cfg=dataclasses.replace(config, mma_registers=mma_registers),
                                       fusion=_row_sums(4096))
         assert specialized.registers(shape) == want
+
+
+@pytest.mark.parametrize("changes, fusion_with_prologue, want, match", [
+    (dict(epilogue_in="fourth", mma_registers=176), False, (176, 40, 120), None),
+    (dict(epilogue_in="fourth"), False, (184, 40, 104), None),
+    # the fourth's 136 would be an increase from the launch's 128: an illegal instruction on the H200
+    (dict(epilogue_in="fourth", mma_registers=168), False, None, r"4 warpgroups launch with 128 .* fourth 136\); "
+                                                                  r"allowed: mma_registers >= 176"),
+    (dict(epilogue_in="fourth", mma_registers=232), False, None, "leaves the epilogue warpgroup 8 registers"),
+    (dict(wg_split="n", mma_registers=168), True, None, "allowed: mma_registers >= 176"),
+    (dict(wg_split="n", mma_registers=176), True, (176, 40, 120), None),
+    (dict(), False, (232, 40, 0), None),
+    (dict(mma_registers=168), False, (168, 40, 0), None),
+])
+def test_register_splits_stay_on_setmaxnregs_side_of_the_launch(changes, fusion_with_prologue, want, match):
+    """The MMA warpgroups' count is an increase from the launch's (168 a thread with three warpgroups, 128 with
+    four) and the others' decreases: a split that needs otherwise is refused with the bound, not faulted."""
+    from pallas_kernels.gemm import specialized
+    base = MosaicGemmConfig(tile_m=128, tile_n=128, wg_split="n", tile_input_in="buffer", num_stages=3)
+    shape = types.SimpleNamespace(cfg=dataclasses.replace(base, **changes),
+                                  fusion=_row_sums(4096) if fusion_with_prologue else Fusion())
+    if match is None:
+        assert specialized.registers(shape) == want
+    else:
+        with pytest.raises(ValueError, match=match):
+            specialized.registers(shape)
 
 
 @gpu_only

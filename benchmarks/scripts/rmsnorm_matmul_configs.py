@@ -109,10 +109,10 @@ VARIANTS = {
     # and its slices 32 columns wide (a 128x32 float32 slice is 32 registers a thread of the fourth's 104)
     "dx_epi4_s3_e32": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128,
                                    tile_n=128, wg_split="n", epi_tile_n=32)),
-    # the same with fewer registers for its MMA warpgroups (the fourth's 512 - 2 * mma - 40: 120 at 176, 136 at 168),
-    # so that 64-column slices (half the slices and their tile input's TMA waits) might not spill
-    **{f"dx_epi_r{mma}_e{width}": dict(dx=dict(mma_registers=mma, epi_tile_n=width))
-       for mma, width in ((176, 64), (168, 64), (176, 32))},
+    # the same with fewer registers for its MMA warpgroups (the fourth's 512 - 2 * mma - 40: 120 at 176, the least
+    # setmaxnreg allows there), so that 64-column slices (half the slices and their tile input's TMA waits) do not
+    # spill (ptxas: none at 176 with 64 or 32 columns, mosaic_ptxas_registers_dx_epi_registers-h200-c46fff4.json)
+    **{f"dx_epi_r176_e{width}": dict(dx=dict(mma_registers=176, epi_tile_n=width)) for width in (64, 32)},
     # the 32768x4096x4096 entry's dx kernel before the fifty-first session: stacked 64x256 accumulators, the epilogue
     # in the MMA warpgroups, the x tile through the ring at 4 stages
     "dx_stacked_ring4": dict(dx=dict(epilogue_in="mma", tile_input_in="ring", num_stages=4, tile_m=64, tile_n=256,

@@ -69,7 +69,9 @@ class MosaicGemmConfig:
         ``emit_pipeline_warp_specialized``; ``gemm.mosaic``). A fusion with a prologue needs "own" (its prologue runs
         in a fourth warpgroup) and wg_split "n".
       mma_registers: registers per thread of each MMA warpgroup under pipeline "own" (0: 232 with three
-        warpgroups, 208 with a prologue warpgroup; the memory warpgroup keeps 40, the prologue one the rest).
+        warpgroups, 208 with a prologue warpgroup, 184 with the epilogue one; the memory warpgroup keeps 40, the
+        fourth the rest). setmaxnreg raises it from the launch's 168 (three warpgroups) or 128 (four) and lowers the
+        others, so it is at least 168, and 176 with a fourth warpgroup (``gemm.specialized.registers``).
       schedule: "cooperative": both compute warpgroups share each CTA tile (``wg_split``) and reach its epilogue
         together; "pingpong" (pipeline "own", no prologue): each compute warpgroup owns whole CTA tiles of
         (tile_m, tile_n), the block's tiles alternating between them, so one warpgroup's epilogue runs while the
@@ -183,8 +185,8 @@ class MosaicGemmConfig:
             ("semantics", self.semantics in mu.SEMANTICS, f"one of {mu.SEMANTICS}"),
             ("pipeline", self.pipeline in PIPELINES, f"one of {PIPELINES}"),
             ("mma_registers", self.mma_registers == 0 or (self.mma_registers % 8 == 0
-                                                          and 160 <= self.mma_registers <= 232),
-             "0 (automatic) or a multiple of 8 in [160, 232]"),
+                                                          and 168 <= self.mma_registers <= 232),
+             "0 (automatic) or a multiple of 8 in [168, 232]"),
             ("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}"),
             ("cluster", self.cluster in CLUSTERS, f"one of {CLUSTERS}"),
             ("prologue_in", self.prologue_in in PROLOGUE_PLACES, f"one of {PROLOGUE_PLACES}"),

@@ -114,20 +114,34 @@ def registers(shape) -> tuple[int, int, int]:
     only moves registers within the block's launch allocation, 65536 / threads per thread rounded down to 8 (168
     with three warpgroups, 128 with four): an increase the decreases do not cover waits forever. So they add up
     to 504 per lane across three warpgroups and 512 across four; the memory warpgroup running the prologue takes
-    what the MMA warpgroups leave (72)."""
+    what the MMA warpgroups leave (72). The MMA warpgroups' count is an increase from the launch's and the others'
+    decreases (a count on the wrong side of the launch's faults with an illegal instruction: measured on the H200
+    with mma_registers=168 beside the epilogue warpgroup, NOTES.md fifty-second session), so a split that needs
+    otherwise raises."""
+    launch = 168 if num_threads(shape) == 3 else 128
     if epilogue_apart(shape):  # (MMA, memory, epilogue): the MMA warpgroups only hold the accumulator now
         mma = shape.cfg.mma_registers or 184
-        return mma, _MEMORY_REGISTERS, 512 - 2 * mma - _MEMORY_REGISTERS
-    mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 216 if in_memory(shape) else 232)
-    memory = 504 - 2 * mma if in_memory(shape) else _MEMORY_REGISTERS
-    prologue = 512 - 2 * mma - _MEMORY_REGISTERS if dedicated(shape) else 0
-    if dedicated(shape) and prologue < 24:
-        raise ValueError(f"mma_registers={mma} leaves the prologue warpgroup {prologue} registers (needs >= 24)")
-    if in_memory(shape) and memory < _MEMORY_PROLOGUE_REGISTERS:
-        raise ValueError(f"mma_registers={mma} leaves the memory warpgroup running the prologue {memory} registers "
-                         f"(needs >= {_MEMORY_PROLOGUE_REGISTERS}: mma_registers <= "
-                         f"{(504 - _MEMORY_PROLOGUE_REGISTERS) // 2})")
-    return mma, memory, prologue
+        split = mma, _MEMORY_REGISTERS, 512 - 2 * mma - _MEMORY_REGISTERS
+    else:
+        mma = shape.cfg.mma_registers or (208 if dedicated(shape) else 216 if in_memory(shape) else 232)
+        memory = 504 - 2 * mma if in_memory(shape) else _MEMORY_REGISTERS
+        split = mma, memory, 512 - 2 * mma - _MEMORY_REGISTERS if dedicated(shape) else 0
+        if in_memory(shape) and memory < _MEMORY_PROLOGUE_REGISTERS:
+            raise ValueError(f"mma_registers={mma} leaves the memory warpgroup running the prologue {memory} "
+                             f"registers (needs >= {_MEMORY_PROLOGUE_REGISTERS}: mma_registers <= "
+                             f"{(504 - _MEMORY_PROLOGUE_REGISTERS) // 2})")
+    fourth = split[2]
+    if (dedicated(shape) or epilogue_apart(shape)) and fourth < 24:
+        role = "epilogue" if epilogue_apart(shape) else "prologue"
+        raise ValueError(f"mma_registers={mma} leaves the {role} warpgroup {fourth} registers (needs >= 24)")
+    # (with a fourth warpgroup its count, 512 - 2 * mma - 40, must not exceed the launch's: mma >= 176)
+    lowest = max(launch, -(-(512 - _MEMORY_REGISTERS - launch) // 16) * 8) if fourth else launch
+    if mma < lowest:
+        raise ValueError(f"mma_registers={mma} is below what setmaxnreg can give this kernel's MMA warpgroups: "
+                         f"{num_threads(shape)} warpgroups launch with {launch} registers a thread, which "
+                         f"the MMA warpgroups can only raise and the others only lower (memory {split[1]}"
+                         f"{f', fourth {fourth}' if fourth else ''}); allowed: mma_registers >= {lowest}")
+    return split
 
 
 def _consumed_barrier(shape, *, num_arrivals: int, num_barriers: int):
