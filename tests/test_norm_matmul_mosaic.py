@@ -447,6 +447,9 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
     assert any(c["dx_in_kernel"] and c["xr_in_dx"] and c["dx"]["epilogue_in"] == "fourth" for c in backward)
     assert any(c["dx_in_kernel"] and c["dyr_in_dx"] for c in backward)
     assert any(c["forward"]["epilogue_store"] == "split" and c["forward"]["stream_k"] for c in forward)
+    assert any(c["forward"]["memory_warps"] == 1 for c in forward)
+    assert any(c["dw"]["memory_warps"] == 1 and c["dx"]["memory_warps"] == 4 for c in backward)
+    assert any(c["dx"]["memory_warps"] == 1 and c["dx"]["epilogue_in"] == "fourth" for c in backward)
     for params in forward + backward:
         _check_kernels(M, K, N, False, Config(**params))
 

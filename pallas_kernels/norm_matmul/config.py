@@ -755,7 +755,9 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     pingpong = dict(tile_m=128, tile_n=128, schedule="pingpong", delay_release=1, grid_minor="m")
     fwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4), dict(grid_tile_width=16),
                    dict(pipeline="pallas_steady", semantics="warpgroup"), dict(delay_release=1), stacked_m,
-                   dict(pingpong, num_stages=6), dict(stacked_m, stream_k=4)]  # stream-K: gemm.stream_k
+                   dict(pingpong, num_stages=6), dict(stacked_m, stream_k=4),  # stream-K: gemm.stream_k
+                   dict(memory_warps=1)]  # the loads from one warp (the H200's entries at 32768x4096x4096 and
+    # 16384x1024x5504; slower at 4096x4096x14336 and 8192x4096x6144: NOTES.md, fifty-second session)
     fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
         fwd.append(dataclasses.replace(base, stats_in_kernel=True, gamma_on=None))
@@ -784,6 +786,10 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     bwd = [dataclasses.replace(base, dx=dataclasses.replace(base.dx, **c), dw=dataclasses.replace(base.dw, **c))
            for c in bwd_changes]
     bwd.append(dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m")))
+    # the dw kernel's loads from one warp of its memory warpgroup, and the dx kernel's too (the H200's entries at the
+    # three large suite shapes; at 16384x1024x5504, beside stream-K and the ring input, the dw kernel's lost 24%)
+    one_warp_dw = dataclasses.replace(base, dw=dataclasses.replace(base.dw, memory_warps=1))
+    bwd += [one_warp_dw, dataclasses.replace(one_warp_dw, dx=dataclasses.replace(base.dx, memory_warps=1))]
     bwd += [dataclasses.replace(base, dw_in_xla=True), dataclasses.replace(base, dw_in_xla=False)]
     bwd += [dataclasses.replace(base, row_dot=side) for side in ("n", "k")]
     bwd.append(dataclasses.replace(base, row_dot="n", dyr_in_dx=False))  # None: dyr from the dx kernel where it fits
@@ -804,7 +810,7 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
             # 32768x4096x4096 since the fifty-first session; 128x128 accumulators side by side, 3 stages)
             bwd.append(dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True, dx=dataclasses.replace(
                 k_dx.dx, epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128, tile_n=128,
-                wg_split="n", epi_tile_n=32, delay_release=0)))
+                wg_split="n", epi_tile_n=32, delay_release=0, memory_warps=1)))
     if not residual:  # y's blocks by TMA beside dy's, the x tile through the dx kernel's B stages of 3 stacked
         # 64x256 stages (the H200's entry at 8192x4096x6144 until the fiftieth session)
         bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
