@@ -109,3 +109,60 @@ def test_a_missing_or_empty_report_is_one_line_and_status_2(tmp_path, capsys):
     empty.write_text("==PROF== Disconnected from process 1\n")
     assert ncu.main([str(empty)]) == 2
     assert "holds no profiled kernel" in capsys.readouterr().err
+
+
+# One launch with the per-opcode counts as ncu printed them with --print-metric-instances details on the H200
+# (benchmarks/results/ncu_fused_opcodes-h200-87a5a1a.txt, the dx kernel's list cut to its first opcodes): names and
+# values wrap across lines, a name's value sometimes on the next line.
+_OPCODES = """\
+  rmsnorm_matmul_dx_mosaic_gpu_kernel (128, 1, 1)x(512, 1, 1), Context 1, Stream 14, Device 0, CC 9.0
+    Section: Command line profiler metrics
+    ------------------------------ ----------- ------------------------------
+    Metric Name                    Metric Unit                   Metric Value
+    ------------------------------ ----------- ------------------------------
+    sass__inst_executed_per_opcode                       103,150,000 (UIADD3:
+                                                           60,368,128; UIMAD:
+                                                            25,445,632; HGMMA:
+                                                 16,777,216; USETMAXREG: 2,095;
+                                                        CGAERRBAR: 8,192; SEL: 548,737)
+    smsp__inst_executed.sum               inst                    271,689,950
+    ------------------------------ ----------- ------------------------------
+"""
+# The same metric printed with --print-metric-instances values: no names (the core at 16384x1024x5504, cut).
+_VALUES_ONLY = """\
+  mosaic_matmul_mosaic_gpu_kernel (132, 1, 1)x(384, 1, 1), Context 1, Stream 14, Device 0, CC 9.0
+    sass__inst_executed_per_opcode                                                            61,113,868 (14,025,888;
+                                                                                                4,541,653; 4,374,480;
+                                                                                                 2,640; 1,584; 1,584)
+    sm__cycles_elapsed.avg.per_second                                              Ghz                           1.52
+"""
+
+
+def test_per_opcode_counts_read_back_with_their_names_across_wrapped_lines():
+    (dx,) = ncu.parse(_OPCODES)
+    counts = dx.instances[ncu.PER_OPCODE]
+    assert counts == {"UIADD3": 60368128, "UIMAD": 25445632, "HGMMA": 16777216, "USETMAXREG": 2095,
+                      "CGAERRBAR": 8192, "SEL": 548737}
+    assert dx.value(ncu.PER_OPCODE) == 103150000 == sum(counts.values())  # the total, as printed
+    assert dx.metrics["smsp__inst_executed.sum"] == ("inst", 271689950)  # the row after the list still reads
+    (core,) = ncu.parse(_VALUES_ONLY)
+    assert core.value(ncu.PER_OPCODE) == 61113868 and core.instances == {}
+    assert core.metrics["sm__cycles_elapsed.avg.per_second"] == ("Ghz", 1.52)
+
+
+def test_the_summary_takes_each_opcodes_median_and_ranks_them_per_hgmma(capsys, tmp_path):
+    other = _OPCODES.replace("60,368,128", "60,368,130").replace("SEL: 548,737", "BRA: 7")
+    (row,) = ncu.summary(ncu.parse(_OPCODES + other))
+    counts = row["instances"][ncu.PER_OPCODE]
+    assert row["launches"] == 2 and counts["UIADD3"] == 60368129 and counts["SEL"] == 548737 / 2
+    lines = ncu.opcode_lines(row, top=2)
+    assert lines[0].startswith("UIADD3 60.37 M (") and lines[0].endswith(", 3.60 per HGMMA)")
+    assert len(lines) == 2 and lines[1].startswith("UIMAD")
+    assert ncu.opcode_lines(ncu.summary(ncu.parse(_VALUES_ONLY))[0]) == []
+    report = tmp_path / "report.txt"
+    report.write_text(_OPCODES)
+    assert ncu.main([str(report), "--json", str(tmp_path / "out.json")]) == 0
+    assert "most executed: UIADD3 60.37 M" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert saved["kernels"][0]["instances"][ncu.PER_OPCODE]["HGMMA"] == 16777216
+    assert saved["launches"][0]["instances"][ncu.PER_OPCODE]["UIMAD"] == 25445632

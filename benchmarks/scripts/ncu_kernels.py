@@ -18,6 +18,10 @@ sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_
 cases ``core14336,core6144`` and ``fused14336,fused6144``; ``python -m hlo_inspect.ncu REPORT.txt --json
 REPORT.json --meta device=... --meta commit=...`` reads such a report back (medians per kernel and shape, and where
 each launch's cycles go).
+Per SASS opcode (where the instructions go): add ``--metrics sass__inst_executed_per_opcode
+--print-metric-instances details`` (with "values" ncu prints the counts without their opcodes); ``python -m
+hlo_inspect.ncu REPORT.txt`` then lists each kernel's most executed opcodes (``ncu_fused_opcodes-h200-87a5a1a.txt``:
+cases ``fusedbwd32k``, ``-k regex:"rmsnorm_matmul_(fwd|dx|dw)" -c 3``).
 With NCU_RANGE=1 the last call of each case is bracketed by cudaProfilerStart/Stop (for ncu --profile-from-start
 off; that crashed python under ncu on the H100, so the records use the kernel filter)."""
 import ctypes
