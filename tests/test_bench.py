@@ -152,3 +152,16 @@ def test_shape_args_parse_sizes_and_name_what_is_wrong(capsys):
             parser.parse_args(argv)
         err = capsys.readouterr().err
         assert "usage: script" in err and message in err and "Traceback" not in err
+
+
+def test_max_difference_keeps_a_nan_wherever_it_comes():
+    """The largest difference between two programs' outputs, as the A/B scripts report it: a NaN in any output (the
+    second, the last) comes back NaN, where Python's max over the pairs read max(0.0, nan) as 0.0."""
+    x = jnp.asarray([1.0, -2.0, 3.0], jnp.bfloat16)
+    y = jnp.asarray([1.0, -2.5, 3.0], jnp.float32)
+    nan = jnp.asarray([1.0, jnp.nan, 3.0], jnp.float32)
+    assert bench.max_difference([(x, x), (x, y)]) == 0.5
+    assert bench.max_difference([(x, y)], relative=True) == pytest.approx(0.5 / 3.0)
+    assert bench.max_difference([(x, x), (x, nan)]) != bench.max_difference([(x, x), (x, nan)])  # NaN
+    assert bench.max_difference([(nan, x), (x, x)]) != bench.max_difference([(nan, x), (x, x)])
+    assert bench.max_difference([(jnp.zeros((0,)), jnp.zeros((0,))), (x, x)]) == 0.0

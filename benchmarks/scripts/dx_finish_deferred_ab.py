@@ -9,7 +9,7 @@ The form and its knobs exist only at that tag (NOTES.md, forty-ninth session: sl
 after it. Writes ``<OUT>/defer_ab-<device>.json`` (``defer_ab_dx_finish-h200-531b394.json``)."""
 import dataclasses, functools, sys
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-import jax, jax.numpy as jnp
+import jax
 from attention_fused_bwd import results_file
 from jaxfuse import bench
 from jaxfuse.suites import rmsnorm_matmul as suite
@@ -40,8 +40,7 @@ for shape in shapes:
         jax.clear_caches()
         compiled.append(jax.jit(functools.partial(_program, config=config)).lower(*operands).compile())
     ref = jax.tree.leaves(compiled[0](*operands))
-    diffs = [max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-                 for a, b in zip(ref, jax.tree.leaves(fn(*operands)))) for fn in compiled]
+    diffs = [bench.max_difference(zip(ref, jax.tree.leaves(fn(*operands)))) for fn in compiled]
     timed = bench.time_interleaved([(fn, operands) for fn in compiled], iterations=20)
     row = dict(shape=shape, settings={})
     for (name, variant, dx_changes, knobs), t, d in zip(SETTINGS, timed, diffs):

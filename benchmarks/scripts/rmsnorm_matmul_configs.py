@@ -534,8 +534,8 @@ def main() -> int:
                     top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:6]
                     section[k] = dict(us=t.median_us, top_kernels=top)
                     if ref is not None and k in outs:
-                        section[k]["max_rel_diff_vs_default"] = max(
-                            float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(outs[k], ref))
+                        section[k]["max_rel_diff_vs_default"] = bench.max_difference(zip(outs[k], ref),
+                                                                                    relative=True)
                 base = section["xla"]["us"]
                 section["speedup_vs_xla"] = {k: base / v["us"] for k, v in section.items() if k != "xla"}
                 row[mode] = section

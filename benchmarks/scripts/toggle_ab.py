@@ -26,7 +26,6 @@ import importlib
 import sys
 
 import jax
-import jax.numpy as jnp
 
 from attention_fused_bwd import results_file
 from jaxfuse import bench
@@ -75,8 +74,7 @@ def main() -> int:
             jax.clear_caches()  # (the kernels are built at trace time)
             compiled[value] = jax.jit(functools.partial(_program, config=config)).lower(*operands).compile()
         outs = {value: jax.tree.leaves(fn(*operands)) for value, fn in compiled.items()}
-        diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-                   for a, b in zip(outs[False], outs[True]))
+        diff = bench.max_difference(zip(outs[False], outs[True]))
         off, on = bench.time_interleaved([(compiled[False], operands), (compiled[True], operands)],
                                          iterations=args.iterations)
         row = dict(shape=f"{M}x{K}x{N}", false_us=off.median_us, true_us=on.median_us, max_abs_diff=diff,
