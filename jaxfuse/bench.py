@@ -11,7 +11,7 @@ timing is the wall clock of a blocked call, labelled `method="wall"`.
 `Record` is one measured row; `write_results` stores records as JSON with the device, jax version, git commit
 and date, plus a Markdown table beside. `shape_arg("MxKxN")` / `shapes_arg(...)` are argparse types for the benchmark
 scripts' sizes ("32768x4096x4096", comma-separated lists of them). `max_difference(pairs)` is the largest difference
-between two programs' outputs, NaN when any is NaN.
+between two programs' outputs and `worst(values)` the largest of several errors, each NaN when any is NaN.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable, Sequence
 
 __all__ = ["Timing", "time_kernels", "time_interleaved", "Record", "device_tag", "environment", "write_results",
-           "markdown_table", "max_difference", "shape_arg", "shapes_arg"]
+           "markdown_table", "max_difference", "shape_arg", "shapes_arg", "worst"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,22 +261,27 @@ def write_results(records: Sequence[Record], path: str, *, env: dict[str, str] |
     return path
 
 
+def worst(values, *, default: float = float("nan")) -> float:
+    """The largest of ``values`` (floats: errors, differences), NaN when any is NaN, ``default`` when there are none.
+    Python's ``max`` keeps a NaN only when it comes first (max(0.0, nan) is 0.0), so an output broken into NaN
+    would otherwise read as the other outputs' error."""
+    values = [float(v) for v in values]
+    if any(v != v for v in values):
+        return float("nan")
+    return max(values, default=default)
+
+
 def max_difference(pairs: Sequence[tuple[Any, Any]], *, relative: bool = False) -> float:
     """The largest |a − b| over (a, b) pairs of arrays of one shape each (in float32; ``relative``: each pair's over
-    its max |b|, floored at 1e-30). NaN when any difference is NaN: Python's ``max`` keeps a NaN only when it comes
-    first, so an output broken into NaN would otherwise read as no difference."""
+    its max |b|, floored at 1e-30); NaN when any difference is NaN (``worst``), 0.0 for no pairs."""
     import numpy as np
 
-    worst = 0.0
+    diffs = []
     for a, b in pairs:
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         diff = float(np.max(np.abs(a - b))) if a.size else 0.0
-        if relative and a.size:
-            diff /= max(float(np.max(np.abs(b))), 1e-30)
-        if diff != diff:  # NaN
-            return float("nan")
-        worst = max(worst, diff)
-    return worst
+        diffs.append(diff / max(float(np.max(np.abs(b))), 1e-30) if relative and a.size else diff)
+    return worst(diffs, default=0.0)
 
 
 def shape_arg(names: str) -> Callable[[str], tuple[int, ...]]:

@@ -379,7 +379,7 @@ def comparison_table(results: Sequence[TrainResult]) -> str:
     rows = []
     for r in results:
         n = min(len(r.train_loss), len(base.train_loss))
-        gap = max((abs(a - b) for a, b in zip(r.train_loss[:n], base.train_loss[:n])), default=float("nan"))
+        gap = bench.worst(abs(a - b) for a, b in zip(r.train_loss[:n], base.train_loss[:n]))  # (NaN when any is)
         speedup = f"{base.step_time_us / r.step_time_us:.2f}x"
         if r is not base and within_noise(base, r):
             speedup += " (within noise)"

@@ -165,3 +165,7 @@ def test_max_difference_keeps_a_nan_wherever_it_comes():
     assert bench.max_difference([(x, x), (x, nan)]) != bench.max_difference([(x, x), (x, nan)])  # NaN
     assert bench.max_difference([(nan, x), (x, x)]) != bench.max_difference([(nan, x), (x, x)])
     assert bench.max_difference([(jnp.zeros((0,)), jnp.zeros((0,))), (x, x)]) == 0.0
+    # the suite's rel_error over the outputs and the training comparison's loss gap take the same rule
+    assert bench.worst([1e-3, float("nan"), 2e-3]) != bench.worst([1e-3, float("nan"), 2e-3])
+    assert bench.worst(v for v in (1e-3, 2e-3)) == 2e-3
+    assert bench.worst([]) != bench.worst([]) and bench.worst([], default=0.0) == 0.0
