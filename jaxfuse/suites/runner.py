@@ -10,7 +10,7 @@ spec's ``reference_impl`` in float32, on the first ``check_rows`` rows when set)
 compiles one jitted program, reads its memory analysis, compares its outputs with the reference and times it
 (``bench.time_kernels``: CUPTI device time on GPU, wall time on CPU). Every record's ``extra`` carries
 ``shape_name``, the variant, ``note``, ``input_sets``, ``temp_bytes`` / ``temp_mib`` / ``peak_bytes``, ``rel_error``
-(the largest over the outputs) and ``rel_errors`` (per output), ``tolerance`` (the spec's rule at this shape),
+(the largest over the outputs, NaN when any is) and ``rel_errors`` (per output), ``tolerance`` (the spec's rule here),
 ``per_kernel_us`` (the 8 costliest kernels, µs), ``spread``, ``tokens_per_s`` for a spec that counts tokens, and
 for Pallas implementations the ``config`` that ran and its ``config_source``. ``speedup_vs`` holds baseline time / this time for the spec's baselines. A failing or
 skipped implementation is a record with NaN time, ``method="failed"`` and ``extra["error"]``; the others still run.
