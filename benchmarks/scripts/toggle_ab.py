@@ -1,6 +1,6 @@
 r"""A/B of a module-level switch of the Mosaic rmsnorm_matmul kernels: the suite's forward + backward program with
 the switch False, then True, each compiled once and timed interleaved (CUPTI medians), with the largest output
-difference between the two.
+difference between the two (NaN when any output's is: ``bench.max_difference``).
 
     PYTHONPATH=$PWD python benchmarks/scripts/toggle_ab.py --out $OUT \
         --switch pallas_kernels.gemm.mosaic:SIGNAL_BEFORE_COPY --shapes 8192x512x2816,16384x1024x5504 \
@@ -12,7 +12,9 @@ The switch exists only at the commit that measured it (``rmsnorm_matmul_signal_b
 ``norm_matmul.mosaic.COLS_EARLY``; ``toggle_ab_{ring_freed_under_next_tile,sum_rows_no_reset,gamma_cols_by_tma,
 dx_epilogue_three}-h200-d3eb5e4.json``: ``gemm.specialized.RING_FREED_UNDER_NEXT_TILE``,
 ``gemm.mosaic.SUM_ROWS_NO_RESET``, ``norm_matmul.mosaic.GAMMA_COLS_BY_TMA`` and the three together;
-``toggle_ab_prefetch_under_first-h200-0ee5e84.json``: ``gemm.specialized.PREFETCH_UNDER_FIRST``); the kernels
+``toggle_ab_prefetch_under_first-h200-0ee5e84.json``: ``gemm.specialized.PREFETCH_UNDER_FIRST``;
+``toggle_ab_dx_apart_probe_{no_reload,no_tile_copy,no_hook}-h200-ab4af0d.json``: the probes ``gemm.mosaic.
+PROBE_NO_RELOAD``, ``PROBE_NO_TILE_COPY``, ``PROBE_NO_HOOK`` at the tag ``dx-apart-probes-ab4af0d``); the kernels
 are built at trace time, so each side's program is traced with the switch set. Bf16 inputs of
 ``jaxfuse.suites.rmsnorm_matmul.make_inputs``; this device's tuned configs, or with ``--variant`` a variant of
 ``rmsnorm_matmul_configs.VARIANTS`` ("a+b" combines them) on both sides. Writes ``<out>/toggle_ab-<device>.json``.
