@@ -2,6 +2,8 @@
 
     PYTHONPATH=$PWD python -m jaxfuse.gpu_run --out $OUT                        # tests + every op's suite
     PYTHONPATH=$PWD python -m jaxfuse.gpu_run --out $OUT --ops attention --tune --skip-tests --budget-s 500
+    PYTHONPATH=$PWD python -m jaxfuse.gpu_run --out $OUT --ops "" --tests tests/test_mosaic_gemm.py \
+        --test-workers 4 --test-timeout-s 500                                # the tests only, four processes
 
 Writes into --out, every file named by ``bench.device_tag`` (h100 on an H100): ``pytest-<tag>.txt`` (status line,
 then pytest's output), ``<op>-<tag>.json`` / ``.md`` per op (``bench.write_results``), with --tune
@@ -10,12 +12,19 @@ format: merge them into pallas_kernels/tuned_configs.json with ``tuning.store``,
 the defaults), and ``summary-<tag>.md`` (each op's summary table), which is also printed last. Everything is
 time-boxed by --budget-s (default 540 s): pytest gets at most --test-timeout-s, the ops share the rest, and what
 is not started in time is recorded as skipped. A failing step or op is printed and the run goes on.
+
+With --test-workers N, pytest-xdist runs the tests in N processes sharing the GPU, each allocating GPU memory as it
+goes (``XLA_PYTHON_CLIENT_PREALLOCATE=false``; by default the first to start would hold 75% of it). On the H200,
+four took 189 GPU tests of the cross-entropy, Mosaic attention and model-site modules in 362 s, their compiles
+running side by side (``pytest-gpu_sweep_cross_entropy_attention_sites-h200-bc30400.txt``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,18 +33,25 @@ import traceback
 __all__ = ["main", "run_pytest"]
 
 
-def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str | None = None) -> tuple[str, str]:
-    """``pytest -q PATHS`` in a subprocess for at most ``timeout_s`` seconds; writes the status line and the output
-    to ``out_path`` and returns (status, output): status "exit N" or "TIMED OUT after T s" (a timed-out run keeps
-    what it printed)."""
+def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str | None = None,
+               workers: int = 1) -> tuple[str, str]:
+    """``pytest -q PATHS`` in a subprocess for at most ``timeout_s`` seconds (``workers`` > 1: pytest-xdist's ``-n
+    workers``, GPU memory allocated as needed); writes the status line and the output to ``out_path`` and returns
+    (status, output): status "exit N" or "TIMED OUT after T s" (a timed-out run keeps what it printed, and its
+    whole process group is killed: no worker is left holding the GPU)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if workers > 1:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(["-m", marker] if marker else []),
-               *paths]
+               *(["-n", str(workers)] if workers > 1 else []), *paths]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
-        text, status = proc.stdout + proc.stderr, f"exit {proc.returncode}"
-    except subprocess.TimeoutExpired as e:
-        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        text, _ = proc.communicate(timeout=timeout_s)
+        status = f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
         status = f"TIMED OUT after {timeout_s:.0f} s"
     with open(out_path, "w") as f:
         f.write(f"{status}\n{text}")
@@ -56,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", default="tests", help="comma-separated pytest paths (default: the whole suite)")
     parser.add_argument("--test-marker", default=None, help='pytest -m expression, e.g. "not slow"')
     parser.add_argument("--test-timeout-s", type=float, default=240.0)
+    parser.add_argument("--test-workers", type=int, default=1, help="pytest processes sharing the GPU (pytest-xdist; "
+                        "default 1)")
     parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for everything")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations per suite measurement")
     parser.add_argument("--no-check", action="store_true", help="suites skip the float32 reference check (its "
@@ -78,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [op for op in ops if op not in suites.OPS]
     if unknown:
         parser.error(f"--ops: unknown {unknown}; one of {list(suites.OPS)}")
+    if args.test_workers < 1:
+        parser.error(f"--test-workers: got {args.test_workers}; at least 1")
+    if args.test_workers > 1 and importlib.util.find_spec("xdist") is None:
+        parser.error(f"--test-workers: got {args.test_workers}, which needs pytest-xdist, not installed here "
+                     "(pip install -e \".[test]\"), or 1")
 
     from jaxfuse import bench
 
@@ -86,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{env['device']}, jax {env['jax']}, commit {env['commit']}; devices {jax.devices()}")
     if not args.skip_tests:
         timeout = min(args.test_timeout_s, max(30.0, deadline - time.time() - 60))
-        log(f"pytest -q {args.tests} (timeout {timeout:.0f} s)")
+        log(f"pytest -q {args.tests} (timeout {timeout:.0f} s, {args.test_workers} process(es))")
         status, text = run_pytest(args.tests.split(","), os.path.join(args.out, f"pytest-{tag}.txt"), timeout,
-                                  marker=args.test_marker)
+                                  marker=args.test_marker, workers=args.test_workers)
         log(f"pytest {status}:\n" + "\n".join(text.strip().splitlines()[-15:]))
 
     summaries = []

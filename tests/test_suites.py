@@ -7,6 +7,7 @@ per spec is shared by its tests (module fixtures).
 import dataclasses
 import json
 import math
+import os
 import time
 
 import jax
@@ -15,10 +16,9 @@ import numpy as np
 import pytest
 
 from conftest import ON_GPU
+import pallas_kernels
 from jaxfuse import bench, costmodel, gpu_run, kernels, suites
-import pallas_kernels
 from jaxfuse.suites import attention as attention_spec
-import pallas_kernels
 from jaxfuse.suites import train_step as train_step_spec
 from pallas_kernels import attention, reference, tuning
 
@@ -410,3 +410,40 @@ def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):
     status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=3)
     assert status == "TIMED OUT after 3 s"
     assert out.read_text().startswith("TIMED OUT after 3 s\n")
+
+
+def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
+    """--test-workers: pytest-xdist's workers, each told to allocate GPU memory as it goes; past the timeout the
+    whole process group is killed, so nothing a test started is left running (on a GPU: holding its memory; e.g.
+    the CLI tests' subprocesses)."""
+    pid_file = tmp_path / "child.pid"
+    tests = tmp_path / "test_workers.py"
+    tests.write_text("import os, subprocess, sys, time\n\n"
+                     "def test_memory_as_needed():\n"
+                     "    assert os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] == 'false'\n\n"
+                     "def test_slow():\n"
+                     "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+                     f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+                     "    time.sleep(600)\n")
+    out = tmp_path / "pytest.txt"
+    status, text = gpu_run.run_pytest([f"{tests}::test_memory_as_needed"], str(out), timeout_s=120, workers=2)
+    assert status == "exit 0" and "1 passed" in text and "bringing up nodes" in text, text
+    status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=20, workers=2)
+    assert status == "TIMED OUT after 20 s"
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the killed process is reaped by init within moments
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        pytest.fail(f"process {child}, started by a test, still ran after the timeout")
+
+
+def test_gpu_run_refuses_workers_it_cannot_start(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_run.main(["--out", str(tmp_path / "out"), "--allow-cpu", "--skip-tests", "--ops", "",
+                      "--test-workers", "0"])
+    assert "--test-workers: got 0; at least 1" in capsys.readouterr().err
