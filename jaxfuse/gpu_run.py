@@ -38,7 +38,7 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
     """``pytest -q PATHS`` in a subprocess for at most ``timeout_s`` seconds (``workers`` > 1: pytest-xdist's ``-n
     workers``, GPU memory allocated as needed); writes the status line and the output to ``out_path`` and returns
     (status, output): status "exit N" or "TIMED OUT after T s" (a timed-out run keeps what it printed, and its
-    whole process group is killed: no worker is left holding the GPU)."""
+    whole process group is killed: no worker, nor any process a test started, is left holding the GPU)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if workers > 1:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"

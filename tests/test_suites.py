@@ -442,7 +442,7 @@ def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
         pytest.fail(f"process {child}, started by a test, still ran after the timeout")
 
 
-def test_gpu_run_refuses_workers_it_cannot_start(tmp_path, capsys):
+def test_gpu_run_refuses_fewer_than_one_test_worker(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_run.main(["--out", str(tmp_path / "out"), "--allow-cpu", "--skip-tests", "--ops", "",
                       "--test-workers", "0"])
