@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
 import threading
 import zlib
 
@@ -39,7 +40,9 @@ __all__ = ["GPU_TIMEOUT", "KERNEL_PRIMITIVES", "ON_GPU", "assert_close", "cuda_p
            "key", "normal", "pallas_calls", "rel_err", "require", "seed", "tensors_with", "tolerance"]
 
 ON_GPU = jax.default_backend() == "gpu"
-GPU_TIMEOUT = pytest.mark.timeout(60)  # seconds per test on the GPU machine (pytest-timeout)
+# Seconds per test on the GPU machine (pytest-timeout): 60 for each pytest-xdist worker sharing it, whose compiles
+# and float32 references' autotuning run side by side with this test's.
+GPU_TIMEOUT = pytest.mark.timeout(60 * int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 def _compile_each_interpreted_kernel_body_once() -> bool:

@@ -19,7 +19,7 @@ import pytest
 from base_norm_matmul import NormMatmulTests, inputs
 from conftest import GPU_TIMEOUT, assert_close, normal, tolerance
 from hlo_inspect import mosaic_ir, ptxas
-from pallas_kernels import backends, mosaic_utils, norm_matmul, reference
+from pallas_kernels import backends, mosaic_utils, norm_matmul, reference, tuning
 from pallas_kernels.gemm import MosaicGemmConfig, stream_k
 from pallas_kernels.norm_matmul import config as nm_config
 from pallas_kernels.norm_matmul import mosaic as nm
@@ -106,14 +106,16 @@ def test_the_suite_shapes_are_supported(M, K, N, residual):
     assert nm.unsupported_reason(x, g, w, residual=x if residual else None) is None
 
 
-def test_config_takes_gemm_configs_or_their_fields():
+def test_config_takes_gemm_configs_or_their_fields(monkeypatch):
     with pytest.raises(ValueError, match="MosaicRMSNormMatmulConfig.dx: must be a MosaicGemmConfig or a mapping"):
         Config(forward=MosaicGemmConfig(), dx=[64], dw=MosaicGemmConfig())
     with pytest.raises(ValueError, match="MosaicGemmConfig.tile_m"):
         Config(forward=MosaicGemmConfig(), dx={"tile_m": 96}, dw=MosaicGemmConfig())
     config = nm_config.mosaic_default_config(4096, 4096, 14336)
     assert Config(**config.to_dict()) == config  # tuned entries are stored as dicts
-    assert (config.forward.pipeline, config.forward.grid_tile_width, config.stats_in_kernel) == ("own", 8, False)
+    monkeypatch.setattr(tuning, "device_kind", lambda: "cpu")  # the built-in config, not this GPU's tuned entry
+    built_in = nm_config.mosaic_default_config(4096, 4096, 14336)
+    assert (built_in.forward.pipeline, built_in.forward.grid_tile_width, built_in.stats_in_kernel) == ("own", 8, False)
 
 
 @pytest.mark.parametrize("fields", [dict(pipeline="pallas_steady"), dict(wg_split="m", tile_m=64),
@@ -270,8 +272,6 @@ def test_y_by_tma_fits_beside_the_dx_stages_only_without_a_residual_and_the_x_ti
     x tile through the B stages the y stages and dyr's staging fit; with a fourth stage, the x tile in a buffer of
     its own, or a residual (x and dh tiles), the XLA pass takes the row dot (and dyr still comes from the dx kernel
     where it fits)."""
-    from pallas_kernels import tuning
-
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     entry = dataclasses.replace(entry, row_dot="n", dyr_in_dx=None, dx_in_kernel=False, xr_in_dx=False,
@@ -294,8 +294,6 @@ def test_y_by_tma_beside_dy_in_the_dx_kernel_lowers_with_a_third_stage_buffer():
     """row_dot_in_dx="tma" at 32768x4096x4096 with the H200 entry's dx tiles at 3 stages (the x tile through the B
     stages; y's stages take the room of the entry's fourth), whole tiles: no XLA reduction over an (M, N) tensor,
     and the dx kernel within shared memory with y's stages beside the others."""
-    from pallas_kernels import tuning
-
     M, K, N = 32768, 4096, 4096
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
@@ -1005,8 +1003,6 @@ def test_dx_from_the_dx_kernel_leaves_no_xla_pass_over_u(dw_operand):
     of the dw GEMM's operands (xr from the dx kernel, the entry's; dyr from it; dyr from XLA): the dx kernel counts
     its part among its row block's 4 column blocks and writes dx itself, so no XLA op reads an (M, K) tensor after
     it except to return it; without, XLA's finish reads u and x. With a residual, XLA's finish as before."""
-    from pallas_kernels import tuning
-
     M, K, N = 16384, 1024, 5504
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
@@ -1052,8 +1048,6 @@ def test_xr_from_the_dx_kernel_feeds_the_dw_kernel_with_dy(M, K, N, xr_in_dx):
     (M, K), and no (M, N) tensor; the dw kernel reads that xr and dy itself (the program's argument); every kernel
     fits shared memory. With dyr from the dx kernel instead, the dx kernel returns an (M, N) dyr, which the dw kernel
     reads."""
-    from pallas_kernels import tuning
-
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
     entry = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     assert entry.xr_in_dx and entry.dx_in_kernel
@@ -1082,8 +1076,6 @@ def test_the_dx_kernels_epilogue_parts_are_profiler_regions(monkeypatch):
     text: its tile input's wait, the row sum's wait and the two stores' waits (xr's before dx takes the buffer, dx's
     before the ring slot is released), beside Init; two shared-memory records per region. (Lowered for CUDA; the
     trace's host callback, which a CPU backend cannot lower, replaced by a no-op.)"""
-    from pallas_kernels import tuning
-
     monkeypatch.setattr(jax.debug, "callback", lambda *args, **kwargs: None)
     M, K, N = 8192, 512, 2816
     entries = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"]["rmsnorm_matmul"]
@@ -1113,8 +1105,6 @@ def _dx_epilogue_apart(M: int, K: int, N: int) -> Config:
     """The H200 entry at a suite shape with its dx kernel's epilogue in a fourth warpgroup (the x tile's slices
     loaded there instead of through the ring; 3 stages beside the accumulators' buffer; 128x128 accumulators side
     by side: ptxas compiles four warpgroups for 128 registers, too few for a m64n256 wgmma)."""
-    from pallas_kernels import tuning
-
     entry = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
                                    device="NVIDIA H200"))
     return dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, epilogue_in="fourth", tile_input_in="buffer",
@@ -1298,8 +1288,6 @@ def test_the_h200_one_row_entries_choose_triton_where_gemv_tiles_are_few():
     64 GEMV tiles leave half the SMs idle, so "auto" takes Triton's lower forward + backward time there; at
     1x4096x14336 only Triton is tuned (its one-row sweep), so "auto" takes Mosaic, first in the registry, with the
     built-in 128-row tiles (``config.one_row_forward``: a sweep at one buffer placement does not rank its tiles)."""
-    from pallas_kernels import tuning
-
     key = nm_config.shape_key(1, 4096, 4096, jnp.bfloat16)
     times = {b: tuning.tuned_time_us("rmsnorm_matmul", key, backend=b, device="NVIDIA H200")
              for b in ("mosaic", "triton")}
@@ -1320,8 +1308,6 @@ def test_one_row_tiles_are_128_rows_where_they_make_one_round_filling_most_sms(K
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])
 def test_the_h100_entries_of_the_suite_shapes_write_dyr_from_the_dx_kernel(M, K, N):
     """Their row dot is on the N side and their dx tiles leave room for the copy: the measured default."""
-    from pallas_kernels import tuning
-
     entries = tuning.load_cache()["entries"]["NVIDIA H100 80GB HBM3"]["mosaic"]["rmsnorm_matmul"]
     config = Config(**entries[nm_config.shape_key(M, K, N, jnp.bfloat16)]["params"])
     assert config.row_dot_side() == "n" and config.dyr_by_dx(jnp.bfloat16, residual=False)
@@ -1334,8 +1320,6 @@ def test_the_h200_entries_of_the_suite_shapes_run_the_forward_as_one_kernel(M, K
     1bb672a.json): gamma in the
     MMA warpgroups' registers and r from each row block's first tile, so the forward is one kernel and XLA makes no
     (M, K) tensor and reads no (K, N) one for w_γ; at 32768x4096x4096 its last round of tiles is cut by K steps."""
-    from pallas_kernels import tuning
-
     params = tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
                            device="NVIDIA H200")
     config = Config(**params)
@@ -1380,8 +1364,6 @@ def test_dgamma_from_u_at_4096x4096x14336_finishes_dx_and_dgamma_in_one_pass_ove
     the x tile in a buffer of its own): the Mosaic dx and dw kernels, the dw kernel with no tile input, and one
     Pallas-Triton kernel finishing dx and summing dgamma's parts; no XLA op makes an (M, N), (M, K) or (K, N)
     tensor of bf16 (u and dx come out of kernels; XLA only sums the small row-dot and dgamma parts)."""
-    from pallas_kernels import tuning
-
     M, K, N = 4096, 4096, 14336
     entry = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
                                    device="NVIDIA H200"))
@@ -1410,8 +1392,6 @@ def test_the_h200_entries_of_the_model_shapes_read_dy_only_in_the_dx_kernel(M, K
     finishing dx, and dyr from it at the QKV projections (N small) or xr at the MLP's (N >> K; rmsnorm_matmul_configs_
     xr_dx_in_kernel_model_shapes-h200-da1d152.json): their dx kernels fit shared memory, and no XLA op makes an
     (M, N) tensor."""
-    from pallas_kernels import tuning
-
     params = tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
                            device="NVIDIA H200")
     config = Config(**params)
