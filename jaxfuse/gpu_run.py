@@ -16,7 +16,10 @@ is not started in time is recorded as skipped. A failing step or op is printed a
 With --test-workers N, pytest-xdist runs the tests in N processes sharing the GPU, each allocating GPU memory as it
 goes (``XLA_PYTHON_CLIENT_PREALLOCATE=false``; by default the first to start would hold 75% of it). On the H200,
 four took 189 GPU tests of the cross-entropy, Mosaic attention and model-site modules in 362 s, their compiles
-running side by side (``pytest-gpu_sweep_cross_entropy_attention_sites-h200-bc30400.txt``).
+running side by side (``pytest-gpu_sweep_cross_entropy_attention_sites-h200-bc30400.txt``). The tests run with
+XLA's GEMM autotuning off unless --test-xla-autotune: with it on, eight workers autotuning their float32
+references at once failed 37 of 150 GPU cases of ``test_norm_matmul_mosaic.py``, all of which then passed with it
+off on four workers, none over 37 s (``pytest-nm_sweep_*-h200-*.txt``).
 """
 
 from __future__ import annotations
@@ -34,15 +37,19 @@ __all__ = ["main", "run_pytest"]
 
 
 def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str | None = None,
-               workers: int = 1) -> tuple[str, str]:
-    """``pytest -q PATHS`` in a subprocess for at most ``timeout_s`` seconds (``workers`` > 1: pytest-xdist's ``-n
-    workers``, GPU memory allocated as needed); writes the status line and the output to ``out_path`` and returns
-    (status, output): status "exit N" or "TIMED OUT after T s" (a timed-out run keeps what it printed, and its
-    whole process group is killed: no worker, nor any process a test started, is left holding the GPU)."""
+               workers: int = 1, xla_autotune: bool = False) -> tuple[str, str]:
+    """``pytest -v PATHS`` in a subprocess for at most ``timeout_s`` seconds (``workers`` > 1: pytest-xdist's ``-n
+    workers``, GPU memory allocated as needed; without ``xla_autotune``, XLA's GEMM autotuning off: the tests'
+    float32 references then compile in seconds, not 20-40 s a shape); writes the status line and the output to
+    ``out_path`` and returns (status, output): status "exit N" or "TIMED OUT after T s" (a timed-out run keeps
+    what it printed, each test's outcome on its own line, and its whole process group is killed: no worker, nor
+    any process a test started, is left holding the GPU)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if workers > 1:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(["-m", marker] if marker else []),
+    if not xla_autotune:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_gpu_autotune_level=0".strip()
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *(["-m", marker] if marker else []),
                *(["-n", str(workers)] if workers > 1 else []), *paths]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -74,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-timeout-s", type=float, default=240.0)
     parser.add_argument("--test-workers", type=int, default=1, help="pytest processes sharing the GPU (pytest-xdist; "
                         "default 1)")
+    parser.add_argument("--test-xla-autotune", action="store_true", help="keep XLA's GEMM autotuning on in the tests "
+                        "(off by default: the float32 references' 20-40 s a shape)")
     parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for everything")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations per suite measurement")
     parser.add_argument("--no-check", action="store_true", help="suites skip the float32 reference check (its "
@@ -109,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{env['device']}, jax {env['jax']}, commit {env['commit']}; devices {jax.devices()}")
     if not args.skip_tests:
         timeout = min(args.test_timeout_s, max(30.0, deadline - time.time() - 60))
-        log(f"pytest -q {args.tests} (timeout {timeout:.0f} s, {args.test_workers} process(es))")
+        log(f"pytest -v {args.tests} (timeout {timeout:.0f} s, {args.test_workers} process(es))")
         status, text = run_pytest(args.tests.split(","), os.path.join(args.out, f"pytest-{tag}.txt"), timeout,
-                                  marker=args.test_marker, workers=args.test_workers)
+                                  marker=args.test_marker, workers=args.test_workers,
+                                  xla_autotune=args.test_xla_autotune)
         log(f"pytest {status}:\n" + "\n".join(text.strip().splitlines()[-15:]))
 
     summaries = []

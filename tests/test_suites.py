@@ -404,12 +404,25 @@ def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):
                      "def test_slow():\n    time.sleep(float(__import__('os').environ.get('TINY_SLEEP', '0')))\n")
     out = tmp_path / "pytest.txt"
     status, text = gpu_run.run_pytest([str(tests)], str(out), timeout_s=120)
-    assert status == "exit 0" and "2 passed" in text
+    assert status == "exit 0" and "2 passed" in text and "test_tiny.py::test_ok PASSED" in text
     assert out.read_text().startswith("exit 0\n")
     monkeypatch.setenv("TINY_SLEEP", "30")
     status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=3)
     assert status == "TIMED OUT after 3 s"
     assert out.read_text().startswith("TIMED OUT after 3 s\n")
+
+
+def test_run_pytest_turns_xla_autotuning_off_unless_asked(tmp_path, monkeypatch):
+    """The tests' float32 references compile without XLA's GEMM autotuning (20-40 s a shape with it), keeping the
+    XLA flags already set; --test-xla-autotune leaves them as they are."""
+    tests = tmp_path / "test_flags.py"
+    tests.write_text("import os\n\ndef test_flags():\n    print('XLA_FLAGS=' + repr(os.environ.get('XLA_FLAGS')))\n")
+    out = tmp_path / "pytest.txt"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/nowhere")
+    _, text = gpu_run.run_pytest([str(tests), "-s"], str(out), timeout_s=120)
+    assert "XLA_FLAGS='--xla_dump_to=/tmp/nowhere --xla_gpu_autotune_level=0'" in text, text
+    _, text = gpu_run.run_pytest([str(tests), "-s"], str(out), timeout_s=120, xla_autotune=True)
+    assert "XLA_FLAGS='--xla_dump_to=/tmp/nowhere'" in text, text
 
 
 def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
@@ -420,14 +433,15 @@ def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
     tests = tmp_path / "test_workers.py"
     tests.write_text("import os, subprocess, sys, time\n\n"
                      "def test_memory_as_needed():\n"
-                     "    assert os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] == 'false'\n\n"
+                     "    assert os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] == 'false'\n"
+                     "    assert os.environ['XLA_FLAGS'].endswith('--xla_gpu_autotune_level=0')\n\n"
                      "def test_slow():\n"
                      "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
                      f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
                      "    time.sleep(600)\n")
     out = tmp_path / "pytest.txt"
     status, text = gpu_run.run_pytest([f"{tests}::test_memory_as_needed"], str(out), timeout_s=120, workers=2)
-    assert status == "exit 0" and "1 passed" in text and "bringing up nodes" in text, text
+    assert status == "exit 0" and "1 passed" in text and "created: 2/2 workers" in text, text
     status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=20, workers=2)
     assert status == "TIMED OUT after 20 s"
     child = int(pid_file.read_text())
