@@ -36,10 +36,14 @@ import hlo_inspect
 from jaxfuse.suites.spec import tolerance
 from pallas_kernels import backends, triton_utils
 
-__all__ = ["GPU_TIMEOUT", "KERNEL_PRIMITIVES", "ON_GPU", "assert_close", "cuda_program", "eqns_outside_kernels",
-           "key", "normal", "pallas_calls", "rel_err", "require", "seed", "tensors_with", "tolerance"]
+__all__ = ["CPU_ONLY", "GPU_TIMEOUT", "KERNEL_PRIMITIVES", "ON_GPU", "assert_close", "cuda_program",
+           "eqns_outside_kernels", "key", "normal", "pallas_calls", "rel_err", "require", "seed", "tensors_with",
+           "tolerance"]
 
 ON_GPU = jax.default_backend() == "gpu"
+# For tests whose subject is what the CPU does (its compiler's fusions, wall-clock timing, interpret mode, errors
+# only a machine without a GPU raises): skipped on the GPU machine, whose own tests cover the GPU.
+CPU_ONLY = pytest.mark.skipif(ON_GPU, reason="checks the CPU's behaviour; the GPU's own tests cover the GPU")
 # Seconds per test on the GPU machine (pytest-timeout): 60 for each pytest-xdist worker sharing it, whose compiles
 # and float32 references' autotuning run side by side with this test's.
 GPU_TIMEOUT = pytest.mark.timeout(60 * int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from conftest import CPU_ONLY
 from hlo_inspect import cli as hlo_cli
 from jaxfuse import cli as jaxfuse_cli
 
@@ -68,6 +69,7 @@ def test_jaxfuse_traceback_env_reraises(monkeypatch, capsys):
         jaxfuse_cli.main(["inspect", "--kernels", "attention=magic"])
 
 
+@CPU_ONLY
 def test_jaxfuse_inspect_forward_json(capsys):
     assert jaxfuse_cli.main(["inspect", "--seq", "16", "--dim", "64", "--heads", "2", "--kv-heads", "1",
                              "--json"]) == 0
@@ -94,6 +96,7 @@ def test_jaxfuse_inspect_measure_on_a_mesh_adds_the_device_timeline(capsys):
     assert 0 < compute <= span and collective == 0.0
 
 
+@CPU_ONLY
 def test_jaxfuse_inspect_pallas_on_cpu_says_interpret_mode(capsys):
     assert jaxfuse_cli.main(["inspect", "--seq", "16", "--dim", "64", "--heads", "2", "--kv-heads", "1",
                              "--kernels", "norm_matmul=pallas", "--json", "--no-ledger"]) == 0
@@ -232,6 +235,7 @@ def test_flag_spelling():
         "--train_step", "--noledger", "--kv_heads=2", "x-y"]
 
 
+@CPU_ONLY
 def test_bench_writes_json_and_markdown_and_prints_the_table(tmp_path, capsys):
     """`jaxfuse bench` on the CPU at the suite's smoke shape: <op>-cpu.json and .md (the tag mapping itself is
     test_bench.test_device_tag_names_result_files), and the table."""

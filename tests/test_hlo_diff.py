@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 import hlo_inspect
+from conftest import CPU_ONLY
 
 _REDUCER = """%add (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
@@ -88,6 +89,7 @@ def test_a_program_against_itself_is_all_same(name):
     assert d.vanished == [] and d.appeared == []
 
 
+@CPU_ONLY
 def test_diff_of_compiled_blocks_f32_vs_bf16():
     """bf16 compute with f32 parameters adds weight-cast kernels in B that A does not have; nothing else differs.
 

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 import hlo_inspect
+from conftest import CPU_ONLY
 from test_hlo_kernels import HAND_WRITTEN, WHILE_LOOP
 
 
@@ -38,6 +39,7 @@ def test_loop_state_is_not_a_round_trip():
     assert rep.ledger.round_trips == []
 
 
+@CPU_ONLY
 def test_normalized_activations_round_trip_on_cpu():
     """XLA writes rmsnorm(x) to memory and the matmul reads it back: the ledger names that tensor."""
 

@@ -5,6 +5,7 @@ import os
 import pytest
 
 import hlo_inspect
+from conftest import CPU_ONLY
 from jaxfuse import measure
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -75,6 +76,7 @@ def test_collectives_match_nccl_kernels():
     assert row.achieved_bytes_per_s == pytest.approx(3072 / 6e-6)  # 2·3/4 of f32[16,32] sent in 6 µs
 
 
+@CPU_ONLY
 def test_measure_needs_a_gpu():
     from jaxfuse import costmodel
 

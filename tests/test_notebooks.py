@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from conftest import ON_GPU
 from jaxfuse import lesson
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -172,7 +173,10 @@ def test_two_ridges_and_a_measured_launch():
     with pytest.raises(ValueError, match="'tensor' or 'cuda'"):
         h100.ridge("sfu")
     cost = measure.launch_cost(ops=4, iterations=3)
-    assert cost["device_us"] is None and cost["eager_device_us_per_op"] is None  # CPU: no device time
+    if ON_GPU:
+        assert cost["device_us"] > 0 and cost["eager_device_us_per_op"] > 0
+    else:
+        assert cost["device_us"] is None and cost["eager_device_us_per_op"] is None  # CPU: no device time
     assert 0 < cost["eager_wall_us_per_op"] < 1e5 and 0 < cost["jit_wall_us"] < 1e5
     with pytest.raises(ValueError, match="arg_sets"):
         measure.wall_us(lambda x: x, [])

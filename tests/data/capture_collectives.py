@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+os.environ["JAX_PLATFORMS"] = "cpu"  # the virtual devices are CPU ones, on a GPU machine too
 
 import argparse  # noqa: E402
 
