@@ -106,6 +106,10 @@ VARIANTS = {
     # it their accumulators through shared memory: 3 stages beside that buffer (or 2)
     **{f"dx_epi4_s{stages}": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=stages, tile_m=128,
                                           tile_n=128, wg_split="n")) for stages in (2, 3)},
+    # the entry's dx kernel with 32-deep K steps, 6 stages in the room of 3 (222344 B lowered at 32768x4096x4096):
+    # as many bytes in flight, twice as many loads ahead; 2 stages of 64 cost that dx kernel 308 µs over 3
+    # (rmsnorm_matmul_configs_dx_x_resident-h200-4bc0d47.json), so its loads' latency is exposed
+    "dx_k32_s6": dict(dx=dict(tile_k=32, num_stages=6)),
     # and its slices 32 columns wide (a 128x32 float32 slice is 32 registers a thread of the fourth's 104)
     "dx_epi4_s3_e32": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128,
                                    tile_n=128, wg_split="n", epi_tile_n=32)),
