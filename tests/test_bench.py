@@ -1,6 +1,9 @@
 """jaxfuse.bench and jaxfuse.costmodel on CPU."""
 
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -171,3 +174,24 @@ def test_max_difference_keeps_a_nan_wherever_it_comes():
     assert bench.worst([1e-3, float("nan"), 2e-3]) != bench.worst([1e-3, float("nan"), 2e-3])
     assert bench.worst(v for v in (1e-3, 2e-3)) == 2e-3
     assert bench.worst([]) != bench.worst([]) and bench.worst([], default=0.0) == 0.0
+
+
+def test_cupti_concurrency_script_times_in_several_processes_at_once(tmp_path):
+    """benchmarks/scripts/cupti_concurrency.py: 1, then 2 processes timing a matmul together, each one's exit
+    status, calls and median recorded (on a GPU by CUPTI: the question it asks; here by the wall clock)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "scripts", "cupti_concurrency.py")
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--processes", "1,2", "--seconds", "1",
+                           "--allow-cpu"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (path,) = tmp_path.iterdir()
+    rows = json.loads(path.read_text())["timings"]
+    assert [r["processes"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["exit_codes"] == [0] * row["processes"], row["stderr_tails"]
+        assert all(c >= 1 for c in row["calls"]) and all(m > 0 for m in row["median_us"])
+        assert set(row["method"]) == {"cupti" if jax.default_backend() == "gpu" else "wall"}
+    bad = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--processes", "0", "--allow-cpu"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and "--processes: each count must be at least 1, got '0'" in bad.stderr
