@@ -11,7 +11,10 @@ then pytest's output), ``<op>-<tag>.json`` / ``.md`` per op (``bench.write_resul
 format: merge them into pallas_kernels/tuned_configs.json with ``tuning.store``, or copy the file, to make them
 the defaults), and ``summary-<tag>.md`` (each op's summary table), which is also printed last. Everything is
 time-boxed by --budget-s (default 540 s): pytest gets at most --test-timeout-s, the ops share the rest, and what
-is not started in time is recorded as skipped. A failing step or op is printed and the run goes on.
+is not started in time is recorded as skipped. A failing step or op is printed and the run goes on. Beside the
+pytest log, ``pytest-<tag>-progress.tsv`` records each test as it is collected and as it finishes
+(``jaxfuse.pytest_progress``); a run cut by its timeout lists the tests it never finished in
+``pytest-<tag>-not-run.txt``, and ``--tests @that-file`` runs them next.
 
 With --test-workers N, pytest-xdist runs the tests in N processes sharing the GPU, each allocating GPU memory as it
 goes (``XLA_PYTHON_CLIENT_PREALLOCATE=false``; by default the first to start would hold 75% of it). On the H200,
@@ -44,14 +47,20 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
     float32 references then compile in seconds, not 20-40 s a shape); writes the status line and the output to
     ``out_path`` and returns (status, output): status "exit N" or "TIMED OUT after T s" (a timed-out run keeps
     what it printed, each test's outcome on its own line, and its whole process group is killed: no worker, nor
-    any process a test started, is left holding the GPU)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    any process a test started, is left holding the GPU; the node ids it never finished go to ``out_path``'s
+    name with ``-not-run.txt``, one a line)."""
+    from jaxfuse import pytest_progress
+
+    progress_path = os.path.splitext(out_path)[0] + "-progress.tsv"
+    if os.path.exists(progress_path):
+        os.remove(progress_path)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{pytest_progress.ENV: progress_path})
     if workers > 1:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     if not xla_autotune:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_gpu_autotune_level=0".strip()
-    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *(["-m", marker] if marker else []),
-               *(["-n", str(workers)] if workers > 1 else []), *paths]
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "jaxfuse.pytest_progress",
+               *(["-m", marker] if marker else []), *(["-n", str(workers)] if workers > 1 else []), *paths]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:
@@ -61,6 +70,12 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
         os.killpg(proc.pid, signal.SIGKILL)
         text, _ = proc.communicate()
         status = f"TIMED OUT after {timeout_s:.0f} s"
+        left = pytest_progress.not_run(progress_path)
+        if left:
+            left_path = os.path.splitext(out_path)[0] + "-not-run.txt"
+            with open(left_path, "w") as f:
+                f.write("".join(f"{nodeid}\n" for nodeid in left))
+            text += f"\n{len(left)} tests not run, listed in {left_path} (--tests @{left_path} runs them)\n"
     with open(out_path, "w") as f:
         f.write(f"{status}\n{text}")
     return status, text
@@ -77,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                         "op's GPU shapes; with --tune the sweep runs at its tune shapes)")
     parser.add_argument("--tune", action="store_true", help="sweep each op's Pallas block sizes before its suite")
     parser.add_argument("--skip-tests", action="store_true")
-    parser.add_argument("--tests", default="tests", help="comma-separated pytest paths (default: the whole suite)")
+    parser.add_argument("--tests", default="tests", help="comma-separated pytest paths, or @FILE: one node id a "
+                        "line, such as the -not-run.txt a timed-out run writes (default: the whole suite)")
     parser.add_argument("--test-marker", default=None, help='pytest -m expression, e.g. "not slow"')
     parser.add_argument("--test-timeout-s", type=float, default=240.0)
     parser.add_argument("--test-workers", type=int, default=1, help="pytest processes sharing the GPU (pytest-xdist; "
@@ -108,6 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ops: unknown {unknown}; one of {list(suites.OPS)}")
     if args.test_workers < 1:
         parser.error(f"--test-workers: got {args.test_workers}; at least 1")
+    tests = args.tests.split(",")
+    if args.tests.startswith("@"):
+        try:
+            with open(args.tests[1:], encoding="utf-8") as f:
+                tests = [line.strip() for line in f if line.strip()]
+        except OSError as e:
+            parser.error(f"--tests: cannot read {args.tests[1:]!r} ({e.strerror})")
+        if not tests:
+            parser.error(f"--tests: {args.tests[1:]!r} names no test")
     if args.test_workers > 1 and importlib.util.find_spec("xdist") is None:
         parser.error(f"--test-workers: got {args.test_workers}, which needs pytest-xdist, not installed here "
                      "(pip install -e \".[test]\"), or 1")
@@ -120,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_tests:
         timeout = min(args.test_timeout_s, max(30.0, deadline - time.time() - 60))
         log(f"pytest -v {args.tests} (timeout {timeout:.0f} s, {args.test_workers} process(es))")
-        status, text = run_pytest(args.tests.split(","), os.path.join(args.out, f"pytest-{tag}.txt"), timeout,
+        status, text = run_pytest(tests, os.path.join(args.out, f"pytest-{tag}.txt"), timeout,
                                   marker=args.test_marker, workers=args.test_workers,
                                   xla_autotune=args.test_xla_autotune)
         log(f"pytest {status}:\n" + "\n".join(text.strip().splitlines()[-15:]))

@@ -407,9 +407,12 @@ def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):
     assert status == "exit 0" and "2 passed" in text and "test_tiny.py::test_ok PASSED" in text
     assert out.read_text().startswith("exit 0\n")
     monkeypatch.setenv("TINY_SLEEP", "30")
-    status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=3)
+    status, text = gpu_run.run_pytest([str(tests)], str(out), timeout_s=3)
     assert status == "TIMED OUT after 3 s"
     assert out.read_text().startswith("TIMED OUT after 3 s\n")
+    not_run = tmp_path / "pytest-not-run.txt"  # what never finished, to pass back as --tests @FILE
+    assert not_run.read_text() == "test_tiny.py::test_slow\n"
+    assert f"1 tests not run, listed in {not_run} (--tests @{not_run} runs them)" in text
 
 
 def test_run_pytest_turns_xla_autotuning_off_unless_asked(tmp_path, monkeypatch):
@@ -444,6 +447,7 @@ def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
     assert status == "exit 0" and "1 passed" in text and "created: 2/2 workers" in text, text
     status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=20, workers=2)
     assert status == "TIMED OUT after 20 s"
+    assert (tmp_path / "pytest-not-run.txt").read_text() == "test_workers.py::test_slow\n"  # (the workers' reports)
     child = int(pid_file.read_text())
     for _ in range(50):  # the killed process is reaped by init within moments
         try:
@@ -454,6 +458,26 @@ def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
     else:
         os.kill(child, 9)
         pytest.fail(f"process {child}, started by a test, still ran after the timeout")
+
+
+def test_gpu_run_takes_the_tests_from_a_file_of_node_ids(tmp_path, capsys):
+    """--tests @FILE: one node id a line (ids may hold spaces: each is one argument), as a cut run lists them."""
+    tests = tmp_path / "test_ids.py"
+    tests.write_text("import pytest\n\n@pytest.mark.parametrize('why', ['a b', 'c'])\ndef test_id(why):\n"
+                     "    pass\n\ndef test_other():\n    raise AssertionError('not asked for')\n")
+    ids = tmp_path / "ids.txt"
+    ids.write_text(f"{tests}::test_id[a b]\n\n{tests}::test_id[c]\n")
+    out = tmp_path / "out"
+    assert gpu_run.main(["--out", str(out), "--allow-cpu", "--ops", "", "--tests", f"@{ids}"]) == 0
+    (log,) = out.glob("pytest-*.txt")
+    assert log.read_text().startswith("exit 0\n") and "2 passed" in log.read_text()
+    missing, empty = tmp_path / "none.txt", tmp_path / "empty.txt"
+    empty.write_text("\n")
+    for bad, message in [(missing, f"cannot read {str(missing)!r} (No such file or directory)"),
+                         (empty, f"{str(empty)!r} names no test")]:
+        with pytest.raises(SystemExit):
+            gpu_run.main(["--out", str(out), "--allow-cpu", "--ops", "", "--tests", f"@{bad}"])
+        assert f"--tests: {message}" in capsys.readouterr().err
 
 
 def test_gpu_run_refuses_fewer_than_one_test_worker(tmp_path, capsys):

@@ -1,0 +1,63 @@
+"""A pytest plugin for ``jaxfuse.gpu_run``: which tests were collected and which finished, written as they happen,
+so that a run cut by its time limit still says which tests it never ran.
+
+    pytest -p jaxfuse.pytest_progress ...   # with JAXFUSE_PYTEST_PROGRESS=PATH in the environment
+
+Appends to PATH one line per event, tab-separated: ``collected<TAB>nodeid`` for each test collected, then
+``finished<TAB>nodeid`` once its outcome is known (passed, failed, skipped or an error in setup or teardown).
+Under pytest-xdist only the controlling process writes (the workers' reports reach it), from the first worker's
+collection. ``not_run(PATH)`` reads the file back: the collected node ids without an outcome, in collection
+order. Without the variable the plugin does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+__all__ = ["ENV", "not_run"]
+
+ENV = "JAXFUSE_PYTEST_PROGRESS"
+
+
+def _write(kind: str, nodeids) -> None:
+    path = os.environ.get(ENV)
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(f"{kind}\t{nodeid}\n" for nodeid in nodeids)
+
+
+def pytest_collection_finish(session) -> None:
+    """Without xdist: the session's own collection."""
+    _write("collected", (item.nodeid for item in session.items))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids) -> None:
+    """With xdist: the first worker's collection (every worker collects the same tests)."""
+    path = os.environ.get(ENV)
+    if path and not (os.path.exists(path) and any(line.startswith("collected\t") for line in open(path))):
+        _write("collected", ids)
+
+
+def pytest_runtest_logreport(report) -> None:
+    """A test has an outcome once its call ran, or once a setup or teardown failed or skipped it."""
+    if report.when == "call" or report.outcome != "passed":
+        _write("finished", [report.nodeid])
+
+
+def not_run(path: str) -> list[str]:
+    """The node ids collected in ``path`` that have no outcome there, in collection order ([] if none)."""
+    if not os.path.exists(path):
+        return []
+    collected, finished = [], set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            kind, _, nodeid = line.rstrip("\n").partition("\t")
+            if kind == "collected":
+                collected.append(nodeid)
+            elif kind == "finished":
+                finished.add(nodeid)
+    return list(dict.fromkeys(nodeid for nodeid in collected if nodeid not in finished))
