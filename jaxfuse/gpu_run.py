@@ -54,7 +54,9 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
     progress_path = os.path.splitext(out_path)[0] + "-progress.tsv"
     if os.path.exists(progress_path):
         os.remove(progress_path)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **{pytest_progress.ENV: progress_path})
+    # The child is a pytest session of its own: no xdist worker variables inherited (when this runs inside a test).
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
+    env.update(PYTHONUNBUFFERED="1", **{pytest_progress.ENV: progress_path})
     if workers > 1:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     if not xla_autotune:

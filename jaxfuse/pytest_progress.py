@@ -19,11 +19,17 @@ import pytest
 __all__ = ["ENV", "not_run"]
 
 ENV = "JAXFUSE_PYTEST_PROGRESS"
+_in_worker = False  # an xdist worker (its config has workerinput): the controlling process writes instead
+
+
+def pytest_configure(config) -> None:
+    global _in_worker
+    _in_worker = hasattr(config, "workerinput")
 
 
 def _write(kind: str, nodeids) -> None:
     path = os.environ.get(ENV)
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not path or _in_worker:
         return
     with open(path, "a", encoding="utf-8") as f:
         f.writelines(f"{kind}\t{nodeid}\n" for nodeid in nodeids)
