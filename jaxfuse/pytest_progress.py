@@ -5,6 +5,7 @@ so that a run cut by its time limit still says which tests it never ran.
 
 Appends to PATH one line per event, tab-separated: ``collected<TAB>nodeid`` for each test collected, then
 ``finished<TAB>nodeid`` once its outcome is known (passed, failed, skipped or an error in setup or teardown).
+Node ids are written absolute (pytest's are relative to its rootdir), so that they run again from any directory.
 Under pytest-xdist only the controlling process writes (the workers' reports reach it), from the first worker's
 collection. ``not_run(PATH)`` reads the file back: the collected node ids without an outcome, in collection
 order. Without the variable the plugin does nothing.
@@ -20,11 +21,18 @@ __all__ = ["ENV", "not_run"]
 
 ENV = "JAXFUSE_PYTEST_PROGRESS"
 _in_worker = False  # an xdist worker (its config has workerinput): the controlling process writes instead
+_rootdir = ""  # node ids are relative to it; written absolute, so that they run again from any directory
 
 
 def pytest_configure(config) -> None:
-    global _in_worker
+    global _in_worker, _rootdir
     _in_worker = hasattr(config, "workerinput")
+    _rootdir = str(config.rootpath)
+
+
+def _absolute(nodeid: str) -> str:
+    path, sep, rest = nodeid.partition("::")
+    return os.path.join(_rootdir, path) + sep + rest
 
 
 def _write(kind: str, nodeids) -> None:
@@ -32,7 +40,7 @@ def _write(kind: str, nodeids) -> None:
     if not path or _in_worker:
         return
     with open(path, "a", encoding="utf-8") as f:
-        f.writelines(f"{kind}\t{nodeid}\n" for nodeid in nodeids)
+        f.writelines(f"{kind}\t{_absolute(nodeid)}\n" for nodeid in nodeids)
 
 
 def pytest_collection_finish(session) -> None:

@@ -411,7 +411,7 @@ def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):
     assert status == "TIMED OUT after 3 s"
     assert out.read_text().startswith("TIMED OUT after 3 s\n")
     not_run = tmp_path / "pytest-not-run.txt"  # what never finished, to pass back as --tests @FILE
-    assert not_run.read_text() == "test_tiny.py::test_slow\n"
+    assert not_run.read_text() == f"{tests}::test_slow\n"
     assert f"1 tests not run, listed in {not_run} (--tests @{not_run} runs them)" in text
 
 
@@ -447,7 +447,7 @@ def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
     assert status == "exit 0" and "1 passed" in text and "created: 2/2 workers" in text, text
     status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=20, workers=2)
     assert status == "TIMED OUT after 20 s"
-    assert (tmp_path / "pytest-not-run.txt").read_text() == "test_workers.py::test_slow\n"  # (the workers' reports)
+    assert (tmp_path / "pytest-not-run.txt").read_text() == f"{tests}::test_slow\n"  # (from the workers' reports)
     child = int(pid_file.read_text())
     for _ in range(50):  # the killed process is reaped by init within moments
         try:
