@@ -51,9 +51,10 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
     name with ``-not-run.txt``, one a line)."""
     from jaxfuse import pytest_progress
 
-    progress_path = os.path.splitext(out_path)[0] + "-progress.tsv"
-    if os.path.exists(progress_path):
-        os.remove(progress_path)
+    progress_path, left_path = (os.path.splitext(out_path)[0] + suffix for suffix in ("-progress.tsv", "-not-run.txt"))
+    for stale in (progress_path, left_path):  # an earlier run's, in the same folder
+        if os.path.exists(stale):
+            os.remove(stale)
     # The child is a pytest session of its own: no xdist worker variables inherited (when this runs inside a test).
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
     env.update(PYTHONUNBUFFERED="1", **{pytest_progress.ENV: progress_path})
@@ -74,7 +75,6 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
         status = f"TIMED OUT after {timeout_s:.0f} s"
         left = pytest_progress.not_run(progress_path)
         if left:
-            left_path = os.path.splitext(out_path)[0] + "-not-run.txt"
             with open(left_path, "w") as f:
                 f.write("".join(f"{nodeid}\n" for nodeid in left))
             text += f"\n{len(left)} tests not run, listed in {left_path} (--tests @{left_path} runs them)\n"

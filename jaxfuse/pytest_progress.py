@@ -22,6 +22,7 @@ __all__ = ["ENV", "not_run"]
 ENV = "JAXFUSE_PYTEST_PROGRESS"
 _in_worker = False  # an xdist worker (its config has workerinput): the controlling process writes instead
 _rootdir = ""  # node ids are relative to it; written absolute, so that they run again from any directory
+_xdist_collection_written = False
 
 
 def pytest_configure(config) -> None:
@@ -51,9 +52,10 @@ def pytest_collection_finish(session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids) -> None:
     """With xdist: the first worker's collection (every worker collects the same tests)."""
-    path = os.environ.get(ENV)
-    if path and not (os.path.exists(path) and any(line.startswith("collected\t") for line in open(path))):
+    global _xdist_collection_written
+    if not _xdist_collection_written:
         _write("collected", ids)
+        _xdist_collection_written = True
 
 
 def pytest_runtest_logreport(report) -> None:

@@ -406,13 +406,17 @@ def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):
     status, text = gpu_run.run_pytest([str(tests)], str(out), timeout_s=120)
     assert status == "exit 0" and "2 passed" in text and "test_tiny.py::test_ok PASSED" in text
     assert out.read_text().startswith("exit 0\n")
+    not_run = tmp_path / "pytest-not-run.txt"  # what never finished, to pass back as --tests @FILE
+    assert not not_run.exists()
     monkeypatch.setenv("TINY_SLEEP", "30")
     status, text = gpu_run.run_pytest([str(tests)], str(out), timeout_s=3)
     assert status == "TIMED OUT after 3 s"
     assert out.read_text().startswith("TIMED OUT after 3 s\n")
-    not_run = tmp_path / "pytest-not-run.txt"  # what never finished, to pass back as --tests @FILE
     assert not_run.read_text() == f"{tests}::test_slow\n"
     assert f"1 tests not run, listed in {not_run} (--tests @{not_run} runs them)" in text
+    monkeypatch.setenv("TINY_SLEEP", "0")
+    assert gpu_run.run_pytest([str(tests)], str(out), timeout_s=120)[0] == "exit 0"
+    assert not not_run.exists()  # the earlier run's list is gone once a run finishes
 
 
 def test_run_pytest_turns_xla_autotuning_off_unless_asked(tmp_path, monkeypatch):

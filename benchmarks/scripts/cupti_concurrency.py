@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--processes: expected comma-separated counts such as 1,2,4, got {args.processes!r}")
     if any(p < 1 for p in counts):
         parser.error(f"--processes: each count must be at least 1, got {args.processes!r}")
+    if args.seconds <= 0:
+        parser.error(f"--seconds: must be positive, got {args.seconds}")
 
     import jax
 
