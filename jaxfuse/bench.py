@@ -8,6 +8,12 @@ reported. Host overhead (0.1-0.3 ms per call) is not in the numbers. Argument se
 the next, so inputs that fit in L2 are not served from it (pass several sets when they would fit). On CPU the
 timing is the wall clock of a blocked call, labelled `method="wall"`.
 
+Each timed call is its own CUPTI window (subscribe, time, flush, unsubscribe). CUPTI is not detached between windows
+(jax's ``profiler.Cupti(finalize=False)``): detaching after every call, as this harness did until 2026-11-30, is
+where two pytest processes sharing an H200, and notebook 04 under four, aborted inside ``_cupti_get_timings``
+(benchmarks/results/NOTES.md, fifty-fifth session). ``JAXFUSE_CUPTI_DETACH=each`` brings that back, for
+benchmarks/scripts/cupti_concurrency.py to compare.
+
 `Record` is one measured row; `write_results` stores records as JSON with the device, jax version, git commit
 and date, plus a Markdown table beside. `shape_arg("MxKxN")` / `shapes_arg(...)` are argparse types for the benchmark
 scripts' sizes ("32768x4096x4096", comma-separated lists of them). `max_difference(pairs)` is the largest difference
@@ -60,6 +66,15 @@ def _cupti_ext():
         return None
 
 
+def _cupti_detach_each() -> bool:
+    """Whether each CUPTI window detaches CUPTI from the process (``JAXFUSE_CUPTI_DETACH``: "never", the
+    default, or "each"; module docstring)."""
+    value = os.environ.get("JAXFUSE_CUPTI_DETACH", "never")
+    if value not in ("never", "each"):
+        raise ValueError(f"JAXFUSE_CUPTI_DETACH: expected 'never' or 'each', got {value!r}")
+    return value == "each"
+
+
 def _is_jitted(fn) -> bool:
     """A jitted function, or one compiled ahead of time (``jax.jit(f).lower(...).compile()``): timed as it is."""
     import jax
@@ -94,13 +109,14 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
     ext = _cupti_ext()
     if ext is None:
         raise RuntimeError("CUPTI timing needs jax's Mosaic GPU extension (jax[cuda12] or jax[cuda13])")
+    detach = _cupti_detach_each()
     per_iteration: list[list[tuple[str, float]]] = []
     for i in range(iterations):
         ext._cupti_init()
         try:
             jax.block_until_ready(jitted(*arg_sets[i % len(arg_sets)]))
         finally:
-            timings = ext._cupti_get_timings(True)
+            timings = ext._cupti_get_timings(detach)
         per_iteration.append([(name, ms * 1e3) for name, ms in (timings or [])])
     totals = [sum(us for _, us in it) for it in per_iteration]
     by_kernel: dict[str, list[float]] = {}

@@ -137,7 +137,8 @@ def test_roofline():
     assert unfused == pytest.approx(4 * fused)
     with pytest.raises(ValueError, match="unknown 'tpu'"):
         costmodel.device("tpu")
-    assert costmodel.detect().name in jax.devices()[0].device_kind.lower()  # "cpu" here, "h200" on an H200
+    # "cpu" here; "NVIDIA H200" on an H200, whose device kind is "NVIDIA H200"
+    assert costmodel.detect().name.lower() in jax.devices()[0].device_kind.lower()
 
 
 def test_shape_args_parse_sizes_and_name_what_is_wrong(capsys):
@@ -183,11 +184,12 @@ def test_cupti_concurrency_script_times_in_several_processes_at_once(tmp_path):
     script = os.path.join(root, "benchmarks", "scripts", "cupti_concurrency.py")
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--processes", "1,2", "--seconds", "1",
-                           "--allow-cpu"], capture_output=True, text=True, timeout=300, env=env)
+                           "--detach", "never,each", "--allow-cpu"], capture_output=True, text=True, timeout=300,
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (path,) = tmp_path.iterdir()
     rows = json.loads(path.read_text())["timings"]
-    assert [r["processes"] for r in rows] == [1, 2]
+    assert [(r["detach"], r["processes"]) for r in rows] == [("never", 1), ("never", 2), ("each", 1), ("each", 2)]
     for row in rows:
         assert row["exit_codes"] == [0] * row["processes"], row["stderr_tails"]
         assert all(c >= 1 for c in row["calls"]) and all(m > 0 for m in row["median_us"])
@@ -195,3 +197,50 @@ def test_cupti_concurrency_script_times_in_several_processes_at_once(tmp_path):
     bad = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--processes", "0", "--allow-cpu"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 2 and "--processes: each count must be at least 1, got '0'" in bad.stderr
+    bad = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--detach", "sometimes", "--allow-cpu"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and "--detach: expected never, each or both (comma-separated), got 'sometimes'" \
+        in bad.stderr
+    attention = subprocess.run([sys.executable, script, "--out", str(tmp_path / "attention"), "--processes", "1",
+                                "--seconds", "1", "--detach", "never", "--program", "attention", "--allow-cpu"],
+                               capture_output=True, text=True, timeout=300, env=env)
+    assert attention.returncode == 0, attention.stderr[-2000:]
+    (row,) = json.loads(next((tmp_path / "attention").iterdir()).read_text())["timings"]
+    assert row["program"] == "attention" and row["exit_codes"] == [0] and row["calls"][0] >= 1
+
+
+class _FakeCupti:
+    """jax's CUPTI extension as time_kernels calls it: records each window's detach argument."""
+
+    def __init__(self):
+        self.detached = []
+
+    def _cupti_init(self):
+        pass
+
+    def _cupti_get_timings(self, finalize):
+        self.detached.append(finalize)
+        return [("gemm", 0.01)]
+
+
+@pytest.mark.parametrize("setting,detached", [(None, False), ("never", False), ("each", True)])
+def test_cupti_stays_attached_between_windows_unless_asked(monkeypatch, setting, detached):
+    """Each timed call is a CUPTI window; CUPTI is detached after each only with JAXFUSE_CUPTI_DETACH=each."""
+    fake = _FakeCupti()
+    monkeypatch.setattr(bench, "_cupti_ext", lambda: fake)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    if setting is None:
+        monkeypatch.delenv("JAXFUSE_CUPTI_DETACH", raising=False)
+    else:
+        monkeypatch.setenv("JAXFUSE_CUPTI_DETACH", setting)
+    timing = bench.time_kernels(jax.jit(lambda a: a + 1), [(jnp.ones(4),)], iterations=3, warmup=1)
+    assert fake.detached == [detached] * 3
+    assert timing.method == "cupti" and timing.median_us == pytest.approx(10.0)
+
+
+def test_cupti_detach_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("JAXFUSE_CUPTI_DETACH", "sometimes")
+    monkeypatch.setattr(bench, "_cupti_ext", lambda: _FakeCupti())
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    with pytest.raises(ValueError, match="JAXFUSE_CUPTI_DETACH: expected 'never' or 'each', got 'sometimes'"):
+        bench.time_kernels(jax.jit(lambda a: a + 1), [(jnp.ones(4),)], iterations=1)

@@ -248,6 +248,7 @@ def test_bench_writes_json_and_markdown_and_prints_the_table(tmp_path, capsys):
     assert "| cross_entropy | 64x64x1000 |" in capsys.readouterr().out
 
 
+@CPU_ONLY
 def test_bench_refuses_gpu_sized_shapes_on_cpu(capsys):
     assert jaxfuse_cli.main(["bench", "--op", "train_step", "--shapes", "small", "--out", ""]) == 2
     assert "['small'] are GPU-sized; on cpu (interpret mode) train_step runs ['tiny']" in capsys.readouterr().err
@@ -255,16 +256,21 @@ def test_bench_refuses_gpu_sized_shapes_on_cpu(capsys):
 
 @pytest.mark.slow
 def test_bench_tune_writes_the_sweep_and_the_tuned_configs(tmp_path, capsys):
-    """`jaxfuse bench --tune` on the CPU smoke shape: every candidate checked, the winner in --tuned-configs, the
-    suite run with it."""
+    """`jaxfuse bench --tune` on the device's default shapes (the CPU's smoke shape): every candidate checked, the
+    winner in --tuned-configs, the suite run with it; the files named by the device ("cpu", "h200")."""
+    import jax
+
+    from jaxfuse import bench
+
+    tag = bench.device_tag(jax.devices()[0].device_kind)
     tuned = tmp_path / "tuned.json"
     assert jaxfuse_cli.main(["bench", "--op", "cross_entropy", "--tune", "--tuned-configs", str(tuned),
                              "--iterations", "1", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cross_entropy-cpu.json", "cross_entropy-cpu.md",
-                                                          "cross_entropy-sweep-cpu.json", "tuned.json"]
-    rows = json.load(open(tmp_path / "cross_entropy-sweep-cpu.json"))["rows"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"cross_entropy-{tag}.json", f"cross_entropy-{tag}.md",
+                                                          f"cross_entropy-sweep-{tag}.json", "tuned.json"]
+    rows = json.load(open(tmp_path / f"cross_entropy-sweep-{tag}.json"))["rows"]
     assert rows and all(r["status"] == "ok" for r in rows)
-    records = json.load(open(tmp_path / "cross_entropy-cpu.json"))["records"]
+    records = json.load(open(tmp_path / f"cross_entropy-{tag}.json"))["records"]
     pallas = [r for r in records if r["implementation"] == "pallas_triton"]
     assert all(r["extra"]["config_source"] == f"tuned ({tuned})" for r in pallas)
     assert "stored as" in capsys.readouterr().out
