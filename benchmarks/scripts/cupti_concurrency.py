@@ -75,8 +75,8 @@ def run_together(processes: int, seconds: float, program: str, detach: str) -> d
                                "--program", program],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(processes)]
-    row: dict = {"processes": processes, "seconds": seconds, "program": program, "detach": detach, "exit_codes": [], "calls": [], "median_us": [],
-                 "method": [], "stderr_tails": []}
+    row: dict = {"processes": processes, "seconds": seconds, "program": program, "detach": detach, "exit_codes": [],
+                 "calls": [], "median_us": [], "method": [], "stderr_tails": []}
     for proc in procs:
         try:
             out, err = proc.communicate(timeout=seconds + 300)
