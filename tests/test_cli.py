@@ -256,16 +256,16 @@ def test_bench_refuses_gpu_sized_shapes_on_cpu(capsys):
 
 @pytest.mark.slow
 def test_bench_tune_writes_the_sweep_and_the_tuned_configs(tmp_path, capsys):
-    """`jaxfuse bench --tune` on the device's default shapes (the CPU's smoke shape): every candidate checked, the
-    winner in --tuned-configs, the suite run with it; the files named by the device ("cpu", "h200")."""
+    """`jaxfuse bench --tune` on the smoke shape (on any device): every candidate checked, the winner in
+    --tuned-configs, the suite run with it; the files named by the device ("cpu", "h200")."""
     import jax
 
     from jaxfuse import bench
 
     tag = bench.device_tag(jax.devices()[0].device_kind)
     tuned = tmp_path / "tuned.json"
-    assert jaxfuse_cli.main(["bench", "--op", "cross_entropy", "--tune", "--tuned-configs", str(tuned),
-                             "--iterations", "1", "--out", str(tmp_path)]) == 0
+    assert jaxfuse_cli.main(["bench", "--op", "cross_entropy", "--shapes", "cpu", "--tune", "--tuned-configs",
+                             str(tuned), "--iterations", "1", "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"cross_entropy-{tag}.json", f"cross_entropy-{tag}.md",
                                                           f"cross_entropy-sweep-{tag}.json", "tuned.json"]
     rows = json.load(open(tmp_path / f"cross_entropy-sweep-{tag}.json"))["rows"]
