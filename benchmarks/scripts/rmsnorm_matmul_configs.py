@@ -106,10 +106,6 @@ VARIANTS = {
     # it their accumulators through shared memory: 3 stages beside that buffer (or 2)
     **{f"dx_epi4_s{stages}": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=stages, tile_m=128,
                                           tile_n=128, wg_split="n")) for stages in (2, 3)},
-    # the entry's dx kernel with 32-deep K steps, 6 stages in the room of 3 (222344 B lowered at 32768x4096x4096):
-    # as many bytes in flight, twice as many loads ahead; 2 stages of 64 cost that dx kernel 308 µs over 3
-    # (rmsnorm_matmul_configs_dx_x_resident-h200-4bc0d47.json), so its loads' latency is exposed
-    "dx_k32_s6": dict(dx=dict(tile_k=32, num_stages=6)),
     # and its slices 32 columns wide (a 128x32 float32 slice is 32 registers a thread of the fourth's 104)
     "dx_epi4_s3_e32": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128,
                                    tile_n=128, wg_split="n", epi_tile_n=32)),
@@ -128,6 +124,12 @@ VARIANTS = {
        for stages in (5, 6)},
     "dx_w4": dict(dx=dict(grid_tile_width=4)),
     "dx_w2": dict(dx=dict(grid_tile_width=2)),
+    # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
+    # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup)
+    "dx_w16": dict(dx=dict(grid_tile_width=16)),
+    "dx_minor_n": dict(dx=dict(grid_minor="n")),
+    "fwd_w16": dict(forward=dict(grid_tile_width=16)),
+    "dw_w16": dict(dw=dict(grid_tile_width=16)),
     # the forward's and the dw kernel's planar-snake runs of 4 or 16 row blocks (the entries 8)
     **{f"{name}_w{width}": {kernel: dict(grid_tile_width=width)} for name, kernel in (("fwd", "forward"), ("dw", "dw"))
        for width in (4, 16)},
@@ -139,6 +141,10 @@ VARIANTS = {
     # None won: rmsnorm_matmul_configs_bwd_tiles-h100-0bcb2e7.json
     "dx_cluster_m": dict(dx=dict(cluster="m", stream_k=0)),
     "dx_d1": dict(dx=dict(delay_release=1)),
+    # (and at the H200 entry with the fourth warpgroup's epilogue, 128x128 side-by-side tiles, 3 stages: the dx
+    # kernel 1475.7 -> 1652.3 µs, forward + backward 4211.2 -> 4385.8 at 32768x4096x4096:
+    # rmsnorm_matmul_configs_dx_k32_s6-h200-c5f01fd.json; its delay_release 1 there ("dx_d1"), 1519.2 -> 1615.7,
+    # 4340.1 -> 4439.9: rmsnorm_matmul_configs_dx_d1_epi4-h200-10acd51.json)
     "dx_k32": dict(dx=dict(tile_k=32, num_stages=6)),
     "dw_cluster_m": dict(dw=dict(cluster="m")),
     # the forward's B tiles shared by a cluster's two blocks (cuBLAS's kernel at 16384x1024x5504 runs 128x128 tiles
