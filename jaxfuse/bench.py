@@ -8,11 +8,11 @@ reported. Host overhead (0.1-0.3 ms per call) is not in the numbers. Argument se
 the next, so inputs that fit in L2 are not served from it (pass several sets when they would fit). On CPU the
 timing is the wall clock of a blocked call, labelled `method="wall"`.
 
-Each timed call is its own CUPTI window (subscribe, time, flush, unsubscribe). CUPTI is not detached between windows
-(jax's ``profiler.Cupti(finalize=False)``): detaching after every call, as this harness did until 2026-11-30, is
-where two pytest processes sharing an H200, and notebook 04 under four, aborted inside ``_cupti_get_timings``
-(benchmarks/results/NOTES.md, fifty-fifth session). ``JAXFUSE_CUPTI_DETACH=each`` brings that back, for
-benchmarks/scripts/cupti_concurrency.py to compare.
+Each timed call is its own CUPTI window (subscribe, run, flush, unsubscribe). CUPTI stays attached to the process
+between windows (jax's ``profiler.Cupti(finalize=False)``). Detaching it after every window, as this harness did
+until 2026-11-30, cost about 10 ms of host time a window on the H200: one process made 9.5-11.4x fewer timed calls
+in the same time, with medians 0.6-1.2% higher (``cupti_concurrency_detach_*-h200-047990e.json``).
+``JAXFUSE_CUPTI_DETACH=each`` brings the old behaviour back, for benchmarks/scripts/cupti_concurrency.py to compare.
 
 `Record` is one measured row; `write_results` stores records as JSON with the device, jax version, git commit
 and date, plus a Markdown table beside. `shape_arg("MxKxN")` / `shapes_arg(...)` are argparse types for the benchmark

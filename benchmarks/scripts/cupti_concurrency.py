@@ -6,10 +6,13 @@
 Why: in the fifty-fourth session, eight pytest workers shared the H200 (``gpu_run --test-workers 8``). Two of them
 aborted inside jax's CUPTI extension (``_cupti_get_timings``: "Fatal Python error: Aborted"), each in a test that
 timed kernels with ``bench.time_kernels``. Was it the other processes? Not alone: 1, 2, 4 and 8 processes timing a
-matmul ran 10 s each without an abort (``cupti_concurrency-h200-c5f01fd.json``), and then notebook 04's worker
-aborted in a four-worker run (``pytest-gpu_rerun_cpu_fixes-h200-c5f01fd.txt``), in the same call.
-So the script also times XLA's attention (``--program attention``), and compares CUPTI detached after every timed
-call (``--detach each``, the harness until 2026-11-30) with CUPTI left attached (``never``, its default now).
+matmul ran 10 s each without an abort (``cupti_concurrency-h200-c5f01fd.json``). In the next device call, four
+pytest workers ran the notebooks, and notebook 04's worker aborted in the same place
+(``pytest-gpu_rerun_cpu_fixes-h200-c5f01fd.txt``). So the script also times XLA's attention (``--program
+attention``), and compares CUPTI detached after every timed call (``--detach each``, the harness until 2026-11-30)
+with CUPTI left attached (``never``, its default now). Four processes timing attention for 25 s did not abort in
+either mode (``cupti_concurrency_attention-h200-10acd51.json``), so the abort is still not reproduced; detaching
+cost each process about 20 ms a window (125 timed calls against about 1600).
 
 For each --detach value and count P, P processes start together. Each one times --program with
 ``bench.time_kernels`` (10 iterations a call) until --seconds have passed. The parent records per process:

@@ -125,7 +125,9 @@ VARIANTS = {
     "dx_w4": dict(dx=dict(grid_tile_width=4)),
     "dx_w2": dict(dx=dict(grid_tile_width=2)),
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
-    # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup)
+    # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
+    # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
+    # 1412.1 (16-wide), the dw kernel equal: rmsnorm_matmul_configs_tile_order-h200-a19c145.json
     "dx_w16": dict(dx=dict(grid_tile_width=16)),
     "dx_minor_n": dict(dx=dict(grid_minor="n")),
     "fwd_w16": dict(forward=dict(grid_tile_width=16)),
