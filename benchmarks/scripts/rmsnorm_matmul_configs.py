@@ -157,7 +157,10 @@ VARIANTS = {
     # and the backward kernels' (their tile input in a buffer of its own: the ring takes no cluster; no stream-K)
     "dx_cluster_m_buf": dict(dx=dict(cluster="m", stream_k=0, tile_input_in="buffer", num_stages=3)),
     "dw_cluster_m_buf": dict(dw=dict(cluster="m", stream_k=0, tile_input_in="buffer", num_stages=5)),
-    # 64x128 stacked dx tiles: half the x tile's buffer, so more stages fit beside it and the dyr staging
+    # 64x128 stacked dx tiles: half the x tile's buffer, so more stages fit beside it and the dyr staging. Beside
+    # the H200 entry's fourth-warpgroup epilogue at 32768x4096x4096 (169064 / 201848 B) the dx kernel took 1954.8 /
+    # 2024.0 µs against the entry's 1494.1 (128x256 blocks): half the FLOPs per byte loaded, and a fifth stage
+    # slower than a fourth: rmsnorm_matmul_configs_dx_n128-h200-308acd2.json
     "dx_n128_s4": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=4)),
     "dx_n128_s5": dict(dx=dict(tile_m=64, tile_n=128, wg_split="m", num_stages=5)),
     "dw_d1": dict(dw=dict(delay_release=1)),
