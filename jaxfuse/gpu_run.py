@@ -12,9 +12,9 @@ format: merge them into pallas_kernels/tuned_configs.json with ``tuning.store``,
 the defaults), and ``summary-<tag>.md`` (each op's summary table), which is also printed last. Everything is
 time-boxed by --budget-s (default 540 s): pytest gets at most --test-timeout-s, the ops share the rest, and what
 is not started in time is recorded as skipped. A failing step or op is printed and the run goes on. Beside the
-pytest log, ``pytest-<tag>-progress.tsv`` records each test as it is collected and as it finishes
-(``jaxfuse.pytest_progress``); a run cut by its timeout lists the tests it never finished in
-``pytest-<tag>-not-run.txt``, and ``--tests @that-file`` runs them next.
+pytest log, ``pytest-<tag>-progress.tsv`` records each test as it is collected and as it finishes, with its
+outcome and seconds (``jaxfuse.pytest_progress``; the log ends with the slowest); a run cut by its timeout lists
+the tests it never finished in ``pytest-<tag>-not-run.txt``, and ``--tests @that-file`` runs them next.
 
 With --test-workers N, pytest-xdist runs the tests in N processes sharing the GPU, each allocating GPU memory as it
 goes (``XLA_PYTHON_CLIENT_PREALLOCATE=false``; by default the first to start would hold 75% of it). On the H200,
@@ -48,7 +48,8 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
     ``out_path`` and returns (status, output): status "exit N" or "TIMED OUT after T s" (a timed-out run keeps
     what it printed, each test's outcome on its own line, and its whole process group is killed: no worker, nor
     any process a test started, is left holding the GPU; the node ids it never finished go to ``out_path``'s
-    name with ``-not-run.txt``, one a line)."""
+    name with ``-not-run.txt``, one a line). The output ends with the slowest tests that finished, from the
+    progress file (``jaxfuse.pytest_progress.slowest``), a cut run's too."""
     from jaxfuse import pytest_progress
 
     progress_path, left_path = (os.path.splitext(out_path)[0] + suffix for suffix in ("-progress.tsv", "-not-run.txt"))
@@ -78,6 +79,10 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
             with open(left_path, "w") as f:
                 f.write("".join(f"{nodeid}\n" for nodeid in left))
             text += f"\n{len(left)} tests not run, listed in {left_path} (--tests @{left_path} runs them)\n"
+    slow = pytest_progress.slowest(progress_path)
+    if slow:  # from the progress file: there even when the run was cut (pytest's --durations prints at the end)
+        text += "\nslowest tests (setup and call, seconds):\n" + "".join(
+            f"{seconds:8.2f}  {outcome:<8} {nodeid}\n" for seconds, outcome, nodeid in slow)
     with open(out_path, "w") as f:
         f.write(f"{status}\n{text}")
     return status, text

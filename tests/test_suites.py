@@ -403,9 +403,14 @@ def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):
     tests.write_text("import time\n\ndef test_ok():\n    print('tiny ran')\n\n"
                      "def test_slow():\n    time.sleep(float(__import__('os').environ.get('TINY_SLEEP', '0')))\n")
     out = tmp_path / "pytest.txt"
+    monkeypatch.setenv("TINY_SLEEP", "0.5")
     status, text = gpu_run.run_pytest([str(tests)], str(out), timeout_s=120)
     assert status == "exit 0" and "2 passed" in text and "test_tiny.py::test_ok PASSED" in text
     assert out.read_text().startswith("exit 0\n")
+    slowest = text.split("slowest tests (setup and call, seconds):\n")[1].splitlines()
+    seconds, outcome, nodeid = slowest[0].split(maxsplit=2)
+    assert (outcome, nodeid) == ("passed", f"{tests}::test_slow") and 0.5 <= float(seconds) < 60
+    assert slowest[1].split(maxsplit=2)[1:] == ["passed", f"{tests}::test_ok"]
     not_run = tmp_path / "pytest-not-run.txt"  # what never finished, to pass back as --tests @FILE
     assert not not_run.exists()
     monkeypatch.setenv("TINY_SLEEP", "30")
@@ -414,6 +419,8 @@ def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):
     assert out.read_text().startswith("TIMED OUT after 3 s\n")
     assert not_run.read_text() == f"{tests}::test_slow\n"
     assert f"1 tests not run, listed in {not_run} (--tests @{not_run} runs them)" in text
+    (only,) = text.split("slowest tests (setup and call, seconds):\n")[1].splitlines()  # the cut test is not in it
+    assert only.split(maxsplit=2)[1:] == ["passed", f"{tests}::test_ok"]
     monkeypatch.setenv("TINY_SLEEP", "0")
     assert gpu_run.run_pytest([str(tests)], str(out), timeout_s=120)[0] == "exit 0"
     assert not not_run.exists()  # the earlier run's list is gone once a run finishes
@@ -452,6 +459,7 @@ def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
     status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=20, workers=2)
     assert status == "TIMED OUT after 20 s"
     assert (tmp_path / "pytest-not-run.txt").read_text() == f"{tests}::test_slow\n"  # (from the workers' reports)
+    assert f"passed   {tests}::test_memory_as_needed" in out.read_text()  # its duration, from a worker's report
     child = int(pid_file.read_text())
     for _ in range(50):  # the killed process is reaped by init within moments
         try:
