@@ -426,6 +426,21 @@ def test_run_pytest_records_status_and_output(tmp_path, monkeypatch):
     assert not not_run.exists()  # the earlier run's list is gone once a run finishes
 
 
+def test_progress_file_read_back_without_a_half_written_last_line(tmp_path):
+    """A run killed while the plugin wrote its last line: that line is left out, the rest read back."""
+    from jaxfuse import pytest_progress
+
+    path = tmp_path / "progress.tsv"
+    for cut in ("finished\t/t.py::c\tpassed\t", "fini"):
+        path.write_text("collected\t/t.py::a\ncollected\t/t.py::b\ncollected\t/t.py::c\n"
+                        "finished\t/t.py::a\tpassed\t1.50\nfinished\t/t.py::b\tfailed in setup\t0.25\n" + cut)
+        assert pytest_progress.not_run(str(path)) == ["/t.py::c"]
+        assert pytest_progress.slowest(str(path), 1) == [(1.5, "passed", "/t.py::a")]
+        assert pytest_progress.slowest(str(path)) == [(1.5, "passed", "/t.py::a"),
+                                                      (0.25, "failed in setup", "/t.py::b")]
+    assert pytest_progress.not_run(str(tmp_path / "none.tsv")) == [] == pytest_progress.slowest(str(tmp_path / "x"))
+
+
 def test_run_pytest_turns_xla_autotuning_off_unless_asked(tmp_path, monkeypatch):
     """The tests' float32 references compile without XLA's GEMM autotuning (20-40 s a shape with it), keeping the
     XLA flags already set; --test-xla-autotune leaves them as they are."""
