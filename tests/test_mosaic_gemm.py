@@ -1887,6 +1887,96 @@ def test_the_epilogue_apart_on_the_gpu(M, K, N):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# No memory warpgroup: the MMA warpgroups load the stages (MosaicGemmConfig.loads_in="mma")
+# ---------------------------------------------------------------------------------------------------------------
+_MMA_LOADS = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3, epi_tile_n=32, epilogue_in="fourth",
+                              loads_in="mma")
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(stream_k=4, epilogue_in="mma"), "loads_in: 'mma' .* stream_k=4"),
+    (dict(tile_input_in="ring", epilogue_in="mma"), "loads_in: 'mma' .* tile_input_in='ring'"),
+    (dict(memory_warps=1), "loads_in: 'mma' .* memory_warps=1"),
+    (dict(mma_registers=184), "loads_in: 'mma' .* mma_registers=184"),
+    (dict(schedule="pingpong", epilogue_in="mma"), "loads_in: 'mma' .* schedule='pingpong'"),
+    (dict(delay_release=2), r"delay_release \+ 1 < num_stages; got delay_release=2, num_stages=3"),
+    (dict(loads_in="tma"), r"loads_in: must be one of \('memory', 'mma'\), got 'tma'"),
+    (dict(loads_in="memory"), "epilogue_in: 'fourth' .* tile_n=256, loads_in='memory'")])
+def test_loads_by_the_mma_warpgroups_need_whole_cooperative_tiles_in_a_ring(changes, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(_MMA_LOADS, **changes)
+
+
+def test_loads_by_the_mma_warpgroups_take_no_third_block():
+    fusion = Fusion(prologue_init=lambda ctx: jnp.zeros((ctx.config.cta_m,), jnp.float32), handoff_rows=1,
+                    prologue_step=lambda ctx, a, carry: carry)
+    config = dataclasses.replace(_MMA_LOADS, epilogue_in="mma", wg_split="n", tile_n=128)
+    with pytest.raises(ValueError, match="loads_in='mma' loads only A's and B's blocks.* prologue_step=set"):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=fusion),
+                       S((256, 256), jnp.bfloat16), S((256, 256), jnp.bfloat16))
+
+
+@cpu_only
+def test_loads_by_the_mma_warpgroups_lower_with_three_warpgroups_and_m64n256():
+    """Lowered for CUDA: beside the epilogue warpgroup, 384 threads (where the memory warpgroup makes 512 and
+    64x256 accumulators are refused) and one m64n256 wgmma per 16 of K; without it, 256 threads; and no setmaxnreg
+    either way (every warpgroup keeps the launch's registers)."""
+    M, K, N = 2048, 1024, 4096
+    args = (S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
+
+    def lowered(config):
+        with backends.lowering_for_gpu():
+            (kernel,) = mosaic_ir.lower_kernels(
+                lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16), *args)
+        return kernel
+
+    apart, inside = lowered(_MMA_LOADS), lowered(dataclasses.replace(_MMA_LOADS, epilogue_in="mma", num_stages=4))
+    assert (apart.threads, inside.threads) == (384, 256)
+    for kernel in (apart, inside):
+        assert "m64n256k16" in kernel.summary() and "m64n128" not in kernel.summary()
+        assert "setmaxnreg" not in kernel.text and "setmaxregister" not in kernel.text
+    stages = 3 * (128 * 64 + 64 * 256) * 2
+    assert 0 <= apart.smem_bytes - (stages + 2 * 64 * 256 * 2) <= 1024
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("changes", [dict(epilogue_in="mma"), dict(epilogue_in="mma", delay_release=1),
+                                     dict(epilogue_in="fourth")])
+def test_loads_by_the_mma_warpgroups_in_interpret_mode(changes):
+    """Two blocks over 8 CTA tiles of 4 K steps each, 3 stages: the loads run ahead across each tile's end and the
+    block's last positions are never loaded; a load into the wrong slot, for the wrong tile, or a slot refilled
+    before both warpgroups released it shows in the product."""
+    config = dataclasses.replace(_MMA_LOADS, tile_n=64, tile_k=32, **changes)
+    a, b = _operands(256, 128, 256, jnp.bfloat16)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        (out,) = gemm(a, b, config=config, out_dtype=jnp.float32)
+    assert _rel_err(out, _f32_product(a, b)) <= _tol(jnp.bfloat16, 128)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (4096, 1024, 1024, _MMA_LOADS), (2048, 2048, 8192, _MMA_LOADS),
+    (4352, 1024, 4096, dataclasses.replace(_MMA_LOADS, epilogue_in="mma", num_stages=4)),  # a part-empty last round
+    (2048, 1024, 4096, dataclasses.replace(_MMA_LOADS, tile_m=128, tile_n=128, wg_split="n"))])
+def test_loads_by_the_mma_warpgroups_on_the_gpu(M, K, N, config):
+    """The product, and (beside the epilogue warpgroup) rows centered by their means summed over the row's tiles and
+    a tile input's copy: against the float32 reference, two calls each."""
+    for _ in range(2):
+        a, b = _operands(M, K, N, jnp.bfloat16)
+        (got,) = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16))(a, b)
+        assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, K)  # NaN fails
+    if config.epilogue_in == "fourth":
+        fn = jax.jit(lambda a, b: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
+                                       fusion=_centered_rows(M, N, config)))
+        b = b + 0.05 * jax.random.normal(_key(), (1, N), jnp.float32).astype(jnp.bfloat16)  # rows' means not 0
+        c = _f32_product(a, b)
+        got, parts = fn(a, b)
+        assert _rel_err(got, c - jnp.mean(c, axis=1, keepdims=True)) <= _tol(jnp.bfloat16, K)
+        _check_tile_copy(M, K, N, config)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The memory warpgroup's loads from one warp (MosaicGemmConfig.memory_warps)
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(8, 8), (5, 7), (128, 43), (1, 9), (9, 1), (64, 112)])
