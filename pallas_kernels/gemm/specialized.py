@@ -537,28 +537,41 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 sm, num_blocks = lax.axis_index("sm"), lax.axis_size("sm")
                 total = jnp.maximum(0, lax.div(round_tiles - sm + num_blocks - 1, num_blocks)) * k_iters
 
-                def load_own_block(g):
+                refill_tiles = []  # (m_idx, n_idx) of the tile whose K loop runs now and of the block's next one
+                lookahead = num_stages - 1 - delay  # positions from the wgmma just issued to the step refilled
+
+                def load_own_block(g, tile=None):
                     """This warpgroup's operand block (warpgroup 0: A's, 1: B's) of the block's step at ring position
-                    g into its slot, signalling ``ready`` (two arrivals a step, one per warpgroup)."""
-                    local, k = lax.div(g, k_iters), lax.rem(g, k_iters)
-                    ctx = shape.tile_context(local * num_blocks + sm, 0, refs_by_name)
+                    g into its slot, signalling ``ready`` (two arrivals a step, one per warpgroup). ``tile``: the
+                    step's (m_idx, n_idx), where the caller has them."""
+                    k = lax.rem(g, k_iters)
+                    if tile is None:
+                        ctx = shape.tile_context(lax.div(g, k_iters) * num_blocks + sm, 0, refs_by_name)
+                        tile = ctx.m_idx, ctx.n_idx
                     ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
                     for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, stages, blocks)):
                         @pl.when(wg == operand)
                         def _copy():
-                            src = cta(ref, ctx.m_idx, ctx.n_idx)
+                            src = cta(ref, *tile)
                             plgpu.copy_gmem_to_smem(src.at[ks] if k_axis == 0 else src.at[:, ks],
                                                     smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)])
 
                 def refill(g):
                     """Under the wgmma of position g: the slot released delay + 1 positions back, once both MMA
-                    warpgroups have, takes the step num_stages after it."""
+                    warpgroups have, takes the step num_stages after it: of this tile or the next (their places
+                    computed once a tile, ``refill_tiles``), or with fewer K steps than that lookahead, any."""
                     freed = g - 1 - delay
+                    target = freed + num_stages
+                    tile = None
+                    if lookahead < k_iters:
+                        (m_now, n_now), (m_next, n_next) = refill_tiles
+                        next_tile = lax.div(target, k_iters) != lax.div(g, k_iters)
+                        tile = jnp.where(next_tile, m_next, m_now), jnp.where(next_tile, n_next, n_now)
 
-                    @pl.when((freed >= 0) & (freed + num_stages < total))
+                    @pl.when((freed >= 0) & (target < total))
                     def _refill():
                         plgpu.barrier_wait(consumed.at[barrier_of(freed)])
-                        load_own_block(freed + num_stages)
+                        load_own_block(target, tile)
 
                 for g in range(num_stages):  # the first steps, before the first tile's K loop
                     pl.when(g < total)(functools.partial(load_own_block, g))
@@ -726,6 +739,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
                 the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
                 ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
+                if by_mma:  # where the K loop's refills load: this tile, then the block's next
+                    upcoming = shape.tile_context(lin + num_blocks, 0, refs_by_name)
+                    refill_tiles[:] = [(ctx.m_idx, ctx.n_idx), (upcoming.m_idx, upcoming.n_idx)]
                 if not apart:  # (the epilogue warpgroup loads what its slices need itself)
                     shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
