@@ -1900,7 +1900,7 @@ _MMA_LOADS = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3,
     (dict(mma_registers=184), "loads_in: 'mma' .* mma_registers=184"),
     (dict(schedule="pingpong", epilogue_in="mma"), "loads_in: 'mma' .* schedule='pingpong'"),
     (dict(delay_release=2), r"delay_release \+ 1 < num_stages; got delay_release=2, num_stages=3"),
-    (dict(loads_in="tma"), r"loads_in: must be one of \('memory', 'mma', 'mma0'\), got 'tma'"),
+    (dict(loads_in="tma"), r"loads_in: must be one of \('memory', 'mma'\), got 'tma'"),
     (dict(loads_in="memory"), "epilogue_in: 'fourth' .* tile_n=256, loads_in='memory'")])
 def test_loads_by_the_mma_warpgroups_need_whole_cooperative_tiles_in_a_ring(changes, match):
     with pytest.raises(ValueError, match=match):
@@ -1942,8 +1942,7 @@ def test_loads_by_the_mma_warpgroups_lower_with_three_warpgroups_and_m64n256():
 @cpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("changes, K", [(dict(epilogue_in="mma"), 128), (dict(epilogue_in="mma", delay_release=1), 128),
-                                        (dict(epilogue_in="fourth"), 128), (dict(epilogue_in="mma"), 64),
-                                        (dict(epilogue_in="fourth", loads_in="mma0"), 128)])
+                                        (dict(epilogue_in="fourth"), 128), (dict(epilogue_in="mma"), 64)])
 def test_loads_by_the_mma_warpgroups_in_interpret_mode(changes, K):
     """Two blocks over 8 CTA tiles of 4 K steps each (or 2, fewer than the refills' lookahead of 2 past the wgmma
     issued: any tile's place computed), 3 stages: the loads run ahead across each tile's end and the block's last

@@ -45,7 +45,7 @@ EPILOGUE_STORES = ("end", "next_tile", "split")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
 TILE_INPUT_PLACES = ("buffer", "ring")
-LOAD_PLACES = ("memory", "mma", "mma0")
+LOAD_PLACES = ("memory", "mma")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
@@ -141,8 +141,7 @@ class MosaicGemmConfig:
         loads_in "mma" the epilogue warpgroup is the third, and tile_n may be 256.
       loads_in: who issues each stage's TMA loads: "memory", a memory warpgroup (pipeline "own"); "mma", the MMA
         warpgroups themselves, no memory warpgroup: warpgroup 0 loads A's block and warpgroup 1 B's, each under
-        the wgmma it has just issued, into the slot of the step before, once both have released it ("mma0":
-        warpgroup 0 loads both blocks, once warpgroup 1 has released the slot; 1 never waits for 0). With the
+        the wgmma it has just issued, into the slot of the step before, once both have released it. With the
         epilogue apart that leaves three warpgroups, which ptxas compiles for 168 registers a thread: enough for
         a m64n256 wgmma beside the epilogue warpgroup (stacked 64x256 accumulators). Pipeline "own", schedule
         "cooperative", no cluster or stream-K, tile_input_in "buffer", memory_warps 4 and mma_registers 0 (no
@@ -255,17 +254,17 @@ class MosaicGemmConfig:
                              f"got pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}, "
                              f"stream_k={self.stream_k}, epilogue_store={self.epilogue_store!r}, "
                              f"tile_input_in={self.tile_input_in!r}, tile_n={self.tile_n}, loads_in={self.loads_in!r}")
-        if self.loads_in != "memory" and (
+        if self.loads_in == "mma" and (
                 (self.pipeline, self.schedule, self.cluster, self.stream_k, self.tile_input_in, self.memory_warps,
                  self.mma_registers) != ("own", "cooperative", "none", 0, "buffer", 4, 0)):
-            raise ValueError(f"{cls}.loads_in: {self.loads_in!r} (no memory warpgroup) runs on pipeline 'own', schedule "
+            raise ValueError(f"{cls}.loads_in: 'mma' (no memory warpgroup) runs on pipeline 'own', schedule "
                              f"'cooperative', no cluster or stream-K, tile_input_in 'buffer', memory_warps 4 and "
                              f"mma_registers 0; got pipeline={self.pipeline!r}, schedule={self.schedule!r}, "
                              f"cluster={self.cluster!r}, stream_k={self.stream_k}, "
                              f"tile_input_in={self.tile_input_in!r}, memory_warps={self.memory_warps}, "
                              f"mma_registers={self.mma_registers}")
-        if self.loads_in != "memory" and self.delay_release + 1 >= self.num_stages:
-            raise ValueError(f"{cls}.loads_in: {self.loads_in!r} refills the slot released delay_release + 1 steps back with the "
+        if self.loads_in == "mma" and self.delay_release + 1 >= self.num_stages:
+            raise ValueError(f"{cls}.loads_in: 'mma' refills the slot released delay_release + 1 steps back with the "
                              f"step num_stages ahead of it, which must lie ahead of the wgmma just issued: it needs "
                              f"delay_release + 1 < num_stages; got delay_release={self.delay_release}, "
                              f"num_stages={self.num_stages}")

@@ -107,7 +107,7 @@ def epilogue_apart(shape) -> bool:
 
 def loads_by_mma(shape) -> bool:
     """Whether the MMA warpgroups issue the stages' loads themselves, no memory warpgroup (``loads_in="mma"``)."""
-    return shape.cfg.loads_in != "memory"
+    return shape.cfg.loads_in == "mma"
 
 
 def num_threads(shape) -> int:
@@ -537,7 +537,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 sm, num_blocks = lax.axis_index("sm"), lax.axis_size("sm")
                 total = jnp.maximum(0, lax.div(round_tiles - sm + num_blocks - 1, num_blocks)) * k_iters
 
-                one_loader = cfg.loads_in == "mma0"  # warpgroup 0 loads both blocks; 1 never waits on consumed
                 refill_tiles = []  # (m_idx, n_idx) of the tile whose K loop runs now and of the block's next one
                 lookahead = num_stages - 1 - delay  # positions from the wgmma just issued to the step refilled
 
@@ -551,7 +550,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         tile = ctx.m_idx, ctx.n_idx
                     ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
                     for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, stages, blocks)):
-                        @pl.when(wg == (0 if one_loader else operand))
+                        @pl.when(wg == operand)
                         def _copy():
                             src = cta(ref, *tile)
                             plgpu.copy_gmem_to_smem(src.at[ks] if k_axis == 0 else src.at[:, ks],
@@ -569,7 +568,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         next_tile = lax.div(target, k_iters) != lax.div(g, k_iters)
                         tile = jnp.where(next_tile, m_next, m_now), jnp.where(next_tile, n_next, n_now)
 
-                    @pl.when((freed >= 0) & (target < total) & ((wg == 0) if one_loader else True))
+                    @pl.when((freed >= 0) & (target < total))
                     def _refill():
                         plgpu.barrier_wait(consumed.at[barrier_of(freed)])
                         load_own_block(target, tile)
@@ -860,7 +859,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         mma_tile(lin, local)
 
             if by_mma:  # the completions of consumed that no refill waited for (the last num_stages positions')
-                pl.when((wg == 0) if one_loader else True)(functools.partial(drain_consumed, total))
+                drain_consumed(total)
 
             if plan is not None:
                 def sk_segment(j, c):
