@@ -1896,7 +1896,6 @@ _MMA_LOADS = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3,
 @pytest.mark.parametrize("changes, match", [
     (dict(stream_k=4, epilogue_in="mma"), "loads_in: 'mma' .* stream_k=4"),
     (dict(tile_input_in="ring", epilogue_in="mma"), "loads_in: 'mma' .* tile_input_in='ring'"),
-    (dict(memory_warps=1), "loads_in: 'mma' .* memory_warps=1"),
     (dict(mma_registers=184), "loads_in: 'mma' .* mma_registers=184"),
     (dict(schedule="pingpong", epilogue_in="mma"), "loads_in: 'mma' .* schedule='pingpong'"),
     (dict(delay_release=2), r"delay_release \+ 1 < num_stages; got delay_release=2, num_stages=3"),
@@ -1942,7 +1941,8 @@ def test_loads_by_the_mma_warpgroups_lower_with_three_warpgroups_and_m64n256():
 @cpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("changes, K", [(dict(epilogue_in="mma"), 128), (dict(epilogue_in="mma", delay_release=1), 128),
-                                        (dict(epilogue_in="fourth"), 128), (dict(epilogue_in="mma"), 64)])
+                                        (dict(epilogue_in="fourth"), 128), (dict(epilogue_in="mma"), 64),
+                                        (dict(epilogue_in="fourth", memory_warps=1), 128)])
 def test_loads_by_the_mma_warpgroups_in_interpret_mode(changes, K):
     """Two blocks over 8 CTA tiles of 4 K steps each (or 2, fewer than the refills' lookahead of 2 past the wgmma
     issued: any tile's place computed), 3 stages: the loads run ahead across each tile's end and the block's last
@@ -1959,7 +1959,8 @@ def test_loads_by_the_mma_warpgroups_in_interpret_mode(changes, K):
 @pytest.mark.parametrize("M, K, N, config", [
     (4096, 1024, 1024, _MMA_LOADS), (2048, 2048, 8192, _MMA_LOADS),
     (4352, 1024, 4096, dataclasses.replace(_MMA_LOADS, epilogue_in="mma", num_stages=4)),  # a part-empty last round
-    (2048, 1024, 4096, dataclasses.replace(_MMA_LOADS, tile_m=128, tile_n=128, wg_split="n"))])
+    (2048, 1024, 4096, dataclasses.replace(_MMA_LOADS, tile_m=128, tile_n=128, wg_split="n")),
+    (2048, 2048, 8192, dataclasses.replace(_MMA_LOADS, memory_warps=1, epi_tile_n=64))])  # the first warps load
 def test_loads_by_the_mma_warpgroups_on_the_gpu(M, K, N, config):
     """The product, and (beside the epilogue warpgroup) rows centered by their means summed over the row's tiles and
     a tile input's copy: against the float32 reference, two calls each."""

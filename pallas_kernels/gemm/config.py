@@ -144,9 +144,10 @@ class MosaicGemmConfig:
         the wgmma it has just issued, into the slot of the step before, once both have released it. With the
         epilogue apart that leaves three warpgroups, which ptxas compiles for 168 registers a thread: enough for
         a m64n256 wgmma beside the epilogue warpgroup (stacked 64x256 accumulators). Pipeline "own", schedule
-        "cooperative", no cluster or stream-K, tile_input_in "buffer", memory_warps 4 and mma_registers 0 (no
-        setmaxnreg: every warpgroup keeps the launch's count); a fusion without a prologue_step, a_beside or
-        step_inputs (``gemm.mosaic``).
+        "cooperative", no cluster or stream-K, tile_input_in "buffer" and mma_registers 0 (no setmaxnreg: every
+        warpgroup keeps the launch's count); a fusion without a prologue_step, a_beside or step_inputs
+        (``gemm.mosaic``). memory_warps 1: only the first warp of each MMA warpgroup waits for the slot and issues
+        the load.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -255,13 +256,12 @@ class MosaicGemmConfig:
                              f"stream_k={self.stream_k}, epilogue_store={self.epilogue_store!r}, "
                              f"tile_input_in={self.tile_input_in!r}, tile_n={self.tile_n}, loads_in={self.loads_in!r}")
         if self.loads_in == "mma" and (
-                (self.pipeline, self.schedule, self.cluster, self.stream_k, self.tile_input_in, self.memory_warps,
-                 self.mma_registers) != ("own", "cooperative", "none", 0, "buffer", 4, 0)):
+                (self.pipeline, self.schedule, self.cluster, self.stream_k, self.tile_input_in,
+                 self.mma_registers) != ("own", "cooperative", "none", 0, "buffer", 0)):
             raise ValueError(f"{cls}.loads_in: 'mma' (no memory warpgroup) runs on pipeline 'own', schedule "
-                             f"'cooperative', no cluster or stream-K, tile_input_in 'buffer', memory_warps 4 and "
-                             f"mma_registers 0; got pipeline={self.pipeline!r}, schedule={self.schedule!r}, "
-                             f"cluster={self.cluster!r}, stream_k={self.stream_k}, "
-                             f"tile_input_in={self.tile_input_in!r}, memory_warps={self.memory_warps}, "
+                             f"'cooperative', no cluster or stream-K, tile_input_in 'buffer' and mma_registers 0; got "
+                             f"pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}, "
+                             f"stream_k={self.stream_k}, tile_input_in={self.tile_input_in!r}, "
                              f"mma_registers={self.mma_registers}")
         if self.loads_in == "mma" and self.delay_release + 1 >= self.num_stages:
             raise ValueError(f"{cls}.loads_in: 'mma' refills the slot released delay_release + 1 steps back with the "

@@ -570,11 +570,28 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                     @pl.when((freed >= 0) & (target < total))
                     def _refill():
-                        plgpu.barrier_wait(consumed.at[barrier_of(freed)])
-                        load_own_block(target, tile)
+                        def wait_and_load():
+                            plgpu.barrier_wait(consumed.at[barrier_of(freed)])
+                            load_own_block(target, tile)
 
-                for g in range(num_stages):  # the first steps, before the first tile's K loop
-                    pl.when(g < total)(functools.partial(load_own_block, g))
+                        first_warp(wait_and_load)
+
+                def first_warp(body):
+                    """body() in every warp of the warpgroup, or with ``memory_warps`` 1 in its first only (its
+                    threads arriving for the four), as the memory warpgroup's ``loading_warps``."""
+                    if cfg.memory_warps == 4 or mu.interpreting():
+                        body()
+                        return
+
+                    @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+                    def _per_warp():
+                        pl.when(lax.axis_index("warp") == 0)(body)
+
+                def first_loads():  # the first steps, before the first tile's K loop
+                    for g in range(num_stages):
+                        pl.when(g < total)(functools.partial(load_own_block, g))
+
+                first_warp(first_loads)
 
             in_mma = fusion.prologue_init is not None and not has_handoff
 
@@ -859,7 +876,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         mma_tile(lin, local)
 
             if by_mma:  # the completions of consumed that no refill waited for (the last num_stages positions')
-                drain_consumed(total)
+                first_warp(functools.partial(drain_consumed, total))
 
             if plan is not None:
                 def sk_segment(j, c):
