@@ -113,22 +113,12 @@ VARIANTS = {
     # setmaxnreg allows there), so that 64-column slices (half the slices and their tile input's TMA waits) do not
     # spill (ptxas: none at 176 with 64 or 32 columns, mosaic_ptxas_registers_dx_epi_registers-h200-c46fff4.json)
     **{f"dx_epi_r176_e{width}": dict(dx=dict(mma_registers=176, epi_tile_n=width)) for width in (64, 32)},
-    # no memory warpgroup: the MMA warpgroups issue their own A and B blocks' loads (gemm.MosaicGemmConfig.loads_in
-    # "mma"), so the epilogue warpgroup is the third and ptxas compiles for 168 registers a thread: stacked 64x256
-    # accumulators (one m64n256 wgmma a step, where 128x128 side by side take two m64n128 reading B twice), or the
-    # entry's 128x128 side by side without the memory warpgroup (what removing it costs alone)
-    "dx_mma_loads": dict(dx=dict(epilogue_in="fourth", loads_in="mma", tile_input_in="buffer", num_stages=3,
-                                 tile_m=64, tile_n=256, wg_split="m", epi_tile_n=32, memory_warps=4, stream_k=0,
-                                 mma_registers=0)),
-    **{f"dx_mma_loads_e{width}": dict(dx=dict(epilogue_in="fourth", loads_in="mma", tile_input_in="buffer",
-                                              num_stages=3, tile_m=64, tile_n=256, wg_split="m", epi_tile_n=width,
-                                              memory_warps=4, stream_k=0, mma_registers=0)) for width in (64, 128)},
-    "dx_mma_loads_e64_w1": dict(dx=dict(epilogue_in="fourth", loads_in="mma", tile_input_in="buffer", num_stages=3,
-                                        tile_m=64, tile_n=256, wg_split="m", epi_tile_n=64, memory_warps=1,
-                                        stream_k=0, mma_registers=0)),
-    "dx_mma_loads_n": dict(dx=dict(epilogue_in="fourth", loads_in="mma", tile_input_in="buffer", num_stages=3,
-                                   tile_m=128, tile_n=128, wg_split="n", epi_tile_n=32, memory_warps=4, stream_k=0,
-                                   mma_registers=0)),
+    # (Measured and removed, tag mma-loads-measured-e99a0ac: no memory warpgroup, the MMA warpgroups loading their
+    # own A or B block under the wgmma just issued (loads_in "mma"), so three warpgroups and stacked 64x256
+    # accumulators (one m64n256 wgmma a step). The dx kernel at 32768x4096x4096 against the entry's 1481.5-1513.1
+    # µs: 128x128 side by side +42-53, 64x256 with 32-column slices +141-165, 64-column +8-21, 128-column +70,
+    # warpgroup 0 loading both blocks +29, each warpgroup's first warp loading +84 (28 bytes spilled), one wgmma
+    # in flight +896-1343 (its refills one step ahead): rmsnorm_matmul_configs_dx_mma{,0}_loads*-h200-*.json.)
     # the 32768x4096x4096 entry's dx kernel before the fifty-first session: stacked 64x256 accumulators, the epilogue
     # in the MMA warpgroups, the x tile through the ring at 4 stages
     "dx_stacked_ring4": dict(dx=dict(epilogue_in="mma", tile_input_in="ring", num_stages=4, tile_m=64, tile_n=256,

@@ -34,8 +34,8 @@ import jax.numpy as jnp
 
 from pallas_kernels import mosaic_utils as mu
 
-__all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_PLACES", "EPILOGUE_STORES", "LOAD_PLACES", "PIPELINES",
-           "PROLOGUE_PLACES", "SCHEDULES", "TILE_INPUT_PLACES", "MosaicGemmConfig", "operand_swizzle_elems", "smem_bytes",
+__all__ = ["BARRIER_BYTES", "CLUSTERS", "EPILOGUE_PLACES", "EPILOGUE_STORES", "PIPELINES", "PROLOGUE_PLACES",
+           "SCHEDULES", "TILE_INPUT_PLACES", "MosaicGemmConfig", "operand_swizzle_elems", "smem_bytes",
            "unsupported_reason"]
 
 PIPELINES = ("own", "pallas", "pallas_steady")
@@ -45,7 +45,6 @@ EPILOGUE_STORES = ("end", "next_tile", "split")
 CLUSTERS = ("none", "m", "n")
 PROLOGUE_PLACES = ("fourth", "memory")
 TILE_INPUT_PLACES = ("buffer", "ring")
-LOAD_PLACES = ("memory", "mma")
 BARRIER_BYTES = 1024  # shared memory a kernel's barriers may take beyond ``smem_bytes`` (measured: 64 bytes)
 
 
@@ -137,17 +136,10 @@ class MosaicGemmConfig:
         the H200). First measured at 32768x4096x4096 (the rmsnorm_matmul dx kernel on 128x128 accumulators side by
         side, 3 stages): 1488.6 against the entry's 1493.6 µs (NOTES.md, fiftieth session); that entry takes it
         with 32-column slices since the fifty-first (1471.6 → 1453.0 µs), slower at the suite's other shapes,
-        whose longer K loops leave the epilogue a smaller share than the side-by-side accumulators cost. With
-        loads_in "mma" the epilogue warpgroup is the third, and tile_n may be 256.
-      loads_in: who issues each stage's TMA loads: "memory", a memory warpgroup (pipeline "own"); "mma", the MMA
-        warpgroups themselves, no memory warpgroup: warpgroup 0 loads A's block and warpgroup 1 B's, each under
-        the wgmma it has just issued, into the slot of the step before, once both have released it. With the
-        epilogue apart that leaves three warpgroups, which ptxas compiles for 168 registers a thread: enough for
-        a m64n256 wgmma beside the epilogue warpgroup (stacked 64x256 accumulators). Pipeline "own", schedule
-        "cooperative", no cluster or stream-K, tile_input_in "buffer" and mma_registers 0 (no setmaxnreg: every
-        warpgroup keeps the launch's count); a fusion without a prologue_step, a_beside or step_inputs
-        (``gemm.mosaic``). memory_warps 1: only the first warp of each MMA warpgroup waits for the slot and issues
-        the load.
+        whose longer K loops leave the epilogue a smaller share than the side-by-side accumulators cost. Three
+        warpgroups without the memory one (the MMA warpgroups issuing their own loads under each wgmma) compile for
+        168 registers and took 64x256 accumulators there, 0.5-1.4% slower at best (NOTES.md, fifty-sixth session;
+        tag mma-loads-measured-e99a0ac).
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -173,7 +165,6 @@ class MosaicGemmConfig:
     tile_input_in: str = "buffer"
     memory_warps: int = 4
     epilogue_in: str = "mma"
-    loads_in: str = "memory"
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -206,7 +197,6 @@ class MosaicGemmConfig:
             ("tile_input_in", self.tile_input_in in TILE_INPUT_PLACES, f"one of {TILE_INPUT_PLACES}"),
             ("memory_warps", self.memory_warps in (1, 4), "1 or 4"),
             ("epilogue_in", self.epilogue_in in EPILOGUE_PLACES, f"one of {EPILOGUE_PLACES}"),
-            ("loads_in", self.loads_in in LOAD_PLACES, f"one of {LOAD_PLACES}"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -247,27 +237,13 @@ class MosaicGemmConfig:
         if self.epilogue_in == "fourth" and (
                 (self.pipeline, self.schedule, self.cluster, self.stream_k, self.epilogue_store,
                  self.tile_input_in) != ("own", "cooperative", "none", 0, "end", "buffer")
-                or (self.tile_n > 128 and self.loads_in == "memory")):
+                or self.tile_n > 128):
             raise ValueError(f"{cls}.epilogue_in: 'fourth' runs on pipeline 'own', schedule 'cooperative', no "
-                             f"cluster or stream-K, epilogue_store 'end', tile_input_in 'buffer' and, beside a memory "
-                             f"warpgroup, tile_n <= 128 (with four warpgroups ptxas compiles for 128 registers, too "
-                             f"few for a m64n256 wgmma; loads_in 'mma' leaves three); "
+                             f"cluster or stream-K, epilogue_store 'end', tile_input_in 'buffer' and tile_n <= 128 "
+                             f"(with four warpgroups ptxas compiles for 128 registers, too few for a m64n256 wgmma); "
                              f"got pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}, "
                              f"stream_k={self.stream_k}, epilogue_store={self.epilogue_store!r}, "
-                             f"tile_input_in={self.tile_input_in!r}, tile_n={self.tile_n}, loads_in={self.loads_in!r}")
-        if self.loads_in == "mma" and (
-                (self.pipeline, self.schedule, self.cluster, self.stream_k, self.tile_input_in,
-                 self.mma_registers) != ("own", "cooperative", "none", 0, "buffer", 0)):
-            raise ValueError(f"{cls}.loads_in: 'mma' (no memory warpgroup) runs on pipeline 'own', schedule "
-                             f"'cooperative', no cluster or stream-K, tile_input_in 'buffer' and mma_registers 0; got "
-                             f"pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}, "
-                             f"stream_k={self.stream_k}, tile_input_in={self.tile_input_in!r}, "
-                             f"mma_registers={self.mma_registers}")
-        if self.loads_in == "mma" and self.delay_release + 1 >= self.num_stages:
-            raise ValueError(f"{cls}.loads_in: 'mma' refills the slot released delay_release + 1 steps back with the "
-                             f"step num_stages ahead of it, which must lie ahead of the wgmma just issued: it needs "
-                             f"delay_release + 1 < num_stages; got delay_release={self.delay_release}, "
-                             f"num_stages={self.num_stages}")
+                             f"tile_input_in={self.tile_input_in!r}, tile_n={self.tile_n}")
         if self.epilogue_store == "split" and (self.tile_n // self.epi_tile_n) % 2:
             raise ValueError(f"{cls}.epilogue_store: 'split' stores half of the tile's {self.tile_n // self.epi_tile_n}"
                              f" pieces across tile_n={self.tile_n} at its end and half later: it needs an even number "

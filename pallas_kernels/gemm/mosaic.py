@@ -332,12 +332,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"{'set' if fusion.prologue_step else None}, share_rows="
                          f"{'set' if fusion.share_rows else None}, store_tile={fusion.store_tile}, "
                          f"interpret={mu.interpreting()}")
-    if config.loads_in == "mma" and (fusion.prologue_step is not None or fusion.a_beside is not None
-                                     or fusion.step_inputs):
-        raise ValueError(f"{name}: loads_in='mma' loads only A's and B's blocks, one per MMA warpgroup: it takes no "
-                         f"prologue_step, a_beside or step_inputs; got prologue_step="
-                         f"{'set' if fusion.prologue_step else None}, a_beside={fusion.a_beside!r}, "
-                         f"step_inputs={tuple(fusion.step_inputs)}")
     if config.stores_later and not fusion.store_tile:
         raise ValueError(f"{name}: a fusion that stores no output tile (store_tile=False) takes epilogue_store='end', "
                          f"got {config.epilogue_store!r}")

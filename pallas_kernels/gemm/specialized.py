@@ -70,7 +70,6 @@ memory warpgroup, MMA 216 and memory 72.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -105,20 +104,9 @@ def epilogue_apart(shape) -> bool:
     return shape.cfg.epilogue_in == "fourth"
 
 
-def loads_by_mma(shape) -> bool:
-    """Whether the MMA warpgroups issue the stages' loads themselves, no memory warpgroup (``loads_in="mma"``)."""
-    return shape.cfg.loads_in == "mma"
-
-
 def num_threads(shape) -> int:
-    """Warpgroups of one block: 3, or 4 with a dedicated prologue or epilogue warpgroup; one fewer where the MMA
-    warpgroups issue the loads."""
-    return (4 if dedicated(shape) or epilogue_apart(shape) else 3) - loads_by_mma(shape)
-
-
-def epilogue_wg(shape) -> int:
-    """The index of the epilogue warpgroup (``epilogue_in="fourth"``): after the memory warpgroup, if any."""
-    return _EPILOGUE_WG - loads_by_mma(shape)
+    """Warpgroups of one block: 3, or 4 with a dedicated prologue or epilogue warpgroup."""
+    return 4 if dedicated(shape) or epilogue_apart(shape) else 3
 
 
 def registers(shape) -> tuple[int, int, int]:
@@ -130,9 +118,7 @@ def registers(shape) -> tuple[int, int, int]:
     decreases (a count on the wrong side of the launch's faults with an illegal instruction: measured on the H200
     with mma_registers=168 beside the epilogue warpgroup, NOTES.md fifty-second session), so a split that needs
     otherwise raises."""
-    launch = min(65536 // (128 * num_threads(shape)), 255) // 8 * 8
-    if loads_by_mma(shape):  # no setmaxnreg: every warpgroup keeps the launch's count
-        return launch, 0, launch if epilogue_apart(shape) else 0
+    launch = 168 if num_threads(shape) == 3 else 128
     if epilogue_apart(shape):  # (MMA, memory, epilogue): the MMA warpgroups only hold the accumulator now
         mma = shape.cfg.mma_registers or 184
         split = mma, _MEMORY_REGISTERS, 512 - 2 * mma - _MEMORY_REGISTERS
@@ -179,7 +165,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     prologue_in_memory = in_memory(shape)
     has_handoff = fusion.prologue_step is not None  # the prologue's carry reaches the epilogue through SMEM
     mma_registers, memory_registers, fourth_registers = registers(shape)
-    by_mma = loads_by_mma(shape)  # (loads_in "mma") no memory warpgroup: the MMA warpgroups load the stages
     blocks = shape.operand_blocks()
     gmem = (a_gmem, b_gmem)
     transforms = shape.stage_transforms
@@ -472,11 +457,10 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
                 loading_warps(stream_k_phase)
 
-        if not by_mma:
-            @pl.when(wg == _MEMORY_WG)
-            def _memory():
-                plgpu.set_max_registers(memory_registers, action="decrease")
-                memory_loads()
+        @pl.when(wg == _MEMORY_WG)
+        def _memory():
+            plgpu.set_max_registers(memory_registers, action="decrease")
+            memory_loads()
 
         if has_prologue_wg:
             @pl.when(wg == _PROLOGUE_WG)
@@ -511,10 +495,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     drain(handoff_free, local, num_local, 1, 1, lambda t: None)
 
         if apart:
-            @pl.when(wg == epilogue_wg(shape))
+            @pl.when(wg == _EPILOGUE_WG)
             def _epilogue():
-                if not by_mma:
-                    plgpu.set_max_registers(fourth_registers, action="decrease")
+                plgpu.set_max_registers(fourth_registers, action="decrease")
 
                 @each_tile
                 def _(lin, local, num_local):
@@ -529,69 +512,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
 
         @pl.when(wg < 2)
         def _mma():
-            if not by_mma:
-                plgpu.set_max_registers(mma_registers, action="increase")
+            plgpu.set_max_registers(mma_registers, action="increase")
 
             delay = cfg.delay_release  # wgmma groups left in flight; their stages are released later
-            if by_mma:  # (loads_in "mma") the block's ring positions: its tiles' K steps, lin = local · blocks + sm
-                sm, num_blocks = lax.axis_index("sm"), lax.axis_size("sm")
-                total = jnp.maximum(0, lax.div(round_tiles - sm + num_blocks - 1, num_blocks)) * k_iters
-
-                refill_tiles = []  # (m_idx, n_idx) of the tile whose K loop runs now and of the block's next one
-                lookahead = num_stages - 1 - delay  # positions from the wgmma just issued to the step refilled
-
-                def load_own_block(g, tile=None):
-                    """This warpgroup's operand block (warpgroup 0: A's, 1: B's) of the block's step at ring position
-                    g into its slot, signalling ``ready`` (two arrivals a step, one per warpgroup). ``tile``: the
-                    step's (m_idx, n_idx), where the caller has them."""
-                    k = lax.rem(g, k_iters)
-                    if tile is None:
-                        ctx = shape.tile_context(lax.div(g, k_iters) * num_blocks + sm, 0, refs_by_name)
-                        tile = ctx.m_idx, ctx.n_idx
-                    ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
-                    for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, stages, blocks)):
-                        @pl.when(wg == operand)
-                        def _copy():
-                            src = cta(ref, *tile)
-                            plgpu.copy_gmem_to_smem(src.at[ks] if k_axis == 0 else src.at[:, ks],
-                                                    smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)])
-
-                def refill(g):
-                    """Under the wgmma of position g: the slot released delay + 1 positions back, once both MMA
-                    warpgroups have, takes the step num_stages after it: of this tile or the next (their places
-                    computed once a tile, ``refill_tiles``), or with fewer K steps than that lookahead, any."""
-                    freed = g - 1 - delay
-                    target = freed + num_stages
-                    tile = None
-                    if lookahead < k_iters:
-                        (m_now, n_now), (m_next, n_next) = refill_tiles
-                        next_tile = lax.div(target, k_iters) != lax.div(g, k_iters)
-                        tile = jnp.where(next_tile, m_next, m_now), jnp.where(next_tile, n_next, n_now)
-
-                    @pl.when((freed >= 0) & (target < total))
-                    def _refill():
-                        def wait_and_load():
-                            plgpu.barrier_wait(consumed.at[barrier_of(freed)])
-                            load_own_block(target, tile)
-
-                        first_warp(wait_and_load)
-
-                def first_warp(body):
-                    """body() in every warp of the warpgroup, or with ``memory_warps`` 1 in its first only (its
-                    threads arriving for the four), as the memory warpgroup's ``loading_warps``."""
-                    if cfg.memory_warps == 4 or mu.interpreting():
-                        body()
-                        return
-
-                    @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
-                    def _per_warp():
-                        pl.when(lax.axis_index("warp") == 0)(body)
-
-                def first_loads():  # the first steps, before the first tile's K loop
-                    for g in range(num_stages):
-                        pl.when(g < total)(functools.partial(load_own_block, g))
-
-                first_warp(first_loads)
 
             in_mma = fusion.prologue_init is not None and not has_handoff
 
@@ -622,8 +545,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             staged[...] = a_regs
                             a_regs = staged
                     shape.issue_wgmma(acc_ref, stages[0].at[slot], stages[1].at[slot], wg, a_regs=a_regs)
-                    if by_mma:
-                        refill(g)
                     if after_issue is not None:
                         after_issue()
                     if fusion.a_observe is not None and observe:  # under the wgmma just issued
@@ -756,9 +677,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 stored under this tile's first wgmma (none at the block's first tile); this tile's is then returned
                 the same way (``epilogue_store="next_tile"``). ``first_column``: ``TileContext.first_column``."""
                 ctx = dataclasses.replace(shape.tile_context(lin, wg, refs_by_name), first_column=first_column)
-                if by_mma:  # where the K loop's refills load: this tile, then the block's next
-                    upcoming = shape.tile_context(lin + num_blocks, 0, refs_by_name)
-                    refill_tiles[:] = [(ctx.m_idx, ctx.n_idx), (upcoming.m_idx, upcoming.n_idx)]
                 if not apart:  # (the epilogue warpgroup loads what its slices need itself)
                     shape.start_tile(ctx, named_in, scoped)
                 hook_carry = fusion.prologue_init(ctx) if in_mma else ()
@@ -874,9 +792,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     @pl.when(owner_of(local) == wg)
                     def _own_tile():
                         mma_tile(lin, local)
-
-            if by_mma:  # the completions of consumed that no refill waited for (the last num_stages positions')
-                first_warp(functools.partial(drain_consumed, total))
 
             if plan is not None:
                 def sk_segment(j, c):
