@@ -75,6 +75,11 @@ def _cupti_detach_each() -> bool:
     return value == "each"
 
 
+def _check_counts(iterations: int, warmup: int) -> None:
+    if iterations < 1 or warmup < 0:
+        raise ValueError(f"iterations, warmup: need iterations >= 1 and warmup >= 0, got {iterations}, {warmup}")
+
+
 def _is_jitted(fn) -> bool:
     """A jitted function, or one compiled ahead of time (``jax.jit(f).lower(...).compile()``): timed as it is."""
     import jax
@@ -94,11 +99,18 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
 
     if not arg_sets:
         raise ValueError("arg_sets: need at least one tuple of arguments")
+    _check_counts(iterations, warmup)
+    cupti = not wall and jax.default_backend() == "gpu"
+    if cupti:  # (checked before any call runs: a bad setting fails at once, not after the warmup's compiles)
+        ext = _cupti_ext()
+        if ext is None:
+            raise RuntimeError("CUPTI timing needs jax's Mosaic GPU extension (jax[cuda12] or jax[cuda13])")
+        detach = _cupti_detach_each()
     jitted = fn if (_is_jitted(fn) or not jit) else jax.jit(fn)
     for args in arg_sets:
         for _ in range(warmup):
             jax.block_until_ready(jitted(*args))
-    if wall or jax.default_backend() != "gpu":
+    if not cupti:
         samples = []
         for i in range(iterations):
             start = time.perf_counter()
@@ -106,10 +118,6 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
             samples.append((time.perf_counter() - start) * 1e6)
         return Timing(statistics.median(samples), {}, tuple(samples), "wall")
 
-    ext = _cupti_ext()
-    if ext is None:
-        raise RuntimeError("CUPTI timing needs jax's Mosaic GPU extension (jax[cuda12] or jax[cuda13])")
-    detach = _cupti_detach_each()
     per_iteration: list[list[tuple[str, float]]] = []
     for i in range(iterations):
         ext._cupti_init()
@@ -149,6 +157,9 @@ def time_interleaved(calls: Sequence[tuple[Callable, tuple | list[tuple]]], *, i
 
     if not calls:
         raise ValueError("calls: need at least one (fn, args) pair")
+    _check_counts(iterations, warmup)
+    if not wall and jax.default_backend() == "gpu":
+        _cupti_detach_each()  # a bad setting fails before the warmup, not at the first timed call
     calls = [(fn if _is_jitted(fn) else jax.jit(fn), args if isinstance(args, list) else [args]) for fn, args in calls]
     for i, (_, sets) in enumerate(calls):
         if not sets:

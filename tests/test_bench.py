@@ -238,9 +238,30 @@ def test_cupti_stays_attached_between_windows_unless_asked(monkeypatch, setting,
     assert timing.method == "cupti" and timing.median_us == pytest.approx(10.0)
 
 
-def test_cupti_detach_setting_is_checked(monkeypatch):
+def test_cupti_detach_setting_is_checked_before_anything_runs(monkeypatch):
     monkeypatch.setenv("JAXFUSE_CUPTI_DETACH", "sometimes")
     monkeypatch.setattr(bench, "_cupti_ext", lambda: _FakeCupti())
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    calls = []
     with pytest.raises(ValueError, match="JAXFUSE_CUPTI_DETACH: expected 'never' or 'each', got 'sometimes'"):
-        bench.time_kernels(jax.jit(lambda a: a + 1), [(jnp.ones(4),)], iterations=1)
+        bench.time_kernels(lambda a: calls.append(a) or a, [(jnp.ones(4),)], iterations=1, jit=False)
+    assert calls == []  # not even the warmup ran
+
+
+@pytest.mark.parametrize("iterations, warmup", [(0, 2), (-1, 2), (3, -1)])
+def test_timing_refuses_no_iterations(iterations, warmup):
+    with pytest.raises(ValueError, match=f"need iterations >= 1 and warmup >= 0, got {iterations}, {warmup}"):
+        bench.time_kernels(lambda a: a, [(jnp.ones(4),)], iterations=iterations, warmup=warmup)
+    with pytest.raises(ValueError, match=f"need iterations >= 1 and warmup >= 0, got {iterations}, {warmup}"):
+        bench.time_interleaved([(lambda a: a, (jnp.ones(4),))], iterations=iterations, warmup=warmup)
+
+
+def test_interleaved_timing_checks_the_detach_setting_before_anything_runs(monkeypatch):
+    monkeypatch.setenv("JAXFUSE_CUPTI_DETACH", "sometimes")
+    monkeypatch.setattr(bench, "_cupti_ext", lambda: _FakeCupti())
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    calls = []
+    fn = jax.jit(lambda a: a + 1)
+    with pytest.raises(ValueError, match="JAXFUSE_CUPTI_DETACH: expected 'never' or 'each', got 'sometimes'"):
+        bench.time_interleaved([(lambda a: calls.append(a) or fn(a), (jnp.ones(4),))])
+    assert calls == []
