@@ -202,7 +202,12 @@ def _matmul_bwd(static, saved, g):
     return da, db, (g if static[-1] else None)
 
 
-_GRAD_N_MULTIPLE = 256  # N padded to this in the gradients of a product with partial columns (tile_k and tile_n)
+# N padded to this in the gradients of a product with partial columns run with the caller's config (its tile_k and
+# tile_n, chosen for the forward). The default configs need no padding: every candidate's tile_k (64) divides N, which
+# partial columns keep a multiple of 64, and dB's own last column of tiles runs past N as the forward's did. At
+# 16384x1024x5504 on the H200 the padding (g and b padded, dB sliced) took 126 µs beside 713 for the three GEMMs
+# (rmsnorm_matmul-issue15_all_core-h200-e59946c.md, pallas_mosaic_matmul_alone, NOTES.md fifty-sixth session).
+_GRAD_N_MULTIPLE = 256
 
 
 def _operand_grads(static, saved, g):
@@ -211,7 +216,7 @@ def _operand_grads(static, saved, g):
     g = g.astype(a.dtype)
     (M, N), K = g.shape, a.shape[0 if transpose_a else 1]
     n_pad = -N % _GRAD_N_MULTIPLE
-    if n_pad:  # a forward whose last column of tiles ran past N: dA contracts over N, so pad it with zeros
+    if n_pad and given:  # a forward whose last column of tiles ran past N: dA contracts over N, so pad it with zeros
         g = jnp.pad(g, ((0, 0), (0, n_pad)))
         b = jnp.pad(b, ((0, n_pad), (0, 0)) if transpose_b else ((0, 0), (0, n_pad)))
         da, db = _operand_grads(static, (a, b), g)
