@@ -631,7 +631,7 @@ def test_partial_columns_in_interpret_mode(fields, transpose_b, grads):
 def test_default_gradients_of_partial_columns_pad_nothing():
     """matmul's default configs take N = 5504 (the last column of tiles 128 of 256 real) in the gradients as they
     are: dA contracts over N in 64-deep steps, dB's last column of tiles runs past N. No pad or slice in the CUDA
-    program (each a pass over g or dB through HBM: 126 µs of 839 at 16384x1024x5504 on the H200); a caller's config
+    program (each a pass over g or dB through HBM: 126 µs of 841 at 16384x1024x5504 on the H200); a caller's config
     still pads N to whole tiles."""
     M, K, N = 2048, 1024, 5504
     args = (S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M, N), jnp.bfloat16))
@@ -649,9 +649,38 @@ def test_default_gradients_of_partial_columns_pad_nothing():
 
 @cpu_only
 @pytest.mark.slow
-def test_default_gradients_of_partial_columns_in_interpret_mode():
-    with mosaic_utils.interpret_on_cpu(num_sms=2):  # N = 192: the stacked tiles' second column 64 of 256 real
-        _check_grads(128, 128, 192, jnp.bfloat16)
+@pytest.mark.parametrize("transpose_a, transpose_b", [(False, False), (True, False), (False, True)])
+def test_default_gradients_of_partial_columns_in_interpret_mode(transpose_a, transpose_b):
+    """N = 192: the stacked tiles' second column 64 of 256 real; with b read transposed dB is (N, K), its 192 rows
+    in 64-row tiles."""
+    M, K, N = 128, 128, 192
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    g = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
+    stored_a, stored_b = (a.T if transpose_a else a), (b.T if transpose_b else b)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _, vjp = jax.vjp(lambda a, b: matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b),
+                         stored_a, stored_b)
+        da, db = vjp(g)
+    da_ref, db_ref = jax.vjp(_f32_product, a.astype(jnp.float32), b.astype(jnp.float32))[1](g.astype(jnp.float32))
+    assert _rel_err(da, da_ref.T if transpose_a else da_ref) <= _tol(jnp.bfloat16, N)
+    assert _rel_err(db, db_ref.T if transpose_b else db_ref) <= _tol(jnp.bfloat16, M)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(1024, 512, 1088), (2048, 1024, 1216)])  # last columns 64 of 128 / 192 of 256
+@pytest.mark.parametrize("transpose_a, transpose_b", [(True, False), (False, True)])
+def test_default_gradients_of_partial_columns_read_transposed_on_the_gpu(M, K, N, transpose_a, transpose_b):
+    """The default configs' unpadded gradients with an operand read transposed (dA or dB computed from transposed
+    reads of g, a and b, dB (N, K) in 64-row tiles with b transposed) against float32, two fresh draws."""
+    for _ in range(2):
+        a, b = _operands(M, K, N, jnp.bfloat16)
+        g = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
+        stored = (a.T if transpose_a else a, b.T if transpose_b else b)
+        _, vjp = jax.vjp(lambda a, b: matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b), *stored)
+        da, db = jax.jit(vjp)(g)
+        da_ref, db_ref = jax.vjp(_f32_product, a.astype(jnp.float32), b.astype(jnp.float32))[1](g.astype(jnp.float32))
+        assert _rel_err(da, da_ref.T if transpose_a else da_ref) <= _tol(jnp.bfloat16, N)  # NaN fails
+        assert _rel_err(db, db_ref.T if transpose_b else db_ref) <= _tol(jnp.bfloat16, M)
 
 
 @gpu_only
