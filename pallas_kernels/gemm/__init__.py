@@ -152,15 +152,16 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
     Args:
       a: (M, K), or (K, M) with transpose_a. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
       config: a ``MosaicGemmConfig``, or a mapping of some of its fields over the default; default
-        ``default_config(M, N, K)``. M, N, K must be multiples of its tiles (ValueError naming the constraint
-        otherwise: no partial tiles).
+        ``default_config(M, N, K)``. M and K must be multiples of its tiles, and N too or, without accumulate_into
+        or a cluster, a multiple of 64 (the last column of tiles runs past N); a ValueError names the constraint
+        otherwise.
       out_dtype: default a's dtype (accumulate_into's with one); bfloat16, float16 or float32.
       accumulate_into: None, or an (M, N) array of out_dtype: the result is accumulate_into + a @ b (float32
         sum, rounded once), computed over accumulate_into's buffer when XLA can donate it (a loop carry).
     Returns:
       (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads: da (M, K) over N and
       db (K, N) over M, each with ``default_config`` of its own shape, or with a given config's tiles (their
-      shapes must tile too); accumulate_into's gradient is the cotangent.
+      shapes must tile too; N padded to whole tiles); accumulate_into's gradient is the cotangent.
     """
     if out_dtype is None:
         out_dtype = a.dtype if accumulate_into is None else accumulate_into.dtype
