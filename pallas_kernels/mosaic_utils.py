@@ -44,13 +44,15 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.backends import first_derivatives_only, traced_with_32_bit_indices
 
-__all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "compiler_params", "interpret_on_cpu",
-           "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load", "num_sms",
-           "profiling", "region", "smem_transforms"]
+__all__ = ["COLS", "H100_SMEM_BYTES", "H100_SMS", "ROWS", "SEMANTICS", "TILE", "TILE_TRANSPOSED", "compiler_params",
+           "interpret_on_cpu", "interpreting", "is_hopper", "kernel", "kernel_accumulating", "layout_cast", "load",
+           "num_sms", "profiling", "region", "smem_transforms"]
 
 # Register layouts (Lane semantics): the wgmma accumulator layout of a (64·i, 8·j) tile, and the layouts of its
 # row vectors (one value per accumulator row: a reduction over axis 1) and column vectors.
 TILE = plgpu.Layout.WGMMA
+TILE_TRANSPOSED = plgpu.Layout.WGMMA_TRANSPOSED  # a (rows, cols) tile read from SMEM stored (cols, rows): to TILE by
+# one shuffle and one byte permute a register (``gemm.mosaic._Shape.load_a``)
 ROWS = plgpu.Layout.WGMMA.reduce(1)
 COLS = plgpu.Layout.WGMMA.reduce(0)
 

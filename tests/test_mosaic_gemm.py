@@ -931,12 +931,14 @@ def _scaled_a(config, M: int, squares_in: str = "operand") -> Fusion:
                                a_observe=add_squares if squares_in == "observe" else None)
 
 
-def _check_a_operand(M, K, N, config, calls=1, squares_in="operand"):
+def _check_a_operand(M, K, N, config, calls=1, squares_in="operand", transpose_a=False):
+    """``transpose_a``: A given (K, M) and read transposed (its blocks loaded through the transposed layout)."""
     a, b = _operands(M, K, N, jnp.bfloat16)
     g = (1.0 + 0.5 * jax.random.normal(_key(), (K,), jnp.float32)).astype(jnp.bfloat16)
     want = _f32_product((a.astype(jnp.float32) * g.astype(jnp.float32)).astype(jnp.bfloat16), b)
-    fn = jax.jit(lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16,
-                                      fusion=_scaled_a(config, M, squares_in), arrays=dict(g=g)))
+    fn = jax.jit(lambda a, b, g: gemm(a.T if transpose_a else a, b, config=config, out_dtype=jnp.bfloat16,
+                                      transpose_a=transpose_a, fusion=_scaled_a(config, M, squares_in),
+                                      arrays=dict(g=g)))
     for _ in range(calls):
         got, sumsq = fn(a, b, g)
         assert _rel_err(got, want) <= _tol(jnp.bfloat16, K)  # NaN fails
@@ -948,16 +950,46 @@ def _check_a_operand(M, K, N, config, calls=1, squares_in="operand"):
           a_copy=("a2", lambda ctx, a, carry: a)), False,
      "a fusion with an a_operand takes no a_copy; got a_copy='a2'"),
     (dict(pipeline="pallas"), {}, False, "a_operand runs it in the MMA warpgroups of the K loop pipeline='own'"),
-    ({}, {}, True, "a_operand runs it .* got pipeline='own', transpose_a=True"),
+    ({}, dict(a_observe=lambda ctx, a, carry: carry), True,
+     "a_observe runs it .* on an A read as stored, .* got pipeline='own', transpose_a=True"),
     ({}, dict(a_operand=None), False, r"step_inputs=\('g',\) are read by an a_operand only")])
-def test_a_operand_needs_whole_tiles_of_an_untransposed_a_on_our_k_loop(config_changes, fusion_changes,
-                                                                        transpose_a, match):
+def test_a_operand_needs_our_k_loop_and_no_a_copy(config_changes, fusion_changes, transpose_a, match):
     config = MosaicGemmConfig(**config_changes)
     fusion = dataclasses.replace(_scaled_a(config, 256), **fusion_changes)
     with pytest.raises(ValueError, match=match):
         jax.eval_shape(lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16, transpose_a=transpose_a,
                                             fusion=fusion, arrays=dict(g=g)),
                        S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((256,), jnp.bfloat16))
+
+
+def test_a_operand_takes_an_a_read_transposed():
+    config = MosaicGemmConfig()
+    out = jax.eval_shape(lambda a, b, g: gemm(a, b, config=config, out_dtype=jnp.bfloat16, transpose_a=True,
+                                              fusion=_scaled_a(config, 256), arrays=dict(g=g)),
+                         S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), S((256,), jnp.bfloat16))
+    assert out[0].shape == (256, 512)
+
+
+@cpu_only
+@pytest.mark.parametrize("fields", [dict(tile_m=64, tile_n=256, wg_split="m", delay_release=1),
+                                    dict(schedule="pingpong", delay_release=1)], ids=["stacked", "pingpong"])
+def test_a_operand_on_an_a_read_transposed_lowers_through_the_transposed_layout(fields):
+    """Lowered for CUDA: A (K, M) read transposed: each warpgroup's rows of the (tile_k, rows) block load in the
+    transposed register layout, then one butterfly shuffle and one byte permute per register bring them to the
+    accumulator layout that wgmma reads A from ({$..} operands, not a descriptor); read as stored, no shuffle."""
+    config = MosaicGemmConfig(**fields)
+    M, K, N = 2048, 1024, 2048
+    shuffles = {}
+    for transpose_a in (False, True):
+        fn = lambda a, b, g, t=transpose_a: gemm(a, b, config=config, out_dtype=jnp.bfloat16,  # noqa: E731
+                                                 transpose_a=t, fusion=_scaled_a(config, M), arrays=dict(g=g))
+        a = S((K, M) if transpose_a else (M, K), jnp.bfloat16)
+        (kernel,) = mosaic_ir.lower_kernels(fn, a, S((K, N), jnp.bfloat16), S((K,), jnp.bfloat16))
+        wgmma = [line for line in kernel.text.splitlines() if "wgmma.mma_async" in line]
+        assert wgmma and all(re.search(r"bf16 \{\$\d+(,\$\d+)*\}, \{\$\d+,\$\d+,\$\d+,\$\d+\}, \$\d+",
+                                       line) for line in wgmma)
+        shuffles[transpose_a] = kernel.text.count("prmt.b32")  # (each beside a butterfly nvvm.shfl.sync)
+    assert shuffles[False] == 0 and shuffles[True] >= 32, shuffles
 
 
 def test_a_operand_step_input_must_run_along_k():
@@ -1032,6 +1064,8 @@ def test_a_operand_gives_each_step_in_flight_its_own_registers(delay_release, st
 def test_a_operand_in_interpret_mode(fields, squares_in):
     with mosaic_utils.interpret_on_cpu(num_sms=2):  # 5 steps: an odd count leaves steps after the paired loop
         _check_a_operand(128, 160, 256, dataclasses.replace(_TINY, **fields), squares_in=squares_in)
+        if squares_in == "operand":  # (the interpreter reads the transposed A materialized)
+            _check_a_operand(128, 160, 256, dataclasses.replace(_TINY, **fields), transpose_a=True)
 
 
 @gpu_only
@@ -1052,6 +1086,18 @@ def test_a_operand_in_interpret_mode(fields, squares_in):
 def test_a_operand_on_the_gpu(M, K, N, config, squares_in):
     """With one or two wgmma groups in flight: a register block rewritten under its wgmma gave wrong products."""
     _check_a_operand(M, K, N, config, calls=2, squares_in=squares_in)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, config", [
+    (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", delay_release=1)),
+    (2048, 1088, 2048, MosaicGemmConfig(delay_release=1)),  # wg_split "n": both warpgroups load all rows; 17 steps
+    (2048, 1024, 2048, MosaicGemmConfig(schedule="pingpong", delay_release=1)),
+    (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=4, delay_release=2))])
+def test_a_operand_on_an_a_read_transposed_on_the_gpu(M, K, N, config):
+    """A (K, M) read transposed: the products of its rows scaled by g, and their sums of squares (the registers the
+    a_operand received are A's rows, not its columns)."""
+    _check_a_operand(M, K, N, config, calls=2, transpose_a=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -479,6 +479,29 @@ def test_one_row_forward_is_one_mosaic_kernel_and_no_xla_reduction(K, N, residua
 
 
 @cpu_only
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_one_row_forward_with_gamma_in_registers_reads_x_itself(residual):
+    """gamma "a" at one row: w's blocks times gamma in the registers wgmma reads as A (a step input beside each
+    stage: three TMA loads a step), and B is x itself, so no XLA op makes a (16, K) tensor. Without a residual the
+    forward is the kernel alone; with one, XLA writes only h = x + residual."""
+    K, N = 4096, 14336
+    x, g, w = S((1, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
+    config = dataclasses.replace(nm.default_config(x, g, w, residual=x if residual else None), gamma_on="a")
+
+    def fn(x, g, w, r=None):
+        out = norm_matmul.rmsnorm_matmul(x, g, w, residual=r, backend="mosaic", block_sizes=config)
+        return out if r is None else out[1]
+
+    args = (x, g, w, x) if residual else (x, g, w)
+    with backends.lowering_for_gpu():
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        (kernel,) = mosaic_ir.lower_kernels(jax.jit(fn), *args)
+    assert text.count("@mosaic_gpu") == 1 and "stablehlo.pad" not in text and "x16xbf16>" not in text
+    assert ("stablehlo.add" in text) == residual
+    assert kernel.tma_loads() == 3 and kernel.text.count("prmt.b32") >= 32  # w's block, x's, gamma's slice
+
+
+@cpu_only
 @pytest.mark.slow
 def test_one_row_sweep_candidates_lower_within_shared_memory():
     K, N = 4096, 14336
@@ -496,12 +519,14 @@ def test_one_row_sweep_candidates_lower_within_shared_memory():
 @cpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_one_row_in_interpret_mode(residual):
+@pytest.mark.parametrize("gamma_on", [None, "a"], ids=["xg_by_xla", "gamma_in_registers"])
+def test_one_row_in_interpret_mode(residual, gamma_on):
     """The one-row forward (two 64-row tiles of w's N per simulated SM) and the Triton backward after it, against
-    the float32 reference; x at 1e3 and 1e-3 too (r from the kernel's own sum of squares)."""
+    the float32 reference; x at 1e3 and 1e-3 too (r from the kernel's own sum of squares). gamma "a": on w's blocks
+    in the registers wgmma reads as A, B x itself."""
     K, N = 512, 256
     config = Config(forward=dataclasses.replace(nm_config.ONE_ROW_FORWARD[0], tile_k=128, num_stages=2),
-                    dx=_Interpreted.tiles, dw=_Interpreted.tiles)
+                    dx=_Interpreted.tiles, dw=_Interpreted.tiles, gamma_on=gamma_on)
     checks, programs = _Interpreted(), {}  # the three scales run one compiled forward + backward
     for scale in (1.0, 1e3, 1e-3):
         x, g, w, res = inputs(1, K, N, jnp.bfloat16, residual=residual)
@@ -709,11 +734,14 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
                                            (4096, 4096, dict(schedule="cooperative", wg_split="m", tile_k=128,
                                                              num_stages=6, stream_k=4))])  # 32 tiles in 128 units
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_one_row_on_the_gpu(K, N, forward, residual):
+@pytest.mark.parametrize("gamma_on", [None, "x", "a"])
+def test_one_row_on_the_gpu(K, N, forward, residual, gamma_on):
     """The one-row forward (transposed GEMV, r from the kernel; stream-K's partial sums through the workspace) and
-    the Triton backward after it: forward and gradients against the float32 reference, x at three magnitudes."""
+    the Triton backward after it: forward and gradients against the float32 reference, x at three magnitudes.
+    gamma "x": x ⊙ gamma padded by XLA; "a": gamma on w's blocks in the registers wgmma reads, B x itself (TMA's
+    zero fill for its other 15 rows); None: the default."""
     x, g, w, res = inputs(1, K, N, jnp.bfloat16, residual=residual)
-    config = nm.default_config(x, g, w, residual=res)
+    config = dataclasses.replace(nm.default_config(x, g, w, residual=res), gamma_on=gamma_on)
     if forward:
         config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, **forward))
     for scale in (1.0, 1e3, 1e-3):

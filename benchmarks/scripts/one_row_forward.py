@@ -28,15 +28,19 @@ from jaxfuse.suites.runner import input_sets, reference_outputs
 SHAPES = ("1x4096x14336", "1x2048x8192", "1x4096x4096", "1x8192x8192", "1x1024x2816", "1x8192x28672")
 
 
-def _forms(x, gamma, w) -> dict:
-    """name -> fn(x, gamma, w): XLA, Triton's config, and each Mosaic sweep candidate (the first is the default)."""
+def _forms(x, gamma, w, gammas=("",), candidates=None) -> dict:
+    """name -> fn(x, gamma, w): XLA, Triton's config, and each Mosaic sweep candidate (the first is the default;
+    ``candidates``: the first that many) with gamma where each of ``gammas`` puts it ("": the candidate's own, "x":
+    x ⊙ gamma by XLA, "a": on w's blocks in the kernel's registers; the name then ends "_g" + it)."""
     forms = {"xla": suite.SPEC.implementations()["xla"],
              "triton": lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="triton")}
     forward, _ = pallas_kernels.norm_matmul.sweep_candidates(x, gamma, w, backend="mosaic")
-    for params in forward:
+    for params, gamma_on in [(p, g) for p in forward[:candidates] for g in gammas]:
         f = params["forward"]
         name = (f"mosaic_{f['schedule'][:2]}_m{f['tile_m']}_k{f['tile_k']}_s{f['num_stages']}_d{f['delay_release']}"
-                f"_sk{f['stream_k']}")
+                f"_sk{f['stream_k']}" + (f"_g{gamma_on}" if gamma_on else ""))
+        if gamma_on:
+            params = dict(params, gamma_on=gamma_on)
         forms[name] = lambda x, g, w, _p=params: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic",
                                                                                block_sizes=_p)
     return forms
@@ -52,6 +56,10 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--modes", default="fwd,fwd+bwd")
+    parser.add_argument("--gammas", default="",
+                        help="comma-separated gamma placements for each Mosaic form: x (x ⊙ gamma by XLA), a (on w's "
+                             "blocks in the registers); empty: the config's own")
+    parser.add_argument("--candidates", type=int, default=None, help="time only the first this many Mosaic tiles")
     parser.add_argument("--repeats", type=int, default=1,
                         help="times each shape runs, with fresh inputs (new seeds, new buffers) each time")
     args = parser.parse_args()
@@ -65,9 +73,10 @@ def main() -> int:
         for mode in args.modes.split(","):
             mode_sets = [s[:3] for s in sets] if mode == "fwd" else sets
             want = reference_outputs(suite.SPEC, sets[0], mode, shape, {})
-            forms = list(_forms(*sets[0][:3]).items())
+            gammas = tuple(args.gammas.split(","))
+            forms = list(_forms(*sets[0][:3], gammas=gammas, candidates=args.candidates).items())
             if mode != "fwd":  # the Mosaic forms share the Triton backward: the default's tiles stand for them
-                forms = forms[:3]
+                forms = forms[:2 + len(gammas)]
             for form, fn in forms:
                 program = jax.jit(suite.SPEC.program(fn, mode, shape, {}))
                 try:

@@ -297,18 +297,21 @@ PARTIAL_COLUMNS_MULTIPLE = 64  # elements: 128-byte swizzle atoms of 16-bit oper
 
 
 def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, names=("M", "N", "K"),
-                       partial_columns: bool = False) -> str | None:
+                       partial_columns: bool = False, any_columns: bool = False) -> str | None:
     """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
     constraint: no partial tiles (M, N, K multiples of the CTA tile, two of them along the ``cluster`` axis, and
     tile_k). ``partial_columns``: the caller takes a last column of tiles that runs past N
     (``Fusion.partial_columns``: TMA loads zeros there and stores nothing), so N need only be a multiple of
     PARTIAL_COLUMNS_MULTIPLE (a TMA descriptor's rows hold whole swizzle atoms of up to 128 bytes), with cluster
-    "none". ``names``: what the caller calls M, N and K."""
+    "none"; ``any_columns`` (B read transposed, its rows past N zero-filled, and no output tile stored), any
+    positive N. ``names``: what the caller calls M, N and K."""
     whose = "a cluster's two output tiles" if config.cluster_size > 1 else "a block's output tile"
     ragged = partial_columns and config.cluster == "none"
     for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),
                                   (names[2], K, config.tile_k, "tile_k")):
         if dim == names[1] and ragged and size % tile:
+            if size > 0 and any_columns:
+                continue
             if size <= 0 or size % PARTIAL_COLUMNS_MULTIPLE:
                 return (f"{dim}={size} is not a positive multiple of {PARTIAL_COLUMNS_MULTIPLE} (TMA's swizzled "
                         f"rows; tiles may run past it)")

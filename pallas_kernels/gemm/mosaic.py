@@ -215,7 +215,8 @@ class Fusion:
       hook reduces); row sums (axis 1) of the accumulator layout stay within a warp and need none.
     partial_columns: the hooks read no (N,) input and no tile input, so the last column of tiles may run past N
       (tile_n not dividing N, to even out the rounds as cuBLAS's 128x160 tiles do): TMA loads zeros past N and
-      stores nothing there. A plain GEMM (no fusion) takes it too.
+      stores nothing there. A plain GEMM (no fusion) takes it too. With B read transposed and no output tile
+      stored (``store_tile``), N may be any positive size (e.g. one row of x as a GEMV's B: 15 rows of zeros).
     store_tile: False: the epilogue's row vectors are the result and the (M, N) output tile is never stored (the
       kernel's first output is allocated, its contents undefined): e.g. a GEMV run transposed, whose one useful
       accumulator column the epilogue returns as a row vector. epilogue_store "end" only.
@@ -281,13 +282,15 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         config = dataclasses.replace(config, cluster="none")  # multicast changes no value, only where tiles load
     if mu.interpreting() and config.stream_k:  # nor semaphores: tile by tile computes the same sums (the plan's
         config = dataclasses.replace(config, stream_k=0)  # arithmetic is checked by ``stream_k.emulate``)
+    # B read transposed, its rows past N zero-filled by TMA, and no output tile stored: N need only be positive
+    any_n = fusion.partial_columns and not fusion.tile_inputs and transpose_b and not fusion.store_tile
     if mu.interpreting() and (transpose_a or transpose_b):  # the CPU interpreter reads no transposed SMEM refs
         a, b = (a.T if transpose_a else a), (b.T if transpose_b else b)
         transpose_a = transpose_b = False
     M, K = a.shape[::-1] if transpose_a else a.shape
     N = b.shape[0] if transpose_b else b.shape[1]
     partial = fusion.partial_columns and not fusion.tile_inputs
-    reason = unsupported_reason(M, N, K, config, partial_columns=partial)
+    reason = unsupported_reason(M, N, K, config, partial_columns=partial, any_columns=any_n)
     if reason:
         raise ValueError(f"{name}: {reason}")
     padded_n = -(-N // config.cta_n) * config.cta_n
@@ -303,11 +306,12 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"(prologue_in='memory'); got pipeline={config.pipeline!r}, wg_split={config.wg_split!r}, "
                          f"schedule={config.schedule!r}, prologue_in={config.prologue_in!r}")
     for hook in ("a_observe", "a_copy", "a_operand"):
-        if getattr(fusion, hook) is not None and (config.pipeline != "own" or transpose_a
+        as_stored = hook != "a_operand"  # (an a_operand also takes an A read transposed: ``_Shape.load_a``)
+        if getattr(fusion, hook) is not None and (config.pipeline != "own" or (transpose_a and as_stored)
                                                   or fusion.prologue_step is not None):
             raise ValueError(f"{name}: a fusion with an {hook} runs it in the MMA warpgroups of the K loop "
-                             f"pipeline='own' on an A read as stored, without a prologue_step; got "
-                             f"pipeline={config.pipeline!r}, transpose_a={transpose_a}, "
+                             f"pipeline='own'{' on an A read as stored' if as_stored else ''}, without a "
+                             f"prologue_step; got pipeline={config.pipeline!r}, transpose_a={transpose_a}, "
                              f"prologue_step={'set' if fusion.prologue_step else None}")
     if fusion.a_copy is not None:
         copied = dict(fusion.outputs).get(fusion.a_copy[0])
@@ -647,6 +651,15 @@ class _Shape:
         warpgroups stack along M)."""
         cfg = self.cfg
         return pl.ds(wg * cfg.wg_rows, cfg.wg_rows) if cfg.wg_rows < cfg.cta_m else slice(None)
+
+    def load_a(self, a_smem, wg) -> jax.Array:
+        """This warpgroup's rows of a stage's A block in registers, (wg_rows, tile_k) in the accumulator layout (for
+        ``Fusion.a_operand``). An A read transposed is stored (tile_k, rows) in the stage: its columns load in the
+        transposed layout, and one shuffle and one byte permute a register bring them to the accumulator layout."""
+        if not self.transposes[0]:
+            return mu.load(a_smem.at[self.wg_a_rows(wg)], layout=mu.TILE)
+        block = a_smem.at[:, self.wg_a_rows(wg)].transpose((1, 0))
+        return mu.layout_cast(mu.load(block, layout=mu.TILE_TRANSPOSED), mu.TILE)
 
     def issue_wgmma(self, acc_ref, a_smem, b_smem, wg, a_regs=None) -> None:
         """wgmma of this warpgroup's (tile_m, tile_n) share of one stage: both operands from shared memory, or A

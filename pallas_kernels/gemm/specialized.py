@@ -535,7 +535,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.barrier_wait(ready.at[barrier_of(g)])
                     a_regs = None
                     if fusion.a_operand is not None:  # registers of its own (the caller's unrolled steps)
-                        a = mu.load(stages[0].at[slot].at[shape.wg_a_rows(wg)], layout=mu.TILE)
+                        a = shape.load_a(stages[0].at[slot], wg)
                         vectors = {n: mu.load(buf.at[slot], layout=mu.COLS, optimized=False)
                                    for n, buf in scoped["step_smem"].items()}
                         a_regs, hook_carry = fusion.a_operand(dataclasses.replace(ctx, step=k), a, vectors,

@@ -306,7 +306,7 @@ def _forward(x, residual, gamma, w, static: _Static):
     M, K = x.shape
     if M == 1:  # decode: the transposed GEMV
         return mosaic_gemv.forward(x, residual, gamma, w, config=static.config.forward, eps=static.eps,
-                                   out_dtype=static.out_dtype)
+                                   out_dtype=static.out_dtype, gamma_in_registers=static.config.gamma_on == "a")
     h = None
     if residual is not None:  # h = x + residual rounded to x's dtype: one XLA pass, written once
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)

@@ -47,9 +47,11 @@ __all__ = ["forward"]
 _F32 = jnp.float32
 
 
-def _fusion(K: int, N: int, eps: float, out_dtype) -> Fusion:
+def _fusion(K: int, N: int, eps: float, out_dtype, gamma_in_registers: bool = False) -> Fusion:
     """y (N,) = r · (row sums of the (tile_m, 16) accumulator), r from x's (64, K / 64) view ("x_rows"), loaded at
-    each tile's start and reduced in its epilogue (within each warp, then across the warpgroup's four)."""
+    each tile's start and reduced in its epilogue (within each warp, then across the warpgroup's four).
+    ``gamma_in_registers``: each MMA warpgroup multiplies its rows of the wᵀ block by gamma's step slice ("gamma",
+    (K,) in w's dtype) in registers, and wgmma reads A from there (``Fusion.a_operand``); B is then x itself."""
     def load_x(ctx):
         return mu.load(ctx.refs["x_rows"], layout=mu.TILE, optimized=False)
 
@@ -59,22 +61,36 @@ def _fusion(K: int, N: int, eps: float, out_dtype) -> Fusion:
         rstd = lax.rsqrt(jnp.sum(jnp.sum(x_rows * x_rows, axis=1)) * (1.0 / K) + eps)
         return acc, {"y": jnp.sum(acc, axis=1) * rstd}
 
+    def times_gamma(ctx, w_t, vectors, x_rows):  # w_t (tile_m, tile_k): gamma over its columns, rounded once
+        del ctx
+        return w_t * lax.broadcast_in_dim(vectors["gamma"], w_t.shape, [1]), x_rows
+
+    hooks = dict(step_inputs=("gamma",), a_operand=times_gamma, partial_columns=True) if gamma_in_registers else {}
     return Fusion(inputs=("x_rows",), outputs=(("y", jax.ShapeDtypeStruct((N,), out_dtype)),), store_tile=False,
-                  prologue_init=load_x, epilogue=epilogue, reduction_scratch_bytes=2048)
+                  prologue_init=load_x, epilogue=epilogue, reduction_scratch_bytes=2048, **hooks)
 
 
-def forward(x, residual, gamma, w, *, config: MosaicGemmConfig, eps: float, out_dtype):
+def forward(x, residual, gamma, w, *, config: MosaicGemmConfig, eps: float, out_dtype,
+            gamma_in_registers: bool = False):
     """x, residual (1, K); gamma (K,); w (K, N) -> y (1, N) in out_dtype, r (1,) float32, h (1, K) or None.
-    ``config``: the transposed GEMV's tiles (``config.one_row_reason`` checked by the caller)."""
+    ``config``: the transposed GEMV's tiles (``config.one_row_reason`` checked by the caller).
+    ``gamma_in_registers``: gamma multiplies w's blocks in the kernel's registers and B is x itself (TMA fills the
+    15 rows past it with zeros): no XLA fusion without a residual. Else one XLA fusion writes x ⊙ gamma padded."""
     K, N = w.shape
     h = None
     if residual is not None:  # h = x + residual rounded to x's dtype, in the fusion that writes xg
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
-    xg = jnp.pad((x.astype(_F32) * gamma.astype(_F32)).astype(x.dtype), ((0, ONE_ROW_PADDED - 1), (0, 0)))
     x_rows = x.reshape(ONE_ROW_STAT_ROWS, K // ONE_ROW_STAT_ROWS)
-    _, y = gemm(w, xg, transpose_a=True, transpose_b=True, config=config, out_dtype=x.dtype,
-                fusion=_fusion(K, N, eps, out_dtype), arrays=dict(x_rows=x_rows), name="rmsnorm_matmul_fwd_gemv")
+    arrays = dict(x_rows=x_rows)
+    if gamma_in_registers:
+        b = x
+        arrays["gamma"] = gamma.astype(w.dtype)
+    else:
+        b = jnp.pad((x.astype(_F32) * gamma.astype(_F32)).astype(x.dtype), ((0, ONE_ROW_PADDED - 1), (0, 0)))
+    _, y = gemm(w, b, transpose_a=True, transpose_b=True, config=config, out_dtype=x.dtype,
+                fusion=_fusion(K, N, eps, out_dtype, gamma_in_registers), arrays=arrays,
+                name="rmsnorm_matmul_fwd_gemv")
     x32 = x.astype(_F32)
     rstd = lax.rsqrt(jnp.mean(x32 * x32, axis=1) + eps)  # for the backward only
     return y.reshape(1, N), rstd, h
