@@ -734,7 +734,7 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
                                            (4096, 4096, dict(schedule="cooperative", wg_split="m", tile_k=128,
                                                              num_stages=6, stream_k=4))])  # 32 tiles in 128 units
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("gamma_on", [None, "x", "a"])
+@pytest.mark.parametrize("gamma_on", [None, "x", "a"], ids=["gamma_default", "gamma_x", "gamma_a"])
 def test_one_row_on_the_gpu(K, N, forward, residual, gamma_on):
     """The one-row forward (transposed GEMV, r from the kernel; stream-K's partial sums through the workspace) and
     the Triton backward after it: forward and gradients against the float32 reference, x at three magnitudes.
