@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 import jax
 
@@ -28,14 +29,23 @@ from jaxfuse.suites.runner import input_sets, reference_outputs
 SHAPES = ("1x4096x14336", "1x2048x8192", "1x4096x4096", "1x8192x8192", "1x1024x2816", "1x8192x28672")
 
 
-def _forms(x, gamma, w, gammas=("",), candidates=None) -> dict:
+def _tiles(spec: str) -> dict:
+    """"m128k64s6" -> the forward config's changes {tile_m: 128, tile_k: 64, num_stages: 6}."""
+    m, k, s = re.fullmatch(r"m(\d+)k(\d+)s(\d+)", spec).groups()
+    return dict(tile_m=int(m), tile_k=int(k), num_stages=int(s))
+
+
+def _forms(x, gamma, w, gammas=("",), candidates=None, tiles=()) -> dict:
     """name -> fn(x, gamma, w): XLA, Triton's config, and each Mosaic sweep candidate (the first is the default;
-    ``candidates``: the first that many) with gamma where each of ``gammas`` puts it ("": the candidate's own, "x":
-    x ⊙ gamma by XLA, "a": on w's blocks in the kernel's registers; the name then ends "_g" + it)."""
+    ``candidates``: the first that many), then the default with each of ``tiles``' changes, each with gamma where
+    each of ``gammas`` puts it ("": the candidate's own, "x": x ⊙ gamma by XLA, "a": on w's blocks in the kernel's
+    registers; the name then ends "_g" + it)."""
     forms = {"xla": suite.SPEC.implementations()["xla"],
              "triton": lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="triton")}
     forward, _ = pallas_kernels.norm_matmul.sweep_candidates(x, gamma, w, backend="mosaic")
-    for params, gamma_on in [(p, g) for p in forward[:candidates] for g in gammas]:
+    forward = forward[:candidates] + [dict(forward[0], forward=dict(forward[0]["forward"], **_tiles(t)))
+                                      for t in tiles]
+    for params, gamma_on in [(p, g) for p in forward for g in gammas]:
         f = params["forward"]
         name = (f"mosaic_{f['schedule'][:2]}_m{f['tile_m']}_k{f['tile_k']}_s{f['num_stages']}_d{f['delay_release']}"
                 f"_sk{f['stream_k']}" + (f"_g{gamma_on}" if gamma_on else ""))
@@ -60,6 +70,8 @@ def main() -> int:
                         help="comma-separated gamma placements for each Mosaic form: x (x ⊙ gamma by XLA), a (on w's "
                              "blocks in the registers); empty: the config's own")
     parser.add_argument("--candidates", type=int, default=None, help="time only the first this many Mosaic tiles")
+    parser.add_argument("--tiles", default="", help="comma-separated forward tiles to time besides, on the default "
+                                                    "config: m<tile_m>k<tile_k>s<num_stages>, e.g. m128k64s8")
     parser.add_argument("--repeats", type=int, default=1,
                         help="times each shape runs, with fresh inputs (new seeds, new buffers) each time")
     args = parser.parse_args()
@@ -74,7 +86,8 @@ def main() -> int:
             mode_sets = [s[:3] for s in sets] if mode == "fwd" else sets
             want = reference_outputs(suite.SPEC, sets[0], mode, shape, {})
             gammas = tuple(args.gammas.split(","))
-            forms = list(_forms(*sets[0][:3], gammas=gammas, candidates=args.candidates).items())
+            forms = list(_forms(*sets[0][:3], gammas=gammas, candidates=args.candidates,
+                                tiles=[t for t in args.tiles.split(",") if t]).items())
             if mode != "fwd":  # the Mosaic forms share the Triton backward: the default's tiles stand for them
                 forms = forms[:2 + len(gammas)]
             for form, fn in forms:
