@@ -456,9 +456,10 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
 @pytest.mark.parametrize("K, N", [(4096, 14336), (1024, 2816)])
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_one_row_forward_is_one_mosaic_kernel_and_no_xla_reduction(K, N, residual):
-    """The one-row forward: the transposed GEMV (r from x inside it) and one XLA fusion writing x ⊙ gamma padded (and
-    h): no reduction in a forward-only program. Its gradients: the Triton backward (the decode table's dx kernel
-    writing dw too), beside the one Mosaic forward kernel."""
+    """The one-row forward: the transposed GEMV (r from x inside it, gamma on w's blocks in its registers where its
+    tiles make one round, as at both shapes; with a residual one XLA fusion writes h): no reduction and no padded x
+    in a forward-only program. Its gradients: the Triton backward (the decode table's dx kernel writing dw too),
+    beside the one Mosaic forward kernel."""
     x, g, w = S((1, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
     args = (x, g, w, x) if residual else (x, g, w)
 
@@ -474,8 +475,17 @@ def test_one_row_forward_is_one_mosaic_kernel_and_no_xla_reduction(K, N, residua
         train = jax.jit(jax.grad(loss, tuple(range(len(args))))).trace(*args).lower(
             lowering_platforms=("cuda",)).as_text()
     assert fwd.count("@mosaic_gpu") == 1 and "stablehlo.reduce" not in fwd and "triton" not in fwd
-    assert "rmsnorm_matmul_fwd_gemv" in fwd
+    assert "rmsnorm_matmul_fwd_gemv" in fwd and "stablehlo.pad" not in fwd
     assert train.count("@mosaic_gpu") == 1 and train.count("__gpu$xla.gpu.triton") == 1  # dw from the dx kernel
+
+
+@pytest.mark.parametrize("K, N, gamma_on, in_registers", [
+    (4096, 14336, None, True),  # 112 tiles of 128 rows: one round
+    (8192, 28672, None, False),  # 448 tiles of 64 rows
+    (4096, 14336, "x", False), (8192, 28672, "a", True)])
+def test_one_row_gamma_goes_in_the_registers_where_the_gemv_is_one_round(K, N, gamma_on, in_registers):
+    config = dataclasses.replace(nm_config.mosaic_default_config(1, K, N), gamma_on=gamma_on)
+    assert config.one_row_gamma_in_registers(N) == in_registers
 
 
 @cpu_only

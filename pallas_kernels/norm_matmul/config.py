@@ -309,7 +309,9 @@ class MosaicRMSNormMatmulConfig:
       (``gemm.Fusion.a_operand``: no (M, K) or (K, N) tensor made for gamma, no pass over x or w); with
       stats_in_kernel "mma" the sums of squares come from x's blocks loaded again after each wgmma's issue, so the
       forward is one kernel reading x and w once. bfloat16 only (gamma rounded to bfloat16, then x ⊙ gamma rounded),
-      the forward on pipeline "own"; the backward as with "x" (gamma on dx's columns).
+      the forward on pipeline "own"; the backward as with "x" (gamma on dx's columns). At one row (the transposed
+      GEMV) "a" multiplies w's blocks by gamma in the registers wgmma reads and "x" has XLA write x ⊙ gamma padded;
+      None there: ``one_row_gamma_in_registers``.
     row_dot: where the backward takes its row dot c = Σ_N(dy · y) = Σ_K(u ⊙ x) / r, u = r ⊙ (dy @ w_γᵀ). "n": one
       XLA fusion over dy and y gives Σ_N(dy · y) and dyr = r ⊙ dy, and the dx kernel (A = dy) finishes dx in its
       epilogue with the prefetched x tile. "k": the dx kernel's A operand is dyr; it writes u = dyr @ w_γᵀ and
@@ -549,6 +551,15 @@ class MosaicRMSNormMatmulConfig:
         on_x = jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not self.stats_in_kernel and M < 2 * N
         return "x" if on_x else "w"
 
+    def one_row_gamma_in_registers(self, N: int) -> bool:
+        """At one row (the transposed GEMV, w (K, N)): whether gamma multiplies w's blocks in the registers wgmma
+        reads (B is x itself: the forward is the kernel alone) rather than x ⊙ gamma padded by one XLA fusion.
+        ``gamma_on`` "a" or "x"; None: "a" where the GEMV's tiles make one round (N / tile_m at most
+        ONE_ROW_GAMMA_MAX_TILES, no stream-K; the measurements are beside it)."""
+        if self.gamma_on in ("a", "x"):
+            return self.gamma_on == "a"
+        return N // self.forward.tile_m <= ONE_ROW_GAMMA_MAX_TILES and not self.forward.stream_k
+
     def row_dot_side(self) -> str:
         """Where the backward takes its row dot: ``row_dot``, or when None, ROW_DOT_DEFAULT ("k")."""
         return self.row_dot if self.row_dot is not None else ROW_DOT_DEFAULT
@@ -690,6 +701,15 @@ _ONE_ROW_64 = _G(tile_m=64, tile_n=ONE_ROW_PADDED, tile_k=256, num_stages=4, sch
 ONE_ROW_FORWARD = (_ONE_ROW_64, dataclasses.replace(_ONE_ROW_64, tile_m=128, tile_k=128, num_stages=3))
 
 
+# Where the one-row forward puts gamma (``MosaicRMSNormMatmulConfig.one_row_gamma_in_registers``), measured on the
+# H200 (jax 0.11.2, CUPTI, XLA in the same run; one_row_forward_gamma{,_tiles,_28672}-h200-{34729ec,6565593}.json, fresh buffers per run).
+# On w's blocks in the GEMV's registers, B x itself (TMA zero-fills its other 15 rows), the forward is one kernel:
+# at 1x4096x14336 (one round of 128-row tiles) it took 30.78-31.62 µs in 6 runs over two calls, faster than XLA's
+# forward in all 6 (31.31-31.81), where x ⊙ gamma by XLA (the fusion 1.3 µs) took 30.75-32.35 and was faster in 3;
+# 10.85-11.01 against 10.96-11.09 at 1x2048x8192, equal at 1x8192x8192 (33.54 / 33.65, both one round of 64-row
+# tiles). Over several rounds the register path costs more than the fusion: 113.9-114.7 against 110.9-112.1 at
+# 1x8192x28672 (448 tiles of 64 rows; 113.7-120.8 at the other tiles tried).
+ONE_ROW_GAMMA_MAX_TILES = FEW_TILES  # the most GEMV tiles (one round) for which gamma goes on w's blocks by default
 def one_row_forward(K: int, N: int) -> MosaicGemmConfig:
     """The built-in tiles of the one-row forward for w (K, N) (ONE_ROW_FORWARD says why): 128 rows where N / 128
     tiles make one round filling at least 3/4 of FEW_TILES SMs, else 64 (or the first that divides N and K)."""

@@ -112,8 +112,8 @@ def _input_reason(x, out_dtype, interpret: bool) -> str | None:
     if dtype not in _DTYPES:
         return f"x: dtype {dtype} is not supported by the Mosaic backend (bfloat16 and float16 only)"
     if x.shape[0] == 1 and dtype != jnp.dtype(jnp.bfloat16):
-        return (f"x: dtype {dtype} at one row (M=1): the one-row forward rounds x ⊙ gamma before its product, "
-                f"bfloat16 only (float16 would round small x into subnormals)")
+        return (f"x: dtype {dtype} at one row (M=1): the one-row forward rounds x ⊙ gamma or w ⊙ gamma before its "
+                f"product, bfloat16 only (in float16 small x would round into subnormals, large gamma · w overflow)")
     if out_dtype is not None and jnp.dtype(out_dtype) != dtype:
         return f"out_dtype={jnp.dtype(out_dtype)} must equal x's dtype {dtype} on the Mosaic backend"
     return None
@@ -306,7 +306,8 @@ def _forward(x, residual, gamma, w, static: _Static):
     M, K = x.shape
     if M == 1:  # decode: the transposed GEMV
         return mosaic_gemv.forward(x, residual, gamma, w, config=static.config.forward, eps=static.eps,
-                                   out_dtype=static.out_dtype, gamma_in_registers=static.config.gamma_on == "a")
+                                   out_dtype=static.out_dtype,
+                                   gamma_in_registers=static.config.one_row_gamma_in_registers(w.shape[1]))
     h = None
     if residual is not None:  # h = x + residual rounded to x's dtype: one XLA pass, written once
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)

@@ -1,30 +1,37 @@
 """The Mosaic backend's one-row forward (decode, M = 1): y = r · (x ⊙ gamma) @ w as one GEMM kernel run transposed.
 
 At one row the forward is a GEMV: its time is w's 2KN bytes read once. The GEMM core (``pallas_kernels.gemm``)
-runs it transposed, yᵀ (N, 16) = wᵀ (N, K) @ xg (K, 16):
-  A  = w read transposed by TMA (the N axis in tiles of tile_m rows: wgmma's M side);
-  B  = xg = x ⊙ gamma rounded to x's dtype and padded with 15 rows of zeros (16: the core's smallest wgmma N),
-       written by one XLA fusion (with a residual the same fusion writes h = x + residual, which then stands for x);
+runs it transposed, yᵀ (N, 16) = wᵀ (N, K) @ B (K, 16), gamma in one of two places (``config``'s
+``one_row_gamma_in_registers``):
+  A  = w read transposed by TMA (the N axis in tiles of tile_m rows: wgmma's M side); with gamma "a" each MMA
+       warpgroup loads its rows of the block into registers (through the transposed layout), multiplies them by
+       gamma's step slice and wgmma reads them there (``Fusion.a_operand``);
+  B  = with gamma "a", x itself: TMA fills the 15 rows past its one with zeros (16: the core's smallest wgmma N), so
+       without a residual the forward is this kernel alone. With "x", xg = x ⊙ gamma rounded to x's dtype and
+       padded with 15 rows of zeros by one XLA fusion. With a residual an XLA fusion writes h = x + residual
+       (with "x", the same fusion writes xg), which then stands for x;
   epilogue: the accumulator's row sums are y's tile_m values (the padded columns hold zeros), scaled by
        r = rsqrt(mean(x²) + eps). r comes from x itself, viewed (64, K / 64) and loaded into registers at each
        tile's start (the load's round trip runs under the K loop), squared and summed in the epilogue: no XLA
        reduction, no normalized tensor. y (N,) is stored from registers; the (N, 16) tile is never stored
        (``Fusion.store_tile``).
-So the forward is two kernels, the small XLA fusion and the GEMV, where XLA's own is three: its r reduction, the
-normalized x and its GEMV.
+So the forward is one kernel (gamma "a") or two, where XLA's own is three: its r reduction, the normalized x and its
+GEMV.
 
-bfloat16 only: x ⊙ gamma is rounded once before the product, and float16 would round small x into subnormals
-(bfloat16 has float32's exponent range). K a multiple of 512 (the (64, K / 64) view in the accumulator layout
-takes 8-column groups) and of tile_k; N a multiple of tile_m (``config.one_row_reason``).
+bfloat16 only: x ⊙ gamma (or w ⊙ gamma) is rounded once before the product, and float16 would round small x into
+subnormals (bfloat16 has float32's exponent range). K a multiple of 512 (the (64, K / 64) view in the accumulator
+layout takes 8-column groups) and of tile_k; N a multiple of tile_m (``config.one_row_reason``).
 
-Measured on the H200 (jax 0.11.2, CUPTI, XLA's norm + matmul in the same run; NOTES.md, fortieth session): at
+Gamma "a" (the default where the tiles make one round: ``config.ONE_ROW_GAMMA_MAX_TILES``): at 1x4096x14336 the forward
+took 30.78-31.62 µs in 6 runs against XLA's 31.31-31.81 (faster in all 6; with "x" 30.75-32.35, faster in 3). Measured
+with "x" on the H200 (jax 0.11.2, CUPTI, XLA's norm + matmul in the same run; NOTES.md, fortieth session): at
 1x4096x14336 three suite calls took 30.9, 33.4 and 32.2 µs forward against XLA's 32.0, 32.2 and 32.0 (1.04x, 0.96x,
 0.99x: rmsnorm_matmul-one_row-h200-f3e2adb.md, -issue15_all-h200-0615a1f.md, -one_row-h200-9e8a08c.md), forward +
-backward 1.37-1.38x. A tie: the kernel alone took 29.6-32.0 µs in 19 runs of its two tilings, against 29.2-30.2
-for XLA's GEMV (w's 117 MB at 3.7-4.0 TB/s against 3.9-4.0; the floor, 4.3 TB/s, is 27.3 µs), and the XLA fusion
-writing x ⊙ gamma adds 1.3-1.4 µs where XLA's forward adds its two norm kernels' 2.6. The kernel's time depends on
-where w lies in memory (``config.ONE_ROW_FORWARD``). The epilogue's r costs 0.1-0.6 µs over row sums alone; storing
-the unused (N, 16) tile cost 0.4-0.8 more (one_row_gemv_epilogue_probe-h200-9363d22.json).
+backward 1.37-1.38x. A tie: the kernel alone took 29.6-32.0 µs in 19 runs of its two tilings, against 29.2-30.2 for
+XLA's GEMV (w's 117 MB at 3.7-4.0 TB/s against 3.9-4.0; the floor, 4.3 TB/s, is 27.3 µs), and the XLA fusion writing x ⊙
+gamma adds 1.3-1.4 µs where XLA's forward adds its two norm kernels' 2.6. The kernel's time depends on where w lies in
+memory (``config.ONE_ROW_FORWARD``). The epilogue's r costs 0.1-0.6 µs over row sums alone; storing the unused (N, 16)
+tile cost 0.4-0.8 more (one_row_gemv_epilogue_probe-h200-9363d22.json).
 Other shapes and tiles: ``config.ONE_ROW_FORWARD``.
 
 The backward at one row is the Triton backend's (``triton_bwd``: with ``dw_in_dx`` its dx kernel streams w in and dw
