@@ -30,9 +30,11 @@ SHAPES = ("1x4096x14336", "1x2048x8192", "1x4096x4096", "1x8192x8192", "1x1024x2
 
 
 def _tiles(spec: str) -> dict:
-    """"m128k64s6" -> the forward config's changes {tile_m: 128, tile_k: 64, num_stages: 6}."""
-    m, k, s = re.fullmatch(r"m(\d+)k(\d+)s(\d+)", spec).groups()
-    return dict(tile_m=int(m), tile_k=int(k), num_stages=int(s))
+    """"m128k64s6" -> the forward config's changes {tile_m: 128, tile_k: 64, num_stages: 6}; a leading "c" takes
+    the cooperative schedule with both warpgroups' tile_m rows stacked in one block ("cm64k128s6": 128-row blocks)."""
+    c, m, k, s = re.fullmatch(r"(c?)m(\d+)k(\d+)s(\d+)", spec).groups()
+    stacked = dict(schedule="cooperative", wg_split="m") if c else {}
+    return dict(stacked, tile_m=int(m), tile_k=int(k), num_stages=int(s))
 
 
 def _forms(x, gamma, w, gammas=("",), candidates=None, tiles=()) -> dict:
@@ -71,7 +73,8 @@ def main() -> int:
                              "blocks in the registers); empty: the config's own")
     parser.add_argument("--candidates", type=int, default=None, help="time only the first this many Mosaic tiles")
     parser.add_argument("--tiles", default="", help="comma-separated forward tiles to time besides, on the default "
-                                                    "config: m<tile_m>k<tile_k>s<num_stages>, e.g. m128k64s8")
+                                                    "config: [c]m<tile_m>k<tile_k>s<num_stages>, e.g. m128k64s8 "
+                                                    "(c: cooperative, both warpgroups' rows stacked)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="times each shape runs, with fresh inputs (new seeds, new buffers) each time")
     args = parser.parse_args()

@@ -554,11 +554,11 @@ class MosaicRMSNormMatmulConfig:
     def one_row_gamma_in_registers(self, N: int) -> bool:
         """At one row (the transposed GEMV, w (K, N)): whether gamma multiplies w's blocks in the registers wgmma
         reads (B is x itself: the forward is the kernel alone) rather than x ⊙ gamma padded by one XLA fusion.
-        ``gamma_on`` "a" or "x"; None: "a" where the GEMV's tiles make one round (N / tile_m at most
+        ``gamma_on`` "a" or "x"; None: "a" where the GEMV's blocks make one round (N / cta_m at most
         ONE_ROW_GAMMA_MAX_TILES, no stream-K; the measurements are beside it)."""
         if self.gamma_on in ("a", "x"):
             return self.gamma_on == "a"
-        return N // self.forward.tile_m <= ONE_ROW_GAMMA_MAX_TILES and not self.forward.stream_k
+        return N // self.forward.cta_m <= ONE_ROW_GAMMA_MAX_TILES and not self.forward.stream_k
 
     def row_dot_side(self) -> str:
         """Where the backward takes its row dot: ``row_dot``, or when None, ROW_DOT_DEFAULT ("k")."""
