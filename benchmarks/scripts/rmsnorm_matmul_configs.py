@@ -463,16 +463,10 @@ VARIANTS = {
     # ping-pong tile, gamma on w: forward 289.1 against 258.5 µs at 16384x1024x5504, 51.2 against 38.1 at
     # 8192x512x2816, 280.0 against 249.6 at 4096x2048x11008 (cooperative there); waiting after the K loop 297.4 / 44.8:
     # rmsnorm_matmul_configs_pp_mma_shared{,_wait}-h200-c95fb85.json)
-    # the dx kernel's CTA holding a row's whole K = 512 (two 64x256 accumulators side by side, wg_split "n"): a row's
-    # parts summed within one block, in step, instead of across two blocks (8192x512x2816: one tile a block)
-    "dx_row_whole": dict(dx=dict(tile_m=64, tile_n=256, wg_split="n", tile_k=32, num_stages=4,
-                                 tile_input_in="buffer")),
-    "dx_row_whole_s3": dict(dx=dict(tile_m=64, tile_n=256, wg_split="n", tile_k=32, num_stages=3,
-                                    tile_input_in="buffer")),
-    "dx_row_whole_ring": dict(dx=dict(tile_m=64, tile_n=256, wg_split="n", tile_k=32, num_stages=6,
-                                      tile_input_in="ring")),
-    "dx_row_whole_k64": dict(dx=dict(tile_m=64, tile_n=256, wg_split="n", tile_k=64, num_stages=2,
-                                     tile_input_in="buffer")),
+    # (removed: "dx_row_whole*", the dx kernel's block holding a row's whole K = 512, two 64x256 accumulators side by
+    # side (wg_split "n"; tile_k 32 with 4 or 3 stages, tile_k 64 with 2), so that a row's parts are summed within
+    # one block: forward + backward 141.9 / 150.4 / 148.6 against the entry's 129.1 µs at 8192x512x2816, 58.7 / 60.6
+    # / 57.7 against 55.8 at 8192x512x768: rmsnorm_matmul_configs_dx_row_whole-h200-7c2dbe0.json)
     "pp_gamma_a": dict(gamma_on="a", stats_in_kernel=False),
     "pp_gamma_a_mma": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand"),
     "pp_gamma_a_mma_rows": dict(gamma_on="a", stats_in_kernel="mma_rows", squares_from="operand"),
