@@ -1,0 +1,114 @@
+"""Plain jnp attention written with three score layouts, and what XLA's transposes cost each (GPU, CUPTI).
+
+    PYTHONPATH=$PWD python benchmarks/scripts/attention_einsum_order.py --out $OUT [--shapes small_lm,gqa]
+
+Causal grouped-query attention as ``jaxfuse.kernels.plain_attention`` writes it, scores (B, K, G, T, S) from
+"BTKGH,BSKH->BKGTS" (``bkgts``, the kernel as it is), against the same steps with the scores laid out (B, K, T, G, S)
+(``bktgs``: the free dims in the order dot_general gives them, T before G) and with k and v repeated to every query
+head, scores (B, N, T, S) (``repeat_kv``, the MHA form); cuDNN's fused attention beside them. The same float32
+softmax and bf16 casts in each. Forward, and forward + backward (dq, dk, dv of sum(o · do), which keeps the forward
+alive), at the attention suite's shapes (``jaxfuse.suites.attention.SHAPES``). Reports each program's median µs, the
+µs of its kernels named "*transpose*" and its largest kernels; outputs checked against ``bkgts``'s. Writes
+``attention_einsum_order.json``. A measurement of how XLA treats three ways of writing the same thing, not a kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jaxfuse import bench
+from jaxfuse.kernels import plain_attention
+from jaxfuse.suites import attention as suite
+
+
+def _softmax_rows(scores, visible, dtype):
+    """The float32 causal softmax over the last axis, rounded to ``dtype`` (as plain_attention does)."""
+    scores = jnp.where(visible, scores, -jnp.inf)
+    return jax.nn.softmax(scores, axis=-1).astype(dtype)
+
+
+def bktgs(q, k, v):
+    """Scores (B, K, T, G, S): the query group after the query position."""
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    qg = q.reshape(B, T, K, N // K, H)
+    scores = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k).astype(jnp.float32) * H**-0.5
+    visible = (jnp.arange(T)[:, None] >= jnp.arange(S)[None, :])[:, None, :]  # (T, 1, S)
+    p = _softmax_rows(scores, visible, q.dtype)
+    return jnp.einsum("BKTGS,BSKH->BTKGH", p, v).reshape(B, T, N, H)
+
+
+def repeat_kv(q, k, v):
+    """k and v repeated to every query head: scores (B, N, T, S)."""
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    k, v = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)
+    scores = jnp.einsum("BTNH,BSNH->BNTS", q, k).astype(jnp.float32) * H**-0.5
+    p = _softmax_rows(scores, jnp.arange(T)[:, None] >= jnp.arange(S)[None, :], q.dtype)
+    return jnp.einsum("BNTS,BSNH->BTNH", p, v)
+
+
+FORMS = {
+    "bkgts": lambda q, k, v: plain_attention(q, k, v, causal=True),
+    "bktgs": bktgs,
+    "repeat_kv": repeat_kv,
+    "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
+}
+
+
+def program(form, mode):
+    """fwd: o; fwd+bwd: (o, dq, dk, dv) of sum(o · do) in float32."""
+    if mode == "fwd":
+        return lambda q, k, v, do: form(q, k, v)
+
+    def fwd_bwd(q, k, v, do):
+        o, vjp = jax.vjp(form, q, k, v)
+        return (o, *vjp(do))
+
+    return fwd_bwd
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shapes", default="small_lm,gqa")
+    parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--iterations", type=int, default=20)
+    args = parser.parse_args()
+    rows = []
+    for name in args.shapes.split(","):
+        s = suite.SHAPES[name]
+        sets = [suite.make_inputs(s["B"], s["T"], s["S"], s["N"], s["K"], s["H"], seed=i) for i in range(3)]
+        for mode in ("fwd", "fwd+bwd"):
+            want = None
+            for form in args.forms.split(","):
+                fn = jax.jit(program(FORMS[form], mode))
+                try:
+                    got = jax.tree.leaves(fn(*sets[0]))
+                    timing = bench.time_kernels(fn, sets, iterations=args.iterations)
+                except Exception as e:  # noqa: BLE001 -- a form that does not run (e.g. cuDNN's) is reported
+                    print(name, mode, form, "ERROR", str(e)[:200], flush=True)
+                    continue
+                want = got if want is None else want
+                err = bench.max_difference(zip(got, want), relative=True)
+                kernels = sorted(timing.per_kernel_us.items(), key=lambda kv: -kv[1])
+                transposes = sum(us for k, us in kernels if "transpose" in k)
+                rows.append(dict(shape=name, mode=mode, form=form, us=round(timing.median_us, 1),
+                                 transpose_us=round(transposes, 1), rel_diff_vs_bkgts=err,
+                                 kernels=[(k, round(us, 1)) for k, us in kernels[:6]]))
+                print(json.dumps(rows[-1]), flush=True)
+            jax.clear_caches()
+    path = os.path.join(args.out, "attention_einsum_order.json")
+    with open(path, "w") as f:
+        json.dump(dict(environment=bench.environment(), rows=rows), f, indent=1)
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
