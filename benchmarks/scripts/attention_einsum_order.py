@@ -8,7 +8,8 @@ Causal grouped-query attention as ``jaxfuse.kernels.plain_attention`` writes it,
 head, scores (B, N, T, S) (``repeat_kv``, the MHA form); cuDNN's fused attention beside them. The same float32
 softmax and bf16 casts in each. Forward, and forward + backward (dq, dk, dv of sum(o · do), which keeps the forward
 alive), at the attention suite's shapes (``jaxfuse.suites.attention.SHAPES``). Reports each program's median µs, the
-µs of its kernels named "*transpose*" and its largest kernels; outputs checked against ``bkgts``'s. Writes
+µs of its kernels named "*transpose*" and its largest kernels; outputs checked against ``bkgts``'s. ``--train-steps``
+also times the train step's all-XLA kernel set with either layout (``train_steps``). Writes
 ``attention_einsum_order.json``. A measurement of how XLA treats three ways of writing the same thing, not a kernel.
 """
 
@@ -32,12 +33,12 @@ def _softmax_rows(scores, visible, dtype):
     return jax.nn.softmax(scores, axis=-1).astype(dtype)
 
 
-def bktgs(q, k, v):
-    """Scores (B, K, T, G, S): the query group after the query position."""
+def bktgs(q, k, v, scale=None):
+    """Scores (B, K, T, G, S): the query group after the query position (causal; scale defaults to 1/sqrt(H))."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     qg = q.reshape(B, T, K, N // K, H)
-    scores = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k).astype(jnp.float32) * H**-0.5
+    scores = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k).astype(jnp.float32) * (H**-0.5 if scale is None else scale)
     visible = (jnp.arange(T)[:, None] >= jnp.arange(S)[None, :])[:, None, :]  # (T, 1, S)
     p = _softmax_rows(scores, visible, q.dtype)
     return jnp.einsum("BKTGS,BSKH->BTKGH", p, v).reshape(B, T, N, H)
@@ -73,14 +74,45 @@ def program(form, mode):
     return fwd_bwd
 
 
+def train_steps(presets: list[str], iterations: int) -> list[dict]:
+    """The train step (``jaxfuse bench --op train_step``) with every site XLA's, its attention plain_attention as it
+    is and then written (B, K, T, G, S) (``bktgs``, causal as the model calls it), and with cuDNN's attention."""
+    from jaxfuse import kernels, suites
+
+    rows, plain = [], kernels.ATTENTION["xla"]
+    for form in ("bkgts", "bktgs"):
+        kernels.ATTENTION["xla"] = plain if form == "bkgts" else (lambda q, k, v, causal=False, scale=None:
+                                                                   _bktgs_checked(q, k, v, causal, scale))
+        try:
+            impls = ["attention=xla,norm_matmul=xla,loss=xla"] + (["attention=cudnn,norm_matmul=xla,loss=xla"]
+                                                                   if form == "bkgts" else [])
+            result = suites.benchmark("train_step", presets, impls=impls, iterations=iterations, check=False)
+        finally:
+            kernels.ATTENTION["xla"] = plain
+        for r in result["records"]:
+            attention = "cudnn" if r.implementation.startswith("attention=cudnn") else form
+            rows.append(dict(shape=r.shape, mode="train_step", form=attention, us=round(r.time_us, 1)))
+            print(json.dumps(rows[-1]), flush=True)
+        jax.clear_caches()
+    return rows
+
+
+def _bktgs_checked(q, k, v, causal, scale):
+    if not causal:  # (the model's call)
+        raise ValueError(f"bktgs here is causal; got causal={causal}")
+    return bktgs(q, k, v, scale)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default="small_lm,gqa")
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--train-steps", default="", help="train-step presets to time too (e.g. small,1b): all-XLA "
+                                                          "with each layout, and cuDNN's attention")
     args = parser.parse_args()
-    rows = []
+    rows = train_steps(args.train_steps.split(","), args.iterations) if args.train_steps else []
     for name in args.shapes.split(","):
         s = suite.SHAPES[name]
         sets = [suite.make_inputs(s["B"], s["T"], s["S"], s["N"], s["K"], s["H"], seed=i) for i in range(3)]
