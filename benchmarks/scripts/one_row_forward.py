@@ -31,10 +31,12 @@ SHAPES = ("1x4096x14336", "1x2048x8192", "1x4096x4096", "1x8192x8192", "1x1024x2
 
 def _tiles(spec: str) -> dict:
     """"m128k64s6" -> the forward config's changes {tile_m: 128, tile_k: 64, num_stages: 6}; a leading "c" takes
-    the cooperative schedule with both warpgroups' tile_m rows stacked in one block ("cm64k128s6": 128-row blocks)."""
-    c, m, k, s = re.fullmatch(r"(c?)m(\d+)k(\d+)s(\d+)", spec).groups()
+    the cooperative schedule with both warpgroups' tile_m rows stacked in one block ("cm64k128s6": 128-row blocks),
+    a trailing "d<n>" n wgmma groups in flight (delay_release)."""
+    c, m, k, s, d = re.fullmatch(r"(c?)m(\d+)k(\d+)s(\d+)(?:d(\d))?", spec).groups()
     stacked = dict(schedule="cooperative", wg_split="m") if c else {}
-    return dict(stacked, tile_m=int(m), tile_k=int(k), num_stages=int(s))
+    delay = {} if d is None else dict(delay_release=int(d))
+    return dict(stacked, **delay, tile_m=int(m), tile_k=int(k), num_stages=int(s))
 
 
 def _forms(x, gamma, w, gammas=("",), candidates=None, tiles=()) -> dict:
@@ -73,8 +75,8 @@ def main() -> int:
                              "blocks in the registers); empty: the config's own")
     parser.add_argument("--candidates", type=int, default=None, help="time only the first this many Mosaic tiles")
     parser.add_argument("--tiles", default="", help="comma-separated forward tiles to time besides, on the default "
-                                                    "config: [c]m<tile_m>k<tile_k>s<num_stages>, e.g. m128k64s8 "
-                                                    "(c: cooperative, both warpgroups' rows stacked)")
+                                                    "config: [c]m<tile_m>k<tile_k>s<num_stages>[d<delay>], e.g. "
+                                                    "m128k64s8 (c: cooperative, both warpgroups' rows stacked)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="times each shape runs, with fresh inputs (new seeds, new buffers) each time")
     args = parser.parse_args()
