@@ -23,7 +23,7 @@ subnormals (bfloat16 has float32's exponent range). K a multiple of 512 (the (64
 layout takes 8-column groups) and of tile_k; N a multiple of tile_m (``config.one_row_reason``).
 
 Gamma "a" (the default where the tiles make one round: ``config.ONE_ROW_GAMMA_MAX_TILES``): at 1x4096x14336 the forward
-took 30.66-31.62 µs in 9 runs against XLA's 31.31-31.81 (faster in 8; with "x" 30.75-32.35, faster in 4). Measured
+took 30.66-31.62 µs in 12 runs against XLA's 31.30-31.81 (faster in 11; with "x" 30.75-32.35, faster in 4). Measured
 with "x" on the H200 (jax 0.11.2, CUPTI, XLA's norm + matmul in the same run; NOTES.md, fortieth session): at
 1x4096x14336 three suite calls took 30.9, 33.4 and 32.2 µs forward against XLA's 32.0, 32.2 and 32.0 (1.04x, 0.96x,
 0.99x: rmsnorm_matmul-one_row-h200-f3e2adb.md, -issue15_all-h200-0615a1f.md, -one_row-h200-9e8a08c.md), forward +
