@@ -28,8 +28,10 @@ beside the MMA warpgroups, in a fourth warpgroup (wg_split "n") or in the memory
 compute warpgroups instead, on their rows of each A block loaded into registers right after the step's wgmma is
 issued: with one wgmma group in flight (``delay_release=1``) that hides under the tensor cores (the sums of squares
 of x cost the rmsnorm_matmul forward 2% at 32768x4096x4096, where waiting for each wgmma cost 14%; NOTES.md).
-A fusion with an ``a_operand`` changes the A block itself: each compute warpgroup loads its rows into registers,
-the hook transforms them (e.g. gamma over the contraction) and wgmma reads A from those registers. A wgmma reads
+A fusion with an ``a_operand`` changes the A block itself: each compute warpgroup loads its rows into registers
+(an A read transposed through the transposed register layout, then one shuffle and one byte permute a register:
+``_Shape.load_a``), the hook transforms them (e.g. gamma over the contraction) and wgmma reads A from those
+registers. A wgmma reads
 its register operand until it completes, so a register block must not be rewritten while its wgmma is in flight:
 in one rolled loop every step's load writes the same registers, which with a group in flight gave wrong products
 on the H100 (2026-11-24). The K loop therefore runs delay_release + 1 steps per iteration, each loading into its
@@ -180,9 +182,10 @@ class Fusion:
       ``step_inputs`` vector, (tile_k,) in layout COLS; ctx.step the step; carry as for a_observe. The K loop then
       takes delay_release + 1 steps per iteration, one register block each (module docstring). With an a_observe
       too, that one loads the block again after the wgmma's issue (as without an a_operand), and the carry passes
-      through both. Pipeline "own", A read as stored, no prologue_step or a_copy; stream-K only where its ranges
-      all have one length within a tile (``StreamKPlan.segment_steps``: the split divides the K steps), and then
-      the a_operand's carry must pass through unchanged unless ``carry_shapes`` says how its partial sums add.
+      through both. Pipeline "own", A as stored or transposed (then no a_observe), no prologue_step or a_copy;
+      stream-K only where its ranges all have one length within a tile (``StreamKPlan.segment_steps``: the split
+      divides the K steps), and then the a_operand's carry must pass through unchanged unless ``carry_shapes`` says
+      how its partial sums add.
     step_inputs: (K,) vectors whose tile_k slice at each step the memory warpgroup loads by TMA into the stage
       beside the A and B blocks, for ``a_operand`` (e.g. gamma over the contraction).
     share_rows: (name, fn): the a_observe carry is a statistic of the A rows alone (the same in every column
