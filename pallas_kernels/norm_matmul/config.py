@@ -726,7 +726,7 @@ def one_row_forward(K: int, N: int) -> MosaicGemmConfig:
 def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
     """None when the one-row forward's transposed GEMV takes w (K, N) with these tiles; else the constraint."""
     if forward.tile_n != ONE_ROW_PADDED or forward.cta_n != ONE_ROW_PADDED:
-        return (f"one row (M=1): the forward runs transposed, x ⊙ gamma padded to {ONE_ROW_PADDED} rows as the CTA's "
+        return (f"one row (M=1): the forward runs transposed, x padded to {ONE_ROW_PADDED} rows as the CTA's "
                 f"columns: its config needs tile_n={ONE_ROW_PADDED} and schedule='pingpong' or wg_split='m'; got "
                 f"tile_n={forward.tile_n}, schedule={forward.schedule!r}, wg_split={forward.wg_split!r}")
     if K % (ONE_ROW_STAT_ROWS * 8):
