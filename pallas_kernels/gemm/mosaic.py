@@ -28,15 +28,14 @@ beside the MMA warpgroups, in a fourth warpgroup (wg_split "n") or in the memory
 compute warpgroups instead, on their rows of each A block loaded into registers right after the step's wgmma is
 issued: with one wgmma group in flight (``delay_release=1``) that hides under the tensor cores (the sums of squares
 of x cost the rmsnorm_matmul forward 2% at 32768x4096x4096, where waiting for each wgmma cost 14%; NOTES.md).
-A fusion with an ``a_operand`` changes the A block itself: each compute warpgroup loads its rows into registers
-(an A read transposed through the transposed register layout, then one shuffle and one byte permute a register:
+A fusion with an ``a_operand`` changes the A block itself: each compute warpgroup loads its rows into registers (an
+A read transposed through the transposed register layout, then one shuffle and one byte permute a register:
 ``_Shape.load_a``), the hook transforms them (e.g. gamma over the contraction) and wgmma reads A from those
-registers. A wgmma reads
-its register operand until it completes, so a register block must not be rewritten while its wgmma is in flight:
-in one rolled loop every step's load writes the same registers, which with a group in flight gave wrong products
-on the H100 (2026-11-24). The K loop therefore runs delay_release + 1 steps per iteration, each loading into its
-own registers: a step's registers are written again only after ``wgmma_wait(delay_release)`` has seen its wgmma
-complete. A hook never sees a partial tile: shapes must divide the CTA tile (``unsupported_reason``).
+registers. A wgmma reads its register operand until it completes, so a register block must not be rewritten while
+its wgmma is in flight: in one rolled loop every step's load writes the same registers, which with a group in flight
+gave wrong products on the H100 (2026-11-24). The K loop therefore runs delay_release + 1 steps per iteration, each
+loading into its own registers: a step's registers are written again only after ``wgmma_wait(delay_release)`` has
+seen its wgmma complete. A hook never sees a partial tile: shapes must divide the CTA tile (``unsupported_reason``).
 
 The K loop (``config.pipeline``): "own" is ours (``gemm.specialized``): the memory warpgroup loads the next tile's
 first stages as soon as the current tile's last ones are released. "pallas" is jax's

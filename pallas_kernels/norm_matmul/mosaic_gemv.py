@@ -85,7 +85,7 @@ def forward(x, residual, gamma, w, *, config: MosaicGemmConfig, eps: float, out_
     15 rows past it with zeros): no XLA fusion without a residual. Else one XLA fusion writes x ⊙ gamma padded."""
     K, N = w.shape
     h = None
-    if residual is not None:  # h = x + residual rounded to x's dtype, in the fusion that writes xg
+    if residual is not None:  # h = x + residual rounded to x's dtype (with gamma "x" in the fusion writing xg)
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
         x = h
     x_rows = x.reshape(ONE_ROW_STAT_ROWS, K // ONE_ROW_STAT_ROWS)
