@@ -110,6 +110,10 @@ CONFIGS["64x128_m_minor_m_s6"] = dataclasses.replace(BASE, tile_m=64, tile_n=128
 CONFIGS.update({f"{name}_mw1": dataclasses.replace(CONFIGS[name], memory_warps=1) for name in (
     "pingpong_128x128_s6_delay1_minor_m", "pingpong_128x128_s6_delay1_minor_m_cluster_m", "64x256_m_minor_m_delay1",
     "64x256_m_minor_m", "64x256_m_minor_m_next_tile", "default_128x128_n", "64x128_m_minor_m_s6")})
+# the ping-pong warpgroups' K loops in turn (``mma_turns``): each K loop with the tensor cores to itself
+CONFIGS.update({f"{name}_turns": dataclasses.replace(CONFIGS[name], mma_turns=True) for name in (
+    "pingpong_128x128_s6_delay1_minor_m_mw1", "pingpong_128x128_s6_delay1_minor_m", "pingpong_128x128_s6_delay2",
+    "pingpong_128x128_s6", "pingpong_64x256_s4_delay1", "pingpong_128x128_s6_delay1_minor_m_cluster_m_mw1")})
 # The output tile stored from registers straight into global memory (no SMEM staging, no waits for TMA stores;
 # ``out_store="direct"`` at a5bfb81) lost at every shape and tile: 0.61-0.89x cuBLAS against 0.93-1.01x through SMEM
 # by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.

@@ -375,6 +375,8 @@ VARIANTS = {
     # our dw kernel where the rule gives dw's GEMM to cuBLAS (fewer output tiles than SMs: 8192x512x2816 has 88 of
     # 128x128), its tiles spread over the blocks by stream-K; 256-wide tiles (44 of them) over up to 4 blocks each
     "dwk": dict(dw_in_xla=False),
+    # the ping-pong forward's K loops in turn (``MosaicGemmConfig.mma_turns``)
+    "fwd_turns": dict(forward=dict(mma_turns=True)),
     "dw256_sk": dict(dw=dict(_OWN, tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative",
                              num_stages=4, stream_k=4, delay_release=0, tile_input_in="ring")),
     "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
