@@ -272,23 +272,6 @@ def test_pingpong_lowers_with_a_whole_tile_per_warpgroup(tile_m, tile_n, stages)
 
 
 @cpu_only
-def test_mma_turns_add_a_turn_barrier_per_warpgroup_under_pingpong_only():
-    """mma_turns: the ping-pong warpgroups issue their K loops in turn through two more barriers, nothing else
-    changes (the same wgmma, loads and shared memory); a cooperative schedule refuses it."""
-    with pytest.raises(ValueError, match="MosaicGemmConfig.mma_turns: must be a bool, True only with schedule "
-                                         "'pingpong', got True"):
-        MosaicGemmConfig(mma_turns=True)
-    free = MosaicGemmConfig(schedule="pingpong", num_stages=6, delay_release=1)
-    M, K, N = SUITE_SHAPES[0]
-    kernels = [mosaic_ir.lower_kernels(lambda a, b, c=c: matmul(a, b, config=c), S((M, K), jnp.bfloat16),
-                                       S((K, N), jnp.bfloat16))[0]
-               for c in (free, dataclasses.replace(free, mma_turns=True))]
-    assert kernels[1].barriers() == kernels[0].barriers() + 2
-    assert kernels[1].wgmma() == kernels[0].wgmma() and kernels[1].tma_loads() == kernels[0].tma_loads()
-    assert abs(kernels[1].smem_bytes - kernels[0].smem_bytes) <= 64
-
-
-@cpu_only
 @pytest.mark.parametrize("cluster, schedule", [("m", "cooperative"), ("n", "cooperative"), ("m", "pingpong"),
                                                ("n", "pingpong")])
 def test_a_cluster_multicasts_the_operand_its_two_blocks_share(cluster, schedule):
@@ -486,10 +469,6 @@ def test_transposed_reads_on_the_gpu(transpose_a, transpose_b):
     (4096, 512, 4096, MosaicGemmConfig(schedule="pingpong", num_stages=6)),  # ~8 tiles per block, 8 k steps
     (2304, 576, 2432, MosaicGemmConfig(schedule="pingpong", num_stages=4, delay_release=2)),  # odd tiles/block
     (1536, 1024, 3072, MosaicGemmConfig(tile_m=64, tile_n=256, schedule="pingpong", delay_release=1)),
-    # the K loops in turn: ~8 tiles a block (even and odd counts), and odd tiles a block with two groups in flight
-    (4096, 512, 4096, MosaicGemmConfig(schedule="pingpong", num_stages=6, delay_release=1, mma_turns=True)),
-    (2304, 576, 2432, MosaicGemmConfig(schedule="pingpong", num_stages=4, delay_release=2, mma_turns=True)),
-    (4224, 512, 3968, MosaicGemmConfig(schedule="pingpong", num_stages=6, delay_release=0, mma_turns=True)),
 ])
 def test_pingpong_product_on_the_gpu(M, K, N, config):
     _check_product(M, K, N, jnp.bfloat16, config=config)
@@ -579,8 +558,7 @@ _LOOPS_ON_TWO_BLOCKS = (dict(pipeline="own"), dict(pipeline="pallas_steady"),
                         dict(cluster="m"))  # (run without the cluster: the interpreter has none)
 _LOOPS_ALSO_ON_ONE_TILE = (dict(pipeline="own", delay_release=1), dict(schedule="pingpong"),
                            dict(schedule="pingpong", delay_release=1), dict(epilogue_store="next_tile"),
-                           dict(epilogue_store="next_tile", delay_release=1), dict(epilogue_store="split"),
-                           dict(schedule="pingpong", delay_release=1, mma_turns=True))
+                           dict(epilogue_store="next_tile", delay_release=1), dict(epilogue_store="split"))
 
 
 @cpu_only

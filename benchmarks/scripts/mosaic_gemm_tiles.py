@@ -110,10 +110,10 @@ CONFIGS["64x128_m_minor_m_s6"] = dataclasses.replace(BASE, tile_m=64, tile_n=128
 CONFIGS.update({f"{name}_mw1": dataclasses.replace(CONFIGS[name], memory_warps=1) for name in (
     "pingpong_128x128_s6_delay1_minor_m", "pingpong_128x128_s6_delay1_minor_m_cluster_m", "64x256_m_minor_m_delay1",
     "64x256_m_minor_m", "64x256_m_minor_m_next_tile", "default_128x128_n", "64x128_m_minor_m_s6")})
-# the ping-pong warpgroups' K loops in turn (``mma_turns``): each K loop with the tensor cores to itself
-CONFIGS.update({f"{name}_turns": dataclasses.replace(CONFIGS[name], mma_turns=True) for name in (
-    "pingpong_128x128_s6_delay1_minor_m_mw1", "pingpong_128x128_s6_delay1_minor_m", "pingpong_128x128_s6_delay2",
-    "pingpong_128x128_s6", "pingpong_64x256_s4_delay1", "pingpong_128x128_s6_delay1_minor_m_cluster_m_mw1")})
+# The ping-pong warpgroups' K loops issued in turn (``mma_turns`` at tag mma-turns-measured-b88b75c: each warpgroup
+# waited for the other to have issued its whole K loop, so each K loop had the tensor cores to itself) lost at both
+# short-K shapes, with one or two groups in flight: 33.5 against 32.9 µs at 8192x512x2816, 241.8 against 239.1 at
+# 16384x1024x5504 (mosaic_gemm_tiles_mma_turns-h200-b88b75c.json); removed.
 # The output tile stored from registers straight into global memory (no SMEM staging, no waits for TMA stores;
 # ``out_store="direct"`` at a5bfb81) lost at every shape and tile: 0.61-0.89x cuBLAS against 0.93-1.01x through SMEM
 # by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.

@@ -372,13 +372,12 @@ VARIANTS = {
                              num_stages=6, stream_k=4, delay_release=0, tile_input_in="buffer")),
     "dw128_ring_sk": dict(dw=dict(_OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative",
                                   num_stages=6, stream_k=4, delay_release=0, tile_input_in="ring")),
-    # our dw kernel where the rule gives dw's GEMM to cuBLAS (fewer output tiles than SMs: 8192x512x2816 has 88 of
-    # 128x128), its tiles spread over the blocks by stream-K; 256-wide tiles (44 of them) over up to 4 blocks each
-    "dwk": dict(dw_in_xla=False),
-    # the ping-pong forward's K loops in turn (``MosaicGemmConfig.mma_turns``)
-    "fwd_turns": dict(forward=dict(mma_turns=True)),
-    "dw256_sk": dict(dw=dict(_OWN, tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative",
-                             num_stages=4, stream_k=4, delay_release=0, tile_input_in="ring")),
+    # (our dw kernel where the rule gives dw's GEMM to cuBLAS, "dwk" with 256-wide tiles spread over 3 blocks each by
+    # stream-K, "dw256_sk": 45.2 µs against cuBLAS's 39.0 at 8192x512x2816, 34.4 against 12.8 at 8192x512x768; with
+    # 128x128 tiles, 88 of them, no stream-K plan: 64.6; rmsnorm_matmul_configs_dw_stream_k_small-h200-90037cc.json.
+    # The ping-pong forward's K loops issued in turn, "fwd_turns" at tag mma-turns-measured-b88b75c: forward 39.6
+    # against 38.6 µs at 8192x512x2816, 261.5 against 258.8 at 16384x1024x5504;
+    # rmsnorm_matmul_configs_fwd_turns-h200-b88b75c.json. Both removed.)
     "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
         _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
         delay_release=1)),

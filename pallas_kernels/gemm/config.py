@@ -140,12 +140,6 @@ class MosaicGemmConfig:
         warpgroups without the memory one (the MMA warpgroups issuing their own loads under each wgmma) compile for
         168 registers and took 64x256 accumulators there, 0.5-1.4% slower at best (NOTES.md, fifty-sixth session;
         tag mma-loads-measured-e99a0ac).
-      mma_turns: (schedule "pingpong") the MMA warpgroups issue their tiles' K loops in turn: a warpgroup waits
-        for the other to have issued its whole K loop before it issues its own, so each K loop has the tensor cores
-        to itself and the other's epilogue runs under it. False: both issue whenever their stages are ready, their
-        K loops overlap on the tensor cores, and both tend to reach their epilogues together (the tensor cores idle
-        then: an epilogue's every extra instruction showed in the kernel's time at 8192x512x2816 and
-        16384x1024x5504, ``benchmarks/scripts/forward_epilogue_cost.py``, NOTES.md fifty-eighth session).
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -171,7 +165,6 @@ class MosaicGemmConfig:
     tile_input_in: str = "buffer"
     memory_warps: int = 4
     epilogue_in: str = "mma"
-    mma_turns: bool = False
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -204,8 +197,6 @@ class MosaicGemmConfig:
             ("tile_input_in", self.tile_input_in in TILE_INPUT_PLACES, f"one of {TILE_INPUT_PLACES}"),
             ("memory_warps", self.memory_warps in (1, 4), "1 or 4"),
             ("epilogue_in", self.epilogue_in in EPILOGUE_PLACES, f"one of {EPILOGUE_PLACES}"),
-            ("mma_turns", isinstance(self.mma_turns, bool) and (not self.mma_turns or self.pingpong),
-             "a bool, True only with schedule 'pingpong'"),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -184,8 +184,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
         consumed=_consumed_barrier(shape, num_arrivals=1 if cfg.pingpong else 2 + has_handoff,
                                    num_barriers=owners * num_stages),
         **shape.scratch_types())
-    if cfg.mma_turns:  # (ping-pong) turn[w]: warpgroup w may issue its next K loop (the other's is issued)
-        scoped_types.update(turn=plgpu.Barrier(num_arrivals=1, num_barriers=2))
     if has_handoff:
         scoped_types.update(handoff=plgpu.SMEM((fusion.handoff_rows, cfg.cta_m), _F32),
                             handoff_full=plgpu.Barrier(num_arrivals=1), handoff_free=plgpu.Barrier(num_arrivals=2))
@@ -199,7 +197,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     round_tiles = shape.cluster_tiles if plan is None else plan.dp_tiles  # tiles run whole by the tile loop
 
     def scope(stages, ready, consumed, handoff=None, handoff_full=None, handoff_free=None, u_smem=None, u_full=None,
-              u_free=None, turn=None, **scoped):
+              u_free=None, **scoped):
         wg = lax.axis_index("wg")
         stages = list(stages)
         if ring_view:  # (a ring slot holds a B block or a ring input's half, never both at once)
@@ -521,17 +519,15 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             in_mma = fusion.prologue_init is not None and not has_handoff
 
             def k_loop(acc_ref, g0, k0, k1, ctx=None, hook_carry=(), under_first=None, observe=True,
-                       fetch_at=None, length=None, issued=None):
+                       fetch_at=None, length=None):
                 """wgmma over steps [k0, k1) of the tile, at ring positions g0, g0 + 1, ...; every stage released.
                 With ``Fusion.a_observe``, run after each wgmma is issued (where ``observe``, a Python bool); with
                 ``Fusion.a_operand``, before it, on the registers it reads. ``under_first()``: run once, right after
                 the first step's wgmma is issued (that step taken out of the loop; k0, k1 static). ``fetch_at``:
                 (step, fetch, rows): a second carry starting at rows, which at that step, after the wgmma's issue,
                 becomes fetch() (the shared row vector of ``Fusion.share_rows``). ``length``: k1 - k0 as a Python int where k0 and k1 are traced (a stream-K
-                segment); an a_operand needs the step count static. ``issued()``: run once every step's wgmma is
-                issued, before the last ones are waited for (``MosaicGemmConfig.mma_turns``: the other warpgroup's
-                turn). Returns the hook's carry, or (it, that second carry) with fetch_at. No branch holds a wgmma:
-                ptxas keeps them asynchronous."""
+                segment); an a_operand needs the step count static. Returns the hook's carry, or (it, that second
+                carry) with fetch_at. No branch holds a wgmma: ptxas keeps them asynchronous."""
                 def step(k, carry, after_issue=None):
                     acc_ref, hook_carry, rows = carry
                     g = g0 + k - k0
@@ -599,8 +595,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     for i in range(rest):
                         carry = step(first + rounds * unroll + i, carry)
                     _, hook_carry, rows = carry
-                if issued is not None:
-                    issued()
                 if delay:
                     plgpu.wgmma_wait(0)
                     for d in range(delay):  # the last `delay` steps (fewer where the segment is shorter)
@@ -695,21 +689,11 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                             shape.store_later(shape.tile_context(prev, wg, refs_by_name), tile, scoped, out_gmem)
 
                 def acc_scope(acc_ref):
-                    issued = None
-                    if cfg.mma_turns:  # this warpgroup's turn: the other has issued its K loop (the block's
-                        @pl.when(local > 0)  # first tile, warpgroup 0's, goes first)
-                        def _wait_turn():
-                            plgpu.barrier_wait(turn.at[wg])
-
-                        def issued():
-                            plgpu.barrier_arrive(turn.at[1 - wg])
-
                     with mu.region("k_loop"):
                         if sharing:
                             carry = shared_rows_k_loop(acc_ref, ctx, local, hook_carry, under_first)
                         else:
-                            carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first,
-                                           issued=issued)
+                            carry = k_loop(acc_ref, local * tile_steps, 0, k_iters, ctx, hook_carry, under_first)
                     with mu.region("epilogue"):
                         return tile_epilogue(acc_ref, carry)
 
@@ -808,11 +792,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     @pl.when(owner_of(local) == wg)
                     def _own_tile():
                         mma_tile(lin, local)
-
-                    if cfg.mma_turns:  # the last tile's owner gave the other warpgroup a turn it will not take:
-                        @pl.when((local == num_local - 1) & (owner_of(local) != wg))  # waited for, so that no
-                        def _last_turn():  # barrier is left mid-phase at exit
-                            plgpu.barrier_wait(turn.at[wg])
 
             if plan is not None:
                 def sk_segment(j, c):
