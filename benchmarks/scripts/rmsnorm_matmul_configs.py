@@ -378,6 +378,10 @@ VARIANTS = {
     # The ping-pong forward's K loops issued in turn, "fwd_turns" at tag mma-turns-measured-b88b75c: forward 39.6
     # against 38.6 µs at 8192x512x2816, 261.5 against 258.8 at 16384x1024x5504;
     # rmsnorm_matmul_configs_fwd_turns-h200-b88b75c.json. Both removed.)
+    # ping-pong 128x128 forward tiles where the entry's are cooperative (the plain core at 4096x2048x11008: 238.5 µs
+    # ping-pong against 247.2 cooperative, 240.2 its default; mosaic_gemm_tiles_1b_mlp-h200-787f555.json)
+    "fwd_pp": dict(forward=dict(_OWN, tile_m=128, tile_n=128, wg_split="n", grid_minor="m", schedule="pingpong",
+                                num_stages=6, delay_release=1, memory_warps=1)),
     "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
         _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
         delay_release=1)),
