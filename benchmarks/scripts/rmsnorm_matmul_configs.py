@@ -382,6 +382,8 @@ VARIANTS = {
     # ping-pong against 247.2 cooperative, 240.2 its default; mosaic_gemm_tiles_1b_mlp-h200-787f555.json)
     "fwd_pp": dict(forward=dict(_OWN, tile_m=128, tile_n=128, wg_split="n", grid_minor="m", schedule="pingpong",
                                 num_stages=6, delay_release=1, memory_warps=1)),
+    "fwd_pp_w8": dict(forward=dict(_OWN, tile_m=128, tile_n=128, wg_split="n", grid_minor="m", grid_tile_width=8,
+                                   schedule="pingpong", num_stages=6, delay_release=1, memory_warps=1)),
     "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
         _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
         delay_release=1)),
