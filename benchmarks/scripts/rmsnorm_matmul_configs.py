@@ -379,7 +379,9 @@ VARIANTS = {
     # against 38.6 µs at 8192x512x2816, 261.5 against 258.8 at 16384x1024x5504;
     # rmsnorm_matmul_configs_fwd_turns-h200-b88b75c.json. Both removed.)
     # ping-pong 128x128 forward tiles where the entry's are cooperative (the plain core at 4096x2048x11008: 238.5 µs
-    # ping-pong against 247.2 cooperative, 240.2 its default; mosaic_gemm_tiles_1b_mlp-h200-787f555.json)
+    # ping-pong against 247.2 cooperative, 240.2 its default; mosaic_gemm_tiles_1b_mlp-h200-787f555.json); in the
+    # entry's tile strips of one (fwd_pp) the forward took 290.3 against 250.8 µs, in strips of 8 245.5 against 245.6
+    # (rmsnorm_matmul_configs_1b_mlp_fwd_pp{,_w8}-h200-{76ad550,5b95307}.json)
     "fwd_pp": dict(forward=dict(_OWN, tile_m=128, tile_n=128, wg_split="n", grid_minor="m", schedule="pingpong",
                                 num_stages=6, delay_release=1, memory_warps=1)),
     "fwd_pp_w8": dict(forward=dict(_OWN, tile_m=128, tile_n=128, wg_split="n", grid_minor="m", grid_tile_width=8,
