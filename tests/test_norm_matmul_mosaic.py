@@ -1445,6 +1445,12 @@ def test_the_h200_entries_of_the_model_shapes_read_dy_only_in_the_dx_kernel(M, K
     if K == 512:  # ping-pong forward and dw tiles, 64x256 dx tiles stacked along M (the 8192x512x768 entry: 60.4
         # against 65.2 µs for the H100's, a fourth warpgroup for r and the Pallas pipeline)
         assert (config.forward.schedule, config.dw.schedule, config.dx.tile_n) == ("pingpong", "pingpong", 256)
+    if (M, K, N) == (4096, 2048, 3072):  # the large shapes' forward: gamma in the registers, r shared, 64x256 tiles,
+        # the split store beside a stream-K phase (rmsnorm_matmul_configs_qkv_large_form{,_repeat}-h200-76ad550.json:
+        # forward 74.3 against 77.6 µs, forward + backward 231.0 against 234.8; NOTES.md, fifty-eighth session)
+        assert (config.gamma_on, config.stats_in_kernel, config.squares_from) == ("a", "mma_shared", "operand")
+        assert (config.forward.cta_m, config.forward.cta_n, config.forward.stream_k,
+                config.forward.epilogue_store) == (128, 256, 1, "split")
     fn, args = _fwd_bwd(M, K, N, False, config)
     with backends.lowering_for_gpu():
         kernels = mosaic_ir.lower_kernels(fn, *args)
