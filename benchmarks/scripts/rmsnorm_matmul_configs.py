@@ -106,6 +106,11 @@ VARIANTS = {
     # it their accumulators through shared memory: 3 stages beside that buffer (or 2)
     **{f"dx_epi4_s{stages}": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=stages, tile_m=128,
                                           tile_n=128, wg_split="n")) for stages in (2, 3)},
+    # 128x128 dx tiles (64x128 stacked) where 128x256 ones make a single round (8192x512x2816: 128 tiles), so that
+    # two rounds of them run, the second's K loop under the first's epilogue in the fourth warpgroup
+    **{f"dx_epi4_128_s{stages}{'_e32' if width == 32 else ''}": dict(dx=dict(
+        epilogue_in="fourth", tile_input_in="buffer", num_stages=stages, tile_m=64, tile_n=128, wg_split="m",
+        epi_tile_n=width)) for stages in (3, 4, 5) for width in (64, 32)},
     # and its slices 32 columns wide (a 128x32 float32 slice is 32 registers a thread of the fourth's 104)
     "dx_epi4_s3_e32": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128,
                                    tile_n=128, wg_split="n", epi_tile_n=32)),
