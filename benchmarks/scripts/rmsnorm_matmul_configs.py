@@ -106,13 +106,13 @@ VARIANTS = {
     # it their accumulators through shared memory: 3 stages beside that buffer (or 2)
     **{f"dx_epi4_s{stages}": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=stages, tile_m=128,
                                           tile_n=128, wg_split="n")) for stages in (2, 3)},
-    # (128x128 dx tiles, 64x128 stacked, with that epilogue, where 128x256 ones make a single round: two rounds,
-    # the second's K loop under the first's epilogue. At 8192x512x2816 the dx kernel took 46.7-56.4 µs with 4 or 5
-    # stages and 64- or 32-column slices against the entry's 37.7, forward + backward 140.0-148.6 against 130.0:
-    # rmsnorm_matmul_configs_dx_epi4_128_small-h200-32496e9.json; removed)
     # and its slices 32 columns wide (a 128x32 float32 slice is 32 registers a thread of the fourth's 104)
     "dx_epi4_s3_e32": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128,
                                    tile_n=128, wg_split="n", epi_tile_n=32)),
+    # (128x128 dx tiles, 64x128 stacked, with the epilogue in the fourth warpgroup, where 128x256 ones make a single round: two rounds,
+    # the second's K loop under the first's epilogue. At 8192x512x2816 the dx kernel took 46.7-56.4 µs with 4 or 5
+    # stages and 64- or 32-column slices against the entry's 37.7, forward + backward 140.0-148.6 against 130.0:
+    # rmsnorm_matmul_configs_dx_epi4_128_small-h200-32496e9.json; removed)
     # the same with fewer registers for its MMA warpgroups (the fourth's 512 - 2 * mma - 40: 120 at 176, the least
     # setmaxnreg allows there), so that 64-column slices (half the slices and their tile input's TMA waits) do not
     # spill (ptxas: none at 176 with 64 or 32 columns, mosaic_ptxas_registers_dx_epi_registers-h200-c46fff4.json)
