@@ -109,14 +109,14 @@ VARIANTS = {
     # and its slices 32 columns wide (a 128x32 float32 slice is 32 registers a thread of the fourth's 104)
     "dx_epi4_s3_e32": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128,
                                    tile_n=128, wg_split="n", epi_tile_n=32)),
-    # (128x128 dx tiles, 64x128 stacked, with the epilogue in the fourth warpgroup, where 128x256 ones make a single round: two rounds,
-    # the second's K loop under the first's epilogue. At 8192x512x2816 the dx kernel took 46.7-56.4 µs with 4 or 5
-    # stages and 64- or 32-column slices against the entry's 37.7, forward + backward 140.0-148.6 against 130.0:
-    # rmsnorm_matmul_configs_dx_epi4_128_small-h200-32496e9.json; removed)
     # the same with fewer registers for its MMA warpgroups (the fourth's 512 - 2 * mma - 40: 120 at 176, the least
     # setmaxnreg allows there), so that 64-column slices (half the slices and their tile input's TMA waits) do not
     # spill (ptxas: none at 176 with 64 or 32 columns, mosaic_ptxas_registers_dx_epi_registers-h200-c46fff4.json)
     **{f"dx_epi_r176_e{width}": dict(dx=dict(mma_registers=176, epi_tile_n=width)) for width in (64, 32)},
+    # (128x128 dx tiles, 64x128 stacked, with the epilogue in the fourth warpgroup, where 128x256 ones make a single
+    # round: two rounds, the second's K loop under the first's epilogue. At 8192x512x2816 the dx kernel took
+    # 46.7-56.4 µs with 4 or 5 stages and 64- or 32-column slices against the entry's 37.7, forward + backward
+    # 140.0-148.6 against 130.0: rmsnorm_matmul_configs_dx_epi4_128_small-h200-32496e9.json; removed)
     # (Measured and removed, tag mma-loads-measured-e99a0ac: no memory warpgroup, the MMA warpgroups loading their
     # own A or B block under the wgmma just issued (loads_in "mma"), so three warpgroups and stacked 64x256
     # accumulators (one m64n256 wgmma a step). The dx kernel at 32768x4096x4096 against the entry's 1481.5-1513.1
