@@ -84,10 +84,13 @@ def plain_attention(
     """Attention as plain jnp commonly writes it: q (B, T, N, H), k/v (B, S, K, H), N % K == 0 -> (B, T, N, H).
 
     Compute-dtype einsums (bf16 GEMMs accumulate in float32 and round to bf16), a float32 softmax over the
-    materialized (B, N, T, S) scores, probabilities rounded back to q's dtype. Every GEMM of the forward and of
-    its autodiff backward is then bf16 x bf16 (the casts' transposes bring the cotangents back to bf16): XLA's
-    fastest plain form. Causal masks are top-left aligned (key s visible to query t iff s <= t); scale defaults
-    to 1/sqrt(H). The three steps carry scopes "scores", "softmax" and "weighted_sum" in HLO op_name metadata.
+    materialized scores, probabilities rounded back to q's dtype. Every GEMM of the forward and of its autodiff
+    backward is then bf16 x bf16 (the casts' transposes bring the cotangents back to bf16). The scores are laid out
+    (B, K, T, G, S), the free dims in the order dot_general gives them: laid out (B, K, G, T, S) instead, XLA adds a
+    transpose of the scores or probabilities around each GEMM, forward and backward, and under grouped-query
+    attention that form took 1.4-2.3x as long on the H200 (``benchmarks/scripts/attention_einsum_order.py``,
+    NOTES.md). Causal masks are top-left aligned (key s visible to query t iff s <= t); scale defaults to
+    1/sqrt(H). The three steps carry scopes "scores", "softmax" and "weighted_sum" in HLO op_name metadata.
     """
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -95,14 +98,14 @@ def plain_attention(
     scale = H**-0.5 if scale is None else scale
     qg = q.reshape(B, T, K, G, H)  # (B, T, K, G, H): query head n = k * G + g reads kv head k
     with jax.named_scope("scores"):
-        scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k).astype(jnp.float32) * scale  # (B, K, G, T, S)
+        scores = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k).astype(jnp.float32) * scale  # (B, K, T, G, S)
     with jax.named_scope("softmax"):
         if causal:
             visible = jnp.arange(T)[:, None] >= jnp.arange(S)[None, :]  # (T, S)
-            scores = jnp.where(visible, scores, -jnp.inf)
-        p = jax.nn.softmax(scores, axis=-1).astype(q.dtype)  # (B, K, G, T, S)
+            scores = jnp.where(visible[:, None, :], scores, -jnp.inf)
+        p = jax.nn.softmax(scores, axis=-1).astype(q.dtype)  # (B, K, T, G, S)
     with jax.named_scope("weighted_sum"):
-        o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v)  # (B, T, K, G, H)
+        o = jnp.einsum("BKTGS,BSKH->BTKGH", p, v)  # (B, T, K, G, H)
     return o.reshape(B, T, N, H)
 
 

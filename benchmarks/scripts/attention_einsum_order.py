@@ -2,10 +2,11 @@
 
     PYTHONPATH=$PWD python benchmarks/scripts/attention_einsum_order.py --out $OUT [--shapes small_lm,gqa]
 
-Causal grouped-query attention as ``jaxfuse.kernels.plain_attention`` writes it, scores (B, K, G, T, S) from
-"BTKGH,BSKH->BKGTS" (``bkgts``, the kernel as it is), against the same steps with the scores laid out (B, K, T, G, S)
-(``bktgs``: the free dims in the order dot_general gives them, T before G) and with k and v repeated to every query
-head, scores (B, N, T, S) (``repeat_kv``, the MHA form); cuDNN's fused attention beside them. The same float32
+Causal grouped-query attention with the scores laid out (B, K, G, T, S) from "BTKGH,BSKH->BKGTS" (``bkgts``, how
+``jaxfuse.kernels.plain_attention`` wrote it until the fifty-ninth session), against the same steps laid out
+(B, K, T, G, S) (``bktgs``: the free dims in the order dot_general gives them, T before G; ``plain_attention`` now)
+and with k and v repeated to every query head, scores (B, N, T, S) (``repeat_kv``, the MHA form); cuDNN's fused
+attention beside them. The same float32
 softmax and bf16 casts in each. Forward, and forward + backward (dq, dk, dv of sum(o · do), which keeps the forward
 alive), at the attention suite's shapes (``jaxfuse.suites.attention.SHAPES``). Reports each program's median µs, the
 µs of its kernels named "*transpose*" and its largest kernels; outputs checked against ``bkgts``'s. ``--train-steps``
@@ -33,15 +34,14 @@ def _softmax_rows(scores, visible, dtype):
     return jax.nn.softmax(scores, axis=-1).astype(dtype)
 
 
-def bktgs(q, k, v, scale=None):
-    """Scores (B, K, T, G, S): the query group after the query position (causal; scale defaults to 1/sqrt(H))."""
+def bkgts(q, k, v, scale=None):
+    """Scores (B, K, G, T, S): the query group before the query position (causal; scale defaults to 1/sqrt(H))."""
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     qg = q.reshape(B, T, K, N // K, H)
-    scores = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k).astype(jnp.float32) * (H**-0.5 if scale is None else scale)
-    visible = (jnp.arange(T)[:, None] >= jnp.arange(S)[None, :])[:, None, :]  # (T, 1, S)
-    p = _softmax_rows(scores, visible, q.dtype)
-    return jnp.einsum("BKTGS,BSKH->BTKGH", p, v).reshape(B, T, N, H)
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k).astype(jnp.float32) * (H**-0.5 if scale is None else scale)
+    p = _softmax_rows(scores, jnp.arange(T)[:, None] >= jnp.arange(S)[None, :], q.dtype)  # (T, S) mask
+    return jnp.einsum("BKGTS,BSKH->BTKGH", p, v).reshape(B, T, N, H)
 
 
 def repeat_kv(q, k, v):
@@ -55,8 +55,8 @@ def repeat_kv(q, k, v):
 
 
 FORMS = {
-    "bkgts": lambda q, k, v: plain_attention(q, k, v, causal=True),
-    "bktgs": bktgs,
+    "bkgts": bkgts,
+    "bktgs": lambda q, k, v: plain_attention(q, k, v, causal=True),
     "repeat_kv": repeat_kv,
     "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
 }
@@ -75,17 +75,17 @@ def program(form, mode):
 
 
 def train_steps(presets: list[str], iterations: int) -> list[dict]:
-    """The train step (``jaxfuse bench --op train_step``) with every site XLA's, its attention plain_attention as it
-    is and then written (B, K, T, G, S) (``bktgs``, causal as the model calls it), and with cuDNN's attention."""
+    """The train step (``jaxfuse bench --op train_step``) with every site XLA's, its attention written (B, K, G, T,
+    S) (``bkgts``, causal as the model calls it) and as plain_attention is (``bktgs``), and with cuDNN's attention."""
     from jaxfuse import kernels, suites
 
     rows, plain = [], kernels.ATTENTION["xla"]
     for form in ("bkgts", "bktgs"):
-        kernels.ATTENTION["xla"] = plain if form == "bkgts" else (lambda q, k, v, causal=False, scale=None:
-                                                                   _bktgs_checked(q, k, v, causal, scale))
+        kernels.ATTENTION["xla"] = plain if form == "bktgs" else (lambda q, k, v, causal=False, scale=None:
+                                                                   _bkgts_checked(q, k, v, causal, scale))
         try:
             impls = ["attention=xla,norm_matmul=xla,loss=xla"] + (["attention=cudnn,norm_matmul=xla,loss=xla"]
-                                                                   if form == "bkgts" else [])
+                                                                   if form == "bktgs" else [])
             result = suites.benchmark("train_step", presets, impls=impls, iterations=iterations, check=False)
         finally:
             kernels.ATTENTION["xla"] = plain
@@ -97,10 +97,10 @@ def train_steps(presets: list[str], iterations: int) -> list[dict]:
     return rows
 
 
-def _bktgs_checked(q, k, v, causal, scale):
+def _bkgts_checked(q, k, v, causal, scale):
     if not causal:  # (the model's call)
-        raise ValueError(f"bktgs here is causal; got causal={causal}")
-    return bktgs(q, k, v, scale)
+        raise ValueError(f"bkgts here is causal; got causal={causal}")
+    return bkgts(q, k, v, scale)
 
 
 def main() -> int:
