@@ -44,6 +44,18 @@ def bkgts(q, k, v, scale=None):
     return jnp.einsum("BKGTS,BSKH->BTKGH", p, v).reshape(B, T, N, H)
 
 
+def bktgs_rows(q, k, v):
+    """Scores (B, K, T, G, S) viewed as (B, K, T·G, S) for the mask and softmax: a (T·G, S) mask on trailing dims."""
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    G = N // K
+    qg = q.reshape(B, T, K, G, H)
+    scores = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k).astype(jnp.float32) * H**-0.5
+    visible = jnp.repeat(jnp.arange(T)[:, None] >= jnp.arange(S)[None, :], G, axis=0)  # (T·G, S)
+    p = _softmax_rows(scores.reshape(B, K, T * G, S), visible, q.dtype).reshape(B, K, T, G, S)
+    return jnp.einsum("BKTGS,BSKH->BTKGH", p, v).reshape(B, T, N, H)
+
+
 def repeat_kv(q, k, v):
     """k and v repeated to every query head: scores (B, N, T, S)."""
     B, T, N, H = q.shape
@@ -57,6 +69,7 @@ def repeat_kv(q, k, v):
 FORMS = {
     "bkgts": bkgts,
     "bktgs": lambda q, k, v: plain_attention(q, k, v, causal=True),
+    "bktgs_rows": bktgs_rows,
     "repeat_kv": repeat_kv,
     "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
 }
