@@ -17,6 +17,7 @@ also times the train step's all-XLA kernel set with either layout (``train_steps
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 
@@ -56,6 +57,25 @@ def bktgs_rows(q, k, v):
     return jnp.einsum("BKTGS,BSKH->BTKGH", p, v).reshape(B, T, N, H)
 
 
+def bktgs_masked(q, k, v, mask):
+    """(B, K, T, G, S) scores with the causal mask written another way. mask: "bias" (an additive (T, 1, S) bias of
+    0 and -inf), "softmax_where" (``jax.nn.softmax(..., where=)``) or "iota" (iotas of the scores' own shape)."""
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    qg = q.reshape(B, T, K, N // K, H)
+    scores = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k).astype(jnp.float32) * H**-0.5
+    visible = (jnp.arange(T)[:, None] >= jnp.arange(S)[None, :])[:, None, :]  # (T, 1, S)
+    if mask == "bias":
+        p = jax.nn.softmax(scores + jnp.where(visible, 0.0, -jnp.inf), axis=-1)
+    elif mask == "softmax_where":
+        p = jax.nn.softmax(scores, axis=-1, where=visible)
+    else:
+        rows = jax.lax.broadcasted_iota(jnp.int32, scores.shape, 2)
+        cols = jax.lax.broadcasted_iota(jnp.int32, scores.shape, 4)
+        p = jax.nn.softmax(jnp.where(rows >= cols, scores, -jnp.inf), axis=-1)
+    return jnp.einsum("BKTGS,BSKH->BTKGH", p.astype(q.dtype), v).reshape(B, T, N, H)
+
+
 def repeat_kv(q, k, v):
     """k and v repeated to every query head: scores (B, N, T, S)."""
     B, T, N, H = q.shape
@@ -70,6 +90,7 @@ FORMS = {
     "bkgts": bkgts,
     "bktgs": lambda q, k, v: plain_attention(q, k, v, causal=True),
     "bktgs_rows": bktgs_rows,
+    **{f"bktgs_{mask}": functools.partial(bktgs_masked, mask=mask) for mask in ("bias", "softmax_where", "iota")},
     "repeat_kv": repeat_kv,
     "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
 }
