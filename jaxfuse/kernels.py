@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 import pallas_kernels
 from jaxfuse import sharded_kernels
@@ -88,21 +89,22 @@ def plain_attention(
     backward is then bf16 x bf16 (the casts' transposes bring the cotangents back to bf16). The scores are laid out
     (B, K, T, G, S), the free dims in the order dot_general gives them: laid out (B, K, G, T, S) instead, XLA adds a
     transpose of the scores or probabilities around each GEMM, forward and backward, and under grouped-query
-    attention that form took 1.4-2.3x as long on the H200 (``benchmarks/scripts/attention_einsum_order.py``,
-    NOTES.md). Causal masks are top-left aligned (key s visible to query t iff s <= t); scale defaults to
-    1/sqrt(H). The three steps carry scopes "scores", "softmax" and "weighted_sum" in HLO op_name metadata.
+    attention that form took 1.4-2.4x as long on the H200. Causal masks are top-left aligned (key s visible to
+    query t iff s <= t), built from iotas of the scores' shape: a (T, S) mask from aranges became a kernel of its
+    own whose output XLA's softmax fusion read broadcast, 1.8x slower (both measured by
+    ``benchmarks/scripts/attention_einsum_order.py``; NOTES.md). scale defaults to 1/sqrt(H). The three steps
+    carry scopes "scores", "softmax" and "weighted_sum" in HLO op_name metadata.
     """
     B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
-    G = N // K
+    K = k.shape[2]
     scale = H**-0.5 if scale is None else scale
-    qg = q.reshape(B, T, K, G, H)  # (B, T, K, G, H): query head n = k * G + g reads kv head k
+    qg = q.reshape(B, T, K, N // K, H)  # (B, T, K, G, H): query head n = k * G + g reads kv head k
     with jax.named_scope("scores"):
         scores = jnp.einsum("BTKGH,BSKH->BKTGS", qg, k).astype(jnp.float32) * scale  # (B, K, T, G, S)
     with jax.named_scope("softmax"):
-        if causal:
-            visible = jnp.arange(T)[:, None] >= jnp.arange(S)[None, :]  # (T, S)
-            scores = jnp.where(visible[:, None, :], scores, -jnp.inf)
+        if causal:  # from iotas of the scores' own shape: XLA computes the mask inside the softmax's fusion
+            query_pos, key_pos = (lax.broadcasted_iota(jnp.int32, scores.shape, axis) for axis in (2, 4))
+            scores = jnp.where(query_pos >= key_pos, scores, -jnp.inf)
         p = jax.nn.softmax(scores, axis=-1).astype(q.dtype)  # (B, K, T, G, S)
     with jax.named_scope("weighted_sum"):
         o = jnp.einsum("BKTGS,BSKH->BTKGH", p, v)  # (B, T, K, G, H)
