@@ -1,17 +1,24 @@
-"""Plain jnp attention written with three score layouts, and what XLA's transposes cost each (GPU, CUPTI).
+"""Plain jnp attention written several ways, and what XLA makes of each (GPU, CUPTI).
 
     PYTHONPATH=$PWD python benchmarks/scripts/attention_einsum_order.py --out $OUT [--shapes small_lm,gqa]
+        [--forms bkgts,bktgs] [--train-steps small,1b] [--hlo main]
 
-Causal grouped-query attention with the scores laid out (B, K, G, T, S) from "BTKGH,BSKH->BKGTS" (``bkgts``, how
-``jaxfuse.kernels.plain_attention`` wrote it until the fifty-ninth session), against the same steps laid out
-(B, K, T, G, S) (``bktgs``: the free dims in the order dot_general gives them, T before G; ``plain_attention`` now)
-and with k and v repeated to every query head, scores (B, N, T, S) (``repeat_kv``, the MHA form); cuDNN's fused
-attention beside them. The same float32
-softmax and bf16 casts in each. Forward, and forward + backward (dq, dk, dv of sum(o · do), which keeps the forward
-alive), at the attention suite's shapes (``jaxfuse.suites.attention.SHAPES``). Reports each program's median µs, the
-µs of its kernels named "*transpose*" and its largest kernels; outputs checked against ``bkgts``'s. ``--train-steps``
-also times the train step's all-XLA kernel set with either layout (``train_steps``). Writes
-``attention_einsum_order.json``. A measurement of how XLA treats three ways of writing the same thing, not a kernel.
+Causal grouped-query attention, the same float32 softmax and bf16 casts in each form:
+  bkgts           scores (B, K, G, T, S) from "BTKGH,BSKH->BKGTS", the causal mask a (T, S) array from
+                  ``jnp.arange``: how ``jaxfuse.kernels.plain_attention`` wrote it until the fifty-ninth session
+  bktgs           ``plain_attention`` now: scores (B, K, T, G, S) (the free dims in the order dot_general gives
+                  them, T before G), the mask from iotas of the scores' shape
+  bktgs_rows      (B, K, T, G, S) viewed as (B, K, T·G, S), a (T·G, S) mask from aranges on the trailing dims
+  bktgs_bias, bktgs_softmax_where, bktgs_iota   (B, K, T, G, S) with the mask as an additive (T, 1, S) bias, through
+                  ``jax.nn.softmax(where=)``, and from iotas (``bktgs_iota`` is ``plain_attention``'s mask)
+  repeat_kv       k and v repeated to every query head, scores (B, N, T, S) (the MHA form)
+  cudnn           cuDNN's fused attention
+Forward, and forward + backward (dq, dk, dv of sum(o · do), which keeps the forward alive), at the attention
+suite's shapes (``jaxfuse.suites.attention.SHAPES``). Reports each program's median µs, the µs of its kernels named
+"*transpose*" and its largest kernels; outputs checked against the first form's. ``--train-steps`` also times the
+train step's all-XLA kernel set with ``bkgts`` and with ``plain_attention``, and with cuDNN's attention
+(``train_steps``). ``--hlo SHAPE`` writes each form's optimized forward HLO at that shape (``hlo_<form>.txt``).
+Writes ``attention_einsum_order.json``. A measurement of how XLA treats ways of writing the same thing, not a kernel.
 """
 
 from __future__ import annotations
@@ -145,7 +152,14 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--train-steps", default="", help="train-step presets to time too (e.g. small,1b): all-XLA "
                                                           "with each layout, and cuDNN's attention")
+    parser.add_argument("--hlo", default="", help="a suite shape: write each form's optimized forward HLO there")
     args = parser.parse_args()
+    if args.hlo:
+        s = suite.SHAPES[args.hlo]
+        inputs = suite.make_inputs(s["B"], s["T"], s["S"], s["N"], s["K"], s["H"])
+        for form in args.forms.split(","):
+            with open(os.path.join(args.out, f"hlo_{form}.txt"), "w") as f:
+                f.write(jax.jit(program(FORMS[form], "fwd")).lower(*inputs).compile().as_text())
     rows = train_steps(args.train_steps.split(","), args.iterations) if args.train_steps else []
     for name in args.shapes.split(","):
         s = suite.SHAPES[name]
