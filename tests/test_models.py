@@ -5,6 +5,7 @@ RoPE, repeated-head GQA, explicit tril mask); gradients against jax.grad of that
 for module scopes in op_name metadata, forward and backward.
 """
 
+import math
 import re
 
 import jax
@@ -175,6 +176,25 @@ def test_xla_attention_matches_reference_in_float32_and_within_bf16_rounding(cau
     assert got.dtype == jnp.bfloat16
     err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want)) / jnp.max(jnp.abs(want)))
     assert 0 < err < 2e-2  # bf16 operands and probabilities: rounded, not exact, and not wrong
+
+
+def test_xla_attention_is_written_the_way_xla_runs_fastest():
+    """plain_attention's scores come out of dot_general in its own (B, K, T, G, S) order (no transpose of a
+    score-sized array) and its causal mask is built from iotas of the scores' shape (no (T, S) array that XLA makes a
+    kernel of its own): on the H200 the other forms took up to 2.4x as long (NOTES.md, plain attention in XLA)."""
+    B, T, N, K, H = 2, 32, 6, 2, 8  # T > H: the scores outnumber every other array
+    q, k, v = normal((B, T, N, H)), normal((B, T, K, H)), normal((B, T, K, H))
+    scores = B * N * T * T
+    jaxpr = jax.make_jaxpr(lambda q, k, v: kernels.ATTENTION["xla"](q, k, v, causal=True))(
+        *(a.astype(jnp.bfloat16) for a in (q, k, v)))
+    eqns = list(jaxpr.jaxpr.eqns)
+    while any("jaxpr" in e.params for e in eqns):  # look inside nested jits (einsum, where, softmax)
+        eqns = [inner for e in eqns for inner in (e.params["jaxpr"].jaxpr.eqns if "jaxpr" in e.params else [e])]
+    sizes = lambda e: [math.prod(o.aval.shape) for o in e.outvars]  # noqa: E731
+    transposed = [e for e in eqns if e.primitive.name == "transpose" and max(sizes(e)) >= scores]
+    assert not transposed, f"a score-sized transpose: {transposed}"
+    iotas = [e for e in eqns if e.primitive.name == "iota"]
+    assert iotas and all(sizes(e) == [scores] for e in iotas), [e.outvars[0].aval.shape for e in iotas]
 
 
 def test_xla_loss_matches_reference_with_ignored_rows():
