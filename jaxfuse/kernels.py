@@ -89,9 +89,9 @@ def plain_attention(
     backward is then bf16 x bf16 (the casts' transposes bring the cotangents back to bf16). The scores are laid out
     (B, K, T, G, S), the free dims in the order dot_general gives them: laid out (B, K, G, T, S) instead, XLA adds a
     transpose of the scores or probabilities around each GEMM, forward and backward, and under grouped-query
-    attention that form took 1.4-2.4x as long on the H200. Causal masks are top-left aligned (key s visible to
+    attention that form took 1.4-2.3x as long on the H200. Causal masks are top-left aligned (key s visible to
     query t iff s <= t), built from iotas of the scores' shape: a (T, S) mask from aranges became a kernel of its
-    own whose output XLA's softmax fusion read broadcast, 1.8x slower (both measured by
+    own whose output XLA's softmax fusion read broadcast, up to 1.8x slower (both measured by
     ``benchmarks/scripts/attention_einsum_order.py``; NOTES.md). scale defaults to 1/sqrt(H). The three steps
     carry scopes "scores", "softmax" and "weighted_sum" in HLO op_name metadata.
     """
