@@ -8,6 +8,12 @@ A round trip costs one write and one read per consumer (`traffic_bytes`); at a b
 program's outputs are listed apart: they must cross HBM whatever the fusion. A tensor that is a program output
 and also read back by a later kernel is still a round trip (the read is the avoidable part; `is_output` says so).
 
+A round trip whose producer reads nothing (a value computed from iotas and constants alone, such as a mask) is
+listed by `Ledger.from_constants` with the shapes its consumers broadcast it to: its bytes are all the ledger
+counts, but a consumer that reads it broadcast can run much slower than those bytes say (NOTES.md: a causal mask
+made this way cost an H200 softmax fusion 2.7x its time), and written from iotas of the consumer's own shape the
+value is computed inside the consumer.
+
 Tensors are tracked through `bitcast` and `get-tuple-element` (a multi-output kernel's outputs are separate
 tensors). An asynchronous kernel's result is its `-done` (`Kernel.result`): a collective started in one place
 and read after its done is a round trip of the collective. Values entering or leaving a while/conditional body
@@ -22,7 +28,7 @@ import dataclasses
 from hlo_inspect.kernels import Kernel
 from hlo_inspect.parser import Instruction, Module, Shape
 
-__all__ = ["Tensor", "RoundTrip", "Ledger", "ledger", "NO_SCOPE"]
+__all__ = ["Tensor", "RoundTrip", "Ledger", "ledger", "broadcast_shape", "NO_SCOPE"]
 
 NO_SCOPE = "(no scope)"  # how tables name the scope of a kernel whose ops carry no op_name scope
 
@@ -97,6 +103,13 @@ class Ledger:
     def traffic_bytes(self) -> int:
         return sum(t.traffic_bytes for t in self.round_trips)
 
+    def from_constants(self, min_bytes: int = 1 << 20) -> list[tuple[RoundTrip, list[Shape | None]]]:
+        """Round trips of at least `min_bytes` whose producer reads no HBM bytes (its value comes from iotas and
+        constants alone), each with, per consumer, the shape that consumer broadcasts the value to inside its
+        fusion (None where it reads it as it is)."""
+        return [(t, [broadcast_shape(c, t.tensor) for c in t.consumers]) for t in self.round_trips
+                if t.producer.bytes_read == 0 and t.bytes >= min_bytes]
+
     def by_scope(self, hbm_bytes_per_s: float | None = None) -> list[dict]:
         """Round-trip traffic grouped by the producer's leading scope, most bytes first."""
         groups: dict[str, list[RoundTrip]] = collections.defaultdict(list)
@@ -129,6 +142,26 @@ def _tensor_of(inst: Instruction, known: dict[int, tuple[Instruction, int | None
         else:
             known[id(start)] = (inst, index)
             return inst, index
+
+
+def broadcast_shape(consumer: Kernel, tensor: Tensor) -> Shape | None:
+    """The shape a fusion kernel broadcasts `tensor` to (its operand's parameter, through bitcasts and converts,
+    feeding a `broadcast`), or None where it reads the tensor as it is or is not a fusion."""
+    inst = consumer.instruction
+    if inst.opcode != "fusion" or not inst.called_computations:
+        return None
+    numbers = {i for i, operand in enumerate(inst.operands)
+               if _tensor_of(operand, {}) == (tensor.instruction, tensor.index)}
+    fused = inst.called_computations[0]
+    reached = {id(p) for p in fused.parameters if p.parameter_number in numbers}
+    for user in fused.instructions:  # in order: an operand is defined before its users
+        if not any(id(o) in reached for o in user.operands):
+            continue
+        if user.opcode == "broadcast":
+            return user.shape
+        if user.opcode in ("bitcast", "convert", "reshape"):
+            reached.add(id(user))
+    return None
 
 
 def ledger(module: Module, kernels: list[Kernel]) -> Ledger:

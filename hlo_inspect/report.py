@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import numbers
+import textwrap
 from typing import Any, Callable
 
 from hlo_inspect.formatting import format_bytes
@@ -246,6 +247,15 @@ class Report:
                  fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows]
         if len(trips) > limit:
             lines.append(f"... {len(trips) - limit} more")
+        for t, shapes in led.from_constants():
+            broadcast = [f"{c.name} reads it broadcast to {str(shape).split('{')[0]}"
+                         for c, shape in zip(t.consumers, shapes) if shape is not None]
+            lines.append(textwrap.fill(
+                f"{t.producer.name} computes {str(t.shape).split('{')[0]} from iotas and constants alone"
+                + (f"; {', '.join(broadcast)}" if broadcast else "") + ". Its row counts its bytes only: a fusion "
+                "reading such a value broadcast can run far slower than they say (a causal mask made this way cost an "
+                "H200 softmax fusion 2.7x its time). Written from iotas of the consumer's shape, it is computed "
+                "inside the consumer.", width=120, subsequent_indent="  "))
         lines.append("")
         lines.append("by producer scope:")
         for row in led.by_scope(hbm_bytes_per_s)[:10]:

@@ -1,5 +1,7 @@
 """hlo_inspect ledger: the tensors that round-trip HBM between kernels."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 
@@ -62,3 +64,38 @@ def test_normalized_activations_round_trip_on_cpu():
     data = rep.to_dict()
     assert any(r["shape"].startswith(f"f32[{m},{k}]") for r in data["ledger"]["round_trips"])
     assert "HBM round trips" in rep.ledger_table(hbm_bytes_per_s=2.94e12)
+
+
+def test_a_mask_from_iotas_alone_is_named_with_the_shape_its_consumer_broadcasts_it_to():
+    """Captured on an H200 (jax 0.11.2): causal attention at 4x4096, 16 heads, its mask written from jnp.arange as a
+    (T, S) array, and the same with the mask from iotas of the scores' shape (benchmarks/scripts/
+    attention_einsum_order.py --hlo main). XLA made the first mask a kernel of its own, which the softmax fusion
+    read broadcast (3604.8 against 1349.9 µs for that fusion); the ledger names it, the second has nothing to name."""
+    data = os.path.join(os.path.dirname(__file__), "data")
+    with open(os.path.join(data, "h200_attention_causal_arange_mask.hlo.txt")) as f:
+        rep = hlo_inspect.from_text(f.read())
+    [(trip, shapes)] = rep.ledger.from_constants()
+    assert (trip.producer.name, str(trip.shape).split("{")[0], trip.producer.bytes_read) == (
+        "loop_compare_fusion", "pred[4096,4096]", 0)
+    assert [c.name for c in trip.consumers] == ["fusion.10"]
+    assert [str(s).split("{")[0] for s in shapes] == ["pred[4,16,4096,4096]"]
+    table = rep.ledger_table(4.3e12)
+    assert "loop_compare_fusion computes pred[4096,4096] from iotas and constants alone; fusion.10 reads it " \
+           "broadcast to" in table
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("loop_compare_fusion computes"))
+    note = lines[start:lines.index("", start)]
+    assert len(note) > 1 and all(len(line) <= 120 for line in note), note
+    with open(os.path.join(data, "h200_attention_causal_iota_mask.hlo.txt")) as f:
+        rep = hlo_inspect.from_text(f.read())
+    assert rep.ledger.from_constants() == [] and "iotas and constants" not in rep.ledger_table(4.3e12)
+    assert rep.ledger.from_constants(min_bytes=0) == []  # nothing at any size: the mask is inside the softmax
+
+
+def test_small_values_from_constants_are_left_out_of_the_table():
+    """The block's RoPE tables and its small masks come from iotas alone too, but under 1 MiB."""
+    with open(os.path.join(os.path.dirname(__file__), "data", "h100_block_grad.hlo.txt")) as f:
+        rep = hlo_inspect.from_text(f.read())
+    small = rep.ledger.from_constants(min_bytes=0)
+    assert small and all(t.bytes < 1 << 20 and t.producer.bytes_read == 0 for t, _ in small)
+    assert rep.ledger.from_constants() == [] and "iotas and constants" not in rep.ledger_table(4.3e12)
