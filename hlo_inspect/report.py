@@ -379,6 +379,9 @@ class Report:
             "ledger": {
                 "traffic_bytes": self.ledger.traffic_bytes,
                 "round_trips": [_round_trip_dict(t) for t in self.ledger.round_trips],
+                "from_constants": [{"tensor": t.name, "producer": t.producer.name, "bytes": t.bytes,
+                                    "broadcast_to": [None if shape is None else str(shape) for shape in shapes]}
+                                   for t, shapes in self.ledger.from_constants()],
                 "inputs": [{"tensor": t.name, "shape": str(t.shape), "bytes": t.bytes,
                             "readers": [k.name for k in readers]} for t, readers in self.ledger.inputs],
                 "outputs": [{"tensor": t.name, "shape": str(t.shape), "bytes": t.bytes,

@@ -133,7 +133,8 @@ def _keys(value, ignore_values_of=("ops", "xla_cost_analysis")) -> set[str]:
     return keys
 
 
-@pytest.mark.parametrize("name", ["h100_block_grad.hlo.txt", "cpu_while_loop.hlo.txt"])
+@pytest.mark.parametrize("name", ["h100_block_grad.hlo.txt", "cpu_while_loop.hlo.txt",
+                                  "h200_attention_causal_arange_mask.hlo.txt"])
 def test_json_keys_are_the_readmes_schema(name):
     data = json.loads(hlo_inspect.from_text(read(name)).to_json())
     missing = _keys(data) - _schema_keys()

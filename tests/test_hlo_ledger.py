@@ -1,5 +1,6 @@
 """hlo_inspect ledger: the tensors that round-trip HBM between kernels."""
 
+import json
 import os
 
 import jax
@@ -86,6 +87,9 @@ def test_a_mask_from_iotas_alone_is_named_with_the_shape_its_consumer_broadcasts
     start = next(i for i, line in enumerate(lines) if line.startswith("loop_compare_fusion computes"))
     note = lines[start:lines.index("", start)]
     assert len(note) > 1 and all(len(line) <= 120 for line in note), note
+    assert json.loads(rep.to_json())["ledger"]["from_constants"] == [{
+        "tensor": "loop_compare_fusion", "producer": "loop_compare_fusion", "bytes": 4096 * 4096,
+        "broadcast_to": [str(shapes[0])]}]
     with open(os.path.join(data, "h200_attention_causal_iota_mask.hlo.txt")) as f:
         rep = hlo_inspect.from_text(f.read())
     assert rep.ledger.from_constants() == [] and "iotas and constants" not in rep.ledger_table(4.3e12)
