@@ -477,6 +477,8 @@ _JS = r"""
       });
       root.appendChild(scrollBox(table));
     }
+    // values computed from iotas and constants alone: their bytes understate what they cost (Ledger.from_constants)
+    arr(led.from_constants).map(obj).forEach(function (c) { root.appendChild(el("p", {"class": "from-constants"}, str(c.note))); });
     // grouped by the producer's leading scope
     if (trips.length) {
       var groups = {}, order = [];

@@ -248,14 +248,7 @@ class Report:
         if len(trips) > limit:
             lines.append(f"... {len(trips) - limit} more")
         for t, shapes in led.from_constants():
-            broadcast = [f"{c.name} reads it broadcast to {str(shape).split('{')[0]}"
-                         for c, shape in zip(t.consumers, shapes) if shape is not None]
-            lines.append(textwrap.fill(
-                f"{t.producer.name} computes {str(t.shape).split('{')[0]} from iotas and constants alone"
-                + (f"; {', '.join(broadcast)}" if broadcast else "") + ". Its row counts its bytes only: a fusion "
-                "reading such a value broadcast can run far slower than they say (a causal mask made this way cost an "
-                "H200 softmax fusion 2.7x its time). Written from iotas of the consumer's shape, it is computed "
-                "inside the consumer.", width=120, subsequent_indent="  "))
+            lines.append(textwrap.fill(_from_constants_note(t, shapes), width=120, subsequent_indent="  "))
         lines.append("")
         lines.append("by producer scope:")
         for row in led.by_scope(hbm_bytes_per_s)[:10]:
@@ -379,8 +372,10 @@ class Report:
             "ledger": {
                 "traffic_bytes": self.ledger.traffic_bytes,
                 "round_trips": [_round_trip_dict(t) for t in self.ledger.round_trips],
-                "from_constants": [{"tensor": t.name, "producer": t.producer.name, "bytes": t.bytes,
-                                    "broadcast_to": [None if shape is None else str(shape) for shape in shapes]}
+                "from_constants": [{"tensor": t.name, "shape": str(t.shape), "bytes": t.bytes,
+                                    "producer": t.producer.name, "consumers": [c.name for c in t.consumers],
+                                    "broadcast_to": [None if shape is None else str(shape) for shape in shapes],
+                                    "note": _from_constants_note(t, shapes)}
                                    for t, shapes in self.ledger.from_constants()],
                 "inputs": [{"tensor": t.name, "shape": str(t.shape), "bytes": t.bytes,
                             "readers": [k.name for k in readers]} for t, readers in self.ledger.inputs],
@@ -440,6 +435,17 @@ def _kernel_dict(k: Kernel) -> dict[str, Any]:
         "collective": None if k.collective is None else dataclasses.asdict(k.collective),
         "done": k.done.name if k.done is not None else None,
     }
+
+
+def _from_constants_note(t, shapes: list) -> str:
+    """What the ledger table and the HTML page say of a round trip in ``Ledger.from_constants``."""
+    layout_free = lambda shape: str(shape).split("{")[0]  # noqa: E731
+    broadcast = [f"{c.name} reads it broadcast to {layout_free(shape)}"
+                 for c, shape in zip(t.consumers, shapes) if shape is not None]
+    return (f"{t.producer.name} computes {layout_free(t.shape)} from iotas and constants alone"
+            + (f"; {', '.join(broadcast)}" if broadcast else "") + ". Its row counts its bytes only: a fusion reading "
+            "such a value broadcast can run far slower than they say (a causal mask made this way cost an H200 softmax "
+            "fusion 2.7x its time). Written from iotas of the consumer's shape, it is computed inside the consumer.")
 
 
 def _round_trip_dict(t) -> dict[str, Any]:

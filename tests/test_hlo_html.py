@@ -453,3 +453,14 @@ def test_collectives_show_their_interconnect_bytes(open_page):
     (match,) = dom.by_id("match-table").rows()
     assert (match.cell("sent_a").attrs["data-value"], match.cell("sent_b").attrs["data-value"]) == ("768", "512")
     assert dom.by_id("kernels-a").rows()[0].cell("bytes_sent").attrs["data-value"] == "768"
+
+
+def test_values_from_constants_are_named_under_the_ledger(open_page):
+    """The H200 capture whose causal mask XLA made a kernel of its own: the page says what the text table says."""
+    with open(os.path.join(DATA, "h200_attention_causal_arange_mask.hlo.txt"), encoding="utf-8") as f:
+        rep = hlo_inspect.from_text(f.read())
+    dom = open_page(render_report(rep.to_dict()))
+    [note] = [e.text for e in dom.find_all(cls="from-constants")]
+    assert note.startswith("loop_compare_fusion computes pred[4096,4096] from iotas and constants alone; fusion.10 "
+                           "reads it broadcast to pred[4,16,4096,4096]. Its row counts its bytes only"), note
+    assert " ".join(note.split()) in " ".join(rep.ledger_table(4.3e12).split())

@@ -87,9 +87,11 @@ def test_a_mask_from_iotas_alone_is_named_with_the_shape_its_consumer_broadcasts
     start = next(i for i, line in enumerate(lines) if line.startswith("loop_compare_fusion computes"))
     note = lines[start:lines.index("", start)]
     assert len(note) > 1 and all(len(line) <= 120 for line in note), note
-    assert json.loads(rep.to_json())["ledger"]["from_constants"] == [{
-        "tensor": "loop_compare_fusion", "producer": "loop_compare_fusion", "bytes": 4096 * 4096,
-        "broadcast_to": [str(shapes[0])]}]
+    [entry] = json.loads(rep.to_json())["ledger"]["from_constants"]
+    assert entry == {"tensor": "loop_compare_fusion", "shape": str(trip.shape), "bytes": 4096 * 4096,
+                     "producer": "loop_compare_fusion", "consumers": ["fusion.10"], "broadcast_to": [str(shapes[0])],
+                     "note": entry["note"]}
+    assert " ".join(" ".join(note).split()) == entry["note"]
     with open(os.path.join(data, "h200_attention_causal_iota_mask.hlo.txt")) as f:
         rep = hlo_inspect.from_text(f.read())
     assert rep.ledger.from_constants() == [] and "iotas and constants" not in rep.ledger_table(4.3e12)
