@@ -8,7 +8,7 @@ A round trip costs one write and one read per consumer (`traffic_bytes`); at a b
 program's outputs are listed apart: they must cross HBM whatever the fusion. A tensor that is a program output
 and also read back by a later kernel is still a round trip (the read is the avoidable part; `is_output` says so).
 
-A round trip whose producer reads nothing (a value computed from iotas and constants alone, such as a mask) is
+A round trip whose producer is a fusion without parameters (a value from iotas and constants alone, a mask) is
 listed by `Ledger.from_constants` with the shapes its consumers broadcast it to: its bytes are all the ledger
 counts, but a consumer that reads it broadcast can run much slower than those bytes say (NOTES.md: a causal mask
 made this way cost an H200 softmax fusion 2.7x its time), and written from iotas of the consumer's own shape the
@@ -104,11 +104,11 @@ class Ledger:
         return sum(t.traffic_bytes for t in self.round_trips)
 
     def from_constants(self, min_bytes: int = 1 << 20) -> list[tuple[RoundTrip, list[Shape | None]]]:
-        """Round trips of at least `min_bytes` whose producer reads no HBM bytes (its value comes from iotas and
-        constants alone), each with, per consumer, the shape that consumer broadcasts the value to inside its
-        fusion (None where it reads it as it is)."""
+        """Round trips of at least `min_bytes` whose producer is a fusion without parameters (its value comes from
+        iotas and constants alone), each with, per consumer, the shape that consumer broadcasts the value to inside
+        its fusion (None where it reads it as it is)."""
         return [(t, [broadcast_shape(c, t.tensor) for c in t.consumers]) for t in self.round_trips
-                if t.producer.bytes_read == 0 and t.bytes >= min_bytes]
+                if t.bytes >= min_bytes and _without_parameters(t.producer.instruction)]
 
     def by_scope(self, hbm_bytes_per_s: float | None = None) -> list[dict]:
         """Round-trip traffic grouped by the producer's leading scope, most bytes first."""
@@ -142,6 +142,13 @@ def _tensor_of(inst: Instruction, known: dict[int, tuple[Instruction, int | None
         else:
             known[id(start)] = (inst, index)
             return inst, index
+
+
+def _without_parameters(inst: Instruction) -> bool:
+    """A fusion whose computation takes no parameter and draws no random numbers: iotas and constants alone."""
+    return (inst.opcode == "fusion" and bool(inst.called_computations) and not inst.operands
+            and not any(i.opcode in ("parameter", "rng", "rng-bit-generator")
+                        for i in inst.called_computations[0].instructions))
 
 
 def broadcast_shape(consumer: Kernel, tensor: Tensor) -> Shape | None:

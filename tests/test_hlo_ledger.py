@@ -103,5 +103,6 @@ def test_small_values_from_constants_are_left_out_of_the_table():
     with open(os.path.join(os.path.dirname(__file__), "data", "h100_block_grad.hlo.txt")) as f:
         rep = hlo_inspect.from_text(f.read())
     small = rep.ledger.from_constants(min_bytes=0)
-    assert small and all(t.bytes < 1 << 20 and t.producer.bytes_read == 0 for t, _ in small)
+    assert small and all(t.bytes < 1 << 20 and t.producer.bytes_read == 0 and not t.producer.instruction.operands
+                         for t, _ in small)
     assert rep.ledger.from_constants() == [] and "iotas and constants" not in rep.ledger_table(4.3e12)
