@@ -107,6 +107,8 @@ class Ledger:
         """Round trips of at least `min_bytes` whose producer is a fusion without parameters (its value comes from
         iotas and constants alone), each with, per consumer, the shape that consumer broadcasts the value to inside
         its fusion (None where it reads it as it is)."""
+        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
+            raise ValueError(f"min_bytes: expected an int >= 0 (bytes), got {min_bytes!r} ({type(min_bytes).__name__})")
         return [(t, [broadcast_shape(c, t.tensor) for c in t.consumers]) for t in self.round_trips
                 if t.bytes >= min_bytes and _without_parameters(t.producer.instruction)]
 

@@ -5,6 +5,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import hlo_inspect
 from conftest import CPU_ONLY
@@ -106,3 +107,10 @@ def test_small_values_from_constants_are_left_out_of_the_table():
     assert small and all(t.bytes < 1 << 20 and t.producer.bytes_read == 0 and not t.producer.instruction.operands
                          for t, _ in small)
     assert rep.ledger.from_constants() == [] and "iotas and constants" not in rep.ledger_table(4.3e12)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "1MiB", True, None])
+def test_from_constants_names_a_bad_min_bytes(bad):
+    rep = hlo_inspect.from_text(HAND_WRITTEN)
+    with pytest.raises(ValueError, match=r"min_bytes: expected an int >= 0 \(bytes\), got "):
+        rep.ledger.from_constants(bad)
