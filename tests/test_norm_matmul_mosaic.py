@@ -588,6 +588,8 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
     with backends.lowering_for_gpu():
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert program.count("mosaic_gpu_v2") == (2 if dw_in_xla is None else 3)
+    # dw and dgamma from cuBLAS's float32 product by one Triton kernel (norm_matmul.dw_finish), not XLA fusions
+    assert ("rmsnorm_matmul_dw_finish" in program) == (dw_in_xla is None)
     made = _mk_producers(program, M, K, "bf16")
     if row_dot == "n":
         assert made == []  # dx (M, K) comes out of the dx kernel

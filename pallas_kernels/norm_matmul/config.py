@@ -269,7 +269,8 @@ class MosaicRMSNormMatmulConfig:
     One row (M = 1, decode): ``forward`` tiles the transposed GEMV yᵀ = wᵀ @ (x ⊙ gamma)ᵀ
       (``norm_matmul.mosaic_gemv``: tile_m along N, tile_n 16, ``one_row_reason``), and the backward runs the Triton
       backend's kernels with that backend's config for the shape: dx, dw and the other fields are not used.
-    dw_in_xla: dw's GEMM g = xᵀ @ dyr by XLA (cuBLAS, float32 out) and dw, dgamma from g by XLA fusions; None
+    dw_in_xla: dw's GEMM g = xᵀ @ dyr by XLA (cuBLAS, float32 out) and dw, dgamma from g by one Pallas-Triton
+      kernel (``norm_matmul.dw_finish``; XLA fusions where dgamma comes from u); None
       (default): when the dw kernel's output has fewer than FEW_TILES CTA tiles (``dw_by_xla``).
     stats_in_kernel: where r comes from. False (default): one XLA row reduction over x (2MK bytes read), the kernel
       only scaling rows in its epilogue. True: the forward kernel sums the squares of each x block in shared

@@ -36,7 +36,8 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               summed by XLA: (N / tile_n, K)); with the dw config's ``tile_input_in="ring"`` the w tile arrives
               through its B stages instead, which leaves room for a fourth stage (the H200's entries at the suite
               shapes).
-              Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and XLA fusions the rest.
+              Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and one Pallas-Triton
+              kernel dw and dgamma from it (``dw_finish``).
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction
 over K, which no dx block holds whole, by one over N (``row_dot="n"``). Forward + backward = three GEMMs, a pass
 over w (shared by both directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward; 4MN
@@ -86,6 +87,7 @@ from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
 from pallas_kernels.norm_matmul import mosaic_gemv, triton_bwd, triton_fwd
 from pallas_kernels.norm_matmul.config import MMA_STATS
+from pallas_kernels.norm_matmul.dw_finish import finish_dw
 from pallas_kernels.norm_matmul.dx_finish import finish_dx
 
 __all__ = ["Config", "FORWARD_FIELDS", "check_config", "default_config", "rmsnorm_matmul", "sweep_candidates",
@@ -95,6 +97,9 @@ Config = _config.MosaicRMSNormMatmulConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
 
 _F32 = jnp.float32
+# Where XLA runs the dw GEMM (``dw_by_xla``): dw and dgamma from its float32 product by one Pallas-Triton kernel
+# (``dw_finish``), not two XLA fusions. A switch while it is measured (``benchmarks/scripts/toggle_ab.py``).
+DW_FINISH_KERNEL = True
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -560,13 +565,17 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
                           name="rmsnorm_matmul_dx")
     if not cfg.xr_in_dx:  # (xr_in_dx: the K side, which set them)
         dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
-    gamma_s = gamma.astype(_F32) * scale
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         g = lax.dot_general(dw_a, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
+        if dgamma is None and DW_FINISH_KERNEL:  # dw and dgamma from one read of g (``dw_finish``)
+            dw, dgamma = finish_dw(g, w, gamma, jnp.reshape(scale, (1,)), interpret=mu.interpreting())
+            return dx, dgamma, dw
+        gamma_s = gamma.astype(_F32) * scale
         dw = (g * gamma_s[:, None]).astype(w.dtype)
         if dgamma is None:
             dgamma = (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype)
         return dx, dgamma, dw
+    gamma_s = gamma.astype(_F32) * scale
     if dgamma is not None:  # the dw kernel only scales rows: no w tile (nor a ring to carry one)
         dw_cfg = dataclasses.replace(cfg.dw, tile_input_in="buffer")
         dw, = gemm(dw_a, dw_b, transpose_a=True, config=dw_cfg, out_dtype=w.dtype,
