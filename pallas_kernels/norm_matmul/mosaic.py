@@ -87,7 +87,7 @@ from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
 from pallas_kernels.norm_matmul import mosaic_gemv, triton_bwd, triton_fwd
 from pallas_kernels.norm_matmul.config import MMA_STATS
-from pallas_kernels.norm_matmul.dw_finish import finish_dw
+from pallas_kernels.norm_matmul import dw_finish
 from pallas_kernels.norm_matmul.dx_finish import finish_dx
 
 __all__ = ["Config", "FORWARD_FIELDS", "check_config", "default_config", "rmsnorm_matmul", "sweep_candidates",
@@ -97,9 +97,12 @@ Config = _config.MosaicRMSNormMatmulConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
 
 _F32 = jnp.float32
-# Where XLA runs the dw GEMM (``dw_by_xla``): dw and dgamma from its float32 product by one Pallas-Triton kernel
-# (``dw_finish``), not two XLA fusions. A switch while it is measured (``benchmarks/scripts/toggle_ab.py``).
+# Where XLA runs the dw GEMM (``dw_by_xla``): with DW_FINISH_KERNEL, one Pallas-Triton kernel turns its float32
+# product into dw and dgamma (``dw_finish``), not XLA's fusions; with DW_SPLIT_M, the GEMM's M reduction is split in
+# two row blocks (cuBLAS writes (2, K, N), as XLA splits it itself there) and that kernel sums them. Switches while
+# they are measured (``benchmarks/scripts/toggle_ab.py``).
 DW_FINISH_KERNEL = True
+DW_SPLIT_M = True
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -566,10 +569,13 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     if not cfg.xr_in_dx:  # (xr_in_dx: the K side, which set them)
         dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
-        g = lax.dot_general(dw_a, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
-        if dgamma is None and DW_FINISH_KERNEL:  # dw and dgamma from one read of g (``dw_finish``)
-            dw, dgamma = finish_dw(g, w, gamma, jnp.reshape(scale, (1,)), interpret=mu.interpreting())
+        if dgamma is None and DW_FINISH_KERNEL and N <= dw_finish.MAX_N:  # one kernel sums the parts, dw, dgamma
+            parts = 2 if DW_SPLIT_M and M % 2 == 0 else 1
+            g = lax.dot_general(dw_a.reshape(parts, M // parts, K), dw_b.reshape(parts, M // parts, N),
+                                (((1,), (1,)), ((0,), (0,))), preferred_element_type=_F32)  # (parts, K, N)
+            dw, dgamma = dw_finish.finish_dw(g, w, gamma, jnp.reshape(scale, (1,)), interpret=mu.interpreting())
             return dx, dgamma, dw
+        g = lax.dot_general(dw_a, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
         gamma_s = gamma.astype(_F32) * scale
         dw = (g * gamma_s[:, None]).astype(w.dtype)
         if dgamma is None:
