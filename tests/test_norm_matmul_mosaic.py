@@ -582,14 +582,14 @@ def test_no_normalized_activations_outside_the_kernels(stats_in_kernel, dw_in_xl
 
     M, K, N = 2048, 1024, 768  # M, K, N distinct: an (M, K) tensor is recognizable by its shape
     config = dataclasses.replace(nm_config.mosaic_default_config(M, K, N, stats_in_kernel=stats_in_kernel),
-                                 dw_in_xla=dw_in_xla, row_dot=row_dot)
+                                 dw_in_xla=dw_in_xla, row_dot=row_dot, dw_finish_kernel=row_dot == "k")
     assert config.dw_by_xla(K, N) == (dw_in_xla is None)
     fn, args = _fwd_bwd(M, K, N, residual=False, config=config)
     with backends.lowering_for_gpu():
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert program.count("mosaic_gpu_v2") == (2 if dw_in_xla is None else 3)
-    # dw and dgamma from cuBLAS's float32 product by one Triton kernel (norm_matmul.dw_finish), not XLA fusions
-    assert ("rmsnorm_matmul_dw_finish" in program) == (dw_in_xla is None)
+    # with dw_finish_kernel, dw and dgamma from cuBLAS's float32 halves by one Triton kernel (norm_matmul.dw_finish)
+    assert ("rmsnorm_matmul_dw_finish" in program) == (dw_in_xla is None and config.dw_finish_kernel)
     made = _mk_producers(program, M, K, "bf16")
     if row_dot == "n":
         assert made == []  # dx (M, K) comes out of the dx kernel
@@ -1271,6 +1271,7 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     dyr_in_dx = row_dot[1:].startswith("_dyr")
     dx = dataclasses.replace(tiles, wg_split="m") if dyr_in_dx and not residual else tiles
     config = Config(forward=forward, dx=dx, dw=tiles, stats_in_kernel=stats, dw_in_xla=dw_in_xla,
+                    dw_finish_kernel=dw_in_xla and residual,  # (one of each: dw and dgamma by norm_matmul.dw_finish)
                     gamma_on=gamma_on, row_dot=row_dot[:1], dyr_in_dx=dyr_in_dx,
                     row_dot_in_dx="prefetch" if row_dot.endswith("_prefetch") else row_dot.endswith("_dx"),
                     dgamma_from="u" if row_dot.endswith("_dgu") else None,

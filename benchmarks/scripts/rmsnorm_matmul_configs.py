@@ -75,6 +75,8 @@ VARIANTS_SHARED = {
 VARIANTS = {
     "default": {},
     "stats": dict(stats_in_kernel=True),  # r from a fourth warpgroup summing x² over each x tile
+    # where XLA runs the dw GEMM: its two halves summed into dw and dgamma by one Triton kernel, or XLA's fusions
+    "dw_finish": dict(dw_finish_kernel=True), "dw_finish_xla": dict(dw_finish_kernel=False),
     "stacked_m": dict(forward=dict(tile_m=64, tile_n=256, wg_split="m", grid_minor="m", schedule="cooperative")),
     "gamma_on_x": dict(gamma_on="x", stats_in_kernel=False),  # XLA writes x ⊙ gamma (2MK bytes), no w_γ (2KN)
     # stream-K (gemm.stream_k) where the last round of tiles is less than half full: forward (stacked tiles, r from

@@ -269,8 +269,8 @@ class MosaicRMSNormMatmulConfig:
     One row (M = 1, decode): ``forward`` tiles the transposed GEMV yᵀ = wᵀ @ (x ⊙ gamma)ᵀ
       (``norm_matmul.mosaic_gemv``: tile_m along N, tile_n 16, ``one_row_reason``), and the backward runs the Triton
       backend's kernels with that backend's config for the shape: dx, dw and the other fields are not used.
-    dw_in_xla: dw's GEMM g = xᵀ @ dyr by XLA (cuBLAS, float32 out) and dw, dgamma from g by one Pallas-Triton
-      kernel (``norm_matmul.dw_finish``; XLA fusions where dgamma comes from u); None
+    dw_in_xla: dw's GEMM g = xᵀ @ dyr by XLA (cuBLAS, float32 out) and dw, dgamma from g by XLA fusions (or one
+      Pallas-Triton kernel: ``dw_finish_kernel``); None
       (default): when the dw kernel's output has fewer than FEW_TILES CTA tiles (``dw_by_xla``).
     stats_in_kernel: where r comes from. False (default): one XLA row reduction over x (2MK bytes read), the kernel
       only scaling rows in its epilogue. True: the forward kernel sums the squares of each x block in shared
@@ -436,6 +436,14 @@ class MosaicRMSNormMatmulConfig:
     from one XLA fusion by default: computing them in every dx tile made forward + backward 1.48x slower with a
     fourth warpgroup (7654 vs 5177 µs at 32768x4096x4096) and 1.54x with the MMA warpgroups (NOTES.md, in the
     first sessions); ``row_dot_in_dx`` computes them in one tile per row block.
+    dw_finish_kernel: (where XLA runs the dw GEMM, ``dw_by_xla``, dgamma from dw's side) True: the GEMM's M
+      reduction is split in two row blocks (cuBLAS writes (2, K, N) float32) and one Pallas-Triton kernel sums them
+      into dw and dgamma (``norm_matmul.dw_finish``). False (default): one dot and XLA's fusions, which split the
+      reduction themselves there. Measured on the H200 (toggle_ab_dw_finish_split-h200-75f7159.json, forward +
+      backward µs, False → True): 127.9 → 126.1 at 8192x512x2816 (XLA's two fusions of 4.11 and 3.01 µs, each
+      summing the halves again, → the kernel's 5.12), its H200 entry; 55.3 → 61.1 at 8192x512x768, where XLA sums
+      the halves once and makes dw and dgamma in one 2.11 µs fusion, and the split of our own made it run the GEMM
+      as a Triton split-K fusion (14.7 µs against cuBLAS's 12.4) with a 4.9 µs sum after it.
     """
 
     forward: MosaicGemmConfig
@@ -451,6 +459,7 @@ class MosaicRMSNormMatmulConfig:
     squares_from: str = "observe"
     dx_in_kernel: bool = False
     xr_in_dx: bool = False
+    dw_finish_kernel: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):

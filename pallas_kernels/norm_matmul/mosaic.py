@@ -36,8 +36,8 @@ Backward, two kernels (never the normalized activations; r from the forward; flo
               summed by XLA: (N / tile_n, K)); with the dw config's ``tile_input_in="ring"`` the w tile arrives
               through its B stages instead, which leaves room for a fourth stage (the H200's entries at the suite
               shapes).
-              Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and one Pallas-Triton
-              kernel dw and dgamma from it (``dw_finish``).
+              Where its (K, N) output has few tiles (``dw_in_xla``), cuBLAS computes g and XLA fusions the rest,
+              or (``dw_finish_kernel``) cuBLAS two halves of g and one Pallas-Triton kernel the rest (``dw_finish``).
 The identity c = mean_K(gamma · (dy @ wᵀ) · n) = Σ_N(dy · y) / K (y = (n · gamma) @ w) replaces a reduction
 over K, which no dx block holds whole, by one over N (``row_dot="n"``). Forward + backward = three GEMMs, a pass
 over w (shared by both directions under one jit) and row-statistics passes of 2MK (forward) and 6MN (backward; 4MN
@@ -97,12 +97,6 @@ Config = _config.MosaicRMSNormMatmulConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
 
 _F32 = jnp.float32
-# Where XLA runs the dw GEMM (``dw_by_xla``): with DW_FINISH_KERNEL, one Pallas-Triton kernel turns its float32
-# product into dw and dgamma (``dw_finish``), not XLA's fusions; with DW_SPLIT_M, the GEMM's M reduction is split in
-# two row blocks (cuBLAS writes (2, K, N), as XLA splits it itself there) and that kernel sums them. Switches while
-# they are measured (``benchmarks/scripts/toggle_ab.py``).
-DW_FINISH_KERNEL = True
-DW_SPLIT_M = True
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -569,8 +563,8 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
     if not cfg.xr_in_dx:  # (xr_in_dx: the K side, which set them)
         dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
-        if dgamma is None and DW_FINISH_KERNEL and N <= dw_finish.MAX_N:  # one kernel sums the parts, dw, dgamma
-            parts = 2 if DW_SPLIT_M and M % 2 == 0 else 1
+        if dgamma is None and cfg.dw_finish_kernel and N <= dw_finish.MAX_N:  # one kernel: parts, dw, dgamma
+            parts = 2 if M % 2 == 0 else 1  # (cuBLAS's two row blocks of the M reduction, summed by the kernel)
             g = lax.dot_general(dw_a.reshape(parts, M // parts, K), dw_b.reshape(parts, M // parts, N),
                                 (((1,), (1,)), ((0,), (0,))), preferred_element_type=_F32)  # (parts, K, N)
             dw, dgamma = dw_finish.finish_dw(g, w, gamma, jnp.reshape(scale, (1,)), interpret=mu.interpreting())
