@@ -85,9 +85,8 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
-from pallas_kernels.norm_matmul import mosaic_gemv, triton_bwd, triton_fwd
+from pallas_kernels.norm_matmul import dw_finish, mosaic_gemv, triton_bwd, triton_fwd
 from pallas_kernels.norm_matmul.config import MMA_STATS
-from pallas_kernels.norm_matmul import dw_finish
 from pallas_kernels.norm_matmul.dx_finish import finish_dx
 
 __all__ = ["Config", "FORWARD_FIELDS", "check_config", "default_config", "rmsnorm_matmul", "sweep_candidates",
@@ -97,6 +96,12 @@ Config = _config.MosaicRMSNormMatmulConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
 
 _F32 = jnp.float32
+# The dx kernel's finish with s = 1 (bfloat16) takes no (M,) vectors that XLA would make by kernels of their own
+# (``_dx_partial_fusion``'s unit_scale). A switch while it is measured (``benchmarks/scripts/toggle_ab.py``).
+UNIT_SCALE_IN_KERNEL = True
+# The forward kernel stores the r it forms from XLA's sums of squares, for the backward, instead of XLA forming r
+# again by a kernel of its own (``_scale_by_rstd_in``). A switch while it is measured.
+RSTD_FROM_FORWARD = False
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -186,7 +191,8 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     if gamma_in_registers:
         return _gamma_in_registers_fusion(M, K, eps, cfg, stats_in_kernel, squares_from)
     if not stats_in_kernel:
-        return Fusion(inputs=("sum_sq",), prologue_init=_sum_sq_in, epilogue=_scale_by_rstd_in(K, eps))
+        return Fusion(inputs=("sum_sq",), outputs=_rstd_out(M), prologue_init=_sum_sq_in,
+                      epilogue=_scale_by_rstd_in(K, eps))
 
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     if stats_in_kernel in MMA_STATS:
@@ -253,8 +259,18 @@ def _sum_sq_in(ctx) -> jax.Array:
 
 
 def _scale_by_rstd_in(K: int, eps: float):
-    """The epilogue y = r ⊙ acc, r formed from the rows' sums of squares loaded at the tile's start."""
-    return lambda ctx, acc, sum_sq: (acc * _bcast_rows(_rstd_from_squares(sum_sq, K, eps), acc.shape), {})
+    """The epilogue y = r ⊙ acc, r formed from the rows' sums of squares loaded at the tile's start; with
+    RSTD_FROM_FORWARD r is also stored ("rstd" (M,), ``_rstd_out``) for the backward."""
+    def epilogue(ctx, acc, sum_sq):
+        rstd = _rstd_from_squares(sum_sq, K, eps)
+        return acc * _bcast_rows(rstd, acc.shape), ({"rstd": rstd} if RSTD_FROM_FORWARD else {})
+
+    return epilogue
+
+
+def _rstd_out(M: int) -> tuple:
+    """The forward's outputs beside y where r comes from XLA's sums: r itself with RSTD_FROM_FORWARD."""
+    return (("rstd", jax.ShapeDtypeStruct((M,), _F32)),) if RSTD_FROM_FORWARD else ()
 
 
 def _scale_by_rstd(K: int, eps: float):
@@ -280,7 +296,7 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
         return x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])
 
     if not stats_in_kernel:
-        return Fusion(inputs=("sum_sq",), step_inputs=("gamma",), prologue_init=_sum_sq_in,
+        return Fusion(inputs=("sum_sq",), outputs=_rstd_out(M), step_inputs=("gamma",), prologue_init=_sum_sq_in,
                       a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq),
                       epilogue=_scale_by_rstd_in(K, eps))
 
@@ -326,10 +342,11 @@ def _forward(x, residual, gamma, w, static: _Static):
     else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma); the kernel forms r
         x32 = x.astype(_F32)
         sum_sq = jnp.sum(x32 * x32, axis=1)
-        rstd = _rstd_from_squares(sum_sq, K, static.eps)  # for the backward, where XLA fuses it into its users
         a = (x32 * gamma.astype(_F32)).astype(x.dtype) if side == "x" else x
-        (y,) = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=dict(arrays, sum_sq=sum_sq),
-                    name="rmsnorm_matmul_fwd")
+        y, *rstd = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion,
+                        arrays=dict(arrays, sum_sq=sum_sq), name="rmsnorm_matmul_fwd")
+        # for the backward: from the kernel (RSTD_FROM_FORWARD), or XLA's, which it fuses into its users
+        rstd = rstd[0] if rstd else _rstd_from_squares(sum_sq, K, static.eps)
     return y, rstd, h
 
 
@@ -408,7 +425,8 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
 
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                        dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True,
-                       in_kernel: bool = False, xr: jax.ShapeDtypeStruct | None = None) -> Fusion:
+                       in_kernel: bool = False, xr: jax.ShapeDtypeStruct | None = None,
+                       unit_scale: bool = False) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
     dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``gamma_in_u`` False (with
@@ -419,10 +437,16 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     Σ_K(u ⊙ x) · x, a = s and b = s · r² / K per row coming in ("dx_u_scale", "dx_x_coef", (M,) float32).
     ``xr`` (M, K), instead of ``dyr``: A is dy as with it, but the epilogue writes xr = (r / s) ⊙ x from the x tile
     (``Fusion.tile_copy``) for the dw GEMM (g = xrᵀ @ dy), M·K elements where dyr is M·N and no copy in the K loop;
-    the finish then reads xr where x was (b = s² · r / K instead: x = xr · s / r, xr rounded once to x's dtype)."""
+    the finish then reads xr where x was (b = s² · r / K instead: x = xr · s / r, xr rounded once to x's dtype).
+    ``unit_scale`` (s = 1, bfloat16): no "dx_u_scale" (a = 1), and where A is dy (``dyr`` or ``xr``) no
+    "dx_x_coef" either: the finish forms b from the r it takes for u's rows (r / K with xr, r² / K with dyr), so
+    no XLA kernel makes those (M,) vectors (about 0.9 and 1.1 µs of launches at 8192x512x2816)."""
 
     scaled = dyr is not None or xr is not None  # A is dy: u's rows times r / s, the carry's leaf ``scale_leaf``
-    scale_leaf = 2 if in_kernel else 0
+    coef_from_r = in_kernel and unit_scale and scaled  # b = r / K (xr) or r² / K (dyr), r = the carry's r / s
+    finish_rows = () if not in_kernel or coef_from_r else ("dx_x_coef",) if unit_scale else ("dx_u_scale",
+                                                                                             "dx_x_coef")
+    scale_leaf = len(finish_rows)
 
     def epilogue(ctx, acc, carry):
         if scaled:
@@ -438,15 +462,20 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
     parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
     gamma = ("gamma",) if gamma_cols else ()
-    rows = (("dx_u_scale", "dx_x_coef") if in_kernel else ()) + (("dyr_scale",) if scaled else ())
+    rows = finish_rows + (("dyr_scale",) if scaled else ())
     hooks = {"col_inputs": gamma}  # gamma's slices by TMA at the tile's start: the dx kernel 1537.2 -> 1524.4 µs
     # at 32768x4096x4096 against loading them from GMEM in the epilogue (toggle_ab_gamma_cols_by_tma-h200-d3eb5e4.json)
     if rows:
         hooks["prologue_init"] = lambda ctx: tuple(ctx.load_rows(n) for n in rows)
     if in_kernel:
         def finish(ctx, u, row_dot, carry):  # dx from u and the row dot summed over the row's tiles
-            return (u * _bcast_rows(carry[0], u.shape)
-                    - ctx.load_tile("x") * _bcast_rows(carry[1] * row_dot, u.shape))
+            if coef_from_r:
+                r = carry[scale_leaf]
+                b = r * (1.0 / K) if xr is not None else r * r * (1.0 / K)
+            else:
+                b = carry[scale_leaf - 1]
+            a_u = u if unit_scale else u * _bcast_rows(carry[0], u.shape)
+            return a_u - ctx.load_tile("x") * _bcast_rows(b * row_dot, u.shape)
 
         hooks["sum_rows"] = ("row_dot_parts", finish)
     if xr is not None:
@@ -508,24 +537,29 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
         arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
         from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
         in_kernel = cfg.dx_in_kernel and dh is None and not mu.interpreting()  # the dx kernel writes dx itself
+        unit = UNIT_SCALE_IN_KERNEL and dtype != jnp.float16  # s = 1: the finish takes fewer rows (unit_scale)
+        a_is_dy = cfg.xr_in_dx or cfg.dyr_by_dx(dtype, dh is not None)
         if in_kernel:  # dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x, with xr: − (s² · r / K) · Σ_K(u ⊙ x) · xr
-            x_coef = rstd * (scale * scale / K) if cfg.xr_in_dx else rstd * rstd * (scale / K)
-            arrays.update(dx_u_scale=jnp.broadcast_to(scale, (M,)), dx_x_coef=x_coef)
+            if not (unit and a_is_dy):
+                arrays["dx_x_coef"] = rstd * (scale * scale / K) if cfg.xr_in_dx else rstd * rstd * (scale / K)
+            if not unit:
+                arrays["dx_u_scale"] = jnp.broadcast_to(scale, (M,))
         if cfg.xr_in_dx:  # A is dy; the dx kernel scales u's rows and writes xr from its x tile
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel,
-                                        xr=jax.ShapeDtypeStruct((M, K), dtype))
+                                        xr=jax.ShapeDtypeStruct((M, K), dtype), unit_scale=unit)
             u, xr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                                 fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
             dw_a, dw_b = xr, dy.astype(dtype)  # g = xrᵀ @ dy
         elif cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u,
-                                        in_kernel)
+                                        in_kernel, unit_scale=unit)
             u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                                  fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
         else:  # dy read once, for dyr; A is dyr
             dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
             u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                            fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel),
+                            fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel,
+                                                      unit_scale=unit),
                             arrays=arrays, name="rmsnorm_matmul_dx")
         if in_kernel:  # (u is dx already)
             dx = u
