@@ -1037,6 +1037,20 @@ def test_the_dx_kernels_k_side_forms_are_bools_with_their_constraints(flag, chan
     assert Config(**config.to_dict()) == config and config.to_dict()[flag] is True
 
 
+@pytest.mark.parametrize("a_operand, unit_scale, rows", [
+    ("xr", True, ("dyr_scale",)), ("dyr", True, ("dyr_scale",)), ("dyr_by_xla", True, ("dx_x_coef",)),
+    ("xr", False, ("dx_u_scale", "dx_x_coef", "dyr_scale")), ("dyr_by_xla", False, ("dx_u_scale", "dx_x_coef"))])
+def test_the_dx_finish_takes_only_the_row_vectors_it_needs(a_operand, unit_scale, rows):
+    """dx_in_kernel's (M,) float32 inputs: with s = 1 (bfloat16) no unit scale a, and where A is dy the coefficient
+    b comes from r in the kernel, so no XLA kernel makes either (measured: toggle_ab_dx_unit_scale-h200-7590466)."""
+    M, K, N = 2048, 1024, 768
+    cfg = MosaicGemmConfig(tile_m=128, tile_n=128)
+    operand = {"xr": dict(xr=jax.ShapeDtypeStruct((M, K), jnp.bfloat16)),
+               "dyr": dict(dyr=jax.ShapeDtypeStruct((M, N), jnp.bfloat16)), "dyr_by_xla": {}}[a_operand]
+    fusion = nm._dx_partial_fusion(M, K, cfg, True, in_kernel=True, unit_scale=unit_scale, **operand)
+    assert fusion.inputs == (*rows, "gamma")
+
+
 @cpu_only
 @pytest.mark.parametrize("dw_operand", ["xr", "dyr", "dyr_by_xla"])
 def test_dx_from_the_dx_kernel_leaves_no_xla_pass_over_u(dw_operand):

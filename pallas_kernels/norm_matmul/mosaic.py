@@ -96,12 +96,6 @@ Config = _config.MosaicRMSNormMatmulConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
 
 _F32 = jnp.float32
-# The dx kernel's finish with s = 1 (bfloat16) takes no (M,) vectors that XLA would make by kernels of their own
-# (``_dx_partial_fusion``'s unit_scale). A switch while it is measured (``benchmarks/scripts/toggle_ab.py``).
-UNIT_SCALE_IN_KERNEL = True
-# The forward kernel stores the r it forms from XLA's sums of squares, for the backward, instead of XLA forming r
-# again by a kernel of its own (``_scale_by_rstd_in``). A switch while it is measured.
-RSTD_FROM_FORWARD = False
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -191,8 +185,7 @@ def _forward_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig, stats_in_
     if gamma_in_registers:
         return _gamma_in_registers_fusion(M, K, eps, cfg, stats_in_kernel, squares_from)
     if not stats_in_kernel:
-        return Fusion(inputs=("sum_sq",), outputs=_rstd_out(M), prologue_init=_sum_sq_in,
-                      epilogue=_scale_by_rstd_in(K, eps))
+        return Fusion(inputs=("sum_sq",), prologue_init=_sum_sq_in, epilogue=_scale_by_rstd_in(K, eps))
 
     outputs = (("rstd", jax.ShapeDtypeStruct((M,), _F32)),)
     if stats_in_kernel in MMA_STATS:
@@ -259,18 +252,10 @@ def _sum_sq_in(ctx) -> jax.Array:
 
 
 def _scale_by_rstd_in(K: int, eps: float):
-    """The epilogue y = r ⊙ acc, r formed from the rows' sums of squares loaded at the tile's start; with
-    RSTD_FROM_FORWARD r is also stored ("rstd" (M,), ``_rstd_out``) for the backward."""
-    def epilogue(ctx, acc, sum_sq):
-        rstd = _rstd_from_squares(sum_sq, K, eps)
-        return acc * _bcast_rows(rstd, acc.shape), ({"rstd": rstd} if RSTD_FROM_FORWARD else {})
-
-    return epilogue
-
-
-def _rstd_out(M: int) -> tuple:
-    """The forward's outputs beside y where r comes from XLA's sums: r itself with RSTD_FROM_FORWARD."""
-    return (("rstd", jax.ShapeDtypeStruct((M,), _F32)),) if RSTD_FROM_FORWARD else ()
+    """The epilogue y = r ⊙ acc, r formed from the rows' sums of squares loaded at the tile's start. (Storing r as
+    well, for the backward in place of XLA's 1 µs rsqrt kernel, cost the ping-pong forward 15 µs at 16384x1024x5504
+    and saved nothing at 8192x512x2816: toggle_ab_rstd_from_forward-h200-7590466.json.)"""
+    return lambda ctx, acc, sum_sq: (acc * _bcast_rows(_rstd_from_squares(sum_sq, K, eps), acc.shape), {})
 
 
 def _scale_by_rstd(K: int, eps: float):
@@ -296,7 +281,7 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
         return x * lax.broadcast_in_dim(vectors["gamma"], x.shape, [1])
 
     if not stats_in_kernel:
-        return Fusion(inputs=("sum_sq",), outputs=_rstd_out(M), step_inputs=("gamma",), prologue_init=_sum_sq_in,
+        return Fusion(inputs=("sum_sq",), step_inputs=("gamma",), prologue_init=_sum_sq_in,
                       a_operand=lambda ctx, x, vectors, sum_sq: (times_gamma(x, vectors), sum_sq),
                       epilogue=_scale_by_rstd_in(K, eps))
 
@@ -342,11 +327,10 @@ def _forward(x, residual, gamma, w, static: _Static):
     else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma); the kernel forms r
         x32 = x.astype(_F32)
         sum_sq = jnp.sum(x32 * x32, axis=1)
+        rstd = _rstd_from_squares(sum_sq, K, static.eps)  # for the backward, where XLA fuses it into its users
         a = (x32 * gamma.astype(_F32)).astype(x.dtype) if side == "x" else x
-        y, *rstd = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion,
-                        arrays=dict(arrays, sum_sq=sum_sq), name="rmsnorm_matmul_fwd")
-        # for the backward: from the kernel (RSTD_FROM_FORWARD), or XLA's, which it fuses into its users
-        rstd = rstd[0] if rstd else _rstd_from_squares(sum_sq, K, static.eps)
+        (y,) = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=dict(arrays, sum_sq=sum_sq),
+                    name="rmsnorm_matmul_fwd")
     return y, rstd, h
 
 
@@ -440,7 +424,9 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     the finish then reads xr where x was (b = s² · r / K instead: x = xr · s / r, xr rounded once to x's dtype).
     ``unit_scale`` (s = 1, bfloat16): no "dx_u_scale" (a = 1), and where A is dy (``dyr`` or ``xr``) no
     "dx_x_coef" either: the finish forms b from the r it takes for u's rows (r / K with xr, r² / K with dyr), so
-    no XLA kernel makes those (M,) vectors (about 0.9 and 1.1 µs of launches at 8192x512x2816)."""
+    no XLA kernel makes those (M,) vectors: forward + backward 125.8 → 125.2 µs at 8192x512x2816, 55.4 → 54.7 at
+    8192x512x768, 760.0 → 758.6 at 16384x1024x5504 (toggle_ab_dx_unit_scale-h200-7590466.json: the broadcast
+    kernel of a = 1 gone, XLA's r and b kernel now r alone, still about 1.1 µs)."""
 
     scaled = dyr is not None or xr is not None  # A is dy: u's rows times r / s, the carry's leaf ``scale_leaf``
     coef_from_r = in_kernel and unit_scale and scaled  # b = r / K (xr) or r² / K (dyr), r = the carry's r / s
@@ -537,7 +523,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
         arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
         from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
         in_kernel = cfg.dx_in_kernel and dh is None and not mu.interpreting()  # the dx kernel writes dx itself
-        unit = UNIT_SCALE_IN_KERNEL and dtype != jnp.float16  # s = 1: the finish takes fewer rows (unit_scale)
+        unit = dtype != jnp.float16  # s = 1: the finish takes fewer rows (``_dx_partial_fusion``'s unit_scale)
         a_is_dy = cfg.xr_in_dx or cfg.dyr_by_dx(dtype, dh is not None)
         if in_kernel:  # dx = s · u − (s · r² / K) · Σ_K(u ⊙ x) · x, with xr: − (s² · r / K) · Σ_K(u ⊙ x) · xr
             if not (unit and a_is_dy):
