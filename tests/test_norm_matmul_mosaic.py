@@ -429,6 +429,15 @@ def test_gamma_on_x_writes_x_times_gamma_and_no_w_gamma():
 
 
 @cpu_only
+@pytest.mark.parametrize("M, K, N, tried", [(8192, 512, 2816, True), (4096, 4096, 14336, False)])
+def test_the_sweep_tries_the_dw_finish_kernel_where_xla_runs_the_dw_gemm(M, K, N, tried):
+    x, g, w = (jnp.zeros(s, jnp.bfloat16) for s in ((M, K), (K,), (K, N)))
+    with backends.lowering_for_gpu():
+        _, backward = norm_matmul.sweep_candidates(x, g, w, backend="mosaic")
+    assert any(c["dw_finish_kernel"] for c in backward) == tried
+
+
+@cpu_only
 @pytest.mark.slow
 def test_every_sweep_candidate_lowers_within_shared_memory():
     M, K, N = SUITE_SHAPES[1]
@@ -1026,10 +1035,12 @@ def test_dyr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, residual, dx):
     ("dx_in_kernel", dict(dx_in_kernel="yes"), "dx_in_kernel: must be a bool"),
     ("xr_in_dx", dict(row_dot="n"), "xr_in_dx: .* needs row_dot='k'"),
     ("xr_in_dx", dict(dyr_in_dx=True), "dyr_in_dx not True"),
-    ("xr_in_dx", dict(xr_in_dx="yes"), "xr_in_dx: must be a bool")])
+    ("xr_in_dx", dict(xr_in_dx="yes"), "xr_in_dx: must be a bool"),
+    ("dw_finish_kernel", dict(dgamma_from="u"), "dw_finish_kernel: .* not dgamma_from='u'"),
+    ("dw_finish_kernel", dict(dw_finish_kernel=1), "dw_finish_kernel: must be a bool")])
 def test_the_dx_kernels_k_side_forms_are_bools_with_their_constraints(flag, changes, match):
-    """dx_in_kernel needs the K side and whole cooperative dx tiles; xr_in_dx the K side and no dyr. Both are stored
-    in the tuned entries' dicts."""
+    """dx_in_kernel needs the K side and whole cooperative dx tiles; xr_in_dx the K side and no dyr;
+    dw_finish_kernel dgamma from dw's side. All are stored in the tuned entries' dicts."""
     tiles = MosaicGemmConfig()
     with pytest.raises(ValueError, match=match):
         Config(**dict(dict(forward=tiles, dx=tiles, dw=tiles, row_dot="k", **{flag: True}), **changes))

@@ -536,6 +536,11 @@ class MosaicRMSNormMatmulConfig:
                              "(r / s) ⊙ x for the dw GEMM, which reads dy) needs row_dot='k' and dyr_in_dx not True "
                              f"(dyr is not made); got xr_in_dx={self.xr_in_dx!r}, row_dot={self.row_dot!r}, "
                              f"dyr_in_dx={self.dyr_in_dx!r}")
+        if not isinstance(self.dw_finish_kernel, bool) or (self.dw_finish_kernel and self.dgamma_from == "u"):
+            raise ValueError("MosaicRMSNormMatmulConfig.dw_finish_kernel: must be a bool; True (cuBLAS's dw GEMM in "
+                             "two halves, dw and dgamma from one Triton kernel, where XLA runs that GEMM) needs "
+                             f"dgamma from dw's side, not dgamma_from='u'; got dw_finish_kernel="
+                             f"{self.dw_finish_kernel!r}, dgamma_from={self.dgamma_from!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         fwd = self.forward
@@ -551,7 +556,7 @@ class MosaicRMSNormMatmulConfig:
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx,
                     dgamma_from=self.dgamma_from, squares_from=self.squares_from, dx_in_kernel=self.dx_in_kernel,
-                    xr_in_dx=self.xr_in_dx)
+                    xr_in_dx=self.xr_in_dx, dw_finish_kernel=self.dw_finish_kernel)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with
@@ -840,6 +845,9 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
         k_dx = dataclasses.replace(base, row_dot="k", row_dot_in_dx=False, dgamma_from=None, dx_in_kernel=True,
                                    dx=dataclasses.replace(dx, stream_k=0))
         bwd += [k_dx.with_dyr_from_dx(dtype, residual), dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True)]
+        if base.dw_by_xla(K, N):  # and cuBLAS's dw in two halves summed with dw and dgamma by one Triton kernel
+            # (dw_finish_kernel: the H200's entry at 8192x512x2816)
+            bwd.append(dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True, dw_finish_kernel=True))
         if not residual:  # and that dx kernel's epilogue in a fourth warpgroup (the H200's entry at
             # 32768x4096x4096 since the fifty-first session; 128x128 accumulators side by side, 3 stages)
             bwd.append(dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True, dx=dataclasses.replace(
