@@ -1063,6 +1063,34 @@ def test_the_dx_finish_takes_only_the_row_vectors_it_needs(a_operand, unit_scale
 
 
 @cpu_only
+@pytest.mark.parametrize("M, K, N, sums", [(8192, 512, 2816, True), (8192, 512, 768, False)])
+def test_xr_from_the_forwards_sums_leaves_no_rsqrt_to_xla(M, K, N, sums):
+    """At the H200 entry of 8192x512x2816 (xr from the dx kernel, r from XLA's sums in the forward, bfloat16) the dx
+    kernel forms r from the forward's sums of squares itself: the lowered program has no rsqrt outside the kernels.
+    At 8192x512x768 (dyr from the dx kernel's K loop) XLA still forms r for it."""
+    entry = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
+                                   device="NVIDIA H200"))
+    assert entry.xr_in_dx == sums and not entry.stats_in_kernel
+    fn, args = _fwd_bwd(M, K, N, False, entry)
+    with backends.lowering_for_gpu():
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert ("stablehlo.rsqrt" in program) != sums
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("residual", [False, True])
+def test_xr_with_r_from_the_sums_in_interpret_mode(residual):
+    """xr from the dx kernel with r formed there from the forward's sums (bfloat16, gamma on x, r from XLA): forward
+    and gradients against the float32 reference (in interpret mode XLA finishes dx from u)."""
+    tiles = _Interpreted.tiles
+    config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="x", row_dot="k", xr_in_dx=True, dw_in_xla=False)
+    x, g, w, res = inputs(128, 128, 256, jnp.bfloat16, residual=residual)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16), block_sizes=config)
+
+
+@cpu_only
 @pytest.mark.parametrize("dw_operand", ["xr", "dyr", "dyr_by_xla"])
 def test_dx_from_the_dx_kernel_leaves_no_xla_pass_over_u(dw_operand):
     """dx_in_kernel in the CUDA lowering at the H200 entry of 16384x1024x5504 (the K side, gamma on x), beside each

@@ -96,6 +96,9 @@ Config = _config.MosaicRMSNormMatmulConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
 
 _F32 = jnp.float32
+# The dx kernel with xr forms r from the forward's sums of squares (``_dx_partial_fusion``'s sums_eps), so no XLA
+# kernel makes r. A switch while it is measured (``benchmarks/scripts/toggle_ab.py``).
+R_FROM_SUMS = True
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -305,12 +308,13 @@ def _gamma_in_registers_fusion(M: int, K: int, eps: float, cfg: MosaicGemmConfig
 
 
 def _forward(x, residual, gamma, w, static: _Static):
-    """x, residual (M, K); gamma (K,); w (K, N) -> y (M, N), r (M,) float32, h (M, K) or None."""
+    """x, residual (M, K); gamma (K,); w (K, N) -> y (M, N), r (M,) float32, h (M, K) or None, and the rows' sums
+    of squares (M,) float32 where XLA formed them (else None: r came from the kernel)."""
     M, K = x.shape
     if M == 1:  # decode: the transposed GEMV
-        return mosaic_gemv.forward(x, residual, gamma, w, config=static.config.forward, eps=static.eps,
-                                   out_dtype=static.out_dtype,
-                                   gamma_in_registers=static.config.one_row_gamma_in_registers(w.shape[1]))
+        return (*mosaic_gemv.forward(x, residual, gamma, w, config=static.config.forward, eps=static.eps,
+                                     out_dtype=static.out_dtype,
+                                     gamma_in_registers=static.config.one_row_gamma_in_registers(w.shape[1])), None)
     h = None
     if residual is not None:  # h = x + residual rounded to x's dtype: one XLA pass, written once
         h = (x.astype(_F32) + residual.astype(_F32)).astype(x.dtype)
@@ -321,6 +325,7 @@ def _forward(x, residual, gamma, w, static: _Static):
                              squares_from=static.config.squares_from)
     b = _scaled_w(gamma, w) if side == "w" else w
     arrays = dict(gamma=gamma.astype(x.dtype)) if side == "a" else {}
+    sum_sq = None
     if static.config.stats_in_kernel:
         y, rstd = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
                        name="rmsnorm_matmul_fwd")
@@ -331,7 +336,7 @@ def _forward(x, residual, gamma, w, static: _Static):
         a = (x32 * gamma.astype(_F32)).astype(x.dtype) if side == "x" else x
         (y,) = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=dict(arrays, sum_sq=sum_sq),
                     name="rmsnorm_matmul_fwd")
-    return y, rstd, h
+    return y, rstd, h, sum_sq
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -410,7 +415,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
 def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                        dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True,
                        in_kernel: bool = False, xr: jax.ShapeDtypeStruct | None = None,
-                       unit_scale: bool = False) -> Fusion:
+                       unit_scale: bool = False, sums_eps: float | None = None) -> Fusion:
     """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
     dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``gamma_in_u`` False (with
@@ -426,17 +431,25 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     "dx_x_coef" either: the finish forms b from the r it takes for u's rows (r / K with xr, r² / K with dyr), so
     no XLA kernel makes those (M,) vectors: forward + backward 125.8 → 125.2 µs at 8192x512x2816, 55.4 → 54.7 at
     8192x512x768, 760.0 → 758.6 at 16384x1024x5504 (toggle_ab_dx_unit_scale-h200-7590466.json: the broadcast
-    kernel of a = 1 gone, XLA's r and b kernel now r alone, still about 1.1 µs)."""
+    kernel of a = 1 gone, XLA's r and b kernel now r alone, still about 1.1 µs). ``sums_eps`` (with ``xr`` and
+    ``unit_scale``): the rows come in as x's sums of squares ("sum_sq", (M,) float32, the forward's XLA
+    reduction) in place of r, and each use forms r = rsqrt(sum_sq / K + eps) itself, so no XLA kernel makes r."""
 
     scaled = dyr is not None or xr is not None  # A is dy: u's rows times r / s, the carry's leaf ``scale_leaf``
+    if sums_eps is not None and (xr is None or not unit_scale):
+        raise ValueError("_dx_partial_fusion: sums_eps takes the xr form with unit_scale (r / s = r)")
     coef_from_r = in_kernel and unit_scale and scaled  # b = r / K (xr) or r² / K (dyr), r = the carry's r / s
     finish_rows = () if not in_kernel or coef_from_r else ("dx_x_coef",) if unit_scale else ("dx_u_scale",
                                                                                              "dx_x_coef")
     scale_leaf = len(finish_rows)
 
+    def r_over_s(carry):  # the rows' r / s (tile rows,) float32: the carry's leaf, or formed from the sums there
+        rows = carry[scale_leaf]
+        return rows if sums_eps is None else _rstd_from_squares(rows, K, sums_eps)
+
     def epilogue(ctx, acc, carry):
         if scaled:
-            acc = acc * _bcast_rows(carry[scale_leaf], acc.shape)
+            acc = acc * _bcast_rows(r_over_s(carry), acc.shape)
         x = ctx.load_tile("x")
         if not gamma_cols:
             return acc, {"row_dot_parts": jnp.sum(acc * x, axis=1)}
@@ -448,7 +461,7 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
 
     parts = ("row_dot_parts", jax.ShapeDtypeStruct((K // cfg.tile_n, M), _F32))
     gamma = ("gamma",) if gamma_cols else ()
-    rows = finish_rows + (("dyr_scale",) if scaled else ())
+    rows = finish_rows + ((("dyr_scale",) if sums_eps is None else ("sum_sq",)) if scaled else ())
     hooks = {"col_inputs": gamma}  # gamma's slices by TMA at the tile's start: the dx kernel 1537.2 -> 1524.4 µs
     # at 32768x4096x4096 against loading them from GMEM in the epilogue (toggle_ab_gamma_cols_by_tma-h200-d3eb5e4.json)
     if rows:
@@ -456,7 +469,7 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     if in_kernel:
         def finish(ctx, u, row_dot, carry):  # dx from u and the row dot summed over the row's tiles
             if coef_from_r:
-                r = carry[scale_leaf]
+                r = r_over_s(carry)
                 b = r * (1.0 / K) if xr is not None else r * r * (1.0 / K)
             else:
                 b = carry[scale_leaf - 1]
@@ -467,7 +480,7 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     if xr is not None:
         def xr_tile(ctx, carry):  # (the whole tile, or a column slice of it: MosaicGemmConfig.epilogue_in)
             x = ctx.load_tile("x")
-            return x * _bcast_rows(carry[scale_leaf], x.shape)
+            return x * _bcast_rows(r_over_s(carry), x.shape)
 
         hooks["tile_copy"] = ("xr", xr_tile)
         return Fusion(tile_inputs=("x",), inputs=(*rows, *gamma), store_in="x", outputs=(("xr", xr), parts),
@@ -507,7 +520,7 @@ def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig, dgamma: bool = True) -> Fu
                   prologue_init=lambda ctx: ctx.load_rows("gamma_s"), epilogue=epilogue)
 
 
-def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
+def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
     """xn: the normalized input (h with a residual) (M, K). Returns dx (M, K) in xn.dtype (including dh), dgamma
     (K,) in gamma.dtype, dw (K, N) in w.dtype."""
     M, K = xn.shape
@@ -531,10 +544,13 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
             if not unit:
                 arrays["dx_u_scale"] = jnp.broadcast_to(scale, (M,))
         if cfg.xr_in_dx:  # A is dy; the dx kernel scales u's rows and writes xr from its x tile
+            sums = R_FROM_SUMS and unit and sum_sq is not None  # r formed in the kernel from the forward's sums
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel,
-                                        xr=jax.ShapeDtypeStruct((M, K), dtype), unit_scale=unit)
+                                        xr=jax.ShapeDtypeStruct((M, K), dtype), unit_scale=unit,
+                                        sums_eps=static.eps if sums else None)
+            rows = dict(sum_sq=sum_sq) if sums else dict(dyr_scale=rstd / scale)
             u, xr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                                fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
+                                fusion=fusion, arrays=dict(arrays, **rows), name="rmsnorm_matmul_dx")
             dw_a, dw_b = xr, dy.astype(dtype)  # g = xrᵀ @ dy
         elif cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u,
@@ -613,19 +629,19 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static):
 # ---------------------------------------------------------------------------------------------------------------
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _rmsnorm_matmul(x, residual, gamma, w, static: _Static):
-    y, _, h = _forward(x, residual, gamma, w, static)
+    y, _, h, _ = _forward(x, residual, gamma, w, static)
     return y if residual is None else (h, y)
 
 
 def _rmsnorm_matmul_fwd(x, residual, gamma, w, static: _Static):
-    y, rstd, h = _forward(x, residual, gamma, w, static)
+    y, rstd, h, sum_sq = _forward(x, residual, gamma, w, static)
     one_row = static.one_row_backward is not None  # the Triton backward's row dot takes y
     kept_y = y if one_row or static.config.row_dot_side() == "n" else None  # the K side needs no y
-    return (y if residual is None else (h, y)), (x if residual is None else h, gamma, w, rstd, kept_y)
+    return (y if residual is None else (h, y)), (x if residual is None else h, gamma, w, rstd, kept_y, sum_sq)
 
 
 def _rmsnorm_matmul_bwd(static: _Static, saved, cotangent):
-    xn, gamma, w, rstd, y = saved
+    xn, gamma, w, rstd, y, sum_sq = saved
     has_residual = isinstance(cotangent, tuple)  # (dh, dy) when the primal returned (h, y)
     dh, dy = cotangent if has_residual else (None, cotangent)
     if static.one_row_backward is not None:  # one row: the Triton backend's decode kernels
@@ -633,7 +649,7 @@ def _rmsnorm_matmul_bwd(static: _Static, saved, cotangent):
                                           interpret=mu.interpreting())
         dx, dgamma, dw = triton_bwd.backward(xn, gamma, w, rstd, y, dy, dh, static=triton_static)
     else:
-        dx, dgamma, dw = _backward(xn, gamma, w, rstd, y, dy, dh, static)
+        dx, dgamma, dw = _backward(xn, gamma, w, rstd, y, dy, dh, static, sum_sq)
     return dx, (dx if has_residual else None), dgamma, dw
 
 
