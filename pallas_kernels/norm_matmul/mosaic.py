@@ -520,7 +520,8 @@ def _dw_fusion(K: int, N: int, cfg: MosaicGemmConfig, dgamma: bool = True) -> Fu
 
 
 def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
-    """xn: the normalized input (h with a residual) (M, K). Returns dx (M, K) in xn.dtype (including dh), dgamma
+    """xn: the norm's input, x (h with a residual) (M, K); rstd (M,) float32 = r; sum_sq (M,) float32: the
+    forward's sums of squares where XLA formed them, else None. Returns dx (M, K) in xn.dtype (including dh), dgamma
     (K,) in gamma.dtype, dw (K, N) in w.dtype."""
     M, K = xn.shape
     N = w.shape[1]
