@@ -1687,18 +1687,19 @@ def test_share_rows_on_the_gpu(M, K, N, config, with_operand):
 # Fusion.col_inputs: a column vector's slice at each tile TMA-loaded into shared memory at the tile's start
 # ---------------------------------------------------------------------------------------------------------------
 def _scaled_columns(col_inputs: tuple = ("v",)) -> Fusion:
-    """out = (A @ B) ⊙ v over the columns, v (N,) float32 read by ``TileContext.load_cols``."""
+    """out = (A @ B) ⊙ v over the columns, v (N,) read (as float32) by ``TileContext.load_cols``."""
     return Fusion(inputs=("v",), col_inputs=col_inputs, epilogue=lambda ctx, acc, carry: (
         acc * jax.lax.broadcast_in_dim(ctx.load_cols("v"), acc.shape, [1]), {}))
 
 
 @pytest.mark.parametrize("fusion, v, match", [
     (Fusion(col_inputs=("v",)), S((512,), jnp.float32),
-     r"col_inputs='v' must name a \(512,\) float32 array of inputs, N a multiple of tile_n=128 \(its slices load by "
-     r"TMA\); got not among inputs, N=512"),
-    (_scaled_columns(), S((512,), jnp.bfloat16), r"col_inputs='v' .* got shape \(512,\), dtype bfloat16, N=512"),
+     r"col_inputs='v' must name a \(512,\) float32, bfloat16 or float16 array of inputs, N a multiple of tile_n=128 "
+     r"\(its slices load by TMA\); got not among inputs, N=512"),
+    (_scaled_columns(), S((512,), jnp.int32), r"col_inputs='v' .* got shape \(512,\), dtype int32, N=512"),
+    (_scaled_columns(), S((512,), jnp.float8_e4m3fn), r"col_inputs='v' .* got shape \(512,\), dtype float8_e4m3fn"),
     (_scaled_columns(), S((256,), jnp.float32), r"col_inputs='v' .* got shape \(256,\), dtype float32, N=512")])
-def test_col_inputs_must_be_float32_column_vectors_of_the_inputs(fusion, v, match):
+def test_col_inputs_must_be_float_column_vectors_of_the_inputs(fusion, v, match):
     with pytest.raises(ValueError, match=match):
         jax.eval_shape(lambda a, b, v: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16, fusion=fusion,
                                             arrays=dict(v=v)),
@@ -1708,18 +1709,20 @@ def test_col_inputs_must_be_float32_column_vectors_of_the_inputs(fusion, v, matc
 def test_col_inputs_need_n_a_multiple_of_tile_n():
     """A last column of tiles past N (partial_columns) has no whole (tile_n,) slice for TMA to load."""
     fusion = dataclasses.replace(_scaled_columns(), partial_columns=True)
-    with pytest.raises(ValueError, match=r"col_inputs='v' must name a \(320,\) float32 array of inputs, N a multiple "
-                                         r"of tile_n=128 .* got shape \(320,\), dtype float32, N=320"):
+    with pytest.raises(ValueError, match=r"col_inputs='v' must name a \(320,\) float32, bfloat16 or float16 array of "
+                                         r"inputs, N a multiple of tile_n=128 .* got shape \(320,\), dtype float32, "
+                                         r"N=320"):
         jax.eval_shape(lambda a, b, v: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16, fusion=fusion,
                                             arrays=dict(v=v)),
                        S((256, 256), jnp.bfloat16), S((256, 320), jnp.bfloat16), S((320,), jnp.float32))
 
 
 @cpu_only
-def test_col_inputs_load_by_tma_beside_the_operands():
-    """Lowered for CUDA: one more TMA load (the vector's slice) and its SMEM, 2 x tile_n float32 and a barrier pair,
-    over reading the vector from GMEM in the epilogue."""
-    operands = S((4096, 1024), jnp.bfloat16), S((1024, 2048), jnp.bfloat16), S((2048,), jnp.float32)
+@pytest.mark.parametrize("v_dtype", [jnp.float32, jnp.bfloat16])
+def test_col_inputs_load_by_tma_beside_the_operands(v_dtype):
+    """Lowered for CUDA: one more TMA load (the vector's slice) and its SMEM, 2 x tile_n elements of the vector's own
+    dtype (at least: aligned) and a barrier pair, over reading the vector from GMEM in the epilogue."""
+    operands = S((4096, 1024), jnp.bfloat16), S((1024, 2048), jnp.bfloat16), S((2048,), v_dtype)
 
     def lowered(fusion):
         (kernel,) = mosaic_ir.lower_kernels(
@@ -1729,28 +1732,34 @@ def test_col_inputs_load_by_tma_beside_the_operands():
 
     by_tma, from_gmem = lowered(_scaled_columns()), lowered(_scaled_columns(col_inputs=()))
     assert by_tma.tma_loads() == from_gmem.tma_loads() + 1
-    assert 0 <= by_tma.smem_bytes - from_gmem.smem_bytes - 2 * MosaicGemmConfig().tile_n * 4 <= 64
+    slices = 2 * MosaicGemmConfig().tile_n * jnp.dtype(v_dtype).itemsize  # (Mosaic aligns buffers to 1024 bytes)
+    assert slices <= by_tma.smem_bytes - from_gmem.smem_bytes <= max(slices, 1024) + 64
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, config", [(1024, 512, 1024, MosaicGemmConfig()),
-                                             (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m"))])
-def test_col_inputs_on_the_gpu(M, K, N, config):
-    """Each tile scales its columns by its own slice of v, two calls on fresh inputs."""
+@pytest.mark.parametrize("M, K, N, config, v_dtype", [
+    (1024, 512, 1024, MosaicGemmConfig(), jnp.float32),
+    (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m"), jnp.float32),
+    (2048, 1024, 2048, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m"), jnp.bfloat16),
+    (1024, 512, 1024, MosaicGemmConfig(), jnp.float16)])
+def test_col_inputs_on_the_gpu(M, K, N, config, v_dtype):
+    """Each tile scales its columns by its own slice of v (in v's dtype, a ramp so that a slice from the wrong place
+    or a misread half-precision element shows), two calls on fresh inputs."""
     fn = jax.jit(lambda a, b, v: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_scaled_columns(),
                                       arrays=dict(v=v))[0])
     for _ in range(2):
         a, b = _operands(M, K, N, jnp.bfloat16)
-        v = jax.random.uniform(_key(), (N,), jnp.float32, 0.5, 2.0)
-        assert _rel_err(fn(a, b, v), _f32_product(a, b) * v) < _tol(jnp.bfloat16, K)
+        v = (jax.random.uniform(_key(), (N,), jnp.float32, 0.5, 2.0) * jnp.linspace(0.25, 4.0, N)).astype(v_dtype)
+        assert _rel_err(fn(a, b, v), _f32_product(a, b) * v.astype(jnp.float32)) < _tol(jnp.bfloat16, K)
 
 
 @cpu_only
 @pytest.mark.slow
 def test_col_inputs_in_interpret_mode():
-    """Two blocks walk 4 tiles of 2 column blocks: each tile scales by its own slice of v."""
+    """Two blocks walk 4 tiles of 2 column blocks: each tile scales by its own slice of v (bfloat16 here: read as
+    float32)."""
     a, b = _operands(128, 64, 128, jnp.bfloat16)
-    v = jax.random.uniform(_key(), (128,), jnp.float32, 0.5, 2.0)
+    v = jax.random.uniform(_key(), (128,), jnp.float32, 0.5, 2.0).astype(jnp.bfloat16)
     with mosaic_utils.interpret_on_cpu(num_sms=2):
         (out,) = gemm(a, b, config=_TINY, out_dtype=jnp.float32, fusion=_scaled_columns(), arrays=dict(v=v))
     np.testing.assert_allclose(np.asarray(out), np.asarray(_f32_product(a, b) * v), rtol=1e-2, atol=1e-2)

@@ -1063,28 +1063,44 @@ def test_the_dx_finish_takes_only_the_row_vectors_it_needs(a_operand, unit_scale
 
 
 @cpu_only
-@pytest.mark.parametrize("M, K, N, sums", [(8192, 512, 2816, True), (8192, 512, 768, False)])
-def test_xr_from_the_forwards_sums_leaves_no_rsqrt_to_xla(M, K, N, sums):
-    """At the H200 entry of 8192x512x2816 (xr from the dx kernel, r from XLA's sums in the forward, bfloat16) the dx
-    kernel forms r from the forward's sums of squares itself: the lowered program has no rsqrt outside the kernels.
-    At 8192x512x768 (dyr from the dx kernel's K loop) XLA still forms r for it."""
+@pytest.mark.parametrize("M, K, N, xr", [(8192, 512, 2816, True), (8192, 512, 768, False)])
+def test_xr_from_the_forwards_sums_leaves_no_rsqrt_to_xla(M, K, N, xr):
+    """At the H200 entries of 8192x512x2816 (xr from the dx kernel) and 8192x512x768 (dyr from its K loop), with r
+    from XLA's sums in the forward (bfloat16), the dx kernel forms r from the forward's sums of squares itself: the
+    lowered program has no rsqrt outside the kernels (taking r instead, XLA formed it in a kernel of its own)."""
     entry = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
                                    device="NVIDIA H200"))
-    assert entry.xr_in_dx == sums and not entry.stats_in_kernel
+    assert entry.xr_in_dx == xr and entry.dyr_in_dx != xr and not entry.stats_in_kernel
     fn, args = _fwd_bwd(M, K, N, False, entry)
     with backends.lowering_for_gpu():
         program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert ("stablehlo.rsqrt" in program) != sums
+    assert "stablehlo.rsqrt" not in program
+
+
+@cpu_only
+@pytest.mark.parametrize("M, K, N", [(8192, 512, 2816), (32768, 4096, 4096), (16384, 1024, 5504)])
+def test_a_bfloat16_gamma_reaches_the_kernels_unconverted(M, K, N):
+    """The dx kernel reads gamma's column slices and the dw kernel its rows in gamma's own dtype, converting as they
+    load them: at the H200 entries the lowered forward and backward convert gamma to float32 only in the forward's
+    x ⊙ gamma (gamma on x: inside XLA's pass over x, no kernel of its own)."""
+    entry = Config(**tuning.lookup("rmsnorm_matmul", nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic",
+                                   device="NVIDIA H200"))
+    fn, args = _fwd_bwd(M, K, N, False, entry)
+    with backends.lowering_for_gpu():
+        program = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert program.count(f"(tensor<{K}xbf16>) -> tensor<{K}xf32>") == (entry.gamma_on == "x")
 
 
 @cpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("residual", [False, True])
-def test_xr_with_r_from_the_sums_in_interpret_mode(residual):
-    """xr from the dx kernel with r formed there from the forward's sums (bfloat16, gamma on x, r from XLA): forward
-    and gradients against the float32 reference (in interpret mode XLA finishes dx from u)."""
+@pytest.mark.parametrize("a_copy", ["xr", "dyr"])
+def test_xr_with_r_from_the_sums_in_interpret_mode(residual, a_copy):
+    """xr (or dyr) from the dx kernel with r formed there from the forward's sums (bfloat16, gamma on x, r from
+    XLA): forward and gradients against the float32 reference (in interpret mode XLA finishes dx from u)."""
     tiles = _Interpreted.tiles
-    config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="x", row_dot="k", xr_in_dx=True, dw_in_xla=False)
+    config = Config(forward=tiles, dx=tiles, dw=tiles, gamma_on="x", row_dot="k", xr_in_dx=a_copy == "xr",
+                    dyr_in_dx=a_copy == "dyr" or None, dw_in_xla=False)
     x, g, w, res = inputs(128, 128, 256, jnp.bfloat16, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):
         _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16), block_sizes=config)

@@ -69,9 +69,11 @@ from pallas_kernels.gemm import specialized, stream_k
 from pallas_kernels.gemm.config import (PIPELINES, MosaicGemmConfig, operand_swizzle_elems, smem_bytes,
                                         unsupported_reason)
 
-__all__ = ["PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes", "unsupported_reason"]
+__all__ = ["COL_DTYPES", "PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes",
+           "unsupported_reason"]
 
 _F32 = jnp.float32
+COL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # ``Fusion.col_inputs``
 _MEMORY_REGISTERS = 40  # registers per thread left to the memory warpgroup (it only issues TMA)
 _ACCUMULATED = "accumulate_into"  # the tile-input name of ``accumulate_into``'s buffer (the output itself)
 _CLUSTER = "cluster"  # the axis name of a block within its cluster (``MosaicGemmConfig.cluster``)
@@ -115,15 +117,15 @@ class TileContext:
         return pl.ds(self.col0, self.config.tile_n)
 
     def load_rows(self, name: str) -> jax.Array:
-        """This accumulator's rows of the (M,) GMEM input ``name``, one value per row (layout ROWS)."""
-        return mu.load(self.refs[name].at[self.rows], layout=mu.ROWS, optimized=False)
+        """This accumulator's rows of the (M,) GMEM input ``name``, one float32 value per row (layout ROWS)."""
+        return mu.load(self.refs[name].at[self.rows], layout=mu.ROWS, optimized=False).astype(_F32)
 
     def load_cols(self, name: str) -> jax.Array:
-        """This accumulator's columns of the (N,) input ``name``, one value per column (layout COLS): from its SMEM
-        slice where the tile prefetched it (``Fusion.col_inputs``), else from GMEM."""
+        """This accumulator's columns of the (N,) input ``name``, one float32 value per column (layout COLS): from
+        its SMEM slice where the tile prefetched it (``Fusion.col_inputs``), else from GMEM."""
         if name in self.col_slices:
-            return mu.load(self.col_slices[name], layout=mu.COLS, optimized=False)
-        return mu.load(self.refs[name].at[self.cols], layout=mu.COLS, optimized=False)
+            return mu.load(self.col_slices[name], layout=mu.COLS, optimized=False).astype(_F32)
+        return mu.load(self.refs[name].at[self.cols], layout=mu.COLS, optimized=False).astype(_F32)
 
     def load_tile(self, name: str) -> jax.Array:
         """The prefetched tile input ``name`` as a float32 (tile_m, tile_n) array in the accumulator layout."""
@@ -136,9 +138,9 @@ class Fusion:
 
     tile_inputs: (M, N) arrays whose (tile_m, tile_n) tile at each accumulator is prefetched for the epilogue.
     inputs: other arrays the hooks read from GMEM themselves (row / column vectors).
-    col_inputs: (N,) float32 vectors of ``inputs`` whose (tile_n,) slice at each accumulator is TMA-loaded into
-      shared memory at the tile's start (beside the tile inputs), so the epilogue's ``TileContext.load_cols`` reads
-      it there, not from GMEM after the K loop.
+    col_inputs: (N,) float32, bfloat16 or float16 vectors of ``inputs`` whose (tile_n,) slice at each accumulator is
+      TMA-loaded into shared memory at the tile's start (beside the tile inputs), so the epilogue's
+      ``TileContext.load_cols`` reads it there (as float32), not from GMEM after the K loop.
     outputs: (name, jax.ShapeDtypeStruct) the hooks or the epilogue's row vectors write.
     scratch: (name, SMEM type) the hooks use; allocated once per block, shared by both compute warpgroups.
     store_in: a tile input (of out_dtype) whose SMEM tile, once the epilogue has read it, receives the output tile
@@ -374,12 +376,13 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"per column block), got {seen}")
     for n in fusion.col_inputs:
         vec = (arrays or {}).get(n)
-        if n not in fusion.inputs or vec is None or vec.shape != (N,) or jnp.dtype(vec.dtype) != jnp.dtype(_F32) \
+        if n not in fusion.inputs or vec is None or vec.shape != (N,) or jnp.dtype(vec.dtype) not in COL_DTYPES \
                 or N % config.tile_n:
             seen = "not among inputs" if n not in fusion.inputs else "no such array" if vec is None else \
                 f"shape {tuple(vec.shape)}, dtype {jnp.dtype(vec.dtype)}"
-            raise ValueError(f"{name}: col_inputs={n!r} must name a ({N},) float32 array of inputs, N a multiple of "
-                             f"tile_n={config.tile_n} (its slices load by TMA); got {seen}, N={N}")
+            raise ValueError(f"{name}: col_inputs={n!r} must name a ({N},) float32, bfloat16 or float16 array of "
+                             f"inputs, N a multiple of tile_n={config.tile_n} (its slices load by TMA); got {seen}, "
+                             f"N={N}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:
@@ -446,7 +449,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
                    accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs),
-                   sum_rows_snake=snake)
+                   sum_rows_snake=snake, col_dtypes=tuple(arrays[n].dtype for n in fusion.col_inputs))
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
@@ -483,6 +486,7 @@ class _Shape:
     stream_k: stream_k.StreamKPlan | None = None  # the last rounds' tiles split by K steps (``gemm.stream_k``)
     step_dtypes: tuple = ()  # the dtypes of ``Fusion.step_inputs``
     sum_rows_snake: bool = False  # (Fusion.sum_rows) planar-snake tiles, whole runs a round: see ``tile_context``
+    col_dtypes: tuple = ()  # the dtypes of ``Fusion.col_inputs``
 
     @property
     def iters(self) -> tuple[int, int, int]:
@@ -536,7 +540,7 @@ class _Shape:
                 tile_smem={n: plgpu.SMEM((cfg.tile_m, cfg.epi_tile_n), d, transforms=mu.smem_transforms(
                     cfg.epi_tile_n, d)) for n, d in zip(fusion.tile_inputs, self.tile_dtypes)},
                 tile_barriers={n: plgpu.Barrier(num_arrivals=1) for n in fusion.tile_inputs},
-                col_smem={n: plgpu.SMEM((2, cfg.tile_n), _F32) for n in fusion.col_inputs},
+                col_smem={n: plgpu.SMEM((2, cfg.tile_n), d) for n, d in zip(fusion.col_inputs, self.col_dtypes)},
                 col_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.col_inputs},
                 a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
                     (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(
@@ -552,7 +556,7 @@ class _Shape:
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
                        for n, d in zip(fusion.tile_inputs, self.tile_dtypes) if n != self.ring_input},
             tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs if n != self.ring_input},
-            col_smem={n: plgpu.SMEM((2, cfg.tile_n), _F32) for n in fusion.col_inputs},
+            col_smem={n: plgpu.SMEM((2, cfg.tile_n), d) for n, d in zip(fusion.col_inputs, self.col_dtypes)},
             col_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.col_inputs},
             a_copy_smem=None if fusion.a_copy is None else plgpu.SMEM(
                 (2, cfg.wg_rows, cfg.tile_k), self.a_copy_dtype, transforms=mu.smem_transforms(cfg.tile_k,

@@ -83,7 +83,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import mosaic_utils as mu
-from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, gemm
+from pallas_kernels.gemm.mosaic import COL_DTYPES, Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
 from pallas_kernels.norm_matmul import dw_finish, mosaic_gemv, triton_bwd, triton_fwd
 from pallas_kernels.norm_matmul.config import MMA_STATS
@@ -150,14 +150,26 @@ def _bcast_rows(vec: jax.Array, shape) -> jax.Array:
     return lax.broadcast_in_dim(vec, shape, [0])
 
 
-def _dyr_copy(leaf: int):
+def _dyr_copy(leaf: int, sums: tuple[int, float] | None = None):
     """The ``Fusion.a_copy`` function writing dyr's (rows, tile_k) block: dy's block times the rows' r / s, the
-    fusion's carry leaf ``leaf``."""
+    fusion's carry leaf ``leaf``; with ``sums`` (K, eps) that leaf holds x's sums of squares and r is formed from
+    them here (s = 1)."""
     def scaled_dy(ctx, dy, carry):
         del ctx
-        return dy.astype(_F32) * _bcast_rows(carry[leaf], dy.shape)
+        rows = carry[leaf] if sums is None else _rstd_from_squares(carry[leaf], *sums)
+        return dy.astype(_F32) * _bcast_rows(rows, dy.shape)
 
     return scaled_dy
+
+
+GAMMA_AS_GIVEN = True  # (A/B switch: toggle_ab.py)
+DYR_FROM_SUMS = True  # (A/B switch: toggle_ab.py)
+
+
+def _vector_input(v):
+    """A (K,) vector for a kernel's rows or columns: as it is in float32, bfloat16 or float16 (the kernel converts
+    it as it loads it, so no XLA kernel does: 1.2 µs at every shape), else in float32."""
+    return v if GAMMA_AS_GIVEN and jnp.dtype(v.dtype) in COL_DTYPES else v.astype(_F32)
 
 
 def _scaled_w(gamma, w):
@@ -343,7 +355,7 @@ def _dx_fusion(M: int, K: int, has_dh: bool, gamma_cols: bool, dyr: jax.ShapeDty
                row_dot_in_kernel: bool | str = False) -> Fusion:
     """dx = r ⊙ (dy @ w_γᵀ) − r²·c ⊙ x (+ dh), c = Σ_N(dy · y) / K, Σ_N(dy · y) coming in (M,) ("row_dot"); dx
     is written into the prefetched x tile's buffer and stored from there. ``gamma_cols``: the GEMM reads w itself,
-    dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) float32 coming in ("gamma") over the output's columns. ``dyr``
+    dy @ w_γᵀ = (dy @ wᵀ) ⊙ gamma, gamma (K,) coming in ("gamma", ``_vector_input``) over the output's columns. ``dyr``
     (M, N): also write dyr = (r / s) ⊙ dy from the dy blocks (``Fusion.a_copy``), r / s coming in (M,)
     ("dyr_scale"). ``row_dot_in_kernel``: Σ_N(dy · y) summed by the first tile of each row block instead, from its
     dy blocks (A, after each wgmma's issue) and y's ("y" (M, N) coming in, each block loaded from HBM), and shared
@@ -413,7 +425,7 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
                        dyr: jax.ShapeDtypeStruct | None = None, gamma_in_u: bool = True,
                        in_kernel: bool = False, xr: jax.ShapeDtypeStruct | None = None,
                        unit_scale: bool = False, sums_eps: float | None = None) -> Fusion:
-    """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) float32 coming in, with
+    """Row dot on the K side: u = acc (⊙ gamma over the columns, gamma (K,) coming in, with
     ``gamma_cols``), stored in x's dtype into the prefetched x tile's buffer, and per column block the partial row
     dot Σ u ⊙ x over its tile_n columns ("row_dot_parts", (K / tile_n, M) float32). ``gamma_in_u`` False (with
     ``gamma_cols``): u is stored before gamma (for dgamma = s · Σ_M(u ⊙ x)), the parts still sum u ⊙ gamma ⊙ x.
@@ -428,15 +440,15 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     "dx_x_coef" either: the finish forms b from the r it takes for u's rows (r / K with xr, r² / K with dyr), so
     no XLA kernel makes those (M,) vectors: forward + backward 125.8 → 125.2 µs at 8192x512x2816, 55.4 → 54.7 at
     8192x512x768, 760.0 → 758.6 at 16384x1024x5504 (toggle_ab_dx_unit_scale-h200-7590466.json: the broadcast
-    kernel of a = 1 gone, XLA's r and b kernel now r alone, still about 1.1 µs). ``sums_eps`` (with ``xr`` and
-    ``unit_scale``): the rows come in as x's sums of squares ("sum_sq", (M,) float32, the forward's XLA
-    reduction) in place of r, and each use forms r = rsqrt(sum_sq / K + eps) itself, so no XLA kernel makes r:
-    forward + backward 124.3 → 123.6 µs at 8192x512x2816, 752.3 → 751.0 at 16384x1024x5504, outputs bit for bit
-    the same (toggle_ab_r_from_sums-h200-f55c295.json)."""
+    kernel of a = 1 gone, XLA's r and b kernel now r alone, still about 1.1 µs). ``sums_eps`` (with ``xr`` or
+    ``dyr``, and ``unit_scale``): the rows come in as x's sums of squares ("sum_sq", (M,) float32, the forward's
+    XLA reduction) in place of r, and each use forms r = rsqrt(sum_sq / K + eps) itself (dyr's copy at each K
+    step), so no XLA kernel makes r: forward + backward 124.3 → 123.6 µs at 8192x512x2816, 752.3 → 751.0 at
+    16384x1024x5504 with xr, outputs bit for bit the same (toggle_ab_r_from_sums-h200-f55c295.json)."""
 
     scaled = dyr is not None or xr is not None  # A is dy: u's rows times r / s, the carry's leaf ``scale_leaf``
-    if sums_eps is not None and (xr is None or not unit_scale):
-        raise ValueError("_dx_partial_fusion: sums_eps takes the xr form with unit_scale (r / s = r)")
+    if sums_eps is not None and (not scaled or not unit_scale):
+        raise ValueError("_dx_partial_fusion: sums_eps takes A = dy (xr or dyr) with unit_scale (r / s = r)")
     coef_from_r = in_kernel and unit_scale and scaled  # b = r / K (xr) or r² / K (dyr), r = the carry's r / s
     finish_rows = () if not in_kernel or coef_from_r else ("dx_x_coef",) if unit_scale else ("dx_u_scale",
                                                                                              "dx_x_coef")
@@ -488,7 +500,8 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
         return Fusion(tile_inputs=("x",), inputs=(*rows, *gamma), store_in="x", outputs=(parts,), epilogue=epilogue,
                       **hooks)
     return Fusion(tile_inputs=("x",), inputs=(*rows, *gamma), store_in="x", outputs=(("dyr", dyr), parts),
-                  a_copy=("dyr", _dyr_copy(len(rows) - 1)), epilogue=epilogue, **hooks)
+                  a_copy=("dyr", _dyr_copy(len(rows) - 1, None if sums_eps is None else (K, sums_eps))),
+                  epilogue=epilogue, **hooks)
 
 
 def _row_coef(row_dot_parts, rstd, K: int) -> jax.Array:
@@ -533,7 +546,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
     b = w if on_x else _scaled_w(gamma, w)
     dgamma = None  # from the dw GEMM's epilogue, unless from u (``dgamma_from="u"``)
     if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts
-        arrays = dict(x=xn, gamma=gamma.astype(_F32)) if on_x else dict(x=xn)
+        arrays = dict(x=xn, gamma=_vector_input(gamma)) if on_x else dict(x=xn)
         from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
         in_kernel = cfg.dx_in_kernel and dh is None and not mu.interpreting()  # the dx kernel writes dx itself
         unit = dtype != jnp.float16  # s = 1: the finish takes fewer rows (``_dx_partial_fusion``'s unit_scale)
@@ -553,10 +566,12 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
                                 fusion=fusion, arrays=dict(arrays, **rows), name="rmsnorm_matmul_dx")
             dw_a, dw_b = xr, dy.astype(dtype)  # g = xrᵀ @ dy
         elif cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
+            sums = unit and sum_sq is not None and DYR_FROM_SUMS  # r formed in the kernel from the forward's sums
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u,
-                                        in_kernel, unit_scale=unit)
+                                        in_kernel, unit_scale=unit, sums_eps=static.eps if sums else None)
+            rows = dict(sum_sq=sum_sq) if sums else dict(dyr_scale=rstd / scale)
             u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                                 fusion=fusion, arrays=dict(arrays, dyr_scale=rstd / scale), name="rmsnorm_matmul_dx")
+                                 fusion=fusion, arrays=dict(arrays, **rows), name="rmsnorm_matmul_dx")
         else:  # dy read once, for dyr; A is dyr
             dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
             u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
@@ -584,7 +599,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
         if dh is not None:
             arrays["dh"] = dh.astype(dtype)
         if on_x:
-            arrays["gamma"] = gamma.astype(_F32)
+            arrays["gamma"] = _vector_input(gamma)
         if cfg.dyr_by_dx(dtype, dh is not None):  # the dx kernel writes dyr from its dy blocks
             arrays["dyr_scale"] = rstd / scale
             dx, dyr, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
@@ -611,7 +626,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
         if dgamma is None:
             dgamma = (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype)
         return dx, dgamma, dw
-    gamma_s = gamma.astype(_F32) * scale
+    gamma_s = gamma.astype(_F32) * scale if dtype == jnp.float16 else _vector_input(gamma)  # (s = 1 but in float16)
     if dgamma is not None:  # the dw kernel only scales rows: no w tile (nor a ring to carry one)
         dw_cfg = dataclasses.replace(cfg.dw, tile_input_in="buffer")
         dw, = gemm(dw_a, dw_b, transpose_a=True, config=dw_cfg, out_dtype=w.dtype,
