@@ -717,8 +717,7 @@ def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
 # ---------------------------------------------------------------------------------------------------------------
 # Numbers: sm90 GPU; CPU interpret mode (slow)
 # ---------------------------------------------------------------------------------------------------------------
-@gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, stats_in_kernel, row_dot", [
+_NUMBERS_CASES = [  # (M, K, N, dtype, stats_in_kernel or a variant, row_dot) of the GPU's forward and gradients
     (4096, 4096, 4096, jnp.bfloat16, False, "n"), (4096, 4096, 4096, jnp.bfloat16, True, "k"),
     (2048, 4096, 8192, jnp.bfloat16, "gamma_on_x", "n"),  # x ⊙ gamma as A, no w_γ
     (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k"),
@@ -742,12 +741,29 @@ def test_dyr_in_dx_is_a_bool_and_by_default_taken_on_the_n_side_where_it_fits():
     (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", None),  # the H200's entry there: stacked dx tiles beside the copy
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu"), (2048, 2048, 8192, jnp.bfloat16, "gamma_on_a",
                                                                     "k_dgu"),  # dgamma from u, dw at 4 stages
-    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu")])  # (dw's GEMM in XLA there)
+    (8192, 512, 2816, jnp.bfloat16, "gamma_on_x", "k_dyr_dgu")]  # (dw's GEMM in XLA there)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, dtype, stats_in_kernel, row_dot", _NUMBERS_CASES)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_dot, residual):
     x, g, w, res = inputs(M, K, N, dtype, residual=residual)
     config = _numbers_config(M, K, N, dtype, residual, stats_in_kernel, row_dot)
     _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
+
+
+@pytest.mark.parametrize("device", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_the_gpu_cases_configs_hold_on_the_cpu(device, residual, monkeypatch):
+    """Every config the GPU's forward-and-gradients cases build on each GPU (its tuned entries with a form replaced)
+    is one the config and ``check_config`` accept: an entry that gained a field a form excludes shows here, not on
+    the GPU (dw_finish_kernel beside dgamma_from="u" did)."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: device)
+    for M, K, N, dtype, variant, row_dot in _NUMBERS_CASES:
+        config = _numbers_config(M, K, N, dtype, residual, variant, row_dot)
+        x, g, w = S((M, K), dtype), S((K,), dtype), S((K, N), dtype)
+        nm.check_config(config, x, g, w, residual=S((M, K), dtype) if residual else None, out_dtype=dtype)
 
 
 @gpu_only
@@ -813,8 +829,8 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     config = dataclasses.replace(config, gamma_on=gamma_on, row_dot=row_dot and row_dot[0],
                                  squares_from=_squares_from(variant))
     if row_dot and row_dot.endswith("_dgu"):
-        config = dataclasses.replace(config, dgamma_from="u", dx_in_kernel=False,
-                                     dw=dataclasses.replace(_DYR_DX, num_stages=4))
+        config = dataclasses.replace(config, dgamma_from="u", dx_in_kernel=False, dw_finish_kernel=False,
+                                     dw=dataclasses.replace(_DYR_DX, num_stages=4))  # (dgamma not from dw's side)
     if row_dot and "_dyr" in row_dot:  # (dyr from the dx kernel replaces the entry's xr, e.g. at 4096x2048x11008)
         return dataclasses.replace(config, xr_in_dx=False).with_dyr_from_dx(dtype, residual)
     return config

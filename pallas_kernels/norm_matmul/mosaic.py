@@ -162,14 +162,12 @@ def _dyr_copy(leaf: int, sums: tuple[int, float] | None = None):
     return scaled_dy
 
 
-GAMMA_AS_GIVEN = True  # (A/B switch: toggle_ab.py)
-DYR_FROM_SUMS = True  # (A/B switch: toggle_ab.py)
-
-
 def _vector_input(v):
     """A (K,) vector for a kernel's rows or columns: as it is in float32, bfloat16 or float16 (the kernel converts
-    it as it loads it, so no XLA kernel does: 1.2 µs at every shape), else in float32."""
-    return v if GAMMA_AS_GIVEN and jnp.dtype(v.dtype) in COL_DTYPES else v.astype(_F32)
+    it as it loads it), else in float32. A bfloat16 gamma converted by XLA instead took a kernel of its own (0.8-1.2
+    µs): forward + backward 124.4 → 123.0 µs at 8192x512x2816, 53.2 → 51.7 at 8192x512x768, 762.3 → 760.1 at
+    16384x1024x5504, outputs bit for bit the same (toggle_ab_gamma_as_given-h200-422c1d7.json)."""
+    return v if jnp.dtype(v.dtype) in COL_DTYPES else v.astype(_F32)
 
 
 def _scaled_w(gamma, w):
@@ -444,7 +442,8 @@ def _dx_partial_fusion(M: int, K: int, cfg: MosaicGemmConfig, gamma_cols: bool,
     ``dyr``, and ``unit_scale``): the rows come in as x's sums of squares ("sum_sq", (M,) float32, the forward's
     XLA reduction) in place of r, and each use forms r = rsqrt(sum_sq / K + eps) itself (dyr's copy at each K
     step), so no XLA kernel makes r: forward + backward 124.3 → 123.6 µs at 8192x512x2816, 752.3 → 751.0 at
-    16384x1024x5504 with xr, outputs bit for bit the same (toggle_ab_r_from_sums-h200-f55c295.json)."""
+    16384x1024x5504 with xr, outputs bit for bit the same (toggle_ab_r_from_sums-h200-f55c295.json); 52.8 → 51.9
+    at 8192x512x768 with dyr (toggle_ab_dyr_from_sums-h200-422c1d7.json)."""
 
     scaled = dyr is not None or xr is not None  # A is dy: u's rows times r / s, the carry's leaf ``scale_leaf``
     if sums_eps is not None and (not scaled or not unit_scale):
@@ -566,7 +565,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
                                 fusion=fusion, arrays=dict(arrays, **rows), name="rmsnorm_matmul_dx")
             dw_a, dw_b = xr, dy.astype(dtype)  # g = xrᵀ @ dy
         elif cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
-            sums = unit and sum_sq is not None and DYR_FROM_SUMS  # r formed in the kernel from the forward's sums
+            sums = unit and sum_sq is not None  # r formed in the kernel from the forward's sums (sums_eps)
             fusion = _dx_partial_fusion(M, K, cfg.dx, on_x, jax.ShapeDtypeStruct((M, N), dtype), not from_u,
                                         in_kernel, unit_scale=unit, sums_eps=static.eps if sums else None)
             rows = dict(sum_sq=sum_sq) if sums else dict(dyr_scale=rstd / scale)
