@@ -625,7 +625,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
         if dgamma is None:
             dgamma = (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype)
         return dx, dgamma, dw
-    gamma_s = gamma.astype(_F32) * scale if dtype == jnp.float16 else _vector_input(gamma)  # (s = 1 but in float16)
+    gamma_s = gamma.astype(_F32) * scale if dtype == jnp.float16 else _vector_input(gamma)  # (else s = 1)
     if dgamma is not None:  # the dw kernel only scales rows: no w tile (nor a ring to carry one)
         dw_cfg = dataclasses.replace(cfg.dw, tile_input_in="buffer")
         dw, = gemm(dw_a, dw_b, transpose_a=True, config=dw_cfg, out_dtype=w.dtype,
