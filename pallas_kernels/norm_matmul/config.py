@@ -443,7 +443,10 @@ class MosaicRMSNormMatmulConfig:
       backward µs, False → True): 127.9 → 126.1 at 8192x512x2816 (XLA's two fusions of 4.11 and 3.01 µs, each
       summing the halves again, → the kernel's 5.12), its H200 entry; 55.3 → 61.1 at 8192x512x768, where XLA sums
       the halves once and makes dw and dgamma in one 2.11 µs fusion, and the split of our own made it run the GEMM
-      as a Triton split-K fusion (14.7 µs against cuBLAS's 12.4) with a 4.9 µs sum after it.
+      as a Triton split-K fusion (14.7 µs against cuBLAS's 12.4) with a 4.9 µs sum after it. The kernel on XLA's
+      own dot there (cuBLAS kept, XLA's sum of its halves before the kernel: 3.0 + 3.5 µs) took 53.9 against the
+      entry's 52.0-52.3 (toggle_ab_dw_finish_unsplit{,_entry}-h200-c342e9d.json); at 8192x512x2816 125.1 against
+      122.2 split.
     """
 
     forward: MosaicGemmConfig

@@ -162,9 +162,6 @@ def _dyr_copy(leaf: int, sums: tuple[int, float] | None = None):
     return scaled_dy
 
 
-DW_FINISH_UNSPLIT = False  # (A/B switch: toggle_ab.py)
-
-
 def _vector_input(v):
     """A (K,) vector for a kernel's rows or columns: as it is in float32, bfloat16 or float16 (the kernel converts
     it as it loads it), else in float32. A bfloat16 gamma converted by XLA instead took a kernel of its own (0.8-1.2
@@ -617,8 +614,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
         dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
         if dgamma is None and cfg.dw_finish_kernel and N <= dw_finish.MAX_N:  # one kernel: parts, dw, dgamma
-            parts = 2 if M % 2 == 0 and not DW_FINISH_UNSPLIT else 1  # (cuBLAS's two row blocks of the M
-            # reduction, summed by the kernel)
+            parts = 2 if M % 2 == 0 else 1  # (cuBLAS's two row blocks of the M reduction, summed by the kernel)
             g = lax.dot_general(dw_a.reshape(parts, M // parts, K), dw_b.reshape(parts, M // parts, N),
                                 (((1,), (1,)), ((0,), (0,))), preferred_element_type=_F32)  # (parts, K, N)
             dw, dgamma = dw_finish.finish_dw(g, w, gamma, jnp.reshape(scale, (1,)), interpret=mu.interpreting())
