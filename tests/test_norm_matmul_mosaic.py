@@ -756,12 +756,19 @@ def test_forward_and_gradients_on_the_gpu(M, K, N, dtype, stats_in_kernel, row_d
 @pytest.mark.parametrize("device", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_the_gpu_cases_configs_hold_on_the_cpu(device, residual, monkeypatch):
-    """Every config the GPU's forward-and-gradients cases build on each GPU (its tuned entries with a form replaced)
-    is one the config and ``check_config`` accept: an entry that gained a field a form excludes shows here, not on
-    the GPU (dw_finish_kernel beside dgamma_from="u" did)."""
+    """Every config the GPU's forward-and-gradients, xr and dx-in-kernel cases build on each GPU (its tuned entries
+    with a form replaced) is one the config and ``check_config`` accept: an entry that gained a field a form
+    excludes shows here, not on the GPU (dw_finish_kernel beside dgamma_from="u" did)."""
     monkeypatch.setattr(tuning, "device_kind", lambda: device)
-    for M, K, N, dtype, variant, row_dot in _NUMBERS_CASES:
-        config = _numbers_config(M, K, N, dtype, residual, variant, row_dot)
+    cases = [((M, K, N, dtype), _numbers_config(M, K, N, dtype, residual, variant, row_dot))
+             for M, K, N, dtype, variant, row_dot in _NUMBERS_CASES]
+    cases += [(case[:4], _xr_config(*case, residual)) for case in _XR_CASES]
+    cases += [(case[:4], _dx_config(*case, residual)) for case in _DX_CASES]
+    if device == "NVIDIA H200":  # (the cases name its entries; elsewhere an entry may refuse a form: skipped)
+        assert all(config is not None for _, config in cases)
+    for (M, K, N, dtype), config in cases:
+        if config is None:
+            continue
         x, g, w = S((M, K), dtype), S((K,), dtype), S((K, N), dtype)
         nm.check_config(config, x, g, w, residual=S((M, K), dtype) if residual else None, out_dtype=dtype)
 
@@ -1265,45 +1272,76 @@ def test_the_dx_epilogue_apart_on_the_gpu(M, K, N):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
 
 
-@gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, variant, row_dot, dx_in_kernel", [
+_XR_CASES = [  # (M, K, N, dtype, variant (None: the device's entry), row_dot, dx_in_kernel)
     (16384, 1024, 5504, jnp.bfloat16, None, None, True),  # the H200 entry: gamma on x, 4 column blocks
     (32768, 4096, 4096, jnp.bfloat16, None, None, True),  # gamma in the registers, the x tile through the ring
     (4096, 4096, 14336, jnp.bfloat16, "gamma_on_a", "k_dgu", False),  # dgamma from u (the finish kernel)
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k", True),  # 8 column blocks
     (2048, 1024, 4096, jnp.float16, False, "k", True),  # xr = (r / max r) ⊙ x, gamma on w
-    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k", False)])  # XLA's finish from x
+    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k", False)]  # XLA's finish from x
+
+
+def _xr_config(M, K, N, dtype, variant, row_dot, dx_in_kernel, residual):
+    """A case of ``_XR_CASES``: its variant's config with xr written by the dx kernel (and dx finished there);
+    None where the case is this device's entry and the config refuses the form on it (the H100's entry at 32768
+    takes its row dot on the N side)."""
+    config = (nm_config.mosaic_default_config(M, K, N, dtype, residual=residual) if variant is None else
+              _numbers_config(M, K, N, dtype, residual, variant, row_dot))
+    return _entry_form(variant is None, config, xr_in_dx=True, dyr_in_dx=None, dx_in_kernel=dx_in_kernel,
+                       dx=dataclasses.replace(config.dx, stream_k=0) if dx_in_kernel else config.dx)
+
+
+def _entry_form(of_entry: bool, config, **form):
+    """config with ``form``'s fields; where config is this device's tuned entry (``of_entry``) and the config
+    refuses the form on it, None (the case is skipped there: it names another device's entry)."""
+    try:
+        return dataclasses.replace(config, **form)
+    except ValueError:
+        if of_entry:
+            return None
+        raise
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, dtype, variant, row_dot, dx_in_kernel", _XR_CASES)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_xr_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, row_dot, dx_in_kernel, residual):
     """xr_in_dx: forward and gradients against the float32 reference, two calls, with the dx kernel finishing dx
     (from xr in the x tile's buffer) or XLA (from x), with a residual (XLA's finish)."""
-    if variant is None:
-        config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
-    else:
-        config = _numbers_config(M, K, N, dtype, residual, variant, row_dot)
-    config = dataclasses.replace(config, xr_in_dx=True, dyr_in_dx=None, dx_in_kernel=dx_in_kernel,
-                                 dx=dataclasses.replace(config.dx, stream_k=0) if dx_in_kernel else config.dx)
+    config = _xr_config(M, K, N, dtype, variant, row_dot, dx_in_kernel, residual)
+    if config is None:
+        pytest.skip("this device's tuned entry cannot take the xr form (the case names the H200's)")
     for _ in range(2):
         x, g, w, res = inputs(M, K, N, dtype, residual=residual)
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
 
 
-@gpu_only
-@pytest.mark.parametrize("M, K, N, dtype, variant, row_dot", [
+_DX_CASES = [  # (M, K, N, dtype, variant (None: the device's entry), row_dot)
     (16384, 1024, 5504, jnp.bfloat16, None, None),  # the H200 entry (gamma on x, dyr from dx): 4 column blocks
     (8192, 512, 2816, jnp.bfloat16, None, None),  # the H200 entry: 2 column blocks
     (4096, 2048, 11008, jnp.bfloat16, "gamma_on_x", "k_dyr"),  # 8 column blocks: row blocks across rounds
     (2048, 1024, 4096, jnp.float16, False, "k_dyr"),  # dyr = (r / max r) ⊙ dy, gamma on w
-    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k")])  # A = dyr from XLA
+    (2048, 2048, 8192, jnp.bfloat16, "gamma_on_x", "k")]  # A = dyr from XLA
+
+
+def _dx_config(M, K, N, dtype, variant, row_dot, residual):
+    """A case of ``_DX_CASES``: its variant's config with dx finished by the dx kernel; None where the case is this
+    device's entry and the config refuses the form on it (the H100's entry at 8192x512x2816 has ping-pong dx
+    tiles)."""
+    config = (nm_config.mosaic_default_config(M, K, N, dtype, residual=residual) if variant is None else
+              _numbers_config(M, K, N, dtype, residual, variant, row_dot))
+    return _entry_form(variant is None, config, dx_in_kernel=True, dx=dataclasses.replace(config.dx, stream_k=0))
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, dtype, variant, row_dot", _DX_CASES)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_dx_from_the_dx_kernel_on_the_gpu(M, K, N, dtype, variant, row_dot, residual):
     """dx_in_kernel: the dx kernel sums its row dot over each row's tiles and writes dx (with a residual, XLA's
     finish): forward and gradients against the float32 reference, two calls (the counts end each at zero)."""
-    if variant is None:
-        config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
-    else:
-        config = _numbers_config(M, K, N, dtype, residual, variant, row_dot)
-    config = dataclasses.replace(config, dx_in_kernel=True, dx=dataclasses.replace(config.dx, stream_k=0))
+    config = _dx_config(M, K, N, dtype, variant, row_dot, residual)
+    if config is None:
+        pytest.skip("this device's tuned entry cannot take dx from the dx kernel (the case names the H200's)")
     for _ in range(2):
         x, g, w, res = inputs(M, K, N, dtype, residual=residual)
         _Mosaic().check_against_reference(x, g, w, res, tolerance(dtype, max(M, K, N)), block_sizes=config)
