@@ -650,9 +650,9 @@ def test_dyr_from_the_dx_kernel_leaves_xla_only_the_row_dot(row_dot, stream_k_sp
 @cpu_only
 def test_dgamma_from_u_leaves_the_dw_kernel_no_w_tile_and_room_for_a_fourth_stage():
     """dgamma_from="u" (the K side, gamma on x's side): the dx kernel stores u before gamma, one Pallas-Triton
-    kernel (``dx_finish``) finishes dx and sums dgamma from u and x, and the dw kernel loads nothing but its A and B blocks (one TMA load
-    fewer per tile: no w tile), so 4 stages of 64x256 blocks fit beside its output staging, which with the w tile
-    they do not. The program still makes no (M, N) tensor outside the kernels."""
+    kernel (``dx_finish``) finishes dx and sums dgamma from u and x, and the dw kernel loads nothing but its A and B
+    blocks (one TMA load fewer per tile: no w tile), so 4 stages of 64x256 blocks fit beside its output staging,
+    which with the w tile they do not. The program still makes no (M, N) tensor outside the kernels."""
     M, K, N = 4096, 2048, 11008  # the 1b preset's MLP projection
     dw4 = dataclasses.replace(_DYR_DX, num_stages=4)
     base = Config(forward=_DYR_DX, dx=_DYR_DX, dw=dw4, gamma_on="x", row_dot="k", dyr_in_dx=True)
@@ -1381,7 +1381,8 @@ def test_forward_and_gradients_in_interpret_mode(dtype, residual, stats_in_kerne
     "gamma_on_x": x ⊙ gamma as the forward's A operand, gamma on dx's columns; both sides of the row dot; "mma": r
     from the MMA warpgroups' squares of the x blocks they load (stacked tiles: each warpgroup its own rows);
     "gamma_on_a": x ⊙ gamma formed in the MMA warpgroups' registers, wgmma reading A from there ("_mma": r from the
-    x blocks loaded again after each wgmma's issue; "_operand": from those registers); "mma_rows": those squares summed per row at each step;
+    x blocks loaded again after each wgmma's issue; "_operand": from those registers); "mma_rows": those squares
+    summed per row at each step;
     "mma_shared": r from the squares of each row block's first tile only (in interpret mode, without semaphores,
     every tile sums its own); "n_dyr" / "k_dyr": dyr from the dx kernel (``dyr_in_dx``; stacked dx tiles without
     the residual); "n_dx": Σ_N(dy · y) from the dx kernel (``row_dot_in_dx``; "n_dyr_dx" with dyr from it too;
