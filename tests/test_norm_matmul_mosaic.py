@@ -1285,10 +1285,16 @@ def _xr_config(M, K, N, dtype, variant, row_dot, dx_in_kernel, residual):
     """A case of ``_XR_CASES``: its variant's config with xr written by the dx kernel (and dx finished there);
     None where the case is this device's entry and the config refuses the form on it (the H100's entry at 32768
     takes its row dot on the N side)."""
-    config = (nm_config.mosaic_default_config(M, K, N, dtype, residual=residual) if variant is None else
-              _numbers_config(M, K, N, dtype, residual, variant, row_dot))
+    config = _case_config(M, K, N, dtype, variant, row_dot, residual)
     return _entry_form(variant is None, config, xr_in_dx=True, dyr_in_dx=None, dx_in_kernel=dx_in_kernel,
                        dx=dataclasses.replace(config.dx, stream_k=0) if dx_in_kernel else config.dx)
+
+
+def _case_config(M, K, N, dtype, variant, row_dot, residual):
+    """This device's config of the shape (variant None: its tuned entry) or ``_numbers_config``'s variant."""
+    if variant is None:
+        return nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
+    return _numbers_config(M, K, N, dtype, residual, variant, row_dot)
 
 
 def _entry_form(of_entry: bool, config, **form):
@@ -1328,8 +1334,7 @@ def _dx_config(M, K, N, dtype, variant, row_dot, residual):
     """A case of ``_DX_CASES``: its variant's config with dx finished by the dx kernel; None where the case is this
     device's entry and the config refuses the form on it (the H100's entry at 8192x512x2816 has ping-pong dx
     tiles)."""
-    config = (nm_config.mosaic_default_config(M, K, N, dtype, residual=residual) if variant is None else
-              _numbers_config(M, K, N, dtype, residual, variant, row_dot))
+    config = _case_config(M, K, N, dtype, variant, row_dot, residual)
     return _entry_form(variant is None, config, dx_in_kernel=True, dx=dataclasses.replace(config.dx, stream_k=0))
 
 
