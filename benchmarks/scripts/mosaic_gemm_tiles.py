@@ -103,6 +103,14 @@ CONFIGS = {
     "64x256_m_minor_m_e32": dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m", grid_minor="m",
                                                 epi_tile_n=32),
 }
+# cuBLAS's forward tiles at the suite's shapes (128x160, 5 stages of 64-deep K steps), which B read as stored cannot
+# take at the 128-byte swizzle: with w given as (N, K) (``--transpose_b``) any tile_n takes it (K is B's minor axis)
+CONFIGS.update({f"64x{n}_m_minor_m_s{s}{'_mw1' if mw == 1 else ''}": dataclasses.replace(
+    BASE, tile_m=64, tile_n=n, wg_split="m", grid_minor="m", num_stages=s, epi_tile_n=32, memory_warps=mw)
+    for n in (160, 192, 224) for s in (4, 5) for mw in (1, 4) if n * s < 1120})
+CONFIGS.update({f"pingpong_128x160_s{s}": dataclasses.replace(
+    BASE, tile_n=160, schedule="pingpong", num_stages=s, epi_tile_n=32, grid_minor="m", memory_warps=1)
+    for s in (4, 5)})
 # the rmsnorm_matmul dw kernel's tiles at 16384x1024x5504 (its H200 entry, without the ring tile input)
 CONFIGS["64x128_m_minor_m_s6"] = dataclasses.replace(BASE, tile_m=64, tile_n=128, wg_split="m", grid_minor="m",
                                                      num_stages=6)
