@@ -96,7 +96,6 @@ Config = _config.MosaicRMSNormMatmulConfig
 FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
 
 _F32 = jnp.float32
-PROBE_DW_NO_DGAMMA = False  # measurement probe (toggle_ab): the dw kernel without dgamma, which then reads 0
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -627,8 +626,6 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
             dgamma = (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype)
         return dx, dgamma, dw
     gamma_s = gamma.astype(_F32) * scale if dtype == jnp.float16 else _vector_input(gamma)  # (else s = 1)
-    if PROBE_DW_NO_DGAMMA and dgamma is None:  # a probe: what the w tile and dgamma's sums cost the dw kernel
-        dgamma = jnp.zeros_like(gamma)
     if dgamma is not None:  # the dw kernel only scales rows: no w tile (nor a ring to carry one)
         dw_cfg = dataclasses.replace(cfg.dw, tile_input_in="buffer")
         dw, = gemm(dw_a, dw_b, transpose_a=True, config=dw_cfg, out_dtype=w.dtype,
