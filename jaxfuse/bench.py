@@ -13,6 +13,9 @@ between windows (jax's ``profiler.Cupti(finalize=False)``). Detaching it after e
 until 2026-11-30, cost about 10 ms of host time a window on the H200: one process made 9.5-11.4x fewer timed calls
 in the same time, with medians 0.6-1.2% higher (``cupti_concurrency_detach_*-h200-047990e.json``).
 ``JAXFUSE_CUPTI_DETACH=each`` brings the old behaviour back, for benchmarks/scripts/cupti_concurrency.py to compare.
+With ``JAXFUSE_CUPTI_LOCK`` naming a file, each window holds an exclusive lock on it (``fcntl.flock``), so processes
+sharing one GPU time one call at a time: ``jaxfuse.gpu_run`` sets it for its pytest workers, where a worker now and
+then aborted inside CUPTI's flush (``_cupti_get_timings``) and where timing tests measured each other's kernels.
 
 `Record` is one measured row; `write_results` stores records as JSON with the device, jax version, git commit
 and date, plus a Markdown table beside. `shape_arg("MxKxN")` / `shapes_arg(...)` are argparse types for the benchmark
@@ -23,6 +26,7 @@ between two programs' outputs and `worst(values)` the largest of several errors,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -75,6 +79,27 @@ def _cupti_detach_each() -> bool:
     return value == "each"
 
 
+CUPTI_LOCK_ENV = "JAXFUSE_CUPTI_LOCK"
+
+
+@contextlib.contextmanager
+def _cupti_window_lock():
+    """An exclusive lock on the file ``JAXFUSE_CUPTI_LOCK`` names, held for one CUPTI window (created if need be);
+    without the variable, nothing."""
+    path = os.environ.get(CUPTI_LOCK_ENV)
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _check_counts(iterations: int, warmup: int) -> None:
     if iterations < 1 or warmup < 0:
         raise ValueError(f"iterations, warmup: need iterations >= 1 and warmup >= 0, got {iterations}, {warmup}")
@@ -120,11 +145,12 @@ def time_kernels(fn: Callable, arg_sets: Sequence[tuple], *, iterations: int = 5
 
     per_iteration: list[list[tuple[str, float]]] = []
     for i in range(iterations):
-        ext._cupti_init()
-        try:
-            jax.block_until_ready(jitted(*arg_sets[i % len(arg_sets)]))
-        finally:
-            timings = ext._cupti_get_timings(detach)
+        with _cupti_window_lock():
+            ext._cupti_init()
+            try:
+                jax.block_until_ready(jitted(*arg_sets[i % len(arg_sets)]))
+            finally:
+                timings = ext._cupti_get_timings(detach)
         per_iteration.append([(name, ms * 1e3) for name, ms in (timings or [])])
     totals = [sum(us for _, us in it) for it in per_iteration]
     by_kernel: dict[str, list[float]] = {}

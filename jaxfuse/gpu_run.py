@@ -17,7 +17,8 @@ outcome and seconds (``jaxfuse.pytest_progress``; the log ends with the slowest)
 the tests it never finished in ``pytest-<tag>-not-run.txt``, and ``--tests @that-file`` runs them next.
 
 With --test-workers N, pytest-xdist runs the tests in N processes sharing the GPU, each allocating GPU memory as it
-goes (``XLA_PYTHON_CLIENT_PREALLOCATE=false``; by default the first to start would hold 75% of it). On the H200,
+goes (``XLA_PYTHON_CLIENT_PREALLOCATE=false``; by default the first to start would hold 75% of it) and timing one
+call at a time (``bench.CUPTI_LOCK_ENV``: the workers' CUPTI windows take turns). On the H200,
 four took 189 GPU tests of the cross-entropy, Mosaic attention and model-site modules in 362 s, their compiles
 running side by side (``pytest-gpu_sweep_cross_entropy_attention_sites-h200-bc30400.txt``). The tests run with
 XLA's GEMM autotuning off unless --test-xla-autotune. With it on, eight workers compiling and autotuning their
@@ -34,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -50,7 +52,7 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
     any process a test started, is left holding the GPU; the node ids it never finished go to ``out_path``'s
     name with ``-not-run.txt``, one a line). The output ends with the slowest tests that finished, from the
     progress file (``jaxfuse.pytest_progress.slowest``), a cut run's too."""
-    from jaxfuse import pytest_progress
+    from jaxfuse import bench, pytest_progress
 
     progress_path, left_path = (os.path.splitext(out_path)[0] + suffix for suffix in ("-progress.tsv", "-not-run.txt"))
     for stale in (progress_path, left_path):  # an earlier run's, in the same folder
@@ -59,8 +61,9 @@ def run_pytest(paths: list[str], out_path: str, timeout_s: float, *, marker: str
     # The child is a pytest session of its own: no xdist worker variables inherited (when this runs inside a test).
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
     env.update(PYTHONUNBUFFERED="1", **{pytest_progress.ENV: progress_path})
-    if workers > 1:
+    if workers > 1:  # GPU memory as needed; one CUPTI window at a time (``bench.CUPTI_LOCK_ENV``)
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        env[bench.CUPTI_LOCK_ENV] = os.path.join(tempfile.gettempdir(), f"jaxfuse-cupti-{os.getpid()}.lock")
     if not xla_autotune:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_gpu_autotune_level=0".strip()
     command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "jaxfuse.pytest_progress",

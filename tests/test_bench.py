@@ -238,6 +238,44 @@ def test_cupti_stays_attached_between_windows_unless_asked(monkeypatch, setting,
     assert timing.method == "cupti" and timing.median_us == pytest.approx(10.0)
 
 
+def _locked_elsewhere(path) -> bool:
+    """Whether another open file's non-blocking exclusive flock on ``path`` is refused (someone holds it)."""
+    import fcntl
+
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def test_each_cupti_window_holds_the_lock_file_when_one_is_named(monkeypatch, tmp_path):
+    """JAXFUSE_CUPTI_LOCK: every window (CUPTI attached, the call, the flush) holds an exclusive lock on that file,
+    released between windows; without the variable no lock is taken."""
+    lock = tmp_path / "cupti.lock"
+    held = []
+
+    class Checking(_FakeCupti):
+        def _cupti_init(self):
+            held.append(_locked_elsewhere(lock))
+
+        def _cupti_get_timings(self, finalize):
+            held.append(_locked_elsewhere(lock))
+            return super()._cupti_get_timings(finalize)
+
+    monkeypatch.setattr(bench, "_cupti_ext", lambda: Checking())
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv("JAXFUSE_CUPTI_LOCK", str(lock))
+    bench.time_kernels(jax.jit(lambda a: a + 1), [(jnp.ones(4),)], iterations=2, warmup=0)
+    assert held == [True] * 4 and not _locked_elsewhere(lock)
+    monkeypatch.delenv("JAXFUSE_CUPTI_LOCK")
+    held.clear()
+    bench.time_interleaved([(jax.jit(lambda a: a * 2), (jnp.ones(4),))], iterations=2, warmup=0)
+    assert held == [False] * 4
+
+
 def test_cupti_detach_setting_is_checked_before_anything_runs(monkeypatch):
     monkeypatch.setenv("JAXFUSE_CUPTI_DETACH", "sometimes")
     monkeypatch.setattr(bench, "_cupti_ext", lambda: _FakeCupti())

@@ -455,7 +455,8 @@ def test_run_pytest_turns_xla_autotuning_off_unless_asked(tmp_path, monkeypatch)
 
 
 def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
-    """--test-workers: pytest-xdist's workers, each told to allocate GPU memory as it goes; past the timeout the
+    """--test-workers: pytest-xdist's workers, each told to allocate GPU memory as it goes and to time one CUPTI
+    window at a time (one lock file for all of them); past the timeout the
     whole process group is killed, so nothing a test started is left running (on a GPU: holding its memory; e.g.
     the CLI tests' subprocesses)."""
     pid_file = tmp_path / "child.pid"
@@ -463,7 +464,8 @@ def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
     tests.write_text("import os, subprocess, sys, time\n\n"
                      "def test_memory_as_needed():\n"
                      "    assert os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] == 'false'\n"
-                     "    assert os.environ['XLA_FLAGS'].endswith('--xla_gpu_autotune_level=0')\n\n"
+                     "    assert os.environ['XLA_FLAGS'].endswith('--xla_gpu_autotune_level=0')\n"
+                     "    assert os.environ['JAXFUSE_CUPTI_LOCK'].endswith('.lock')\n\n"
                      "def test_slow():\n"
                      "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
                      f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
