@@ -27,6 +27,7 @@ import pallas_kernels
 from attention_fused_bwd import recorded_row, results_file
 from jaxfuse import bench
 from jaxfuse.suites import rmsnorm_matmul as suite
+from pallas_kernels import tuning
 from pallas_kernels.norm_matmul import config as nm_config
 
 # name -> changes to the default Mosaic config (forward tiles with wg_split "n" where the statistics warpgroup runs;
@@ -491,6 +492,14 @@ VARIANTS = {
     "pp_gamma_a_mma": dict(gamma_on="a", stats_in_kernel="mma", squares_from="operand"),
     "pp_gamma_a_mma_rows": dict(gamma_on="a", stats_in_kernel="mma_rows", squares_from="operand"),
 }
+
+
+# A tuned H200 entry taken whole to other shapes ("like_<M>x<K>x<N>"): what the built-in config ("default" at a shape
+# no entry covers) is up against.
+_H200_ENTRIES = tuning.load_cache(tuning.DEFAULT_CACHE_PATH)["entries"].get("NVIDIA H200", {}).get(
+    "mosaic", {}).get(nm_config.OP, {})
+VARIANTS.update({"like_" + key.split("[")[1].rstrip("]").replace("M=", "").replace(",K=", "x").replace(",N=", "x"):
+                 dict(entry["params"]) for key, entry in _H200_ENTRIES.items() if "M=1," not in key})
 
 
 def combined(name: str) -> dict:

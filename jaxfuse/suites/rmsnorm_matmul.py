@@ -44,6 +44,15 @@ SHAPES = {
                                 "the training GEMM where the Triton kernel ran ~170 TFLOP/s (issue 15)"),
     "8192x512x32768-small-head": dict(M=8192, K=512, N=32768, note="train_step 'small' preset: final norm + LM head"),
     "4096x2048x128256-1b-head": dict(M=4096, K=2048, N=128256, note="train_step '1b' preset: final norm + LM head"),
+    # shapes no tuned entry covers: what a user's model gets from the built-in configs (the H200's entries, NOTES.md)
+    "8192x4096x11008-untuned": dict(M=8192, K=4096, N=11008, note="a 7B model's MLP gate or up projection (F=11008), "
+                                    "untuned"),
+    "8192x4096x12288-untuned": dict(M=8192, K=4096, N=12288, note="a 7B model's fused QKV projection (32 heads of "
+                                    "128), untuned"),
+    "8192x2048x5632-untuned": dict(M=8192, K=2048, N=5632, note="a 1.1B model's MLP gate or up projection (D=2048, "
+                                   "F=5632), untuned"),
+    "16384x3072x8192-untuned": dict(M=16384, K=3072, N=8192, note="a 3B model's MLP gate or up projection (D=3072, "
+                                    "F=8192), untuned"),
     "16x4096x4096-decode": dict(M=16, K=4096, N=4096, note="decode, 16 sequences"),
     "1x4096x14336-decode": dict(M=1, K=4096, N=14336, note="decode, one sequence"),
     "1x4096x4096-decode": dict(M=1, K=4096, N=4096, note="decode, one sequence, square projection (64 GEMV tiles)"),
