@@ -53,6 +53,10 @@ SHAPES = {
                                    "F=5632), untuned"),
     "16384x3072x8192-untuned": dict(M=16384, K=3072, N=8192, note="a 3B model's MLP gate or up projection (D=3072, "
                                     "F=8192), untuned"),
+    "8192x768x3072-untuned": dict(M=8192, K=768, N=3072, note="a D=768 model's MLP up projection (F=3072), untuned"),
+    "2048x4096x4096-untuned": dict(M=2048, K=4096, N=4096, note="a square projection at 2048 tokens, untuned"),
+    "4096x5120x13824-untuned": dict(M=4096, K=5120, N=13824, note="a 13B model's MLP gate or up projection (D=5120, "
+                                    "F=13824), untuned"),
     "16x4096x4096-decode": dict(M=16, K=4096, N=4096, note="decode, 16 sequences"),
     "1x4096x14336-decode": dict(M=1, K=4096, N=14336, note="decode, one sequence"),
     "1x4096x4096-decode": dict(M=1, K=4096, N=4096, note="decode, one sequence, square projection (64 GEMV tiles)"),
