@@ -37,6 +37,14 @@ def gpu_only(test):
     return pytest.mark.skipif(not ON_SM90, reason="Mosaic-GPU kernels run on an sm90 GPU")(GPU_TIMEOUT(test))
 
 
+@pytest.fixture(autouse=True)
+def _built_in_tables_where_untuned(request, monkeypatch):
+    """The tests here name the forms they check: a shape no tuned entry covers takes the built-in tables, on every
+    device. The tests of the rule that gives such shapes another entry's forms (``test_untuned_*``) keep it."""
+    if not request.node.name.startswith("test_untuned"):
+        monkeypatch.setattr(nm_config, "UNTUNED_DEVICES", ())
+
+
 class _Mosaic(NormMatmulTests):  # the shared checks, through the public function (not collected: no Test prefix)
     backend = "mosaic"
 
@@ -978,6 +986,64 @@ def test_the_suite_shapes_tuned_entries_on_the_gpu(M, K, N):
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))
+
+
+def _untuned_from_entry() -> Config:
+    """The H200's tuned entry at ``nm_config.UNTUNED_FROM``."""
+    key = nm_config.shape_key(*nm_config.UNTUNED_FROM, jnp.bfloat16)
+    return Config(**tuning.lookup(nm_config.OP, key, backend="mosaic", device="NVIDIA H200"))
+
+
+def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
+    """On an H200, a shape no tuned entry covers takes the entry at UNTUNED_FROM where its tiles and forms fit (the
+    forms measured faster than the built-in tables at seven such shapes); a residual, float16, tiles that do not
+    fit, one row, and other devices keep the built-in tables; a tuned shape keeps its own entry."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    entry = _untuned_from_entry()
+    assert entry.gamma_on == "a" and entry.xr_in_dx and entry.dx_in_kernel  # (what it brings: NOTES.md)
+    for M, K, N in [(8192, 4096, 11008), (8192, 2048, 5632), (2048, 4096, 4096), (16384, 3072, 8192)]:
+        assert nm_config.mosaic_default_config(M, K, N) == entry, (M, K, N)
+        x, g, w = S((M, K), jnp.bfloat16), S((K,), jnp.float32), S((K, N), jnp.bfloat16)
+        with backends.lowering_for_gpu():
+            assert norm_matmul.plan(x, g, w, backend="mosaic").config == entry
+    builtin = nm_config.mosaic_builtin_config
+    assert nm_config.mosaic_default_config(8192, 2048, 5632, residual=True) == builtin(8192, 2048, 5632,
+                                                                                       residual=True)
+    assert nm_config.mosaic_default_config(8192, 2048, 5632, jnp.float16) == builtin(8192, 2048, 5632)
+    assert nm_config.mosaic_default_config(8192, 2048, 5696) == builtin(8192, 2048, 5696)  # N: 22.25 tiles of 256
+    assert nm_config.mosaic_default_config(1, 4096, 11008) == builtin(1, 4096, 11008)
+    tuned = Config(**tuning.lookup(nm_config.OP, nm_config.shape_key(4096, 2048, 11008, jnp.bfloat16),
+                                   backend="mosaic"))
+    assert nm_config.mosaic_default_config(4096, 2048, 11008) == tuned != entry
+    for device in ("NVIDIA H100 80GB HBM3", "cpu"):
+        monkeypatch.setattr(tuning, "device_kind", lambda device=device: device)
+        assert nm_config.mosaic_default_config(8192, 2048, 5632) == builtin(8192, 2048, 5632)
+
+
+@cpu_only
+@pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (2048, 4096, 4096), (8192, 768, 3072)])
+def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N):
+    """The entry taken at shapes no tuned entry covers: its three kernels lower for CUDA there within shared
+    memory, with their warpgroups."""
+    _check_kernels(M, K, N, False, _untuned_from_entry())
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (2048, 4096, 4096)])
+def test_untuned_shapes_on_the_gpu(M, K, N):
+    """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM): forward and
+    gradients against the float32 reference, two calls; the forward kernel unspilled, its wgmma not serialized."""
+    config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
+    if tuning.device_kind() == "NVIDIA H200":
+        assert config == _untuned_from_entry()
+    x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
+    for _ in range(2):
+        _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))
+    args = (S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16))
+    forward = lambda x, g, w: nm.rmsnorm_matmul(x, g, w, eps=5e-6, residual=None, out_dtype=x.dtype,  # noqa: E731
+                                                interpret=False, config=config)
+    (kernel,) = ptxas.compile_report(forward, *args)
+    assert not kernel.spills and not kernel.serialized_wgmma, kernel
 
 
 @gpu_only

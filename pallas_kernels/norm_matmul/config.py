@@ -4,6 +4,7 @@ MosaicRMSNormMatmulConfig, the tuning-cache key, the default config of a call an
   config = default_config(M, K, N, jnp.bfloat16)        # Triton: tuned entry for this device and shape, else the table
   forward, backward = sweep_candidates(32768, 4096, 4096)   # for `jaxfuse bench --tune`
   mosaic = mosaic_default_config(M, K, N, jnp.bfloat16)      # Mosaic: tuned entry if its tiles fit, else the tables
+  builtin = mosaic_builtin_config(M, K, N)                   # the tables' tiles and forms alone
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pallas_kernels.gemm.config import BARRIER_BYTES
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
-           "default_config", "fit_to_shape", "mosaic_default_config", "mosaic_sweep_candidates", "shape_key",
-           "sweep_candidates"]
+           "default_config", "fit_to_shape", "mosaic_builtin_config", "mosaic_default_config",
+           "mosaic_sweep_candidates", "shape_key", "sweep_candidates"]
 
 OP = "rmsnorm_matmul"  # the op's name in the tuning cache
 # Config fields of the forward kernel: forward sweep candidates vary these, backward candidates the others.
@@ -754,18 +755,54 @@ def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
     return f"one row (M=1): {reason} (forward GEMV)" if reason else None
 
 
+# Where no tuned entry covers a shape, the devices below take the forms and tiles of their own entry at UNTUNED_FROM
+# (γ in the MMA warpgroups' registers, r shared by each row block's first tile, the K side's row dot summed over the
+# dx kernel's tiles, xr from its epilogue, 64x256 tiles, the tile inputs through the stage rings) wherever those
+# tiles fit, bfloat16 without a residual. Measured on the H200 at seven shapes no entry covers, forward + backward ×
+# XLA, built-in tables → that entry (rmsnorm_matmul_configs_untuned*-h200-*.json, variant "like_8192x4096x6144";
+# NOTES.md, sixty-second session): 8192x4096x11008 0.932 → 1.012, 8192x4096x12288 0.927 → 1.004, 8192x2048x5632
+# 0.914 → 1.029, 2048x4096x4096 0.971 → 1.078, 16384x3072x8192 0.916 → 0.938, 4096x5120x13824 0.933 → 0.946,
+# 8192x768x3072 0.772 → 0.907; the forward alone 0.94-1.03 → 0.99-1.06. Other devices (the H100's entry there was
+# not measured away from its shape) keep the tables.
+UNTUNED_FROM = (8192, 4096, 6144)
+UNTUNED_DEVICES = ("NVIDIA H200",)
+
+
+def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
+    """This device's entry at UNTUNED_FROM where it takes (M, K, N) (see above), else None."""
+    if M == 1 or residual or jnp.dtype(dtype) != jnp.dtype(jnp.bfloat16) or tuning.device_kind() not in \
+            UNTUNED_DEVICES:
+        return None
+    params = tuning.lookup(OP, shape_key(*UNTUNED_FROM, dtype), backend="mosaic")
+    if params is None:
+        return None
+    config = MosaicRMSNormMatmulConfig(**params)
+    fits = config.unsupported_reason(M, K, N) is None and config.dgamma_reason(M, N, dtype) is None
+    return config if fits else None
+
+
 def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
                           stats_in_kernel: bool | str = False) -> MosaicRMSNormMatmulConfig:
     """The Mosaic config a call uses without ``block_sizes``: the tuning-cache entry for this device and shape if
-    its tiles fit the shape, else per kernel the first built-in tiles that divide its GEMM (``unsupported_reason``
-    of the result names what divides nothing). ``stats_in_kernel`` (no tuned entry then): True, forward tiles with
-    wg_split "n" only; "mma", forward tiles with one wgmma group in flight, whole tiles."""
+    its tiles fit the shape; else, on UNTUNED_DEVICES, the entry at UNTUNED_FROM where its tiles fit; else the
+    built-in tables (``mosaic_builtin_config``, where ``stats_in_kernel`` leads)."""
     if not stats_in_kernel:
         params = tuning.lookup(OP, shape_key(M, K, N, dtype, residual=residual), backend="mosaic")
         if params is not None:
             tuned = MosaicRMSNormMatmulConfig(**params)
             if tuned.unsupported_reason(M, K, N) is None:
                 return tuned
+        untuned = _untuned_config(M, K, N, dtype, residual)
+        if untuned is not None:
+            return untuned
+    return mosaic_builtin_config(M, K, N, residual=residual, stats_in_kernel=stats_in_kernel)
+
+
+def mosaic_builtin_config(M: int, K: int, N: int, *, residual: bool = False,
+                          stats_in_kernel: bool | str = False) -> MosaicRMSNormMatmulConfig:
+    """The built-in tables' config: per kernel the first tiles that divide its GEMM (``unsupported_reason`` of the
+    result names what divides nothing), r and gamma's side from XLA's passes. ``stats_in_kernel``: True, forward
+    tiles with wg_split "n" only; "mma", forward tiles with one wgmma group in flight, whole tiles."""
     forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
                **{name: _MMA_STATS_FORWARD for name in MMA_STATS}}[stats_in_kernel]
     return MosaicRMSNormMatmulConfig(forward=one_row_forward(K, N) if M == 1 else pick_config(M, N, K, forward),
