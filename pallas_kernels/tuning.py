@@ -5,7 +5,9 @@ Lookup order for a kernel call (done by the backend module's ``default_config``,
   2. an entry in the JSON cache for this device kind, backend, op and shape key (written by ``jaxfuse bench
      --op NAME --tune``, which checks every candidate against the float32 reference before timing it);
   3. the same entry of the device kind this one shares its processor with (``SAME_CHIP``: an H200 takes the H100's);
-  4. the built-in tables below (hand-picked for the H100; a sane start on other GPUs), or small tiles on CPU.
+  4. the built-in tables below (hand-picked for the H100; a sane start on other GPUs), or small tiles on CPU. An op
+     may put a rule of its own before them: rmsnorm_matmul's Mosaic backend gives a shape no entry covers, on an
+     H200, that device's entry at 8192x4096x6144 where its tiles fit (``norm_matmul.config.UNTUNED_FROM``).
 
 The cache is a plain JSON file meant to be committed (``DEFAULT_CACHE_PATH`` ships with the package)::
 

@@ -494,12 +494,14 @@ VARIANTS = {
 }
 
 
-# A tuned H200 entry taken whole to other shapes ("like_<M>x<K>x<N>"): what the built-in config ("default" at a shape
-# no entry covers) is up against.
+# A tuned H200 entry taken whole to other shapes ("like_<M>x<K>x<N>"): what the built-in tables were up against at
+# shapes no entry covers (rmsnorm_matmul_configs_untuned*-h200-*.json; since then the H200 takes the 8192x4096x6144
+# entry there, so "default" at those shapes is "like_8192x4096x6144": norm_matmul.config.UNTUNED_FROM).
 _H200_ENTRIES = tuning.load_cache(tuning.DEFAULT_CACHE_PATH)["entries"].get("NVIDIA H200", {}).get(
     "mosaic", {}).get(nm_config.OP, {})
 VARIANTS.update({"like_" + key.split("[")[1].rstrip("]").replace("M=", "").replace(",K=", "x").replace(",N=", "x"):
-                 dict(entry["params"]) for key, entry in _H200_ENTRIES.items() if "M=1," not in key})
+                 dict(entry["params"]) for key, entry in _H200_ENTRIES.items()
+                 if "M=1," not in key and key.endswith("]")})  # (not one row, not "+res")
 
 
 def combined(name: str) -> dict:
