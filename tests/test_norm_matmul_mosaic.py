@@ -1012,6 +1012,10 @@ def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
     assert nm_config.mosaic_default_config(8192, 2048, 5632, jnp.float16) == builtin(8192, 2048, 5632)
     assert nm_config.mosaic_default_config(8192, 2048, 5696) == builtin(8192, 2048, 5696)  # N: 22.25 tiles of 256
     assert nm_config.mosaic_default_config(1, 4096, 11008) == builtin(1, 4096, 11008)
+    # forms that would raise in the kernels: a row of 160 dx tiles (its row sums take at most 132), and 256 row
+    # blocks of one tile each, half of whose first tiles (which share r) would fall in the stream-K phase
+    assert nm_config.mosaic_default_config(4096, 40960, 5632) == builtin(4096, 40960, 5632)
+    assert nm_config.mosaic_default_config(32768, 4096, 256) == builtin(32768, 4096, 256)
     tuned = Config(**tuning.lookup(nm_config.OP, nm_config.shape_key(4096, 2048, 11008, jnp.bfloat16),
                                    backend="mosaic"))
     assert nm_config.mosaic_default_config(4096, 2048, 11008) == tuned != entry

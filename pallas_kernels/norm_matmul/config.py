@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
-from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes
+from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes, stream_k
 from pallas_kernels.gemm.config import BARRIER_BYTES
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
@@ -758,7 +758,9 @@ def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
 # Where no tuned entry covers a shape, the devices below take the forms and tiles of their own entry at UNTUNED_FROM
 # (γ in the MMA warpgroups' registers, r shared by each row block's first tile, the K side's row dot summed over the
 # dx kernel's tiles, xr from its epilogue, 64x256 tiles, the tile inputs through the stage rings) wherever those
-# tiles fit, bfloat16 without a residual. Measured on the H200 at seven shapes no entry covers, forward + backward ×
+# tiles and forms fit (a row of at most 132 dx tiles for its row sums; every row block's first tile, which shares r,
+# in the forward's whole rounds), bfloat16 without a residual. Lowered for CUDA at 390 shapes (M 128-32768, K
+# 256-40960, N 256-65536), those it takes all lowered and the 42 it leaves to the tables would have raised. Measured on the H200 at seven shapes no entry covers, forward + backward ×
 # XLA, built-in tables → that entry (rmsnorm_matmul_configs_untuned*-h200-*.json, variant "like_8192x4096x6144";
 # NOTES.md, sixty-second session): 8192x4096x11008 0.932 → 1.012, 8192x4096x12288 0.927 → 1.004, 8192x2048x5632
 # 0.914 → 1.029, 2048x4096x4096 0.971 → 1.078, 16384x3072x8192 0.916 → 0.938, 4096x5120x13824 0.933 → 0.946,
@@ -777,8 +779,17 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     if params is None:
         return None
     config = MosaicRMSNormMatmulConfig(**params)
-    fits = config.unsupported_reason(M, K, N) is None and config.dgamma_reason(M, N, dtype) is None
-    return config if fits else None
+    if config.unsupported_reason(M, K, N) is not None or config.dgamma_reason(M, N, dtype) is not None:
+        return None
+    sms, fwd = mosaic_utils.num_sms(), config.forward
+    if config.dx_in_kernel and -(-K // config.dx.cta_n) > sms:  # the dx kernel's row sums: a row's tiles in a round
+        return None
+    if fwd.stream_k:  # r shared by each row block's first tile, which must run in the whole rounds, and the a_operand's
+        # equal stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
+        plan = stream_k.plan_for(M // fwd.cta_m * -(-N // fwd.cta_n), sms, K // fwd.tile_k, split=fwd.stream_k)
+        if plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None):
+            return None
+    return config
 
 
 def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
