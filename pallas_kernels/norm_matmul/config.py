@@ -760,7 +760,8 @@ def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
 # dx kernel's tiles, xr from its epilogue, 64x256 tiles, the tile inputs through the stage rings) wherever those
 # tiles and forms fit (a row of at most 132 dx tiles for its row sums; every row block's first tile, which shares r,
 # in the forward's whole rounds), bfloat16 without a residual. Lowered for CUDA at 390 shapes (M 128-32768, K
-# 256-40960, N 256-65536), those it takes all lowered and the 42 it leaves to the tables would have raised. Measured on the H200 at seven shapes no entry covers, forward + backward ×
+# 256-40960, N 256-65536; benchmarks/scripts/untuned_rule_lowering.py), those it takes all lowered and the 42 it leaves
+# to the tables would have raised. Measured on the H200 at seven shapes no entry covers, forward + backward ×
 # XLA, built-in tables → that entry (rmsnorm_matmul_configs_untuned*-h200-*.json, variant "like_8192x4096x6144";
 # NOTES.md, sixty-second session): 8192x4096x11008 0.932 → 1.012, 8192x4096x12288 0.927 → 1.004, 8192x2048x5632
 # 0.914 → 1.029, 2048x4096x4096 0.971 → 1.078, 16384x3072x8192 0.916 → 0.938, 4096x5120x13824 0.933 → 0.946,
