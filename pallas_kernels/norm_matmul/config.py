@@ -828,7 +828,8 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     config: forward ones vary the forward GEMM and the statistics' placement (the choices the H100 decided at one
     shape: tile order, K loop and semantics, the statistics warpgroup), backward ones the dx and dw GEMMs' tile
     order and K loop; stream-K for a last round of tiles less than half full in both (at 32768x4096x4096 it won:
-    rmsnorm_matmul_configs-h100-788ee3f.json). Candidates that do not tile the shape are left out."""
+    rmsnorm_matmul_configs-h100-788ee3f.json). Candidates that do not tile the shape, or whose changes the base (a
+    tuned entry, or on an H200 the entry at UNTUNED_FROM) cannot take, are left out."""
     base = mosaic_default_config(M, K, N, dtype, residual=residual)
     if M == 1:  # the transposed GEMV's tiles (ONE_ROW_FORWARD says what they measured); the backward is Triton's
         stacked = dict(tile_m=64, schedule="cooperative", wg_split="m", tile_k=128, num_stages=6)  # 128-row CTAs
@@ -849,66 +850,86 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                    dict(pingpong, num_stages=6), dict(stacked_m, stream_k=4),  # stream-K: gemm.stream_k
                    dict(memory_warps=1)]  # the loads from one warp (the H200's entries at 32768x4096x4096 and
     # 16384x1024x5504; slower at 4096x4096x14336 and 8192x4096x6144: NOTES.md, fifty-second session)
-    fwd = [dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)) for c in fwd_changes]
+    fwd = [_tried(lambda c=c: dataclasses.replace(base, forward=dataclasses.replace(base.forward, **c)))
+           for c in fwd_changes]
     if base.forward.wg_split == "n" and not base.forward.pingpong:
-        fwd.append(dataclasses.replace(base, stats_in_kernel=True, gamma_on=None))
-    mma = dataclasses.replace(base, forward=pick_config(M, N, K, _MMA_STATS_FORWARD), stats_in_kernel="mma",
-                              gamma_on=None)  # r from the MMA warpgroups
-    fwd += [mma, dataclasses.replace(mma, forward=dataclasses.replace(mma.forward, stream_k=4)),
-            dataclasses.replace(mma, stats_in_kernel="mma_shared")]  # r from each row block's first tile
+        fwd.append(_tried(lambda: dataclasses.replace(base, stats_in_kernel=True, gamma_on=None)))
+    mma = _tried(lambda: dataclasses.replace(base, forward=pick_config(M, N, K, _MMA_STATS_FORWARD),
+                                             stats_in_kernel="mma", gamma_on=None))  # r from the MMA warpgroups
+    if mma is not None:
+        fwd += [mma, _tried(lambda: dataclasses.replace(mma, forward=dataclasses.replace(mma.forward, stream_k=4))),
+                _tried(lambda: dataclasses.replace(mma, stats_in_kernel="mma_shared"))]  # r from the first tiles
     if (base.forward.pipeline, base.forward.schedule) == ("own", "cooperative"):
         # the output's right half stored under the next tile's first wgmma, beside a stream-K phase (of whole tiles
         # where stream-K plans none): without one ptxas serializes it beside gamma's registers (NOTES.md,
         # thirty-seventh session; the H200's entries at the suite shapes)
-        fwd.append(dataclasses.replace(base, forward=dataclasses.replace(
-            base.forward, epilogue_store="split", stream_k=base.forward.stream_k or 1)))
+        fwd.append(_tried(lambda: dataclasses.replace(base, forward=dataclasses.replace(
+            base.forward, epilogue_store="split", stream_k=base.forward.stream_k or 1))))
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and not base.stats_in_kernel:
-        fwd += [dataclasses.replace(base, gamma_on=side) for side in ("w", "x")]
+        fwd += [_tried(lambda side=side: dataclasses.replace(base, gamma_on=side)) for side in ("w", "x")]
         # gamma in the MMA warpgroups' registers (gemm.Fusion.a_operand), r from XLA: stacked tiles, one group in flight
-        gamma_a = dataclasses.replace(base, gamma_on="a", forward=dataclasses.replace(
-            pick_config(M, N, K, _MMA_STATS_FORWARD), grid_minor="m"))
+        gamma_a = _tried(lambda: dataclasses.replace(base, gamma_on="a", forward=dataclasses.replace(
+            pick_config(M, N, K, _MMA_STATS_FORWARD), grid_minor="m")))
         # and r from each row block's first tile only (gemm.Fusion.share_rows): one kernel, no XLA pass
-        fwd += [gamma_a, dataclasses.replace(gamma_a, stats_in_kernel="mma_shared")]
+        if gamma_a is not None:
+            fwd += [gamma_a, _tried(lambda: dataclasses.replace(gamma_a, stats_in_kernel="mma_shared"))]
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
                    dict(pipeline="pallas_steady", semantics="warpgroup")]
     if not residual:  # beside the x tile (and no dh tile): 3 stages of 128x256 blocks, 5 of ping-pong 128x128
         bwd_changes += [dict(stacked_m, num_stages=3), dict(pingpong, num_stages=5),
                         dict(stacked_m, num_stages=3, stream_k=4)]
-    bwd = [dataclasses.replace(base, dx=dataclasses.replace(base.dx, **c), dw=dataclasses.replace(base.dw, **c))
-           for c in bwd_changes]
-    bwd.append(dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4, wg_split="m")))
+    bwd = [_tried(lambda c=c: dataclasses.replace(base, dx=dataclasses.replace(base.dx, **c),
+                                                  dw=dataclasses.replace(base.dw, **c))) for c in bwd_changes]
+    bwd.append(_tried(lambda: dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4,
+                                                              wg_split="m"))))
     # the dw kernel's loads from one warp of its memory warpgroup, and the dx kernel's too (the H200's entries at the
     # three large suite shapes; at 16384x1024x5504, beside stream-K and the ring input, the dw kernel's lost 24%)
-    one_warp_dw = dataclasses.replace(base, dw=dataclasses.replace(base.dw, memory_warps=1))
-    bwd += [one_warp_dw, dataclasses.replace(one_warp_dw, dx=dataclasses.replace(base.dx, memory_warps=1))]
-    bwd += [dataclasses.replace(base, dw_in_xla=True), dataclasses.replace(base, dw_in_xla=False)]
-    bwd += [dataclasses.replace(base, row_dot=side) for side in ("n", "k")]
-    bwd.append(dataclasses.replace(base, row_dot="n", dyr_in_dx=False))  # None: dyr from the dx kernel where it fits
+    one_warp_dw = _tried(lambda: dataclasses.replace(base, dw=dataclasses.replace(base.dw, memory_warps=1)))
+    if one_warp_dw is not None:
+        bwd += [one_warp_dw, _tried(lambda: dataclasses.replace(one_warp_dw, dx=dataclasses.replace(
+            base.dx, memory_warps=1)))]
+    bwd += [_tried(lambda v=v: dataclasses.replace(base, dw_in_xla=v)) for v in (True, False)]
+    bwd += [_tried(lambda side=side: dataclasses.replace(base, row_dot=side)) for side in ("n", "k")]
+    # None: dyr from the dx kernel where it fits
+    bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="n", dyr_in_dx=False)))
     # K side, dyr from the dx kernel (A = dy): no XLA pass over dy at all
-    bwd.append(dataclasses.replace(base, row_dot="k").with_dyr_from_dx(dtype, residual))
+    bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="k").with_dyr_from_dx(dtype, residual)))
     if not base.dx.pingpong and base.dx.cluster == "none":  # the row dot from the dx kernel's first tiles
-        bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx=True,
-                                       dx=dataclasses.replace(base.dx, stream_k=0)))
+        bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="n", row_dot_in_dx=True,
+                                                      dx=dataclasses.replace(base.dx, stream_k=0))))
     dx = base.dx
     if not (dx.pingpong or dx.stores_later) and (dx.pipeline, dx.cluster) == ("own", "none"):
         # the K side with the dx kernel finishing dx (gemm.Fusion.sum_rows, whole tiles), dyr copied from its dy
         # blocks or xr written from its x tile (the H200's entries at the model's QKV and MLP projections; xr at
         # the three large suite shapes since the fiftieth session)
-        k_dx = dataclasses.replace(base, row_dot="k", row_dot_in_dx=False, dgamma_from=None, dx_in_kernel=True,
-                                   dx=dataclasses.replace(dx, stream_k=0))
-        bwd += [k_dx.with_dyr_from_dx(dtype, residual), dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True)]
-        if base.dw_by_xla(K, N):  # and cuBLAS's dw in two halves summed with dw and dgamma by one Triton kernel
-            # (dw_finish_kernel: the H200's entry at 8192x512x2816)
-            bwd.append(dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True, dw_finish_kernel=True))
-        if not residual:  # and that dx kernel's epilogue in a fourth warpgroup (the H200's entry at
-            # 32768x4096x4096 since the fifty-first session; 128x128 accumulators side by side, 3 stages)
-            bwd.append(dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True, dx=dataclasses.replace(
-                k_dx.dx, epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128, tile_n=128,
-                wg_split="n", epi_tile_n=32, delay_release=0, memory_warps=1)))
+        k_dx = _tried(lambda: dataclasses.replace(base, row_dot="k", row_dot_in_dx=False, dgamma_from=None,
+                                                  dx_in_kernel=True, dx=dataclasses.replace(dx, stream_k=0)))
+        if k_dx is not None:
+            bwd += [_tried(lambda: k_dx.with_dyr_from_dx(dtype, residual)),
+                    _tried(lambda: dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True))]
+            if base.dw_by_xla(K, N):  # and cuBLAS's dw in two halves summed with dw and dgamma by one Triton kernel
+                # (dw_finish_kernel: the H200's entry at 8192x512x2816)
+                bwd.append(_tried(lambda: dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True,
+                                                              dw_finish_kernel=True)))
+            if not residual:  # and that dx kernel's epilogue in a fourth warpgroup (the H200's entry at
+                # 32768x4096x4096 since the fifty-first session; 128x128 accumulators side by side, 3 stages)
+                fourth = dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=3, tile_m=128, tile_n=128,
+                              wg_split="n", epi_tile_n=32, delay_release=0, memory_warps=1)
+                bwd.append(_tried(lambda: dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True,
+                                                              dx=dataclasses.replace(k_dx.dx, **fourth))))
     if not residual:  # y's blocks by TMA beside dy's, the x tile through the dx kernel's B stages of 3 stacked
         # 64x256 stages (the H200's entry at 8192x4096x6144 until the fiftieth session)
-        bwd.append(dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
+        bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
             dataclasses.replace(base.dx, **stacked_m, tile_k=64, num_stages=3, stream_k=0, delay_release=0,
-                                cluster="none", tile_input_in="ring"))))
-    return ([c.to_dict() for c in fwd if c.unsupported_reason(M, K, N) is None],
+                                cluster="none", tile_input_in="ring")))))
+    return ([c.to_dict() for c in fwd if c is not None and c.unsupported_reason(M, K, N) is None],
             [c.to_dict() for c in bwd if c is not None and c.unsupported_reason(M, K, N) is None])
+
+
+def _tried(make):
+    """A sweep candidate, ``make()``; None where its fields cannot go together (the configs' own ValueError, e.g.
+    the pallas_steady K loop beside a tuned entry's stream-K or ping-pong tiles): the sweep leaves it out."""
+    try:
+        return make()
+    except ValueError:
+        return None
