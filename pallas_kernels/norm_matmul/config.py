@@ -890,7 +890,7 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
             base.dx, memory_warps=1)))]
     bwd += [_tried(lambda v=v: dataclasses.replace(base, dw_in_xla=v)) for v in (True, False)]
     bwd += [_tried(lambda side=side: dataclasses.replace(base, row_dot=side)) for side in ("n", "k")]
-    # None: dyr from the dx kernel where it fits
+    # dyr by XLA's pass (dyr_in_dx None takes it from the dx kernel where it fits)
     bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="n", dyr_in_dx=False)))
     # K side, dyr from the dx kernel (A = dy): no XLA pass over dy at all
     bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="k").with_dyr_from_dx(dtype, residual)))
