@@ -1028,7 +1028,8 @@ def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
 def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K, N):
     """``jaxfuse bench --tune`` on an H200: the candidates around the config a call takes (the entry at
     UNTUNED_FROM at an untuned shape, the shape's own entry at a tuned one) leave out the changes that entry cannot
-    take (the pallas_steady K loop beside stream-K or ping-pong tiles raised, ending the sweep before it began)."""
+    take (the pallas_steady K loop beside stream-K or ping-pong tiles raised, and the sweep skipped Mosaic as if it
+    could not run the shape)."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     base = nm_config.mosaic_default_config(M, K, N)
     forward, backward = nm_config.mosaic_sweep_candidates(M, K, N)
