@@ -137,6 +137,12 @@ VARIANTS = {
        for stages in (5, 6)},
     "dx_w4": dict(dx=dict(grid_tile_width=4)),
     "dx_w2": dict(dx=dict(grid_tile_width=2)),
+    # narrower snake runs where the row sums' grid cuts blocks at the entry's width of 8 (gemm.mosaic._sum_rows_grid:
+    # 96 of 132 at K = 3072 with width 8, 132 with width 1; 120 / 132 at K = 768 with 8 / 4; 128 / 132 at K = 512
+    # and 1024 with 8 / 6 and 3): not measured yet (NOTES.md, sixty-second session)
+    "dx_w1": dict(dx=dict(grid_tile_width=1)),
+    "dx_w3": dict(dx=dict(grid_tile_width=3)),
+    "dx_w6": dict(dx=dict(grid_tile_width=6)),
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
