@@ -1039,10 +1039,14 @@ def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K,
 
 
 @cpu_only
-@pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (2048, 4096, 4096), (8192, 768, 3072)])
-def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N):
-    """The entry taken at shapes no tuned entry covers: its three kernels lower for CUDA there within shared
-    memory, with their warpgroups."""
+@pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (2048, 4096, 4096), (8192, 768, 3072), (4096, 1536, 4096),
+                                     (4096, 2560, 8192), (4096, 5120, 13824)])
+def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, monkeypatch):
+    """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
+    runs or row by row): its three kernels lower for CUDA there within shared memory, with their warpgroups, and it
+    is what a call takes there on an H200."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    assert nm_config.mosaic_default_config(M, K, N) == _untuned_from_entry()
     _check_kernels(M, K, N, False, _untuned_from_entry())
 
 
