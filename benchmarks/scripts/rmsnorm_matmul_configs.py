@@ -143,6 +143,7 @@ VARIANTS = {
     "dx_w1": dict(dx=dict(grid_tile_width=1)),
     "dx_w3": dict(dx=dict(grid_tile_width=3)),
     "dx_w6": dict(dx=dict(grid_tile_width=6)),
+    "dx_w11": dict(dx=dict(grid_tile_width=11)),  # 132 blocks at K = 768, 1024 and 512 (runs of 33, 44, 22 tiles)
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
