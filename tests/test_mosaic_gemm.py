@@ -1856,21 +1856,29 @@ def test_sum_rows_lowers_one_release_and_one_acquiring_wait(K, N, tile_n, wg_spl
 
 
 @pytest.mark.parametrize("m_iters, row_tiles, width, minor, sms, want", [
-    (256, 16, 8, "m", 132, (128, True)),  # the 32768x4096x4096 dx kernel: one run of 8 rows a round
-    (128, 4, 8, "m", 132, (128, True)),  # 4 runs a round
-    (37, 4, 8, "m", 132, (128, True)),  # the last run 5 rows
-    (64, 22, 8, "m", 132, (132, False)),  # a run of 176 tiles > 132: row-major, 6 rows a round
-    (64, 4, 8, "n", 132, (132, False)),  # grid_minor "n": row-major
-    (64, 16, 2, "m", 132, (128, True))])
+    (256, 16, 8, "m", 132, (128, True, 8)),  # the 32768x4096x4096 dx kernel: one run of 8 rows a round
+    (128, 4, 8, "m", 132, (128, True, 8)),  # 4 runs a round
+    (37, 4, 8, "m", 132, (128, True, 8)),  # the last run 5 rows
+    (64, 22, 8, "m", 132, (132, False, 8)),  # a run of 176 tiles > 132: row-major, 6 rows a round
+    (64, 4, 8, "n", 132, (132, False, 8)),  # grid_minor "n": row-major
+    (64, 16, 2, "m", 132, (128, True, 2)),
+    (256, 12, 8, "m", 132, (132, True, 11)),  # width 8 would keep 96 blocks: 11 rows, one run a round
+    (64, 10, 8, "m", 132, (130, True, 13)),  # 8 would keep 80
+    (64, 6, 8, "m", 132, (132, True, 22)),  # 8 would keep 96
+    (128, 3, 8, "m", 132, (120, True, 8)),  # 120 of 132: width 8 stays
+    (64, 20, 8, "m", 132, (120, False, 8)),  # row-major 120 of 132: stays
+    (64, 12, 8, "n", 132, (132, False, 8))])
 def test_sum_rows_rounds_hold_whole_rows(m_iters, row_tiles, width, minor, sms, want):
     """``Fusion.sum_rows``' grid and tile order (``_sum_rows_grid``, ``_Shape.tile_context``'s orders): every round
     of the persistent loop (tile lin on block lin % grid) holds all or none of each row block's tiles, so a tile
-    never waits for one queued behind it."""
+    never waits for one queued behind it; where the configured runs would leave over an eighth of the blocks idle,
+    a width that keeps the most takes their place."""
     from pallas_kernels.gemm.mosaic import _Shape, _sum_rows_grid
 
     config = dataclasses.replace(_SUM_ROWS_STACKED, grid_minor=minor, grid_tile_width=width)
-    grid, snake = _sum_rows_grid(config, row_tiles, sms)
-    assert (grid, snake) == want
+    grid, snake, width = _sum_rows_grid(config, row_tiles, sms)
+    assert (grid, snake, width) == want
+    config = dataclasses.replace(config, grid_tile_width=width)
     M, N = m_iters * config.cta_m, row_tiles * config.cta_n
     shape = _Shape(config, _centered_rows(M, N, config), (), ("parts",), (False, False), (M, N, 256), jnp.bfloat16,
                    jnp.bfloat16, (), sum_rows_snake=snake)
@@ -1889,6 +1897,7 @@ def test_sum_rows_rounds_hold_whole_rows(m_iters, row_tiles, width, minor, sms, 
     (4096, 1024, 1024, dataclasses.replace(_SUM_ROWS_STACKED, grid_minor="m")),  # planar-snake runs: 32 on 128
     (4096, 512, 2048, dataclasses.replace(_SUM_ROWS_STACKED, tile_m=128, tile_n=128, wg_split="n")),  # 16 blocks
     (8192, 1024, 2816, dataclasses.replace(_SUM_ROWS_STACKED, tile_n=128)),  # 22 per row: rows across rounds
+    (4096, 1024, 3072, dataclasses.replace(_SUM_ROWS_STACKED, grid_minor="m")),  # 12 per row: runs of 11 rows
     (2048, 2048, 8192, dataclasses.replace(_SUM_ROWS_STACKED, memory_warps=4, num_stages=3))])  # 32 column blocks
 def test_sum_rows_on_the_gpu(M, K, N, config):
     """Each row centered by its mean over all N columns, summed over the row's tiles in the kernel: against the

@@ -426,7 +426,8 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             raise ValueError(f"{name}: sum_rows waits for all of a row's N / cta_n = {N} / {config.cta_n} = "
                              f"{row_tiles} tiles at once, so they must run together on the {grid} blocks: at most "
                              f"{grid} tiles a row; take a wider tile_n")
-        grid, snake = _sum_rows_grid(config, row_tiles, grid)
+        grid, snake, width = _sum_rows_grid(config, row_tiles, grid)
+        config = dataclasses.replace(config, grid_tile_width=width)
     plan = None
     if config.stream_k:
         if fusion.prologue_step is not None or (fusion.a_observe is not None and fusion.carry_shapes is None
@@ -980,15 +981,29 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
 
 
-def _sum_rows_grid(config: MosaicGemmConfig, row_tiles: int, grid: int) -> tuple[int, bool]:
-    """(``Fusion.sum_rows``) The blocks of the persistent grid and whether its tiles follow the planar snake: whole
-    runs of it (grid_tile_width row blocks times their row_tiles tiles each, ``grid_minor`` "m") a round where such a
-    run fits the grid, else row-major rows. Each round then holds whole rows. The snake's runs took the dx kernel of
-    rmsnorm_matmul from 1567.1 to 1541.0 µs at 32768x4096x4096 on the H200 and left four smaller shapes within 0.6
-    µs, on 128 blocks where row-major had 132 at three of them (``toggle_ab_sum_rows_snake-h200-094a30a.json``)."""
-    run = config.grid_tile_width * row_tiles
-    snake = config.grid_minor == "m" and run <= grid
-    return grid - grid % (run if snake else row_tiles), snake
+SUM_ROWS_WIDEN = True  # A/B switch, removed after measuring
+
+
+def _sum_rows_grid(config: MosaicGemmConfig, row_tiles: int, grid: int) -> tuple[int, bool, int]:
+    """(``Fusion.sum_rows``) The blocks of the persistent grid, whether its tiles follow the planar snake, and its
+    runs' width: whole runs of it (width row blocks times their row_tiles tiles each, ``grid_minor`` "m") a round
+    where such a run fits the grid, else row-major rows. Each round then holds whole rows. The snake's runs took the
+    dx kernel of rmsnorm_matmul from 1567.1 to 1541.0 µs at 32768x4096x4096 on the H200 and left four smaller shapes
+    within 0.6 µs, on 128 blocks where row-major had 132 at three of them (``toggle_ab_sum_rows_snake-h200-094a30a
+    .json``). Where config.grid_tile_width's runs leave more than an eighth of the grid idle (96 of 132 blocks at
+    12 tiles a row, 80 at 10), the width keeping the most blocks takes its place, the widest of those (11 at 12
+    tiles a row: one run a round): the dx kernel at 16384x3072x8192 1382.1 → 1092.3 µs on the H200, where width 1
+    took 1110.4 (``rmsnorm_matmul_configs_dx_grid-h200-1b2644e.json``). At 120 of 132 blocks (3 tiles a row, width
+    8) the 132 of widths 1, 4 or 11 were 1.3-1.5 µs slower, so a smaller loss keeps the configured width."""
+    def kept(width: int) -> tuple[int, bool]:  # (blocks a round, snake) with runs of width row blocks
+        run = width * row_tiles
+        snake = config.grid_minor == "m" and run <= grid
+        return grid - grid % (run if snake else row_tiles), snake
+
+    width = config.grid_tile_width
+    if SUM_ROWS_WIDEN and config.grid_minor == "m" and kept(width)[0] < grid - grid // 8:
+        width = max(range(1, grid // row_tiles + 1), key=lambda w: (kept(w)[0], w))
+    return (*kept(width), width)
 
 
 def _signal_row_part(semaphores, ctx: TileContext) -> None:
