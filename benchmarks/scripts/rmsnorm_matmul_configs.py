@@ -137,13 +137,19 @@ VARIANTS = {
        for stages in (5, 6)},
     "dx_w4": dict(dx=dict(grid_tile_width=4)),
     "dx_w2": dict(dx=dict(grid_tile_width=2)),
-    # narrower snake runs where the row sums' grid cuts blocks at the entry's width of 8 (gemm.mosaic._sum_rows_grid:
-    # 96 of 132 at K = 3072 with width 8, 132 with width 1; 120 / 132 at K = 768 with 8 / 4; 128 / 132 at K = 512
-    # and 1024 with 8 / 6 and 3): not measured yet (NOTES.md, sixty-second session)
+    # narrower snake runs where the row sums' grid cuts blocks at the entry's width of 8 (96 of 132 at K = 3072 with
+    # width 8, 132 with width 1 or 11; 120 / 132 at K = 768 with 8 / 4; 128 / 132 at K = 512 and 1024 with 8 / 6 and
+    # 3). At 16384x3072x8192 width 11 took the dx kernel 1382.1 → 1092.3 µs, 1 to 1110.4; at the three others none
+    # gained (rmsnorm_matmul_configs_dx_grid{,_suite}-h200-1b2644e.json). gemm.mosaic._sum_rows_grid now widens
+    # runs that idle over an eighth of the grid, so "dx_w4" etc. are overridden there.
     "dx_w1": dict(dx=dict(grid_tile_width=1)),
     "dx_w3": dict(dx=dict(grid_tile_width=3)),
     "dx_w6": dict(dx=dict(grid_tile_width=6)),
     "dx_w11": dict(dx=dict(grid_tile_width=11)),  # 132 blocks at K = 768, 1024 and 512 (runs of 33, 44, 22 tiles)
+    # the dx kernel's tiles narrower along K, for fuller rounds where few tiles fill the grid (8192x768x3072: 192
+    # tiles of 128x256 on 132 blocks, 2 rounds at 73%; 256 tiles of 128x192 on 128, 2 rounds full)
+    "dx_n192": dict(dx=dict(tile_n=192)),
+    "dx_n128": dict(dx=dict(tile_n=128)),
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
