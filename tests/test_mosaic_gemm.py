@@ -1869,14 +1869,15 @@ def test_sum_rows_lowers_one_release_and_one_acquiring_wait(K, N, tile_n, wg_spl
     (64, 20, 8, "m", 132, (120, False, 8)),  # row-major 120 of 132: stays
     (64, 12, 8, "n", 132, (132, False, 8))])
 def test_sum_rows_rounds_hold_whole_rows(m_iters, row_tiles, width, minor, sms, want):
-    """``Fusion.sum_rows``' grid and tile order (``_sum_rows_grid``, ``_Shape.tile_context``'s orders): every round
-    of the persistent loop (tile lin on block lin % grid) holds all or none of each row block's tiles, so a tile
-    never waits for one queued behind it; where the configured runs would leave over an eighth of the blocks idle,
+    """``Fusion.sum_rows``' grid and tile order (``gemm.config.sum_rows_grid``, ``_Shape.tile_context``'s orders):
+    every round of the persistent loop (tile lin on block lin % grid) holds all or none of each row block's tiles, so
+    a tile never waits for one queued behind it; where the configured runs would leave over an eighth of the blocks idle,
     a width that keeps the most takes their place."""
-    from pallas_kernels.gemm.mosaic import _Shape, _sum_rows_grid
+    from pallas_kernels.gemm.config import sum_rows_grid
+    from pallas_kernels.gemm.mosaic import _Shape
 
     config = dataclasses.replace(_SUM_ROWS_STACKED, grid_minor=minor, grid_tile_width=width)
-    grid, snake, width = _sum_rows_grid(config, row_tiles, sms)
+    grid, snake, width = sum_rows_grid(config, row_tiles, sms)
     assert (grid, snake, width) == want
     config = dataclasses.replace(config, grid_tile_width=width)
     M, N = m_iters * config.cta_m, row_tiles * config.cta_n

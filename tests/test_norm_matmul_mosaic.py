@@ -1038,26 +1038,51 @@ def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K,
     assert all(c["forward"]["pipeline"] == "own" for c in forward)  # (none of them took pallas_steady)
 
 
+def _untuned_expected(M: int, K: int, dx_tile_n: int) -> Config:
+    """The entry at UNTUNED_FROM with the dx kernel's tiles dx_tile_n wide (``norm_matmul.config._untuned_dx``)."""
+    entry = _untuned_from_entry()
+    epi = entry.dx.epi_tile_n if dx_tile_n % entry.dx.epi_tile_n == 0 else 32
+    return dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, tile_n=dx_tile_n, epi_tile_n=epi))
+
+
+@pytest.mark.parametrize("M, K, dx_tile_n", [
+    (8192, 768, 192),  # 256 wide: 64 row blocks of 3 tiles, 192 tiles on 120 blocks, 2 rounds; 192: 256 on 128
+    (4096, 1536, 192),  # 256: 192 tiles of 6 a row on 132, 2 rounds; 192: 256 tiles on 128, 2 rounds
+    (4096, 5120, 160),  # 256: 640 tiles on 120 blocks, 6 rounds; 160: 1024 on 128, 8 full rounds
+    (4096, 2560, 160),  # 256: 320 tiles on 130, 3 rounds; 160: 512 on 128, 4
+    (8192, 5120, 256),  # 256: 11 rounds (10.7); 160: 16, costlier per column
+    (16384, 3072, 256), (8192, 2048, 256), (2048, 4096, 256), (8192, 2560, 256), (8192, 1536, 256)])
+def test_untuned_dx_tiles_narrow_where_rounds_come_out_fuller(M, K, dx_tile_n):
+    """The dx kernel's tile width at an untuned shape: the least rounds x width x UNTUNED_DX_COLUMN_COST on 132
+    blocks, 256 where they tie."""
+    entry = _untuned_from_entry()
+    assert nm_config._untuned_dx(M, K, entry.dx, 132) == _untuned_expected(M, K, dx_tile_n).dx
+
+
 @cpu_only
-@pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (2048, 4096, 4096), (8192, 768, 3072), (4096, 1536, 4096),
-                                     (4096, 2560, 8192), (4096, 5120, 13824)])
-def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, monkeypatch):
+@pytest.mark.parametrize("M, K, N, dx_tile_n", [(8192, 2048, 5632, 256), (2048, 4096, 4096, 256),
+                                                (8192, 768, 3072, 192), (4096, 1536, 4096, 192),
+                                                (4096, 2560, 8192, 160), (4096, 5120, 13824, 160)])
+def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
-    runs or row by row): its three kernels lower for CUDA there within shared memory, with their warpgroups, and it
-    is what a call takes there on an H200."""
+    runs or row by row; dx tiles 256, 192 or 160 wide): its three kernels lower for CUDA there within shared memory,
+    with their warpgroups, and it is what a call takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
-    assert nm_config.mosaic_default_config(M, K, N) == _untuned_from_entry()
-    _check_kernels(M, K, N, False, _untuned_from_entry())
+    expected = _untuned_expected(M, K, dx_tile_n)
+    assert nm_config.mosaic_default_config(M, K, N) == expected
+    _check_kernels(M, K, N, False, expected)
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (2048, 4096, 4096)])
-def test_untuned_shapes_on_the_gpu(M, K, N):
-    """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM): forward and
-    gradients against the float32 reference, two calls; the forward kernel unspilled, its wgmma not serialized."""
+@pytest.mark.parametrize("M, K, N, dx_tile_n", [(8192, 2048, 5632, 256), (2048, 4096, 4096, 256),
+                                                (4096, 768, 3072, 192), (2048, 2560, 4096, 160)])
+def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n):
+    """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
+    dx_tile_n wide): forward and gradients against the float32 reference, two calls; the forward kernel unspilled,
+    its wgmma not serialized."""
     config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     if tuning.device_kind() == "NVIDIA H200":
-        assert config == _untuned_from_entry()
+        assert config == _untuned_expected(M, K, dx_tile_n)
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))

@@ -104,7 +104,7 @@ VARIANTS = {
                                  forward=dict(_STACKED, stream_k=0, delay_release=1, **order))
        for name, order in (("w4", dict(grid_tile_width=4)), ("w16", dict(grid_tile_width=16)),
                            ("minor_n", dict(grid_minor="n")))},
-    # the dx kernel's row sum over planar-snake runs of 4 or 2 row blocks (gemm.mosaic._sum_rows_grid; the entries 8)
+    # the dx kernel's row sum over planar-snake runs of 4 or 2 row blocks (gemm.config.sum_rows_grid; the entries 8)
     # the dx kernel's epilogue in a fourth warpgroup (gemm.MosaicGemmConfig.epilogue_in), the MMA warpgroups handing
     # it their accumulators through shared memory: 3 stages beside that buffer (or 2)
     **{f"dx_epi4_s{stages}": dict(dx=dict(epilogue_in="fourth", tile_input_in="buffer", num_stages=stages, tile_m=128,
@@ -140,7 +140,7 @@ VARIANTS = {
     # narrower snake runs where the row sums' grid cuts blocks at the entry's width of 8 (96 of 132 at K = 3072 with
     # width 8, 132 with width 1 or 11; 120 / 132 at K = 768 with 8 / 4; 128 / 132 at K = 512 and 1024 with 8 / 6 and
     # 3). At 16384x3072x8192 width 11 took the dx kernel 1382.1 → 1092.3 µs, 1 to 1110.4; at the three others none
-    # gained (rmsnorm_matmul_configs_dx_grid{,_suite}-h200-1b2644e.json). gemm.mosaic._sum_rows_grid now widens
+    # gained (rmsnorm_matmul_configs_dx_grid{,_suite}-h200-1b2644e.json). gemm.config.sum_rows_grid now widens
     # runs that idle over an eighth of the grid, so "dx_w4" etc. are overridden there.
     "dx_w1": dict(dx=dict(grid_tile_width=1)),
     "dx_w3": dict(dx=dict(grid_tile_width=3)),
@@ -150,6 +150,7 @@ VARIANTS = {
     # tiles of 128x256 on 132 blocks, 2 rounds at 73%; 256 tiles of 128x192 on 128, 2 rounds full)
     "dx_n192": dict(dx=dict(tile_n=192)),
     "dx_n128": dict(dx=dict(tile_n=128)),
+    "dx_n160": dict(dx=dict(tile_n=160, epi_tile_n=32)),  # 4096x5120x13824: 1024 tiles on 128 blocks, 8 full rounds
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against

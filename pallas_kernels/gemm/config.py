@@ -335,6 +335,30 @@ def operand_swizzle_elems(config: MosaicGemmConfig, dtype, transpose_b: bool = F
                      f"({jnp.dtype(dtype)}) divides both")
 
 
+def sum_rows_grid(config: MosaicGemmConfig, row_tiles: int, grid: int) -> tuple[int, bool, int]:
+    """(``Fusion.sum_rows``) The blocks of the persistent grid, whether its tiles follow the planar snake, and its
+    runs' width: whole runs of it (width row blocks times their row_tiles tiles each, ``grid_minor`` "m") a round
+    where such a run fits the grid, else row-major rows. Each round then holds whole rows. The snake's runs took the
+    dx kernel of rmsnorm_matmul from 1567.1 to 1541.0 µs at 32768x4096x4096 on the H200 and left four smaller shapes
+    within 0.6 µs, on 128 blocks where row-major had 132 at three of them (``toggle_ab_sum_rows_snake-h200-094a30a
+    .json``). Where config.grid_tile_width's runs leave more than an eighth of the grid idle (96 of 132 blocks at
+    12 tiles a row, 80 at 10), the width keeping the most blocks takes its place, the widest of those (11 at 12
+    tiles a row: one run a round): the dx kernel at 16384x3072x8192 1382.1 → 1092.3 µs on the H200, where width 1
+    took 1110.4 (``rmsnorm_matmul_configs_dx_grid-h200-1b2644e.json``); forward + backward on the H200 3415.6 →
+    3147.7 µs there, 1907.7 → 1683.2 at 8192x2560x10240 (10 tiles a row), 973.0 → 916.3 at 8192x1536x8960 (6)
+    (``toggle_ab_sum_rows_widen-h200-cda668d.json``). At 120 of 132 blocks (3 tiles a row, width 8) the 132 of
+    widths 1, 4 or 11 were 1.3-1.5 µs slower (both rounds needed either way), so a smaller loss keeps the width."""
+    def kept(width: int) -> tuple[int, bool]:  # (blocks a round, snake) with runs of width row blocks
+        run = width * row_tiles
+        snake = config.grid_minor == "m" and run <= grid
+        return grid - grid % (run if snake else row_tiles), snake
+
+    width = config.grid_tile_width
+    if config.grid_minor == "m" and kept(width)[0] < grid - grid // 8:
+        width = max(range(1, grid // row_tiles + 1), key=lambda w: (kept(w)[0], w))
+    return (*kept(width), width)
+
+
 def smem_bytes(config: MosaicGemmConfig, dtype, out_dtype, *, tile_input_dtypes: tuple = (),
                store_in_tile: bool = False, scratch_bytes: int = 0) -> int:
     """Shared memory one block allocates (bytes; barriers and Mosaic's reduction scratch excluded): the

@@ -67,7 +67,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm import specialized, stream_k
 from pallas_kernels.gemm.config import (PIPELINES, MosaicGemmConfig, operand_swizzle_elems, smem_bytes,
-                                        unsupported_reason)
+                                        sum_rows_grid, unsupported_reason)
 
 __all__ = ["COL_DTYPES", "PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes",
            "unsupported_reason"]
@@ -233,12 +233,12 @@ class Fusion:
       before the copy and waits after it, so the copy runs while the row's other tiles finish. The tile loop walks
       the CTA tiles in whole runs of the planar snake (``grid_minor`` "m": grid_tile_width rows times the row's
       tiles), on a grid cut to a multiple of that run, or (``grid_minor`` "n", or a run longer than the grid)
-      row-major on a grid cut to a multiple of the row's tile count (``_sum_rows_grid``): either way a row's tiles
-      never straddle two rounds (where they did, the blocks holding the first ones waited a whole tile for the rest);
-      with one block per SM every block is resident, so no tile waits for one that cannot run (the tiles a tile
-      waits for start once their blocks' earlier tiles end, and those tiles come before it). Cooperative
-      schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside, epilogue_store "end"; not in
-      interpret mode (no semaphores).
+      row-major on a grid cut to a multiple of the row's tile count (``config.sum_rows_grid``, which may take
+      another width): either way a row's tiles never straddle two rounds (where they did, the blocks holding the
+      first ones waited a whole tile for the rest); with one block per SM every block is resident, so no tile waits
+      for one that cannot run (the tiles a tile waits for start once their blocks' earlier tiles end, and those
+      tiles come before it). Cooperative schedule, pipeline "own", no stream-K, cluster, share_rows or a_beside,
+      epilogue_store "end"; not in interpret mode (no semaphores).
     """
 
     tile_inputs: tuple[str, ...] = ()
@@ -420,13 +420,13 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"step_inputs={fusion.step_inputs}")
     grid = (num_sms or mu.num_sms()) // config.cluster_size
     row_tiles = -(-N // config.cta_n)
-    snake = False  # (Fusion.sum_rows) its tiles in planar-snake runs (``_sum_rows_grid``)
+    snake = False  # (Fusion.sum_rows) its tiles in planar-snake runs (``config.sum_rows_grid``)
     if fusion.sum_rows is not None:  # whole rows of tiles per round (Fusion.sum_rows)
         if row_tiles > grid:
             raise ValueError(f"{name}: sum_rows waits for all of a row's N / cta_n = {N} / {config.cta_n} = "
                              f"{row_tiles} tiles at once, so they must run together on the {grid} blocks: at most "
                              f"{grid} tiles a row; take a wider tile_n")
-        grid, snake, width = _sum_rows_grid(config, row_tiles, grid)
+        grid, snake, width = sum_rows_grid(config, row_tiles, grid)
         config = dataclasses.replace(config, grid_tile_width=width)
     plan = None
     if config.stream_k:
@@ -979,30 +979,6 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(slots.at[slot],
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
-
-
-def _sum_rows_grid(config: MosaicGemmConfig, row_tiles: int, grid: int) -> tuple[int, bool, int]:
-    """(``Fusion.sum_rows``) The blocks of the persistent grid, whether its tiles follow the planar snake, and its
-    runs' width: whole runs of it (width row blocks times their row_tiles tiles each, ``grid_minor`` "m") a round
-    where such a run fits the grid, else row-major rows. Each round then holds whole rows. The snake's runs took the
-    dx kernel of rmsnorm_matmul from 1567.1 to 1541.0 µs at 32768x4096x4096 on the H200 and left four smaller shapes
-    within 0.6 µs, on 128 blocks where row-major had 132 at three of them (``toggle_ab_sum_rows_snake-h200-094a30a
-    .json``). Where config.grid_tile_width's runs leave more than an eighth of the grid idle (96 of 132 blocks at
-    12 tiles a row, 80 at 10), the width keeping the most blocks takes its place, the widest of those (11 at 12
-    tiles a row: one run a round): the dx kernel at 16384x3072x8192 1382.1 → 1092.3 µs on the H200, where width 1
-    took 1110.4 (``rmsnorm_matmul_configs_dx_grid-h200-1b2644e.json``); forward + backward on the H200 3415.6 →
-    3147.7 µs there, 1907.7 → 1683.2 at 8192x2560x10240 (10 tiles a row), 973.0 → 916.3 at 8192x1536x8960 (6)
-    (``toggle_ab_sum_rows_widen-h200-cda668d.json``). At 120 of 132 blocks (3 tiles a row, width 8) the 132 of
-    widths 1, 4 or 11 were 1.3-1.5 µs slower (both rounds needed either way), so a smaller loss keeps the width."""
-    def kept(width: int) -> tuple[int, bool]:  # (blocks a round, snake) with runs of width row blocks
-        run = width * row_tiles
-        snake = config.grid_minor == "m" and run <= grid
-        return grid - grid % (run if snake else row_tiles), snake
-
-    width = config.grid_tile_width
-    if config.grid_minor == "m" and kept(width)[0] < grid - grid // 8:
-        width = max(range(1, grid // row_tiles + 1), key=lambda w: (kept(w)[0], w))
-    return (*kept(width), width)
 
 
 def _signal_row_part(semaphores, ctx: TileContext) -> None:

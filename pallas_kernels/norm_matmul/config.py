@@ -19,7 +19,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes, stream_k
-from pallas_kernels.gemm.config import BARRIER_BYTES
+from pallas_kernels.gemm.config import BARRIER_BYTES, sum_rows_grid
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
@@ -769,6 +769,14 @@ def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
 # not measured away from its shape) keep the tables.
 UNTUNED_FROM = (8192, 4096, 6144)
 UNTUNED_DEVICES = ("NVIDIA H200",)
+# The dx kernel's tile width along K there (``_untuned_dx``): the entry's 256 columns, or a narrower width where its
+# rounds come out fuller. The row sums hold a row's K / 256 tiles in one round, so few tiles a row can leave the last
+# round part-full (8192x768x3072: 64 row blocks of 3 tiles, 192 tiles on 132 blocks, 2 rounds at 73%). A width's time
+# is taken as rounds x width x its cost per column against 256's, measured at 8192x768x3072 on the H200 (the dx
+# kernel 77.1 µs with 256, 62.9 with 192 in 2 rounds of 256 tiles, 69.0 with 128 in 3 rounds of 384:
+# rmsnorm_matmul_configs_dx_tile_n-h200-b07e299.json). SWITCH_DX_TILE_N: A/B switch, removed after measuring.
+UNTUNED_DX_COLUMN_COST = {256: 1.0, 192: 1.09, 160: 1.11, 128: 1.19}
+SWITCH_DX_TILE_N = True
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -785,12 +793,31 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     sms, fwd = mosaic_utils.num_sms(), config.forward
     if config.dx_in_kernel and -(-K // config.dx.cta_n) > sms:  # the dx kernel's row sums: a row's tiles in a round
         return None
+    if config.dx_in_kernel and SWITCH_DX_TILE_N:
+        narrower = dataclasses.replace(config, dx=_untuned_dx(M, K, config.dx, sms))
+        config = narrower if narrower.unsupported_reason(M, K, N) is None else config
     if fwd.stream_k:  # r shared by each row block's first tile, which must run in the whole rounds, and the a_operand's
         # equal stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
         plan = stream_k.plan_for(M // fwd.cta_m * -(-N // fwd.cta_n), sms, K // fwd.tile_k, split=fwd.stream_k)
         if plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None):
             return None
     return config
+
+
+def _untuned_dx(M: int, K: int, dx: MosaicGemmConfig, sms: int) -> MosaicGemmConfig:
+    """The entry's dx kernel (row sums over (M, K) tiles) with the tile width of UNTUNED_DX_COLUMN_COST taking the
+    least rounds x width x cost on ``sms`` blocks, of the widths that tile K (256 where they tie)."""
+    best_time, best = None, dx
+    for tile_n, cost in UNTUNED_DX_COLUMN_COST.items():
+        tiles = dataclasses.replace(dx, tile_n=tile_n, epi_tile_n=dx.epi_tile_n if tile_n % dx.epi_tile_n == 0 else 32)
+        row_tiles = K // tiles.cta_n
+        if K % tiles.cta_n or M % tiles.cta_m or row_tiles > sms:
+            continue
+        grid = sum_rows_grid(tiles, row_tiles, sms)[0]
+        time = -(-M // tiles.cta_m * row_tiles // grid) * tile_n * cost
+        if best_time is None or time < best_time:
+            best_time, best = time, tiles
+    return best
 
 
 def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
