@@ -1695,7 +1695,7 @@ def _scaled_columns(col_inputs: tuple = ("v",)) -> Fusion:
 @pytest.mark.parametrize("fusion, v, match", [
     (Fusion(col_inputs=("v",)), S((512,), jnp.float32),
      r"col_inputs='v' must name a \(512,\) float32, bfloat16 or float16 array of inputs, N a multiple of tile_n=128 "
-     r"\(its slices load by TMA\); got not among inputs, N=512"),
+     r"and tile_n elements whole 128-byte lines \(its slices load by TMA\); got not among inputs, N=512"),
     (_scaled_columns(), S((512,), jnp.int32), r"col_inputs='v' .* got shape \(512,\), dtype int32, N=512"),
     (_scaled_columns(), S((512,), jnp.float8_e4m3fn), r"col_inputs='v' .* got shape \(512,\), dtype float8_e4m3fn"),
     (_scaled_columns(), S((256,), jnp.float32), r"col_inputs='v' .* got shape \(256,\), dtype float32, N=512")])
@@ -1704,6 +1704,16 @@ def test_col_inputs_must_be_float_column_vectors_of_the_inputs(fusion, v, match)
         jax.eval_shape(lambda a, b, v: gemm(a, b, config=MosaicGemmConfig(), out_dtype=jnp.bfloat16, fusion=fusion,
                                             arrays=dict(v=v)),
                        S((256, 256), jnp.bfloat16), S((256, 512), jnp.bfloat16), v)
+
+
+def test_col_inputs_need_whole_128_byte_slices():
+    """A (tile_n,) slice Mosaic's TMA copies as whole 128-byte lines: 160 bfloat16 elements are 320 bytes."""
+    config = MosaicGemmConfig(tile_n=160, epi_tile_n=32)
+    with pytest.raises(ValueError, match=r"tile_n elements whole 128-byte lines .* got shape \(640,\), dtype "
+                                         r"bfloat16, N=640"):
+        jax.eval_shape(lambda a, b, v: gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_scaled_columns(),
+                                            arrays=dict(v=v)),
+                       S((256, 256), jnp.bfloat16), S((256, 640), jnp.bfloat16), S((640,), jnp.bfloat16))
 
 
 def test_col_inputs_need_n_a_multiple_of_tile_n():

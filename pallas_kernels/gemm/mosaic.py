@@ -377,12 +377,12 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     for n in fusion.col_inputs:
         vec = (arrays or {}).get(n)
         if n not in fusion.inputs or vec is None or vec.shape != (N,) or jnp.dtype(vec.dtype) not in COL_DTYPES \
-                or N % config.tile_n:
+                or N % config.tile_n or config.tile_n * vec.dtype.itemsize % 128:
             seen = "not among inputs" if n not in fusion.inputs else "no such array" if vec is None else \
                 f"shape {tuple(vec.shape)}, dtype {jnp.dtype(vec.dtype)}"
             raise ValueError(f"{name}: col_inputs={n!r} must name a ({N},) float32, bfloat16 or float16 array of "
-                             f"inputs, N a multiple of tile_n={config.tile_n} (its slices load by TMA); got {seen}, "
-                             f"N={N}")
+                             f"inputs, N a multiple of tile_n={config.tile_n} and tile_n elements whole 128-byte "
+                             f"lines (its slices load by TMA); got {seen}, N={N}")
     if fusion.step_inputs and fusion.a_operand is None:
         raise ValueError(f"{name}: step_inputs={fusion.step_inputs} are read by an a_operand only; the fusion has none")
     if accumulate_into is not None:

@@ -162,12 +162,15 @@ def _dyr_copy(leaf: int, sums: tuple[int, float] | None = None):
     return scaled_dy
 
 
-def _vector_input(v):
+def _vector_input(v, tile_n: int | None = None):
     """A (K,) vector for a kernel's rows or columns: as it is in float32, bfloat16 or float16 (the kernel converts
     it as it loads it), else in float32. A bfloat16 gamma converted by XLA instead took a kernel of its own (0.8-1.2
     µs): forward + backward 124.4 → 123.0 µs at 8192x512x2816, 53.2 → 51.7 at 8192x512x768, 762.3 → 760.1 at
-    16384x1024x5504, outputs bit for bit the same (toggle_ab_gamma_as_given-h200-422c1d7.json)."""
-    return v if jnp.dtype(v.dtype) in COL_DTYPES else v.astype(_F32)
+    16384x1024x5504, outputs bit for bit the same (toggle_ab_gamma_as_given-h200-422c1d7.json). ``tile_n``: the
+    length of the column slices a kernel copies (``gemm.Fusion.col_inputs``); where they are not whole 128-byte
+    lines in v's dtype (a 160-wide dx tile of a 16-bit gamma), float32."""
+    as_given = jnp.dtype(v.dtype) in COL_DTYPES and (tile_n is None or tile_n * v.dtype.itemsize % 128 == 0)
+    return v if as_given else v.astype(_F32)
 
 
 def _scaled_w(gamma, w):
@@ -545,7 +548,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
     b = w if on_x else _scaled_w(gamma, w)
     dgamma = None  # from the dw GEMM's epilogue, unless from u (``dgamma_from="u"``)
     if cfg.row_dot_side() == "k":  # u = (r / s) ⊙ (dy @ w_γᵀ) and its row dot's parts
-        arrays = dict(x=xn, gamma=_vector_input(gamma)) if on_x else dict(x=xn)
+        arrays = dict(x=xn, gamma=_vector_input(gamma, cfg.dx.tile_n)) if on_x else dict(x=xn)
         from_u = cfg.dgamma_source(M, N, dtype) == "u"  # u before gamma (on_x: the config checked it)
         in_kernel = cfg.dx_in_kernel and dh is None and not mu.interpreting()  # the dx kernel writes dx itself
         unit = dtype != jnp.float16  # s = 1: the finish takes fewer rows (``_dx_partial_fusion``'s unit_scale)
@@ -598,7 +601,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
         if dh is not None:
             arrays["dh"] = dh.astype(dtype)
         if on_x:
-            arrays["gamma"] = _vector_input(gamma)
+            arrays["gamma"] = _vector_input(gamma, dx_cfg.tile_n)
         if cfg.dyr_by_dx(dtype, dh is not None):  # the dx kernel writes dyr from its dy blocks
             arrays["dyr_scale"] = rstd / scale
             dx, dyr, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
