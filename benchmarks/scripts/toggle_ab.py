@@ -47,8 +47,8 @@ def _program(x, gamma, w, dy, config=None):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--switch", required=True, help="module:NAME of a bool the kernels read at trace time "
-                        "(several, comma-separated: set together)")
+    parser.add_argument("--switch", required=True, help="module:NAME of a bool the kernels (or the config choice) "
+                        "read at trace time (several, comma-separated: set together)")
     parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default="8192x512x2816,16384x1024x5504")
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--variant", default="default", help="a variant of rmsnorm_matmul_configs (\"a+b\" "
@@ -70,12 +70,12 @@ def main() -> int:
     result.update(switch=args.switch, variant=args.variant)
     for M, K, N in args.shapes:
         operands = suite.make_inputs(M, K, N, seed=1)
-        config = variant_config(M, K, N, combined(args.variant))
         compiled = {}
         for value in (False, True):
             for module, name in switches:
                 setattr(module, name, value)
             jax.clear_caches()  # (the kernels are built at trace time)
+            config = variant_config(M, K, N, combined(args.variant))  # (a switch may change the config chosen)
             compiled[value] = jax.jit(functools.partial(_program, config=config)).lower(*operands).compile()
         outs = {value: jax.tree.leaves(fn(*operands)) for value, fn in compiled.items()}
         diff = bench.max_difference(zip(outs[False], outs[True]))
