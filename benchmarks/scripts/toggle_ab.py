@@ -16,7 +16,10 @@ dx_epilogue_three}-h200-d3eb5e4.json``: ``gemm.specialized.RING_FREED_UNDER_NEXT
 ``toggle_ab_dx_apart_probe_{no_reload,no_tile_copy,no_hook}-h200-ab4af0d.json``: the probes ``gemm.mosaic.
 PROBE_NO_RELOAD``, ``PROBE_NO_TILE_COPY``, ``PROBE_NO_HOOK`` at the tag ``dx-apart-probes-ab4af0d``;
 ``toggle_ab_dw_no_dgamma_probe-h200-6b7afb1.json``: ``norm_matmul.mosaic.PROBE_DW_NO_DGAMMA``;
-``toggle_ab_sum_rows_widen-h200-cda668d.json``: ``gemm.mosaic.SUM_ROWS_WIDEN``); the kernels
+``toggle_ab_sum_rows_widen-h200-cda668d.json``: ``gemm.mosaic.SUM_ROWS_WIDEN``;
+``toggle_ab_dx_tile_n-h200-94a3001.json``: ``norm_matmul.config.SWITCH_DX_TILE_N``, a config choice: before 94a3001
+each side took the config chosen with the switch True, as ``toggle_ab_dx_tile_n_config_fixed_both-h200-edfe77b.json``
+did); the kernels
 are built at trace time, so each side's program is traced with the switch set. Bf16 inputs of
 ``jaxfuse.suites.rmsnorm_matmul.make_inputs``; this device's tuned configs, or with ``--variant`` a variant of
 ``rmsnorm_matmul_configs.VARIANTS`` ("a+b" combines them) on both sides. Writes ``<out>/toggle_ab-<device>.json``.

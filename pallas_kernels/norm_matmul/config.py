@@ -774,9 +774,13 @@ UNTUNED_DEVICES = ("NVIDIA H200",)
 # round part-full (8192x768x3072: 64 row blocks of 3 tiles, 192 tiles on 132 blocks, 2 rounds at 73%). A width's time
 # is taken as rounds x width x its cost per column against 256's, measured at 8192x768x3072 on the H200 (the dx
 # kernel 77.1 µs with 256, 62.9 with 192 in 2 rounds of 256 tiles, 69.0 with 128 in 3 rounds of 384:
-# rmsnorm_matmul_configs_dx_tile_n-h200-b07e299.json). SWITCH_DX_TILE_N: A/B switch, removed after measuring.
+# rmsnorm_matmul_configs_dx_tile_n-h200-b07e299.json; 160's cost is 192's and 128's between). Forward + backward on
+# the H200, 256 → the width taken (toggle_ab_dx_tile_n-h200-94a3001.json, switch SWITCH_DX_TILE_N since removed):
+# 203.6 → 190.6 µs at 8192x768x3072 (192), 377.3 → 346.8 at 16384x768x3072 (192), 260.0 → 240.7 at 4096x1536x4096
+# (192), 2384.7 → 2334.6 at 4096x5120x13824 (160), 484.3 → 470.1 at 8192x1280x5120 (160), 701.8 → 681.2 at
+# 4096x2560x8192 (160); the dx kernel alone 78.1 → 63.4, 143.7 → 116.3, 96.5 → 76.3, 873.1 → 810.6, 166.1 → 149.1,
+# 252.7 → 224.9.
 UNTUNED_DX_COLUMN_COST = {256: 1.0, 192: 1.09, 160: 1.11, 128: 1.19}
-SWITCH_DX_TILE_N = True
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -793,7 +797,7 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     sms, fwd = mosaic_utils.num_sms(), config.forward
     if config.dx_in_kernel and -(-K // config.dx.cta_n) > sms:  # the dx kernel's row sums: a row's tiles in a round
         return None
-    if config.dx_in_kernel and SWITCH_DX_TILE_N:
+    if config.dx_in_kernel:
         narrower = dataclasses.replace(config, dx=_untuned_dx(M, K, config.dx, sms))
         config = narrower if narrower.unsupported_reason(M, K, N) is None else config
     if fwd.stream_k:  # r shared by each row block's first tile, which must run in the whole rounds, and the a_operand's
