@@ -9,6 +9,7 @@
     jaxfuse passes --train-step
     jaxfuse train --kernels '' --kernels attention=pallas,loss=pallas
     jaxfuse bench --op attention --tune              # GPU: sweep block sizes (checked, then timed), then the suite
+    jaxfuse bench --op rmsnorm_matmul --shapes 8192x1536x8960   # your model's shape (M, K, N), named ones or custom
     jaxfuse bench --op train_step --shapes 1b --mesh data=2 --fsdp   # several GPUs: jaxfuse.sharding
     jaxfuse inspect --train-step --mesh data=2,model=2               # one device's partitioned program
 
@@ -347,7 +348,9 @@ def _define_bench_flags(fv: flags.FlagValues) -> None:
 
     flags.DEFINE_enum("op", None, list(suites.OPS), "Which op's spec to time.", flag_values=fv)
     flags.DEFINE_list("shapes", [], "Named shapes of the spec (default: its GPU shapes on a GPU, its CPU smoke shape "
-                      "elsewhere; 'all' for every one this machine runs).", flag_values=fv)
+                      "elsewhere; 'all' for every one this machine runs), or custom ones: the dims' sizes joined by "
+                      "'x' in the spec's order (rmsnorm_matmul 8192x1536x8960 is M, K, N; a wrong one's error names "
+                      "the order).", flag_values=fv)
     flags.DEFINE_list("impls", [], "Implementations to time (default: the spec's; e.g. pallas_triton,xla,xla_f32).",
                       flag_values=fv)
     flags.DEFINE_multi_string("kernels", [], "train_step: a kernel set to time, e.g. 'attention=cudnn' ('' = all "

@@ -84,6 +84,10 @@ def test_bench_on_a_cpu_says_it_runs_the_cpu_shapes_and_shows_progress(tmp_path,
     status, _, err = run(capsys, "bench", "--op", "cross_entropy", "--shapes", "8k_128k", "--out", str(tmp_path))
     assert status == 2 and "benchmarking" not in err
     assert "['8k_128k'] are GPU-sized; on cpu (interpret mode) cross_entropy runs ['cpu']" in one_error(err)
+    status, _, err = run(capsys, "bench", "--op", "rmsnorm_matmul", "--shapes", "8192x1536", "--out", str(tmp_path))
+    assert status == 2 and "benchmarking" not in err
+    assert "unknown '8192x1536'; rmsnorm_matmul has ['32768x4096x4096'," in one_error(err)
+    assert "or a custom shape MxKxN (3 positive integers joined by 'x', e.g. 32768x4096x4096)" in one_error(err)
 
 
 # ---- 3. paths and XLA flags: checked up front, one line --------------------------------------------------

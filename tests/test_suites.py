@@ -104,8 +104,24 @@ def test_tolerance_rule_grows_with_the_square_root_of_the_reduction():
 def test_gpu_sized_shapes_are_refused_on_cpu_and_names_checked():
     with pytest.raises(ValueError, match=r"shapes: \['main'\] are GPU-sized; on cpu .* runs \['cpu'\]"):
         suites.run("attention", ["main"], **_QUIET)
-    with pytest.raises(ValueError, match=r"shapes: unknown \['nope'\]"):
+    with pytest.raises(ValueError, match=r"shapes: unknown 'nope'; attention has \['main', .*\], or a custom shape "
+                                         r"BxTxSxNxKxH \(6 positive integers joined by 'x', e.g. 4x4096x4096x16x16x128\)"):
         suites.run("attention", ["nope"], **_QUIET)
+    with pytest.raises(ValueError, match=r"shapes: unknown '8192x1536'; rmsnorm_matmul has .* or a custom shape MxKxN"):
+        suites.run("rmsnorm_matmul", ["8192x1536"], **_QUIET)
+    with pytest.raises(ValueError, match=r"shapes: unknown 'big'; train_step has \['tiny', .*\]$"):
+        suites.run("train_step", ["big"], **_QUIET)  # (its shapes are not all integers: no custom ones)
+    with pytest.raises(ValueError, match=r"shapes: \['8192x1536x8960'\] are GPU-sized; on cpu .* runs \['cpu'\], or "
+                                         r"custom ones up to 37x64x32"):
+        suites.run("rmsnorm_matmul", ["8192x1536x8960"], **_QUIET)
+
+
+def test_custom_shapes_run_like_named_ones():
+    """A custom shape (the spec's dims joined by "x") gets the records a named one does, its label its dims."""
+    records = suites.run("rmsnorm_matmul", ["33x64x16"], impls=("xla",), iterations=1, **_QUIET)
+    assert {r.shape for r in records} == {"33x64x16"} and {r.mode for r in records} == {"fwd", "fwd+bwd"}
+    assert all(r.extra["note"] == "custom shape" and r.extra["shape_name"] == "33x64x16" for r in records)
+    assert all(r.extra["rel_error"] <= 1e-2 for r in records)
     with pytest.raises(ValueError, match=r"impls: unknown \['triton'\]"):
         suites.run("attention", impls=("triton",), **_QUIET)
 

@@ -38,19 +38,22 @@ def _log(message: str) -> None:
 
 
 def check_shape_names(spec: OpSpec, names: Sequence[str] | None) -> list[str]:
-    """The shapes to run (default: the spec's GPU shapes on a GPU, its CPU shapes elsewhere). ValueError for an
-    unknown name, and, off the GPU, for a shape the CPU cannot run in interpret mode in reasonable time."""
+    """The shapes to run (default: the spec's GPU shapes on a GPU, its CPU shapes elsewhere): named ones or custom
+    ones (``OpSpec.shape``). ValueError for a name that is neither, and, off the GPU, for a shape the CPU cannot run
+    in interpret mode in reasonable time (a named GPU shape, or a custom one larger than its CPU shapes)."""
     import jax
 
     on_gpu = jax.default_backend() == "gpu"
     names = list((spec.default_shapes if on_gpu else spec.cpu_shapes) if not names else names)
-    unknown = [n for n in names if n not in spec.shapes]
-    if unknown:
-        raise ValueError(f"shapes: unknown {unknown}; {spec.name} has {list(spec.shapes)}")
-    too_big = [n for n in names if not on_gpu and n not in spec.cpu_shapes]
+    for name in names:
+        spec.shape(name)  # (ValueError for a name that is neither a shape of the spec nor a custom one)
+    cpu_sized = {k: max(spec.shapes[n][k] for n in spec.cpu_shapes) for k in spec.custom_dims()}
+    too_big = [n for n in names if not on_gpu and n not in spec.cpu_shapes
+               and (n in spec.shapes or any(spec.shape(n)[k] > v for k, v in cpu_sized.items()))]
     if too_big:
+        custom = f", or custom ones up to {'x'.join(map(str, cpu_sized.values()))}" if cpu_sized else ""
         raise ValueError(f"shapes: {too_big} are GPU-sized; on {jax.default_backend()} (interpret mode) {spec.name} "
-                         f"runs {list(spec.cpu_shapes)}")
+                         f"runs {list(spec.cpu_shapes)}{custom}")
     return names
 
 
@@ -185,7 +188,7 @@ def _run_case(spec: OpSpec, name: str, variant, impls: list[str], *, iterations:
 
     from jaxfuse import kernels
 
-    shape = spec.shapes[name]
+    shape = spec.shape(name)
     label = spec.label(shape, variant)
     costs = _costs(spec, shape, variant, dev)
     sets = input_sets(spec, shape, dev)
@@ -287,14 +290,14 @@ def run(spec: OpSpec | str, shape_names: Sequence[str] | None = None, *, impls: 
     records: list[bench.Record] = []
     for name in names:
         for variant in spec.variants:
-            label = spec.label(spec.shapes[name], variant)
+            label = spec.label(spec.shape(name), variant)
             if deadline is not None and time.time() > deadline:
                 progress(f"{spec.name} {name} [{label}]: skipped, past the time budget")
-                costs = _costs(spec, spec.shapes[name], variant, dev)
+                costs = _costs(spec, spec.shape(name), variant, dev)
                 records += [_failed(spec, label, impl, mode, costs[mode], {"shape_name": name, **variant},
                                     "skipped: past the time budget") for impl in impls for mode in spec.modes]
                 continue
-            progress(f"{spec.name} {name} [{label}] ({spec.shapes[name].get('note', '')})")
+            progress(f"{spec.name} {name} [{label}] ({spec.shape(name).get('note', '')})")
             start = time.time()
             try:
                 records += _run_case(spec, name, variant, impls, iterations=iterations, dev=dev,
@@ -302,7 +305,7 @@ def run(spec: OpSpec | str, shape_names: Sequence[str] | None = None, *, impls: 
             except Exception as e:  # noqa: BLE001 -- e.g. out of memory making inputs; the next shape still runs
                 error = f"{type(e).__name__}: {e}"
                 progress(f"{spec.name} {name} [{label}] FAILED: {error[:500]}\n{traceback.format_exc(limit=3)}")
-                costs = _costs(spec, spec.shapes[name], variant, dev)
+                costs = _costs(spec, spec.shape(name), variant, dev)
                 records += [_failed(spec, label, impl, mode, costs[mode], {"shape_name": name, **variant}, error)
                             for impl in impls for mode in spec.modes]
                 jax.clear_caches()

@@ -140,6 +140,30 @@ class OpSpec:
         """The shape without its note."""
         return {k: v for k, v in shape.items() if k != "note"}
 
+    def custom_dims(self) -> tuple[str, ...]:
+        """The dims a custom shape names, in order (rmsnorm_matmul: M, K, N): those of the spec's shapes when
+        every shape has the same integer dims; () when its shapes cannot be written that way (train_step)."""
+        keys = {tuple(self.dims(shape)) for shape in self.shapes.values()}
+        if len(keys) != 1:
+            return ()
+        (names,) = keys
+        every_int = all(isinstance(v, int) for shape in self.shapes.values() for v in self.dims(shape).values())
+        return names if every_int else ()
+
+    def shape(self, name: str) -> Mapping[str, Any]:
+        """The named shape, or a custom one: its dims' sizes joined by "x" in ``custom_dims`` order
+        ("8192x1536x8960": M=8192, K=1536, N=8960). ValueError naming both forms otherwise."""
+        if name in self.shapes:
+            return self.shapes[name]
+        dims = self.custom_dims()
+        sizes = name.split("x")
+        if dims and len(sizes) == len(dims) and all(s.isdigit() and int(s) > 0 for s in sizes):
+            return dict(zip(dims, map(int, sizes)), note="custom shape")
+        custom = (f", or a custom shape {'x'.join(dims)} ({len(dims)} positive integers joined by 'x', e.g. "
+                  f"{'x'.join(str(v) for v in self.dims(self.shapes[self.default_shapes[0]]).values())})"
+                  if dims else "")
+        raise ValueError(f"shapes: unknown {name!r}; {self.name} has {list(self.shapes)}{custom}")
+
     def program(self, fn: Callable, mode: str, shape: Mapping[str, Any], variant: Mapping[str, Any]) -> Callable:
         """A function of the inputs (``make_inputs``'s tuple) running one implementation in one mode: "fwd" the
         output; "fwd+bwd" (output, gradients of grad_argnums) for the drawn cotangent (1 for a scalar), one

@@ -81,7 +81,7 @@ def tune(spec: OpSpec | str, shape_names: Sequence[str] | None = None, *, backen
     dev = costmodel.detect()
     rows: list[dict] = []
     for index, (name, variant, backend) in enumerate(triples):
-        shape = spec.shapes[name]
+        shape = spec.shape(name)
         remaining = (deadline - time.time()) if deadline is not None else math.inf
         if remaining < 10:
             progress(f"sweep {spec.name} {name} {variant} {backend}: out of time")
