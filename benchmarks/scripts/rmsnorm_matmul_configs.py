@@ -151,6 +151,8 @@ VARIANTS = {
     "dx_n192": dict(dx=dict(tile_n=192)),
     "dx_n128": dict(dx=dict(tile_n=128)),
     "dx_n160": dict(dx=dict(tile_n=160, epi_tile_n=32)),  # 4096x5120x13824: 1024 tiles on 128 blocks, 8 full rounds
+    # the dw kernel's last, part-full round split along K (stream-K): 8192x1536x8960's dw has 420 tiles, 4 rounds at 80%
+    "dw_sk1": dict(dw=dict(stream_k=1)),
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
@@ -553,7 +555,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv",
-                        help="names of the suite's shapes (jaxfuse.suites.rmsnorm_matmul.SHAPES), comma-separated")
+                        help="names of the suite's shapes (jaxfuse.suites.rmsnorm_matmul.SHAPES) or custom MxKxN "
+                        "ones, comma-separated")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--modes", default="fwd,fwd+bwd", help="of the suite's modes, comma-separated")
@@ -561,14 +564,16 @@ def main() -> int:
     unknown = sorted({p for v in args.variants.split(",") for p in v.split("+")} - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
-    missing = [name for name in args.shapes.split(",") if name not in suite.SHAPES]
-    if missing:
-        parser.error(f"--shapes: {', '.join(missing)} not among the suite's shapes {', '.join(suite.SHAPES)}")
     spec = suite.SPEC
+    for name in args.shapes.split(","):
+        try:
+            spec.shape(name)
+        except ValueError as error:
+            parser.error(f"--shapes: {error}")
     impls = spec.implementations()
     result, save, path = results_file(args.out, "rmsnorm_matmul_configs")
     for name in args.shapes.split(","):
-        shape = suite.SHAPES[name]
+        shape = spec.shape(name)
         M, K, N = shape["M"], shape["K"], shape["N"]
         row = dict(shape=name, M=M, K=K, N=N)
         with recorded_row(result, save, row):
