@@ -151,8 +151,12 @@ VARIANTS = {
     "dx_n192": dict(dx=dict(tile_n=192)),
     "dx_n128": dict(dx=dict(tile_n=128)),
     "dx_n160": dict(dx=dict(tile_n=160, epi_tile_n=32)),  # 4096x5120x13824: 1024 tiles on 128 blocks, 8 full rounds
-    # the dw kernel's last, part-full round split along K (stream-K): 8192x1536x8960's dw has 420 tiles, 4 rounds at 80%
+    # the dw kernel's last, part-full round through the stream-K phase: 8192x1536x8960's dw has 420 tiles, 4 rounds
+    # at 80%. stream_k=1 keeps those tiles whole (the rounds' schedule): no change, 331.6 → 331.7 µs there, 587.9 →
+    # 588.9 at 8192x2560x10240 (rmsnorm_matmul_configs_dw_stream_k-h200-3974e32.json). Split along K (4): not
+    # measured yet.
     "dw_sk1": dict(dw=dict(stream_k=1)),
+    "dw_sk4": dict(dw=dict(stream_k=4)),
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
