@@ -1059,6 +1059,16 @@ def test_untuned_dx_tiles_narrow_where_rounds_come_out_fuller(M, K, dx_tile_n):
     assert nm_config._untuned_dx(M, K, entry.dx, 132) == _untuned_expected(M, K, dx_tile_n).dx
 
 
+def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
+    """At 8192x768x3072 the untuned rule takes 192-wide dx tiles; ``--tune`` also times 256 and 128 (160 does not
+    tile K = 768), each with the rest of the config as taken."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    base = nm_config.mosaic_default_config(8192, 768, 3072)
+    _, backward = nm_config.mosaic_sweep_candidates(8192, 768, 3072)
+    widths = {c["dx"]["tile_n"]: c for c in backward if dict(c, dx=base.to_dict()["dx"]) == base.to_dict()}
+    assert base.dx.tile_n == 192 and set(widths) == {128, 192, 256}, sorted(widths)
+
+
 @cpu_only
 @pytest.mark.parametrize("M, K, N, dx_tile_n", [(8192, 2048, 5632, 256), (2048, 4096, 4096, 256),
                                                 (8192, 768, 3072, 192), (4096, 1536, 4096, 192),

@@ -955,6 +955,12 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
         bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
             dataclasses.replace(base.dx, **stacked_m, tile_k=64, num_stages=3, stream_k=0, delay_release=0,
                                 cluster="none", tile_input_in="ring")))))
+    if base.dx_in_kernel:  # the dx kernel's row sums at the other tile widths ``_untuned_dx`` weighs
+        for tile_n in UNTUNED_DX_COLUMN_COST:
+            if tile_n != base.dx.tile_n:
+                epi = base.dx.epi_tile_n if tile_n % base.dx.epi_tile_n == 0 else 32
+                bwd.append(_tried(lambda t=tile_n, e=epi: dataclasses.replace(
+                    base, dx=dataclasses.replace(base.dx, tile_n=t, epi_tile_n=e))))
     return ([c.to_dict() for c in fwd if c is not None and c.unsupported_reason(M, K, N) is None],
             [c.to_dict() for c in bwd if c is not None and c.unsupported_reason(M, K, N) is None])
 
