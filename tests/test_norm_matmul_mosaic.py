@@ -1038,11 +1038,26 @@ def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K,
     assert all(c["forward"]["pipeline"] == "own" for c in forward)  # (none of them took pallas_steady)
 
 
-def _untuned_expected(M: int, K: int, dx_tile_n: int) -> Config:
-    """The entry at UNTUNED_FROM with the dx kernel's tiles dx_tile_n wide (``norm_matmul.config._untuned_dx``)."""
+def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0) -> Config:
+    """The entry at UNTUNED_FROM with the dx kernel's tiles dx_tile_n wide (``norm_matmul.config._untuned_dx``) and
+    the dw kernel's stream-K split (``_untuned_dw``)."""
     entry = _untuned_from_entry()
     epi = entry.dx.epi_tile_n if dx_tile_n % entry.dx.epi_tile_n == 0 else 32
-    return dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, tile_n=dx_tile_n, epi_tile_n=epi))
+    return dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, tile_n=dx_tile_n, epi_tile_n=epi),
+                               dw=dataclasses.replace(entry.dw, stream_k=dw_stream_k))
+
+
+@pytest.mark.parametrize("M, K, N, split", [
+    (8192, 1536, 8960, 4),  # 420 dw tiles: 3 rounds of 132 and 24
+    (8192, 2560, 10240, 4),  # 800: 6 rounds and 8
+    (2048, 1536, 8960, 4),  # (the dw tiles do not depend on M)
+    (8192, 4096, 11008, 0),  # 1376: 10 rounds and 56, over a quarter: not measured, whole tiles
+    (8192, 2048, 5632, 0),  # 352: 2 rounds and 88, over half: stream-K plans none
+    (2048, 4096, 4096, 0)])
+def test_untuned_dw_splits_a_last_round_at_most_a_quarter_full(M, K, N, split):
+    entry = _untuned_from_entry()
+    assert entry.dw.stream_k == 0
+    assert nm_config._untuned_dw(M, K, N, entry.dw, 132) == dataclasses.replace(entry.dw, stream_k=split)
 
 
 @pytest.mark.parametrize("M, K, dx_tile_n", [
@@ -1070,29 +1085,30 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
 
 
 @cpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n", [(8192, 2048, 5632, 256), (2048, 4096, 4096, 256),
-                                                (8192, 768, 3072, 192), (4096, 1536, 4096, 192),
-                                                (4096, 2560, 8192, 160), (4096, 5120, 13824, 160)])
-def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, monkeypatch):
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k", [
+    (8192, 2048, 5632, 256, 0), (2048, 4096, 4096, 256, 0), (8192, 768, 3072, 192, 0), (4096, 1536, 4096, 192, 0),
+    (4096, 2560, 8192, 160, 0), (4096, 5120, 13824, 160, 0), (8192, 1536, 8960, 256, 4)])
+def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
-    runs or row by row; dx tiles 256, 192 or 160 wide): its three kernels lower for CUDA there within shared memory,
-    with their warpgroups, and it is what a call takes there on an H200."""
+    runs or row by row; dx tiles 256, 192 or 160 wide; the dw kernel with stream-K or not): its three kernels lower
+    for CUDA there within shared memory, with their warpgroups, and it is what a call takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
-    expected = _untuned_expected(M, K, dx_tile_n)
+    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k)
     assert nm_config.mosaic_default_config(M, K, N) == expected
     _check_kernels(M, K, N, False, expected)
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n", [(8192, 2048, 5632, 256), (2048, 4096, 4096, 256),
-                                                (4096, 768, 3072, 192), (2048, 2560, 4096, 160)])
-def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n):
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k", [
+    (8192, 2048, 5632, 256, 0), (2048, 4096, 4096, 256, 0), (4096, 768, 3072, 192, 0), (2048, 2560, 4096, 160, 0),
+    (2048, 1536, 8960, 192, 4)])
+def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
-    dx_tile_n wide): forward and gradients against the float32 reference, two calls; the forward kernel unspilled,
-    its wgmma not serialized."""
+    dx_tile_n wide, its dw kernel's stream-K split dw_stream_k): forward and gradients against the float32 reference,
+    two calls; the forward kernel unspilled, its wgmma not serialized."""
     config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     if tuning.device_kind() == "NVIDIA H200":
-        assert config == _untuned_expected(M, K, dx_tile_n)
+        assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k)
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))

@@ -783,6 +783,14 @@ UNTUNED_DEVICES = ("NVIDIA H200",)
 # 4096x2560x8192 (160); the dx kernel alone 78.1 → 63.4, 143.7 → 116.3, 96.5 → 76.3, 873.1 → 810.6, 166.1 → 149.1,
 # 252.7 → 224.9.
 UNTUNED_DX_COLUMN_COST = {256: 1.0, 192: 1.09, 160: 1.11, 128: 1.19}
+# And the dw kernel's last round, where part-empty, split along M (its K loop) over the idle blocks: stream-K's split
+# 4 (``_untuned_dw``; ``gemm.stream_k.plan_for`` says where it plans one). Measured on the H200 (`--variants
+# default,dw_sk4`: rmsnorm_matmul_configs_dw_stream_k4-h200-c900f53.json), forward + backward × XLA and the dw kernel:
+# 8192x1536x8960 0.961 → 1.006 (420 tiles, 4 rounds at 80%; 334.5 → 292.6 µs), 8192x2560x10240 0.972 → 0.996 (800
+# tiles, 7 rounds at 87%; 590.5 → 551.7); outputs within 0.0034 of the whole tiles' (relative to the largest). Taken
+# where the last round is at most a quarter full, as there (24 and 8 tiles of 132), so each of its tiles splits in 4;
+# fuller last rounds (8192x4096x11008: 56 tiles) were not measured and keep whole tiles.
+UNTUNED_DW_STREAM_K = 4
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -802,6 +810,8 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     if config.dx_in_kernel:
         narrower = dataclasses.replace(config, dx=_untuned_dx(M, K, config.dx, sms))
         config = narrower if narrower.unsupported_reason(M, K, N) is None else config
+    split = dataclasses.replace(config, dw=_untuned_dw(M, K, N, config.dw, sms))
+    config = split if split.unsupported_reason(M, K, N) is None else config
     if fwd.stream_k:  # r shared by each row block's first tile, which must run in the whole rounds, and the a_operand's
         # equal stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
         plan = stream_k.plan_for(M // fwd.cta_m * -(-N // fwd.cta_n), sms, K // fwd.tile_k, split=fwd.stream_k)
@@ -824,6 +834,19 @@ def _untuned_dx(M: int, K: int, dx: MosaicGemmConfig, sms: int) -> MosaicGemmCon
         if best_time is None or time < best_time:
             best_time, best = time, tiles
     return best
+
+
+def _untuned_dw(M: int, K: int, N: int, dw: MosaicGemmConfig, sms: int) -> MosaicGemmConfig:
+    """The entry's dw kernel ((K, N) = xᵀ @ dy, over M) with stream-K split UNTUNED_DW_STREAM_K where its last round
+    of tiles on ``sms`` blocks is at most 1 / UNTUNED_DW_STREAM_K full and ``stream_k.plan_for`` plans one; else as
+    it is."""
+    if dw.stream_k or K % dw.cta_m or M % dw.tile_k:
+        return dw
+    tiles = K // dw.cta_m * -(-N // dw.cta_n)
+    plan = stream_k.plan_for(tiles, sms, M // dw.tile_k, split=UNTUNED_DW_STREAM_K)
+    if plan is None or tiles % sms > sms // UNTUNED_DW_STREAM_K:
+        return dw
+    return dataclasses.replace(dw, stream_k=UNTUNED_DW_STREAM_K)
 
 
 def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
@@ -955,6 +978,9 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
         bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
             dataclasses.replace(base.dx, **stacked_m, tile_k=64, num_stages=3, stream_k=0, delay_release=0,
                                 cluster="none", tile_input_in="ring")))))
+    # the dw kernel's last round split along its K loop, or whole (``_untuned_dw``)
+    bwd.append(_tried(lambda: dataclasses.replace(base, dw=dataclasses.replace(
+        base.dw, stream_k=0 if base.dw.stream_k else UNTUNED_DW_STREAM_K))))
     if base.dx_in_kernel:  # the dx kernel's row sums at the other tile widths ``_untuned_dx`` weighs
         for tile_n in UNTUNED_DX_COLUMN_COST:
             if tile_n != base.dx.tile_n:
