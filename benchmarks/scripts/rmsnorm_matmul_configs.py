@@ -153,8 +153,9 @@ VARIANTS = {
     "dx_n160": dict(dx=dict(tile_n=160, epi_tile_n=32)),  # 4096x5120x13824: 1024 tiles on 128 blocks, 8 full rounds
     # the dw kernel's last, part-full round through the stream-K phase: 8192x1536x8960's dw has 420 tiles, 4 rounds
     # at 80%. stream_k=1 keeps those tiles whole (the rounds' schedule): no change, 331.6 → 331.7 µs there, 587.9 →
-    # 588.9 at 8192x2560x10240 (rmsnorm_matmul_configs_dw_stream_k-h200-3974e32.json). Split along K (4): not
-    # measured yet.
+    # 588.9 at 8192x2560x10240 (rmsnorm_matmul_configs_dw_stream_k-h200-3974e32.json). Split along its K loop in 4:
+    # 334.5 → 292.6 and 590.5 → 551.7 (rmsnorm_matmul_configs_dw_stream_k4-h200-c900f53.json; the untuned rule's
+    # ``norm_matmul.config._untuned_dw`` since).
     "dw_sk1": dict(dw=dict(stream_k=1)),
     "dw_sk4": dict(dw=dict(stream_k=4)),
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
