@@ -823,16 +823,17 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
 def _untuned_dx(M: int, K: int, dx: MosaicGemmConfig, sms: int) -> MosaicGemmConfig:
     """The entry's dx kernel (row sums over (M, K) tiles) with the tile width of UNTUNED_DX_COLUMN_COST taking the
     least rounds x width x cost on ``sms`` blocks, of the widths that tile K (256 where they tie)."""
-    best_time, best = None, dx
+    best_work, best = None, dx
     for tile_n, cost in UNTUNED_DX_COLUMN_COST.items():
-        tiles = dataclasses.replace(dx, tile_n=tile_n, epi_tile_n=dx.epi_tile_n if tile_n % dx.epi_tile_n == 0 else 32)
-        row_tiles = K // tiles.cta_n
-        if K % tiles.cta_n or M % tiles.cta_m or row_tiles > sms:
+        candidate = dataclasses.replace(dx, tile_n=tile_n,
+                                        epi_tile_n=dx.epi_tile_n if tile_n % dx.epi_tile_n == 0 else 32)
+        row_tiles = K // candidate.cta_n
+        if K % candidate.cta_n or M % candidate.cta_m or row_tiles > sms:
             continue
-        grid = sum_rows_grid(tiles, row_tiles, sms)[0]
-        time = -(-M // tiles.cta_m * row_tiles // grid) * tile_n * cost
-        if best_time is None or time < best_time:
-            best_time, best = time, tiles
+        grid = sum_rows_grid(candidate, row_tiles, sms)[0]
+        work = -(-M // candidate.cta_m * row_tiles // grid) * tile_n * cost  # rounds x width x cost per column
+        if best_work is None or work < best_work:
+            best_work, best = work, candidate
     return best
 
 
