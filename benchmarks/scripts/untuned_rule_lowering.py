@@ -8,7 +8,8 @@ device kind set to the H200's, and, where it is the entry at UNTUNED_FROM, the l
 backward inside ``backends.lowering_for_gpu()`` (shared memory, the kernels' own checks). Prints one line per
 failure and the counts; with --out, writes them as JSON. At 3165e46: 348 shapes take the entry and lower, 42 keep
 the built-in tables, 0 fail (before the rule's checks, those 42 raised: NOTES.md, sixty-second session); the same at
-1dd3b72, with the dx tiles 192 or 160 wide where ``_untuned_dx`` narrows them (about 13 minutes on 2 cores).
+1dd3b72, with the dx tiles 192 or 160 wide where ``_untuned_dx`` narrows them, and at b5756f0, with the dw kernel's
+stream-K split of ``_untuned_dw`` (about 13 minutes on 2 cores).
 """
 
 from __future__ import annotations
