@@ -107,6 +107,9 @@ def test_gpu_sized_shapes_are_refused_on_cpu_and_names_checked():
     with pytest.raises(ValueError, match=r"shapes: unknown 'nope'; attention has \['main', .*\], or a custom shape "
                                          r"BxTxSxNxKxH \(6 positive integers joined by 'x', e.g. 4x4096x4096x16x16x128\)"):
         suites.run("attention", ["nope"], **_QUIET)
+    with pytest.raises(ValueError, match=r"shapes: '1x24x24x3x2x32' \(B=1, T=24, S=24, N=3, K=2, H=32\): the kv heads "
+                                         r"K must divide the query heads N"):
+        suites.run("attention", ["1x24x24x3x2x32"], **_QUIET)
     with pytest.raises(ValueError, match=r"shapes: unknown '8192x1536'; rmsnorm_matmul has .* or a custom shape MxKxN"):
         suites.run("rmsnorm_matmul", ["8192x1536"], **_QUIET)
     with pytest.raises(ValueError, match=r"shapes: unknown 'big'; train_step has \['tiny', .*\]$"):

@@ -90,4 +90,5 @@ SPEC = OpSpec(
     num_args=3, grad_argnums=(0, 1, 2), output_names={"fwd": ("o",), "fwd+bwd": ("o", "dq", "dk", "dv")},
     cost=_cost, reduction_length=lambda s: max(s["T"], s["S"]), label=_label,
     variants=({"causal": False}, {"causal": True}), baselines=("cudnn", "xla"), skip_reason=_skip_reason,
+    shape_reason=lambda s: None if s["N"] % s["K"] == 0 else "the kv heads K must divide the query heads N",
     check_rows=1, input_sets=2)

@@ -67,6 +67,8 @@ class OpSpec:
       extra_implementations: () -> suite-only implementations beside the registry's (name -> fn).
       opt_in: registry implementations run only when asked for ("xla_f32", the float32 reference).
       skip_reason: (implementation, shape) -> why it is not run at that shape (recorded as failed), or None.
+      shape_reason: custom shape -> why no implementation can run it (attention: kv heads not dividing the query
+        heads), or None; ``shape`` raises it as a ValueError.
       check_rows: compare with the reference on the first rows of every input and output (axis 0) only.
       input_sets: input sets rotated while timing; None: 3 when one set fits in the L2, else 1.
       tune_shapes: the shapes ``jaxfuse bench --tune`` sweeps by default.
@@ -101,6 +103,7 @@ class OpSpec:
     extra_implementations: Callable[[], dict[str, Callable]] = dict
     opt_in: tuple[str, ...] = ("xla_f32",)
     skip_reason: Callable[[str, Mapping[str, Any]], str | None] = lambda impl, shape: None
+    shape_reason: Callable[[Mapping[str, Any]], str | None] = lambda shape: None
     check_rows: int | None = None
     input_sets: int | None = None
     tune_shapes: tuple[str, ...] = ()
@@ -158,7 +161,12 @@ class OpSpec:
         dims = self.custom_dims()
         sizes = name.split("x")
         if dims and len(sizes) == len(dims) and all(s.isdigit() and int(s) > 0 for s in sizes):
-            return dict(zip(dims, map(int, sizes)), note="custom shape")
+            shape = dict(zip(dims, map(int, sizes)), note="custom shape")
+            reason = self.shape_reason(shape)
+            if reason:
+                raise ValueError(f"shapes: {name!r} ({', '.join(f'{k}={v}' for k, v in self.dims(shape).items())}): "
+                                 f"{reason}")
+            return shape
         custom = (f", or a custom shape {'x'.join(dims)} ({len(dims)} positive integers joined by 'x', e.g. "
                   f"{'x'.join(str(v) for v in self.dims(self.shapes[self.default_shapes[0]]).values())})"
                   if dims else "")
