@@ -151,6 +151,7 @@ VARIANTS = {
     "dx_n192": dict(dx=dict(tile_n=192)),
     "dx_n128": dict(dx=dict(tile_n=128)),
     "dx_n160": dict(dx=dict(tile_n=160, epi_tile_n=32)),  # 4096x5120x13824: 1024 tiles on 128 blocks, 8 full rounds
+    "dx_n224": dict(dx=dict(tile_n=224, epi_tile_n=32)),  # 8192x3584x18944: 1024 on 128, 8 full (256: 896 on 126)
     # the dw kernel's last, part-full round through the stream-K phase: 8192x1536x8960's dw has 420 tiles, 4 rounds
     # at 80%. stream_k=1 keeps those tiles whole (the rounds' schedule): no change, 331.6 → 331.7 µs there, 587.9 →
     # 588.9 at 8192x2560x10240 (rmsnorm_matmul_configs_dw_stream_k-h200-3974e32.json). Split along its K loop in 4:
