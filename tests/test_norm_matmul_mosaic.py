@@ -1001,11 +1001,13 @@ def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     entry = _untuned_from_entry()
     assert entry.gamma_on == "a" and entry.xr_in_dx and entry.dx_in_kernel  # (what it brings: NOTES.md)
-    for M, K, N in [(8192, 4096, 11008), (8192, 2048, 5632), (2048, 4096, 4096), (16384, 3072, 8192)]:
-        assert nm_config.mosaic_default_config(M, K, N) == entry, (M, K, N)
+    for M, K, N, dw_stream_k in [(8192, 4096, 11008, 4), (8192, 2048, 5632, 0), (2048, 4096, 4096, 0),
+                                 (16384, 3072, 8192, 0)]:
+        expected = _untuned_expected(M, K, entry.dx.tile_n, dw_stream_k)  # (the dw split: below)
+        assert nm_config.mosaic_default_config(M, K, N) == expected, (M, K, N)
         x, g, w = S((M, K), jnp.bfloat16), S((K,), jnp.float32), S((K, N), jnp.bfloat16)
         with backends.lowering_for_gpu():
-            assert norm_matmul.plan(x, g, w, backend="mosaic").config == entry
+            assert norm_matmul.plan(x, g, w, backend="mosaic").config == expected
     builtin = nm_config.mosaic_builtin_config
     assert nm_config.mosaic_default_config(8192, 2048, 5632, residual=True) == builtin(8192, 2048, 5632,
                                                                                        residual=True)
@@ -1051,10 +1053,12 @@ def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0) -> C
     (8192, 1536, 8960, 4),  # 420 dw tiles: 3 rounds of 132 and 24
     (8192, 2560, 10240, 4),  # 800: 6 rounds and 8
     (2048, 1536, 8960, 4),  # (the dw tiles do not depend on M)
-    (8192, 4096, 11008, 0),  # 1376: 10 rounds and 56, over a quarter: not measured, whole tiles
+    (8192, 4096, 11008, 4),  # 1376: 10 rounds and 56 (stream-K cuts those in 2)
+    (4096, 5120, 13824, 4),  # 2160: 16 rounds and 48
     (8192, 2048, 5632, 0),  # 352: 2 rounds and 88, over half: stream-K plans none
+    (8192, 3584, 18944, 0),  # 2072: 15 rounds and 92
     (2048, 4096, 4096, 0)])
-def test_untuned_dw_splits_a_last_round_at_most_a_quarter_full(M, K, N, split):
+def test_untuned_dw_splits_a_last_round_at_most_half_full(M, K, N, split):
     entry = _untuned_from_entry()
     assert entry.dw.stream_k == 0
     assert nm_config._untuned_dw(M, K, N, entry.dw, 132) == dataclasses.replace(entry.dw, stream_k=split)
@@ -1066,6 +1070,8 @@ def test_untuned_dw_splits_a_last_round_at_most_a_quarter_full(M, K, N, split):
     (4096, 5120, 160),  # 256: 640 tiles on 120 blocks, 6 rounds; 160: 1024 on 128, 8 full rounds
     (4096, 2560, 160),  # 256: 320 tiles on 130, 3 rounds; 160: 512 on 128, 4
     (8192, 5120, 256),  # 256: 11 rounds (10.7); 160: 16, costlier per column
+    (8192, 3584, 224),  # 256: 896 tiles of 14 a row on 126 blocks, 8 rounds; 224: 1024 on 128, 8 full rounds
+    (8192, 7168, 224),  # 256: 1792 of 28 a row on 112, 16 rounds; 224: 2048 on 128, 16
     (16384, 3072, 256), (8192, 2048, 256), (2048, 4096, 256), (8192, 2560, 256), (8192, 1536, 256)])
 def test_untuned_dx_tiles_narrow_where_rounds_come_out_fuller(M, K, dx_tile_n):
     """The dx kernel's tile width at an untuned shape: the least rounds x width x UNTUNED_DX_COLUMN_COST on 132
@@ -1086,11 +1092,11 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
 
 @cpu_only
 @pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k", [
-    (8192, 2048, 5632, 256, 0), (2048, 4096, 4096, 256, 0), (8192, 768, 3072, 192, 0), (4096, 1536, 4096, 192, 0),
-    (4096, 2560, 8192, 160, 0), (4096, 5120, 13824, 160, 0), (8192, 1536, 8960, 256, 4)])
+    (8192, 2048, 5632, 256, 0), (2048, 4096, 4096, 256, 0), (8192, 768, 3072, 192, 0), (4096, 1536, 4096, 192, 4),
+    (4096, 2560, 8192, 160, 0), (4096, 5120, 13824, 160, 4), (8192, 1536, 8960, 256, 4), (8192, 3584, 18944, 224, 0)])
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
-    runs or row by row; dx tiles 256, 192 or 160 wide; the dw kernel with stream-K or not): its three kernels lower
+    runs or row by row; dx tiles 256, 224, 192 or 160 wide; the dw kernel with stream-K or not): its three kernels lower
     for CUDA there within shared memory, with their warpgroups, and it is what a call takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k)
@@ -1101,7 +1107,7 @@ def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k", [
     (8192, 2048, 5632, 256, 0), (2048, 4096, 4096, 256, 0), (4096, 768, 3072, 192, 0), (2048, 2560, 4096, 160, 0),
-    (2048, 1536, 8960, 192, 4)])
+    (2048, 1536, 8960, 192, 4), (2048, 3584, 1536, 224, 4)])
 def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
     dx_tile_n wide, its dw kernel's stream-K split dw_stream_k): forward and gradients against the float32 reference,

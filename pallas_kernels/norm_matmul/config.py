@@ -781,15 +781,20 @@ UNTUNED_DEVICES = ("NVIDIA H200",)
 # 203.6 → 190.6 µs at 8192x768x3072 (192), 377.3 → 346.8 at 16384x768x3072 (192), 260.0 → 240.7 at 4096x1536x4096
 # (192), 2384.7 → 2334.6 at 4096x5120x13824 (160), 484.3 → 470.1 at 8192x1280x5120 (160), 701.8 → 681.2 at
 # 4096x2560x8192 (160); the dx kernel alone 78.1 → 63.4, 143.7 → 116.3, 96.5 → 76.3, 873.1 → 810.6, 166.1 → 149.1,
-# 252.7 → 224.9.
-UNTUNED_DX_COLUMN_COST = {256: 1.0, 192: 1.09, 160: 1.11, 128: 1.19}
+# 252.7 → 224.9. 224's cost was fitted at 8192x3584x18944, where 256 wide, a row's 14 tiles run 9 rows to 126 blocks,
+# 8 rounds at 89%, and 224 wide 16 a row run 8 full rounds of 128 (`--variants default,dx_n224`,
+# rmsnorm_matmul_configs_dx_n224-h200-20c9f39.json): the dx kernel 1584.7 → 1389.4 µs (a cost of 1.002), forward +
+# backward 4378.0 → 4174.1, 0.965 → 1.012x XLA.
+UNTUNED_DX_COLUMN_COST = {256: 1.0, 224: 1.0, 192: 1.09, 160: 1.11, 128: 1.19}
 # And the dw kernel's last round, where part-empty, split along M (its K loop) over the idle blocks: stream-K's split
 # 4 (``_untuned_dw``; ``gemm.stream_k.plan_for`` says where it plans one). Measured on the H200 (`--variants
 # default,dw_sk4`: rmsnorm_matmul_configs_dw_stream_k4-h200-c900f53.json), forward + backward × XLA and the dw kernel:
 # 8192x1536x8960 0.961 → 1.006 (420 tiles, 4 rounds at 80%; 334.5 → 292.6 µs), 8192x2560x10240 0.972 → 0.996 (800
-# tiles, 7 rounds at 87%; 590.5 → 551.7); outputs within 0.0034 of the whole tiles' (relative to the largest). Taken
-# where the last round is at most a quarter full, as there (24 and 8 tiles of 132), so each of its tiles splits in 4;
-# fuller last rounds (8192x4096x11008: 56 tiles) were not measured and keep whole tiles.
+# tiles, 7 rounds at 87%; 590.5 → 551.7); outputs within 0.0034 of the whole tiles' (relative to the largest). Where
+# the last round is fuller (at most half: beyond, plan_for plans none) its tiles split in fewer pieces, 2 at
+# 8192x4096x11008 (56 tiles of 132) and 4096x5120x13824 (48), measured as well (`--variants default,dw_sk4`,
+# rmsnorm_matmul_configs_dw_sk4_fuller-h200-20c9f39.json): the dw kernel 943.2 → 914.2 and 758.1 → 748.8 µs, forward
+# + backward × XLA 1.013 → 1.024 and 0.973 → 0.977. So it is taken wherever plan_for plans one.
 UNTUNED_DW_STREAM_K = 4
 
 
@@ -838,14 +843,13 @@ def _untuned_dx(M: int, K: int, dx: MosaicGemmConfig, sms: int) -> MosaicGemmCon
 
 
 def _untuned_dw(M: int, K: int, N: int, dw: MosaicGemmConfig, sms: int) -> MosaicGemmConfig:
-    """The entry's dw kernel ((K, N) = xᵀ @ dy, over M) with stream-K split UNTUNED_DW_STREAM_K where its last round
-    of tiles on ``sms`` blocks is at most 1 / UNTUNED_DW_STREAM_K full and ``stream_k.plan_for`` plans one; else as
-    it is."""
+    """The entry's dw kernel ((K, N) = xᵀ @ dy, over M) with stream-K split UNTUNED_DW_STREAM_K where
+    ``stream_k.plan_for`` plans one for its tiles on ``sms`` blocks (a last round at most half full); else as it is."""
     if dw.stream_k or K % dw.cta_m or M % dw.tile_k:
         return dw
     tiles = K // dw.cta_m * -(-N // dw.cta_n)
     plan = stream_k.plan_for(tiles, sms, M // dw.tile_k, split=UNTUNED_DW_STREAM_K)
-    if plan is None or tiles % sms > sms // UNTUNED_DW_STREAM_K:
+    if plan is None:
         return dw
     return dataclasses.replace(dw, stream_k=UNTUNED_DW_STREAM_K)
 
