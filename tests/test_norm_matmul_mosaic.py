@@ -1040,13 +1040,29 @@ def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K,
     assert all(c["forward"]["pipeline"] == "own" for c in forward)  # (none of them took pallas_steady)
 
 
-def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0) -> Config:
-    """The entry at UNTUNED_FROM with the dx kernel's tiles dx_tile_n wide (``norm_matmul.config._untuned_dx``) and
-    the dw kernel's stream-K split (``_untuned_dw``)."""
+def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_store: str = "split") -> Config:
+    """The entry at UNTUNED_FROM with the dx kernel's tiles dx_tile_n wide (``norm_matmul.config._untuned_dx``), the
+    dw kernel's stream-K split (``_untuned_dw``) and the forward's epilogue_store."""
     entry = _untuned_from_entry()
+    assert entry.forward.epilogue_store == "split"
     epi = entry.dx.epi_tile_n if dx_tile_n % entry.dx.epi_tile_n == 0 else 32
     return dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, tile_n=dx_tile_n, epi_tile_n=epi),
-                               dw=dataclasses.replace(entry.dw, stream_k=dw_stream_k))
+                               dw=dataclasses.replace(entry.dw, stream_k=dw_stream_k),
+                               forward=dataclasses.replace(entry.forward, epilogue_store=fwd_store))
+
+
+@pytest.mark.parametrize("M, K, N, fwd_store", [
+    (2048, 3584, 1536, "end"),  # 96 forward tiles of 128x256 on 132 blocks: one round, no stream-K phase
+    (1024, 4096, 4096, "end"),  # 128: one round
+    (4224, 4096, 2048, "end"),  # 33 x 8 = 264: 2 whole rounds
+    (2048, 4096, 4096, "split"),  # 256: a round and 124 tiles, through the stream-K phase
+    (8192, 4096, 11008, "split")])
+def test_untuned_forward_stores_at_the_tile_end_without_a_stream_k_phase(monkeypatch, M, K, N, fwd_store):
+    """The entry's split store (half the output under the next tile's first wgmma) keeps its wgmma unserialized
+    beside γ's registers only where the forward kernel has a stream-K phase; where stream-K plans none the untuned
+    rule stores at the tile's end."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    assert nm_config.mosaic_default_config(M, K, N).forward.epilogue_store == fwd_store
 
 
 @pytest.mark.parametrize("M, K, N, split", [
@@ -1091,30 +1107,32 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
 
 
 @cpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k", [
-    (8192, 2048, 5632, 256, 0), (2048, 4096, 4096, 256, 0), (8192, 768, 3072, 192, 0), (4096, 1536, 4096, 192, 4),
-    (4096, 2560, 8192, 160, 0), (4096, 5120, 13824, 160, 4), (8192, 1536, 8960, 256, 4), (8192, 3584, 18944, 224, 0)])
-def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, monkeypatch):
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store", [
+    (8192, 2048, 5632, 256, 0, "split"), (2048, 4096, 4096, 256, 0, "split"), (8192, 768, 3072, 192, 0, "split"),
+    (4096, 1536, 4096, 192, 4, "split"), (4096, 2560, 8192, 160, 0, "split"), (4096, 5120, 13824, 160, 4, "split"),
+    (8192, 1536, 8960, 256, 4, "split"), (8192, 3584, 18944, 224, 0, "split"), (2048, 3584, 1536, 224, 4, "end")])
+def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
-    runs or row by row; dx tiles 256, 224, 192 or 160 wide; the dw kernel with stream-K or not): its three kernels lower
-    for CUDA there within shared memory, with their warpgroups, and it is what a call takes there on an H200."""
+    runs or row by row; dx tiles 256, 224, 192 or 160 wide; the dw kernel with stream-K or not; the forward's output
+    stored split or at the tile's end): its three kernels lower for CUDA there within shared memory, with their
+    warpgroups, and it is what a call takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
-    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k)
+    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store)
     assert nm_config.mosaic_default_config(M, K, N) == expected
     _check_kernels(M, K, N, False, expected)
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k", [
-    (8192, 2048, 5632, 256, 0), (2048, 4096, 4096, 256, 0), (4096, 768, 3072, 192, 0), (2048, 2560, 4096, 160, 0),
-    (2048, 1536, 8960, 192, 4), (2048, 3584, 1536, 224, 4)])
-def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k):
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store", [
+    (8192, 2048, 5632, 256, 0, "split"), (2048, 4096, 4096, 256, 0, "split"), (4096, 768, 3072, 192, 0, "split"),
+    (2048, 2560, 4096, 160, 4, "split"), (2048, 1536, 8960, 192, 4, "split"), (2048, 3584, 1536, 224, 4, "end")])
+def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
-    dx_tile_n wide, its dw kernel's stream-K split dw_stream_k): forward and gradients against the float32 reference,
-    two calls; the forward kernel unspilled, its wgmma not serialized."""
+    dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store): forward and
+    gradients against the float32 reference, two calls; the forward kernel unspilled, its wgmma not serialized."""
     config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     if tuning.device_kind() == "NVIDIA H200":
-        assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k)
+        assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store)
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))

@@ -159,6 +159,7 @@ VARIANTS = {
     # ``norm_matmul.config._untuned_dw`` since).
     "dw_sk1": dict(dw=dict(stream_k=1)),
     "dw_sk4": dict(dw=dict(stream_k=4)),
+    "dw_sk0": dict(dw=dict(stream_k=0)),  # the dw kernel's tiles whole where the untuned rule splits them
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against

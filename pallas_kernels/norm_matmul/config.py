@@ -817,11 +817,15 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
         config = narrower if narrower.unsupported_reason(M, K, N) is None else config
     split = dataclasses.replace(config, dw=_untuned_dw(M, K, N, config.dw, sms))
     config = split if split.unsupported_reason(M, K, N) is None else config
-    if fwd.stream_k:  # r shared by each row block's first tile, which must run in the whole rounds, and the a_operand's
-        # equal stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
-        plan = stream_k.plan_for(M // fwd.cta_m * -(-N // fwd.cta_n), sms, K // fwd.tile_k, split=fwd.stream_k)
-        if plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None):
-            return None
+    plan = stream_k.plan_for(M // fwd.cta_m * -(-N // fwd.cta_n), sms, K // fwd.tile_k, split=fwd.stream_k) \
+        if fwd.stream_k else None
+    if plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None):
+        return None  # r shared by each row block's first tile, which must run in the whole rounds, and the
+        # a_operand's equal stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
+    if plan is None and fwd.epilogue_store == "split":  # no stream-K phase (at most one round, or whole rounds):
+        # without one ptxas serializes the split store's wgmma beside γ's registers (C7513; NOTES.md, thirty-seventh
+        # session), so the output is stored at the tile's end
+        config = dataclasses.replace(config, forward=dataclasses.replace(fwd, epilogue_store="end"))
     return config
 
 
