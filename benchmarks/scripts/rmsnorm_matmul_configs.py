@@ -5,8 +5,9 @@
         [--iterations 20] [--modes fwd,fwd+bwd]
 
 Per suite shape (``jaxfuse.suites.rmsnorm_matmul``: bf16 inputs, the suite's forward and forward + backward
-programs) and mode, every variant of VARIANTS (changes to the shape's default Mosaic config: its tuned entry or the
-built-in tiles) and the suite's "xla" and "xla_matmul_alone", timed interleaved (CUPTI medians), each variant's
+programs) and mode, every variant of VARIANTS (changes to the shape's default Mosaic config: its tuned entry, the
+H200's untuned rule or the built-in tiles; "builtin": the built-in tables' config, ``mosaic_builtin_config``) and the
+suite's "xla" and "xla_matmul_alone", timed interleaved (CUPTI medians), each variant's
 largest output difference from the "default" variant relative to its largest value, and the costliest kernels. A
 variant asking for the row dot in the dx kernel where y's stages do not fit (so XLA's pass takes it) is named in
 the row's "fallbacks".
@@ -564,11 +565,11 @@ def main() -> int:
     parser.add_argument("--shapes", default="32768x4096x4096,4096x4096x14336,8192x4096x6144-qkv",
                         help="names of the suite's shapes (jaxfuse.suites.rmsnorm_matmul.SHAPES) or custom MxKxN "
                         "ones, comma-separated")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help='of VARIANTS, comma-separated, or "builtin"')
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--modes", default="fwd,fwd+bwd", help="of the suite's modes, comma-separated")
     args = parser.parse_args()
-    unknown = sorted({p for v in args.variants.split(",") for p in v.split("+")} - set(VARIANTS))
+    unknown = sorted({p for v in args.variants.split(",") if v != "builtin" for p in v.split("+")} - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     spec = suite.SPEC
@@ -588,7 +589,8 @@ def main() -> int:
             fns = {}
             for variant in args.variants.split(","):
                 try:  # a variant this shape's config cannot take is recorded, not timed; the others still run
-                    config = variant_config(M, K, N, combined(variant))
+                    config = nm_config.mosaic_builtin_config(M, K, N) if variant == "builtin" else \
+                        variant_config(M, K, N, combined(variant))
                     fn = lambda *a, _c=config: pallas_kernels.rmsnorm_matmul(*a, backend="mosaic", block_sizes=_c)
                     jax.eval_shape(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2)),
                                    *inputs[:spec.num_args])

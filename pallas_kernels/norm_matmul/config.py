@@ -794,7 +794,10 @@ UNTUNED_DX_COLUMN_COST = {256: 1.0, 224: 1.0, 192: 1.09, 160: 1.11, 128: 1.19}
 # the last round is fuller (at most half: beyond, plan_for plans none) its tiles split in fewer pieces, 2 at
 # 8192x4096x11008 (56 tiles of 132) and 4096x5120x13824 (48), measured as well (`--variants default,dw_sk4`,
 # rmsnorm_matmul_configs_dw_sk4_fuller-h200-20c9f39.json): the dw kernel 943.2 → 914.2 and 758.1 → 748.8 µs, forward
-# + backward × XLA 1.013 → 1.024 and 0.973 → 0.977. So it is taken wherever plan_for plans one.
+# + backward × XLA 1.013 → 1.024 and 0.973 → 0.977. So it is taken wherever plan_for plans one; whole → split,
+# forward + backward µs (`--variants default,dw_sk0`, rmsnorm_matmul_configs_dw_sk0_untuned-h200-98b64af.json):
+# 241.5 → 228.9 at 4096x1536x4096 (60 tiles left of 192), 204.0 → 201.0 at 2048x2560x4096 (56 of 320), 133.8 → 130.4
+# at 2048x3584x1536 (36 of 168).
 UNTUNED_DW_STREAM_K = 4
 
 
@@ -824,7 +827,9 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
         # a_operand's equal stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
     if plan is None and fwd.epilogue_store == "split":  # no stream-K phase (at most one round, or whole rounds):
         # without one ptxas serializes the split store's wgmma beside γ's registers (C7513; NOTES.md, thirty-seventh
-        # session), so the output is stored at the tile's end
+        # session), so the output is stored at the tile's end. On the H200, forward µs split → end (`--variants
+        # default,fwd_split`, rmsnorm_matmul_configs_fwd_end_no_phase-h200-98b64af.json): 51.8 → 41.1 at
+        # 2048x3584x1536 (96 tiles), 58.8 → 48.1 at 1024x4096x4096 (128), 113.0 → 96.0 at 4224x4096x2048 (264)
         config = dataclasses.replace(config, forward=dataclasses.replace(fwd, epilogue_store="end"))
     return config
 
