@@ -151,6 +151,7 @@ VARIANTS = {
     # tiles of 128x256 on 132 blocks, 2 rounds at 73%; 256 tiles of 128x192 on 128, 2 rounds full)
     "dx_n192": dict(dx=dict(tile_n=192)),
     "dx_n128": dict(dx=dict(tile_n=128)),
+    "dx_n64": dict(dx=dict(tile_n=64)),  # few rows (256x2048x8192: 32 dx tiles 128 wide on 132 blocks)
     "dx_n160": dict(dx=dict(tile_n=160, epi_tile_n=32)),  # 4096x5120x13824: 1024 tiles on 128 blocks, 8 full rounds
     "dx_n224": dict(dx=dict(tile_n=224, epi_tile_n=32)),  # 8192x3584x18944: 1024 on 128, 8 full (256: 896 on 126)
     # the dw kernel's last, part-full round through the stream-K phase: 8192x1536x8960's dw has 420 tiles, 4 rounds
@@ -161,6 +162,11 @@ VARIANTS = {
     "dw_sk1": dict(dw=dict(stream_k=1)),
     "dw_sk4": dict(dw=dict(stream_k=4)),
     "dw_sk0": dict(dw=dict(stream_k=0)),  # the dw kernel's tiles whole where the untuned rule splits them
+    # narrower forward tiles where 128x256 ones leave rounds part-empty at few rows (512x4096x4096: 64 tiles on 132
+    # blocks; cuBLAS runs 256x64 there)
+    "fwd_n128": dict(forward=dict(tile_n=128)),
+    "fwd_n192": dict(forward=dict(tile_n=192, epi_tile_n=32)),
+    "fwd_n64": dict(forward=dict(tile_n=64)),
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
