@@ -1040,15 +1040,31 @@ def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K,
     assert all(c["forward"]["pipeline"] == "own" for c in forward)  # (none of them took pallas_steady)
 
 
-def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_store: str = "split") -> Config:
+def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_store: str = "split",
+                      fwd_tile_n: int = 256) -> Config:
     """The entry at UNTUNED_FROM with the dx kernel's tiles dx_tile_n wide (``norm_matmul.config._untuned_dx``), the
-    dw kernel's stream-K split (``_untuned_dw``) and the forward's epilogue_store."""
+    dw kernel's stream-K split (``_untuned_dw``), the forward's epilogue_store and tile width (``_untuned_forward``)."""
     entry = _untuned_from_entry()
     assert entry.forward.epilogue_store == "split"
     epi = entry.dx.epi_tile_n if dx_tile_n % entry.dx.epi_tile_n == 0 else 32
     return dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, tile_n=dx_tile_n, epi_tile_n=epi),
                                dw=dataclasses.replace(entry.dw, stream_k=dw_stream_k),
-                               forward=dataclasses.replace(entry.forward, epilogue_store=fwd_store))
+                               forward=dataclasses.replace(entry.forward, epilogue_store=fwd_store,
+                                                           tile_n=fwd_tile_n))
+
+
+@pytest.mark.parametrize("M, K, N, fwd_tile_n", [
+    (512, 4096, 4096, 128),  # 256 wide: 64 tiles on 132 blocks; 128: 128 tiles, one round either way
+    (256, 2048, 8192, 128), (512, 1024, 4096, 128),
+    (1024, 2048, 5632, 128),  # 256: 176 tiles, 2 rounds; 128: 352, 3 rounds (3 x 1.3 < 2 x 2)
+    (1024, 4096, 14336, 256),  # 256: 448 tiles, 4 rounds; 128: 896, 7 (measured 13% slower)
+    (2048, 2048, 8192, 256), (8192, 4096, 11008, 256)])
+def test_untuned_forward_tiles_narrow_where_rounds_come_out_fuller(monkeypatch, M, K, N, fwd_tile_n):
+    """The forward kernel's tile width at an untuned shape: the least rounds x width x UNTUNED_FORWARD_COLUMN_COST on
+    132 blocks, the entry's 256 where they tie."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
+    assert nm_config.mosaic_default_config(M, K, N).forward.tile_n == fwd_tile_n
 
 
 @pytest.mark.parametrize("M, K, N, fwd_store", [
@@ -1086,6 +1102,8 @@ def test_untuned_dw_splits_a_last_round_at_most_half_full(M, K, N, split):
     (4096, 5120, 160),  # 256: 640 tiles on 120 blocks, 6 rounds; 160: 1024 on 128, 8 full rounds
     (4096, 2560, 160),  # 256: 320 tiles on 130, 3 rounds; 160: 512 on 128, 4
     (8192, 5120, 256),  # 256: 11 rounds (10.7); 160: 16, costlier per column
+    (256, 2048, 64),  # 128: 32 tiles, one round; 64: 64, one round, costlier per column but narrower
+    (512, 1024, 64), (512, 4096, 128),  # (64 there: 2 rounds of 256 tiles)
     (8192, 3584, 224),  # 256: 896 tiles of 14 a row on 126 blocks, 8 rounds; 224: 1024 on 128, 8 full rounds
     (8192, 7168, 224),  # 256: 1792 of 28 a row on 112, 16 rounds; 224: 2048 on 128, 16
     (16384, 3072, 256), (8192, 2048, 256), (2048, 4096, 256), (8192, 2560, 256), (8192, 1536, 256)])
@@ -1097,42 +1115,49 @@ def test_untuned_dx_tiles_narrow_where_rounds_come_out_fuller(M, K, dx_tile_n):
 
 
 def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
-    """At 8192x768x3072 the untuned rule takes 192-wide dx tiles; ``--tune`` also times 256 and 128 (160 does not
-    tile K = 768), each with the rest of the config as taken."""
+    """At 8192x768x3072 the untuned rule takes 192-wide dx tiles; ``--tune`` also times 256, 128 and 64 (160 and 224
+    do not tile K = 768), each with the rest of the config as taken."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     base = nm_config.mosaic_default_config(8192, 768, 3072)
     _, backward = nm_config.mosaic_sweep_candidates(8192, 768, 3072)
     widths = {c["dx"]["tile_n"]: c for c in backward if dict(c, dx=base.to_dict()["dx"]) == base.to_dict()}
-    assert base.dx.tile_n == 192 and set(widths) == {128, 192, 256}, sorted(widths)
+    assert base.dx.tile_n == 192 and set(widths) == {64, 128, 192, 256}, sorted(widths)
 
 
 @cpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store", [
-    (8192, 2048, 5632, 256, 0, "split"), (2048, 4096, 4096, 256, 0, "split"), (8192, 768, 3072, 192, 0, "split"),
-    (4096, 1536, 4096, 192, 4, "split"), (4096, 2560, 8192, 160, 0, "split"), (4096, 5120, 13824, 160, 4, "split"),
-    (8192, 1536, 8960, 256, 4, "split"), (8192, 3584, 18944, 224, 0, "split"), (2048, 3584, 1536, 224, 4, "end")])
-def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, monkeypatch):
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n", [
+    (8192, 2048, 5632, 256, 0, "split", 256), (2048, 4096, 4096, 256, 0, "split", 256),
+    (8192, 768, 3072, 192, 0, "split", 256), (4096, 1536, 4096, 192, 4, "split", 256),
+    (4096, 2560, 8192, 160, 0, "split", 256), (4096, 5120, 13824, 160, 4, "split", 256),
+    (8192, 1536, 8960, 256, 4, "split", 256), (8192, 3584, 18944, 224, 0, "split", 256),
+    (2048, 3584, 1536, 224, 4, "end", 256), (512, 4096, 4096, 128, 0, "end", 128),
+    (256, 2048, 8192, 64, 0, "end", 128)])
+def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
+                                                          monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
     runs or row by row; dx tiles 256, 224, 192 or 160 wide; the dw kernel with stream-K or not; the forward's output
     stored split or at the tile's end): its three kernels lower for CUDA there within shared memory, with their
     warpgroups, and it is what a call takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
-    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store)
+    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n)
     assert nm_config.mosaic_default_config(M, K, N) == expected
     _check_kernels(M, K, N, False, expected)
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store", [
-    (8192, 2048, 5632, 256, 0, "split"), (2048, 4096, 4096, 256, 0, "split"), (4096, 768, 3072, 192, 0, "split"),
-    (2048, 2560, 4096, 160, 4, "split"), (2048, 1536, 8960, 192, 4, "split"), (2048, 3584, 1536, 224, 4, "end")])
-def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store):
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n", [
+    (8192, 2048, 5632, 256, 0, "split", 256), (2048, 4096, 4096, 256, 0, "split", 256),
+    (4096, 768, 3072, 192, 0, "split", 256), (2048, 2560, 4096, 160, 4, "split", 256),
+    (2048, 1536, 8960, 192, 4, "split", 256), (2048, 3584, 1536, 224, 4, "end", 256),
+    (512, 4096, 4096, 128, 0, "end", 128), (256, 2048, 8192, 64, 0, "end", 128)])
+def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
-    dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store): forward and
+    dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store and its tiles
+    fwd_tile_n wide): forward and
     gradients against the float32 reference, two calls; the forward kernel unspilled, its wgmma not serialized."""
     config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     if tuning.device_kind() == "NVIDIA H200":
-        assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store)
+        assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n)
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))

@@ -784,8 +784,17 @@ UNTUNED_DEVICES = ("NVIDIA H200",)
 # 252.7 → 224.9. 224's cost was fitted at 8192x3584x18944, where 256 wide, a row's 14 tiles run 9 rows to 126 blocks,
 # 8 rounds at 89%, and 224 wide 16 a row run 8 full rounds of 128 (`--variants default,dx_n224`,
 # rmsnorm_matmul_configs_dx_n224-h200-20c9f39.json): the dx kernel 1584.7 → 1389.4 µs (a cost of 1.002), forward +
-# backward 4378.0 → 4174.1, 0.965 → 1.012x XLA.
-UNTUNED_DX_COLUMN_COST = {256: 1.0, 224: 1.0, 192: 1.09, 160: 1.11, 128: 1.19}
+# backward 4378.0 → 4174.1, 0.965 → 1.012x XLA. 64's at few rows, one round either way (`--variants default,dx_n64`,
+# rmsnorm_matmul_configs_dx_n64-h200-be8254c.json): the dx kernel 48.9 → 40.6 µs at 256x2048x8192 (32 tiles 128
+# wide), 24.4 → 22.0 at 512x1024x4096: a cost of 1.98 and 2.14.
+UNTUNED_DX_COLUMN_COST = {256: 1.0, 224: 1.0, 192: 1.09, 160: 1.11, 128: 1.19, 64: 2.1}
+# The forward kernel's tile width along N, the same way (``_untuned_forward``): at few rows the entry's 128x256 tiles
+# leave its one round part-empty (512x4096x4096: 64 tiles on 132 blocks; cuBLAS runs 256x64 there). Forward µs, 256
+# → 128 wide (`--variants default,fwd_n128`, rmsnorm_matmul_configs_fwd_n_few_rows-h200-be8254c.json): 45.6 → 34.4
+# at 512x4096x4096, 27.1 → 20.3 at 256x2048x8192, 17.0 → 13.1 at 512x1024x4096 (one round each way), 49.4 → 47.3
+# at 1024x2048x5632 (2 rounds → 3); 176.9 → 200.5 at 1024x4096x14336 (4 → 7) and 95.6 → 121.7 at 2048x2048x8192 (4 →
+# 8), from which 128's cost per column (1.27-1.30; 1.51 in one round, where the tile's fixed costs weigh more).
+UNTUNED_FORWARD_COLUMN_COST = {256: 1.0, 128: 1.3}
 # And the dw kernel's last round, where part-empty, split along M (its K loop) over the idle blocks: stream-K's split
 # 4 (``_untuned_dw``; ``gemm.stream_k.plan_for`` says where it plans one). Measured on the H200 (`--variants
 # default,dw_sk4`: rmsnorm_matmul_configs_dw_stream_k4-h200-c900f53.json), forward + backward × XLA and the dw kernel:
@@ -812,7 +821,7 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     config = MosaicRMSNormMatmulConfig(**params)
     if config.unsupported_reason(M, K, N) is not None or config.dgamma_reason(M, N, dtype) is not None:
         return None
-    sms, fwd = mosaic_utils.num_sms(), config.forward
+    sms = mosaic_utils.num_sms()
     if config.dx_in_kernel and -(-K // config.dx.cta_n) > sms:  # the dx kernel's row sums: a row's tiles in a round
         return None
     if config.dx_in_kernel:
@@ -820,18 +829,37 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
         config = narrower if narrower.unsupported_reason(M, K, N) is None else config
     split = dataclasses.replace(config, dw=_untuned_dw(M, K, N, config.dw, sms))
     config = split if split.unsupported_reason(M, K, N) is None else config
-    plan = stream_k.plan_for(M // fwd.cta_m * -(-N // fwd.cta_n), sms, K // fwd.tile_k, split=fwd.stream_k) \
-        if fwd.stream_k else None
-    if plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None):
-        return None  # r shared by each row block's first tile, which must run in the whole rounds, and the
-        # a_operand's equal stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
-    if plan is None and fwd.epilogue_store == "split":  # no stream-K phase (at most one round, or whole rounds):
-        # without one ptxas serializes the split store's wgmma beside γ's registers (C7513; NOTES.md, thirty-seventh
-        # session), so the output is stored at the tile's end. On the H200, forward µs split → end (`--variants
-        # default,fwd_split`, rmsnorm_matmul_configs_fwd_end_no_phase-h200-98b64af.json): 51.8 → 41.1 at
-        # 2048x3584x1536 (96 tiles), 58.8 → 48.1 at 1024x4096x4096 (128), 113.0 → 96.0 at 4224x4096x2048 (264)
-        config = dataclasses.replace(config, forward=dataclasses.replace(fwd, epilogue_store="end"))
-    return config
+    return _untuned_forward(M, K, N, config, sms)
+
+
+def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
+                     sms: int) -> MosaicRMSNormMatmulConfig | None:
+    """``config`` with its forward kernel's tile width of UNTUNED_FORWARD_COLUMN_COST taking the least rounds x width x
+    cost on ``sms`` blocks (the entry's where they tie), of those the forward kernel's checks take; None where they
+    do not take the entry's own width."""
+    best_work, best = None, None
+    for tile_n, cost in UNTUNED_FORWARD_COLUMN_COST.items():
+        candidate = dataclasses.replace(config, forward=dataclasses.replace(config.forward, tile_n=tile_n))
+        fwd = candidate.forward
+        tiles = M // fwd.cta_m * -(-N // fwd.cta_n)
+        plan = stream_k.plan_for(tiles, sms, K // fwd.tile_k, split=fwd.stream_k) if fwd.stream_k else None
+        # r shared by each row block's first tile, which must run in the whole rounds, and the a_operand's equal
+        # stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
+        if candidate.unsupported_reason(M, K, N) is not None or (
+                plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None)):
+            if tile_n == config.forward.tile_n:
+                return None
+            continue
+        if plan is None and fwd.epilogue_store == "split":  # no stream-K phase (at most one round, or whole rounds):
+            # without one ptxas serializes the split store's wgmma beside γ's registers (C7513; NOTES.md,
+            # thirty-seventh session), so the output is stored at the tile's end. On the H200, forward µs split → end
+            # (`--variants default,fwd_split`, rmsnorm_matmul_configs_fwd_end_no_phase-h200-98b64af.json): 51.8 → 41.1
+            # at 2048x3584x1536 (96 tiles), 58.8 → 48.1 at 1024x4096x4096 (128), 113.0 → 96.0 at 4224x4096x2048 (264)
+            candidate = dataclasses.replace(candidate, forward=dataclasses.replace(fwd, epilogue_store="end"))
+        work = -(-tiles // sms) * tile_n * cost  # rounds x width x cost per column
+        if best_work is None or work < best_work or (work == best_work and tile_n == config.forward.tile_n):
+            best_work, best = work, candidate
+    return best
 
 
 def _untuned_dx(M: int, K: int, dx: MosaicGemmConfig, sms: int) -> MosaicGemmConfig:
@@ -1001,6 +1029,8 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                 epi = base.dx.epi_tile_n if tile_n % base.dx.epi_tile_n == 0 else 32
                 bwd.append(_tried(lambda t=tile_n, e=epi: dataclasses.replace(
                     base, dx=dataclasses.replace(base.dx, tile_n=t, epi_tile_n=e))))
+    fwd += [_tried(lambda t=tile_n: dataclasses.replace(base, forward=dataclasses.replace(base.forward, tile_n=t)))
+            for tile_n in UNTUNED_FORWARD_COLUMN_COST if tile_n != base.forward.tile_n]  # (``_untuned_forward``'s)
     return ([c.to_dict() for c in fwd if c is not None and c.unsupported_reason(M, K, N) is None],
             [c.to_dict() for c in bwd if c is not None and c.unsupported_reason(M, K, N) is None])
 
