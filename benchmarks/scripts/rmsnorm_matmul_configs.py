@@ -167,6 +167,7 @@ VARIANTS = {
     "fwd_n128": dict(forward=dict(tile_n=128)),
     "fwd_n192": dict(forward=dict(tile_n=192, epi_tile_n=32)),
     "fwd_n64": dict(forward=dict(tile_n=64)),
+    "fwd_n256": dict(forward=dict(tile_n=256)),  # the entry's width where the untuned rule narrows it
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against

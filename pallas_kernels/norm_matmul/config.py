@@ -1029,8 +1029,9 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                 epi = base.dx.epi_tile_n if tile_n % base.dx.epi_tile_n == 0 else 32
                 bwd.append(_tried(lambda t=tile_n, e=epi: dataclasses.replace(
                     base, dx=dataclasses.replace(base.dx, tile_n=t, epi_tile_n=e))))
-    fwd += [_tried(lambda t=tile_n: dataclasses.replace(base, forward=dataclasses.replace(base.forward, tile_n=t)))
-            for tile_n in UNTUNED_FORWARD_COLUMN_COST if tile_n != base.forward.tile_n]  # (``_untuned_forward``'s)
+    if base.forward.wg_split == "m":  # stacked 64-row accumulators: the forward widths ``_untuned_forward`` weighs
+        fwd += [_tried(lambda t=tile_n: dataclasses.replace(base, forward=dataclasses.replace(base.forward, tile_n=t)))
+                for tile_n in UNTUNED_FORWARD_COLUMN_COST if tile_n != base.forward.tile_n]
     return ([c.to_dict() for c in fwd if c is not None and c.unsupported_reason(M, K, N) is None],
             [c.to_dict() for c in bwd if c is not None and c.unsupported_reason(M, K, N) is None])
 
