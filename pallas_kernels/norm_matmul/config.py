@@ -759,8 +759,8 @@ def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
 # (γ in the MMA warpgroups' registers, r shared by each row block's first tile, the K side's row dot summed over the
 # dx kernel's tiles, xr from its epilogue, 64x256 tiles, the tile inputs through the stage rings) wherever those
 # tiles and forms fit (a row of at most 132 dx tiles for its row sums; every row block's first tile, which shares r,
-# in the forward's whole rounds), bfloat16 without a residual. Lowered for CUDA at 390 shapes (M 128-32768, K
-# 256-40960, N 256-65536; benchmarks/scripts/untuned_rule_lowering.py), those it takes all lowered and the 42 it leaves
+# in the forward's whole rounds), bfloat16 without a residual. Lowered for CUDA at 450 shapes (M 128-32768, K
+# 256-40960, N 256-65536; benchmarks/scripts/untuned_rule_lowering.py), those it takes all lowered and the 44 it leaves
 # to the tables would have raised. Measured on the H200 at seven shapes no entry covers, forward + backward ×
 # XLA, built-in tables → that entry (rmsnorm_matmul_configs_untuned*-h200-*.json, variant "like_8192x4096x6144";
 # NOTES.md, sixty-second session): 8192x4096x11008 0.932 → 1.012, 8192x4096x12288 0.927 → 1.004, 8192x2048x5632
@@ -768,7 +768,10 @@ def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
 # 8192x768x3072 0.772 → 0.907; the forward alone 0.94-1.03 → 0.99-1.06. With the dx kernel's row sums on fuller
 # rounds since (``gemm.config.sum_rows_grid``'s widths, the dx tiles of ``_untuned_dx``), 1.008 at 16384x3072x8192,
 # 0.968 at 4096x5120x13824, 0.955 at 8192x768x3072, the others within 0.002 (rmsnorm_matmul_configs_untuned_dx_rules-
-# h200-94a3001.json). Other devices (the H100's entry there was not measured away from its shape) keep the tables.
+# h200-94a3001.json). Six models' MLP shapes at 8192 tokens, with each kernel's rounds filled (below): 0.99-1.02
+# (rmsnorm_matmul-model_zoo-h200-4d0d904.json). At 256-1024 rows 0.64-0.93, where the tables ran 0.43-0.73
+# (rmsnorm_matmul_configs_few_rows_rules-h200-ac1711b.json). Other devices (the H100's entry there was not measured
+# away from its shape) keep the tables.
 UNTUNED_FROM = (8192, 4096, 6144)
 UNTUNED_DEVICES = ("NVIDIA H200",)
 # The dx kernel's tile width along K there (``_untuned_dx``): the entry's 256 columns, or a narrower width where its
