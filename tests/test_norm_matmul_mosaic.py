@@ -1135,9 +1135,9 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
                                                           monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
-    runs or row by row; dx tiles 256, 224, 192 or 160 wide; the dw kernel with stream-K or not; the forward's output
-    stored split or at the tile's end): its three kernels lower for CUDA there within shared memory, with their
-    warpgroups, and it is what a call takes there on an H200."""
+    runs or row by row; dx tiles 256 to 64 wide; the dw kernel with stream-K or not; the forward's tiles 256 or 128
+    wide, its output stored split or at the tile's end): its three kernels lower for CUDA there within shared memory,
+    with their warpgroups, and it is what a call takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n)
     assert nm_config.mosaic_default_config(M, K, N) == expected

@@ -171,9 +171,9 @@ VARIANTS = {
     # the dx kernel's 64-row CTA tiles at few rows (warpgroups side by side along K): 256x2048x8192 has 64 dx tiles
     # of 128x64 on 132 blocks, 64x64 ones make 128 (the x tile through its buffer: the ring needs stacked
     # warpgroups). They lower; not measured
-    "dw_xla": dict(dw_in_xla=True),  # few rows: the dw GEMM's K loop is M / 64 steps (4 at 256 rows)
     "dx_wgn32": dict(dx=dict(wg_split="n", tile_n=32, epi_tile_n=32, tile_input_in="buffer")),
     "dx_wgn64": dict(dx=dict(wg_split="n", tile_n=64, tile_input_in="buffer")),
+    "dw_xla": dict(dw_in_xla=True),  # few rows: the dw GEMM's K loop is M / 64 steps (4 at 256 rows); lowers
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
