@@ -584,7 +584,8 @@ def main() -> int:
     args = parser.parse_args()
     unknown = sorted({p for v in args.variants.split(",") if v != "builtin" for p in v.split("+")} - set(VARIANTS))
     if unknown:
-        parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+        parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)} (joined by '+'), or "
+                     f"'builtin' alone")
     spec = suite.SPEC
     for name in args.shapes.split(","):
         try:
