@@ -173,6 +173,11 @@ VARIANTS = {
     # warpgroups). They lower; not measured
     "dx_wgn32": dict(dx=dict(wg_split="n", tile_n=32, epi_tile_n=32, tile_input_in="buffer")),
     "dx_wgn64": dict(dx=dict(wg_split="n", tile_n=64, tile_input_in="buffer")),
+    # few rows: the dx kernel as a plain GEMM (u and its row dots out, dx finished by XLA, dyr from XLA) so that
+    # stream-K can split its K loop (N) where its tiles fill under half the grid (row sums refuse stream-K)
+    **{f"dx_sk{split}": dict(dx_in_kernel=False, xr_in_dx=False, dx=dict(stream_k=split)) for split in (1, 2, 4)},
+    **{f"dx_sk{split}_128": dict(dx_in_kernel=False, xr_in_dx=False, dx=dict(stream_k=split, tile_n=128))
+       for split in (2, 4)},
     "dw_xla": dict(dw_in_xla=True),  # few rows: the dw GEMM's K loop is M / 64 steps (4 at 256 rows); lowers
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
