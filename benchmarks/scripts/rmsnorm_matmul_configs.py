@@ -178,6 +178,9 @@ VARIANTS = {
     **{f"dx_sk{split}": dict(dx_in_kernel=False, xr_in_dx=False, dx=dict(stream_k=split)) for split in (1, 2, 4)},
     **{f"dx_sk{split}_128": dict(dx_in_kernel=False, xr_in_dx=False, dx=dict(stream_k=split, tile_n=128))
        for split in (2, 4)},
+    # and dgamma summed from u by dx_finish (M x K: small at few rows), the dw kernel's epilogue without a w tile
+    **{f"dx_sk{split}_dgu": dict(dx_in_kernel=False, xr_in_dx=False, dgamma_from="u", dx=dict(stream_k=split))
+       for split in (1, 2)},
     "dw_xla": dict(dw_in_xla=True),  # few rows: the dw GEMM's K loop is M / 64 steps (4 at 256 rows); lowers
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
