@@ -1041,16 +1041,47 @@ def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K,
 
 
 def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_store: str = "split",
-                      fwd_tile_n: int = 256) -> Config:
+                      fwd_tile_n: int = 256, dx_split: int = 0) -> Config:
     """The entry at UNTUNED_FROM with the dx kernel's tiles dx_tile_n wide (``norm_matmul.config._untuned_dx``), the
-    dw kernel's stream-K split (``_untuned_dw``), the forward's epilogue_store and tile width (``_untuned_forward``)."""
+    dw kernel's stream-K split (``_untuned_dw``), the forward's epilogue_store and tile width (``_untuned_forward``);
+    at M <= UNTUNED_FEW_ROWS r and gamma from XLA's pass, and with dx_split > 0 the dx kernel a plain GEMM split by
+    stream-K in dx_split (``_untuned_dx_split``)."""
     entry = _untuned_from_entry()
     assert entry.forward.epilogue_store == "split"
     epi = entry.dx.epi_tile_n if dx_tile_n % entry.dx.epi_tile_n == 0 else 32
-    return dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, tile_n=dx_tile_n, epi_tile_n=epi),
-                               dw=dataclasses.replace(entry.dw, stream_k=dw_stream_k),
-                               forward=dataclasses.replace(entry.forward, epilogue_store=fwd_store,
-                                                           tile_n=fwd_tile_n))
+    expected = dataclasses.replace(entry, dx=dataclasses.replace(entry.dx, tile_n=dx_tile_n, epi_tile_n=epi),
+                                   dw=dataclasses.replace(entry.dw, stream_k=dw_stream_k),
+                                   forward=dataclasses.replace(entry.forward, epilogue_store=fwd_store,
+                                                               tile_n=fwd_tile_n))
+    if M <= nm_config.UNTUNED_FEW_ROWS:
+        expected = dataclasses.replace(expected, gamma_on="x", stats_in_kernel=False, squares_from="observe")
+    if dx_split:
+        expected = dataclasses.replace(expected, dx_in_kernel=False, xr_in_dx=False, dgamma_from="u",
+                                       dx=dataclasses.replace(expected.dx, stream_k=dx_split))
+    return expected
+
+
+@pytest.mark.parametrize("M, K, N, dx_split", [
+    (256, 2048, 8192, 2),  # 64 dx tiles of 128x64 on 132 blocks: each split in 2
+    (512, 1024, 4096, 2),
+    (128, 1024, 1024, 4),  # 16 tiles: split 4 (the most the rule takes)
+    (512, 4096, 4096, 0),  # 128 tiles of 128x128: stream-K plans none
+    (1024, 2048, 5632, 0), (2048, 4096, 4096, 0)])
+def test_untuned_few_rows_take_r_from_xla_and_split_a_half_empty_dx_round(monkeypatch, M, K, N, dx_split):
+    """At M <= UNTUNED_FEW_ROWS the forward takes r and x ⊙ gamma from XLA's pass (r shared by the first tiles made
+    one or two rounds wait); where the dx kernel's tiles fill at most half the grid its row sums give way to a plain
+    GEMM that stream-K splits, dgamma summed from u; 2048 rows keep the entry's forms."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
+    config = nm_config.mosaic_default_config(M, K, N)
+    entry = _untuned_from_entry()
+    few = M <= nm_config.UNTUNED_FEW_ROWS
+    assert (config.gamma_on, config.stats_in_kernel) == (("x", False) if few else (entry.gamma_on,
+                                                                                     entry.stats_in_kernel))
+    assert (config.dx.stream_k, config.dx_in_kernel, config.dgamma_from) == (
+        (dx_split, False, "u") if dx_split else (0, True, entry.dgamma_from))
+    assert config == _untuned_expected(M, K, config.dx.tile_n, config.dw.stream_k, config.forward.epilogue_store,
+                                       config.forward.tile_n, dx_split)
 
 
 @pytest.mark.parametrize("M, K, N, fwd_tile_n", [
@@ -1125,39 +1156,41 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
 
 
 @cpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n", [
-    (8192, 2048, 5632, 256, 0, "split", 256), (2048, 4096, 4096, 256, 0, "split", 256),
-    (8192, 768, 3072, 192, 0, "split", 256), (4096, 1536, 4096, 192, 4, "split", 256),
-    (4096, 2560, 8192, 160, 0, "split", 256), (4096, 5120, 13824, 160, 4, "split", 256),
-    (8192, 1536, 8960, 256, 4, "split", 256), (8192, 3584, 18944, 224, 0, "split", 256),
-    (2048, 3584, 1536, 224, 4, "end", 256), (512, 4096, 4096, 128, 0, "end", 128),
-    (256, 2048, 8192, 64, 0, "end", 128)])
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split", [
+    (8192, 2048, 5632, 256, 0, "split", 256, 0), (2048, 4096, 4096, 256, 0, "split", 256, 0),
+    (8192, 768, 3072, 192, 0, "split", 256, 0), (4096, 1536, 4096, 192, 4, "split", 256, 0),
+    (4096, 2560, 8192, 160, 0, "split", 256, 0), (4096, 5120, 13824, 160, 4, "split", 256, 0),
+    (8192, 1536, 8960, 256, 4, "split", 256, 0), (8192, 3584, 18944, 224, 0, "split", 256, 0),
+    (2048, 3584, 1536, 224, 4, "end", 256, 0), (512, 4096, 4096, 128, 0, "end", 128, 0),
+    (256, 2048, 8192, 64, 0, "end", 128, 2), (128, 1024, 1024, 64, 4, "end", 128, 4)])
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
-                                                          monkeypatch):
+                                                          dx_split, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
     runs or row by row; dx tiles 256 to 64 wide; the dw kernel with stream-K or not; the forward's tiles 256 or 128
-    wide, its output stored split or at the tile's end): its three kernels lower for CUDA there within shared memory,
-    with their warpgroups, and it is what a call takes there on an H200."""
+    wide, its output stored split or at the tile's end; at few rows r from XLA and the dx kernel split by stream-K):
+    its three kernels lower for CUDA there within shared memory, with their warpgroups, and it is what a call takes
+    there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
-    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n)
+    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split)
     assert nm_config.mosaic_default_config(M, K, N) == expected
     _check_kernels(M, K, N, False, expected)
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n", [
-    (8192, 2048, 5632, 256, 0, "split", 256), (2048, 4096, 4096, 256, 0, "split", 256),
-    (4096, 768, 3072, 192, 0, "split", 256), (2048, 2560, 4096, 160, 4, "split", 256),
-    (2048, 1536, 8960, 192, 4, "split", 256), (2048, 3584, 1536, 224, 4, "end", 256),
-    (512, 4096, 4096, 128, 0, "end", 128), (256, 2048, 8192, 64, 0, "end", 128)])
-def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n):
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split", [
+    (8192, 2048, 5632, 256, 0, "split", 256, 0), (2048, 4096, 4096, 256, 0, "split", 256, 0),
+    (4096, 768, 3072, 192, 0, "split", 256, 0), (2048, 2560, 4096, 160, 4, "split", 256, 0),
+    (2048, 1536, 8960, 192, 4, "split", 256, 0), (2048, 3584, 1536, 224, 4, "end", 256, 0),
+    (512, 4096, 4096, 128, 0, "end", 128, 0), (256, 2048, 8192, 64, 0, "end", 128, 2),
+    (128, 1024, 1024, 64, 4, "end", 128, 4)])
+def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
     dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store and its tiles
-    fwd_tile_n wide): forward and
-    gradients against the float32 reference, two calls; the forward kernel unspilled, its wgmma not serialized."""
+    fwd_tile_n wide, at few rows r from XLA and the dx kernel split dx_split): forward and gradients against the
+    float32 reference, two calls; the forward kernel unspilled, its wgmma not serialized."""
     config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     if tuning.device_kind() == "NVIDIA H200":
-        assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n)
+        assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split)
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))

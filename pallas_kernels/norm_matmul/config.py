@@ -811,6 +811,21 @@ UNTUNED_FORWARD_COLUMN_COST = {256: 1.0, 128: 1.3}
 # 241.5 → 228.9 at 4096x1536x4096 (60 tiles left of 192), 204.0 → 201.0 at 2048x2560x4096 (56 of 320), 133.8 → 130.4
 # at 2048x3584x1536 (36 of 168).
 UNTUNED_DW_STREAM_K = 4
+# At few rows, two more changes. The forward takes r and x ⊙ gamma from XLA's pass (gamma_on "x", no statistics in
+# the kernel) at M <= UNTUNED_FEW_ROWS: with r shared by each row block's first tile, the one or two rounds wait on
+# those tiles. Forward µs, shared r → XLA's pass (`--modes fwd --variants default,gamma_on_x`, rmsnorm_matmul_configs_
+# fwd_gamma_x_few_rows-h200-c039b92.json, ..._fwd_gamma_x_crossover-h200-fe7fc08.json): 20.1 → 15.0 at 256x2048x8192
+# (0.78 → 1.05x XLA), 13.1 → 9.5 at 512x1024x4096, 34.4 → 27.6 at 512x4096x4096, 46.3 → 39.9 at 1024x2048x5632,
+# 48.0 → 47.2 at 1024x4096x4096, 178.9 → 176.4 at 1024x4096x14336; at 2048 rows and more it lost at 5 shapes of 6
+# (95.0 → 98.0 at 2048x4096x4096, 181.3 → 190.1 at 4096x4096x4096; 97.4 → 95.9 at 2048x2048x8192).
+UNTUNED_FEW_ROWS = 1024
+# And where the dx kernel's tiles fill at most half the grid (``_untuned_dx_split``), its row sums (which refuse
+# stream-K) give way to a plain GEMM whose K loop (N) stream-K splits over the idle blocks: u and its row dots out,
+# dyr and dx's finish from XLA, dgamma summed from u by the dx finish (M x K: small at few rows; the dw kernel's
+# epilogue then loads no w tile). Forward + backward µs (`--variants default,dx_sk2,dx_sk2_dgu`,
+# rmsnorm_matmul_configs_dx_sk_dgu_few_rows-h200-c039b92.json): 92.5 → 79.4 at 256x2048x8192 (the dx kernel's 64
+# tiles split in 2: 41.4 → 24.6 µs; the dw kernel 24.4 → 19.2), 62.1 → 58.5 at 512x1024x4096 (64 tiles: 21.6 → 13.4);
+# where the tiles fill the grid the plain form only adds XLA's passes (101.2 → 106.1 at 512x4096x4096, 128 tiles).
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -832,7 +847,36 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
         config = narrower if narrower.unsupported_reason(M, K, N) is None else config
     split = dataclasses.replace(config, dw=_untuned_dw(M, K, N, config.dw, sms))
     config = split if split.unsupported_reason(M, K, N) is None else config
-    return _untuned_forward(M, K, N, config, sms)
+    config = _untuned_forward(M, K, N, config, sms)
+    if config is None:
+        return None
+    if M <= UNTUNED_FEW_ROWS:
+        from_xla = dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe")
+        config = _if_supported(from_xla, config, M, K, N, dtype)
+    return _untuned_dx_split(M, K, N, config, dtype, sms)
+
+
+def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMatmulConfig, M: int, K: int, N: int,
+                  dtype) -> MosaicRMSNormMatmulConfig:
+    """``candidate`` where its kernels take (M, K, N) and dtype, else ``config``."""
+    ok = candidate.unsupported_reason(M, K, N) is None and candidate.dgamma_reason(M, N, dtype) is None
+    return candidate if ok else config
+
+
+def _untuned_dx_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig, dtype,
+                      sms: int) -> MosaicRMSNormMatmulConfig:
+    """``config`` with its dx kernel a plain GEMM split by stream-K (see above) where its (M, K) tiles fill at most
+    half of ``sms`` blocks and ``stream_k.plan_for`` plans a split of sms // tiles (at most 4); else as it is."""
+    dx = config.dx
+    if not config.dx_in_kernel or M % dx.cta_m or K % dx.cta_n or N % dx.tile_k:
+        return config
+    tiles = M // dx.cta_m * (K // dx.cta_n)
+    split = min(4, sms // tiles)
+    if split < 2 or stream_k.plan_for(tiles, sms, N // dx.tile_k, split=split) is None:
+        return config
+    plain = dataclasses.replace(config, dx_in_kernel=False, xr_in_dx=False, dgamma_from="u",
+                                dx=dataclasses.replace(dx, stream_k=split))
+    return _if_supported(plain, config, M, K, N, dtype)
 
 
 def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
