@@ -181,6 +181,8 @@ VARIANTS = {
     # and dgamma summed from u by dx_finish (M x K: small at few rows), the dw kernel's epilogue without a w tile
     **{f"dx_sk{split}_dgu": dict(dx_in_kernel=False, xr_in_dx=False, dgamma_from="u", dx=dict(stream_k=split))
        for split in (1, 2)},
+    # the entry's forward forms where the untuned rule takes r and x ⊙ gamma from XLA at few rows (M <= 1024)
+    "fwd_shared_r": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand"),
     "dw_xla": dict(dw_in_xla=True),  # few rows: the dw GEMM's K loop is M / 64 steps (4 at 256 rows); lowers
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
