@@ -769,9 +769,9 @@ def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
 # rounds since (``gemm.config.sum_rows_grid``'s widths, the dx tiles of ``_untuned_dx``), 1.008 at 16384x3072x8192,
 # 0.968 at 4096x5120x13824, 0.955 at 8192x768x3072, the others within 0.002 (rmsnorm_matmul_configs_untuned_dx_rules-
 # h200-94a3001.json). Six models' MLP shapes at 8192 tokens, with each kernel's rounds filled (below): 0.99-1.02
-# (rmsnorm_matmul-model_zoo-h200-4d0d904.json). At 256-1024 rows 0.64-0.93, where the tables ran 0.43-0.73
-# (rmsnorm_matmul_configs_few_rows_rules-h200-ac1711b.json). Other devices (the H100's entry there was not measured
-# away from its shape) keep the tables.
+# (rmsnorm_matmul-model_zoo-h200-4d0d904.json). At 128-1024 rows, with r from XLA and the dx kernel split (below),
+# 0.71-1.03, where the tables ran 0.43-0.93 (rmsnorm_matmul_configs_few_rows_rule-h200-1ac46de.json). Other devices
+# (the H100's entry there was not measured away from its shape) keep the tables.
 UNTUNED_FROM = (8192, 4096, 6144)
 UNTUNED_DEVICES = ("NVIDIA H200",)
 # The dx kernel's tile width along K there (``_untuned_dx``): the entry's 256 columns, or a narrower width where its
@@ -817,7 +817,10 @@ UNTUNED_DW_STREAM_K = 4
 # fwd_gamma_x_few_rows-h200-c039b92.json, ..._fwd_gamma_x_crossover-h200-fe7fc08.json): 20.1 → 15.0 at 256x2048x8192
 # (0.78 → 1.05x XLA), 13.1 → 9.5 at 512x1024x4096, 34.4 → 27.6 at 512x4096x4096, 46.3 → 39.9 at 1024x2048x5632,
 # 48.0 → 47.2 at 1024x4096x4096, 178.9 → 176.4 at 1024x4096x14336; at 2048 rows and more it lost at 5 shapes of 6
-# (95.0 → 98.0 at 2048x4096x4096, 181.3 → 190.1 at 4096x4096x4096; 97.4 → 95.9 at 2048x2048x8192).
+# (95.0 → 98.0 at 2048x4096x4096, 181.3 → 190.1 at 4096x4096x4096; 97.4 → 95.9 at 2048x2048x8192). Forward +
+# backward, the rule → the shared r again (`--variants default,fwd_shared_r`, rmsnorm_matmul_configs_fwd_shared_r_
+# few_rows-h200-0ee3656.json): 97.4 → 104.8 µs at 512x4096x4096, 126.8 → 132.3 at 1024x2048x5632, 159.1 → 158.4 at
+# 1024x4096x4096, 507.2 → 506.8 at 1024x4096x14336.
 UNTUNED_FEW_ROWS = 1024
 # And where the dx kernel's tiles fill at most half the grid (``_untuned_dx_split``), its row sums (which refuse
 # stream-K) give way to a plain GEMM whose K loop (N) stream-K splits over the idle blocks: u and its row dots out,
@@ -826,6 +829,13 @@ UNTUNED_FEW_ROWS = 1024
 # rmsnorm_matmul_configs_dx_sk_dgu_few_rows-h200-c039b92.json): 92.5 → 79.4 at 256x2048x8192 (the dx kernel's 64
 # tiles split in 2: 41.4 → 24.6 µs; the dw kernel 24.4 → 19.2), 62.1 → 58.5 at 512x1024x4096 (64 tiles: 21.6 → 13.4);
 # where the tiles fill the grid the plain form only adds XLA's passes (101.2 → 106.1 at 512x4096x4096, 128 tiles).
+# The split's tiles keep the row-sum kernel's width (``_untuned_dx``); 128-wide tiles split in 4 measured faster at
+# one shape of three (81.7 → 75.3 µs at 256x2048x8192; 50.6 → 54.0 at 512x1024x4096, 30.1 → 32.6 at 128x1024x1024:
+# rmsnorm_matmul_configs_few_rows_dx_split_width-h200-1ac46de.json). With both changes, forward / forward + backward
+# × XLA, the rule → (the built-in tables) (`--modes fwd,fwd+bwd --variants default,builtin`, rmsnorm_matmul_configs_
+# few_rows_rule-h200-1ac46de.json): 256x2048x8192 1.05 / 0.73 (0.65 / 0.43), 512x1024x4096 1.01 / 0.71 (0.64 / 0.44),
+# 512x4096x4096 0.99 / 0.94 (0.63 / 0.65), 1024x2048x5632 0.99 / 0.99 (0.82 / 0.75), 1024x4096x4096 1.08 / 1.03 (1.04
+# / 0.93), 128x1024x1024 0.87 / 0.73 (0.53 / 0.55).
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
