@@ -727,9 +727,9 @@ ONE_ROW_FORWARD = (_ONE_ROW_64, dataclasses.replace(_ONE_ROW_64, tile_m=128, til
 # faster than XLA's forward in 11 of the 12 (31.30-31.81, 31.44 on average), where x ⊙ gamma by XLA (the fusion 1.3
 # µs) took 30.75-32.35 (31.56) and was faster in 4 (the register path costs the kernel itself 0.6-1.6 µs there, 1.0 on
 # average against the fusion's 1.3); 10.72-11.01 against 10.96-11.09 at 1x2048x8192, equal at 1x8192x8192 (33.48 /
-# 33.66 on average over 12 runs, both one round of 64-row tiles). Over several rounds the register path costs more than the fusion:
-# 113.9-114.7 against 110.9-112.1 at 1x8192x28672 (448 tiles of 64 rows; 112.2-162.9 at the other tiles tried,
-# cooperative 128-row blocks and other delays among them).
+# 33.66 on average over 12 runs, both one round of 64-row tiles). Over several rounds the register path costs more
+# than the fusion: 113.9-114.7 against 110.9-112.1 at 1x8192x28672 (448 tiles of 64 rows; 112.2-162.9 at the other
+# tiles tried, cooperative 128-row blocks and other delays among them).
 ONE_ROW_GAMMA_MAX_TILES = FEW_TILES  # the most GEMV tiles (one round) for which gamma goes on w's blocks by default
 
 
@@ -853,10 +853,9 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     if config.dx_in_kernel and -(-K // config.dx.cta_n) > sms:  # the dx kernel's row sums: a row's tiles in a round
         return None
     if config.dx_in_kernel:
-        narrower = dataclasses.replace(config, dx=_untuned_dx(M, K, config.dx, sms))
-        config = narrower if narrower.unsupported_reason(M, K, N) is None else config
-    split = dataclasses.replace(config, dw=_untuned_dw(M, K, N, config.dw, sms))
-    config = split if split.unsupported_reason(M, K, N) is None else config
+        config = _if_supported(dataclasses.replace(config, dx=_untuned_dx(M, K, config.dx, sms)), config, M, K, N,
+                               dtype)
+    config = _if_supported(dataclasses.replace(config, dw=_untuned_dw(M, K, N, config.dw, sms)), config, M, K, N, dtype)
     config = _untuned_forward(M, K, N, config, sms)
     if config is None:
         return None
