@@ -97,6 +97,7 @@ FORWARD_FIELDS = _config.MOSAIC_FORWARD_FIELDS
 
 _F32 = jnp.float32
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+DW_GAMMA_ON_A = True  # (A/B switch, toggle_ab.py) dw by cuBLAS with gamma on x's columns where dgamma comes from u
 
 
 def default_config(x, gamma, w, *, residual, **_) -> Config:
@@ -621,6 +622,11 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
             g = lax.dot_general(dw_a.reshape(parts, M // parts, K), dw_b.reshape(parts, M // parts, N),
                                 (((1,), (1,)), ((0,), (0,))), preferred_element_type=_F32)  # (parts, K, N)
             dw, dgamma = dw_finish.finish_dw(g, w, gamma, jnp.reshape(scale, (1,)), interpret=mu.interpreting())
+            return dx, dgamma, dw
+        if dgamma is not None and dtype == jnp.bfloat16 and DW_GAMMA_ON_A:  # (s = 1) gamma on A's columns:
+            # cuBLAS writes dw in w's dtype from its float32 accumulator, no (K, N) float32 g for XLA to scale
+            a_gamma = (dw_a.astype(_F32) * gamma.astype(_F32)).astype(dtype)
+            dw = lax.dot_general(a_gamma, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=w.dtype)
             return dx, dgamma, dw
         g = lax.dot_general(dw_a, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
         gamma_s = gamma.astype(_F32) * scale
