@@ -17,6 +17,7 @@ dx_epilogue_three}-h200-d3eb5e4.json``: ``gemm.specialized.RING_FREED_UNDER_NEXT
 PROBE_NO_RELOAD``, ``PROBE_NO_TILE_COPY``, ``PROBE_NO_HOOK`` at the tag ``dx-apart-probes-ab4af0d``;
 ``toggle_ab_dw_no_dgamma_probe-h200-6b7afb1.json``: ``norm_matmul.mosaic.PROBE_DW_NO_DGAMMA``;
 ``toggle_ab_sum_rows_widen-h200-cda668d.json``: ``gemm.mosaic.SUM_ROWS_WIDEN``;
+``toggle_ab_dw_gamma_on_a-h200-e0b114f.json``: ``norm_matmul.mosaic.DW_GAMMA_ON_A``;
 ``toggle_ab_dx_tile_n-h200-94a3001.json``: ``norm_matmul.config.SWITCH_DX_TILE_N``, a config choice: before 94a3001
 each side took the config chosen with the switch True, as ``toggle_ab_dx_tile_n_config_fixed_both-h200-edfe77b.json``
 did); the kernels
