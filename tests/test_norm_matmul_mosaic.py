@@ -988,6 +988,27 @@ def test_the_suite_shapes_tuned_entries_on_the_gpu(M, K, N):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))
 
 
+@pytest.mark.parametrize("dtype, dgamma_given", [(jnp.bfloat16, True), (jnp.bfloat16, False), (jnp.float16, True),
+                                                 (jnp.float16, False)])
+def test_dw_by_cublas_against_the_float32_reference(dtype, dgamma_given):
+    """Where XLA runs the dw GEMM (few (K, N) tiles; the XLA side of the backward, so it runs on the CPU): dw = gamma ·
+    s ⊙ (aᵀ @ b) in w's dtype and dgamma = s · Σ_N w ⊙ g, or the dgamma given (from u) as it is; bfloat16 with
+    dgamma given puts gamma on A's columns (cuBLAS writes dw at once)."""
+    M, K, N = 96, 40, 72
+    a, b, w = normal((M, K), dtype), normal((M, N), dtype), normal((K, N), dtype)
+    gamma = normal((K,), jnp.float32, scale=2.0)
+    scale = jnp.asarray(1.0 if dtype == jnp.bfloat16 else 0.37, jnp.float32)  # s = max r for float16
+    given = normal((K,), jnp.float32) if dgamma_given else None
+    dw, dgamma = nm._dw_by_cublas(a, b, gamma, w, scale, given, finish_kernel=False)
+    g = jnp.matmul(a.astype(jnp.float32).T, b.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    assert dw.dtype == w.dtype
+    assert_close(dw, g * (gamma * scale)[:, None], tolerance(dtype, M), "dw")
+    if dgamma_given:
+        assert dgamma is given
+    else:
+        assert_close(dgamma, scale * jnp.sum(g * w.astype(jnp.float32), axis=1), tolerance(dtype, M * N), "dgamma")
+
+
 def _untuned_from_entry() -> Config:
     """The H200's tuned entry at ``nm_config.UNTUNED_FROM``."""
     key = nm_config.shape_key(*nm_config.UNTUNED_FROM, jnp.bfloat16)

@@ -618,24 +618,8 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
     if not cfg.xr_in_dx:  # (xr_in_dx: the K side, which set them)
         dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
-        if dgamma is None and cfg.dw_finish_kernel and N <= dw_finish.MAX_N:  # one kernel: parts, dw, dgamma
-            parts = 2 if M % 2 == 0 else 1  # (cuBLAS's two row blocks of the M reduction, summed by the kernel)
-            g = lax.dot_general(dw_a.reshape(parts, M // parts, K), dw_b.reshape(parts, M // parts, N),
-                                (((1,), (1,)), ((0,), (0,))), preferred_element_type=_F32)  # (parts, K, N)
-            dw, dgamma = dw_finish.finish_dw(g, w, gamma, jnp.reshape(scale, (1,)), interpret=mu.interpreting())
-            return dx, dgamma, dw
-        if dgamma is not None and dtype == jnp.bfloat16:  # (s = 1) gamma on A's columns: cuBLAS writes dw in w's
-            # dtype from its float32 accumulator, no (K, N) float32 g for XLA to scale. Forward + backward µs, g then
-            # XLA's scaling → this (toggle_ab_dw_gamma_on_a-h200-e0b114f.json, switch DW_GAMMA_ON_A since removed):
-            # 55.4 → 43.5 at 512x1024x4096, 45.8 → 35.4 at 256x1024x4096, 29.5 → 26.5 at 128x1024x1024
-            a_gamma = (dw_a.astype(_F32) * gamma.astype(_F32)).astype(dtype)
-            dw = lax.dot_general(a_gamma, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=w.dtype)
-            return dx, dgamma, dw
-        g = lax.dot_general(dw_a, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
-        gamma_s = gamma.astype(_F32) * scale
-        dw = (g * gamma_s[:, None]).astype(w.dtype)
-        if dgamma is None:
-            dgamma = (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype)
+        dw, dgamma = _dw_by_cublas(dw_a, dw_b, gamma, w, scale, dgamma,
+                                   finish_kernel=cfg.dw_finish_kernel and N <= dw_finish.MAX_N)
         return dx, dgamma, dw
     gamma_s = gamma.astype(_F32) * scale if dtype == jnp.float16 else _vector_input(gamma)  # (else s = 1)
     if dgamma is not None:  # the dw kernel only scales rows: no w tile (nor a ring to carry one)
@@ -648,6 +632,29 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
                             name="rmsnorm_matmul_dw")
     dgamma = (jnp.sum(dgamma_parts, axis=0) * scale).astype(gamma.dtype)
     return dx, dgamma, dw
+
+
+def _dw_by_cublas(dw_a, dw_b, gamma, w, scale, dgamma, *, finish_kernel: bool):
+    """dw (K, N) in w's dtype and dgamma (K,) in gamma's (the one given, from u, or s · Σ_N w ⊙ g) from XLA's GEMM g =
+    dw_aᵀ @ dw_b (dw_a (M, K), dw_b (M, N)) and dw = gamma · s ⊙ g. ``finish_kernel`` (dgamma not given): cuBLAS
+    computes g in two row halves and one Pallas-Triton kernel sums them into dw and dgamma (``dw_finish``)."""
+    M, K = dw_a.shape
+    if dgamma is None and finish_kernel:  # one kernel: parts, dw, dgamma
+        parts = 2 if M % 2 == 0 else 1  # (cuBLAS's two row blocks of the M reduction, summed by the kernel)
+        g = lax.dot_general(dw_a.reshape(parts, M // parts, K), dw_b.reshape(parts, M // parts, -1),
+                            (((1,), (1,)), ((0,), (0,))), preferred_element_type=_F32)  # (parts, K, N)
+        return dw_finish.finish_dw(g, w, gamma, jnp.reshape(scale, (1,)), interpret=mu.interpreting())
+    if dgamma is not None and dw_a.dtype == jnp.bfloat16:  # (s = 1) gamma on A's columns: cuBLAS writes dw in w's
+        # dtype from its float32 accumulator, no (K, N) float32 g for XLA to scale. Forward + backward µs, g then
+        # XLA's scaling → this (toggle_ab_dw_gamma_on_a-h200-e0b114f.json, switch DW_GAMMA_ON_A since removed):
+        # 55.4 → 43.5 at 512x1024x4096, 45.8 → 35.4 at 256x1024x4096, 29.5 → 26.5 at 128x1024x1024
+        a_gamma = (dw_a.astype(_F32) * gamma.astype(_F32)).astype(dw_a.dtype)
+        return lax.dot_general(a_gamma, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=w.dtype), dgamma
+    g = lax.dot_general(dw_a, dw_b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)  # (K, N)
+    dw = (g * (gamma.astype(_F32) * scale)[:, None]).astype(w.dtype)
+    if dgamma is None:
+        dgamma = (jnp.sum(g * w.astype(_F32), axis=1) * scale).astype(gamma.dtype)
+    return dw, dgamma
 
 
 # ---------------------------------------------------------------------------------------------------------------
