@@ -181,6 +181,10 @@ VARIANTS = {
     # and dgamma summed from u by dx_finish (M x K: small at few rows), the dw kernel's epilogue without a w tile
     **{f"dx_sk{split}_dgu": dict(dx_in_kernel=False, xr_in_dx=False, dgamma_from="u", dx=dict(stream_k=split))
        for split in (1, 2)},
+    # dgamma from u where XLA runs the dw GEMM (few (K, N) tiles: 8192x768x3072, 8192x512x2816, 8192x512x768), which
+    # then writes dw with gamma on A at once (norm_matmul.mosaic._dw_by_cublas); the dx kernel plain. Lowers; not
+    # measured
+    "dgu_plain": dict(dx_in_kernel=False, xr_in_dx=False, dgamma_from="u", dw_finish_kernel=False),
     # the entry's forward forms where the untuned rule takes r and x ⊙ gamma from XLA at few rows (M <= 1024)
     "fwd_shared_r": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand"),
     "dw_xla": dict(dw_in_xla=True),  # few rows: the dw GEMM's K loop is M / 64 steps (4 at 256 rows); lowers
