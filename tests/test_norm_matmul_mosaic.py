@@ -1047,17 +1047,22 @@ def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
         assert nm_config.mosaic_default_config(8192, 2048, 5632) == builtin(8192, 2048, 5632)
 
 
-@pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (8192, 4096, 6144), (16384, 1024, 5504), (8192, 512, 2816)])
+@pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (8192, 4096, 6144), (16384, 1024, 5504), (8192, 512, 2816),
+                                     (256, 2048, 8192)])
 def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K, N):
     """``jaxfuse bench --tune`` on an H200: the candidates around the config a call takes (the entry at
     UNTUNED_FROM at an untuned shape, the shape's own entry at a tuned one) leave out the changes that entry cannot
     take (the pallas_steady K loop beside stream-K or ping-pong tiles raised, and the sweep skipped Mosaic as if it
-    could not run the shape)."""
+    could not run the shape); one putting gamma on w beside the base's dgamma from u (few rows) takes dgamma from dw's
+    side (as built, rmsnorm_matmul raised on it)."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     base = nm_config.mosaic_default_config(M, K, N)
     forward, backward = nm_config.mosaic_sweep_candidates(M, K, N)
     assert base.to_dict() in forward and base.to_dict() in backward and len(forward) > 5 and len(backward) > 5
     assert all(Config(**c).unsupported_reason(M, K, N) is None for c in forward + backward)
+    assert all(Config(**c).dgamma_reason(M, N, jnp.bfloat16) is None for c in forward + backward)
+    if base.dgamma_from == "u":
+        assert any(c["gamma_on"] == "w" and c["dgamma_from"] is None for c in forward)
     assert all(c["forward"]["pipeline"] == "own" for c in forward)  # (none of them took pallas_steady)
 
 

@@ -1088,8 +1088,14 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     if base.forward.wg_split == "m":  # stacked 64-row accumulators: the forward widths ``_untuned_forward`` weighs
         fwd += [_tried(lambda t=tile_n: dataclasses.replace(base, forward=dataclasses.replace(base.forward, tile_n=t)))
                 for tile_n in UNTUNED_FORWARD_COLUMN_COST if tile_n != base.forward.tile_n]
-    return ([c.to_dict() for c in fwd if c is not None and c.unsupported_reason(M, K, N) is None],
-            [c.to_dict() for c in bwd if c is not None and c.unsupported_reason(M, K, N) is None])
+    def fitted(c):  # a candidate putting gamma on w beside the base's dgamma from u takes dgamma from dw's side
+        if c is not None and c.dgamma_reason(M, N, dtype) is not None:
+            c = _tried(lambda: dataclasses.replace(c, dgamma_from=None))
+        ok = c is not None and c.unsupported_reason(M, K, N) is None and c.dgamma_reason(M, N, dtype) is None
+        return c if ok else None
+
+    fwd, bwd = ([c for c in map(fitted, cands) if c is not None] for cands in (fwd, bwd))
+    return [c.to_dict() for c in fwd], [c.to_dict() for c in bwd]
 
 
 def _tried(make):
