@@ -187,7 +187,11 @@ VARIANTS = {
     "dgu_plain": dict(dx_in_kernel=False, xr_in_dx=False, dgamma_from="u", dw_finish_kernel=False),
     # the entry's forward forms where the untuned rule takes r and x ⊙ gamma from XLA at few rows (M <= 1024)
     "fwd_shared_r": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand"),
-    "dw_xla": dict(dw_in_xla=True),  # few rows: the dw GEMM's K loop is M / 64 steps (4 at 256 rows); lowers
+    # few rows: the dw GEMM's K loop is M / 64 steps (4 at 256 rows). With dgamma from dw's side it lost (92.4 →
+    # 139.1 µs at 256x2048x8192: dgamma read the whole float32 g, rmsnorm_matmul_configs_few_rows_dx_wgn_dw_xla-h200-
+    # 2dbf877.json); beside the few-row rule's dgamma from u cuBLAS writes dw at once (mosaic._dw_by_cublas): not
+    # measured
+    "dw_xla": dict(dw_in_xla=True),
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
