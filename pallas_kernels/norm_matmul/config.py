@@ -983,7 +983,8 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     shape: tile order, K loop and semantics, the statistics warpgroup), backward ones the dx and dw GEMMs' tile
     order and K loop; stream-K for a last round of tiles less than half full in both (at 32768x4096x4096 it won:
     rmsnorm_matmul_configs-h100-788ee3f.json). Candidates that do not tile the shape, or whose changes the base (a
-    tuned entry, or on an H200 the entry at UNTUNED_FROM) cannot take, are left out."""
+    tuned entry, or on an H200 the entry at UNTUNED_FROM) cannot take, are left out; one that puts gamma on w beside
+    the base's dgamma from u (few rows) takes dgamma from dw's side."""
     base = mosaic_default_config(M, K, N, dtype, residual=residual)
     if M == 1:  # the transposed GEMV's tiles (ONE_ROW_FORWARD says what they measured); the backward is Triton's
         stacked = dict(tile_m=64, schedule="cooperative", wg_split="m", tile_k=128, num_stages=6)  # 128-row CTAs
