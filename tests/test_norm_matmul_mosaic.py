@@ -1009,6 +1009,51 @@ def test_dw_by_cublas_against_the_float32_reference(dtype, dgamma_given):
         assert_close(dgamma, scale * jnp.sum(g * w.astype(jnp.float32), axis=1), tolerance(dtype, M * N), "dgamma")
 
 
+@pytest.mark.parametrize("dtype, residual", [(jnp.bfloat16, False), (jnp.bfloat16, True), (jnp.float16, False)])
+def test_backward_by_xla_against_the_float32_reference(dtype, residual):
+    """``backward_in_xla`` (XLA's ops only, so it runs on the CPU): dx (+ dh), dgamma and dw from the forward's r
+    against the float32 reference's VJP, at odd sizes, with dy and dh of magnitudes far apart."""
+    M, K, N = 37, 88, 56
+    x, w = normal((M, K), dtype, scale=30.0), normal((K, N), dtype, scale=0.1)
+    dy_scale = 1e3 if dtype == jnp.bfloat16 else 10.0  # (float16's dw tops out at 65504)
+    gamma, dy = normal((K,), jnp.float32, scale=2.0), normal((M, N), dtype, scale=dy_scale)
+    dh = normal((M, K), dtype, scale=5.0) if residual else None
+    eps = 1e-5
+    x32 = x.astype(jnp.float32)
+    rstd = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=1) + eps)
+    dx, dgamma, dw = nm._backward_by_xla(x, gamma, w, rstd, dy, dh)
+    assert (dx.dtype, dgamma.dtype, dw.dtype) == (dtype, gamma.dtype, w.dtype)
+    f32 = [a.astype(jnp.float32) for a in (x, gamma, w)]
+    _, vjp = jax.vjp(lambda *a: reference.rmsnorm_matmul(*a, eps=eps), *f32)
+    want_dx, want_dgamma, want_dw = vjp(dy.astype(jnp.float32))
+    if residual:  # the residual's cotangent dh reaches dx (h = x + residual)
+        want_dx = want_dx + dh.astype(jnp.float32)
+    assert_close(dx, want_dx, tolerance(dtype, N), "dx")
+    assert_close(dgamma, want_dgamma, tolerance(dtype, M * N), "dgamma")
+    assert_close(dw, want_dw, tolerance(dtype, M), "dw")
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_backward_in_xla_lowers_the_forward_kernel_alone(residual):
+    """``backward_in_xla``: forward + backward lowered for CUDA holds the forward's Mosaic kernel and no other."""
+    config = dataclasses.replace(nm_config.mosaic_builtin_config(256, 512, 1024), backward_in_xla=True)
+    fn, args = _fwd_bwd(256, 512, 1024, residual, config)
+    with backends.lowering_for_gpu():
+        assert [k.name for k in _lowered_kernels(fn, *args)] == ["rmsnorm_matmul_fwd"]
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, residual", [(256, 2048, 8192, False), (128, 1024, 1024, True),
+                                               (384, 1024, 768, False)])
+def test_backward_in_xla_on_the_gpu(M, K, N, residual):
+    """The fused forward with XLA's backward (``backward_in_xla``) on the shape's default forms: forward and
+    gradients against the float32 reference."""
+    config = dataclasses.replace(nm_config.mosaic_default_config(M, K, N, jnp.bfloat16, residual=residual),
+                                 backward_in_xla=True)
+    x, g, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
+    _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
+
+
 def _untuned_from_entry() -> Config:
     """The H200's tuned entry at ``nm_config.UNTUNED_FROM``."""
     key = nm_config.shape_key(*nm_config.UNTUNED_FROM, jnp.bfloat16)

@@ -192,6 +192,9 @@ VARIANTS = {
     # 2dbf877.json); beside the few-row rule's dgamma from u cuBLAS writes dw at once (mosaic._dw_by_cublas): not
     # measured
     "dw_xla": dict(dw_in_xla=True),
+    # the fused forward and XLA's own backward from its r (two cuBLAS GEMMs, XLA's fusions): few rows, where our
+    # backward kernels' short rounds trail cuBLAS's split GEMMs (256x2048x8192: dx 28.7, dw 18.3 µs against 14-17)
+    "bwd_xla": dict(backward_in_xla=True),
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against

@@ -448,6 +448,9 @@ class MosaicRMSNormMatmulConfig:
       own dot there (cuBLAS kept, XLA's sum of its halves before the kernel: 3.0 + 3.5 µs) took 53.9 against the
       entry's 52.0-52.3 (toggle_ab_dw_finish_unsplit{,_entry}-h200-c342e9d.json); at 8192x512x2816 125.1 against
       122.2 split.
+    backward_in_xla: True: the backward is XLA's own (two cuBLAS GEMMs, dx and dgamma by XLA fusions) from the
+      forward's r, no Mosaic kernel in it and the dx, dw and backward fields unused; the fused forward stays. For
+      few rows, where our backward kernels' short rounds trail cuBLAS's split GEMMs (``mosaic._backward_by_xla``).
     """
 
     forward: MosaicGemmConfig
@@ -464,6 +467,7 @@ class MosaicRMSNormMatmulConfig:
     dx_in_kernel: bool = False
     xr_in_dx: bool = False
     dw_finish_kernel: bool = False
+    backward_in_xla: bool = False
 
     def __post_init__(self):
         for name in ("forward", "dx", "dw"):
@@ -545,6 +549,9 @@ class MosaicRMSNormMatmulConfig:
                              "two halves, dw and dgamma from one Triton kernel, where XLA runs that GEMM) needs "
                              f"dgamma from dw's side, not dgamma_from='u'; got dw_finish_kernel="
                              f"{self.dw_finish_kernel!r}, dgamma_from={self.dgamma_from!r}")
+        if not isinstance(self.backward_in_xla, bool):
+            raise ValueError(f"MosaicRMSNormMatmulConfig.backward_in_xla: must be a bool, got "
+                             f"{self.backward_in_xla!r}")
         if self.dw_in_xla is not None and not isinstance(self.dw_in_xla, bool):
             raise ValueError(f"MosaicRMSNormMatmulConfig.dw_in_xla: must be None or a bool, got {self.dw_in_xla!r}")
         fwd = self.forward
@@ -560,7 +567,8 @@ class MosaicRMSNormMatmulConfig:
                     stats_in_kernel=self.stats_in_kernel, dw_in_xla=self.dw_in_xla, gamma_on=self.gamma_on,
                     row_dot=self.row_dot, dyr_in_dx=self.dyr_in_dx, row_dot_in_dx=self.row_dot_in_dx,
                     dgamma_from=self.dgamma_from, squares_from=self.squares_from, dx_in_kernel=self.dx_in_kernel,
-                    xr_in_dx=self.xr_in_dx, dw_finish_kernel=self.dw_finish_kernel)
+                    xr_in_dx=self.xr_in_dx, dw_finish_kernel=self.dw_finish_kernel,
+                    backward_in_xla=self.backward_in_xla)
 
     def gamma_side(self, M: int, N: int, dtype) -> str:
         """Where gamma goes for x (M, K) of ``dtype`` and w (K, N): ``gamma_on``, or when None, "x" for bfloat16 with

@@ -634,6 +634,26 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
     return dx, dgamma, dw
 
 
+def _backward_by_xla(xn, gamma, w, rstd, dy, dh):
+    """The backward as XLA's own ops (``backward_in_xla``): xn (M, K) the norm's input, rstd (M,) float32 = r from the
+    forward, dy (M, N), dh (M, K) or None. With x̂ = r ⊙ xn and G = dy @ wᵀ (cuBLAS, float32 out): dgamma = Σ_M G ⊙ x̂,
+    dx = r ⊙ (G ⊙ gamma − x̂ · mean_K(G ⊙ gamma ⊙ x̂)) (+ dh), dw = (x̂ ⊙ gamma)ᵀ @ dy (cuBLAS writes w's dtype).
+    Returns dx in xn.dtype, dgamma in gamma.dtype, dw in w.dtype."""
+    dtype = xn.dtype
+    xhat = xn.astype(_F32) * rstd[:, None]
+    gamma32 = gamma.astype(_F32)
+    dy = dy.astype(dtype)
+    g = lax.dot_general(dy, w, (((1,), (1,)), ((), ())), preferred_element_type=_F32)  # (M, K)
+    dgamma = jnp.sum(g * xhat, axis=0).astype(gamma.dtype)
+    g = g * gamma32
+    dx = rstd[:, None] * (g - xhat * jnp.mean(g * xhat, axis=1, keepdims=True))
+    if dh is not None:
+        dx = dx + dh.astype(_F32)
+    a = (xhat * gamma32).astype(dtype)
+    dw = lax.dot_general(a, dy, (((0,), (0,)), ((), ())), preferred_element_type=w.dtype)  # (K, N)
+    return dx.astype(dtype), dgamma, dw
+
+
 def _dw_by_cublas(dw_a, dw_b, gamma, w, scale, dgamma, *, finish_kernel: bool):
     """dw (K, N) in w's dtype and dgamma (K,) in gamma's (the one given, from u, or s · Σ_N w ⊙ g) from XLA's GEMM g =
     dw_aᵀ @ dw_b (dw_a (M, K), dw_b (M, N)) and dw = gamma · s ⊙ g. ``finish_kernel`` (dgamma not given): cuBLAS
@@ -681,6 +701,8 @@ def _rmsnorm_matmul_bwd(static: _Static, saved, cotangent):
         triton_static = triton_fwd.Static(config=static.one_row_backward, eps=static.eps, out_dtype=static.out_dtype,
                                           interpret=mu.interpreting())
         dx, dgamma, dw = triton_bwd.backward(xn, gamma, w, rstd, y, dy, dh, static=triton_static)
+    elif static.config.backward_in_xla:
+        dx, dgamma, dw = _backward_by_xla(xn, gamma, w, rstd, dy, dh)
     else:
         dx, dgamma, dw = _backward(xn, gamma, w, rstd, y, dy, dh, static, sum_sq)
     return dx, (dx if has_residual else None), dgamma, dw
