@@ -7,7 +7,9 @@
 Per suite shape (``jaxfuse.suites.rmsnorm_matmul``: bf16 inputs, the suite's forward and forward + backward
 programs) and mode, every variant of VARIANTS (changes to the shape's default Mosaic config: its tuned entry, the
 H200's untuned rule or the built-in tiles; "builtin": the built-in tables' config, ``mosaic_builtin_config``) and the
-suite's "xla" and "xla_matmul_alone", timed interleaved (CUPTI medians), each variant's
+suite's "xla" and "xla_matmul_alone", timed interleaved (CUPTI medians; the input sets rotated as the suite
+rotates them, ``runner.input_sets``: 3 where one set fits in the L2, so that no call finds its inputs left there by
+the call before; until b75d1a6 one set, which at few rows left w in the L2 for the forward programs), each variant's
 largest output difference from the "default" variant relative to its largest value, and the costliest kernels. A
 variant asking for the row dot in the dx kernel where y's stages do not fit (so XLA's pass takes it) is named in
 the row's "fallbacks".
@@ -26,8 +28,9 @@ import numpy as np
 
 import pallas_kernels
 from attention_fused_bwd import recorded_row, results_file
-from jaxfuse import bench
+from jaxfuse import bench, costmodel
 from jaxfuse.suites import rmsnorm_matmul as suite
+from jaxfuse.suites.runner import input_sets
 from pallas_kernels import tuning
 from pallas_kernels.norm_matmul import config as nm_config
 
@@ -195,6 +198,9 @@ VARIANTS = {
     # the fused forward and XLA's own backward from its r (two cuBLAS GEMMs, XLA's fusions): few rows, where our
     # backward kernels' short rounds trail cuBLAS's split GEMMs (256x2048x8192: dx 28.7, dw 18.3 µs against 14-17)
     "bwd_xla": dict(backward_in_xla=True),
+    # deeper forward rings: at few rows the forward is one round reading w from HBM (cuBLAS's tiles there take 6
+    # stages of 64)
+    **{f"fwd_s{stages}": dict(forward=dict(num_stages=stages)) for stages in (5, 6)},
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
@@ -614,13 +620,15 @@ def main() -> int:
         except ValueError as error:
             parser.error(f"--shapes: {error}")
     impls = spec.implementations()
+    dev = costmodel.detect()
     result, save, path = results_file(args.out, "rmsnorm_matmul_configs")
     for name in args.shapes.split(","):
         shape = spec.shape(name)
         M, K, N = shape["M"], shape["K"], shape["N"]
         row = dict(shape=name, M=M, K=K, N=N)
         with recorded_row(result, save, row):
-            inputs = spec.make_inputs(shape, 0)
+            sets = input_sets(spec, shape, dev)
+            inputs = sets[0]
             fns = {}
             for variant in args.variants.split(","):
                 try:  # a variant this shape's config cannot take is recorded, not timed; the others still run
@@ -642,12 +650,14 @@ def main() -> int:
                 fns[variant] = fn
             fns["xla"], fns["xla_matmul_alone"] = impls["xla"], impls["xla_matmul_alone"]
             for mode in args.modes.split(","):
-                args_ = inputs[:spec.num_args] if mode == "fwd" else inputs
+                mode_sets = [s[:spec.num_args] if mode == "fwd" else s for s in sets]
+                args_ = mode_sets[0]
                 programs = {k: jax.jit(spec.program(fn, mode, shape, {})) for k, fn in fns.items()}
                 outs = {k: [np.asarray(o, np.float32) for o in jax.tree.leaves(p(*args_))]
                         for k, p in programs.items() if k not in ("xla", "xla_matmul_alone")}
                 ref = outs.get("default")
-                timings = bench.time_interleaved([(p, args_) for p in programs.values()], iterations=args.iterations)
+                timings = bench.time_interleaved([(p, mode_sets) for p in programs.values()],
+                                                 iterations=args.iterations)
                 section = {}
                 for k, t in zip(programs, timings):
                     top = sorted(t.per_kernel_us.items(), key=lambda kv: -kv[1])[:6]
@@ -657,7 +667,7 @@ def main() -> int:
                                                                                     relative=True)
                 base = section["xla"]["us"]
                 section["speedup_vs_xla"] = {k: base / v["us"] for k, v in section.items() if k != "xla"}
-                row[mode] = section
+                row[mode] = dict(section, input_sets=len(sets))
                 print(name, mode, {k: round(v, 3) for k, v in section["speedup_vs_xla"].items()},
                       {k: round(v["us"], 1) for k, v in section.items() if isinstance(v, dict) and "us" in v},
                       flush=True)

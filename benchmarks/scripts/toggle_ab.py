@@ -22,7 +22,8 @@ PROBE_NO_RELOAD``, ``PROBE_NO_TILE_COPY``, ``PROBE_NO_HOOK`` at the tag ``dx-apa
 each side took the config chosen with the switch True, as ``toggle_ab_dx_tile_n_config_fixed_both-h200-edfe77b.json``
 did); the kernels
 are built at trace time, so each side's program is traced with the switch set. Bf16 inputs of
-``jaxfuse.suites.rmsnorm_matmul.make_inputs``; this device's tuned configs, or with ``--variant`` a variant of
+``jaxfuse.suites.rmsnorm_matmul.make_inputs``, as many sets rotated as the suite rotates (``runner.input_sets``;
+one set until b75d1a6); this device's tuned configs, or with ``--variant`` a variant of
 ``rmsnorm_matmul_configs.VARIANTS`` ("a+b" combines them) on both sides. Writes ``<out>/toggle_ab-<device>.json``.
 """
 
@@ -36,8 +37,9 @@ import sys
 import jax
 
 from attention_fused_bwd import results_file
-from jaxfuse import bench
+from jaxfuse import bench, costmodel
 from jaxfuse.suites import rmsnorm_matmul as suite
+from jaxfuse.suites.runner import input_sets
 from pallas_kernels.norm_matmul import rmsnorm_matmul
 from rmsnorm_matmul_configs import VARIANTS, combined, variant_config
 
@@ -72,8 +74,10 @@ def main() -> int:
         switches.append((module, name))
     result, save, path = results_file(args.out, "toggle_ab")
     result.update(switch=args.switch, variant=args.variant)
+    dev = costmodel.detect()
     for M, K, N in args.shapes:
-        operands = suite.make_inputs(M, K, N, seed=1)
+        sets = input_sets(suite.SPEC, suite.SPEC.shape(f"{M}x{K}x{N}"), dev)
+        operands = sets[0]
         compiled = {}
         for value in (False, True):
             for module, name in switches:
@@ -83,9 +87,10 @@ def main() -> int:
             compiled[value] = jax.jit(functools.partial(_program, config=config)).lower(*operands).compile()
         outs = {value: jax.tree.leaves(fn(*operands)) for value, fn in compiled.items()}
         diff = bench.max_difference(zip(outs[False], outs[True]))
-        off, on = bench.time_interleaved([(compiled[False], operands), (compiled[True], operands)],
+        off, on = bench.time_interleaved([(compiled[False], sets), (compiled[True], sets)],
                                          iterations=args.iterations)
         row = dict(shape=f"{M}x{K}x{N}", false_us=off.median_us, true_us=on.median_us, max_abs_diff=diff,
+                   input_sets=len(sets),
                    kernels={"false": off.per_kernel_us, "true": on.per_kernel_us})
         print(row["shape"], f"{off.median_us:.1f} -> {on.median_us:.1f} us", "diff", diff, flush=True)
         result["timings"].append(row)
