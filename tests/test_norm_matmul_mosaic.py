@@ -20,7 +20,8 @@ from base_norm_matmul import NormMatmulTests, inputs
 from conftest import GPU_TIMEOUT, assert_close, normal, tolerance
 from hlo_inspect import mosaic_ir, ptxas
 from pallas_kernels import backends, mosaic_utils, norm_matmul, reference, tuning
-from pallas_kernels.gemm import MosaicGemmConfig, stream_k
+from pallas_kernels.gemm import MosaicGemmConfig, smem_bytes, stream_k
+from pallas_kernels.gemm.config import BARRIER_BYTES
 from pallas_kernels.norm_matmul import config as nm_config
 from pallas_kernels.norm_matmul import mosaic as nm
 
@@ -185,7 +186,8 @@ def _check_kernels(M, K, N, residual, config=None):
             lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config), *args[:3])
     resolved = config or nm_config.mosaic_default_config(M, K, N, residual=residual)
     dw_kernel = [] if resolved.dw_by_xla(K, N) else ["rmsnorm_matmul_dw"]
-    assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", "rmsnorm_matmul_dx", *dw_kernel]
+    backward = [] if resolved.backward_in_xla else ["rmsnorm_matmul_dx", *dw_kernel]
+    assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd", *backward]
     statistics_warpgroup = (config is not None and config.stats_in_kernel is True
                             and config.forward.prologue_in == "fourth")
     epilogue_warpgroup = resolved.dx.epilogue_in == "fourth"  # (the dx kernel's epilogue in a fourth warpgroup)
@@ -1098,25 +1100,40 @@ def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K,
     """``jaxfuse bench --tune`` on an H200: the candidates around the config a call takes (the entry at
     UNTUNED_FROM at an untuned shape, the shape's own entry at a tuned one) leave out the changes that entry cannot
     take (the pallas_steady K loop beside stream-K or ping-pong tiles raised, and the sweep skipped Mosaic as if it
-    could not run the shape); one putting gamma on w beside the base's dgamma from u (few rows) takes dgamma from dw's
-    side (as built, rmsnorm_matmul raised on it)."""
+    could not run the shape); the backward ones hold XLA's backward and ours (``backward_in_xla``), and vary our
+    kernels even where the base takes XLA's (few rows)."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     base = nm_config.mosaic_default_config(M, K, N)
     forward, backward = nm_config.mosaic_sweep_candidates(M, K, N)
     assert base.to_dict() in forward and base.to_dict() in backward and len(forward) > 5 and len(backward) > 5
     assert all(Config(**c).unsupported_reason(M, K, N) is None for c in forward + backward)
     assert all(Config(**c).dgamma_reason(M, N, jnp.bfloat16) is None for c in forward + backward)
-    if base.dgamma_from == "u":
-        assert any(c["gamma_on"] == "w" and c["dgamma_from"] is None for c in forward)
     assert all(c["forward"]["pipeline"] == "own" for c in forward)  # (none of them took pallas_steady)
+    assert base.backward_in_xla == (M <= 512)  # (the few-row shape's dx tiles fill at most half the grid)
+    ours = [c for c in backward if not c["backward_in_xla"]]
+    assert len(ours) == len(backward) - 1 > 5 and len({(str(c["dx"]), str(c["dw"])) for c in ours}) > 5
+
+
+def test_sweep_candidates_with_gamma_on_w_take_dgamma_from_dw_beside_a_base_taking_it_from_u(monkeypatch):
+    """A forward candidate putting gamma on w beside a base whose dgamma comes from u (needing gamma on x's side)
+    takes dgamma from dw's side: as built, rmsnorm_matmul raised on it (4 of 34 candidates at 256x2048x8192 while
+    the untuned rule took dgamma from u there)."""
+    M, K, N = 256, 2048, 8192
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    from_u = dataclasses.replace(nm_config.mosaic_default_config(M, K, N), dgamma_from="u", dx_in_kernel=False,
+                                 xr_in_dx=False)
+    monkeypatch.setattr(nm_config, "mosaic_default_config", lambda *a, **k: from_u)
+    forward, backward = nm_config.mosaic_sweep_candidates(M, K, N)
+    assert any(c["gamma_on"] == "w" and c["dgamma_from"] is None for c in forward)
+    assert all(Config(**c).dgamma_reason(M, N, jnp.bfloat16) is None for c in forward + backward)
 
 
 def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_store: str = "split",
-                      fwd_tile_n: int = 256, dx_split: int = 0) -> Config:
+                      fwd_tile_n: int = 256, xla_backward: bool = False, fwd_stages: int | None = None) -> Config:
     """The entry at UNTUNED_FROM with the dx kernel's tiles dx_tile_n wide (``norm_matmul.config._untuned_dx``), the
     dw kernel's stream-K split (``_untuned_dw``), the forward's epilogue_store and tile width (``_untuned_forward``);
-    at M <= UNTUNED_FEW_ROWS r and gamma from XLA's pass, and with dx_split > 0 the dx kernel a plain GEMM split by
-    stream-K in dx_split (``_untuned_dx_split``)."""
+    at M <= UNTUNED_FEW_ROWS r and gamma from XLA's pass and the forward ring fwd_stages deep (``_untuned_deep_ring``;
+    None: the entry's), and with xla_backward XLA's backward (``_untuned_backward``)."""
     entry = _untuned_from_entry()
     assert entry.forward.epilogue_store == "split"
     epi = entry.dx.epi_tile_n if dx_tile_n % entry.dx.epi_tile_n == 0 else 32
@@ -1126,22 +1143,24 @@ def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_
                                                                tile_n=fwd_tile_n))
     if M <= nm_config.UNTUNED_FEW_ROWS:
         expected = dataclasses.replace(expected, gamma_on="x", stats_in_kernel=False, squares_from="observe")
-    if dx_split:
-        expected = dataclasses.replace(expected, dx_in_kernel=False, xr_in_dx=False, dgamma_from="u",
-                                       dx=dataclasses.replace(expected.dx, stream_k=dx_split))
-    return expected
+    if fwd_stages is not None:
+        expected = dataclasses.replace(expected, forward=dataclasses.replace(expected.forward, num_stages=fwd_stages))
+    return dataclasses.replace(expected, backward_in_xla=xla_backward)
 
 
-@pytest.mark.parametrize("M, K, N, dx_split", [
-    (256, 2048, 8192, 2),  # 64 dx tiles of 128x64 on 132 blocks: each split in 2
-    (512, 1024, 4096, 2),
-    (128, 1024, 1024, 4),  # 16 tiles: split 4 (the most the rule takes)
-    (512, 4096, 4096, 0),  # 128 tiles of 128x128: stream-K plans none
-    (1024, 2048, 5632, 0), (2048, 4096, 4096, 0)])
-def test_untuned_few_rows_take_r_from_xla_and_split_a_half_empty_dx_round(monkeypatch, M, K, N, dx_split):
+@pytest.mark.parametrize("M, K, N, xla_backward, fwd_stages", [
+    (256, 2048, 8192, True, 6),  # 64 dx tiles of 128x64 on 132 blocks; the forward's K loop 32 steps
+    (512, 1024, 4096, True, 4),  # (16 steps: the entry's ring)
+    (128, 1024, 1024, True, 4),  # 16 dx tiles
+    (512, 4096, 4096, False, 6),  # 128 dx tiles of 128x128: our kernels
+    (1024, 2048, 5632, False, 6),
+    (1024, 4096, 4096, False, 4),  # 256-wide forward tiles: 6 stages would not fit (nor 5)
+    (2048, 4096, 4096, False, None)])
+def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_dx_tiles_are_few(
+        monkeypatch, M, K, N, xla_backward, fwd_stages):
     """At M <= UNTUNED_FEW_ROWS the forward takes r and x ⊙ gamma from XLA's pass (r shared by the first tiles made
-    one or two rounds wait); where the dx kernel's tiles fill at most half the grid its row sums give way to a plain
-    GEMM that stream-K splits, dgamma summed from u; 2048 rows keep the entry's forms."""
+    one or two rounds wait) and a ring UNTUNED_DEEP_RING_STAGES deep where its K loop is long and the stages fit;
+    where the dx kernel's tiles fill at most half the grid the backward is XLA's; 2048 rows keep the entry's forms."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
     config = nm_config.mosaic_default_config(M, K, N)
@@ -1149,10 +1168,12 @@ def test_untuned_few_rows_take_r_from_xla_and_split_a_half_empty_dx_round(monkey
     few = M <= nm_config.UNTUNED_FEW_ROWS
     assert (config.gamma_on, config.stats_in_kernel) == (("x", False) if few else (entry.gamma_on,
                                                                                      entry.stats_in_kernel))
-    assert (config.dx.stream_k, config.dx_in_kernel, config.dgamma_from) == (
-        (dx_split, False, "u") if dx_split else (0, True, entry.dgamma_from))
+    assert config.backward_in_xla == xla_backward
+    assert config.forward.num_stages == (entry.forward.num_stages if fwd_stages is None else fwd_stages)
     assert config == _untuned_expected(M, K, config.dx.tile_n, config.dw.stream_k, config.forward.epilogue_store,
-                                       config.forward.tile_n, dx_split)
+                                       config.forward.tile_n, xla_backward, fwd_stages)
+    if fwd_stages == nm_config.UNTUNED_DEEP_RING_STAGES:  # (what fits: smem_bytes, within a barrier's margin)
+        assert smem_bytes(config.forward, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES <= mosaic_utils.H100_SMEM_BYTES
 
 
 @pytest.mark.parametrize("M, K, N, fwd_tile_n", [
@@ -1227,41 +1248,43 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
 
 
 @cpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split", [
-    (8192, 2048, 5632, 256, 0, "split", 256, 0), (2048, 4096, 4096, 256, 0, "split", 256, 0),
-    (8192, 768, 3072, 192, 0, "split", 256, 0), (4096, 1536, 4096, 192, 4, "split", 256, 0),
-    (4096, 2560, 8192, 160, 0, "split", 256, 0), (4096, 5120, 13824, 160, 4, "split", 256, 0),
-    (8192, 1536, 8960, 256, 4, "split", 256, 0), (8192, 3584, 18944, 224, 0, "split", 256, 0),
-    (2048, 3584, 1536, 224, 4, "end", 256, 0), (512, 4096, 4096, 128, 0, "end", 128, 0),
-    (256, 2048, 8192, 64, 0, "end", 128, 2), (128, 1024, 1024, 64, 4, "end", 128, 4)])
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages", [
+    (8192, 2048, 5632, 256, 0, "split", 256, False, None), (2048, 4096, 4096, 256, 0, "split", 256, False, None),
+    (8192, 768, 3072, 192, 0, "split", 256, False, None), (4096, 1536, 4096, 192, 4, "split", 256, False, None),
+    (4096, 2560, 8192, 160, 0, "split", 256, False, None), (4096, 5120, 13824, 160, 4, "split", 256, False, None),
+    (8192, 1536, 8960, 256, 4, "split", 256, False, None), (8192, 3584, 18944, 224, 0, "split", 256, False, None),
+    (2048, 3584, 1536, 224, 4, "end", 256, False, None), (512, 4096, 4096, 128, 0, "end", 128, False, 6),
+    (256, 2048, 8192, 64, 0, "end", 128, True, 6), (128, 1024, 1024, 64, 4, "end", 128, True, 4)])
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
-                                                          dx_split, monkeypatch):
+                                                          xla_backward, fwd_stages, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
     runs or row by row; dx tiles 256 to 64 wide; the dw kernel with stream-K or not; the forward's tiles 256 or 128
-    wide, its output stored split or at the tile's end; at few rows r from XLA and the dx kernel split by stream-K):
-    its three kernels lower for CUDA there within shared memory, with their warpgroups, and it is what a call takes
-    there on an H200."""
+    wide, its output stored split or at the tile's end; at few rows r from XLA, a deeper forward ring and XLA's
+    backward): its kernels lower for CUDA there within shared memory, with their warpgroups, and it is what a call
+    takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
-    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split)
+    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages)
     assert nm_config.mosaic_default_config(M, K, N) == expected
     _check_kernels(M, K, N, False, expected)
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split", [
-    (8192, 2048, 5632, 256, 0, "split", 256, 0), (2048, 4096, 4096, 256, 0, "split", 256, 0),
-    (4096, 768, 3072, 192, 0, "split", 256, 0), (2048, 2560, 4096, 160, 4, "split", 256, 0),
-    (2048, 1536, 8960, 192, 4, "split", 256, 0), (2048, 3584, 1536, 224, 4, "end", 256, 0),
-    (512, 4096, 4096, 128, 0, "end", 128, 0), (256, 2048, 8192, 64, 0, "end", 128, 2),
-    (128, 1024, 1024, 64, 4, "end", 128, 4)])
-def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split):
+@pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages", [
+    (8192, 2048, 5632, 256, 0, "split", 256, False, None), (2048, 4096, 4096, 256, 0, "split", 256, False, None),
+    (4096, 768, 3072, 192, 0, "split", 256, False, None), (2048, 2560, 4096, 160, 4, "split", 256, False, None),
+    (2048, 1536, 8960, 192, 4, "split", 256, False, None), (2048, 3584, 1536, 224, 4, "end", 256, False, None),
+    (512, 4096, 4096, 128, 0, "end", 128, False, 6), (256, 2048, 8192, 64, 0, "end", 128, True, 6),
+    (128, 1024, 1024, 64, 4, "end", 128, True, 4)])
+def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
     dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store and its tiles
-    fwd_tile_n wide, at few rows r from XLA and the dx kernel split dx_split): forward and gradients against the
-    float32 reference, two calls; the forward kernel unspilled, its wgmma not serialized."""
+    fwd_tile_n wide, at few rows r from XLA, the forward ring fwd_stages deep and XLA's backward with
+    xla_backward): forward and gradients against the float32 reference, two calls; the forward kernel unspilled, its
+    wgmma not serialized."""
     config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     if tuning.device_kind() == "NVIDIA H200":
-        assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, dx_split)
+        assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward,
+                                           fwd_stages)
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))

@@ -830,20 +830,25 @@ UNTUNED_DW_STREAM_K = 4
 # few_rows-h200-0ee3656.json): 97.4 → 104.8 µs at 512x4096x4096, 126.8 → 132.3 at 1024x2048x5632, 159.1 → 158.4 at
 # 1024x4096x4096, 507.2 → 506.8 at 1024x4096x14336.
 UNTUNED_FEW_ROWS = 1024
-# And where the dx kernel's tiles fill at most half the grid (``_untuned_dx_split``), its row sums (which refuse
-# stream-K) give way to a plain GEMM whose K loop (N) stream-K splits over the idle blocks: u and its row dots out,
-# dyr and dx's finish from XLA, dgamma summed from u by the dx finish (M x K: small at few rows; the dw kernel's
-# epilogue then loads no w tile). Forward + backward µs (`--variants default,dx_sk2,dx_sk2_dgu`,
-# rmsnorm_matmul_configs_dx_sk_dgu_few_rows-h200-c039b92.json): 92.5 → 79.4 at 256x2048x8192 (the dx kernel's 64
-# tiles split in 2: 41.4 → 24.6 µs; the dw kernel 24.4 → 19.2), 62.1 → 58.5 at 512x1024x4096 (64 tiles: 21.6 → 13.4);
-# where the tiles fill the grid the plain form only adds XLA's passes (101.2 → 106.1 at 512x4096x4096, 128 tiles).
-# The split's tiles keep the row-sum kernel's width (``_untuned_dx``); 128-wide tiles split in 4 measured faster at
-# one shape of three (81.7 → 75.3 µs at 256x2048x8192; 50.6 → 54.0 at 512x1024x4096, 30.1 → 32.6 at 128x1024x1024:
-# rmsnorm_matmul_configs_few_rows_dx_split_width-h200-1ac46de.json). With both changes, forward / forward + backward
-# × XLA, the rule → (the built-in tables) (`--modes fwd,fwd+bwd --variants default,builtin`, rmsnorm_matmul_configs_
-# few_rows_rule-h200-1ac46de.json): 256x2048x8192 1.05 / 0.73 (0.65 / 0.43), 512x1024x4096 1.01 / 0.71 (0.64 / 0.44),
-# 512x4096x4096 0.99 / 0.94 (0.63 / 0.65), 1024x2048x5632 0.99 / 0.99 (0.82 / 0.75), 1024x4096x4096 1.08 / 1.03 (1.04
-# / 0.93), 128x1024x1024 0.87 / 0.73 (0.53 / 0.55).
+# And where the dx kernel's tiles fill at most half the grid (``_untuned_backward``) the backward is XLA's own from
+# the forward's r (``backward_in_xla``: two cuBLAS GEMMs, XLA's fusions): our backward kernels' one short round there
+# trails cuBLAS's split GEMMs. Forward + backward µs, the rule before (the dx kernel a plain GEMM split by stream-K,
+# dgamma from u: c039b92's change, 92.5 → 79.4 µs at 256x2048x8192) → XLA's backward, with XLA (`--modes fwd+bwd
+# --variants default,bwd_xla`, input sets rotated, rmsnorm_matmul_configs_few_rows_stages_bwd_xla-h200-876ce91.json):
+# 83.5 → 66.2 (61.5) at 256x2048x8192 (64 dx tiles), 44.5 → 37.7 (41.6) at 512x1024x4096 (64), 26.1 → 22.2 (21.5) at
+# 128x1024x1024 (16), 36.8 → 32.3 (32.5) at 256x1024x4096 (32); where the tiles fill the grid, equal or slower: 98.1 →
+# 97.7 (88.2) at 512x4096x4096 (128 tiles), 127.8 → 126.7 (125.9) at 1024x2048x5632 (128), and in another call
+# (rmsnorm_matmul_configs_bwd_xla-h200-b75d1a6.json, one input set) 159.0 → 169.5 (159.2) at 1024x4096x4096 (256),
+# 287.5 → 323.6 (307.2) at 2048x4096x4096.
+# And at few rows the forward kernel is one or two rounds reading w from HBM, each tile's K loop long: where that loop
+# has at least UNTUNED_DEEP_RING_STEPS steps the ring takes UNTUNED_DEEP_RING_STAGES stages where they fit
+# (``_untuned_deep_ring``; cuBLAS's tiles there take 6 of 64). Forward µs, 4 → 5 → 6 stages (`--modes fwd --variants
+# default,fwd_s5,fwd_s6`, input sets rotated, rmsnorm_matmul_configs_few_rows_stages-h200-876ce91.json; XLA): 17.3 →
+# 16.0 → 15.6 (16.6) at 256x2048x8192 (32 steps), 29.6 → 27.5 → 27.2 (28.3) at 512x4096x4096 (64), 41.6 → 38.9 → 38.4
+# (38.3) at 1024x2048x5632; no gain where K = 1024 (16 steps: 9.6 → 9.8 → 9.7 at 512x1024x4096, 8.2 → 8.3 → 8.4 at
+# 128x1024x1024, 9.0 → 9.1 → 9.2 at 256x1024x4096).
+UNTUNED_DEEP_RING_STEPS = 32
+UNTUNED_DEEP_RING_STAGES = 6
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -869,8 +874,8 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
         return None
     if M <= UNTUNED_FEW_ROWS:
         from_xla = dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe")
-        config = _if_supported(from_xla, config, M, K, N, dtype)
-    return _untuned_dx_split(M, K, N, config, dtype, sms)
+        config = _if_supported(_untuned_deep_ring(K, from_xla), config, M, K, N, dtype)
+    return _untuned_backward(M, K, config, sms)
 
 
 def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMatmulConfig, M: int, K: int, N: int,
@@ -880,20 +885,21 @@ def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMat
     return candidate if ok else config
 
 
-def _untuned_dx_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig, dtype,
-                      sms: int) -> MosaicRMSNormMatmulConfig:
-    """``config`` with its dx kernel a plain GEMM split by stream-K (see above) where its (M, K) tiles fill at most
-    half of ``sms`` blocks and ``stream_k.plan_for`` plans a split of sms // tiles (at most 4); else as it is."""
-    dx = config.dx
-    if not config.dx_in_kernel or M % dx.cta_m or K % dx.cta_n or N % dx.tile_k:
+def _untuned_backward(M: int, K: int, config: MosaicRMSNormMatmulConfig, sms: int) -> MosaicRMSNormMatmulConfig:
+    """``config`` with XLA's backward (``backward_in_xla``) where its dx kernel's (M, K) tiles fill at most half of
+    ``sms`` blocks (see above); else as it is."""
+    tiles = -(-M // config.dx.cta_m) * -(-K // config.dx.cta_n)
+    return dataclasses.replace(config, backward_in_xla=True) if 2 * tiles <= sms else config
+
+
+def _untuned_deep_ring(K: int, config: MosaicRMSNormMatmulConfig) -> MosaicRMSNormMatmulConfig:
+    """``config`` with its forward ring UNTUNED_DEEP_RING_STAGES deep where the K loop has at least
+    UNTUNED_DEEP_RING_STEPS steps and those stages fit in shared memory (see above); else as it is."""
+    deep = dataclasses.replace(config.forward, num_stages=UNTUNED_DEEP_RING_STAGES)
+    if K // deep.tile_k < UNTUNED_DEEP_RING_STEPS or deep.num_stages <= config.forward.num_stages or smem_bytes(
+            deep, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES > mosaic_utils.H100_SMEM_BYTES:
         return config
-    tiles = M // dx.cta_m * (K // dx.cta_n)
-    split = min(4, sms // tiles)
-    if split < 2 or stream_k.plan_for(tiles, sms, N // dx.tile_k, split=split) is None:
-        return config
-    plain = dataclasses.replace(config, dx_in_kernel=False, xr_in_dx=False, dgamma_from="u",
-                                dx=dataclasses.replace(dx, stream_k=split))
-    return _if_supported(plain, config, M, K, N, dtype)
+    return dataclasses.replace(config, forward=deep)
 
 
 def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
@@ -1036,41 +1042,45 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
         # and r from each row block's first tile only (gemm.Fusion.share_rows): one kernel, no XLA pass
         if gamma_a is not None:
             fwd += [gamma_a, _tried(lambda: dataclasses.replace(gamma_a, stats_in_kernel="mma_shared"))]
+    # backward ones vary our kernels (where the base takes XLA's backward, ``backward_in_xla``, from the form it
+    # replaced), beside the base and the other side of backward_in_xla
+    ours = dataclasses.replace(base, backward_in_xla=False)
     bwd_changes = [{}, dict(grid_tile_width=1), dict(grid_minor="m", grid_tile_width=4),
                    dict(pipeline="pallas_steady", semantics="warpgroup")]
     if not residual:  # beside the x tile (and no dh tile): 3 stages of 128x256 blocks, 5 of ping-pong 128x128
         bwd_changes += [dict(stacked_m, num_stages=3), dict(pingpong, num_stages=5),
                         dict(stacked_m, num_stages=3, stream_k=4)]
-    bwd = [_tried(lambda c=c: dataclasses.replace(base, dx=dataclasses.replace(base.dx, **c),
-                                                  dw=dataclasses.replace(base.dw, **c))) for c in bwd_changes]
-    bwd.append(_tried(lambda: dataclasses.replace(base, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4,
+    bwd = [base, dataclasses.replace(base, backward_in_xla=not base.backward_in_xla)]
+    bwd += [_tried(lambda c=c: dataclasses.replace(ours, dx=dataclasses.replace(ours.dx, **c),
+                                                  dw=dataclasses.replace(ours.dw, **c))) for c in bwd_changes]
+    bwd.append(_tried(lambda: dataclasses.replace(ours, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4,
                                                               wg_split="m"))))
     # the dw kernel's loads from one warp of its memory warpgroup, and the dx kernel's too (the H200's entries at the
     # three large suite shapes; at 16384x1024x5504, beside stream-K and the ring input, the dw kernel's lost 24%)
-    one_warp_dw = _tried(lambda: dataclasses.replace(base, dw=dataclasses.replace(base.dw, memory_warps=1)))
+    one_warp_dw = _tried(lambda: dataclasses.replace(ours, dw=dataclasses.replace(ours.dw, memory_warps=1)))
     if one_warp_dw is not None:
         bwd += [one_warp_dw, _tried(lambda: dataclasses.replace(one_warp_dw, dx=dataclasses.replace(
-            base.dx, memory_warps=1)))]
-    bwd += [_tried(lambda v=v: dataclasses.replace(base, dw_in_xla=v)) for v in (True, False)]
-    bwd += [_tried(lambda side=side: dataclasses.replace(base, row_dot=side)) for side in ("n", "k")]
+            ours.dx, memory_warps=1)))]
+    bwd += [_tried(lambda v=v: dataclasses.replace(ours, dw_in_xla=v)) for v in (True, False)]
+    bwd += [_tried(lambda side=side: dataclasses.replace(ours, row_dot=side)) for side in ("n", "k")]
     # dyr by XLA's pass (dyr_in_dx None takes it from the dx kernel where it fits)
-    bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="n", dyr_in_dx=False)))
+    bwd.append(_tried(lambda: dataclasses.replace(ours, row_dot="n", dyr_in_dx=False)))
     # K side, dyr from the dx kernel (A = dy): no XLA pass over dy at all
-    bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="k").with_dyr_from_dx(dtype, residual)))
-    if not base.dx.pingpong and base.dx.cluster == "none":  # the row dot from the dx kernel's first tiles
-        bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="n", row_dot_in_dx=True,
-                                                      dx=dataclasses.replace(base.dx, stream_k=0))))
-    dx = base.dx
+    bwd.append(_tried(lambda: dataclasses.replace(ours, row_dot="k").with_dyr_from_dx(dtype, residual)))
+    if not ours.dx.pingpong and ours.dx.cluster == "none":  # the row dot from the dx kernel's first tiles
+        bwd.append(_tried(lambda: dataclasses.replace(ours, row_dot="n", row_dot_in_dx=True,
+                                                      dx=dataclasses.replace(ours.dx, stream_k=0))))
+    dx = ours.dx
     if not (dx.pingpong or dx.stores_later) and (dx.pipeline, dx.cluster) == ("own", "none"):
         # the K side with the dx kernel finishing dx (gemm.Fusion.sum_rows, whole tiles), dyr copied from its dy
         # blocks or xr written from its x tile (the H200's entries at the model's QKV and MLP projections; xr at
         # the three large suite shapes since the fiftieth session)
-        k_dx = _tried(lambda: dataclasses.replace(base, row_dot="k", row_dot_in_dx=False, dgamma_from=None,
+        k_dx = _tried(lambda: dataclasses.replace(ours, row_dot="k", row_dot_in_dx=False, dgamma_from=None,
                                                   dx_in_kernel=True, dx=dataclasses.replace(dx, stream_k=0)))
         if k_dx is not None:
             bwd += [_tried(lambda: k_dx.with_dyr_from_dx(dtype, residual)),
                     _tried(lambda: dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True))]
-            if base.dw_by_xla(K, N):  # and cuBLAS's dw in two halves summed with dw and dgamma by one Triton kernel
+            if ours.dw_by_xla(K, N):  # and cuBLAS's dw in two halves summed with dw and dgamma by one Triton kernel
                 # (dw_finish_kernel: the H200's entry at 8192x512x2816)
                 bwd.append(_tried(lambda: dataclasses.replace(k_dx, dyr_in_dx=None, xr_in_dx=True,
                                                               dw_finish_kernel=True)))
@@ -1082,18 +1092,18 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                                                               dx=dataclasses.replace(k_dx.dx, **fourth))))
     if not residual:  # y's blocks by TMA beside dy's, the x tile through the dx kernel's B stages of 3 stacked
         # 64x256 stages (the H200's entry at 8192x4096x6144 until the fiftieth session)
-        bwd.append(_tried(lambda: dataclasses.replace(base, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
-            dataclasses.replace(base.dx, **stacked_m, tile_k=64, num_stages=3, stream_k=0, delay_release=0,
+        bwd.append(_tried(lambda: dataclasses.replace(ours, row_dot="n", row_dot_in_dx="tma", dgamma_from=None, dx=(
+            dataclasses.replace(ours.dx, **stacked_m, tile_k=64, num_stages=3, stream_k=0, delay_release=0,
                                 cluster="none", tile_input_in="ring")))))
     # the dw kernel's last round split along its K loop, or whole (``_untuned_dw``)
-    bwd.append(_tried(lambda: dataclasses.replace(base, dw=dataclasses.replace(
-        base.dw, stream_k=0 if base.dw.stream_k else UNTUNED_DW_STREAM_K))))
-    if base.dx_in_kernel:  # the dx kernel's row sums at the other tile widths ``_untuned_dx`` weighs
+    bwd.append(_tried(lambda: dataclasses.replace(ours, dw=dataclasses.replace(
+        ours.dw, stream_k=0 if ours.dw.stream_k else UNTUNED_DW_STREAM_K))))
+    if ours.dx_in_kernel:  # the dx kernel's row sums at the other tile widths ``_untuned_dx`` weighs
         for tile_n in UNTUNED_DX_COLUMN_COST:
-            if tile_n != base.dx.tile_n:
-                epi = base.dx.epi_tile_n if tile_n % base.dx.epi_tile_n == 0 else 32
+            if tile_n != ours.dx.tile_n:
+                epi = ours.dx.epi_tile_n if tile_n % ours.dx.epi_tile_n == 0 else 32
                 bwd.append(_tried(lambda t=tile_n, e=epi: dataclasses.replace(
-                    base, dx=dataclasses.replace(base.dx, tile_n=t, epi_tile_n=e))))
+                    ours, dx=dataclasses.replace(ours.dx, tile_n=t, epi_tile_n=e))))
     if base.forward.wg_split == "m":  # stacked 64-row accumulators: the forward widths ``_untuned_forward`` weighs
         fwd += [_tried(lambda t=tile_n: dataclasses.replace(base, forward=dataclasses.replace(base.forward, tile_n=t)))
                 for tile_n in UNTUNED_FORWARD_COLUMN_COST if tile_n != base.forward.tile_n]
@@ -1104,6 +1114,7 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
         return c if ok else None
 
     fwd, bwd = ([c for c in map(fitted, cands) if c is not None] for cands in (fwd, bwd))
+    bwd = [c for i, c in enumerate(bwd) if c not in bwd[:i]]
     return [c.to_dict() for c in fwd], [c.to_dict() for c in bwd]
 
 
