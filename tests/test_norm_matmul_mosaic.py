@@ -1178,7 +1178,8 @@ def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_d
 
 @pytest.mark.parametrize("M, K, N, fwd_tile_n", [
     (512, 4096, 4096, 128),  # 256 wide: 64 tiles on 132 blocks; 128: 128 tiles, one round either way
-    (256, 2048, 8192, 128), (512, 1024, 4096, 128),
+    (256, 2048, 8192, 128), (512, 1024, 4096, 128),  # (64: 256 tiles, 2 rounds)
+    (256, 1024, 4096, 64), (128, 1024, 1024, 64),  # 128: 64 and 8 tiles; 64: 128 and 16, one round either way
     (1024, 2048, 5632, 128),  # 256: 176 tiles, 2 rounds; 128: 352, 3 rounds (3 x 1.3 < 2 x 2)
     (1024, 4096, 14336, 256),  # 256: 448 tiles, 4 rounds; 128: 896, 7 (measured 13% slower)
     (2048, 2048, 8192, 256), (8192, 4096, 11008, 256)])
@@ -1254,7 +1255,7 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
     (4096, 2560, 8192, 160, 0, "split", 256, False, None), (4096, 5120, 13824, 160, 4, "split", 256, False, None),
     (8192, 1536, 8960, 256, 4, "split", 256, False, None), (8192, 3584, 18944, 224, 0, "split", 256, False, None),
     (2048, 3584, 1536, 224, 4, "end", 256, False, None), (512, 4096, 4096, 128, 0, "end", 128, False, 6),
-    (256, 2048, 8192, 64, 0, "end", 128, True, 6), (128, 1024, 1024, 64, 4, "end", 128, True, 4)])
+    (256, 2048, 8192, 64, 0, "end", 128, True, 6), (128, 1024, 1024, 64, 4, "end", 64, True, 4)])
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
                                                           xla_backward, fwd_stages, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
@@ -1274,7 +1275,7 @@ def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw
     (4096, 768, 3072, 192, 0, "split", 256, False, None), (2048, 2560, 4096, 160, 4, "split", 256, False, None),
     (2048, 1536, 8960, 192, 4, "split", 256, False, None), (2048, 3584, 1536, 224, 4, "end", 256, False, None),
     (512, 4096, 4096, 128, 0, "end", 128, False, 6), (256, 2048, 8192, 64, 0, "end", 128, True, 6),
-    (128, 1024, 1024, 64, 4, "end", 128, True, 4)])
+    (128, 1024, 1024, 64, 4, "end", 64, True, 4)])
 def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
     dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store and its tiles

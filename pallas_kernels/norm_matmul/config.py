@@ -804,8 +804,11 @@ UNTUNED_DX_COLUMN_COST = {256: 1.0, 224: 1.0, 192: 1.09, 160: 1.11, 128: 1.19, 6
 # → 128 wide (`--variants default,fwd_n128`, rmsnorm_matmul_configs_fwd_n_few_rows-h200-be8254c.json): 45.6 → 34.4
 # at 512x4096x4096, 27.1 → 20.3 at 256x2048x8192, 17.0 → 13.1 at 512x1024x4096 (one round each way), 49.4 → 47.3
 # at 1024x2048x5632 (2 rounds → 3); 176.9 → 200.5 at 1024x4096x14336 (4 → 7) and 95.6 → 121.7 at 2048x2048x8192 (4 →
-# 8), from which 128's cost per column (1.27-1.30; 1.51 in one round, where the tile's fixed costs weigh more).
-UNTUNED_FORWARD_COLUMN_COST = {256: 1.0, 128: 1.3}
+# 8), from which 128's cost per column (1.27-1.30; 1.51 in one round, where the tile's fixed costs weigh more). 64's
+# where 128-wide tiles leave a round half empty, one round either way (`--modes fwd --variants default,fwd_n64`, input
+# sets rotated, rmsnorm_matmul_configs_few_rows_fwd_k1024-h200-e8d9689.json; XLA): 9.2 → 8.1 (7.7) at 256x1024x4096,
+# 8.2 → 6.2 (7.2) at 128x1024x1024 (costs of 2.29 and 1.97); 9.9 → 14.4 (11.0) at 512x1024x4096, one round → two.
+UNTUNED_FORWARD_COLUMN_COST = {256: 1.0, 128: 1.3, 64: 2.2}
 # And the dw kernel's last round, where part-empty, split along M (its K loop) over the idle blocks: stream-K's split
 # 4 (``_untuned_dw``; ``gemm.stream_k.plan_for`` says where it plans one). Measured on the H200 (`--variants
 # default,dw_sk4`: rmsnorm_matmul_configs_dw_stream_k4-h200-c900f53.json), forward + backward × XLA and the dw kernel:
@@ -909,7 +912,11 @@ def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
     do not take the entry's own width."""
     best_work, best = None, None
     for tile_n, cost in UNTUNED_FORWARD_COLUMN_COST.items():
-        candidate = dataclasses.replace(config, forward=dataclasses.replace(config.forward, tile_n=tile_n))
+        stores = (config.forward.epilogue_store, "end")  # (64 wide has no two halves for the split store)
+        candidate = next(filter(None, (_tried(lambda t=tile_n, e=e: dataclasses.replace(
+            config, forward=dataclasses.replace(config.forward, tile_n=t, epilogue_store=e))) for e in stores)), None)
+        if candidate is None:
+            continue
         fwd = candidate.forward
         tiles = M // fwd.cta_m * -(-N // fwd.cta_n)
         plan = stream_k.plan_for(tiles, sms, K // fwd.tile_k, split=fwd.stream_k) if fwd.stream_k else None
