@@ -1153,6 +1153,8 @@ def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_
     (512, 1024, 4096, True, 4),  # (16 steps: the entry's ring)
     (128, 1024, 1024, True, 4),  # 16 dx tiles
     (512, 4096, 4096, False, 6),  # 128 dx tiles of 128x128: our kernels
+    (512, 2048, 2048, True, 6),  # 128 dx tiles, but XLA runs the dw GEMM ((K, N): few tiles)
+    (1024, 1024, 4096, True, 4),
     (1024, 2048, 5632, False, 6),
     (1024, 4096, 4096, False, 4),  # 256-wide forward tiles: 6 stages would not fit (nor 5)
     (2048, 4096, 4096, False, None)])
@@ -1160,7 +1162,8 @@ def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_d
         monkeypatch, M, K, N, xla_backward, fwd_stages):
     """At M <= UNTUNED_FEW_ROWS the forward takes r and x ⊙ gamma from XLA's pass (r shared by the first tiles made
     one or two rounds wait) and a ring UNTUNED_DEEP_RING_STAGES deep where its K loop is long and the stages fit;
-    where the dx kernel's tiles fill at most half the grid the backward is XLA's; 2048 rows keep the entry's forms."""
+    where the dx kernel's tiles fill at most half the grid, or XLA runs the dw GEMM anyway, the backward is XLA's; 2048
+    rows keep the entry's forms."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
     config = nm_config.mosaic_default_config(M, K, N)
@@ -1255,7 +1258,8 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
     (4096, 2560, 8192, 160, 0, "split", 256, False, None), (4096, 5120, 13824, 160, 4, "split", 256, False, None),
     (8192, 1536, 8960, 256, 4, "split", 256, False, None), (8192, 3584, 18944, 224, 0, "split", 256, False, None),
     (2048, 3584, 1536, 224, 4, "end", 256, False, None), (512, 4096, 4096, 128, 0, "end", 128, False, 6),
-    (256, 2048, 8192, 64, 0, "end", 128, True, 6), (128, 1024, 1024, 64, 4, "end", 64, True, 4)])
+    (256, 2048, 8192, 64, 0, "end", 128, True, 6), (128, 1024, 1024, 64, 4, "end", 64, True, 4),
+    (512, 2048, 2048, 64, 0, "end", 64, True, 6)])
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
                                                           xla_backward, fwd_stages, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
@@ -1275,7 +1279,7 @@ def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw
     (4096, 768, 3072, 192, 0, "split", 256, False, None), (2048, 2560, 4096, 160, 4, "split", 256, False, None),
     (2048, 1536, 8960, 192, 4, "split", 256, False, None), (2048, 3584, 1536, 224, 4, "end", 256, False, None),
     (512, 4096, 4096, 128, 0, "end", 128, False, 6), (256, 2048, 8192, 64, 0, "end", 128, True, 6),
-    (128, 1024, 1024, 64, 4, "end", 64, True, 4)])
+    (128, 1024, 1024, 64, 4, "end", 64, True, 4), (512, 2048, 2048, 64, 0, "end", 64, True, 6)])
 def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
     dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store and its tiles

@@ -198,6 +198,7 @@ VARIANTS = {
     # the fused forward and XLA's own backward from its r (two cuBLAS GEMMs, XLA's fusions): few rows, where our
     # backward kernels' short rounds trail cuBLAS's split GEMMs (256x2048x8192: dx 28.7, dw 18.3 µs against 14-17)
     "bwd_xla": dict(backward_in_xla=True),
+    "bwd_ours": dict(backward_in_xla=False),  # our backward kernels where the untuned rule takes XLA's
     # deeper forward rings: at few rows the forward is one round reading w from HBM (cuBLAS's tiles there take 6
     # stages of 64)
     **{f"fwd_s{stages}": dict(forward=dict(num_stages=stages)) for stages in (5, 6)},

@@ -878,7 +878,7 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     if M <= UNTUNED_FEW_ROWS:
         from_xla = dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe")
         config = _if_supported(_untuned_deep_ring(K, from_xla), config, M, K, N, dtype)
-    return _untuned_backward(M, K, config, sms)
+    return _untuned_backward(M, K, N, config, sms)
 
 
 def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMatmulConfig, M: int, K: int, N: int,
@@ -888,11 +888,15 @@ def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMat
     return candidate if ok else config
 
 
-def _untuned_backward(M: int, K: int, config: MosaicRMSNormMatmulConfig, sms: int) -> MosaicRMSNormMatmulConfig:
+def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
+                      sms: int) -> MosaicRMSNormMatmulConfig:
     """``config`` with XLA's backward (``backward_in_xla``) where its dx kernel's (M, K) tiles fill at most half of
-    ``sms`` blocks (see above); else as it is."""
+    ``sms`` blocks, or (at most UNTUNED_FEW_ROWS rows) where XLA runs its dw GEMM anyway (see above); else as it
+    is."""
     tiles = -(-M // config.dx.cta_m) * -(-K // config.dx.cta_n)
-    return dataclasses.replace(config, backward_in_xla=True) if 2 * tiles <= sms else config
+    if 2 * tiles <= sms or (M <= UNTUNED_FEW_ROWS and config.dw_by_xla(K, N)):
+        return dataclasses.replace(config, backward_in_xla=True)
+    return config
 
 
 def _untuned_deep_ring(K: int, config: MosaicRMSNormMatmulConfig) -> MosaicRMSNormMatmulConfig:
