@@ -1179,6 +1179,30 @@ def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_d
         assert smem_bytes(config.forward, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES <= mosaic_utils.H100_SMEM_BYTES
 
 
+@pytest.mark.parametrize("M, K, N, fwd_stream_k", [
+    (256, 4096, 1024, 4),  # 32 forward tiles of 128x64 on 132 blocks, 64 K steps: split in 4
+    (512, 4096, 1024, 4), (256, 8192, 2048, 4),  # 64 tiles (64 and 128 steps)
+    (256, 1024, 4096, 1),  # 64 tiles, but 16 steps: whole tiles
+    (256, 2048, 8192, 1),  # 128 tiles
+    (2048, 4096, 1024, 1)])  # (not few rows)
+def test_untuned_few_rows_split_a_long_forward_k_loop_over_a_half_empty_grid(monkeypatch, M, K, N, fwd_stream_k):
+    """At M <= UNTUNED_FEW_ROWS, where the forward's tiles fill at most half the grid and its K loop has at least
+    UNTUNED_SPLIT_FORWARD_STEPS steps, stream-K splits that loop in UNTUNED_SPLIT_FORWARD."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
+    config = nm_config.mosaic_default_config(M, K, N)
+    assert config.forward.stream_k == fwd_stream_k
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(256, 4096, 1024), (256, 8192, 2048), (384, 2048, 2048)])
+def test_untuned_few_row_forms_on_the_gpu(M, K, N):
+    """Shapes of few rows no tuned entry covers, without block_sizes (on an H200 the forward split by stream-K at the
+    first two, XLA's backward at the first and third): forward and gradients against the float32 reference."""
+    x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
+    _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))
+
+
 @pytest.mark.parametrize("M, K, N, fwd_tile_n", [
     (512, 4096, 4096, 128),  # 256 wide: 64 tiles on 132 blocks; 128: 128 tiles, one round either way
     (256, 2048, 8192, 128), (512, 1024, 4096, 128),  # (64: 256 tiles, 2 rounds)

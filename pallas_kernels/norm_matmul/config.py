@@ -852,6 +852,15 @@ UNTUNED_FEW_ROWS = 1024
 # 128x1024x1024, 9.0 → 9.1 → 9.2 at 256x1024x4096).
 UNTUNED_DEEP_RING_STEPS = 32
 UNTUNED_DEEP_RING_STAGES = 6
+# And where the forward's tiles fill at most half the grid and its K loop has at least UNTUNED_SPLIT_FORWARD_STEPS
+# steps, stream-K splits that loop over UNTUNED_SPLIT_FORWARD blocks (``_untuned_forward_split``). Forward µs, whole
+# tiles → split in 4 (`--modes fwd --variants default,fwd_sk`, input sets rotated, rmsnorm_matmul_configs_few_rows_
+# fwd_sk-h200-d17d089.json; XLA): 19.9 → 14.3 (13.9) at 256x4096x1024 (32 tiles of 128x64, 64 steps), 19.9 → 14.5
+# (14.6) at 128x4096x2048 (32), 37.1 → 27.5 (21.4) at 256x8192x2048 (64 tiles, 128 steps), 21.7 → 18.3 (16.4) at
+# 512x4096x1024 (64); slower with 16 steps (9.2 → 10.8 at 256x1024x4096, 8.2 → 11.5 at 128x1024x1024:
+# rmsnorm_matmul_configs_few_rows_fwd_k1024-h200-e8d9689.json, where the tiles were 128 wide).
+UNTUNED_SPLIT_FORWARD_STEPS = 64
+UNTUNED_SPLIT_FORWARD = 4
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -878,6 +887,7 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     if M <= UNTUNED_FEW_ROWS:
         from_xla = dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe")
         config = _if_supported(_untuned_deep_ring(K, from_xla), config, M, K, N, dtype)
+        config = _if_supported(_untuned_forward_split(M, K, N, config, sms), config, M, K, N, dtype)
     return _untuned_backward(M, K, N, config, sms)
 
 
@@ -897,6 +907,21 @@ def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
     if 2 * tiles <= sms or (M <= UNTUNED_FEW_ROWS and config.dw_by_xla(K, N)):
         return dataclasses.replace(config, backward_in_xla=True)
     return config
+
+
+def _untuned_forward_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
+                           sms: int) -> MosaicRMSNormMatmulConfig:
+    """``config`` with its forward's K loop split by stream-K over UNTUNED_SPLIT_FORWARD blocks where its tiles fill
+    at most half of ``sms`` blocks, the loop has at least UNTUNED_SPLIT_FORWARD_STEPS steps and ``stream_k.plan_for``
+    plans the split (see above); else as it is."""
+    fwd = config.forward
+    tiles = -(-M // fwd.cta_m) * -(-N // fwd.cta_n)
+    steps = K // fwd.tile_k
+    if 2 * tiles > sms or steps < UNTUNED_SPLIT_FORWARD_STEPS or stream_k.plan_for(
+            tiles, sms, steps, split=UNTUNED_SPLIT_FORWARD) is None:
+        return config
+    split = _tried(lambda: dataclasses.replace(fwd, stream_k=UNTUNED_SPLIT_FORWARD))
+    return config if split is None else dataclasses.replace(config, forward=split)
 
 
 def _untuned_deep_ring(K: int, config: MosaicRMSNormMatmulConfig) -> MosaicRMSNormMatmulConfig:
