@@ -21,9 +21,11 @@ rmsnorm_matmul-decode_mlp1024-h200-3667889.json; at one row, untuned, Mosaic's f
 of 6 shapes, and both are tuned at the sixth, 1x4096x4096, where Triton's is: one_row_forward-h200-066ab73.json). Tune
 on a GPU with ``jaxfuse bench --op rmsnorm_matmul --tune``. Untuned on an H200, a bfloat16 call without a residual
 takes the 8192x4096x6144 entry's forms and tiles where they fit, its forward and dx tiles narrowed and the dw kernel's
-last round split where that fills their rounds, and at 1024 rows and fewer r from XLA's pass and a half-empty dx round
-split by stream-K (``config.UNTUNED_FROM``: 0.955-1.08x XLA forward + backward at seven shapes no entry covers, where
-the built-in tables ran 0.77-0.97x; 0.71-1.03x at 128-1024 rows, forward alone 0.87-1.08x), else the built-in tables.
+last round split where that fills their rounds, and at 1024 rows and fewer r from XLA's pass, a deeper forward ring,
+narrower or stream-K-split forward tiles where they would leave half the grid idle, and XLA's own backward where our
+dx kernel's would or XLA runs the dw GEMM anyway (``config.UNTUNED_FROM``: 0.955-1.08x XLA forward + backward at seven
+shapes no entry covers, where the built-in tables ran 0.77-0.97x; at 128-1024 rows 0.81-1.09x, 0.95x or more at 14
+shapes of 16, forward alone 0.82-1.18x), else the built-in tables.
 """
 
 from __future__ import annotations

@@ -842,7 +842,12 @@ UNTUNED_FEW_ROWS = 1024
 # 128x1024x1024 (16), 36.8 → 32.3 (32.5) at 256x1024x4096 (32); where the tiles fill the grid, equal or slower: 98.1 →
 # 97.7 (88.2) at 512x4096x4096 (128 tiles), 127.8 → 126.7 (125.9) at 1024x2048x5632 (128), and in another call
 # (rmsnorm_matmul_configs_bwd_xla-h200-b75d1a6.json, one input set) 159.0 → 169.5 (159.2) at 1024x4096x4096 (256),
-# 287.5 → 323.6 (307.2) at 2048x4096x4096.
+# 287.5 → 323.6 (307.2) at 2048x4096x4096. At 1024 rows and fewer, also where XLA runs the dw GEMM anyway (few (K, N)
+# tiles, ``dw_by_xla``): there dgamma = Σ_N w ⊙ g read the float32 g and dw another XLA pass. Forward + backward µs, our
+# backward kernels → XLA's (`--variants default,bwd_ours`, rmsnorm_matmul_configs_few_rows_dw_xla_bwd-h200-
+# d17d089.json; XLA): 53.7 → 41.4 (45.2) at 512x2048x2048, 50.4 → 36.9 (38.6) at 384x2048x2048, 67.8 → 56.0 (54.5) at
+# 1024x1024x4096, 66.0 → 58.3 (58.1) at 1024x2048x2048, 51.3 → 40.2 (41.8) at 768x1024x2816; at 2048 rows XLA's lost
+# (2048x2048x2048: 101.0 → 110.1, XLA 99.7).
 # And at few rows the forward kernel is one or two rounds reading w from HBM, each tile's K loop long: where that loop
 # has at least UNTUNED_DEEP_RING_STEPS steps the ring takes UNTUNED_DEEP_RING_STAGES stages where they fit
 # (``_untuned_deep_ring``; cuBLAS's tiles there take 6 of 64). Forward µs, 4 → 5 → 6 stages (`--modes fwd --variants
