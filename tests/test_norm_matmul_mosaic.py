@@ -1044,6 +1044,22 @@ def test_backward_in_xla_lowers_the_forward_kernel_alone(residual):
         assert [k.name for k in _lowered_kernels(fn, *args)] == ["rmsnorm_matmul_fwd"]
 
 
+@pytest.mark.parametrize("row_dot", ["n", "k"])
+def test_backward_in_xla_keeps_no_y_for_the_backward(row_dot):
+    """The forward's residuals for XLA's backward: x, gamma, w and r, not y (which only our row dot over N reads)."""
+    config = dataclasses.replace(nm_config.mosaic_builtin_config(256, 512, 1024), row_dot=row_dot,
+                                 backward_in_xla=True)
+    static = nm._Static(config=config, eps=1e-6, out_dtype=jnp.dtype(jnp.bfloat16), one_row_backward=None)
+    args = (S((256, 512), jnp.bfloat16), None, S((512,), jnp.bfloat16), S((512, 1024), jnp.bfloat16))
+    with backends.lowering_for_gpu():
+        _, saved = jax.eval_shape(lambda x, g, w: nm._rmsnorm_matmul_fwd(x, None, g, w, static), args[0], *args[2:])
+    assert saved[4] is None
+    ours = dataclasses.replace(static, config=dataclasses.replace(config, backward_in_xla=False))
+    with backends.lowering_for_gpu():
+        _, saved = jax.eval_shape(lambda x, g, w: nm._rmsnorm_matmul_fwd(x, None, g, w, ours), args[0], *args[2:])
+    assert (saved[4] is not None) == (row_dot == "n")  # (our row dot over N reads y)
+
+
 @gpu_only
 @pytest.mark.parametrize("M, K, N, residual", [(256, 2048, 8192, False), (128, 1024, 1024, True),
                                                (384, 1024, 768, False)])

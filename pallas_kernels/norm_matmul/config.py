@@ -1035,11 +1035,11 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                             ) -> tuple[list[dict], list[dict]]:
     """(forward, backward) Mosaic candidates (``MosaicRMSNormMatmulConfig.to_dict()`` dicts) around the built-in
     config: forward ones vary the forward GEMM and the statistics' placement (the choices the H100 decided at one
-    shape: tile order, K loop and semantics, the statistics warpgroup), backward ones the dx and dw GEMMs' tile
-    order and K loop; stream-K for a last round of tiles less than half full in both (at 32768x4096x4096 it won:
-    rmsnorm_matmul_configs-h100-788ee3f.json). Candidates that do not tile the shape, or whose changes the base (a
-    tuned entry, or on an H200 the entry at UNTUNED_FROM) cannot take, are left out; one that puts gamma on w beside
-    the base's dgamma from u (few rows) takes dgamma from dw's side."""
+    shape: tile order, K loop and semantics, the statistics warpgroup), backward ones XLA's own backward or ours,
+    and our dx and dw GEMMs' tile order and K loop; stream-K for a last round of tiles less than half full in both
+    (at 32768x4096x4096 it won: rmsnorm_matmul_configs-h100-788ee3f.json). Candidates that do not tile the shape, or
+    whose changes the base (a tuned entry, or on an H200 the entry at UNTUNED_FROM) cannot take, are left out; one
+    that puts gamma on w beside a base's dgamma from u takes dgamma from dw's side."""
     base = mosaic_default_config(M, K, N, dtype, residual=residual)
     if M == 1:  # the transposed GEMV's tiles (ONE_ROW_FORWARD says what they measured); the backward is Triton's
         stacked = dict(tile_m=64, schedule="cooperative", wg_split="m", tile_k=128, num_stages=6)  # 128-row CTAs
@@ -1093,7 +1093,7 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                         dict(stacked_m, num_stages=3, stream_k=4)]
     bwd = [base, dataclasses.replace(base, backward_in_xla=not base.backward_in_xla)]
     bwd += [_tried(lambda c=c: dataclasses.replace(ours, dx=dataclasses.replace(ours.dx, **c),
-                                                  dw=dataclasses.replace(ours.dw, **c))) for c in bwd_changes]
+                                                   dw=dataclasses.replace(ours.dw, **c))) for c in bwd_changes]
     bwd.append(_tried(lambda: dataclasses.replace(ours, dw=_G(tile_m=64, tile_n=128, tile_k=64, num_stages=4,
                                                               wg_split="m"))))
     # the dw kernel's loads from one warp of its memory warpgroup, and the dx kernel's too (the H200's entries at the

@@ -692,7 +692,8 @@ def _rmsnorm_matmul(x, residual, gamma, w, static: _Static):
 def _rmsnorm_matmul_fwd(x, residual, gamma, w, static: _Static):
     y, rstd, h, sum_sq = _forward(x, residual, gamma, w, static)
     one_row = static.one_row_backward is not None  # the Triton backward's row dot takes y
-    kept_y = y if one_row or static.config.row_dot_side() == "n" else None  # the K side needs no y
+    by_n = static.config.row_dot_side() == "n" and not static.config.backward_in_xla
+    kept_y = y if one_row or by_n else None  # the K side and XLA's backward need no y
     return (y if residual is None else (h, y)), (x if residual is None else h, gamma, w, rstd, kept_y, sum_sq)
 
 
