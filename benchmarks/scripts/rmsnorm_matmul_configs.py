@@ -281,6 +281,8 @@ VARIANTS = {
     "fwd_stacked": dict(forward=dict(_STACKED, stream_k=0, delay_release=0)),  # whatever the entry's stages
     "fwd_stacked_sk": dict(forward=dict(_STACKED, stream_k=4, delay_release=0)),
     "fwd_sk": dict(forward=dict(stream_k=4)),  # combine: "mma_shared+fwd_sk", "gamma_a+fwd_sk", ...
+    # split in 2 (few rows, long K: 64 tiles of 128x64 split in 4 make two rounds of 128 units at 256x8192x2048)
+    "fwd_sk2": dict(forward=dict(stream_k=2)),
     "kdyr_dx_pp": dict(row_dot="k", dyr_in_dx=True, dx=dict(tile_m=128, tile_n=128, wg_split="n", grid_minor="m",
                                                              schedule="pingpong", delay_release=1, num_stages=4,
                                                              stream_k=0)),
