@@ -1303,8 +1303,8 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
                                                           xla_backward, fwd_stages, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
-    runs or row by row; dx tiles 256 to 64 wide; the dw kernel with stream-K or not; the forward's tiles 256 or 128
-    wide, its output stored split or at the tile's end; at few rows r from XLA, a deeper forward ring and XLA's
+    runs or row by row; dx tiles 256 to 64 wide; the dw kernel with stream-K or not; the forward's tiles 256, 128 or
+    64 wide, its output stored split or at the tile's end; at few rows r from XLA, a deeper forward ring and XLA's
     backward): its kernels lower for CUDA there within shared memory, with their warpgroups, and it is what a call
     takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
