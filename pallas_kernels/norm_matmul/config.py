@@ -929,6 +929,15 @@ def _untuned_forward_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulCo
     return config if split is None else dataclasses.replace(config, forward=split)
 
 
+def _ring_within_smem(cfg: MosaicGemmConfig) -> MosaicGemmConfig:
+    """``cfg`` (bfloat16 tiles) with its stage ring shortened, to no fewer than delay_release + 1 stages, until its
+    tiles fit in shared memory (``smem_bytes`` + BARRIER_BYTES)."""
+    while cfg.num_stages > cfg.delay_release + 1 and smem_bytes(
+            cfg, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES > mosaic_utils.H100_SMEM_BYTES:
+        cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg
+
+
 def _untuned_deep_ring(K: int, config: MosaicRMSNormMatmulConfig) -> MosaicRMSNormMatmulConfig:
     """``config`` with its forward ring UNTUNED_DEEP_RING_STAGES deep where the K loop has at least
     UNTUNED_DEEP_RING_STEPS steps and those stages fit in shared memory (see above); else as it is."""
@@ -1148,9 +1157,12 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
     if base.forward.wg_split == "m":  # stacked 64-row accumulators: the forward widths ``_untuned_forward`` weighs
         fwd += [_tried(lambda t=tile_n: dataclasses.replace(base, forward=dataclasses.replace(base.forward, tile_n=t)))
                 for tile_n in UNTUNED_FORWARD_COLUMN_COST if tile_n != base.forward.tile_n]
-    def fitted(c):  # a candidate putting gamma on w beside the base's dgamma from u takes dgamma from dw's side
+    def fitted(c):  # a candidate putting gamma on w beside the base's dgamma from u takes dgamma from dw's side;
+        # one widening the forward's tiles beside a base's deep ring (``_untuned_deep_ring``) takes fewer stages
         if c is not None and c.dgamma_reason(M, N, dtype) is not None:
             c = _tried(lambda: dataclasses.replace(c, dgamma_from=None))
+        if c is not None:
+            c = dataclasses.replace(c, forward=_ring_within_smem(c.forward))
         ok = c is not None and c.unsupported_reason(M, K, N) is None and c.dgamma_reason(M, N, dtype) is None
         return c if ok else None
 
