@@ -14,7 +14,8 @@ stream-K split of ``_untuned_dw``. With K = 3584 and 7168 added (450 shapes) at 
 the dx tiles also 224 and 64 wide, and the dw split wherever stream-K plans one: 406 take the entry and lower, 44
 keep the tables, 0 fail (about 8 minutes on 2 cores); the same at 1ac46de, with r from XLA at 1024 rows and fewer
 and the dx kernel split by stream-K where its tiles fill at most half the grid; and at 571eb1e, with XLA's
-backward there instead (108 shapes), a 6-deep forward ring (108) and 64-wide forward tiles (140).
+backward there instead (108 shapes), a 6-deep forward ring (108) and 64-wide forward tiles (140); the same at
+71a56d3, with the forward's K loop split at few rows and XLA's backward where XLA runs the dw GEMM.
 """
 
 from __future__ import annotations
