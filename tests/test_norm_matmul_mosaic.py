@@ -834,6 +834,8 @@ def _numbers_config(M, K, N, dtype, residual, variant, row_dot):
     end: dgamma from u (``dgamma_from="u"``), the dw kernel at 4 stages of 64x256 stacked tiles (no w tile)."""
     stats, gamma_on = _variant_fields(variant)
     config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual, stats_in_kernel=stats)
+    config = dataclasses.replace(config, backward_in_xla=False)  # (our backward kernels, where the few-row rule
+    # takes XLA's: their forms are what these tests run)
     if gamma_on == "a":
         config = dataclasses.replace(config, forward=dataclasses.replace(
             nm_config._MMA_STATS_FORWARD[0], grid_minor="m"))
@@ -918,6 +920,8 @@ def test_forward_with_its_output_split_on_the_gpu(M, K, N, variant, stream_k):
     the float32 reference, two calls."""
     config = _numbers_config(M, K, N, jnp.bfloat16, False, variant, "n")
     forward = config.forward if not config.forward.pingpong else MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m")
+    if forward.tile_n < 2 * forward.epi_tile_n:  # (the few-row rule's 64-wide tiles: one output piece, the split
+        forward = dataclasses.replace(forward, tile_n=128)  # store needs two)
     config = dataclasses.replace(config, forward=dataclasses.replace(forward, epilogue_store="split",
                                                                      stream_k=stream_k))
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
