@@ -929,11 +929,14 @@ def _untuned_forward_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulCo
     return config if split is None else dataclasses.replace(config, forward=split)
 
 
+def _fits_smem(cfg: MosaicGemmConfig) -> bool:
+    """Whether ``cfg``'s bfloat16 tiles fit in shared memory (``smem_bytes`` + BARRIER_BYTES)."""
+    return smem_bytes(cfg, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES <= mosaic_utils.H100_SMEM_BYTES
+
+
 def _ring_within_smem(cfg: MosaicGemmConfig) -> MosaicGemmConfig:
-    """``cfg`` (bfloat16 tiles) with its stage ring shortened, to no fewer than delay_release + 1 stages, until its
-    tiles fit in shared memory (``smem_bytes`` + BARRIER_BYTES)."""
-    while cfg.num_stages > cfg.delay_release + 1 and smem_bytes(
-            cfg, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES > mosaic_utils.H100_SMEM_BYTES:
+    """``cfg`` with its stage ring shortened, to no fewer than delay_release + 1 stages, until it ``_fits_smem``."""
+    while cfg.num_stages > cfg.delay_release + 1 and not _fits_smem(cfg):
         cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
@@ -942,8 +945,8 @@ def _untuned_deep_ring(K: int, config: MosaicRMSNormMatmulConfig) -> MosaicRMSNo
     """``config`` with its forward ring UNTUNED_DEEP_RING_STAGES deep where the K loop has at least
     UNTUNED_DEEP_RING_STEPS steps and those stages fit in shared memory (see above); else as it is."""
     deep = dataclasses.replace(config.forward, num_stages=UNTUNED_DEEP_RING_STAGES)
-    if K // deep.tile_k < UNTUNED_DEEP_RING_STEPS or deep.num_stages <= config.forward.num_stages or smem_bytes(
-            deep, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES > mosaic_utils.H100_SMEM_BYTES:
+    if K // deep.tile_k < UNTUNED_DEEP_RING_STEPS or deep.num_stages <= config.forward.num_stages or not _fits_smem(
+            deep):
         return config
     return dataclasses.replace(config, forward=deep)
 
