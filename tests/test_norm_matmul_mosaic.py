@@ -1176,18 +1176,20 @@ def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_
     (256, 2048, 8192, True, 6),  # 64 dx tiles of 128x64 on 132 blocks; the forward's K loop 32 steps
     (512, 1024, 4096, True, 4),  # (16 steps: the entry's ring)
     (128, 1024, 1024, True, 4),  # 16 dx tiles
-    (512, 4096, 4096, False, 6),  # 128 dx tiles of 128x128: our kernels
+    (512, 4096, 4096, True, 6),  # 128 dx tiles of 128x128, but 64 at the entry's 128x256: XLA's backward
     (512, 2048, 2048, True, 6),  # 128 dx tiles, but XLA runs the dw GEMM ((K, N): few tiles)
     (1024, 1024, 4096, True, 4),
-    (1024, 2048, 5632, False, 6),
-    (1024, 4096, 4096, False, 4),  # 256-wide forward tiles: 6 stages would not fit (nor 5)
+    (1024, 2048, 5632, True, 6),
+    (1024, 4096, 4096, False, 4),  # 128 dx tiles at 128x256: our kernels; 256-wide forward tiles: 6 stages would
+    # not fit (nor 5)
+    (4096, 512, 4096, True, None),  # (not few rows: 64 dx tiles at 128x256)
     (2048, 4096, 4096, False, None)])
 def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_dx_tiles_are_few(
         monkeypatch, M, K, N, xla_backward, fwd_stages):
     """At M <= UNTUNED_FEW_ROWS the forward takes r and x ⊙ gamma from XLA's pass (r shared by the first tiles made
     one or two rounds wait) and a ring UNTUNED_DEEP_RING_STAGES deep where its K loop is long and the stages fit;
-    where the dx kernel's tiles fill at most half the grid, or XLA runs the dw GEMM anyway, the backward is XLA's; 2048
-    rows keep the entry's forms."""
+    where the entry's dx kernel's tiles would fill at most half the grid, or XLA runs the dw GEMM anyway, the backward
+    is XLA's; 2048 rows keep the entry's forms."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
     config = nm_config.mosaic_default_config(M, K, N)
@@ -1305,7 +1307,7 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
     (8192, 768, 3072, 192, 0, "split", 256, False, None), (4096, 1536, 4096, 192, 4, "split", 256, False, None),
     (4096, 2560, 8192, 160, 0, "split", 256, False, None), (4096, 5120, 13824, 160, 4, "split", 256, False, None),
     (8192, 1536, 8960, 256, 4, "split", 256, False, None), (8192, 3584, 18944, 224, 0, "split", 256, False, None),
-    (2048, 3584, 1536, 224, 4, "end", 256, False, None), (512, 4096, 4096, 128, 0, "end", 128, False, 6),
+    (2048, 3584, 1536, 224, 4, "end", 256, False, None), (512, 4096, 4096, 128, 0, "end", 128, True, 6),
     (256, 2048, 8192, 64, 0, "end", 128, True, 6), (128, 1024, 1024, 64, 4, "end", 64, True, 4),
     (512, 2048, 2048, 64, 0, "end", 64, True, 6)])
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
@@ -1326,7 +1328,7 @@ def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw
     (8192, 2048, 5632, 256, 0, "split", 256, False, None), (2048, 4096, 4096, 256, 0, "split", 256, False, None),
     (4096, 768, 3072, 192, 0, "split", 256, False, None), (2048, 2560, 4096, 160, 4, "split", 256, False, None),
     (2048, 1536, 8960, 192, 4, "split", 256, False, None), (2048, 3584, 1536, 224, 4, "end", 256, False, None),
-    (512, 4096, 4096, 128, 0, "end", 128, False, 6), (256, 2048, 8192, 64, 0, "end", 128, True, 6),
+    (512, 4096, 4096, 128, 0, "end", 128, True, 6), (256, 2048, 8192, 64, 0, "end", 128, True, 6),
     (128, 1024, 1024, 64, 4, "end", 64, True, 4), (512, 2048, 2048, 64, 0, "end", 64, True, 6)])
 def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles

@@ -880,6 +880,7 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     if config.unsupported_reason(M, K, N) is not None or config.dgamma_reason(M, N, dtype) is not None:
         return None
     sms = mosaic_utils.num_sms()
+    entry_dx = config.dx
     if config.dx_in_kernel and -(-K // config.dx.cta_n) > sms:  # the dx kernel's row sums: a row's tiles in a round
         return None
     if config.dx_in_kernel:
@@ -893,7 +894,7 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
         from_xla = dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe")
         config = _if_supported(_untuned_deep_ring(K, from_xla), config, M, K, N, dtype)
         config = _if_supported(_untuned_forward_split(M, K, N, config, sms), config, M, K, N, dtype)
-    return _untuned_backward(M, K, N, config, sms)
+    return _untuned_backward(M, K, N, config, entry_dx, sms)
 
 
 def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMatmulConfig, M: int, K: int, N: int,
@@ -903,12 +904,12 @@ def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMat
     return candidate if ok else config
 
 
-def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
+def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig, entry_dx: MosaicGemmConfig,
                       sms: int) -> MosaicRMSNormMatmulConfig:
-    """``config`` with XLA's backward (``backward_in_xla``) where its dx kernel's (M, K) tiles fill at most half of
-    ``sms`` blocks, or (at most UNTUNED_FEW_ROWS rows) where XLA runs its dw GEMM anyway (see above); else as it
-    is."""
-    tiles = -(-M // config.dx.cta_m) * -(-K // config.dx.cta_n)
+    """``config`` with XLA's backward (``backward_in_xla``) where the entry's dx kernel (``entry_dx``, before
+    ``_untuned_dx`` narrows its tiles) would have (M, K) tiles filling at most half of ``sms`` blocks, or (at most
+    UNTUNED_FEW_ROWS rows) where XLA runs its dw GEMM anyway (see above); else as it is."""
+    tiles = -(-M // entry_dx.cta_m) * -(-K // entry_dx.cta_n)
     if 2 * tiles <= sms or (M <= UNTUNED_FEW_ROWS and config.dw_by_xla(K, N)):
         return dataclasses.replace(config, backward_in_xla=True)
     return config
