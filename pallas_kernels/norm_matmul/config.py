@@ -847,7 +847,17 @@ UNTUNED_FEW_ROWS = 1024
 # backward kernels → XLA's (`--variants default,bwd_ours`, rmsnorm_matmul_configs_few_rows_dw_xla_bwd-h200-
 # d17d089.json; XLA): 53.7 → 41.4 (45.2) at 512x2048x2048, 50.4 → 36.9 (38.6) at 384x2048x2048, 67.8 → 56.0 (54.5) at
 # 1024x1024x4096, 66.0 → 58.3 (58.1) at 1024x2048x2048, 51.3 → 40.2 (41.8) at 768x1024x2816; at 2048 rows XLA's lost
-# (2048x2048x2048: 101.0 → 110.1, XLA 99.7).
+# (2048x2048x2048: 101.0 → 110.1, XLA 99.7). And at 1024 rows and fewer where the entry's 128x256 dx tiles would fill
+# at most half the grid, though ``_untuned_dx`` narrows them to fill it: the narrowed kernel's one round trailed
+# cuBLAS's. Forward + backward µs, ours → XLA's (`--variants default,bwd_xla`, input sets rotated, rmsnorm_matmul_
+# configs_one_round_bwd_xla-h200-ec8c889.json; XLA): 245.4 → 209.6 (204.2) at 512x4096x11008, 76.2 → 73.4 (60.7) at
+# 256x8192x2048, 81.0 → 77.9 (76.5) at 768x2048x4096, 164.9 → 157.8 (150.7) at 1024x2048x8192 (128x128 dx tiles,
+# 96-128 of them); and 97.3 → 93.2 (89.4) at 512x4096x4096, 127.5 → 124.1 (121.9) at 1024x2048x5632
+# (rmsnorm_matmul_configs_mid_rows_dw_forms-h200-ec8c889.json). Where the entry's tiles fill the grid ours won (159.1
+# → 169.8 at 1024x4096x4096, 128 of 128x256) or tied (768x4096x4096 142.2 → 139.3, 1536x2048x4096 138.4 → 137.7: 96
+# tiles); beyond 1024 rows XLA's lost (ours → XLA's, rmsnorm_matmul_configs_bwd_xla_many_rows-h200-109dfba.json:
+# 101.9 → 105.4 at 4096x512x4096, 69.0 → 74.1 at 8192x256x2048, 160.1 → 165.8 at 2048x1024x8192, 228.0 → 230.9 at
+# 4096x512x11008), though it won at 2048x1024x4096 (99.7 → 96.4).
 # And at few rows the forward kernel is one or two rounds reading w from HBM, each tile's K loop long: where that loop
 # has at least UNTUNED_DEEP_RING_STEPS steps the ring takes UNTUNED_DEEP_RING_STAGES stages where they fit
 # (``_untuned_deep_ring``; cuBLAS's tiles there take 6 of 64). Forward µs, 4 → 5 → 6 stages (`--modes fwd --variants
@@ -906,11 +916,12 @@ def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMat
 
 def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig, entry_dx: MosaicGemmConfig,
                       sms: int) -> MosaicRMSNormMatmulConfig:
-    """``config`` with XLA's backward (``backward_in_xla``) where the entry's dx kernel (``entry_dx``, before
-    ``_untuned_dx`` narrows its tiles) would have (M, K) tiles filling at most half of ``sms`` blocks, or (at most
-    UNTUNED_FEW_ROWS rows) where XLA runs its dw GEMM anyway (see above); else as it is."""
-    tiles = -(-M // entry_dx.cta_m) * -(-K // entry_dx.cta_n)
-    if 2 * tiles <= sms or (M <= UNTUNED_FEW_ROWS and config.dw_by_xla(K, N)):
+    """``config`` with XLA's backward (``backward_in_xla``) where its dx kernel's (M, K) tiles fill at most half of
+    ``sms`` blocks, or, at most UNTUNED_FEW_ROWS rows, where the entry's dx kernel's (``entry_dx``, before
+    ``_untuned_dx`` narrows its tiles) would, or XLA runs its dw GEMM anyway (see above); else as it is."""
+    def half_grid(dx: MosaicGemmConfig) -> bool:
+        return 2 * -(-M // dx.cta_m) * -(-K // dx.cta_n) <= sms
+    if half_grid(config.dx) or (M <= UNTUNED_FEW_ROWS and (half_grid(entry_dx) or config.dw_by_xla(K, N))):
         return dataclasses.replace(config, backward_in_xla=True)
     return config
 

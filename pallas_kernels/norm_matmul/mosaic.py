@@ -57,7 +57,7 @@ kept, and the row statistics cost 10MK bytes (x read by the kernel, u written an
 ``dgamma_from="u"`` (gamma on x's side) the dx kernel writes u before gamma and one Pallas-Triton kernel
 (``dx_finish``) finishes dx and sums dgamma = s · Σ_M(u ⊙ x) from the same reads of u and x, so the dw kernel's
 epilogue only scales rows and loads no w tile (the H200's entry at 4096x4096x14336).
-With ``backward_in_xla`` (few rows: the untuned rule where the dx kernel's tiles fill at most half the grid) the
+With ``backward_in_xla`` (few rows: the untuned rule where the dx kernel's tiles would fill at most half the grid) the
 backward is XLA's own from the forward's r, x̂ = r ⊙ x recomputed in its fusions (``_backward_by_xla``: two cuBLAS
 GEMMs, no Mosaic kernel), and only the forward is fused.
 
