@@ -201,7 +201,7 @@ VARIANTS = {
     "bwd_ours": dict(backward_in_xla=False),  # our backward kernels where the untuned rule takes XLA's
     # deeper forward rings: at few rows the forward is one round reading w from HBM (cuBLAS's tiles there take 6
     # stages of 64)
-    **{f"fwd_s{stages}": dict(forward=dict(num_stages=stages)) for stages in (5, 6)},
+    **{f"fwd_s{stages}": dict(forward=dict(num_stages=stages)) for stages in (5, 6, 7, 8)},
     # longer runs, and runs along N, in each kernel's tile order (the 8-wide runs along M of the entries beat 4 and 2
     # in the dx kernel at d262776, before its epilogue moved to a fourth warpgroup). None won at 32768x4096x4096:
     # the dx kernel 1525.3 µs (entry) against 1562.4 (16-wide) and 1564.3 (along N), the forward 1405.0 against
