@@ -864,9 +864,13 @@ UNTUNED_FEW_ROWS = 1024
 # default,fwd_s5,fwd_s6`, input sets rotated, rmsnorm_matmul_configs_few_rows_stages-h200-876ce91.json; XLA): 17.3 →
 # 16.0 → 15.6 (16.6) at 256x2048x8192 (32 steps), 29.6 → 27.5 → 27.2 (28.3) at 512x4096x4096 (64), 41.6 → 38.9 → 38.4
 # (38.3) at 1024x2048x5632; no gain where K = 1024 (16 steps: 9.6 → 9.8 → 9.7 at 512x1024x4096, 8.2 → 8.3 → 8.4 at
-# 128x1024x1024, 9.0 → 9.1 → 9.2 at 256x1024x4096).
+# 128x1024x1024, 9.0 → 9.1 → 9.2 at 256x1024x4096). Where the tiles are 64 wide 8 stages fit (9 overflow), and 8 ran
+# faster than 6 and 7 at 4 shapes of 5 (`--modes fwd --variants default,fwd_s7,fwd_s8`, rmsnorm_matmul_configs_
+# few_rows_fwd_s8-h200-5041852.json; forward µs, 6 → 7 → 8 stages, XLA): 27.4 → 27.9 → 26.6 (22.0) at 256x8192x2048,
+# 14.5 → 14.5 → 14.1 (14.6) at 256x4096x1024, 18.4 → 18.5 → 17.6 (15.8) at 512x4096x1024, 12.9 → 13.8 → 11.0 (19.0)
+# at 512x2048x2048; 14.1 → 14.2 → 14.4 (16.1) at 128x4096x2048.
 UNTUNED_DEEP_RING_STEPS = 32
-UNTUNED_DEEP_RING_STAGES = 6
+UNTUNED_DEEP_RING_STAGES = (8, 6)
 # And where the forward's tiles fill at most half the grid and its K loop has at least UNTUNED_SPLIT_FORWARD_STEPS
 # steps, stream-K splits that loop over UNTUNED_SPLIT_FORWARD blocks (``_untuned_forward_split``). Forward µs, whole
 # tiles → split in 4 (`--modes fwd --variants default,fwd_sk`, input sets rotated, rmsnorm_matmul_configs_few_rows_
@@ -954,13 +958,15 @@ def _ring_within_smem(cfg: MosaicGemmConfig) -> MosaicGemmConfig:
 
 
 def _untuned_deep_ring(K: int, config: MosaicRMSNormMatmulConfig) -> MosaicRMSNormMatmulConfig:
-    """``config`` with its forward ring UNTUNED_DEEP_RING_STAGES deep where the K loop has at least
-    UNTUNED_DEEP_RING_STEPS steps and those stages fit in shared memory (see above); else as it is."""
-    deep = dataclasses.replace(config.forward, num_stages=UNTUNED_DEEP_RING_STAGES)
-    if K // deep.tile_k < UNTUNED_DEEP_RING_STEPS or deep.num_stages <= config.forward.num_stages or not _fits_smem(
-            deep):
+    """``config`` with its forward ring as deep as the first of UNTUNED_DEEP_RING_STAGES that fits in shared memory
+    where the K loop has at least UNTUNED_DEEP_RING_STEPS steps (see above); else as it is."""
+    if K // config.forward.tile_k < UNTUNED_DEEP_RING_STEPS:
         return config
-    return dataclasses.replace(config, forward=deep)
+    for stages in UNTUNED_DEEP_RING_STAGES:
+        deep = dataclasses.replace(config.forward, num_stages=stages)
+        if stages > config.forward.num_stages and _fits_smem(deep):
+            return dataclasses.replace(config, forward=deep)
+    return config
 
 
 def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
