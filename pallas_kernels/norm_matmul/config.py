@@ -868,7 +868,10 @@ UNTUNED_FEW_ROWS = 1024
 # faster than 6 and 7 at 4 shapes of 5 (`--modes fwd --variants default,fwd_s7,fwd_s8`, rmsnorm_matmul_configs_
 # few_rows_fwd_s8-h200-5041852.json; forward µs, 6 → 7 → 8 stages, XLA): 27.4 → 27.9 → 26.6 (22.0) at 256x8192x2048,
 # 14.5 → 14.5 → 14.1 (14.6) at 256x4096x1024, 18.4 → 18.5 → 17.6 (15.8) at 512x4096x1024, 12.9 → 13.8 → 11.0 (19.0)
-# at 512x2048x2048; 14.1 → 14.2 → 14.4 (16.1) at 128x4096x2048.
+# at 512x2048x2048; 14.1 → 14.2 → 14.4 (16.1) at 128x4096x2048. With the rule taking 8, 6 → 8 at six shapes
+# (`--modes fwd --variants default,fwd_s6`, rmsnorm_matmul_configs_few_rows_fwd_ring8_rule-h200-f8169dd.json): 27.5 →
+# 26.5 at 256x8192x2048, 14.1 → 13.9 at 256x4096x1024, 14.5 → 14.3 at 128x4096x2048, 18.3 → 18.0 at 512x4096x1024,
+# 12.8 → 10.6 at 512x2048x2048, 12.5 → 10.3 at 384x2048x2048.
 UNTUNED_DEEP_RING_STEPS = 32
 UNTUNED_DEEP_RING_STAGES = (8, 6)
 # And where the forward's tiles fill at most half the grid and its K loop has at least UNTUNED_SPLIT_FORWARD_STEPS
