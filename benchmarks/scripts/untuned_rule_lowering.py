@@ -15,7 +15,9 @@ the dx tiles also 224 and 64 wide, and the dw split wherever stream-K plans one:
 keep the tables, 0 fail (about 8 minutes on 2 cores); the same at 1ac46de, with r from XLA at 1024 rows and fewer
 and the dx kernel split by stream-K where its tiles fill at most half the grid; and at 571eb1e, with XLA's
 backward there instead (108 shapes), a 6-deep forward ring (108) and 64-wide forward tiles (140); the same at
-71a56d3, with the forward's K loop split at few rows and XLA's backward where XLA runs the dw GEMM.
+71a56d3, with the forward's K loop split at few rows and XLA's backward where XLA runs the dw GEMM; and at 19fb873,
+with XLA's backward also where the entry's dx tiles would fill at most half the grid (212 shapes take XLA's backward)
+and an 8-deep forward ring where 64-wide tiles take it (81 shapes; 27 take 6 stages).
 """
 
 from __future__ import annotations
