@@ -232,6 +232,11 @@ VARIANTS = {
     # None of the four was faster there: rmsnorm_matmul_configs_mlp1024_cluster-h200-c4e00cf.json
     "fwd_cluster_m": dict(forward=dict(cluster="m")),
     "fwd_cluster_m_minor_m": dict(forward=dict(cluster="m", grid_minor="m")),
+    # the forward's A (x) tiles shared by two column blocks: at few rows cuBLAS runs 128x64 tiles, 8 stages, in
+    # clusters of 1x2 (256x8192x2048: nvjet_sm90_tss_128x64_64x8_1x2_h, 16.2 µs where our whole 128x64 tiles at 8
+    # stages took 30.6); no stream-K beside a cluster
+    "fwd_cluster_n": dict(forward=dict(cluster="n", stream_k=0)),
+    "fwd_cluster_n_minor_n": dict(forward=dict(cluster="n", stream_k=0, grid_minor="n")),
     # and the backward kernels' (their tile input in a buffer of its own: the ring takes no cluster; no stream-K)
     "dx_cluster_m_buf": dict(dx=dict(cluster="m", stream_k=0, tile_input_in="buffer", num_stages=3)),
     "dw_cluster_m_buf": dict(dw=dict(cluster="m", stream_k=0, tile_input_in="buffer", num_stages=5)),
