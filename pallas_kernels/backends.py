@@ -190,18 +190,24 @@ class Registry:
         """The tuning-cache key of these arguments (the same for every backend)."""
         return self._key(*args, **options)
 
-    def reason(self, name: str, *args, **options) -> str | None:
+    def reason(self, name: str, *args, config=None, **options) -> str | None:
         """Why backend ``name`` cannot run these arguments here (not implemented, not on this machine, or a
-        constraint of the backend), or None."""
+        constraint of the backend), or None. ``config``: the call's own config; where it is this backend's, the
+        backend checks the inputs only (``unsupported_reason(..., config=)``), not its default config's tiles: the
+        call's are for ``check_config`` to weigh, naming them."""
         if name not in self._modules:
             return f"backend={name!r} is not implemented for {self.op}"
-        return unavailable_reason(name) or self.module(name).unsupported_reason(*args, **options)
+        module = self.module(name)
+        if isinstance(config, module.Config):
+            options = dict(options, config=config)
+        return unavailable_reason(name) or module.unsupported_reason(*args, **options)
 
-    def resolve(self, requested: str, *args, **options) -> str:
-        """The backend a call with ``backend=requested`` runs; ValueError naming what can run otherwise."""
+    def resolve(self, requested: str, *args, config=None, **options) -> str:
+        """The backend a call with ``backend=requested`` runs; ValueError naming what can run otherwise.
+        ``config``: the call's own config, if any (``reason``)."""
         if requested not in CHOICES:
             raise ValueError(f"backend: expected one of {list(CHOICES)}, got {requested!r}")
-        reasons = {name: self.reason(name, *args, **options) for name in self.names}
+        reasons = {name: self.reason(name, *args, config=config, **options) for name in self.names}
         runnable = [name for name, reason in reasons.items() if reason is None]
         available = ", ".join(repr(n) for n in runnable) or "none"
         if requested != "auto":
@@ -237,7 +243,8 @@ class Registry:
             takers = [name for name in self.names
                       if set(block_sizes) <= {f.name for f in dataclasses.fields(self.module(name).Config)}]
             requested = takers[0] if len(takers) == 1 else requested
-        name = self.resolve(requested, *args, **options)
+        given = None if block_sizes is None or isinstance(block_sizes, Mapping) else block_sizes
+        name = self.resolve(requested, *args, config=given, **options)
         module = self.module(name)
         config = resolve_config(block_sizes, module.Config, lambda: module.default_config(*args, **options))
         check = getattr(module, "check_config", None)

@@ -1039,6 +1039,35 @@ def test_backward_by_xla_against_the_float32_reference(dtype, residual):
     assert_close(dw, want_dw, tolerance(dtype, M), "dw")
 
 
+def test_backward_in_xla_takes_shapes_our_backward_kernels_cannot_tile():
+    """With ``backward_in_xla`` only the forward's tiles must divide the shape: K = 576 (9 steps of 64) takes the
+    built-in forward, where the dx kernel's 256-column tiles would not tile it; ours refuses, naming that kernel. The
+    call weighs its own config's tiles, not the default config's (which cannot tile K either)."""
+    M, K, N = 256, 576, 1024
+    ours = nm_config.mosaic_builtin_config(256, 512, 1024)
+    assert ours.dx.cta_n == 256 and "(dx kernel)" in ours.unsupported_reason(M, K, N)
+    config = dataclasses.replace(ours, backward_in_xla=True)
+    assert config.unsupported_reason(M, K, N) is None
+    fn, args = _fwd_bwd(M, K, N, False, config)
+    with backends.lowering_for_gpu():
+        assert [k.name for k in _lowered_kernels(fn, *args)] == ["rmsnorm_matmul_fwd"]
+        with pytest.raises(ValueError, match=r"rmsnorm_matmul \(mosaic\): K=576 .*\(dx kernel\)"):
+            jax.jit(_fwd_bwd(M, K, N, False, ours)[0]).trace(*args)
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("residual", [False, True])
+def test_backward_in_xla_where_our_backward_kernels_cannot_tile_in_interpret_mode(residual):
+    """The fused forward (interpret mode) and XLA's backward at K = 160, which the forward's 32-deep K steps tile
+    and the dx kernel's 64-column tiles do not: forward and gradients against the float32 reference."""
+    tiles = _Interpreted.tiles
+    config = Config(forward=tiles, dx=tiles, dw=tiles, backward_in_xla=True)
+    x, g, w, res = inputs(128, 160, 256, jnp.bfloat16, residual=residual)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, 256), block_sizes=config)
+
+
 @pytest.mark.parametrize("residual", [False, True])
 def test_backward_in_xla_lowers_the_forward_kernel_alone(residual):
     """``backward_in_xla``: forward + backward lowered for CUDA holds the forward's Mosaic kernel and no other."""

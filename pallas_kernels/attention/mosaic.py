@@ -63,8 +63,9 @@ def config_reason(q, config: Config, *, segments: bool) -> str | None:
             f"tiles or fewer stages")
 
 
-def unsupported_reason(q, k, v, *, causal: bool, segment_ids, interpret: bool, **_) -> str | None:
-    """None when this backend runs these (validated) arguments; else one sentence naming the constraint."""
+def unsupported_reason(q, k, v, *, causal: bool, segment_ids, interpret: bool, config=None, **_) -> str | None:
+    """None when this backend runs these (validated) arguments; else one sentence naming the constraint. Given the
+    call's own ``config``, only the inputs: its tiles and shared memory are ``check_config``'s."""
     if interpret:
         return ("the Mosaic backend has no interpret mode: its kernels run on an sm90 GPU (and lower for CUDA "
                 "anywhere inside backends.lowering_for_gpu())")
@@ -76,6 +77,8 @@ def unsupported_reason(q, k, v, *, causal: bool, segment_ids, interpret: bool, *
         why = (" (its backward's dK and dV float32 accumulators of a 64-row key tile alone take 256 registers per "
                "thread, over the 255 limit)" if H == 256 else "")
         return f"the Mosaic backend takes head dims {SUPPORTED_HEAD_DIMS}, got H={H}{why}"
+    if config is not None:
+        return None
     return config_reason(q, default_config(q, k, v, causal=causal), segments=segment_ids is not None)
 
 

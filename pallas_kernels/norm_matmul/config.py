@@ -673,12 +673,15 @@ class MosaicRMSNormMatmulConfig:
         return (K // self.dw.cta_m) * (N // self.dw.cta_n) < FEW_TILES
 
     def unsupported_reason(self, M: int, K: int, N: int) -> str | None:
-        """None when the Mosaic GEMMs tile (M, K, N) (forward (M, N, K), dx (M, K, N), dw (K, N, M) unless XLA
-        runs it; at one row the transposed GEMV, ``one_row_reason``); else the constraint, naming the kernel."""
+        """None when the Mosaic GEMMs tile (M, K, N) (forward (M, N, K); unless the backward is XLA's, dx (M, K, N)
+        and dw (K, N, M) unless XLA runs it; at one row the transposed GEMV, ``one_row_reason``); else the constraint,
+        naming the kernel."""
         if M == 1:
             return one_row_reason(K, N, self.forward)
         sizes = dict(M=M, K=K, N=N)
-        kernels = (("forward", "MNK"), ("dx", "MKN")) + (() if self.dw_by_xla(K, N) else (("dw", "KNM"),))
+        kernels = (("forward", "MNK"),)
+        if not self.backward_in_xla:
+            kernels += (("dx", "MKN"),) + (() if self.dw_by_xla(K, N) else (("dw", "KNM"),))
         for kernel, names in kernels:
             reason = gemm_unsupported_reason(*(sizes[n] for n in names), getattr(self, kernel), names=tuple(names))
             if reason:

@@ -125,12 +125,15 @@ def _input_reason(x, out_dtype, interpret: bool) -> str | None:
     return None
 
 
-def unsupported_reason(x, gamma, w, *, residual=None, out_dtype=None, interpret: bool = False, **_) -> str | None:
+def unsupported_reason(x, gamma, w, *, residual=None, out_dtype=None, interpret: bool = False, config=None,
+                       **_) -> str | None:
     """None when this backend runs these arguments; else one sentence naming the constraint: no interpret mode,
     16-bit inputs, y in x's dtype, and no partial tiles (M, K, N multiples of the default config's tiles, so tiny
-    M goes elsewhere)."""
-    return _input_reason(x, out_dtype, interpret) or default_config(x, gamma, w, residual=residual).unsupported_reason(
-        x.shape[0], x.shape[1], w.shape[1])
+    M goes elsewhere). Given the call's own ``config``, only the inputs: its tiles are ``check_config``'s."""
+    reason = _input_reason(x, out_dtype, interpret)
+    if reason or config is not None:
+        return reason
+    return default_config(x, gamma, w, residual=residual).unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
 
 
 def sweep_candidates(x, gamma, w, *, residual=None, **_) -> tuple[list[dict], list[dict]]:
@@ -717,15 +720,17 @@ _rmsnorm_matmul.defvjp(_rmsnorm_matmul_fwd, _rmsnorm_matmul_bwd)
 
 def check_config(config: Config, x, gamma, w, *, residual=None, out_dtype=None, interpret: bool = False, **_) -> None:
     """ValueError naming the constraint when ``unsupported_reason`` would, with ``config``'s tiles, or when one of
-    its forms cannot take these inputs (shared memory of the dyr copy, dgamma's, gamma's side in float16)."""
+    its forms cannot take these inputs (shared memory of the dyr copy, dgamma's, gamma's side in float16; the first
+    two only where our backward kernels run, not ``backward_in_xla``)."""
     reason = _input_reason(x, out_dtype, interpret) or config.unsupported_reason(x.shape[0], x.shape[1], w.shape[1])
     if x.shape[0] == 1:  # the one-row forward takes none of the forms below; the backward is Triton's
         if reason:
             raise ValueError(f"rmsnorm_matmul (mosaic): {reason}")
         return
-    if not reason and config.dyr_in_dx:
+    ours = not config.backward_in_xla
+    if not reason and ours and config.dyr_in_dx:
         reason = config.dyr_smem_reason(x.dtype, residual is not None)
-    if not reason:
+    if not reason and ours:
         reason = config.dgamma_reason(x.shape[0], w.shape[1], x.dtype)
     if not reason and config.gamma_on in ("x", "a") and jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
         reason = (f"gamma_on={config.gamma_on!r} rounds x ⊙ gamma to x's dtype, bfloat16 only (x is "
