@@ -1105,6 +1105,18 @@ def test_backward_in_xla_on_the_gpu(M, K, N, residual):
     _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
 
 
+@gpu_only
+@pytest.mark.parametrize("residual", [False, True])
+def test_backward_in_xla_where_our_backward_kernels_cannot_tile_on_the_gpu(residual):
+    """The built-in forward with XLA's backward at K = 576, which our dx kernel's tiles do not divide (the CPU tests'
+    shape, ``test_backward_in_xla_takes_shapes_our_backward_kernels_cannot_tile``): forward and gradients against the
+    float32 reference."""
+    M, K, N = 256, 576, 1024
+    config = dataclasses.replace(nm_config.mosaic_builtin_config(M, 512, N, residual=residual), backward_in_xla=True)
+    x, g, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
+    _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
+
+
 def _untuned_from_entry() -> Config:
     """The H200's tuned entry at ``nm_config.UNTUNED_FROM``."""
     key = nm_config.shape_key(*nm_config.UNTUNED_FROM, jnp.bfloat16)
