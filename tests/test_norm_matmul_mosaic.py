@@ -1143,10 +1143,16 @@ def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
     assert nm_config.mosaic_default_config(8192, 2048, 5632, jnp.float16) == builtin(8192, 2048, 5632)
     assert nm_config.mosaic_default_config(8192, 2048, 5696) == builtin(8192, 2048, 5696)  # N: 22.25 tiles of 256
     assert nm_config.mosaic_default_config(1, 4096, 11008) == builtin(1, 4096, 11008)
-    # forms that would raise in the kernels: a row of 160 dx tiles (its row sums take at most 132), and 256 row
-    # blocks of one tile each, half of whose first tiles (which share r) would fall in the stream-K phase
+    # a form that would raise in the kernels: a row of 160 dx tiles (its row sums take at most 132)
     assert nm_config.mosaic_default_config(4096, 40960, 5632) == builtin(4096, 40960, 5632)
-    assert nm_config.mosaic_default_config(32768, 4096, 256) == builtin(32768, 4096, 256)
+    # the entry's tiles narrowed where its own do not divide the shape: at N = 256, 256 row blocks of one 256-wide
+    # forward tile each would put half of the first tiles (which share r) in the stream-K phase, so 128-wide ones
+    # (3 whole rounds hold them); K = 896 and N = 1152 (Qwen2-0.5B's) take 224-wide dx and 128-wide forward tiles
+    for M, K, N, fwd_tile_n, dx_tile_n in [(32768, 4096, 256, 128, 256), (4096, 896, 4864, 256, 224),
+                                           (4096, 896, 1152, 128, 224)]:
+        config = nm_config.mosaic_default_config(M, K, N)
+        assert (config.forward.tile_n, config.dx.tile_n, config.gamma_on) == (fwd_tile_n, dx_tile_n, "a"), (M, K, N)
+        assert config.unsupported_reason(M, K, N) is None
     tuned = Config(**tuning.lookup(nm_config.OP, nm_config.shape_key(4096, 2048, 11008, jnp.bfloat16),
                                    backend="mosaic"))
     assert nm_config.mosaic_default_config(4096, 2048, 11008) == tuned != entry
@@ -1248,14 +1254,16 @@ def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_d
 
 
 @pytest.mark.parametrize("M, K, N, fwd_stream_k", [
-    (256, 4096, 1024, 4),  # 32 forward tiles of 128x64 on 132 blocks, 64 K steps: split in 4
-    (512, 4096, 1024, 4), (256, 8192, 2048, 4),  # 64 tiles (64 and 128 steps)
+    (256, 4096, 1024, 4),  # 32 forward tiles of 128x64 on 132 blocks, 64 K steps: split in 4 (one round)
+    (512, 4096, 1024, 1), (256, 5120, 2048, 1),  # 64 tiles (256 pieces: two rounds), 64 and 80 steps: whole tiles
+    (256, 8192, 2048, 4),  # 64 tiles, 128 steps: split
     (256, 1024, 4096, 1),  # 64 tiles, but 16 steps: whole tiles
     (256, 2048, 8192, 1),  # 128 tiles
     (2048, 4096, 1024, 1)])  # (not few rows)
 def test_untuned_few_rows_split_a_long_forward_k_loop_over_a_half_empty_grid(monkeypatch, M, K, N, fwd_stream_k):
     """At M <= UNTUNED_FEW_ROWS, where the forward's tiles fill at most half the grid and its K loop has at least
-    UNTUNED_SPLIT_FORWARD_STEPS steps, stream-K splits that loop in UNTUNED_SPLIT_FORWARD."""
+    UNTUNED_SPLIT_FORWARD_STEPS steps (UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS where the pieces overflow one round),
+    stream-K splits that loop in UNTUNED_SPLIT_FORWARD."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
     config = nm_config.mosaic_default_config(M, K, N)
@@ -1351,7 +1359,8 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
     (8192, 1536, 8960, 256, 4, "split", 256, False, None), (8192, 3584, 18944, 224, 0, "split", 256, False, None),
     (2048, 3584, 1536, 224, 4, "end", 256, False, None), (512, 4096, 4096, 128, 0, "end", 128, True, 6),
     (256, 2048, 8192, 64, 0, "end", 128, True, 6), (128, 1024, 1024, 64, 4, "end", 64, True, 4),
-    (512, 2048, 2048, 64, 0, "end", 64, True, 8)])
+    (512, 2048, 2048, 64, 0, "end", 64, True, 8),
+    (4096, 896, 1152, 224, 4, "split", 128, False, None), (32768, 1024, 256, 256, 4, "split", 128, False, None)])
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
                                                           xla_backward, fwd_stages, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
@@ -1371,7 +1380,8 @@ def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw
     (4096, 768, 3072, 192, 0, "split", 256, False, None), (2048, 2560, 4096, 160, 4, "split", 256, False, None),
     (2048, 1536, 8960, 192, 4, "split", 256, False, None), (2048, 3584, 1536, 224, 4, "end", 256, False, None),
     (512, 4096, 4096, 128, 0, "end", 128, True, 6), (256, 2048, 8192, 64, 0, "end", 128, True, 6),
-    (128, 1024, 1024, 64, 4, "end", 64, True, 4), (512, 2048, 2048, 64, 0, "end", 64, True, 8)])
+    (128, 1024, 1024, 64, 4, "end", 64, True, 4), (512, 2048, 2048, 64, 0, "end", 64, True, 8),
+    (2048, 896, 1152, 128, 4, "split", 128, False, None), (2048, 896, 4864, 128, 4, "split", 256, False, None)])
 def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
     dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store and its tiles

@@ -884,8 +884,14 @@ UNTUNED_DEEP_RING_STAGES = (8, 6)
 # (14.6) at 128x4096x2048 (32), 37.1 → 27.5 (21.4) at 256x8192x2048 (64 tiles, 128 steps), 21.7 → 18.3 (16.4) at
 # 512x4096x1024 (64); slower with 16 steps (9.2 → 10.8 at 256x1024x4096, 8.2 → 11.5 at 128x1024x1024:
 # rmsnorm_matmul_configs_few_rows_fwd_k1024-h200-e8d9689.json, where the tiles were 128 wide).
+# Where the pieces overflow one round (4 per tile: more than 33 tiles on 132 blocks), whole tiles won at 64 K steps
+# and the split at 128: forward µs, whole → split in 2 → split in 4 (`--modes fwd --variants default,fwd_sk0,fwd_sk2`,
+# rmsnorm_matmul_configs_few_rows_fwd_cluster_n-h200-530f301.json): 16.6 → 17.1 → 18.0 at 512x4096x1024 (64 tiles,
+# 64 steps; 16.3 against 17.6-18.0 at f8169dd), 28.3 → 26.6 → 26.6 at 256x8192x2048 (64 tiles, 128 steps). So the split
+# takes one round, or UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS steps where it needs two.
 UNTUNED_SPLIT_FORWARD_STEPS = 64
 UNTUNED_SPLIT_FORWARD = 4
+UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS = 128
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -897,7 +903,7 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
     if params is None:
         return None
     config = MosaicRMSNormMatmulConfig(**params)
-    if config.unsupported_reason(M, K, N) is not None or config.dgamma_reason(M, N, dtype) is not None:
+    if config.dgamma_reason(M, N, dtype) is not None:
         return None
     sms = mosaic_utils.num_sms()
     entry_dx = config.dx
@@ -908,7 +914,7 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
                                dtype)
     config = _if_supported(dataclasses.replace(config, dw=_untuned_dw(M, K, N, config.dw, sms)), config, M, K, N, dtype)
     config = _untuned_forward(M, K, N, config, sms)
-    if config is None:
+    if config is None or config.unsupported_reason(M, K, N) is not None:  # (the narrowed tiles, each kernel's)
         return None
     if M <= UNTUNED_FEW_ROWS:
         from_xla = dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe")
@@ -919,9 +925,11 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
 
 def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMatmulConfig, M: int, K: int, N: int,
                   dtype) -> MosaicRMSNormMatmulConfig:
-    """``candidate`` where its kernels take (M, K, N) and dtype, else ``config``."""
-    ok = candidate.unsupported_reason(M, K, N) is None and candidate.dgamma_reason(M, N, dtype) is None
-    return candidate if ok else config
+    """``candidate`` where its kernels take (M, K, N) and dtype, or where ``config``'s do not either (the entry's
+    tiles before another kernel's are narrowed: ``_untuned_config`` checks the result); else ``config``."""
+    def ok(c: MosaicRMSNormMatmulConfig) -> bool:
+        return c.unsupported_reason(M, K, N) is None and c.dgamma_reason(M, N, dtype) is None
+    return candidate if ok(candidate) or not ok(config) else config
 
 
 def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig, entry_dx: MosaicGemmConfig,
@@ -939,13 +947,16 @@ def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
 def _untuned_forward_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
                            sms: int) -> MosaicRMSNormMatmulConfig:
     """``config`` with its forward's K loop split by stream-K over UNTUNED_SPLIT_FORWARD blocks where its tiles fill
-    at most half of ``sms`` blocks, the loop has at least UNTUNED_SPLIT_FORWARD_STEPS steps and ``stream_k.plan_for``
-    plans the split (see above); else as it is."""
+    at most half of ``sms`` blocks, the loop has at least UNTUNED_SPLIT_FORWARD_STEPS steps (at least
+    UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS where the pieces overflow one round) and ``stream_k.plan_for`` plans the split
+    (see above); else as it is."""
     fwd = config.forward
     tiles = -(-M // fwd.cta_m) * -(-N // fwd.cta_n)
     steps = K // fwd.tile_k
     if 2 * tiles > sms or steps < UNTUNED_SPLIT_FORWARD_STEPS or stream_k.plan_for(
             tiles, sms, steps, split=UNTUNED_SPLIT_FORWARD) is None:
+        return config
+    if tiles * UNTUNED_SPLIT_FORWARD > sms and steps < UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS:
         return config
     split = _tried(lambda: dataclasses.replace(fwd, stream_k=UNTUNED_SPLIT_FORWARD))
     return config if split is None else dataclasses.replace(config, forward=split)
@@ -978,8 +989,8 @@ def _untuned_deep_ring(K: int, config: MosaicRMSNormMatmulConfig) -> MosaicRMSNo
 def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
                      sms: int) -> MosaicRMSNormMatmulConfig | None:
     """``config`` with its forward kernel's tile width of UNTUNED_FORWARD_COLUMN_COST taking the least rounds x width x
-    cost on ``sms`` blocks (the entry's where they tie), of those the forward kernel's checks take; None where they
-    do not take the entry's own width."""
+    cost on ``sms`` blocks (the entry's where they tie), of those the forward kernel's checks take (e.g. 128 wide
+    where 256 does not divide N); None where they take none."""
     best_work, best = None, None
     for tile_n, cost in UNTUNED_FORWARD_COLUMN_COST.items():
         stores = (config.forward.epilogue_store, "end")  # (64 wide has no two halves for the split store)
@@ -994,8 +1005,6 @@ def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
         # stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
         if candidate.unsupported_reason(M, K, N) is not None or (
                 plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None)):
-            if tile_n == config.forward.tile_n:
-                return None
             continue
         if plan is None and fwd.epilogue_store == "split":  # no stream-K phase (at most one round, or whole rounds):
             # without one ptxas serializes the split store's wgmma beside γ's registers (C7513; NOTES.md,
