@@ -1254,16 +1254,14 @@ def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_d
 
 
 @pytest.mark.parametrize("M, K, N, fwd_stream_k", [
-    (256, 4096, 1024, 4),  # 32 forward tiles of 128x64 on 132 blocks, 64 K steps: split in 4 (one round)
-    (512, 4096, 1024, 1), (256, 5120, 2048, 1),  # 64 tiles (256 pieces: two rounds), 64 and 80 steps: whole tiles
-    (256, 8192, 2048, 4),  # 64 tiles, 128 steps: split
+    (256, 4096, 1024, 4),  # 32 forward tiles of 128x64 on 132 blocks, 64 K steps: split in 4
+    (512, 4096, 1024, 4), (256, 8192, 2048, 4),  # 64 tiles (64 and 128 steps)
     (256, 1024, 4096, 1),  # 64 tiles, but 16 steps: whole tiles
     (256, 2048, 8192, 1),  # 128 tiles
     (2048, 4096, 1024, 1)])  # (not few rows)
 def test_untuned_few_rows_split_a_long_forward_k_loop_over_a_half_empty_grid(monkeypatch, M, K, N, fwd_stream_k):
     """At M <= UNTUNED_FEW_ROWS, where the forward's tiles fill at most half the grid and its K loop has at least
-    UNTUNED_SPLIT_FORWARD_STEPS steps (UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS where the pieces overflow one round),
-    stream-K splits that loop in UNTUNED_SPLIT_FORWARD."""
+    UNTUNED_SPLIT_FORWARD_STEPS steps, stream-K splits that loop in UNTUNED_SPLIT_FORWARD."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
     config = nm_config.mosaic_default_config(M, K, N)

@@ -884,14 +884,15 @@ UNTUNED_DEEP_RING_STAGES = (8, 6)
 # (14.6) at 128x4096x2048 (32), 37.1 → 27.5 (21.4) at 256x8192x2048 (64 tiles, 128 steps), 21.7 → 18.3 (16.4) at
 # 512x4096x1024 (64); slower with 16 steps (9.2 → 10.8 at 256x1024x4096, 8.2 → 11.5 at 128x1024x1024:
 # rmsnorm_matmul_configs_few_rows_fwd_k1024-h200-e8d9689.json, where the tiles were 128 wide).
-# Where the pieces overflow one round (4 per tile: more than 33 tiles on 132 blocks), whole tiles won at 64 K steps
-# and the split at 128: forward µs, whole → split in 2 → split in 4 (`--modes fwd --variants default,fwd_sk0,fwd_sk2`,
-# rmsnorm_matmul_configs_few_rows_fwd_cluster_n-h200-530f301.json): 16.6 → 17.1 → 18.0 at 512x4096x1024 (64 tiles,
-# 64 steps; 16.3 against 17.6-18.0 at f8169dd), 28.3 → 26.6 → 26.6 at 256x8192x2048 (64 tiles, 128 steps). So the split
-# takes one round, or UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS steps where it needs two.
+# Where the pieces overflow one round (4 per tile: more than 33 tiles on 132 blocks) neither form wins throughout.
+# Forward µs, whole → split in 4 (`--modes fwd --variants default,fwd_sk0` at 530f301, `default,fwd_sk` at 25268ff,
+# rmsnorm_matmul_configs_few_rows_fwd_cluster_n-h200-530f301.json, ..._few_rows_fwd_split_two_rounds-h200-25268ff.json):
+# 16.6 → 18.0 at 512x4096x1024 (64 tiles, 64 steps), 16.5 → 17.4 at 384x4096x1024 (48, 64), 16.6 → 16.6 at
+# 256x4096x2048 (64, 64), 19.5 → 19.6 at 256x5120x2048 (64, 80), 17.6 → 16.6 at 128x4096x4096 (64, 64), 20.3 → 19.2
+# at 1024x4096x512 (64, 64), 22.3 → 21.9 at 256x6144x2048 (64, 96), 28.3 → 26.6 at 256x8192x2048 (64, 128): the
+# split stays.
 UNTUNED_SPLIT_FORWARD_STEPS = 64
 UNTUNED_SPLIT_FORWARD = 4
-UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS = 128
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -947,16 +948,13 @@ def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
 def _untuned_forward_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
                            sms: int) -> MosaicRMSNormMatmulConfig:
     """``config`` with its forward's K loop split by stream-K over UNTUNED_SPLIT_FORWARD blocks where its tiles fill
-    at most half of ``sms`` blocks, the loop has at least UNTUNED_SPLIT_FORWARD_STEPS steps (at least
-    UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS where the pieces overflow one round) and ``stream_k.plan_for`` plans the split
-    (see above); else as it is."""
+    at most half of ``sms`` blocks, the loop has at least UNTUNED_SPLIT_FORWARD_STEPS steps and ``stream_k.plan_for``
+    plans the split (see above); else as it is."""
     fwd = config.forward
     tiles = -(-M // fwd.cta_m) * -(-N // fwd.cta_n)
     steps = K // fwd.tile_k
     if 2 * tiles > sms or steps < UNTUNED_SPLIT_FORWARD_STEPS or stream_k.plan_for(
             tiles, sms, steps, split=UNTUNED_SPLIT_FORWARD) is None:
-        return config
-    if tiles * UNTUNED_SPLIT_FORWARD > sms and steps < UNTUNED_SPLIT_FORWARD_ROUNDS_STEPS:
         return config
     split = _tried(lambda: dataclasses.replace(fwd, stream_k=UNTUNED_SPLIT_FORWARD))
     return config if split is None else dataclasses.replace(config, forward=split)
