@@ -1151,8 +1151,8 @@ def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
     for M, K, N, fwd_tile_n, dx_tile_n in [(32768, 4096, 256, 128, 256), (4096, 896, 4864, 256, 224),
                                            (4096, 896, 1152, 128, 224)]:
         config = nm_config.mosaic_default_config(M, K, N)
-        assert (config.forward.tile_n, config.dx.tile_n, config.gamma_on) == (fwd_tile_n, dx_tile_n, "a"), (M, K, N)
-        assert config.unsupported_reason(M, K, N) is None
+        assert (config.forward.tile_n, config.dx.tile_n) == (fwd_tile_n, dx_tile_n), (M, K, N)
+        assert config.dx_in_kernel and config.xr_in_dx and config.unsupported_reason(M, K, N) is None
     tuned = Config(**tuning.lookup(nm_config.OP, nm_config.shape_key(4096, 2048, 11008, jnp.bfloat16),
                                    backend="mosaic"))
     assert nm_config.mosaic_default_config(4096, 2048, 11008) == tuned != entry
@@ -1199,12 +1199,19 @@ def test_sweep_candidates_with_gamma_on_w_take_dgamma_from_dw_beside_a_base_taki
     assert all(Config(**c).dgamma_reason(M, N, jnp.bfloat16) is None for c in forward + backward)
 
 
+# Shapes of more than UNTUNED_FEW_ROWS rows where the untuned rule's short-K forms apply (``_untuned_short_k``: K at
+# most 1024, N wider, at most 3 rounds of forward tiles on 132 blocks)
+_SHORT_K_SHAPES = {(4096, 896, 1152), (2048, 896, 1152), (2048, 896, 4864), (4096, 768, 3072)}
+
+
 def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_store: str = "split",
-                      fwd_tile_n: int = 256, xla_backward: bool = False, fwd_stages: int | None = None) -> Config:
+                      fwd_tile_n: int = 256, xla_backward: bool = False, fwd_stages: int | None = None,
+                      N: int | None = None) -> Config:
     """The entry at UNTUNED_FROM with the dx kernel's tiles dx_tile_n wide (``norm_matmul.config._untuned_dx``), the
     dw kernel's stream-K split (``_untuned_dw``), the forward's epilogue_store and tile width (``_untuned_forward``);
     at M <= UNTUNED_FEW_ROWS r and gamma from XLA's pass and the forward ring fwd_stages deep (``_untuned_deep_ring``;
-    None: the entry's), and with xla_backward XLA's backward (``_untuned_backward``)."""
+    None: the entry's), and with xla_backward XLA's backward (``_untuned_backward``); at (M, K, N) of _SHORT_K_SHAPES
+    r and gamma from XLA's pass and whole forward tiles (``_untuned_short_k``)."""
     entry = _untuned_from_entry()
     assert entry.forward.epilogue_store == "split"
     epi = entry.dx.epi_tile_n if dx_tile_n % entry.dx.epi_tile_n == 0 else 32
@@ -1214,6 +1221,9 @@ def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_
                                                                tile_n=fwd_tile_n))
     if M <= nm_config.UNTUNED_FEW_ROWS:
         expected = dataclasses.replace(expected, gamma_on="x", stats_in_kernel=False, squares_from="observe")
+    if (M, K, N) in _SHORT_K_SHAPES:
+        expected = dataclasses.replace(expected, gamma_on="x", stats_in_kernel=False, squares_from="observe",
+                                       forward=dataclasses.replace(expected.forward, stream_k=0))
     if fwd_stages is not None:
         expected = dataclasses.replace(expected, forward=dataclasses.replace(expected.forward, num_stages=fwd_stages))
     return dataclasses.replace(expected, backward_in_xla=xla_backward)
@@ -1251,6 +1261,28 @@ def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_d
                                        config.forward.tile_n, xla_backward, fwd_stages)
     if fwd_stages in nm_config.UNTUNED_DEEP_RING_STAGES:  # (what fits: smem_bytes, within a barrier's margin)
         assert smem_bytes(config.forward, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES <= mosaic_utils.H100_SMEM_BYTES
+
+
+@pytest.mark.parametrize("M, K, N, short_k", [
+    (4096, 960, 2560, True),  # 320 forward tiles of 128x256 on 132 blocks (2.4 rounds), 15 K steps
+    (2048, 768, 3072, True), (4096, 896, 1152, True),  # 2.9 and 2.2 rounds (1152: 128-wide tiles)
+    (4096, 1024, 1024, False),  # N = K
+    (8192, 768, 3072, False), (4096, 896, 4864, False),  # 5.8 and 4.6 rounds
+    (2048, 2048, 4096, False),  # K = 2048
+    (1024, 768, 3072, False)])  # (few rows: r from XLA there anyway, the split rule's forward tiles)
+def test_untuned_short_k_takes_r_from_xla_and_whole_forward_tiles(monkeypatch, M, K, N, short_k):
+    """Beyond UNTUNED_FEW_ROWS rows, where K is at most UNTUNED_SHORT_K, N wider than K and the forward's tiles make
+    at most UNTUNED_SHORT_K_ROUNDS rounds, the forward takes r and x ⊙ gamma from XLA's pass and whole tiles; elsewhere
+    the entry's r shared by the first tiles (and its stream-K split)."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
+    config, entry = nm_config.mosaic_default_config(M, K, N), _untuned_from_entry()
+    assert config != nm_config.mosaic_builtin_config(M, K, N)
+    if short_k:
+        assert (config.gamma_on, config.stats_in_kernel, config.forward.stream_k) == ("x", False, 0)
+    elif M > nm_config.UNTUNED_FEW_ROWS:
+        assert (config.gamma_on, config.stats_in_kernel) == (entry.gamma_on, entry.stats_in_kernel)
+        assert config.forward.stream_k == entry.forward.stream_k
 
 
 @pytest.mark.parametrize("M, K, N, fwd_stream_k", [
@@ -1367,7 +1399,7 @@ def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw
     backward): its kernels lower for CUDA there within shared memory, with their warpgroups, and it is what a call
     takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
-    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages)
+    expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages, N)
     assert nm_config.mosaic_default_config(M, K, N) == expected
     _check_kernels(M, K, N, False, expected)
 
@@ -1389,7 +1421,7 @@ def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, f
     config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     if tuning.device_kind() == "NVIDIA H200":
         assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward,
-                                           fwd_stages)
+                                           fwd_stages, N)
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     for _ in range(2):
         _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))

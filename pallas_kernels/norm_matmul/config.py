@@ -893,6 +893,19 @@ UNTUNED_DEEP_RING_STAGES = (8, 6)
 # split stays.
 UNTUNED_SPLIT_FORWARD_STEPS = 64
 UNTUNED_SPLIT_FORWARD = 4
+# Beyond few rows, where K is short (at most UNTUNED_SHORT_K: 16 steps or fewer), N wider than K and the forward's
+# tiles make at most UNTUNED_SHORT_K_ROUNDS rounds, the forward also takes r and x ⊙ gamma from XLA's pass, and whole
+# tiles (``_untuned_short_k``): each row block's first tile, which shares r, is there most of a round the others wait
+# on, and stream-K's last-round split gains little. Forward / forward + backward µs, the entry's forms → these
+# (`--modes fwd,fwd+bwd --variants default,gamma_on_x+fwd_sk0`, rmsnorm_matmul_configs_short_k_r_from_xla-h200-
+# 7aaf519.json; XLA): 46.3 → 39.7 / 132.2 → 125.5 (33.9 / 115.4) at 4096x960x2560 (2.4 rounds), 23.0 → 17.6 / 61.6 →
+# 56.4 (18.0 / 67.8) at 4096x576x1536, 24.3 → 23.2 / 64.7 → 64.3 at 4096x896x1152, 18.1 → 16.7 / 56.4 → 56.4 at
+# 2048x1024x2048, 24.0 → 18.8 / 71.0 → 66.9 (19.5 / 63.8) at 2048x768x3072, 41.6 → 39.1 / 130.4 → 130.7 at
+# 2048x1024x5632, 26.2 → 24.6 / 76.0 → 75.7 at 4096x768x2048; where N = K it lost (4096x1024x1024: 18.2 → 19.0 /
+# 57.1 → 59.7), and with more rounds whole tiles lose (fwd_sk0: 57.9 → 68.9 at 4096x896x4864, 4.6 rounds; 60.4 →
+# 73.4 at 8192x768x3072, 5.8; rmsnorm_matmul_configs_short_k_forward_forms-h200-6ae39ec.json).
+UNTUNED_SHORT_K = 1024
+UNTUNED_SHORT_K_ROUNDS = 3
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -921,6 +934,8 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
         from_xla = dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe")
         config = _if_supported(_untuned_deep_ring(K, from_xla), config, M, K, N, dtype)
         config = _if_supported(_untuned_forward_split(M, K, N, config, sms), config, M, K, N, dtype)
+    else:
+        config = _if_supported(_untuned_short_k(M, K, N, config, sms), config, M, K, N, dtype)
     return _untuned_backward(M, K, N, config, entry_dx, sms)
 
 
@@ -958,6 +973,18 @@ def _untuned_forward_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulCo
         return config
     split = _tried(lambda: dataclasses.replace(fwd, stream_k=UNTUNED_SPLIT_FORWARD))
     return config if split is None else dataclasses.replace(config, forward=split)
+
+
+def _untuned_short_k(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
+                     sms: int) -> MosaicRMSNormMatmulConfig:
+    """``config`` with r and x ⊙ gamma from XLA's pass and whole forward tiles where K is at most UNTUNED_SHORT_K, N
+    wider than K and the forward's tiles make at most UNTUNED_SHORT_K_ROUNDS rounds on ``sms`` blocks (see above);
+    else as it is."""
+    fwd = config.forward
+    if K > UNTUNED_SHORT_K or N <= K or M // fwd.cta_m * -(-N // fwd.cta_n) > UNTUNED_SHORT_K_ROUNDS * sms:
+        return config
+    return dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe",
+                               forward=dataclasses.replace(fwd, stream_k=0))
 
 
 def _fits_smem(cfg: MosaicGemmConfig) -> bool:
