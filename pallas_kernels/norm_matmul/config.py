@@ -770,10 +770,17 @@ def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
 # (γ in the MMA warpgroups' registers, r shared by each row block's first tile, the K side's row dot summed over the
 # dx kernel's tiles, xr from its epilogue, 64x256 tiles, the tile inputs through the stage rings) wherever those
 # tiles and forms fit (a row of at most 132 dx tiles for its row sums; every row block's first tile, which shares r,
-# in the forward's whole rounds), bfloat16 without a residual. Lowered for CUDA at 450 shapes (M 128-32768, K
-# 256-40960, N 256-65536; benchmarks/scripts/untuned_rule_lowering.py), those it takes all lowered and the 44 it leaves
-# to the tables would have raised. Measured on the H200 at seven shapes no entry covers, forward + backward ×
-# XLA, built-in tables → that entry (rmsnorm_matmul_configs_untuned*-h200-*.json, variant "like_8192x4096x6144";
+# in the forward's whole rounds), bfloat16 without a residual; the entry's tiles are narrowed (below) before its fit is
+# judged. Lowered for CUDA at 450 shapes (M 128-32768, K 256-40960, N 256-65536; benchmarks/scripts/
+# untuned_rule_lowering.py), those it takes all lowered and the 30 it leaves to the tables would have raised. Taking
+# the narrowed tiles where the entry's own do not divide the shape, forward + backward µs, tables → the rule (`--modes
+# fwd,fwd+bwd --variants default,builtin`, rmsnorm_matmul_configs_untuned_narrowed_entry-h200-25268ff.json; XLA):
+# 243.3 → 185.2 (174.1) at 4096x896x4864, 72.8 → 66.0 (77.3) at 4096x896x1152, 464.9 → 332.6 (310.8) at
+# 8192x896x4864, 93.4 → 67.6 (63.1) at 1024x896x4864, 650.1 → 557.8 (746.0) at 32768x4096x256, 194.3 → 161.2 (212.0)
+# at 32768x1024x256; the forward within 3% either way. K = 960 and 576 had no Mosaic config (Triton ran there: 202.9
+# and 98.6 µs against the rule's 130.6 and 61.5, rmsnorm_matmul-short_k_triton-h200-6ae39ec.json).
+# Measured on the H200 at seven shapes no entry covers, forward + backward × XLA, built-in tables → that entry
+# (rmsnorm_matmul_configs_untuned*-h200-*.json, variant "like_8192x4096x6144";
 # NOTES.md, sixty-second session): 8192x4096x11008 0.932 → 1.012, 8192x4096x12288 0.927 → 1.004, 8192x2048x5632
 # 0.914 → 1.029, 2048x4096x4096 0.971 → 1.078, 16384x3072x8192 0.916 → 0.938, 4096x5120x13824 0.933 → 0.946,
 # 8192x768x3072 0.772 → 0.907; the forward alone 0.94-1.03 → 0.99-1.06. With the dx kernel's row sums on fuller
