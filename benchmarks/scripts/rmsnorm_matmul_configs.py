@@ -169,6 +169,8 @@ VARIANTS = {
     # blocks; cuBLAS runs 256x64 there)
     "fwd_n128": dict(forward=dict(tile_n=128)),
     "fwd_n192": dict(forward=dict(tile_n=192, epi_tile_n=32)),
+    # (cuBLAS's 128x160 at short K, 4096x960x2560; 5 pieces of 32 columns: stored at the tile's end)
+    "fwd_n160": dict(forward=dict(tile_n=160, epi_tile_n=32, epilogue_store="end")),
     "fwd_n64": dict(forward=dict(tile_n=64)),
     "fwd_n256": dict(forward=dict(tile_n=256)),  # the entry's width where the untuned rule narrows it
     # the dx kernel's 64-row CTA tiles at few rows (warpgroups side by side along K): 256x2048x8192 has 64 dx tiles
