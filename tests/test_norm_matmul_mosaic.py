@@ -1280,7 +1280,9 @@ def test_untuned_short_k_takes_r_from_xla_and_whole_forward_tiles(monkeypatch, M
     assert config != nm_config.mosaic_builtin_config(M, K, N)
     if short_k:
         assert (config.gamma_on, config.stats_in_kernel, config.forward.stream_k) == ("x", False, 0)
-    elif M > nm_config.UNTUNED_FEW_ROWS:
+    elif M <= nm_config.UNTUNED_FEW_ROWS:  # the few-row forms: r from XLA, the forward's K loop split where long
+        assert (config.gamma_on, config.forward.stream_k) == ("x", entry.forward.stream_k)
+    else:
         assert (config.gamma_on, config.stats_in_kernel) == (entry.gamma_on, entry.stats_in_kernel)
         assert config.forward.stream_k == entry.forward.stream_k
 
