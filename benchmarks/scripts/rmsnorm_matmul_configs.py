@@ -467,6 +467,11 @@ VARIANTS = {
                                 num_stages=6, delay_release=1, memory_warps=1)),
     "fwd_pp_w8": dict(forward=dict(_OWN, tile_m=128, tile_n=128, wg_split="n", grid_minor="m", grid_tile_width=8,
                                    schedule="pingpong", num_stages=6, delay_release=1, memory_warps=1)),
+    # the 16384x1024x5504 entry's ping-pong forward (each warpgroup a whole 128x128 tile, its epilogue under the
+    # other's wgmma) where the short-K rule takes r from XLA's pass: stored at each tile's end
+    "fwd_pp_end": dict(forward=dict(_OWN, tile_m=128, tile_n=128, wg_split="n", grid_minor="m", grid_tile_width=8,
+                                    schedule="pingpong", num_stages=6, delay_release=1, memory_warps=1,
+                                    epilogue_store="end")),
     "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
         _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
         delay_release=1)),
