@@ -1147,8 +1147,9 @@ def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
     assert nm_config.mosaic_default_config(4096, 40960, 5632) == builtin(4096, 40960, 5632)
     # the entry's tiles narrowed where its own do not divide the shape: at N = 256, 256 row blocks of one 256-wide
     # forward tile each would put half of the first tiles (which share r) in the stream-K phase, so 128-wide ones
-    # (3 whole rounds hold them); K = 896 and N = 1152 (Qwen2-0.5B's) take 224-wide dx and 128-wide forward tiles
-    for M, K, N, fwd_tile_n, dx_tile_n in [(32768, 4096, 256, 128, 256), (4096, 896, 4864, 256, 224),
+    # (3 whole rounds hold them); K = 896 (Qwen2-0.5B's) takes 224-wide dx tiles (and the short-K rule's 128-wide
+    # ping-pong forward tiles)
+    for M, K, N, fwd_tile_n, dx_tile_n in [(32768, 4096, 256, 128, 256), (4096, 896, 4864, 128, 224),
                                            (4096, 896, 1152, 128, 224)]:
         config = nm_config.mosaic_default_config(M, K, N)
         assert (config.forward.tile_n, config.dx.tile_n) == (fwd_tile_n, dx_tile_n), (M, K, N)
@@ -1199,9 +1200,10 @@ def test_sweep_candidates_with_gamma_on_w_take_dgamma_from_dw_beside_a_base_taki
     assert all(Config(**c).dgamma_reason(M, N, jnp.bfloat16) is None for c in forward + backward)
 
 
-# Shapes of more than UNTUNED_FEW_ROWS rows where the untuned rule's short-K forms apply (``_untuned_short_k``: K at
-# most 1024, N wider, at most 3 rounds of forward tiles on 132 blocks)
-_SHORT_K_SHAPES = {(4096, 896, 1152), (2048, 896, 1152), (2048, 896, 4864), (4096, 768, 3072)}
+# Shapes of more than UNTUNED_FEW_ROWS rows where the untuned rule's short-K forms take ping-pong forward tiles
+# (``_untuned_short_k``: K below 1024, N wider)
+_SHORT_K_SHAPES = {(4096, 896, 1152), (2048, 896, 1152), (2048, 896, 4864), (4096, 768, 3072), (8192, 768, 3072),
+                   (4096, 512, 4096), (4096, 960, 2560)}
 
 
 def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_store: str = "split",
@@ -1211,7 +1213,7 @@ def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_
     dw kernel's stream-K split (``_untuned_dw``), the forward's epilogue_store and tile width (``_untuned_forward``);
     at M <= UNTUNED_FEW_ROWS r and gamma from XLA's pass and the forward ring fwd_stages deep (``_untuned_deep_ring``;
     None: the entry's), and with xla_backward XLA's backward (``_untuned_backward``); at (M, K, N) of _SHORT_K_SHAPES
-    r and gamma from XLA's pass and whole forward tiles (``_untuned_short_k``)."""
+    r and gamma from XLA's pass and the ping-pong forward tiles (``_untuned_short_k``)."""
     entry = _untuned_from_entry()
     assert entry.forward.epilogue_store == "split"
     epi = entry.dx.epi_tile_n if dx_tile_n % entry.dx.epi_tile_n == 0 else 32
@@ -1223,7 +1225,8 @@ def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_
         expected = dataclasses.replace(expected, gamma_on="x", stats_in_kernel=False, squares_from="observe")
     if (M, K, N) in _SHORT_K_SHAPES:
         expected = dataclasses.replace(expected, gamma_on="x", stats_in_kernel=False, squares_from="observe",
-                                       forward=dataclasses.replace(expected.forward, stream_k=0))
+                                       forward=dataclasses.replace(expected.forward,
+                                                                   **nm_config.UNTUNED_PINGPONG_FORWARD))
     if fwd_stages is not None:
         expected = dataclasses.replace(expected, forward=dataclasses.replace(expected.forward, num_stages=fwd_stages))
     return dataclasses.replace(expected, backward_in_xla=xla_backward)
@@ -1240,7 +1243,8 @@ def _untuned_expected(M: int, K: int, dx_tile_n: int, dw_stream_k: int = 0, fwd_
     (1024, 2048, 5632, True, 6),
     (1024, 4096, 4096, False, 4),  # 128 dx tiles at 128x256: our kernels; 256-wide forward tiles: 6 stages would
     # not fit (nor 5)
-    (4096, 512, 4096, False, None),  # (not few rows: 64 dx tiles at 128x256 but 128 at the rule's 128x128)
+    (4096, 512, 4096, False, 6),  # (not few rows: 64 dx tiles at 128x256 but 128 at the rule's 128x128; the
+    # short-K rule's ping-pong forward, 6 stages)
     (2048, 4096, 4096, False, None)])
 def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_dx_tiles_are_few(
         monkeypatch, M, K, N, xla_backward, fwd_stages):
@@ -1252,39 +1256,45 @@ def test_untuned_few_rows_take_r_from_xla_a_deeper_ring_and_xla_backward_where_d
     monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
     config = nm_config.mosaic_default_config(M, K, N)
     entry = _untuned_from_entry()
-    few = M <= nm_config.UNTUNED_FEW_ROWS
-    assert (config.gamma_on, config.stats_in_kernel) == (("x", False) if few else (entry.gamma_on,
-                                                                                     entry.stats_in_kernel))
+    from_xla = M <= nm_config.UNTUNED_FEW_ROWS or (M, K, N) in _SHORT_K_SHAPES
+    assert (config.gamma_on, config.stats_in_kernel) == (("x", False) if from_xla else (entry.gamma_on,
+                                                                                          entry.stats_in_kernel))
     assert config.backward_in_xla == xla_backward
     assert config.forward.num_stages == (entry.forward.num_stages if fwd_stages is None else fwd_stages)
     assert config == _untuned_expected(M, K, config.dx.tile_n, config.dw.stream_k, config.forward.epilogue_store,
-                                       config.forward.tile_n, xla_backward, fwd_stages)
+                                       config.forward.tile_n, xla_backward, fwd_stages, N)
     if fwd_stages in nm_config.UNTUNED_DEEP_RING_STAGES:  # (what fits: smem_bytes, within a barrier's margin)
         assert smem_bytes(config.forward, jnp.bfloat16, jnp.bfloat16) + BARRIER_BYTES <= mosaic_utils.H100_SMEM_BYTES
 
 
-@pytest.mark.parametrize("M, K, N, short_k", [
-    (4096, 960, 2560, True),  # 320 forward tiles of 128x256 on 132 blocks (2.4 rounds), 15 K steps
-    (2048, 768, 3072, True), (4096, 896, 1152, True),  # 2.9 and 2.2 rounds (1152: 128-wide tiles)
-    (4096, 1024, 1024, False),  # N = K
-    (8192, 768, 3072, False), (4096, 896, 4864, False),  # 5.8 and 4.6 rounds
-    (2048, 2048, 4096, False),  # K = 2048
-    (1024, 768, 3072, False)])  # (few rows: r from XLA there anyway, the split rule's forward tiles)
-def test_untuned_short_k_takes_r_from_xla_and_whole_forward_tiles(monkeypatch, M, K, N, short_k):
-    """Beyond UNTUNED_FEW_ROWS rows, where K is at most UNTUNED_SHORT_K, N wider than K and the forward's tiles make
-    at most UNTUNED_SHORT_K_ROUNDS rounds, the forward takes r and x ⊙ gamma from XLA's pass and whole tiles; elsewhere
-    the entry's r shared by the first tiles (and its stream-K split)."""
+@pytest.mark.parametrize("M, K, N, form", [
+    (4096, 960, 2560, "pingpong"),  # 15 K steps: 640 forward tiles of 128x128 on 132 blocks
+    (2048, 768, 3072, "pingpong"), (4096, 896, 1152, "pingpong"),
+    (8192, 768, 3072, "pingpong"), (4096, 896, 4864, "pingpong"),  # (5.8 and 4.6 rounds of 128x256 tiles)
+    (2048, 1024, 2048, "whole"),  # K = 1024 (16 steps): 128 tiles of 128x256, one round
+    (8192, 1024, 4096, None),  # K = 1024, 7.8 rounds
+    (4096, 1024, 1024, None), (4096, 768, 768, None),  # N = K
+    (2048, 2048, 4096, None),  # K = 2048
+    (1024, 768, 3072, None)])  # (few rows: r from XLA there anyway, the split rule's forward tiles)
+def test_untuned_short_k_takes_r_from_xla_and_pingpong_or_whole_forward_tiles(monkeypatch, M, K, N, form):
+    """Beyond UNTUNED_FEW_ROWS rows, where N is wider than K, the forward takes r and x ⊙ gamma from XLA's pass and:
+    below K = UNTUNED_SHORT_K the ping-pong 128x128 tiles, at any number of rounds; at it whole tiles where they make
+    at most UNTUNED_SHORT_K_ROUNDS rounds. Elsewhere the entry's r shared by the first tiles (and its stream-K
+    split)."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
     config, entry = nm_config.mosaic_default_config(M, K, N), _untuned_from_entry()
+    fwd = config.forward
     assert config != nm_config.mosaic_builtin_config(M, K, N)
-    if short_k:
-        assert (config.gamma_on, config.stats_in_kernel, config.forward.stream_k) == ("x", False, 0)
+    if form is not None:
+        assert (config.gamma_on, config.stats_in_kernel, fwd.stream_k) == ("x", False, 0)
+        assert (fwd.schedule, fwd.cta_m, fwd.cta_n) == (("pingpong", 128, 128) if form == "pingpong" else
+                                                        ("cooperative", entry.forward.cta_m, entry.forward.cta_n))
     elif M <= nm_config.UNTUNED_FEW_ROWS:  # the few-row forms: r from XLA, the forward's K loop split where long
-        assert (config.gamma_on, config.forward.stream_k) == ("x", entry.forward.stream_k)
+        assert (config.gamma_on, fwd.stream_k) == ("x", entry.forward.stream_k)
     else:
         assert (config.gamma_on, config.stats_in_kernel) == (entry.gamma_on, entry.stats_in_kernel)
-        assert config.forward.stream_k == entry.forward.stream_k
+        assert (fwd.schedule, fwd.stream_k) == (entry.forward.schedule, entry.forward.stream_k)
 
 
 @pytest.mark.parametrize("M, K, N, fwd_stream_k", [
@@ -1392,7 +1402,8 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
     (2048, 3584, 1536, 224, 4, "end", 256, False, None), (512, 4096, 4096, 128, 0, "end", 128, True, 6),
     (256, 2048, 8192, 64, 0, "end", 128, True, 6), (128, 1024, 1024, 64, 4, "end", 64, True, 4),
     (512, 2048, 2048, 64, 0, "end", 64, True, 8),
-    (4096, 896, 1152, 224, 4, "split", 128, False, None), (32768, 1024, 256, 256, 4, "split", 128, False, None)])
+    (4096, 896, 1152, 224, 4, "split", 128, False, None), (32768, 1024, 256, 256, 4, "split", 128, False, None),
+    (4096, 960, 2560, 160, 0, "split", 256, False, None)])
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
                                                           xla_backward, fwd_stages, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
@@ -1413,7 +1424,8 @@ def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw
     (2048, 1536, 8960, 192, 4, "split", 256, False, None), (2048, 3584, 1536, 224, 4, "end", 256, False, None),
     (512, 4096, 4096, 128, 0, "end", 128, True, 6), (256, 2048, 8192, 64, 0, "end", 128, True, 6),
     (128, 1024, 1024, 64, 4, "end", 64, True, 4), (512, 2048, 2048, 64, 0, "end", 64, True, 8),
-    (2048, 896, 1152, 128, 4, "split", 128, False, None), (2048, 896, 4864, 128, 4, "split", 256, False, None)])
+    (2048, 896, 1152, 128, 4, "split", 128, False, None), (2048, 896, 4864, 128, 4, "split", 256, False, None),
+    (4096, 960, 2560, 160, 0, "split", 256, False, None)])
 def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
     dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store and its tiles

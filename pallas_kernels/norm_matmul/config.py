@@ -913,6 +913,21 @@ UNTUNED_SPLIT_FORWARD = 4
 # 73.4 at 8192x768x3072, 5.8; rmsnorm_matmul_configs_short_k_forward_forms-h200-6ae39ec.json).
 UNTUNED_SHORT_K = 1024
 UNTUNED_SHORT_K_ROUNDS = 3
+# Shorter still (K below UNTUNED_SHORT_K: 15 steps or fewer), the forward takes the 16384x1024x5504 entry's ping-pong
+# tiles (UNTUNED_PINGPONG_FORWARD: each MMA warpgroup a whole 128x128 tile, its epilogue under the other's wgmma),
+# with r and x ⊙ gamma from XLA's pass, at any number of rounds: there the epilogue is a fifteenth of a tile's time or
+# more, and half-wide tiles fill the last round better (4096x960x2560: 640 tiles, 4.8 rounds of half a tile, against
+# 320 in 2.4 rounds). Forward µs, the rule before → these (`--modes fwd --variants default,gamma_on_x+fwd_pp_end,
+# gamma_on_x+fwd_sk0+fwd_n128`, rmsnorm_matmul_configs_short_k_pingpong-h200-bde8a16.json; XLA): 39.1 → 34.1 (33.5)
+# at 4096x960x2560, 16.9 → 16.2 (17.3) at 4096x576x1536, 23.4 → 22.3 (19.9) at 4096x896x1152, 18.8 → 18.1 (19.0) at
+# 2048x768x3072, 24.5 → 23.9 (24.0) at 4096x768x2048, and beyond 3 rounds, where the entry's r shared by the first
+# tiles ran, 58.2 → 56.0 (54.2) at 4096x896x4864, 60.7 → 59.4 (60.3) at 8192x768x3072. At K = 1024 (16 steps) they
+# did not win: 39.0 → 39.1 at 2048x1024x5632, 102.3 → 105.2 at 8192x1024x4096, 18.3 → 19.1 at 4096x1024x1024 (N = K);
+# cooperative 128x128 tiles (fwd_n128) lost to them at every shape.
+SWITCH_SHORT_K_PINGPONG = True  # (for benchmarks/scripts/toggle_ab.py only: False, the rule before)
+UNTUNED_PINGPONG_FORWARD = dict(tile_m=128, tile_n=128, wg_split="n", schedule="pingpong", num_stages=6,
+                                delay_release=1, memory_warps=1, epilogue_store="end", stream_k=0, grid_minor="m",
+                                grid_tile_width=8)
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
@@ -984,14 +999,19 @@ def _untuned_forward_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulCo
 
 def _untuned_short_k(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
                      sms: int) -> MosaicRMSNormMatmulConfig:
-    """``config`` with r and x ⊙ gamma from XLA's pass and whole forward tiles where K is at most UNTUNED_SHORT_K, N
-    wider than K and the forward's tiles make at most UNTUNED_SHORT_K_ROUNDS rounds on ``sms`` blocks (see above);
-    else as it is."""
+    """``config`` with r and x ⊙ gamma from XLA's pass where K is at most UNTUNED_SHORT_K and N wider than K: below
+    UNTUNED_SHORT_K with the ping-pong forward tiles of UNTUNED_PINGPONG_FORWARD, at it with whole forward tiles where
+    they make at most UNTUNED_SHORT_K_ROUNDS rounds on ``sms`` blocks (see above); else as it is."""
     fwd = config.forward
-    if K > UNTUNED_SHORT_K or N <= K or M // fwd.cta_m * -(-N // fwd.cta_n) > UNTUNED_SHORT_K_ROUNDS * sms:
+    if K > UNTUNED_SHORT_K or N <= K:
         return config
-    return dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe",
-                               forward=dataclasses.replace(fwd, stream_k=0))
+    if K < UNTUNED_SHORT_K and SWITCH_SHORT_K_PINGPONG:
+        fwd = dataclasses.replace(fwd, **UNTUNED_PINGPONG_FORWARD)
+    elif M // fwd.cta_m * -(-N // fwd.cta_n) <= UNTUNED_SHORT_K_ROUNDS * sms:
+        fwd = dataclasses.replace(fwd, stream_k=0)
+    else:
+        return config
+    return dataclasses.replace(config, gamma_on="x", stats_in_kernel=False, squares_from="observe", forward=fwd)
 
 
 def _fits_smem(cfg: MosaicGemmConfig) -> bool:
