@@ -1409,7 +1409,7 @@ def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
     runs or row by row; dx tiles 256 to 64 wide; the dw kernel with stream-K or not; the forward's tiles 256, 128 or
     64 wide, its output stored split or at the tile's end; at few rows r from XLA, a deeper forward ring and XLA's
-    backward): its kernels lower for CUDA there within shared memory, with their warpgroups, and it is what a call
+    backward; below K = 1024 ping-pong forward tiles): its kernels lower for CUDA there within shared memory, with their warpgroups, and it is what a call
     takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages, N)
@@ -1430,7 +1430,7 @@ def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, f
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
     dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store and its tiles
     fwd_tile_n wide, at few rows r from XLA, the forward ring fwd_stages deep and XLA's backward with
-    xla_backward): forward and gradients against the float32 reference, two calls; the forward kernel unspilled, its
+    xla_backward; at _SHORT_K_SHAPES the ping-pong forward): forward and gradients against the float32 reference, two calls; the forward kernel unspilled, its
     wgmma not serialized."""
     config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     if tuning.device_kind() == "NVIDIA H200":

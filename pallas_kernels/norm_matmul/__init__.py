@@ -23,10 +23,10 @@ on a GPU with ``jaxfuse bench --op rmsnorm_matmul --tune``. Untuned on an H200, 
 takes the 8192x4096x6144 entry's forms and tiles where they fit, its forward and dx tiles narrowed and the dw kernel's
 last round split where that fills their rounds, and at 1024 rows and fewer r from XLA's pass, a deeper forward ring,
 narrower or stream-K-split forward tiles where they would leave half the grid idle, and XLA's own backward where our
-dx kernel's would or XLA runs the dw GEMM anyway, and at short K and few rounds r from XLA's pass and whole forward
-tiles (``config.UNTUNED_FROM``: 0.955-1.08x XLA forward + backward at seven shapes no entry covers, where the built-in
-tables ran 0.77-0.97x; at 128-1024 rows 0.83-1.14x, 0.95x or more at 16 shapes of 19, forward alone 0.80-1.40x), else
-the built-in tables.
+dx kernel's would or XLA runs the dw GEMM anyway, and at short K r from XLA's pass with ping-pong forward tiles
+(K < 1024) or whole ones (K = 1024, few rounds) (``config.UNTUNED_FROM``: 0.955-1.08x XLA forward + backward at
+seven shapes no entry covers, where the built-in tables ran 0.77-0.97x; at 128-1024 rows 0.83-1.14x, 0.95x or more
+at 16 shapes of 19, forward alone 0.80-1.40x), else the built-in tables.
 """
 
 from __future__ import annotations

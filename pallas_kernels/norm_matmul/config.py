@@ -923,8 +923,11 @@ UNTUNED_SHORT_K_ROUNDS = 3
 # 2048x768x3072, 24.5 → 23.9 (24.0) at 4096x768x2048, and beyond 3 rounds, where the entry's r shared by the first
 # tiles ran, 58.2 → 56.0 (54.2) at 4096x896x4864, 60.7 → 59.4 (60.3) at 8192x768x3072. At K = 1024 (16 steps) they
 # did not win: 39.0 → 39.1 at 2048x1024x5632, 102.3 → 105.2 at 8192x1024x4096, 18.3 → 19.1 at 4096x1024x1024 (N = K);
-# cooperative 128x128 tiles (fwd_n128) lost to them at every shape.
-SWITCH_SHORT_K_PINGPONG = True  # (for benchmarks/scripts/toggle_ab.py only: False, the rule before)
+# cooperative 128x128 tiles (fwd_n128) lost to them at every shape. Forward + backward, the rule before → this
+# (toggle_ab_short_k_pingpong-h200-9cb3fb4.json, switch SWITCH_SHORT_K_PINGPONG since removed): 123.8 → 119.1 µs at
+# 4096x960x2560 (XLA 117.1), 56.4 → 55.4 at 4096x576x1536, 64.1 → 62.6 at 4096x896x1152, 66.3 → 65.7 at 2048x768x3072,
+# 74.7 → 74.6 at 4096x768x2048, 184.2 → 181.1 at 4096x896x4864, 188.0 → 187.1 at 8192x768x3072; 345.4 → 346.4 at
+# 16384x768x3072 (23 rounds of 128x128 tiles), the one loss.
 UNTUNED_PINGPONG_FORWARD = dict(tile_m=128, tile_n=128, wg_split="n", schedule="pingpong", num_stages=6,
                                 delay_release=1, memory_warps=1, epilogue_store="end", stream_k=0, grid_minor="m",
                                 grid_tile_width=8)
@@ -1005,7 +1008,7 @@ def _untuned_short_k(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
     fwd = config.forward
     if K > UNTUNED_SHORT_K or N <= K:
         return config
-    if K < UNTUNED_SHORT_K and SWITCH_SHORT_K_PINGPONG:
+    if K < UNTUNED_SHORT_K:
         fwd = dataclasses.replace(fwd, **UNTUNED_PINGPONG_FORWARD)
     elif M // fwd.cta_m * -(-N // fwd.cta_n) <= UNTUNED_SHORT_K_ROUNDS * sms:
         fwd = dataclasses.replace(fwd, stream_k=0)
