@@ -472,6 +472,11 @@ VARIANTS = {
     "fwd_pp_end": dict(forward=dict(_OWN, tile_m=128, tile_n=128, wg_split="n", grid_minor="m", grid_tile_width=8,
                                     schedule="pingpong", num_stages=6, delay_release=1, memory_warps=1,
                                     epilogue_store="end")),
+    # knobs beside it at short K (combine: "fwd_pp_end+fwd_w4", ...)
+    "fwd_w4": dict(forward=dict(grid_tile_width=4)),
+    "fwd_minor_n": dict(forward=dict(grid_minor="n")),
+    "fwd_s4": dict(forward=dict(num_stages=4)),
+    "fwd_k128_s3": dict(forward=dict(tile_k=128, num_stages=3)),
     "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
         _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
         delay_release=1)),
