@@ -165,6 +165,8 @@ VARIANTS = {
     "dw_sk1": dict(dw=dict(stream_k=1)),
     "dw_sk4": dict(dw=dict(stream_k=4)),
     "dw_sk0": dict(dw=dict(stream_k=0)),  # the dw kernel's tiles whole where the untuned rule splits them
+    "dw_sk8": dict(dw=dict(stream_k=8)),  # a lone last-round tile (133 of 128x256 at K = 896, N = 4864) split finer
+    "dw_sk16": dict(dw=dict(stream_k=16)),
     # narrower forward tiles where 128x256 ones leave rounds part-empty at few rows (512x4096x4096: 64 tiles on 132
     # blocks; cuBLAS runs 256x64 there)
     "fwd_n128": dict(forward=dict(tile_n=128)),
