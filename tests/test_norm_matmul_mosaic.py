@@ -1396,21 +1396,21 @@ def test_untuned_sweep_tries_the_dx_tile_widths_the_rule_weighs(monkeypatch):
 @cpu_only
 @pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages", [
     (8192, 2048, 5632, 256, 0, "split", 256, False, None), (2048, 4096, 4096, 256, 0, "split", 256, False, None),
-    (8192, 768, 3072, 192, 0, "split", 256, False, None), (4096, 1536, 4096, 192, 4, "split", 256, False, None),
+    (8192, 768, 3072, 192, 0, "end", 128, False, None), (4096, 1536, 4096, 192, 4, "split", 256, False, None),
     (4096, 2560, 8192, 160, 0, "split", 256, False, None), (4096, 5120, 13824, 160, 4, "split", 256, False, None),
     (8192, 1536, 8960, 256, 4, "split", 256, False, None), (8192, 3584, 18944, 224, 0, "split", 256, False, None),
     (2048, 3584, 1536, 224, 4, "end", 256, False, None), (512, 4096, 4096, 128, 0, "end", 128, True, 6),
     (256, 2048, 8192, 64, 0, "end", 128, True, 6), (128, 1024, 1024, 64, 4, "end", 64, True, 4),
     (512, 2048, 2048, 64, 0, "end", 64, True, 8),
-    (4096, 896, 1152, 224, 4, "split", 128, False, None), (32768, 1024, 256, 256, 4, "split", 128, False, None),
-    (4096, 960, 2560, 160, 0, "split", 256, False, None)])
+    (4096, 896, 1152, 224, 4, "end", 128, False, None), (32768, 1024, 256, 256, 4, "split", 128, False, None),
+    (4096, 960, 2560, 160, 0, "end", 128, False, None)])
 def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n,
                                                           xla_backward, fwd_stages, monkeypatch):
     """The entry taken at shapes no tuned entry covers (rows of 3 to 20 dx tiles: the row sums' grid cut in snake
     runs or row by row; dx tiles 256 to 64 wide; the dw kernel with stream-K or not; the forward's tiles 256, 128 or
     64 wide, its output stored split or at the tile's end; at few rows r from XLA, a deeper forward ring and XLA's
-    backward; below K = 1024 ping-pong forward tiles): its kernels lower for CUDA there within shared memory, with their warpgroups, and it is what a call
-    takes there on an H200."""
+    backward; below K = 1024 ping-pong forward tiles): its kernels lower for CUDA there within shared memory, with
+    their warpgroups, and it is what a call takes there on an H200."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     expected = _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages, N)
     assert nm_config.mosaic_default_config(M, K, N) == expected
@@ -1420,18 +1420,18 @@ def test_untuned_shapes_entry_lowers_within_shared_memory(M, K, N, dx_tile_n, dw
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages", [
     (8192, 2048, 5632, 256, 0, "split", 256, False, None), (2048, 4096, 4096, 256, 0, "split", 256, False, None),
-    (4096, 768, 3072, 192, 0, "split", 256, False, None), (2048, 2560, 4096, 160, 4, "split", 256, False, None),
+    (4096, 768, 3072, 192, 0, "end", 128, False, None), (2048, 2560, 4096, 160, 4, "split", 256, False, None),
     (2048, 1536, 8960, 192, 4, "split", 256, False, None), (2048, 3584, 1536, 224, 4, "end", 256, False, None),
     (512, 4096, 4096, 128, 0, "end", 128, True, 6), (256, 2048, 8192, 64, 0, "end", 128, True, 6),
     (128, 1024, 1024, 64, 4, "end", 64, True, 4), (512, 2048, 2048, 64, 0, "end", 64, True, 8),
-    (2048, 896, 1152, 128, 4, "split", 128, False, None), (2048, 896, 4864, 128, 4, "split", 256, False, None),
-    (4096, 960, 2560, 160, 0, "split", 256, False, None)])
+    (2048, 896, 1152, 128, 4, "end", 128, False, None), (2048, 896, 4864, 128, 4, "end", 128, False, None),
+    (4096, 960, 2560, 160, 0, "end", 128, False, None)])
 def test_untuned_shapes_on_the_gpu(M, K, N, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward, fwd_stages):
     """Shapes no tuned entry covers, without block_sizes (on an H200: the entry at UNTUNED_FROM, its dx tiles
     dx_tile_n wide, its dw kernel's stream-K split dw_stream_k, its forward's output stored fwd_store and its tiles
     fwd_tile_n wide, at few rows r from XLA, the forward ring fwd_stages deep and XLA's backward with
-    xla_backward; at _SHORT_K_SHAPES the ping-pong forward): forward and gradients against the float32 reference, two calls; the forward kernel unspilled, its
-    wgmma not serialized."""
+    xla_backward; at _SHORT_K_SHAPES the ping-pong forward): forward and gradients against the float32 reference, two
+    calls; the forward kernel unspilled, its wgmma not serialized."""
     config = nm_config.mosaic_default_config(M, K, N, jnp.bfloat16)
     if tuning.device_kind() == "NVIDIA H200":
         assert config == _untuned_expected(M, K, dx_tile_n, dw_stream_k, fwd_store, fwd_tile_n, xla_backward,
