@@ -161,8 +161,9 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             "fused14336": lambda: fused_forward_cases(4096, 4096, 14336),
             "fused6144": lambda: fused_forward_cases(8192, 4096, 6144),
             "fused5504": lambda: fused_forward_cases(16384, 1024, 5504),
-            # short K, no tuned entry: the untuned rule's forward (r from XLA, whole 128x256 tiles, 3 rounds) against
-            # cuBLAS's 128x160 tiles in clusters of 2x1 (27.4 µs where ours took 33.2: NOTES.md, sixty-eighth session)
+            # short K, no tuned entry: the untuned rule's forward (r from XLA, ping-pong 128x128 tiles since 9cb3fb4;
+            # whole 128x256 ones before) against cuBLAS's 128x160 tiles in clusters of 2x1 (27.4 µs where ours took
+            # 33.2 with whole tiles, 29.5 ping-pong: NOTES.md, sixty-eighth and sixty-ninth sessions)
             "fused960": lambda: fused_forward_cases(4096, 960, 2560), "core960": lambda: core_cases(4096, 960, 2560),
             # ping-pong 128x128 in a cluster of two sharing B (cuBLAS's autotuned form there), 128-wide K steps
             "core5504var": lambda: core_variant_cases(16384, 1024, 5504, (
