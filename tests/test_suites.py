@@ -493,10 +493,12 @@ def test_run_pytest_in_several_processes_leaves_none_behind(tmp_path):
                      f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
                      "    time.sleep(600)\n")
     out = tmp_path / "pytest.txt"
+    start = time.perf_counter()
     status, text = gpu_run.run_pytest([f"{tests}::test_memory_as_needed"], str(out), timeout_s=120, workers=2)
     assert status == "exit 0" and "1 passed" in text and "created: 2/2 workers" in text, text
-    status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=20, workers=2)
-    assert status == "TIMED OUT after 20 s"
+    cut_s = max(20, round(3 * (time.perf_counter() - start)))  # past the workers' start on a loaded machine
+    status, _ = gpu_run.run_pytest([str(tests)], str(out), timeout_s=cut_s, workers=2)
+    assert status == f"TIMED OUT after {cut_s} s"
     assert (tmp_path / "pytest-not-run.txt").read_text() == f"{tests}::test_slow\n"  # (from the workers' reports)
     assert f"passed   {tests}::test_memory_as_needed" in out.read_text()  # its duration, from a worker's report
     child = int(pid_file.read_text())
