@@ -5,7 +5,11 @@ once and writes each output once, at the kernel boundary. Operands reached throu
 A fusion parameter used only by `slice`/`dynamic-slice` inside the fusion is read only for what those take; a
 fusion whose root is a `dynamic-update-slice` into a parameter writes (and does not read) only the update.
 The workspace a cuBLAS/cuDNN custom call returns (its trailing `u8[...]` output) is not traffic. Parameters,
-constants, bitcasts, tuples and get-tuple-element launch nothing.
+constants, bitcasts, tuples and get-tuple-element launch nothing. Only buffers in HBM count (`shapes.hbm_resident`):
+on a TPU a value in VMEM (`S(1)`) moves no HBM bytes, and the `copy-start` that prefetches a weight there reads
+it from HBM and writes nothing to HBM; a buffer in host memory (`S(5)`, offloaded) is not HBM either, and a
+`copy-start` to or from it is a host transfer (any other `copy-start` is an asynchronous device copy). Tiled
+layouts count their padding (`Shape.size_bytes`).
 
 FLOPs: `dot` and `convolution` exactly (2 per multiply-add); each elementwise arithmetic op 1 per output element;
 `reduce` 1 per input element; data movement 0; an all-reduce 1 per output element (XLA's rule, as if over 2
@@ -28,9 +32,11 @@ from typing import Iterator
 
 from hlo_inspect.collectives import COLLECTIVE_OPCODES, Collective, collective, collective_instruction
 from hlo_inspect.parser import Computation, Instruction, Module, Shape, gc_paused
+from hlo_inspect.shapes import HOST_MEMORY_SPACE, hbm_resident
 from hlo_inspect.source import scope_of
 
-__all__ = ["Kernel", "kernels", "CATEGORIES", "classify", "fused_instructions", "trip_count"]
+__all__ = ["Kernel", "kernels", "CATEGORIES", "classify", "fused_instructions", "tiled_layouts", "trip_count",
+           "written_shape"]
 
 # category -> human-readable label.
 CATEGORIES = {
@@ -64,7 +70,7 @@ _NO_WORK = frozenset({
     "opt-barrier", "domain", "partition-id", "replica-id", "send-done", "recv-done",
 })  # and the `-done` / `-update` half of every asynchronous op (`Instruction.async_phase`)
 _CONTROL_FLOW = frozenset({"while", "conditional", "call"})
-_HOST = frozenset({"send", "recv", "infeed", "outfeed", "copy-start"})
+_HOST = frozenset({"send", "recv", "infeed", "outfeed"})  # and a copy-start to or from host memory
 _DATA_MOVEMENT = frozenset({
     "parameter", "constant", "bitcast", "broadcast", "reshape", "transpose", "slice", "dynamic-slice",
     "dynamic-update-slice", "concatenate", "pad", "copy", "gather", "scatter", "iota", "tuple",
@@ -158,7 +164,8 @@ def classify(inst: Instruction) -> str:
     The start of an asynchronous op is classified as the op it runs (`reduce-scatter-start` and an `async-start`
     wrapping an all-gather are collectives, `custom-call-start` by its target)."""
     op = inst.opcode
-    if op in _HOST:
+    if op in _HOST or (op == "copy-start" and any(
+            leaf.memory_space == HOST_MEMORY_SPACE for leaf in inst.shape.leaves())):
         return "host"
     if collective_instruction(inst) is not None:
         return "collective"
@@ -192,7 +199,7 @@ def classify(inst: Instruction) -> str:
         if target.startswith("mosaic_gpu") or target == "tpu_custom_call":
             return "mosaic"
         return "custom_call"
-    if op == "copy":
+    if op in ("copy", "copy-start"):
         return "copy"
     if op in ("dot", "ragged-dot", "scaled-dot"):
         return "dot"
@@ -253,7 +260,7 @@ def _buffer_source(inst: Instruction) -> Instruction:
     return source
 
 
-def _written_shape(inst: Instruction) -> Shape:
+def written_shape(inst: Instruction) -> Shape:
     """What an instruction writes: its shape, except for the start of an asynchronous op, whose tuple also
     holds its operands and context: `((operands), output, context)` for async-start (sugar included),
     all-gather-start and collective-permute-start; `(destination, source, context)` for copy-start.
@@ -266,13 +273,14 @@ def _written_shape(inst: Instruction) -> Shape:
     return shape
 
 
-def _output_bytes(inst: Instruction) -> int:
-    leaves = list(_written_shape(inst).leaves())
+def _output_bytes(inst: Instruction, tiled: bool) -> int:
+    """HBM bytes an instruction writes (a library call's workspace left out)."""
+    leaves = list(written_shape(inst).leaves())
     if inst.opcode == "custom-call" and inst.shape.is_tuple and len(leaves) > 1:
         last = leaves[-1]
         if last.dtype in ("u8", "s8") and len(last.dims) == 1:
             leaves = leaves[:-1]  # library workspace
-    return sum(Shape(dtype=s.dtype, dims=s.dims).size_bytes for s in leaves)
+    return sum(s.size_bytes for s in leaves if hbm_resident(s, tiled))
 
 
 def _fusion_parameter_reads(inst: Instruction) -> dict[int, int]:
@@ -323,15 +331,16 @@ def _in_place_update_bytes(inst: Instruction) -> int | None:
     return None
 
 
-def _bytes(inst: Instruction) -> tuple[int, int, list[tuple[Instruction, int]]]:
-    """(bytes_read, bytes_written, [(operand buffer, bytes read)]) of a launched instruction."""
+def _bytes(inst: Instruction, tiled: bool = False) -> tuple[int, int, list[tuple[Instruction, int]]]:
+    """(bytes_read, bytes_written, [(operand buffer, bytes read)]) of a launched instruction: HBM bytes only
+    (``tiled``: the program's layouts carry tiles, a TPU's, see ``shapes.hbm_resident``)."""
     partial = _fusion_parameter_reads(inst)
     seen: dict[int, tuple[Instruction, int]] = {}
     for index, operand in enumerate(inst.operands):
         source = _buffer_source(operand)
         nbytes = partial.get(index, operand.shape.size_bytes)
-        if operand.shape.is_tuple:
-            nbytes = 0  # a tuple operand (while/call state) is plumbing; its leaves are counted by users
+        if operand.shape.is_tuple or not hbm_resident(operand.shape, tiled):
+            nbytes = 0  # a tuple operand (while/call state) is plumbing, its leaves counted by users; or not in HBM
         key = id(source)
         if key in seen:
             seen[key] = (source, max(seen[key][1], nbytes))
@@ -339,13 +348,15 @@ def _bytes(inst: Instruction) -> tuple[int, int, list[tuple[Instruction, int]]]:
             seen[key] = (source, nbytes)
     if inst.opcode in ("slice", "dynamic-slice") and inst.operands:
         src = _buffer_source(inst.operands[0])
-        seen[id(src)] = (src, inst.shape.size_bytes)
+        seen[id(src)] = (src, inst.shape.size_bytes if hbm_resident(inst.operands[0].shape, tiled) else 0)
     update = _in_place_update_bytes(inst)
+    if update is not None and not all(hbm_resident(leaf, tiled) for leaf in inst.shape.leaves()):
+        update = 0
     if inst.opcode == "dynamic-update-slice" and inst.operands:
         src = _buffer_source(inst.operands[0])
         seen[id(src)] = (src, 0)
     reads = list(seen.values())
-    written = update if update is not None else _output_bytes(inst)
+    written = update if update is not None else _output_bytes(inst, tiled)
     return sum(n for _, n in reads), written, reads
 
 
@@ -580,6 +591,15 @@ def _dones(comp: Computation) -> dict[int, Instruction]:
     return out
 
 
+def tiled_layouts(module: Module) -> bool:
+    """Whether the program's layouts carry tiles (`{1,0:T(8,128)}`), as a TPU's do: its memory spaces then mean
+    on-chip memories (``shapes.hbm_resident``). Kept in the entry computation's cache."""
+    cache = module.entry.cache
+    if "tiled_layouts" not in cache:
+        cache["tiled_layouts"] = any(leaf.tiles for inst in module.instructions() for leaf in inst.shape.leaves())
+    return cache["tiled_layouts"]
+
+
 def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list[Kernel]) -> None:
     dones = None
     for inst in comp.instructions:
@@ -606,7 +626,7 @@ def _walk(module: Module, comp: Computation, loop: str, launches: int, out: list
                 _walk(module, called, loop, launches, out)
             continue
         category = classify(inst)
-        bytes_read, bytes_written, reads = _bytes(inst)
+        bytes_read, bytes_written, reads = _bytes(inst, tiled_layouts(module))
         if category in ("cublas", "cudnn") and op == "custom-call":
             flops, trans = _library_flops(inst), 0
             flops = None if flops is None else min(flops, MAX_FLOPS)

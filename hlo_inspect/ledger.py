@@ -17,7 +17,8 @@ value is computed inside the consumer.
 Tensors are tracked through `bitcast` and `get-tuple-element` (a multi-output kernel's outputs are separate
 tensors). An asynchronous kernel's result is its `-done` (`Kernel.result`): a collective started in one place
 and read after its done is a round trip of the collective. Values entering or leaving a while/conditional body
-are loop state, not counted.
+are loop state, not counted. A tensor outside HBM (a TPU's VMEM, host memory: ``shapes.hbm_resident``) makes
+no HBM round trip.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from hlo_inspect.kernels import Kernel
+from hlo_inspect.kernels import Kernel, tiled_layouts
 from hlo_inspect.parser import Instruction, Module, Shape
+from hlo_inspect.shapes import hbm_resident
 
 __all__ = ["Tensor", "RoundTrip", "Ledger", "ledger", "broadcast_shape", "NO_SCOPE"]
 
@@ -202,13 +204,14 @@ def ledger(module: Module, kernels: list[Kernel]) -> Ledger:
         output_keys.add((id(inst), index))
 
     trips = []
+    tiled = tiled_layouts(module)
     for k in kernels:
         result = k.result
         results = ([(i, s) for i, s in enumerate(result.shape.tuple_shapes)]
                    if result.shape.is_tuple else [(None, result.shape)])
         for index, shape in results:
             users = consumers.get((id(result), index))
-            if not users:
+            if not users or not hbm_resident(shape, tiled):
                 continue
             trips.append(RoundTrip(tensor=Tensor(result, index, shape), producer=k,
                                    consumers=[u for u, _ in users], read_bytes=[n for _, n in users],

@@ -20,9 +20,10 @@ import textwrap
 from typing import Any, Callable
 
 from hlo_inspect.formatting import format_bytes
-from hlo_inspect.kernels import Kernel, kernels as list_kernels, trip_count
+from hlo_inspect.kernels import Kernel, kernels as list_kernels, tiled_layouts, trip_count, written_shape
 from hlo_inspect.ledger import NO_SCOPE, Ledger, ledger as build_ledger
 from hlo_inspect.parser import Module, gc_paused, parse
+from hlo_inspect.shapes import hbm_resident
 from hlo_inspect.unfused import Unfused, counterfactual
 
 __all__ = ["Report", "Totals", "inspect", "from_text", "JSON_SCHEMA"]
@@ -167,14 +168,15 @@ class Report:
     def warnings(self) -> list[str]:
         """What a reader should know about the numbers: the caller's ``caveats`` (Pallas kernels that ran in
         interpret mode), the parser's (several modules in one text), HLO that looks unoptimized (every op its own
-        kernel), conditionals and while loops of unknown trip count (counted as every branch, and once), and
-        shapes with unbounded dynamic dimensions (`f32[?]`), which count 0 bytes."""
+        kernel), conditionals and while loops of unknown trip count (counted as every branch, and once),
+        shapes with unbounded dynamic dimensions (`f32[?]`), which count 0 bytes, and kernels' results outside HBM
+        (a TPU's VMEM, host memory), which count none either."""
         if getattr(self, "_warnings", None) is None:
             unbounded = sum(1 for inst in self.module.instructions() if inst.shape.has_unbounded)
             notes = [f"collective {k.name}: {k.collective.note}" for k in self.kernels
                      if k.collective and k.collective.note]
             self._warnings = list(self.module.warnings) + _unoptimized_warning(self.module) + \
-                _control_flow_warnings(self.module) + ([
+                _control_flow_warnings(self.module) + _memory_space_warnings(self.module, self.kernels) + ([
                 f"{unbounded} instruction{'s' if unbounded != 1 else ''} with an unbounded dynamic dimension ('?', "
                 "sized only at run time) count 0 bytes and 0 FLOPs for it"] if unbounded else []) + notes
         return list(self.caveats) + self._warnings
@@ -467,6 +469,23 @@ def _control_flow_warnings(module: Module) -> list[str]:
         out.append(f"{unknown} while loop{'s' if unknown != 1 else ''} with a trip count the HLO does not give (no "
                    "known_trip_count): each body is counted once")
     return out
+
+
+def _memory_space_warnings(module: Module, kernels: list[Kernel]) -> list[str]:
+    """[a note] when kernels write results outside HBM (``shapes.hbm_resident``): how many, in which memory
+    spaces, and that their bytes are not counted; else []."""
+    tiled = tiled_layouts(module)
+    spaces = collections.Counter(leaf.memory_space for k in kernels for leaf in written_shape(k.instruction).leaves()
+                                 if not hbm_resident(leaf, tiled))
+    if not spaces:
+        return []
+    where = ", ".join(f"{n} in S({space}) ({_SPACE_NAMES.get((tiled, space), 'on chip' if tiled else 'host memory')})"
+                      for space, n in sorted(spaces.items()))
+    return [f"kernel results outside HBM count no HBM bytes: {where}" +
+            ("; sizes count the TPU tiles' padding" if tiled else "")]
+
+
+_SPACE_NAMES = {(True, 1): "VMEM", (True, 5): "host memory", (False, 5): "host memory"}
 
 
 def _unoptimized_warning(module: Module) -> list[str]:

@@ -5,6 +5,12 @@ Dynamic dimensions: `<=16` is bounded (at most 16 elements at run time); it coun
 allocates. `?` is unbounded (`Shape::kUnboundedSize`): its size is known only at run time and XLA's own size
 functions reject it, so it counts as 0 elements: its bytes and FLOPs are left out of every total, and the report
 says how many shapes were affected (`Shape.has_unbounded`).
+
+Layouts may carry tiles and a memory space after a colon, as TPU programs print them:
+`bf16[2,1000]{1,0:T(4,128)(2,1)S(1)}`. Tiles (XLA's tiled layout, docs/tiled_layout.md there) pad the most minor
+physical dimensions to whole tiles, each tile in turn tiling the result of the one before (`*` merges a dimension
+into the next more minor one), so `size_bytes` counts 4 x 1024 elements above, what the buffer holds. The memory
+space `S(n)` (`Shape.memory_space`, 0 when absent) says where the buffer lives: `hbm_resident` reads it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from typing import Iterator
 
 from hlo_inspect.scanning import HloParseError, int_list, match_close, split_top_level
 
-__all__ = ["DTYPE_BITS", "Shape", "parse_shape", "take_shape", "MAX_INT64", "MAX_TUPLE_DEPTH"]
+__all__ = ["DTYPE_BITS", "Shape", "parse_shape", "take_shape", "hbm_resident", "HOST_MEMORY_SPACE", "MAX_INT64",
+           "MAX_TUPLE_DEPTH"]
 
 # Bits per element of each HLO primitive type.
 DTYPE_BITS = {
@@ -27,6 +34,9 @@ DTYPE_BITS = {
 }
 
 MAX_INT64 = 2 ** 63 - 1
+HOST_MEMORY_SPACE = 5  # XLA's Layout::kHostMemorySpace, on every backend: host memory (offloaded buffers)
+_TILES_RE = re.compile(r"(?<![A-Za-z])T((?:\([^()]*\))+)")  # T(8,128)(2,1): the groups after T
+_MEMORY_SPACE_RE = re.compile(r"(?<![A-Za-z])S\((\d+)\)")  # S(1), not SC(...)
 MAX_TUPLE_DEPTH = 64  # tuples nested deeper than this are refused (XLA prints a few levels at most)
 
 
@@ -65,10 +75,52 @@ class Shape:
 
     @property
     def size_bytes(self) -> int:
-        """Bytes of all array leaves, rounded up to whole bytes per array."""
+        """Bytes of all array leaves, rounded up to whole bytes per array; a tiled layout's padding included."""
         if not self.is_tuple:
-            return (math.prod(self.dims) * DTYPE_BITS.get(self.dtype, 0) + 7) // 8
+            return (self._stored_elements() * DTYPE_BITS.get(self.dtype, 0) + 7) // 8
         return sum(leaf.size_bytes for leaf in self.leaves())
+
+    @property
+    def tiles(self) -> tuple[tuple[int, ...], ...]:
+        """The layout's tiles, outermost first: `{1,0:T(8,128)(2,1)}` -> ((8, 128), (2, 1)); `*` is -1; () without."""
+        m = _TILES_RE.search(self.layout_extra) if self.layout_extra else None
+        if m is None:
+            return ()
+        groups = re.findall(r"\(([^()]*)\)", m.group(1))
+        try:
+            return tuple(tuple(-1 if x.strip() == "*" else int(x) for x in g.split(",")) for g in groups)
+        except ValueError:  # not XLA's tile syntax: no tiles rather than a guess
+            return ()
+
+    @property
+    def memory_space(self) -> int:
+        """The layout's memory space `S(n)`: 0 (device memory) when absent; `HOST_MEMORY_SPACE` is host memory."""
+        m = _MEMORY_SPACE_RE.search(self.layout_extra) if self.layout_extra else None
+        return int(m.group(1)) if m else 0
+
+    def _stored_elements(self) -> int:
+        """Elements of the buffer: the dims' product, or with tiles the padded count (XLA's tiled layout: each tile
+        covers the most minor dimensions of what the tile before it made, padding them to its multiples)."""
+        count = math.prod(self.dims)
+        tiles = self.tiles
+        if not tiles or self.layout is None or sorted(self.layout) != list(range(len(self.dims))):
+            return count
+        physical = [self.dims[d] for d in reversed(self.layout)]  # major to minor
+        for tile in tiles:
+            if any(t == 0 or t < -1 for t in tile) or tile[-1] == -1:
+                return count  # not a tile XLA prints: the plain count
+            physical = [1] * (len(tile) - len(physical)) + physical
+            prefix, tiled = physical[:len(physical) - len(tile)], physical[len(physical) - len(tile):]
+            dims, sizes, merged = [], [], 1
+            for d, t in zip(tiled, tile):
+                if t == -1:  # merged into the next more minor dimension
+                    merged *= d
+                    continue
+                dims.append(d * merged)
+                sizes.append(t)
+                merged = 1
+            physical = prefix + [-(-d // t) for d, t in zip(dims, sizes)] + sizes
+        return math.prod(physical)
 
     @property
     def has_unbounded(self) -> bool:
@@ -92,6 +144,15 @@ class Shape:
 # dtype, dimensions (no brackets, braces or parentheses inside), optional layout (no braces inside).
 _ARRAY_SHAPE_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\[\](){}]*)\](?:\{([^{}]*)\})?")
 _DIM_RE = re.compile(r"\s*(?:(<=)?\s*(\d+)|(\?))\s*")
+
+
+def hbm_resident(shape: "Shape", tiled_program: bool) -> bool:
+    """Whether an array's buffer lives in the device's HBM (its bytes count as HBM traffic). Memory space 0 does
+    everywhere and `HOST_MEMORY_SPACE` never does. The others differ by backend: on GPUs 1 and 2 are device memory
+    set aside (collective and temporary buffers), on TPUs (a `tiled_program`: TPU layouts carry tiles) every other
+    space is on chip (1 is VMEM; the semaphores' and SMEM's spaces too)."""
+    space = shape.memory_space
+    return space == 0 or (not tiled_program and space != HOST_MEMORY_SPACE)
 
 
 def _parse_array(m: re.Match, text: str, line_no: int | None, line: str | None) -> Shape:
