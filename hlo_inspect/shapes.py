@@ -187,6 +187,9 @@ def _parse_array(m: re.Match, text: str, line_no: int | None, line: str | None) 
                   unbounded_dims=tuple(unbounded))
     if dims and math.prod(dims) * DTYPE_BITS[dtype] > 8 * MAX_INT64:
         raise HloParseError(f"shape {text!r} holds more than 2**63 bytes (XLA's int64 limit)", line_no, line or text)
+    if extra and shape._stored_elements() * DTYPE_BITS[dtype] > 8 * MAX_INT64:
+        raise HloParseError(f"shape {text!r} holds more than 2**63 bytes with its tiles' padding (XLA's int64 limit)",
+                            line_no, line or text)
     return shape
 
 

@@ -6,6 +6,8 @@ import json
 import pytest
 
 import hlo_inspect
+from hlo_inspect import fuzz
+from hlo_inspect.scanning import HloParseError
 from hlo_inspect.shapes import HOST_MEMORY_SPACE, hbm_resident, parse_shape
 
 # A TPU MLP as XLA prints it: w_up prefetched into VMEM (S(1)) across programs, the hidden layer written to VMEM
@@ -145,3 +147,17 @@ def test_untiled_programs_keep_their_bytes():
     assert kernels["copy-start"].category == "copy"  # a device-to-device asynchronous copy
     assert (kernels["copy-start"].bytes_read, kernels["copy-start"].bytes_written) == (4 << 20, 4 << 20)
     assert not any("outside HBM" in w for w in rep.warnings)
+
+
+def test_padding_past_int64_is_a_parse_error():
+    with pytest.raises(HloParseError, match="tiles' padding"):
+        parse_shape("f32[3,5]{1,0:T(4611686018427387904,2)}")
+
+
+def test_mutated_tiled_and_offloaded_programs_end_in_a_report_or_a_parse_error():
+    """The fuzzer's mutations (numbers in tiles and memory spaces among them) on these two programs."""
+    seeds = [fuzz.Seed.of("tpu_mlp", TPU_MLP), fuzz.Seed.of("gpu_offload", GPU_OFFLOAD)]
+    result = fuzz.fuzz(seeds, 300, seed=0, limit_s=20.0, slow_s=2.0)
+    assert set(result["outcomes"]) <= {fuzz.OK, fuzz.PARSE_ERROR}, (result["outcomes"], result["failures"])
+    assert result["over_slow_s"] == 0, result["slowest"]
+    assert result["outcomes"].get(fuzz.OK, 0) >= 60, result["outcomes"]
