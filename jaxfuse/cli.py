@@ -249,12 +249,15 @@ def _inspect(fv: flags.FlagValues, rest: list[str]) -> int:
         print(report.to_json())
         return 0
     print(report.table())
-    saving = report.fusion_saving_text(spec.name, spec.hbm_bytes_per_s, spec.bf16_flops_per_s, spec.launch_us)
+    if spec is None:
+        print(f"\n{costmodel.no_figures_note()}")
+    saving = spec and report.fusion_saving_text(spec.name, spec.hbm_bytes_per_s, spec.bf16_flops_per_s,
+                                                spec.launch_us)
     if saving:
         print(f"\n{saving}")
     if fv.ledger:
         print()
-        print(report.ledger_table(hbm_bytes_per_s=spec.hbm_bytes_per_s))
+        print(report.ledger_table(hbm_bytes_per_s=spec.hbm_bytes_per_s if spec else None))
     return 0
 
 

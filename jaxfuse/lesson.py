@@ -69,7 +69,7 @@ class Run:
 
     env: dict[str, str]
     on_gpu: bool
-    dev: costmodel.DeviceSpec  # this GPU's spec; an H100's on a CPU (predictions are for the GPU)
+    dev: costmodel.DeviceSpec  # this GPU's spec; an H100's on a CPU or a GPU without figures (the line says)
     full: dict[str, Any]  # the lesson's sizes
     sizes: dict[str, Any]  # the sizes this run executes: full on a GPU, small on a CPU
     mode: str  # "full" | "small"
@@ -87,9 +87,12 @@ def start(notebook: str) -> Run:
         raise ValueError(f"JAXFUSE_LESSON_SIZES: expected 'full' or 'small', got {mode!r}")
     env = bench.environment()
     print(", ".join(f"{key} {env[key]}" for key in ("device", "jax", "commit", "date")))
-    dev = costmodel.detect() if on_gpu else costmodel.device("h100")
+    detected = costmodel.detect() if on_gpu else None
+    dev = detected or costmodel.device("h100")
     where = "measured on this GPU" if on_gpu else "a CPU run: wall-clock timings of the CPU, not of a GPU"
-    print(f"sizes: {mode} ({where}); predictions for {dev.name}")
+    print(f"sizes: {mode} ({where}); predictions for {dev.name}"
+          + (f" (no figures for {env['device']}: {costmodel.DEVICE_ENV} gives them)" if on_gpu and not detected
+             else ""))
     return Run(env, on_gpu, dev, dict(SIZES[notebook]["full"]), dict(SIZES[notebook][mode]), mode)
 
 

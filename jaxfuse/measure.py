@@ -118,12 +118,13 @@ def match(kernels: Sequence[Kernel], launches: Sequence[tuple[str, float]]
     return assigned, unmatched
 
 
-def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iterations: int = 30,
+def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec | None, iterations: int = 30,
                     arg_sets: Sequence[tuple] | None = None) -> tuple[list[MeasuredKernel], dict[str, Any]]:
     """Time `fn(*args)` kernel by kernel and set each report kernel's measurement beside its roofline.
 
     `arg_sets`: input sets of args' shapes to cycle through instead of args alone, so that inputs smaller than
-    the L2 cache (a decode step's weights) are read from HBM on every call, as the roofline assumes."""
+    the L2 cache (a decode step's weights) are read from HBM on every call, as the roofline assumes. `device`
+    None (no figures for this GPU, `costmodel.detect`): measurements without rooflines."""
     import jax
 
     if jax.default_backend() != "gpu":
@@ -135,7 +136,8 @@ def measure_kernels(report: Report, fn, args: tuple, *, device: DeviceSpec, iter
     for i, k in enumerate(report.kernels):
         idx = assigned.get(i, [])
         measured = sum(launches[j][1] for j in idx)
-        predicted = max(device.memory_us(k.bytes_total), device.compute_us(k.flops or 0)) * k.launches
+        predicted = None if device is None else max(
+            device.memory_us(k.bytes_total), device.compute_us(k.flops or 0)) * k.launches
         rows.append(MeasuredKernel(k, tuple(launches[j][0] for j in idx), measured,
                                    predicted if idx and not k.collective else None))
     rows += [MeasuredKernel(None, (launches[j][0],), launches[j][1], None) for j in unmatched]
@@ -198,7 +200,7 @@ def launch_cost(*, ops: int = 16, elements: int = 8192, iterations: int = 50) ->
             "eager_wall_us_per_op": wall_us(eager, [(x, c)], iterations=iterations, jit=False) / ops}
 
 
-def measured_table(rows: list[MeasuredKernel], summary: dict[str, Any], device: DeviceSpec) -> str:
+def measured_table(rows: list[MeasuredKernel], summary: dict[str, Any], device: DeviceSpec | None) -> str:
     header = ("kernel", "category", "bytes", "measured µs", "GB/s", "roofline µs", "roofline/measured",
               "XLA est µs")
     lines = []
@@ -212,7 +214,13 @@ def measured_table(rows: list[MeasuredKernel], summary: dict[str, Any], device: 
                       format_bytes(k.bytes_total) if k else "", f"{r.measured_us:.1f}", gbs, pred, ratio, xla))
     widths = [max(len(x[c]) for x in lines + [header]) for c in range(len(header))]
     fmt = lambda row: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
-    out = [f"measured on {device.name} (CUPTI device-kernel time, median of {summary['iterations']})",
+    if device is None:
+        import jax
+
+        name = f"{jax.devices()[0].device_kind} (no roofline figures)"
+    else:
+        name = device.name
+    out = [f"measured on {name} (CUPTI device-kernel time, median of {summary['iterations']})",
            fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(x) for x in lines]
     out.append(f"sum of kernels {summary['sum_of_kernels_us']:.1f} µs vs program device time "
                f"{summary['program_device_us']:.1f} µs (ratio {summary['sum_over_program']:.3f}); "

@@ -141,6 +141,58 @@ def test_roofline():
     assert costmodel.detect().name.lower() in jax.devices()[0].device_kind.lower()
 
 
+@pytest.mark.parametrize("kind, key", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100_pcie"), ("NVIDIA H100 NVL", "h100_nvl"),
+    ("NVIDIA H200", "h200"), ("NVIDIA H200 NVL", "h200_nvl"), ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA A100-SXM4-40GB", "a100_40gb"), ("NVIDIA A100-PCIE-40GB", "a100_40gb"),
+    ("NVIDIA A100 80GB PCIe", "a100_pcie"), ("NVIDIA L4", "l4"), ("NVIDIA L40S", "l40s"), ("NVIDIA A10", "a10"),
+    ("TPU v4", "tpu_v4"), ("TPU v5 lite", "tpu_v5e"), ("TPU v5e", "tpu_v5e"), ("TPU v5", "tpu_v5p"),
+    ("TPU v5p", "tpu_v5p"), ("TPU v6 lite", "tpu_v6e"), ("cpu", "cpu"),
+    # no figures here: another part's would mislead (the GH200's memory, the A10G's clocks, the L40's)
+    ("NVIDIA GH200 480GB", None), ("NVIDIA A10G", None), ("NVIDIA L40", None), ("NVIDIA GeForce RTX 4090", None),
+    ("Tesla T4", None), ("", None),
+])
+def test_lookup_takes_each_part_by_its_device_kind(kind, key):
+    assert costmodel.lookup(kind) is (costmodel.DEVICES[key] if key else None)
+
+
+def test_h100_pcie_is_not_the_sxm_part():
+    """The PCIe card's bandwidth is 1.7x below the SXM part's: a report with the SXM figures would say so wrong."""
+    pcie, sxm = costmodel.lookup("NVIDIA H100 PCIe"), costmodel.lookup("NVIDIA H100 80GB HBM3")
+    assert sxm.hbm_bytes_per_s / pcie.hbm_bytes_per_s == pytest.approx(2.94e12 / 2.0e12)
+
+
+def test_device_figures_from_text_and_what_is_wrong_with_them():
+    spec = costmodel.from_figures("hbm=1.008e12, bf16=165e12, fp32=82.6e12, launch_us=3, l2=75e6, name=RTX 4090")
+    assert (spec.name, spec.hbm_bytes_per_s, spec.bf16_flops_per_s, spec.fp32_flops_per_s, spec.launch_us,
+            spec.l2_bytes) == ("RTX 4090", 1.008e12, 165e12, 82.6e12, 3.0, 75_000_000)
+    for text, match in [("hbm=1e12", "needs bf16="), ("bf16=1e12", "needs hbm="), ("hbm=fast,bf16=1", "hbm='fast'"),
+                        ("hbm=0,bf16=1", "hbm='0' must be a positive"), ("hbm=1,bf16=inf", "bf16='inf'"),
+                        ("hbm=1,bf16=2,clock=3", "'clock=3' is not one of"), ("h100x", "'h100x' is not one of")]:
+        with pytest.raises(ValueError, match=match):
+            costmodel.from_figures(text)
+
+
+def test_detect_reads_the_environment_then_the_device_kind(monkeypatch):
+    class Device:
+        platform, device_kind = "gpu", "NVIDIA GeForce RTX 4090"
+
+    monkeypatch.setattr(jax, "devices", lambda: [Device()])
+    monkeypatch.delenv(costmodel.DEVICE_ENV, raising=False)
+    assert costmodel.detect() is None  # no figures for this part: nothing guessed
+    assert "no roofline figures for 'NVIDIA GeForce RTX 4090'" in costmodel.no_figures_note()
+    monkeypatch.setenv(costmodel.DEVICE_ENV, "hbm=1.008e12,bf16=165e12")
+    assert costmodel.detect().hbm_bytes_per_s == 1.008e12
+    monkeypatch.setenv(costmodel.DEVICE_ENV, "H200")
+    assert costmodel.detect() is costmodel.DEVICES["h200"]
+    monkeypatch.setenv(costmodel.DEVICE_ENV, "b300")
+    with pytest.raises(ValueError, match="JAXFUSE_DEVICE: 'b300' is not one of"):
+        costmodel.detect()
+    monkeypatch.delenv(costmodel.DEVICE_ENV)
+    Device.device_kind = "NVIDIA H100 PCIe"
+    assert costmodel.detect() is costmodel.DEVICES["h100_pcie"]
+
+
 def test_shape_args_parse_sizes_and_name_what_is_wrong(capsys):
     import argparse
 

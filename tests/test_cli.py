@@ -83,6 +83,18 @@ def test_jaxfuse_inspect_forward_json(capsys):
     assert "interpret mode" not in capsys.readouterr().err
 
 
+def test_jaxfuse_inspect_without_device_figures_says_so(monkeypatch, capsys):
+    """A device costmodel has no figures for: the table and the ledger's bytes, no predicted times, and how to
+    give the figures."""
+    from jaxfuse import costmodel
+
+    monkeypatch.setattr(costmodel, "detect", lambda: None)
+    assert jaxfuse_cli.main(["inspect", "--seq", "16", "--dim", "64", "--heads", "2", "--kv-heads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "no roofline figures for" in out and "JAXFUSE_DEVICE=hbm=" in out
+    assert "fusion saving on" not in out and "HBM round trips" in out
+
+
 @pytest.mark.skipif(__import__("jax").default_backend() != "gpu", reason="--measure times kernels on a GPU")
 def test_jaxfuse_inspect_measure_on_a_mesh_adds_the_device_timeline(capsys):
     """On a mesh, --measure also prints the per-device trace table (one GPU: data=1, no collective)."""

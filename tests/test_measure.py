@@ -100,3 +100,21 @@ def test_a_mosaic_kernel_matches_its_launch():
     assert measure.match(rep.kernels, launches) == ({0: [0], 1: [1], 2: [2]}, [])
     launches[2] = ("memset32_kernel", 0.5)  # no Mosaic launch: left unattributed, not taken
     assert measure.match(rep.kernels, launches) == ({0: [0], 1: [1]}, [2])
+
+
+def test_measured_table_names_the_device_and_leaves_rooflines_out_without_figures():
+    """costmodel.detect() None (a GPU without figures): the table says so and has no roofline column values."""
+    import jax
+
+    with open(os.path.join(DATA, "h100_block_fwd.hlo.txt")) as f:
+        rep = hlo_inspect.from_text(f.read())
+    rows = [measure.MeasuredKernel(rep.kernels[0], ("loop_fusion",), 10.0, None)]
+    summary = {"iterations": 5, "sum_of_kernels_us": 10.0, "program_device_us": 11.0, "sum_over_program": 10 / 11,
+               "program_wall_us": 40.0, "matched": 1, "kernels": len(rep.kernels), "unattributed": 0, "spread": 0.01}
+    text = measure.measured_table(rows, summary, None)
+    assert text.splitlines()[0].startswith(f"measured on {jax.devices()[0].device_kind} (no roofline figures)")
+    from jaxfuse import costmodel
+
+    with_figures = [measure.MeasuredKernel(rep.kernels[0], ("loop_fusion",), 10.0, 5.0)]
+    text = measure.measured_table(with_figures, summary, costmodel.device("h100"))
+    assert text.splitlines()[0].startswith("measured on NVIDIA H100 80GB HBM3") and "0.50" in text

@@ -384,6 +384,17 @@ def test_the_sweep_rotates_input_sets_where_one_fits_in_the_l2(tmp_path, monkeyp
     monkeypatch.setattr(costmodel, "detect", lambda: costmodel.DEVICES["h200"])
     suites.tune("rmsnorm_matmul", cache_path=tmp_path / "h200.json", limit=1, iterations=1, **_QUIET)
     assert lengths == [3, 3]
+    lengths.clear()
+    monkeypatch.setattr(costmodel, "detect", lambda: None)  # a GPU without figures: its L2 unknown
+    suites.tune("rmsnorm_matmul", cache_path=tmp_path / "unknown.json", limit=1, iterations=1, **_QUIET)
+    assert lengths == [3, 3]
+
+
+def test_records_of_a_device_without_figures_have_no_floor(monkeypatch):
+    """costmodel.detect() None (a GPU the table does not name): times are recorded, floors and × floor left out."""
+    monkeypatch.setattr(costmodel, "detect", lambda: None)
+    records = suites.run("rmsnorm_matmul", ["33x64x16"], impls=("xla",), iterations=1, **_QUIET)
+    assert records and all(r.time_us > 0 and r.floor_us is None and r.ratio_to_floor is None for r in records)
 
 
 def test_sweep_skips_a_backend_that_cannot_run_the_shape(tmp_path, monkeypatch):

@@ -163,21 +163,23 @@ def _failed(spec, label, impl, mode, cost, extra, error) -> bench.Record:
 
 
 def _costs(spec, shape, variant, dev) -> dict:
+    """mode -> (FLOPs, bytes, floor µs); the floor None without a device spec (``costmodel.detect``)."""
     out = {}
     for mode in spec.modes:
         flops, bytes_moved = spec.cost(shape, variant, mode)
-        out[mode] = (flops, bytes_moved, dev.roofline_us(bytes_moved, flops, launches=0))
+        out[mode] = (flops, bytes_moved, None if dev is None else dev.roofline_us(bytes_moved, flops, launches=0))
     return out
 
 
 def input_sets(spec: OpSpec, shape, dev) -> list[tuple]:
     """The input sets rotated while timing one shape (seeds 0, 1, ...): ``spec.input_sets`` of them, else 3 when
-    one set fits in the device's L2 (so no timed call finds its inputs left there by the call before), else 1."""
+    one set fits in the device's L2 (so no timed call finds its inputs left there by the call before) or the
+    device has no spec (``costmodel.detect``: its L2 unknown), else 1."""
     first = spec.make_inputs(shape, 0)
     count = spec.input_sets
     if count is None:
         nbytes = sum(getattr(x, "nbytes", 0) for x in first)
-        count = 3 if dev.l2_bytes and nbytes < dev.l2_bytes else 1
+        count = 3 if dev is None or (dev.l2_bytes and nbytes < dev.l2_bytes) else 1
     return [first] + [spec.make_inputs(shape, seed) for seed in range(1, count)]
 
 
