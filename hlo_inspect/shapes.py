@@ -16,6 +16,7 @@ space `S(n)` (`Shape.memory_space`, 0 when absent) says where the buffer lives: 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from typing import Iterator
@@ -73,14 +74,14 @@ class Shape:
         """Elements of an array shape (0 for tuples; an unbounded `?` dimension counts 0)."""
         return 0 if self.is_tuple else math.prod(self.dims)
 
-    @property
+    @functools.cached_property
     def size_bytes(self) -> int:
         """Bytes of all array leaves, rounded up to whole bytes per array; a tiled layout's padding included."""
         if not self.is_tuple:
             return (self._stored_elements() * DTYPE_BITS.get(self.dtype, 0) + 7) // 8
         return sum(leaf.size_bytes for leaf in self.leaves())
 
-    @property
+    @functools.cached_property
     def tiles(self) -> tuple[tuple[int, ...], ...]:
         """The layout's tiles, outermost first: `{1,0:T(8,128)(2,1)}` -> ((8, 128), (2, 1)); `*` is -1; () without."""
         m = _TILES_RE.search(self.layout_extra) if self.layout_extra else None
@@ -92,7 +93,7 @@ class Shape:
         except ValueError:  # not XLA's tile syntax: no tiles rather than a guess
             return ()
 
-    @property
+    @functools.cached_property
     def memory_space(self) -> int:
         """The layout's memory space `S(n)`: 0 (device memory) when absent; `HOST_MEMORY_SPACE` is host memory."""
         m = _MEMORY_SPACE_RE.search(self.layout_extra) if self.layout_extra else None
