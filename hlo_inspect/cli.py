@@ -3,6 +3,7 @@
     python -c "import jax; print(jax.jit(f).lower(x).compile().as_text())" > f.hlo.txt
     hlo-inspect f.hlo.txt
     hlo-inspect f.hlo.txt --json > f.report.json
+    hlo-inspect DUMP_DIR        # a folder XLA_FLAGS=--xla_dump_to=DUMP_DIR wrote: its one optimized module
 
 Pure Python: no JAX needed. Malformed text exits with status 2 and one message naming the line that could not
 be read; so do a file that is not text and an HTML path that cannot be written (its folder is made when missing).
@@ -19,7 +20,8 @@ from absl import flags
 from hlo_inspect.parser import HloParseError
 from hlo_inspect.report import from_text
 
-USAGE = "usage: hlo-inspect FILE.txt [--json] [--html OUT.html]  (FILE '-' reads standard input)"
+USAGE = ("usage: hlo-inspect FILE.txt [--json] [--html OUT.html]  (FILE '-' reads standard input; a folder of "
+         "XLA dumps, its optimized module)")
 
 
 def _flags() -> flags.FlagValues:
@@ -64,6 +66,10 @@ def _report(path: str, as_json: bool, html_path: str | None) -> int:
             print(f"hlo-inspect: cannot write the HTML report to {html_path}: {e.strerror} ({folder})",
                   file=sys.stderr)
             return 2
+    if path != "-" and os.path.isdir(path):
+        path = _dump_in(path)
+        if path is None:
+            return 2
     try:
         if path == "-":
             data = sys.stdin.buffer.read()
@@ -92,6 +98,29 @@ def _report(path: str, as_json: bool, html_path: str | None) -> int:
             return 2
     print(report.to_json() if as_json else report.table())
     return 0
+
+
+def _dump_in(folder: str) -> str | None:
+    """The one optimized module XLA dumped into ``folder``, or None after saying why there is not one."""
+    from hlo_inspect.passes import optimized_dumps
+
+    try:
+        dumps = optimized_dumps(folder)
+    except OSError as e:
+        print(f"hlo-inspect: cannot read the folder {folder}: {e.strerror}", file=sys.stderr)
+        return None
+    if len(dumps) == 1:
+        print(f"hlo-inspect: {folder} holds one optimized module: {os.path.basename(dumps[0])}", file=sys.stderr)
+        return dumps[0]
+    if not dumps:
+        print(f"hlo-inspect: {folder} is a folder without an optimized module (module_*.*after_optimizations.txt, "
+              f"as XLA_FLAGS=--xla_dump_to={folder} writes them): pass an HLO text file", file=sys.stderr)
+        return None
+    listed = "\n".join(f"  {d}  ({os.path.getsize(d):,} bytes)" for d in dumps[:20])
+    more = f"\n  ... and {len(dumps) - 20} more" if len(dumps) > 20 else ""
+    print(f"hlo-inspect: {folder} holds {len(dumps)} optimized modules; pass one of them:\n{listed}{more}",
+          file=sys.stderr)
+    return None
 
 
 def run() -> None:

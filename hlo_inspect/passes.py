@@ -65,7 +65,7 @@ from hlo_inspect.parser import Instruction, Module, Shape, parse
 from hlo_inspect.formatting import format_bytes, parse_xla_flags
 
 __all__ = ["PassStep", "PassTimeline", "Origin", "dump_passes", "load_pass_dumps", "dump_options",
-           "JSON_SCHEMA"]
+           "optimized_dumps", "JSON_SCHEMA"]
 
 JSON_SCHEMA = "hlo_inspect.passes/1"
 
@@ -416,6 +416,14 @@ def _classify_file(filename: str) -> _DumpFile | None:
 # get-tuple-element instruction left out; `compiled.as_text()` still prints the get-tuple-element.
 _TUPLE_REF_RE = re.compile(r"%([A-Za-z0-9_.\-]+)((?:#\d+)+)")
 _DEFINITION_RE = re.compile(r"^(\s*)(?:ROOT\s+)?%([A-Za-z0-9_.\-]+)\s*=\s*")
+
+
+def optimized_dumps(folder: str | os.PathLike) -> list[str]:
+    """The optimized modules XLA dumped into ``folder`` (``--xla_dump_to``): the paths of its
+    `module_NNNN.NAME.PLATFORM_after_optimizations.txt` files, by module number (not the buffer assignment or
+    memory report beside them)."""
+    found = [(m.group("id"), name) for name in os.listdir(folder) if (m := _AFTER_RE.match(name))]
+    return [os.path.join(folder, name) for _, name in sorted(found)]
 
 
 def _read_step(dump: _DumpFile, text: str | None, read_error: str) -> PassStep:

@@ -38,6 +38,27 @@ def test_hlo_inspect_bad_file(tmp_path, capsys):
     assert hlo_cli.main([]) == 2
 
 
+def test_hlo_inspect_reads_the_optimized_module_of_a_dump_folder(tmp_path, capsys):
+    """A folder XLA_FLAGS=--xla_dump_to wrote: its one optimized module is read; with several, they are listed;
+    with none, the message says what it looked for."""
+    with open(os.path.join(DATA, "cpu_mlp_grad.hlo.txt")) as f:
+        text = f.read()
+    (tmp_path / "module_0004.jit_step.before_optimizations.txt").write_text("HloModule jit_step\n")
+    (tmp_path / "module_0004.jit_step.cpu_after_optimizations-buffer-assignment.txt").write_text("not HLO\n")
+    assert hlo_cli.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "without an optimized module" in err and "--xla_dump_to" in err
+    (tmp_path / "module_0004.jit_step.cpu_after_optimizations.txt").write_text(text)
+    assert hlo_cli.main([str(tmp_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["kernels"] and "holds one optimized module: module_0004.jit_step" in err
+    (tmp_path / "module_0001.jit_iota.sm_9.0_gpu_after_optimizations.txt").write_text(text)
+    assert hlo_cli.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 optimized modules; pass one of them" in err
+    assert err.index("module_0001.jit_iota") < err.index("module_0004.jit_step")  # by module number
+
+
 def test_hlo_inspect_help(capsys):
     assert hlo_cli.main(["--help"]) == 0
     assert "--json" in capsys.readouterr().out
