@@ -282,8 +282,20 @@ def _naming_side(name: str, spec: str | None):
 
 
 def _side_source(spec: str | None, xla_flags: str) -> str | KernelSet:
-    """One side of a diff, checked before anything compiles: a saved HLO file's text, or the kernel set of the
-    model ('' or None for the defaults) that this machine can run."""
+    """One side of a diff, checked before anything compiles: a saved HLO file's text (a folder of XLA dumps: its
+    one optimized module), or the kernel set of the model ('' or None for the defaults) that this machine can
+    run."""
+    if spec and os.path.isdir(spec):
+        from hlo_inspect.passes import optimized_dumps
+
+        dumps = optimized_dumps(spec)
+        if len(dumps) != 1:
+            found = (f"holds {len(dumps)} optimized modules; pass one of them: "
+                     + ", ".join(os.path.basename(d) for d in dumps[:10]) + (", ..." if len(dumps) > 10 else "")
+                     if dumps else "is a folder without an optimized module (module_*.*after_optimizations.txt, as "
+                     "--xla_dump_to writes them)")
+            raise ValueError(f"{found}; expected an HLO text file or a kernel spec like 'attention=cudnn'")
+        spec = dumps[0]
     if spec and os.path.isfile(spec):
         if xla_flags:
             raise ValueError(f"xla_flags: XLA flags apply to programs we compile, not to the saved file {spec}")
@@ -295,8 +307,6 @@ def _side_source(spec: str | None, xla_flags: str) -> str | KernelSet:
             raise ValueError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): expected the "
                              "HLO text of a compiled program, `jax.jit(f).lower(*args).compile().as_text()`") from None
     if spec and "=" not in spec:
-        if os.path.isdir(spec):
-            raise ValueError("is a directory; expected an HLO text file or a kernel spec like 'attention=cudnn'")
         if "/" in spec or spec.endswith((".txt", ".hlo")):
             raise ValueError("no such file")
         raise ValueError(f"{spec!r} is neither an HLO text file nor a kernel spec like 'attention=cudnn'")

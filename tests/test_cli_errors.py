@@ -205,11 +205,28 @@ def test_diff_says_a_mistyped_path_is_missing_or_a_folder(tmp_path, capsys):
     good = os.path.join(DATA, "h100_block_fwd.hlo.txt")
     missing = str(tmp_path / "missing.hlo.txt")
     for a, said in ((missing, "no such file"), ("old.hlo.txt", "no such file"),
-                    (str(tmp_path), "is a directory; expected an HLO text file or a kernel spec like "
+                    (str(tmp_path), "is a folder without an optimized module (module_*.*after_optimizations.txt, "
+                                    "as --xla_dump_to writes them); expected an HLO text file or a kernel spec like "
                                     "'attention=cudnn'"),
                     ("attention", "'attention' is neither an HLO text file nor a kernel spec like 'attention=cudnn'")):
         status, _, err = run(capsys, "diff", "--a", a, "--b", good)
         assert status == 2 and one_error(err) == f"jaxfuse diff: A ({a}): {said}"
+
+
+def test_diff_takes_the_optimized_module_of_a_dump_folder(tmp_path, capsys):
+    good = os.path.join(DATA, "h100_block_fwd.hlo.txt")
+    with open(good) as f:
+        text = f.read()
+    (tmp_path / "module_0007.jit_block.sm_9.0_gpu_after_optimizations.txt").write_text(text)
+    status, out, _ = run(capsys, "diff", "--a", str(tmp_path), "--b", good, "--json")
+    matches = json.loads(out)["matches"] if status == 0 else []
+    assert matches and all(row["kind"] == "same" for row in matches)  # the folder's module is the file itself
+    (tmp_path / "module_0002.jit_iota.sm_9.0_gpu_after_optimizations.txt").write_text(text)
+    status, _, err = run(capsys, "diff", "--a", str(tmp_path), "--b", good)
+    assert status == 2 and one_error(err) == (
+        f"jaxfuse diff: A ({tmp_path}): holds 2 optimized modules; pass one of them: "
+        "module_0002.jit_iota.sm_9.0_gpu_after_optimizations.txt, module_0007.jit_block.sm_9.0_gpu_after_optimizations"
+        ".txt; expected an HLO text file or a kernel spec like 'attention=cudnn'")
 
 
 # ---- 5. --measure and other platforms' XLA flags on a CPU ------------------------------------------------------
