@@ -288,7 +288,10 @@ def _side_source(spec: str | None, xla_flags: str) -> str | KernelSet:
     if spec and os.path.isdir(spec):
         from hlo_inspect.passes import optimized_dumps
 
-        dumps = optimized_dumps(spec)
+        try:
+            dumps = optimized_dumps(spec)
+        except OSError as e:
+            raise ValueError(f"cannot read the folder: {e.strerror}") from None
         if len(dumps) != 1:
             found = (f"holds {len(dumps)} optimized modules; pass one of them: "
                      + ", ".join(os.path.basename(d) for d in dumps[:10]) + (", ..." if len(dumps) > 10 else "")

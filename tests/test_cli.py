@@ -59,6 +59,17 @@ def test_hlo_inspect_reads_the_optimized_module_of_a_dump_folder(tmp_path, capsy
     assert err.index("module_0001.jit_iota") < err.index("module_0004.jit_step")  # by module number
 
 
+def test_hlo_inspect_says_a_dump_folder_cannot_be_read(tmp_path, capsys, monkeypatch):
+    from hlo_inspect import passes
+
+    def denied(folder):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(passes.os, "listdir", denied)
+    assert hlo_cli.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"hlo-inspect: cannot read the folder {tmp_path}: Permission denied\n"
+
+
 def test_hlo_inspect_help(capsys):
     assert hlo_cli.main(["--help"]) == 0
     assert "--json" in capsys.readouterr().out

@@ -213,6 +213,17 @@ def test_diff_says_a_mistyped_path_is_missing_or_a_folder(tmp_path, capsys):
         assert status == 2 and one_error(err) == f"jaxfuse diff: A ({a}): {said}"
 
 
+def test_diff_says_a_dump_folder_cannot_be_read(tmp_path, capsys, monkeypatch):
+    from hlo_inspect import passes
+
+    def denied(folder):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(passes.os, "listdir", denied)
+    status, _, err = run(capsys, "diff", "--a", str(tmp_path), "--b", os.path.join(DATA, "h100_block_fwd.hlo.txt"))
+    assert status == 2 and one_error(err) == f"jaxfuse diff: A ({tmp_path}): cannot read the folder: Permission denied"
+
+
 def test_diff_takes_the_optimized_module_of_a_dump_folder(tmp_path, capsys):
     good = os.path.join(DATA, "h100_block_fwd.hlo.txt")
     with open(good) as f:
