@@ -1162,6 +1162,40 @@ def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
         assert nm_config.mosaic_default_config(8192, 2048, 5632) == builtin(8192, 2048, 5632)
 
 
+@pytest.mark.parametrize("device", ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "cpu"])
+def test_untuned_rule_gives_every_shape_a_config_or_a_reason(monkeypatch, device):
+    """The default config of any shape, on a device with tuned entries or none: a config whose kernels take the
+    shape or name why not, never an exception from inside the rules. Fewer rows than a forward tile (2-127) raised
+    ValueError from the stream-K planner on the H200 (0caff27 until this test), and with it every backend's call,
+    Triton's too: the backends ask each one whether it takes the shape (bench at 16x4096x4096, 71st session)."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: device)
+    for M in (1, 2, 16, 63, 64, 100, 127, 128, 200, 1000, 4096):
+        for K, N in [(64, 64), (96, 200), (576, 1536), (1000, 4096), (1024, 128), (4096, 4096), (4096, 14336)]:
+            for dtype, residual in [(jnp.bfloat16, False), (jnp.bfloat16, True), (jnp.float16, False)]:
+                config = nm_config.mosaic_default_config(M, K, N, dtype, residual=residual)
+                reason = config.unsupported_reason(M, K, N)
+                assert reason is None or isinstance(reason, str) and reason, (M, K, N, dtype, residual)
+
+
+@pytest.mark.parametrize("backend", ["triton", "auto"])
+def test_untuned_few_rows_on_an_h200_lower_on_the_triton_backend(monkeypatch, backend):
+    """16 rows on an H200 (a decode batch): "triton" and "auto" lower the Triton kernels for CUDA, forward and
+    gradients; Mosaic refuses the shape with its reason."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    M, K, N = 16, 4096, 4096
+    x, g, w = S((M, K), jnp.bfloat16), S((K,), jnp.float32), S((K, N), jnp.bfloat16)
+
+    def forward_backward(x, g, w):
+        y, vjp = jax.vjp(lambda *a: norm_matmul.rmsnorm_matmul(*a, backend=backend), x, g, w)
+        return y, vjp(jnp.ones_like(y))
+    with backends.lowering_for_gpu():
+        assert norm_matmul.plan(x, g, w, backend=backend).backend == "triton"
+        text = jax.jit(forward_backward).trace(x, g, w).lower(lowering_platforms=("cuda",)).as_text()
+        with pytest.raises(ValueError, match="backend='mosaic' cannot run rmsnorm_matmul here: .*M=16"):
+            norm_matmul.plan(x, g, w, backend="mosaic")
+    assert "__gpu$xla.gpu.triton" in text and "mosaic_gpu" not in text
+
+
 @pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (8192, 4096, 6144), (16384, 1024, 5504), (8192, 512, 2816),
                                      (256, 2048, 8192)])
 def test_untuned_and_tuned_shapes_sweep_around_the_h200_entry(monkeypatch, M, K, N):

@@ -1053,13 +1053,14 @@ def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
             config, forward=dataclasses.replace(config.forward, tile_n=t, epilogue_store=e))) for e in stores)), None)
         if candidate is None:
             continue
+        if candidate.unsupported_reason(M, K, N) is not None:  # (e.g. fewer rows than a tile: no tiles to plan)
+            continue
         fwd = candidate.forward
         tiles = M // fwd.cta_m * -(-N // fwd.cta_n)
         plan = stream_k.plan_for(tiles, sms, K // fwd.tile_k, split=fwd.stream_k) if fwd.stream_k else None
         # r shared by each row block's first tile, which must run in the whole rounds, and the a_operand's equal
         # stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
-        if candidate.unsupported_reason(M, K, N) is not None or (
-                plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None)):
+        if plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None):
             continue
         if plan is None and fwd.epilogue_store == "split":  # no stream-K phase (at most one round, or whole rounds):
             # without one ptxas serializes the split store's wgmma beside γ's registers (C7513; NOTES.md,
