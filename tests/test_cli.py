@@ -11,6 +11,7 @@ import pytest
 from conftest import CPU_ONLY
 from hlo_inspect import cli as hlo_cli
 from jaxfuse import cli as jaxfuse_cli
+from pallas_kernels.norm_matmul import config as nm_config
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,9 +182,11 @@ def test_triton_ir_names_the_sites_that_lower_as_mosaic(capsys):
             and "attention=" not in err.split("left out:")[1])
 
 
-def test_jaxfuse_inspect_mosaic_ir_on_cpu(capsys):
+def test_jaxfuse_inspect_mosaic_ir_on_cpu(capsys, monkeypatch):
     """--mosaic-ir lowers for CUDA on any machine and summarizes each Mosaic GPU kernel; the Triton sites are left
-    out and named; without a Mosaic kernel, or with --triton-ir too, a clear error (exit 2)."""
+    out and named; without a Mosaic kernel, or with --triton-ir too, a clear error (exit 2). The built-in tables'
+    forms on any machine: an H200's untuned rule runs XLA's backward at these few rows, with no dx kernel."""
+    monkeypatch.setattr(nm_config, "UNTUNED_DEVICES", ())
     small = ["--seq", "64", "--dim", "128", "--heads", "2", "--kv-heads", "1"]
     argv = ["inspect", *small, "--train-step", "--kernels", "norm_matmul=pallas_mosaic", "--mosaic-ir", "--json"]
     assert jaxfuse_cli.main(argv) == 0
