@@ -1346,11 +1346,29 @@ def test_untuned_few_rows_split_a_long_forward_k_loop_over_a_half_empty_grid(mon
     assert config.forward.stream_k == fwd_stream_k
 
 
+@pytest.mark.parametrize("M, K, N", [(64, 4096, 14336), (64, 2048, 8192), (64, 1024, 3072), (192, 2048, 8192),
+                                     (192, 4096, 14336)])
+def test_untuned_rows_below_the_entrys_tiles_take_the_tables_kernels_and_xla_backward(monkeypatch, M, K, N):
+    """On an H200, fewer rows than the entry's 128-row forward tiles take (64, 192): the built-in tables' kernels with
+    XLA's backward, whose GEMMs beat our dx and dw kernels on a few blocks (``config._untuned_below_entry``). With a
+    residual, another device, or rows the tables' tiles do not take either (100), the tables as they are."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    builtin = nm_config.mosaic_builtin_config(M, K, N)
+    assert nm_config.mosaic_default_config(M, K, N) == dataclasses.replace(builtin, backward_in_xla=True)
+    assert nm_config.mosaic_default_config(M, K, N, residual=True) == nm_config.mosaic_builtin_config(
+        M, K, N, residual=True)
+    assert nm_config.mosaic_default_config(100, K, N) == nm_config.mosaic_builtin_config(100, K, N)
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H100 80GB HBM3")
+    assert nm_config.mosaic_default_config(M, K, N) == builtin
+
+
 @gpu_only
-@pytest.mark.parametrize("M, K, N", [(256, 4096, 1024), (256, 8192, 2048), (384, 2048, 2048)])
+@pytest.mark.parametrize("M, K, N", [(256, 4096, 1024), (256, 8192, 2048), (384, 2048, 2048), (64, 2048, 8192),
+                                     (192, 2048, 8192)])
 def test_untuned_few_row_forms_on_the_gpu(M, K, N):
     """Shapes of few rows no tuned entry covers, without block_sizes (on an H200 the forward split by stream-K at the
-    first two, XLA's backward at the first and third): forward and gradients against the float32 reference."""
+    first two, XLA's backward at the first and third; the tables' kernels and XLA's backward below the entry's 128-row
+    forward tiles, the last two): forward and gradients against the float32 reference."""
     x, g, w, _ = inputs(M, K, N, jnp.bfloat16, residual=False)
     _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, max(M, K, N)))
 

@@ -843,6 +843,12 @@ UNTUNED_DW_STREAM_K = 4
 # few_rows-h200-0ee3656.json): 97.4 → 104.8 µs at 512x4096x4096, 126.8 → 132.3 at 1024x2048x5632, 159.1 → 158.4 at
 # 1024x4096x4096, 507.2 → 506.8 at 1024x4096x14336.
 UNTUNED_FEW_ROWS = 1024
+# Below the entry's 128-row forward tiles (64 or 192 rows: none of its widths takes them) the built-in tables' kernels
+# run, and XLA's backward where ``_untuned_backward`` takes it: their dx and dw kernels fill a few blocks (16 dx tiles
+# at 64x4096). Forward + backward µs, the tables' backward → XLA's (`--modes fwd,fwd+bwd --variants default,bwd_xla`,
+# rmsnorm_matmul_configs_few_rows_builtin_xla_backward-h200-e0931f0.json; XLA): 186.6 → 126.7 (123.2) at
+# 64x4096x14336, 81.2 → 53.6 (58.1) at 64x2048x8192, 73.6 → 63.1 (56.0) at 64x4096x4096, 43.1 → 23.5 (23.3) at
+# 64x1024x3072, 97.9 → 70.6 (52.4) at 192x2048x8192; outputs within 0.7% of the tables' (relative to the largest).
 # And where the dx kernel's tiles fill at most half the grid (``_untuned_backward``) the backward is XLA's own from
 # the forward's r (``backward_in_xla``: two cuBLAS GEMMs, XLA's fusions): our backward kernels' one short round there
 # trails cuBLAS's split GEMMs. Forward + backward µs, the rule before (the dx kernel a plain GEMM split by stream-K,
@@ -953,6 +959,8 @@ def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSN
                                dtype)
     config = _if_supported(dataclasses.replace(config, dw=_untuned_dw(M, K, N, config.dw, sms)), config, M, K, N, dtype)
     config = _untuned_forward(M, K, N, config, sms)
+    if config is None and M <= UNTUNED_FEW_ROWS:  # fewer rows than the entry's forward tiles hold (see above)
+        return _untuned_below_entry(M, K, N, entry_dx, sms)
     if config is None or config.unsupported_reason(M, K, N) is not None:  # (the narrowed tiles, each kernel's)
         return None
     if M <= UNTUNED_FEW_ROWS:
@@ -971,6 +979,16 @@ def _if_supported(candidate: MosaicRMSNormMatmulConfig, config: MosaicRMSNormMat
     def ok(c: MosaicRMSNormMatmulConfig) -> bool:
         return c.unsupported_reason(M, K, N) is None and c.dgamma_reason(M, N, dtype) is None
     return candidate if ok(candidate) or not ok(config) else config
+
+
+def _untuned_below_entry(M: int, K: int, N: int, entry_dx: MosaicGemmConfig,
+                         sms: int) -> MosaicRMSNormMatmulConfig | None:
+    """The built-in tables' kernels where none of the entry's forward tiles takes M's rows, with XLA's backward where
+    ``_untuned_backward`` takes it (see above); None where the tables' kernels do not take the shape either."""
+    builtin = mosaic_builtin_config(M, K, N)
+    if builtin.unsupported_reason(M, K, N) is not None:
+        return None
+    return _untuned_backward(M, K, N, builtin, entry_dx, sms)
 
 
 def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig, entry_dx: MosaicGemmConfig,
