@@ -940,7 +940,8 @@ UNTUNED_PINGPONG_FORWARD = dict(tile_m=128, tile_n=128, wg_split="n", schedule="
 
 
 def _untuned_config(M: int, K: int, N: int, dtype, residual: bool) -> MosaicRMSNormMatmulConfig | None:
-    """This device's entry at UNTUNED_FROM where it takes (M, K, N) (see above), else None."""
+    """This device's entry at UNTUNED_FROM where it takes (M, K, N), the tables' kernels with XLA's backward below its
+    forward tiles' rows (see above), else None."""
     if M == 1 or residual or jnp.dtype(dtype) != jnp.dtype(jnp.bfloat16) or tuning.device_kind() not in \
             UNTUNED_DEVICES:
         return None
