@@ -420,7 +420,7 @@ def _bench(fv: flags.FlagValues, rest: list[str]) -> int:
         impls = [str(KernelSet.parse(k)) for k in fv.kernels]
     unknown = [impl for impl in impls if impl not in spec.implementations()]
     if unknown:
-        raise flags.Error(f"--impls: unknown {unknown}; {fv.op} has {list(spec.implementations())}")
+        raise flags.Error("--" + suites.runner.unknown_impls_message(spec, unknown))
     if fv.out:
         _writable_folder("out", fv.out)
     if fv.tuned_configs:

@@ -127,6 +127,10 @@ def test_custom_shapes_run_like_named_ones():
     assert all(r.extra["rel_error"] <= 1e-2 for r in records)
     with pytest.raises(ValueError, match=r"impls: unknown \['triton'\]"):
         suites.run("attention", impls=("triton",), **_QUIET)
+    with pytest.raises(ValueError, match=r"impls: unknown \['pallas'\]; .*\('pallas' is the kernel sets' automatic "
+                                         r"choice; a run times each backend by name: "
+                                         r"\['pallas_triton', 'pallas_mosaic'\]\)"):
+        suites.run("rmsnorm_matmul", ["33x64x16"], impls=("pallas", "xla"), **_QUIET)
 
 
 # ------------------------------------------------------------------------------------------------ attention

@@ -37,6 +37,17 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def unknown_impls_message(spec: OpSpec, unknown: Sequence[str]) -> str:
+    """The error for implementation names ``spec`` does not have, naming those it has; "pallas" (the kernel sets'
+    alias for the backend "auto" picks) gets the backends to name instead, since a record names the one that ran."""
+    known = list(spec.implementations())
+    hint = ""
+    if "pallas" in unknown:
+        named = [name for name in known if name.startswith("pallas_") and not name.endswith("_alone")]
+        hint = f" ('pallas' is the kernel sets' automatic choice; a run times each backend by name: {named})"
+    return f"impls: unknown {list(unknown)}; {spec.name} has {known}{hint}"
+
+
 def check_shape_names(spec: OpSpec, names: Sequence[str] | None) -> list[str]:
     """The shapes to run (default: the spec's GPU shapes on a GPU, its CPU shapes elsewhere): named ones or custom
     ones (``OpSpec.shape``). ValueError for a name that is neither, and, off the GPU, for a shape the CPU cannot run
@@ -287,7 +298,7 @@ def run(spec: OpSpec | str, shape_names: Sequence[str] | None = None, *, impls: 
     impls = list(spec.default_implementations() if impls is None else impls)
     unknown = [i for i in impls if i not in known]
     if unknown:
-        raise ValueError(f"impls: unknown {unknown}; {spec.name} has {list(known)}")
+        raise ValueError(unknown_impls_message(spec, unknown))
     dev = costmodel.detect()
     records: list[bench.Record] = []
     for name in names:
