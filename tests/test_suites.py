@@ -112,6 +112,9 @@ def test_gpu_sized_shapes_are_refused_on_cpu_and_names_checked():
         suites.run("attention", ["1x24x24x3x2x32"], **_QUIET)
     with pytest.raises(ValueError, match=r"shapes: unknown '8192x1536'; rmsnorm_matmul has .* or a custom shape MxKxN"):
         suites.run("rmsnorm_matmul", ["8192x1536"], **_QUIET)
+    with pytest.raises(ValueError, match=r"shapes: '0x4096x0': M=0, N=0; every dim of a custom shape MxKxN must be a "
+                                         r"positive integer"):
+        suites.run("rmsnorm_matmul", ["0x4096x0"], **_QUIET)
     with pytest.raises(ValueError, match=r"shapes: unknown 'big'; train_step has \['tiny', .*\]$"):
         suites.run("train_step", ["big"], **_QUIET)  # (its shapes are not all integers: no custom ones)
     with pytest.raises(ValueError, match=r"shapes: \['8192x1536x8960'\] are GPU-sized; on cpu .* runs \['cpu'\], or "

@@ -160,6 +160,10 @@ class OpSpec:
             return self.shapes[name]
         dims = self.custom_dims()
         sizes = name.split("x")
+        if dims and len(sizes) == len(dims) and all(s.isdigit() for s in sizes) and not all(map(int, sizes)):
+            zero = ", ".join(f"{d}={s}" for d, s in zip(dims, sizes) if not int(s))
+            raise ValueError(f"shapes: {name!r}: {zero}; every dim of a custom shape {'x'.join(dims)} must be a "
+                             f"positive integer")
         if dims and len(sizes) == len(dims) and all(s.isdigit() and int(s) > 0 for s in sizes):
             shape = dict(zip(dims, map(int, sizes)), note="custom shape")
             reason = self.shape_reason(shape)
