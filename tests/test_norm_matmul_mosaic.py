@@ -1166,7 +1166,7 @@ def test_untuned_shapes_take_the_h200_entry_where_it_fits(monkeypatch):
 def test_untuned_rule_gives_every_shape_a_config_or_a_reason(monkeypatch, device):
     """The default config of any shape, on a device with tuned entries or none: a config whose kernels take the
     shape or name why not, never an exception from inside the rules. Fewer rows than a forward tile (2-127) raised
-    ValueError from the stream-K planner on the H200 (0caff27 until this test), and with it every backend's call,
+    ValueError from the stream-K planner on the H200 (0caff27 to 1338ab9), and with it every backend's call,
     Triton's too: the backends ask each one whether it takes the shape (bench at 16x4096x4096, 71st session)."""
     monkeypatch.setattr(tuning, "device_kind", lambda: device)
     for M in (1, 2, 16, 63, 64, 100, 127, 128, 200, 1000, 4096):

@@ -57,6 +57,27 @@ FORMS = {
 }
 
 
+def time_forms(fns: dict, sets: list, mode: str, shape: dict, iterations: int) -> dict:
+    """Each of ``fns`` ((x, gamma, w) -> y; "xla" among them) as the suite's program for ``mode`` at ``shape``: its
+    CUPTI median µs and per-kernel µs over the input ``sets`` and its largest relative difference from the float32
+    reference; a form that does not compile or run is recorded with its error, and the others go on.
+    Returns dict(us, per_kernel_us, rel_error, errors, speedup_vs_xla), each keyed by the fns' names."""
+    want = [np.asarray(a, np.float32) for a in reference_outputs(suite.SPEC, sets[0], mode, shape, {})]
+    out = dict(us={}, per_kernel_us={}, rel_error={}, errors={})
+    for name, fn in fns.items():
+        try:
+            program = jax.jit(suite.SPEC.program(fn, mode, shape, {}))
+            got = jax.tree.leaves(program(*sets[0]))
+            out["rel_error"][name] = bench.max_difference(zip(got, want), relative=True)
+            timing = bench.time_kernels(program, sets, iterations=iterations)
+            out["us"][name], out["per_kernel_us"][name] = timing.median_us, timing.per_kernel_us
+        except Exception as e:  # noqa: BLE001 -- a form that does not compile or run is a result, recorded
+            out["errors"][name] = f"{type(e).__name__}: {str(e)[:300]}"
+    xla = out["us"].get("xla")
+    out["speedup_vs_xla"] = {k: xla / v for k, v in out["us"].items() if k != "xla"} if xla else {}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -72,8 +93,7 @@ def main() -> int:
         sets = [suite.make_inputs(M, K, N, seed=s) for s in range(3)]
         table = nm_config.default_config(M, K, N, on_gpu=True)
         for mode in args.modes.split(","):
-            want = [np.asarray(a, np.float32) for a in reference_outputs(suite.SPEC, sets[0], mode, shape, {})]
-            row = dict(M=M, K=K, N=N, mode=mode, table=table.to_dict(), configs={}, us={}, rel_error={}, errors={})
+            row = dict(M=M, K=K, N=N, mode=mode, table=table.to_dict(), configs={})
             fns = {"xla": suite.SPEC.implementations()["xla"]}
             for name in args.forms.split(","):
                 params = FORMS[name](M)
@@ -82,16 +102,7 @@ def main() -> int:
                 row["configs"][name] = cfg.to_dict()
                 fns[name] = lambda x, g, w, _c=cfg: pallas_kernels.rmsnorm_matmul(x, g, w, backend="triton",
                                                                                   block_sizes=_c)
-            for name, fn in fns.items():
-                try:
-                    program = jax.jit(suite.SPEC.program(fn, mode, shape, {}))
-                    got = jax.tree.leaves(program(*sets[0]))
-                    row["rel_error"][name] = bench.max_difference(zip(got, want), relative=True)
-                    timing = bench.time_kernels(program, sets, iterations=args.iterations)
-                    row["us"][name], row.setdefault("per_kernel_us", {})[name] = timing.median_us, timing.per_kernel_us
-                except Exception as e:  # noqa: BLE001 -- a form that does not compile is a result, recorded
-                    row["errors"][name] = f"{type(e).__name__}: {str(e)[:300]}"
-            row["speedup_vs_xla"] = {k: row["us"]["xla"] / v for k, v in row["us"].items() if k != "xla"}
+            row.update(time_forms(fns, sets, mode, shape, args.iterations))
             print(json.dumps({k: row[k] for k in ("M", "K", "N", "mode", "us", "rel_error", "errors")}), flush=True)
             rows.append(row)
     path = os.path.join(args.out, "few_rows_triton_table.json")

@@ -17,14 +17,16 @@ import argparse
 import json
 import os
 
-import jax
+import sys
+
 import jax.numpy as jnp
-import numpy as np
 
 import pallas_kernels
 from jaxfuse import bench
 from jaxfuse.suites import rmsnorm_matmul as suite
-from jaxfuse.suites.runner import reference_outputs
+
+sys.path.insert(0, os.path.dirname(__file__))
+from few_rows_triton_table import time_forms  # noqa: E402 -- (a sibling script)
 
 SHAPES = "100x2048x8192,200x2048x5632,320x4096x4096,1000x4096x14336,4000x2048x8192,16400x1024x5504"
 
@@ -54,19 +56,8 @@ def main() -> int:
                "auto": lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w),
                "mosaic_padded": lambda x, g, w: padded_mosaic(x, g, w, args.multiple)}
         for mode in args.modes.split(","):
-            want = [np.asarray(a, np.float32) for a in reference_outputs(suite.SPEC, sets[0], mode, shape, {})]
-            row = dict(M=M, K=K, N=N, mode=mode, auto_backend=pallas_kernels.norm_matmul.plan(*sets[0][:3]).backend,
-                       us={}, per_kernel_us={}, rel_error={}, errors={})
-            for name, fn in fns.items():
-                try:
-                    program = jax.jit(suite.SPEC.program(fn, mode, shape, {}))
-                    got = jax.tree.leaves(program(*sets[0]))
-                    row["rel_error"][name] = bench.max_difference(zip(got, want), relative=True)
-                    timing = bench.time_kernels(program, sets, iterations=args.iterations)
-                    row["us"][name], row["per_kernel_us"][name] = timing.median_us, timing.per_kernel_us
-                except Exception as e:  # noqa: BLE001 -- a form that does not run is a result, recorded
-                    row["errors"][name] = f"{type(e).__name__}: {str(e)[:300]}"
-            row["speedup_vs_xla"] = {k: row["us"]["xla"] / v for k, v in row["us"].items() if k != "xla"}
+            row = dict(M=M, K=K, N=N, mode=mode, auto_backend=pallas_kernels.norm_matmul.plan(*sets[0][:3]).backend)
+            row.update(time_forms(fns, sets, mode, shape, args.iterations))
             print(json.dumps({k: row[k] for k in ("M", "K", "N", "mode", "auto_backend", "us", "rel_error", "errors")}),
                   flush=True)
             rows.append(row)
