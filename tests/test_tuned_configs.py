@@ -1,6 +1,8 @@
 """The committed tuning cache (pallas_kernels/tuned_configs.json): every entry is a valid config of its op's backend,
 so a renamed or removed config field cannot silently break the GPU defaults that CPU tests never load."""
 
+import re
+
 import pytest
 
 from pallas_kernels import BACKENDS, tuning
@@ -86,3 +88,37 @@ def test_a_forward_storing_later_beside_gammas_registers_has_a_stream_k_phase(na
     tiles = M // forward.cta_m * (N // forward.cta_n)
     assert stream_k.plan_for(tiles, 132, K // forward.tile_k, forward.stream_k) is not None, (
         f"{name}: {tiles} tiles on 132 blocks leave no stream-K phase with stream_k={forward.stream_k}")
+
+
+_DEVICES = sorted(tuning.load_cache()["entries"])
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_every_op_plans_any_size_on_a_tuned_device(monkeypatch, device):
+    """A device with entries changes the configs ``plan()`` resolves (rules around the entries, per-device tables),
+    which CPU tests otherwise reach only where they mock it: on each such device, every op's plan for CUDA at sizes
+    from one row up is a plan or a ValueError naming the argument, never another exception from inside the rules
+    (2-127 rows raised the stream-K planner's ValueError on the H200 for every backend until 1338ab9)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels import attention, backends, cross_entropy, norm_matmul
+
+    monkeypatch.setattr(tuning, "device_kind", lambda: device)
+    S, bf16 = jax.ShapeDtypeStruct, jnp.bfloat16
+    calls = []
+    for M in (1, 2, 16, 100, 128, 1000, 4096):
+        for K, N in [(64, 64), (96, 200), (1024, 4096), (4096, 14336)]:
+            calls.append((norm_matmul.plan, (S((M, K), bf16), S((K,), jnp.float32), S((K, N), bf16)), {}))
+        for H, V in [(64, 100), (1024, 32000), (4096, 128256)]:
+            calls.append((cross_entropy.plan, (S((M, H), bf16), S((H, V), bf16), S((M,), jnp.int32)), {}))
+    for T, S_ in [(1, 1), (7, 64), (128, 128), (1000, 4096), (4096, 4096)]:
+        q, kv = S((2, T, 4, 128), bf16), S((2, S_, 4, 128), bf16)
+        calls.append((attention.plan, (q, kv, kv), dict(causal=T == S_)))
+    with backends.lowering_for_gpu():
+        for plan, args, kwargs in calls:
+            for backend in ("auto", "triton", "mosaic"):
+                try:
+                    assert plan(*args, backend=backend, **kwargs).backend in ("triton", "mosaic")
+                except ValueError as e:  # a refusal names what it refuses: the call's argument or its backend
+                    assert re.match(r"(x|w|h|q, k): |backend='\w+' ", str(e)), (plan.__module__, args, backend, str(e))
