@@ -40,10 +40,12 @@ def _log(message: str) -> None:
 def unknown_impls_message(spec: OpSpec, unknown: Sequence[str]) -> str:
     """The error for implementation names ``spec`` does not have, naming those it has; "pallas" (the kernel sets'
     alias for the backend "auto" picks) gets the backends to name instead, since a record names the one that ran."""
+    from jaxfuse import kernels
+
     known = list(spec.implementations())
     hint = ""
     if "pallas" in unknown:
-        named = [name for name in known if name.startswith("pallas_") and not name.endswith("_alone")]
+        named = [name for name in known if name in kernels.PALLAS_BACKENDS]
         hint = f" ('pallas' is the kernel sets' automatic choice; a run times each backend by name: {named})"
     return f"impls: unknown {list(unknown)}; {spec.name} has {known}{hint}"
 
