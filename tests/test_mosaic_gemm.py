@@ -2096,3 +2096,109 @@ def test_one_loading_warp_with_a_ring_tile_input_on_the_gpu(transpose_b, stream_
                                  stream_k=stream_k)
     M, K, N = (2048, 4096, 11008) if stream_k else (4096, 2048, 4096)
     _check_ring_input(M, K, N, config, calls=2, transpose_b=transpose_b)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gemm's partial_rows and partial_k: the last row of tiles past M, the last K step past K
+# ---------------------------------------------------------------------------------------------------------------
+def _scaled_rows(M: int, col_blocks: int, tile: bool = False) -> Fusion:
+    """out = s ⊙ (A @ B) (+ c with ``tile``: a tile input), s an (M,) input; outputs each accumulator's row sums
+    ("parts", (col_blocks, M)) and 2s ("twice", (M,)): a row vector read or stored at the wrong rows shows."""
+    def epilogue(ctx, acc, carry):
+        s = ctx.load_rows("s")
+        out = acc * jax.lax.broadcast_in_dim(s, acc.shape, [0]) + (ctx.load_tile("c") if tile else 0)
+        return out, {"parts": jnp.sum(out, axis=1), "twice": s * 2}
+
+    return Fusion(inputs=("s",), tile_inputs=("c",) if tile else (),
+                  outputs=(("parts", S((col_blocks, M), jnp.float32)), ("twice", S((M,), jnp.float32))),
+                  epilogue=epilogue)
+
+
+def _check_scaled_rows(M, K, N, config, tile=False):
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    s = jax.random.uniform(_key(), (M,), jnp.float32, 0.5, 2.0)
+    c = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
+    blocks = N // config.tile_n
+    out, parts, twice = jax.jit(lambda a, b, s, c: gemm(
+        a, b, config=config, out_dtype=jnp.float32, fusion=_scaled_rows(M, blocks, tile),
+        arrays=dict(s=s, c=c) if tile else dict(s=s), partial_rows=True))(a, b, s, c)
+    want = _f32_product(a, b) * s[:, None] + (c.astype(jnp.float32) if tile else 0)
+    assert out.shape == (M, N) and parts.shape == (blocks, M) and twice.shape == (M,)
+    assert _rel_err(out, want) <= _tol(jnp.bfloat16, K)  # NaN fails
+    assert _rel_err(parts, jnp.sum(want.reshape(M, blocks, -1), axis=2).T) <= _tol(jnp.bfloat16, K)
+    np.testing.assert_array_equal(np.asarray(twice), np.asarray(s * 2))
+
+
+def _check_partial_k(M, K, N, config):
+    """A read transposed (K, M), B (K, N), K not a multiple of tile_k (``partial_k``)."""
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    (got,) = jax.jit(lambda at, b: gemm(at, b, config=config, out_dtype=jnp.float32, transpose_a=True,
+                                        partial_k=True))(a.T, b)
+    assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, K)  # NaN fails
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda a, b: gemm(a, b, config=_TINY, out_dtype=jnp.float32, partial_rows=True),
+     r"M=100 is not a positive multiple of 8 \(TMA's 8-row tiles; the last row of tiles may run past it\)"),
+    (lambda a, b: gemm(a.T, b, config=_TINY, out_dtype=jnp.float32, transpose_a=True, partial_rows=True),
+     r"partial_rows takes A read as stored .* got transpose_a=True"),
+    (lambda a, b: gemm(a, b, config=_TINY, out_dtype=jnp.float32, partial_k=True),
+     r"partial_k takes A read transposed and B as stored .* got transpose_a=False"),
+    (lambda a, b: gemm(a.T, b, config=_TINY, out_dtype=jnp.float32, transpose_a=True, partial_k=True,
+                       fusion=_row_sums(100)),
+     r"no hook reading along K; .*hooks \['prologue_step'\]"),
+    (lambda a, b: gemm(a, b, config=_TINY, out_dtype=jnp.float32),
+     r"M=100 is not a positive multiple of the rows of a block's output tile=64")])
+def test_partial_rows_and_k_name_what_they_cannot_take(call, match):
+    a, b = S((100, 96), jnp.bfloat16), S((96, 128), jnp.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(call, a, b)
+
+
+@cpu_only
+def test_partial_rows_lower_with_the_operands_as_they_are_and_row_vectors_padded():
+    """M = 200 on 128-row tiles: A, the tile input and the output keep their 200 rows in the CUDA program (TMA
+    loads zeros past them and stores nothing); the (M,) input is padded to 256 and the row outputs sliced back."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=128, wg_split="m")
+    M, K, N = 200, 512, 512
+
+    def fn(a, b, s, c):
+        return gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_scaled_rows(M, 4, tile=True),
+                    arrays=dict(s=s, c=c), partial_rows=True)
+
+    args = (S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M,), jnp.float32), S((M, N), jnp.bfloat16))
+    with backends.lowering_for_gpu():
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        (kernel,) = mosaic_ir.lower_kernels(fn, *args)
+    pads = re.findall(r"stablehlo\.pad .*-> tensor<([^>]*)>", text)
+    assert pads == ["256xf32"], pads
+    assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    outs = jax.eval_shape(fn, *args)
+    assert [o.shape for o in outs] == [(M, N), (4, M), (M,)]
+
+
+@cpu_only
+@pytest.mark.slow
+def test_partial_rows_and_k_in_interpret_mode():
+    """(The interpreter runs on operands padded to whole tiles, as TMA loads them.) 200 rows on 128-row tiles with
+    row vectors and a tile input; K = 200 in 64-deep steps with A read transposed."""
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _check_scaled_rows(200, 128, 256, MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=32, num_stages=2,
+                                                           epi_tile_n=32, wg_split="m"), tile=True)
+        _check_partial_k(128, 200, 128, dataclasses.replace(_TINY, tile_k=64))
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, fields", [
+    (1000, 1024, 2048, dict(tile_m=64, tile_n=256, wg_split="m")),  # 8 rows of tiles, the last 104 of 128 real
+    (4104, 2048, 1024, dict(tile_m=128, tile_n=128, wg_split="n")),  # the last 8 of 128 real
+    (200, 512, 512, dict(tile_m=64, tile_n=128, wg_split="m", stream_k=2))])  # stream-K over a row past M
+@pytest.mark.parametrize("tile", [False, True], ids=["rows", "rows_and_tile"])
+def test_partial_rows_on_the_gpu(M, K, N, fields, tile):
+    _check_scaled_rows(M, K, N, MosaicGemmConfig(**fields), tile=tile)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(1024, 1000, 2048), (2048, 4104, 1024), (512, 200, 512)])
+def test_partial_k_on_the_gpu(M, K, N):
+    _check_partial_k(M, K, N, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m"))

@@ -10,6 +10,7 @@ interpret mode at tiny shapes, through the backend module (the registry runs Mos
 
 import dataclasses
 import hashlib
+import re
 import types
 
 import jax
@@ -71,7 +72,7 @@ class _Interpreted(NormMatmulTests):
 # Shapes and config
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("M, K, N, message", [
-    (16, 4096, 4096, "M=16 is not a positive multiple of the rows"),
+    (12, 4096, 4096, "M=12 is not a positive multiple of 8 (TMA's 8-row tiles"),
     (1, 1040, 4096, "one row (M=1): K=1040 is not a multiple of 512"),
     (1, 4096, 4112, "one row (M=1): N=4112 is not a positive multiple of the rows"),
     (1024, 4100, 1024, "K=4100 is not a positive multiple of tile_k=64"),
@@ -1194,6 +1195,75 @@ def test_untuned_few_rows_on_an_h200_lower_on_the_triton_backend(monkeypatch, ba
         with pytest.raises(ValueError, match="backend='mosaic' cannot run rmsnorm_matmul here: .*M=16"):
             norm_matmul.plan(x, g, w, backend="mosaic")
     assert "__gpu$xla.gpu.triton" in text and "mosaic_gpu" not in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows the tiles do not divide: the last row of forward and dx tiles, and the dw kernel's last K step, past M
+# ---------------------------------------------------------------------------------------------------------------
+def _pads_in_cuda_program(fn, args) -> list[str]:
+    """The result types of the ``stablehlo.pad`` ops of fn lowered for CUDA (e.g. "256xf32")."""
+    with backends.lowering_for_gpu():
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return re.findall(r"stablehlo\.pad .*-> tensor<([^>]*)>", text)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("M", [200, 1000, 4104])
+def test_rows_past_the_tiles_lower_padding_only_row_vectors(M, residual):
+    """M a multiple of 8 but not of the tiles: the built-in tables take their first (widest) tiles, the last row of
+    them past M; forward + backward lowers for CUDA as the three kernels within shared memory, and no (M, K) or (M, N)
+    tensor is padded (TMA loads zeros past M and stores nothing there): only (M,) row vectors are."""
+    K, N = 4096, 2048  # (256 dw tiles: the dw kernel runs, not XLA's GEMM)
+    config = nm_config.mosaic_builtin_config(M, K, N, residual=residual)
+    whole = nm_config.mosaic_builtin_config(M + 8 - M % 128 + 120, K, N, residual=residual)  # (a multiple of 128)
+    assert (config.forward, config.dx, config.dw) == (whole.forward, whole.dx, whole.dw)
+    assert M % config.forward.cta_m and config.unsupported_reason(M, K, N) is None
+    fn, args = _fwd_bwd(M, K, N, residual, config)
+    with backends.lowering_for_gpu():
+        kernels = _lowered_kernels(fn, *args)
+    assert sorted(k.name for k in kernels) == ["rmsnorm_matmul_dw", "rmsnorm_matmul_dx", "rmsnorm_matmul_fwd"]
+    assert all(k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES for k in kernels)
+    pads = _pads_in_cuda_program(fn, args)
+    assert pads and all(re.fullmatch(r"\d+xf32", p) for p in pads), pads
+
+
+@pytest.mark.parametrize("M", [16400, 16448, 24576])
+def test_rows_past_a_tuned_power_of_two_take_its_entry(monkeypatch, M):
+    """On an H200, rows no entry is keyed for (the key rounds M up to 32768) take the entry at the power of two
+    below (16384x1024x5504's), its last row of tiles past M where its tiles do not divide M."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    K, N = 1024, 5504
+    entry = Config(**tuning.lookup(nm_config.OP, nm_config.shape_key(16384, K, N, jnp.bfloat16), backend="mosaic"))
+    assert tuning.lookup(nm_config.OP, nm_config.shape_key(M, K, N, jnp.bfloat16), backend="mosaic") is None
+    assert nm_config.mosaic_default_config(M, K, N) == entry
+    assert nm_config.mosaic_default_config(M, K, N, residual=True) != entry  # (no entry with a residual)
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_rows_past_the_tiles_in_interpret_mode(residual):
+    """72 rows on 64-row tiles (the second row block 8 rows real; the dw kernel's K loop 3 steps of 32, the last 8
+    real): forward and gradients against the float32 reference (the interpreter runs on operands padded to whole
+    tiles, as TMA would load them)."""
+    tiles = _Interpreted.tiles
+    config = Config(forward=tiles, dx=tiles, dw=tiles)
+    x, g, w, res = inputs(72, 128, 256, jnp.bfloat16, residual=residual)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, 256), block_sizes=config)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(200, 2048, 5632), (1000, 4096, 14336), (4000, 2048, 8192), (4104, 4096, 4096),
+                                     (16400, 1024, 5504), (16448, 1024, 5504)])
+@pytest.mark.parametrize("tables", [False, True], ids=["default", "tables"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_untuned_rows_past_the_tiles_on_the_gpu(M, K, N, tables, residual):
+    """Rows the tiles do not divide, on the device's own configs (H200: its entries and the untuned rule) and on the
+    built-in tables (our backward kernels at every size): forward and gradients against the float32 reference."""
+    x, g, w, res = inputs(M, K, N, jnp.bfloat16, residual=residual)
+    config = nm_config.mosaic_builtin_config(M, K, N, residual=residual) if tables else None
+    _Mosaic().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, max(M, K, N)), block_sizes=config)
 
 
 @pytest.mark.parametrize("M, K, N", [(8192, 2048, 5632), (8192, 4096, 6144), (16384, 1024, 5504), (8192, 512, 2816),

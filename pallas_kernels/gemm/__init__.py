@@ -93,13 +93,19 @@ _ACCUMULATE_SHORT_K_PAIRLESS = dataclasses.replace(_ACCUMULATE_SHORT_K, cluster=
 SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) that runs ping-pong first (matmul, accumulate_into)
 
 
-def pick_config(M: int, N: int, K: int, candidates=CANDIDATES, *, partial_columns: bool = False) -> MosaicGemmConfig:
+def pick_config(M: int, N: int, K: int, candidates=CANDIDATES, *, partial_columns: bool = False,
+                partial_rows: bool = False, partial_k: bool = False) -> MosaicGemmConfig:
     """The first candidate whose tiles divide (M, N, K); with ``partial_columns`` (a plain product: its last column
-    of tiles may run past N), else the first whose tiles divide M and K; when none does, the last (the smallest
-    tiles: its ``unsupported_reason`` names the constraint no candidate meets)."""
-    for partial in (False, True) if partial_columns else (False,):
+    of tiles may run past N), else the first whose tiles divide M and K; with ``partial_rows`` or ``partial_k``
+    (``gemm``'s: the last row of tiles or K step may run past M or K), else the first whose tiles take the shape
+    that way; when none does, the last (the smallest tiles: its ``unsupported_reason`` names the constraint no
+    candidate meets)."""
+    passes = [dict(partial_columns=False)] + ([dict(partial_columns=True)] if partial_columns else [])
+    if partial_rows or partial_k:
+        passes.append(dict(partial_columns=partial_columns, partial_rows=partial_rows, partial_k=partial_k))
+    for partial in passes:
         for config in candidates:
-            if unsupported_reason(M, N, K, config, partial_columns=partial) is None:
+            if unsupported_reason(M, N, K, config, **partial) is None:
                 return config
     return candidates[-1]
 

@@ -294,21 +294,31 @@ class MosaicGemmConfig:
 
 
 PARTIAL_COLUMNS_MULTIPLE = 64  # elements: 128-byte swizzle atoms of 16-bit operands, 64-element ones of the output
+PARTIAL_ROWS_MULTIPLE = 8  # rows: TMA copies through tiled SMEM take whole 8-row tiles of the GMEM array
 
 
 def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, names=("M", "N", "K"),
-                       partial_columns: bool = False, any_columns: bool = False) -> str | None:
+                       partial_columns: bool = False, any_columns: bool = False, partial_rows: bool = False,
+                       partial_k: bool = False) -> str | None:
     """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
     constraint: no partial tiles (M, N, K multiples of the CTA tile, two of them along the ``cluster`` axis, and
     tile_k). ``partial_columns``: the caller takes a last column of tiles that runs past N
     (``Fusion.partial_columns``: TMA loads zeros there and stores nothing), so N need only be a multiple of
     PARTIAL_COLUMNS_MULTIPLE (a TMA descriptor's rows hold whole swizzle atoms of up to 128 bytes), with cluster
     "none"; ``any_columns`` (B read transposed, its rows past N zero-filled, and no output tile stored), any
-    positive N. ``names``: what the caller calls M, N and K."""
+    positive N. ``partial_rows`` (A read as stored: ``gemm``'s ``partial_rows``): M need only be a multiple of
+    PARTIAL_ROWS_MULTIPLE, the last row of tiles running past it; ``partial_k`` (A read transposed, B as stored:
+    ``gemm``'s ``partial_k``): K the same, the last K step running past it. ``names``: what the caller calls M, N
+    and K."""
     whose = "a cluster's two output tiles" if config.cluster_size > 1 else "a block's output tile"
     ragged = partial_columns and config.cluster == "none"
     for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),
                                   (names[2], K, config.tile_k, "tile_k")):
+        if size % tile and ((dim == names[0] and partial_rows) or (dim == names[2] and partial_k)):
+            if size <= 0 or size % PARTIAL_ROWS_MULTIPLE:
+                return (f"{dim}={size} is not a positive multiple of {PARTIAL_ROWS_MULTIPLE} (TMA's 8-row tiles; "
+                        f"the last {'row of tiles' if dim == names[0] else 'step'} may run past it)")
+            continue
         if dim == names[1] and ragged and size % tile:
             if size > 0 and any_columns:
                 continue

@@ -267,14 +267,20 @@ class Fusion:
 
 def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, transpose_a: bool = False,
          transpose_b: bool = False, fusion: Fusion | None = None, arrays: Mapping[str, jax.Array] | None = None,
-         accumulate_into: jax.Array | None = None, num_sms: int | None = None,
-         name: str = "mosaic_gemm") -> list[jax.Array]:
+         accumulate_into: jax.Array | None = None, num_sms: int | None = None, partial_rows: bool = False,
+         partial_k: bool = False, name: str = "mosaic_gemm") -> list[jax.Array]:
     """[out (M, N) in out_dtype, *fusion outputs] of epilogue(A @ B) in one Mosaic-GPU kernel.
 
     a: (M, K), or (K, M) with transpose_a; b: (K, N), or (N, K) with transpose_b; 16-bit floats of one dtype.
     The shapes must satisfy ``unsupported_reason`` (checked here: ValueError). ``arrays`` holds the fusion's
     named inputs. ``accumulate_into``: an (M, N) array of out_dtype; out = accumulate_into + A @ B, written in
-    place where XLA can (no fusion then). Runs on an sm90 GPU; lowers for CUDA anywhere."""
+    place where XLA can (no fusion then). Runs on an sm90 GPU; lowers for CUDA anywhere.
+    ``partial_rows`` (A read as stored, no accumulate_into): M may be any positive size, the last row of tiles
+    running past it: TMA loads zeros there (A's and the (M, ·) inputs' rows) and stores nothing (the output's and
+    the (M, ·) outputs'), and the fusion's row vectors ((M,) inputs and outputs, (C, M) outputs) run padded to
+    whole tiles here, so the hooks see rows of zeros past M and their values there are dropped. ``partial_k`` (A
+    read transposed, B as stored, no hook reading along K): K may be any positive size, the last step's rows past
+    K loaded as zeros by TMA, so they add nothing."""
     if accumulate_into is not None:
         if fusion is not None:
             raise ValueError(f"{name}: accumulate_into is its own epilogue; it takes no fusion")
@@ -282,6 +288,28 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                         epilogue=lambda ctx, acc, carry: (acc + ctx.load_tile(_ACCUMULATED), {}))
     fusion = fusion or Fusion(partial_columns=accumulate_into is None)
     arrays = dict(arrays or {})
+    k_hooks = [h for h in ("prologue_step", "a_observe", "a_copy", "a_operand", "a_beside")
+               if getattr(fusion, h) is not None] + (["step_inputs"] if fusion.step_inputs else [])
+    if partial_rows and (transpose_a or accumulate_into is not None or config.pipeline != "own"):
+        raise ValueError(f"{name}: partial_rows takes A read as stored (its rows are TMA's outer axis), the K loop "
+                         f"pipeline='own' and no accumulate_into; got transpose_a={transpose_a}, pipeline="
+                         f"{config.pipeline!r}, accumulate_into={'set' if accumulate_into is not None else None}")
+    if partial_k and (not transpose_a or transpose_b or k_hooks or config.pipeline != "own"):
+        raise ValueError(f"{name}: partial_k takes A read transposed and B as stored (K is both operands' TMA outer "
+                         f"axis), the K loop pipeline='own' and no hook reading along K; got "
+                         f"transpose_a={transpose_a}, transpose_b={transpose_b}, pipeline={config.pipeline!r}, hooks "
+                         f"{k_hooks}")
+    rows, depth = (a.shape[1] if transpose_a else a.shape[0]), (a.shape[0] if transpose_a else a.shape[1])
+    rows_padded = -(-rows // config.cluster_m) * config.cluster_m if partial_rows and rows > 0 else rows
+    depth_padded = -(-depth // config.tile_k) * config.tile_k if partial_k and depth > 0 else depth
+    if mu.interpreting() and (rows_padded, depth_padded) != (rows, depth):
+        # the interpreter clamps slices where TMA would load zeros: the product of zero-padded operands, sliced
+        return _gemm_padded(a, b, (rows_padded, depth_padded), config=config, out_dtype=out_dtype,
+                            transpose_a=transpose_a, transpose_b=transpose_b, fusion=fusion, arrays=arrays,
+                            num_sms=num_sms, name=name)
+    padded_rows_out = ()  # the row vectors (M,) and (C, M) outputs run padded to rows_padded, sliced at the end
+    if rows_padded != rows:
+        fusion, arrays, padded_rows_out = _row_vectors_padded(fusion, arrays, rows, rows_padded)
     if mu.interpreting() and config.cluster != "none":  # jax's GPU interpreter has no cluster barriers; the
         config = dataclasses.replace(config, cluster="none")  # multicast changes no value, only where tiles load
     if mu.interpreting() and config.stream_k:  # nor semaphores: tile by tile computes the same sums (the plan's
@@ -294,7 +322,8 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     M, K = a.shape[::-1] if transpose_a else a.shape
     N = b.shape[0] if transpose_b else b.shape[1]
     partial = fusion.partial_columns and not fusion.tile_inputs
-    reason = unsupported_reason(M, N, K, config, partial_columns=partial, any_columns=any_n)
+    reason = unsupported_reason(M, N, K, config, partial_columns=partial, any_columns=any_n,
+                                partial_rows=partial_rows, partial_k=partial_k)
     if reason:
         raise ValueError(f"{name}: {reason}")
     padded_n = -(-N // config.cta_n) * config.cta_n
@@ -354,13 +383,13 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                              f"block; it needs an a_observe or an a_operand, schedule='cooperative' and "
                              f"cluster='none'; got a_observe={'set' if fusion.a_observe else None}, "
                              f"schedule={config.schedule!r}, cluster={config.cluster!r}")
-        if shared is None or shared.shape != (M,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):
+        if shared is None or shared.shape != (rows_padded,) or jnp.dtype(shared.dtype) != jnp.dtype(_F32):
             seen = "no such output" if shared is None else f"shape {shared.shape}, dtype {jnp.dtype(shared.dtype)}"
             raise ValueError(f"{name}: share_rows={fusion.share_rows[0]!r} must name an ({M},) float32 output, got "
                              f"{seen}")
     if fusion.sum_rows is not None:
         summed = dict(fusion.outputs).get(fusion.sum_rows[0])
-        want = (-(-N // config.tile_n), M)
+        want = (-(-N // config.tile_n), rows_padded)
         if (config.pipeline != "own" or config.pingpong or config.stream_k or config.cluster != "none"
                 or config.stores_later or fusion.share_rows is not None or fusion.a_beside is not None
                 or mu.interpreting()):
@@ -435,9 +464,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
             raise ValueError(f"{name}: stream_k splits tiles along K; a fusion with a prologue_step, or an a_observe "
                              f"without carry_shapes (or share_rows), needs whole tiles (got "
                              f"stream_k={config.stream_k}; allowed with it: 0)")
-        plan = stream_k.plan_for(M // config.cta_m * -(-N // config.cta_n), grid, K // config.tile_k,
+        plan = stream_k.plan_for(-(-M // config.cta_m) * -(-N // config.cta_n), grid, -(-K // config.tile_k),
                                  split=config.stream_k)
-        m_iters = M // config.cta_m
+        m_iters = -(-M // config.cta_m)
         if plan is not None and fusion.a_operand is not None and plan.segment_steps is None:
             raise ValueError(f"{name}: a fusion with an a_operand unrolls its K loop in static groups, so stream-K's "
                              f"ranges must be equal and within one tile: stream_k={config.stream_k} cuts "
@@ -467,7 +496,49 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         return [out, *outs[:len(fusion.outputs)]]
     call = mu.kernel(body, out_type=[jax.ShapeDtypeStruct((M, N), out_dtype), *[s for _, s in fusion.outputs],
                                      *shape.workspace_type()], **launch)
-    return list(call(*inputs))[:1 + len(fusion.outputs)]
+    outs = list(call(*inputs))[:1 + len(fusion.outputs)]
+    return [outs[0], *[o[..., :M] if n in padded_rows_out else o for (n, _), o in zip(fusion.outputs, outs[1:])]]
+
+
+def _row_vectors_padded(fusion: Fusion, arrays: dict, rows: int, padded: int) -> tuple[Fusion, dict, tuple]:
+    """(``gemm``'s partial_rows) The fusion's row vectors padded from ``rows`` to ``padded`` rows, which TMA does
+    not load or store (the hooks read and write them as whole (tile_m,) slices): its (M,) inputs with zeros, and
+    its outputs other than the TMA-stored (M, ·) tiles (``a_copy``, ``tile_copy``) whose last axis is M. Returns
+    (fusion, arrays, the padded outputs' names)."""
+    tiles_out = {h[0] for h in (fusion.a_copy, fusion.tile_copy) if h is not None}
+    vectors = set(fusion.inputs) - set(fusion.col_inputs)
+    arrays = {n: jnp.pad(v, (0, padded - rows)) if n in vectors and v.shape == (rows,) else v
+              for n, v in arrays.items()}
+    outputs, padded_out = [], []
+    for n, sds in fusion.outputs:
+        if n not in tiles_out and sds.shape and sds.shape[-1] == rows:
+            sds = jax.ShapeDtypeStruct((*sds.shape[:-1], padded), sds.dtype)
+            padded_out.append(n)
+        outputs.append((n, sds))
+    return dataclasses.replace(fusion, outputs=tuple(outputs)), arrays, tuple(padded_out)
+
+
+def _gemm_padded(a, b, padded: tuple[int, int], *, config, out_dtype, transpose_a, transpose_b, fusion: Fusion,
+                 arrays: dict, num_sms, name) -> list[jax.Array]:
+    """(``gemm``'s partial_rows and partial_k in interpret mode, whose slices clamp where TMA loads zeros) The
+    product of A padded with zero rows to padded[0] = M' and both operands padded along K to padded[1], the fusion's
+    (M, ·) and (M,) inputs padded with zero rows and its outputs' M axes to M', every result sliced back to M."""
+    (M, K), (M2, K2) = ((a.shape[1], a.shape[0]) if transpose_a else a.shape), padded
+    a = jnp.pad(a, ((0, K2 - K), (0, M2 - M)) if transpose_a else ((0, M2 - M), (0, K2 - K)))
+    b = jnp.pad(b, ((0, 0), (0, K2 - K)) if transpose_b else ((0, K2 - K), (0, 0)))
+    tiles_out = {h[0] for h in (fusion.a_copy, fusion.tile_copy) if h is not None}
+    arrays = {n: jnp.pad(v, [(0, M2 - M)] + [(0, 0)] * (v.ndim - 1)) if v.ndim and v.shape[0] == M and n not in
+              fusion.col_inputs + fusion.step_inputs else v for n, v in arrays.items()}
+    outputs = tuple((n, jax.ShapeDtypeStruct((M2, *s.shape[1:]) if n in tiles_out else (*s.shape[:-1], M2),
+                                             s.dtype)) if s.shape and (s.shape[0] if n in tiles_out else
+                                                                       s.shape[-1]) == M else (n, s)
+                    for n, s in fusion.outputs)
+    outs = gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
+                fusion=dataclasses.replace(fusion, outputs=outputs), arrays=arrays, num_sms=num_sms, name=name)
+    sliced = [outs[0][:M]]
+    for (n, s), (_, s2), o in zip(fusion.outputs, outputs, outs[1:]):
+        sliced.append(o if s.shape == s2.shape else o[:M] if n in tiles_out else o[..., :M])
+    return sliced
 
 
 @dataclasses.dataclass(frozen=True)
@@ -491,10 +562,11 @@ class _Shape:
 
     @property
     def iters(self) -> tuple[int, int, int]:
-        """(m_iters, n_iters, k_iters): CTA tiles along M and N (the last column of them may run past N:
-        ``Fusion.partial_columns``), pipeline steps along K."""
+        """(m_iters, n_iters, k_iters): CTA tiles along M and N (the last of them may run past M or N:
+        ``gemm``'s partial_rows, ``Fusion.partial_columns``), pipeline steps along K (the last may run past K:
+        ``gemm``'s partial_k)."""
         M, N, K = self.mnk
-        return M // self.cfg.cta_m, -(-N // self.cfg.cta_n), K // self.cfg.tile_k
+        return -(-M // self.cfg.cta_m), -(-N // self.cfg.cta_n), -(-K // self.cfg.tile_k)
 
     @property
     def stage_transforms(self) -> tuple:

@@ -206,7 +206,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
             ring_stages = stages[1]
         refs_by_name = {**named_in, **named_out, **scoped["scratch"]}
         if fusion.sum_rows is not None:  # one count per accumulator row group (gemm.mosaic._sum_row_parts)
-            scoped["row_semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR((shape.mnk[0] // cfg.tile_m,)))
+            scoped["row_semaphores"] = pl.get_global(plgpu.SemaphoreType.REGULAR((-(-shape.mnk[0] // cfg.tile_m),)))
         carry_tree = []  # the prologue warpgroup's carry structure (traced before the MMA warpgroups' code)
 
         def each_tile(body):

@@ -682,8 +682,10 @@ class MosaicRMSNormMatmulConfig:
         kernels = (("forward", "MNK"),)
         if not self.backward_in_xla:
             kernels += (("dx", "MKN"),) + (() if self.dw_by_xla(K, N) else (("dw", "KNM"),))
-        for kernel, names in kernels:
-            reason = gemm_unsupported_reason(*(sizes[n] for n in names), getattr(self, kernel), names=tuple(names))
+        for kernel, names in kernels:  # (M any size: the last row of forward and dx tiles, or dw's last K step,
+            # runs past it: ``gemm``'s partial_rows and partial_k)
+            reason = gemm_unsupported_reason(*(sizes[n] for n in names), getattr(self, kernel), names=tuple(names),
+                                             partial_rows=names[0] == "M", partial_k=names[2] == "M")
             if reason:
                 return f"{reason} ({kernel} kernel)"
         return None
@@ -1029,7 +1031,7 @@ def _untuned_short_k(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
         return config
     if K < UNTUNED_SHORT_K:
         fwd = dataclasses.replace(fwd, **UNTUNED_PINGPONG_FORWARD)
-    elif M // fwd.cta_m * -(-N // fwd.cta_n) <= UNTUNED_SHORT_K_ROUNDS * sms:
+    elif -(-M // fwd.cta_m) * -(-N // fwd.cta_n) <= UNTUNED_SHORT_K_ROUNDS * sms:
         fwd = dataclasses.replace(fwd, stream_k=0)
     else:
         return config
@@ -1075,11 +1077,11 @@ def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
         if candidate.unsupported_reason(M, K, N) is not None:  # (e.g. fewer rows than a tile: no tiles to plan)
             continue
         fwd = candidate.forward
-        tiles = M // fwd.cta_m * -(-N // fwd.cta_n)
+        tiles = -(-M // fwd.cta_m) * -(-N // fwd.cta_n)  # (the last row of them may run past M)
         plan = stream_k.plan_for(tiles, sms, K // fwd.tile_k, split=fwd.stream_k) if fwd.stream_k else None
         # r shared by each row block's first tile, which must run in the whole rounds, and the a_operand's equal
         # stream-K ranges (the forward kernel's checks, ``gemm.mosaic.gemm``)
-        if plan is not None and (plan.dp_tiles < M // fwd.cta_m or plan.segment_steps is None):
+        if plan is not None and (plan.dp_tiles < -(-M // fwd.cta_m) or plan.segment_steps is None):
             continue
         if plan is None and fwd.epilogue_store == "split":  # no stream-K phase (at most one round, or whole rounds):
             # without one ptxas serializes the split store's wgmma beside γ's registers (C7513; NOTES.md,
@@ -1101,7 +1103,7 @@ def _untuned_dx(M: int, K: int, dx: MosaicGemmConfig, sms: int) -> MosaicGemmCon
         candidate = dataclasses.replace(dx, tile_n=tile_n,
                                         epi_tile_n=dx.epi_tile_n if tile_n % dx.epi_tile_n == 0 else 32)
         row_tiles = K // candidate.cta_n
-        if K % candidate.cta_n or M % candidate.cta_m or row_tiles > sms:
+        if K % candidate.cta_n or row_tiles > sms:
             continue
         grid = sum_rows_grid(candidate, row_tiles, sms)[0]
         work = -(-M // candidate.cta_m * row_tiles // grid) * tile_n * cost  # rounds x width x cost per column
@@ -1113,10 +1115,10 @@ def _untuned_dx(M: int, K: int, dx: MosaicGemmConfig, sms: int) -> MosaicGemmCon
 def _untuned_dw(M: int, K: int, N: int, dw: MosaicGemmConfig, sms: int) -> MosaicGemmConfig:
     """The entry's dw kernel ((K, N) = xᵀ @ dy, over M) with stream-K split UNTUNED_DW_STREAM_K where
     ``stream_k.plan_for`` plans one for its tiles on ``sms`` blocks (a last round at most half full); else as it is."""
-    if dw.stream_k or K % dw.cta_m or M % dw.tile_k:
+    if dw.stream_k or K % dw.cta_m:
         return dw
     tiles = K // dw.cta_m * -(-N // dw.cta_n)
-    plan = stream_k.plan_for(tiles, sms, M // dw.tile_k, split=UNTUNED_DW_STREAM_K)
+    plan = stream_k.plan_for(tiles, sms, -(-M // dw.tile_k), split=UNTUNED_DW_STREAM_K)
     if plan is None:
         return dw
     return dataclasses.replace(dw, stream_k=UNTUNED_DW_STREAM_K)
@@ -1125,13 +1127,14 @@ def _untuned_dw(M: int, K: int, N: int, dw: MosaicGemmConfig, sms: int) -> Mosai
 def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False,
                           stats_in_kernel: bool | str = False) -> MosaicRMSNormMatmulConfig:
     """The Mosaic config a call uses without ``block_sizes``: the tuning-cache entry for this device and shape if
-    its tiles fit the shape; else, on UNTUNED_DEVICES, the entry at UNTUNED_FROM where its tiles fit; else the
-    built-in tables (``mosaic_builtin_config``, where ``stats_in_kernel`` leads)."""
+    its tiles fit the shape (else, M not a power of two, the entry for the power of two below M: 16448 rows take
+    16384's, their last row of tiles running past M); else, on UNTUNED_DEVICES, the entry at UNTUNED_FROM where its
+    tiles fit; else the built-in tables (``mosaic_builtin_config``, where ``stats_in_kernel`` leads)."""
     if not stats_in_kernel:
-        params = tuning.lookup(OP, shape_key(M, K, N, dtype, residual=residual), backend="mosaic")
-        if params is not None:
-            tuned = MosaicRMSNormMatmulConfig(**params)
-            if tuned.unsupported_reason(M, K, N) is None:
+        for rows in dict.fromkeys((M, 1 << (M.bit_length() - 1))):  # (the key rounds M up to a power of two)
+            params = tuning.lookup(OP, shape_key(rows, K, N, dtype, residual=residual), backend="mosaic")
+            tuned = None if params is None else MosaicRMSNormMatmulConfig(**params)
+            if tuned is not None and tuned.unsupported_reason(M, K, N) is None:
                 return tuned
         untuned = _untuned_config(M, K, N, dtype, residual)
         if untuned is not None:
@@ -1146,9 +1149,10 @@ def mosaic_builtin_config(M: int, K: int, N: int, *, residual: bool = False,
     tiles with wg_split "n" only; "mma", forward tiles with one wgmma group in flight, whole tiles."""
     forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
                **{name: _MMA_STATS_FORWARD for name in MMA_STATS}}[stats_in_kernel]
-    return MosaicRMSNormMatmulConfig(forward=one_row_forward(K, N) if M == 1 else pick_config(M, N, K, forward),
-                                     dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX),
-                                     dw=pick_config(K, N, M, _DW), stats_in_kernel=stats_in_kernel)
+    forward = one_row_forward(K, N) if M == 1 else pick_config(M, N, K, forward, partial_rows=True)
+    return MosaicRMSNormMatmulConfig(forward=forward, stats_in_kernel=stats_in_kernel,
+                                     dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX, partial_rows=True),
+                                     dw=pick_config(K, N, M, _DW, partial_k=True))
 
 
 def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False

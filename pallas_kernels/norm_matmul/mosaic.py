@@ -346,14 +346,14 @@ def _forward(x, residual, gamma, w, static: _Static):
     sum_sq = None
     if static.config.stats_in_kernel:
         y, rstd = gemm(x, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=arrays,
-                       name="rmsnorm_matmul_fwd")
+                       partial_rows=True, name="rmsnorm_matmul_fwd")
     else:  # one XLA row reduction over x (with gamma_on "x" the same fusion writes x ⊙ gamma); the kernel forms r
         x32 = x.astype(_F32)
         sum_sq = jnp.sum(x32 * x32, axis=1)
         rstd = _rstd_from_squares(sum_sq, K, static.eps)  # for the backward, where XLA fuses it into its users
         a = (x32 * gamma.astype(_F32)).astype(x.dtype) if side == "x" else x
         (y,) = gemm(a, b, config=cfg, out_dtype=static.out_dtype, fusion=fusion, arrays=dict(arrays, sum_sq=sum_sq),
-                    name="rmsnorm_matmul_fwd")
+                    partial_rows=True, name="rmsnorm_matmul_fwd")
     return y, rstd, h, sum_sq
 
 
@@ -573,7 +573,7 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
                                         sums_eps=static.eps if sums else None)
             rows = dict(sum_sq=sum_sq) if sums else dict(dyr_scale=rstd / scale)
             u, xr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                                fusion=fusion, arrays=dict(arrays, **rows), name="rmsnorm_matmul_dx")
+                                fusion=fusion, arrays=dict(arrays, **rows), partial_rows=True, name="rmsnorm_matmul_dx")
             dw_a, dw_b = xr, dy.astype(dtype)  # g = xrᵀ @ dy
         elif cfg.dyr_by_dx(dtype, dh is not None):  # A is dy; the dx kernel scales u's rows and writes dyr
             sums = unit and sum_sq is not None  # r formed in the kernel from the forward's sums (sums_eps)
@@ -581,13 +581,14 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
                                         in_kernel, unit_scale=unit, sums_eps=static.eps if sums else None)
             rows = dict(sum_sq=sum_sq) if sums else dict(dyr_scale=rstd / scale)
             u, dyr, parts = gemm(dy.astype(dtype), b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
-                                 fusion=fusion, arrays=dict(arrays, **rows), name="rmsnorm_matmul_dx")
+                                 fusion=fusion, arrays=dict(arrays, **rows), partial_rows=True,
+                                 name="rmsnorm_matmul_dx")
         else:  # dy read once, for dyr; A is dyr
             dyr = (dy.astype(_F32) * (rstd / scale)[:, None]).astype(dtype)
             u, parts = gemm(dyr, b, transpose_b=True, config=cfg.dx, out_dtype=dtype,
                             fusion=_dx_partial_fusion(M, K, cfg.dx, on_x, gamma_in_u=not from_u, in_kernel=in_kernel,
                                                       unit_scale=unit),
-                            arrays=arrays, name="rmsnorm_matmul_dx")
+                            arrays=arrays, partial_rows=True, name="rmsnorm_matmul_dx")
         if in_kernel:  # (u is dx already)
             dx = u
         elif from_u:  # u before gamma: one kernel finishes dx and sums dgamma from the same reads of u and x
@@ -615,12 +616,12 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
             dx, dyr, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
                                fusion=_dx_fusion(M, K, dh is not None, on_x, jax.ShapeDtypeStruct((M, N), dtype),
                                                  row_dot_in_kernel=in_kernel),
-                               arrays=arrays, name="rmsnorm_matmul_dx")
+                               arrays=arrays, partial_rows=True, name="rmsnorm_matmul_dx")
         else:
             dyr = (dy32 * (rstd / scale)[:, None]).astype(dtype)
             dx, *_ = gemm(dy.astype(dtype), b, transpose_b=True, config=dx_cfg, out_dtype=dtype,
                           fusion=_dx_fusion(M, K, dh is not None, on_x, row_dot_in_kernel=in_kernel), arrays=arrays,
-                          name="rmsnorm_matmul_dx")
+                          partial_rows=True, name="rmsnorm_matmul_dx")
     if not cfg.xr_in_dx:  # (xr_in_dx: the K side, which set them)
         dw_a, dw_b = xn, dyr  # g = xᵀ @ dyr
     if cfg.dw_by_xla(K, N):  # few output tiles: cuBLAS splits the M reduction, the core would idle most SMs
@@ -631,11 +632,12 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
     if dgamma is not None:  # the dw kernel only scales rows: no w tile (nor a ring to carry one)
         dw_cfg = dataclasses.replace(cfg.dw, tile_input_in="buffer")
         dw, = gemm(dw_a, dw_b, transpose_a=True, config=dw_cfg, out_dtype=w.dtype,
-                   fusion=_dw_fusion(K, N, dw_cfg, False), arrays=dict(gamma_s=gamma_s), name="rmsnorm_matmul_dw")
+                   fusion=_dw_fusion(K, N, dw_cfg, False), arrays=dict(gamma_s=gamma_s), partial_k=True,
+                   name="rmsnorm_matmul_dw")
         return dx, dgamma, dw
     dw, dgamma_parts = gemm(dw_a, dw_b, transpose_a=True, config=cfg.dw, out_dtype=w.dtype,
                             fusion=_dw_fusion(K, N, cfg.dw), arrays=dict(w=w, gamma_s=gamma_s),
-                            name="rmsnorm_matmul_dw")
+                            partial_k=True, name="rmsnorm_matmul_dw")
     dgamma = (jnp.sum(dgamma_parts, axis=0) * scale).astype(gamma.dtype)
     return dx, dgamma, dw
 
