@@ -2188,17 +2188,40 @@ def test_partial_rows_and_k_in_interpret_mode():
         _check_partial_k(128, 200, 128, dataclasses.replace(_TINY, tile_k=64))
 
 
+_PARTIAL_ROWS_CASES = [  # (M, K, N, config fields) of the GPU tests
+    (1000, 1024, 2048, dict(tile_m=64, tile_n=256, wg_split="m", tile_k=32, num_stages=3)),  # 8 rows of tiles, the
+    (4104, 2048, 1024, dict(tile_m=128, tile_n=128, wg_split="n", tile_k=32, num_stages=3)),  # last 104 / 8 real
+    (200, 512, 512, dict(tile_m=64, tile_n=128, wg_split="m", stream_k=2))]  # stream-K over a row past M
+_PARTIAL_K_CASES = [(1024, 1000, 2048), (2048, 4104, 1024), (512, 200, 512)]  # (M, K, N)
+_PARTIAL_K_CONFIG = MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m", num_stages=3)
+
+
+@cpu_only
+def test_the_gpu_cases_of_partial_rows_and_k_lower_within_shared_memory():
+    for M, K, N, fields in _PARTIAL_ROWS_CASES:
+        config = MosaicGemmConfig(**fields)
+        for tile in (False, True):
+            fn = functools.partial(gemm, config=config, out_dtype=jnp.float32, partial_rows=True,
+                                   fusion=_scaled_rows(M, N // config.tile_n, tile))
+            args = (S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
+            arrays = dict(s=S((M,), jnp.float32), c=S((M, N), jnp.bfloat16)) if tile else dict(s=S((M,), jnp.float32))
+            (kernel,) = mosaic_ir.lower_kernels(lambda a, b, arrays: fn(a, b, arrays=arrays), *args, arrays)
+            assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    for M, K, N in _PARTIAL_K_CASES:
+        (kernel,) = mosaic_ir.lower_kernels(
+            lambda at, b: gemm(at, b, config=_PARTIAL_K_CONFIG, out_dtype=jnp.float32, transpose_a=True,
+                               partial_k=True), S((K, M), jnp.bfloat16), S((K, N), jnp.bfloat16))
+        assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+
+
 @gpu_only
-@pytest.mark.parametrize("M, K, N, fields", [
-    (1000, 1024, 2048, dict(tile_m=64, tile_n=256, wg_split="m")),  # 8 rows of tiles, the last 104 of 128 real
-    (4104, 2048, 1024, dict(tile_m=128, tile_n=128, wg_split="n")),  # the last 8 of 128 real
-    (200, 512, 512, dict(tile_m=64, tile_n=128, wg_split="m", stream_k=2))])  # stream-K over a row past M
+@pytest.mark.parametrize("M, K, N, fields", _PARTIAL_ROWS_CASES)
 @pytest.mark.parametrize("tile", [False, True], ids=["rows", "rows_and_tile"])
 def test_partial_rows_on_the_gpu(M, K, N, fields, tile):
     _check_scaled_rows(M, K, N, MosaicGemmConfig(**fields), tile=tile)
 
 
 @gpu_only
-@pytest.mark.parametrize("M, K, N", [(1024, 1000, 2048), (2048, 4104, 1024), (512, 200, 512)])
+@pytest.mark.parametrize("M, K, N", _PARTIAL_K_CASES)
 def test_partial_k_on_the_gpu(M, K, N):
-    _check_partial_k(M, K, N, MosaicGemmConfig(tile_m=64, tile_n=256, wg_split="m"))
+    _check_partial_k(M, K, N, _PARTIAL_K_CONFIG)

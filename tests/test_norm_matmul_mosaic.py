@@ -72,7 +72,8 @@ class _Interpreted(NormMatmulTests):
 # Shapes and config
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("M, K, N, message", [
-    (12, 4096, 4096, "M=12 is not a positive multiple of 8 (TMA's 8-row tiles"),
+    (16, 4096, 4096, "M=16 is below 24 rows"),
+    (100, 4096, 4096, "M=100 is not a positive multiple of 8 (TMA's 8-row tiles"),
     (1, 1040, 4096, "one row (M=1): K=1040 is not a multiple of 512"),
     (1, 4096, 4112, "one row (M=1): N=4112 is not a positive multiple of the rows"),
     (1024, 4100, 1024, "K=4100 is not a positive multiple of tile_k=64"),
@@ -1416,12 +1417,11 @@ def test_untuned_few_rows_split_a_long_forward_k_loop_over_a_half_empty_grid(mon
     assert config.forward.stream_k == fwd_stream_k
 
 
-@pytest.mark.parametrize("M, K, N", [(64, 4096, 14336), (64, 2048, 8192), (64, 1024, 3072), (192, 2048, 8192),
-                                     (192, 4096, 14336)])
+@pytest.mark.parametrize("M, K, N", [(64, 4096, 14336), (64, 2048, 8192), (64, 1024, 3072), (96, 2048, 8192)])
 def test_untuned_rows_below_the_entrys_tiles_take_the_tables_kernels_and_xla_backward(monkeypatch, M, K, N):
-    """On an H200, fewer rows than the entry's 128-row forward tiles take (64, 192): the built-in tables' kernels with
+    """On an H200, fewer rows than one row of the entry's 128-row forward tiles: the built-in tables' kernels with
     XLA's backward, whose GEMMs beat our dx and dw kernels on a few blocks (``config._untuned_below_entry``). With a
-    residual, another device, or rows the tables' tiles do not take either (100), the tables as they are."""
+    residual, another device, or rows the kernels do not take (100: not a multiple of 8), the tables as they are."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     builtin = nm_config.mosaic_builtin_config(M, K, N)
     assert nm_config.mosaic_default_config(M, K, N) == dataclasses.replace(builtin, backward_in_xla=True)
@@ -1430,6 +1430,19 @@ def test_untuned_rows_below_the_entrys_tiles_take_the_tables_kernels_and_xla_bac
     assert nm_config.mosaic_default_config(100, K, N) == nm_config.mosaic_builtin_config(100, K, N)
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H100 80GB HBM3")
     assert nm_config.mosaic_default_config(M, K, N) == builtin
+
+
+@pytest.mark.parametrize("M, K, N", [(192, 2048, 8192), (200, 2048, 5632), (1000, 4096, 14336)])
+def test_untuned_rows_past_a_row_of_the_entrys_tiles_take_its_forms(monkeypatch, M, K, N):
+    """On an H200, more rows than one row of the entry's forward tiles, not a multiple of them: the entry's tiles, the
+    last row of them past M (192x2048x8192: 18.1 / 61.0 µs forward / forward + backward, where the tables' 64-row
+    tiles with XLA's backward took 23.0 / 67.5: rmsnorm_matmul-ragged_rows-h200-4212e55.json)."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    entry = Config(**tuning.lookup(nm_config.OP, nm_config.shape_key(*nm_config.UNTUNED_FROM, jnp.bfloat16),
+                                   backend="mosaic"))
+    config = nm_config.mosaic_default_config(M, K, N)
+    assert config.forward.cta_m == entry.forward.cta_m == 128 and M % 128
+    assert config != nm_config.mosaic_builtin_config(M, K, N)
 
 
 @gpu_only

@@ -8,7 +8,8 @@ backward, and which backend ``backend="auto"`` takes.
 Before partial rows, a row count not a multiple of 64 ran the Triton backend: 2.3-4.0x slower than XLA forward at
 1000-16400 rows (H200, 72nd session: rmsnorm_matmul-padded_rows-h200-867fb92.json); one a multiple of 64 but not of
 128 ran the tables' 64-row tiles (16448x1024x5504: 428 µs forward, XLA 251). CUPTI medians (``bench.time_kernels``),
-3 input sets rotated; outputs and gradients checked against the float32 reference. Writes ``ragged_rows.json``.
+3 input sets rotated; outputs and gradients checked against the float32 reference. Writes ``ragged_rows<tag>.json``
+after each row.
 """
 
 from __future__ import annotations
@@ -31,8 +32,12 @@ SHAPES = ("16x4096x4096,16x4096x14336,64x4096x14336,64x2048x8192,192x2048x8192,2
           "1000x4096x14336,4000x2048x8192,4104x4096x4096,16400x1024x5504,24576x1024x5504")
 
 
-def forms(M: int, K: int, N: int) -> dict:
-    """name -> (x, gamma, w) -> y: XLA, each backend's default config, and the tables with XLA's backward."""
+FORMS = ("xla", "triton", "mosaic", "mosaic_tables_xla_bwd")
+
+
+def forms(M: int, K: int, N: int, names) -> dict:
+    """name -> (x, gamma, w) -> y for the ``names`` of FORMS: XLA, each backend's default config, and the tables
+    with XLA's backward (where their tiles take the shape)."""
     tables = dataclasses.replace(nm_config.mosaic_builtin_config(M, K, N), backward_in_xla=True)
     out = {"xla": suite.SPEC.implementations()["xla"],
            "triton": lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="triton"),
@@ -40,7 +45,7 @@ def forms(M: int, K: int, N: int) -> dict:
     if tables.unsupported_reason(M, K, N) is None:
         out["mosaic_tables_xla_bwd"] = lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic",
                                                                                      block_sizes=tables)
-    return out
+    return {k: v for k, v in out.items() if k in names}
 
 
 def main() -> int:
@@ -49,7 +54,10 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--modes", default="fwd,fwd+bwd")
+    parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--tag", default="", help="suffix of the record's name (ragged_rows<tag>.json)")
     args = parser.parse_args()
+    path = os.path.join(args.out, f"ragged_rows{args.tag}.json")
     rows = []
     for text in args.shapes.split(","):
         M, K, N = map(int, text.split("x"))
@@ -59,13 +67,13 @@ def main() -> int:
         for mode in args.modes.split(","):
             row = dict(M=M, K=K, N=N, mode=mode, mosaic_config=config.to_dict(),
                        auto_backend=pallas_kernels.norm_matmul.plan(*sets[0][:3]).backend)
-            row.update(time_forms(forms(M, K, N), sets, mode, shape, args.iterations))
+            row.update(time_forms(forms(M, K, N, args.forms.split(",")), sets, mode, shape, args.iterations))
             print(json.dumps({k: row[k] for k in ("M", "K", "N", "mode", "auto_backend", "us", "rel_error", "errors")}),
                   flush=True)
             rows.append(row)
-    path = os.path.join(args.out, "ragged_rows.json")
-    with open(path, "w") as f:
-        json.dump(dict(environment=bench.environment(), rows=rows, tolerance="suite: tolerance(bf16, K)"), f, indent=1)
+            with open(path, "w") as f:  # (after every row: a call cut short keeps what it measured)
+                json.dump(dict(environment=bench.environment(), rows=rows, tolerance="suite: tolerance(bf16, K)"), f,
+                          indent=1)
     print("wrote", path)
     return 0
 

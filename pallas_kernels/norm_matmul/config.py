@@ -678,6 +678,9 @@ class MosaicRMSNormMatmulConfig:
         naming the kernel."""
         if M == 1:
             return one_row_reason(K, N, self.forward)
+        if M < FEWEST_ROWS:
+            return (f"M={M} is below {FEWEST_ROWS} rows (a row of tiles mostly past M; the Triton backend's decode "
+                    f"kernels ran faster there)")
         sizes = dict(M=M, K=K, N=N)
         kernels = (("forward", "MNK"),)
         if not self.backward_in_xla:
@@ -690,6 +693,14 @@ class MosaicRMSNormMatmulConfig:
                 return f"{reason} ({kernel} kernel)"
         return None
 
+
+# The fewest rows (beyond one) the kernels take: each row of tiles is at least 64 rows (wgmma's M), TMA loading zeros
+# past M. At 16 rows the Triton backend's decode kernels (16-row blocks) ran faster, forward / forward + backward µs,
+# Mosaic (Triton, XLA) on the H200 (`benchmarks/scripts/ragged_rows.py`, rmsnorm_matmul-ragged_rows-h200-4212e55.json):
+# 23.1 / 55.4 (12.9 / 38.0, 13.1 / 40.3) at 16x4096x4096, 47.7 / 129.0 (46.4 / 117.9, 33.9 / 109.2) at
+# 16x4096x14336; at 32 rows the Triton table took 178.5 µs forward + backward at 32x4096x14336 (XLA 117.0:
+# few_rows_triton_table-h200-e0931f0.json).
+FEWEST_ROWS = 24
 
 _G = MosaicGemmConfig
 # Built-in tiles (H100) per kernel, best first; each kernel takes the first whose tiles divide its GEMM. All take
@@ -1074,9 +1085,13 @@ def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
             config, forward=dataclasses.replace(config.forward, tile_n=t, epilogue_store=e))) for e in stores)), None)
         if candidate is None:
             continue
-        if candidate.unsupported_reason(M, K, N) is not None:  # (e.g. fewer rows than a tile: no tiles to plan)
-            continue
         fwd = candidate.forward
+        if M < fwd.cta_m or candidate.unsupported_reason(M, K, N) is not None:  # (fewer rows than a tile: the
+            # tables' kernels, ``_untuned_below_entry``. At 64 rows the entry's 128-row tiles, 64 of them past M,
+            # took 44.1 / 128.0 µs forward / forward + backward at 64x4096x14336 where the tables' kernels with XLA's
+            # backward took 32.0 / 119.4, and 17.3 / 55.2 against 14.4 / 52.6 at 64x2048x8192: rmsnorm_matmul-
+            # ragged_rows-h200-4212e55.json)
+            continue
         tiles = -(-M // fwd.cta_m) * -(-N // fwd.cta_n)  # (the last row of them may run past M)
         plan = stream_k.plan_for(tiles, sms, K // fwd.tile_k, split=fwd.stream_k) if fwd.stream_k else None
         # r shared by each row block's first tile, which must run in the whole rounds, and the a_operand's equal
