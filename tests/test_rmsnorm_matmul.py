@@ -65,7 +65,8 @@ def test_auto_keeps_triton_and_mosaic_names_why_it_cannot_run():
         assert norm_matmul.plan(x, gamma, w).backend == "mosaic"
         assert norm_matmul.plan(x, gamma, w, backend="mosaic").backend == "mosaic"
         for args, kwargs, match in [
-                (zeros(16, 1152, 640, jnp.bfloat16), {}, "M=16 is not a positive multiple of the rows"),
+                (zeros(16, 1152, 640, jnp.bfloat16), {}, "M=16 is below 24 rows"),
+                (zeros(100, 1152, 640, jnp.bfloat16), {}, "M=100 is not a positive multiple of 8"),
                 (zeros(384, 1100 + 4, 640, jnp.bfloat16), {}, "K=1104 is not a positive multiple"),
                 (zeros(384, 1152, 640), {}, "dtype float32 is not supported by the Mosaic backend"),
                 ((x, gamma, w), dict(out_dtype=jnp.float32), "out_dtype=float32 must equal x's dtype bfloat16"),

@@ -315,9 +315,13 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
     for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),
                                   (names[2], K, config.tile_k, "tile_k")):
         if size % tile and ((dim == names[0] and partial_rows) or (dim == names[2] and partial_k)):
+            last = "row of tiles" if dim == names[0] else "step"
             if size <= 0 or size % PARTIAL_ROWS_MULTIPLE:
                 return (f"{dim}={size} is not a positive multiple of {PARTIAL_ROWS_MULTIPLE} (TMA's 8-row tiles; "
-                        f"the last {'row of tiles' if dim == names[0] else 'step'} may run past it)")
+                        f"the last {last} may run past it)")
+            if config.pipeline != "own":
+                return (f"{dim}={size} is not a multiple of {tile}: a last {last} past it needs the K loop "
+                        f"pipeline='own', got {config.pipeline!r}")
             continue
         if dim == names[1] and ragged and size % tile:
             if size > 0 and any_columns:

@@ -290,6 +290,9 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     arrays = dict(arrays or {})
     k_hooks = [h for h in ("prologue_step", "a_observe", "a_copy", "a_operand", "a_beside")
                if getattr(fusion, h) is not None] + (["step_inputs"] if fusion.step_inputs else [])
+    rows, depth = (a.shape[1] if transpose_a else a.shape[0]), (a.shape[0] if transpose_a else a.shape[1])
+    partial_rows = partial_rows and rows % config.cluster_m != 0  # (whole tiles: nothing to take past M or K)
+    partial_k = partial_k and depth % config.tile_k != 0
     if partial_rows and (transpose_a or accumulate_into is not None or config.pipeline != "own"):
         raise ValueError(f"{name}: partial_rows takes A read as stored (its rows are TMA's outer axis), the K loop "
                          f"pipeline='own' and no accumulate_into; got transpose_a={transpose_a}, pipeline="
@@ -299,7 +302,6 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"axis), the K loop pipeline='own' and no hook reading along K; got "
                          f"transpose_a={transpose_a}, transpose_b={transpose_b}, pipeline={config.pipeline!r}, hooks "
                          f"{k_hooks}")
-    rows, depth = (a.shape[1] if transpose_a else a.shape[0]), (a.shape[0] if transpose_a else a.shape[1])
     rows_padded = -(-rows // config.cluster_m) * config.cluster_m if partial_rows and rows > 0 else rows
     depth_padded = -(-depth // config.tile_k) * config.tile_k if partial_k and depth > 0 else depth
     if mu.interpreting() and (rows_padded, depth_padded) != (rows, depth):

@@ -695,11 +695,12 @@ class MosaicRMSNormMatmulConfig:
 
 
 # The fewest rows (beyond one) the kernels take: each row of tiles is at least 64 rows (wgmma's M), TMA loading zeros
-# past M. At 16 rows the Triton backend's decode kernels (16-row blocks) ran faster, forward / forward + backward µs,
-# Mosaic (Triton, XLA) on the H200 (`benchmarks/scripts/ragged_rows.py`, rmsnorm_matmul-ragged_rows-h200-4212e55.json):
-# 23.1 / 55.4 (12.9 / 38.0, 13.1 / 40.3) at 16x4096x4096, 47.7 / 129.0 (46.4 / 117.9, 33.9 / 109.2) at
-# 16x4096x14336; at 32 rows the Triton table took 178.5 µs forward + backward at 32x4096x14336 (XLA 117.0:
-# few_rows_triton_table-h200-e0931f0.json).
+# past M. Below, the Triton backend's decode kernels (16-row blocks) run: at 16x4096x14336 they took 46.5 / 117.4 µs
+# forward / forward + backward on the H200 (XLA 33.5 / 109.1), where the Mosaic kernels took 47.7 / 129.0 (the call
+# at 4212e55, NOTES.md: its file was not written). From 24 rows the Mosaic kernels ran faster, forward / forward +
+# backward µs, Mosaic (Triton, XLA) (`benchmarks/scripts/ragged_rows.py`, rmsnorm_matmul-ragged_rows_few-h200-
+# f099cf2.json): 62.1 / 138.6 (81.8 / 173.9, 34.8 / 116.7) at 24x4096x14336, 52.0 / 138.9 (81.8 / 178.2, 36.3 /
+# 117.8) at 32x4096x14336, 24.7 / 58.9 (37.7 / 85.4, 15.6 / 53.0) at 48x2048x8192.
 FEWEST_ROWS = 24
 
 _G = MosaicGemmConfig
@@ -1089,8 +1090,8 @@ def _untuned_forward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
         if M < fwd.cta_m or candidate.unsupported_reason(M, K, N) is not None:  # (fewer rows than a tile: the
             # tables' kernels, ``_untuned_below_entry``. At 64 rows the entry's 128-row tiles, 64 of them past M,
             # took 44.1 / 128.0 µs forward / forward + backward at 64x4096x14336 where the tables' kernels with XLA's
-            # backward took 32.0 / 119.4, and 17.3 / 55.2 against 14.4 / 52.6 at 64x2048x8192: rmsnorm_matmul-
-            # ragged_rows-h200-4212e55.json)
+            # backward took 32.0 / 119.4, and 17.3 / 55.2 against 14.4 / 52.6 at 64x2048x8192 (the call at 4212e55,
+            # NOTES.md; with this check, 32.8 / 120.8 and 14.4 / 52.1: rmsnorm_matmul-ragged_rows_few-h200-f099cf2)
             continue
         tiles = -(-M // fwd.cta_m) * -(-N // fwd.cta_n)  # (the last row of them may run past M)
         plan = stream_k.plan_for(tiles, sms, K // fwd.tile_k, split=fwd.stream_k) if fwd.stream_k else None

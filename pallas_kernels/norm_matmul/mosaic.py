@@ -128,8 +128,9 @@ def _input_reason(x, out_dtype, interpret: bool) -> str | None:
 def unsupported_reason(x, gamma, w, *, residual=None, out_dtype=None, interpret: bool = False, config=None,
                        **_) -> str | None:
     """None when this backend runs these arguments; else one sentence naming the constraint: no interpret mode,
-    16-bit inputs, y in x's dtype, and no partial tiles (M, K, N multiples of the default config's tiles, so tiny
-    M goes elsewhere). Given the call's own ``config``, only the inputs: its tiles are ``check_config``'s."""
+    16-bit inputs, y in x's dtype, K and N multiples of the default config's tiles, and M one row or from
+    ``config.FEWEST_ROWS`` a multiple of 8 (a last row of tiles past M: ``gemm``'s partial_rows), so tiny M goes
+    elsewhere. Given the call's own ``config``, only the inputs: its tiles are ``check_config``'s."""
     reason = _input_reason(x, out_dtype, interpret)
     if reason or config is not None:
         return reason
