@@ -48,6 +48,7 @@ def _check(M, K, dtype, dh_dtype, magnitude, blocks=None, seed=0):
 @pytest.mark.parametrize("M, K, dtype, dh_dtype, blocks", [
     (64, 192, jnp.bfloat16, None, None),  # K = 192: 64-wide column blocks
     (48, 128, jnp.float16, jnp.float32, None),  # 48 rows: 16-row blocks; dh in float32
+    (40, 128, jnp.bfloat16, None, None),  # 40 rows: 8-row blocks (a row count the Mosaic kernels take)
     (64, 256, jnp.bfloat16, jnp.bfloat16, (32, 256)),
 ] + ([(4096, 4096, jnp.bfloat16, None, None), (8192, 4096, jnp.bfloat16, jnp.bfloat16, None),
       (4096, 2048, jnp.float16, None, (16, 512))] if on_gpu else []))
@@ -72,5 +73,5 @@ def test_bad_shapes_name_the_argument():
         finish_dx(u, x, coef[:16], gamma, interpret=True)
     with pytest.raises(ValueError, match=r"finish_dx: blocks=\(64, 128\) must divide \(M, K\) = \(32, 128\)"):
         finish_dx(u, x, coef, gamma, blocks=(64, 128), interpret=True)
-    with pytest.raises(ValueError, match=r"M=40 must be a multiple of 16"):
-        block_sizes(40, 128)
+    with pytest.raises(ValueError, match=r"M=36 must be a multiple of 8"):
+        block_sizes(36, 128)

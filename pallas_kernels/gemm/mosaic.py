@@ -275,12 +275,12 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     The shapes must satisfy ``unsupported_reason`` (checked here: ValueError). ``arrays`` holds the fusion's
     named inputs. ``accumulate_into``: an (M, N) array of out_dtype; out = accumulate_into + A @ B, written in
     place where XLA can (no fusion then). Runs on an sm90 GPU; lowers for CUDA anywhere.
-    ``partial_rows`` (A read as stored, no accumulate_into): M may be any positive size, the last row of tiles
-    running past it: TMA loads zeros there (A's and the (M, ·) inputs' rows) and stores nothing (the output's and
+    ``partial_rows`` (A read as stored, no accumulate_into, pipeline "own"): M need only be a multiple of
+    ``config.PARTIAL_ROWS_MULTIPLE`` (8), the last row of tiles running past it: TMA loads zeros there (A's and the (M, ·) inputs' rows) and stores nothing (the output's and
     the (M, ·) outputs'), and the fusion's row vectors ((M,) inputs and outputs, (C, M) outputs) run padded to
     whole tiles here, so the hooks see rows of zeros past M and their values there are dropped. ``partial_k`` (A
-    read transposed, B as stored, no hook reading along K): K may be any positive size, the last step's rows past
-    K loaded as zeros by TMA, so they add nothing."""
+    read transposed, B as stored, no hook reading along K): K the same, the last step's rows past K loaded as zeros
+    by TMA, so they add nothing. Both are ignored where the tiles divide M or K."""
     if accumulate_into is not None:
         if fusion is not None:
             raise ValueError(f"{name}: accumulate_into is its own epilogue; it takes no fusion")

@@ -685,8 +685,8 @@ class MosaicRMSNormMatmulConfig:
         kernels = (("forward", "MNK"),)
         if not self.backward_in_xla:
             kernels += (("dx", "MKN"),) + (() if self.dw_by_xla(K, N) else (("dw", "KNM"),))
-        for kernel, names in kernels:  # (M any size: the last row of forward and dx tiles, or dw's last K step,
-            # runs past it: ``gemm``'s partial_rows and partial_k)
+        for kernel, names in kernels:  # (M a multiple of 8: the last row of forward and dx tiles, or dw's last K
+            # step, may run past it: ``gemm``'s partial_rows and partial_k)
             reason = gemm_unsupported_reason(*(sizes[n] for n in names), getattr(self, kernel), names=tuple(names),
                                              partial_rows=names[0] == "M", partial_k=names[2] == "M")
             if reason:

@@ -33,15 +33,16 @@ _F32 = jnp.float32
 
 
 def block_sizes(M: int, K: int) -> tuple[int, int]:
-    """(block_m, block_k): 32 rows (16 where 32 does not divide M) by 128 columns (64 where 128 does not divide K).
+    """(block_m, block_k): 32 rows (16, or 8, where 32 does not divide M: the Mosaic kernels take any multiple of 8
+    rows) by 128 columns (64 where 128 does not divide K).
     Measured on the H200 (``benchmarks/scripts/dx_finish_blocks.py``, dx_finish_blocks-h200-bfa708a.json, µs at
     4096x4096 / 8192x4096 / 4096x2048): 32x128 with 4 warps 28.2 / 55.4 / 14.0, 64x256 29.0 / 60.5 / 15.3, the
     best of the other eight 28.4 / 56.0 / 13.8; XLA's fusion of dx alone 25.0 / 50.5 / 11.6, and of dx with the
     column sum 74.0 / 54.6 / 35.2. ValueError naming the dimension when none divides."""
-    block_m = next((b for b in (32, 16) if M % b == 0), None)
+    block_m = next((b for b in (32, 16, 8) if M % b == 0), None)
     block_k = next((b for b in (128, 64) if K % b == 0), None)
     if block_m is None or block_k is None:
-        raise ValueError(f"finish_dx: M={M} must be a multiple of 16 and K={K} a multiple of 64 (the kernel's "
+        raise ValueError(f"finish_dx: M={M} must be a multiple of 8 and K={K} a multiple of 64 (the kernel's "
                          f"tiles); the Mosaic GEMMs' tiles already make them so")
     return block_m, block_k
 
