@@ -1228,6 +1228,20 @@ def test_rows_past_the_tiles_lower_padding_only_row_vectors(M, residual):
     assert pads and all(re.fullmatch(r"\d+xf32", p) for p in pads), pads
 
 
+def test_rows_past_the_tiles_need_our_k_loop_and_the_error_names_it():
+    """A last row of tiles past M needs the K loop "own" (jax's pipeline slices its blocks itself): a config with
+    another is refused at 1000 rows, naming the loop and the kernel, and taken at 1024."""
+    config = nm_config.mosaic_builtin_config(1000, 4096, 2048)
+    steady = dataclasses.replace(config, forward=dataclasses.replace(config.forward, pipeline="pallas_steady"))
+    assert steady.unsupported_reason(1000, 4096, 2048) == (
+        "M=1000 is not a multiple of 128: a last row of tiles past it needs the K loop pipeline='own', got "
+        "'pallas_steady' (forward kernel)")
+    assert steady.unsupported_reason(1024, 4096, 2048) is None and config.unsupported_reason(1000, 4096, 2048) is None
+    x, g, w = (jnp.zeros(s, jnp.bfloat16) for s in ((1000, 4096), (4096,), (4096, 2048)))
+    with pytest.raises(ValueError, match=r"rmsnorm_matmul \(mosaic\): M=1000 is not a multiple of 128: .*K loop"):
+        nm.check_config(steady, x, g, w)
+
+
 @pytest.mark.parametrize("M", [16400, 16448, 24576])
 def test_rows_past_a_tuned_power_of_two_take_its_entry(monkeypatch, M):
     """On an H200, rows no entry is keyed for (the key rounds M up to 32768) take the entry at the power of two
