@@ -1216,7 +1216,7 @@ def test_rows_past_the_tiles_lower_padding_only_row_vectors(M, residual):
     tensor is padded (TMA loads zeros past M and stores nothing there): only (M,) row vectors are."""
     K, N = 4096, 2048  # (256 dw tiles: the dw kernel runs, not XLA's GEMM)
     config = nm_config.mosaic_builtin_config(M, K, N, residual=residual)
-    whole = nm_config.mosaic_builtin_config(M + 8 - M % 128 + 120, K, N, residual=residual)  # (a multiple of 128)
+    whole = nm_config.mosaic_builtin_config(-(-M // 128) * 128, K, N, residual=residual)  # (whole 128-row tiles)
     assert (config.forward, config.dx, config.dw) == (whole.forward, whole.dx, whole.dw)
     assert M % config.forward.cta_m and config.unsupported_reason(M, K, N) is None
     fn, args = _fwd_bwd(M, K, N, residual, config)
