@@ -1268,6 +1268,30 @@ def test_rows_past_the_tiles_in_interpret_mode(residual):
         _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, 256), block_sizes=config)
 
 
+def _h200_entry_shapes() -> list[tuple[int, int, int]]:
+    """(M, K, N) of the H200's Mosaic rmsnorm_matmul entries (bfloat16, no residual, beyond one row)."""
+    keys = tuning.load_cache()["entries"]["NVIDIA H200"]["mosaic"][nm_config.OP]
+    shapes = [tuple(int(v) for v in re.findall(r"[MKN]=(\d+)", key)) for key in keys if key.startswith("bfloat16[")
+              and not key.endswith("+res")]
+    return sorted(shape for shape in shapes if shape[0] > 1)
+
+
+@pytest.mark.parametrize("M, K, N", _h200_entry_shapes())
+def test_untuned_rows_past_each_h200_entry_lower_for_cuda(monkeypatch, M, K, N):
+    """On an H200, 8 rows fewer than an entry's M (its own key, the last row of tiles past M) and 8 rows more (the
+    next power of two's key, so the entry of the power of two below): forward + backward lowers for CUDA on the
+    default configs, so none of the kernels' own checks (stream-K beside shared r, sum_rows' rounds) refuses a config
+    that ``unsupported_reason`` took."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    for rows in (M - 8, M + 8):
+        assert nm_config.mosaic_default_config(rows, K, N).unsupported_reason(rows, K, N) is None
+        fn, args = _fwd_bwd(rows, K, N, False)
+        with backends.lowering_for_gpu():
+            kernels = _lowered_kernels(fn, *args)
+        assert "rmsnorm_matmul_fwd" in {k.name for k in kernels}, (rows, K, N)
+        assert all(k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES for k in kernels)
+
+
 @gpu_only
 @pytest.mark.parametrize("M, K, N", [(200, 2048, 5632), (1000, 4096, 14336), (4000, 2048, 8192), (4104, 4096, 4096),
                                      (16400, 1024, 5504), (16448, 1024, 5504)])
