@@ -73,7 +73,6 @@ class _Interpreted(NormMatmulTests):
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("M, K, N, message", [
     (16, 4096, 4096, "M=16 is below 24 rows"),
-    (100, 4096, 4096, "M=100 is not a positive multiple of 8 (TMA's 8-row tiles"),
     (1, 1040, 4096, "one row (M=1): K=1040 is not a multiple of 512"),
     (1, 4096, 4112, "one row (M=1): N=4112 is not a positive multiple of the rows"),
     (1024, 4100, 1024, "K=4100 is not a positive multiple of tile_k=64"),
@@ -1228,6 +1227,39 @@ def test_rows_past_the_tiles_lower_padding_only_row_vectors(M, residual):
     assert pads and all(re.fullmatch(r"\d+xf32", p) for p in pads), pads
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_rows_not_a_multiple_of_8_run_padded_to_whole_tma_tiles(residual):
+    """1001 rows: TMA takes whole 8-row tiles, so x (and the residual) is padded to 1008 rows (rows of ones: r stays
+    finite) and the results sliced back; the kernels run 1008 rows, their last row of tiles past them."""
+    M, K, N = 1001, 4096, 2048
+    x, g, w = S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
+    assert nm_config.kernel_rows(M) == 1008 and nm_config.kernel_rows(1) == 1 and nm_config.kernel_rows(1000) == 1000
+    assert nm.unsupported_reason(x, g, w, residual=x if residual else None) is None
+    config = nm_config.mosaic_builtin_config(M, K, N, residual=residual)
+    assert config == nm_config.mosaic_builtin_config(1008, K, N, residual=residual)
+    fn, args = _fwd_bwd(M, K, N, residual, config)
+    with backends.lowering_for_gpu():
+        kernels = _lowered_kernels(fn, *args)
+        outs = jax.eval_shape(jax.jit(fn), *args)
+    assert sorted(k.name for k in kernels) == ["rmsnorm_matmul_dw", "rmsnorm_matmul_dx", "rmsnorm_matmul_fwd"]
+    assert [o.shape for o in jax.tree.leaves(outs)][:2 + residual] == [(M, K)] * residual + [(M, N), (M, K)]
+    assert "1008x4096xbf16" in "".join(_pads_in_cuda_program(fn, args))
+
+
+@cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_rows_not_a_multiple_of_8_in_interpret_mode(residual):
+    """75 rows (padded to 80, on 64-row tiles), eps = 0: forward and gradients against the float32 reference, none
+    NaN (the padded rows of ones keep r finite)."""
+    tiles = _Interpreted.tiles
+    config = Config(forward=tiles, dx=tiles, dw=tiles)
+    x, g, w, res = inputs(75, 128, 256, jnp.bfloat16, residual=residual)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, 256), block_sizes=config,
+                                               eps=0.0)
+
+
 def test_rows_past_the_tiles_need_our_k_loop_and_the_error_names_it():
     """A last row of tiles past M needs the K loop "own" (jax's pipeline slices its blocks itself): a config with
     another is refused at 1000 rows, naming the loop and the kernel, and taken at 1024."""
@@ -1294,7 +1326,7 @@ def test_untuned_rows_past_each_h200_entry_lower_for_cuda(monkeypatch, M, K, N):
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N", [(200, 2048, 5632), (1000, 4096, 14336), (4000, 2048, 8192), (4104, 4096, 4096),
-                                     (16400, 1024, 5504), (16448, 1024, 5504)])
+                                     (16400, 1024, 5504), (16448, 1024, 5504), (100, 2048, 8192), (1001, 2048, 5632)])
 @pytest.mark.parametrize("tables", [False, True], ids=["default", "tables"])
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_untuned_rows_past_the_tiles_on_the_gpu(M, K, N, tables, residual):
@@ -1459,13 +1491,13 @@ def test_untuned_few_rows_split_a_long_forward_k_loop_over_a_half_empty_grid(mon
 def test_untuned_rows_below_the_entrys_tiles_take_the_tables_kernels_and_xla_backward(monkeypatch, M, K, N):
     """On an H200, fewer rows than one row of the entry's 128-row forward tiles: the built-in tables' kernels with
     XLA's backward, whose GEMMs beat our dx and dw kernels on a few blocks (``config._untuned_below_entry``). With a
-    residual, another device, or rows the kernels do not take (100: not a multiple of 8), the tables as they are."""
+    residual, another device, or rows the kernels do not take (20: below FEWEST_ROWS), the tables as they are."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     builtin = nm_config.mosaic_builtin_config(M, K, N)
     assert nm_config.mosaic_default_config(M, K, N) == dataclasses.replace(builtin, backward_in_xla=True)
     assert nm_config.mosaic_default_config(M, K, N, residual=True) == nm_config.mosaic_builtin_config(
         M, K, N, residual=True)
-    assert nm_config.mosaic_default_config(100, K, N) == nm_config.mosaic_builtin_config(100, K, N)
+    assert nm_config.mosaic_default_config(20, K, N) == nm_config.mosaic_builtin_config(20, K, N)
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H100 80GB HBM3")
     assert nm_config.mosaic_default_config(M, K, N) == builtin
 

@@ -19,7 +19,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes, stream_k
-from pallas_kernels.gemm.config import BARRIER_BYTES, sum_rows_grid
+from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, sum_rows_grid
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
@@ -681,12 +681,12 @@ class MosaicRMSNormMatmulConfig:
         if M < FEWEST_ROWS:
             return (f"M={M} is below {FEWEST_ROWS} rows (a row of tiles mostly past M; the Triton backend's decode "
                     f"kernels ran faster there)")
-        sizes = dict(M=M, K=K, N=N)
+        sizes = dict(M=kernel_rows(M), K=K, N=N)
         kernels = (("forward", "MNK"),)
         if not self.backward_in_xla:
             kernels += (("dx", "MKN"),) + (() if self.dw_by_xla(K, N) else (("dw", "KNM"),))
-        for kernel, names in kernels:  # (M a multiple of 8: the last row of forward and dx tiles, or dw's last K
-            # step, may run past it: ``gemm``'s partial_rows and partial_k)
+        for kernel, names in kernels:  # (the kernels' rows a multiple of 8: the last row of forward and dx tiles, or
+            # dw's last K step, may run past them: ``gemm``'s partial_rows and partial_k)
             reason = gemm_unsupported_reason(*(sizes[n] for n in names), getattr(self, kernel), names=tuple(names),
                                              partial_rows=names[0] == "M", partial_k=names[2] == "M")
             if reason:
@@ -702,6 +702,12 @@ class MosaicRMSNormMatmulConfig:
 # f099cf2.json): 62.1 / 138.6 (81.8 / 173.9, 34.8 / 116.7) at 24x4096x14336, 52.0 / 138.9 (81.8 / 178.2, 36.3 /
 # 117.8) at 32x4096x14336, 24.7 / 58.9 (37.7 / 85.4, 15.6 / 53.0) at 48x2048x8192.
 FEWEST_ROWS = 24
+
+
+def kernel_rows(M: int) -> int:
+    """The rows the kernels run for x of M rows: M rounded up to a multiple of PARTIAL_ROWS_MULTIPLE (the backend
+    pads x with rows of ones, whole 8-row tiles for TMA, and slices the results back), one row as it is (the GEMV)."""
+    return M if M == 1 else -(-M // PARTIAL_ROWS_MULTIPLE) * PARTIAL_ROWS_MULTIPLE
 
 _G = MosaicGemmConfig
 # Built-in tiles (H100) per kernel, best first; each kernel takes the first whose tiles divide its GEMM. All take
@@ -1165,10 +1171,11 @@ def mosaic_builtin_config(M: int, K: int, N: int, *, residual: bool = False,
     tiles with wg_split "n" only; "mma", forward tiles with one wgmma group in flight, whole tiles."""
     forward = {False: _FORWARD, True: tuple(c for c in _FORWARD if c.wg_split == "n"),
                **{name: _MMA_STATS_FORWARD for name in MMA_STATS}}[stats_in_kernel]
-    forward = one_row_forward(K, N) if M == 1 else pick_config(M, N, K, forward, partial_rows=True)
+    rows = kernel_rows(M)
+    forward = one_row_forward(K, N) if M == 1 else pick_config(rows, N, K, forward, partial_rows=True)
     return MosaicRMSNormMatmulConfig(forward=forward, stats_in_kernel=stats_in_kernel,
-                                     dx=pick_config(M, K, N, _DX_RESIDUAL if residual else _DX, partial_rows=True),
-                                     dw=pick_config(K, N, M, _DW, partial_k=True))
+                                     dx=pick_config(rows, K, N, _DX_RESIDUAL if residual else _DX, partial_rows=True),
+                                     dw=pick_config(K, N, rows, _DW, partial_k=True))
 
 
 def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residual: bool = False

@@ -128,9 +128,10 @@ def _input_reason(x, out_dtype, interpret: bool) -> str | None:
 def unsupported_reason(x, gamma, w, *, residual=None, out_dtype=None, interpret: bool = False, config=None,
                        **_) -> str | None:
     """None when this backend runs these arguments; else one sentence naming the constraint: no interpret mode,
-    16-bit inputs, y in x's dtype, K and N multiples of the default config's tiles, and M one row or from
-    ``config.FEWEST_ROWS`` a multiple of 8 (a last row of tiles past M: ``gemm``'s partial_rows), so tiny M goes
-    elsewhere. Given the call's own ``config``, only the inputs: its tiles are ``check_config``'s."""
+    16-bit inputs, y in x's dtype, K and N multiples of the default config's tiles, and M one row or at least
+    ``config.FEWEST_ROWS`` (a last row of tiles past M: ``gemm``'s partial_rows; rows padded to a multiple of 8,
+    ``config.kernel_rows``), so tiny M goes elsewhere. Given the call's own ``config``, only the inputs: its tiles
+    are ``check_config``'s."""
     reason = _input_reason(x, out_dtype, interpret)
     if reason or config is not None:
         return reason
@@ -748,6 +749,14 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     and the Triton backward). ``check_config`` first."""
     check_config(config, x, gamma, w, residual=residual, out_dtype=out_dtype, interpret=interpret)
     (M, K), N = x.shape, w.shape[1]
+    rows = _config.kernel_rows(M)
+    if rows != M:  # whole 8-row tiles for TMA: x padded with rows of ones (r stays finite, even at eps = 0), the
+        # residual with zeros; their dy is zero under autodiff of the slice, so they add nothing to dw or dgamma
+        pad = ((0, rows - M), (0, 0))
+        out = rmsnorm_matmul(jnp.pad(x, pad, constant_values=1), gamma, w, eps=eps, out_dtype=out_dtype,
+                             residual=None if residual is None else jnp.pad(residual, pad), interpret=interpret,
+                             config=config)
+        return out[:M] if residual is None else tuple(o[:M] for o in out)
     one_row_backward = None
     if M == 1:  # the Triton backend's config for the shape (its tuned entry or its table)
         one_row_backward = _config.default_config(M, K, N, x.dtype, residual=residual is not None,
