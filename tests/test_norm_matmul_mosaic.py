@@ -1229,8 +1229,9 @@ def test_rows_past_the_tiles_lower_padding_only_row_vectors(M, residual):
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_rows_not_a_multiple_of_8_run_padded_to_whole_tma_tiles(residual):
-    """1001 rows: TMA takes whole 8-row tiles, so x (and the residual) is padded to 1008 rows (rows of ones: r stays
-    finite) and the results sliced back; the kernels run 1008 rows, their last row of tiles past them."""
+    """1001 rows: TMA takes whole 8-row tiles, so x (and the residual) is padded to 1008 rows (copies of the last
+    row: r there is a real row's) and the results sliced back; the kernels run 1008 rows, the last row of tiles past
+    them."""
     M, K, N = 1001, 4096, 2048
     x, g, w = S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
     assert nm_config.kernel_rows(M) == 1008 and nm_config.kernel_rows(1) == 1 and nm_config.kernel_rows(1000) == 1000
@@ -1248,16 +1249,16 @@ def test_rows_not_a_multiple_of_8_run_padded_to_whole_tma_tiles(residual):
 
 @cpu_only
 @pytest.mark.slow
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_rows_not_a_multiple_of_8_in_interpret_mode(residual):
-    """75 rows (padded to 80, on 64-row tiles), eps = 0: forward and gradients against the float32 reference, none
-    NaN (the padded rows of ones keep r finite)."""
+@pytest.mark.parametrize("dtype, residual", [(jnp.bfloat16, False), (jnp.bfloat16, True), (jnp.float16, False)],
+                         ids=["bf16-plain", "bf16-residual", "fp16-plain"])
+def test_rows_not_a_multiple_of_8_in_interpret_mode(dtype, residual):
+    """75 rows (padded to 80 with copies of the last, on 64-row tiles), eps = 0: forward and gradients against the
+    float32 reference, none NaN (float16: the dw GEMM's dyr scaled by s = max r)."""
     tiles = _Interpreted.tiles
     config = Config(forward=tiles, dx=tiles, dw=tiles)
-    x, g, w, res = inputs(75, 128, 256, jnp.bfloat16, residual=residual)
+    x, g, w, res = inputs(75, 128, 256, dtype, residual=residual)
     with mosaic_utils.interpret_on_cpu(num_sms=2):
-        _Interpreted().check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, 256), block_sizes=config,
-                                               eps=0.0)
+        _Interpreted().check_against_reference(x, g, w, res, tolerance(dtype, 256), block_sizes=config, eps=0.0)
 
 
 def test_rows_past_the_tiles_need_our_k_loop_and_the_error_names_it():

@@ -750,12 +750,13 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     check_config(config, x, gamma, w, residual=residual, out_dtype=out_dtype, interpret=interpret)
     (M, K), N = x.shape, w.shape[1]
     rows = _config.kernel_rows(M)
-    if rows != M:  # whole 8-row tiles for TMA: x padded with rows of ones (r stays finite, even at eps = 0), the
-        # residual with zeros; their dy is zero under autodiff of the slice, so they add nothing to dw or dgamma
+    if rows != M:  # whole 8-row tiles for TMA: x (and the residual) padded with copies of its last row, so r there is
+        # a real row's (finite where that row's is; float16's s = max r unchanged); their dy is zero under autodiff of
+        # the slice, so they add nothing to dw or dgamma
         pad = ((0, rows - M), (0, 0))
-        out = rmsnorm_matmul(jnp.pad(x, pad, constant_values=1), gamma, w, eps=eps, out_dtype=out_dtype,
-                             residual=None if residual is None else jnp.pad(residual, pad), interpret=interpret,
-                             config=config)
+        out = rmsnorm_matmul(jnp.pad(x, pad, mode="edge"), gamma, w, eps=eps, out_dtype=out_dtype,
+                             residual=None if residual is None else jnp.pad(residual, pad, mode="edge"),
+                             interpret=interpret, config=config)
         return out[:M] if residual is None else tuple(o[:M] for o in out)
     one_row_backward = None
     if M == 1:  # the Triton backend's config for the shape (its tuned entry or its table)
