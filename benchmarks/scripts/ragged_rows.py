@@ -57,6 +57,9 @@ def main() -> int:
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--tag", default="", help="suffix of the record's name (ragged_rows<tag>.json)")
     args = parser.parse_args()
+    unknown = sorted(set(args.forms.split(",")) - set(FORMS))
+    if unknown:
+        parser.error(f"--forms: unknown {unknown}; allowed: {', '.join(FORMS)}")
     path = os.path.join(args.out, f"ragged_rows{args.tag}.json")
     rows = []
     for text in args.shapes.split(","):
