@@ -8,11 +8,13 @@ import itertools
 import math
 import re
 import types
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from conftest import GPU_TIMEOUT
 from hlo_inspect import mosaic_ir
@@ -2114,17 +2116,17 @@ def _scaled_rows(M: int, col_blocks: int, tile: bool = False) -> Fusion:
                   epilogue=epilogue)
 
 
-def _check_scaled_rows(M, K, N, config, tile=False):
+def _check_scaled_rows(M, K, N, config, tile=False, out_dtype=jnp.float32):
     a, b = _operands(M, K, N, jnp.bfloat16)
     s = jax.random.uniform(_key(), (M,), jnp.float32, 0.5, 2.0)
     c = jax.random.normal(_key(), (M, N), jnp.float32).astype(jnp.bfloat16)
     blocks = N // config.tile_n
     out, parts, twice = jax.jit(lambda a, b, s, c: gemm(
-        a, b, config=config, out_dtype=jnp.float32, fusion=_scaled_rows(M, blocks, tile),
+        a, b, config=config, out_dtype=out_dtype, fusion=_scaled_rows(M, blocks, tile),
         arrays=dict(s=s, c=c) if tile else dict(s=s), partial_rows=True))(a, b, s, c)
     want = _f32_product(a, b) * s[:, None] + (c.astype(jnp.float32) if tile else 0)
-    assert out.shape == (M, N) and parts.shape == (blocks, M) and twice.shape == (M,)
-    assert _rel_err(out, want) <= _tol(jnp.bfloat16, K)  # NaN fails
+    assert out.shape == (M, N) and out.dtype == out_dtype and parts.shape == (blocks, M) and twice.shape == (M,)
+    assert _rel_err(out, want) <= _tol(jnp.bfloat16, K) * (2 if out_dtype == jnp.bfloat16 else 1)  # NaN fails
     assert _rel_err(parts, jnp.sum(want.reshape(M, blocks, -1), axis=2).T) <= _tol(jnp.bfloat16, K)
     np.testing.assert_array_equal(np.asarray(twice), np.asarray(s * 2))
 
@@ -2138,8 +2140,14 @@ def _check_partial_k(M, K, N, config):
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda a, b: gemm(a, b, config=_TINY, out_dtype=jnp.float32, partial_rows=True),
-     r"M=100 is not a positive multiple of 8 \(TMA's 8-row tiles; the last row of tiles may run past it\)"),
+    (lambda a, b: gemm(a, b, config=dataclasses.replace(_TINY, epi_tile_n=64), out_dtype=jnp.float32,
+                       partial_rows=True),
+     r"M=100 is not a multiple of 8 \(TMA's 8-row tiles\): .*output's pieces one swizzled row wide .*"
+     r"got epi_tile_n=64 of float32 \(256 bytes\)"),
+    (lambda a, b: gemm(a, b, config=_TINY, out_dtype=jnp.float32, partial_rows=True,
+                       fusion=_scaled_rows(100, 2, tile=True), arrays=dict(s=S((100,), jnp.float32),
+                                                                           c=S((100, 128), jnp.float32))),
+     r"M=100 is not a multiple of 8 .*only A's blocks and the output's pieces, got tile_inputs=\('c',\)"),
     (lambda a, b: gemm(a.T, b, config=_TINY, out_dtype=jnp.float32, transpose_a=True, partial_rows=True),
      r"partial_rows takes A read as stored .* got transpose_a=True"),
     (lambda a, b: gemm(a, b, config=_TINY, out_dtype=jnp.float32, partial_k=True),
@@ -2186,6 +2194,68 @@ def test_partial_rows_and_k_in_interpret_mode():
         _check_scaled_rows(200, 128, 256, MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=32, num_stages=2,
                                                            epi_tile_n=32, wg_split="m"), tile=True)
         _check_partial_k(128, 200, 128, dataclasses.replace(_TINY, tile_k=64))
+
+
+@cpu_only
+def test_rows_not_a_multiple_of_8_lower_through_untiled_views_with_nothing_padded_but_row_vectors():
+    """M = 1001 (and 100) on 128-row tiles, bf16 out: A and the output keep their rows in the CUDA program, and
+    the kernel's A stages and output slots each have a second view without the 8-row tiles (TMA moves any rows
+    through it); only the (M,) input is padded."""
+    for M, fields in ((1001, dict(tile_m=64, tile_n=128, wg_split="m")),
+                      (100, dict(tile_m=64, tile_n=128, wg_split="m", stream_k=2))):
+        config = MosaicGemmConfig(**fields)
+        K, N = 512, 512
+
+        def fn(a, b, s):
+            return gemm(a, b, config=config, out_dtype=jnp.bfloat16, fusion=_scaled_rows(M, 4), arrays=dict(s=s),
+                        partial_rows=True)
+
+        args = (S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M,), jnp.float32))
+        with mock.patch.object(plgpu, "RefUnion", side_effect=plgpu.RefUnion) as union:
+            with backends.lowering_for_gpu():
+                text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+                (kernel,) = mosaic_ir.lower_kernels(fn, *args)
+        whole = -(-M // 128) * 128
+        assert re.findall(r"stablehlo\.pad .*-> tensor<([^>]*)>", text) == [f"{whole}xf32"]
+        assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+        assert [o.shape for o in jax.eval_shape(fn, *args)] == [(M, N), (4, M), (M,)]
+        views = [[getattr(r, "transforms", None) for r in c.args] for c in union.call_args_list]
+        assert len(views) == 2, views  # A's stages and the output's slots: (8-row tiles, swizzle), (swizzle)
+        for tiled, untiled in views:
+            assert [type(t).__name__ for t in tiled] == ["TilingTransform", "SwizzleTransform"]
+            assert [type(t).__name__ for t in untiled] == ["SwizzleTransform"]
+
+
+@cpu_only
+@pytest.mark.slow
+def test_rows_not_a_multiple_of_8_in_interpret_mode():
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _check_scaled_rows(75, 128, 128, MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=32, num_stages=2,
+                                                          epi_tile_n=32, wg_split="m"))
+
+
+_ANY_ROWS_CASES = [  # (M, K, N, config fields, out dtype): rows not a multiple of 8 (untiled views) on the GPU
+    (1001, 1024, 2048, dict(tile_m=64, tile_n=256, wg_split="m", num_stages=3), jnp.bfloat16),
+    (4099, 2048, 1024, dict(tile_m=128, tile_n=128, wg_split="n", num_stages=3), jnp.bfloat16),
+    (100, 512, 512, dict(tile_m=64, tile_n=128, wg_split="m", stream_k=2, epi_tile_n=32), jnp.float32),
+    (13, 512, 512, dict(tile_m=64, tile_n=128, wg_split="m", schedule="pingpong"), jnp.bfloat16)]
+
+
+@cpu_only
+def test_the_gpu_cases_of_any_rows_lower_within_shared_memory():
+    for M, K, N, fields, out_dtype in _ANY_ROWS_CASES:
+        config = MosaicGemmConfig(**fields)
+        (kernel,) = mosaic_ir.lower_kernels(
+            lambda a, b, s: gemm(a, b, config=config, out_dtype=out_dtype, partial_rows=True,
+                                 fusion=_scaled_rows(M, N // config.tile_n), arrays=dict(s=s)),
+            S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((M,), jnp.float32))
+        assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N, fields, out_dtype", _ANY_ROWS_CASES)
+def test_rows_not_a_multiple_of_8_on_the_gpu(M, K, N, fields, out_dtype):
+    _check_scaled_rows(M, K, N, MosaicGemmConfig(**fields), out_dtype=out_dtype)
 
 
 _PARTIAL_ROWS_CASES = [  # (M, K, N, config fields) of the GPU tests

@@ -1200,11 +1200,15 @@ def test_untuned_few_rows_on_an_h200_lower_on_the_triton_backend(monkeypatch, ba
 # ---------------------------------------------------------------------------------------------------------------
 # Rows the tiles do not divide: the last row of forward and dx tiles, and the dw kernel's last K step, past M
 # ---------------------------------------------------------------------------------------------------------------
-def _pads_in_cuda_program(fn, args) -> list[str]:
-    """The result types of the ``stablehlo.pad`` ops of fn lowered for CUDA (e.g. "256xf32")."""
+def _cuda_program(fn, args) -> str:
     with backends.lowering_for_gpu():
-        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    return re.findall(r"stablehlo\.pad .*-> tensor<([^>]*)>", text)
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _pads_in_cuda_program(fn, args) -> list[str]:
+    """The result types of the ``stablehlo.pad`` ops of fn lowered for CUDA (e.g. "256xf32"); an edge pad
+    (``jnp.pad(mode="edge")``) lowers to a concatenation instead."""
+    return re.findall(r"stablehlo\.pad .*-> tensor<([^>]*)>", _cuda_program(fn, args))
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
@@ -1228,23 +1232,49 @@ def test_rows_past_the_tiles_lower_padding_only_row_vectors(M, residual):
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_rows_not_a_multiple_of_8_run_padded_to_whole_tma_tiles(residual):
-    """1001 rows: TMA takes whole 8-row tiles, so x (and the residual) is padded to 1008 rows (copies of the last
-    row: r there is a real row's) and the results sliced back; the kernels run 1008 rows, the last row of tiles past
-    them."""
+def test_rows_not_a_multiple_of_8_run_the_forward_as_they_are_and_pad_the_backward(residual):
+    """1001 rows: the forward kernel takes them as they are (A's blocks and y's pieces through untiled views of
+    shared memory: ``gemm.config.any_rows_reason``), so a forward pads only row vectors; the dx and dw kernels take
+    whole 8-row tiles, so the backward pads x (and r) with copies of the last row and dy with zeros to 1008 rows,
+    and slices dx back."""
     M, K, N = 1001, 4096, 2048
     x, g, w = S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
     assert nm_config.kernel_rows(M) == 1008 and nm_config.kernel_rows(1) == 1 and nm_config.kernel_rows(1000) == 1000
     assert nm.unsupported_reason(x, g, w, residual=x if residual else None) is None
     config = nm_config.mosaic_builtin_config(M, K, N, residual=residual)
     assert config == nm_config.mosaic_builtin_config(1008, K, N, residual=residual)
+    assert nm.forward_takes_any_rows(config, jnp.bfloat16, jnp.bfloat16)
     fn, args = _fwd_bwd(M, K, N, residual, config)
     with backends.lowering_for_gpu():
         kernels = _lowered_kernels(fn, *args)
         outs = jax.eval_shape(jax.jit(fn), *args)
     assert sorted(k.name for k in kernels) == ["rmsnorm_matmul_dw", "rmsnorm_matmul_dx", "rmsnorm_matmul_fwd"]
+    assert all(k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES for k in kernels)
     assert [o.shape for o in jax.tree.leaves(outs)][:2 + residual] == [(M, K)] * residual + [(M, N), (M, K)]
-    assert "1008x4096xbf16" in "".join(_pads_in_cuda_program(fn, args))
+    text = _cuda_program(fn, args)
+    assert "tensor<1008x4096xbf16>" in text and "tensor<1008x2048xbf16>" in text  # x and dy, for the backward
+
+    def forward(x, g, w, *r):
+        return norm_matmul.rmsnorm_matmul(x, g, w, residual=r[0] if r else None, backend="mosaic",
+                                          block_sizes=config)
+
+    text = _cuda_program(forward, [x, g, w] + ([x] if residual else []))
+    assert "1008x" not in text and "tensor<1001x2048xbf16>" in text  # (only the (M,) sums, padded to 1024)
+
+
+def test_rows_not_a_multiple_of_8_pad_whole_where_the_forward_cannot_take_them():
+    """A forward config whose A blocks are two swizzled rows wide (tile_k 128) cannot take 1001 rows as they are:
+    x is padded to 1008 rows before the forward, as before untiled views."""
+    M, K, N = 1001, 4096, 2048
+    config = nm_config.mosaic_builtin_config(M, K, N)
+    wide = dataclasses.replace(config, forward=dataclasses.replace(config.forward, tile_k=128, num_stages=2))
+    assert not nm.forward_takes_any_rows(wide, jnp.bfloat16, jnp.bfloat16)
+    x, g, w = S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
+
+    def forward(x, g, w):
+        return norm_matmul.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=wide)
+
+    assert "tensor<1008x4096xbf16>" in _cuda_program(forward, [x, g, w])
 
 
 @cpu_only
@@ -1252,8 +1282,8 @@ def test_rows_not_a_multiple_of_8_run_padded_to_whole_tma_tiles(residual):
 @pytest.mark.parametrize("dtype, residual", [(jnp.bfloat16, False), (jnp.bfloat16, True), (jnp.float16, False)],
                          ids=["bf16-plain", "bf16-residual", "fp16-plain"])
 def test_rows_not_a_multiple_of_8_in_interpret_mode(dtype, residual):
-    """75 rows (padded to 80 with copies of the last, on 64-row tiles), eps = 0: forward and gradients against the
-    float32 reference, none NaN (float16: the dw GEMM's dyr scaled by s = max r)."""
+    """75 rows on 64-row tiles (the backward's padded to 80 with copies of the last), eps = 0: forward and gradients
+    against the float32 reference, none NaN (float16: the dw GEMM's dyr scaled by s = max r)."""
     tiles = _Interpreted.tiles
     config = Config(forward=tiles, dx=tiles, dw=tiles)
     x, g, w, res = inputs(75, 128, 256, dtype, residual=residual)

@@ -299,7 +299,7 @@ PARTIAL_ROWS_MULTIPLE = 8  # rows: TMA copies through tiled SMEM take whole 8-ro
 
 def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, names=("M", "N", "K"),
                        partial_columns: bool = False, any_columns: bool = False, partial_rows: bool = False,
-                       partial_k: bool = False) -> str | None:
+                       partial_k: bool = False, any_rows: bool = False) -> str | None:
     """None when the kernel takes an (M, K) @ (K, N) product with this config; else one sentence naming the
     constraint: no partial tiles (M, N, K multiples of the CTA tile, two of them along the ``cluster`` axis, and
     tile_k). ``partial_columns``: the caller takes a last column of tiles that runs past N
@@ -308,15 +308,15 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
     "none"; ``any_columns`` (B read transposed, its rows past N zero-filled, and no output tile stored), any
     positive N. ``partial_rows`` (A read as stored: ``gemm``'s ``partial_rows``): M need only be a multiple of
     PARTIAL_ROWS_MULTIPLE, the last row of tiles running past it; ``partial_k`` (A read transposed, B as stored:
-    ``gemm``'s ``partial_k``): K the same, the last K step running past it. ``names``: what the caller calls M, N
-    and K."""
+    ``gemm``'s ``partial_k``): K the same, the last K step running past it; ``any_rows`` (with partial_rows, where
+    ``any_rows_reason`` is None): any positive M. ``names``: what the caller calls M, N and K."""
     whose = "a cluster's two output tiles" if config.cluster_size > 1 else "a block's output tile"
     ragged = partial_columns and config.cluster == "none"
     for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),
                                   (names[2], K, config.tile_k, "tile_k")):
         if size % tile and ((dim == names[0] and partial_rows) or (dim == names[2] and partial_k)):
             last = "row of tiles" if dim == names[0] else "step"
-            if size <= 0 or size % PARTIAL_ROWS_MULTIPLE:
+            if size <= 0 or (size % PARTIAL_ROWS_MULTIPLE and not (any_rows and dim == names[0])):
                 return (f"{dim}={size} is not a positive multiple of {PARTIAL_ROWS_MULTIPLE} (TMA's 8-row tiles; "
                         f"the last {last} may run past it)")
             if config.pipeline != "own":
@@ -333,6 +333,27 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
         if size <= 0 or size % tile:
             what = "tile_k" if what == "tile_k" else f"the {what} of {whose}"
             return f"{dim}={size} is not a positive multiple of {what}={tile}"
+    return None
+
+
+def any_rows_reason(config: MosaicGemmConfig, dtype, out_dtype, transpose_b: bool = False) -> str | None:
+    """None when ``gemm``'s partial_rows takes any row count M with this config, not only multiples of
+    PARTIAL_ROWS_MULTIPLE; else the sentence naming why not. TMA through 8-row tiles of shared memory needs the
+    GMEM array's rows in whole tiles too; so at such M, A's blocks load and the output's pieces store through
+    untiled views of their shared memory, rows of one swizzle atom each, the same bytes as the 8-row tiles wgmma
+    reads and the epilogue writes. That holds where tile_k and epi_tile_n are each one swizzled row (64 elements
+    of a 16-bit dtype), on pipeline "own" with the epilogue in the MMA warpgroups. (The fusion's part: ``gemm``.)"""
+    a_bytes, out_bytes = (config.tile_k * jnp.dtype(dtype).itemsize,
+                          config.epi_tile_n * jnp.dtype(out_dtype).itemsize)
+    if config.pipeline != "own" or config.epilogue_in == "fourth":
+        return (f"rows past whole 8-row tiles load and store in the MMA warpgroups of the K loop pipeline='own', got "
+                f"pipeline={config.pipeline!r}, epilogue_in={config.epilogue_in!r}")
+    if a_bytes not in (32, 64, 128) or operand_swizzle_elems(config, dtype, transpose_b) != config.tile_k:
+        return (f"rows past whole 8-row tiles need A's blocks one swizzled row wide (tile_k of 32, 64 or 128 bytes "
+                f"and the operands' swizzle), got tile_k={config.tile_k} ({a_bytes} bytes), tile_n={config.tile_n}")
+    if out_bytes not in (32, 64, 128):
+        return (f"rows past whole 8-row tiles need the output's pieces one swizzled row wide (epi_tile_n of 32, 64 "
+                f"or 128 bytes), got epi_tile_n={config.epi_tile_n} of {jnp.dtype(out_dtype)} ({out_bytes} bytes)")
     return None
 
 

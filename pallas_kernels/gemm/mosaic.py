@@ -66,8 +66,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import mosaic_utils as mu
 from pallas_kernels.gemm import specialized, stream_k
-from pallas_kernels.gemm.config import (PIPELINES, MosaicGemmConfig, operand_swizzle_elems, smem_bytes,
-                                        sum_rows_grid, unsupported_reason)
+from pallas_kernels.gemm.config import (PARTIAL_ROWS_MULTIPLE, PIPELINES, MosaicGemmConfig, any_rows_reason,
+                                        operand_swizzle_elems, smem_bytes, sum_rows_grid, unsupported_reason)
 
 __all__ = ["COL_DTYPES", "PIPELINES", "Fusion", "MosaicGemmConfig", "TileContext", "gemm", "smem_bytes",
            "unsupported_reason"]
@@ -276,9 +276,12 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     named inputs. ``accumulate_into``: an (M, N) array of out_dtype; out = accumulate_into + A @ B, written in
     place where XLA can (no fusion then). Runs on an sm90 GPU; lowers for CUDA anywhere.
     ``partial_rows`` (A read as stored, no accumulate_into, pipeline "own"): M need only be a multiple of
-    ``config.PARTIAL_ROWS_MULTIPLE`` (8), the last row of tiles running past it: TMA loads zeros there (A's and the (M, ·) inputs' rows) and stores nothing (the output's and
-    the (M, ·) outputs'), and the fusion's row vectors ((M,) inputs and outputs, (C, M) outputs) run padded to
-    whole tiles here, so the hooks see rows of zeros past M and their values there are dropped. ``partial_k`` (A
+    ``config.PARTIAL_ROWS_MULTIPLE`` (8), the last row of tiles running past it: TMA loads zeros there (A's and
+    the (M, ·) inputs' rows) and stores nothing (the output's and the (M, ·) outputs'), and the fusion's row
+    vectors ((M,) inputs and outputs, (C, M) outputs) run padded to whole tiles here, so the hooks see rows of
+    zeros past M and their values there are dropped. Any positive M where ``config.any_rows_reason`` is None and
+    the fusion has no (M, ·) input or output besides A and the output (tile inputs, a_copy, a_beside, tile_copy):
+    A's blocks and the output's pieces then go through untiled views of their shared memory. ``partial_k`` (A
     read transposed, B as stored, no hook reading along K): K the same, the last step's rows past K loaded as zeros
     by TMA, so they add nothing. Both are ignored where the tiles divide M or K."""
     if accumulate_into is not None:
@@ -304,6 +307,12 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"{k_hooks}")
     rows_padded = -(-rows // config.cluster_m) * config.cluster_m if partial_rows and rows > 0 else rows
     depth_padded = -(-depth // config.tile_k) * config.tile_k if partial_k and depth > 0 else depth
+    untiled_rows = partial_rows and rows % PARTIAL_ROWS_MULTIPLE != 0  # (A's blocks, the output's pieces)
+    if untiled_rows:
+        reason = any_rows_reason(config, a.dtype, out_dtype, transpose_b) or _any_rows_fusion_reason(fusion)
+        if reason:
+            raise ValueError(f"{name}: M={rows} is not a multiple of {PARTIAL_ROWS_MULTIPLE} (TMA's 8-row tiles): "
+                             f"{reason}")
     if mu.interpreting() and (rows_padded, depth_padded) != (rows, depth):
         # the interpreter clamps slices where TMA would load zeros: the product of zero-padded operands, sliced
         return _gemm_padded(a, b, (rows_padded, depth_padded), config=config, out_dtype=out_dtype,
@@ -325,7 +334,7 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     N = b.shape[0] if transpose_b else b.shape[1]
     partial = fusion.partial_columns and not fusion.tile_inputs
     reason = unsupported_reason(M, N, K, config, partial_columns=partial, any_columns=any_n,
-                                partial_rows=partial_rows, partial_k=partial_k)
+                                partial_rows=partial_rows, partial_k=partial_k, any_rows=untiled_rows)
     if reason:
         raise ValueError(f"{name}: {reason}")
     padded_n = -(-N // config.cta_n) * config.cta_n
@@ -481,7 +490,8 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
     shape = _Shape(config, fusion, in_names, tuple(n for n, _ in fusion.outputs), (transpose_a, transpose_b),
                    (M, N, K), a.dtype, jnp.dtype(out_dtype), tuple(arrays[n].dtype for n in fusion.tile_inputs),
                    accumulate_into is not None, plan, tuple(arrays[n].dtype for n in fusion.step_inputs),
-                   sum_rows_snake=snake, col_dtypes=tuple(arrays[n].dtype for n in fusion.col_inputs))
+                   sum_rows_snake=snake, col_dtypes=tuple(arrays[n].dtype for n in fusion.col_inputs),
+                   untiled_rows=untiled_rows)
     if config.pipeline == "own":
         body, num_threads = functools.partial(specialized.kernel_body, shape=shape), specialized.num_threads(shape)
     else:
@@ -500,6 +510,17 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                                      *shape.workspace_type()], **launch)
     outs = list(call(*inputs))[:1 + len(fusion.outputs)]
     return [outs[0], *[o[..., :M] if n in padded_rows_out else o for (n, _), o in zip(fusion.outputs, outs[1:])]]
+
+
+def _any_rows_fusion_reason(fusion: Fusion) -> str | None:
+    """(``gemm``'s partial_rows at an M not a multiple of 8) None when the fusion moves no (M, ·) block by TMA
+    besides A's and the output's, which go through untiled views; else the sentence naming what does."""
+    tiles = [f"{h}={getattr(fusion, h)!r}" for h in ("a_copy", "a_beside", "tile_copy", "store_in")
+             if getattr(fusion, h) is not None]
+    if fusion.tile_inputs or tiles:
+        return (f"rows past whole 8-row tiles load and store only A's blocks and the output's pieces, got tile_inputs="
+                f"{fusion.tile_inputs}{''.join(', ' + t for t in tiles)}")
+    return None
 
 
 def _row_vectors_padded(fusion: Fusion, arrays: dict, rows: int, padded: int) -> tuple[Fusion, dict, tuple]:
@@ -561,6 +582,7 @@ class _Shape:
     step_dtypes: tuple = ()  # the dtypes of ``Fusion.step_inputs``
     sum_rows_snake: bool = False  # (Fusion.sum_rows) planar-snake tiles, whole runs a round: see ``tile_context``
     col_dtypes: tuple = ()  # the dtypes of ``Fusion.col_inputs``
+    untiled_rows: bool = False  # M not a multiple of 8: A's blocks and the output's pieces by untiled views
 
     @property
     def iters(self) -> tuple[int, int, int]:
@@ -625,9 +647,9 @@ class _Shape:
                            for n, d in zip(fusion.step_inputs, self.step_dtypes)},
                 scratch=dict(fusion.scratch))
         return dict(
-            out_smem=None if fusion.store_in else plgpu.SMEM(
+            out_smem=None if fusion.store_in else self.untiled_union(plgpu.SMEM(
                 (2, min(2, len(self.pieces)), cfg.epi_tile_m, cfg.epi_tile_n), self.out_dtype,
-                transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype)),
+                transforms=mu.smem_transforms(cfg.epi_tile_n, self.out_dtype))),
             tile_smem={n: plgpu.SMEM((2, cfg.tile_m, cfg.tile_n), d, transforms=mu.smem_transforms(cfg.tile_n, d))
                        for n, d in zip(fusion.tile_inputs, self.tile_dtypes) if n != self.ring_input},
             tile_barriers={n: plgpu.Barrier(num_barriers=2) for n in fusion.tile_inputs if n != self.ring_input},
@@ -642,6 +664,14 @@ class _Shape:
             step_smem={n: plgpu.SMEM((max(1, min(cfg.num_stages, self.iters[2])), cfg.tile_k), d)
                        for n, d in zip(fusion.step_inputs, self.step_dtypes)},
             scratch=dict(fusion.scratch))
+
+    def untiled_union(self, smem: plgpu.SMEM):
+        """``smem`` (8-row tiles, rows of one swizzle atom), and where ``untiled_rows`` a second view of the same
+        bytes without the tiles, through which TMA moves any rows (``any_rows_reason``)."""
+        if not self.untiled_rows:
+            return smem
+        swizzle = mu.smem_transforms(smem.shape[-1], smem.dtype)[1]
+        return plgpu.RefUnion(smem, plgpu.SMEM(smem.shape, smem.dtype, transforms=(swizzle,)))
 
     @property
     def a_copy_dtype(self):
@@ -924,7 +954,10 @@ class _Shape:
         if part is not None:
             first = part * col_pieces // 2
             pieces = [(i, j) for i, j in pieces if first <= j < first + col_pieces // 2]
-        _store_tile(tile, scoped["out_smem"].at[ctx.wg], out_gmem, ctx, pieces, first_col=first)
+        slots = copies = scoped["out_smem"]
+        if self.untiled_rows:  # written through the tiled view, copied out through the untiled one
+            slots, copies = slots
+        _store_tile(tile, slots.at[ctx.wg], out_gmem, ctx, pieces, first_col=first, copies=copies.at[ctx.wg])
 
     def store_later(self, ctx: TileContext, held: jax.Array, scoped, out_gmem) -> None:
         """Stores what ``finish_tile(store=False)`` returned: the whole tile ("next_tile") or its right half
@@ -1039,10 +1072,13 @@ def first_column_then_snake(lin, m_iters: int, n_iters: int, minor_dim: int, til
     return jnp.where(first, lin, m_rest), jnp.where(first, 0, n_rest + 1)
 
 
-def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, first_col: int = 0) -> None:
+def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, first_col: int = 0,
+                copies=None) -> None:
     """Stores a register tile at the accumulator's place in out_gmem, piece by piece through two alternating SMEM
     slots (a slot is reused once the store issued two pieces earlier has read it). ``tile``'s column 0 is that of
-    piece column ``first_col`` (a right half: ``epilogue_store="split"``)."""
+    piece column ``first_col`` (a right half: ``epilogue_store="split"``). ``copies``: another view of the slots
+    that TMA stores from (``_Shape.untiled_union``)."""
+    copies = slots if copies is None else copies
     cfg = ctx.config
     em, en = cfg.epi_tile_m, cfg.epi_tile_n
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -1051,7 +1087,7 @@ def _store_tile(tile: jax.Array, slots, out_gmem, ctx: TileContext, pieces, firs
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         slots[slot] = tile[i * em:(i + 1) * em, (j - first_col) * en:(j - first_col + 1) * en]
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(slots.at[slot],
+        plgpu.copy_smem_to_gmem(copies.at[slot],
                                 out_gmem.at[pl.ds(ctx.row0 + i * em, em), pl.ds(ctx.col0 + j * en, en)])
 
 

@@ -173,6 +173,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     stage_refs = (*gmem, beside) if beside is not None else gmem  # one stage buffer each
     stage_types = [plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                    for ref, (block, _, _) in zip(stage_refs, [*blocks, blocks[0]])]
+    stage_types[0] = shape.untiled_union(stage_types[0])  # (at M not a multiple of 8, A loads through a second view)
     ring_view = ring_input is not None and shape.transposes[1]  # the B stages hold (cta_n, tile_k) blocks: the
     if ring_view:  # ring input's (tile_k, cta_n) halves go into a second view of the same memory
         stage_types[1] = plgpu.RefUnion(stage_types[1], plgpu.SMEM(
@@ -200,6 +201,9 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
               u_free=None, **scoped):
         wg = lax.axis_index("wg")
         stages = list(stages)
+        a_loads = stages[0]  # the view TMA loads A's blocks into
+        if shape.untiled_rows:
+            stages[0], a_loads = stages[0]
         if ring_view:  # (a ring slot holds a B block or a ring input's half, never both at once)
             stages[1], ring_stages = stages[1]
         else:
@@ -381,7 +385,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
 
                 ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
-                for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, stages, blocks)):
+                for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, (a_loads, stages[1]), blocks)):
                     ref = cta(ref, ctx.m_idx, ctx.n_idx)
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
                                             smem.at[lax.rem(g, num_stages)], ready.at[barrier_of(g)],

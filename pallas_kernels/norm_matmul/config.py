@@ -705,9 +705,10 @@ FEWEST_ROWS = 24
 
 
 def kernel_rows(M: int) -> int:
-    """The rows the kernels run for x of M rows: M rounded up to a multiple of PARTIAL_ROWS_MULTIPLE (the backend
-    pads x with copies of its last row, whole 8-row tiles for TMA, and slices the results back), one row as it is
-    (the GEMV)."""
+    """The rows the kernels run for x of M rows: M rounded up to a multiple of PARTIAL_ROWS_MULTIPLE, whole 8-row
+    tiles for TMA (the backward pads its operands with copies of x's last row and zeros, and slices dx back; so does
+    the forward where its config cannot take M rows as they are: ``mosaic.forward_takes_any_rows``), one row as it
+    is (the GEMV)."""
     return M if M == 1 else -(-M // PARTIAL_ROWS_MULTIPLE) * PARTIAL_ROWS_MULTIPLE
 
 _G = MosaicGemmConfig

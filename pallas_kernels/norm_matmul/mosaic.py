@@ -88,6 +88,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import mosaic_utils as mu
+from pallas_kernels.gemm.config import any_rows_reason
 from pallas_kernels.gemm.mosaic import COL_DTYPES, Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
 from pallas_kernels.norm_matmul import dw_finish, mosaic_gemv, triton_bwd, triton_fwd
@@ -129,8 +130,8 @@ def unsupported_reason(x, gamma, w, *, residual=None, out_dtype=None, interpret:
                        **_) -> str | None:
     """None when this backend runs these arguments; else one sentence naming the constraint: no interpret mode,
     16-bit inputs, y in x's dtype, K and N multiples of the default config's tiles, and M one row or at least
-    ``config.FEWEST_ROWS`` (a last row of tiles past M: ``gemm``'s partial_rows; rows padded to a multiple of 8,
-    ``config.kernel_rows``), so tiny M goes elsewhere. Given the call's own ``config``, only the inputs: its tiles
+    ``config.FEWEST_ROWS`` (a last row of tiles past M: ``gemm``'s partial_rows; the backward's rows padded to a
+    multiple of 8, ``config.kernel_rows``), so tiny M goes elsewhere. Given the call's own ``config``, only the inputs: its tiles
     are ``check_config``'s."""
     reason = _input_reason(x, out_dtype, interpret)
     if reason or config is not None:
@@ -150,6 +151,7 @@ class _Static:
     eps: float
     out_dtype: jnp.dtype
     one_row_backward: _config.RMSNormMatmulConfig | None = None  # at M = 1: the Triton backward's config
+    backward_rows: int | None = None  # where the forward ran rows not a multiple of 8: the rows the backward pads to
 
 
 def _rows_zero(tile_m: int) -> jax.Array:
@@ -644,6 +646,28 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
     return dx, dgamma, dw
 
 
+def _backward_padded(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq):
+    """``_backward`` where the forward ran M rows, not a multiple of 8 (``forward_takes_any_rows``): the dx and dw
+    kernels take whole 8-row tiles, so x, r and the sums of squares are padded with copies of their last row (r
+    there a real row's: float16's s = max r unchanged) and y, dy and dh with zeros (so the padded rows add nothing
+    to dw or dgamma), to ``static.backward_rows``; dx is sliced back to M rows."""
+    M = xn.shape[0]
+
+    def padded(v, mode):
+        return None if v is None else jnp.pad(v, ((0, static.backward_rows - M),) + ((0, 0),) * (v.ndim - 1),
+                                              mode=mode)
+
+    dx, dgamma, dw = _backward(padded(xn, "edge"), gamma, w, padded(rstd, "edge"), padded(y, "constant"),
+                               padded(dy, "constant"), padded(dh, "constant"), static, padded(sum_sq, "edge"))
+    return dx[:M], dgamma, dw
+
+
+def forward_takes_any_rows(config: Config, dtype, out_dtype) -> bool:
+    """Whether the forward kernel of ``config`` takes rows that are not a multiple of 8 as they are (``gemm``'s
+    partial_rows through untiled views: ``gemm.config.any_rows_reason``), so that only the backward pads them."""
+    return config.forward.pipeline == "own" and any_rows_reason(config.forward, dtype, out_dtype) is None
+
+
 def _backward_by_xla(xn, gamma, w, rstd, dy, dh):
     """The backward as XLA's own ops (``backward_in_xla``): xn (M, K) the norm's input, rstd (M,) float32 = r from the
     forward, dy (M, N), dh (M, K) or None. With x̂ = r ⊙ xn and G = dy @ wᵀ (cuBLAS, float32 out): dgamma = Σ_M G ⊙ x̂,
@@ -714,6 +738,8 @@ def _rmsnorm_matmul_bwd(static: _Static, saved, cotangent):
         dx, dgamma, dw = triton_bwd.backward(xn, gamma, w, rstd, y, dy, dh, static=triton_static)
     elif static.config.backward_in_xla:
         dx, dgamma, dw = _backward_by_xla(xn, gamma, w, rstd, dy, dh)
+    elif static.backward_rows is not None:
+        dx, dgamma, dw = _backward_padded(xn, gamma, w, rstd, y, dy, dh, static, sum_sq)
     else:
         dx, dgamma, dw = _backward(xn, gamma, w, rstd, y, dy, dh, static, sum_sq)
     return dx, (dx if has_residual else None), dgamma, dw
@@ -750,7 +776,10 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     check_config(config, x, gamma, w, residual=residual, out_dtype=out_dtype, interpret=interpret)
     (M, K), N = x.shape, w.shape[1]
     rows = _config.kernel_rows(M)
-    if rows != M:  # whole 8-row tiles for TMA: x (and the residual) padded with copies of its last row, so r there is
+    backward_rows = None
+    if rows != M and forward_takes_any_rows(config, x.dtype, out_dtype):  # only the backward pads
+        backward_rows = rows
+    elif rows != M:  # whole 8-row tiles for TMA: x (and the residual) padded with copies of its last row, so r there is
         # a real row's (finite where that row's is; float16's s = max r unchanged); their dy is zero under autodiff of
         # the slice, so they add nothing to dw or dgamma
         pad = ((0, rows - M), (0, 0))
@@ -764,4 +793,5 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
                                                   on_gpu=not mu.interpreting())
     return _rmsnorm_matmul(x, residual, gamma, w, _Static(config=config, eps=float(eps),
                                                           out_dtype=jnp.dtype(out_dtype),
-                                                          one_row_backward=one_row_backward))
+                                                          one_row_backward=one_row_backward,
+                                                          backward_rows=backward_rows))
