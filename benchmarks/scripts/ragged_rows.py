@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -32,20 +33,28 @@ SHAPES = ("16x4096x4096,16x4096x14336,64x4096x14336,64x2048x8192,192x2048x8192,2
           "1000x4096x14336,4000x2048x8192,4104x4096x4096,16400x1024x5504,24576x1024x5504")
 
 
-FORMS = ("xla", "triton", "mosaic", "mosaic_tables_xla_bwd")
+FORMS = ("xla", "triton", "mosaic", "mosaic_tables_xla_bwd", "mosaic_xla_bwd", "mosaic_own_bwd")
 
 
 def forms(M: int, K: int, N: int, names) -> dict:
-    """name -> (x, gamma, w) -> y for the ``names`` of FORMS: XLA, each backend's default config, and the tables
-    with XLA's backward (where their tiles take the shape)."""
+    """name -> (x, gamma, w) -> y for the ``names`` of FORMS: XLA, each backend's default config, the tables
+    with XLA's backward (where their tiles take the shape), and the default config with XLA's backward
+    ("mosaic_xla_bwd") or with our backward kernels ("mosaic_own_bwd", rows not a multiple of 8 padded there)."""
     tables = dataclasses.replace(nm_config.mosaic_builtin_config(M, K, N), backward_in_xla=True)
+    default = nm_config.mosaic_default_config(M, K, N)
     out = {"xla": suite.SPEC.implementations()["xla"],
            "triton": lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="triton"),
            "mosaic": lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic")}
+    for name, xla_bwd in (("mosaic_xla_bwd", True), ("mosaic_own_bwd", False)):
+        out[name] = functools.partial(_with_config, dataclasses.replace(default, backward_in_xla=xla_bwd))
     if tables.unsupported_reason(M, K, N) is None:
         out["mosaic_tables_xla_bwd"] = lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic",
                                                                                      block_sizes=tables)
     return {k: v for k, v in out.items() if k in names}
+
+
+def _with_config(config, x, g, w):
+    return pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic", block_sizes=config)
 
 
 def main() -> int:
