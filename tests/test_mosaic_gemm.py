@@ -94,15 +94,62 @@ def test_config_rejects_an_accumulator_beyond_the_register_file():
         MosaicGemmConfig(tile_m=256, tile_n=256)
 
 
-@pytest.mark.parametrize("shape_a, shape_b, message", [
-    ((1024, 4100), (4100, 1024), "K=4100 is not a positive multiple of tile_k=64"),
-    ((100, 512), (512, 1024), "M=100 is not a positive multiple of the rows of a block's output tile"),
-    ((1024, 512), (512, 1000), "N=1000 is not a positive multiple of 64"),  # a plain product may run past N
+@pytest.mark.parametrize("shape_a, shape_b, transpose_a, config, message", [
+    ((1024, 4100), (4100, 1024), False, {}, "K=4100 is not a positive multiple of tile_k=64"),
+    ((512, 100), (512, 1024), True, {},  # (a read transposed: M is its minor axis)
+     "M=100 is not a positive multiple of the rows of a block's output tile"),
+    ((100, 512), (512, 1024), False, dict(tile_k=128),
+     r"M=100 is not a multiple of 8 \(TMA's 8-row tiles\): .*A's blocks one swizzled row wide"),
+    ((1024, 512), (512, 1000), False, {}, "N=1000 is not a positive multiple of 64"),  # a plain product: past N
 ])
-def test_shapes_that_do_not_tile_are_a_value_error_naming_the_constraint(shape_a, shape_b, message):
+def test_shapes_that_do_not_tile_are_a_value_error_naming_the_constraint(shape_a, shape_b, transpose_a, config,
+                                                                          message):
     a, b = S(shape_a, jnp.bfloat16), S(shape_b, jnp.bfloat16)
     with pytest.raises(ValueError, match=message):
-        jax.eval_shape(lambda a, b: matmul(a, b, config=MosaicGemmConfig()), a, b)
+        jax.eval_shape(lambda a, b: matmul(a, b, config=MosaicGemmConfig(**config), transpose_a=transpose_a), a, b)
+
+
+@cpu_only
+@pytest.mark.parametrize("M", [1001, 1000, 100])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_matmul_takes_rows_past_its_tiles_padding_only_dbs_operands_to_8_rows(M, transpose_b):
+    """M the tiles do not divide (1000, 100: not a multiple of 128; 1001, 100: nor of 8): the forward's and dA's
+    last row of tiles runs past M (untiled views where M is not a multiple of 8); dB contracts over M in 8-row
+    steps, so a and g are padded with zero rows to a multiple of 8 there, and nothing else is padded."""
+    K, N = 1024, 2048
+    b_shape = (N, K) if transpose_b else (K, N)
+    args = (S((M, K), jnp.bfloat16), S(b_shape, jnp.bfloat16), S((M, N), jnp.bfloat16))
+    fn = lambda a, b, g: jax.vjp(lambda a, b: matmul(a, b, transpose_b=transpose_b), a, b)  # noqa: E731
+    program = lambda a, b, g: (fn(a, b, g)[0], fn(a, b, g)[1](g))  # noqa: E731
+    with backends.lowering_for_gpu():
+        text = jax.jit(program).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        kernels = mosaic_ir.lower_kernels(program, *args)
+    assert sorted(k.name for k in kernels) == ["mosaic_matmul", "mosaic_matmul_da", "mosaic_matmul_db"]
+    assert all(k.smem_bytes <= mosaic_utils.H100_SMEM_BYTES for k in kernels)
+    pads = re.findall(r"stablehlo\.pad .*-> tensor<([^>]*)>", text)
+    rows = M + -M % 8
+    assert sorted(pads) == ([] if rows == M else sorted([f"{rows}x{K}xbf16", f"{rows}x{N}xbf16"])), pads
+    out, (da, db) = jax.eval_shape(program, *args)
+    assert (out.shape, da.shape, db.shape) == ((M, N), (M, K), b_shape)
+
+
+@cpu_only
+@pytest.mark.slow
+def test_matmul_rows_past_its_tiles_in_interpret_mode():
+    """75 rows on 64-row tiles (not a multiple of 8): the product and both gradients against float32."""
+    config = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=32, num_stages=2, epi_tile_n=32, wg_split="m")
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _check_product(75, 128, 128, jnp.bfloat16, config=config)
+        _check_grads(75, 128, 128, jnp.bfloat16, config=config)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(1001, 1024, 2048), (4099, 2048, 1024), (1000, 4096, 4096), (13, 512, 512)])
+def test_matmul_rows_past_its_tiles_on_the_gpu(M, K, N):
+    """The default configs (forward, dA and dB each its own), rows the tiles do not divide, against float32."""
+    _check_product(M, K, N, jnp.bfloat16)
+    _check_product(M, K, N, jnp.bfloat16, transpose_b=True)
+    _check_grads(M, K, N, jnp.bfloat16)
 
 
 @pytest.mark.parametrize("a, b, message", [

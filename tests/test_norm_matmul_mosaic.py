@@ -1243,7 +1243,7 @@ def test_rows_not_a_multiple_of_8_run_the_forward_as_they_are_and_pad_the_backwa
     assert nm.unsupported_reason(x, g, w, residual=x if residual else None) is None
     config = nm_config.mosaic_builtin_config(M, K, N, residual=residual)
     assert config == nm_config.mosaic_builtin_config(1008, K, N, residual=residual)
-    assert nm.forward_takes_any_rows(config, jnp.bfloat16, jnp.bfloat16)
+    assert nm_config.forward_takes_any_rows(config, jnp.bfloat16, jnp.bfloat16)
     fn, args = _fwd_bwd(M, K, N, residual, config)
     with backends.lowering_for_gpu():
         kernels = _lowered_kernels(fn, *args)
@@ -1262,13 +1262,29 @@ def test_rows_not_a_multiple_of_8_run_the_forward_as_they_are_and_pad_the_backwa
     assert "1008x" not in text and "tensor<1001x2048xbf16>" in text  # (only the (M,) sums, padded to 1024)
 
 
+@pytest.mark.parametrize("device_kind", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+@pytest.mark.parametrize("M, K, N", [(1001, 4096, 2048), (16401, 1024, 5504), (8201, 4096, 6144)])
+def test_rows_not_a_multiple_of_8_take_xlas_backward_by_default(monkeypatch, device_kind, M, K, N):
+    """Without block_sizes, rows not a multiple of 8 take XLA's backward after our unpadded forward (padding for our
+    backward kernels cost more: ``mosaic_default_config``): the program lowered for CUDA holds no padded tensor."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: device_kind)
+    config = nm_config.mosaic_default_config(M, K, N)
+    whole = nm_config.mosaic_default_config(M - M % 8, K, N)
+    assert config.backward_in_xla and config.forward == whole.forward
+    fn, args = _fwd_bwd(M, K, N, False)
+    with backends.lowering_for_gpu():
+        kernels = _lowered_kernels(fn, *args)
+    assert [k.name for k in kernels] == ["rmsnorm_matmul_fwd"]
+    assert f"{nm_config.kernel_rows(M)}x" not in _cuda_program(fn, args)
+
+
 def test_rows_not_a_multiple_of_8_pad_whole_where_the_forward_cannot_take_them():
     """A forward config whose A blocks are two swizzled rows wide (tile_k 128) cannot take 1001 rows as they are:
     x is padded to 1008 rows before the forward, as before untiled views."""
     M, K, N = 1001, 4096, 2048
     config = nm_config.mosaic_builtin_config(M, K, N)
     wide = dataclasses.replace(config, forward=dataclasses.replace(config.forward, tile_k=128, num_stages=2))
-    assert not nm.forward_takes_any_rows(wide, jnp.bfloat16, jnp.bfloat16)
+    assert not nm_config.forward_takes_any_rows(wide, jnp.bfloat16, jnp.bfloat16)
     x, g, w = S((M, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
 
     def forward(x, g, w):

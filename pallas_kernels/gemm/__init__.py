@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import backends, mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
-from pallas_kernels.gemm.config import BARRIER_BYTES
+from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason
 
 __all__ = ["CANDIDATES", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig",
            "TileContext", "default_config", "gemm", "matmul", "pick_config", "smem_bytes", "unsupported_reason"]
@@ -94,15 +94,16 @@ SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) that runs ping-
 
 
 def pick_config(M: int, N: int, K: int, candidates=CANDIDATES, *, partial_columns: bool = False,
-                partial_rows: bool = False, partial_k: bool = False) -> MosaicGemmConfig:
+                partial_rows: bool = False, partial_k: bool = False, any_rows: bool = False) -> MosaicGemmConfig:
     """The first candidate whose tiles divide (M, N, K); with ``partial_columns`` (a plain product: its last column
     of tiles may run past N), else the first whose tiles divide M and K; with ``partial_rows`` or ``partial_k``
-    (``gemm``'s: the last row of tiles or K step may run past M or K), else the first whose tiles take the shape
-    that way; when none does, the last (the smallest tiles: its ``unsupported_reason`` names the constraint no
-    candidate meets)."""
+    (``gemm``'s: the last row of tiles or K step may run past M or K; ``any_rows``: M need not be a multiple of 8),
+    else the first whose tiles take the shape that way; when none does, the last (the smallest tiles: its
+    ``unsupported_reason`` names the constraint no candidate meets)."""
     passes = [dict(partial_columns=False)] + ([dict(partial_columns=True)] if partial_columns else [])
     if partial_rows or partial_k:
-        passes.append(dict(partial_columns=partial_columns, partial_rows=partial_rows, partial_k=partial_k))
+        passes.append(dict(partial_columns=partial_columns, partial_rows=partial_rows, partial_k=partial_k,
+                           any_rows=any_rows))
     for partial in passes:
         for config in candidates:
             if unsupported_reason(M, N, K, config, **partial) is None:
@@ -110,16 +111,24 @@ def pick_config(M: int, N: int, K: int, candidates=CANDIDATES, *, partial_column
     return candidates[-1]
 
 
-def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dtype=None) -> MosaicGemmConfig:
+def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dtype=None, out_dtype=None,
+                   partial_rows: bool = False, partial_k: bool = False) -> MosaicGemmConfig:
     """The config ``matmul`` uses without one: ``pick_config`` over the built-in candidates (tiles that divide N
     first, else a last column of tiles past N: ``gemm.Fusion.partial_columns``), ping-pong first for
     K <= SHORT_K (cooperative ones storing each output tile under the next tile's first wgmma,
     ``PLAIN_EPILOGUE_STORE``; stream-K only over K loops of ``STREAM_K_MIN_STEPS`` steps or more, whole-tile
     products loading from one warp); with
     ``accumulate_dtype`` (the dtype of ``accumulate_into``), the accumulating tiles first (ping-pong for K <= 512)
-    and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer."""
+    and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer.
+    ``partial_rows`` / ``partial_k`` (``gemm``'s, without accumulate_dtype): tiles whose last row or K step may run
+    past M or K; a float32 ``out_dtype`` (default dtype) at M not a multiple of 8 then stores 32-column pieces, one
+    swizzled row each (``config.any_rows_reason``)."""
     if accumulate_dtype is None:
-        config = pick_config(M, N, K, (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES, partial_columns=True)
+        any_rows = partial_rows and M % PARTIAL_ROWS_MULTIPLE != 0
+        config = pick_config(M, N, K, (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES, partial_columns=True,
+                             partial_rows=partial_rows, partial_k=partial_k, any_rows=any_rows)
+        if any_rows and jnp.dtype(out_dtype or dtype).itemsize == 4:
+            config = dataclasses.replace(config, epi_tile_n=32)
         if K // config.tile_k < STREAM_K_MIN_STEPS:
             config = dataclasses.replace(config, stream_k=0)
         if not config.stream_k:
@@ -158,16 +167,18 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
     Args:
       a: (M, K), or (K, M) with transpose_a. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
       config: a ``MosaicGemmConfig``, or a mapping of some of its fields over the default; default
-        ``default_config(M, N, K)``. M and K must be multiples of its tiles, and N too or, without accumulate_into
-        or a cluster, a multiple of 64 (the last column of tiles runs past N); a ValueError names the constraint
-        otherwise.
+        ``default_config(M, N, K)``. K must be a multiple of its tile_k; N of its tiles or, without accumulate_into
+        or a cluster, a multiple of 64 (the last column of tiles runs past N); M of its tiles or, with a read as
+        stored and no accumulate_into or cluster, any count (the last row of tiles runs past M, through untiled views where M
+        is not a multiple of 8: ``gemm.config.any_rows_reason``); a ValueError names the constraint otherwise.
       out_dtype: default a's dtype (accumulate_into's with one); bfloat16, float16 or float32.
       accumulate_into: None, or an (M, N) array of out_dtype: the result is accumulate_into + a @ b (float32
         sum, rounded once), computed over accumulate_into's buffer when XLA can donate it (a loop carry).
     Returns:
       (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads: da (M, K) over N and
       db (K, N) over M, each with ``default_config`` of its own shape, or with a given config's tiles (their
-      shapes must tile too; N padded to whole tiles); accumulate_into's gradient is the cotangent.
+      shapes must tile too; N padded to whole tiles); db's last K step may run past M (a and g padded with zero
+      rows to a multiple of 8 where M is not one); accumulate_into's gradient is the cotangent.
     """
     if out_dtype is None:
         out_dtype = a.dtype if accumulate_into is None else accumulate_into.dtype
@@ -178,9 +189,17 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
         raise ValueError(f"accumulate_into: expected shape ({M}, {N}) and dtype {out_dtype} (a @ b's), got "
                          f"{tuple(jnp.shape(accumulate_into))} {jnp.dtype(accumulate_into.dtype)}")
     given = config is not None  # else each gradient GEMM takes the default of its own shape
+    partial_rows = not transpose_a and accumulate_into is None  # (gemm's: A's rows are TMA's outer axis)
     config = backends.resolve_config(config, MosaicGemmConfig, lambda: default_config(
-        M, N, K, a.dtype, accumulate_dtype=None if accumulate_into is None else out_dtype), arg="config")
-    reason = unsupported_reason(M, N, K, config, partial_columns=accumulate_into is None)
+        M, N, K, a.dtype, accumulate_dtype=None if accumulate_into is None else out_dtype, out_dtype=out_dtype,
+        partial_rows=partial_rows), arg="config")
+    partial_rows = partial_rows and config.cluster == "none"  # (a cluster's pair of tiles: whole, as measured)
+    any_rows = partial_rows and M % PARTIAL_ROWS_MULTIPLE != 0
+    reason = any_rows and any_rows_reason(config, a.dtype, out_dtype, transpose_b)
+    if reason:
+        reason = f"M={M} is not a multiple of {PARTIAL_ROWS_MULTIPLE} (TMA's 8-row tiles): {reason}"
+    reason = reason or unsupported_reason(M, N, K, config, partial_columns=accumulate_into is None,
+                                          partial_rows=partial_rows, any_rows=any_rows)
     if not reason and not mu.interpreting() and not isinstance(a, jax.core.Tracer):  # an eager call (traced: the
         # program may be lowered elsewhere, or only shaped: jax.eval_shape)
         reason = backends.unavailable_reason("mosaic")
@@ -197,7 +216,8 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
 def _matmul(a, b, c, static):
     config, out_dtype, transpose_a, transpose_b, _, _ = static
     return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
-                accumulate_into=c, name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
+                accumulate_into=c, partial_rows=not transpose_a and c is None,
+                name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
 
 
 def _matmul_fwd(a, b, c, static):
@@ -231,25 +251,28 @@ def _operand_grads(static, saved, g):
         da, db = _operand_grads(static, (a, b), g)
         return da, (db[:N] if transpose_b else db[:, :N])
 
-    def config_for(rows: int, cols: int, depth: int) -> MosaicGemmConfig:
+    def config_for(rows: int, cols: int, depth: int, **partial) -> MosaicGemmConfig:
         """A gradient GEMM's config: the given one, or the default of its (rows, cols) output over depth (the dw
         GEMM of a short-K forward has few output tiles and a long K loop, where the forward's tiles idle most
-        SMs)."""
-        return config if given else default_config(rows, cols, depth, a.dtype)
+        SMs); ``partial``: ``default_config``'s partial_rows or partial_k."""
+        return config if given else default_config(rows, cols, depth, a.dtype, **partial)
 
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
     if transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
         da = gemm(b, g, config=config_for(K, M, N), out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
                   name="mosaic_matmul_da")[0]
-    else:
-        da = gemm(g, b, config=config_for(M, K, N), out_dtype=a.dtype, transpose_b=not transpose_b,
-                  name="mosaic_matmul_da")[0]
+    else:  # (the forward's rows: its last row of tiles may run past M)
+        da = gemm(g, b, config=config_for(M, K, N, partial_rows=True), out_dtype=a.dtype,
+                  transpose_b=not transpose_b, partial_rows=True, name="mosaic_matmul_da")[0]
+    rows = M + -M % PARTIAL_ROWS_MULTIPLE if not transpose_a else M  # db contracts over M in TMA's 8-row tiles
+    if rows != M:  # zero rows add nothing
+        a, g = jnp.pad(a, ((0, rows - M), (0, 0))), jnp.pad(g, ((0, rows - M), (0, 0)))
     if transpose_b:  # b (N, K): db = g ᵀ A
-        db = gemm(g, a, config=config_for(N, K, M), out_dtype=b.dtype, transpose_a=True, transpose_b=transpose_a,
-                  name="mosaic_matmul_db")[0]
+        db = gemm(g, a, config=config_for(N, K, rows, partial_k=True), out_dtype=b.dtype, transpose_a=True,
+                  transpose_b=transpose_a, partial_k=not transpose_a, name="mosaic_matmul_db")[0]
     else:
-        db = gemm(a, g, config=config_for(K, N, M), out_dtype=b.dtype, transpose_a=not transpose_a,
-                  name="mosaic_matmul_db")[0]
+        db = gemm(a, g, config=config_for(K, N, rows, partial_k=True), out_dtype=b.dtype, transpose_a=not transpose_a,
+                  partial_k=not transpose_a, name="mosaic_matmul_db")[0]
     return da, db
 
 

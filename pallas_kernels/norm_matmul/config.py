@@ -19,7 +19,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
 from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes, stream_k
-from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, sum_rows_grid
+from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason, sum_rows_grid
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
 __all__ = ["FORWARD_FIELDS", "MOSAIC_FORWARD_FIELDS", "MosaicRMSNormMatmulConfig", "RMSNormMatmulConfig",
@@ -707,7 +707,7 @@ FEWEST_ROWS = 24
 def kernel_rows(M: int) -> int:
     """The rows the kernels run for x of M rows: M rounded up to a multiple of PARTIAL_ROWS_MULTIPLE, whole 8-row
     tiles for TMA (the backward pads its operands with copies of x's last row and zeros, and slices dx back; so does
-    the forward where its config cannot take M rows as they are: ``mosaic.forward_takes_any_rows``), one row as it
+    the forward where its config cannot take M rows as they are: ``forward_takes_any_rows``), one row as it
     is (the GEMV)."""
     return M if M == 1 else -(-M // PARTIAL_ROWS_MULTIPLE) * PARTIAL_ROWS_MULTIPLE
 
@@ -1153,7 +1153,26 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
     """The Mosaic config a call uses without ``block_sizes``: the tuning-cache entry for this device and shape if
     its tiles fit the shape (else, M not a power of two, the entry for the power of two below M: 16448 rows take
     16384's, their last row of tiles running past M); else, on UNTUNED_DEVICES, the entry at UNTUNED_FROM where its
-    tiles fit; else the built-in tables (``mosaic_builtin_config``, where ``stats_in_kernel`` leads)."""
+    tiles fit; else the built-in tables (``mosaic_builtin_config``, where ``stats_in_kernel`` leads). Rows not a
+    multiple of 8 take XLA's backward where the forward takes them as they are (``forward_takes_any_rows``): our
+    backward kernels need them padded, which cost more than XLA's backward at every shape measured (forward +
+    backward at 16401x1024x5504 1009.0 against 832.1 µs, XLA alone 791.2; at 1001-8201 rows 7-16% more:
+    rmsnorm_matmul-ragged_rows_bwd-h200-9f8ee54.json)."""
+    config = _tuned_untuned_or_builtin(M, K, N, dtype, residual, stats_in_kernel)
+    if (M >= FEWEST_ROWS and M % PARTIAL_ROWS_MULTIPLE and not config.backward_in_xla
+            and forward_takes_any_rows(config, dtype, dtype)):
+        config = dataclasses.replace(config, backward_in_xla=True)
+    return config
+
+
+def forward_takes_any_rows(config: MosaicRMSNormMatmulConfig, dtype, out_dtype) -> bool:
+    """Whether the forward kernel of ``config`` takes rows that are not a multiple of 8 as they are (``gemm``'s
+    partial_rows through untiled views: ``gemm.config.any_rows_reason``), so that only the backward pads them."""
+    return config.forward.pipeline == "own" and any_rows_reason(config.forward, dtype, out_dtype) is None
+
+
+def _tuned_untuned_or_builtin(M: int, K: int, N: int, dtype, residual: bool, stats_in_kernel
+                              ) -> MosaicRMSNormMatmulConfig:
     if not stats_in_kernel:
         for rows in dict.fromkeys((M, 1 << (M.bit_length() - 1))):  # (the key rounds M up to a power of two)
             params = tuning.lookup(OP, shape_key(rows, K, N, dtype, residual=residual), backend="mosaic")

@@ -88,7 +88,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import mosaic_utils as mu
-from pallas_kernels.gemm.config import any_rows_reason
 from pallas_kernels.gemm.mosaic import COL_DTYPES, Fusion, MosaicGemmConfig, gemm
 from pallas_kernels.norm_matmul import config as _config
 from pallas_kernels.norm_matmul import dw_finish, mosaic_gemv, triton_bwd, triton_fwd
@@ -131,8 +130,8 @@ def unsupported_reason(x, gamma, w, *, residual=None, out_dtype=None, interpret:
     """None when this backend runs these arguments; else one sentence naming the constraint: no interpret mode,
     16-bit inputs, y in x's dtype, K and N multiples of the default config's tiles, and M one row or at least
     ``config.FEWEST_ROWS`` (a last row of tiles past M: ``gemm``'s partial_rows; the backward's rows padded to a
-    multiple of 8, ``config.kernel_rows``), so tiny M goes elsewhere. Given the call's own ``config``, only the inputs: its tiles
-    are ``check_config``'s."""
+    multiple of 8, ``config.kernel_rows``), so tiny M goes elsewhere. Given the call's own ``config``, only the
+    inputs: its tiles are ``check_config``'s."""
     reason = _input_reason(x, out_dtype, interpret)
     if reason or config is not None:
         return reason
@@ -647,8 +646,8 @@ def _backward(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq=None):
 
 
 def _backward_padded(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq):
-    """``_backward`` where the forward ran M rows, not a multiple of 8 (``forward_takes_any_rows``): the dx and dw
-    kernels take whole 8-row tiles, so x, r and the sums of squares are padded with copies of their last row (r
+    """``_backward`` where the forward ran M rows, not a multiple of 8 (``config.forward_takes_any_rows``): the dx
+    and dw kernels take whole 8-row tiles, so x, r and the sums of squares are padded with copies of their last row (r
     there a real row's: float16's s = max r unchanged) and y, dy and dh with zeros (so the padded rows add nothing
     to dw or dgamma), to ``static.backward_rows``; dx is sliced back to M rows."""
     M = xn.shape[0]
@@ -660,12 +659,6 @@ def _backward_padded(xn, gamma, w, rstd, y, dy, dh, static: _Static, sum_sq):
     dx, dgamma, dw = _backward(padded(xn, "edge"), gamma, w, padded(rstd, "edge"), padded(y, "constant"),
                                padded(dy, "constant"), padded(dh, "constant"), static, padded(sum_sq, "edge"))
     return dx[:M], dgamma, dw
-
-
-def forward_takes_any_rows(config: Config, dtype, out_dtype) -> bool:
-    """Whether the forward kernel of ``config`` takes rows that are not a multiple of 8 as they are (``gemm``'s
-    partial_rows through untiled views: ``gemm.config.any_rows_reason``), so that only the backward pads them."""
-    return config.forward.pipeline == "own" and any_rows_reason(config.forward, dtype, out_dtype) is None
 
 
 def _backward_by_xla(xn, gamma, w, rstd, dy, dh):
@@ -777,7 +770,7 @@ def rmsnorm_matmul(x, gamma, w, *, eps: float, residual, out_dtype, interpret: b
     (M, K), N = x.shape, w.shape[1]
     rows = _config.kernel_rows(M)
     backward_rows = None
-    if rows != M and forward_takes_any_rows(config, x.dtype, out_dtype):  # only the backward pads
+    if rows != M and _config.forward_takes_any_rows(config, x.dtype, out_dtype):  # only the backward pads
         backward_rows = rows
     elif rows != M:  # whole 8-row tiles for TMA: x (and the residual) padded with copies of its last row, so r there is
         # a real row's (finite where that row's is; float16's s = max r unchanged); their dy is zero under autodiff of
