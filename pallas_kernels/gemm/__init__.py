@@ -24,6 +24,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from pallas_kernels import backends, mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
@@ -177,8 +178,8 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
     Returns:
       (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads: da (M, K) over N and
       db (K, N) over M, each with ``default_config`` of its own shape, or with a given config's tiles (their
-      shapes must tile too; N padded to whole tiles); db's last K step may run past M (a and g padded with zero
-      rows to a multiple of 8 where M is not one); accumulate_into's gradient is the cotangent.
+      shapes must tile too; N padded to whole tiles); db's last K step may run past M, and where M is not a
+      multiple of 8, XLA's GEMM computes db; accumulate_into's gradient is the cotangent.
     """
     if out_dtype is None:
         out_dtype = a.dtype if accumulate_into is None else accumulate_into.dtype
@@ -264,14 +265,18 @@ def _operand_grads(static, saved, g):
     else:  # (the forward's rows: its last row of tiles may run past M)
         da = gemm(g, b, config=config_for(M, K, N, partial_rows=True), out_dtype=a.dtype,
                   transpose_b=not transpose_b, partial_rows=True, name="mosaic_matmul_da")[0]
-    rows = M + -M % PARTIAL_ROWS_MULTIPLE if not transpose_a else M  # db contracts over M in TMA's 8-row tiles
-    if rows != M:  # zero rows add nothing
-        a, g = jnp.pad(a, ((0, rows - M), (0, 0))), jnp.pad(g, ((0, rows - M), (0, 0)))
+    if M % PARTIAL_ROWS_MULTIPLE:  # db contracts over M, which our kernel steps through in TMA's 8-row tiles:
+        # XLA's GEMM (cuBLAS) takes the rows as they are (padding a and g for ours cost a pass over each: forward
+        # + backward 836.1 against 707.4 µs at 16401 and 16400 rows, x1024x5504 on the H200,
+        # rmsnorm_matmul-matmul_rows-h200-9d75639.json)
+        db = lax.dot_general(g, a, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32) if transpose_b \
+            else lax.dot_general(a, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        return da, db.astype(b.dtype)
     if transpose_b:  # b (N, K): db = g ᵀ A
-        db = gemm(g, a, config=config_for(N, K, rows, partial_k=True), out_dtype=b.dtype, transpose_a=True,
+        db = gemm(g, a, config=config_for(N, K, M, partial_k=True), out_dtype=b.dtype, transpose_a=True,
                   transpose_b=transpose_a, partial_k=not transpose_a, name="mosaic_matmul_db")[0]
     else:
-        db = gemm(a, g, config=config_for(K, N, rows, partial_k=True), out_dtype=b.dtype, transpose_a=not transpose_a,
+        db = gemm(a, g, config=config_for(K, N, M, partial_k=True), out_dtype=b.dtype, transpose_a=not transpose_a,
                   partial_k=not transpose_a, name="mosaic_matmul_db")[0]
     return da, db
 

@@ -263,16 +263,18 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 return sk_g0 + t * k_iters + k0
             return plan.dp_rounds * tile_steps + plan.segment_offset(unit, j, 2)
 
-        def drain(barrier, local, num_local, uses_per_tile, num_slots, slot_of_use):
+        def drain(barrier, local, num_local, uses_per_tile, num_slots, slot_of_use=None):
             """In the block's last tile: wait for the last completions of ``barrier`` that no later wait observes
-            (the last num_slots uses), so that no barrier is left mid-phase at exit."""
+            (the last num_slots uses), so that no barrier is left mid-phase at exit. ``slot_of_use``: the index of
+            a use's barrier in ``barrier``, None where it is one barrier (a ring of one stage may still index one
+            of the ping-pong owners' barriers)."""
             @pl.when(local == num_local - 1)
             def _drain():
                 total = num_local * uses_per_tile
                 for j in range(num_slots):
                     @pl.when(total - num_slots + j >= 0)
                     def _wait():
-                        plgpu.barrier_wait(barrier if num_slots == 1 else
+                        plgpu.barrier_wait(barrier if slot_of_use is None else
                                            barrier.at[slot_of_use(total - num_slots + j)])
 
         def drain_consumed(total):
@@ -496,7 +498,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     for i, vec in enumerate(leaves):
                         handoff.at[i][...] = vec.astype(_F32)
                     plgpu.barrier_arrive(handoff_full)
-                    drain(handoff_free, local, num_local, 1, 1, lambda t: None)
+                    drain(handoff_free, local, num_local, 1, 1)
 
         if apart:
             @pl.when(wg == _EPILOGUE_WG)
@@ -790,7 +792,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                     if not cfg.pingpong:
                         mma_tile(lin, local)
                         if apart:  # the epilogue warpgroup's last release, so that none is left mid-phase
-                            drain(u_free, local, num_local, 1, 1, lambda t: None)
+                            drain(u_free, local, num_local, 1, 1)
                         return
 
                     @pl.when(owner_of(local) == wg)
