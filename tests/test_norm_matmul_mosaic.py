@@ -1524,10 +1524,14 @@ def test_untuned_short_k_takes_r_from_xla_and_pingpong_or_whole_forward_tiles(mo
     (512, 4096, 1024, 4), (256, 8192, 2048, 4),  # 64 tiles (64 and 128 steps)
     (256, 1024, 4096, 1),  # 64 tiles, but 16 steps: whole tiles
     (256, 2048, 8192, 1),  # 128 tiles
-    (2048, 4096, 1024, 1)])  # (not few rows)
+    (1000, 4096, 14336, 4), (1024, 3584, 18944, 4),  # 448 and 592 tiles: last rounds of 52 and 64, 64 and 56 steps
+    (1024, 2048, 5632, 1),  # a last round of 88 tiles (128 wide), 32 steps
+    (1000, 4096, 11008, 1),  # a last round of 80
+    (2048, 4096, 1024, 1), (2048, 4096, 14336, 1)])  # (not few rows)
 def test_untuned_few_rows_split_a_long_forward_k_loop_over_a_half_empty_grid(monkeypatch, M, K, N, fwd_stream_k):
     """At M <= UNTUNED_FEW_ROWS, where the forward's tiles fill at most half the grid and its K loop has at least
-    UNTUNED_SPLIT_FORWARD_STEPS steps, stream-K splits that loop in UNTUNED_SPLIT_FORWARD."""
+    UNTUNED_SPLIT_FORWARD_STEPS steps, or fill more than a round with the last at most half full and its K loop has
+    at least UNTUNED_SPLIT_TAIL_STEPS, stream-K splits that loop in UNTUNED_SPLIT_FORWARD."""
     monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
     monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
     config = nm_config.mosaic_default_config(M, K, N)

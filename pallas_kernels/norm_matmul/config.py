@@ -928,6 +928,14 @@ UNTUNED_DEEP_RING_STAGES = (8, 6)
 # split stays.
 UNTUNED_SPLIT_FORWARD_STEPS = 64
 UNTUNED_SPLIT_FORWARD = 4
+# Over more than one round, where the last round is at most half full and the K loop has at least
+# UNTUNED_SPLIT_TAIL_STEPS steps, the split in 4 also beat the entry's (1). Forward µs, entry → split in 4
+# (`--modes fwd --variants default,fwd_sk`, rmsnorm_matmul_configs_few_rows_fwd_sk_{rounds,tail}-h200-{39b7946,
+# 7b4938c}.json; last round's tiles of 132, K steps; XLA): 179.0 → 167.1 (157.8) at 1000x4096x14336 (52, 64),
+# 176.8 → 164.6 (160.7) at 1024x4096x14336 (52, 64), 193.3 → 184.0 (179.5) at 1024x3584x18944 (64, 56); lost at
+# 1024x2048x5632 (32 steps: 38.0 → 42.7, XLA 38.1); even with fuller last rounds (1000x4096x11008, 80: 137.9 →
+# 137.8; 512x4096x14336, 92: 92.5 → 92.1; 768x4096x11008, 126: 94.1 → 94.4; 1024x2048x8192, 124: 49.0 → 48.0).
+UNTUNED_SPLIT_TAIL_STEPS = 56
 # Beyond few rows, where K is short (at most UNTUNED_SHORT_K: 16 steps or fewer), N wider than K and the forward's
 # tiles make at most UNTUNED_SHORT_K_ROUNDS rounds, the forward also takes r and x ⊙ gamma from XLA's pass, and whole
 # tiles (``_untuned_short_k``): each row block's first tile, which shares r, is there most of a round the others wait
@@ -1029,13 +1037,15 @@ def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
 def _untuned_forward_split(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
                            sms: int) -> MosaicRMSNormMatmulConfig:
     """``config`` with its forward's K loop split by stream-K over UNTUNED_SPLIT_FORWARD blocks where its tiles fill
-    at most half of ``sms`` blocks, the loop has at least UNTUNED_SPLIT_FORWARD_STEPS steps and ``stream_k.plan_for``
+    at most half of ``sms`` blocks and the loop has at least UNTUNED_SPLIT_FORWARD_STEPS steps, or fill more than a
+    round, the last at most half, and the loop has at least UNTUNED_SPLIT_TAIL_STEPS, and ``stream_k.plan_for``
     plans the split (see above); else as it is."""
     fwd = config.forward
     tiles = -(-M // fwd.cta_m) * -(-N // fwd.cta_n)
     steps = K // fwd.tile_k
-    if 2 * tiles > sms or steps < UNTUNED_SPLIT_FORWARD_STEPS or stream_k.plan_for(
-            tiles, sms, steps, split=UNTUNED_SPLIT_FORWARD) is None:
+    half_grid = 2 * tiles <= sms and steps >= UNTUNED_SPLIT_FORWARD_STEPS
+    short_tail = tiles > sms and 0 < 2 * (tiles % sms) <= sms and steps >= UNTUNED_SPLIT_TAIL_STEPS
+    if not (half_grid or short_tail) or stream_k.plan_for(tiles, sms, steps, split=UNTUNED_SPLIT_FORWARD) is None:
         return config
     split = _tried(lambda: dataclasses.replace(fwd, stream_k=UNTUNED_SPLIT_FORWARD))
     return config if split is None else dataclasses.replace(config, forward=split)
