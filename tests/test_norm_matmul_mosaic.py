@@ -1519,6 +1519,20 @@ def test_untuned_short_k_takes_r_from_xla_and_pingpong_or_whole_forward_tiles(mo
         assert (fwd.schedule, fwd.stream_k) == (entry.forward.schedule, entry.forward.stream_k)
 
 
+@pytest.mark.parametrize("M, K, N, xla_backward", [
+    (1000, 4096, 14336, True), (768, 4096, 11008, True), (1024, 3584, 18944, True),  # N >= 2.5 K
+    (1000, 4096, 11008, True), (1024, 4096, 11008, True),
+    (512, 4096, 14336, True), (1024, 2048, 5632, True),  # (XLA's before the rule: the entry's dx tiles, dw by XLA)
+    (1024, 4096, 4096, False),  # N = K: our kernels
+    (2048, 4096, 14336, False)])  # (not few rows)
+def test_untuned_few_rows_take_xlas_backward_where_n_is_wide(monkeypatch, M, K, N, xla_backward):
+    """At M <= UNTUNED_FEW_ROWS, XLA's backward also where N is at least UNTUNED_XLA_BWD_N_OVER_K times K (the dx
+    kernel's few output tiles, each a long K loop over N: XLA's ran 3-12% faster at five such shapes)."""
+    monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H200")
+    monkeypatch.setattr(mosaic_utils, "num_sms", lambda: 132)
+    assert nm_config.mosaic_default_config(M, K, N).backward_in_xla == xla_backward
+
+
 @pytest.mark.parametrize("M, K, N, fwd_stream_k", [
     (256, 4096, 1024, 4),  # 32 forward tiles of 128x64 on 132 blocks, 64 K steps: split in 4
     (512, 4096, 1024, 4), (256, 8192, 2048, 4),  # 64 tiles (64 and 128 steps)

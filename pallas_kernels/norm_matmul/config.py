@@ -896,6 +896,15 @@ UNTUNED_FEW_ROWS = 1024
 # tiles); beyond 1024 rows XLA's lost (ours → XLA's, rmsnorm_matmul_configs_bwd_xla_many_rows-h200-109dfba.json:
 # 101.9 → 105.4 at 4096x512x4096, 69.0 → 74.1 at 8192x256x2048, 160.1 → 165.8 at 2048x1024x8192, 228.0 → 230.9 at
 # 4096x512x11008), though it won at 2048x1024x4096 (99.7 → 96.4).
+# And at 1024 rows and fewer where N is at least UNTUNED_XLA_BWD_N_OVER_K times K (the dx kernel's few output tiles,
+# each a K loop over N). Forward + backward µs, ours → XLA's behind the split forward (`--modes fwd+bwd --variants
+# default,bwd_xla`, rmsnorm_matmul_configs_few_rows_bwd_xla{,2}-h200-7ec5ab9.json; XLA): 507.7 → 493.4 (480.3) at
+# 1000x4096x14336, 582.5 → 567.3 (554.0) at 1024x3584x18944, 410.7 → 395.1 (376.6) at 1000x4096x11008, 410.8 →
+# 393.0 (384.6) at 1024x4096x11008, 333.8 → 295.2 (301.2) at 768x4096x11008 (the five this rule changes; at
+# 1024x2048x8192, 1024x2048x5632 and 512x4096x14336 both variants were already XLA's backward: 160.7 / 160.8, 124.5 /
+# 125.2, 266.5 / 268.6, the spread of one config timed twice); where N = K ours won (160.5 → 171.2 at
+# 1024x4096x4096).
+UNTUNED_XLA_BWD_N_OVER_K = 2.5
 # And at few rows the forward kernel is one or two rounds reading w from HBM, each tile's K loop long: where that loop
 # has at least UNTUNED_DEEP_RING_STEPS steps the ring takes UNTUNED_DEEP_RING_STAGES stages where they fit
 # (``_untuned_deep_ring``; cuBLAS's tiles there take 6 of 64). Forward µs, 4 → 5 → 6 stages (`--modes fwd --variants
@@ -1026,10 +1035,12 @@ def _untuned_backward(M: int, K: int, N: int, config: MosaicRMSNormMatmulConfig,
                       sms: int) -> MosaicRMSNormMatmulConfig:
     """``config`` with XLA's backward (``backward_in_xla``) where its dx kernel's (M, K) tiles fill at most half of
     ``sms`` blocks, or, at most UNTUNED_FEW_ROWS rows, where the entry's dx kernel's (``entry_dx``, before
-    ``_untuned_dx`` narrows its tiles) would, or XLA runs its dw GEMM anyway (see above); else as it is."""
+    ``_untuned_dx`` narrows its tiles) would, XLA runs its dw GEMM anyway or N is at least UNTUNED_XLA_BWD_N_OVER_K
+    times K (see above); else as it is."""
     def half_grid(dx: MosaicGemmConfig) -> bool:
         return 2 * -(-M // dx.cta_m) * -(-K // dx.cta_n) <= sms
-    if half_grid(config.dx) or (M <= UNTUNED_FEW_ROWS and (half_grid(entry_dx) or config.dw_by_xla(K, N))):
+    if half_grid(config.dx) or (M <= UNTUNED_FEW_ROWS and (half_grid(entry_dx) or config.dw_by_xla(K, N)
+                                                           or N >= UNTUNED_XLA_BWD_N_OVER_K * K)):
         return dataclasses.replace(config, backward_in_xla=True)
     return config
 
