@@ -230,18 +230,19 @@ def test_max_difference_keeps_a_nan_wherever_it_comes():
 
 
 def test_cupti_concurrency_script_times_in_several_processes_at_once(tmp_path):
-    """benchmarks/scripts/cupti_concurrency.py: 1, then 2 processes timing a matmul together, each one's exit
-    status, calls and median recorded (on a GPU by CUPTI: the question it asks; here by the wall clock)."""
+    """benchmarks/scripts/cupti_concurrency.py: 2 processes timing a matmul together, with CUPTI detached after each
+    window and not, each one's exit status, calls and median recorded (on a GPU by CUPTI: the question it asks; here
+    by the wall clock)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = os.path.join(root, "benchmarks", "scripts", "cupti_concurrency.py")
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--processes", "1,2", "--seconds", "1",
+    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--processes", "2", "--seconds", "1",
                            "--detach", "never,each", "--allow-cpu"], capture_output=True, text=True, timeout=300,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (path,) = tmp_path.iterdir()
     rows = json.loads(path.read_text())["timings"]
-    assert [(r["detach"], r["processes"]) for r in rows] == [("never", 1), ("never", 2), ("each", 1), ("each", 2)]
+    assert [(r["detach"], r["processes"]) for r in rows] == [("never", 2), ("each", 2)]
     for row in rows:
         assert row["exit_codes"] == [0] * row["processes"], row["stderr_tails"]
         assert all(c >= 1 for c in row["calls"]) and all(m > 0 for m in row["median_us"])

@@ -35,7 +35,9 @@ registers. A wgmma reads its register operand until it completes, so a register 
 its wgmma is in flight: in one rolled loop every step's load writes the same registers, which with a group in flight
 gave wrong products on the H100 (2026-11-24). The K loop therefore runs delay_release + 1 steps per iteration, each
 loading into its own registers: a step's registers are written again only after ``wgmma_wait(delay_release)`` has
-seen its wgmma complete. A hook never sees a partial tile: shapes must divide the CTA tile (``unsupported_reason``).
+seen its wgmma complete. A hook always sees whole tiles: shapes divide the CTA tile (``unsupported_reason``), or the
+tiles past M, N or K hold the zeros TMA loaded there (``gemm``'s partial_rows and partial_k, and
+``Fusion.partial_columns``), and what a hook writes there is dropped.
 
 The K loop (``config.pipeline``): "own" is ours (``gemm.specialized``): the memory warpgroup loads the next tile's
 first stages as soon as the current tile's last ones are released. "pallas" is jax's
