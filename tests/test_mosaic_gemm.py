@@ -2277,11 +2277,15 @@ def test_rows_not_a_multiple_of_8_lower_through_untiled_views_with_nothing_padde
         assert re.findall(r"stablehlo\.pad .*-> tensor<([^>]*)>", text) == [f"{whole}xf32"]
         assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
         assert [o.shape for o in jax.eval_shape(fn, *args)] == [(M, N), (4, M), (M,)]
-        views = [[getattr(r, "transforms", None) for r in c.args] for c in union.call_args_list]
-        assert len(views) == 2, views  # A's stages and the output's slots: (8-row tiles, swizzle), (swizzle)
-        for tiled, untiled in views:
-            assert [type(t).__name__ for t in tiled] == ["TilingTransform", "SwizzleTransform"]
-            assert [type(t).__name__ for t in untiled] == ["SwizzleTransform"]
+        # A's stages and the output's slots, each as (8-row tiles, swizzle) and (swizzle) views of one shape
+        stages = min(config.num_stages, K // config.tile_k)
+        assert {c.args[0].shape for c in union.call_args_list} == {
+            (stages, config.cta_m, config.tile_k), (2, 2, config.epi_tile_m, config.epi_tile_n)}
+        for call in union.call_args_list:
+            tiled, untiled = call.args
+            assert tiled.shape == untiled.shape and tiled.dtype == untiled.dtype
+            assert [type(t).__name__ for t in tiled.transforms] == ["TilingTransform", "SwizzleTransform"]
+            assert [type(t).__name__ for t in untiled.transforms] == ["SwizzleTransform"]
 
 
 @cpu_only

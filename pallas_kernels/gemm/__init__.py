@@ -170,8 +170,9 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
       config: a ``MosaicGemmConfig``, or a mapping of some of its fields over the default; default
         ``default_config(M, N, K)``. K must be a multiple of its tile_k; N of its tiles or, without accumulate_into
         or a cluster, a multiple of 64 (the last column of tiles runs past N); M of its tiles or, with a read as
-        stored and no accumulate_into or cluster, any count (the last row of tiles runs past M, through untiled views where M
-        is not a multiple of 8: ``gemm.config.any_rows_reason``); a ValueError names the constraint otherwise.
+        stored and no accumulate_into or cluster, any count (the last row of tiles runs past M, through untiled
+        views where M is not a multiple of 8: ``gemm.config.any_rows_reason``); a ValueError names the constraint
+        otherwise.
       out_dtype: default a's dtype (accumulate_into's with one); bfloat16, float16 or float32.
       accumulate_into: None, or an (M, N) array of out_dtype: the result is accumulate_into + a @ b (float32
         sum, rounded once), computed over accumulate_into's buffer when XLA can donate it (a loop carry).
@@ -196,7 +197,7 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
         partial_rows=partial_rows), arg="config")
     partial_rows = partial_rows and config.cluster == "none"  # (a cluster's pair of tiles: whole, as measured)
     any_rows = partial_rows and M % PARTIAL_ROWS_MULTIPLE != 0
-    reason = any_rows and any_rows_reason(config, a.dtype, out_dtype, transpose_b)
+    reason = any_rows_reason(config, a.dtype, out_dtype, transpose_b) if any_rows else None
     if reason:
         reason = f"M={M} is not a multiple of {PARTIAL_ROWS_MULTIPLE} (TMA's 8-row tiles): {reason}"
     reason = reason or unsupported_reason(M, N, K, config, partial_columns=accumulate_into is None,

@@ -942,8 +942,9 @@ UNTUNED_SPLIT_FORWARD = 4
 # (`--modes fwd --variants default,fwd_sk`, rmsnorm_matmul_configs_few_rows_fwd_sk_{rounds,tail}-h200-{39b7946,
 # 7b4938c}.json; last round's tiles of 132, K steps; XLA): 179.0 → 167.1 (157.8) at 1000x4096x14336 (52, 64),
 # 176.8 → 164.6 (160.7) at 1024x4096x14336 (52, 64), 193.3 → 184.0 (179.5) at 1024x3584x18944 (64, 56); lost at
-# 1024x2048x5632 (32 steps: 38.0 → 42.7, XLA 38.1); even with fuller last rounds (1000x4096x11008, 80: 137.9 →
-# 137.8; 512x4096x14336, 92: 92.5 → 92.1; 768x4096x11008, 126: 94.1 → 94.4; 1024x2048x8192, 124: 49.0 → 48.0).
+# 1024x2048x5632 (32 steps: 38.0 → 42.7, XLA 38.1); within 2% where the last round was fuller (1000x4096x11008,
+# 80: 137.9 → 137.8; 512x4096x14336, 92: 92.5 → 92.1; 768x4096x11008, 126: 94.1 → 94.4; 1024x2048x8192, 124: 49.0 →
+# 48.0).
 UNTUNED_SPLIT_TAIL_STEPS = 56
 # Beyond few rows, where K is short (at most UNTUNED_SHORT_K: 16 steps or fewer), N wider than K and the forward's
 # tiles make at most UNTUNED_SHORT_K_ROUNDS rounds, the forward also takes r and x ⊙ gamma from XLA's pass, and whole
@@ -1177,7 +1178,7 @@ def mosaic_default_config(M: int, K: int, N: int, dtype=jnp.bfloat16, *, residua
     tiles fit; else the built-in tables (``mosaic_builtin_config``, where ``stats_in_kernel`` leads). Rows not a
     multiple of 8 take XLA's backward where the forward takes them as they are (``forward_takes_any_rows``): our
     backward kernels need them padded, which cost more than XLA's backward at every shape measured (forward +
-    backward at 16401x1024x5504 1009.0 against 832.1 µs, XLA alone 791.2; at 1001-8201 rows 7-16% more:
+    backward 6-21% more at 1001-16401 rows; at 16401x1024x5504 1009.0 against 832.1 µs, XLA alone 791.2:
     rmsnorm_matmul-ragged_rows_bwd-h200-9f8ee54.json)."""
     config = _tuned_untuned_or_builtin(M, K, N, dtype, residual, stats_in_kernel)
     if (M >= FEWEST_ROWS and M % PARTIAL_ROWS_MULTIPLE and not config.backward_in_xla
