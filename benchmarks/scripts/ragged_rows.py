@@ -48,8 +48,7 @@ def forms(M: int, K: int, N: int, names) -> dict:
     for name, xla_bwd in (("mosaic_xla_bwd", True), ("mosaic_own_bwd", False)):
         out[name] = functools.partial(_with_config, dataclasses.replace(default, backward_in_xla=xla_bwd))
     if tables.unsupported_reason(M, K, N) is None:
-        out["mosaic_tables_xla_bwd"] = lambda x, g, w: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic",
-                                                                                     block_sizes=tables)
+        out["mosaic_tables_xla_bwd"] = functools.partial(_with_config, tables)
     return {k: v for k, v in out.items() if k in names}
 
 

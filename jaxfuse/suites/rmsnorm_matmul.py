@@ -120,7 +120,7 @@ def _skip_reason(impl: str, s) -> str | None:
             jax.eval_shape(pallas_kernels.matmul, jax.ShapeDtypeStruct((s["M"], s["K"]), jnp.bfloat16),
                            jax.ShapeDtypeStruct((s["K"], s["N"]), jnp.bfloat16))
         except ValueError as e:
-            reason = str(e)
+            reason = str(e).split("\n")[0]  # (the sentence, without jax's note on its filtered traceback)
     return None if reason is None else f"{impl}: {reason}"
 
 
