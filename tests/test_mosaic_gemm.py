@@ -19,7 +19,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from conftest import GPU_TIMEOUT
 from hlo_inspect import mosaic_ir
 from pallas_kernels import backends, mosaic_utils
-from pallas_kernels.gemm import Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes, stream_k
+from pallas_kernels.gemm import FEW_ROWS, Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes, stream_k
 from pallas_kernels.gemm.config import operand_swizzle_elems
 
 ON_SM90 = mosaic_utils.is_hopper()
@@ -153,11 +153,28 @@ def test_a_one_step_k_loop_lowers_on_ping_pong_tiles():
     assert kernel.smem_bytes <= mosaic_utils.H100_SMEM_BYTES
 
 
+@pytest.mark.parametrize("M, K, N, split", [(1, 4096, 14336, False), (16, 4096, 4096, True), (64, 4096, 14336, False),
+                                            (48, 2048, 4096, True), (16, 512, 4096, False)])
+def test_few_rows_take_64_row_tiles_split_by_stream_k_where_they_fill_half_the_sms(M, K, N, split):
+    """At M <= FEW_ROWS the default tiles are 64 rows (two 64-wide accumulators side by side), so that N / 128 blocks
+    stream b; stream-K splits them over up to 4 blocks each where they fill at most half of 132 SMs and the K loop
+    is long enough (``STREAM_K_MIN_STEPS``)."""
+    config = default_config(M, N, K, partial_rows=True)
+    assert (config.cta_m, config.cta_n) == (64, 128)
+    tiles = N // config.cta_n
+    plan = stream_k.plan_for(tiles, 132, K // config.tile_k, split=config.stream_k) if config.stream_k else None
+    assert (plan is not None) == split
+    if split:
+        assert plan.units > 66
+    assert default_config(FEW_ROWS + 1, N, K, partial_rows=True).cta_m == 128
+
+
 @gpu_only
 @pytest.mark.parametrize("M, K, N", [(1001, 1024, 2048), (4099, 2048, 1024), (1000, 4096, 4096), (13, 512, 512),
-                                     (64, 512, 512)])
+                                     (64, 512, 512), (1, 4096, 4096), (16, 2048, 4096), (48, 4096, 1024)])
 def test_matmul_rows_past_its_tiles_on_the_gpu(M, K, N):
-    """The default configs (forward, dA and dB each its own), rows the tiles do not divide, against float32."""
+    """The default configs (forward, dA and dB each its own), rows the tiles do not divide, against float32; the
+    few-row ones (1, 16, 48) on 64-row tiles split by stream-K."""
     _check_product(M, K, N, jnp.bfloat16)
     _check_product(M, K, N, jnp.bfloat16, transpose_b=True)
     _check_grads(M, K, N, jnp.bfloat16)

@@ -10,7 +10,10 @@ Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config
 ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked against cuBLAS's first
 (relative max difference). ``--transpose_a``: x given as (K, M), read transposed (the rmsnorm_matmul dw kernel's
 A, x); cuBLAS then computes xᵀ @ w. ``--transpose_b``: w given as (N, K), read transposed
-(the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Writes ``mosaic_gemm_tiles-<device>.json``.
+(the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Rows need not fill the tiles (x read as
+stored: the last row of tiles runs past M, as in ``matmul``). The inputs rotate over 3 sets where one set fits in the
+L2 (``jaxfuse.suites.runner.input_sets``' rule), so that no call reads w from the L2 where the call before left it.
+Writes ``mosaic_gemm_tiles-<device>.json``.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_fused_bwd import results_file
-from jaxfuse import bench
+from jaxfuse import bench, costmodel
 from pallas_kernels.gemm import MosaicGemmConfig, default_config, matmul, unsupported_reason
+from pallas_kernels.gemm.config import PARTIAL_ROWS_MULTIPLE
 
 BASE = MosaicGemmConfig()
 CONFIGS = {
@@ -125,6 +129,11 @@ CONFIGS.update({f"{name}_mw1": dataclasses.replace(CONFIGS[name], memory_warps=1
 # The output tile stored from registers straight into global memory (no SMEM staging, no waits for TMA stores;
 # ``out_store="direct"`` at a5bfb81) lost at every shape and tile: 0.61-0.89x cuBLAS against 0.93-1.01x through SMEM
 # by TMA (mosaic_gemm_tiles_direct_store-h100-a5bfb81.json); removed.
+# few rows (decode, small batches): 64-row tiles, two 64- or 128-wide accumulators side by side, K loops split over
+# up to 4 blocks by stream-K (or whole), rings of 4-8 stages
+CONFIGS.update({f"few_64x{n}n_s{s}{'_sk4' if sk else ''}": dataclasses.replace(
+    BASE, tile_m=64, tile_n=n, wg_split="n", num_stages=s, stream_k=sk, memory_warps=1 if sk == 0 else 4)
+    for n, s, sk in ((64, 4, 4), (64, 6, 4), (64, 8, 4), (128, 4, 4), (64, 6, 0))})
 # "auto" and its variants: ``default_config`` of each shape (what ``matmul`` takes), with these fields replaced
 AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0),
                  # the output stored at the tile's end, or its left half there and its right half under the next
@@ -141,6 +150,14 @@ AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0),
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 
+def _inputs(seed: int, M: int, K: int, N: int, transpose_a: bool, transpose_b: bool):
+    """x (M, K) or (K, M), w (K, N) or (N, K): bfloat16, random, w scaled by K^-1/2."""
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(kx, (K, M) if transpose_a else (M, K), jnp.bfloat16)
+    w = (jax.random.normal(kw, (N, K) if transpose_b else (K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
+    return x, w
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -153,21 +170,25 @@ def main() -> int:
     result, save, path = results_file(args.out, "mosaic_gemm_tiles")
     result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",") if name in CONFIGS}
     result["transpose_a"], result["transpose_b"] = args.transpose_a, args.transpose_b
+    dev = costmodel.detect()
     for M, K, N in args.shapes:
         shape = f"{M}x{K}x{N}"
-        kx, kw = jax.random.split(jax.random.key(0))
         ta, t = args.transpose_a, args.transpose_b
-        x = jax.random.normal(kx, (K, M) if ta else (M, K), jnp.bfloat16)
-        w = (jax.random.normal(kw, (N, K) if t else (K, N), jnp.float32) * K**-0.5).astype(jnp.bfloat16)
+        one_set_bytes = 2 * (M * K + K * N)
+        sets = [_inputs(seed, M, K, N, ta, t) for seed in range(
+            3 if dev is None or (dev.l2_bytes and one_set_bytes < dev.l2_bytes) else 1)]
+        x, w = sets[0]
+        rows_past = not ta  # (matmul's partial rows: A read as stored)
         calls = {"cublas": jax.jit(lambda x, w: jnp.dot(x.T if ta else x, w.T if t else w,
                                                         preferred_element_type=jnp.bfloat16))}
         row = dict(shape=shape, skipped={}, max_rel_diff={})
         for name in args.configs.split(","):
-            cfg = CONFIGS[name] if name in CONFIGS else dataclasses.replace(default_config(M, N, K),
-                                                                             **AUTO_VARIANTS[name])
+            cfg = CONFIGS[name] if name in CONFIGS else dataclasses.replace(
+                default_config(M, N, K, partial_rows=rows_past), **AUTO_VARIANTS[name])
             if name in AUTO_VARIANTS:
                 row[name] = cfg.to_dict()
-            reason = unsupported_reason(M, N, K, cfg, partial_columns=True)
+            reason = unsupported_reason(M, N, K, cfg, partial_columns=True, partial_rows=rows_past,
+                                        any_rows=rows_past and M % PARTIAL_ROWS_MULTIPLE != 0)
             if reason:
                 row["skipped"][name] = reason
                 continue
@@ -180,7 +201,8 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - a config that fails to compile is recorded, the others run
                 row["skipped"][name] = f"{type(e).__name__}: {e}"[:600]
                 del calls[name]
-        timings = bench.time_interleaved([(fn, (x, w)) for fn in calls.values()], iterations=args.iterations)
+        timings = bench.time_interleaved([(fn, sets) for fn in calls.values()], iterations=args.iterations)
+        row["input_sets"] = len(sets)
         row["us"] = {name: t.median_us for name, t in zip(calls, timings)}
         row["vs_cublas"] = {name: row["us"]["cublas"] / us for name, us in row["us"].items()}
         print(shape, {k: (round(v, 1), round(row["vs_cublas"][k], 3)) for k, v in row["us"].items()}, flush=True)

@@ -30,7 +30,7 @@ from pallas_kernels import backends, mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason
 
-__all__ = ["CANDIDATES", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig",
+__all__ = ["CANDIDATES", "FEW_ROWS", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig",
            "TileContext", "default_config", "gemm", "matmul", "pick_config", "smem_bytes", "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -92,6 +92,14 @@ _ACCUMULATE_SHORT_K = MosaicGemmConfig(tile_m=128, tile_n=128, tile_k=64, num_st
                                        delay_release=1, grid_minor="m", cluster="m")
 _ACCUMULATE_SHORT_K_PAIRLESS = dataclasses.replace(_ACCUMULATE_SHORT_K, cluster="none")  # M not a pair of tiles
 SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) that runs ping-pong first (matmul, accumulate_into)
+# Few rows (decode, small batches: M <= FEW_ROWS, one row of 64-row tiles, TMA loading zeros past M): the product
+# streams b from HBM once, and its time is how many SMs pull it. 128x256 tiles gave 16 of them at 16x4096x4096 and
+# 56 at 1x4096x14336 (30.1 and 43.3 µs against cuBLAS's 11.3 and 29.1 on the H200: the suite's
+# pallas_mosaic_matmul_alone, rmsnorm_matmul-issue15_all-h200-aeabc73.md). 64-row tiles of two 64-wide accumulators
+# side by side make N / 128 (32 and 112), and stream-K spreads each over up to 4 blocks where they fill at most half
+# the SMs (``gemm.stream_k``: 128 blocks at 16x4096x4096); a deeper ring keeps more of b in flight.
+FEW_ROWS = 64
+_FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_split="n", stream_k=4)
 
 
 def pick_config(M: int, N: int, K: int, candidates=CANDIDATES, *, partial_columns: bool = False,
@@ -123,11 +131,14 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer.
     ``partial_rows`` / ``partial_k`` (``gemm``'s, without accumulate_dtype): tiles whose last row or K step may run
     past M or K; a float32 ``out_dtype`` (default dtype) at M not a multiple of 8 then stores 32-column pieces, one
-    swizzled row each (``config.any_rows_reason``)."""
+    swizzled row each (``config.any_rows_reason``). At M <= FEW_ROWS, 64-row tiles split by stream-K first."""
     if accumulate_dtype is None:
         any_rows = partial_rows and M % PARTIAL_ROWS_MULTIPLE != 0
-        config = pick_config(M, N, K, (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES, partial_columns=True,
-                             partial_rows=partial_rows, partial_k=partial_k, any_rows=any_rows)
+        candidates = (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES
+        if M <= FEW_ROWS and (partial_rows or M % _FEW_ROWS.cta_m == 0):
+            candidates = (_FEW_ROWS, *candidates)
+        config = pick_config(M, N, K, candidates, partial_columns=True, partial_rows=partial_rows,
+                             partial_k=partial_k, any_rows=any_rows)
         if any_rows and jnp.dtype(out_dtype or dtype).itemsize == 4:
             config = dataclasses.replace(config, epi_tile_n=32)
         if K // config.tile_k < STREAM_K_MIN_STEPS:
