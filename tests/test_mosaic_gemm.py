@@ -169,12 +169,41 @@ def test_few_rows_take_64_row_tiles_split_by_stream_k_where_they_fill_half_the_s
     assert default_config(FEW_ROWS + 1, N, K, partial_rows=True).cta_m == 128
 
 
+@cpu_only
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_one_row_runs_the_transposed_gemv_forward_and_for_da(transpose_b):
+    """M = 1: the product and dA are the GEMV (b's columns as the GEMM's rows, y the accumulator's row sums: no
+    output tile), dB XLA's outer product; the default tiles elsewhere (a given config, or b's N / K off the GEMV's
+    tiles: N = 1088 is not a multiple of dA's 256-deep K steps)."""
+    def kernels(M, K, N, **kwargs):
+        args = (S((M, K), jnp.bfloat16), S((N, K) if transpose_b else (K, N), jnp.bfloat16), S((M, N), jnp.bfloat16))
+        fn = lambda a, b: matmul(a, b, transpose_b=transpose_b, **kwargs)  # noqa: E731
+        program = lambda a, b, g: (fn(a, b), jax.vjp(fn, a, b)[1](g))  # noqa: E731
+        with backends.lowering_for_gpu():
+            return sorted(k.name for k in mosaic_ir.lower_kernels(program, *args))
+    assert kernels(1, 4096, 14336) == ["mosaic_matmul_da_gemv", "mosaic_matmul_gemv"]
+    assert kernels(1, 1024, 1088) == ["mosaic_matmul", "mosaic_matmul_da"]
+    assert kernels(1, 1024, 2048, config=dict(tile_k=64)) == ["mosaic_matmul", "mosaic_matmul_da"]
+    assert kernels(2, 1024, 2048) == ["mosaic_matmul", "mosaic_matmul_da"]
+
+
+@cpu_only
+@pytest.mark.slow
+def test_one_row_gemv_in_interpret_mode():
+    """The one-row GEMV's product (b both ways) and gradients against float32."""
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        _check_product(1, 512, 256, jnp.bfloat16)
+        _check_product(1, 512, 256, jnp.bfloat16, transpose_b=True)
+        _check_grads(1, 512, 256, jnp.bfloat16)
+
+
 @gpu_only
 @pytest.mark.parametrize("M, K, N", [(1001, 1024, 2048), (4099, 2048, 1024), (1000, 4096, 4096), (13, 512, 512),
-                                     (64, 512, 512), (1, 4096, 4096), (16, 2048, 4096), (48, 4096, 1024)])
+                                     (64, 512, 512), (1, 4096, 4096), (1, 4096, 14336), (16, 2048, 4096),
+                                     (48, 4096, 1024)])
 def test_matmul_rows_past_its_tiles_on_the_gpu(M, K, N):
     """The default configs (forward, dA and dB each its own), rows the tiles do not divide, against float32; the
-    few-row ones (1, 16, 48) on 64-row tiles split by stream-K."""
+    few-row ones (16, 48) on 64-row tiles split by stream-K, one row on the transposed GEMV."""
     _check_product(M, K, N, jnp.bfloat16)
     _check_product(M, K, N, jnp.bfloat16, transpose_b=True)
     _check_grads(M, K, N, jnp.bfloat16)

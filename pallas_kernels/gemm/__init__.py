@@ -30,7 +30,7 @@ from pallas_kernels import backends, mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason
 
-__all__ = ["CANDIDATES", "FEW_ROWS", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig",
+__all__ = ["CANDIDATES", "FEW_ROWS", "GEMV", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig",
            "TileContext", "default_config", "gemm", "matmul", "pick_config", "smem_bytes", "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -100,6 +100,14 @@ SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) that runs ping-
 # the SMs (``gemm.stream_k``: 128 blocks at 16x4096x4096); a deeper ring keeps more of b in flight.
 FEW_ROWS = 64
 _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_split="n", stream_k=4)
+# One row (M = 1: decode), where the tiles above still idle most of a 64-row accumulator and took 39.1 µs at
+# 1x4096x14336 against cuBLAS's 30.5 (rmsnorm_matmul-few_rows_matmul-h200-6465dd7.md): the product runs transposed,
+# yᵀ (N, 16) = bᵀ @ aᵀ, b read transposed as A in tiles of 64 of its N columns (N / 64 blocks stream it, 256-deep K
+# steps) and a's one row as B (TMA fills the other 15 rows with zeros: wgmma's smallest N); y's (tile_m,) values are
+# the accumulator's row sums, stored from registers (no (N, 16) tile). norm_matmul's one-row forward measured these
+# tiles (``norm_matmul.config.ONE_ROW_FORWARD``). dA at one row runs the same way; dB, an outer product, is XLA's.
+GEMV = MosaicGemmConfig(tile_m=64, tile_n=16, tile_k=256, num_stages=4, schedule="pingpong", epilogue_store="end",
+                        delay_release=1, epi_tile_n=16)
 
 
 def pick_config(M: int, N: int, K: int, candidates=CANDIDATES, *, partial_columns: bool = False,
@@ -203,16 +211,19 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
                          f"{tuple(jnp.shape(accumulate_into))} {jnp.dtype(accumulate_into.dtype)}")
     given = config is not None  # else each gradient GEMM takes the default of its own shape
     partial_rows = not transpose_a and accumulate_into is None  # (gemm's: A's rows are TMA's outer axis)
-    config = backends.resolve_config(config, MosaicGemmConfig, lambda: default_config(
-        M, N, K, a.dtype, accumulate_dtype=None if accumulate_into is None else out_dtype, out_dtype=out_dtype,
-        partial_rows=partial_rows), arg="config")
-    partial_rows = partial_rows and config.cluster == "none"  # (a cluster's pair of tiles: whole, as measured)
-    any_rows = partial_rows and M % PARTIAL_ROWS_MULTIPLE != 0
-    reason = any_rows_reason(config, a.dtype, out_dtype, transpose_b) if any_rows else None
-    if reason:
-        reason = f"M={M} is not a multiple of {PARTIAL_ROWS_MULTIPLE} (TMA's 8-row tiles): {reason}"
-    reason = reason or unsupported_reason(M, N, K, config, partial_columns=accumulate_into is None,
-                                          partial_rows=partial_rows, any_rows=any_rows)
+    if _takes_gemv(given, M, N, K, transpose_a, accumulate_into):
+        config, reason = GEMV, None  # (one row: the transposed GEMV)
+    else:
+        config = backends.resolve_config(config, MosaicGemmConfig, lambda: default_config(
+            M, N, K, a.dtype, accumulate_dtype=None if accumulate_into is None else out_dtype, out_dtype=out_dtype,
+            partial_rows=partial_rows), arg="config")
+        partial_rows = partial_rows and config.cluster == "none"  # (a cluster's pair of tiles: whole, as measured)
+        any_rows = partial_rows and M % PARTIAL_ROWS_MULTIPLE != 0
+        reason = any_rows_reason(config, a.dtype, out_dtype, transpose_b) if any_rows else None
+        if reason:
+            reason = f"M={M} is not a multiple of {PARTIAL_ROWS_MULTIPLE} (TMA's 8-row tiles): {reason}"
+        reason = reason or unsupported_reason(M, N, K, config, partial_columns=accumulate_into is None,
+                                              partial_rows=partial_rows, any_rows=any_rows)
     if not reason and not mu.interpreting() and not isinstance(a, jax.core.Tracer):  # an eager call (traced: the
         # program may be lowered elsewhere, or only shaped: jax.eval_shape)
         reason = backends.unavailable_reason("mosaic")
@@ -225,9 +236,31 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
                                            accumulate_into is not None))
 
 
+def _takes_gemv(given: bool, M: int, N: int, K: int, transpose_a: bool, accumulate_into) -> bool:
+    """Whether ``matmul`` runs the one-row GEMV (``GEMV``): one row read as stored, no config given, no
+    accumulate_into, and b's N columns and K rows in its tiles both ways (the product's, and dA's over N)."""
+    return (M == 1 and not given and not transpose_a and accumulate_into is None
+            and unsupported_reason(N, GEMV.tile_n, K, GEMV) is None  # y over K, and dA over N
+            and unsupported_reason(K, GEMV.tile_n, N, GEMV) is None)
+
+
+def _gemv(row, b, *, b_columns_major: bool, out_dtype, name: str) -> jax.Array:
+    """row (1, K) @ B (K, N) -> (1, N), run transposed: yᵀ = Bᵀ @ rowᵀ, B's N columns as the GEMM's rows (A), the row
+    as its 16 columns (TMA zero-fills 15: B read transposed), y the accumulator's row sums. ``b_columns_major``:
+    b is given as (N, K) (Bᵀ as stored), else (K, N)."""
+    N = b.shape[0] if b_columns_major else b.shape[1]
+    fusion = Fusion(outputs=(("y", jax.ShapeDtypeStruct((N,), out_dtype)),), store_tile=False, partial_columns=True,
+                    epilogue=lambda ctx, acc, carry: (acc, {"y": jnp.sum(acc, axis=1)}))
+    _, y = gemm(b, row, config=GEMV, out_dtype=row.dtype, transpose_a=not b_columns_major, transpose_b=True,
+                fusion=fusion, name=name)
+    return y.reshape(1, N)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _matmul(a, b, c, static):
-    config, out_dtype, transpose_a, transpose_b, _, _ = static
+    config, out_dtype, transpose_a, transpose_b, given, _ = static
+    if config is GEMV and not given:  # (``_takes_gemv``: set by matmul itself, never a caller's config)
+        return _gemv(a, b, b_columns_major=transpose_b, out_dtype=out_dtype, name="mosaic_matmul_gemv")
     return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
                 accumulate_into=c, partial_rows=not transpose_a and c is None,
                 name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
@@ -271,7 +304,9 @@ def _operand_grads(static, saved, g):
         return config if given else default_config(rows, cols, depth, a.dtype, **partial)
 
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
-    if transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
+    if config is GEMV and not given:  # one row: da (1, K) = g Bᵀ, the GEMV over B's rows
+        da = _gemv(g, b, b_columns_major=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv")
+    elif transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
         da = gemm(b, g, config=config_for(K, M, N), out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
                   name="mosaic_matmul_da")[0]
     else:  # (the forward's rows: its last row of tiles may run past M)

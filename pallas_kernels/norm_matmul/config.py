@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
-from pallas_kernels.gemm import MosaicGemmConfig, pick_config, smem_bytes, stream_k
+from pallas_kernels.gemm import GEMV, MosaicGemmConfig, pick_config, smem_bytes, stream_k
 from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason, sum_rows_grid
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
@@ -748,8 +748,7 @@ ONE_ROW_STAT_ROWS = 64
 # at 1x1024x2816, 114.19 (109.97) at 1x8192x28672, 14.30 (14.37) at 1x4096x4096 (64 tiles: half the SMs idle;
 # stacked 128-row tiles with stream-K over 4 blocks took 15.14 there, the Triton backend 12.56, its entry now). 128
 # rows at N = 8192 leave half the SMs idle (14.96 at 1x2048x8192). The sweep's candidates: ``mosaic_sweep_candidates``.
-_ONE_ROW_64 = _G(tile_m=64, tile_n=ONE_ROW_PADDED, tile_k=256, num_stages=4, schedule="pingpong",
-                 epilogue_store="end", delay_release=1, epi_tile_n=ONE_ROW_PADDED)
+_ONE_ROW_64 = GEMV  # (the core's one-row tiles, which ``matmul`` takes at one row too)
 ONE_ROW_FORWARD = (_ONE_ROW_64, dataclasses.replace(_ONE_ROW_64, tile_m=128, tile_k=128, num_stages=3))
 
 
