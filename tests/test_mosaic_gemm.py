@@ -171,18 +171,18 @@ def test_few_rows_take_64_row_tiles_split_by_stream_k_where_they_fill_half_the_s
 
 @cpu_only
 @pytest.mark.parametrize("transpose_b", [False, True])
-def test_one_row_runs_the_product_as_the_transposed_gemv(transpose_b):
-    """M = 1: the product is the GEMV (b's columns as the GEMM's rows, y the accumulator's row sums: no output
-    tile), dA the few-row tiles, dB XLA's outer product; the default tiles elsewhere (a given config, b's K off the
-    GEMV's 256-deep K steps, two rows)."""
+def test_one_row_runs_the_transposed_gemv_forward_and_for_da(transpose_b):
+    """M = 1: the product and dA are the GEMV (b's columns as the GEMM's rows, y the accumulator's row sums: no
+    output tile), dB XLA's outer product; the default tiles elsewhere (a given config, or b's N / K off the GEMV's
+    tiles: N = 1088 is not a multiple of dA's 256-deep K steps)."""
     def kernels(M, K, N, **kwargs):
         args = (S((M, K), jnp.bfloat16), S((N, K) if transpose_b else (K, N), jnp.bfloat16), S((M, N), jnp.bfloat16))
         fn = lambda a, b: matmul(a, b, transpose_b=transpose_b, **kwargs)  # noqa: E731
         program = lambda a, b, g: (fn(a, b), jax.vjp(fn, a, b)[1](g))  # noqa: E731
         with backends.lowering_for_gpu():
             return sorted(k.name for k in mosaic_ir.lower_kernels(program, *args))
-    assert kernels(1, 4096, 14336) == ["mosaic_matmul_da", "mosaic_matmul_gemv"]
-    assert kernels(1, 1088, 1024) == ["mosaic_matmul", "mosaic_matmul_da"]
+    assert kernels(1, 4096, 14336) == ["mosaic_matmul_da_gemv", "mosaic_matmul_gemv"]
+    assert kernels(1, 1024, 1088) == ["mosaic_matmul", "mosaic_matmul_da"]
     assert kernels(1, 1024, 2048, config=dict(tile_k=64)) == ["mosaic_matmul", "mosaic_matmul_da"]
     assert kernels(2, 1024, 2048) == ["mosaic_matmul", "mosaic_matmul_da"]
 

@@ -105,9 +105,10 @@ _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_s
 # yᵀ (N, 16) = bᵀ @ aᵀ, b read transposed as A in tiles of 64 of its N columns (N / 64 blocks stream it, 256-deep K
 # steps) and a's one row as B (TMA fills the other 15 rows with zeros: wgmma's smallest N); y's (tile_m,) values are
 # the accumulator's row sums, stored from registers (no (N, 16) tile). norm_matmul's one-row forward measured these
-# tiles (``norm_matmul.config.ONE_ROW_FORWARD``). dA at one row takes the few-row tiles above: run as this GEMV its
-# rows are b's K (64 blocks at K = 4096), 39.7 µs against 36.4 at 1x4096x14336 (rmsnorm_matmul-one_row_matmul-h200-
-# a7822d7.json against -few_rows_matmul-h200-6465dd7.json); dB, an outer product, is XLA's.
+# tiles (``norm_matmul.config.ONE_ROW_FORWARD``). dA at one row runs the same way (forward + backward 140.6 / 47.8 /
+# 50.3 µs at 1x4096x14336 / 1x4096x4096 / 1x2048x8192, where dA on the few-row tiles took 145.5 / 51.8 / 53.9, XLA's
+# baseline within 0.2 in both calls: rmsnorm_matmul-one_row_matmul-h200-{a7822d7,8075bb5}.json); dB, an outer
+# product, is XLA's.
 GEMV = MosaicGemmConfig(tile_m=64, tile_n=16, tile_k=256, num_stages=4, schedule="pingpong", epilogue_store="end",
                         delay_release=1, epi_tile_n=16)
 
@@ -239,10 +240,11 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
 
 
 def _takes_gemv(given: bool, M: int, N: int, K: int, transpose_a: bool, accumulate_into) -> bool:
-    """Whether ``matmul``'s product runs the one-row GEMV (``GEMV``): one row read as stored, no config given, no
-    accumulate_into, and b's N columns and K rows in its tiles."""
+    """Whether ``matmul`` runs the one-row GEMV (``GEMV``): one row read as stored, no config given, no
+    accumulate_into, and b's N columns and K rows in its tiles both ways (the product's, and dA's over N)."""
     return (M == 1 and not given and not transpose_a and accumulate_into is None
-            and unsupported_reason(N, GEMV.tile_n, K, GEMV) is None)
+            and unsupported_reason(N, GEMV.tile_n, K, GEMV) is None  # y over K, and dA over N
+            and unsupported_reason(K, GEMV.tile_n, N, GEMV) is None)
 
 
 def _gemv(row, b, *, b_columns_major: bool, out_dtype, name: str) -> jax.Array:
@@ -305,7 +307,9 @@ def _operand_grads(static, saved, g):
         return config if given else default_config(rows, cols, depth, a.dtype, **partial)
 
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
-    if transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
+    if config is GEMV and not given:  # one row: da (1, K) = g Bᵀ, the GEMV over B's rows
+        da = _gemv(g, b, b_columns_major=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv")
+    elif transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
         da = gemm(b, g, config=config_for(K, M, N), out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
                   name="mosaic_matmul_da")[0]
     else:  # (the forward's rows: its last row of tiles may run past M)
