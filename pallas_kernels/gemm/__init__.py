@@ -30,8 +30,9 @@ from pallas_kernels import backends, mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason
 
-__all__ = ["CANDIDATES", "FEW_ROWS", "GEMV", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig",
-           "TileContext", "default_config", "gemm", "matmul", "pick_config", "smem_bytes", "unsupported_reason"]
+__all__ = ["CANDIDATES", "FEW_ROWS", "GEMV", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion",
+           "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul", "pick_config", "smem_bytes",
+           "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OUT_DTYPES = (*_OPERAND_DTYPES, jnp.dtype(jnp.float32))
@@ -190,7 +191,8 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
     Args:
       a: (M, K), or (K, M) with transpose_a. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
       config: a ``MosaicGemmConfig``, or a mapping of some of its fields over the default; default
-        ``default_config(M, N, K)``. K must be a multiple of its tile_k; N of its tiles or, without accumulate_into
+        ``default_config(M, N, K)`` (at one row, a read as stored, the transposed GEMV, ``GEMV``, where b's N and K
+        take its tiles). K must be a multiple of its tile_k; N of its tiles or, without accumulate_into
         or a cluster, a multiple of 64 (the last column of tiles runs past N); M of its tiles or, with a read as
         stored and no accumulate_into or cluster, any count (the last row of tiles runs past M, through untiled
         views where M is not a multiple of 8: ``gemm.config.any_rows_reason``); a ValueError names the constraint
@@ -199,9 +201,10 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
       accumulate_into: None, or an (M, N) array of out_dtype: the result is accumulate_into + a @ b (float32
         sum, rounded once), computed over accumulate_into's buffer when XLA can donate it (a loop carry).
     Returns:
-      (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads: da (M, K) over N and
-      db (K, N) over M, each with ``default_config`` of its own shape, or with a given config's tiles (their
-      shapes must tile too; N padded to whole tiles); db's last K step may run past M, and where M is not a
+      (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads (at one row on the GEMV:
+      da the GEMV over b's rows, db XLA's outer product): da (M, K) over N and db (K, N) over M, each with
+      ``default_config`` of its own shape, or with a given config's tiles (their shapes must tile too; N padded to
+      whole tiles); db's last K step may run past M, and where M is not a
       multiple of 8, XLA's GEMM computes db; accumulate_into's gradient is the cotangent.
     """
     if out_dtype is None:
