@@ -19,7 +19,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from conftest import GPU_TIMEOUT
 from hlo_inspect import mosaic_ir
 from pallas_kernels import backends, mosaic_utils
-from pallas_kernels.gemm import FEW_ROWS, Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes, stream_k
+from pallas_kernels.gemm import (FEW_ROWS, GEMV, Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes,
+                                  stream_k)
 from pallas_kernels.gemm.config import operand_swizzle_elems
 
 ON_SM90 = mosaic_utils.is_hopper()
@@ -171,10 +172,11 @@ def test_few_rows_take_64_row_tiles_split_by_stream_k_where_they_fill_half_the_s
 
 @cpu_only
 @pytest.mark.parametrize("transpose_b", [False, True])
-def test_one_row_runs_the_transposed_gemv_forward_and_for_da(transpose_b):
-    """M = 1: the product and dA are the GEMV (b's columns as the GEMM's rows, y the accumulator's row sums: no
-    output tile), dB XLA's outer product; the default tiles elsewhere (a given config, or b's N / K off the GEMV's
-    tiles: N = 1088 is not a multiple of dA's 256-deep K steps)."""
+def test_up_to_16_rows_run_the_transposed_gemv_forward_and_for_da(transpose_b):
+    """M <= 16: the product and dA are the GEMV (b's columns as the GEMM's rows, y's rows the accumulator's columns,
+    stored as row vectors: no output tile), dB XLA's (M not a multiple of 8) or ours; the default tiles elsewhere (a
+    given config, 17 rows, or b's N / K off the GEMV's tiles: N = 1088 is not a multiple of dA's 256-deep K
+    steps)."""
     def kernels(M, K, N, **kwargs):
         args = (S((M, K), jnp.bfloat16), S((N, K) if transpose_b else (K, N), jnp.bfloat16), S((M, N), jnp.bfloat16))
         fn = lambda a, b: matmul(a, b, transpose_b=transpose_b, **kwargs)  # noqa: E731
@@ -182,28 +184,45 @@ def test_one_row_runs_the_transposed_gemv_forward_and_for_da(transpose_b):
         with backends.lowering_for_gpu():
             return sorted(k.name for k in mosaic_ir.lower_kernels(program, *args))
     assert kernels(1, 4096, 14336) == ["mosaic_matmul_da_gemv", "mosaic_matmul_gemv"]
+    assert kernels(3, 1024, 2048) == ["mosaic_matmul_da_gemv", "mosaic_matmul_gemv"]
+    assert kernels(16, 1024, 2048) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
     assert kernels(1, 1024, 1088) == ["mosaic_matmul", "mosaic_matmul_da"]
     assert kernels(1, 1024, 2048, config=dict(tile_k=64)) == ["mosaic_matmul", "mosaic_matmul_da"]
-    assert kernels(2, 1024, 2048) == ["mosaic_matmul", "mosaic_matmul_da"]
+    assert kernels(17, 1024, 2048) == ["mosaic_matmul", "mosaic_matmul_da"]
+
+
+@cpu_only
+def test_an_epilogues_tuple_of_row_vectors_needs_an_output_of_as_many_rows():
+    """A tuple of C row vectors fills a (C, M) output's rows; into any other shape it is a ValueError naming both."""
+    fusion = Fusion(outputs=(("y", S((512,), jnp.float32)),), store_tile=False, partial_columns=True,
+                    epilogue=lambda ctx, acc, carry: (acc, {"y": (jnp.sum(acc, axis=1),) * 2}))
+    fn = lambda b, a: gemm(b, a, config=GEMV, out_dtype=jnp.bfloat16, transpose_a=True, transpose_b=True,  # noqa
+                           fusion=fusion)
+    with backends.lowering_for_gpu(), pytest.raises(ValueError, match=r"tuple of 2 row vectors needs a \(2, M\) "
+                                                                      r"output, got shape \(512,\)"):
+        jax.jit(fn).trace(S((512, 512), jnp.bfloat16), S((2, 512), jnp.bfloat16)).lower(lowering_platforms=("cuda",))
 
 
 @cpu_only
 @pytest.mark.slow
-def test_one_row_gemv_in_interpret_mode():
-    """The one-row GEMV's product (b both ways) and gradients against float32."""
+@pytest.mark.parametrize("M", [1, 5, 16])
+def test_gemv_in_interpret_mode(M):
+    """The GEMV's product (b both ways) and gradients against float32, at one row, 5 (TMA's zeros past them in
+    the tile's 16 columns) and 16."""
     with mosaic_utils.interpret_on_cpu(num_sms=2):
-        _check_product(1, 512, 256, jnp.bfloat16)
-        _check_product(1, 512, 256, jnp.bfloat16, transpose_b=True)
-        _check_grads(1, 512, 256, jnp.bfloat16)
+        _check_product(M, 512, 256, jnp.bfloat16)
+        _check_product(M, 512, 256, jnp.bfloat16, transpose_b=True)
+        _check_grads(M, 512, 256, jnp.bfloat16)
 
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N", [(1001, 1024, 2048), (4099, 2048, 1024), (1000, 4096, 4096), (13, 512, 512),
                                      (64, 512, 512), (1, 4096, 4096), (1, 4096, 14336), (16, 2048, 4096),
-                                     (48, 4096, 1024)])
+                                     (5, 4096, 4096), (48, 4096, 1024)])
 def test_matmul_rows_past_its_tiles_on_the_gpu(M, K, N):
     """The default configs (forward, dA and dB each its own), rows the tiles do not divide, against float32; the
-    few-row ones (16, 48) on 64-row tiles split by stream-K, one row on the transposed GEMV."""
+    few-row ones: 48 on 64-row tiles split by stream-K, up to 16 on the transposed GEMV (13 rows of 512x512: K
+    off its 256-deep steps' multiple for dA, the 64-row tiles)."""
     _check_product(M, K, N, jnp.bfloat16)
     _check_product(M, K, N, jnp.bfloat16, transpose_b=True)
     _check_grads(M, K, N, jnp.bfloat16)

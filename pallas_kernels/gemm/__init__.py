@@ -101,15 +101,15 @@ SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) that runs ping-
 # the SMs (``gemm.stream_k``: 128 blocks at 16x4096x4096); a deeper ring keeps more of b in flight.
 FEW_ROWS = 64
 _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_split="n", stream_k=4)
-# One row (M = 1: decode), where the tiles above still idle most of a 64-row accumulator and took 39.1 µs at
-# 1x4096x14336 against cuBLAS's 30.5 (rmsnorm_matmul-few_rows_matmul-h200-6465dd7.md): the product runs transposed,
+# Up to 16 rows (wgmma's smallest N; decode), where the tiles above still idle most of a 64-row accumulator (39.1 µs
+# at 1x4096x14336 against cuBLAS's 30.5: rmsnorm_matmul-few_rows_matmul-h200-6465dd7.md): the product runs transposed,
 # yᵀ (N, 16) = bᵀ @ aᵀ, b read transposed as A in tiles of 64 of its N columns (N / 64 blocks stream it, 256-deep K
-# steps) and a's one row as B (TMA fills the other 15 rows with zeros: wgmma's smallest N); y's (tile_m,) values are
-# the accumulator's row sums, stored from registers (no (N, 16) tile). norm_matmul's one-row forward measured these
-# tiles (``norm_matmul.config.ONE_ROW_FORWARD``). dA at one row runs the same way (forward + backward 140.6 / 47.8 /
-# 50.3 µs at 1x4096x14336 / 1x4096x4096 / 1x2048x8192, where dA on the few-row tiles took 145.5 / 51.8 / 53.9, XLA's
-# baseline within 0.2 in both calls: rmsnorm_matmul-one_row_matmul-h200-{a7822d7,8075bb5}.json); dB, an outer
-# product, is XLA's.
+# steps) and a's rows as B (TMA fills the rows past M with zeros); y's rows are the accumulator's first M columns
+# (one row: its row sums), stored from registers as row vectors (no (N, 16) tile). norm_matmul's one-row forward
+# measured these tiles (``norm_matmul.config.ONE_ROW_FORWARD``). dA runs the same way (one row, forward + backward
+# 140.6 / 47.8 / 50.3 µs at 1x4096x14336 / 1x4096x4096 / 1x2048x8192, where dA on the few-row tiles took 145.5 /
+# 51.8 / 53.9, XLA's baseline within 0.2 in both calls: rmsnorm_matmul-one_row_matmul-h200-{a7822d7,8075bb5}.json);
+# dB is XLA's where M is not a multiple of 8 (an outer product at one row).
 GEMV = MosaicGemmConfig(tile_m=64, tile_n=16, tile_k=256, num_stages=4, schedule="pingpong", epilogue_store="end",
                         delay_release=1, epi_tile_n=16)
 
@@ -191,7 +191,7 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
     Args:
       a: (M, K), or (K, M) with transpose_a. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
       config: a ``MosaicGemmConfig``, or a mapping of some of its fields over the default; default
-        ``default_config(M, N, K)`` (at one row, a read as stored, the transposed GEMV, ``GEMV``, where b's N and K
+        ``default_config(M, N, K)`` (at up to 16 rows read as stored the transposed GEMV, ``GEMV``, where b's N and K
         take its tiles). K must be a multiple of its tile_k; N of its tiles or, without accumulate_into
         or a cluster, a multiple of 64 (the last column of tiles runs past N); M of its tiles or, with a read as
         stored and no accumulate_into or cluster, any count (the last row of tiles runs past M, through untiled
@@ -201,11 +201,11 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
       accumulate_into: None, or an (M, N) array of out_dtype: the result is accumulate_into + a @ b (float32
         sum, rounded once), computed over accumulate_into's buffer when XLA can donate it (a loop carry).
     Returns:
-      (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads (at one row on the GEMV:
-      da the GEMV over b's rows, db XLA's outer product): da (M, K) over N and db (K, N) over M, each with
-      ``default_config`` of its own shape, or with a given config's tiles (their shapes must tile too; N padded to
-      whole tiles); db's last K step may run past M, and where M is not a
-      multiple of 8, XLA's GEMM computes db; accumulate_into's gradient is the cotangent.
+      (M, N) in out_dtype. Gradients (custom VJP) run the same kernel on transposed reads: da (M, K) over N and
+      db (K, N) over M, each with ``default_config`` of its own shape (da the GEMV over b's rows where the product
+      ran one), or with a given config's tiles (their shapes must tile too; N padded to whole tiles); db's last K
+      step may run past M, and where M is not a multiple of 8, XLA's GEMM computes db; accumulate_into's gradient
+      is the cotangent.
     """
     if out_dtype is None:
         out_dtype = a.dtype if accumulate_into is None else accumulate_into.dtype
@@ -243,23 +243,31 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
 
 
 def _takes_gemv(given: bool, M: int, N: int, K: int, transpose_a: bool, accumulate_into) -> bool:
-    """Whether ``matmul`` runs the one-row GEMV (``GEMV``): one row read as stored, no config given, no
+    """Whether ``matmul`` runs the GEMV (``GEMV``): at most 16 rows read as stored, no config given, no
     accumulate_into, and b's N columns and K rows in its tiles both ways (the product's, and dA's over N)."""
-    return (M == 1 and not given and not transpose_a and accumulate_into is None
+    return (M <= GEMV.tile_n and not given and not transpose_a and accumulate_into is None
             and unsupported_reason(N, GEMV.tile_n, K, GEMV) is None  # y over K, and dA over N
             and unsupported_reason(K, GEMV.tile_n, N, GEMV) is None)
 
 
-def _gemv(row, b, *, b_columns_major: bool, out_dtype, name: str) -> jax.Array:
-    """row (1, K) @ B (K, N) -> (1, N), run transposed: yᵀ = Bᵀ @ rowᵀ, B's N columns as the GEMM's rows (A), the row
-    as its 16 columns (TMA zero-fills 15: B read transposed), y the accumulator's row sums. ``b_columns_major``:
-    b is given as (N, K) (Bᵀ as stored), else (K, N)."""
-    N = b.shape[0] if b_columns_major else b.shape[1]
-    fusion = Fusion(outputs=(("y", jax.ShapeDtypeStruct((N,), out_dtype)),), store_tile=False, partial_columns=True,
-                    epilogue=lambda ctx, acc, carry: (acc, {"y": jnp.sum(acc, axis=1)}))
-    _, y = gemm(b, row, config=GEMV, out_dtype=row.dtype, transpose_a=not b_columns_major, transpose_b=True,
-                fusion=fusion, name=name)
-    return y.reshape(1, N)
+def _gemv(rows, b, *, b_columns_major: bool, out_dtype, name: str) -> jax.Array:
+    """rows (M, K) @ B (K, N) -> (M, N), M <= 16, run transposed: yᵀ = Bᵀ @ rowsᵀ, B's N columns as the GEMM's rows
+    (A), the rows as its 16 columns (TMA zero-fills those past M: B read transposed); y's row j is the accumulator's
+    column j (one row: its row sums, the other columns being zeros). ``b_columns_major``: b is given as (N, K) (Bᵀ
+    as stored), else (K, N)."""
+    M, N = rows.shape[0], (b.shape[0] if b_columns_major else b.shape[1])
+
+    def columns(ctx, acc, carry):
+        del ctx, carry
+        if M == 1:
+            return acc, {"y": (jnp.sum(acc, axis=1),)}
+        col = mu.layout_cast(lax.broadcasted_iota(jnp.int32, acc.shape, 1), mu.TILE)
+        return acc, {"y": tuple(jnp.sum(jnp.where(col == j, acc, 0.0), axis=1) for j in range(M))}
+
+    fusion = Fusion(outputs=(("y", jax.ShapeDtypeStruct((M, N), out_dtype)),), store_tile=False,
+                    partial_columns=True, epilogue=columns)
+    return gemm(b, rows, config=GEMV, out_dtype=rows.dtype, transpose_a=not b_columns_major, transpose_b=True,
+                fusion=fusion, name=name)[1]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -310,7 +318,7 @@ def _operand_grads(static, saved, g):
         return config if given else default_config(rows, cols, depth, a.dtype, **partial)
 
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
-    if config is GEMV and not given:  # one row: da (1, K) = g Bᵀ, the GEMV over B's rows
+    if config is GEMV and not given:  # at most 16 rows: da (M, K) = g Bᵀ, the GEMV over B's rows
         da = _gemv(g, b, b_columns_major=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv")
     elif transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
         da = gemm(b, g, config=config_for(K, M, N), out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,

@@ -208,7 +208,8 @@ class Fusion:
       wgmma, across the first column's loop and the others'). With stream-K the last round's tiles (never a first
       tile: the whole rounds must hold the first column) skip the a_observe, and each tile's owner polls after its
       range. In interpret mode (no semaphores) every tile takes the a_observe itself.
-    epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32.
+    epilogue(ctx, acc, carry) -> (tile, {output name: (tile_m,) row vector}); acc (tile_m, tile_n) float32. For a
+      (C, M) output the value may also be a tuple of C row vectors, stored as its rows (else its row col_block).
     tile_copy: (name, fn): after the epilogue, a second (M, N) output ``name`` (a 16-bit dtype of ``outputs``) gets
       fn(ctx, carry) -> (tile_m, tile_n) float32 at the accumulator's place (e.g. from the tile inputs), staged in
       the ``store_in`` tile input's SMEM buffer and stored from there by one TMA copy before the output tile takes
@@ -921,7 +922,7 @@ class _Shape:
                 acc = mu.load(piece(h, j), layout=mu.TILE).astype(_F32)
                 if fusion.epilogue is not None:
                     acc, rows = fusion.epilogue(slice_context(ctx, h, j, tiles), acc, carries[h])
-                    rows_out = {n: rows_out[n] + v if n in rows_out else v for n, v in rows.items()}
+                    rows_out = {n: _add_rows(rows_out[n], v) if n in rows_out else v for n, v in rows.items()}
                 piece(h, j)[...] = acc.astype(u_smem.dtype)
             for n, vec in rows_out.items():
                 _store_rows(vec, named_out[n], ctx)
@@ -1123,9 +1124,22 @@ def _sum_row_parts(parts_gmem, semaphores, ctx: TileContext, signalled: bool = F
     return total
 
 
-def _store_rows(vec: jax.Array, out_gmem, ctx: TileContext) -> None:
+def _add_rows(total, part):
+    """The sum of two epilogue row values: (tile_m,) vectors, or tuples of them (``Fusion.epilogue``)."""
+    return tuple(map(jnp.add, total, part)) if isinstance(total, tuple) else total + part
+
+
+def _store_rows(vec, out_gmem, ctx: TileContext) -> None:
     """Stores a (tile_m,) row vector straight from registers: into an (M,) output from the first column block
-    only (every column block computes the same values), into a (C, M) output at row ctx.col_block."""
+    only (every column block computes the same values), into a (C, M) output at row ctx.col_block; a tuple of C
+    row vectors into a (C, M) output's rows."""
+    if isinstance(vec, tuple):
+        if len(out_gmem.shape) != 2 or out_gmem.shape[0] != len(vec):
+            raise ValueError(f"an epilogue's tuple of {len(vec)} row vectors needs a ({len(vec)}, M) output, got "
+                             f"shape {tuple(out_gmem.shape)}")
+        for j, row in enumerate(vec):
+            out_gmem.at[j, ctx.rows][...] = row.astype(out_gmem.dtype)
+        return
     if len(out_gmem.shape) == 1:
         @pl.when(ctx.col_block == 0)
         def _():
