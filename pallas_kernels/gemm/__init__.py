@@ -101,8 +101,9 @@ SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) that runs ping-
 # the SMs (``gemm.stream_k``: 128 blocks at 16x4096x4096); a deeper ring keeps more of b in flight.
 FEW_ROWS = 64
 _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_split="n", stream_k=4)
-# Up to 16 rows (wgmma's smallest N; decode), where the tiles above still idle most of a 64-row accumulator (39.1 µs
-# at 1x4096x14336 against cuBLAS's 30.5: rmsnorm_matmul-few_rows_matmul-h200-6465dd7.md): the product runs transposed,
+# Up to 16 rows (wgmma's smallest N; decode: 1-8 and 16), where the tiles above still idle most of a 64-row
+# accumulator (39.1 µs at 1x4096x14336 against cuBLAS's 30.5: rmsnorm_matmul-few_rows_matmul-h200-6465dd7.md): the
+# product runs transposed,
 # yᵀ (N, 16) = bᵀ @ aᵀ, b read transposed as A in tiles of 64 of its N columns (N / 64 blocks stream it, 256-deep K
 # steps) and a's rows as B (TMA fills the rows past M with zeros); y's rows are the accumulator's first M columns
 # (one row: its row sums), stored from registers as row vectors (no (N, 16) tile). norm_matmul's one-row forward
@@ -243,9 +244,11 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
 
 
 def _takes_gemv(given: bool, M: int, N: int, K: int, transpose_a: bool, accumulate_into) -> bool:
-    """Whether ``matmul`` runs the GEMV (``GEMV``): at most 16 rows read as stored, no config given, no
-    accumulate_into, and b's N columns and K rows in its tiles both ways (the product's, and dA's over N)."""
-    return (M <= GEMV.tile_n and not given and not transpose_a and accumulate_into is None
+    """Whether ``matmul`` runs the GEMV (``GEMV``): at most 16 rows read as stored, fewer than 8 or a multiple of 8
+    (TMA's 8-row tiles: the rows are B's, read transposed through tiled shared memory; 13 rows failed on the GPU:
+    "dimension 0 must have size smaller or a multiple of its tiling 8"), no config given, no accumulate_into, and b's
+    N columns and K rows in its tiles both ways (the product's, and dA's over N)."""
+    return (M <= GEMV.tile_n and (M < PARTIAL_ROWS_MULTIPLE or M % PARTIAL_ROWS_MULTIPLE == 0) and not given and not transpose_a and accumulate_into is None
             and unsupported_reason(N, GEMV.tile_n, K, GEMV) is None  # y over K, and dA over N
             and unsupported_reason(K, GEMV.tile_n, N, GEMV) is None)
 
