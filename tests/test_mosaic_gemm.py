@@ -175,8 +175,8 @@ def test_few_rows_take_64_row_tiles_split_by_stream_k_where_they_fill_half_the_s
 def test_up_to_16_rows_run_the_transposed_gemv_forward_and_for_da(transpose_b):
     """M <= 16: the product and dA are the GEMV (b's columns as the GEMM's rows, y's rows the accumulator's columns,
     stored as row vectors: no output tile), dB XLA's (M not a multiple of 8) or ours; the default tiles elsewhere (a
-    given config, 17 rows, or b's N / K off the GEMV's tiles: N = 1088 is not a multiple of dA's 256-deep K
-    steps)."""
+    given config, 17 rows or 13 (not a multiple of TMA's 8-row tiles, nor fewer), or b's N / K off the GEMV's tiles:
+    N = 1088 is not a multiple of dA's 256-deep K steps)."""
     def kernels(M, K, N, **kwargs):
         args = (S((M, K), jnp.bfloat16), S((N, K) if transpose_b else (K, N), jnp.bfloat16), S((M, N), jnp.bfloat16))
         fn = lambda a, b: matmul(a, b, transpose_b=transpose_b, **kwargs)  # noqa: E731
@@ -189,6 +189,7 @@ def test_up_to_16_rows_run_the_transposed_gemv_forward_and_for_da(transpose_b):
     assert kernels(1, 1024, 1088) == ["mosaic_matmul", "mosaic_matmul_da"]
     assert kernels(1, 1024, 2048, config=dict(tile_k=64)) == ["mosaic_matmul", "mosaic_matmul_da"]
     assert kernels(17, 1024, 2048) == ["mosaic_matmul", "mosaic_matmul_da"]
+    assert kernels(13, 1024, 2048) == ["mosaic_matmul", "mosaic_matmul_da"]  # (B's rows: fewer than 8 or whole 8s)
 
 
 @cpu_only
@@ -221,8 +222,7 @@ def test_gemv_in_interpret_mode(M):
                                      (5, 4096, 4096), (48, 4096, 1024)])
 def test_matmul_rows_past_its_tiles_on_the_gpu(M, K, N):
     """The default configs (forward, dA and dB each its own), rows the tiles do not divide, against float32; the
-    few-row ones: 48 on 64-row tiles split by stream-K, up to 16 on the transposed GEMV (13 rows of 512x512: K
-    off its 256-deep steps' multiple for dA, the 64-row tiles)."""
+    few-row ones: 13 and 48 on 64-row tiles split by stream-K, 1, 5 and 16 on the transposed GEMV."""
     _check_product(M, K, N, jnp.bfloat16)
     _check_product(M, K, N, jnp.bfloat16, transpose_b=True)
     _check_grads(M, K, N, jnp.bfloat16)

@@ -248,7 +248,8 @@ def _takes_gemv(given: bool, M: int, N: int, K: int, transpose_a: bool, accumula
     (TMA's 8-row tiles: the rows are B's, read transposed through tiled shared memory; 13 rows failed on the GPU:
     "dimension 0 must have size smaller or a multiple of its tiling 8"), no config given, no accumulate_into, and b's
     N columns and K rows in its tiles both ways (the product's, and dA's over N)."""
-    return (M <= GEMV.tile_n and (M < PARTIAL_ROWS_MULTIPLE or M % PARTIAL_ROWS_MULTIPLE == 0) and not given and not transpose_a and accumulate_into is None
+    return (M <= GEMV.tile_n and (M < PARTIAL_ROWS_MULTIPLE or M % PARTIAL_ROWS_MULTIPLE == 0)
+            and not given and not transpose_a and accumulate_into is None
             and unsupported_reason(N, GEMV.tile_n, K, GEMV) is None  # y over K, and dA over N
             and unsupported_reason(K, GEMV.tile_n, N, GEMV) is None)
 
