@@ -5,9 +5,9 @@ GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
         [--transpose_a] [--transpose_b]
 
 Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
-(the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one, and
-``AUTO_VARIANTS`` of it), and
-``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked against cuBLAS's first
+(the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one except at
+1-8 and 16 rows, where it runs its GEMV (``gemm.GEMV``: time that with the suite's pallas_mosaic_matmul_alone), and
+``AUTO_VARIANTS`` of it), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked against cuBLAS's first
 (relative max difference). ``--transpose_a``: x given as (K, M), read transposed (the rmsnorm_matmul dw kernel's
 A, x); cuBLAS then computes xᵀ @ w. ``--transpose_b``: w given as (N, K), read transposed
 (the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Rows need not fill the tiles (x read as
