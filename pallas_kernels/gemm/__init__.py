@@ -103,14 +103,14 @@ FEW_ROWS = 64
 _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_split="n", stream_k=4)
 # Up to 16 rows (wgmma's smallest N; decode: 1-8 and 16), where the tiles above still idle most of a 64-row
 # accumulator (39.1 µs at 1x4096x14336 against cuBLAS's 30.5: rmsnorm_matmul-few_rows_matmul-h200-6465dd7.md): the
-# product runs transposed,
-# yᵀ (N, 16) = bᵀ @ aᵀ, b read transposed as A in tiles of 64 of its N columns (N / 64 blocks stream it, 256-deep K
-# steps) and a's rows as B (TMA fills the rows past M with zeros); y's rows are the accumulator's first M columns
-# (one row: its row sums), stored from registers as row vectors (no (N, 16) tile). norm_matmul's one-row forward
-# measured these tiles (``norm_matmul.config.ONE_ROW_FORWARD``). dA runs the same way (one row, forward + backward
-# 140.6 / 47.8 / 50.3 µs at 1x4096x14336 / 1x4096x4096 / 1x2048x8192, where dA on the few-row tiles took 145.5 /
-# 51.8 / 53.9, XLA's baseline within 0.2 in both calls: rmsnorm_matmul-one_row_matmul-h200-{a7822d7,8075bb5}.json);
-# dB is XLA's where M is not a multiple of 8 (an outer product at one row).
+# product runs transposed, yᵀ (N, 16) = bᵀ @ aᵀ, b read transposed as A in tiles of 64 of its N columns (N / 64
+# blocks stream it, 256-deep K steps) and a's rows as B (TMA fills the rows past M with zeros); y's rows are the
+# accumulator's first M columns (one row: its row sums), stored from registers as row vectors (no (N, 16) tile).
+# norm_matmul's one-row forward measured these tiles (``norm_matmul.config.ONE_ROW_FORWARD``). dA runs the same way
+# (one row, forward + backward 140.6 / 47.8 / 50.3 µs at 1x4096x14336 / 1x4096x4096 / 1x2048x8192, where dA on the
+# few-row tiles took 145.5 / 51.8 / 53.9, XLA's baseline within 0.2 in both calls:
+# rmsnorm_matmul-one_row_matmul-h200-{a7822d7,8075bb5}.json); dB is XLA's where M is not a multiple of 8 (an outer
+# product at one row).
 GEMV = MosaicGemmConfig(tile_m=64, tile_n=16, tile_k=256, num_stages=4, schedule="pingpong", epilogue_store="end",
                         delay_release=1, epi_tile_n=16)
 
@@ -219,7 +219,7 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
     given = config is not None  # else each gradient GEMM takes the default of its own shape
     partial_rows = not transpose_a and accumulate_into is None  # (gemm's: A's rows are TMA's outer axis)
     if _takes_gemv(given, M, N, K, transpose_a, accumulate_into):
-        config, reason = GEMV, None  # (one row: the transposed GEMV)
+        config, reason = GEMV, None  # (1-8 or 16 rows: the transposed GEMV)
     else:
         config = backends.resolve_config(config, MosaicGemmConfig, lambda: default_config(
             M, N, K, a.dtype, accumulate_dtype=None if accumulate_into is None else out_dtype, out_dtype=out_dtype,
