@@ -183,11 +183,12 @@ def test_up_to_16_rows_run_the_transposed_gemv_forward_and_for_da(transpose_b):
         program = lambda a, b, g: (fn(a, b), jax.vjp(fn, a, b)[1](g))  # noqa: E731
         with backends.lowering_for_gpu():
             return sorted(k.name for k in mosaic_ir.lower_kernels(program, *args))
-    assert kernels(1, 4096, 14336) == ["mosaic_matmul_da_gemv", "mosaic_matmul_gemv"]
-    assert kernels(3, 1024, 2048) == ["mosaic_matmul_da_gemv", "mosaic_matmul_gemv"]
+    assert kernels(1, 4096, 14336) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
+    assert kernels(3, 1024, 2048) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
     assert kernels(16, 1024, 2048) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
-    assert kernels(1, 1024, 1088) == ["mosaic_matmul", "mosaic_matmul_da"]
-    assert kernels(1, 1024, 2048, config=dict(tile_k=64)) == ["mosaic_matmul", "mosaic_matmul_da"]
+    assert kernels(1, 1024, 1088) == ["mosaic_matmul", "mosaic_matmul_da", "mosaic_matmul_db"]
+    assert kernels(1, 1024, 2048, config=dict(tile_k=64)) == ["mosaic_matmul", "mosaic_matmul_da",
+                                                              "mosaic_matmul_db"]
     assert kernels(17, 1024, 2048) == ["mosaic_matmul", "mosaic_matmul_da"]
     assert kernels(13, 1024, 2048) == ["mosaic_matmul", "mosaic_matmul_da"]  # (B's rows: fewer than 8 or whole 8s)
 

@@ -6,7 +6,7 @@ GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
 
 Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
 (the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one except at
-1-8 and 16 rows, where it runs its GEMV (``gemm.GEMV``: time that with the suite's pallas_mosaic_matmul_alone), and
+1-8 and 16 rows, where it runs its GEMV: the ``GEMV_CONFIGS``, named "gemv*", time ``gemm.gemv``), and
 ``AUTO_VARIANTS`` of it), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked against cuBLAS's first
 (relative max difference). ``--transpose_a``: x given as (K, M), read transposed (the rmsnorm_matmul dw kernel's
 A, x); cuBLAS then computes xᵀ @ w. ``--transpose_b``: w given as (N, K), read transposed
@@ -28,7 +28,7 @@ import numpy as np
 
 from attention_fused_bwd import results_file
 from jaxfuse import bench, costmodel
-from pallas_kernels.gemm import MosaicGemmConfig, default_config, matmul, unsupported_reason
+from pallas_kernels.gemm import GEMV, MosaicGemmConfig, default_config, gemv, matmul, unsupported_reason
 from pallas_kernels.gemm.config import PARTIAL_ROWS_MULTIPLE
 
 BASE = MosaicGemmConfig()
@@ -134,6 +134,22 @@ CONFIGS.update({f"{name}_mw1": dataclasses.replace(CONFIGS[name], memory_warps=1
 CONFIGS.update({f"few_64x{n}n_s{s}{'_sk4' if sk else ''}": dataclasses.replace(
     BASE, tile_m=64, tile_n=n, wg_split="n", num_stages=s, stream_k=sk, memory_warps=1 if sk == 0 else 4)
     for n, s, sk in ((64, 4, 4), (64, 6, 4), (64, 8, 4), (128, 4, 4), (64, 6, 0))})
+# the GEMV (``gemm.gemv``, what ``matmul`` runs at 1-8 and 16 rows): yᵀ = wᵀ @ xᵀ, N / 64 tiles of 64 of w's columns
+# ("gemv": ``gemm.GEMV``, ping-pong: each block's two warpgroups take a tile each), or 128 of them per block (the
+# warpgroups stacked) with each tile's K loop split over up to 4 blocks by stream-K where the tiles leave SMs idle
+GEMV_CONFIGS = {"gemv": GEMV, "gemv_pp_k128_s8": dataclasses.replace(GEMV, tile_k=128, num_stages=8)}
+GEMV_CONFIGS.update({f"gemv_sk4_k{k}_s{s}": dataclasses.replace(
+    GEMV, tile_k=k, num_stages=s, schedule="cooperative", wg_split="m", stream_k=4)
+    for k, s in ((64, 8), (128, 4), (128, 6), (256, 3))})
+# a short contraction (matmul's dB at 16 rows, ``--transpose_a`` and K = 16): one 16-deep K step, not a 64-deep one
+# past K; the output's stores are the work
+# (not in the default --configs)
+DEPTH16 = {f"depth16_{name}": dataclasses.replace(cfg, tile_k=16, num_stages=2) for name, cfg in (
+    ("64x256_m", dataclasses.replace(BASE, tile_m=64, tile_n=256, wg_split="m")), ("128x128_n", BASE),
+    ("128x64_n", dataclasses.replace(BASE, tile_n=64)),
+    ("pingpong_128x128", dataclasses.replace(BASE, schedule="pingpong")),
+    ("pingpong_64x256", dataclasses.replace(BASE, schedule="pingpong", tile_m=64, tile_n=256)))}
+CONFIGS.update(DEPTH16)
 # "auto" and its variants: ``default_config`` of each shape (what ``matmul`` takes), with these fields replaced
 AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0),
                  # the output stored at the tile's end, or its left half there and its right half under the next
@@ -162,13 +178,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", type=bench.shapes_arg("MxKxN"), default=SHAPES)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(name for name in CONFIGS if name not in DEPTH16))
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--transpose_a", action="store_true", help="x given as (K, M), read transposed")
     parser.add_argument("--transpose_b", action="store_true", help="w given as (N, K), read transposed")
     args = parser.parse_args()
     result, save, path = results_file(args.out, "mosaic_gemm_tiles")
-    result["configs"] = {name: CONFIGS[name].to_dict() for name in args.configs.split(",") if name in CONFIGS}
+    result["configs"] = {name: {**CONFIGS, **GEMV_CONFIGS}[name].to_dict() for name in args.configs.split(",")
+                         if name in CONFIGS or name in GEMV_CONFIGS}
     result["transpose_a"], result["transpose_b"] = args.transpose_a, args.transpose_b
     dev = costmodel.detect()
     for M, K, N in args.shapes:
@@ -183,6 +200,15 @@ def main() -> int:
                                                         preferred_element_type=jnp.bfloat16))}
         row = dict(shape=shape, skipped={}, max_rel_diff={})
         for name in args.configs.split(","):
+            if name in GEMV_CONFIGS:
+                cfg = GEMV_CONFIGS[name]
+                reason = ("the GEMV takes x as stored, at most 16 rows" if ta or M > cfg.tile_n
+                          else unsupported_reason(N, cfg.tile_n, K, cfg))
+                if reason:
+                    row["skipped"][name] = reason
+                else:
+                    calls[name] = jax.jit(lambda x, w, cfg=cfg: gemv(x, w, b_columns_major=t, config=cfg))
+                continue
             cfg = CONFIGS[name] if name in CONFIGS else dataclasses.replace(
                 default_config(M, N, K, partial_rows=rows_past), **AUTO_VARIANTS[name])
             if name in AUTO_VARIANTS:

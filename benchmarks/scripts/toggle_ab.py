@@ -1,5 +1,5 @@
-r"""A/B of a module-level switch of the Mosaic rmsnorm_matmul kernels: the suite's forward + backward program with
-the switch False, then True, each compiled once and timed interleaved (CUPTI medians), with the largest output
+r"""A/B of a module-level switch of the Mosaic rmsnorm_matmul kernels (``--op matmul``: of the plain core,
+``pallas_kernels.gemm.matmul``): the suite's forward + backward program with the switch False, then True, each compiled once and timed interleaved (CUPTI medians), with the largest output
 difference between the two (NaN when any output's is: ``bench.max_difference``).
 
     PYTHONPATH=$PWD python benchmarks/scripts/toggle_ab.py --out $OUT \
@@ -40,6 +40,7 @@ from attention_fused_bwd import results_file
 from jaxfuse import bench, costmodel
 from jaxfuse.suites import rmsnorm_matmul as suite
 from jaxfuse.suites.runner import input_sets
+from pallas_kernels.gemm import matmul
 from pallas_kernels.norm_matmul import rmsnorm_matmul
 from rmsnorm_matmul_configs import VARIANTS, combined, variant_config
 
@@ -47,6 +48,13 @@ from rmsnorm_matmul_configs import VARIANTS, combined, variant_config
 def _program(x, gamma, w, dy, config=None):
     y, vjp = jax.vjp(lambda x, gamma, w: rmsnorm_matmul(x, gamma, w, backend="mosaic", block_sizes=config),
                      x, gamma, w)
+    return y, vjp(dy)
+
+
+def _matmul_program(x, gamma, w, dy, config=None):
+    """(``--op matmul``) The plain core's x @ w and its gradients, default configs (gamma and config unused)."""
+    del gamma, config
+    y, vjp = jax.vjp(matmul, x, w)
     return y, vjp(dy)
 
 
@@ -59,7 +67,10 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--variant", default="default", help="a variant of rmsnorm_matmul_configs (\"a+b\" "
                         "combines them) on both sides; default: this device's tuned config")
+    parser.add_argument("--op", choices=("rmsnorm_matmul", "matmul"), default="rmsnorm_matmul",
+                        help="matmul: the plain core's product and gradients (pallas_kernels.gemm.matmul)")
     args = parser.parse_args()
+    program = _program if args.op == "rmsnorm_matmul" else _matmul_program
     if not set(args.variant.split("+")) <= set(VARIANTS):
         parser.error(f"--variant: {args.variant!r} is not a variant of rmsnorm_matmul_configs (or a+b of them)")
     switches = []  # (module, attribute name)
@@ -73,7 +84,7 @@ def main() -> int:
             parser.error(f"--switch: {switch!r} is not a bool of that module (at this commit)")
         switches.append((module, name))
     result, save, path = results_file(args.out, "toggle_ab")
-    result.update(switch=args.switch, variant=args.variant)
+    result.update(switch=args.switch, variant=args.variant, op=args.op)
     dev = costmodel.detect()
     for M, K, N in args.shapes:
         sets = input_sets(suite.SPEC, suite.SPEC.shape(f"{M}x{K}x{N}"), dev)
@@ -84,7 +95,7 @@ def main() -> int:
                 setattr(module, name, value)
             jax.clear_caches()  # (the kernels are built at trace time)
             config = variant_config(M, K, N, combined(args.variant))  # (a switch may change the config chosen)
-            compiled[value] = jax.jit(functools.partial(_program, config=config)).lower(*operands).compile()
+            compiled[value] = jax.jit(functools.partial(program, config=config)).lower(*operands).compile()
         outs = {value: jax.tree.leaves(fn(*operands)) for value, fn in compiled.items()}
         diff = bench.max_difference(zip(outs[False], outs[True]))
         off, on = bench.time_interleaved([(compiled[False], sets), (compiled[True], sets)],

@@ -31,7 +31,7 @@ from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, ge
 from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason
 
 __all__ = ["CANDIDATES", "FEW_ROWS", "GEMV", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion",
-           "MosaicGemmConfig", "TileContext", "default_config", "gemm", "matmul", "pick_config", "smem_bytes",
+           "MosaicGemmConfig", "TileContext", "default_config", "gemm", "gemv", "matmul", "pick_config", "smem_bytes",
            "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -254,12 +254,15 @@ def _takes_gemv(given: bool, M: int, N: int, K: int, transpose_a: bool, accumula
             and unsupported_reason(K, GEMV.tile_n, N, GEMV) is None)
 
 
-def _gemv(rows, b, *, b_columns_major: bool, out_dtype, name: str) -> jax.Array:
-    """rows (M, K) @ B (K, N) -> (M, N), M <= 16, run transposed: yᵀ = Bᵀ @ rowsᵀ, B's N columns as the GEMM's rows
-    (A), the rows as its 16 columns (TMA zero-fills those past M: B read transposed); y's row j is the accumulator's
-    column j (one row: its row sums, the other columns being zeros). ``b_columns_major``: b is given as (N, K) (Bᵀ
-    as stored), else (K, N)."""
+def gemv(rows, b, *, b_columns_major: bool = False, out_dtype=None, name: str = "mosaic_gemv",
+         config: MosaicGemmConfig = GEMV) -> jax.Array:
+    """rows (M, K) @ B (K, N) -> (M, N) in out_dtype (default rows'), M <= 16 (1-8 or 16), run transposed: yᵀ = Bᵀ @
+    rowsᵀ, B's N columns as the GEMM's rows (A), the rows as its 16 columns (TMA zero-fills those past M: B read
+    transposed); y's row j is the accumulator's column j (one row: its row sums, the other columns being zeros).
+    ``b_columns_major``: b is given as (N, K) (Bᵀ as stored), else (K, N). ``config``: tiles with tile_n 16 (the
+    rows), tile_m along N. No checks of its own and no gradient: ``matmul`` runs it (``_takes_gemv``)."""
     M, N = rows.shape[0], (b.shape[0] if b_columns_major else b.shape[1])
+    out_dtype = rows.dtype if out_dtype is None else out_dtype
 
     def columns(ctx, acc, carry):
         del ctx, carry
@@ -270,7 +273,7 @@ def _gemv(rows, b, *, b_columns_major: bool, out_dtype, name: str) -> jax.Array:
 
     fusion = Fusion(outputs=(("y", jax.ShapeDtypeStruct((M, N), out_dtype)),), store_tile=False,
                     partial_columns=True, epilogue=columns)
-    return gemm(b, rows, config=GEMV, out_dtype=rows.dtype, transpose_a=not b_columns_major, transpose_b=True,
+    return gemm(b, rows, config=config, out_dtype=rows.dtype, transpose_a=not b_columns_major, transpose_b=True,
                 fusion=fusion, name=name)[1]
 
 
@@ -278,7 +281,7 @@ def _gemv(rows, b, *, b_columns_major: bool, out_dtype, name: str) -> jax.Array:
 def _matmul(a, b, c, static):
     config, out_dtype, transpose_a, transpose_b, given, _ = static
     if config is GEMV and not given:  # (``_takes_gemv``: set by matmul itself, never a caller's config)
-        return _gemv(a, b, b_columns_major=transpose_b, out_dtype=out_dtype, name="mosaic_matmul_gemv")
+        return gemv(a, b, b_columns_major=transpose_b, out_dtype=out_dtype, name="mosaic_matmul_gemv")
     return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
                 accumulate_into=c, partial_rows=not transpose_a and c is None,
                 name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
@@ -301,6 +304,7 @@ def _matmul_bwd(static, saved, g):
 # without it 710.7 against cuBLAS's 712.2 (rmsnorm_matmul-core_grads_unpadded-h200-878f826.md; NOTES.md, fifty-sixth
 # session).
 _GRAD_N_MULTIPLE = 256
+DB_BELOW_8_OURS = True  # (A/B switch, this commit only) dB by our kernel at M < 8, one part-filled 8-row tile
 
 
 def _operand_grads(static, saved, g):
@@ -323,14 +327,14 @@ def _operand_grads(static, saved, g):
 
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
     if config is GEMV and not given:  # at most 16 rows: da (M, K) = g Bᵀ, the GEMV over B's rows
-        da = _gemv(g, b, b_columns_major=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv")
+        da = gemv(g, b, b_columns_major=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv")
     elif transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
         da = gemm(b, g, config=config_for(K, M, N), out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
                   name="mosaic_matmul_da")[0]
     else:  # (the forward's rows: its last row of tiles may run past M)
         da = gemm(g, b, config=config_for(M, K, N, partial_rows=True), out_dtype=a.dtype,
                   transpose_b=not transpose_b, partial_rows=True, name="mosaic_matmul_da")[0]
-    if M % PARTIAL_ROWS_MULTIPLE:  # db contracts over M, which our kernel steps through in TMA's 8-row tiles:
+    if M % PARTIAL_ROWS_MULTIPLE and not (DB_BELOW_8_OURS and M < PARTIAL_ROWS_MULTIPLE):  # db contracts over M, which our kernel steps through in TMA's 8-row tiles:
         # XLA's GEMM (cuBLAS) takes the rows as they are (padding a and g for ours cost a pass over each: forward
         # + backward 836.1 against 707.4 µs at 16401 and 16400 rows, x1024x5504 on the H200,
         # rmsnorm_matmul-matmul_rows-h200-9d75639.json)

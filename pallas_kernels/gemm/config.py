@@ -308,7 +308,8 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
     "none"; ``any_columns`` (B read transposed, its rows past N zero-filled, and no output tile stored), any
     positive N. ``partial_rows`` (A read as stored: ``gemm``'s ``partial_rows``): M need only be a multiple of
     PARTIAL_ROWS_MULTIPLE, the last row of tiles running past it; ``partial_k`` (A read transposed, B as stored:
-    ``gemm``'s ``partial_k``): K the same, the last K step running past it; ``any_rows`` (with partial_rows, where
+    ``gemm``'s ``partial_k``): K the same, or fewer than 8 (one 8-row tile of shared memory, part-filled: TMA takes
+    an outer axis shorter than its tile), the last K step running past it; ``any_rows`` (with partial_rows, where
     ``any_rows_reason`` is None): any positive M. ``names``: what the caller calls M, N and K."""
     whose = "a cluster's two output tiles" if config.cluster_size > 1 else "a block's output tile"
     ragged = partial_columns and config.cluster == "none"
@@ -316,7 +317,8 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
                                   (names[2], K, config.tile_k, "tile_k")):
         if size % tile and ((dim == names[0] and partial_rows) or (dim == names[2] and partial_k)):
             last = "row of tiles" if dim == names[0] else "step"
-            if size <= 0 or (size % PARTIAL_ROWS_MULTIPLE and not (any_rows and dim == names[0])):
+            if size <= 0 or (size % PARTIAL_ROWS_MULTIPLE and not (any_rows and dim == names[0])
+                             and not (dim == names[2] and size < PARTIAL_ROWS_MULTIPLE)):
                 return (f"{dim}={size} is not a positive multiple of {PARTIAL_ROWS_MULTIPLE} (TMA's 8-row tiles; "
                         f"the last {last} may run past it)")
             if config.pipeline != "own":
