@@ -19,8 +19,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from conftest import GPU_TIMEOUT
 from hlo_inspect import mosaic_ir
 from pallas_kernels import backends, mosaic_utils
-from pallas_kernels.gemm import (FEW_ROWS, GEMV, Fusion, MosaicGemmConfig, default_config, gemm, matmul, smem_bytes,
-                                  stream_k)
+from pallas_kernels.gemm import (FEW_ROWS, GEMV, GEMV_SPLIT, SHORT_DEPTH, Fusion, MosaicGemmConfig, default_config,
+                                  gemm, gemv, gemv_config, matmul, smem_bytes, stream_k)
 from pallas_kernels.gemm.config import operand_swizzle_elems
 
 ON_SM90 = mosaic_utils.is_hopper()
@@ -174,7 +174,8 @@ def test_few_rows_take_64_row_tiles_split_by_stream_k_where_they_fill_half_the_s
 @pytest.mark.parametrize("transpose_b", [False, True])
 def test_up_to_16_rows_run_the_transposed_gemv_forward_and_for_da(transpose_b):
     """M <= 16: the product and dA are the GEMV (b's columns as the GEMM's rows, y's rows the accumulator's columns,
-    stored as row vectors: no output tile), dB XLA's (M not a multiple of 8) or ours; the default tiles elsewhere (a
+    stored as row vectors: no output tile), dB XLA's (M not a multiple of 8, but one) or ours; the default tiles
+    elsewhere (a
     given config, 17 rows or 13 (not a multiple of TMA's 8-row tiles, nor fewer), or b's N / K off the GEMV's tiles:
     N = 1088 is not a multiple of dA's 256-deep K steps)."""
     def kernels(M, K, N, **kwargs):
@@ -184,7 +185,7 @@ def test_up_to_16_rows_run_the_transposed_gemv_forward_and_for_da(transpose_b):
         with backends.lowering_for_gpu():
             return sorted(k.name for k in mosaic_ir.lower_kernels(program, *args))
     assert kernels(1, 4096, 14336) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
-    assert kernels(3, 1024, 2048) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
+    assert kernels(3, 1024, 2048) == ["mosaic_matmul_da_gemv", "mosaic_matmul_gemv"]  # (dB: XLA's GEMM)
     assert kernels(16, 1024, 2048) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
     assert kernels(1, 1024, 1088) == ["mosaic_matmul", "mosaic_matmul_da", "mosaic_matmul_db"]
     assert kernels(1, 1024, 2048, config=dict(tile_k=64)) == ["mosaic_matmul", "mosaic_matmul_da",
@@ -206,6 +207,46 @@ def test_an_epilogues_tuple_of_row_vectors_needs_an_output_of_as_many_rows():
 
 
 @cpu_only
+def test_the_gemv_splits_its_k_loop_where_few_tiles_meet_a_long_k():
+    """GEMV_SPLIT (128-column tiles, stream-K) where GEMV's N / 64 tiles leave SMs idle and K >= 2 N, the forward's
+    b (K, N) or dA's (b's rows as the GEMM's N, its columns as K); it lowers both ways at 16x14336x4096."""
+    assert gemv_config(4096, 14336) is GEMV_SPLIT and gemv_config(2048, 8192) is GEMV_SPLIT
+    assert gemv_config(4096, 4096) is GEMV and gemv_config(14336, 4096) is GEMV  # (K short, or tiles enough)
+    assert gemv_config(4160, 14336) is GEMV  # (N not a multiple of the split's 128-column tiles)
+    args = (S((16, 14336), jnp.bfloat16), S((14336, 4096), jnp.bfloat16), S((16, 4096), jnp.bfloat16))
+    program = lambda a, b, g: (matmul(a, b), jax.vjp(matmul, a, b)[1](g))  # noqa: E731
+    with backends.lowering_for_gpu():
+        kernels = mosaic_ir.lower_kernels(program, *args)
+    assert sorted(k.name for k in kernels) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
+
+
+@cpu_only
+def test_contractions_of_at_most_16_take_one_16_deep_step():
+    """K <= SHORT_DEPTH (dB at up to 16 rows): one 16-deep K step, not a 64-deep one of TMA's zeros; the forward at
+    K = 16 runs too (no candidate's 64-deep steps divide it)."""
+    assert default_config(4096, 4096, 16).tile_k == SHORT_DEPTH
+    assert default_config(4096, 4096, 1, partial_k=True).tile_k == SHORT_DEPTH  # (dB at one row)
+    assert default_config(4096, 4096, 32).tile_k == 64
+    with backends.lowering_for_gpu():
+        kernels = mosaic_ir.lower_kernels(matmul, S((4096, 16), jnp.bfloat16), S((16, 4096), jnp.bfloat16))
+    assert [k.name for k in kernels] == ["mosaic_matmul"]
+
+
+@cpu_only
+@pytest.mark.slow
+def test_the_split_gemv_in_interpret_mode():
+    """GEMV_SPLIT's stacked tiles (tile by tile in interpret mode: no semaphores) at 5 rows, b both ways."""
+    a, b = _operands(5, 512, 256, jnp.bfloat16)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        for b_columns_major in (False, True):
+            got = jax.jit(lambda a, b: gemv(a, b.T if b_columns_major else b, b_columns_major=b_columns_major,
+                                            config=GEMV_SPLIT))(a, b)
+            assert got.shape == (5, 256) and got.dtype == jnp.bfloat16
+            err = _rel_err(got, _f32_product(a, b))
+            assert err <= _tol(jnp.bfloat16, 512), err  # NaN fails
+
+
+@cpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("M", [1, 5, 16])
 def test_gemv_in_interpret_mode(M):
@@ -220,10 +261,13 @@ def test_gemv_in_interpret_mode(M):
 @gpu_only
 @pytest.mark.parametrize("M, K, N", [(1001, 1024, 2048), (4099, 2048, 1024), (1000, 4096, 4096), (13, 512, 512),
                                      (64, 512, 512), (1, 4096, 4096), (1, 4096, 14336), (16, 2048, 4096),
-                                     (5, 4096, 4096), (48, 4096, 1024)])
+                                     (5, 4096, 4096), (48, 4096, 1024), (16, 14336, 4096), (8, 8192, 2048),
+                                     (2, 4096, 4096)])
 def test_matmul_rows_past_its_tiles_on_the_gpu(M, K, N):
     """The default configs (forward, dA and dB each its own), rows the tiles do not divide, against float32; the
-    few-row ones: 13 and 48 on 64-row tiles split by stream-K, 1, 5 and 16 on the transposed GEMV."""
+    few-row ones: 13 and 48 on 64-row tiles split by stream-K, 1, 2, 5, 8 and 16 on the transposed GEMV (split by
+    stream-K at 16x14336x4096 and 8x8192x2048 forward, 1x4096x14336 dA), dB at 1, 8 and 16 rows one 16-deep
+    step."""
     _check_product(M, K, N, jnp.bfloat16)
     _check_product(M, K, N, jnp.bfloat16, transpose_b=True)
     _check_grads(M, K, N, jnp.bfloat16)
@@ -562,7 +606,7 @@ def _check_grads(M, K, N, dtype, config=None):
 
 @gpu_only
 @pytest.mark.parametrize("M, K, N, dtype", [(4096, 4096, 4096, jnp.bfloat16), (1280, 640, 384, jnp.bfloat16),
-                                            (384, 4160, 1152, jnp.float16)])
+                                            (384, 4160, 1152, jnp.float16), (4096, 16, 2048, jnp.bfloat16)])
 def test_product_on_the_gpu(M, K, N, dtype):
     _check_product(M, K, N, dtype)
 

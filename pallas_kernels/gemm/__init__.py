@@ -30,9 +30,9 @@ from pallas_kernels import backends, mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason
 
-__all__ = ["CANDIDATES", "FEW_ROWS", "GEMV", "PLAIN_EPILOGUE_STORE", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion",
-           "MosaicGemmConfig", "TileContext", "default_config", "gemm", "gemv", "matmul", "pick_config", "smem_bytes",
-           "unsupported_reason"]
+__all__ = ["CANDIDATES", "FEW_ROWS", "GEMV", "GEMV_SPLIT", "PLAIN_EPILOGUE_STORE", "SHORT_DEPTH", "SHORT_K",
+           "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "gemv",
+           "gemv_config", "matmul", "pick_config", "smem_bytes", "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OUT_DTYPES = (*_OPERAND_DTYPES, jnp.dtype(jnp.float32))
@@ -113,6 +113,21 @@ _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_s
 # product at one row).
 GEMV = MosaicGemmConfig(tile_m=64, tile_n=16, tile_k=256, num_stages=4, schedule="pingpong", epilogue_store="end",
                         delay_release=1, epi_tile_n=16)
+# The GEMV where its N / 64 tiles leave SMs idle beside a long K loop (K >= 2 N): 128 of b's columns per block, the
+# warpgroups stacked, each tile's K loop split over up to 4 blocks by stream-K. Against cuBLAS, inputs rotated past
+# the L2 (``benchmarks/scripts/mosaic_gemm_tiles.py --configs gemv,gemv_sk4_k64_s8,...``,
+# mosaic_gemm_tiles_gemv-h200-6d21fe0.json, µs): 16x8192x2048 18.9 → 14.6 (cuBLAS 11.1); dA's form (b as stored,
+# --transpose_b, mosaic_gemm_tiles_gemv_da-h200-6d21fe0.json) 16x14336x4096 33.9 → 31.9 (30.8), 1x14336x4096 35.8 →
+# 30.2 (29.9). Where K is as long as N, the
+# split's partial sums cost more than the idle SMs: 16x4096x4096 11.8 → 14.0 (11.3), 1x4096x4096 12.3 → 12.6 (11.1).
+GEMV_SPLIT = dataclasses.replace(GEMV, tile_k=64, num_stages=8, schedule="cooperative", wg_split="m", stream_k=4)
+# A contraction of at most 16 (``matmul``'s dB at up to 16 rows, --transpose_a; K = 16 here): one 16-deep step,
+# where 64-deep candidates ran one step mostly of TMA's zeros. The output's stores are the work. µs against cuBLAS
+# (mosaic_gemm_tiles_depth16-h200-6d21fe0.json): 4096x16x4096 10.4 (10.1), 4096x16x14336 35.1 (34.4),
+# 14336x16x4096 33.9 (30.5); the 64-deep tiles took 11.97 and 37.39 for dB at 16x4096x4096 and 16x4096x14336
+# (rmsnorm_matmul-gemv16_matmul-h200-b51cd3a.json). Cooperative 128x128 and ping-pong tiles were no faster.
+SHORT_DEPTH = 16
+_SHORT_DEPTH = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=16, num_stages=2, wg_split="m")
 
 
 def pick_config(M: int, N: int, K: int, candidates=CANDIDATES, *, partial_columns: bool = False,
@@ -144,7 +159,11 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer.
     ``partial_rows`` / ``partial_k`` (``gemm``'s, without accumulate_dtype): tiles whose last row or K step may run
     past M or K; a float32 ``out_dtype`` (default dtype) at M not a multiple of 8 then stores 32-column pieces, one
-    swizzled row each (``config.any_rows_reason``). At M <= FEW_ROWS, 64-row tiles split by stream-K first."""
+    swizzled row each (``config.any_rows_reason``). At M <= FEW_ROWS, 64-row tiles split by stream-K first; at K
+    <= SHORT_DEPTH, one 16-deep step (``_SHORT_DEPTH``) where its tiles take the shape."""
+    if accumulate_dtype is None and K <= SHORT_DEPTH and unsupported_reason(
+            M, N, K, _SHORT_DEPTH, partial_columns=True, partial_rows=partial_rows, partial_k=partial_k) is None:
+        return _SHORT_DEPTH  # (as measured: whole tiles, its output stored at each tile's end)
     if accumulate_dtype is None:
         any_rows = partial_rows and M % PARTIAL_ROWS_MULTIPLE != 0
         candidates = (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES
@@ -243,6 +262,15 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
                                            accumulate_into is not None))
 
 
+def gemv_config(N: int, K: int) -> MosaicGemmConfig:
+    """The GEMV's tiles for b's N columns over K: ``GEMV_SPLIT`` where GEMV's N / 64 tiles leave SMs idle and
+    K >= 2 N (and its 128-column tiles take N), else ``GEMV``."""
+    if (N // GEMV.cta_m < mu.num_sms() and K >= 2 * N
+            and unsupported_reason(N, GEMV_SPLIT.tile_n, K, GEMV_SPLIT) is None):
+        return GEMV_SPLIT
+    return GEMV
+
+
 def _takes_gemv(given: bool, M: int, N: int, K: int, transpose_a: bool, accumulate_into) -> bool:
     """Whether ``matmul`` runs the GEMV (``GEMV``): at most 16 rows read as stored, fewer than 8 or a multiple of 8
     (TMA's 8-row tiles: the rows are B's, read transposed through tiled shared memory; 13 rows failed on the GPU:
@@ -281,7 +309,9 @@ def gemv(rows, b, *, b_columns_major: bool = False, out_dtype=None, name: str = 
 def _matmul(a, b, c, static):
     config, out_dtype, transpose_a, transpose_b, given, _ = static
     if config is GEMV and not given:  # (``_takes_gemv``: set by matmul itself, never a caller's config)
-        return gemv(a, b, b_columns_major=transpose_b, out_dtype=out_dtype, name="mosaic_matmul_gemv")
+        N, K = (b.shape if transpose_b else b.shape[::-1])
+        return gemv(a, b, b_columns_major=transpose_b, out_dtype=out_dtype, name="mosaic_matmul_gemv",
+                    config=gemv_config(N, K))
     return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
                 accumulate_into=c, partial_rows=not transpose_a and c is None,
                 name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
@@ -304,7 +334,6 @@ def _matmul_bwd(static, saved, g):
 # without it 710.7 against cuBLAS's 712.2 (rmsnorm_matmul-core_grads_unpadded-h200-878f826.md; NOTES.md, fifty-sixth
 # session).
 _GRAD_N_MULTIPLE = 256
-DB_BELOW_8_OURS = True  # (A/B switch, this commit only) dB by our kernel at M < 8, one part-filled 8-row tile
 
 
 def _operand_grads(static, saved, g):
@@ -327,17 +356,21 @@ def _operand_grads(static, saved, g):
 
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
     if config is GEMV and not given:  # at most 16 rows: da (M, K) = g Bᵀ, the GEMV over B's rows
-        da = gemv(g, b, b_columns_major=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv")
+        da = gemv(g, b, b_columns_major=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv",
+                  config=gemv_config(K, N))
     elif transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
         da = gemm(b, g, config=config_for(K, M, N), out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
                   name="mosaic_matmul_da")[0]
     else:  # (the forward's rows: its last row of tiles may run past M)
         da = gemm(g, b, config=config_for(M, K, N, partial_rows=True), out_dtype=a.dtype,
                   transpose_b=not transpose_b, partial_rows=True, name="mosaic_matmul_da")[0]
-    if M % PARTIAL_ROWS_MULTIPLE and not (DB_BELOW_8_OURS and M < PARTIAL_ROWS_MULTIPLE):  # db contracts over M, which our kernel steps through in TMA's 8-row tiles:
-        # XLA's GEMM (cuBLAS) takes the rows as they are (padding a and g for ours cost a pass over each: forward
-        # + backward 836.1 against 707.4 µs at 16401 and 16400 rows, x1024x5504 on the H200,
-        # rmsnorm_matmul-matmul_rows-h200-9d75639.json)
+    if M % PARTIAL_ROWS_MULTIPLE and M > 1:  # db contracts over M, which our kernel steps through in TMA's 8-row
+        # tiles: XLA's GEMM (cuBLAS) takes the rows as they are (padding a and g for ours cost a pass over each:
+        # forward + backward 836.1 against 707.4 µs at 16401 and 16400 rows, x1024x5504 on the H200,
+        # rmsnorm_matmul-matmul_rows-h200-9d75639.json). Below 8 rows one 8-row tile takes them, part-filled: at
+        # one row XLA's dot is an outer product by a loop fusion (70.5 µs at 1x4096x14336, ours 39.0: forward +
+        # backward 140.4 → 108.6), but at 4 and 7 rows its GEMM wins (104.6 → 107.5 at 4x4096x14336, 35.6 → 39.6
+        # at 7x4096x4096; toggle_ab_matmul_db_below_8-h200-6d21fe0.json, 64-deep steps then)
         db = lax.dot_general(g, a, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32) if transpose_b \
             else lax.dot_general(a, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
         return da, db.astype(b.dtype)
