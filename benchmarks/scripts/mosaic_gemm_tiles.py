@@ -134,6 +134,13 @@ CONFIGS.update({f"{name}_mw1": dataclasses.replace(CONFIGS[name], memory_warps=1
 CONFIGS.update({f"few_64x{n}n_s{s}{'_sk4' if sk else ''}": dataclasses.replace(
     BASE, tile_m=64, tile_n=n, wg_split="n", num_stages=s, stream_k=sk, memory_warps=1 if sk == 0 else 4)
     for n, s, sk in ((64, 4, 4), (64, 6, 4), (64, 8, 4), (128, 4, 4), (64, 6, 0))})
+# few rows on narrow ping-pong tiles: 64-row accumulators (the rows past M TMA's zeros) 32 or 64 columns wide, so
+# that N / 32 tiles give most SMs a slice of b without stream-K (the transposed GEMV's tiles are 64 of b's columns)
+CONFIGS.update({f"few_pp_64x{n}_k{k}_s{s}": dataclasses.replace(
+    BASE, tile_m=64, tile_n=n, tile_k=k, num_stages=s, schedule="pingpong", epi_tile_n=n, delay_release=1,
+    memory_warps=1) for n, k, s in ((32, 128, 8), (32, 256, 4), (64, 128, 6))})
+CONFIGS["few_64x32n_k128_s6_sk2"] = dataclasses.replace(BASE, tile_m=64, tile_n=32, tile_k=128, num_stages=6,
+                                                         epi_tile_n=32, stream_k=2)
 # the GEMV (``gemm.gemv``, what ``matmul`` runs at 1-8 and 16 rows): yᵀ = wᵀ @ xᵀ, N / 64 tiles of 64 of w's columns
 # ("gemv": ``gemm.GEMV``, ping-pong: each block's two warpgroups take a tile each), or 128 of them per block (the
 # warpgroups stacked) with each tile's K loop split over up to 4 blocks by stream-K where the tiles leave SMs idle
@@ -141,6 +148,7 @@ GEMV_CONFIGS = {"gemv": GEMV, "gemv_pp_k128_s8": dataclasses.replace(GEMV, tile_
 GEMV_CONFIGS.update({f"gemv_sk4_k{k}_s{s}": dataclasses.replace(
     GEMV, tile_k=k, num_stages=s, schedule="cooperative", wg_split="m", stream_k=4)
     for k, s in ((64, 8), (128, 4), (128, 6), (256, 3))})
+GEMV_CONFIGS["gemv_sk8_k64_s8"] = dataclasses.replace(GEMV_CONFIGS["gemv_sk4_k64_s8"], stream_k=8)
 # a short contraction (matmul's dB at 16 rows, ``--transpose_a`` and K = 16): one 16-deep K step, not a 64-deep one
 # past K; the output's stores are the work
 # (not in the default --configs)
