@@ -273,6 +273,22 @@ def test_matmul_rows_past_its_tiles_on_the_gpu(M, K, N):
     _check_grads(M, K, N, jnp.bfloat16)
 
 
+@gpu_only
+@pytest.mark.parametrize("M, K, N, dtype, out_dtype", [
+    (16, 4096, 4096, jnp.float16, jnp.float16), (5, 2048, 4096, jnp.bfloat16, jnp.float32),
+    (16, 14336, 4096, jnp.float16, jnp.float32), (1, 4096, 2048, jnp.float16, jnp.float16)])
+def test_the_gemv_in_float16_and_into_float32_on_the_gpu(M, K, N, dtype, out_dtype):
+    """The GEMV (split by stream-K at 16x14336x4096) in float16, and its product stored in float32, against
+    float32; with dA and dB in float16."""
+    a, b = _operands(M, K, N, dtype)
+    got = jax.jit(lambda a, b: matmul(a, b, out_dtype=out_dtype))(a, b)
+    assert got.shape == (M, N) and got.dtype == out_dtype
+    err = _rel_err(got, _f32_product(a, b))
+    assert err <= _tol(dtype, K), err  # NaN fails
+    if dtype == jnp.float16:
+        _check_grads(M, K, N, dtype)
+
+
 @pytest.mark.parametrize("a, b, message", [
     (S((128, 64), jnp.float32), S((64, 128), jnp.float32), "a: dtype float32 not supported"),
     (S((128, 64), jnp.bfloat16), S((64, 128), jnp.float16), "b: dtype float16 must equal a's dtype bfloat16"),

@@ -118,8 +118,12 @@ GEMV = MosaicGemmConfig(tile_m=64, tile_n=16, tile_k=256, num_stages=4, schedule
 # the L2 (``benchmarks/scripts/mosaic_gemm_tiles.py --configs gemv,gemv_sk4_k64_s8,...``,
 # mosaic_gemm_tiles_gemv-h200-6d21fe0.json, µs): 16x8192x2048 18.9 → 14.6 (cuBLAS 11.1); dA's form (b as stored,
 # --transpose_b, mosaic_gemm_tiles_gemv_da-h200-6d21fe0.json) 16x14336x4096 33.9 → 31.9 (30.8), 1x14336x4096 35.8 →
-# 30.2 (29.9). Where K is as long as N, the
-# split's partial sums cost more than the idle SMs: 16x4096x4096 11.8 → 14.0 (11.3), 1x4096x4096 12.3 → 12.6 (11.1).
+# 30.2 (29.9). Where K is as long as N, the split's partial sums cost more than the idle SMs: 16x4096x4096 11.8 →
+# 14.0 (11.3), 1x4096x4096 12.3 → 12.6 (11.1). Again with 8 blocks a tile, and the forward at 16x14336x4096
+# (mosaic_gemm_tiles_gemv_narrow-h200-9e75a55.json): GEMV / split over 4 / over 8 (cuBLAS) 37.6 / 31.3 / 32.6
+# (30.3) there, 18.1 / 15.7 / 16.1 (11.4) at 16x8192x2048, 13.5 / 14.5 / 13.8 (11.6) at 16x4096x4096. Narrow tiles
+# the other way round (64 rows, most of them TMA's zeros, 32 or 64 columns, ping-pong or split by stream-K: N / 32
+# tiles fill the SMs without partial sums) ran 0.38-0.98x cuBLAS in the same call.
 GEMV_SPLIT = dataclasses.replace(GEMV, tile_k=64, num_stages=8, schedule="cooperative", wg_split="m", stream_k=4)
 # A contraction of at most 16 (``matmul``'s dB at up to 16 rows, --transpose_a; K = 16 here): one 16-deep step,
 # where 64-deep candidates ran one step mostly of TMA's zeros. The output's stores are the work. µs against cuBLAS
