@@ -7,8 +7,8 @@ GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
 Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
 (the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one except at
 1-8 and 16 rows, where it runs its GEMV: the ``GEMV_CONFIGS``, named "gemv*", time ``gemm.gemv``), and
-``AUTO_VARIANTS`` of it), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked against cuBLAS's first
-(relative max difference). ``--transpose_a``: x given as (K, M), read transposed (the rmsnorm_matmul dw kernel's
+``AUTO_VARIANTS`` of it), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked
+against cuBLAS's first (relative max difference). ``--transpose_a``: x given as (K, M), read transposed (the rmsnorm_matmul dw kernel's
 A, x); cuBLAS then computes xᵀ @ w. ``--transpose_b``: w given as (N, K), read transposed
 (the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Rows need not fill the tiles (x read as
 stored: the last row of tiles runs past M, as in ``matmul``). The inputs rotate over 3 sets where one set fits in the
@@ -140,7 +140,7 @@ CONFIGS.update({f"few_pp_64x{n}_k{k}_s{s}": dataclasses.replace(
     BASE, tile_m=64, tile_n=n, tile_k=k, num_stages=s, schedule="pingpong", epi_tile_n=n, delay_release=1,
     memory_warps=1) for n, k, s in ((32, 128, 8), (32, 256, 4), (64, 128, 6))})
 CONFIGS["few_64x32n_k128_s6_sk2"] = dataclasses.replace(BASE, tile_m=64, tile_n=32, tile_k=128, num_stages=6,
-                                                         epi_tile_n=32, stream_k=2)
+                                                        epi_tile_n=32, stream_k=2)
 # the GEMV (``gemm.gemv``, what ``matmul`` runs at 1-8 and 16 rows): yᵀ = wᵀ @ xᵀ, N / 64 tiles of 64 of w's columns
 # ("gemv": ``gemm.GEMV``, ping-pong: each block's two warpgroups take a tile each), or 128 of them per block (the
 # warpgroups stacked) with each tile's K loop split over up to 4 blocks by stream-K where the tiles leave SMs idle

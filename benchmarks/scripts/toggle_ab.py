@@ -1,6 +1,7 @@
 r"""A/B of a module-level switch of the Mosaic rmsnorm_matmul kernels (``--op matmul``: of the plain core,
-``pallas_kernels.gemm.matmul``): the suite's forward + backward program with the switch False, then True, each compiled once and timed interleaved (CUPTI medians), with the largest output
-difference between the two (NaN when any output's is: ``bench.max_difference``).
+``pallas_kernels.gemm.matmul``): the suite's forward + backward program with the switch False, then True, each
+compiled once and timed interleaved (CUPTI medians), with the largest output difference between the two (NaN
+when any output's is: ``bench.max_difference``).
 
     PYTHONPATH=$PWD python benchmarks/scripts/toggle_ab.py --out $OUT \
         --switch pallas_kernels.gemm.mosaic:SIGNAL_BEFORE_COPY --shapes 8192x512x2816,16384x1024x5504 \
@@ -18,6 +19,7 @@ PROBE_NO_RELOAD``, ``PROBE_NO_TILE_COPY``, ``PROBE_NO_HOOK`` at the tag ``dx-apa
 ``toggle_ab_dw_no_dgamma_probe-h200-6b7afb1.json``: ``norm_matmul.mosaic.PROBE_DW_NO_DGAMMA``;
 ``toggle_ab_sum_rows_widen-h200-cda668d.json``: ``gemm.mosaic.SUM_ROWS_WIDEN``;
 ``toggle_ab_dw_gamma_on_a-h200-e0b114f.json``: ``norm_matmul.mosaic.DW_GAMMA_ON_A``;
+``toggle_ab_matmul_db_below_8-h200-6d21fe0.json`` (``--op matmul``): ``gemm.DB_BELOW_8_OURS``;
 ``toggle_ab_dx_tile_n-h200-94a3001.json``: ``norm_matmul.config.SWITCH_DX_TILE_N``, a config choice: before 94a3001
 each side took the config chosen with the switch True, as ``toggle_ab_dx_tile_n_config_fixed_both-h200-edfe77b.json``
 did); the kernels
