@@ -144,7 +144,9 @@ CONFIGS["few_64x32n_k128_s6_sk2"] = dataclasses.replace(BASE, tile_m=64, tile_n=
 # the GEMV (``gemm.gemv``, what ``matmul`` runs at 1-8 and 16 rows): yᵀ = wᵀ @ xᵀ, N / 64 tiles of 64 of w's columns
 # ("gemv": ``gemm.GEMV``, ping-pong: each block's two warpgroups take a tile each), or 128 of them per block (the
 # warpgroups stacked) with each tile's K loop split over up to 4 blocks by stream-K where the tiles leave SMs idle
-GEMV_CONFIGS = {"gemv": GEMV, "gemv_pp_k128_s8": dataclasses.replace(GEMV, tile_k=128, num_stages=8)}
+# (deeper K steps: with b as stored, --transpose_b, each of a tile's 64 rows of b is read in runs of 2 tile_k bytes)
+GEMV_CONFIGS = {"gemv": GEMV, "gemv_pp_k128_s8": dataclasses.replace(GEMV, tile_k=128, num_stages=8),
+                "gemv_pp_k512_s2": dataclasses.replace(GEMV, tile_k=512, num_stages=2)}
 GEMV_CONFIGS.update({f"gemv_sk4_k{k}_s{s}": dataclasses.replace(
     GEMV, tile_k=k, num_stages=s, schedule="cooperative", wg_split="m", stream_k=4)
     for k, s in ((64, 8), (128, 4), (128, 6), (256, 3))})
