@@ -307,9 +307,10 @@ def write_results(records: Sequence[Record], path: str, *, env: dict[str, str] |
     with open(path, "w") as f:
         json.dump({"environment": env, "records": [dataclasses.asdict(r) for r in records]}, f, indent=1)
     md_path = os.path.splitext(path)[0] + ".md"
+    methods = sorted({r.method for r in records if r.method != "failed"})  # (a skipped implementation: "failed")
     with open(md_path, "w") as f:
         f.write(f"Measured on {env['device']} with jax {env['jax']}, commit {env['commit']}, {env['date']} "
-                f"({records[0].method if records else ''} timing).\n\n")
+                f"({', '.join(methods) or 'no'} timing).\n\n")
         f.write(markdown_table(records) + "\n")
     return path
 

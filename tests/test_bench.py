@@ -118,6 +118,17 @@ def test_records_written_with_environment(tmp_path):
     assert "speedup vs other" in open(tmp_path / "r.md").read()
 
 
+def test_the_tables_header_names_the_timing_of_the_records_that_ran(tmp_path):
+    """A skipped implementation's record (method "failed", NaN time) first in the list leaves the header naming the
+    method that timed the others, not "failed"."""
+    common = dict(op="matmul", shape="16x4096x4096", dtype="bf16", mode="fwd", flops=1.0, bytes_moved=1.0,
+                  floor_us=1.0)
+    skipped = bench.Record(implementation="pallas_mosaic", time_us=float("nan"), method="failed", **common)
+    timed = bench.Record(implementation="xla", time_us=10.0, method="cupti", **common)
+    bench.write_results([skipped.finish(), timed.finish()], str(tmp_path / "r.json"))
+    assert "(cupti timing)." in open(tmp_path / "r.md").read()
+
+
 @pytest.mark.parametrize("device,tag", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
                                         ("NVIDIA A100-SXM4-80GB", "a100"), ("cpu", "cpu"),
                                         ("NVIDIA GeForce RTX 4090", "nvidia_geforce_rtx_4090"), ("", "unknown")])

@@ -153,9 +153,6 @@ def _consumed_barrier(shape, *, num_arrivals: int, num_barriers: int):
     return plgpu.ClusterBarrier(collective_axes=axes, num_arrivals=num_arrivals, num_barriers=num_barriers)
 
 
-ROTATE_K = False  # (A/B switch, this commit only) K loops rotated by the tile row: HBM rows spread across tiles
-
-
 def kernel_body(a_gmem, b_gmem, *refs, shape):
     """The kernel (``plgpu.kernel`` body) of one fused GEMM, ``shape`` a ``gemm.mosaic._Shape``."""
     cfg, fusion = shape.cfg, shape.fusion
@@ -173,8 +170,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
     transforms = shape.stage_transforms
     owners = 2 if cfg.pingpong else 1  # sets of barriers: one per warpgroup owning whole tiles
     beside = named_in[fusion.a_beside] if fusion.a_beside else None  # (Fusion.a_beside) loaded beside A
-    rotate_k = ROTATE_K and not cfg.stream_k and beside is None and not fusion.step_inputs and all(
-        getattr(fusion, h) is None for h in ("prologue_step", "a_observe", "a_copy", "a_operand"))
     stage_refs = (*gmem, beside) if beside is not None else gmem  # one stage buffer each
     stage_types = [plgpu.SMEM((num_stages, *block), ref.dtype, transforms=transforms)
                    for ref, (block, _, _) in zip(stage_refs, [*blocks, blocks[0]])]
@@ -391,8 +386,6 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def _wait_free():  # the slot's previous step has been consumed (by its owner)
                     plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
 
-                if rotate_k:  # (A/B switch ROTATE_K) each tile row starts its K loop at its own step
-                    k = lax.rem(k + ctx.m_idx, k_iters)
                 ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
                 for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, (a_loads, stages[1]), blocks)):
                     ref = cta(ref, ctx.m_idx, ctx.n_idx)
