@@ -220,6 +220,20 @@ def test_the_gemv_splits_its_k_loop_where_few_tiles_meet_a_long_k():
     assert sorted(k.name for k in kernels) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
 
 
+@pytest.mark.parametrize("M, K, N, kwargs, message", [
+    (13, 512, 512, {}, r"a: 13 rows; the GEMV takes 1 to 7, 8 or 16"),
+    (17, 512, 512, {}, r"a: 17 rows"),
+    (4, 512, 512, dict(config=dict(tile_n=32)), r"config.tile_n: must be 16 \(the GEMV's columns are a's rows\), "
+                                                  r"got 32"),
+    (4, 512, 96, {}, r"gemv \(mosaic\): N=96 is not a positive multiple of the rows of a block's output tile=64"),
+    (4, 512, 512, dict(config=dict(tile_k=384)), r"K=512 is not a positive multiple of tile_k=384"),
+    (4, 512, 512, dict(out_dtype=jnp.int8), r"out_dtype: int8 not supported"),
+])
+def test_the_gemv_says_which_argument_it_cannot_take(M, K, N, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        jax.eval_shape(functools.partial(gemv, **kwargs), S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16))
+
+
 @cpu_only
 def test_contractions_of_at_most_16_take_one_16_deep_step():
     """K <= SHORT_DEPTH (dB at up to 16 rows): one 16-deep K step, not a 64-deep one of TMA's zeros; the forward at
@@ -238,8 +252,8 @@ def test_the_split_gemv_in_interpret_mode():
     """GEMV_SPLIT's stacked tiles (tile by tile in interpret mode: no semaphores) at 5 rows, b both ways."""
     a, b = _operands(5, 512, 256, jnp.bfloat16)
     with mosaic_utils.interpret_on_cpu(num_sms=2):
-        for b_columns_major in (False, True):
-            got = jax.jit(lambda a, b: gemv(a, b.T if b_columns_major else b, b_columns_major=b_columns_major,
+        for transpose_b in (False, True):
+            got = jax.jit(lambda a, b: gemv(a, b.T if transpose_b else b, transpose_b=transpose_b,
                                             config=GEMV_SPLIT))(a, b)
             assert got.shape == (5, 256) and got.dtype == jnp.bfloat16
             err = _rel_err(got, _f32_product(a, b))

@@ -217,7 +217,7 @@ def main() -> int:
                 if reason:
                     row["skipped"][name] = reason
                 else:
-                    calls[name] = jax.jit(lambda x, w, cfg=cfg: gemv(x, w, b_columns_major=t, config=cfg))
+                    calls[name] = jax.jit(lambda x, w, cfg=cfg: gemv(x, w, transpose_b=t, config=cfg))
                 continue
             cfg = CONFIGS[name] if name in CONFIGS else dataclasses.replace(
                 default_config(M, N, K, partial_rows=rows_past), **AUTO_VARIANTS[name])

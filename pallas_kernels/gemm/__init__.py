@@ -286,15 +286,39 @@ def _takes_gemv(given: bool, M: int, N: int, K: int, transpose_a: bool, accumula
             and unsupported_reason(K, GEMV.tile_n, N, GEMV) is None)
 
 
-def gemv(rows, b, *, b_columns_major: bool = False, out_dtype=None, name: str = "mosaic_gemv",
-         config: MosaicGemmConfig = GEMV) -> jax.Array:
-    """rows (M, K) @ B (K, N) -> (M, N) in out_dtype (default rows'), M <= 16 (1-8 or 16), run transposed: yᵀ = Bᵀ @
-    rowsᵀ, B's N columns as the GEMM's rows (A), the rows as its 16 columns (TMA zero-fills those past M: B read
-    transposed); y's row j is the accumulator's column j (one row: its row sums, the other columns being zeros).
-    ``b_columns_major``: b is given as (N, K) (Bᵀ as stored), else (K, N). ``config``: tiles with tile_n 16 (the
-    rows), tile_m along N. No checks of its own and no gradient: ``matmul`` runs it (``_takes_gemv``)."""
-    M, N = rows.shape[0], (b.shape[0] if b_columns_major else b.shape[1])
-    out_dtype = rows.dtype if out_dtype is None else out_dtype
+def gemv(a: jax.Array, b: jax.Array, *, transpose_b: bool = False, out_dtype=None,
+         config: MosaicGemmConfig | None = None) -> jax.Array:
+    """a @ b at 1-8 or 16 rows as the transposed GEMV ``matmul`` runs there, with a config of the caller's (to time
+    its tiles); no gradient of its own: differentiate ``matmul``.
+
+    Args:
+      a: (M, K), M from 1 to 8 or 16. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
+      out_dtype: default a's dtype; bfloat16, float16 or float32.
+      config: default ``gemv_config(N, K)``; its tile_n must be 16 (a's rows) and its tiles must take b's N (along
+        its tile_m) and K. A ValueError names what does not fit.
+    Returns:
+      (M, N) in out_dtype.
+    """
+    out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
+    M, N, K = _check(a, b, False, transpose_b, out_dtype)
+    config = backends.resolve_config(config, MosaicGemmConfig, lambda: gemv_config(N, K), arg="config")
+    if not (M <= GEMV.tile_n and (M < PARTIAL_ROWS_MULTIPLE or M % PARTIAL_ROWS_MULTIPLE == 0)):
+        raise ValueError(f"a: {M} rows; the GEMV takes 1 to {PARTIAL_ROWS_MULTIPLE - 1}, {PARTIAL_ROWS_MULTIPLE} or "
+                         f"{GEMV.tile_n} (TMA's 8-row tiles of its B operand, wgmma's 16 columns)")
+    reason = (f"config.tile_n: must be {GEMV.tile_n} (the GEMV's columns are a's rows), got {config.tile_n}"
+              if config.tile_n != GEMV.tile_n else
+              unsupported_reason(N, config.tile_n, K, config, names=("N", "a's rows", "K")))
+    if reason:
+        raise ValueError(f"gemv (mosaic): {reason}")
+    return _gemv(a, b, transpose_b=transpose_b, out_dtype=out_dtype, name="mosaic_gemv", config=config)
+
+
+def _gemv(rows, b, *, transpose_b: bool, out_dtype, name: str, config: MosaicGemmConfig) -> jax.Array:
+    """rows (M, K) @ B (K, N) -> (M, N), M <= 16, run transposed: yᵀ = Bᵀ @ rowsᵀ, B's N columns as the GEMM's rows
+    (A), the rows as its 16 columns (TMA zero-fills those past M: B read transposed); y's row j is the accumulator's
+    column j (one row: its row sums, the other columns being zeros). ``transpose_b``: b is given as (N, K) (Bᵀ as
+    stored), else (K, N). Unchecked (``gemv``, ``matmul``)."""
+    M, N = rows.shape[0], (b.shape[0] if transpose_b else b.shape[1])
 
     def columns(ctx, acc, carry):
         del ctx, carry
@@ -305,7 +329,7 @@ def gemv(rows, b, *, b_columns_major: bool = False, out_dtype=None, name: str = 
 
     fusion = Fusion(outputs=(("y", jax.ShapeDtypeStruct((M, N), out_dtype)),), store_tile=False,
                     partial_columns=True, epilogue=columns)
-    return gemm(b, rows, config=config, out_dtype=rows.dtype, transpose_a=not b_columns_major, transpose_b=True,
+    return gemm(b, rows, config=config, out_dtype=rows.dtype, transpose_a=not transpose_b, transpose_b=True,
                 fusion=fusion, name=name)[1]
 
 
@@ -314,8 +338,8 @@ def _matmul(a, b, c, static):
     config, out_dtype, transpose_a, transpose_b, given, _ = static
     if config is GEMV and not given:  # (``_takes_gemv``: set by matmul itself, never a caller's config)
         N, K = (b.shape if transpose_b else b.shape[::-1])
-        return gemv(a, b, b_columns_major=transpose_b, out_dtype=out_dtype, name="mosaic_matmul_gemv",
-                    config=gemv_config(N, K))
+        return _gemv(a, b, transpose_b=transpose_b, out_dtype=out_dtype, name="mosaic_matmul_gemv",
+                     config=gemv_config(N, K))
     return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
                 accumulate_into=c, partial_rows=not transpose_a and c is None,
                 name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
@@ -360,8 +384,8 @@ def _operand_grads(static, saved, g):
 
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
     if config is GEMV and not given:  # at most 16 rows: da (M, K) = g Bᵀ, the GEMV over B's rows
-        da = gemv(g, b, b_columns_major=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv",
-                  config=gemv_config(K, N))
+        da = _gemv(g, b, transpose_b=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv",
+                   config=gemv_config(K, N))
     elif transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
         da = gemm(b, g, config=config_for(K, M, N), out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
                   name="mosaic_matmul_da")[0]
