@@ -175,9 +175,8 @@ def test_few_rows_take_64_row_tiles_split_by_stream_k_where_they_fill_half_the_s
 def test_up_to_16_rows_run_the_transposed_gemv_forward_and_for_da(transpose_b):
     """M <= 16: the product and dA are the GEMV (b's columns as the GEMM's rows, y's rows the accumulator's columns,
     stored as row vectors: no output tile), dB XLA's (M not a multiple of 8, but one) or ours; the default tiles
-    elsewhere (a
-    given config, 17 rows or 13 (not a multiple of TMA's 8-row tiles, nor fewer), or b's N / K off the GEMV's tiles:
-    N = 1088 is not a multiple of dA's 256-deep K steps)."""
+    elsewhere (a given config, 17 rows or 13 (not a multiple of TMA's 8-row tiles, nor fewer), or b's N / K off the
+    GEMV's tiles: N = 1088 is not a multiple of dA's 256-deep K steps)."""
     def kernels(M, K, N, **kwargs):
         args = (S((M, K), jnp.bfloat16), S((N, K) if transpose_b else (K, N), jnp.bfloat16), S((M, N), jnp.bfloat16))
         fn = lambda a, b: matmul(a, b, transpose_b=transpose_b, **kwargs)  # noqa: E731
