@@ -96,6 +96,18 @@ def core_cases(M, K, N):
             f"core_cublas_{tag}": (jax.jit(lambda a, b: a @ b), lambda: (a, b))}
 
 
+def decode_gemv_cases(M, K, N):
+    """``matmul``'s GEMV at M rows, forward (b read transposed) and dA's form (g @ wᵀ, w read as stored), and cuBLAS
+    on both: at 16x4096x4096 dA took 14-16 µs against XLA's 10 where the forward took 12-15 (NOTES.md,
+    seventy-fifth session)."""
+    a, w, g = normal(KEYS[6], (M, K)), normal(KEYS[7], (K, N), 0.02), normal(KEYS[5], (M, N))
+    tag = f"{M}x{K}x{N}"
+    return {f"gemv_fwd_{tag}": (jax.jit(lambda a, w: gemm.gemv(a, w)), lambda: (a, w)),
+            f"gemv_da_{tag}": (jax.jit(lambda g, w: gemm.gemv(g, w, transpose_b=True)), lambda: (g, w)),
+            f"cublas_fwd_{tag}": (jax.jit(lambda a, w: a @ w), lambda: (a, w)),
+            f"cublas_da_{tag}": (jax.jit(lambda g, w: g @ w.T), lambda: (g, w))}
+
+
 def core_variant_cases(M, K, N, variants):
     """The GEMM core at one product under named configs of ``mosaic_gemm_tiles.CONFIGS``, one case each."""
     from mosaic_gemm_tiles import CONFIGS
@@ -172,6 +184,7 @@ BUILDERS = {"upd256k": lambda: dw_update_cases(2048, 256000, 512), "upd32k": lam
             "core5504mw": lambda: core_variant_cases(16384, 1024, 5504, (
                 "pingpong_128x128_s6_delay1_minor_m", "pingpong_128x128_s6_delay1_minor_m_mw1")),
             "gemv14336": lambda: fused_forward_cases(1, 4096, 14336),
+            "gemv16": lambda: decode_gemv_cases(16, 4096, 4096),
             "fusedbwd14336": lambda: fused_backward_cases(4096, 4096, 14336), "copy": copy_cases,
             "torch5504": lambda: torch_cases(16384, 1024, 5504), "torch32k": lambda: torch_cases(32768, 4096, 4096),
             "fusedbwd32k": lambda: {k: v for k, v in fused_backward_cases(32768, 4096, 4096).items() if "mosaic" in k}}
