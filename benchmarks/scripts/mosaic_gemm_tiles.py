@@ -4,15 +4,15 @@ GEMMs: which config comes nearest to (or beats) XLA's cuBLAS call.
     PYTHONPATH=$PWD python benchmarks/scripts/mosaic_gemm_tiles.py --out $OUT [--shapes 32768x4096x4096,...] \
         [--transpose_a] [--transpose_b]
 
-Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape
-(the core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one except at
-1-8 and 16 rows, where it runs its GEMV: the ``GEMV_CONFIGS``, named "gemv*", time ``gemm.gemv``), and
-``AUTO_VARIANTS`` of it), and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked
-against cuBLAS's first (relative max difference). ``--transpose_a``: x given as (K, M), read transposed (the rmsnorm_matmul dw kernel's
-A, x); cuBLAS then computes xᵀ @ w. ``--transpose_b``: w given as (N, K), read transposed
-(the rmsnorm_matmul dx kernel's B, w_γ); cuBLAS then computes x @ wᵀ. Rows need not fill the tiles (x read as
-stored: the last row of tiles runs past M, as in ``matmul``). The inputs rotate over 3 sets where one set fits in the
-L2 (``jaxfuse.suites.runner.input_sets``' rule), so that no call reads w from the L2 where the call before left it.
+Per shape (M×K×N, bf16, y = x @ w in bf16, float32 accumulation): every config of CONFIGS that tiles the shape (the
+core's default first; "auto": ``default_config`` of the shape, what ``matmul`` takes without one except at 1-8 and 16
+rows, where it runs its GEMV: the ``GEMV_CONFIGS``, named "gemv*", time ``gemm.gemv``), and ``AUTO_VARIANTS`` of it),
+and ``jnp.dot`` (cuBLAS), timed interleaved (CUPTI medians); each config's output checked against cuBLAS's first
+(relative max difference). ``--transpose_a``: x given as (K, M), read transposed (the rmsnorm_matmul dw kernel's A,
+x); cuBLAS then computes xᵀ @ w. ``--transpose_b``: w given as (N, K), read transposed (the rmsnorm_matmul dx kernel's
+B, w_γ); cuBLAS then computes x @ wᵀ. Rows need not fill the tiles (x read as stored: the last row of tiles runs past
+M, as in ``matmul``). The inputs rotate over 3 sets where one set fits in the L2
+(``jaxfuse.suites.runner.input_sets``' rule), so that no call reads w from the L2 where the call before left it.
 Writes ``mosaic_gemm_tiles-<device>.json``.
 """
 
@@ -211,13 +211,14 @@ def main() -> int:
         row = dict(shape=shape, skipped={}, max_rel_diff={})
         for name in args.configs.split(","):
             if name in GEMV_CONFIGS:
-                cfg = GEMV_CONFIGS[name]
-                reason = ("the GEMV takes x as stored, at most 16 rows" if ta or M > cfg.tile_n
-                          else unsupported_reason(N, cfg.tile_n, K, cfg))
-                if reason:
-                    row["skipped"][name] = reason
-                else:
-                    calls[name] = jax.jit(lambda x, w, cfg=cfg: gemv(x, w, transpose_b=t, config=cfg))
+                fn = jax.jit(lambda x, w, cfg=GEMV_CONFIGS[name]: gemv(x, w, transpose_b=t, config=cfg))
+                try:  # (gemv's own checks: its rows, tiles and dtypes)
+                    if ta:
+                        raise ValueError("the GEMV takes x as stored (no --transpose_a)")
+                    jax.eval_shape(fn, x, w)
+                    calls[name] = fn
+                except ValueError as e:
+                    row["skipped"][name] = str(e).split("\n")[0]
                 continue
             cfg = CONFIGS[name] if name in CONFIGS else dataclasses.replace(
                 default_config(M, N, K, partial_rows=rows_past), **AUTO_VARIANTS[name])

@@ -275,13 +275,17 @@ def gemv_config(N: int, K: int) -> MosaicGemmConfig:
     return GEMV
 
 
+def _gemv_takes_rows(M: int) -> bool:
+    """Whether the GEMV takes M rows: at most 16 (wgmma's N), fewer than 8 or a multiple of 8 (TMA's 8-row tiles)."""
+    return M <= GEMV.tile_n and (M < PARTIAL_ROWS_MULTIPLE or M % PARTIAL_ROWS_MULTIPLE == 0)
+
+
 def _takes_gemv(given: bool, M: int, N: int, K: int, transpose_a: bool, accumulate_into) -> bool:
     """Whether ``matmul`` runs the GEMV (``GEMV``): at most 16 rows read as stored, fewer than 8 or a multiple of 8
     (TMA's 8-row tiles: the rows are B's, read transposed through tiled shared memory; 13 rows failed on the GPU:
     "dimension 0 must have size smaller or a multiple of its tiling 8"), no config given, no accumulate_into, and b's
     N columns and K rows in its tiles both ways (the product's, and dA's over N)."""
-    return (M <= GEMV.tile_n and (M < PARTIAL_ROWS_MULTIPLE or M % PARTIAL_ROWS_MULTIPLE == 0)
-            and not given and not transpose_a and accumulate_into is None
+    return (_gemv_takes_rows(M) and not given and not transpose_a and accumulate_into is None
             and unsupported_reason(N, GEMV.tile_n, K, GEMV) is None  # y over K, and dA over N
             and unsupported_reason(K, GEMV.tile_n, N, GEMV) is None)
 
@@ -302,7 +306,7 @@ def gemv(a: jax.Array, b: jax.Array, *, transpose_b: bool = False, out_dtype=Non
     out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
     M, N, K = _check(a, b, False, transpose_b, out_dtype)
     config = backends.resolve_config(config, MosaicGemmConfig, lambda: gemv_config(N, K), arg="config")
-    if not (M <= GEMV.tile_n and (M < PARTIAL_ROWS_MULTIPLE or M % PARTIAL_ROWS_MULTIPLE == 0)):
+    if not _gemv_takes_rows(M):
         raise ValueError(f"a: {M} rows; the GEMV takes 1 to {PARTIAL_ROWS_MULTIPLE - 1}, {PARTIAL_ROWS_MULTIPLE} or "
                          f"{GEMV.tile_n} (TMA's 8-row tiles of its B operand, wgmma's 16 columns)")
     reason = (f"config.tile_n: must be {GEMV.tile_n} (the GEMV's columns are a's rows), got {config.tile_n}"
