@@ -259,6 +259,49 @@ def test_the_split_gemv_in_interpret_mode():
             assert err <= _tol(jnp.bfloat16, 512), err  # NaN fails
 
 
+_GEMV_PARTS = {"pingpong_2": dataclasses.replace(GEMV, tile_k=128, k_parts=2),
+               "stacked_4": dataclasses.replace(GEMV_SPLIT, stream_k=0, k_parts=4)}
+
+
+@cpu_only
+@pytest.mark.parametrize("parts, transpose_b", [("pingpong_2", False), ("stacked_4", True)])
+def test_the_gemv_in_k_parts_in_interpret_mode(parts, transpose_b):
+    """k_parts: each tile's K ranges run as tiles of their own, their partial rows summed by XLA; the interpreter
+    runs the same K addressing, so an overlapped or skipped range would show in the product."""
+    a, b = _operands(5, 512, 256, jnp.bfloat16)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        got = jax.jit(lambda a, b: gemv(a, b.T if transpose_b else b, transpose_b=transpose_b,
+                                        config=_GEMV_PARTS[parts]))(a, b)
+    assert got.shape == (5, 256) and got.dtype == jnp.bfloat16
+    assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, 512)  # NaN fails
+
+
+@cpu_only
+def test_the_gemv_in_k_parts_stores_float32_parts_for_xla_to_sum():
+    """At 16x4096x4096 the k_parts kernel writes (parts · 16, 4096) float32 rows and XLA adds the parts."""
+    config = _GEMV_PARTS["stacked_4"]
+    fn = lambda a, b: gemv(a, b, config=config)  # noqa: E731
+    args = (S((16, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16))
+    with backends.lowering_for_gpu():
+        kernels = mosaic_ir.lower_kernels(fn, *args)
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert [k.name for k in kernels] == ["mosaic_gemv"]
+    assert kernels[0].smem_bytes <= mosaic_utils.H100_SMEM_BYTES
+    assert "tensor<64x4096xf32>" in text and "stablehlo.reduce" in text
+
+
+def test_k_parts_is_refused_where_it_cannot_run():
+    """k_parts beside stream-K, a K that k_parts · tile_k does not divide, and a fusion that stores its output tile
+    are each a ValueError naming the constraint."""
+    with pytest.raises(ValueError, match="k_parts: 2 parts run on pipeline 'own' without stream-K"):
+        dataclasses.replace(GEMV_SPLIT, k_parts=2)
+    with pytest.raises(ValueError, match=r"K=4096 is not a positive multiple of k_parts · tile_k = 3 · 256"):
+        gemv(S((16, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16), config=dataclasses.replace(GEMV, k_parts=3))
+    with backends.lowering_for_gpu(), pytest.raises(ValueError, match="k_parts=2 runs each tile's K ranges apart"):
+        jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(k_parts=2), out_dtype=jnp.bfloat16),
+                       S((256, 1024), jnp.bfloat16), S((1024, 256), jnp.bfloat16))
+
+
 @cpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("M", [1, 5, 16])
@@ -300,6 +343,21 @@ def test_the_gemv_in_float16_and_into_float32_on_the_gpu(M, K, N, dtype, out_dty
     assert err <= _tol(dtype, K), err  # NaN fails
     if dtype == jnp.float16:
         _check_grads(M, K, N, dtype)
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(16, 4096, 4096), (1, 4096, 4096), (8, 8192, 2048), (16, 14336, 4096)])
+@pytest.mark.parametrize("parts", sorted(_GEMV_PARTS))
+def test_the_gemv_in_k_parts_on_the_gpu(M, K, N, parts):
+    """The GEMV with each tile's K loop in parts (partial rows summed by XLA), b both ways, against float32."""
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    want = _f32_product(a, b)
+    for transpose_b in (False, True):
+        got = jax.jit(lambda a, b: gemv(a, b.T if transpose_b else b, transpose_b=transpose_b,
+                                        config=_GEMV_PARTS[parts]))(a, b)
+        assert got.shape == (M, N) and got.dtype == jnp.bfloat16
+        err = _rel_err(got, want)
+        assert err <= _tol(jnp.bfloat16, K), (transpose_b, err)  # NaN fails
 
 
 @pytest.mark.parametrize("a, b, message", [

@@ -151,6 +151,12 @@ GEMV_CONFIGS.update({f"gemv_sk4_k{k}_s{s}": dataclasses.replace(
     GEMV, tile_k=k, num_stages=s, schedule="cooperative", wg_split="m", stream_k=4)
     for k, s in ((64, 8), (128, 4), (128, 6), (256, 3))})
 GEMV_CONFIGS["gemv_sk8_k64_s8"] = dataclasses.replace(GEMV_CONFIGS["gemv_sk4_k64_s8"], stream_k=8)
+# each tile's K loop cut into P ranges run as tiles of their own, their partial rows summed by XLA (k_parts)
+GEMV_CONFIGS.update({f"gemv_kp{p}_k{k}_s{s}": dataclasses.replace(GEMV, tile_k=k, num_stages=s, k_parts=p)
+                     for p, k, s in ((2, 256, 4), (2, 128, 8), (4, 256, 4), (4, 128, 6), (8, 128, 4))})
+GEMV_CONFIGS.update({f"gemv_kp{p}_coop_k{k}_s{s}": dataclasses.replace(
+    GEMV, tile_k=k, num_stages=s, schedule="cooperative", wg_split="m", k_parts=p)
+    for p, k, s in ((4, 64, 8), (4, 128, 6), (2, 128, 6), (8, 64, 8))})
 # a short contraction (matmul's dB at 16 rows, ``--transpose_a`` and K = 16): one 16-deep K step, not a 64-deep one
 # past K; the output's stores are the work
 # (not in the default --configs)

@@ -321,8 +321,10 @@ def _gemv(rows, b, *, transpose_b: bool, out_dtype, name: str, config: MosaicGem
     """rows (M, K) @ B (K, N) -> (M, N), M <= 16, run transposed: yᵀ = Bᵀ @ rowsᵀ, B's N columns as the GEMM's rows
     (A), the rows as its 16 columns (TMA zero-fills those past M: B read transposed); y's row j is the accumulator's
     column j (one row: its row sums, the other columns being zeros). ``transpose_b``: b is given as (N, K) (Bᵀ as
-    stored), else (K, N). Unchecked (``gemv``, ``matmul``)."""
+    stored), else (K, N). With ``config.k_parts`` P each tile's K ranges store float32 partial rows (P · M, N), summed
+    here by XLA. Unchecked (``gemv``, ``matmul``)."""
     M, N = rows.shape[0], (b.shape[0] if transpose_b else b.shape[1])
+    parts = config.k_parts
 
     def columns(ctx, acc, carry):
         del ctx, carry
@@ -331,10 +333,12 @@ def _gemv(rows, b, *, transpose_b: bool, out_dtype, name: str, config: MosaicGem
         col = mu.layout_cast(lax.broadcasted_iota(jnp.int32, acc.shape, 1), mu.TILE)
         return acc, {"y": tuple(jnp.sum(jnp.where(col == j, acc, 0.0), axis=1) for j in range(M))}
 
-    fusion = Fusion(outputs=(("y", jax.ShapeDtypeStruct((M, N), out_dtype)),), store_tile=False,
-                    partial_columns=True, epilogue=columns)
-    return gemm(b, rows, config=config, out_dtype=rows.dtype, transpose_a=not transpose_b, transpose_b=True,
-                fusion=fusion, name=name)[1]
+    y_type = jax.ShapeDtypeStruct((M, N), out_dtype) if parts == 1 else jax.ShapeDtypeStruct((parts * M, N),
+                                                                                               jnp.float32)
+    fusion = Fusion(outputs=(("y", y_type),), store_tile=False, partial_columns=True, epilogue=columns)
+    y = gemm(b, rows, config=config, out_dtype=rows.dtype, transpose_a=not transpose_b, transpose_b=True,
+             fusion=fusion, name=name)[1]
+    return y if parts == 1 else jnp.sum(y.reshape(parts, M, N), axis=0).astype(out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

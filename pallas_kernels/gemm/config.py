@@ -140,6 +140,12 @@ class MosaicGemmConfig:
         warpgroups without the memory one (the MMA warpgroups issuing their own loads under each wgmma) compile for
         168 registers and took 64x256 accumulators there, 0.5-1.4% slower at best (NOTES.md, fifty-sixth session;
         tag mma-loads-measured-e99a0ac).
+      k_parts: 1, or each output tile's K loop cut into k_parts equal ranges that the persistent loop runs as
+        tiles of their own (more blocks where few output tiles meet a long K loop: ``gemm.gemv`` at N / 64 tiles
+        under the SMs). Each range's accumulator takes the epilogue by itself and stores its row vectors into its
+        own part of the fusion's (k_parts · C, M) row outputs (part p: rows p · C to (p + 1) · C), which the caller
+        sums: for a fusion with an epilogue linear in the accumulator and no output tile (``Fusion.store_tile``
+        False), without hooks along K. K a multiple of k_parts · tile_k. Pipeline "own", no stream-K or cluster.
     The defaults are the H100 measurements' winners (module docstring).
     """
 
@@ -165,6 +171,7 @@ class MosaicGemmConfig:
     tile_input_in: str = "buffer"
     memory_warps: int = 4
     epilogue_in: str = "mma"
+    k_parts: int = 1
 
     def __post_init__(self):
         cls = type(self).__name__
@@ -197,6 +204,7 @@ class MosaicGemmConfig:
             ("tile_input_in", self.tile_input_in in TILE_INPUT_PLACES, f"one of {TILE_INPUT_PLACES}"),
             ("memory_warps", self.memory_warps in (1, 4), "1 or 4"),
             ("epilogue_in", self.epilogue_in in EPILOGUE_PLACES, f"one of {EPILOGUE_PLACES}"),
+            ("k_parts", self.k_parts >= 1, ">= 1"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -213,6 +221,10 @@ class MosaicGemmConfig:
         if self.stream_k and (self.pipeline, self.schedule, self.cluster) != ("own", "cooperative", "none"):
             raise ValueError(f"{cls}.stream_k: runs on pipeline 'own', schedule 'cooperative', cluster 'none'; got "
                              f"pipeline={self.pipeline!r}, schedule={self.schedule!r}, cluster={self.cluster!r}")
+        if self.k_parts > 1 and (self.pipeline, self.stream_k, self.cluster) != ("own", 0, "none"):
+            raise ValueError(f"{cls}.k_parts: {self.k_parts} parts run on pipeline 'own' without stream-K or a "
+                             f"cluster; got pipeline={self.pipeline!r}, stream_k={self.stream_k}, "
+                             f"cluster={self.cluster!r}")
         if self.prologue_in == "memory" and (self.pipeline, self.schedule, self.cluster) != ("own", "cooperative",
                                                                                             "none"):
             raise ValueError(f"{cls}.prologue_in: 'memory' runs on pipeline 'own', schedule 'cooperative', cluster "
@@ -310,7 +322,11 @@ def unsupported_reason(M: int, N: int, K: int, config: MosaicGemmConfig, *, name
     PARTIAL_ROWS_MULTIPLE, the last row of tiles running past it; ``partial_k`` (A read transposed, B as stored:
     ``gemm``'s ``partial_k``): K the same, or fewer than 8 (one 8-row tile of shared memory, part-filled: TMA takes
     an outer axis shorter than its tile), the last K step running past it; ``any_rows`` (with partial_rows, where
-    ``any_rows_reason`` is None): any positive M. ``names``: what the caller calls M, N and K."""
+    ``any_rows_reason`` is None): any positive M. With ``k_parts`` > 1, K a multiple of k_parts · tile_k (no last
+    step past it). ``names``: what the caller calls M, N and K."""
+    if config.k_parts > 1 and (K <= 0 or K % (config.k_parts * config.tile_k)):
+        return (f"{names[2]}={K} is not a positive multiple of k_parts · tile_k = {config.k_parts} · "
+                f"{config.tile_k} (the K loop cut into k_parts equal ranges of whole steps)")
     whose = "a cluster's two output tiles" if config.cluster_size > 1 else "a block's output tile"
     ragged = partial_columns and config.cluster == "none"
     for dim, size, tile, what in ((names[0], M, config.cluster_m, "rows"), (names[1], N, config.cluster_n, "columns"),

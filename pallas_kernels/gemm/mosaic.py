@@ -92,6 +92,7 @@ class TileContext:
     tiles: (epilogue only) this warpgroup's prefetched (tile_m, tile_n) SMEM tile of each tile input, by name.
     col_slices: (epilogue only) this warpgroup's prefetched (tile_n,) SMEM slice of each ``Fusion.col_inputs`` vector.
     step: (prologue only) the pipeline step: the A tile holds columns [step · tile_k, (step + 1) · tile_k).
+    k_part: (``MosaicGemmConfig.k_parts``) which of the tile's K ranges this accumulator holds (0 without parts).
     first_column: under ``Fusion.share_rows`` on the GPU, a Python bool: whether this is a row block's first
       (column-0) tile, the one taking the row statistic; the kernel runs those tiles in a K loop of their own, so a
       hook may branch on it statically. None elsewhere (in interpret mode every tile takes the statistic).
@@ -109,6 +110,7 @@ class TileContext:
     col_slices: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     step: Any = None
     first_column: bool | None = None
+    k_part: Any = 0
 
     @property
     def rows(self):
@@ -383,6 +385,13 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"{'set' if fusion.prologue_step else None}, share_rows="
                          f"{'set' if fusion.share_rows else None}, store_tile={fusion.store_tile}, "
                          f"interpret={mu.interpreting()}")
+    if config.k_parts > 1 and (fusion.store_tile or fusion.epilogue is None or k_hooks or fusion.tile_inputs
+                               or fusion.sum_rows is not None or fusion.share_rows is not None or partial_k):
+        raise ValueError(f"{name}: k_parts={config.k_parts} runs each tile's K ranges apart and stores each one's "
+                         f"row vectors, which the caller sums: it needs a fusion with an epilogue, no output tile "
+                         f"(store_tile=False), no tile inputs, sum_rows, share_rows or hooks along K, and K in whole "
+                         f"steps; got store_tile={fusion.store_tile}, epilogue={'set' if fusion.epilogue else None}, "
+                         f"tile_inputs={fusion.tile_inputs}, hooks {k_hooks}, partial_k={partial_k}")
     if config.stores_later and not fusion.store_tile:
         raise ValueError(f"{name}: a fusion that stores no output tile (store_tile=False) takes epilogue_store='end', "
                          f"got {config.epilogue_store!r}")
@@ -591,9 +600,9 @@ class _Shape:
     def iters(self) -> tuple[int, int, int]:
         """(m_iters, n_iters, k_iters): CTA tiles along M and N (the last of them may run past M or N:
         ``gemm``'s partial_rows, ``Fusion.partial_columns``), pipeline steps along K (the last may run past K:
-        ``gemm``'s partial_k)."""
+        ``gemm``'s partial_k) of one tile, or of one of its ``k_parts`` ranges."""
         M, N, K = self.mnk
-        return -(-M // self.cfg.cta_m), -(-N // self.cfg.cta_n), -(-K // self.cfg.tile_k)
+        return -(-M // self.cfg.cta_m), -(-N // self.cfg.cta_n), -(-K // self.cfg.tile_k) // self.cfg.k_parts
 
     @property
     def stage_transforms(self) -> tuple:
@@ -602,9 +611,10 @@ class _Shape:
 
     @property
     def cluster_tiles(self) -> int:
-        """Tile steps of the persistent loop: CTA tiles, or pairs of them along the cluster axis."""
+        """Tile steps of the persistent loop: CTA tiles (k_parts of them per output tile), or pairs of them along
+        the cluster axis."""
         m_iters, n_iters, _ = self.iters
-        return m_iters * n_iters // self.cfg.cluster_size
+        return m_iters * n_iters * self.cfg.k_parts // self.cfg.cluster_size
 
     def multicast(self, operand: int) -> tuple[str, ...] | None:
         """The collective axes of operand 0 (A) or 1 (B) when both blocks of a cluster load the same tiles of it
@@ -741,9 +751,12 @@ class _Shape:
 
     def tile_context(self, lin, wg, refs_by_name) -> TileContext:
         """Where compute warpgroup ``wg`` works on the lin-th tile step (planar-snake order over CTA tiles, or over
-        pairs of them along the cluster axis)."""
+        pairs of them along the cluster axis; with ``k_parts``, an output tile's K ranges at consecutive steps)."""
         cfg = self.cfg
         m_iters, n_iters, _ = self.iters
+        k_part = 0
+        if cfg.k_parts > 1:
+            lin, k_part = lax.div(lin, cfg.k_parts), lax.rem(lin, cfg.k_parts)
         pairs_m, pairs_n = (cfg.cluster == "m") + 1, (cfg.cluster == "n") + 1
         minor = 1 if cfg.grid_minor == "n" else 0
         if self.fusion.share_rows is not None:  # column 0 of every row block first, then columns 1.. in snake order
@@ -758,7 +771,8 @@ class _Shape:
         wg_m, wg_n = (0, 0) if cfg.pingpong else (wg, 0) if cfg.wg_split == "m" else (0, wg)
         return TileContext(row0=m_idx * cfg.cta_m + wg_m * cfg.tile_m, col0=n_idx * cfg.cta_n + wg_n * cfg.tile_n,
                            m_idx=m_idx, n_idx=n_idx, wg=wg,
-                           col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name)
+                           col_block=n_idx * (cfg.cta_n // cfg.tile_n) + wg_n, config=cfg, refs=refs_by_name,
+                           k_part=k_part)
 
     def wg_a_rows(self, wg):
         """The rows of a stage's A block that compute warpgroup ``wg`` multiplies (all of them unless the cooperative
@@ -1132,13 +1146,23 @@ def _add_rows(total, part):
 def _store_rows(vec, out_gmem, ctx: TileContext) -> None:
     """Stores a (tile_m,) row vector straight from registers: into an (M,) output from the first column block
     only (every column block computes the same values), into a (C, M) output at row ctx.col_block; a tuple of C
-    row vectors into a (C, M) output's rows."""
+    row vectors into a (C, M) output's rows. With ``MosaicGemmConfig.k_parts`` P the (P · C, M) output's part
+    ctx.k_part takes them (its rows k_part · C to (k_part + 1) · C)."""
+    parts = ctx.config.k_parts
     if isinstance(vec, tuple):
-        if len(out_gmem.shape) != 2 or out_gmem.shape[0] != len(vec):
-            raise ValueError(f"an epilogue's tuple of {len(vec)} row vectors needs a ({len(vec)}, M) output, got "
-                             f"shape {tuple(out_gmem.shape)}")
+        if len(out_gmem.shape) != 2 or out_gmem.shape[0] != len(vec) * parts:
+            per = f" (k_parts={parts})" if parts > 1 else ""
+            raise ValueError(f"an epilogue's tuple of {len(vec)} row vectors needs a ({len(vec) * parts}, M) "
+                             f"output{per}, got shape {tuple(out_gmem.shape)}")
         for j, row in enumerate(vec):
-            out_gmem.at[j, ctx.rows][...] = row.astype(out_gmem.dtype)
+            out_gmem.at[ctx.k_part * len(vec) + j, ctx.rows][...] = row.astype(out_gmem.dtype)
+        return
+    if parts > 1:
+        if len(out_gmem.shape) != 2 or out_gmem.shape[0] % parts:
+            raise ValueError(f"an epilogue's row vectors under k_parts={parts} need a (k_parts · C, M) output, got "
+                             f"shape {tuple(out_gmem.shape)}")
+        out_gmem.at[ctx.k_part * (out_gmem.shape[0] // parts) + ctx.col_block, ctx.rows][...] = vec.astype(
+            out_gmem.dtype)
         return
     if len(out_gmem.shape) == 1:
         @pl.when(ctx.col_block == 0)

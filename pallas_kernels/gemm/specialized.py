@@ -386,7 +386,7 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                 def _wait_free():  # the slot's previous step has been consumed (by its owner)
                     plgpu.barrier_wait(consumed.at[barrier_of(g - num_stages)])
 
-                ks = pl.ds(k * cfg.tile_k, cfg.tile_k)
+                ks = pl.ds((ctx.k_part * k_iters + k) * cfg.tile_k, cfg.tile_k)  # (k_parts: the part's range)
                 for operand, (ref, smem, (_, k_axis, cta)) in enumerate(zip(gmem, (a_loads, stages[1]), blocks)):
                     ref = cta(ref, ctx.m_idx, ctx.n_idx)
                     plgpu.copy_gmem_to_smem(ref.at[ks] if k_axis == 0 else ref.at[:, ks],
