@@ -19,7 +19,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from conftest import GPU_TIMEOUT
 from hlo_inspect import mosaic_ir
 from pallas_kernels import backends, mosaic_utils
-from pallas_kernels.gemm import (FEW_ROWS, GEMV, GEMV_SPLIT, SHORT_DEPTH, Fusion, MosaicGemmConfig, default_config,
+from pallas_kernels.gemm import (FEW_ROWS, GEMV, SHORT_DEPTH, Fusion, MosaicGemmConfig, default_config,
                                   gemm, gemv, gemv_config, matmul, smem_bytes, stream_k)
 from pallas_kernels.gemm.config import operand_swizzle_elems
 
@@ -206,17 +206,24 @@ def test_an_epilogues_tuple_of_row_vectors_needs_an_output_of_as_many_rows():
 
 
 @cpu_only
-def test_the_gemv_splits_its_k_loop_where_few_tiles_meet_a_long_k():
-    """GEMV_SPLIT (128-column tiles, stream-K) where GEMV's N / 64 tiles leave SMs idle and K >= 2 N, the forward's
-    b (K, N) or dA's (b's rows as the GEMM's N, its columns as K); it lowers both ways at 16x14336x4096."""
-    assert gemv_config(4096, 14336) is GEMV_SPLIT and gemv_config(2048, 8192) is GEMV_SPLIT
-    assert gemv_config(4096, 4096) is GEMV and gemv_config(14336, 4096) is GEMV  # (K short, or tiles enough)
-    assert gemv_config(4160, 14336) is GEMV  # (N not a multiple of the split's 128-column tiles)
+def test_the_gemv_cuts_its_k_loop_into_parts_where_its_tiles_or_steps_are_few():
+    """gemv_config: b read transposed (the product), K in parts until N / 64 tiles times the parts fill over half
+    the SMs; b read as stored (dA's form), until the 256-deep steps times the parts reach 32; only parts that divide
+    the steps. At 16x14336x4096 the forward and dA lower as GEMVs (2 parts and 1)."""
+    def parts(N, K, transpose_b=False):
+        return gemv_config(N, K, transpose_b=transpose_b).k_parts
+
+    assert (parts(4096, 4096), parts(2048, 8192), parts(4096, 14336), parts(14336, 4096)) == (2, 4, 2, 1)
+    assert (parts(4096, 4096, True), parts(8192, 2048, True), parts(4096, 14336, True)) == (2, 4, 1)
+    assert parts(4096, 768) == 1 and parts(1024, 768) == 1  # (3 steps: no part count divides them)
+    assert gemv_config(14336, 4096) is GEMV
     args = (S((16, 14336), jnp.bfloat16), S((14336, 4096), jnp.bfloat16), S((16, 4096), jnp.bfloat16))
     program = lambda a, b, g: (matmul(a, b), jax.vjp(matmul, a, b)[1](g))  # noqa: E731
     with backends.lowering_for_gpu():
         kernels = mosaic_ir.lower_kernels(program, *args)
+        text = jax.jit(program).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert sorted(k.name for k in kernels) == ["mosaic_matmul_da_gemv", "mosaic_matmul_db", "mosaic_matmul_gemv"]
+    assert "tensor<32x4096xf32>" in text  # the forward's two parts of 16 rows, summed by XLA
 
 
 @pytest.mark.parametrize("M, K, N, kwargs, message", [
@@ -225,7 +232,8 @@ def test_the_gemv_splits_its_k_loop_where_few_tiles_meet_a_long_k():
     (4, 512, 512, dict(config=dict(tile_n=32)), r"config.tile_n: must be 16 \(the GEMV's columns are a's rows\), "
                                                   r"got 32"),
     (4, 512, 96, {}, r"gemv \(mosaic\): N=96 is not a positive multiple of the rows of a block's output tile=64"),
-    (4, 512, 512, dict(config=dict(tile_k=384)), r"K=512 is not a positive multiple of tile_k=384"),
+    (4, 512, 512, dict(config=dict(tile_k=384, k_parts=1)), r"K=512 is not a positive multiple of tile_k=384"),
+    (4, 512, 512, dict(config=dict(tile_k=384)), r"K=512 is not a positive multiple of k_parts · tile_k = 2 · 384"),
     (4, 512, 512, dict(out_dtype=jnp.int8), r"out_dtype: int8 not supported"),
 ])
 def test_the_gemv_says_which_argument_it_cannot_take(M, K, N, kwargs, message):
@@ -245,22 +253,9 @@ def test_contractions_of_at_most_16_take_one_16_deep_step():
     assert [k.name for k in kernels] == ["mosaic_matmul"]
 
 
-@cpu_only
-@pytest.mark.slow
-def test_the_split_gemv_in_interpret_mode():
-    """GEMV_SPLIT's stacked tiles (tile by tile in interpret mode: no semaphores) at 5 rows, b both ways."""
-    a, b = _operands(5, 512, 256, jnp.bfloat16)
-    with mosaic_utils.interpret_on_cpu(num_sms=2):
-        for transpose_b in (False, True):
-            got = jax.jit(lambda a, b: gemv(a, b.T if transpose_b else b, transpose_b=transpose_b,
-                                            config=GEMV_SPLIT))(a, b)
-            assert got.shape == (5, 256) and got.dtype == jnp.bfloat16
-            err = _rel_err(got, _f32_product(a, b))
-            assert err <= _tol(jnp.bfloat16, 512), err  # NaN fails
-
-
 _GEMV_PARTS = {"pingpong_2": dataclasses.replace(GEMV, tile_k=128, k_parts=2),
-               "stacked_4": dataclasses.replace(GEMV_SPLIT, stream_k=0, k_parts=4)}
+               "stacked_4": dataclasses.replace(GEMV, tile_k=64, num_stages=8, schedule="cooperative", wg_split="m",
+                                                k_parts=4)}
 
 
 @cpu_only
@@ -294,7 +289,7 @@ def test_k_parts_is_refused_where_it_cannot_run():
     """k_parts beside stream-K, a K that k_parts · tile_k does not divide, and a fusion that stores its output tile
     are each a ValueError naming the constraint."""
     with pytest.raises(ValueError, match="k_parts: 2 parts run on pipeline 'own' without stream-K"):
-        dataclasses.replace(GEMV_SPLIT, k_parts=2)
+        dataclasses.replace(_GEMV_PARTS["stacked_4"], k_parts=2, stream_k=4)
     with pytest.raises(ValueError, match=r"K=4096 is not a positive multiple of k_parts · tile_k = 3 · 256"):
         gemv(S((16, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16), config=dataclasses.replace(GEMV, k_parts=3))
     with backends.lowering_for_gpu(), pytest.raises(ValueError, match="k_parts=2 runs each tile's K ranges apart"):

@@ -30,8 +30,8 @@ from pallas_kernels import backends, mosaic_utils as mu
 from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, gemm, smem_bytes, unsupported_reason
 from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason
 
-__all__ = ["CANDIDATES", "FEW_ROWS", "GEMV", "GEMV_SPLIT", "PLAIN_EPILOGUE_STORE", "SHORT_DEPTH", "SHORT_K",
-           "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "gemv",
+__all__ = ["CANDIDATES", "FEW_ROWS", "GEMV", "GEMV_MAX_PARTS", "GEMV_PARTS_STEPS", "PLAIN_EPILOGUE_STORE",
+           "SHORT_DEPTH", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "gemv",
            "gemv_config", "matmul", "pick_config", "smem_bytes", "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -113,18 +113,23 @@ _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_s
 # product at one row).
 GEMV = MosaicGemmConfig(tile_m=64, tile_n=16, tile_k=256, num_stages=4, schedule="pingpong", epilogue_store="end",
                         delay_release=1, epi_tile_n=16)
-# The GEMV where its N / 64 tiles leave SMs idle beside a long K loop (K >= 2 N): 128 of b's columns per block, the
-# warpgroups stacked, each tile's K loop split over up to 4 blocks by stream-K. Against cuBLAS, inputs rotated past
-# the L2 (``benchmarks/scripts/mosaic_gemm_tiles.py --configs gemv,gemv_sk4_k64_s8,...``,
-# mosaic_gemm_tiles_gemv-h200-6d21fe0.json, µs): 16x8192x2048 18.9 → 14.6 (cuBLAS 11.1); dA's form (b as stored,
-# --transpose_b, mosaic_gemm_tiles_gemv_da-h200-6d21fe0.json) 16x14336x4096 33.9 → 31.9 (30.8), 1x14336x4096 35.8 →
-# 30.2 (29.9). Where K is as long as N, the split's partial sums cost more than the idle SMs: 16x4096x4096 11.8 →
-# 14.0 (11.3), 1x4096x4096 12.3 → 12.6 (11.1). Again with 8 blocks a tile, and the forward at 16x14336x4096
-# (mosaic_gemm_tiles_gemv_narrow-h200-9e75a55.json): GEMV / split over 4 / over 8 (cuBLAS) 37.6 / 31.3 / 32.6
-# (30.3) there, 18.1 / 15.7 / 16.1 (11.4) at 16x8192x2048, 13.5 / 14.5 / 13.8 (11.6) at 16x4096x4096. Narrow tiles
-# the other way round (64 rows, most of them TMA's zeros, 32 or 64 columns, ping-pong or split by stream-K: N / 32
-# tiles fill the SMs without partial sums) ran 0.38-0.98x cuBLAS in the same call.
-GEMV_SPLIT = dataclasses.replace(GEMV, tile_k=64, num_stages=8, schedule="cooperative", wg_split="m", stream_k=4)
+# The GEMV with each tile's K loop cut into parts run as tiles of their own (``MosaicGemmConfig.k_parts``: float32
+# partial rows, summed by XLA), GEMV's tiles otherwise. µs against cuBLAS on the H200, inputs rotated past the L2
+# (``benchmarks/scripts/mosaic_gemm_tiles.py --configs gemv,gemv_kp2_k256_s4,gemv_kp4_k256_s4,...``;
+# mosaic_gemm_tiles_gemv_kparts{,_da}-h200-ee4384b.json), 1 / 2 / 4 parts (cuBLAS):
+#   b read transposed (the product): 16x4096x4096 13.0 / 12.2 / 12.3 (11.6); 1x4096x4096 12.6 / 11.0 / 11.0 (10.9);
+#   8x4096x4096 12.8 / 11.4 / 11.6 (11.1); 16x8192x2048 19.0 / 14.4 / 11.9 (11.3); 16x14336x4096 37.6 / 31.2 / 32.0
+#   (30.6); 16x4096x14336 31.3 / 33.2 / 34.7 (30.9): parts until N / 64 tiles times parts fill over half the SMs.
+#   b read as stored (dA's form, --transpose_b; its N is the product's K): 16x4096x4096 12.3 / 12.3 / 12.2 (11.7);
+#   1x4096x4096 12.9 / 10.9 / 10.9 (11.0); 8x4096x4096 12.9 / 11.6 / 11.5 (11.3); 16x8192x2048 18.5 / 16.9 / 12.2
+#   (11.6); 16x14336x4096 35.2 / 31.6 / 31.7 (31.9); 16x4096x14336 31.9 / 32.7 / 33.5 (33.7): parts until the 256-deep
+#   steps times parts reach 32, whatever the tiles (at 16x4096x14336, 64 tiles of 56 steps, parts lost).
+# 8 parts (128-deep steps) were no faster, nor stacked 128-row tiles in 4 parts (64-deep steps; 30.9 against 31.2 at
+# 16x14336x4096, 14.5 against 11.9 at 16x8192x2048), nor the K loop split by stream-K (partial sums through a
+# workspace and semaphores, 128-row tiles, 64-deep steps): 14.5 / 16.0 / 32.0 µs forward at 16x4096x4096 /
+# 16x8192x2048 / 16x14336x4096, 14.8 / 18.5 / 32.1 in dA's form (the same call).
+GEMV_MAX_PARTS = 4
+GEMV_PARTS_STEPS = 32  # (b read as stored) parts until a tile's K steps times parts reach this
 # A contraction of at most 16 (``matmul``'s dB at up to 16 rows, --transpose_a; K = 16 here): one 16-deep step,
 # where 64-deep candidates ran one step mostly of TMA's zeros. The output's stores are the work. µs against cuBLAS
 # (mosaic_gemm_tiles_depth16-h200-6d21fe0.json): 4096x16x4096 10.4 (10.1), 4096x16x14336 35.1 (34.4),
@@ -266,13 +271,19 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig | None = None
                                            accumulate_into is not None))
 
 
-def gemv_config(N: int, K: int) -> MosaicGemmConfig:
-    """The GEMV's tiles for b's N columns over K: ``GEMV_SPLIT`` where GEMV's N / 64 tiles leave SMs idle and
-    K >= 2 N (and its 128-column tiles take N), else ``GEMV``."""
-    if (N // GEMV.cta_m < mu.num_sms() and K >= 2 * N
-            and unsupported_reason(N, GEMV_SPLIT.tile_n, K, GEMV_SPLIT) is None):
-        return GEMV_SPLIT
-    return GEMV
+def gemv_config(N: int, K: int, *, transpose_b: bool = False) -> MosaicGemmConfig:
+    """The GEMV's tiles for b's N columns over K (``GEMV_MAX_PARTS`` says why): b (K, N) read transposed, its K loop
+    in parts (``MosaicGemmConfig.k_parts``, powers of two) until its N / 64 tiles times the parts fill over half the
+    SMs; b (N, K) read as stored (``transpose_b``, dA's form), until its K / 256 steps times the parts reach
+    ``GEMV_PARTS_STEPS``; at most ``GEMV_MAX_PARTS``, and only as many as divide K into whole steps."""
+    tiles, steps = N // GEMV.cta_m, K // GEMV.tile_k
+    parts = 1
+    while parts < GEMV_MAX_PARTS and (steps * parts < GEMV_PARTS_STEPS if transpose_b
+                                      else tiles * parts <= mu.num_sms() // 2):
+        parts *= 2
+    while parts > 1 and steps % parts:
+        parts //= 2
+    return GEMV if parts == 1 else dataclasses.replace(GEMV, k_parts=parts)
 
 
 def _gemv_takes_rows(M: int) -> bool:
@@ -298,14 +309,15 @@ def gemv(a: jax.Array, b: jax.Array, *, transpose_b: bool = False, out_dtype=Non
     Args:
       a: (M, K), M from 1 to 8 or 16. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
       out_dtype: default a's dtype; bfloat16, float16 or float32.
-      config: default ``gemv_config(N, K)``; its tile_n must be 16 (a's rows) and its tiles must take b's N (along
+      config: default ``gemv_config(N, K, transpose_b=transpose_b)``; its tile_n must be 16 (a's rows) and its tiles must take b's N (along
         its tile_m) and K. A ValueError names what does not fit.
     Returns:
       (M, N) in out_dtype.
     """
     out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
     M, N, K = _check(a, b, False, transpose_b, out_dtype)
-    config = backends.resolve_config(config, MosaicGemmConfig, lambda: gemv_config(N, K), arg="config")
+    config = backends.resolve_config(config, MosaicGemmConfig, lambda: gemv_config(N, K, transpose_b=transpose_b),
+                                     arg="config")
     if not _gemv_takes_rows(M):
         raise ValueError(f"a: {M} rows; the GEMV takes 1 to {PARTIAL_ROWS_MULTIPLE - 1}, {PARTIAL_ROWS_MULTIPLE} or "
                          f"{GEMV.tile_n} (TMA's 8-row tiles of its B operand, wgmma's 16 columns)")
@@ -347,7 +359,7 @@ def _matmul(a, b, c, static):
     if config is GEMV and not given:  # (``_takes_gemv``: set by matmul itself, never a caller's config)
         N, K = (b.shape if transpose_b else b.shape[::-1])
         return _gemv(a, b, transpose_b=transpose_b, out_dtype=out_dtype, name="mosaic_matmul_gemv",
-                     config=gemv_config(N, K))
+                     config=gemv_config(N, K, transpose_b=transpose_b))
     return gemm(a, b, config=config, out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b,
                 accumulate_into=c, partial_rows=not transpose_a and c is None,
                 name="mosaic_matmul" if c is None else "mosaic_matmul_accumulate")[0]
@@ -393,7 +405,7 @@ def _operand_grads(static, saved, g):
     # c = A B with A = a or aᵀ, B = b or bᵀ. dA = g Bᵀ, dB = Aᵀ g; each operand read as stored, transposed in SMEM.
     if config is GEMV and not given:  # at most 16 rows: da (M, K) = g Bᵀ, the GEMV over B's rows
         da = _gemv(g, b, transpose_b=not transpose_b, out_dtype=a.dtype, name="mosaic_matmul_da_gemv",
-                   config=gemv_config(K, N))
+                   config=gemv_config(K, N, transpose_b=not transpose_b))
     elif transpose_a:  # a (K, M): da = B g ᵀ = (g Bᵀ)ᵀ, computed as B-rows @ gᵀ
         da = gemm(b, g, config=config_for(K, M, N), out_dtype=a.dtype, transpose_a=transpose_b, transpose_b=True,
                   name="mosaic_matmul_da")[0]
