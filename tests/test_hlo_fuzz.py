@@ -26,3 +26,14 @@ def test_mutated_modules_end_in_a_report_or_a_parse_error():
     # both outcomes in number: the mutations reach every stage, not only the parser
     assert outcomes.get(fuzz.OK, 0) >= RUNS // 5 and outcomes.get(fuzz.PARSE_ERROR, 0) >= RUNS // 5, outcomes
     assert set(result["by_mutation"]) == set(fuzz.MUTATIONS)
+
+
+def test_a_run_counts_as_slow_only_when_its_second_timing_is_slow_too(monkeypatch):
+    """A stall of the machine slows one timing of a run; a slow parse slows both. Only the latter fails the fuzz."""
+    seeds = fuzz.load_seeds(fuzz.default_corpus())
+    for times, slow in (([3.0, 0.1], 0), ([3.0, 3.0], 1)):
+        timings = iter(times + [0.1] * 10)
+        monkeypatch.setattr(fuzz, "run_one", lambda text, limit_s: fuzz.Outcome(fuzz.OK, next(timings), ""))
+        result = fuzz.fuzz(seeds, 3, slow_s=PER_RUN_LIMIT_S)
+        assert result["over_slow_s"] == slow, result
+        assert [r["seconds_again"] for r in result["slowest"]] == [3.0] * slow
