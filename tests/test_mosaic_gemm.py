@@ -292,9 +292,29 @@ def test_k_parts_is_refused_where_it_cannot_run():
         dataclasses.replace(_GEMV_PARTS["stacked_4"], k_parts=2, stream_k=4)
     with pytest.raises(ValueError, match=r"K=4096 is not a positive multiple of k_parts · tile_k = 3 · 256"):
         gemv(S((16, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16), config=dataclasses.replace(GEMV, k_parts=3))
-    with backends.lowering_for_gpu(), pytest.raises(ValueError, match="k_parts=2 runs each tile's K ranges apart"):
-        jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(k_parts=2), out_dtype=jnp.bfloat16),
-                       S((256, 1024), jnp.bfloat16), S((1024, 256), jnp.bfloat16))
+    scaled = Fusion(epilogue=lambda ctx, acc, carry: (acc * 2.0, {}))  # (an epilogue on a stored tile)
+    for kwargs in (dict(fusion=scaled), dict(accumulate_into=S((256, 256), jnp.bfloat16))):
+        with backends.lowering_for_gpu(), pytest.raises(ValueError, match="k_parts=2 runs each tile's K ranges"):
+            jax.eval_shape(lambda a, b: gemm(a, b, config=MosaicGemmConfig(k_parts=2), out_dtype=jnp.bfloat16,
+                                             **kwargs), S((256, 1024), jnp.bfloat16), S((1024, 256), jnp.bfloat16))
+
+
+_FEW_PARTS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=4, wg_split="n", k_parts=2)
+
+
+@cpu_only
+def test_the_plain_product_in_k_parts_in_interpret_mode():
+    """k_parts on the plain product: each K range's float32 tiles in its part of a (k_parts, M, N) buffer, summed by
+    gemm; 40 rows (the last row of tiles past M)."""
+    a, b = _operands(40, 512, 256, jnp.bfloat16)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        got = jax.jit(lambda a, b: matmul(a, b, config=_FEW_PARTS))(a, b)
+    assert got.shape == (40, 256) and got.dtype == jnp.bfloat16
+    assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, 512)  # NaN fails
+    with backends.lowering_for_gpu():
+        text = jax.jit(lambda a, b: matmul(a, b, config=_FEW_PARTS)).trace(
+            S((17, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "tensor<2x17x4096xf32>" in text  # the parts, at 17 rows (untiled views)
 
 
 @cpu_only
@@ -353,6 +373,16 @@ def test_the_gemv_in_k_parts_on_the_gpu(M, K, N, parts):
         assert got.shape == (M, N) and got.dtype == jnp.bfloat16
         err = _rel_err(got, want)
         assert err <= _tol(jnp.bfloat16, K), (transpose_b, err)  # NaN fails
+
+
+@gpu_only
+@pytest.mark.parametrize("M, K, N", [(17, 4096, 4096), (32, 4096, 14336), (64, 8192, 2048)])
+def test_the_plain_product_in_k_parts_on_the_gpu(M, K, N):
+    """The product with each tile's K loop in 2 parts (float32 parts summed by gemm), against float32."""
+    a, b = _operands(M, K, N, jnp.bfloat16)
+    got = jax.jit(lambda a, b: matmul(a, b, config=_FEW_PARTS))(a, b)
+    assert got.shape == (M, N) and got.dtype == jnp.bfloat16
+    assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, K)  # NaN fails
 
 
 @pytest.mark.parametrize("a, b, message", [

@@ -141,6 +141,13 @@ CONFIGS.update({f"few_pp_64x{n}_k{k}_s{s}": dataclasses.replace(
     memory_warps=1) for n, k, s in ((32, 128, 8), (32, 256, 4), (64, 128, 6))})
 CONFIGS["few_64x32n_k128_s6_sk2"] = dataclasses.replace(BASE, tile_m=64, tile_n=32, tile_k=128, num_stages=6,
                                                         epi_tile_n=32, stream_k=2)
+# few rows with each tile's K loop cut into parts run as tiles of their own, float32 parts summed by XLA (k_parts)
+CONFIGS.update({f"few_64x{n}n_k{k}_s{s}_kp{p}": dataclasses.replace(
+    BASE, tile_m=64, tile_n=n, tile_k=k, wg_split="n", num_stages=s, k_parts=p)
+    for n, k, s, p in ((64, 64, 6, 2), (64, 64, 6, 4), (64, 128, 4, 4), (128, 64, 4, 2), (128, 64, 4, 4))})
+CONFIGS.update({f"few_pp_64x{n}_k{k}_s{s}_kp{p}": dataclasses.replace(
+    BASE, tile_m=64, tile_n=n, tile_k=k, num_stages=s, schedule="pingpong", delay_release=1, k_parts=p)
+    for n, k, s, p in ((64, 128, 6, 2), (128, 128, 4, 2), (128, 64, 6, 4))})
 # the GEMV (``gemm.gemv``, what ``matmul`` runs at 1-8 and 16 rows): yᵀ = wᵀ @ xᵀ, N / 64 tiles of 64 of w's columns
 # ("gemv": ``gemm.GEMV``, ping-pong: each block's two warpgroups take a tile each), or 128 of them per block (the
 # warpgroups stacked) with each tile's K loop split over up to 4 blocks by stream-K where the tiles leave SMs idle

@@ -142,10 +142,11 @@ class MosaicGemmConfig:
         tag mma-loads-measured-e99a0ac).
       k_parts: 1, or each output tile's K loop cut into k_parts equal ranges that the persistent loop runs as
         tiles of their own (more blocks where few output tiles meet a long K loop: ``gemm.gemv`` at N / 64 tiles
-        under the SMs). Each range's accumulator takes the epilogue by itself and stores its row vectors into its
-        own part of the fusion's (k_parts · C, M) row outputs (part p: rows p · C to (p + 1) · C), which the caller
-        sums: for a fusion with an epilogue linear in the accumulator and no output tile (``Fusion.store_tile``
-        False), without hooks along K. K a multiple of k_parts · tile_k. Pipeline "own", no stream-K or cluster.
+        under the SMs). The plain product stores each range's float32 tile into its part of a (k_parts, M, N)
+        buffer that ``gemm`` sums; a fusion (an epilogue linear in the accumulator, no output tile:
+        ``Fusion.store_tile`` False, no hooks along K) stores each range's row vectors into its own part of its
+        (k_parts · C, M) row outputs (part p: rows p · C to (p + 1) · C), which the caller sums. K a multiple of
+        k_parts · tile_k. Pipeline "own", no stream-K or cluster.
     The defaults are the H100 measurements' winners (module docstring).
     """
 

@@ -385,13 +385,21 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"{'set' if fusion.prologue_step else None}, share_rows="
                          f"{'set' if fusion.share_rows else None}, store_tile={fusion.store_tile}, "
                          f"interpret={mu.interpreting()}")
-    if config.k_parts > 1 and (fusion.store_tile or fusion.epilogue is None or k_hooks or fusion.tile_inputs
-                               or fusion.sum_rows is not None or fusion.share_rows is not None or partial_k):
-        raise ValueError(f"{name}: k_parts={config.k_parts} runs each tile's K ranges apart and stores each one's "
-                         f"row vectors, which the caller sums: it needs a fusion with an epilogue, no output tile "
-                         f"(store_tile=False), no tile inputs, sum_rows, share_rows or hooks along K, and K in whole "
-                         f"steps; got store_tile={fusion.store_tile}, epilogue={'set' if fusion.epilogue else None}, "
-                         f"tile_inputs={fusion.tile_inputs}, hooks {k_hooks}, partial_k={partial_k}")
+    plain = fusion == Fusion(partial_columns=fusion.partial_columns) and accumulate_into is None
+    if config.k_parts > 1 and not plain and (
+            fusion.store_tile or fusion.epilogue is None or k_hooks or fusion.tile_inputs
+            or fusion.sum_rows is not None or fusion.share_rows is not None or partial_k):
+        raise ValueError(f"{name}: k_parts={config.k_parts} runs each tile's K ranges apart: it takes the plain "
+                         f"product (float32 parts summed here) or a fusion whose epilogue stores row vectors the "
+                         f"caller sums (no output tile: store_tile=False; no tile inputs, sum_rows, share_rows or "
+                         f"hooks along K), K in whole steps; got store_tile={fusion.store_tile}, "
+                         f"epilogue={'set' if fusion.epilogue else None}, tile_inputs={fusion.tile_inputs}, hooks "
+                         f"{k_hooks}, partial_k={partial_k}, accumulate_into="
+                         f"{'set' if accumulate_into is not None else None}")
+    tile_parts = config.k_parts if config.k_parts > 1 and fusion.store_tile else 1  # (the plain product's)
+    final_dtype, out_dtype = out_dtype, (_F32 if tile_parts > 1 else out_dtype)
+    if tile_parts > 1 and config.epi_tile_n > 32:  # float32 pieces one 128-byte swizzled row wide
+        config = dataclasses.replace(config, epi_tile_n=32)
     if config.stores_later and not fusion.store_tile:
         raise ValueError(f"{name}: a fusion that stores no output tile (store_tile=False) takes epilogue_store='end', "
                          f"got {config.epilogue_store!r}")
@@ -518,9 +526,12 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
         outs, out = mu.kernel_updating(body, out_type=[*[s for _, s in fusion.outputs], *shape.workspace_type()],
                                        **launch)(*inputs, accumulate_into)
         return [out, *outs[:len(fusion.outputs)]]
-    call = mu.kernel(body, out_type=[jax.ShapeDtypeStruct((M, N), out_dtype), *[s for _, s in fusion.outputs],
+    out_shape = (M, N) if tile_parts == 1 else (tile_parts, M, N)  # (k_parts: each part's float32 tiles)
+    call = mu.kernel(body, out_type=[jax.ShapeDtypeStruct(out_shape, out_dtype), *[s for _, s in fusion.outputs],
                                      *shape.workspace_type()], **launch)
     outs = list(call(*inputs))[:1 + len(fusion.outputs)]
+    if tile_parts > 1:
+        outs[0] = jnp.sum(outs[0], axis=0).astype(final_dtype)
     return [outs[0], *[o[..., :M] if n in padded_rows_out else o for (n, _), o in zip(fusion.outputs, outs[1:])]]
 
 
@@ -972,6 +983,8 @@ class _Shape:
             first = part * col_pieces // 2
             pieces = [(i, j) for i, j in pieces if first <= j < first + col_pieces // 2]
         slots = copies = scoped["out_smem"]
+        if self.cfg.k_parts > 1:  # (the plain product in parts: (k_parts, M, N) float32)
+            out_gmem = out_gmem.at[ctx.k_part]
         if self.untiled_rows:  # written through the tiled view, copied out through the untiled one
             slots, copies = slots
         _store_tile(tile, slots.at[ctx.wg], out_gmem, ctx, pieces, first_col=first, copies=copies.at[ctx.wg])
