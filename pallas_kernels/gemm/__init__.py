@@ -101,6 +101,18 @@ SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) that runs ping-
 # the SMs (``gemm.stream_k``: 128 blocks at 16x4096x4096); a deeper ring keeps more of b in flight.
 FEW_ROWS = 64
 _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_split="n", stream_k=4)
+# Where those tiles are few (N / 128 times 4 parts within the SMs: N <= 4224 on 132), ping-pong 64x128 tiles with
+# each K loop in 4 parts run as tiles of their own, float32 parts summed by XLA (``MosaicGemmConfig.k_parts``). µs
+# forward / b read as stored (--transpose_b), stream-K tiles → parts (cuBLAS), on the H200
+# (``mosaic_gemm_tiles.py --configs auto,few_pp_64x128_k64_s6_kp4,...``, mosaic_gemm_tiles_few_kparts{,_tb}-h200-
+# ead82c9.json): 17x4096x4096 15.4 / 15.3 → 12.5 / 12.5 (11.6 / 11.9); 32x4096x4096 15.5 / 15.5 → 12.6 / 12.5 (12.5 /
+# 12.6); 48x4096x4096 15.6 / 15.7 → 12.6 / 12.6 (13.5 / 13.9); 64x4096x4096 16.0 / 16.2 → 13.2 / 13.1 (14.5 / 14.9);
+# 32x14336x4096 35.5 / 36.4 → 31.8 / 32.7 (31.6 / 33.1); 32x8192x2048 18.8 / 18.3 → 15.5 / 15.4 (12.3 / 12.7). Other
+# forms within 0.5 µs of it where they ran, none better everywhere; at N = 14336 (112 tiles) the parts lost (32 and
+# 64 rows: 35.0 and 34.2 µs with stream-K, 36.0-42.8 in parts). Measured down to 8 steps a part (K = 2048), so taken
+# from there.
+_FEW_ROWS_PARTS = MosaicGemmConfig(tile_m=64, tile_n=128, tile_k=64, num_stages=6, schedule="pingpong",
+                                   delay_release=1, k_parts=4)
 # Up to 16 rows (wgmma's smallest N; decode: 1-8 and 16), where the tiles above still idle most of a 64-row
 # accumulator (39.1 µs at 1x4096x14336 against cuBLAS's 30.5: rmsnorm_matmul-few_rows_matmul-h200-6465dd7.md): the
 # product runs transposed, yᵀ (N, 16) = bᵀ @ aᵀ, b read transposed as A in tiles of 64 of its N columns (N / 64
@@ -168,8 +180,9 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer.
     ``partial_rows`` / ``partial_k`` (``gemm``'s, without accumulate_dtype): tiles whose last row or K step may run
     past M or K; a float32 ``out_dtype`` (default dtype) at M not a multiple of 8 then stores 32-column pieces, one
-    swizzled row each (``config.any_rows_reason``). At M <= FEW_ROWS, 64-row tiles split by stream-K first; at K
-    <= SHORT_DEPTH, one 16-deep step (``_SHORT_DEPTH``) where its tiles take the shape."""
+    swizzled row each (``config.any_rows_reason``). At M <= FEW_ROWS, 64-row tiles with their K loops in parts
+    where their tiles are few, else split by stream-K first; at K <= SHORT_DEPTH, one 16-deep step
+    (``_SHORT_DEPTH``) where its tiles take the shape."""
     if accumulate_dtype is None and K <= SHORT_DEPTH and unsupported_reason(
             M, N, K, _SHORT_DEPTH, partial_columns=True, partial_rows=partial_rows, partial_k=partial_k) is None:
         return _SHORT_DEPTH  # (as measured: whole tiles, its output stored at each tile's end)
@@ -177,6 +190,11 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
         any_rows = partial_rows and M % PARTIAL_ROWS_MULTIPLE != 0
         candidates = (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES
         if M <= FEW_ROWS and (partial_rows or M % _FEW_ROWS.cta_m == 0):
+            parts = _FEW_ROWS_PARTS
+            if (-(-N // parts.cta_n) * parts.k_parts <= mu.num_sms() and K // parts.tile_k >= 8 * parts.k_parts
+                    and unsupported_reason(
+                        M, N, K, parts, partial_columns=True, partial_rows=partial_rows, any_rows=any_rows) is None):
+                return parts  # (gemm stores its float32 parts in 32-column pieces)
             candidates = (_FEW_ROWS, *candidates)
         config = pick_config(M, N, K, candidates, partial_columns=True, partial_rows=partial_rows,
                              partial_k=partial_k, any_rows=any_rows)
