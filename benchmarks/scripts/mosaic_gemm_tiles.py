@@ -147,7 +147,8 @@ CONFIGS.update({f"few_64x{n}n_k{k}_s{s}_kp{p}": dataclasses.replace(
     for n, k, s, p in ((64, 64, 6, 2), (64, 64, 6, 4), (64, 128, 4, 4), (128, 64, 4, 2), (128, 64, 4, 4))})
 CONFIGS.update({f"few_pp_64x{n}_k{k}_s{s}_kp{p}": dataclasses.replace(
     BASE, tile_m=64, tile_n=n, tile_k=k, num_stages=s, schedule="pingpong", delay_release=1, k_parts=p)
-    for n, k, s, p in ((64, 128, 6, 2), (128, 128, 4, 2), (128, 64, 6, 4))})
+    for n, k, s, p in ((64, 128, 6, 2), (128, 128, 4, 2), (128, 64, 6, 4), (128, 64, 6, 8), (64, 64, 6, 4))})
+CONFIGS["few_64x64n_k64_s6_kp8"] = dataclasses.replace(CONFIGS["few_64x64n_k64_s6_kp4"], k_parts=8)
 # the GEMV (``gemm.gemv``, what ``matmul`` runs at 1-8 and 16 rows): yᵀ = wᵀ @ xᵀ, N / 64 tiles of 64 of w's columns
 # ("gemv": ``gemm.GEMV``, ping-pong: each block's two warpgroups take a tile each), or 128 of them per block (the
 # warpgroups stacked) with each tile's K loop split over up to 4 blocks by stream-K where the tiles leave SMs idle
