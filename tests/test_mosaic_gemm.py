@@ -157,18 +157,20 @@ def test_a_one_step_k_loop_lowers_on_ping_pong_tiles():
 @pytest.mark.parametrize("M, K, N, form", [(1, 4096, 14336, "whole"), (16, 4096, 4096, "parts"),
                                            (64, 4096, 14336, "whole"), (48, 2048, 4096, "parts"),
                                            (17, 2048, 2048, "parts"), (16, 512, 4096, "whole"),
-                                           (32, 4096, 8192, "stream_k")])
+                                           (32, 4096, 8192, "stream_k"), (32, 8192, 2048, "parts_8"),
+                                           (32, 2048, 2048, "parts")])
 def test_few_rows_take_64_row_tiles_in_k_parts_or_split_by_stream_k_where_they_are_few(M, K, N, form):
-    """At M <= FEW_ROWS the default tiles are 64 rows, N / 128 tiles: where 4 times as many fit the 132 SMs and
-    each of 4 parts keeps 8 K steps, ping-pong tiles with their K loops in 4 parts (k_parts); else two 64-wide
+    """At M <= FEW_ROWS the default tiles are 64 rows, N / 128 tiles: where 8 or 4 times as many fit the 132 SMs
+    and each part keeps 8 K steps, ping-pong tiles with their K loops in 8 or 4 parts (k_parts); else two 64-wide
     accumulators side by side, split over up to 4 blocks each by stream-K where they fill at most half of the SMs
     and the K loop is long enough (``STREAM_K_MIN_STEPS``), or whole."""
     config = default_config(M, N, K, partial_rows=True)
     assert (config.cta_m, config.cta_n) == (64, 128)
-    assert (config.k_parts, config.pingpong) == ((4, True) if form == "parts" else (1, False))
+    parts = {"parts": 4, "parts_8": 8}.get(form, 1)
+    assert (config.k_parts, config.pingpong) == (parts, parts > 1)
     tiles = N // config.cta_n
     plan = stream_k.plan_for(tiles, 132, K // config.tile_k, split=config.stream_k) if config.stream_k else None
-    assert (plan is not None) == (form == "stream_k")
+    assert (plan is not None) == (form == "stream_k")  # (17x2048x2048: 32 steps, 4 parts of 8, not 8 of 4)
     if plan is not None:
         assert plan.units > 66
     assert default_config(FEW_ROWS + 1, N, K, partial_rows=True).cta_m == 128

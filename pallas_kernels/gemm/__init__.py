@@ -102,7 +102,8 @@ SHORT_K = 512  # the longest K loop (K / tile_k = 8 steps of 64) that runs ping-
 FEW_ROWS = 64
 _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_split="n", stream_k=4)
 # Where those tiles are few (N / 128 times 4 parts within the SMs: N <= 4224 on 132), ping-pong 64x128 tiles with
-# each K loop in 4 parts run as tiles of their own, float32 parts summed by XLA (``MosaicGemmConfig.k_parts``). µs
+# each K loop in 4 parts run as tiles of their own, float32 parts summed by XLA (``MosaicGemmConfig.k_parts``); in 8
+# where 8 fit (N <= 2112). µs
 # forward / b read as stored (--transpose_b), stream-K tiles → parts (cuBLAS), on the H200
 # (``mosaic_gemm_tiles.py --configs auto,few_pp_64x128_k64_s6_kp4,...``, mosaic_gemm_tiles_few_kparts{,_tb}-h200-
 # ead82c9.json): 17x4096x4096 15.4 / 15.3 → 12.5 / 12.5 (11.6 / 11.9); 32x4096x4096 15.5 / 15.5 → 12.6 / 12.5 (12.5 /
@@ -110,7 +111,10 @@ _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_s
 # 32x14336x4096 35.5 / 36.4 → 31.8 / 32.7 (31.6 / 33.1); 32x8192x2048 18.8 / 18.3 → 15.5 / 15.4 (12.3 / 12.7). Other
 # forms within 0.5 µs of it where they ran, none better everywhere; at N = 14336 (112 tiles) the parts lost (32 and
 # 64 rows: 35.0 and 34.2 µs with stream-K, 36.0-42.8 in parts). Measured down to 8 steps a part (K = 2048), so taken
-# from there.
+# from there. In 8 parts at N = 2048 (16 tiles; mosaic_gemm_tiles_few_kparts8{,_tb}-h200-449d733.json), 4 parts → 8
+# (cuBLAS): 17x8192x2048 16.3 / 15.0 → 12.1 / 12.2 (12.1 / 12.2); 32x8192x2048 15.7 / 15.2 → 12.4 / 12.5 (12.9 /
+# 13.2); 64x8192x2048 15.1 / 15.4 → 13.1 / 13.4 (14.8 / 15.0); 32x4096x2048 9.1 / 9.4 → 8.7 / 8.6 (8.3 / 8.7);
+# 32x14336x2048 23.1 / 24.3 → 18.6 / 19.1 (18.5 / 19.2).
 _FEW_ROWS_PARTS = MosaicGemmConfig(tile_m=64, tile_n=128, tile_k=64, num_stages=6, schedule="pingpong",
                                    delay_release=1, k_parts=4)
 # Up to 16 rows (wgmma's smallest N; decode: 1-8 and 16), where the tiles above still idle most of a 64-row
@@ -180,8 +184,8 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
     and as many pipeline stages as fit beside the two prefetched (tile_m, tile_n) tiles of the accumulated buffer.
     ``partial_rows`` / ``partial_k`` (``gemm``'s, without accumulate_dtype): tiles whose last row or K step may run
     past M or K; a float32 ``out_dtype`` (default dtype) at M not a multiple of 8 then stores 32-column pieces, one
-    swizzled row each (``config.any_rows_reason``). At M <= FEW_ROWS, 64-row tiles with their K loops in parts
-    where their tiles are few, else split by stream-K first; at K <= SHORT_DEPTH, one 16-deep step
+    swizzled row each (``config.any_rows_reason``). At M <= FEW_ROWS, 64-row tiles with their K loops in 8 or 4
+    parts where their tiles are few, else split by stream-K first; at K <= SHORT_DEPTH, one 16-deep step
     (``_SHORT_DEPTH``) where its tiles take the shape."""
     if accumulate_dtype is None and K <= SHORT_DEPTH and unsupported_reason(
             M, N, K, _SHORT_DEPTH, partial_columns=True, partial_rows=partial_rows, partial_k=partial_k) is None:
@@ -190,11 +194,11 @@ def default_config(M: int, N: int, K: int, dtype=jnp.bfloat16, *, accumulate_dty
         any_rows = partial_rows and M % PARTIAL_ROWS_MULTIPLE != 0
         candidates = (_PINGPONG, *CANDIDATES) if K <= SHORT_K else CANDIDATES
         if M <= FEW_ROWS and (partial_rows or M % _FEW_ROWS.cta_m == 0):
-            parts = _FEW_ROWS_PARTS
-            if (-(-N // parts.cta_n) * parts.k_parts <= mu.num_sms() and K // parts.tile_k >= 8 * parts.k_parts
-                    and unsupported_reason(
-                        M, N, K, parts, partial_columns=True, partial_rows=partial_rows, any_rows=any_rows) is None):
-                return parts  # (gemm stores its float32 parts in 32-column pieces)
+            for parts in (dataclasses.replace(_FEW_ROWS_PARTS, k_parts=8), _FEW_ROWS_PARTS):
+                if (-(-N // parts.cta_n) * parts.k_parts <= mu.num_sms() and K // parts.tile_k >= 8 * parts.k_parts
+                        and unsupported_reason(M, N, K, parts, partial_columns=True, partial_rows=partial_rows,
+                                               any_rows=any_rows) is None):
+                    return parts  # (gemm stores its float32 parts in 32-column pieces)
             candidates = (_FEW_ROWS, *candidates)
         config = pick_config(M, N, K, candidates, partial_columns=True, partial_rows=partial_rows,
                              partial_k=partial_k, any_rows=any_rows)
