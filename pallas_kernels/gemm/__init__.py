@@ -31,8 +31,9 @@ from pallas_kernels.gemm.mosaic import Fusion, MosaicGemmConfig, TileContext, ge
 from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason
 
 __all__ = ["CANDIDATES", "FEW_ROWS", "GEMV", "GEMV_MAX_PARTS", "GEMV_PARTS_STEPS", "PLAIN_EPILOGUE_STORE",
-           "SHORT_DEPTH", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig", "TileContext", "default_config", "gemm", "gemv",
-           "gemv_config", "matmul", "pick_config", "smem_bytes", "unsupported_reason"]
+           "SHORT_DEPTH", "SHORT_K", "STREAM_K_MIN_STEPS", "Fusion", "MosaicGemmConfig", "TileContext",
+           "default_config", "gemm", "gemv", "gemv_config", "matmul", "pick_config", "smem_bytes",
+           "unsupported_reason"]
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OUT_DTYPES = (*_OPERAND_DTYPES, jnp.dtype(jnp.float32))
@@ -103,8 +104,7 @@ FEW_ROWS = 64
 _FEW_ROWS = MosaicGemmConfig(tile_m=64, tile_n=64, tile_k=64, num_stages=6, wg_split="n", stream_k=4)
 # Where those tiles are few (N / 128 times 4 parts within the SMs: N <= 4224 on 132), ping-pong 64x128 tiles with
 # each K loop in 4 parts run as tiles of their own, float32 parts summed by XLA (``MosaicGemmConfig.k_parts``); in 8
-# where 8 fit (N <= 2112). µs
-# forward / b read as stored (--transpose_b), stream-K tiles → parts (cuBLAS), on the H200
+# where 8 fit (N <= 2112). µs forward / b read as stored (--transpose_b), stream-K tiles → parts (cuBLAS), on the H200
 # (``mosaic_gemm_tiles.py --configs auto,few_pp_64x128_k64_s6_kp4,...``, mosaic_gemm_tiles_few_kparts{,_tb}-h200-
 # ead82c9.json): 17x4096x4096 15.4 / 15.3 → 12.5 / 12.5 (11.6 / 11.9); 32x4096x4096 15.5 / 15.5 → 12.6 / 12.5 (12.5 /
 # 12.6); 48x4096x4096 15.6 / 15.7 → 12.6 / 12.6 (13.5 / 13.9); 64x4096x4096 16.0 / 16.2 → 13.2 / 13.1 (14.5 / 14.9);
@@ -331,8 +331,9 @@ def gemv(a: jax.Array, b: jax.Array, *, transpose_b: bool = False, out_dtype=Non
     Args:
       a: (M, K), M from 1 to 8 or 16. b: (K, N), or (N, K) with transpose_b. bfloat16 or float16, one dtype.
       out_dtype: default a's dtype; bfloat16, float16 or float32.
-      config: default ``gemv_config(N, K, transpose_b=transpose_b)``; its tile_n must be 16 (a's rows) and its tiles must take b's N (along
-        its tile_m) and K. A ValueError names what does not fit.
+      config: default ``gemv_config(N, K, transpose_b=transpose_b)``; its tile_n must be 16 (a's rows) and its
+        tiles must take b's N (along its tile_m) and K (k_parts · tile_k dividing K). A ValueError names what does
+        not fit.
     Returns:
       (M, N) in out_dtype.
     """
