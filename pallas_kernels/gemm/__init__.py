@@ -7,7 +7,11 @@
   c = matmul(a, b_t, transpose_b=True)                # b given as (N, K)
   c = matmul(a, b, config=MosaicGemmConfig(tile_n=256, wg_split="m", tile_m=64))
   c = matmul(a, b, accumulate_into=c)                 # c + a @ b in one kernel, over c's buffer where XLA can
+  c = matmul(a, b, config=MosaicGemmConfig(tile_m=64, tile_n=128, schedule="pingpong", delay_release=1, k_parts=4))
+                                                      # each tile's K loop in 4 parts, float32 parts summed by XLA
+  y = gemv(x, b)                                      # x (M <= 16, K): run transposed, b streamed by N / 64 tiles
   default_config(M, N, K)                             # the tiles, K loop and tile order a call uses
+  gemv_config(N, K)                                   # the GEMV's (its K loop in parts where its tiles are few)
 
 ``matmul`` is differentiable: its gradients are the same kernel with the operands read transposed
 (da = g @ bᵀ, db = aᵀ @ g), so no XLA transpose runs. The kernel (``gemm.mosaic``): TMA loads pipelined by a

@@ -46,6 +46,11 @@ be consumed before it loads the next tile's first ones); "pallas_steady" passes 
 loads of tile i+1 start as stages of tile i free up (needs k_iters % num_stages == 0 and no delay_release: else it
 runs as "pallas"). Which is the default, and why: ``gemm.config``.
 
+``MosaicGemmConfig.k_parts`` P: each output tile's K loop cut into P equal ranges, run by the persistent loop as
+tiles of their own (more blocks at work where few tiles meet a long K loop: decode GEMVs, few rows). The plain
+product's ranges store float32 tiles into a (P, M, N) buffer that ``gemm`` sums by XLA; a fusion's linear epilogue
+stores each range's row vectors into its part of a (P · C, M) output for the caller to sum (``gemm.gemv``).
+
 ``accumulate_into=c`` (M, N) of out_dtype: each compute warpgroup TMA-prefetches its tile of c at the tile's
 start, the epilogue adds it to the float32 accumulator and the sum is stored back from that same SMEM buffer into
 c's HBM buffer, aliased in and out of the kernel (``mosaic_utils.kernel_updating``): the read of c overlaps the
