@@ -543,7 +543,7 @@ def test_one_row_sweep_candidates_lower_within_shared_memory():
     with backends.lowering_for_gpu():
         forward, backward = nm.sweep_candidates(x, g, w)
         assert len(forward) >= 4 and len(backward) == 1
-        assert any(c["forward"]["stream_k"] for c in forward)
+        assert any(c["forward"]["stream_k"] for c in forward) and any(c["forward"]["k_parts"] > 1 for c in forward)
         for params in forward:
             fn = lambda x, g, w, c=Config(**params): norm_matmul.rmsnorm_matmul(x, g, w, block_sizes=c,
                                                                                  backend="mosaic")
@@ -568,6 +568,42 @@ def test_one_row_in_interpret_mode(residual, gamma_on):
         with mosaic_utils.interpret_on_cpu(num_sms=2):
             checks.check_against_reference(x, g, w, res, tolerance(jnp.bfloat16, K), programs=programs,
                                            block_sizes=config)
+
+
+@cpu_only
+@pytest.mark.parametrize("gamma_on", ["x", "a"], ids=["xg_by_xla", "gamma_in_registers"])
+def test_one_row_forward_in_k_parts(gamma_on):
+    """The one-row forward's K loop in 2 parts (each range's r-scaled row sums, summed by XLA): in interpret mode
+    against the float32 reference (gamma on w's blocks in registers: its step slices per range), and lowered at
+    1x4096x4096 with its (2, 4096) float32 parts."""
+    K, N = 512, 256
+    forward = dataclasses.replace(nm_config.ONE_ROW_FORWARD[0], tile_k=128, num_stages=2, k_parts=2)
+    config = Config(forward=forward, dx=_Interpreted.tiles, dw=_Interpreted.tiles, gamma_on=gamma_on)
+    x, g, w, _ = inputs(1, K, N, jnp.bfloat16)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        y = jax.jit(lambda x, g, w: _Interpreted().rmsnorm_matmul(x, g, w, block_sizes=config))(x, g, w)
+    want = reference.rmsnorm_matmul(x.astype(jnp.float32), g.astype(jnp.float32), w.astype(jnp.float32))
+    assert y.dtype == jnp.bfloat16
+    assert_close(y, want, tolerance(jnp.bfloat16, K), "y")  # NaN fails
+    base = nm_config.mosaic_default_config(1, 4096, 4096, jnp.bfloat16)
+    big = dataclasses.replace(base, forward=dataclasses.replace(base.forward, k_parts=2), gamma_on=gamma_on)
+    args = (S((1, 4096), jnp.bfloat16), S((4096,), jnp.bfloat16), S((4096, 4096), jnp.bfloat16))
+    fn = lambda x, g, w: norm_matmul.rmsnorm_matmul(x, g, w, block_sizes=big, backend="mosaic")  # noqa: E731
+    with backends.lowering_for_gpu():
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        (kernel,) = _lowered_kernels(fn, *args)
+    assert kernel.name == "rmsnorm_matmul_fwd_gemv" and "tensor<2x4096xf32>" in text
+
+
+@gpu_only
+@pytest.mark.parametrize("gamma_on", ["x", "a"], ids=["xg_by_xla", "gamma_in_registers"])
+@pytest.mark.parametrize("K, N, parts", [(4096, 4096, 2), (2048, 8192, 4)])
+def test_one_row_forward_in_k_parts_on_the_gpu(K, N, parts, gamma_on):
+    """The one-row forward with its K loop in parts, against the float32 reference (and its Triton backward)."""
+    base = nm_config.mosaic_default_config(1, K, N, jnp.bfloat16)
+    config = dataclasses.replace(base, forward=dataclasses.replace(base.forward, k_parts=parts), gamma_on=gamma_on)
+    x, g, w, _ = inputs(1, K, N, jnp.bfloat16)
+    _Mosaic().check_against_reference(x, g, w, None, tolerance(jnp.bfloat16, K), block_sizes=config)
 
 
 def _mk_producers(program: str, M: int, K: int, dtype: str = "") -> list[str]:

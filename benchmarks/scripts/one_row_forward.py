@@ -32,11 +32,12 @@ SHAPES = ("1x4096x14336", "1x2048x8192", "1x4096x4096", "1x8192x8192", "1x1024x2
 def _tiles(spec: str) -> dict:
     """"m128k64s6" -> the forward config's changes {tile_m: 128, tile_k: 64, num_stages: 6}; a leading "c" takes
     the cooperative schedule with both warpgroups' tile_m rows stacked in one block ("cm64k128s6": 128-row blocks),
-    a trailing "d<n>" n wgmma groups in flight (delay_release)."""
-    c, m, k, s, d = re.fullmatch(r"(c?)m(\d+)k(\d+)s(\d+)(?:d(\d))?", spec).groups()
+    a trailing "d<n>" n wgmma groups in flight (delay_release), then "p<n>" the K loop in n parts (k_parts)."""
+    c, m, k, s, d, p = re.fullmatch(r"(c?)m(\d+)k(\d+)s(\d+)(?:d(\d))?(?:p(\d))?", spec).groups()
     stacked = dict(schedule="cooperative", wg_split="m") if c else {}
     delay = {} if d is None else dict(delay_release=int(d))
-    return dict(stacked, **delay, tile_m=int(m), tile_k=int(k), num_stages=int(s))
+    parts = {} if p is None else dict(k_parts=int(p))
+    return dict(stacked, **delay, **parts, tile_m=int(m), tile_k=int(k), num_stages=int(s))
 
 
 def _forms(x, gamma, w, gammas=("",), candidates=None, tiles=()) -> dict:
@@ -52,7 +53,8 @@ def _forms(x, gamma, w, gammas=("",), candidates=None, tiles=()) -> dict:
     for params, gamma_on in [(p, g) for p in forward for g in gammas]:
         f = params["forward"]
         name = (f"mosaic_{f['schedule'][:2]}_m{f['tile_m']}_k{f['tile_k']}_s{f['num_stages']}_d{f['delay_release']}"
-                f"_sk{f['stream_k']}" + (f"_g{gamma_on}" if gamma_on else ""))
+                f"_sk{f['stream_k']}" + (f"_kp{f['k_parts']}" if f.get("k_parts", 1) > 1 else "")
+                + (f"_g{gamma_on}" if gamma_on else ""))
         if gamma_on:
             params = dict(params, gamma_on=gamma_on)
         forms[name] = lambda x, g, w, _p=params: pallas_kernels.rmsnorm_matmul(x, g, w, backend="mosaic",

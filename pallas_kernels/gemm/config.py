@@ -144,7 +144,8 @@ class MosaicGemmConfig:
         tiles of their own (more blocks where few output tiles meet a long K loop: ``gemm.gemv`` at N / 64 tiles
         under the SMs). The plain product stores each range's float32 tile into its part of a (k_parts, M, N)
         buffer that ``gemm`` sums; a fusion (an epilogue linear in the accumulator, no output tile:
-        ``Fusion.store_tile`` False, no hooks along K) stores each range's row vectors into its own part of its
+        ``Fusion.store_tile`` False, no hooks along K but an a_operand whose carry passes through unchanged)
+        stores each range's row vectors into its own part of its
         (k_parts · C, M) row outputs (part p: rows p · C to (p + 1) · C), which the caller sums. K a multiple of
         k_parts · tile_k. Pipeline "own", no stream-K or cluster.
     The defaults are the H100 measurements' winners (module docstring).

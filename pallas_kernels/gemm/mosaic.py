@@ -49,7 +49,8 @@ runs as "pallas"). Which is the default, and why: ``gemm.config``.
 ``MosaicGemmConfig.k_parts`` P: each output tile's K loop cut into P equal ranges, run by the persistent loop as
 tiles of their own (more blocks at work where few tiles meet a long K loop: decode GEMVs, few rows). The plain
 product's ranges store float32 tiles into a (P, M, N) buffer that ``gemm`` sums by XLA; a fusion's linear epilogue
-stores each range's row vectors into its part of a (P · C, M) output for the caller to sum (``gemm.gemv``).
+stores each range's row vectors into its part of a (P · C, M) output for the caller to sum (``gemm.gemv``); an
+a_operand may transform each range's A blocks (ctx.step counts along all of K), its carry passing through.
 
 ``accumulate_into=c`` (M, N) of out_dtype: each compute warpgroup TMA-prefetches its tile of c at the tile's
 start, the epilogue adds it to the float32 accumulator and the sum is stored back from that same SMEM buffer into
@@ -391,13 +392,14 @@ def gemm(a: jax.Array, b: jax.Array, *, config: MosaicGemmConfig, out_dtype, tra
                          f"{'set' if fusion.share_rows else None}, store_tile={fusion.store_tile}, "
                          f"interpret={mu.interpreting()}")
     plain = fusion == Fusion(partial_columns=fusion.partial_columns) and accumulate_into is None
+    summing_hooks = [h for h in k_hooks if h not in ("a_operand", "step_inputs")]  # (hooks whose carry sums over K)
     if config.k_parts > 1 and not plain and (
-            fusion.store_tile or fusion.epilogue is None or k_hooks or fusion.tile_inputs
+            fusion.store_tile or fusion.epilogue is None or summing_hooks or fusion.tile_inputs
             or fusion.sum_rows is not None or fusion.share_rows is not None or partial_k):
         raise ValueError(f"{name}: k_parts={config.k_parts} runs each tile's K ranges apart: it takes the plain "
                          f"product (float32 parts summed here) or a fusion whose epilogue stores row vectors the "
                          f"caller sums (no output tile: store_tile=False; no tile inputs, sum_rows, share_rows or "
-                         f"hooks along K), K in whole steps; got store_tile={fusion.store_tile}, "
+                         f"hooks along K but an a_operand), K in whole steps; got store_tile={fusion.store_tile}, "
                          f"epilogue={'set' if fusion.epilogue else None}, tile_inputs={fusion.tile_inputs}, hooks "
                          f"{k_hooks}, partial_k={partial_k}, accumulate_into="
                          f"{'set' if accumulate_into is not None else None}")

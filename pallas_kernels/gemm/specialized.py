@@ -544,8 +544,8 @@ def kernel_body(a_gmem, b_gmem, *refs, shape):
                         a = shape.load_a(stages[0].at[slot], wg)
                         vectors = {n: mu.load(buf.at[slot], layout=mu.COLS, optimized=False)
                                    for n, buf in scoped["step_smem"].items()}
-                        a_regs, hook_carry = fusion.a_operand(dataclasses.replace(ctx, step=k), a, vectors,
-                                                              hook_carry)
+                        a_regs, hook_carry = fusion.a_operand(  # (ctx.step: the step along all of K)
+                            dataclasses.replace(ctx, step=ctx.k_part * k_iters + k), a, vectors, hook_carry)
                         if mu.interpreting():  # the interpreter's wgmma takes A from SMEM only
                             staged = scoped["a_operand_smem"].at[wg]
                             staged[...] = a_regs

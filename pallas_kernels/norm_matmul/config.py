@@ -1236,7 +1236,9 @@ def mosaic_sweep_candidates(M: int, K: int, N: int, dtype=jnp.bfloat16, *, resid
                 dict(tile_m=64, tile_k=256, num_stages=5), dict(tile_m=64, tile_k=128, num_stages=8, delay_release=2),
                 dict(tile_m=128, tile_k=128, num_stages=3), dict(tile_m=128, tile_k=256, num_stages=2),
                 dict(tile_m=128, tile_k=64, num_stages=6),
-                stacked, dict(stacked, stream_k=2), dict(stacked, stream_k=4)]  # stream-K: fewer tiles than SMs
+                stacked, dict(stacked, stream_k=2), dict(stacked, stream_k=4),  # stream-K: fewer tiles than SMs
+                dict(tile_m=64, tile_k=256, num_stages=4, k_parts=2),  # K loops in parts (gemm.gemv_config)
+                dict(tile_m=64, tile_k=256, num_stages=4, k_parts=4)]
         one_row = dataclasses.replace(base, forward=ONE_ROW_FORWARD[0])
         fwd = [base] + [dataclasses.replace(one_row, forward=dataclasses.replace(one_row.forward, **c)) for c in gemv]
         fwd = [c for i, c in enumerate(fwd) if c not in fwd[:i]]

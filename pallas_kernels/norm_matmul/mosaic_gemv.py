@@ -32,7 +32,10 @@ XLA's GEMV (w's 117 MB at 3.7-4.0 TB/s against 3.9-4.0; the floor, 4.3 TB/s, is 
 gamma adds 1.3-1.4 µs where XLA's forward adds its two norm kernels' 2.6. The kernel's time depends on where w lies in
 memory (``config.ONE_ROW_FORWARD``). The epilogue's r costs 0.1-0.6 µs over row sums alone; storing the unused (N, 16)
 tile cost 0.4-0.8 more (one_row_gemv_epilogue_probe-h200-9363d22.json).
-Other shapes and tiles: ``config.ONE_ROW_FORWARD``.
+Other shapes and tiles: ``config.ONE_ROW_FORWARD``. With the forward config's ``k_parts`` P (a sweep candidate, not
+measured yet) each tile's K loop runs in P ranges as tiles of their own, each storing its r-scaled row sums into a
+(P, N) float32 output that one XLA fusion sums (``gemm.gemv_config`` says what parts did for the plain GEMV: at
+1x4096x4096, 12.6 → 11.0 µs).
 
 The backward at one row is the Triton backend's (``triton_bwd``: with ``dw_in_dx`` its dx kernel streams w in and dw
 out, the fastest form measured at decode sizes), with that backend's tuned or built-in config for the shape; it
@@ -54,11 +57,13 @@ __all__ = ["forward"]
 _F32 = jnp.float32
 
 
-def _fusion(K: int, N: int, eps: float, out_dtype, gamma_in_registers: bool = False) -> Fusion:
+def _fusion(K: int, N: int, eps: float, out_dtype, gamma_in_registers: bool = False, parts: int = 1) -> Fusion:
     """y (N,) = r · (row sums of the (tile_m, 16) accumulator), r from x's (64, K / 64) view ("x_rows"), loaded at
     each tile's start and reduced in its epilogue (within each warp, then across the warpgroup's four).
     ``gamma_in_registers``: each MMA warpgroup multiplies its rows of the wᵀ block by gamma's step slice ("gamma",
-    (K,) in w's dtype) in registers, and wgmma reads A from there (``Fusion.a_operand``); B is then x itself."""
+    (K,) in w's dtype) in registers, and wgmma reads A from there (``Fusion.a_operand``); B is then x itself.
+    ``parts`` (the config's k_parts): y is (parts, N) float32, each K range's r-scaled row sums, for the caller to
+    sum."""
     def load_x(ctx):
         return mu.load(ctx.refs["x_rows"], layout=mu.TILE, optimized=False)
 
@@ -73,7 +78,8 @@ def _fusion(K: int, N: int, eps: float, out_dtype, gamma_in_registers: bool = Fa
         return w_t * lax.broadcast_in_dim(vectors["gamma"], w_t.shape, [1]), x_rows
 
     hooks = dict(step_inputs=("gamma",), a_operand=times_gamma, partial_columns=True) if gamma_in_registers else {}
-    return Fusion(inputs=("x_rows",), outputs=(("y", jax.ShapeDtypeStruct((N,), out_dtype)),), store_tile=False,
+    y = jax.ShapeDtypeStruct((N,), out_dtype) if parts == 1 else jax.ShapeDtypeStruct((parts, N), _F32)
+    return Fusion(inputs=("x_rows",), outputs=(("y", y),), store_tile=False,
                   prologue_init=load_x, epilogue=epilogue, reduction_scratch_bytes=2048, **hooks)
 
 
@@ -96,8 +102,10 @@ def forward(x, residual, gamma, w, *, config: MosaicGemmConfig, eps: float, out_
     else:
         b = jnp.pad((x.astype(_F32) * gamma.astype(_F32)).astype(x.dtype), ((0, ONE_ROW_PADDED - 1), (0, 0)))
     _, y = gemm(w, b, transpose_a=True, transpose_b=True, config=config, out_dtype=x.dtype,
-                fusion=_fusion(K, N, eps, out_dtype, gamma_in_registers), arrays=arrays,
+                fusion=_fusion(K, N, eps, out_dtype, gamma_in_registers, config.k_parts), arrays=arrays,
                 name="rmsnorm_matmul_fwd_gemv")
+    if config.k_parts > 1:  # the K ranges' r-scaled row sums (MosaicGemmConfig.k_parts)
+        y = jnp.sum(y, axis=0).astype(out_dtype)
     x32 = x.astype(_F32)
     rstd = lax.rsqrt(jnp.mean(x32 * x32, axis=1) + eps)  # for the backward only
     return y.reshape(1, N), rstd, h
