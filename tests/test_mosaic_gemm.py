@@ -317,6 +317,10 @@ def test_the_plain_product_in_k_parts_in_interpret_mode():
         got = jax.jit(lambda a, b: matmul(a, b, config=_FEW_PARTS))(a, b)
     assert got.shape == (40, 256) and got.dtype == jnp.bfloat16
     assert _rel_err(got, _f32_product(a, b)) <= _tol(jnp.bfloat16, 512)  # NaN fails
+    a, b = _operands(16, 512, 256, jnp.float16)  # float16 into float32
+    with mosaic_utils.interpret_on_cpu(num_sms=2):
+        got = jax.jit(lambda a, b: matmul(a, b, config=_FEW_PARTS, out_dtype=jnp.float32))(a, b)
+    assert got.dtype == jnp.float32 and _rel_err(got, _f32_product(a, b)) <= _tol(jnp.float16, 512)
     with backends.lowering_for_gpu():
         text = jax.jit(lambda a, b: matmul(a, b, config=_FEW_PARTS)).trace(
             S((17, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16)).lower(lowering_platforms=("cuda",)).as_text()
