@@ -481,9 +481,10 @@ def test_every_sweep_candidate_lowers_within_shared_memory():
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_one_row_forward_is_one_mosaic_kernel_and_no_xla_reduction(K, N, residual):
     """The one-row forward: the transposed GEMV (r from x inside it, gamma on w's blocks in its registers where its
-    tiles make one round, as at both shapes; with a residual one XLA fusion writes h): no reduction and no padded x
-    in a forward-only program. Its gradients: the Triton backward (the decode table's dx kernel writing dw too),
-    beside the one Mosaic forward kernel."""
+    tiles make one round, as at both shapes; with a residual one XLA fusion writes h): no reduction but the sum of
+    its K loop's parts where it runs in parts (at 1024x2816), and no padded x in a forward-only program. Its
+    gradients: the Triton backward (the decode table's dx kernel writing dw too), beside the one Mosaic forward
+    kernel."""
     x, g, w = S((1, K), jnp.bfloat16), S((K,), jnp.bfloat16), S((K, N), jnp.bfloat16)
     args = (x, g, w, x) if residual else (x, g, w)
 
@@ -498,7 +499,10 @@ def test_one_row_forward_is_one_mosaic_kernel_and_no_xla_reduction(K, N, residua
         fwd = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         train = jax.jit(jax.grad(loss, tuple(range(len(args))))).trace(*args).lower(
             lowering_platforms=("cuda",)).as_text()
-    assert fwd.count("@mosaic_gpu") == 1 and "stablehlo.reduce" not in fwd and "triton" not in fwd
+    parts = nm_config.mosaic_default_config(1, K, N).forward.k_parts
+    reductions = [line for line in fwd.splitlines() if "stablehlo.reduce" in line]
+    assert len(reductions) == (parts > 1) and all(f"tensor<{parts}x{N}xf32>" in line for line in reductions)
+    assert fwd.count("@mosaic_gpu") == 1 and "triton" not in fwd
     assert "rmsnorm_matmul_fwd_gemv" in fwd and "stablehlo.pad" not in fwd
     assert train.count("@mosaic_gpu") == 1 and train.count("__gpu$xla.gpu.triton") == 1  # dw from the dx kernel
 
@@ -2246,10 +2250,15 @@ def test_the_h200_one_row_entries_choose_triton_where_gemv_tiles_are_few():
     assert tuning.lookup("rmsnorm_matmul", key, backend="mosaic", device="NVIDIA H200") is None
 
 
-@pytest.mark.parametrize("K, N, tile_m", [(4096, 14336, 128), (8192, 28672, 64), (2048, 8192, 64),
-                                          (4096, 4096, 64), (1024, 2816, 64), (4096, 12672, 128), (4096, 12544, 64)])
-def test_one_row_tiles_are_128_rows_where_they_make_one_round_filling_most_sms(K, N, tile_m):
-    assert nm_config.one_row_forward(K, N).tile_m == tile_m  # 12672 / 128 = 99 = 3/4 of 132
+@pytest.mark.parametrize("K, N, tile_m, parts", [
+    (4096, 14336, 128, 1), (8192, 28672, 64, 1), (2048, 8192, 64, 1), (4096, 4096, 64, 2), (1024, 2816, 64, 2),
+    (4096, 2048, 64, 4), (4096, 12672, 128, 1), (4096, 12544, 64, 1)])
+def test_one_row_tiles_are_128_rows_where_they_make_one_round_filling_most_sms(K, N, tile_m, parts):
+    """128-row tiles where they make one round of at least 3/4 of the SMs (12672 / 128 = 99 = 3/4 of 132), else
+    64 rows, their K loop in parts where their N / 64 tiles fill at most half the SMs (``gemm.gemv_config``)."""
+    forward = nm_config.one_row_forward(K, N)
+    assert (forward.tile_m, forward.k_parts) == (tile_m, parts)
+    assert nm_config.one_row_reason(K, N, forward) is None
 
 
 @pytest.mark.parametrize("M, K, N", [(32768, 4096, 4096), (4096, 4096, 14336), (8192, 4096, 6144)])

@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import mosaic_utils, tuning
 from pallas_kernels import triton_utils as tu
-from pallas_kernels.gemm import GEMV, MosaicGemmConfig, pick_config, smem_bytes, stream_k
+from pallas_kernels.gemm import GEMV, MosaicGemmConfig, gemv_config, pick_config, smem_bytes, stream_k
 from pallas_kernels.gemm.config import BARRIER_BYTES, PARTIAL_ROWS_MULTIPLE, any_rows_reason, sum_rows_grid
 from pallas_kernels.gemm import unsupported_reason as gemm_unsupported_reason
 
@@ -747,7 +747,11 @@ ONE_ROW_STAT_ROWS = 64
 # (one_row_forward-h200-066ab73.json): 11.39 (XLA 12.58) at 1x2048x8192, 34.53 (36.96) at 1x8192x8192, 5.02 (10.88)
 # at 1x1024x2816, 114.19 (109.97) at 1x8192x28672, 14.30 (14.37) at 1x4096x4096 (64 tiles: half the SMs idle;
 # stacked 128-row tiles with stream-K over 4 blocks took 15.14 there, the Triton backend 12.56, its entry now). 128
-# rows at N = 8192 leave half the SMs idle (14.96 at 1x2048x8192). The sweep's candidates: ``mosaic_sweep_candidates``.
+# rows at N = 8192 leave half the SMs idle (14.96 at 1x2048x8192). Where the 64-row tiles leave over half the SMs idle
+# their K loop runs in parts (``gemm.gemv_config``'s rule, ``MosaicGemmConfig.k_parts``), µs whole / 2 parts / 4 parts
+# (XLA, Triton; one_row_forward_kparts-h200-0b5a241.json): 12.96 / 11.97 / 12.59 at 1x4096x4096 (13.55, 12.26); where
+# they make a round, parts lost: 11.04 / 11.94 / 14.94 at 1x2048x8192 (12.32, 16.24), 33.63 / 35.30 / 36.03 at
+# 1x8192x8192 (35.94, 41.50). The sweep's candidates: ``mosaic_sweep_candidates``.
 _ONE_ROW_64 = GEMV  # (the core's one-row tiles, which ``matmul`` takes at one row too)
 ONE_ROW_FORWARD = (_ONE_ROW_64, dataclasses.replace(_ONE_ROW_64, tile_m=128, tile_k=128, num_stages=3))
 
@@ -767,11 +771,16 @@ ONE_ROW_GAMMA_MAX_TILES = FEW_TILES  # the most GEMV tiles (one round) for which
 
 def one_row_forward(K: int, N: int) -> MosaicGemmConfig:
     """The built-in tiles of the one-row forward for w (K, N) (ONE_ROW_FORWARD says why): 128 rows where N / 128
-    tiles make one round filling at least 3/4 of FEW_TILES SMs, else 64 (or the first that divides N and K)."""
+    tiles make one round filling at least 3/4 of FEW_TILES SMs, else 64 (or the first that divides N and K), the
+    64-row tiles' K loop in parts where ``gemv_config`` cuts the plain GEMV's."""
     wide = ONE_ROW_FORWARD[1]
     if 4 * (N // wide.tile_m) >= 3 * FEW_TILES and N // wide.tile_m <= FEW_TILES and one_row_reason(K, N, wide) is None:
         return wide
-    return pick_config(N, ONE_ROW_PADDED, K, ONE_ROW_FORWARD)
+    forward = pick_config(N, ONE_ROW_PADDED, K, ONE_ROW_FORWARD)
+    in_parts = gemv_config(N, K)
+    if forward == _ONE_ROW_64 and one_row_reason(K, N, forward) is None and one_row_reason(K, N, in_parts) is None:
+        return in_parts
+    return forward
 
 
 def one_row_reason(K: int, N: int, forward: MosaicGemmConfig) -> str | None:
