@@ -828,10 +828,13 @@ def test_the_gpu_cases_configs_hold_on_the_cpu(device, residual, monkeypatch):
         nm.check_config(config, x, g, w, residual=S((M, K), dtype) if residual else None, out_dtype=dtype)
 
 
+# stacked 128-row one-row tiles split by stream-K: 32 tiles in 128 units (whole K loops: parts take no stream-K)
+_ONE_ROW_STREAM_K = dict(schedule="cooperative", wg_split="m", tile_k=128, num_stages=6, stream_k=4, k_parts=1)
+
+
 @gpu_only
 @pytest.mark.parametrize("K, N, forward", [(4096, 14336, None), (1024, 2816, None), (8192, 8192, None),
-                                           (4096, 4096, dict(schedule="cooperative", wg_split="m", tile_k=128,
-                                                             num_stages=6, stream_k=4))])  # 32 tiles in 128 units
+                                           (4096, 4096, _ONE_ROW_STREAM_K)])
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("gamma_on", [None, "x", "a"], ids=["gamma_default", "gamma_x", "gamma_a"])
 def test_one_row_on_the_gpu(K, N, forward, residual, gamma_on):

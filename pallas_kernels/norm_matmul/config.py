@@ -751,7 +751,10 @@ ONE_ROW_STAT_ROWS = 64
 # their K loop runs in parts (``gemm.gemv_config``'s rule, ``MosaicGemmConfig.k_parts``), µs whole / 2 parts / 4 parts
 # (XLA, Triton; one_row_forward_kparts-h200-0b5a241.json): 12.96 / 11.97 / 12.59 at 1x4096x4096 (13.55, 12.26); where
 # they make a round, parts lost: 11.04 / 11.94 / 14.94 at 1x2048x8192 (12.32, 16.24), 33.63 / 35.30 / 36.03 at
-# 1x8192x8192 (35.94, 41.50). The sweep's candidates: ``mosaic_sweep_candidates``.
+# 1x8192x8192 (35.94, 41.50). The rule's picks, in a second call (one_row_forward_kparts_rule-h200-2f0afbb.json):
+# 15.20 / 12.14 / 12.29 at 1x4096x4096 (13.26, 12.22), 8.03 / 7.07 / 8.38 at 1x2048x4096 (23.38, 9.92), 12.42 / 9.23 /
+# 7.84 at 1x4096x2048 (30.94, 14.56), 5.26 / 4.80 / 5.15 at 1x1024x2816 (10.72, 6.14), 10.88 / 12.27 / 14.77 at
+# 1x2048x8192 (12.22, 16.16). The sweep's candidates: ``mosaic_sweep_candidates``.
 _ONE_ROW_64 = GEMV  # (the core's one-row tiles, which ``matmul`` takes at one row too)
 ONE_ROW_FORWARD = (_ONE_ROW_64, dataclasses.replace(_ONE_ROW_64, tile_m=128, tile_k=128, num_stages=3))
 
