@@ -156,6 +156,8 @@ GEMV_PARTS_STEPS = 32  # (b read as stored) parts until a tile's K steps times p
 # 14336x16x4096 33.9 (30.5); the 64-deep tiles took 11.97 and 37.39 for dB at 16x4096x4096 and 16x4096x14336
 # (rmsnorm_matmul-gemv16_matmul-h200-b51cd3a.json). Cooperative 128x128 and ping-pong tiles were no faster.
 SHORT_DEPTH = 16
+# (measured by benchmarks/scripts/toggle_ab.py --op matmul, then removed) dB by XLA's GEMM at 2 to FEW_ROWS rows
+DB_FEW_ROWS_BY_XLA = False
 _SHORT_DEPTH = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=16, num_stages=2, wg_split="m")
 
 
@@ -439,7 +441,8 @@ def _operand_grads(static, saved, g):
     else:  # (the forward's rows: its last row of tiles may run past M)
         da = gemm(g, b, config=config_for(M, K, N, partial_rows=True), out_dtype=a.dtype,
                   transpose_b=not transpose_b, partial_rows=True, name="mosaic_matmul_da")[0]
-    if M % PARTIAL_ROWS_MULTIPLE and M > 1:  # db contracts over M, which our kernel steps through in TMA's 8-row
+    if (M % PARTIAL_ROWS_MULTIPLE or (DB_FEW_ROWS_BY_XLA and M <= FEW_ROWS)) and M > 1:
+        # db contracts over M, which our kernel steps through in TMA's 8-row
         # tiles: XLA's GEMM (cuBLAS) takes the rows as they are (padding a and g for ours cost a pass over each:
         # forward + backward 836.1 against 707.4 µs at 16401 and 16400 rows, x1024x5504 on the H200,
         # rmsnorm_matmul-matmul_rows-h200-9d75639.json). Below 8 rows one 8-row tile takes them, part-filled: at
