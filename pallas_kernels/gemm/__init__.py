@@ -156,8 +156,6 @@ GEMV_PARTS_STEPS = 32  # (b read as stored) parts until a tile's K steps times p
 # 14336x16x4096 33.9 (30.5); the 64-deep tiles took 11.97 and 37.39 for dB at 16x4096x4096 and 16x4096x14336
 # (rmsnorm_matmul-gemv16_matmul-h200-b51cd3a.json). Cooperative 128x128 and ping-pong tiles were no faster.
 SHORT_DEPTH = 16
-# (measured by benchmarks/scripts/toggle_ab.py --op matmul, then removed) dB by XLA's GEMM at 2 to FEW_ROWS rows
-DB_FEW_ROWS_BY_XLA = False
 _SHORT_DEPTH = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=16, num_stages=2, wg_split="m")
 
 
@@ -441,14 +439,16 @@ def _operand_grads(static, saved, g):
     else:  # (the forward's rows: its last row of tiles may run past M)
         da = gemm(g, b, config=config_for(M, K, N, partial_rows=True), out_dtype=a.dtype,
                   transpose_b=not transpose_b, partial_rows=True, name="mosaic_matmul_da")[0]
-    if (M % PARTIAL_ROWS_MULTIPLE or (DB_FEW_ROWS_BY_XLA and M <= FEW_ROWS)) and M > 1:
-        # db contracts over M, which our kernel steps through in TMA's 8-row
+    if M % PARTIAL_ROWS_MULTIPLE and M > 1:  # db contracts over M, which our kernel steps through in TMA's 8-row
         # tiles: XLA's GEMM (cuBLAS) takes the rows as they are (padding a and g for ours cost a pass over each:
         # forward + backward 836.1 against 707.4 µs at 16401 and 16400 rows, x1024x5504 on the H200,
         # rmsnorm_matmul-matmul_rows-h200-9d75639.json). Below 8 rows one 8-row tile takes them, part-filled: at
         # one row XLA's dot is an outer product by a loop fusion (70.5 µs at 1x4096x14336, ours 39.0: forward +
         # backward 140.4 → 108.6), but at 4 and 7 rows its GEMM wins (104.6 → 107.5 at 4x4096x14336, 35.6 → 39.6
-        # at 7x4096x4096; toggle_ab_matmul_db_below_8-h200-6d21fe0.json, 64-deep steps then)
+        # at 7x4096x4096; toggle_ab_matmul_db_below_8-h200-6d21fe0.json, 64-deep steps then). At 8-64 rows ours
+        # stays: XLA's dB gained 0.6 µs at 8 and 16 x4096x4096 (35.4 → 34.8, 36.8 → 36.2) and lost 0.9-4.7
+        # elsewhere (16x14336x4096 104.3 → 109.0, 64x4096x4096 38.7 → 40.9; toggle_ab_matmul_db_few_rows_by_xla-h200-
+        # 60d9c2e.json, forward + backward µs, ours → XLA's).
         db = lax.dot_general(g, a, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32) if transpose_b \
             else lax.dot_general(a, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
         return da, db.astype(b.dtype)
