@@ -21,6 +21,7 @@ PROBE_NO_RELOAD``, ``PROBE_NO_TILE_COPY``, ``PROBE_NO_HOOK`` at the tag ``dx-apa
 ``toggle_ab_dw_gamma_on_a-h200-e0b114f.json``: ``norm_matmul.mosaic.DW_GAMMA_ON_A``;
 ``toggle_ab_matmul_db_below_8-h200-6d21fe0.json`` (``--op matmul``): ``gemm.DB_BELOW_8_OURS``;
 ``toggle_ab_matmul_rotate_k-h200-f47b35f.json`` (``--op matmul``): ``gemm.specialized.ROTATE_K``;
+``toggle_ab_matmul_db_few_rows_by_xla-h200-60d9c2e.json`` (``--op matmul``): ``gemm.DB_FEW_ROWS_BY_XLA``;
 ``toggle_ab_dx_tile_n-h200-94a3001.json``: ``norm_matmul.config.SWITCH_DX_TILE_N``, a config choice: before 94a3001
 each side took the config chosen with the switch True, as ``toggle_ab_dx_tile_n_config_fixed_both-h200-edfe77b.json``
 did); the kernels
