@@ -97,15 +97,18 @@ def core_cases(M, K, N):
 
 
 def decode_gemv_cases(M, K, N):
-    """``matmul``'s GEMV at M rows, forward (b read transposed) and dA's form (g @ wᵀ, w read as stored), and cuBLAS
-    on both: at 16x4096x4096 dA took 14-16 µs against XLA's 10 where the forward took 12-15 (NOTES.md,
-    seventy-fifth session)."""
+    """``matmul``'s GEMV at M rows, forward (b read transposed) and dA's form (g @ wᵀ, w read as stored), dB (aᵀ g,
+    a 16-deep contraction writing (K, N)) on our kernel, and XLA on all three: at 16x4096x4096 dA took 14-16 µs
+    against XLA's 10 where the forward took 12-15 (NOTES.md, seventy-fifth session); dB 10.6 against XLA's 8.8
+    (seventy-seventh)."""
     a, w, g = normal(KEYS[6], (M, K)), normal(KEYS[7], (K, N), 0.02), normal(KEYS[5], (M, N))
     tag = f"{M}x{K}x{N}"
     return {f"gemv_fwd_{tag}": (jax.jit(lambda a, w: gemm.gemv(a, w)), lambda: (a, w)),
             f"gemv_da_{tag}": (jax.jit(lambda g, w: gemm.gemv(g, w, transpose_b=True)), lambda: (g, w)),
+            f"mosaic_db_{tag}": (jax.jit(lambda a, g: gemm.matmul(a, g, transpose_a=True)), lambda: (a, g)),
             f"cublas_fwd_{tag}": (jax.jit(lambda a, w: a @ w), lambda: (a, w)),
-            f"cublas_da_{tag}": (jax.jit(lambda g, w: g @ w.T), lambda: (g, w))}
+            f"cublas_da_{tag}": (jax.jit(lambda g, w: g @ w.T), lambda: (g, w)),
+            f"xla_db_{tag}": (jax.jit(lambda a, g: a.T @ g), lambda: (a, g))}
 
 
 def core_variant_cases(M, K, N, variants):
