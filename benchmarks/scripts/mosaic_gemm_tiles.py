@@ -186,7 +186,10 @@ AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0),
                  # clusters of two blocks sharing B's tiles ("m") or A's ("n") by TMA multicast (no stream-K)
                  "auto_cluster_m": dict(cluster="m", stream_k=0), "auto_cluster_n": dict(cluster="n", stream_k=0),
                  # the loads from one warp of the memory warpgroup (no stream-K there)
-                 "auto_mw1": dict(memory_warps=1, stream_k=0), "auto_mw1_sk": dict(memory_warps=1)}
+                 "auto_mw1": dict(memory_warps=1, stream_k=0), "auto_mw1_sk": dict(memory_warps=1),
+                 # the accumulator stored in wider pieces: fewer TMA stores, each piece's slot waiting for the store
+                 # two pieces earlier (at a 16-deep contraction the stores are the work)
+                 "auto_e128": dict(epi_tile_n=128), "auto_e256": dict(epi_tile_n=256)}
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 
