@@ -154,9 +154,13 @@ GEMV_PARTS_STEPS = 32  # (b read as stored) parts until a tile's K steps times p
 # where 64-deep candidates ran one step mostly of TMA's zeros. The output's stores are the work. µs against cuBLAS
 # (mosaic_gemm_tiles_depth16-h200-6d21fe0.json): 4096x16x4096 10.4 (10.1), 4096x16x14336 35.1 (34.4),
 # 14336x16x4096 33.9 (30.5); the 64-deep tiles took 11.97 and 37.39 for dB at 16x4096x4096 and 16x4096x14336
-# (rmsnorm_matmul-gemv16_matmul-h200-b51cd3a.json). Cooperative 128x128 and ping-pong tiles were no faster.
+# (rmsnorm_matmul-gemv16_matmul-h200-b51cd3a.json). Cooperative 128x128 and ping-pong tiles were no faster. Each
+# block's time is its epilogue (67% of its span at 4096x16x4096: mosaic_timeline_db16-h200-9de1619.json), 64x64
+# pieces each waiting for the store two pieces earlier; in 64x128 pieces, 64x64 → 64x128 / 64x256 (cuBLAS)
+# (mosaic_gemm_tiles_depth16_epi-h200-8adab26.json): 10.4 → 10.5 / 10.7 (10.0), 35.4 → 32.7 / 33.1 (34.4),
+# 34.0 → 32.5 / 32.6 (30.5).
 SHORT_DEPTH = 16
-_SHORT_DEPTH = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=16, num_stages=2, wg_split="m")
+_SHORT_DEPTH = MosaicGemmConfig(tile_m=64, tile_n=256, tile_k=16, num_stages=2, wg_split="m", epi_tile_n=128)
 
 
 def pick_config(M: int, N: int, K: int, candidates=CANDIDATES, *, partial_columns: bool = False,
