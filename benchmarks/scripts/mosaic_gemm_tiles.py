@@ -237,8 +237,12 @@ def main() -> int:
                 except ValueError as e:
                     row["skipped"][name] = str(e).split("\n")[0]
                 continue
-            cfg = CONFIGS[name] if name in CONFIGS else dataclasses.replace(
-                default_config(M, N, K, partial_rows=rows_past), **AUTO_VARIANTS[name])
+            try:  # (a variant the shape's default tiles cannot take, e.g. pieces wider than its tiles)
+                cfg = CONFIGS[name] if name in CONFIGS else dataclasses.replace(
+                    default_config(M, N, K, partial_rows=rows_past), **AUTO_VARIANTS[name])
+            except ValueError as e:
+                row["skipped"][name] = str(e)
+                continue
             if name in AUTO_VARIANTS:
                 row[name] = cfg.to_dict()
             reason = unsupported_reason(M, N, K, cfg, partial_columns=True, partial_rows=rows_past,
