@@ -259,6 +259,18 @@ def test_contractions_of_at_most_16_take_one_16_deep_step():
     assert [k.name for k in kernels] == ["mosaic_matmul"]
 
 
+@cpu_only
+def test_the_16_deep_step_stores_its_pieces_in_place_in_interpret_mode():
+    """dB's form (a read transposed, a contraction of 16; at 8 rows the same config, 8 of its 16 past K): the
+    default 16-deep config, its output in 64x128 pieces (two per warpgroup tile), against float32; a piece stored
+    at another's place shows (each piece stored at column (j // 2) * 128 failed it)."""
+    for depth in (16, 8):
+        config = default_config(256, 512, depth, partial_k=True)
+        assert (config.tile_k, config.epi_tile_n, config.tile_n // config.epi_tile_n) == (SHORT_DEPTH, 128, 2)
+    with mosaic_utils.interpret_on_cpu(num_sms=2):  # 2 blocks, 2 tiles each
+        _check_product(256, 16, 512, jnp.bfloat16, transpose_a=True)
+
+
 _GEMV_PARTS = {"pingpong_2": dataclasses.replace(GEMV, tile_k=128, k_parts=2),
                "stacked_4": dataclasses.replace(GEMV, tile_k=64, num_stages=8, schedule="cooperative", wg_split="m",
                                                 k_parts=4)}
