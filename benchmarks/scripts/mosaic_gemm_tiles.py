@@ -189,7 +189,8 @@ AUTO_VARIANTS = {"auto": {}, "auto_stream_k0": dict(stream_k=0),
                  "auto_mw1": dict(memory_warps=1, stream_k=0), "auto_mw1_sk": dict(memory_warps=1),
                  # the accumulator stored in wider pieces: fewer TMA stores, each piece's slot waiting for the store
                  # two pieces earlier (at a 16-deep contraction the stores are the work)
-                 "auto_e128": dict(epi_tile_n=128), "auto_e256": dict(epi_tile_n=256)}
+                 "auto_e128": dict(epi_tile_n=128), "auto_e256": dict(epi_tile_n=256),
+                 "auto_e128_s5": dict(epi_tile_n=128, num_stages=5)}  # (a stage given up for the wider slots)
 SHAPES = "32768x4096x4096,4096x4096x14336,8192x4096x6144,16384x1024x5504"
 
 

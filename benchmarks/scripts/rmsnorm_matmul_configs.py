@@ -479,6 +479,9 @@ VARIANTS = {
     "fwd_minor_n": dict(forward=dict(grid_minor="n")),
     "fwd_s4": dict(forward=dict(num_stages=4)),
     "fwd_k128_s3": dict(forward=dict(tile_k=128, num_stages=3)),
+    # the output stored in 64x128 pieces (half as many stores, each piece's slot waiting for the store two pieces
+    # earlier: dB's 16-deep step gained 8% so, NOTES.md seventy-seventh session), a stage given up for the slots
+    "fwd_e128_s5": dict(forward=dict(epi_tile_n=128, num_stages=5)),
     "gamma_a_shared128": dict(gamma_on="a", stats_in_kernel="mma_shared", squares_from="operand", forward=dict(
         _OWN, tile_m=64, tile_n=128, wg_split="m", grid_minor="m", schedule="cooperative", num_stages=6,
         delay_release=1)),
